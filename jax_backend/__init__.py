@@ -1,0 +1,42 @@
+"""The JAX engine: capture a torch step, lower it to JAX, run it as a jitted program.
+
+This package knows nothing of the cstorch API. Its public surface:
+
+* ``capture_step`` / ``Slot`` / ``CapturedStep``: torch step function -> functional ATen graph.
+* ``Program``: a captured step compiled with ``jax.jit`` (donated state, async dispatch,
+  jaxpr / StableHLO / cost-analysis introspection).
+* ``DeviceState``: the JAX arrays holding torch state tensors between steps.
+* ``LazyTensor`` / ``materialize``: torch tensors backed by not-yet-read JAX arrays.
+* ``optimizers`` / ``schedules``: optax-style pure update rules and schedules.
+* ``torch_ops``: torch custom ops (optimizer step, schedule) that lower to those functions.
+* ``registry``: the ATen lowering table (``lowers``).
+
+JAX runs with 64-bit types enabled so that torch's int64/float64 tensors keep their dtypes.
+"""
+
+import jax as _jax
+
+_jax.config.update("jax_enable_x64", True)
+
+from jax_backend import dtypes, optimizers, precision, registry, schedules  # noqa: E402
+from jax_backend import torch_ops  # noqa: E402  (registers the cstorch:: custom ops)
+from jax_backend.capture import CapturedStep, Slot, capture_step  # noqa: E402
+from jax_backend.errors import (  # noqa: E402
+    CaptureError,
+    JaxBackendError,
+    LoweringNotFoundError,
+    RecompilationError,
+    ValueReadInTraceError,
+)
+from jax_backend.interpreter import GraphInterpreter  # noqa: E402
+from jax_backend.lazy import LazyTensor, materialize  # noqa: E402
+from jax_backend.precision import Policy  # noqa: E402
+from jax_backend.program import Program  # noqa: E402
+from jax_backend.state import DeviceState  # noqa: E402
+
+__all__ = [
+    "CaptureError", "CapturedStep", "DeviceState", "GraphInterpreter", "JaxBackendError",
+    "LazyTensor", "LoweringNotFoundError", "Policy", "Program", "RecompilationError", "Slot",
+    "ValueReadInTraceError", "capture_step", "dtypes", "materialize", "optimizers",
+    "precision", "registry", "schedules", "torch_ops",
+]

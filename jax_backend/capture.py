@@ -1,0 +1,366 @@
+"""Capture: run a torch step function once under a tracer and return a functional ATen graph.
+
+The step function closes over real objects (modules, optimizers, schedulers) whose tensors
+are the program's *state*. To trace it without touching real values we exchange the contents
+of every state tensor with a fake tensor of the same metadata (``_exchange_contents``): the
+Python objects stay the same, so every reference to them (module attributes, optimizer
+param groups and state dicts, tied weights, user variables) sees the fake during the trace and
+the real data again afterwards.
+
+Two passes, as in DESIGN §10:
+1. ``make_fx`` with core-ATen decompositions over the step. Autograd runs under the tracer, so
+   ``loss.backward()`` is recorded as forward-style ops; optimizer updates appear as in-place
+   ops on state placeholders.
+2. ``make_fx`` over ``torch.func.functionalize`` of that graph: in-place ops become functional
+   ones followed by trailing ``copy_(state, new_value)`` writes, which we turn into outputs.
+
+The result, ``CapturedStep``, is a pure graph ``(*state, *inputs) -> (*new_state, *outputs)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copyreg
+import dataclasses
+import operator
+import os
+import traceback
+import warnings
+from typing import Callable, MutableMapping, Sequence
+
+import torch
+import torch.fx
+from torch._decomp import core_aten_decompositions
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorMode,
+)
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils import _pytree as pytree
+
+from jax_backend.errors import CaptureError, ValueReadInTraceError
+from jax_backend.errors import LoweringNotFoundError
+from jax_backend.registry import has_lowering
+
+aten = torch.ops.aten
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_THIS_PACKAGE = os.path.dirname(__file__)
+_INTERNAL_DIRS = (_TORCH_DIR, _THIS_PACKAGE, os.path.dirname(contextlib.__file__))
+# Nodes that only mark profiler ranges; they have side effects, so DCE would keep them.
+_DROPPED_TARGETS = {
+    torch.ops.profiler._record_function_enter_new.default,
+    torch.ops.profiler._record_function_exit._RecordFunction,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Slot:
+    """A place that holds a state tensor: ``container[key]``.
+
+    Slots let capture notice a step that *rebinds* a state entry (``group["lr"] = new``)
+    instead of writing it in place; the new value becomes that state's next value.
+    """
+
+    container: MutableMapping
+    key: object
+
+    def get(self):
+        return self.container[self.key]
+
+    def set(self, value):
+        self.container[self.key] = value
+
+
+@dataclasses.dataclass
+class CapturedStep:
+    """A captured step: a functional graph plus how its inputs and outputs map to state.
+
+    ``graph`` takes ``(*state[i] for i in used_state, *inputs)`` and returns
+    ``(*new_state[i] for i in written_state, *output_leaves)``.
+    """
+
+    graph: torch.fx.GraphModule
+    used_state: list  # indices into the state list, in placeholder order
+    written_state: list  # indices into the state list whose new values lead the outputs
+    num_inputs: int
+    output_spec: pytree.TreeSpec  # structure of the user's outputs
+    output_is_tensor: list  # per output leaf: True if a graph output, else a constant
+    output_constants: list  # non-tensor output leaves (None where the leaf is a tensor)
+
+    @property
+    def num_tensor_outputs(self):
+        return sum(self.output_is_tensor)
+
+
+def _exchange_contents(a: torch.Tensor, b: torch.Tensor) -> None:
+    """Swaps what two tensor objects are (class, attributes, TensorImpl), keeping identities.
+
+    This is ``torch.utils.swap_tensors`` without its weakref check: the tracer's own
+    weak-keyed tables hold weak references to the fakes, and user code may hold weak
+    references to parameters; both are harmless because we swap back before anyone looks.
+    """
+    if copyreg._slotnames(type(a)) or copyreg._slotnames(type(b)):
+        raise CaptureError(
+            f"cannot trace with state tensors of type {type(a).__name__}/{type(b).__name__}: "
+            "tensor subclasses with __slots__ are not supported as state.")
+    a.__class__, b.__class__ = b.__class__, a.__class__
+    a.__dict__, b.__dict__ = b.__dict__, a.__dict__
+    torch._C._swap_tensor_impl(a, b)
+
+
+def _fake_like(mode: FakeTensorMode, tensor: torch.Tensor) -> torch.Tensor:
+    with mode:
+        fake = torch.empty_strided(tuple(tensor.shape), tuple(tensor.stride()),
+                                   dtype=tensor.dtype, requires_grad=tensor.requires_grad)
+    if isinstance(tensor, torch.nn.Parameter):
+        fake._is_param = True  # keeps isinstance(p, nn.Parameter) true during the trace
+    return fake
+
+
+def user_frame(tb) -> str | None:
+    """The innermost traceback frame that belongs to user code, formatted for a message."""
+    frames = traceback.extract_tb(tb)
+    for frame in reversed(frames):
+        filename = os.path.abspath(frame.filename)
+        if not filename.startswith(_INTERNAL_DIRS) and "/cstorch/" not in filename:
+            return f'  File "{frame.filename}", line {frame.lineno}, in {frame.name}\n    {frame.line}'
+    return None
+
+
+def _raising_repr(self):
+    raise ValueReadInTraceError("Printing or formatting a tensor")
+
+
+@contextlib.contextmanager
+def _values_unreadable():
+    """Makes ``print(tensor)`` fail inside a trace instead of printing 'FakeTensor(...)'."""
+    saved = FakeTensor.__repr__
+    FakeTensor.__repr__ = _raising_repr
+    try:
+        yield
+    finally:
+        FakeTensor.__repr__ = saved
+
+
+@contextlib.contextmanager
+def _state_faked(mode: FakeTensorMode, state: Sequence[torch.Tensor]):
+    fakes = [_fake_like(mode, t) for t in state]
+    done = []
+    try:
+        for real, fake in zip(state, fakes):
+            _exchange_contents(real, fake)
+            done.append((real, fake))
+        yield
+    finally:
+        for real, fake in reversed(done):
+            _exchange_contents(real, fake)
+
+
+def _translate_trace_errors(err: BaseException) -> BaseException | None:
+    frame = user_frame(err.__traceback__)
+    if isinstance(err, DataDependentOutputException):
+        return ValueReadInTraceError("Reading a tensor's value (`.item()`, `float()`, `if tensor:`)",
+                                     frame)
+    if isinstance(err, DynamicOutputShapeException):
+        return ValueReadInTraceError(
+            f"An operation whose output shape depends on tensor values ({err.args[0] if err.args else ''})",
+            frame)
+    if isinstance(err, RuntimeError) and "cannot be converted to Scalar" in str(err):
+        return ValueReadInTraceError("Reading a tensor's value (`.item()`)", frame)
+    if isinstance(err, ValueReadInTraceError) and "\n  File" not in str(err):
+        return ValueReadInTraceError("Printing or formatting a tensor", frame)
+    return None
+
+
+def _flat_outputs(outputs):
+    leaves, spec = pytree.tree_flatten(outputs)
+    is_tensor = [isinstance(x, torch.Tensor) for x in leaves]
+    constants = [None if t else x for x, t in zip(leaves, is_tensor)]
+    return [x for x in leaves if isinstance(x, torch.Tensor)], spec, is_tensor, constants
+
+
+def capture_step(fn: Callable, slots: Sequence[Slot], inputs: Sequence[torch.Tensor]) -> CapturedStep:
+    """Traces ``fn(*inputs)`` once, treating the tensors held by ``slots`` as state.
+
+    ``fn`` may read and update state in place or rebind slots; it returns any pytree whose
+    tensor leaves become graph outputs and whose other leaves are frozen constants.
+    """
+    state = _unique_state(slots)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fake_inputs = [mode.from_tensor(x) for x in inputs]
+    graph, info = _trace(fn, slots, state, mode, fake_inputs)
+    rebound_state = _rebound_state_indices(slots, state, info["rebound"])
+    _check_constants(graph)
+
+    # Pass 2: functionalize. Inputs must not require grad: the graph already holds backward.
+    plain = [_fake_like(mode, t).detach() for t in state] + fake_inputs
+    with mode:
+        functional = make_fx(torch.func.functionalize(graph, remove="mutations"),
+                             decomposition_table=core_aten_decompositions())(*plain)
+    captured = _finalize(functional, len(state), len(inputs), rebound_state, info)
+    missing = _first_missing_lowering(captured.graph)
+    if missing is not None:
+        # Trace again with stack traces (slower, so only on failure) to name the user's line.
+        graph, _ = _trace(fn, slots, state, mode, fake_inputs, record_stack_traces=True)
+        raise LoweringNotFoundError(missing, _stack_trace_of(graph, missing))
+    return captured
+
+
+def _trace(fn, slots, state, mode, fake_inputs, record_stack_traces=False):
+    """Pass 1: make_fx over the step with state faked in place; returns (graph, info)."""
+    originals = [slot.get() for slot in slots]
+    info = {}
+
+    def traced(*flat):
+        outputs = fn(*flat[len(state):])
+        leaves, spec, is_tensor, constants = _flat_outputs(outputs)
+        rebound = [(i, slot.get()) for i, (slot, original) in enumerate(zip(slots, originals))
+                   if slot.get() is not original]
+        info.update(spec=spec, is_tensor=is_tensor, constants=constants,
+                    rebound=[i for i, _ in rebound])
+        return [v for _, v in rebound] + leaves
+
+    try:
+        with _state_faked(mode, state), mode, _values_unreadable(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*non-writable tensors.*")
+            graph = make_fx(traced, decomposition_table=core_aten_decompositions(),
+                            record_stack_traces=record_stack_traces)(*state, *fake_inputs)
+    except Exception as err:  # noqa: BLE001 - translated below or re-raised unchanged
+        translated = _translate_trace_errors(err)
+        if translated is not None:
+            raise translated.with_traceback(None) from None
+        raise
+    finally:
+        for slot, original in zip(slots, originals):
+            if slot.get() is not original:
+                slot.set(original)
+    return graph, info
+
+
+def _first_missing_lowering(graph: torch.fx.GraphModule):
+    for node in graph.graph.nodes:
+        if node.op == "call_function" and node.target is not operator.getitem:
+            if not has_lowering(node.target):
+                return node.target
+    return None
+
+
+def _stack_trace_of(graph: torch.fx.GraphModule, op) -> str | None:
+    """The user frames of the first node calling ``op`` (or its in-place form)."""
+    name = op.name().split("::")[-1].split(".")[0]
+    for node in graph.graph.nodes:
+        if node.op == "call_function" and hasattr(node.target, "name"):
+            target = node.target.name().split("::")[-1].split(".")[0]
+            if target.rstrip("_") == name.rstrip("_") and node.meta.get("stack_trace"):
+                lines = node.meta["stack_trace"].rstrip().splitlines()
+                user = [i for i, line in enumerate(lines) if line.strip().startswith("File")
+                        and not any(d in line for d in _INTERNAL_DIRS) and "/cstorch/" not in line]
+                if user:
+                    return "\n".join(lines[user[-1]:user[-1] + 2])
+                return "\n".join(lines[-2:])
+    return None
+
+
+def _unique_state(slots):
+    seen, state = set(), []
+    for slot in slots:
+        tensor = slot.get()
+        if not isinstance(tensor, torch.Tensor):
+            raise CaptureError(f"state slot {slot.key!r} holds {type(tensor).__name__}, not a tensor")
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            state.append(tensor)
+    return state
+
+
+def _rebound_state_indices(slots, state, rebound_slots):
+    index_of = {id(t): i for i, t in enumerate(state)}
+    result = []
+    for slot_index in rebound_slots:
+        state_index = index_of[id(slots[slot_index].get())]
+        if state_index in result:
+            raise CaptureError(f"state slot {slots[slot_index].key!r} was rebound twice")
+        result.append(state_index)
+    return result
+
+
+def _check_constants(graph: torch.fx.GraphModule) -> None:
+    """Tensors the step reads that are not state are baked in; parameters must not be."""
+    for node in graph.graph.nodes:
+        if node.op == "get_attr":
+            value = getattr(graph, node.target)
+            if isinstance(value, torch.Tensor) and value.requires_grad:
+                raise CaptureError(
+                    f"The step uses a tensor that requires grad but is not part of any compiled "
+                    f"model (shape {tuple(value.shape)}, dtype {value.dtype}). Its gradient "
+                    "would be lost. Pass the module that owns it to `cstorch.compile`, or "
+                    "register it as a parameter of a compiled module.")
+
+
+def _finalize(graph: torch.fx.GraphModule, num_state: int, num_inputs: int,
+              rebound_state: list, info: dict) -> CapturedStep:
+    nodes = graph.graph
+    placeholders = [n for n in nodes.nodes if n.op == "placeholder"]
+    state_nodes, input_nodes = placeholders[:num_state], placeholders[num_state:]
+    output_node = next(n for n in reversed(nodes.nodes) if n.op == "output")
+
+    # Trailing copy_(placeholder, value) writes are the new values of mutated inputs.
+    for node in reversed([n for n in nodes.nodes if n.op == "call_function"
+                          and n.target in _DROPPED_TARGETS]):
+        nodes.erase_node(node)
+    new_values = {}
+    for node in list(nodes.nodes):
+        if node.op == "call_function" and node.target is aten.copy_.default:
+            target = node.args[0]
+            if target.op == "placeholder" and target in state_nodes:
+                new_values[state_nodes.index(target)] = node.args[1]
+            elif target.op == "placeholder":
+                warnings.warn(
+                    "The step modifies one of its input tensors in place; the change stays "
+                    "inside the compiled step and is not written back to the caller's tensor.",
+                    stacklevel=4)
+            else:
+                raise CaptureError(
+                    "The step modifies, in place, a tensor that is not part of the backend's "
+                    "state (not a parameter or buffer of a compiled model, nor optimizer, "
+                    "scheduler or metric state), so the change could not persist between "
+                    "steps. Make it a buffer of a compiled module.")
+            node.replace_all_uses_with(node.args[1])
+            nodes.erase_node(node)
+
+    flat_out = list(output_node.args[0])
+    rebound_values = flat_out[:len(rebound_state)]
+    user_values = flat_out[len(rebound_state):]
+    for state_index, value in zip(rebound_state, rebound_values):
+        if state_index in new_values:
+            raise CaptureError("a state tensor was both modified in place and rebound in one step")
+        _check_rebinding(state_nodes[state_index], value)
+        new_values[state_index] = value
+
+    written = sorted(i for i, v in new_values.items() if v is not state_nodes[i])
+    output_node.args = ([new_values[i] for i in written] + user_values,)
+    nodes.eliminate_dead_code()
+
+    used = [i for i, n in enumerate(state_nodes) if n.users]
+    for i, node in enumerate(state_nodes):
+        if not node.users:
+            nodes.erase_node(node)
+    graph.recompile()
+    return CapturedStep(
+        graph=graph, used_state=used, written_state=written, num_inputs=num_inputs,
+        output_spec=info["spec"], output_is_tensor=info["is_tensor"],
+        output_constants=info["constants"])
+
+
+def _check_rebinding(placeholder, value):
+    old, new = placeholder.meta.get("val"), getattr(value, "meta", {}).get("val")
+    if not isinstance(new, torch.Tensor):
+        raise CaptureError("a state slot was rebound to something that is not a tensor")
+    if tuple(old.shape) != tuple(new.shape) or old.dtype != new.dtype:
+        raise CaptureError(
+            f"a state tensor of shape {tuple(old.shape)} and dtype {old.dtype} was replaced by "
+            f"one of shape {tuple(new.shape)} and dtype {new.dtype}; state must keep its shape "
+            "and dtype across steps. Update it in place (`t.copy_(new)`) with a matching value.")

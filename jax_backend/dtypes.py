@@ -1,0 +1,183 @@
+"""The one place where torch and JAX dtypes meet.
+
+* ``TORCH_TO_JAX`` / ``JAX_TO_TORCH``: the dtype tables.
+* ``tensor_to_array`` / ``array_to_tensor``: copying conversions between torch tensors and
+  JAX arrays (bfloat16 travels as its int16 bit pattern, since numpy has no bfloat16).
+* ``result_type``: torch's type-promotion rules, applied to JAX arrays and Python scalars.
+
+JAX runs with ``jax_enable_x64`` (set in ``jax_backend/__init__``) so that int64 indices and
+float64 tensors keep torch's dtypes instead of being narrowed silently.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import torch
+
+TORCH_TO_JAX = {
+    torch.float32: jnp.float32,
+    torch.float64: jnp.float64,
+    torch.float16: jnp.float16,
+    torch.bfloat16: jnp.bfloat16,
+    torch.int8: jnp.int8,
+    torch.int16: jnp.int16,
+    torch.int32: jnp.int32,
+    torch.int64: jnp.int64,
+    torch.uint8: jnp.uint8,
+    torch.uint16: jnp.uint16,
+    torch.uint32: jnp.uint32,
+    torch.uint64: jnp.uint64,
+    torch.bool: jnp.bool_,
+    torch.complex64: jnp.complex64,
+    torch.complex128: jnp.complex128,
+}
+JAX_TO_TORCH = {np.dtype(v): k for k, v in TORCH_TO_JAX.items()}
+
+
+class UnsupportedDtypeError(TypeError):
+    """A torch dtype that has no JAX counterpart was used in a step."""
+
+
+def to_jax_dtype(dtype: torch.dtype) -> np.dtype:
+    try:
+        return np.dtype(TORCH_TO_JAX[dtype])
+    except KeyError:
+        raise UnsupportedDtypeError(
+            f"torch dtype {dtype} has no JAX equivalent; supported dtypes are "
+            f"{', '.join(str(d) for d in TORCH_TO_JAX)}."
+        ) from None
+
+
+def to_torch_dtype(dtype) -> torch.dtype:
+    try:
+        return JAX_TO_TORCH[np.dtype(dtype)]
+    except KeyError:
+        raise UnsupportedDtypeError(f"JAX dtype {dtype} has no torch equivalent.") from None
+
+
+def tensor_to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A numpy copy-or-view of a CPU tensor's values, bfloat16 included."""
+    tensor = tensor.detach()
+    if tensor.device.type != "cpu":
+        tensor = tensor.cpu()
+    if tensor.is_conj():
+        tensor = tensor.resolve_conj()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return tensor.numpy()
+
+
+def tensor_to_array(tensor: torch.Tensor, device=None) -> jax.Array:
+    """Copies a torch tensor into a new JAX array (never aliases torch memory)."""
+    to_jax_dtype(tensor.dtype)  # raises a clear error for unsupported dtypes
+    host = np.array(tensor_to_numpy(tensor), copy=True)
+    return jax.device_put(host, device)
+
+
+def array_to_numpy(array) -> np.ndarray:
+    return np.asarray(array)
+
+
+def array_to_tensor(array) -> torch.Tensor:
+    """Copies a JAX array into a new, writable CPU torch tensor."""
+    host = np.array(array, copy=True)
+    if host.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(host.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(host)
+
+
+# --------------------------------------------------------------------------------------------
+# torch type promotion (c10's ResultTypeState), for JAX arrays and Python scalars.
+# Tensors with dimensions outrank 0-dim tensors, which outrank Python scalars, as long as the
+# lower-ranked operand is not of a higher category (bool < integer < floating < complex).
+
+
+def _category(dtype: torch.dtype) -> int:
+    if dtype == torch.bool:
+        return 0
+    if dtype.is_complex:
+        return 3
+    if dtype.is_floating_point:
+        return 2
+    return 1
+
+
+def _promote(a, b):
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return torch.promote_types(a, b)
+
+
+def _combine_categories(higher, lower):
+    if higher is None:
+        return lower
+    if lower is None:
+        return higher
+    if higher.is_complex:
+        return higher
+    if lower.is_complex:
+        if higher.is_floating_point:
+            return {torch.float64: torch.complex128}.get(higher, torch.complex64)
+        return lower
+    if higher.is_floating_point:
+        return higher
+    if higher == torch.bool or lower.is_floating_point:
+        return torch.promote_types(higher, lower)
+    return higher
+
+
+@functools.lru_cache(maxsize=4096)
+def _result_type(kinds: tuple) -> torch.dtype:
+    dim_result = zero_result = wrapped_result = None
+    for kind, dtype in kinds:
+        if kind == "dim":
+            dim_result = _promote(dim_result, dtype)
+        elif kind == "zero":
+            zero_result = _promote(zero_result, dtype)
+        else:
+            wrapped_result = _promote(wrapped_result, dtype)
+    result = _combine_categories(dim_result, _combine_categories(zero_result, wrapped_result))
+    if result is None:
+        raise TypeError("result_type needs at least one operand")
+    return result
+
+
+def _operand_kind(x):
+    if isinstance(x, bool):
+        return ("wrapped", torch.bool)
+    if isinstance(x, int):
+        return ("wrapped", torch.int64)
+    if isinstance(x, float):
+        return ("wrapped", torch.get_default_dtype())
+    if isinstance(x, complex):
+        return ("wrapped", torch.complex64)
+    dtype = to_torch_dtype(x.dtype)
+    return ("dim" if np.ndim(x) > 0 else "zero", dtype)
+
+
+def result_type(*operands) -> torch.dtype:
+    """torch.result_type generalised to any number of JAX arrays and Python scalars."""
+    return _result_type(tuple(_operand_kind(x) for x in operands if x is not None))
+
+
+def result_jax_dtype(*operands) -> np.dtype:
+    return to_jax_dtype(result_type(*operands))
+
+
+def is_float(dtype) -> bool:
+    return jnp.issubdtype(dtype, jnp.floating)
+
+
+def float_dtype_for(dtype) -> np.dtype:
+    """The dtype torch computes int-to-float ops in: integers and bool become float32."""
+    dtype = np.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.inexact):
+        return dtype
+    return to_jax_dtype(torch.get_default_dtype())

@@ -1,0 +1,47 @@
+"""Exceptions raised by the JAX backend. Each message says what happened and what to do."""
+
+from __future__ import annotations
+
+
+class JaxBackendError(RuntimeError):
+    """Base class of the backend's errors."""
+
+
+class LoweringNotFoundError(NotImplementedError):
+    """An ATen operator reached the lowering stage and no JAX lowering is registered for it."""
+
+    def __init__(self, op, user_frame: str | None = None):
+        self.op = op
+        self.user_frame = user_frame
+        where = f"\nIt was called from:\n{user_frame}" if user_frame else ""
+        super().__init__(
+            f"The ATen operator '{op}' has no JAX lowering, so this step cannot be compiled.{where}\n"
+            "Rewrite that line with other torch operations, or register a lowering with "
+            "`jax_backend.registry.lowers(torch.ops.aten.<op>.<overload>)`."
+        )
+
+
+class DuplicateLoweringError(RuntimeError):
+    """Two lowerings were registered for the same ATen overload."""
+
+
+class CaptureError(JaxBackendError):
+    """The step function could not be turned into a graph."""
+
+
+class ValueReadInTraceError(RuntimeError):
+    """A traced step tried to read a tensor's value (``.item()``, ``print``, ``if tensor:``)."""
+
+    def __init__(self, what: str, user_frame: str | None = None):
+        where = f"\n{user_frame}" if user_frame else ""
+        super().__init__(
+            f"{what} inside a traced step: tensors in a compiled step have no value until the "
+            f"step has run.{where}\n"
+            "Move code that needs a value (printing, logging, `.item()`, Python `if` on a "
+            "tensor) into a function decorated with `@cstorch.step_closure` and call it from "
+            "the step with the tensor as an argument; use `torch.where` for conditions."
+        )
+
+
+class RecompilationError(RuntimeError):
+    """A step would need a new graph on a backend that cannot recompile."""

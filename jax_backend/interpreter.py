@@ -1,0 +1,118 @@
+"""Runs a functional ATen FX graph on JAX arrays, one registered lowering per node.
+
+This is the ``eval_jaxpr`` of the project: called under ``jax.jit`` it runs once per
+compilation, so its per-node Python cost is a trace-time cost only.
+
+Every node carries torch's own result metadata (``node.meta["val"]``, a fake tensor). After a
+lowering runs, its result is checked against that shape and cast to that dtype, so torch's
+dtype semantics hold even where JAX promotes differently; ``strict=True`` turns a dtype
+mismatch into an error instead (the op tests use it to keep the lowerings honest).
+"""
+
+from __future__ import annotations
+
+import operator
+
+import jax
+import jax.numpy as jnp
+import torch
+import torch.fx
+
+from jax_backend import dtypes
+from jax_backend.errors import JaxBackendError
+from jax_backend.registry import lookup
+
+# Importing the families registers their lowerings.
+from jax_backend.ops import (  # noqa: F401  (imported for registration)
+    creation, elementwise, indexing, linalg, nn, random, reduction, shape)
+
+
+class LoweringMismatchError(JaxBackendError):
+    """A lowering returned a result whose shape or dtype differs from torch's."""
+
+
+def _map_args(value, env):
+    if isinstance(value, torch.fx.Node):
+        return env[value]
+    if isinstance(value, (list, tuple)):
+        mapped = [_map_args(v, env) for v in value]
+        return type(value)(mapped) if isinstance(value, tuple) else mapped
+    if isinstance(value, dict):
+        return {k: _map_args(v, env) for k, v in value.items()}
+    if isinstance(value, torch.Tensor):  # tensors baked into node arguments
+        return jnp.asarray(dtypes.tensor_to_numpy(value))
+    return value
+
+
+def _conform(node, result, expected, strict):
+    """Checks a lowering's result against torch's metadata and casts it to torch's dtype."""
+    if isinstance(expected, torch.Tensor):
+        if result is None:
+            return None
+        shape = tuple(expected.shape)
+        if tuple(result.shape) != shape:
+            raise LoweringMismatchError(
+                f"lowering of {node.target} returned shape {tuple(result.shape)}, torch expects "
+                f"{shape} (node {node.name}).")
+        dtype = dtypes.to_jax_dtype(expected.dtype)
+        if result.dtype != dtype:
+            if strict:
+                raise LoweringMismatchError(
+                    f"lowering of {node.target} returned dtype {result.dtype}, torch expects "
+                    f"{dtype} (node {node.name}).")
+            result = result.astype(dtype)
+        return result
+    if isinstance(expected, (list, tuple)) and isinstance(result, (list, tuple)):
+        return type(result)(_conform(node, r, e, strict) for r, e in zip(result, expected))
+    return result
+
+
+class GraphInterpreter:
+    """Evaluates a functional FX graph with JAX lowerings.
+
+    ``constants`` maps ``get_attr`` targets to arrays; random nodes draw keys folded from the
+    ``key`` given to ``run``.
+    """
+
+    def __init__(self, graph_module: torch.fx.GraphModule, *, strict: bool = False,
+                 node_hook=None):
+        self.graph_module = graph_module
+        self.strict = strict
+        self.node_hook = node_hook
+        self.placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
+
+    def run(self, inputs, key=None):
+        if len(inputs) != len(self.placeholders):
+            raise JaxBackendError(
+                f"graph takes {len(self.placeholders)} inputs, got {len(inputs)}")
+        env = dict(zip(self.placeholders, inputs))
+        random_index = 0
+        for node in self.graph_module.graph.nodes:
+            if node.op == "placeholder":
+                continue
+            if node.op == "output":
+                return _map_args(node.args[0], env)
+            if node.op == "get_attr":
+                env[node] = jnp.asarray(dtypes.tensor_to_numpy(
+                    getattr(self.graph_module, node.target)))
+                continue
+            if node.op != "call_function":
+                raise JaxBackendError(f"unexpected FX node kind {node.op!r} ({node.name})")
+            args = _map_args(node.args, env)
+            kwargs = _map_args(node.kwargs, env)
+            if node.target is operator.getitem:
+                env[node] = args[0][args[1]]
+                continue
+            lowering = lookup(node.target)
+            if lowering.random:
+                if key is None:
+                    raise JaxBackendError(f"{node.target} needs a PRNG key but none was given")
+                kwargs["key"] = jax.random.fold_in(key, random_index)
+                random_index += 1
+            result = lowering.fn(*args, **kwargs)
+            if self.node_hook is not None:
+                result = self.node_hook(node, result)
+            env[node] = _conform(node, result, node.meta.get("val"), self.strict)
+        raise JaxBackendError("graph has no output node")
+
+

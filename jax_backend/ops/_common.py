@@ -1,0 +1,79 @@
+"""Small helpers shared by the lowering families (argument normalisation, promotion)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jax_backend import dtypes
+
+
+def canon_dim(dim: int, ndim: int) -> int:
+    """Torch's dim wrapping: negative dims count from the end; 0-dim tensors accept 0/-1."""
+    if ndim == 0:
+        return 0
+    return dim + ndim if dim < 0 else dim
+
+
+def canon_dims(dims, ndim: int) -> tuple:
+    """A reduction's dims: None or [] means every dim."""
+    if dims is None:
+        return tuple(range(ndim))
+    if isinstance(dims, int):
+        dims = [dims]
+    if len(dims) == 0:
+        return tuple(range(ndim))
+    return tuple(sorted({canon_dim(d, ndim) for d in dims}))
+
+
+def promote(*operands):
+    """Casts operands to torch's common dtype; Python scalars become arrays of that dtype."""
+    dtype = dtypes.result_jax_dtype(*operands)
+    return [None if x is None else jnp.asarray(x, dtype=dtype) for x in operands]
+
+
+def promote_to_float(*operands):
+    """Like ``promote`` but integer/bool results become float32 (torch's int-to-float ops)."""
+    dtype = dtypes.float_dtype_for(dtypes.result_jax_dtype(*operands))
+    return [None if x is None else jnp.asarray(x, dtype=dtype) for x in operands]
+
+
+def as_float(x):
+    x = jnp.asarray(x)
+    return x.astype(dtypes.float_dtype_for(x.dtype))
+
+
+def jax_dtype(torch_dtype, default=None):
+    if torch_dtype is None:
+        return default
+    return dtypes.to_jax_dtype(torch_dtype)
+
+
+def dot_precision(*arrays):
+    """Full-precision dots for fp32/fp64 (so GPUs do not silently use TF32, as torch does not)."""
+    if any(a.dtype in (jnp.float32, jnp.float64, jnp.complex64, jnp.complex128) for a in arrays):
+        return lax.Precision.HIGHEST
+    return None
+
+
+def accumulation_dtype(dtype):
+    """Half-precision dots and convolutions accumulate in float32, as torch does."""
+    if dtype in (jnp.float16, jnp.bfloat16):
+        return jnp.float32
+    return None
+
+
+def sum_dtype(x):
+    """torch.sum of integers and bools accumulates in int64."""
+    if jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_:
+        return jnp.int64
+    return x.dtype
+
+
+def normalized_shape(shape):
+    return tuple(int(s) for s in shape)
+
+
+def numel(shape) -> int:
+    return int(np.prod(shape, dtype=np.int64))

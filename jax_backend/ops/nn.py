@@ -1,0 +1,542 @@
+"""Neural-network lowerings: convolution, normalisation, pooling, upsampling, attention.
+
+Backward ops that torch does not decompose (convolution_backward, pooling backward, the CPU
+flash-attention backward) are lowered as ``jax.vjp`` of the forward lowering, so forward and
+backward share one definition.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+
+from jax_backend.ops._common import accumulation_dtype, dot_precision, promote
+from jax_backend.registry import lowers
+
+aten = torch.ops.aten
+
+
+def _tuple(value, n):
+    if isinstance(value, (list, tuple)):
+        value = list(value)
+        return tuple(value * n) if len(value) == 1 else tuple(value)
+    return (value,) * n
+
+
+def _compute_dtype(x):
+    """Normalisation statistics of half-precision inputs are computed in float32."""
+    return jnp.float32 if x.dtype in (jnp.float16, jnp.bfloat16) else x.dtype
+
+
+# ------------------------------------------------------------------------------- convolution
+def _conv_forward(x, weight, stride, padding, dilation, transposed, output_padding, groups):
+    nd = weight.ndim - 2
+    x, weight = promote(x, weight)
+    spatial = "DHW"[-nd:] if nd <= 3 else None
+    dimension_numbers = ("NC" + spatial, "OI" + spatial, "NC" + spatial)
+    stride, padding, dilation = _tuple(stride, nd), _tuple(padding, nd), _tuple(dilation, nd)
+    options = dict(precision=dot_precision(x, weight),
+                   preferred_element_type=accumulation_dtype(x.dtype))
+    if not transposed:
+        out = lax.conv_general_dilated(
+            x, weight, window_strides=stride, padding=[(p, p) for p in padding],
+            rhs_dilation=dilation, dimension_numbers=dimension_numbers,
+            feature_group_count=groups, **options)
+        return out.astype(x.dtype)
+    # A transposed convolution is the input-gradient of a convolution: dilate the input by the
+    # stride, pad by dilation*(k-1)-p, and convolve with the flipped, in/out-swapped kernel.
+    output_padding = _tuple(output_padding, nd)
+    c_in, c_out_per_group = weight.shape[0], weight.shape[1]
+    kernel = weight.reshape((groups, c_in // groups, c_out_per_group) + weight.shape[2:])
+    kernel = jnp.swapaxes(kernel, 1, 2).reshape((groups * c_out_per_group, c_in // groups)
+                                                + weight.shape[2:])
+    kernel = jnp.flip(kernel, axis=tuple(range(2, 2 + nd)))
+    pads = []
+    for k, p, d, op in zip(weight.shape[2:], padding, dilation, output_padding):
+        edge = d * (k - 1) - p
+        pads.append((edge, edge + op))
+    out = lax.conv_general_dilated(
+        x, kernel, window_strides=(1,) * nd, padding=pads, lhs_dilation=stride,
+        rhs_dilation=dilation, dimension_numbers=dimension_numbers,
+        feature_group_count=groups, **options)
+    return out.astype(x.dtype)
+
+
+@lowers(aten.convolution.default)
+def aten_convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding,
+                     groups):
+    unbatched = x.ndim == weight.ndim - 1
+    if unbatched:
+        x = x[None]
+    out = _conv_forward(x, weight, stride, padding, dilation, transposed, output_padding, groups)
+    if bias is not None:
+        out = out + bias.astype(out.dtype).reshape((1, -1) + (1,) * (out.ndim - 2))
+    return out[0] if unbatched else out
+
+
+@lowers(aten.convolution_backward.default)
+def aten_convolution_backward(grad_output, x, weight, bias_sizes, stride, padding, dilation,
+                              transposed, output_padding, groups, output_mask):
+    def forward(x_, w_):
+        return _conv_forward(x_, w_, stride, padding, dilation, transposed, output_padding, groups)
+
+    _, vjp = jax.vjp(forward, x, weight)
+    grad_x, grad_w = vjp(grad_output.astype(x.dtype))
+    grad_b = None
+    if output_mask[2]:
+        axes = (0,) + tuple(range(2, grad_output.ndim))
+        grad_b = jnp.sum(grad_output, axis=axes)
+    return (grad_x if output_mask[0] else None, grad_w if output_mask[1] else None, grad_b)
+
+
+# ----------------------------------------------------------------------------- normalisation
+@lowers(aten.native_layer_norm.default)
+def aten_native_layer_norm(x, normalized_shape, weight, bias, eps):
+    axis = x.ndim - len(normalized_shape)
+    axes = tuple(range(axis, x.ndim))
+    xc = x.astype(_compute_dtype(x))
+    mean = jnp.mean(xc, axis=axes, keepdims=True)
+    centered = xc - mean
+    var = jnp.mean(centered * centered, axis=axes, keepdims=True)
+    rstd = lax.rsqrt(var + eps)
+    out = centered * rstd
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    return out.astype(x.dtype), mean, rstd
+
+
+@lowers(aten.native_group_norm.default)
+def aten_native_group_norm(x, weight, bias, n, c, hxw, group, eps):
+    xc = x.astype(_compute_dtype(x)).reshape(n, group, -1)
+    mean = jnp.mean(xc, axis=-1, keepdims=True)
+    centered = xc - mean
+    var = jnp.mean(centered * centered, axis=-1, keepdims=True)
+    rstd = lax.rsqrt(var + eps)
+    out = (centered * rstd).reshape(x.shape)
+    channel_shape = (1, c) + (1,) * (x.ndim - 2)
+    if weight is not None:
+        out = out * weight.reshape(channel_shape)
+    if bias is not None:
+        out = out + bias.reshape(channel_shape)
+    return out.astype(x.dtype), mean.reshape(n, group), rstd.reshape(n, group)
+
+
+def _channel_shape(x):
+    return (1, x.shape[1]) + (1,) * (x.ndim - 2)
+
+
+def _batch_norm_train(x, weight, bias, eps):
+    axes = (0,) + tuple(range(2, x.ndim))
+    xc = x.astype(_compute_dtype(x))
+    mean = jnp.mean(xc, axis=axes)
+    centered = xc - mean.reshape(_channel_shape(x))
+    var = jnp.mean(centered * centered, axis=axes)
+    rstd = lax.rsqrt(var + eps)
+    out = centered * rstd.reshape(_channel_shape(x))
+    out = _affine(out, weight, bias)
+    return out.astype(x.dtype), mean, rstd, var
+
+
+def _affine(out, weight, bias):
+    if weight is not None:
+        out = out * weight.reshape(_channel_shape(out))
+    if bias is not None:
+        out = out + bias.reshape(_channel_shape(out))
+    return out
+
+
+def _batch_norm_eval(x, weight, bias, running_mean, running_var, eps):
+    xc = x.astype(_compute_dtype(x))
+    rstd = lax.rsqrt(running_var.astype(xc.dtype) + eps)
+    out = (xc - running_mean.reshape(_channel_shape(x))) * rstd.reshape(_channel_shape(x))
+    return _affine(out, weight, bias).astype(x.dtype)
+
+
+def _updated_running_stats(x, mean, var, running_mean, running_var, momentum):
+    n = x.size // x.shape[1]
+    unbiased = var * (n / max(n - 1, 1))
+    new_mean = (1 - momentum) * running_mean + momentum * mean.astype(running_mean.dtype)
+    new_var = (1 - momentum) * running_var + momentum * unbiased.astype(running_var.dtype)
+    return new_mean, new_var
+
+
+@lowers(aten._native_batch_norm_legit_functional.default)
+def aten_batch_norm_functional(x, weight, bias, running_mean, running_var, training, momentum,
+                               eps):
+    if not training:
+        out = _batch_norm_eval(x, weight, bias, running_mean, running_var, eps)
+        empty = jnp.zeros((0,), x.dtype)
+        return out, empty, empty, running_mean, running_var
+    out, mean, rstd, var = _batch_norm_train(x, weight, bias, eps)
+    new_mean, new_var = _updated_running_stats(x, mean, var, running_mean, running_var, momentum)
+    return out, mean, rstd, new_mean, new_var
+
+
+@lowers(aten.native_batch_norm.default)
+def aten_native_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    if training or running_mean is None:
+        out, mean, rstd, _ = _batch_norm_train(x, weight, bias, eps)
+        return out, mean, rstd
+    out = _batch_norm_eval(x, weight, bias, running_mean, running_var, eps)
+    empty = jnp.zeros((0,), x.dtype)
+    return out, empty, empty
+
+
+@lowers(aten._native_batch_norm_legit.no_stats)
+def aten_batch_norm_no_stats(x, weight, bias, training, momentum, eps):
+    out, mean, rstd, _ = _batch_norm_train(x, weight, bias, eps)
+    return out, mean, rstd
+
+
+@lowers(aten._native_batch_norm_legit_no_training.default)
+def aten_batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum, eps):
+    out = _batch_norm_eval(x, weight, bias, running_mean, running_var, eps)
+    empty = jnp.zeros((0,), x.dtype)
+    return out, empty, empty
+
+
+# ----------------------------------------------------------------------------------- pooling
+def _pool_geometry(in_size, kernel, stride, padding, dilation, ceil_mode):
+    """Output length and the extra right padding that ceil_mode needs (torch's formula)."""
+    effective = dilation * (kernel - 1) + 1
+    numerator = in_size + 2 * padding - effective
+    out = (-(-numerator // stride) if ceil_mode else numerator // stride) + 1
+    if ceil_mode and (out - 1) * stride >= in_size + padding:
+        out -= 1
+    extra = max((out - 1) * stride + effective - (in_size + 2 * padding), 0)
+    return out, extra
+
+
+def _pool_windows(x, kernel, stride, padding, dilation, ceil_mode, pad_value):
+    """Every kernel offset's strided view of the padded input: shape (K, N, C, *out)."""
+    nd = len(kernel)
+    spatial = x.shape[-nd:]
+    geoms = [_pool_geometry(s, k, st, p, d, ceil_mode)
+             for s, k, st, p, d in zip(spatial, kernel, stride, padding, dilation)]
+    config = [(0, 0, 0)] * (x.ndim - nd) + [(p, p + extra, 0) for p, (_, extra) in
+                                           zip(padding, geoms)]
+    padded = lax.pad(x, jnp.asarray(pad_value, x.dtype), config)
+    outs = [g[0] for g in geoms]
+    windows, offsets = [], []
+    for offset in np.ndindex(*kernel):
+        starts = [o * d for o, d in zip(offset, dilation)]
+        limits = [s + (n - 1) * st + 1 for s, n, st in zip(starts, outs, stride)]
+        view = lax.slice(padded, (0,) * (x.ndim - nd) + tuple(starts),
+                         padded.shape[:x.ndim - nd] + tuple(limits),
+                         (1,) * (x.ndim - nd) + tuple(stride))
+        windows.append(view)
+        offsets.append(starts)
+    return jnp.stack(windows), offsets, outs
+
+
+def _pool_args(x, kernel_size, stride, padding, dilation, nd):
+    kernel = _tuple(kernel_size, nd)
+    stride = _tuple(stride, nd) if stride else kernel
+    return kernel, stride, _tuple(padding, nd), _tuple(dilation, nd)
+
+
+def _max_pool_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode, nd):
+    kernel, stride, padding, dilation = _pool_args(x, kernel_size, stride, padding, dilation, nd)
+    lowest = -jnp.inf if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.iinfo(x.dtype).min
+    windows, offsets, outs = _pool_windows(x, kernel, stride, padding, dilation, ceil_mode, lowest)
+    if jnp.issubdtype(x.dtype, jnp.inexact):  # NaN wins, like torch's `val > max || isnan(val)`
+        nan = jnp.isnan(windows)
+        choice = jnp.argmax(jnp.where(jnp.any(nan, axis=0), nan, windows == jnp.max(windows, 0)),
+                            axis=0)
+    else:
+        choice = jnp.argmax(windows, axis=0)
+    values = jnp.take_along_axis(windows, choice[None], axis=0)[0]
+    # Flat index into the unpadded spatial plane of the chosen element.
+    spatial = x.shape[-nd:]
+    offsets = jnp.asarray(offsets, jnp.int64)  # (K, nd)
+    flat = jnp.zeros(choice.shape, jnp.int64)
+    for axis in range(nd):
+        position = lax.broadcasted_iota(jnp.int64, choice.shape, choice.ndim - nd + axis)
+        coord = position * stride[axis] - padding[axis] + offsets[choice, axis]
+        flat = flat * spatial[axis] + coord
+    return values, flat
+
+
+def _max_pool_backward(grad_output, x, indices, nd):
+    lead = x.shape[:-nd]
+    plane = int(np.prod(x.shape[-nd:]))
+    grad = jnp.zeros(lead + (plane,), grad_output.dtype)
+    g = grad_output.reshape(lead + (-1,))
+    idx = indices.reshape(lead + (-1,))
+    lead_index = tuple(lax.broadcasted_iota(jnp.int64, idx.shape, d) for d in range(len(lead)))
+    return grad.at[lead_index + (idx,)].add(g).reshape(x.shape)
+
+
+@lowers(aten.max_pool2d_with_indices.default)
+def aten_max_pool2d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1,
+                                 ceil_mode=False):
+    return _max_pool_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode, 2)
+
+
+@lowers(aten.max_pool3d_with_indices.default)
+def aten_max_pool3d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1,
+                                 ceil_mode=False):
+    return _max_pool_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode, 3)
+
+
+@lowers(aten.max_pool2d_with_indices_backward.default)
+def aten_max_pool2d_backward(grad_output, x, kernel_size, stride, padding, dilation, ceil_mode,
+                             indices):
+    return _max_pool_backward(grad_output, x, indices, 2)
+
+
+@lowers(aten.max_pool3d_with_indices_backward.default)
+def aten_max_pool3d_backward(grad_output, x, kernel_size, stride, padding, dilation, ceil_mode,
+                             indices):
+    return _max_pool_backward(grad_output, x, indices, 3)
+
+
+def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override,
+              nd):
+    kernel, stride, padding, dilation = _pool_args(x, kernel_size, stride, padding, 1, nd)
+    windows, _, outs = _pool_windows(x, kernel, stride, padding, dilation, ceil_mode, 0)
+    total = jnp.sum(windows.astype(_compute_dtype(x)), axis=0)
+    if divisor_override:
+        return (total / divisor_override).astype(x.dtype)
+    # torch's divisor: the window clipped to input+padding (count_include_pad) or to the input.
+    counts = np.ones((), np.float64)
+    for axis in range(nd):
+        n_in, k, s, p = x.shape[x.ndim - nd + axis], kernel[axis], stride[axis], padding[axis]
+        start = np.arange(outs[axis]) * s - p
+        end = np.minimum(start + k, n_in + p)
+        if not count_include_pad:
+            start, end = np.maximum(start, 0), np.minimum(end, n_in)
+        counts = counts[..., None] * (end - start)
+    return (total / jnp.asarray(counts, total.dtype)).astype(x.dtype)
+
+
+@lowers(aten.avg_pool2d.default)
+def aten_avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False,
+                    count_include_pad=True, divisor_override=None):
+    return _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                     divisor_override, 2)
+
+
+@lowers(aten.avg_pool3d.default)
+def aten_avg_pool3d(x, kernel_size, stride=(), padding=0, ceil_mode=False,
+                    count_include_pad=True, divisor_override=None):
+    return _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                     divisor_override, 3)
+
+
+@lowers(aten.avg_pool2d_backward.default)
+def aten_avg_pool2d_backward(grad_output, x, kernel_size, stride, padding, ceil_mode,
+                             count_include_pad, divisor_override):
+    _, vjp = jax.vjp(lambda x_: _avg_pool(x_, kernel_size, stride, padding, ceil_mode,
+                                          count_include_pad, divisor_override, 2), x)
+    return vjp(grad_output)[0]
+
+
+@lowers(aten.avg_pool3d_backward.default)
+def aten_avg_pool3d_backward(grad_output, x, kernel_size, stride, padding, ceil_mode,
+                             count_include_pad, divisor_override):
+    _, vjp = jax.vjp(lambda x_: _avg_pool(x_, kernel_size, stride, padding, ceil_mode,
+                                          count_include_pad, divisor_override, 3), x)
+    return vjp(grad_output)[0]
+
+
+def _adaptive_matrix(in_size, out_size):
+    """Row i averages input[floor(i*in/out) : ceil((i+1)*in/out)], torch's adaptive windows."""
+    matrix = np.zeros((out_size, in_size), np.float64)
+    for i in range(out_size):
+        start = (i * in_size) // out_size
+        end = -(-((i + 1) * in_size) // out_size)
+        matrix[i, start:end] = 1.0 / (end - start)
+    return matrix
+
+
+def _adaptive_avg_pool(x, output_size, nd):
+    output_size = _tuple(output_size, nd)
+    out = x.astype(_compute_dtype(x))
+    for axis, size in enumerate(output_size):
+        dim = x.ndim - nd + axis
+        m = jnp.asarray(_adaptive_matrix(x.shape[dim], size), out.dtype)
+        out = jnp.moveaxis(jnp.tensordot(out, m, axes=([dim], [1]),
+                                         precision=lax.Precision.HIGHEST), -1, dim)
+    return out.astype(x.dtype)
+
+
+@lowers(aten._adaptive_avg_pool2d.default)
+def aten_adaptive_avg_pool2d(x, output_size):
+    return _adaptive_avg_pool(x, output_size, 2)
+
+
+@lowers(aten._adaptive_avg_pool3d.default)
+def aten_adaptive_avg_pool3d(x, output_size):
+    return _adaptive_avg_pool(x, output_size, 3)
+
+
+@lowers(aten._adaptive_avg_pool2d_backward.default)
+def aten_adaptive_avg_pool2d_backward(grad_output, x):
+    size = grad_output.shape[-2:]
+    _, vjp = jax.vjp(lambda x_: _adaptive_avg_pool(x_, size, 2), x)
+    return vjp(grad_output)[0]
+
+
+@lowers(aten._adaptive_avg_pool3d_backward.default)
+def aten_adaptive_avg_pool3d_backward(grad_output, x):
+    size = grad_output.shape[-3:]
+    _, vjp = jax.vjp(lambda x_: _adaptive_avg_pool(x_, size, 3), x)
+    return vjp(grad_output)[0]
+
+
+@lowers(aten.adaptive_max_pool2d.default)
+def aten_adaptive_max_pool2d(x, output_size):
+    output_size = _tuple(output_size, 2)
+    h, w = x.shape[-2:]
+    values, indices = [], []
+    for i in range(output_size[0]):
+        h0, h1 = (i * h) // output_size[0], -(-((i + 1) * h) // output_size[0])
+        row_v, row_i = [], []
+        for j in range(output_size[1]):
+            w0, w1 = (j * w) // output_size[1], -(-((j + 1) * w) // output_size[1])
+            window = x[..., h0:h1, w0:w1].reshape(x.shape[:-2] + (-1,))
+            k = jnp.argmax(window, axis=-1)
+            row_v.append(jnp.max(window, axis=-1))
+            row_i.append((h0 + k // (w1 - w0)) * w + w0 + k % (w1 - w0))
+        values.append(jnp.stack(row_v, -1))
+        indices.append(jnp.stack(row_i, -1))
+    return jnp.stack(values, -2), jnp.stack(indices, -2).astype(jnp.int64)
+
+
+@lowers(aten.adaptive_max_pool2d_backward.default)
+def aten_adaptive_max_pool2d_backward(grad_output, x, indices):
+    return _max_pool_backward(grad_output, x, indices, 2)
+
+
+# -------------------------------------------------------------------------------- upsampling
+def _output_size(x, nd, output_size, scale_factors):
+    if output_size:
+        return tuple(output_size), [None] * nd
+    sizes = tuple(int(math.floor(s * f)) for s, f in zip(x.shape[-nd:], scale_factors))
+    return sizes, list(scale_factors)
+
+
+def _nearest_source(in_size, out_size, scale, exact):
+    ratio = (1.0 / scale) if scale else in_size / out_size
+    offset = 0.5 if exact else 0.0
+    src = np.floor((np.arange(out_size) + offset) * ratio).astype(np.int64)
+    return np.minimum(src, in_size - 1)
+
+
+def _upsample_nearest(x, output_size, scale_factors, nd, exact=False):
+    sizes, scales = _output_size(x, nd, output_size, scale_factors)
+    for axis in range(nd):
+        dim = x.ndim - nd + axis
+        x = jnp.take(x, _nearest_source(x.shape[dim], sizes[axis], scales[axis], exact), axis=dim)
+    return x
+
+
+@lowers(aten.upsample_nearest2d.vec)
+def aten_upsample_nearest2d(x, output_size, scale_factors):
+    return _upsample_nearest(x, output_size, scale_factors, 2)
+
+
+@lowers(aten.upsample_nearest1d.vec)
+def aten_upsample_nearest1d(x, output_size, scale_factors):
+    return _upsample_nearest(x, output_size, scale_factors, 1)
+
+
+@lowers(aten.upsample_nearest3d.vec)
+def aten_upsample_nearest3d(x, output_size, scale_factors):
+    return _upsample_nearest(x, output_size, scale_factors, 3)
+
+
+@lowers(aten._upsample_nearest_exact2d.vec)
+def aten_upsample_nearest_exact2d(x, output_size, scale_factors):
+    return _upsample_nearest(x, output_size, scale_factors, 2, exact=True)
+
+
+def _linear_weights(in_size, out_size, align_corners, scale):
+    if align_corners:
+        ratio = (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
+        src = np.arange(out_size) * ratio
+    else:
+        ratio = (1.0 / scale) if scale else in_size / out_size
+        src = np.maximum((np.arange(out_size) + 0.5) * ratio - 0.5, 0.0)
+    lo = np.minimum(np.floor(src).astype(np.int64), in_size - 1)
+    hi = np.minimum(lo + 1, in_size - 1)
+    frac = src - lo
+    return lo, hi, frac
+
+
+@lowers(aten.upsample_bilinear2d.vec)
+def aten_upsample_bilinear2d(x, output_size, align_corners, scale_factors):
+    sizes, scales = _output_size(x, 2, output_size, scale_factors)
+    out = x.astype(_compute_dtype(x))
+    for axis in range(2):
+        dim = x.ndim - 2 + axis
+        lo, hi, frac = _linear_weights(x.shape[dim], sizes[axis], align_corners, scales[axis])
+        shape = [1] * x.ndim
+        shape[dim] = -1
+        frac = jnp.asarray(frac, out.dtype).reshape(shape)
+        out = jnp.take(out, lo, axis=dim) * (1 - frac) + jnp.take(out, hi, axis=dim) * frac
+    return out.astype(x.dtype)
+
+
+# ----------------------------------------------------------------------------------- padding
+def _pad(x, pad, mode):
+    nd = len(pad) // 2
+    widths = [(0, 0)] * (x.ndim - nd) + [(pad[2 * (nd - 1 - i)], pad[2 * (nd - 1 - i) + 1])
+                                         for i in range(nd)]
+    return jnp.pad(x, widths, mode=mode)
+
+
+for _name, _mode in [("reflection_pad1d", "reflect"), ("reflection_pad2d", "reflect"),
+                     ("reflection_pad3d", "reflect"), ("replication_pad1d", "edge"),
+                     ("replication_pad2d", "edge"), ("replication_pad3d", "edge")]:
+    lowers(getattr(aten, _name).default)(lambda x, padding, _mode=_mode: _pad(x, padding, _mode))
+
+
+# --------------------------------------------------------------------------------- attention
+def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
+    """softmax(q k^T * scale + mask) v, computed as torch's math backend does."""
+    if enable_gqa and k.shape[-3] != q.shape[-3]:
+        repeat = q.shape[-3] // k.shape[-3]
+        k, v = jnp.repeat(k, repeat, axis=-3), jnp.repeat(v, repeat, axis=-3)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = jnp.einsum("...qd,...kd->...qk", q, k, precision=dot_precision(q, k),
+                        preferred_element_type=accumulation_dtype(q.dtype)) * scale
+    if is_causal:
+        lq, lk = q.shape[-2], k.shape[-2]
+        causal = jnp.tril(jnp.ones((lq, lk), jnp.bool_))
+        scores = jnp.where(causal, scores, -jnp.inf)
+    if attn_mask is not None:
+        scores = jnp.where(attn_mask, scores, -jnp.inf) if attn_mask.dtype == jnp.bool_ else (
+            scores + attn_mask)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    return jnp.einsum("...qk,...kd->...qd", probs, v, precision=dot_precision(probs, v),
+                      preferred_element_type=accumulation_dtype(v.dtype)).astype(q.dtype)
+
+
+@lowers(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
+def aten_sdpa_flash_cpu_backward(grad_out, q, k, v, out, logsumexp, dropout_p, is_causal, *,
+                                 attn_mask=None, scale=None):
+    if dropout_p:
+        raise NotImplementedError(
+            "the CPU flash-attention backward with dropout_p > 0 cannot replay torch's dropout "
+            "mask; use dropout_p=0 in scaled_dot_product_attention or a separate nn.Dropout.")
+    _, vjp = jax.vjp(lambda q_, k_, v_: attention(q_, k_, v_, attn_mask, is_causal, scale),
+                     q, k, v)
+    return vjp(grad_out.astype(q.dtype))
+
+
+@lowers(aten._scaled_dot_product_flash_attention_for_cpu.default)
+def aten_sdpa_flash_cpu(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    if dropout_p:
+        raise NotImplementedError("flash attention with dropout_p > 0 is not lowered.")
+    out = attention(q, k, v, attn_mask, is_causal, scale)
+    logsumexp = jnp.zeros(q.shape[:-1], jnp.float32)
+    return out, logsumexp

@@ -1,0 +1,305 @@
+"""Reductions, scans, norms, softmax, sorting."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import torch
+from jax import lax
+
+from jax_backend.ops._common import as_float, canon_dim, canon_dims, jax_dtype, sum_dtype
+from jax_backend.registry import lowers
+
+aten = torch.ops.aten
+
+
+@lowers(aten.sum.dim_IntList)
+def aten_sum(x, dim=None, keepdim=False, dtype=None):
+    dtype = jax_dtype(dtype, sum_dtype(x))
+    return jnp.sum(x.astype(dtype), axis=canon_dims(dim, x.ndim), keepdims=keepdim)
+
+
+@lowers(aten.sum.default)
+def aten_sum_all(x, dtype=None):
+    return aten_sum(x, None, False, dtype)
+
+
+@lowers(aten.mean.dim)
+def aten_mean(x, dim=None, keepdim=False, dtype=None):
+    if dtype is not None:
+        x = x.astype(jax_dtype(dtype))
+    return jnp.mean(x, axis=canon_dims(dim, x.ndim), keepdims=keepdim)
+
+
+@lowers(aten.mean.default)
+def aten_mean_all(x, dtype=None):
+    return aten_mean(x, None, False, dtype)
+
+
+@lowers(aten.prod.dim_int)
+def aten_prod(x, dim, keepdim=False, dtype=None):
+    dtype = jax_dtype(dtype, sum_dtype(x))
+    return jnp.prod(x.astype(dtype), axis=canon_dim(dim, x.ndim), keepdims=keepdim)
+
+
+@lowers(aten.prod.default)
+def aten_prod_all(x, dtype=None):
+    dtype = jax_dtype(dtype, sum_dtype(x))
+    return jnp.prod(x.astype(dtype))
+
+
+@lowers(aten.amax.default)
+def aten_amax(x, dim=(), keepdim=False):
+    return jnp.max(x, axis=canon_dims(dim, x.ndim), keepdims=keepdim)
+
+
+@lowers(aten.amin.default)
+def aten_amin(x, dim=(), keepdim=False):
+    return jnp.min(x, axis=canon_dims(dim, x.ndim), keepdims=keepdim)
+
+
+@lowers(aten.max.default)
+def aten_max_all(x):
+    return jnp.max(x)
+
+
+@lowers(aten.min.default)
+def aten_min_all(x):
+    return jnp.min(x)
+
+
+def _arg_extreme(x, dim, keepdim, find_max):
+    """Index of the first max/min along dim; NaN counts as the extreme value, as in torch."""
+    if dim is None:
+        flat = x.reshape(-1)
+        idx = _arg_extreme(flat, 0, False, find_max)
+        return idx.reshape((1,) * x.ndim) if keepdim else idx
+    axis = canon_dim(dim, x.ndim)
+    if x.ndim == 0:
+        return jnp.zeros((), jnp.int64)
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        nan = jnp.isnan(x)
+        has_nan = jnp.any(nan, axis=axis, keepdims=True)
+        x = jnp.where(has_nan, nan.astype(x.dtype), x) if find_max else jnp.where(
+            has_nan, (-nan.astype(x.dtype)), x)
+    idx = jnp.argmax(x, axis=axis, keepdims=keepdim) if find_max else jnp.argmin(
+        x, axis=axis, keepdims=keepdim)
+    return idx.astype(jnp.int64)
+
+
+@lowers(aten.argmax.default)
+def aten_argmax(x, dim=None, keepdim=False):
+    return _arg_extreme(x, dim, keepdim, True)
+
+
+@lowers(aten.argmin.default)
+def aten_argmin(x, dim=None, keepdim=False):
+    return _arg_extreme(x, dim, keepdim, False)
+
+
+@lowers(aten.max.dim)
+def aten_max_dim(x, dim, keepdim=False):
+    axis = canon_dim(dim, x.ndim)
+    return jnp.max(x, axis=axis, keepdims=keepdim), _arg_extreme(x, dim, keepdim, True)
+
+
+@lowers(aten.min.dim)
+def aten_min_dim(x, dim, keepdim=False):
+    axis = canon_dim(dim, x.ndim)
+    return jnp.min(x, axis=axis, keepdims=keepdim), _arg_extreme(x, dim, keepdim, False)
+
+
+def _variance(x, dim, correction, keepdim):
+    x = as_float(x)
+    axes = canon_dims(dim, x.ndim)
+    n = 1
+    for a in axes:
+        n *= x.shape[a]
+    correction = 1 if correction is None else correction
+    mean = jnp.mean(x, axis=axes, keepdims=True)
+    centered = x - mean
+    if jnp.iscomplexobj(centered):
+        sq = jnp.real(centered * jnp.conj(centered))
+    else:
+        sq = centered * centered
+    total = jnp.sum(sq, axis=axes, keepdims=keepdim)
+    return total / max(n - correction, 0), mean if keepdim else jnp.squeeze(mean, axes)
+
+
+@lowers(aten.var.correction)
+def aten_var(x, dim=None, *, correction=None, keepdim=False):
+    return _variance(x, dim, correction, keepdim)[0]
+
+
+@lowers(aten.var.dim)
+def aten_var_dim(x, dim, unbiased=True, keepdim=False):
+    return _variance(x, dim, 1 if unbiased else 0, keepdim)[0]
+
+
+@lowers(aten.var_mean.correction)
+def aten_var_mean(x, dim=None, *, correction=None, keepdim=False):
+    return _variance(x, dim, correction, keepdim)
+
+
+@lowers(aten.std.correction)
+def aten_std(x, dim=None, *, correction=None, keepdim=False):
+    return jnp.sqrt(_variance(x, dim, correction, keepdim)[0])
+
+
+@lowers(aten.any.default)
+def aten_any_all(x):
+    return jnp.any(x)
+
+
+@lowers(aten.any.dim)
+def aten_any(x, dim, keepdim=False):
+    return jnp.any(x, axis=canon_dim(dim, x.ndim), keepdims=keepdim)
+
+
+@lowers(aten.any.dims)
+def aten_any_dims(x, dim=None, keepdim=False):
+    return jnp.any(x, axis=canon_dims(dim, x.ndim), keepdims=keepdim)
+
+
+@lowers(aten.all.default)
+def aten_all_all(x):
+    return jnp.all(x)
+
+
+@lowers(aten.all.dim)
+def aten_all(x, dim, keepdim=False):
+    return jnp.all(x, axis=canon_dim(dim, x.ndim), keepdims=keepdim)
+
+
+@lowers(aten.all.dims)
+def aten_all_dims(x, dim=None, keepdim=False):
+    return jnp.all(x, axis=canon_dims(dim, x.ndim), keepdims=keepdim)
+
+
+@lowers(aten.cumsum.default)
+def aten_cumsum(x, dim, *, dtype=None):
+    dtype = jax_dtype(dtype, sum_dtype(x))
+    return jnp.cumsum(x.astype(dtype), axis=canon_dim(dim, x.ndim))
+
+
+@lowers(aten.cumprod.default)
+def aten_cumprod(x, dim, *, dtype=None):
+    dtype = jax_dtype(dtype, sum_dtype(x))
+    return jnp.cumprod(x.astype(dtype), axis=canon_dim(dim, x.ndim))
+
+
+@lowers(aten.logcumsumexp.default)
+def aten_logcumsumexp(x, dim):
+    axis = canon_dim(dim, x.ndim)
+    return lax.cumlogsumexp(as_float(x), axis=axis) if x.ndim else x
+
+
+def _cum_extreme(x, dim, take_max):
+    axis = canon_dim(dim, x.ndim)
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    idx = lax.broadcasted_iota(jnp.int64, x.shape, axis)
+
+    def combine(a, b):
+        va, ia = a
+        vb, ib = b
+        if jnp.issubdtype(va.dtype, jnp.inexact):
+            better = (vb >= va) if take_max else (vb <= va)
+            better = better | jnp.isnan(vb) & ~jnp.isnan(va)
+            better = better & ~(jnp.isnan(va) & ~jnp.isnan(vb))
+        else:
+            better = (vb >= va) if take_max else (vb <= va)
+        return jnp.where(better, vb, va), jnp.where(better, ib, ia)
+
+    return lax.associative_scan(combine, (x, idx), axis=axis)
+
+
+@lowers(aten.cummax.default)
+def aten_cummax(x, dim):
+    return _cum_extreme(x, dim, True)
+
+
+@lowers(aten.cummin.default)
+def aten_cummin(x, dim):
+    return _cum_extreme(x, dim, False)
+
+
+@lowers(aten.linalg_vector_norm.default)
+def aten_linalg_vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    if dtype is not None:
+        x = x.astype(jax_dtype(dtype))
+    x = as_float(x)
+    axes = canon_dims(dim, x.ndim)
+    a = jnp.abs(x)
+    if ord == float("inf"):
+        return jnp.max(a, axis=axes, keepdims=keepdim)
+    if ord == float("-inf"):
+        return jnp.min(a, axis=axes, keepdims=keepdim)
+    if ord == 0:
+        return jnp.sum((a != 0).astype(a.dtype), axis=axes, keepdims=keepdim)
+    if ord == 1:
+        return jnp.sum(a, axis=axes, keepdims=keepdim)
+    if ord == 2:
+        return jnp.sqrt(jnp.sum(a * a, axis=axes, keepdims=keepdim))
+    return jnp.sum(a**ord, axis=axes, keepdims=keepdim) ** (1.0 / ord)
+
+
+@lowers(aten._softmax.default)
+def aten_softmax(x, dim, half_to_float=False):
+    if half_to_float:
+        x = x.astype(jnp.float32)
+    return jax.nn.softmax(x, axis=canon_dim(dim, x.ndim))
+
+
+@lowers(aten._log_softmax.default)
+def aten_log_softmax(x, dim, half_to_float=False):
+    if half_to_float:
+        x = x.astype(jnp.float32)
+    return jax.nn.log_softmax(x, axis=canon_dim(dim, x.ndim))
+
+
+@lowers(aten._softmax_backward_data.default)
+def aten_softmax_backward(grad, output, dim, input_dtype):
+    axis = canon_dim(dim, output.ndim)
+    g = grad * output
+    return (g - output * jnp.sum(g, axis=axis, keepdims=True)).astype(jax_dtype(input_dtype))
+
+
+@lowers(aten._log_softmax_backward_data.default)
+def aten_log_softmax_backward(grad, output, dim, input_dtype):
+    axis = canon_dim(dim, output.ndim)
+    result = grad - jnp.exp(output) * jnp.sum(grad, axis=axis, keepdims=True)
+    return result.astype(jax_dtype(input_dtype))
+
+
+@lowers(aten.logsumexp.default)
+def aten_logsumexp(x, dim, keepdim=False):
+    return jax.nn.logsumexp(as_float(x), axis=canon_dims(dim, x.ndim), keepdims=keepdim)
+
+
+@lowers(aten.sort.default)
+def aten_sort(x, dim=-1, descending=False):
+    return aten_sort_stable(x, stable=False, dim=dim, descending=descending)
+
+
+@lowers(aten.sort.stable)
+def aten_sort_stable(x, *, stable=None, dim=-1, descending=False):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    axis = canon_dim(dim, x.ndim)
+    idx = jnp.argsort(x, axis=axis, stable=True, descending=descending).astype(jnp.int64)
+    return jnp.take_along_axis(x, idx, axis=axis), idx
+
+
+@lowers(aten.topk.default)
+def aten_topk(x, k, dim=-1, largest=True, sorted=True):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    axis = canon_dim(dim, x.ndim)
+    moved = jnp.moveaxis(x, axis, -1)
+    if largest:
+        values, idx = lax.top_k(moved, k)
+    else:
+        order = jnp.argsort(moved, axis=-1, stable=True)[..., :k]
+        values, idx = jnp.take_along_axis(moved, order, axis=-1), order
+    return jnp.moveaxis(values, -1, axis), jnp.moveaxis(idx.astype(jnp.int64), -1, axis)

@@ -1,0 +1,77 @@
+"""Programs: a captured step compiled with ``jax.jit``.
+
+A ``Program`` is the pure function ``(state, inputs, key) -> (new_state, outputs, key)`` of
+one captured step, jitted with the buffers of the state it overwrites donated, so parameters
+and optimizer state are updated in place on the device. It also exposes the pure function,
+its jaxpr, the StableHLO text and XLA's cost analysis for JAX-native users.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Sequence
+
+import jax
+
+from jax_backend.capture import CapturedStep
+from jax_backend.interpreter import GraphInterpreter
+from jax_backend.precision import Policy
+from jax_backend.registry import lookup
+
+
+def _has_random_nodes(graph) -> bool:
+    return any(node.op == "call_function" and node.target is not operator.getitem
+               and lookup(node.target).random for node in graph.graph.nodes)
+
+
+class Program:
+    """One compiled step. Call it with arrays; it returns arrays (dispatch is asynchronous)."""
+
+    def __init__(self, captured: CapturedStep, policy: Policy | None = None,
+                 shardings=None):
+        self.captured = captured
+        self.policy = policy or Policy()
+        self.uses_rng = _has_random_nodes(captured.graph)
+        written = set(captured.written_state)
+        # Positions (within used_state) of state the step overwrites: their buffers are donated.
+        self.donated_positions = [j for j, i in enumerate(captured.used_state) if i in written]
+        self.kept_positions = [j for j, i in enumerate(captured.used_state) if i not in written]
+        self._interpreter = GraphInterpreter(captured.graph, node_hook=self.policy.node_hook())
+        self._jitted = jax.jit(self.pure_step, donate_argnums=(0,))
+
+    def pure_step(self, donated, kept, inputs, key):
+        """The step as a pure JAX function (not jitted)."""
+        used = [None] * (len(donated) + len(kept))
+        for j, a in zip(self.donated_positions, donated):
+            used[j] = a
+        for j, a in zip(self.kept_positions, kept):
+            used[j] = a
+        step_key = None
+        if self.uses_rng:
+            key, step_key = jax.random.split(key)
+        flat = self._interpreter.run(list(used) + list(inputs), step_key)
+        n = len(self.captured.written_state)
+        return list(flat[:n]), list(flat[n:]), key
+
+    def split_state(self, used_arrays: Sequence):
+        return ([used_arrays[j] for j in self.donated_positions],
+                [used_arrays[j] for j in self.kept_positions])
+
+    def __call__(self, used_arrays: Sequence, inputs: Sequence, key):
+        donated, kept = self.split_state(used_arrays)
+        return self._jitted(donated, kept, list(inputs), key)
+
+    # ------------------------------------------------------------------ introspection
+    def lower(self, used_arrays: Sequence, inputs: Sequence, key):
+        donated, kept = self.split_state(used_arrays)
+        return self._jitted.lower(donated, kept, list(inputs), key)
+
+    def jaxpr(self, used_arrays: Sequence, inputs: Sequence, key):
+        donated, kept = self.split_state(used_arrays)
+        return jax.make_jaxpr(self.pure_step)(donated, kept, list(inputs), key)
+
+    def stablehlo(self, used_arrays: Sequence, inputs: Sequence, key) -> str:
+        return self.lower(used_arrays, inputs, key).as_text()
+
+    def cost_analysis(self, used_arrays: Sequence, inputs: Sequence, key):
+        return self.lower(used_arrays, inputs, key).compile().cost_analysis()

@@ -1,0 +1,54 @@
+"""The table of ATen lowerings: one dict from ``OpOverload`` to a small JAX function.
+
+Lowerings are registered per explicit overload with ``@lowers(aten.add.Tensor, ...)`` in the
+family modules under ``jax_backend/ops``. A lowering takes the node's arguments with tensors
+replaced by JAX arrays and returns JAX arrays (a tuple for multi-output ops). Random ops are
+registered with ``random=True`` and receive a fresh PRNG key as the keyword ``key``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from jax_backend.errors import DuplicateLoweringError, LoweringNotFoundError
+
+
+@dataclasses.dataclass(frozen=True)
+class Lowering:
+    fn: Callable
+    random: bool = False
+
+
+_LOWERINGS: dict = {}
+
+
+def lowers(*overloads, random: bool = False):
+    """Registers the decorated function as the lowering of each given ATen overload."""
+
+    def register(fn):
+        for op in overloads:
+            if op in _LOWERINGS:
+                raise DuplicateLoweringError(
+                    f"{op} already lowered by {_LOWERINGS[op].fn.__module__}."
+                    f"{_LOWERINGS[op].fn.__name__}; remove one of the registrations."
+                )
+            _LOWERINGS[op] = Lowering(fn, random)
+        return fn
+
+    return register
+
+
+def lookup(op) -> Lowering:
+    try:
+        return _LOWERINGS[op]
+    except KeyError:
+        raise LoweringNotFoundError(op) from None
+
+
+def has_lowering(op) -> bool:
+    return op in _LOWERINGS
+
+
+def registered_ops() -> list:
+    return list(_LOWERINGS)
