@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import copyreg
 import dataclasses
+import functools
 import operator
 import os
 import traceback
@@ -54,6 +55,26 @@ _DROPPED_TARGETS = {
     torch.ops.profiler._record_function_enter_new.default,
     torch.ops.profiler._record_function_exit._RecordFunction,
 }
+
+
+@functools.lru_cache(maxsize=1)
+def decompositions() -> dict:
+    """Core-ATen decompositions plus the batch-norm family.
+
+    torch keeps ``native_batch_norm`` whole in the core set, but its schema does not mark the
+    running statistics as mutated, so functionalization would silently drop their update.
+    Decomposing it (and its relatives) yields explicit ``copy_`` writes to the running stats.
+    """
+    from torch._decomp import decomposition_table
+
+    table = dict(core_aten_decompositions())
+    for op in (aten.native_batch_norm.default, aten._native_batch_norm_legit.default,
+               aten._native_batch_norm_legit.no_stats,
+               aten._native_batch_norm_legit_functional.default,
+               aten._native_batch_norm_legit_no_training.default,
+               aten._batch_norm_with_update.default, aten._batch_norm_no_update.default):
+        table[op] = decomposition_table[op]
+    return table
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,7 +220,7 @@ def capture_step(fn: Callable, slots: Sequence[Slot], inputs: Sequence[torch.Ten
     plain = [_fake_like(mode, t).detach() for t in state] + fake_inputs
     with mode:
         functional = make_fx(torch.func.functionalize(graph, remove="mutations"),
-                             decomposition_table=core_aten_decompositions())(*plain)
+                             decomposition_table=decompositions())(*plain)
     captured = _finalize(functional, len(state), len(inputs), rebound_state, info)
     missing = _first_missing_lowering(captured.graph)
     if missing is not None:
@@ -226,7 +247,7 @@ def _trace(fn, slots, state, mode, fake_inputs, record_stack_traces=False):
     try:
         with _state_faked(mode, state), mode, _values_unreadable(), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*non-writable tensors.*")
-            graph = make_fx(traced, decomposition_table=core_aten_decompositions(),
+            graph = make_fx(traced, decomposition_table=decompositions(),
                             record_stack_traces=record_stack_traces)(*state, *fake_inputs)
     except Exception as err:  # noqa: BLE001 - translated below or re-raised unchanged
         translated = _translate_trace_errors(err)

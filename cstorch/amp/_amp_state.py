@@ -1,0 +1,74 @@
+"""The process-wide half-precision policy (``set_half_dtype``, ``mixed_precision``, ...)."""
+
+from __future__ import annotations
+
+import torch
+
+from jax_backend.precision import Policy
+
+_HALF_DTYPES = {
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "cbfloat16": torch.float16,  # Cerebras' cbfloat16 is emulated with float16 numerics
+}
+
+
+class _AmpState:
+    half_dtype_str = "float16"
+    mixed_precision = False
+
+
+def mixed_precision() -> bool:
+    return _AmpState.mixed_precision
+
+
+def enable_mixed_precision(enable: bool = True) -> bool:
+    if not isinstance(enable, bool):
+        raise ValueError(f"enable_mixed_precision expects a bool, got {enable!r}.")
+    _AmpState.mixed_precision = enable
+    return enable
+
+
+def set_half_dtype(value) -> torch.dtype:
+    """Sets the half dtype ("float16", "bfloat16", "cbfloat16" or the torch dtype) and turns
+    mixed precision on. Returns the torch dtype used for compute."""
+    if isinstance(value, torch.dtype):
+        names = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
+        if value not in names:
+            raise ValueError(f"Invalid half dtype {value}; expected torch.float16, "
+                             "torch.bfloat16, 'float16', 'bfloat16' or 'cbfloat16'.")
+        value = names[value]
+    if value not in _HALF_DTYPES:
+        raise ValueError(f"Invalid half dtype {value!r}; expected one of "
+                         f"{sorted(_HALF_DTYPES)} or torch.float16/torch.bfloat16.")
+    _AmpState.half_dtype_str = value
+    _AmpState.mixed_precision = True
+    return _HALF_DTYPES[value]
+
+
+def get_half_dtype() -> torch.dtype:
+    return _HALF_DTYPES[_AmpState.half_dtype_str]
+
+
+def get_half_dtype_str() -> str:
+    return _AmpState.half_dtype_str
+
+
+def get_floating_point_dtype(default: torch.dtype = torch.float32) -> torch.dtype:
+    return get_half_dtype() if mixed_precision() else default
+
+
+def get_floating_point_dtype_str(default: str = "float32") -> str:
+    return get_half_dtype_str() if mixed_precision() else default
+
+
+def is_cbfloat16_tensor(tensor) -> bool:
+    return _AmpState.half_dtype_str == "cbfloat16" and getattr(tensor, "dtype", None) == (
+        torch.float16)
+
+
+def current_policy() -> Policy:
+    """The engine precision policy implied by the current settings."""
+    if not mixed_precision():
+        return Policy()
+    return Policy(compute_dtype=str(get_half_dtype()).replace("torch.", ""))

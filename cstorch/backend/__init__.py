@@ -1,0 +1,209 @@
+"""The cstorch backend: one per process, CPU, GPU or CSX (the modeled wafer).
+
+``cstorch.backend("cpu")`` creates it; ``cstorch.backend()`` returns it (or None). The
+implementation object (``current_backend_impl()``) owns everything that outlives a step:
+compiled models, optimizers, schedulers, their device-resident state, the step-closure queue
+and the stack of running data executors.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import warnings
+
+import torch
+
+from cstorch.errors import MultipleBackendsError, NoBackendError
+
+
+class BackendType(enum.Enum):
+    CPU = "CPU"
+    GPU = "GPU"
+    CSX = "CSX"
+
+    @property
+    def is_cpu(self) -> bool:
+        return self is BackendType.CPU
+
+    @property
+    def is_gpu(self) -> bool:
+        return self is BackendType.GPU
+
+    @property
+    def is_csx(self) -> bool:
+        return self is BackendType.CSX
+
+    @staticmethod
+    def from_str(backend_type: str) -> "BackendType":
+        try:
+            return BackendType[backend_type.upper()]
+        except KeyError:
+            raise ValueError(
+                f"Invalid backend type: {backend_type!r}. Valid backend types are: "
+                f"{', '.join(t.name for t in BackendType)}."
+            ) from None
+
+
+_current = None  # the one Backend of this process
+
+
+class _OneBackend(type):
+    """Creating a second backend of any type raises, as in cerebras-pytorch."""
+
+    def __call__(cls, *args, **kwargs):
+        if _current is not None:
+            raise MultipleBackendsError(
+                f"Cannot instantiate multiple backends. A backend with type "
+                f"{_current.backend_type.name} already exists. Use `cstorch.backend()` to get "
+                "the existing backend instead of creating a new one.")
+        return super().__call__(*args, **kwargs)
+
+
+def _impl_class(backend_type: BackendType):
+    if backend_type.is_cpu:
+        from cstorch.backend.cpu_backend import CpuBackendImpl
+
+        return CpuBackendImpl
+    if backend_type.is_gpu:
+        from cstorch.backend.gpu_backend import GpuBackendImpl
+
+        return GpuBackendImpl
+    from cstorch.backend.ltc_backend import PyTorchLtcBackendImpl
+
+    return PyTorchLtcBackendImpl
+
+
+class Backend(metaclass=_OneBackend):
+    """The public face of the backend; the work is done by ``self._impl``."""
+
+    def __init__(self, backend_type: BackendType, *args, **kwargs):
+        global _current
+        if isinstance(backend_type, str):
+            backend_type = BackendType.from_str(backend_type)
+        self.backend_type = backend_type
+        self._impl = _impl_class(backend_type)(backend_type, *args, **kwargs)
+        _current = self
+
+    @property
+    def artifact_dir(self):
+        return self._impl.artifact_dir
+
+    @artifact_dir.setter
+    def artifact_dir(self, value):
+        self._impl.artifact_dir = value
+
+    @property
+    def device(self):
+        return self._impl.device
+
+    @property
+    def torch_device(self) -> torch.device:
+        return self._impl.torch_device
+
+    @property
+    def is_tracing(self) -> bool:
+        return self._impl.is_tracing
+
+    @property
+    def is_e2e_execution(self) -> bool:
+        return self._impl.is_e2e_execution
+
+    @property
+    def cluster(self):
+        return getattr(self._impl, "cluster", None)
+
+    @property
+    def cluster_config(self):
+        return getattr(self._impl, "cluster_config", None)
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.backend_type.is_cpu
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.backend_type.is_gpu
+
+    @property
+    def is_csx(self) -> bool:
+        return self.backend_type.is_csx
+
+    def to_cpu(self, tensor):
+        return self._impl.to_cpu(tensor)
+
+    def __repr__(self):
+        return f"Backend(type={self.backend_type.name})"
+
+
+def backend(backend_type=None, *args, **kwargs):
+    """Creates the backend (``backend("cpu", artifact_dir=...)``) or returns the current one."""
+    if backend_type is None:
+        if args or kwargs:
+            raise TypeError(
+                "cstorch.backend() got arguments but no backend type. Pass the type first, "
+                "e.g. cstorch.backend(\"CPU\", artifact_dir=...).")
+        return _current
+    if isinstance(backend_type, str):
+        backend_type = BackendType.from_str(backend_type)
+    elif not isinstance(backend_type, BackendType):
+        raise TypeError(
+            f"Expected backend_type to be a string or a BackendType, got "
+            f"{type(backend_type).__name__}.")
+    return Backend(backend_type, *args, **kwargs)
+
+
+# The function doubles as the namespace ``cstorch.backend.Backend`` etc., as in the reference.
+backend.Backend = Backend
+backend.BackendType = BackendType
+
+
+def current_backend(raise_exception: bool = True, raise_warning: bool = True):
+    """Deprecated: use ``cstorch.backend()``."""
+    if raise_warning:
+        warnings.warn("cstorch.current_backend() is deprecated; use cstorch.backend() instead.",
+                      DeprecationWarning, stacklevel=2)
+    if _current is None and raise_exception:
+        raise NoBackendError(
+            "No active Cerebras backend found. Create one first with cstorch.backend(\"CPU\") "
+            "(or \"GPU\", \"CSX\").")
+    return _current
+
+
+def current_backend_impl(raise_exception: bool = True):
+    if _current is None:
+        if raise_exception:
+            raise NoBackendError(
+                "No active Cerebras backend found. Create one first with "
+                "cstorch.backend(\"CPU\") (or \"GPU\", \"CSX\").")
+        return None
+    return _current._impl
+
+
+def current_torch_device() -> torch.device:
+    if _current is None:
+        return torch.device("cpu")
+    return _current.torch_device
+
+
+def use_cs() -> bool:
+    return _current is not None and _current.is_csx
+
+
+def get_backend_args(backend_type):
+    if isinstance(backend_type, str):
+        backend_type = BackendType.from_str(backend_type)
+    return inspect.signature(_impl_class(backend_type).__init__).parameters
+
+
+def _reset_for_tests():
+    """Tears the process backend down. Only for test isolation; scripts cannot do this."""
+    global _current
+    if _current is not None:
+        _current._impl.shutdown()
+    _current = None
+
+
+for _name in ("current_backend", "current_backend_impl", "current_torch_device", "use_cs",
+              "get_backend_args", "_reset_for_tests"):
+    setattr(backend, _name, globals()[_name])

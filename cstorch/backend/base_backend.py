@@ -1,0 +1,243 @@
+"""What every backend implementation owns: registered stateful objects, their device state,
+the step-closure queue and the data-executor hooks.
+
+State lives on the JAX side between steps (``jax_backend.DeviceState``). The torch objects
+(parameters, optimizer state, ...) are brought up to date only when someone asks:
+``state_dict()`` of a compiled model or optimizer, a checkpoint closure, the end of a data
+executor's run, or ``materialize_state()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import weakref
+from typing import Callable
+
+import jax
+import torch
+
+import jax_backend
+from jax_backend import DeviceState, LazyTensor, Slot, materialize
+
+
+@dataclasses.dataclass
+class QueuedClosure:
+    kind: str  # "step" or "checkpoint"
+    fn: Callable
+    args: tuple
+    kwargs: dict
+
+
+class BaseBackend:
+    def __init__(self, backend_type, device, artifact_dir, jax_devices):
+        self.backend_type = backend_type
+        self.device = device
+        self.artifact_dir = artifact_dir
+        self.jax_devices = list(jax_devices)
+        self.models: list = []
+        self.optimizer_registry: list = []
+        self.schedulers: list = []
+        self.grad_scalers: list = []
+        self.metrics: list = []
+        self.stateful_objects: list = []  # anything else exposing _cstorch_state_slots()
+        self.device_state = DeviceState(self.jax_devices[0])
+        self.step_closures: list[QueuedClosure] = []
+        self.data_executor_stack: list = []
+        self.mode = "train"
+        self.mode_version = 0  # bumped by model.train()/eval(); part of the program cache key
+        self._recorder = None  # closures recorded while tracing
+        self._models_in_trace = None
+        self._rng_key = None
+        self._rng_seed = None
+        self._next_model_id = 0
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def torch_device(self) -> torch.device:
+        return self.device.torch_device
+
+    @property
+    def is_csx(self) -> bool:
+        return self.backend_type.is_csx
+
+    @property
+    def is_e2e_execution(self) -> bool:
+        return True
+
+    @property
+    def is_tracing(self) -> bool:
+        return self._recorder is not None
+
+    @property
+    def data_executor(self):
+        if not self.data_executor_stack:
+            raise RuntimeError(
+                "Detected that a data executor was not used. Iterate over a "
+                "cstorch.utils.data.DataExecutor to run steps.")
+        return self.data_executor_stack[-1]
+
+    @property
+    def run_context(self):
+        return self.data_executor.run_context if self.data_executor_stack else None
+
+    def precision_policy(self) -> jax_backend.Policy:
+        from cstorch.amp import _amp_state
+
+        return _amp_state.current_policy()
+
+    # ------------------------------------------------------------------ registration
+    def setup_model(self, model: torch.nn.Module) -> int:
+        if model not in self.models:
+            self.models.append(model)
+            for module in model.modules():
+                module.register_state_dict_pre_hook(self._state_dict_pre_hook)
+        self._wrap_train(model)
+        model_id = self._next_model_id
+        self._next_model_id += 1
+        return model_id
+
+    def _wrap_train(self, model):
+        backend_ref = weakref.ref(self)
+        original = model.train
+
+        def train(mode: bool = True):
+            impl = backend_ref()
+            if impl is not None:
+                impl.mode = "train" if mode else "eval"
+                impl.mode_version += 1
+            return original(mode)
+
+        model.train = train
+
+    def _state_dict_pre_hook(self, module, prefix, keep_vars):
+        self.materialize_state()
+
+    def register_optimizer(self, optimizer) -> None:
+        self.optimizer_registry.append(optimizer)
+
+    def setup_scheduler(self, scheduler) -> None:
+        if scheduler not in self.schedulers:
+            self.schedulers.append(scheduler)
+        scheduler.optimizer._schedulers_registry[scheduler] = None
+        if not isinstance(scheduler.last_epoch, torch.Tensor):
+            scheduler.last_epoch = torch.tensor(scheduler.last_epoch, dtype=torch.int64)
+
+    def setup_grad_scaler(self, scaler) -> None:
+        self.grad_scalers.append(scaler)
+
+    def register_metric(self, metric) -> None:
+        self.metrics.append(metric)
+
+    def register_stateful(self, obj) -> None:
+        self.stateful_objects.append(obj)
+
+    # ------------------------------------------------------------------ state
+    def state_slots(self) -> list[Slot]:
+        """Every place holding a tensor that outlives a step, in a deterministic order."""
+        slots = []
+        for model in self.models:
+            for module in model.modules():
+                slots += [Slot(module._parameters, n) for n, p in module._parameters.items()
+                          if p is not None]
+                slots += [Slot(module._buffers, n) for n, b in module._buffers.items()
+                          if b is not None]
+        for optimizer in self.optimizer_registry:
+            for group in optimizer.param_groups:
+                slots += [Slot(group, k) for k, v in group.items()
+                          if k != "params" and isinstance(v, torch.Tensor)]
+            for state in optimizer.state.values():
+                slots += [Slot(state, k) for k, v in state.items() if isinstance(v, torch.Tensor)]
+        for obj in self.schedulers + self.grad_scalers + self.metrics + self.stateful_objects:
+            slots += obj._cstorch_state_slots()
+        return slots
+
+    def materialize_state(self) -> None:
+        """Brings every torch state tensor up to date with its device value."""
+        self.device_state.materialize()
+
+    def rng_key(self):
+        """The program RNG key, seeded from torch's seed (re-seeded by torch.manual_seed)."""
+        seed = torch.initial_seed()
+        if self._rng_key is None or seed != self._rng_seed:
+            key = jax.random.key(seed & 0xFFFFFFFF)
+            self._rng_key = jax.random.fold_in(key, seed >> 32)
+            self._rng_seed = seed
+        return self._rng_key
+
+    def set_rng_key(self, key) -> None:
+        self._rng_key = key
+
+    def to_cpu(self, tensor):
+        return tensor.materialize() if isinstance(tensor, LazyTensor) else tensor
+
+    # ------------------------------------------------------------------ tracing
+    @contextlib.contextmanager
+    def tracing(self, recorder: list):
+        """While a step is traced: closures are recorded, and only one model may be used."""
+        if self._recorder is not None:
+            raise RuntimeError("A traced step cannot trace another step inside it.")
+        self._recorder = recorder
+        self._models_in_trace = []
+        try:
+            yield
+        finally:
+            self._recorder = None
+            self._models_in_trace = None
+
+    def forward(self, model, *args, **kwargs):
+        if self._models_in_trace is not None:
+            if self._models_in_trace and self._models_in_trace[0] is not model:
+                raise RuntimeError(
+                    "Detected that more than one compiled model was used in a step function. "
+                    "Only one compiled model may be used per traced step; combine the models "
+                    "into one torch.nn.Module and compile that.")
+            if not self._models_in_trace:
+                self._models_in_trace.append(model)
+        return model(*args, **kwargs)
+
+    # ------------------------------------------------------------------ closures
+    def add_step_closure(self, kind: str, fn, args, kwargs) -> None:
+        if self._recorder is not None:
+            self._recorder.append(QueuedClosure(kind, fn, args, kwargs))
+            return
+        snapshot = lambda x: x.detach().clone() if (  # noqa: E731
+            isinstance(x, torch.Tensor) and not isinstance(x, LazyTensor)) else x
+        args = torch.utils._pytree.tree_map(snapshot, args)
+        kwargs = torch.utils._pytree.tree_map(snapshot, kwargs)
+        self.step_closures.append(QueuedClosure(kind, fn, args, kwargs))
+
+    def run_step_closures(self) -> None:
+        queued, self.step_closures = self.step_closures, []
+        for closure in queued:
+            if closure.kind == "checkpoint":
+                context = self.run_context
+                if context is None:
+                    raise RuntimeError(
+                        "Cannot fetch a checkpoint outside of an execution context. Call "
+                        "checkpoint closures inside the loop over a cstorch DataExecutor.")
+                if not (context.is_pre_initial_step or context.is_checkpoint_step):
+                    continue
+                self.materialize_state()
+            closure.fn(*materialize(closure.args), **materialize(closure.kwargs))
+
+    # ------------------------------------------------------------------ executor hooks
+    def on_run_start(self) -> None:
+        self.run_step_closures()
+
+    def on_run_end(self) -> None:
+        self.materialize_state()
+
+    def on_batch_start(self, batch):
+        return batch
+
+    def on_batch_end(self) -> None:
+        self.run_step_closures()
+
+    def name_scope(self, name: str):
+        return contextlib.nullcontext()
+
+    def shutdown(self) -> None:
+        """Releases device state (used when a test tears the backend down)."""
+        self.device_state = DeviceState(self.jax_devices[0])
+

@@ -1,0 +1,27 @@
+"""The CPU backend: JAX on the host CPU."""
+
+from __future__ import annotations
+
+import jax
+
+from cstorch.backend.base_backend import BaseBackend
+from cstorch.core.device import CPUDevice
+
+
+class _Unspecified:
+    def __repr__(self):
+        return "<UNSPECIFIED sentinel>"
+
+
+_UNSPECIFIED = _Unspecified()
+
+
+class CpuBackendImpl(BaseBackend):
+    def __init__(self, backend_type, artifact_dir=None, mixed_precision=_UNSPECIFIED):
+        if mixed_precision is not _UNSPECIFIED:
+            raise ValueError(
+                "The CPU backend does not take a `mixed_precision` argument. To train in mixed "
+                "precision, call cstorch.amp.set_half_dtype(\"bfloat16\") (or use "
+                "cstorch.amp.autocast()) instead.")
+        super().__init__(backend_type, CPUDevice(), artifact_dir or "./",
+                         jax_devices=jax.devices("cpu"))

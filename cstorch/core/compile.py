@@ -1,0 +1,312 @@
+"""``cstorch.compile`` and ``@cstorch.trace``.
+
+``trace`` turns a training or eval step into a compiled program: the first call captures the
+whole step (forward, backward, optimizer, scheduler) as one graph and jits it; every later
+call with the same input signature is a single call of that program. The step body does not
+run again, as on a Cerebras system. A new signature (shapes, dtypes, structure, train/eval
+mode) compiles a new program, with a warning; the CSX backend refuses (the wafer cannot
+recompile).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import warnings
+from typing import Callable
+
+import torch
+from torch.utils import _pytree as pytree
+from torch.utils.hooks import RemovableHandle
+
+import jax_backend
+from jax_backend import LazyTensor, Program, capture_step
+from jax_backend.dtypes import tensor_to_array
+from cstorch.backend import Backend, BackendType, backend as _backend_fn, current_backend_impl
+
+_trace_pre_hooks: dict = {}
+_trace_post_hooks: dict = {}
+
+
+class RecompilationWarning(UserWarning):
+    """A traced step was compiled again for a new input signature."""
+
+
+class FrozenValueWarning(UserWarning):
+    """A Python (non-tensor) argument of a traced step changed after compilation."""
+
+
+def register_trace_fn_pre_hook(hook) -> RemovableHandle:
+    handle = RemovableHandle(_trace_pre_hooks)
+    _trace_pre_hooks[handle.id] = hook
+    return handle
+
+
+def register_trace_fn_post_hook(hook) -> RemovableHandle:
+    handle = RemovableHandle(_trace_post_hooks)
+    _trace_post_hooks[handle.id] = hook
+    return handle
+
+
+# ---------------------------------------------------------------------------------- compile
+def compile(model: torch.nn.Module, backend=None):  # noqa: A001 - the public name
+    """Registers ``model`` with the backend and returns a function that runs it.
+
+    The result is a plain function (not a Module) carrying the model's public bound methods
+    (``compiled.train``, ``compiled.parameters``, ...) and ``compiled.device``.
+    """
+    if backend is None:
+        impl = current_backend_impl(raise_exception=False)
+        if impl is None:
+            impl = _backend_fn("CPU")._impl
+    elif isinstance(backend, (str, BackendType)):
+        impl = _backend_fn(backend)._impl
+    elif isinstance(backend, Backend):
+        current = current_backend_impl(raise_exception=False)
+        if backend._impl is not current:
+            raise RuntimeError(
+                "Compile got a different backend than the current backend. Pass the backend "
+                "returned by cstorch.backend() (or nothing) to cstorch.compile.")
+        impl = backend._impl
+    else:
+        raise TypeError(
+            f"Expected backend to be a backend type string, a BackendType or a Backend, "
+            f"got {type(backend).__name__}.")
+
+    device = getattr(model, "cerebras_device", None)
+    if device is not None and str(device) != str(impl.device):
+        raise RuntimeError(
+            f"The model was created for device {device} but the backend's device is "
+            f"{impl.device}. Create the model under the current backend's device.")
+    impl.setup_model(model)
+    for module in model.modules():
+        _allow_apply_objects(module)
+
+    def compiled(*args, **kwargs):
+        return impl.forward(model, *args, **kwargs)
+
+    for name in dir(model):
+        if name.startswith("_"):
+            continue
+        attr = getattr(model, name, None)
+        if callable(attr) and getattr(attr, "__self__", None) is model:
+            setattr(compiled, name, attr)
+    compiled.train = model.train  # the backend-aware wrapper installed by setup_model
+    compiled.device = impl.torch_device
+    return compiled
+
+
+def _allow_apply_objects(module: torch.nn.Module) -> None:
+    """``module.apply(obj)`` also accepts objects with an ``apply(module)`` method."""
+    original = module.apply
+
+    def apply(fn):
+        if callable(fn):
+            return original(fn)
+        if hasattr(fn, "apply"):
+            return fn.apply(module)
+        raise TypeError(
+            f"Expected a callable as the argument to apply, got {type(fn).__name__}. Pass a "
+            "function of one module, or an object with an `apply(module)` method.")
+
+    module.apply = apply
+
+
+# ------------------------------------------------------------------------------------ trace
+@dataclasses.dataclass
+class _CompiledStep:
+    captured: jax_backend.CapturedStep
+    program: Program
+    closures: list  # (kind, fn) per closure recorded during the trace
+    python_leaves: tuple  # the non-tensor arguments the graph was traced with
+
+
+def _signature(leaves, spec, impl, state):
+    tensors = tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else None
+                    for x in leaves)
+    state_avals = tuple((tuple(t.shape), t.dtype) for t in state)
+    return (str(spec), tensors, state_avals, impl.mode_version, torch.is_grad_enabled(),
+            impl.precision_policy())
+
+
+def _unique(slots):
+    seen, out = set(), []
+    for slot in slots:
+        tensor = slot.get()
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            out.append(tensor)
+    return out
+
+
+def _input_array(tensor, device):
+    if isinstance(tensor, LazyTensor):
+        return tensor.jax_array
+    return tensor_to_array(tensor, device)
+
+
+def _metadata_twin(tensor):
+    """A plain tensor with the same metadata, for tracing (lazy outputs fed back in)."""
+    if isinstance(tensor, LazyTensor):
+        return torch.empty(tuple(tensor.shape), dtype=tensor.dtype)
+    return tensor
+
+
+class TracedStep:
+    """A step function compiled into one program per input signature."""
+
+    def __init__(self, step_fn: Callable):
+        self.step_fn = step_fn
+        self.trace_count = 0
+        self._programs: dict = {}
+        self._warned_frozen = False
+        functools.update_wrapper(self, step_fn)
+
+    @property
+    def programs(self) -> list:
+        return [entry.program for entry in self._programs.values()]
+
+    def __call__(self, *args, **kwargs):
+        impl = current_backend_impl()
+        if impl.is_tracing:  # a traced step called from inside another: inline it
+            return self.step_fn(*args, **kwargs)
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        slots = impl.state_slots()
+        state = _unique(slots)
+        impl.device_state.retain(state)
+        key = _signature(leaves, spec, impl, state)
+        entry = self._programs.get(key)
+        if entry is None:
+            entry = self._compile(impl, key, leaves, spec, slots)
+        else:
+            self._check_frozen(entry, leaves)
+        return self._run(impl, entry, leaves, state)
+
+    # ---------------------------------------------------------------------------- compile
+    def _compile(self, impl, key, leaves, spec, slots) -> _CompiledStep:
+        if self._programs:
+            changed = _describe_change(next(reversed(self._programs)), key)
+            if impl.is_csx:
+                raise jax_backend.RecompilationError(
+                    f"The step function {self.step_fn.__name__!r} was called with a new "
+                    f"signature ({changed}) after it was compiled. The CSX backend cannot "
+                    "recompile a running program: keep input shapes, dtypes and the "
+                    "train/eval mode fixed (e.g. use drop_last=True in your DataLoader), or "
+                    "use a separate @cstorch.trace function for each signature.")
+            warnings.warn(
+                f"Compiling {self.step_fn.__name__!r} again because its signature changed "
+                f"({changed}). Each new signature costs a trace and a compilation.",
+                RecompilationWarning, stacklevel=3)
+        positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+        records = []
+
+        def step(*tensors):
+            rebuilt = list(leaves)
+            for i, t in zip(positions, tensors):
+                rebuilt[i] = t
+            args, kwargs = pytree.tree_unflatten(rebuilt, spec)
+            with impl.tracing(records):
+                outputs = self.step_fn(*args, **kwargs)
+            return outputs, [(r.args, r.kwargs) for r in records]
+
+        for hook in list(_trace_pre_hooks.values()):
+            hook()
+        captured = capture_step(step, slots, [_metadata_twin(leaves[i]) for i in positions])
+        for hook in list(_trace_post_hooks.values()):
+            hook()
+        self.trace_count += 1
+        program = Program(captured, policy=impl.precision_policy())
+        python_leaves = tuple(None if isinstance(x, torch.Tensor) else x for x in leaves)
+        entry = _CompiledStep(captured, program, [(r.kind, r.fn) for r in records],
+                              python_leaves)
+        self._programs[key] = entry
+        return entry
+
+    def _check_frozen(self, entry, leaves):
+        if self._warned_frozen:
+            return
+        for old, new in zip(entry.python_leaves, leaves):
+            if isinstance(new, torch.Tensor):
+                continue
+            try:
+                same = old == new
+                same = bool(same)
+            except Exception:  # noqa: BLE001 - incomparable objects count as unchanged
+                same = True
+            if not same:
+                self._warned_frozen = True
+                warnings.warn(
+                    f"A non-tensor argument of {self.step_fn.__name__!r} changed from {old!r} "
+                    f"to {new!r}, but the compiled step keeps the value it was traced with "
+                    "(Python values are constants of the graph). Pass values that change "
+                    "between steps as tensors.", FrozenValueWarning, stacklevel=4)
+                return
+
+    # -------------------------------------------------------------------------------- run
+    def _run(self, impl, entry: _CompiledStep, leaves, state):
+        captured, program = entry.captured, entry.program
+        used = [state[i] for i in captured.used_state]
+        device = impl.device_state.device
+        arrays = impl.device_state.arrays(used)
+        inputs = [_input_array(x, device) for x in leaves if isinstance(x, torch.Tensor)]
+        new_state, outputs, key = program(arrays, inputs, impl.rng_key())
+        impl.set_rng_key(key)
+        impl.device_state.update([state[i] for i in captured.written_state], new_state)
+
+        produced = iter(outputs)
+        flat = [LazyTensor(next(produced)) if is_tensor else constant
+                for is_tensor, constant in zip(captured.output_is_tensor,
+                                               captured.output_constants)]
+        user_outputs, payloads = pytree.tree_unflatten(flat, captured.output_spec)
+        for (kind, fn), (args, kwargs) in zip(entry.closures, payloads):
+            impl.add_step_closure(kind, fn, args, kwargs)
+        return user_outputs
+
+    # ----------------------------------------------------------------------- introspection
+    def _latest(self) -> _CompiledStep:
+        if not self._programs:
+            raise RuntimeError(
+                f"{self.step_fn.__name__!r} has not been compiled yet; call it once first.")
+        return next(reversed(self._programs.values()))
+
+    def _example_arguments(self, entry):
+        impl = current_backend_impl()
+        state = _unique(impl.state_slots())
+        used = impl.device_state.arrays([state[i] for i in entry.captured.used_state])
+        import jax
+
+        inputs = [jax.ShapeDtypeStruct(tuple(n.meta["val"].shape),
+                                       jax_backend.dtypes.to_jax_dtype(n.meta["val"].dtype))
+                  for n in entry.captured.graph.graph.nodes if n.op == "placeholder"
+                  ][len(used):]
+        return used, inputs, impl.rng_key()
+
+    def jaxpr(self):
+        """The jaxpr of the most recently compiled program."""
+        entry = self._latest()
+        return entry.program.jaxpr(*self._example_arguments(entry))
+
+    def stablehlo(self) -> str:
+        """The StableHLO text of the most recently compiled program."""
+        entry = self._latest()
+        return entry.program.stablehlo(*self._example_arguments(entry))
+
+    def cost_analysis(self):
+        entry = self._latest()
+        return entry.program.cost_analysis(*self._example_arguments(entry))
+
+    def pure_function(self):
+        """``(donated_state, kept_state, inputs, key) -> (new_state, outputs, key)``."""
+        return self._latest().program.pure_step
+
+
+def _describe_change(old, new) -> str:
+    names = ["input structure", "input shapes/dtypes", "state shapes/dtypes",
+             "train/eval mode", "grad mode", "precision policy"]
+    changed = [name for name, a, b in zip(names, old, new) if a != b]
+    return ", ".join(changed) or "unknown"
+
+
+def trace(step_fn: Callable) -> TracedStep:
+    """Compiles ``step_fn`` into a static-graph program on first call (see module docstring)."""
+    return TracedStep(step_fn)

@@ -1,0 +1,17 @@
+"""User-facing exception classes of cstorch (each message says what happened and the fix)."""
+
+from jax_backend.errors import LoweringNotFoundError, RecompilationError, ValueReadInTraceError
+
+
+class MultipleBackendsError(RuntimeError):
+    """A second backend was requested while one already exists."""
+
+
+class NoBackendError(RuntimeError):
+    """An API that needs a backend was used before ``cstorch.backend(...)``."""
+
+
+__all__ = [
+    "LoweringNotFoundError", "MultipleBackendsError", "NoBackendError", "RecompilationError",
+    "ValueReadInTraceError",
+]

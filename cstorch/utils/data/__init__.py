@@ -1,0 +1,11 @@
+"""Data loading for compiled steps."""
+
+from cstorch.utils.data import dataloader, utils
+from cstorch.utils.data.data_executor import DataExecutor, current_executor
+from cstorch.utils.data.dataloader import DataLoader, RestartableDataLoader
+from cstorch.utils.data.utils import Schedule, compute_num_steps
+
+__all__ = [
+    "DataExecutor", "DataLoader", "RestartableDataLoader", "Schedule", "compute_num_steps",
+    "current_executor", "dataloader", "utils",
+]

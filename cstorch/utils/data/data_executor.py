@@ -1,0 +1,180 @@
+"""``DataExecutor``: the loop that feeds a dataloader's batches to compiled steps.
+
+It numbers the steps, decides which are checkpoint and activation steps, runs queued step
+closures after each step, cycles an exhausted dataloader (CPU/GPU), and writes its artifacts
+under ``<backend.artifact_dir>/executors/<NNNNNN>/``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+
+from cstorch.backend import current_backend_impl
+from cstorch.utils.data.dataloader import DataLoader
+from cstorch.utils.data.utils import checkpoint_schedule, infer_batch_size
+from cstorch.utils.profiler import Profiler
+
+
+class RunContext:
+    """Where an executor is in its run (step -1 is "before the first step")."""
+
+    def __init__(self, dataloader, num_steps, checkpoint_schedule_, activation_steps):
+        if not isinstance(dataloader, DataLoader):
+            raise TypeError(
+                f"Expected a cstorch.utils.data.DataLoader, got {type(dataloader).__name__}. "
+                "Wrap your input function: cstorch.utils.data.DataLoader(input_fn, ...).")
+        self.dataloader = dataloader
+        self.num_steps = num_steps
+        self.checkpoint_schedule = checkpoint_schedule_
+        self.activation_steps = activation_steps
+        self.step = -1
+
+    @property
+    def user_iteration(self) -> int:
+        return self.step + 1
+
+    @property
+    def is_pre_initial_step(self) -> bool:
+        return self.step < 0
+
+    @property
+    def is_initial_step(self) -> bool:
+        return self.step == 0
+
+    @property
+    def is_final_step(self) -> bool:
+        return self.user_iteration >= self.num_steps
+
+    @property
+    def is_checkpoint_step(self) -> bool:
+        return self.checkpoint_schedule.match(self.step)
+
+    @property
+    def is_activation_step(self) -> bool:
+        return self.user_iteration % self.activation_steps == 0 or self.is_final_step
+
+
+def _executor_index(impl) -> int:
+    impl._executor_count = getattr(impl, "_executor_count", 0) + 1
+    return impl._executor_count
+
+
+class DataExecutor:
+    def __init__(self, dataloader, num_steps=None, checkpoint_steps=None, activation_steps=None,
+                 profiler_activities=None):
+        impl = current_backend_impl()
+        if not impl.is_e2e_execution:
+            if num_steps is not None and num_steps > 1:
+                warnings.warn("Compile-only/validate-only runs execute a single step; "
+                              f"ignoring num_steps={num_steps}.", stacklevel=2)
+            num_steps = 1
+        if num_steps is None:
+            try:
+                num_steps = len(dataloader)
+            except TypeError:
+                raise RuntimeError(
+                    "Could not infer the number of steps from the dataloader (it has no "
+                    "length). Pass num_steps to DataExecutor.") from None
+        if not isinstance(num_steps, int) or num_steps < 1:
+            raise RuntimeError(f"Expected num_steps to be a positive integer, got {num_steps!r}.")
+        if activation_steps is None:
+            activation_steps = 1
+        elif not isinstance(activation_steps, int) or isinstance(activation_steps, bool):
+            raise TypeError(f"Expected activation_steps to be an int, got "
+                            f"{type(activation_steps).__name__}.")
+        elif activation_steps < 1:
+            raise RuntimeError(f"Expected activation_steps to be at least 1, got "
+                               f"{activation_steps}.")
+        activation_steps = min(activation_steps, num_steps)
+        schedule = checkpoint_schedule(checkpoint_steps, num_steps)
+        gcd = activation_steps
+        for step in schedule.range():
+            gcd = math.gcd(gcd, step + 1)
+        if gcd != activation_steps:
+            warnings.warn(f"Lowering activation_steps from {activation_steps} to {gcd} so that "
+                          "activations are available on every checkpoint step.", stacklevel=2)
+            activation_steps = gcd
+        self.run_context = RunContext(dataloader, num_steps, schedule, activation_steps)
+        self.dataloader = dataloader
+        self.num_steps = num_steps
+        self.checkpoint_steps = checkpoint_steps
+        self.activation_steps = activation_steps
+        self.profiler_activities = profiler_activities
+        self.profiler = None
+        self._artifact_dir = None
+
+    def __len__(self):
+        return self.num_steps
+
+    @property
+    def iteration(self) -> int:
+        return self.run_context.step
+
+    @property
+    def user_iteration(self) -> int:
+        return self.run_context.user_iteration
+
+    @property
+    def is_initial_step(self) -> bool:
+        return self.run_context.is_initial_step
+
+    @property
+    def on_final_iteration(self) -> bool:
+        return self.run_context.is_final_step
+
+    @property
+    def artifact_dir(self) -> str:
+        if self._artifact_dir is None:
+            raise RuntimeError("The executor's artifact directory exists only once iteration "
+                               "has started.")
+        return self._artifact_dir
+
+    def _make_artifact_dir(self, impl) -> str:
+        root = os.path.join(impl.artifact_dir, "executors")
+        path = os.path.join(root, f"{_executor_index(impl):06d}")
+        os.makedirs(path, exist_ok=True)
+        latest = os.path.join(root, "latest")
+        if os.path.islink(latest) or os.path.exists(latest):
+            os.remove(latest)
+        os.symlink(os.path.basename(path), latest)
+        return path
+
+    def _batches(self):
+        produced = False
+        while True:
+            for batch in self.dataloader:
+                produced = True
+                yield batch
+            if not produced:
+                raise RuntimeError("The dataloader yielded no batches.")
+            if current_backend_impl().is_csx:
+                raise RuntimeError("The dataloader ran out of batches before num_steps.")
+
+    def __iter__(self):
+        impl = current_backend_impl()
+        self._artifact_dir = self._make_artifact_dir(impl)
+        self.profiler = Profiler(self._artifact_dir, self.profiler_activities)
+        impl.data_executor_stack.append(self)
+        try:
+            impl.on_run_start()
+            with self.profiler:
+                batches = self._batches()
+                for step in range(self.num_steps):
+                    batch = next(batches)
+                    self.run_context.step = step
+                    yield impl.on_batch_start(batch)
+                    impl.on_batch_end()
+                    self.profiler.step(infer_batch_size(batch))
+            impl.on_run_end()
+            with open(os.path.join(self._artifact_dir, "track.json"), "w") as f:
+                json.dump({"num_steps": self.num_steps,
+                           "completed_steps": self.run_context.user_iteration}, f)
+        finally:
+            impl.data_executor_stack.remove(self)
+
+
+def current_executor() -> DataExecutor:
+    return current_backend_impl().data_executor

@@ -1,0 +1,130 @@
+"""``cstorch.utils.data.DataLoader``: a lazily built wrapper around the user's input function."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+import itertools
+import warnings
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from cstorch.utils.data.utils import infer_batch_size
+
+_ids = itertools.count(1)
+
+
+@runtime_checkable
+class RestartableDataLoader(Protocol):
+    """A dataloader whose position can be saved at checkpoints and restored."""
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state_dict, strict=True) -> None: ...
+
+    def aggregate_state_dict(self, worker_states) -> dict: ...
+
+    def deaggregate_state_dict(self, aggregated_state_dict, strict=True) -> dict: ...
+
+
+class DataLoader:
+    """Wraps ``input_fn(*args, **kwargs)``, which returns an iterable of batches.
+
+    The arguments are deep-copied now and again each time the loader is built, so changing
+    the originals later has no effect. The loader is built on first use.
+    """
+
+    STATE_UNKNOWN = object()
+    STATE_UNAVAILABLE = object()
+
+    def __init__(self, input_fn, *args, **kwargs):
+        if not callable(input_fn):
+            raise TypeError(f"Expected input_fn to be callable, got {type(input_fn).__name__}.")
+        self.id = next(_ids)
+        self.input_fn = input_fn
+        self.input_fn_params = (copy.deepcopy(args), copy.deepcopy(kwargs))
+        self.batch_size = None
+        self.cached_state = DataLoader.STATE_UNKNOWN
+
+    @functools.cached_property
+    def dataloader(self):
+        args, kwargs = copy.deepcopy(self.input_fn_params)
+        loader = self.input_fn(*args, **kwargs)
+        if isinstance(loader, torch.utils.data.DataLoader):
+            workers = loader.num_workers
+            loader.num_workers = 0
+            object.__setattr__(loader, "persistent_workers", False)
+            if workers > 0 and loader.worker_init_fn is not None:
+                loader.worker_init_fn(0)
+        return loader
+
+    def __len__(self):
+        return len(self.dataloader)
+
+    @property
+    def is_restartable(self) -> bool:
+        return isinstance(self.dataloader, RestartableDataLoader)
+
+    def __iter__(self):
+        from cstorch.backend import use_cs
+
+        for batch in self.dataloader:
+            size = infer_batch_size(batch)
+            if not any(isinstance(t, torch.Tensor) for t in torch.utils._pytree.tree_leaves(batch)):
+                raise RuntimeError("The dataloader yielded a batch that contains no tensors.")
+            if self.batch_size is None:
+                self.batch_size = size
+            elif size != self.batch_size:
+                message = (f"Batch size changed from {self.batch_size} to {size}. A static "
+                           "graph compiles one program per batch shape; use drop_last=True.")
+                if use_cs():
+                    raise RuntimeError(message)
+                warnings.warn(message, stacklevel=2)
+            yield batch
+
+    # ------------------------------------------------------------------ restartability
+    def _require_restartable(self):
+        if not self.is_restartable:
+            raise RuntimeError(
+                f"The dataloader returned by {getattr(self.input_fn, '__name__', 'input_fn')} "
+                "is not restartable: implement the cstorch.utils.data.RestartableDataLoader "
+                "protocol (state_dict, load_state_dict, aggregate_state_dict, "
+                "deaggregate_state_dict).")
+
+    def state_dict(self) -> dict:
+        self._require_restartable()
+        from cstorch.backend import current_backend_impl
+
+        context = current_backend_impl().run_context
+        if context is None or not (context.is_checkpoint_step or context.is_pre_initial_step
+                                   or context.is_final_step):
+            raise RuntimeError(
+                "DataLoader state can only be requested at a checkpoint step (inside a "
+                "checkpoint closure), before the first step, or at the final step.")
+        loader = self.dataloader
+        state = copy.deepcopy(loader.aggregate_state_dict([loader.state_dict()]))
+        self.cached_state = state
+        return state
+
+    def load_state_dict(self, state_dict, strict: bool = True) -> None:
+        self._require_restartable()
+        from cstorch.backend import current_backend_impl
+
+        context = current_backend_impl().run_context
+        if context is not None and not context.is_pre_initial_step:
+            raise RuntimeError("DataLoader state can only be loaded before the run starts.")
+        loader = self.dataloader
+        takes_strict = [_accepts_strict(loader.load_state_dict),
+                        _accepts_strict(loader.deaggregate_state_dict)]
+        if takes_strict[0] != takes_strict[1]:
+            raise TypeError(
+                "Either both or neither of load_state_dict and deaggregate_state_dict of the "
+                "dataloader must accept a `strict` argument.")
+        kwargs = {"strict": strict} if takes_strict[0] else {}
+        loader.load_state_dict(loader.deaggregate_state_dict(state_dict, **kwargs), **kwargs)
+
+
+def _accepts_strict(method) -> bool:
+    return "strict" in inspect.signature(method).parameters

@@ -1,0 +1,20 @@
+"""A fresh cstorch backend per test (the backend is a process singleton in cstorch)."""
+
+import pytest
+
+import cstorch
+from cstorch.amp import _amp_state
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cstorch_state():
+    cstorch.backend._reset_for_tests()
+    _amp_state._AmpState.mixed_precision = False
+    _amp_state._AmpState.half_dtype_str = "float16"
+    yield
+    cstorch.backend._reset_for_tests()
+
+
+@pytest.fixture
+def cpu_backend(tmp_path):
+    return cstorch.backend("CPU", artifact_dir=str(tmp_path))
