@@ -1,0 +1,31 @@
+# Set-up and everyday commands. `make demo` and `make test` create .venv when it is missing.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+
+.PHONY: demo test bench coverage clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip -q
+	# torch first, pinned: any other torch would pull gigabytes of CUDA libraries.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+.venv: $(VENV)/.installed
+
+demo: .venv
+	$(PY) examples/mnist_mlp.py
+
+test: .venv
+	$(PY) -m pytest -q tests
+
+bench: .venv
+	$(PY) benchmarks/bench_engine.py
+
+coverage: .venv
+	$(PY) tools/op_coverage.py
+
+clean:
+	rm -rf artifacts cerebras_logs .pytest_cache
