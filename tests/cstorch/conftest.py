@@ -7,7 +7,9 @@ from cstorch.amp import _amp_state
 
 
 @pytest.fixture(autouse=True)
-def _fresh_cstorch_state():
+def _fresh_cstorch_state(tmp_path, monkeypatch):
+    # Backends default their artifact directory to the working directory.
+    monkeypatch.chdir(tmp_path)
     cstorch.backend._reset_for_tests()
     _amp_state._AmpState.mixed_precision = False
     _amp_state._AmpState.half_dtype_str = "float16"
