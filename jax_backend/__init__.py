@@ -18,9 +18,14 @@ import jax as _jax
 
 _jax.config.update("jax_enable_x64", True)
 
-from jax_backend import dtypes, optimizers, precision, registry, schedules  # noqa: E402
+from jax_backend import dtypes, mesh, optimizers, precision, registry, schedules  # noqa: E402
 from jax_backend import torch_ops  # noqa: E402  (registers the cstorch:: custom ops)
-from jax_backend.capture import CapturedStep, Slot, capture_step  # noqa: E402
+from jax_backend.capture import (  # noqa: E402
+    CapturedStep,
+    Slot,
+    capture_step,
+    register_internal_dir,
+)
 from jax_backend.errors import (  # noqa: E402
     CaptureError,
     JaxBackendError,
@@ -36,7 +41,7 @@ from jax_backend.state import DeviceState  # noqa: E402
 
 __all__ = [
     "CaptureError", "CapturedStep", "DeviceState", "GraphInterpreter", "JaxBackendError",
-    "LazyTensor", "LoweringNotFoundError", "Policy", "Program", "RecompilationError", "Slot",
-    "ValueReadInTraceError", "capture_step", "dtypes", "materialize", "optimizers",
+    "LazyTensor", "LoweringNotFoundError", "Policy", "mesh", "Program", "RecompilationError", "Slot",
+    "ValueReadInTraceError", "capture_step", "register_internal_dir", "dtypes", "materialize", "optimizers",
     "precision", "registry", "schedules", "torch_ops",
 ]

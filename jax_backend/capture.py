@@ -39,6 +39,7 @@ from torch._subclasses.fake_tensor import (
     FakeTensorMode,
 )
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils import _pytree as pytree
 
 from jax_backend.errors import CaptureError, ValueReadInTraceError
@@ -49,7 +50,19 @@ aten = torch.ops.aten
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _THIS_PACKAGE = os.path.dirname(__file__)
-_INTERNAL_DIRS = (_TORCH_DIR, _THIS_PACKAGE, os.path.dirname(contextlib.__file__))
+_INTERNAL_DIRS = [_TORCH_DIR, _THIS_PACKAGE, os.path.dirname(contextlib.__file__)]
+
+
+def register_internal_dir(path: str) -> None:
+    """Marks a library directory whose frames are never "the user's line" in error messages."""
+    path = os.path.abspath(path) + os.sep
+    if path not in _INTERNAL_DIRS:
+        _INTERNAL_DIRS.append(path)
+
+
+def _is_internal(filename: str) -> bool:
+    filename = os.path.abspath(filename)
+    return any(filename.startswith(d) for d in _INTERNAL_DIRS)
 # Nodes that only mark profiler ranges; they have side effects, so DCE would keep them.
 _DROPPED_TARGETS = {
     torch.ops.profiler._record_function_enter_new.default,
@@ -141,29 +154,51 @@ def _fake_like(mode: FakeTensorMode, tensor: torch.Tensor) -> torch.Tensor:
     return fake
 
 
-def user_frame(tb) -> str | None:
-    """The innermost traceback frame that belongs to user code, formatted for a message."""
-    frames = traceback.extract_tb(tb)
+def _user_frame(frames) -> str | None:
+    """The innermost frame that belongs to user code, formatted for an error message."""
     for frame in reversed(frames):
-        filename = os.path.abspath(frame.filename)
-        if not filename.startswith(_INTERNAL_DIRS) and "/cstorch/" not in filename:
+        if not _is_internal(frame.filename):
             return f'  File "{frame.filename}", line {frame.lineno}, in {frame.name}\n    {frame.line}'
     return None
 
 
-def _raising_repr(self):
+def user_frame(tb) -> str | None:
+    """The user's frame in a traceback (see ``_user_frame``)."""
+    return _user_frame(traceback.extract_tb(tb))
+
+
+def _op_name(op) -> str:
+    return op.name().split("::")[-1].split(".")[0].rstrip("_")
+
+
+class _OpLocator(TorchDispatchMode):
+    """Notes the user's line that first dispatches an ATen op of a given name."""
+
+    def __init__(self, op):
+        super().__init__()
+        self.name = _op_name(op)
+        self.frame = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.frame is None and _op_name(func) == self.name:
+            self.frame = _user_frame(traceback.extract_stack())
+        return func(*args, **(kwargs or {}))
+
+
+def _raising_repr(self, *args):
     raise ValueReadInTraceError("Printing or formatting a tensor")
 
 
 @contextlib.contextmanager
 def _values_unreadable():
-    """Makes ``print(tensor)`` fail inside a trace instead of printing 'FakeTensor(...)'."""
-    saved = FakeTensor.__repr__
-    FakeTensor.__repr__ = _raising_repr
+    """Makes ``print(tensor)`` and ``f"{tensor:.3f}"`` fail inside a trace with an error that
+    explains why, instead of printing 'FakeTensor(...)' or a confusing TypeError."""
+    saved = FakeTensor.__repr__, FakeTensor.__format__
+    FakeTensor.__repr__ = FakeTensor.__format__ = _raising_repr
     try:
         yield
     finally:
-        FakeTensor.__repr__ = saved
+        FakeTensor.__repr__, FakeTensor.__format__ = saved
 
 
 @contextlib.contextmanager
@@ -224,19 +259,21 @@ def capture_step(fn: Callable, slots: Sequence[Slot], inputs: Sequence[torch.Ten
     captured = _finalize(functional, len(state), len(inputs), rebound_state, info)
     missing = _first_missing_lowering(captured.graph)
     if missing is not None:
-        # Trace again with stack traces (slower, so only on failure) to name the user's line.
-        graph, _ = _trace(fn, slots, state, mode, fake_inputs, record_stack_traces=True)
-        raise LoweringNotFoundError(missing, _stack_trace_of(graph, missing))
+        # Trace again watching for that op (only on failure) to name the user's line.
+        locator = _OpLocator(missing)
+        _trace(fn, slots, state, mode, fake_inputs, locator=locator)
+        raise LoweringNotFoundError(missing, locator.frame)
     return captured
 
 
-def _trace(fn, slots, state, mode, fake_inputs, record_stack_traces=False):
+def _trace(fn, slots, state, mode, fake_inputs, locator=None):
     """Pass 1: make_fx over the step with state faked in place; returns (graph, info)."""
     originals = [slot.get() for slot in slots]
     info = {}
 
     def traced(*flat):
-        outputs = fn(*flat[len(state):])
+        with locator if locator is not None else contextlib.nullcontext():
+            outputs = fn(*flat[len(state):])
         leaves, spec, is_tensor, constants = _flat_outputs(outputs)
         rebound = [(i, slot.get()) for i, (slot, original) in enumerate(zip(slots, originals))
                    if slot.get() is not original]
@@ -247,8 +284,7 @@ def _trace(fn, slots, state, mode, fake_inputs, record_stack_traces=False):
     try:
         with _state_faked(mode, state), mode, _values_unreadable(), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*non-writable tensors.*")
-            graph = make_fx(traced, decomposition_table=decompositions(),
-                            record_stack_traces=record_stack_traces)(*state, *fake_inputs)
+            graph = make_fx(traced, decomposition_table=decompositions())(*state, *fake_inputs)
     except Exception as err:  # noqa: BLE001 - translated below or re-raised unchanged
         translated = _translate_trace_errors(err)
         if translated is not None:
@@ -266,22 +302,6 @@ def _first_missing_lowering(graph: torch.fx.GraphModule):
         if node.op == "call_function" and node.target is not operator.getitem:
             if not has_lowering(node.target):
                 return node.target
-    return None
-
-
-def _stack_trace_of(graph: torch.fx.GraphModule, op) -> str | None:
-    """The user frames of the first node calling ``op`` (or its in-place form)."""
-    name = op.name().split("::")[-1].split(".")[0]
-    for node in graph.graph.nodes:
-        if node.op == "call_function" and hasattr(node.target, "name"):
-            target = node.target.name().split("::")[-1].split(".")[0]
-            if target.rstrip("_") == name.rstrip("_") and node.meta.get("stack_trace"):
-                lines = node.meta["stack_trace"].rstrip().splitlines()
-                user = [i for i, line in enumerate(lines) if line.strip().startswith("File")
-                        and not any(d in line for d in _INTERNAL_DIRS) and "/cstorch/" not in line]
-                if user:
-                    return "\n".join(lines[user[-1]:user[-1] + 2])
-                return "\n".join(lines[-2:])
     return None
 
 

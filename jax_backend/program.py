@@ -1,9 +1,10 @@
 """Programs: a captured step compiled with ``jax.jit``.
 
-A ``Program`` is the pure function ``(state, inputs, key) -> (new_state, outputs, key)`` of
-one captured step, jitted with the buffers of the state it overwrites donated, so parameters
-and optimizer state are updated in place on the device. It also exposes the pure function,
-its jaxpr, the StableHLO text and XLA's cost analysis for JAX-native users.
+A ``Program`` is the pure function ``(state, inputs, seed) -> (new_state, outputs)`` of one
+captured step, jitted with the buffers of the state it overwrites donated, so parameters and
+optimizer state are updated in place on the device. ``seed`` (an int64 scalar) feeds the
+PRNG key of the step's random ops; the caller draws a fresh one per step. It also exposes the
+pure function, its jaxpr, the StableHLO text and XLA's cost analysis for JAX-native users.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ import operator
 from typing import Sequence
 
 import jax
+import numpy as np
 
 from jax_backend.capture import CapturedStep
+from jax_backend.dtypes import to_jax_dtype
 from jax_backend.interpreter import GraphInterpreter
 from jax_backend.precision import Policy
 from jax_backend.registry import lookup
@@ -39,39 +42,43 @@ class Program:
         self._interpreter = GraphInterpreter(captured.graph, node_hook=self.policy.node_hook())
         self._jitted = jax.jit(self.pure_step, donate_argnums=(0,))
 
-    def pure_step(self, donated, kept, inputs, key):
+    def pure_step(self, donated, kept, inputs, seed):
         """The step as a pure JAX function (not jitted)."""
         used = [None] * (len(donated) + len(kept))
         for j, a in zip(self.donated_positions, donated):
             used[j] = a
         for j, a in zip(self.kept_positions, kept):
             used[j] = a
-        step_key = None
-        if self.uses_rng:
-            key, step_key = jax.random.split(key)
-        flat = self._interpreter.run(list(used) + list(inputs), step_key)
+        key = jax.random.key(seed) if self.uses_rng else None
+        flat = self._interpreter.run(list(used) + list(inputs), key)
         n = len(self.captured.written_state)
-        return list(flat[:n]), list(flat[n:]), key
+        return list(flat[:n]), list(flat[n:])
 
     def split_state(self, used_arrays: Sequence):
         return ([used_arrays[j] for j in self.donated_positions],
                 [used_arrays[j] for j in self.kept_positions])
 
-    def __call__(self, used_arrays: Sequence, inputs: Sequence, key):
+    def __call__(self, used_arrays: Sequence, inputs: Sequence, seed=0):
         donated, kept = self.split_state(used_arrays)
-        return self._jitted(donated, kept, list(inputs), key)
+        return self._jitted(donated, kept, list(inputs), np.int64(seed))
 
     # ------------------------------------------------------------------ introspection
-    def lower(self, used_arrays: Sequence, inputs: Sequence, key):
+    def input_specs(self) -> list:
+        """Shapes and dtypes of the step's (non-state) inputs, as ``jax.ShapeDtypeStruct``."""
+        placeholders = [n for n in self.captured.graph.graph.nodes if n.op == "placeholder"]
+        return [jax.ShapeDtypeStruct(tuple(n.meta["val"].shape), to_jax_dtype(n.meta["val"].dtype))
+                for n in placeholders[len(self.captured.used_state):]]
+
+    def lower(self, used_arrays: Sequence, inputs: Sequence, seed=0):
         donated, kept = self.split_state(used_arrays)
-        return self._jitted.lower(donated, kept, list(inputs), key)
+        return self._jitted.lower(donated, kept, list(inputs), np.int64(seed))
 
-    def jaxpr(self, used_arrays: Sequence, inputs: Sequence, key):
+    def jaxpr(self, used_arrays: Sequence, inputs: Sequence, seed=0):
         donated, kept = self.split_state(used_arrays)
-        return jax.make_jaxpr(self.pure_step)(donated, kept, list(inputs), key)
+        return jax.make_jaxpr(self.pure_step)(donated, kept, list(inputs), np.int64(seed))
 
-    def stablehlo(self, used_arrays: Sequence, inputs: Sequence, key) -> str:
-        return self.lower(used_arrays, inputs, key).as_text()
+    def stablehlo(self, used_arrays: Sequence, inputs: Sequence, seed=0) -> str:
+        return self.lower(used_arrays, inputs, seed).as_text()
 
-    def cost_analysis(self, used_arrays: Sequence, inputs: Sequence, key):
-        return self.lower(used_arrays, inputs, key).compile().cost_analysis()
+    def cost_analysis(self, used_arrays: Sequence, inputs: Sequence, seed=0):
+        return self.lower(used_arrays, inputs, seed).compile().cost_analysis()

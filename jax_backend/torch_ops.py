@@ -9,6 +9,7 @@ code on copies of the tensors, so there is a single definition of the maths.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import List
 
@@ -16,7 +17,7 @@ import jax.numpy as jnp
 import torch
 
 from jax_backend import optimizers, schedules
-from jax_backend.dtypes import array_to_tensor, tensor_to_array
+from jax_backend.dtypes import array_to_tensor, tensor_to_array, to_jax_dtype
 from jax_backend.registry import lowers
 
 
@@ -25,6 +26,29 @@ def optimizer_spec(name: str, static_hyperparams: dict, dynamic_names) -> str:
     hyperparameters passed as tensors (e.g. a scheduled ``learning_rate``)."""
     return json.dumps({"name": name, "static": static_hyperparams,
                        "dynamic": list(dynamic_names)}, sort_keys=True)
+
+
+def optimizer_state_keys(name: str, static_hyperparams: dict, dynamic_names) -> tuple:
+    """The torch state keys of an update rule, in the order ``optimizer_step`` expects them."""
+    return _state_keys(name, json.dumps(static_hyperparams, sort_keys=True),
+                       tuple(sorted(dynamic_names)))
+
+
+@functools.lru_cache(maxsize=256)
+def _state_keys(name, static_json, dynamic_names):
+    hyper = json.loads(static_json)
+    hyper.update({key: 0.0 for key in dynamic_names})
+    return tuple(optimizers.init_state(name, hyper, [jnp.zeros(())]).keys())
+
+
+def init_optimizer_state(name: str, hyperparams: dict, params) -> dict:
+    """The initial state of an update rule for torch ``params``: ``{key: [tensor per param]}``.
+
+    Initial states depend on shapes and hyperparameters only, so the parameters' values are
+    not copied to the device for this."""
+    shaped = [jnp.zeros(tuple(p.shape), to_jax_dtype(p.dtype)) for p in params]
+    state = optimizers.init_state(name, hyperparams, shaped)
+    return {key: [array_to_tensor(a) for a in arrays] for key, arrays in state.items()}
 
 
 def _optimizer_step_jax(spec, params, grads, state, dynamic_values):

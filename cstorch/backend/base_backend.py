@@ -14,7 +14,6 @@ import dataclasses
 import weakref
 from typing import Callable
 
-import jax
 import torch
 
 import jax_backend
@@ -48,8 +47,6 @@ class BaseBackend:
         self.mode_version = 0  # bumped by model.train()/eval(); part of the program cache key
         self._recorder = None  # closures recorded while tracing
         self._models_in_trace = None
-        self._rng_key = None
-        self._rng_seed = None
         self._next_model_id = 0
 
     # ------------------------------------------------------------------ properties
@@ -156,17 +153,11 @@ class BaseBackend:
         """Brings every torch state tensor up to date with its device value."""
         self.device_state.materialize()
 
-    def rng_key(self):
-        """The program RNG key, seeded from torch's seed (re-seeded by torch.manual_seed)."""
-        seed = torch.initial_seed()
-        if self._rng_key is None or seed != self._rng_seed:
-            key = jax.random.key(seed & 0xFFFFFFFF)
-            self._rng_key = jax.random.fold_in(key, seed >> 32)
-            self._rng_seed = seed
-        return self._rng_key
-
-    def set_rng_key(self, key) -> None:
-        self._rng_key = key
+    @staticmethod
+    def draw_seed() -> int:
+        """A step's PRNG seed, drawn from torch's default generator: torch.manual_seed governs
+        the randomness of compiled steps as it does eager dropout."""
+        return int(torch.empty((), dtype=torch.int64).random_())
 
     def to_cpu(self, tensor):
         return tensor.materialize() if isinstance(tensor, LazyTensor) else tensor

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import jax
+from jax_backend import mesh
 
 from cstorch.backend.base_backend import BaseBackend
 from cstorch.core.device import CPUDevice
@@ -24,4 +24,4 @@ class CpuBackendImpl(BaseBackend):
                 "precision, call cstorch.amp.set_half_dtype(\"bfloat16\") (or use "
                 "cstorch.amp.autocast()) instead.")
         super().__init__(backend_type, CPUDevice(), artifact_dir or "./",
-                         jax_devices=jax.devices("cpu"))
+                         jax_devices=mesh.devices("cpu"))

@@ -4,28 +4,21 @@ from __future__ import annotations
 
 import os
 
-import jax
+from jax_backend import mesh
 
 from cstorch.backend.base_backend import BaseBackend
 from cstorch.core.device import GPUDevice
-
-
-def _gpu_devices():
-    try:
-        return jax.devices("gpu")
-    except RuntimeError:
-        return []
 
 
 class GpuBackendImpl(BaseBackend):
     def __init__(self, backend_type, artifact_dir=None, enable_distributed=False,
                  main_process_id=0, dist_backend="nccl", init_method=None,
                  sync_batchnorm=False):
-        devices = _gpu_devices()
+        devices = mesh.devices("gpu")
         if not devices:
             raise RuntimeError(
                 "The GPU backend was requested but JAX finds no GPU on this machine "
-                f"(platforms: {sorted({d.platform for d in jax.devices()})}). Install a "
+                f"(platforms: {mesh.platforms()}). Install a "
                 "GPU-enabled jaxlib, or use cstorch.backend(\"CPU\").")
         if enable_distributed and "LOCAL_RANK" not in os.environ:
             raise RuntimeError(

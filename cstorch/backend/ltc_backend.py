@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-import jax
+from jax_backend import mesh
 
 from cstorch.backend.base_backend import BaseBackend
 from cstorch.core.device import LazyDevice
@@ -38,7 +38,7 @@ class PyTorchLtcBackendImpl(BaseBackend):
         self.compile_dir = compile_dir
         self.compile_only = compile_only
         self.validate_only = validate_only
-        devices = jax.devices()
+        devices = mesh.devices()
         super().__init__(backend_type, LazyDevice(), artifact_dir or "./cerebras_logs",
                          jax_devices=devices)
         from cstorch import amp

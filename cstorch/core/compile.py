@@ -249,8 +249,8 @@ class TracedStep:
         device = impl.device_state.device
         arrays = impl.device_state.arrays(used)
         inputs = [_input_array(x, device) for x in leaves if isinstance(x, torch.Tensor)]
-        new_state, outputs, key = program(arrays, inputs, impl.rng_key())
-        impl.set_rng_key(key)
+        seed = impl.draw_seed() if program.uses_rng else 0
+        new_state, outputs = program(arrays, inputs, seed)
         impl.device_state.update([state[i] for i in captured.written_state], new_state)
 
         produced = iter(outputs)
@@ -273,13 +273,7 @@ class TracedStep:
         impl = current_backend_impl()
         state = _unique(impl.state_slots())
         used = impl.device_state.arrays([state[i] for i in entry.captured.used_state])
-        import jax
-
-        inputs = [jax.ShapeDtypeStruct(tuple(n.meta["val"].shape),
-                                       jax_backend.dtypes.to_jax_dtype(n.meta["val"].dtype))
-                  for n in entry.captured.graph.graph.nodes if n.op == "placeholder"
-                  ][len(used):]
-        return used, inputs, impl.rng_key()
+        return used, entry.program.input_specs(), 0
 
     def jaxpr(self):
         """The jaxpr of the most recently compiled program."""

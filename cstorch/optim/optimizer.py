@@ -11,8 +11,6 @@ and are captured like any other torch code.
 
 from __future__ import annotations
 
-import functools
-import json
 import warnings
 import weakref
 from abc import ABC, abstractmethod
@@ -21,9 +19,7 @@ from collections import OrderedDict
 import torch
 from torch.utils.hooks import RemovableHandle
 
-import jax_backend
-from jax_backend.dtypes import array_to_tensor, to_jax_dtype
-from jax_backend.torch_ops import optimizer_spec
+from jax_backend.torch_ops import init_optimizer_state, optimizer_spec, optimizer_state_keys
 from cstorch.backend import current_backend_impl
 
 
@@ -133,15 +129,6 @@ def _normalize_tags(group):
     group["tags"] = set(tags) if isinstance(tags, (list, tuple, set)) else {tags}
 
 
-@functools.lru_cache(maxsize=256)
-def _state_keys(rule: str, static_json: str, dynamic_names: tuple) -> tuple:
-    import jax.numpy as jnp
-
-    hyper = json.loads(static_json)
-    hyper.update({name: 0.0 for name in dynamic_names})
-    return tuple(jax_backend.optimizers.init_state(rule, hyper, [jnp.zeros(())]).keys())
-
-
 class BuiltinOptimizer(Optimizer):
     """An optimizer whose update rule is ``jax_backend.optimizers.OPTIMIZERS[rule]``.
 
@@ -162,21 +149,14 @@ class BuiltinOptimizer(Optimizer):
                 static[name] = list(value) if isinstance(value, tuple) else value
         return static, dynamic
 
-    def _keys(self, static, dynamic):
-        return _state_keys(self.rule, json.dumps(static, sort_keys=True), tuple(sorted(dynamic)))
-
     def preinitialize(self):
-        import jax.numpy as jnp
-
         for group in self.param_groups:
             static, dynamic = self._rule_arguments(group)
             hyper = dict(static, **{k: float(v) for k, v in dynamic.items()})
-            params = group["params"]
-            # The initial state depends on shapes and hyperparameters, not on parameter values.
-            shaped = [jnp.zeros(tuple(p.shape), to_jax_dtype(p.dtype)) for p in params]
-            for key, arrays in jax_backend.optimizers.init_state(self.rule, hyper, shaped).items():
-                for p, array in zip(params, arrays):
-                    self.state[p][key] = array_to_tensor(array)
+            initial = init_optimizer_state(self.rule, hyper, group["params"])
+            for key, tensors in initial.items():
+                for p, tensor in zip(group["params"], tensors):
+                    self.state[p][key] = tensor
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -192,7 +172,7 @@ class BuiltinOptimizer(Optimizer):
                 if p.grad.is_sparse:
                     raise RuntimeError(f"{type(self).__name__} does not support sparse gradients.")
             static, dynamic = self._rule_arguments(group)
-            keys = self._keys(static, dynamic)
+            keys = optimizer_state_keys(self.rule, static, dynamic)
             state = [self.state[p][k] for k in keys for p in params]
             spec = optimizer_spec(self.rule, static, list(dynamic))
             outputs = torch.ops.cstorch.optimizer_step(

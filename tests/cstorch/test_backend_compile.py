@@ -1,0 +1,108 @@
+"""The backend singleton and the compile() contract (api_inventory §1-3, §16.1-7)."""
+
+import pytest
+import torch
+
+import cerebras.pytorch as cstorch
+from cstorch.errors import MultipleBackendsError
+
+
+def test_backend_is_a_singleton():
+    assert cstorch.backend() is None
+    backend = cstorch.backend("cpu")
+    assert cstorch.backend() is backend
+    for kind in ("cpu", "CSX"):
+        with pytest.raises(RuntimeError, match="Cannot instantiate multiple backends"):
+            cstorch.backend(kind)
+    assert isinstance(MultipleBackendsError(), RuntimeError)
+
+
+def test_backend_argument_errors():
+    with pytest.raises(TypeError):
+        cstorch.backend(None, foo=1)
+    with pytest.raises(TypeError):
+        cstorch.backend(3)
+    with pytest.raises(ValueError, match="CPU, GPU, CSX"):
+        cstorch.backend.BackendType.from_str("tpu")
+    assert cstorch.backend.BackendType.from_str("cPu") is cstorch.backend.BackendType.CPU
+    with pytest.raises(ValueError, match="set_half_dtype"):
+        cstorch.backend("cpu", mixed_precision=True)
+    assert cstorch.backend() is None  # a failed construction leaves no backend behind
+
+
+def test_gpu_backend_without_gpu_raises():
+    with pytest.raises(RuntimeError, match="no GPU"):
+        cstorch.backend("GPU")
+
+
+def test_devices_and_use_cs():
+    assert cstorch.current_torch_device() == torch.device("cpu")
+    assert not cstorch.use_cs()
+    with pytest.raises(RuntimeError, match="No active Cerebras backend"):
+        with pytest.warns(DeprecationWarning):
+            cstorch.current_backend()
+    backend = cstorch.backend("CPU")
+    assert cstorch.current_torch_device() == torch.device("cpu", 0)
+    assert cstorch.current_torch_device() != torch.device("cpu")
+    assert backend.is_cpu and not backend.is_csx
+    assert str(backend.device) == "CPU"
+
+
+def test_csx_backend_validates_its_cluster_config():
+    from cstorch.distributed import ClusterConfig
+
+    with pytest.raises(ValueError, match="num_csx"):
+        cstorch.backend("CSX", cluster_config=ClusterConfig(num_csx=0))
+    backend = cstorch.backend("CSX", cluster_config=ClusterConfig(num_csx=1))
+    assert cstorch.use_cs() and backend.is_csx
+    assert cstorch.amp.mixed_precision()  # CSX always trains in mixed precision
+
+
+def test_compile_creates_a_cpu_backend_and_returns_a_function():
+    model = torch.nn.Linear(3, 2)
+    compiled = cstorch.compile(model)
+    assert cstorch.backend().is_cpu
+    assert not isinstance(compiled, torch.nn.Module)
+    x = torch.randn(4, 3)
+    torch.testing.assert_close(compiled(x), model(x))
+    assert compiled.device == torch.device("cpu", 0)
+    assert callable(compiled.train) and callable(compiled.parameters)
+    assert list(compiled.parameters()) == list(model.parameters())
+    cstorch.compile(model)  # compiling twice is fine
+    with pytest.raises(RuntimeError, match="multiple backends"):
+        cstorch.compile(model, "cpu")
+    with pytest.raises(TypeError):
+        cstorch.compile(model, 3)
+
+
+def test_compile_rejects_another_backend_object():
+    backend = cstorch.backend("CPU")
+    other = object.__new__(type(backend))
+    other._impl = object()
+    with pytest.raises(RuntimeError, match="different backend"):
+        cstorch.compile(torch.nn.Linear(2, 2), other)
+
+
+def test_compiled_modules_accept_objects_with_apply():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    cstorch.compile(model)
+    seen = []
+
+    class Visitor:
+        def apply(self, module):
+            seen.append(module)
+
+    model.apply(Visitor())
+    assert seen == [model]
+    with pytest.raises(TypeError, match="Expected a callable"):
+        model.apply(42)
+
+
+def test_train_and_eval_switch_the_backend_mode():
+    model = torch.nn.Linear(2, 2)
+    compiled = cstorch.compile(model)
+    impl = cstorch.backend()._impl
+    compiled.eval()
+    assert impl.mode == "eval" and not model.training
+    compiled.train()
+    assert impl.mode == "train" and model.training
