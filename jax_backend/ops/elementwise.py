@@ -194,7 +194,7 @@ def aten_nan_to_num(x, nan=None, posinf=None, neginf=None):
     return jnp.nan_to_num(x, nan=0.0 if nan is None else nan, posinf=posinf, neginf=neginf)
 
 
-@lowers(aten.conj_physical.default)
+@lowers(aten.conj_physical.default, aten._conj_physical.default)
 def aten_conj_physical(x):
     return jnp.conj(x)
 
@@ -575,3 +575,15 @@ def aten_lerp(x, end, weight):
     x, end, weight = promote(x, end, weight)
     # torch's formula: for |w| < 0.5 start from x, otherwise from end (better accuracy).
     return jnp.where(jnp.abs(weight) < 0.5, x + weight * (end - x), end - (end - x) * (1 - weight))
+
+
+@lowers(aten.complex.default)
+def aten_complex(real, imag):
+    real, imag = promote(real, imag)
+    return lax.complex(real, imag)
+
+
+@lowers(aten.polar.default)
+def aten_polar(magnitude, angle):
+    magnitude, angle = promote(magnitude, angle)
+    return lax.complex(magnitude * jnp.cos(angle), magnitude * jnp.sin(angle))

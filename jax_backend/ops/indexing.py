@@ -187,3 +187,122 @@ def aten_take(x, index):
     return x.reshape(-1)[index]
 
 
+
+
+# - func: embedding_dense_backward(Tensor grad_output, Tensor indices, SymInt num_weights,
+#   SymInt padding_idx, bool scale_grad_by_freq) -> Tensor
+@lowers(aten.embedding_dense_backward.default)
+def aten_embedding_dense_backward(grad_output, indices, num_weights, padding_idx,
+                                  scale_grad_by_freq):
+    flat = indices.reshape(-1)
+    grad = grad_output.reshape(flat.shape + grad_output.shape[indices.ndim:])
+    keep = (flat != padding_idx)[:, None]
+    grad = jnp.where(keep, grad, jnp.zeros((), grad.dtype))
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), grad.dtype).at[flat].add(1)
+        grad = grad / counts[flat][:, None]
+    return jnp.zeros((num_weights,) + grad.shape[1:], grad.dtype).at[flat].add(grad)
+
+
+_BAG_SUM, _BAG_MEAN, _BAG_MAX = 0, 1, 2
+
+
+def _bag_ids(indices, offsets, include_last_offset):
+    """(bag id per index position, number of bags, in-range mask)."""
+    num_bags = offsets.shape[0] - (1 if include_last_offset else 0)
+    positions = jnp.arange(indices.shape[0], dtype=offsets.dtype)
+    bag = jnp.searchsorted(offsets[:num_bags], positions, side="right") - 1
+    in_range = bag >= 0
+    if include_last_offset:
+        in_range = in_range & (positions < offsets[num_bags])
+    return jnp.clip(bag, 0, max(num_bags - 1, 0)).astype(offsets.dtype), num_bags, in_range
+
+
+def _embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset,
+                   padding_idx):
+    bag, num_bags, member = _bag_ids(indices, offsets, include_last_offset)
+    if padding_idx is not None and padding_idx >= 0:
+        member = member & (indices != padding_idx)
+    rows = jnp.take(weight, indices, axis=0)
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights[:, None].astype(rows.dtype)
+    counts = jnp.zeros((num_bags,), offsets.dtype).at[bag].add(member.astype(offsets.dtype))
+    if mode == _BAG_MAX:
+        lowest = jnp.asarray(-jnp.inf, rows.dtype)
+        masked = jnp.where(member[:, None], rows, lowest)
+        out = jnp.full((num_bags, weight.shape[1]), lowest).at[bag].max(masked)
+        # The first member index whose row attains the maximum, per feature.
+        hit = member[:, None] & (masked == out[bag])
+        big = jnp.iinfo(jnp.int64).max
+        position = jnp.where(hit, jnp.arange(indices.shape[0])[:, None], big)
+        first = jnp.full((num_bags, weight.shape[1]), big).at[bag].min(position)
+        empty = (counts == 0)[:, None]
+        max_indices = jnp.where(empty, 0, indices[jnp.clip(first, 0, indices.shape[0] - 1)])
+        out = jnp.where(empty, jnp.zeros((), out.dtype), out)
+        return out, max_indices.astype(offsets.dtype), counts, bag
+    summed = jnp.zeros((num_bags, weight.shape[1]), rows.dtype).at[bag].add(
+        jnp.where(member[:, None], rows, jnp.zeros((), rows.dtype)))
+    if mode == _BAG_MEAN:
+        summed = summed / jnp.maximum(counts, 1)[:, None].astype(summed.dtype)
+    return summed, None, counts, bag
+
+
+# - func: _embedding_bag(Tensor weight, Tensor indices, Tensor offsets, bool scale_grad_by_freq=False,
+#   int mode=0, bool sparse=False, Tensor? per_sample_weights=None, bool include_last_offset=False,
+#   int padding_idx=-1) -> (Tensor, Tensor, Tensor, Tensor)
+@lowers(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
+def aten_embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                       per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    """offset2bag, bag_size and max_indices follow torch's shapes; only ``output`` (and
+    ``max_indices`` in max mode) carry torch's values, the rest feed our own backward."""
+    out, max_indices, counts, bag = _embedding_bag(
+        weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx)
+    fast_sum = (mode == _BAG_SUM and weight.dtype in (jnp.float32, jnp.float16)
+                and padding_idx < 0)
+    offset2bag = jnp.zeros((0,), offsets.dtype) if fast_sum else bag
+    if max_indices is None:
+        max_indices = jnp.zeros(counts.shape, offsets.dtype)
+    return out, offset2bag, counts, max_indices
+
+
+
+# - func: _embedding_bag_backward(Tensor grad, Tensor indices, Tensor offsets, Tensor offset2bag,
+#   Tensor bag_size, Tensor maximum_indices, SymInt num_weights, bool scale_grad_by_freq, int mode,
+#   bool sparse, Tensor? per_sample_weights, int padding_idx=-1) -> Tensor
+@lowers(aten._embedding_bag_backward.default)
+def aten_embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices,
+                                num_weights, scale_grad_by_freq, mode, sparse,
+                                per_sample_weights, padding_idx=-1):
+    include_last_offset = offsets.shape[0] == grad.shape[0] + 1
+    features = grad.shape[1]
+    if mode == _BAG_MAX:
+        nonempty = (bag_size > 0)[:, None]
+        cols = jnp.broadcast_to(jnp.arange(features), maximum_indices.shape)
+        g = jnp.where(nonempty, grad, jnp.zeros((), grad.dtype))
+        return jnp.zeros((num_weights, features), grad.dtype).at[maximum_indices, cols].add(g)
+    bag, _, member = _bag_ids(indices, offsets, include_last_offset)
+    if padding_idx is not None and padding_idx >= 0:
+        member = member & (indices != padding_idx)
+    rows = grad[bag]
+    if mode == _BAG_MEAN:
+        rows = rows / jnp.maximum(bag_size[bag], 1)[:, None].astype(rows.dtype)
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights[:, None].astype(rows.dtype)
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), grad.dtype).at[indices].add(member.astype(grad.dtype))
+        rows = rows / jnp.maximum(counts[indices], 1)[:, None]
+    rows = jnp.where(member[:, None], rows, jnp.zeros((), rows.dtype))
+    return jnp.zeros((num_weights, features), grad.dtype).at[indices].add(rows)
+
+
+# - func: _embedding_bag_per_sample_weights_backward(Tensor grad, Tensor weight, Tensor indices,
+#   Tensor offsets, Tensor offset2bag, int mode, int padding_idx=-1) -> Tensor
+@lowers(aten._embedding_bag_per_sample_weights_backward.default)
+def aten_embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag,
+                                                   mode, padding_idx=-1):
+    include_last_offset = offsets.shape[0] == grad.shape[0] + 1
+    bag, _, member = _bag_ids(indices, offsets, include_last_offset)
+    if padding_idx is not None and padding_idx >= 0:
+        member = member & (indices != padding_idx)
+    dots = jnp.sum(grad[bag] * jnp.take(weight, indices, axis=0), axis=-1)
+    return jnp.where(member, dots, jnp.zeros((), dots.dtype))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 import torch
 from jax import lax
 
@@ -87,14 +88,62 @@ def aten_outer(a, b):
 
 @lowers(aten._cdist_forward.default)
 def aten_cdist(x1, x2, p, compute_mode=None):
-    diff = x1[..., :, None, :] - x2[..., None, :, :]
+    return _pairwise_norm(x1[..., :, None, :] - x2[..., None, :, :], p)
+
+
+def _pairwise_norm(diff, p):
     a = jnp.abs(diff)
     if p == 0:
-        return jnp.sum((a != 0).astype(x1.dtype), axis=-1)
+        return jnp.sum((a != 0).astype(diff.dtype), axis=-1)
     if p == float("inf"):
         return jnp.max(a, axis=-1)
-    if p == 2:
-        return jnp.sqrt(jnp.sum(a * a, axis=-1))
     if p == 1:
         return jnp.sum(a, axis=-1)
+    if p == 2:
+        return jnp.sqrt(jnp.sum(a * a, axis=-1))
     return jnp.sum(a**p, axis=-1) ** (1.0 / p)
+
+
+def _pairwise_norm_grad(diff, dist, p):
+    """d dist / d diff, with torch's conventions: 0 where the distance is 0, and for p=inf
+    every coordinate attaining the maximum gets the sign."""
+    dist = dist[..., None]
+    zero = jnp.zeros((), diff.dtype)
+    if p == 0:
+        return jnp.zeros_like(diff)
+    if p == 1:
+        return jnp.sign(diff)
+    if p == float("inf"):
+        return jnp.where(jnp.abs(diff) == dist, jnp.sign(diff), zero)
+    safe = jnp.where(dist == 0, jnp.ones((), dist.dtype), dist)
+    if p == 2:
+        return jnp.where(dist == 0, zero, diff / safe)
+    if p < 1:
+        grad = jnp.sign(diff) * jnp.abs(diff) ** (p - 1) / safe ** (p - 1)
+        return jnp.where((dist == 0) | (diff == 0), zero, grad)
+    return jnp.where(dist == 0, zero, diff * jnp.abs(diff) ** (p - 2) / safe ** (p - 1))
+
+
+# - func: _pdist_forward(Tensor self, float p=2.) -> Tensor
+@lowers(aten._pdist_forward.default)
+def aten_pdist_forward(x, p=2.0):
+    i, j = np.triu_indices(x.shape[0], 1)
+    return _pairwise_norm(x[i] - x[j], p)
+
+
+# - func: _pdist_backward(Tensor grad, Tensor self, float p, Tensor pdist) -> Tensor
+@lowers(aten._pdist_backward.default)
+def aten_pdist_backward(grad, x, p, pdist):
+    i, j = np.triu_indices(x.shape[0], 1)
+    g = grad[:, None] * _pairwise_norm_grad(x[i] - x[j], pdist, p)
+    return jnp.zeros_like(x).at[i].add(g).at[j].add(-g)
+
+
+# - func: _cdist_backward(Tensor grad, Tensor x1, Tensor x2, float p, Tensor cdist) -> Tensor
+@lowers(aten._cdist_backward.default)
+def aten_cdist_backward(grad, x1, x2, p, cdist):
+    diff = x1[..., :, None, :] - x2[..., None, :, :]
+    if diff.size == 0:  # torch returns zeros shaped like x1 for empty inputs
+        return jnp.zeros_like(x1)
+    # The result keeps the broadcast batch dims; autograd sums them back to x1's shape.
+    return jnp.sum(grad[..., None] * _pairwise_norm_grad(diff, cdist, p), axis=-2)

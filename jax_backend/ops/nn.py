@@ -114,7 +114,7 @@ def aten_native_layer_norm(x, normalized_shape, weight, bias, eps):
 
 @lowers(aten.native_group_norm.default)
 def aten_native_group_norm(x, weight, bias, n, c, hxw, group, eps):
-    xc = x.astype(_compute_dtype(x)).reshape(n, group, -1)
+    xc = x.astype(_compute_dtype(x)).reshape(n, group, (c // group) * hxw)
     mean = jnp.mean(xc, axis=-1, keepdims=True)
     centered = xc - mean
     var = jnp.mean(centered * centered, axis=-1, keepdims=True)
@@ -540,3 +540,165 @@ def aten_sdpa_flash_cpu(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=No
     out = attention(q, k, v, attn_mask, is_causal, scale)
     logsumexp = jnp.zeros(q.shape[:-1], jnp.float32)
     return out, logsumexp
+
+
+# ------------------------------------------------------------------------------ grid sampling
+def _grid_unnormalize(coord, size, align_corners):
+    # [-1, 1] -> [0, size - 1] (align_corners) or [-0.5, size - 0.5].
+    if align_corners:
+        return (coord + 1) * ((size - 1) / 2)
+    return ((coord + 1) * size - 1) / 2
+
+
+def _reflect(coord, twice_low, twice_high):
+    if twice_low == twice_high:
+        return jnp.zeros_like(coord)
+    low = twice_low / 2
+    span = (twice_high - twice_low) / 2
+    coord = jnp.abs(coord - low)
+    extra = jnp.fmod(coord, span)
+    flips = jnp.floor(coord / span)
+    return jnp.where(jnp.fmod(flips, 2) == 0, extra + low, span - extra + low)
+
+
+def _grid_pad_coordinates(coord, size, padding_mode, align_corners):
+    if padding_mode == 1:  # border
+        return jnp.clip(coord, 0, size - 1)
+    if padding_mode == 2:  # reflection
+        if align_corners:
+            coord = _reflect(coord, 0, 2 * (size - 1))
+        else:
+            coord = _reflect(coord, -1, 2 * size - 1)
+        return jnp.clip(coord, 0, size - 1)
+    return coord
+
+
+def _grid_gather(x, coords):
+    """x[n, :, *coords[n, ...]] with zeros where any coordinate is out of bounds.
+
+    x: (N, C, *spatial); coords: integer-valued float arrays (N, *out), one per spatial dim in
+    torch's (depth, height, width) order. Returns (N, C, *out).
+    """
+    spatial = x.shape[2:]
+    n, c = x.shape[:2]
+    valid = jnp.ones(coords[0].shape, jnp.bool_)
+    flat = jnp.zeros(coords[0].shape, jnp.int64)
+    for coord, size in zip(coords, spatial):
+        index = coord.astype(jnp.int64)
+        valid = valid & (coord >= 0) & (coord <= size - 1)
+        flat = flat * size + jnp.clip(index, 0, size - 1)
+    out_shape = coords[0].shape[1:]
+    flat = flat.reshape(n, 1, -1)
+    values = jnp.take_along_axis(x.reshape(n, c, -1), jnp.broadcast_to(flat, (n, c, flat.shape[-1])),
+                                 axis=2).reshape((n, c) + out_shape)
+    return jnp.where(valid[:, None], values, jnp.zeros((), x.dtype))
+
+
+def _cubic_weights(t):
+    a = -0.75
+    def near(s):  # |s| <= 1
+        return ((a + 2) * s - (a + 3)) * s * s + 1
+
+    def far(s):  # 1 < |s| < 2
+        return ((a * s - 5 * a) * s + 8 * a) * s - 4 * a
+
+    return far(t + 1), near(t), near(1 - t), far(2 - t)
+
+
+def _grid_sample(x, grid, interpolation_mode, padding_mode, align_corners):
+    nd = x.ndim - 2
+    spatial = x.shape[2:]
+    # grid[..., 0] indexes the last spatial dim (x/width), grid[..., -1] the first.
+    raw = [grid[..., nd - 1 - i] for i in range(nd)]
+    if interpolation_mode == 2:  # bicubic (2-D only)
+        src = [_grid_unnormalize(r, s, align_corners) for r, s in zip(raw, spatial)]
+        base = [jnp.floor(s) for s in src]
+        wy, wx = (_cubic_weights(s - b) for s, b in zip(src, base))
+        out = 0
+        for i in range(4):
+            row = 0
+            for j in range(4):
+                cy = _grid_pad_coordinates(base[0] - 1 + i, spatial[0], padding_mode, align_corners)
+                cx = _grid_pad_coordinates(base[1] - 1 + j, spatial[1], padding_mode, align_corners)
+                row = row + _grid_gather(x, [jnp.trunc(cy), jnp.trunc(cx)]) * wx[j][:, None]
+            out = out + row * wy[i][:, None]
+        return out
+    src = [_grid_pad_coordinates(_grid_unnormalize(r, s, align_corners), s, padding_mode,
+                                 align_corners) for r, s in zip(raw, spatial)]
+    if interpolation_mode == 1:  # nearest, ties to even as nearbyint
+        return _grid_gather(x, [jnp.round(s) for s in src])
+    base = [jnp.floor(s) for s in src]
+    out = 0
+    for corner in np.ndindex(*(2,) * nd):
+        coords, weight = [], 1
+        for s, b, bit in zip(src, base, corner):
+            coords.append(b + bit)
+            weight = weight * ((s - b) if bit else (b + 1 - s))
+        out = out + _grid_gather(x, coords) * weight[:, None]
+    return out
+
+
+# - func: grid_sampler_2d(Tensor input, Tensor grid, int interpolation_mode, int padding_mode,
+#   bool align_corners) -> Tensor
+@lowers(aten.grid_sampler_2d.default, aten.grid_sampler_3d.default)
+def aten_grid_sampler(x, grid, interpolation_mode, padding_mode, align_corners):
+    return _grid_sample(x, grid.astype(x.dtype), interpolation_mode, padding_mode,
+                        align_corners).astype(x.dtype)
+
+
+@lowers(aten.grid_sampler_2d_backward.default, aten.grid_sampler_3d_backward.default)
+def aten_grid_sampler_backward(grad_output, x, grid, interpolation_mode, padding_mode,
+                               align_corners, output_mask):
+    _, vjp = jax.vjp(lambda x_, g_: _grid_sample(x_, g_, interpolation_mode, padding_mode,
+                                                 align_corners), x, grid)
+    grad_x, grad_grid = vjp(grad_output.astype(x.dtype))
+    return (grad_x if output_mask[0] else None), grad_grid
+
+
+# ------------------------------------------------------------------- normalisation backward
+# These are decomposed by core_aten_decompositions; lowered too so graphs captured without the
+# decomposition table still run.
+@lowers(aten.native_layer_norm_backward.default)
+def aten_native_layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight, bias,
+                                    output_mask):
+    axis = x.ndim - len(normalized_shape)
+    axes = tuple(range(axis, x.ndim))
+    xc = x.astype(_compute_dtype(x))
+    xhat = (xc - mean) * rstd
+    g = grad_out.astype(xc.dtype)
+    gw = g * weight if weight is not None else g
+    n = math.prod(x.shape[axis:])
+    grad_x = None
+    if output_mask[0]:
+        grad_x = (rstd / n) * (n * gw - jnp.sum(gw, axes, keepdims=True)
+                               - xhat * jnp.sum(gw * xhat, axes, keepdims=True))
+        grad_x = grad_x.astype(x.dtype)
+    lead = tuple(range(axis))
+    grad_w = jnp.sum(g * xhat, lead).astype(weight.dtype) if (
+        output_mask[1] and weight is not None) else None
+    grad_b = jnp.sum(g, lead).astype(bias.dtype) if (output_mask[2] and bias is not None) else None
+    return grad_x, grad_w, grad_b
+
+
+@lowers(aten.native_group_norm_backward.default)
+def aten_native_group_norm_backward(grad_out, x, mean, rstd, weight, n, c, hxw, group,
+                                    output_mask):
+    xc = x.astype(_compute_dtype(x))
+    grouped = xc.reshape(n, group, (c // group) * hxw)
+    xhat = ((grouped - mean.reshape(n, group, 1)) * rstd.reshape(n, group, 1)).reshape(x.shape)
+    g = grad_out.astype(xc.dtype)
+    channel_shape = (1, c) + (1,) * (x.ndim - 2)
+    gw = g * weight.reshape(channel_shape) if weight is not None else g
+    grad_x = None
+    if output_mask[0]:
+        gw_g = gw.reshape(n, group, (c // group) * hxw)
+        xhat_g = xhat.reshape(n, group, (c // group) * hxw)
+        m = gw_g.shape[-1]
+        r = rstd.reshape(n, group, 1)
+        grad_x = (r / m) * (m * gw_g - jnp.sum(gw_g, -1, keepdims=True)
+                            - xhat_g * jnp.sum(gw_g * xhat_g, -1, keepdims=True))
+        grad_x = grad_x.reshape(x.shape).astype(x.dtype)
+    axes = (0,) + tuple(range(2, x.ndim))
+    grad_w = jnp.sum(g * xhat, axes).astype(x.dtype) if output_mask[1] else None
+    grad_b = jnp.sum(g, axes).astype(x.dtype) if output_mask[2] else None
+    return grad_x, grad_w, grad_b

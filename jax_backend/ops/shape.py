@@ -264,3 +264,31 @@ def aten_tril(x, diagonal=0):
 @lowers(aten.triu.default)
 def aten_triu(x, diagonal=0):
     return jnp.triu(x, diagonal)
+
+
+# ---------------------------------------------------------------------------- complex views
+@lowers(aten.view_as_real.default, aten.view_as_real_copy.default)
+def aten_view_as_real(x):
+    return jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1)
+
+
+@lowers(aten.view_as_complex.default, aten.view_as_complex_copy.default)
+def aten_view_as_complex(x):
+    return lax.complex(x[..., 0], x[..., 1])
+
+
+@lowers(aten._conj.default, aten._conj_copy.default)
+def aten_conj(x):
+    """The lazy conjugate view, materialised (identity on real tensors)."""
+    return jnp.conj(x) if jnp.iscomplexobj(x) else x
+
+
+@lowers(aten.resolve_neg.default, aten.resolve_conj.default)
+def aten_resolve_neg(x):
+    """Lazy conj/neg views are materialised when taken (``_conj``, ``_neg_view``)."""
+    return x
+
+
+@lowers(aten._neg_view.default, aten._neg_view_copy.default)
+def aten_neg_view(x):
+    return jnp.negative(x)

@@ -1,0 +1,13 @@
+"""The lowering families. Importing this package registers every lowering in the table."""
+
+from jax_backend.ops import (  # noqa: F401  (imported for registration)
+    creation,
+    elementwise,
+    fft,
+    indexing,
+    linalg,
+    nn,
+    random,
+    reduction,
+    shape,
+)
