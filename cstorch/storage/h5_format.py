@@ -100,7 +100,8 @@ class H5Writer:
     # -- datasets ------------------------------------------------------------------------------
 
     def write_array(self, key: str, array: np.ndarray, metadata: dict) -> None:
-        array = np.ascontiguousarray(array)
+        if not array.flags.c_contiguous:  # (np.ascontiguousarray would turn 0-d into 1-d)
+            array = array.copy(order="C")
         options: dict = {}
         if array.ndim > 0 and array.size > 0:
             options = dict(chunks=chunk_shape(array.shape, array.dtype.itemsize),
@@ -163,6 +164,18 @@ class H5Writer:
                 os.unlink(self.temp_path)
 
 
+def _open_for_reading(path: str) -> h5py.File:
+    # Default locking, so that users may open the same file with plain h5py while deferred
+    # tensors hold it (HDF5 refuses a second open with different locking flags); filesystems
+    # without locks get a best-effort open.
+    try:
+        return h5py.File(path, "r")
+    except OSError as e:
+        if "lock" not in str(e).lower():
+            raise
+        return h5py.File(path, "r", locking="best-effort")
+
+
 class H5Reader:
     """An open checkpoint file: root attributes, dataset reads, and change detection.
 
@@ -173,7 +186,7 @@ class H5Reader:
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
         try:
-            self._file = h5py.File(self.path, "r", locking=False)
+            self._file = _open_for_reading(self.path)
         except OSError as e:
             raise CheckpointFormatError(
                 f"Cannot read checkpoint at '{self.path}': the file looks like HDF5 but HDF5 "
@@ -190,6 +203,9 @@ class H5Reader:
         except (OSError, KeyError) as e:
             raise CheckpointFormatError(
                 f"Cannot read the metadata of checkpoint '{self.path}' (corrupt file?): {e}") from e
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._file
 
     def dataset(self, key: str):
         try:

@@ -17,6 +17,7 @@ unpickles with dill (or pickle) unrestricted.
 
 from __future__ import annotations
 
+import _compat_pickle
 import builtins
 import collections
 import io
@@ -55,18 +56,12 @@ def loads(data: bytes, *, what: str, unsafe_allow_pickle: bool = False, legacy_s
     With ``legacy_spec`` the allow-list also admits the pytree ``TreeSpec``/``LeafSpec`` classes
     of old checkpoints, mapped to inert stand-ins (see :class:`LegacyTreeSpec`).
     """
-    if unsafe_allow_pickle:
-        if _dill is not None:
-            return _dill.loads(data)
-        try:
-            return pickle.loads(data)
-        except ModuleNotFoundError as e:
-            if e.name and e.name.startswith("dill"):
-                raise ModuleNotFoundError(
-                    f"{what} was pickled with dill-only features; install dill to load it.",
-                    name=e.name) from e
-            raise
-    return _RestrictedUnpickler(io.BytesIO(data), what, legacy_spec).load()
+    if unsafe_allow_pickle and _dill is not None and not legacy_spec:
+        return _dill.loads(data)
+    # Without dill, the allow-list's stand-ins for dill's helpers still read dill streams; in
+    # permissive mode every other global is resolved normally.
+    return _RestrictedUnpickler(io.BytesIO(data), what, legacy_spec,
+                                permissive=unsafe_allow_pickle).load()
 
 
 # --------------------------------------------------------------------------------------------
@@ -158,13 +153,20 @@ class LegacyLeafSpec(LegacyTreeSpec):
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
-    def __init__(self, file, what: str, legacy_spec: bool):
+    def __init__(self, file, what: str, legacy_spec: bool, permissive: bool = False):
         super().__init__(file)
         self._what = what
         self._legacy_spec = legacy_spec
+        self._permissive = permissive
 
     def find_class(self, module, name):
+        # Protocols 0-2 may spell Python 2 names (``__builtin__.dict``); map them like pickle does.
+        if (module, name) in _compat_pickle.NAME_MAPPING:
+            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+        module = _compat_pickle.IMPORT_MAPPING.get(module, module)
         found = self._allowed(module, name)
+        if found is None and self._permissive:
+            return super().find_class(module, name)
         if found is None:
             raise UnsafePickleError(
                 f"Refusing to unpickle the global '{module}.{name}' in {self._what}: it is not on "

@@ -152,7 +152,7 @@ def _rebuild_for_display(tree: Any, stars: Iterator) -> Any:
     node = _node_parts(tree, ())
     if node is None:
         return next(stars)
-    type_name, _context, _keys, children, original_keys = node
+    type_name, _context, _keys, children, original_keys, _build = node
     values = [_rebuild_for_display(child, stars) for child in children]
     if original_keys is not None:
         return dict(zip(original_keys, values))
@@ -166,19 +166,20 @@ def _flatten(tree: Any, path: tuple, leaves: list) -> Node:
     if parts is None:
         leaves.append(tree)
         return Node(None, None)
-    type_name, context, keys, children, _ = parts
+    type_name, context, keys, children, _, build = parts
     return Node(type_name, context,
                 [_flatten(child, path + (key,), leaves) for key, child in zip(keys, children)],
-                keys)
+                keys, build)
 
 
 def _node_parts(tree: Any, path: tuple):
-    """(type name, dumped context, child keys, children, mapping keys) or None for a leaf."""
+    """(type name, dumped context, child keys, children, mapping keys, rebuild) or None."""
     kind = type(tree)
     if kind in _MAPPING_TYPES:
         keys = list(tree.keys())
         _check_keys(keys, path)
-        return _MAPPING_TYPES[kind], json.dumps(keys), [str(k) for k in keys], list(tree.values()), keys
+        return (_MAPPING_TYPES[kind], json.dumps(keys), [str(k) for k in keys], list(tree.values()),
+                keys, lambda values: kind(zip(keys, values)))
     if kind is defaultdict:
         keys = list(tree.keys())
         _check_keys(keys, path)
@@ -186,18 +187,22 @@ def _node_parts(tree: Any, path: tuple):
         context = {"default_factory_module": getattr(factory, "__module__", None),
                    "default_factory_name": getattr(factory, "__qualname__", None),
                    "dict_context": keys}
-        return "collections.defaultdict", context, [str(k) for k in keys], list(tree.values()), keys
+        return ("collections.defaultdict", context, [str(k) for k in keys], list(tree.values()), keys,
+                lambda values: defaultdict(factory, zip(keys, values)))
     if kind in _SEQUENCE_TYPES:
         children = list(tree)
-        return _SEQUENCE_TYPES[kind], "null", [str(i) for i in range(len(children))], children, None
+        return (_SEQUENCE_TYPES[kind], "null", [str(i) for i in range(len(children))], children,
+                None, kind)
     if kind is deque:
         children = list(tree)
         return ("collections.deque", json.dumps(tree.maxlen),
-                [str(i) for i in range(len(children))], children, None)
+                [str(i) for i in range(len(children))], children, None,
+                lambda values: deque(values, maxlen=tree.maxlen))
     if _torch_pytree.is_namedtuple_class(kind):
         children = list(tree)
         return ("collections.namedtuple", _namedtuple_name(kind),
-                [str(i) for i in range(len(children))], children, None)
+                [str(i) for i in range(len(children))], children, None,
+                lambda values: kind(*values))
     if kind not in _OWN_TYPES:
         return _registered_node_parts(tree, kind)
     return None
@@ -221,7 +226,8 @@ def _registered_node_parts(tree: Any, kind: type):
             raise TreeSpecError(
                 f"The pytree context of {kind.__qualname__} is not JSON serializable; register "
                 "the type with to_dumpable_context/from_dumpable_context.") from e
-    return serialize_def.serialized_type_name, dumped, _context_keys(context, len(children)), children, None
+    return (serialize_def.serialized_type_name, dumped, _context_keys(context, len(children)),
+            children, None, lambda values: node_def.unflatten_fn(values, context))
 
 
 def _context_keys(context: Any, count: int) -> list[str]:

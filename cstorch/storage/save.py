@@ -1,0 +1,109 @@
+"""``cstorch.save``: write a state dict as a cerebras-pytorch H5 checkpoint (format 0.5).
+
+Steps (spec §12.1), as in the reference:
+
+1. flatten the state dict; leaves get dotted keys (:mod:`cstorch.storage.treespec`);
+2. a leaf seen before (same ``id()``, which also catches interned ints and strings, ``None``,
+   ``True``...) becomes a ``LinkedObject`` to its first key, so tied weights are stored once;
+3. write the root attributes ``__spec__``, ``__version__``, ``__cstorch_version__``;
+4. write every leaf (:mod:`cstorch.storage.serializers`);
+5. write one ``<key>.__metadata__`` attribute per leaf and finally ``__SUCCESS__ = True``.
+
+Everything goes to a temporary file that replaces nothing and appears at ``ckpt_path`` only once
+complete (:class:`cstorch.storage.h5_format.H5Writer`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import torch
+
+from cstorch.storage import constants as C
+from cstorch.storage import conversions, serializers, treespec
+from cstorch.storage.h5_format import _COMPACT_ATTRIBUTE_LIMIT, H5Writer
+
+
+def save(state_dict, ckpt_path: str | os.PathLike) -> None:
+    """Saves ``state_dict`` to ``ckpt_path`` in the cerebras-pytorch H5 checkpoint format.
+
+    **Arguments:**
+
+    - ``state_dict``: a (nested) dict/list/tuple of tensors, numpy arrays, scalars, strings,
+      None and picklable objects. ``jax_backend`` lazy tensors and ``jax.Array`` leaves are
+      written straight from their host buffers.
+    - ``ckpt_path``: where to write. It must not exist yet.
+
+    **Raises:**
+
+    - ``FileExistsError`` if ``ckpt_path`` exists (it is never overwritten).
+    - ``ValueError`` for tensors the format cannot hold (int8, complex, float8, sparse) and for
+      state-dict keys that collide once joined with dots.
+    - ``TypeError`` for leaves that cannot be pickled.
+
+    On any error the partial file is removed and ``ckpt_path`` is left untouched.
+    """
+    path = os.fspath(ckpt_path)
+    flat = treespec.flatten(state_dict)
+    for key in flat.keys:
+        if not key:
+            raise ValueError(
+                "cstorch.save expects a container (e.g. a dict) at the top of the state dict: "
+                f"a bare {type(flat.leaves[0]).__name__} or an empty-string key has no name in "
+                "the checkpoint. Wrap it, e.g. cstorch.save({'value': x}, path).")
+
+    entries = _link_duplicates(flat.keys, flat.leaves)
+    # Non-tensor leaves are encoded up front: their size decides the HDF5 attribute layout.
+    encoded = {key: serializers.encode(value, key) for key, value in entries
+               if not _is_array_like(value)}
+    dense = any(e.payload is not None and len(e.payload) > _COMPACT_ATTRIBUTE_LIMIT
+                for e in encoded.values())
+
+    writer = H5Writer(path, dense_attributes=dense)
+    try:
+        writer.write_root_attributes({
+            C.__SPEC__: json.dumps([treespec.human_readable(state_dict, flat.spec), flat.spec.dumps()],
+                                   indent=4),
+            C.__VERSION__: np.float64(C.CURRENT_CKPT_FORMAT_VERSION),
+            C.__CSTORCH_VERSION__: C.CSTORCH_VERSION,
+        })
+        metadata = {}
+        for key, value in entries:
+            entry = encoded.pop(key, None) or serializers.encode(value, key)
+            if entry.array is not None:
+                writer.write_array(key, entry.array, entry.metadata)
+            elif entry.payload is not None:
+                writer.write_bytes(key, entry.payload, entry.metadata)
+            metadata[f"{key}.{C.__METADATA__}"] = _leaf_metadata_json(key, entry.metadata)
+            del entry  # drop the host copy of a JAX array before converting the next one
+        metadata[C.__SUCCESS__] = np.bool_(True)
+        writer.write_root_attributes(metadata)
+        writer.commit()
+    except BaseException:
+        writer.abort()
+        raise
+
+
+def _link_duplicates(keys: list[str], leaves: list) -> list[tuple[str, object]]:
+    first_key: dict[int, str] = {}
+    entries = []
+    for key, leaf in zip(keys, leaves):
+        first = first_key.setdefault(id(leaf), key)
+        entries.append((key, leaf if first == key else serializers.LinkedObject(first)))
+    return entries
+
+
+def _is_array_like(value) -> bool:
+    if isinstance(value, np.ndarray):
+        return conversions.numpy_dtype_is_storable(value.dtype)
+    return isinstance(value, torch.Tensor) or conversions.is_jax_array(value)
+
+
+def _leaf_metadata_json(key: str, metadata: dict) -> str:
+    return json.dumps({
+        C.__SPEC__: [{key: "*"}, treespec.leaf_spec_string(key)],
+        C.__OBJECTS__: [key],
+        f"{key}.{C.__METADATA__}": metadata,
+    }, indent=4)

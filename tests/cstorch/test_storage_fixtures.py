@@ -1,0 +1,139 @@
+"""cstorch.load on checkpoints written by the reference (cerebras-pytorch 2.10, torch 2.4).
+
+Values are checked against what the fixture README says the files hold, against numbers derived
+from the training step, and against the raw datasets read with h5py alone.
+"""
+
+import collections
+import json
+import os
+
+import h5py
+import hdf5plugin  # noqa: F401
+import numpy as np
+import pytest
+import torch
+
+import cstorch.storage as storage
+from cstorch.storage.serializers import DeferredTorchTensor
+
+# shared/ sits beside the repository checkout.
+FIXTURES = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared",
+                                         "fixtures", "reference-2.10"))
+KINDS = os.path.join(FIXTURES, "kinds.mdl")
+ADAMW = os.path.join(FIXTURES, "adamw_step1.mdl")
+
+pytestmark = pytest.mark.skipif(not os.path.exists(KINDS), reason="reference fixtures not present")
+
+
+def raw(path, key):
+    with h5py.File(path, "r") as f:
+        return f[key][...]
+
+
+def test_kinds_every_leaf():
+    out = storage.load(KINDS)
+    assert type(out) is dict
+    assert list(out.keys()) == ["f32", "bf16", "f16", "i64", "i32", "bool", "scalar0d", "tied1",
+                                "tied2", "int", "float", "str", "none", "tuple", "list", "nested", 5]
+    expected_meta = {"f32": (torch.float32, (3, 4)), "bf16": (torch.bfloat16, (6,)),
+                     "f16": (torch.float16, (2, 2)), "i64": (torch.int64, (5,)),
+                     "i32": (torch.int32, (3,)), "bool": (torch.bool, (2,)),
+                     "scalar0d": (torch.float32, ()), "tied1": (torch.float32, (2, 3))}
+    for key, (dtype, shape) in expected_meta.items():
+        value = out[key]
+        assert isinstance(value, DeferredTorchTensor), key
+        assert value.dtype == dtype and tuple(value.shape) == shape, key
+    # Values derivable from how the fixture was made.
+    assert torch.equal(out["i64"], torch.arange(5))
+    assert torch.equal(out["i32"], torch.arange(3, dtype=torch.int32))
+    assert torch.equal(out["bool"], torch.tensor([True, False]))
+    assert out["scalar0d"].item() == 2.5
+    assert torch.equal(out["nested"]["a"]["b"], torch.ones(2))
+    # Random values: equal to the raw datasets (bf16 via its int16 bit pattern).
+    assert torch.equal(out["f32"], torch.from_numpy(raw(KINDS, "f32")))
+    assert torch.equal(out["f16"], torch.from_numpy(raw(KINDS, "f16")))
+    assert torch.equal(out["bf16"].view(torch.int16), torch.from_numpy(raw(KINDS, "bf16")))
+    assert torch.equal(out["tied1"], torch.from_numpy(raw(KINDS, "tied1")))
+    # Ties, scalars, strings, None and containers.
+    assert out["tied1"] is out["tied2"]
+    assert out["int"] == 7 and type(out["int"]) is int
+    assert out["float"] == 0.25 and type(out["float"]) is float
+    assert out["str"] == "text"
+    assert out["none"] is None
+    assert out["tuple"] == (1, 2.0) and type(out["tuple"]) is tuple and type(out["tuple"][1]) is float
+    assert out["list"] == [3, "x"] and type(out["list"]) is list
+    assert out[5] == "int key" and "5" not in out
+
+
+def test_adamw_structure_and_values():
+    out = storage.load(ADAMW)
+    assert list(out) == ["model", "optimizer", "global_step"]
+    model = out["model"]
+    assert type(model) is collections.OrderedDict
+    shapes = {"0.weight": (7, 5), "0.bias": (7,), "1.weight": (7,), "1.bias": (7,),
+              "2.weight": (2, 7), "2.bias": (2,)}
+    assert {k: tuple(v.shape) for k, v in model.items()} == shapes
+    optimizer = out["optimizer"]
+    assert list(optimizer) == ["state", "param_groups"]
+    assert list(optimizer["state"]) == [0, 1, 2, 3, 4, 5]  # int keys survive
+    group = optimizer["param_groups"][0]
+    assert group == {"lr": 0.001, "betas": (0.9, 0.999), "eps": 1e-06, "weight_decay": 0.0,
+                     "l2_regularization_rate": 0.0, "correct_bias": True, "amsgrad": False,
+                     "params": [0, 1, 2, 3, 4, 5]}
+    assert type(group["betas"]) is tuple
+    # The reference ties leaves by id(): the int 1 and the float 0.0 were each stored once.
+    assert out["global_step"] == 1
+    param_shapes = list(shapes.values())
+    for index, state in optimizer["state"].items():
+        assert list(state) == ["exp_avg", "exp_avg_sq", "beta1_power", "beta2_power"]
+        assert tuple(state["exp_avg"].shape) == param_shapes[index]
+        # One Adam step from zero state: v = (1 - b2) g^2 and m = (1 - b1) g, so v = 0.1 m^2.
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        torch.testing.assert_close(v, 0.1 * m * m, rtol=1e-5, atol=1e-8)
+        assert state["beta1_power"].item() == pytest.approx(0.9 ** 2, rel=1e-6)
+        assert state["beta2_power"].item() == pytest.approx(0.999 ** 2, rel=1e-6)
+    # LayerNorm starts at weight 1 / bias 0 and moves by lr in the sign direction of -m.
+    for name, start, index in (("1.weight", 1.0, 2), ("1.bias", 0.0, 3)):
+        moved = model[name] - start
+        torch.testing.assert_close(moved.abs(), torch.full_like(moved, 1e-3), rtol=1e-3, atol=2e-6)
+        assert torch.equal(torch.sign(moved), -torch.sign(optimizer["state"][index]["exp_avg"]))
+
+
+def test_dataset_attributes_win_over_json_metadata(tmp_path):
+    # The reference reader merges dataset attributes over the JSON; a file whose JSON dtype
+    # disagrees with its dataset is read with the dataset's.
+    path = tmp_path / "k.mdl"
+    storage.save({"x": torch.arange(4, dtype=torch.int32)}, path)
+    with h5py.File(path, "a") as f:
+        md = json.loads(f.attrs["x.__metadata__"])
+        md["x.__metadata__"]["dtypes"] = ["torch.int32"]
+        f.attrs["x.__metadata__"] = json.dumps(md)
+        f["x"].attrs["shapes"] = np.array([[4]])
+    assert torch.equal(storage.load(path)["x"], torch.arange(4, dtype=torch.int32))
+
+
+def test_resaving_kinds_reproduces_reference_metadata(tmp_path):
+    """Our writer produces the reference's root attributes, byte for byte, for kinds.mdl."""
+    loaded = storage.load(KINDS)
+    state = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in loaded.items()}
+    state["tied2"] = state["tied1"]
+    path = tmp_path / "again.mdl"
+    storage.save(state, path)
+    with h5py.File(KINDS, "r") as ref, h5py.File(path, "r") as ours:
+        assert sorted(ref.attrs) == sorted(ours.attrs)
+        for name in ref.attrs:
+            ref_value, our_value = ref.attrs[name], ours.attrs[name]
+            assert type(ref_value) is type(our_value), name
+            assert np.array_equal(ref_value, our_value), name
+        assert sorted(ref) == sorted(ours)
+        for key in ref:
+            assert ref[key].dtype == ours[key].dtype and ref[key].shape == ours[key].shape
+            assert ref[key].compression_opts == ours[key].compression_opts
+            assert ref[key]._filters == ours[key]._filters, key
+            assert sorted(ref[key].attrs) == sorted(ours[key].attrs)
+            for name in ref[key].attrs:
+                a, b = ref[key].attrs[name], ours[key].attrs[name]
+                assert type(a) is type(b) and getattr(a, "dtype", None) == getattr(b, "dtype", None)
+                assert np.array_equal(a, b), (key, name)
+            assert np.array_equal(ref[key][...], ours[key][...])
