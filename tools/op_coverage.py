@@ -118,7 +118,7 @@ _EXCLUDED_RES = [(re.compile(p), reason) for p, reason in EXCLUDED_OPS]
 
 # Families in priority order: an OpInfo belongs to the first family any of its forward ops'
 # lowerings lives in (``jax_backend/ops/<family>.py``).
-FAMILY_PRIORITY = ["nn", "fft", "linalg_decomp", "linalg", "random", "indexing", "reduction",
+FAMILY_PRIORITY = ["nn", "fft", "linalg", "random", "indexing", "reduction", "special",
                    "elementwise", "shape", "creation"]
 
 

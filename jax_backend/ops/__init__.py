@@ -10,4 +10,5 @@ from jax_backend.ops import (  # noqa: F401  (imported for registration)
     random,
     reduction,
     shape,
+    special,
 )

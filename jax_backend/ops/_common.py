@@ -17,12 +17,12 @@ def canon_dim(dim: int, ndim: int) -> int:
 
 
 def canon_dims(dims, ndim: int) -> tuple:
-    """A reduction's dims: None or [] means every dim."""
-    if dims is None:
+    """A reduction's dims: None or [] means every dim; a 0-dim tensor has no axes."""
+    if dims is None or ndim == 0:
         return tuple(range(ndim))
     if isinstance(dims, int):
         dims = [dims]
-    if len(dims) == 0:
+    if len(dims) == 0 or ndim == 0:
         return tuple(range(ndim))
     return tuple(sorted({canon_dim(d, ndim) for d in dims}))
 

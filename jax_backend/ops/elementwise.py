@@ -587,3 +587,30 @@ def aten_complex(real, imag):
 def aten_polar(magnitude, angle):
     magnitude, angle = promote(magnitude, angle)
     return lax.complex(magnitude * jnp.cos(angle), magnitude * jnp.sin(angle))
+
+
+@lowers(aten.frexp.Tensor)
+def aten_frexp(x):
+    mantissa, exponent = jnp.frexp(x)
+    return mantissa, exponent.astype(jnp.int32)
+
+
+@lowers(aten.ldexp.Tensor)
+def aten_ldexp(x, other):
+    x, other = promote_to_float(x, other)
+    return x * jnp.exp2(other)
+
+
+@lowers(aten.angle.default)
+def aten_angle(x):
+    if jnp.iscomplexobj(x):
+        return jnp.angle(x)
+    x = as_float(x)
+    return jnp.where(jnp.isnan(x), x, jnp.where(x < 0, jnp.asarray(math.pi, x.dtype),
+                                                 jnp.zeros((), x.dtype)))
+
+
+@lowers(aten.hardshrink_backward.default, aten.softshrink_backward.default)
+def aten_shrink_backward(grad_out, x, lambd):
+    inside = (x >= -lambd) & (x <= lambd)
+    return jnp.where(inside, jnp.zeros((), grad_out.dtype), grad_out)

@@ -39,7 +39,7 @@ def aten_mean_all(x, dtype=None):
 @lowers(aten.prod.dim_int)
 def aten_prod(x, dim, keepdim=False, dtype=None):
     dtype = jax_dtype(dtype, sum_dtype(x))
-    return jnp.prod(x.astype(dtype), axis=canon_dim(dim, x.ndim), keepdims=keepdim)
+    return jnp.prod(x.astype(dtype), axis=canon_dims(dim, x.ndim), keepdims=keepdim)
 
 
 @lowers(aten.prod.default)
@@ -99,14 +99,14 @@ def aten_argmin(x, dim=None, keepdim=False):
 
 @lowers(aten.max.dim)
 def aten_max_dim(x, dim, keepdim=False):
-    axis = canon_dim(dim, x.ndim)
-    return jnp.max(x, axis=axis, keepdims=keepdim), _arg_extreme(x, dim, keepdim, True)
+    axes = canon_dims(dim, x.ndim)
+    return jnp.max(x, axis=axes, keepdims=keepdim), _arg_extreme(x, dim, keepdim, True)
 
 
 @lowers(aten.min.dim)
 def aten_min_dim(x, dim, keepdim=False):
-    axis = canon_dim(dim, x.ndim)
-    return jnp.min(x, axis=axis, keepdims=keepdim), _arg_extreme(x, dim, keepdim, False)
+    axes = canon_dims(dim, x.ndim)
+    return jnp.min(x, axis=axes, keepdims=keepdim), _arg_extreme(x, dim, keepdim, False)
 
 
 def _variance(x, dim, correction, keepdim):
@@ -153,7 +153,7 @@ def aten_any_all(x):
 
 @lowers(aten.any.dim)
 def aten_any(x, dim, keepdim=False):
-    return jnp.any(x, axis=canon_dim(dim, x.ndim), keepdims=keepdim)
+    return jnp.any(x, axis=canon_dims(dim, x.ndim), keepdims=keepdim)
 
 
 @lowers(aten.any.dims)
@@ -168,7 +168,7 @@ def aten_all_all(x):
 
 @lowers(aten.all.dim)
 def aten_all(x, dim, keepdim=False):
-    return jnp.all(x, axis=canon_dim(dim, x.ndim), keepdims=keepdim)
+    return jnp.all(x, axis=canon_dims(dim, x.ndim), keepdims=keepdim)
 
 
 @lowers(aten.all.dims)
@@ -179,12 +179,16 @@ def aten_all_dims(x, dim=None, keepdim=False):
 @lowers(aten.cumsum.default)
 def aten_cumsum(x, dim, *, dtype=None):
     dtype = jax_dtype(dtype, sum_dtype(x))
+    if x.ndim == 0:
+        return x.astype(dtype)
     return jnp.cumsum(x.astype(dtype), axis=canon_dim(dim, x.ndim))
 
 
 @lowers(aten.cumprod.default)
 def aten_cumprod(x, dim, *, dtype=None):
     dtype = jax_dtype(dtype, sum_dtype(x))
+    if x.ndim == 0:
+        return x.astype(dtype)
     return jnp.cumprod(x.astype(dtype), axis=canon_dim(dim, x.ndim))
 
 
