@@ -44,6 +44,7 @@ from torch.utils import _pytree as pytree
 
 from jax_backend.errors import CaptureError, ValueReadInTraceError
 from jax_backend.errors import LoweringNotFoundError
+from jax_backend.precision import Policy
 from jax_backend.registry import has_lowering
 
 aten = torch.ops.aten
@@ -238,12 +239,16 @@ def _flat_outputs(outputs):
     return [x for x in leaves if isinstance(x, torch.Tensor)], spec, is_tensor, constants
 
 
-def capture_step(fn: Callable, slots: Sequence[Slot], inputs: Sequence[torch.Tensor]) -> CapturedStep:
+def capture_step(fn: Callable, slots: Sequence[Slot], inputs: Sequence[torch.Tensor],
+                 policy: Policy | None = None) -> CapturedStep:
     """Traces ``fn(*inputs)`` once, treating the tensors held by ``slots`` as state.
 
     ``fn`` may read and update state in place or rebind slots; it returns any pytree whose
-    tensor leaves become graph outputs and whose other leaves are frozen constants.
+    tensor leaves become graph outputs and whose other leaves are frozen constants. A mixed
+    ``policy`` traces ``fn`` under autocast (see ``jax_backend.precision``).
     """
+    if policy is not None and policy.is_mixed:
+        fn = _under(policy.capture_context, fn)
     state = _unique_state(slots)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fake_inputs = [mode.from_tensor(x) for x in inputs]
@@ -264,6 +269,14 @@ def capture_step(fn: Callable, slots: Sequence[Slot], inputs: Sequence[torch.Ten
         _trace(fn, slots, state, mode, fake_inputs, locator=locator)
         raise LoweringNotFoundError(missing, locator.frame)
     return captured
+
+
+def _under(context_factory, fn):
+    def wrapped(*args):
+        with context_factory():
+            return fn(*args)
+
+    return wrapped
 
 
 def _trace(fn, slots, state, mode, fake_inputs, locator=None):

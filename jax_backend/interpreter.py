@@ -74,11 +74,9 @@ class GraphInterpreter:
     ``key`` given to ``run``.
     """
 
-    def __init__(self, graph_module: torch.fx.GraphModule, *, strict: bool = False,
-                 node_hook=None):
+    def __init__(self, graph_module: torch.fx.GraphModule, *, strict: bool = False):
         self.graph_module = graph_module
         self.strict = strict
-        self.node_hook = node_hook
         self.placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
 
     def run(self, inputs, key=None):
@@ -110,8 +108,6 @@ class GraphInterpreter:
                 kwargs["key"] = jax.random.fold_in(key, random_index)
                 random_index += 1
             result = lowering.fn(*args, **kwargs)
-            if self.node_hook is not None:
-                result = self.node_hook(node, result)
             env[node] = _conform(node, result, node.meta.get("val"), self.strict)
         raise JaxBackendError("graph has no output node")
 

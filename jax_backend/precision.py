@@ -1,24 +1,42 @@
-"""Precision policies: which dtype floating-point compute runs in.
+"""Precision policies: fp32 parameters with fp16/bf16 compute.
 
-Parameters and optimizer state always stay in their own (fp32) dtype; a mixed-precision
-policy makes the lowering compute in a half dtype. ``Policy()`` is plain full precision.
+The policy is applied when the step is *captured*: the step runs under torch's autocast, so
+the graph itself holds the casts — parameters are cast to the half dtype at their use,
+matmuls and convolutions run in it, precision-sensitive ops (softmax, normalisation, losses)
+stay in fp32 per torch's autocast lists, and gradients of fp32 parameters come back in fp32,
+so the optimizer update is fp32. (DESIGN §3 places the policy in the lowering; capturing it
+instead keeps torch's well-tested op lists and makes the graph's dtypes true, so the lowering
+needs no second opinion.) The lowering adds one thing: half-precision dots and convolutions
+accumulate in fp32 (``ops._common.accumulation_dtype``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+
+import torch
+
+HALF_DTYPES = ("float16", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
-    """``compute_dtype`` None means full precision (compute in the tensors' own dtypes)."""
+    """``compute_dtype``: None (full precision) or "float16"/"bfloat16"."""
 
-    compute_dtype: object = None
+    compute_dtype: str | None = None
+
+    def __post_init__(self):
+        if self.compute_dtype not in (None,) + HALF_DTYPES:
+            raise ValueError(f"compute_dtype must be None or one of {HALF_DTYPES}, got "
+                             f"{self.compute_dtype!r}.")
 
     @property
     def is_mixed(self) -> bool:
         return self.compute_dtype is not None
 
-    def node_hook(self):
-        """A per-node hook for the interpreter, or None for full precision."""
-        return None
+    def capture_context(self):
+        """The context the step is traced under (torch autocast for mixed precision)."""
+        if not self.is_mixed:
+            return contextlib.nullcontext()
+        return torch.autocast("cpu", dtype=getattr(torch, self.compute_dtype))

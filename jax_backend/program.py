@@ -39,7 +39,7 @@ class Program:
         # Positions (within used_state) of state the step overwrites: their buffers are donated.
         self.donated_positions = [j for j, i in enumerate(captured.used_state) if i in written]
         self.kept_positions = [j for j, i in enumerate(captured.used_state) if i not in written]
-        self._interpreter = GraphInterpreter(captured.graph, node_hook=self.policy.node_hook())
+        self._interpreter = GraphInterpreter(captured.graph)
         self._jitted = jax.jit(self.pure_step, donate_argnums=(0,))
 
     def pure_step(self, donated, kept, inputs, seed):

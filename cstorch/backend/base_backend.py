@@ -175,6 +175,8 @@ class BaseBackend:
         finally:
             self._recorder = None
             self._models_in_trace = None
+            for scaler in self.grad_scalers:
+                scaler._forget_traced_values()
 
     def forward(self, model, *args, **kwargs):
         if self._models_in_trace is not None:

@@ -211,11 +211,13 @@ class TracedStep:
 
         for hook in list(_trace_pre_hooks.values()):
             hook()
-        captured = capture_step(step, slots, [_metadata_twin(leaves[i]) for i in positions])
+        policy = impl.precision_policy()
+        captured = capture_step(step, slots, [_metadata_twin(leaves[i]) for i in positions],
+                                policy)
         for hook in list(_trace_post_hooks.values()):
             hook()
         self.trace_count += 1
-        program = Program(captured, policy=impl.precision_policy())
+        program = Program(captured, policy=policy)
         python_leaves = tuple(None if isinstance(x, torch.Tensor) else x for x in leaves)
         entry = _CompiledStep(captured, program, [(r.kind, r.fn) for r in records],
                               python_leaves)
