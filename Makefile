@@ -22,7 +22,7 @@ test: .venv
 	$(PY) -m pytest -q tests
 
 bench: .venv
-	$(PY) benchmarks/bench_engine.py
+	$(PY) benchmarks/bench_engine.py --precision fp32,bf16
 
 coverage: .venv
 	$(PY) tools/op_coverage.py
