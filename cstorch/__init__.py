@@ -19,6 +19,7 @@ from cstorch.backend import (  # noqa: E402
 )
 from cstorch.core.compile import compile, trace  # noqa: A004,E402
 from cstorch.core.device import device  # noqa: E402
+from cstorch.storage import load, save  # noqa: E402
 from cstorch.utils.data.data_executor import current_executor  # noqa: E402
 from cstorch.utils.step_closures import checkpoint_closure, step_closure  # noqa: E402
 
@@ -26,5 +27,5 @@ __version__ = "2.10.0"
 
 __all__ = [
     "amp", "backend", "checkpoint_closure", "compile", "current_backend", "current_executor",
-    "current_torch_device", "optim", "step_closure", "trace", "use_cs", "utils",
+    "current_torch_device", "load", "optim", "save", "step_closure", "trace", "use_cs", "utils",
 ]
