@@ -149,10 +149,16 @@ def _graph_targets(gm: torch.fx.GraphModule) -> list:
             if n.op == "call_function" and n.target is not operator.getitem]
 
 
-def _family_of_targets(targets) -> str | None:
+def _family_of_targets(targets, op_name: str = "") -> str | None:
+    """The family module of the graph op named like the OpInfo, else by FAMILY_PRIORITY."""
+    short = op_name.split(".")[-1] if op_name else ""
+    for t in targets:
+        if t is not None and short and has_lowering(t) and _op_short_name(t).lstrip("_") in (
+                short, f"{short}_forward", f"native_{short}"):
+            return lookup(t).fn.__module__.rsplit(".", 1)[-1]
     found = set()
     for t in targets:
-        if has_lowering(t):
+        if t is not None and has_lowering(t):
             module = lookup(t).fn.__module__
             found.add(module.rsplit(".", 1)[-1])
     for family in FAMILY_PRIORITY:
@@ -489,7 +495,7 @@ def run_op(op, max_samples) -> dict:
         targets.extend(record["ops"])
     fwd_targets = [t for t in targets]
     entry["family"] = _family_of_targets(
-        [_target_from_str(t) for t in sorted(set(fwd_targets))]) or _fallback_family(op)
+        [_target_from_str(t) for t in sorted(set(fwd_targets))], op.name) or _fallback_family(op)
     counted = [s for s in entry["samples"] if _counted(s)]
     if not counted:
         reasons = sorted({s.get("excluded") or s["forward"] for s in entry["samples"]})

@@ -154,3 +154,8 @@ def aten_eye(n, *, dtype=None, layout=None, device=None, pin_memory=None):
 @lowers(aten.eye.m)
 def aten_eye_m(n, m, *, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.eye(n, m, dtype=jax_dtype(dtype, _default_float()))
+
+
+@lowers(aten._efficientzerotensor.default)
+def aten_efficientzerotensor(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.zeros(tuple(size), jax_dtype(dtype, _default_float()))

@@ -82,6 +82,8 @@ def _scatter_indices(index, dim):
 def aten_gather(x, dim, index, *, sparse_grad=False):
     if x.ndim == 0:
         return x[()] if index.ndim == 0 else jnp.broadcast_to(x, index.shape)
+    if index.size == 0:  # torch skips the rank check for empty indices
+        return jnp.zeros(index.shape, x.dtype)
     axis = canon_dim(dim, x.ndim)
     return x[_scatter_indices(index, axis)]
 
@@ -152,7 +154,8 @@ def _highest(dtype):
 
 @lowers(aten.masked_scatter.default)
 def aten_masked_scatter(x, mask, source):
-    mask = jnp.broadcast_to(mask, x.shape)
+    shape = jnp.broadcast_shapes(x.shape, mask.shape)
+    x, mask = jnp.broadcast_to(x, shape), jnp.broadcast_to(mask, shape)
     position = jnp.cumsum(mask.reshape(-1).astype(jnp.int64)) - 1
     taken = source.reshape(-1)[jnp.clip(position, 0, max(source.size - 1, 0))]
     return jnp.where(mask, taken.reshape(x.shape).astype(x.dtype), x)
@@ -306,3 +309,71 @@ def aten_embedding_bag_per_sample_weights_backward(grad, weight, indices, offset
         member = member & (indices != padding_idx)
     dots = jnp.sum(grad[bag] * jnp.take(weight, indices, axis=0), axis=-1)
     return jnp.where(member, dots, jnp.zeros((), dots.dtype))
+
+
+# - func: index_reduce(Tensor self, int dim, Tensor index, Tensor source, str reduce, *,
+#   bool include_self=True) -> Tensor
+@lowers(aten.index_reduce.default)
+def aten_index_reduce(x, dim, index, source, reduce, *, include_self=True):
+    axis = canon_dim(dim, x.ndim)
+    moved = jnp.moveaxis(x, axis, 0) if x.ndim else x.reshape(1)
+    src = jnp.moveaxis(source, axis, 0) if source.ndim else source.reshape(1)
+    index = index.reshape(-1)
+    src = src.astype(x.dtype)
+    touched = jnp.zeros(moved.shape[:1], jnp.bool_).at[index].set(True)
+    touched = touched.reshape((-1,) + (1,) * (moved.ndim - 1))
+    if reduce == "mean":
+        base = moved if include_self else jnp.zeros_like(moved)
+        total = base.at[index].add(src)
+        count = jnp.zeros(moved.shape[:1], x.dtype).at[index].add(1)
+        count = (count + 1 if include_self else count).reshape(touched.shape)
+        count = jnp.maximum(count, 1)
+        mean = total / count if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.floor_divide(
+            total, count)
+        out = jnp.where(touched, mean.astype(x.dtype), moved)
+    else:
+        mode = {"prod": "multiply", "amax": "max", "amin": "min"}[reduce]
+        if include_self:
+            out = getattr(moved.at[index], mode)(src)
+        else:
+            identity = {"multiply": 1, "max": _lowest(x.dtype), "min": _highest(x.dtype)}[mode]
+            base = jnp.full(moved.shape, identity, x.dtype)
+            out = jnp.where(touched, getattr(base.at[index], mode)(src), moved)
+    return jnp.moveaxis(out, 0, axis) if x.ndim else out.reshape(())
+
+
+@lowers(aten.put.default)
+def aten_put(x, index, source, accumulate=False):
+    flat = x.reshape(-1)
+    index = index.reshape(-1)
+    index = jnp.where(index < 0, index + flat.shape[0], index)
+    values = source.reshape(-1).astype(x.dtype)
+    ref = flat.at[index]
+    return (ref.add(values) if accumulate else ref.set(values)).reshape(x.shape)
+
+
+# - func: masked_scatter_backward(Tensor grad_output, Tensor mask, SymInt[] sizes) -> Tensor
+@lowers(aten.masked_scatter_backward.default)
+def aten_masked_scatter_backward(grad_output, mask, sizes):
+    mask = jnp.broadcast_to(mask, grad_output.shape).reshape(-1)
+    numel = 1
+    for s in sizes:
+        numel *= int(s)
+    position = jnp.cumsum(mask.astype(jnp.int64)) - 1
+    # Positions past the source's size are dropped (mode="drop"), like torch's masked_select.
+    target = jnp.where(mask, position, numel)
+    grad = jnp.zeros((numel,), grad_output.dtype).at[target].add(
+        grad_output.reshape(-1), mode="drop")
+    return grad.reshape(tuple(sizes))
+
+
+# - func: nonzero_static(Tensor self, *, SymInt size, int fill_value=-1) -> Tensor
+@lowers(aten.nonzero_static.default)
+def aten_nonzero_static(x, *, size, fill_value=-1):
+    """The static-size nonzero: the first ``size`` coordinates, padded with fill_value."""
+    if x.ndim == 0:
+        x = x.reshape(1)
+        coords = jnp.nonzero(x, size=size, fill_value=fill_value)
+        return jnp.zeros((size, 0), jnp.int64)
+    coords = jnp.nonzero(x, size=size, fill_value=fill_value)
+    return jnp.stack(coords, axis=-1).astype(jnp.int64)

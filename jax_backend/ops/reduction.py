@@ -307,3 +307,146 @@ def aten_topk(x, k, dim=-1, largest=True, sorted=True):
         order = jnp.argsort(moved, axis=-1, stable=True)[..., :k]
         values, idx = jnp.take_along_axis(moved, order, axis=-1), order
     return jnp.moveaxis(values, -1, axis), jnp.moveaxis(idx.astype(jnp.int64), -1, axis)
+
+
+# ---------------------------------------------------------------------- order statistics
+def _sorted_with_nan_last(x, axis):
+    """Stable ascending sort along ``axis`` with NaN last; returns (values, indices)."""
+    idx = jnp.argsort(x, axis=axis, stable=True)
+    return jnp.take_along_axis(x, idx, axis=axis), idx.astype(jnp.int64)
+
+
+def _select_rank(x, dim, keepdim, rank_fn):
+    """Values and indices of the element of rank ``rank_fn(n, nan_count)`` along ``dim``."""
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    axis = canon_dim(dim, x.ndim)
+    values, idx = _sorted_with_nan_last(x, axis)
+    n = x.shape[axis]
+    nan_count = jnp.sum(jnp.isnan(x), axis=axis, keepdims=True) if jnp.issubdtype(
+        x.dtype, jnp.inexact) else jnp.zeros(x.shape[:axis] + (1,) + x.shape[axis + 1:], jnp.int64)
+    rank = jnp.clip(rank_fn(n, nan_count), 0, max(n - 1, 0)).astype(jnp.int64)
+    v = jnp.take_along_axis(values, rank, axis=axis)
+    i = jnp.take_along_axis(idx, rank, axis=axis)
+    if not keepdim:
+        v, i = jnp.squeeze(v, axis), jnp.squeeze(i, axis)
+    return v, i
+
+
+def _median_rank(n, nan_count):
+    # The lower median; with a NaN present torch returns NaN (the first NaN in sorted order).
+    return jnp.where(nan_count > 0, n - nan_count, (n - 1) // 2)
+
+
+def _nanmedian_rank(n, nan_count):
+    return jnp.where(nan_count == n, 0, (n - nan_count - 1) // 2)
+
+
+@lowers(aten.median.dim)
+def aten_median_dim(x, dim, keepdim=False):
+    return _select_rank(x, dim, keepdim, _median_rank)
+
+
+@lowers(aten.median.default)
+def aten_median(x):
+    return _select_rank(x.reshape(-1), 0, False, _median_rank)[0]
+
+
+@lowers(aten.nanmedian.dim)
+def aten_nanmedian_dim(x, dim, keepdim=False):
+    return _select_rank(x, dim, keepdim, _nanmedian_rank)
+
+
+@lowers(aten.nanmedian.default)
+def aten_nanmedian(x):
+    return _select_rank(x.reshape(-1), 0, False, _nanmedian_rank)[0]
+
+
+@lowers(aten.kthvalue.default)
+def aten_kthvalue(x, k, dim=-1, keepdim=False):
+    return _select_rank(x, dim, keepdim, lambda n, nan_count: jnp.full(nan_count.shape, k - 1))
+
+
+@lowers(aten.mode.default)
+def aten_mode(x, dim=-1, keepdim=False):
+    """The most frequent value (the smallest among ties) and its last index, as torch's CPU."""
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    axis = canon_dim(dim, x.ndim)
+    moved = jnp.moveaxis(x, axis, -1)
+    values, idx = _sorted_with_nan_last(moved, -1)
+    n = moved.shape[-1]
+    if n == 0:
+        shape = moved.shape[:-1]
+        return jnp.zeros(shape, x.dtype), jnp.zeros(shape, jnp.int64)
+    same = values[..., 1:] == values[..., :-1]
+    if jnp.issubdtype(values.dtype, jnp.inexact):
+        same = same | (jnp.isnan(values[..., 1:]) & jnp.isnan(values[..., :-1]))
+    # Run length ending at each position.
+    positions = jnp.arange(n)
+    starts = jnp.concatenate([jnp.ones(same.shape[:-1] + (1,), jnp.bool_), ~same], axis=-1)
+    run_start = lax.cummax(jnp.where(starts, positions, 0), axis=values.ndim - 1)
+    run_length = positions - run_start + 1
+    best = jnp.max(run_length, axis=-1, keepdims=True)
+    end = jnp.argmax(run_length == best, axis=-1)[..., None]  # first (smallest) value's run end
+    value = jnp.take_along_axis(values, end, axis=-1)[..., 0]
+    # Last original index holding that value.
+    match = moved == value[..., None]
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        match = match | (jnp.isnan(moved) & jnp.isnan(value)[..., None])
+    index = (n - 1 - jnp.argmax(jnp.flip(match, -1), axis=-1)).astype(jnp.int64)
+    del idx
+    if keepdim:
+        value, index = jnp.expand_dims(value, axis), jnp.expand_dims(index, axis)
+    return value, index
+
+
+# ------------------------------------------------------------------------------ searching
+def _searchsorted(sorted_sequence, values, right, side, sorter):
+    side = side or ("right" if right else "left")
+    if sorter is not None:
+        sorted_sequence = jnp.take_along_axis(sorted_sequence, sorter, axis=-1)
+    if sorted_sequence.ndim == 1:
+        return jnp.searchsorted(sorted_sequence, values, side=side)
+    flat_seq = sorted_sequence.reshape(-1, sorted_sequence.shape[-1])
+    flat_val = values.reshape(flat_seq.shape[0], -1)
+    out = jax.vmap(lambda s, v: jnp.searchsorted(s, v, side=side))(flat_seq, flat_val)
+    return out.reshape(values.shape)
+
+
+@lowers(aten.searchsorted.Tensor, aten.searchsorted.Scalar)
+def aten_searchsorted(sorted_sequence, values, *, out_int32=False, right=False, side=None,
+                      sorter=None):
+    values = jnp.asarray(values, sorted_sequence.dtype) if not hasattr(values, "dtype") else (
+        values.astype(jnp.promote_types(values.dtype, sorted_sequence.dtype)))
+    sorted_sequence = sorted_sequence.astype(values.dtype)
+    out = _searchsorted(sorted_sequence, values, right, side, sorter)
+    return out.astype(jnp.int32 if out_int32 else jnp.int64)
+
+
+@lowers(aten.bucketize.Tensor, aten.bucketize.Scalar)
+def aten_bucketize(x, boundaries, *, out_int32=False, right=False):
+    x = jnp.asarray(x)
+    dtype = jnp.promote_types(x.dtype, boundaries.dtype)
+    out = jnp.searchsorted(boundaries.astype(dtype), x.astype(dtype),
+                           side="right" if right else "left")
+    return out.astype(jnp.int32 if out_int32 else jnp.int64)
+
+
+@lowers(aten.histc.default)
+def aten_histc(x, bins=100, min=0, max=0):
+    """Bins span [min, max]; with min == max they span the data's range (static shape)."""
+    data = x.reshape(-1)
+    lo = jnp.asarray(min, x.dtype)
+    hi = jnp.asarray(max, x.dtype)
+    if min == max:
+        lo = jnp.min(data) if data.size else jnp.zeros((), x.dtype)
+        hi = jnp.max(data) if data.size else jnp.zeros((), x.dtype)
+    equal = lo == hi
+    lo = jnp.where(equal, lo - 1, lo)
+    hi = jnp.where(equal, hi + 1, hi)
+    inside = (data >= lo) & (data <= hi)
+    position = ((data - lo) * bins / (hi - lo)).astype(jnp.int64)
+    position = jnp.clip(position, 0, bins - 1)
+    counts = jnp.zeros((bins,), x.dtype).at[position].add(inside.astype(x.dtype))
+    return counts

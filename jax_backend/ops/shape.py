@@ -292,3 +292,22 @@ def aten_resolve_neg(x):
 @lowers(aten._neg_view.default, aten._neg_view_copy.default)
 def aten_neg_view(x):
     return jnp.negative(x)
+
+
+@lowers(aten.narrow_copy.default)
+def aten_narrow_copy(x, dim, start, length):
+    return aten_narrow(x, dim, start, length)
+
+
+# - func: resize(Tensor self, SymInt[] size, *, MemoryFormat? memory_format=None) -> Tensor
+@lowers(aten.resize.default)
+def aten_resize(x, size, *, memory_format=None):
+    """The functional resize: the first elements of the flat storage, zero-filled past its end
+    (torch leaves that memory uninitialised)."""
+    numel_out = numel(size)
+    flat = x.reshape(-1)
+    if numel_out <= flat.shape[0]:
+        flat = flat[:numel_out]
+    else:
+        flat = jnp.concatenate([flat, jnp.zeros((numel_out - flat.shape[0],), x.dtype)])
+    return flat.reshape(tuple(int(s) for s in size))
