@@ -93,6 +93,8 @@ def _scatter(x, dim, index, src, mode):
         x, index = x.reshape(1), index.reshape(1)
         src = jnp.asarray(src, x.dtype).reshape(-1)[:1] if jnp.ndim(src) else src
         return _scatter(x, 0, index, src, mode).reshape(())
+    if index.size == 0:
+        return x
     axis = canon_dim(dim, x.ndim)
     if jnp.ndim(src):
         src = src[tuple(slice(0, n) for n in index.shape)]

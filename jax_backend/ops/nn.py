@@ -417,73 +417,173 @@ def aten_adaptive_max_pool2d_backward(grad_output, x, indices):
 
 
 # -------------------------------------------------------------------------------- upsampling
+# Each mode is separable: one 1-D resampling per spatial axis, with torch's source-index rules
+# (area_pixel_compute_scale / _source_index in ATen's UpSample.h). Backward ops are the VJP of
+# the (linear) forward.
 def _output_size(x, nd, output_size, scale_factors):
     if output_size:
-        return tuple(output_size), [None] * nd
+        return tuple(int(s) for s in output_size), [None] * nd
     sizes = tuple(int(math.floor(s * f)) for s, f in zip(x.shape[-nd:], scale_factors))
     return sizes, list(scale_factors)
+
+
+def _pixel_scale(in_size, out_size, align_corners, scale):
+    if align_corners:
+        return (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
+    return (1.0 / scale) if scale is not None and scale > 0 else in_size / out_size
 
 
 def _nearest_source(in_size, out_size, scale, exact):
     ratio = (1.0 / scale) if scale else in_size / out_size
     offset = 0.5 if exact else 0.0
-    src = np.floor((np.arange(out_size) + offset) * ratio).astype(np.int64)
+    src = np.floor((np.arange(out_size) + offset) * np.float32(ratio)).astype(np.int64)
     return np.minimum(src, in_size - 1)
 
 
-def _upsample_nearest(x, output_size, scale_factors, nd, exact=False):
+def _resample_axis(x, dim, out_size, scale, kind, align_corners):
+    in_size = x.shape[dim]
+    if kind in ("nearest", "nearest-exact"):
+        return jnp.take(x, _nearest_source(in_size, out_size, scale, kind == "nearest-exact"),
+                        axis=dim)
+    ratio = _pixel_scale(in_size, out_size, align_corners, scale)
+    dst = np.arange(out_size, dtype=np.float64)
+    shape = [1] * x.ndim
+    shape[dim] = -1
+    if kind == "linear":
+        src = ratio * dst if align_corners else np.maximum(ratio * (dst + 0.5) - 0.5, 0.0)
+        lo = np.minimum(np.floor(src).astype(np.int64), in_size - 1)
+        hi = np.minimum(lo + 1, in_size - 1)
+        frac = jnp.asarray(src - lo, x.dtype).reshape(shape)
+        return jnp.take(x, lo, axis=dim) * (1 - frac) + jnp.take(x, hi, axis=dim) * frac
+    # cubic: no clamping of the source index; taps clamped to the edge.
+    src = ratio * dst if align_corners else ratio * (dst + 0.5) - 0.5
+    base = np.floor(src)
+    weights = _cubic_weights(src - base)
+    out = 0
+    for tap, w in enumerate(weights):
+        index = np.clip(base.astype(np.int64) - 1 + tap, 0, in_size - 1)
+        out = out + jnp.take(x, index, axis=dim) * jnp.asarray(w, x.dtype).reshape(shape)
+    return out
+
+
+def _aa_matrix(in_size, out_size, align_corners, scale, kind):
+    """Antialiased resampling weights (ATen's _compute_weights_aa), shape (out, in)."""
+    scale = _pixel_scale(in_size, out_size, align_corners, scale)
+    interp_size = 2 if kind == "linear" else 4
+    support = interp_size * 0.5 * (scale if scale >= 1.0 else 1.0)
+    invscale = 1.0 / scale if scale >= 1.0 else 1.0
+
+    def filter_fn(v):
+        v = abs(v)
+        if kind == "linear":
+            return max(0.0, 1.0 - v)
+        a = -0.5
+        if v < 1.0:
+            return ((a + 2) * v - (a + 3)) * v * v + 1
+        if v < 2.0:
+            return (((v - 5) * v + 8) * v - 4) * a
+        return 0.0
+
+    matrix = np.zeros((out_size, in_size), np.float64)
+    for i in range(out_size):
+        center = scale * (i + 0.5)
+        xmin = max(int(center - support + 0.5), 0)
+        xsize = min(int(center + support + 0.5), in_size) - xmin
+        w = np.array([filter_fn((j + xmin - center + 0.5) * invscale) for j in range(xsize)])
+        total = w.sum()
+        matrix[i, xmin:xmin + xsize] = w / total if total != 0 else w
+    return matrix
+
+
+def _upsample(x, nd, output_size, scale_factors, kind, align_corners=False, antialias=False):
     sizes, scales = _output_size(x, nd, output_size, scale_factors)
+    out = x.astype(_compute_dtype(x)) if kind not in ("nearest", "nearest-exact") else x
     for axis in range(nd):
         dim = x.ndim - nd + axis
-        x = jnp.take(x, _nearest_source(x.shape[dim], sizes[axis], scales[axis], exact), axis=dim)
-    return x
-
-
-@lowers(aten.upsample_nearest2d.vec)
-def aten_upsample_nearest2d(x, output_size, scale_factors):
-    return _upsample_nearest(x, output_size, scale_factors, 2)
-
-
-@lowers(aten.upsample_nearest1d.vec)
-def aten_upsample_nearest1d(x, output_size, scale_factors):
-    return _upsample_nearest(x, output_size, scale_factors, 1)
-
-
-@lowers(aten.upsample_nearest3d.vec)
-def aten_upsample_nearest3d(x, output_size, scale_factors):
-    return _upsample_nearest(x, output_size, scale_factors, 3)
-
-
-@lowers(aten._upsample_nearest_exact2d.vec)
-def aten_upsample_nearest_exact2d(x, output_size, scale_factors):
-    return _upsample_nearest(x, output_size, scale_factors, 2, exact=True)
-
-
-def _linear_weights(in_size, out_size, align_corners, scale):
-    if align_corners:
-        ratio = (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
-        src = np.arange(out_size) * ratio
-    else:
-        ratio = (1.0 / scale) if scale else in_size / out_size
-        src = np.maximum((np.arange(out_size) + 0.5) * ratio - 0.5, 0.0)
-    lo = np.minimum(np.floor(src).astype(np.int64), in_size - 1)
-    hi = np.minimum(lo + 1, in_size - 1)
-    frac = src - lo
-    return lo, hi, frac
-
-
-@lowers(aten.upsample_bilinear2d.vec)
-def aten_upsample_bilinear2d(x, output_size, align_corners, scale_factors):
-    sizes, scales = _output_size(x, 2, output_size, scale_factors)
-    out = x.astype(_compute_dtype(x))
-    for axis in range(2):
-        dim = x.ndim - 2 + axis
-        lo, hi, frac = _linear_weights(x.shape[dim], sizes[axis], align_corners, scales[axis])
-        shape = [1] * x.ndim
-        shape[dim] = -1
-        frac = jnp.asarray(frac, out.dtype).reshape(shape)
-        out = jnp.take(out, lo, axis=dim) * (1 - frac) + jnp.take(out, hi, axis=dim) * frac
+        if antialias:
+            m = jnp.asarray(_aa_matrix(x.shape[dim], sizes[axis], align_corners, scales[axis],
+                                       kind), out.dtype)
+            out = jnp.moveaxis(jnp.tensordot(out, m, axes=([dim], [1]),
+                                             precision=lax.Precision.HIGHEST), -1, dim)
+        else:
+            out = _resample_axis(out, dim, sizes[axis], scales[axis], kind, align_corners)
     return out.astype(x.dtype)
+
+
+def _scales_list(scales):
+    return [None if s is None else s for s in scales]
+
+
+def _register_upsample(name, nd, kind, has_align, antialias=False):
+    packet = getattr(aten, name)
+    backward = getattr(aten, f"{name}_backward")
+
+    if has_align:
+        def vec(x, output_size, align_corners, scale_factors):
+            return _upsample(x, nd, output_size, scale_factors, kind, align_corners, antialias)
+
+        def default(x, output_size, align_corners, *scales):
+            return _upsample(x, nd, output_size, None, kind, align_corners, antialias) if all(
+                s is None for s in scales) else _upsample_scaled(x, nd, output_size, scales, kind,
+                                                                 align_corners, antialias)
+
+        def grad(grad_output, output_size, input_size, align_corners, *scales):
+            return _upsample_vjp(grad_output, input_size, lambda x: default(
+                x, output_size, align_corners, *scales))
+    else:
+        def vec(x, output_size, scale_factors):
+            return _upsample(x, nd, output_size, scale_factors, kind)
+
+        def default(x, output_size, *scales):
+            return _upsample_scaled(x, nd, output_size, scales, kind, False, False)
+
+        def grad(grad_output, output_size, input_size, *scales):
+            return _upsample_vjp(grad_output, input_size, lambda x: default(x, output_size, *scales))
+
+    for fn, suffix in ((vec, "vec"), (default, "default"), (grad, "backward")):
+        fn.__name__ = f"aten_{name.lstrip('_')}_{suffix}"
+    lowers(packet.vec)(vec)
+    lowers(packet.default)(default)
+    lowers(backward.default)(grad)
+
+
+def _upsample_scaled(x, nd, output_size, scales, kind, align_corners, antialias):
+    """The .default overloads: explicit output size plus optional per-axis scales."""
+    scales = list(scales) + [None] * (nd - len(scales))
+    sizes = tuple(int(s) for s in output_size)
+    out = x.astype(_compute_dtype(x)) if kind not in ("nearest", "nearest-exact") else x
+    for axis in range(nd):
+        dim = x.ndim - nd + axis
+        if antialias:
+            m = jnp.asarray(_aa_matrix(x.shape[dim], sizes[axis], align_corners, scales[axis],
+                                       kind), out.dtype)
+            out = jnp.moveaxis(jnp.tensordot(out, m, axes=([dim], [1]),
+                                             precision=lax.Precision.HIGHEST), -1, dim)
+        else:
+            out = _resample_axis(out, dim, sizes[axis], scales[axis], kind, align_corners)
+    return out.astype(x.dtype)
+
+
+def _upsample_vjp(grad_output, input_size, forward):
+    zeros = jnp.zeros(tuple(int(s) for s in input_size), grad_output.dtype)
+    _, vjp = jax.vjp(forward, zeros)
+    return vjp(grad_output)[0]
+
+
+for _name, _nd, _kind, _align, _aa in [
+        ("upsample_nearest1d", 1, "nearest", False, False),
+        ("upsample_nearest2d", 2, "nearest", False, False),
+        ("upsample_nearest3d", 3, "nearest", False, False),
+        ("_upsample_nearest_exact1d", 1, "nearest-exact", False, False),
+        ("_upsample_nearest_exact2d", 2, "nearest-exact", False, False),
+        ("_upsample_nearest_exact3d", 3, "nearest-exact", False, False),
+        ("upsample_linear1d", 1, "linear", True, False),
+        ("upsample_bilinear2d", 2, "linear", True, False),
+        ("upsample_trilinear3d", 3, "linear", True, False),
+        ("upsample_bicubic2d", 2, "cubic", True, False),
+        ("_upsample_bilinear2d_aa", 2, "linear", True, True),
+        ("_upsample_bicubic2d_aa", 2, "cubic", True, True)]:
+    _register_upsample(_name, _nd, _kind, _align, _aa)
 
 
 # ----------------------------------------------------------------------------------- padding
