@@ -54,7 +54,10 @@ TENSORS = {
     "zero_d_int": torch.tensor(7),
     "empty": torch.zeros(0, 4),
     "non_contiguous": torch.arange(12.0).reshape(3, 4).t(),
-    "large": torch.randn(700, 600),  # several LZ4 chunks
+    "large": torch.randn(700, 600),  # LZ4 chunks, the last one partial
+    "many_chunks": torch.randn(64, 70000),  # read on several threads
+    "compressible": torch.zeros(700, 600),  # LZ4 really compresses: read through HDF5
+    "mixed": torch.cat([torch.zeros(400, 600), torch.randn(300, 600)]),
 }
 
 
