@@ -72,11 +72,18 @@ def tensor_to_numpy(tensor: torch.Tensor) -> np.ndarray:
     return tensor.numpy()
 
 
+def tensor_to_host(tensor: torch.Tensor) -> np.ndarray:
+    """A private numpy copy of a tensor, ready to be passed to a jitted function.
+
+    jit transfers numpy arguments itself, which is much cheaper than ``device_put``; the copy
+    makes that safe under asynchronous dispatch (later changes to the tensor cannot race)."""
+    to_jax_dtype(tensor.dtype)  # raises a clear error for unsupported dtypes
+    return np.array(tensor_to_numpy(tensor), copy=True)
+
+
 def tensor_to_array(tensor: torch.Tensor, device=None) -> jax.Array:
     """Copies a torch tensor into a new JAX array (never aliases torch memory)."""
-    to_jax_dtype(tensor.dtype)  # raises a clear error for unsupported dtypes
-    host = np.array(tensor_to_numpy(tensor), copy=True)
-    return jax.device_put(host, device)
+    return jax.device_put(tensor_to_host(tensor), device)
 
 
 def array_to_numpy(array) -> np.ndarray:

@@ -48,6 +48,14 @@ class BaseBackend:
         self._recorder = None  # closures recorded while tracing
         self._models_in_trace = None
         self._next_model_id = 0
+        self._state_epoch = 0  # bumped whenever the set of state tensors may have changed
+        self._state_view = None
+        self._registration_hooks = [
+            torch.nn.modules.module.register_module_parameter_registration_hook(
+                self._invalidate_state_view),
+            torch.nn.modules.module.register_module_buffer_registration_hook(
+                self._invalidate_state_view),
+        ]
 
     # ------------------------------------------------------------------ properties
     @property
@@ -89,6 +97,8 @@ class BaseBackend:
             self.models.append(model)
             for module in model.modules():
                 module.register_state_dict_pre_hook(self._state_dict_pre_hook)
+            model.register_load_state_dict_post_hook(self._invalidate_state_view)
+            self._invalidate_state_view()
         self._wrap_train(model)
         model_id = self._next_model_id
         self._next_model_id += 1
@@ -112,8 +122,12 @@ class BaseBackend:
 
     def register_optimizer(self, optimizer) -> None:
         self.optimizer_registry.append(optimizer)
+        # load_state_dict replaces the optimizer's state dicts wholesale.
+        optimizer.register_load_state_dict_post_hook(self._invalidate_state_view)
+        self._invalidate_state_view()
 
     def setup_scheduler(self, scheduler) -> None:
+        self._invalidate_state_view()
         if scheduler not in self.schedulers:
             self.schedulers.append(scheduler)
         scheduler.optimizer._schedulers_registry[scheduler] = None
@@ -122,12 +136,15 @@ class BaseBackend:
 
     def setup_grad_scaler(self, scaler) -> None:
         self.grad_scalers.append(scaler)
+        self._invalidate_state_view()
 
     def register_metric(self, metric) -> None:
         self.metrics.append(metric)
+        self._invalidate_state_view()
 
     def register_stateful(self, obj) -> None:
         self.stateful_objects.append(obj)
+        self._invalidate_state_view()
 
     # ------------------------------------------------------------------ state
     def state_slots(self) -> list[Slot]:
@@ -148,6 +165,22 @@ class BaseBackend:
         for obj in self.schedulers + self.grad_scalers + self.metrics + self.stateful_objects:
             slots += obj._cstorch_state_slots()
         return slots
+
+    def _invalidate_state_view(self, *args, **kwargs):
+        self._state_epoch += 1
+
+    def state_view(self) -> "StateView":
+        """The current state slots and unique state tensors, recollected only when needed.
+
+        The cached view stays valid while no stateful object was registered or loaded (the
+        epoch) and every slot still holds the tensor it held (catches rebinding)."""
+        view = self._state_view
+        if view is None or view.epoch != self._state_epoch or not view.still_holds():
+            slots = self.state_slots()
+            view = StateView(self._state_epoch, slots)
+            self.device_state.retain(view.tensors)
+            self._state_view = view
+        return view
 
     def materialize_state(self) -> None:
         """Brings every torch state tensor up to date with its device value."""
@@ -231,6 +264,28 @@ class BaseBackend:
         return contextlib.nullcontext()
 
     def shutdown(self) -> None:
-        """Releases device state (used when a test tears the backend down)."""
+        """Releases device state and global hooks (used when a test tears the backend down)."""
+        for handle in self._registration_hooks:
+            handle.remove()
         self.device_state = DeviceState(self.jax_devices[0])
+
+
+class StateView:
+    """A snapshot of where the state lives: slots, the tensors they hold, unique tensors."""
+
+    def __init__(self, epoch: int, slots: list):
+        self.epoch = epoch
+        self.slots = slots
+        self.held = [slot.get() for slot in slots]
+        seen, tensors = set(), []
+        for tensor in self.held:
+            if id(tensor) not in seen:
+                seen.add(id(tensor))
+                tensors.append(tensor)
+        self.tensors = tensors
+        self.avals = tuple((tuple(t.shape), t.dtype) for t in tensors)
+
+    def still_holds(self) -> bool:
+        return all(slot.container.get(slot.key) is tensor
+                   for slot, tensor in zip(self.slots, self.held))
 

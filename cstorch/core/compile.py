@@ -21,7 +21,7 @@ from torch.utils.hooks import RemovableHandle
 
 import jax_backend
 from jax_backend import LazyTensor, Program, capture_step
-from jax_backend.dtypes import tensor_to_array
+from jax_backend.dtypes import tensor_to_host
 from cstorch.backend import Backend, BackendType, backend as _backend_fn, current_backend_impl
 
 _trace_pre_hooks: dict = {}
@@ -121,28 +121,17 @@ class _CompiledStep:
     python_leaves: tuple  # the non-tensor arguments the graph was traced with
 
 
-def _signature(leaves, spec, impl, state):
+def _signature(leaves, spec, impl, view):
     tensors = tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else None
                     for x in leaves)
-    state_avals = tuple((tuple(t.shape), t.dtype) for t in state)
-    return (str(spec), tensors, state_avals, impl.mode_version, torch.is_grad_enabled(),
+    return (spec, tensors, view.avals, impl.mode_version, torch.is_grad_enabled(),
             impl.precision_policy())
 
 
-def _unique(slots):
-    seen, out = set(), []
-    for slot in slots:
-        tensor = slot.get()
-        if id(tensor) not in seen:
-            seen.add(id(tensor))
-            out.append(tensor)
-    return out
-
-
-def _input_array(tensor, device):
+def _input_array(tensor):
     if isinstance(tensor, LazyTensor):
         return tensor.jax_array
-    return tensor_to_array(tensor, device)
+    return tensor_to_host(tensor)
 
 
 def _metadata_twin(tensor):
@@ -171,16 +160,14 @@ class TracedStep:
         if impl.is_tracing:  # a traced step called from inside another: inline it
             return self.step_fn(*args, **kwargs)
         leaves, spec = pytree.tree_flatten((args, kwargs))
-        slots = impl.state_slots()
-        state = _unique(slots)
-        impl.device_state.retain(state)
-        key = _signature(leaves, spec, impl, state)
+        view = impl.state_view()
+        key = _signature(leaves, spec, impl, view)
         entry = self._programs.get(key)
         if entry is None:
-            entry = self._compile(impl, key, leaves, spec, slots)
+            entry = self._compile(impl, key, leaves, spec, view.slots)
         else:
             self._check_frozen(entry, leaves)
-        return self._run(impl, entry, leaves, state)
+        return self._run(impl, entry, leaves, view.tensors)
 
     # ---------------------------------------------------------------------------- compile
     def _compile(self, impl, key, leaves, spec, slots) -> _CompiledStep:
@@ -248,9 +235,8 @@ class TracedStep:
     def _run(self, impl, entry: _CompiledStep, leaves, state):
         captured, program = entry.captured, entry.program
         used = [state[i] for i in captured.used_state]
-        device = impl.device_state.device
         arrays = impl.device_state.arrays(used)
-        inputs = [_input_array(x, device) for x in leaves if isinstance(x, torch.Tensor)]
+        inputs = [_input_array(x) for x in leaves if isinstance(x, torch.Tensor)]
         seed = impl.draw_seed() if program.uses_rng else 0
         new_state, outputs = program(arrays, inputs, seed)
         impl.device_state.update([state[i] for i in captured.written_state], new_state)
@@ -273,7 +259,7 @@ class TracedStep:
 
     def _example_arguments(self, entry):
         impl = current_backend_impl()
-        state = _unique(impl.state_slots())
+        state = impl.state_view().tensors
         used = impl.device_state.arrays([state[i] for i in entry.captured.used_state])
         return used, entry.program.input_specs(), 0
 
