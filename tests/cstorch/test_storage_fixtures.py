@@ -137,3 +137,52 @@ def test_resaving_kinds_reproduces_reference_metadata(tmp_path):
                 assert type(a) is type(b) and getattr(a, "dtype", None) == getattr(b, "dtype", None)
                 assert np.array_equal(a, b), (key, name)
             assert np.array_equal(ref[key][...], ours[key][...])
+
+
+def _nested_spec(key, inner_leaves):
+    leaf = {"type": None, "context": None, "children_spec": []}
+    inner = {"type": "collections.namedtuple", "context": "NestedObject",
+             "children_spec": [dict(leaf) for _ in range(2)]}
+    if inner_leaves == 3:  # NestedObject(NestedObject(object, metadata), metadata)
+        inner = {"type": "collections.namedtuple", "context": "NestedObject",
+                 "children_spec": [inner, dict(leaf)]}
+    return json.dumps([1, {"type": "builtins.dict", "context": json.dumps([key]), "children_spec": [inner]}])
+
+
+def write_csx_style(path, other):
+    """Entries only the wafer writes: a DeferredFullTensor and an external DeferredObject link."""
+    tensor_md = {"__TORCH__": True, "shapes": [[2, 2]], "dtypes": ["torch.float32"],
+                 "rtfx_dtypes": [11], "__TYPE__": "TorchTensorSerializer"}
+    entries = {
+        "full": {"__spec__": [{"full": "*"}, _nested_spec("full", 2)], "__objects__": ["full.0"],
+                 "full.0.__metadata__": {"shape": [2, 2], "dtype": "torch.float32", "fill_value": 3.0,
+                                         "__TYPE__": "DeferredFullTensor", "__NONE__": True},
+                 "full.1.__metadata__": tensor_md},
+        "link": {"__spec__": [{"link": "*"}, _nested_spec("link", 3)], "__objects__": ["link.0.0"],
+                 "link.0.0.__metadata__": {"deferred_object_cls": "DeferredObject", "path": str(other),
+                                           "key": "w", "index": 0, "metadata": {},
+                                           "__TYPE__": "DeferredObject", "__NONE__": True},
+                 "link.0.1.__metadata__": {"shapes": [[2, 2]], "dtypes": ["torch.float32"],
+                                           "__TYPE__": "DeferredTorchTensor"},
+                 "link.1.__metadata__": tensor_md},
+    }
+    spec = json.dumps([1, {"type": "builtins.dict", "context": json.dumps(list(entries)), "children_spec": [
+        {"type": None, "context": None, "children_spec": []} for _ in entries]}])
+    with h5py.File(path, "w") as f:
+        f.attrs["__spec__"] = json.dumps([{k: "*" for k in entries}, spec], indent=4)
+        f.attrs["__version__"] = 0.5
+        f.attrs["__cstorch_version__"] = "2.10.0"
+        for key, md in entries.items():
+            f.attrs[f"{key}.__metadata__"] = json.dumps(md, indent=4)
+        f.attrs["__SUCCESS__"] = True
+
+
+def test_csx_nested_entries(tmp_path):
+    other = tmp_path / "other.mdl"
+    storage.save({"w": torch.arange(4.0).reshape(2, 2)}, other)
+    path = tmp_path / "csx.mdl"
+    write_csx_style(path, other)
+    out = storage.load(path)
+    assert torch.equal(out["full"], torch.full((2, 2), 3.0))
+    assert isinstance(out["link"], DeferredTorchTensor)
+    assert torch.equal(out["link"], torch.arange(4.0).reshape(2, 2))
