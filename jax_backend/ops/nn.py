@@ -591,7 +591,10 @@ def _pad(x, pad, mode):
     nd = len(pad) // 2
     widths = [(0, 0)] * (x.ndim - nd) + [(pad[2 * (nd - 1 - i)], pad[2 * (nd - 1 - i) + 1])
                                          for i in range(nd)]
-    return jnp.pad(x, widths, mode=mode)
+    # Negative widths crop (torch allows them for replication padding).
+    crop = tuple(slice(max(-lo, 0), x.shape[i] - max(-hi, 0)) for i, (lo, hi) in enumerate(widths))
+    x = x[crop]
+    return jnp.pad(x, [(max(lo, 0), max(hi, 0)) for lo, hi in widths], mode=mode)
 
 
 for _name, _mode in [("reflection_pad1d", "reflect"), ("reflection_pad2d", "reflect"),
@@ -802,3 +805,320 @@ def aten_native_group_norm_backward(grad_out, x, mean, rstd, weight, n, c, hxw, 
     grad_w = jnp.sum(g * xhat, axes).astype(x.dtype) if output_mask[1] else None
     grad_b = jnp.sum(g, axes).astype(x.dtype) if output_mask[2] else None
     return grad_x, grad_w, grad_b
+
+
+# ---------------------------------------------------------------- batch norm (update variants)
+# - func: _batch_norm_with_update_functional(Tensor input, Tensor? weight, Tensor? bias,
+#   Tensor running_mean, Tensor running_var, float momentum, float eps)
+#   -> (Tensor, Tensor, Tensor, Tensor, Tensor running_mean_out, Tensor running_var_out)
+@lowers(aten._batch_norm_with_update_functional.default)
+def aten_batch_norm_with_update_functional(x, weight, bias, running_mean, running_var, momentum,
+                                           eps):
+    out, mean, rstd, var = _batch_norm_train(x, weight, bias, eps)
+    new_mean, new_var = _updated_running_stats(x, mean, var, running_mean, running_var, momentum)
+    reserve = jnp.zeros((0,), jnp.uint8)
+    return out, mean, rstd, reserve, new_mean, new_var
+
+
+@lowers(aten._batch_norm_no_update.default)
+def aten_batch_norm_no_update(x, weight, bias, running_mean, running_var, momentum, eps):
+    empty = jnp.zeros((0,), x.dtype)
+    if running_mean is None:
+        out, mean, rstd, _ = _batch_norm_train(x, weight, bias, eps)
+        return out, mean, rstd, jnp.zeros((0,), jnp.uint8)
+    out = _batch_norm_eval(x, weight, bias, running_mean, running_var, eps)
+    return out, empty, empty, jnp.zeros((0,), jnp.uint8)
+
+
+def _batch_norm_grads(grad_out, x, weight, mean, invstd, train, output_mask):
+    axes = (0,) + tuple(range(2, x.ndim))
+    shape = _channel_shape(x)
+    xc = x.astype(_compute_dtype(x))
+    g = grad_out.astype(xc.dtype)
+    xhat = (xc - mean.reshape(shape)) * invstd.reshape(shape)
+    w = jnp.ones((), xc.dtype) if weight is None else weight.reshape(shape).astype(xc.dtype)
+    grad_x = None
+    if output_mask[0]:
+        if train:
+            n = x.size // x.shape[1]
+            sum_g = jnp.sum(g, axes, keepdims=True)
+            sum_gx = jnp.sum(g * xhat, axes, keepdims=True)
+            grad_x = w * invstd.reshape(shape) / n * (n * g - sum_g - xhat * sum_gx)
+        else:
+            grad_x = g * w * invstd.reshape(shape)
+        grad_x = grad_x.astype(x.dtype)
+    grad_w = jnp.sum(g * xhat, axes).astype(x.dtype) if output_mask[1] else None
+    grad_b = jnp.sum(g, axes).astype(x.dtype) if output_mask[2] else None
+    return grad_x, grad_w, grad_b
+
+
+# - func: native_batch_norm_backward(Tensor grad_out, Tensor input, Tensor? weight,
+#   Tensor? running_mean, Tensor? running_var, Tensor? save_mean, Tensor? save_invstd,
+#   bool train, float eps, bool[3] output_mask) -> (Tensor, Tensor, Tensor)
+@lowers(aten.native_batch_norm_backward.default)
+def aten_native_batch_norm_backward(grad_out, x, weight, running_mean, running_var, save_mean,
+                                    save_invstd, train, eps, output_mask):
+    if train:
+        return _batch_norm_grads(grad_out, x, weight, save_mean, save_invstd, True, output_mask)
+    invstd = lax.rsqrt(running_var.astype(_compute_dtype(x)) + eps)
+    return _batch_norm_grads(grad_out, x, weight, running_mean, invstd, False, output_mask)
+
+
+@lowers(aten.batch_norm_backward.default)
+def aten_batch_norm_backward(grad_out, x, weight, running_mean, running_var, save_mean, save_var,
+                             update, eps, output_mask, reserve):
+    train = update or running_mean is None
+    return aten_native_batch_norm_backward(grad_out, x, weight, running_mean, running_var,
+                                           save_mean, save_var, train, eps, output_mask)
+
+
+# ------------------------------------------------------------------------------ misc layers
+# - func: _trilinear(Tensor i1, Tensor i2, Tensor i3, int[] expand1, int[] expand2,
+#   int[] expand3, int[] sumdim, int unroll_dim=1) -> Tensor
+@lowers(aten._trilinear.default)
+def aten_trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    """The product of the three inputs (unsqueezed at their expand dims), summed over sumdim;
+    summed dims stay as size 1."""
+    i1, i2, i3 = promote(i1, i2, i3)
+    total = i1.ndim + len(expand1)
+    letters = "abcdefghijklmnopqrstuvwxyz"[:total]
+    subs = []
+    for expand in (expand1, expand2, expand3):
+        subs.append("".join(letters[d] for d in range(total) if d not in set(expand)))
+    keep = [d for d in range(total) if d not in set(sumdim)]
+    out = jnp.einsum(f"{subs[0]},{subs[1]},{subs[2]}->{''.join(letters[d] for d in keep)}",
+                     i1, i2, i3, precision=dot_precision(i1, i2, i3))
+    shape = []
+    operands = [(i1, set(expand1)), (i2, set(expand2)), (i3, set(expand3))]
+    for d in range(total):
+        if d in set(sumdim):
+            shape.append(1)
+            continue
+        size = 1
+        for arr, expand in operands:
+            if d not in expand:
+                size = arr.shape[[e for e in range(total) if e not in expand].index(d)]
+        shape.append(size)
+    return out.reshape([n for d, n in enumerate(shape) if d not in set(sumdim)]).astype(i1.dtype)
+
+
+@lowers(aten.dist.default)
+def aten_dist(x, other, p=2):
+    x, other = promote(x, other)
+    diff = jnp.abs(x - other).reshape(-1)
+    if p == 0:
+        return jnp.sum((diff != 0).astype(x.dtype))
+    if p == float("inf"):
+        return jnp.max(diff) if diff.size else jnp.zeros((), x.dtype)
+    if p == float("-inf"):
+        return jnp.min(diff) if diff.size else jnp.zeros((), x.dtype)
+    if p == 1:
+        return jnp.sum(diff)
+    if p == 2:
+        return jnp.sqrt(jnp.sum(diff * diff))
+    return jnp.sum(diff**p) ** (1.0 / p)
+
+
+# -------------------------------------------------------------------- adaptive max pooling
+def _adaptive_max_pool(x, output_size, nd):
+    output_size = _tuple(output_size, nd)
+    spatial = x.shape[-nd:]
+    bounds = [[((i * n) // o, -(-((i + 1) * n) // o)) for i in range(o)]
+              for n, o in zip(spatial, output_size)]
+    values, indices = [], []
+    for cell in np.ndindex(*output_size):
+        window = x[(Ellipsis,) + tuple(slice(*bounds[a][c]) for a, c in enumerate(cell))]
+        wshape = window.shape[-nd:]
+        flat = window.reshape(x.shape[:-nd] + (-1,))
+        if jnp.issubdtype(x.dtype, jnp.inexact):  # NaN wins, as in torch
+            k = jnp.argmax(jnp.where(jnp.any(jnp.isnan(flat), -1, keepdims=True),
+                                     jnp.isnan(flat), flat == jnp.max(flat, -1, keepdims=True)), -1)
+        else:
+            k = jnp.argmax(flat, axis=-1)
+        values.append(jnp.take_along_axis(flat, k[..., None], -1)[..., 0])
+        index = jnp.zeros(k.shape, jnp.int64)
+        rest = k
+        coords = []
+        for a in reversed(range(nd)):
+            coords.append(rest % wshape[a] + bounds[a][cell[a]][0])
+            rest = rest // wshape[a]
+        for a, coord in enumerate(reversed(coords)):
+            index = index * spatial[a] + coord
+        indices.append(index)
+    shape = x.shape[:-nd] + tuple(output_size)
+    return (jnp.stack(values, -1).reshape(shape),
+            jnp.stack(indices, -1).reshape(shape).astype(jnp.int64))
+
+
+@lowers(aten.adaptive_max_pool3d.default)
+def aten_adaptive_max_pool3d(x, output_size):
+    return _adaptive_max_pool(x, output_size, 3)
+
+
+@lowers(aten.adaptive_max_pool3d_backward.default)
+def aten_adaptive_max_pool3d_backward(grad_output, x, indices):
+    return _max_pool_backward(grad_output, x, indices, 3)
+
+
+# ---------------------------------------------------------------------- fractional max pooling
+def _fractional_starts(samples, in_size, out_size, kernel):
+    """ATen's generate_intervals: start offsets (.., out) from per-plane samples (..,)."""
+    if out_size == 1:
+        return jnp.full(samples.shape + (1,), in_size - kernel, jnp.int64)
+    alpha = (in_size - kernel) / (out_size - 1)
+    i = jnp.arange(out_size - 1, dtype=samples.dtype)
+    starts = (jnp.floor((i + samples[..., None]) * alpha) - jnp.floor(samples[..., None] * alpha))
+    starts = starts.astype(jnp.int64)
+    last = jnp.full(samples.shape + (1,), in_size - kernel, jnp.int64)
+    return jnp.concatenate([starts, last], axis=-1)
+
+
+def _fractional_max_pool(x, kernel_size, output_size, samples, nd):
+    kernel = _tuple(kernel_size, nd)
+    output_size = _tuple(output_size, nd)
+    unbatched = x.ndim == nd + 1
+    if unbatched:
+        x, samples = x[None], samples
+    spatial = x.shape[-nd:]
+    # samples: (N, C, nd), the last entry is the first spatial dim's... ATen uses [.., 0] for
+    # width and [.., 1] for height (2-D); [.., 0] time? see below.
+    samples = samples.astype(x.dtype)
+    starts = []
+    for a in range(nd):
+        sample = samples[..., nd - 1 - a]
+        starts.append(_fractional_starts(sample, spatial[a], output_size[a], kernel[a]))
+    # Gather every kernel offset and take the max (first max wins, NaN wins).
+    best_v, best_i = None, None
+    for offset in np.ndindex(*kernel):
+        coords = []
+        for a in range(nd):
+            c = starts[a] + offset[a]  # (N, C, out_a)
+            shape = c.shape[:2] + tuple(output_size[b] if b == a else 1 for b in range(nd))
+            coords.append(c.reshape(shape))
+        flat_index = jnp.zeros(x.shape[:2] + tuple(output_size), jnp.int64)
+        for a in range(nd):
+            flat_index = flat_index * spatial[a] + coords[a]
+        plane = x.reshape(x.shape[:2] + (-1,))
+        v = jnp.take_along_axis(plane, flat_index.reshape(x.shape[:2] + (-1,)), -1).reshape(
+            flat_index.shape)
+        if best_v is None:
+            best_v, best_i = v, flat_index
+        else:
+            better = (v > best_v) | (jnp.isnan(v) & ~jnp.isnan(best_v)) if jnp.issubdtype(
+                x.dtype, jnp.inexact) else v > best_v
+            best_v = jnp.where(better, v, best_v)
+            best_i = jnp.where(better, flat_index, best_i)
+    if unbatched:
+        best_v, best_i = best_v[0], best_i[0]
+    return best_v, best_i
+
+
+@lowers(aten.fractional_max_pool2d.default)
+def aten_fractional_max_pool2d(x, kernel_size, output_size, random_samples):
+    return _fractional_max_pool(x, kernel_size, output_size, random_samples, 2)
+
+
+@lowers(aten.fractional_max_pool3d.default)
+def aten_fractional_max_pool3d(x, kernel_size, output_size, random_samples):
+    return _fractional_max_pool(x, kernel_size, output_size, random_samples, 3)
+
+
+@lowers(aten.fractional_max_pool2d_backward.default)
+def aten_fractional_max_pool2d_backward(grad_output, x, kernel_size, output_size, indices):
+    return _max_pool_backward(grad_output, x, indices, 2)
+
+
+@lowers(aten.fractional_max_pool3d_backward.default)
+def aten_fractional_max_pool3d_backward(grad_output, x, kernel_size, output_size, indices):
+    return _max_pool_backward(grad_output, x, indices, 3)
+
+
+# ------------------------------------------------------------------------ padding backward
+def _register_pad_backward(name, mode):
+    def lowering(grad_output, x, padding):
+        _, vjp = jax.vjp(lambda x_: _pad(x_, padding, mode), x)
+        return vjp(grad_output.astype(x.dtype))[0]
+
+    lowering.__name__ = f"aten_{name}_backward"
+    lowers(getattr(aten, f"{name}_backward").default)(lowering)
+
+
+for _name, _mode in [("reflection_pad1d", "reflect"), ("reflection_pad2d", "reflect"),
+                     ("reflection_pad3d", "reflect"), ("replication_pad1d", "edge"),
+                     ("replication_pad2d", "edge"), ("replication_pad3d", "edge")]:
+    _register_pad_backward(_name, _mode)
+
+
+# ----------------------------------------------------------------------- loss backward ops
+def _reduce_loss(loss, reduction):
+    if reduction == 1:
+        return jnp.mean(loss)
+    if reduction == 2:
+        return jnp.sum(loss)
+    return loss
+
+
+def _multi_margin_loss(x, target, p, margin, weight, reduction):
+    unbatched = x.ndim <= 1
+    if unbatched:
+        x, target = x.reshape(1, -1), target.reshape(1)
+    c = x.shape[1]
+    picked = jnp.take_along_axis(x, target[:, None], axis=1)
+    terms = jnp.maximum(margin - picked + x, 0)
+    if p == 2:
+        terms = terms * terms
+    if weight is not None:
+        terms = terms * weight[target][:, None]
+    terms = jnp.where(jnp.arange(c)[None, :] == target[:, None], 0, terms)
+    loss = jnp.sum(terms, axis=1) / c
+    if unbatched:
+        loss = loss[0]
+    return _reduce_loss(loss, reduction)
+
+
+# - func: multi_margin_loss_backward(Tensor grad_output, Tensor self, Tensor target, Scalar p,
+#   Scalar margin, Tensor? weight=None, int reduction=Mean) -> Tensor
+@lowers(aten.multi_margin_loss_backward.default)
+def aten_multi_margin_loss_backward(grad_output, x, target, p, margin, weight=None, reduction=1):
+    _, vjp = jax.vjp(lambda x_: _multi_margin_loss(x_, target, p, margin, weight, reduction), x)
+    return vjp(grad_output.astype(x.dtype))[0]
+
+
+def _multilabel_margin_loss(x, target, is_target, reduction):
+    unbatched = x.ndim <= 1
+    shape = x.shape
+    if unbatched:
+        x, target, is_target = (x.reshape(1, -1), target.reshape(1, -1),
+                                is_target.reshape(1, -1))
+    c = x.shape[1]
+    # Targets are the entries before the first -1.
+    valid = jnp.cumprod((target >= 0).astype(jnp.int32), axis=1).astype(jnp.bool_)
+    picked = jnp.take_along_axis(x, jnp.clip(target, 0, c - 1), axis=1)  # (N, C)
+    hinge = jnp.maximum(1 - picked[:, :, None] + x[:, None, :], 0)  # (N, target slot, class)
+    mask = valid[:, :, None] & (is_target[:, None, :] == 0)
+    loss = jnp.sum(jnp.where(mask, hinge, 0), axis=(1, 2)) / c
+    if unbatched:
+        loss = loss[0]
+    del shape
+    return _reduce_loss(loss, reduction)
+
+
+# - func: multilabel_margin_loss_backward(Tensor grad_output, Tensor self, Tensor target,
+#   int reduction, Tensor is_target) -> Tensor
+@lowers(aten.multilabel_margin_loss_backward.default)
+def aten_multilabel_margin_loss_backward(grad_output, x, target, reduction, is_target):
+    _, vjp = jax.vjp(lambda x_: _multilabel_margin_loss(x_, target, is_target, reduction), x)
+    return vjp(grad_output.astype(x.dtype))[0]
+
+
+@lowers(aten.multilabel_margin_loss_forward.default)
+def aten_multilabel_margin_loss_forward(x, target, reduction):
+    unbatched = x.ndim == 1
+    t = target[None] if unbatched else target
+    c = x.shape[-1]
+    valid = jnp.cumprod((t >= 0).astype(jnp.int32), axis=1).astype(jnp.bool_)
+    is_target = jnp.zeros(t.shape, x.dtype).at[
+        jnp.arange(t.shape[0])[:, None], jnp.where(valid, t, c)].set(1, mode="drop")
+    if unbatched:
+        is_target = is_target[0]
+    return _multilabel_margin_loss(x, target, is_target, reduction), is_target

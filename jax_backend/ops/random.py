@@ -168,3 +168,46 @@ def aten_multinomial(probs, num_samples, replacement=False, *, generator=None, k
     gumbel = jax.random.gumbel(key, logits.shape, jnp.float32)
     _, idx = jax.lax.top_k(logits + gumbel, num_samples)
     return idx.astype(jnp.int64)
+
+
+@lowers(aten.cauchy.default, random=True)
+def aten_cauchy(x, median=0.0, sigma=1.0, *, generator=None, key):
+    u = _uniform(key, x.shape, jnp.promote_types(x.dtype, jnp.float32))
+    return (median + sigma * jnp.tan(jnp.pi * (u - 0.5))).astype(x.dtype)
+
+
+@lowers(aten.log_normal.default, random=True)
+def aten_log_normal(x, mean=1.0, std=2.0, *, generator=None, key):
+    z = _normal(key, x.shape, jnp.promote_types(x.dtype, jnp.float32))
+    return jnp.exp(z * std + mean).astype(x.dtype)
+
+
+@lowers(aten.geometric.default, random=True)
+def aten_geometric(x, p, *, generator=None, key):
+    """The number of Bernoulli(p) trials up to the first success (support 1, 2, ...)."""
+    u = jax.random.uniform(key, x.shape, jnp.float32, minval=jnp.finfo(jnp.float32).tiny)
+    return jnp.ceil(jnp.log(u) / jnp.log1p(-p)).astype(x.dtype)
+
+
+# - func: rrelu_with_noise_functional(Tensor self, Tensor noise, Scalar lower=0.125,
+#   Scalar upper=0.3333333333333333, bool training=False, Generator? generator=None)
+#   -> (Tensor, Tensor noise_out)
+@lowers(aten.rrelu_with_noise_functional.default, random=True)
+def aten_rrelu_with_noise_functional(x, noise, lower=0.125, upper=1.0 / 3.0, training=False,
+                                     generator=None, *, key):
+    if not training:
+        slope = (lower + upper) / 2
+        return jnp.where(x >= 0, x, x * slope).astype(x.dtype), noise
+    slope = _uniform(key, x.shape, x.dtype, lower, upper)
+    negative = x < 0
+    out = jnp.where(negative, x * slope, x).astype(x.dtype)
+    new_noise = jnp.where(negative, slope, jnp.ones((), x.dtype)).astype(noise.dtype)
+    return out, new_noise
+
+
+@lowers(aten.rrelu_with_noise_backward.default)
+def aten_rrelu_with_noise_backward(grad_output, x, noise, lower, upper, training, self_is_result):
+    if training and upper - lower > 1e-6:
+        return (grad_output * noise).astype(grad_output.dtype)
+    slope = (lower + upper) / 2
+    return jnp.where(x > 0, grad_output, grad_output * slope).astype(grad_output.dtype)
