@@ -10,6 +10,7 @@ recompile).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import warnings
@@ -24,8 +25,9 @@ from jax_backend import LazyTensor, Program, capture_step
 from jax_backend.dtypes import tensor_to_host
 from cstorch.backend import Backend, BackendType, backend as _backend_fn, current_backend_impl
 
-_trace_pre_hooks: dict = {}
-_trace_post_hooks: dict = {}
+# OrderedDicts: RemovableHandle keeps a weak reference to its dict (a plain dict has none).
+_trace_pre_hooks: dict = collections.OrderedDict()
+_trace_post_hooks: dict = collections.OrderedDict()
 
 
 class RecompilationWarning(UserWarning):
