@@ -13,6 +13,7 @@ import functools
 import json
 from typing import List
 
+import jax
 import jax.numpy as jnp
 import torch
 
@@ -41,14 +42,38 @@ def _state_keys(name, static_json, dynamic_names):
     return tuple(optimizers.init_state(name, hyper, [jnp.zeros(())]).keys())
 
 
+def optimizer_state_layout(name: str, static_hyperparams: dict, dynamic_names, params):
+    """``(fields, keys_per_param)``: the update rule's state fields in order (the order of
+    ``optimizer_step``'s state leaves) and the torch state keys of each of ``params`` (only
+    their shapes and dtypes matter). Keys differ between parameters only for Adafactor.
+
+    A hyperparameter passed as a tensor counts as non-zero here (as it does under ``jit``), so
+    optional state it switches on is expected."""
+    shapes = tuple((tuple(p.shape), p.dtype) for p in params)
+    return _state_layout(name, json.dumps(static_hyperparams, sort_keys=True),
+                         tuple(sorted(dynamic_names)), shapes)
+
+
+@functools.lru_cache(maxsize=1024)
+def _state_layout(name, static_json, dynamic_names, shapes):
+    hyper = json.loads(static_json)
+    hyper.update({key: 1.0 for key in dynamic_names})
+    structs = [jax.ShapeDtypeStruct(shape, to_jax_dtype(dtype)) for shape, dtype in shapes]
+    state = jax.eval_shape(optimizers.build(name, hyper).init, structs)
+    return (tuple(state._fields),
+            tuple(optimizers.param_state_keys(state, i) for i in range(len(shapes))))
+
+
 def init_optimizer_state(name: str, hyperparams: dict, params) -> dict:
-    """The initial state of an update rule for torch ``params``: ``{key: [tensor per param]}``.
+    """The initial state of an update rule for torch ``params``: ``{key: [tensor per param]}``
+    (``None`` where a key does not apply to a parameter, see ``optimizers.param_state_keys``).
 
     Initial states depend on shapes and hyperparameters only, so the parameters' values are
     not copied to the device for this."""
     shaped = [jnp.zeros(tuple(p.shape), to_jax_dtype(p.dtype)) for p in params]
     state = optimizers.init_state(name, hyperparams, shaped)
-    return {key: [array_to_tensor(a) for a in arrays] for key, arrays in state.items()}
+    return {key: [None if a is None else array_to_tensor(a) for a in arrays]
+            for key, arrays in state.items()}
 
 
 def _optimizer_step_jax(spec, params, grads, state, dynamic_values):

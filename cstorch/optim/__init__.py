@@ -1,10 +1,47 @@
-"""cstorch optimizers and schedulers."""
+"""cstorch optimizers, schedulers and the 1.x configuration helpers."""
 
 from cstorch.optim import lr_scheduler, scheduler, weight_decay_scheduler
+from cstorch.optim.adadelta import Adadelta
+from cstorch.optim.adafactor import Adafactor
+from cstorch.optim.adagrad import Adagrad
 from cstorch.optim.adam import Adam, AdamW
+from cstorch.optim.adamax import Adamax
+from cstorch.optim.asgd import ASGD
+from cstorch.optim.config import (
+    configure_lr_scheduler,
+    configure_optimizer,
+    configure_optimizer_params,
+    configure_scheduler,
+    configure_scheduler_params,
+)
+from cstorch.optim.lamb import Lamb
+from cstorch.optim.lion import Lion
+from cstorch.optim.muon import Muon
+from cstorch.optim.nadam import NAdam
 from cstorch.optim.optimizer import Optimizer
+from cstorch.optim.radam import RAdam
+from cstorch.optim.rmsprop import RMSprop
+from cstorch.optim.rprop import Rprop
 from cstorch.optim.sgd import SGD
 
 __all__ = [
-    "Adam", "AdamW", "Optimizer", "SGD", "lr_scheduler", "scheduler", "weight_decay_scheduler",
+    "Optimizer",
+    "Adadelta",
+    "Adafactor",
+    "Adagrad",
+    "Adamax",
+    "Adam",
+    "AdamW",
+    "ASGD",
+    "Lamb",
+    "Lion",
+    "Muon",
+    "NAdam",
+    "RAdam",
+    "RMSprop",
+    "Rprop",
+    "SGD",
+    "scheduler",
+    "lr_scheduler",
+    "weight_decay_scheduler",
 ]

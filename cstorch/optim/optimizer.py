@@ -7,6 +7,14 @@ Built-in optimizers (``BuiltinOptimizer`` subclasses) hold hyperparameters only:
 ``step()`` emits one ``cstorch::optimizer_step`` op per param group, whose meaning is the pure
 JAX update rule in ``jax_backend.optimizers``. User subclasses write ``step()`` in torch ops
 and are captured like any other torch code.
+
+Differences from cerebras-pytorch 2.10 (on purpose):
+
+* ``register_zero_grad_post_hook`` hooks run *after* the grads are zeroed (the reference put
+  them among the pre hooks, spec §17).
+* ``load_state_dict`` copies every incoming tensor into a plain tensor, so the loaded state
+  never aliases the tensors of the given dict (torch keeps ``step`` tensors shared) and
+  lazily loaded checkpoint tensors become ordinary state.
 """
 
 from __future__ import annotations
@@ -19,15 +27,23 @@ from collections import OrderedDict
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from jax_backend.torch_ops import init_optimizer_state, optimizer_spec, optimizer_state_keys
+from jax_backend.torch_ops import init_optimizer_state, optimizer_spec, optimizer_state_layout
 from cstorch.backend import current_backend_impl
 
 
 class Optimizer(torch.optim.Optimizer, ABC):
-    """Base class of cstorch optimizers (see module docstring)."""
+    """Base class of cstorch optimizers (see module docstring).
+
+    Construction: torch's ``Optimizer.__init__``; then, on the backend's device,
+    ``preinitialize()`` and (with ``enable_global_step``) a float32 ``step`` tensor of 0 for
+    every parameter, inserted after the preinitialized keys; then the optimizer registers with
+    the backend, and each group's ``tags`` becomes a set. Creating one without a backend raises
+    ``RuntimeError``.
+    """
 
     def __init__(self, params, defaults, enable_global_step: bool = False):
         super().__init__(params, defaults)
+        self.enable_global_step = enable_global_step
         self.backend = current_backend_impl()
         with self.backend.device:
             self.preinitialize()
@@ -55,11 +71,12 @@ class Optimizer(torch.optim.Optimizer, ABC):
         """Updates parameters and existing state; never creates state."""
 
     def increment_global_step(self, p):
+        """Adds 1 to ``state[p]["step"]`` in place and returns that float32 tensor."""
         state = self.state[p]
         if "step" not in state:
             raise RuntimeError(
-                "increment_global_step needs a 'step' state entry; construct the optimizer "
-                "with enable_global_step=True.")
+                f"{type(self).__name__} has no global step in the state of this parameter; "
+                "construct the optimizer with enable_global_step=True to create it.")
         state["step"].add_(1.0)
         return state["step"]
 
@@ -68,6 +85,9 @@ class Optimizer(torch.optim.Optimizer, ABC):
         return super().state_dict(*args, **kwargs)
 
     def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict)
+        state_dict["state"] = {k: _plain_copies(v) for k, v in state_dict["state"].items()}
+        state_dict["param_groups"] = [_plain_copies(g) for g in state_dict["param_groups"]]
         with self.backend.device:
             super().load_state_dict(state_dict)
         for group in self.param_groups:
@@ -75,6 +95,8 @@ class Optimizer(torch.optim.Optimizer, ABC):
 
     # ----------------------------------------------------------------------- zero_grad hooks
     def register_zero_grad_pre_hook(self, hook) -> RemovableHandle:
+        """Registers ``hook(optimizer, args, kwargs)`` to run before ``zero_grad``; it may
+        return ``(new_args, new_kwargs)``."""
         handle = RemovableHandle(self._zero_grad_pre_hooks)
         self._zero_grad_pre_hooks[handle.id] = hook
         return handle
@@ -94,8 +116,8 @@ class Optimizer(torch.optim.Optimizer, ABC):
             if result is not None:
                 if not (isinstance(result, tuple) and len(result) == 2):
                     raise RuntimeError(
-                        "A zero_grad pre hook must return None or a tuple (args, kwargs), got "
-                        f"{result!r}.")
+                        f"The zero_grad pre hook {hook!r} must return None or a tuple "
+                        f"(new_args, new_kwargs), but returned {result!r}.")
                 args, kwargs = result
         set_to_none = kwargs.get("set_to_none", args[0] if args else True)
         if not set_to_none:
@@ -108,13 +130,18 @@ class Optimizer(torch.optim.Optimizer, ABC):
 
     # ------------------------------------------------------------------------------- visitors
     def apply(self, f):
+        """``f(self)``, or ``f.apply(self)`` for an object with an ``apply`` method."""
         if callable(f):
             return f(self)
-        if hasattr(f, "apply"):
-            return f.apply(self)
-        raise TypeError(f"Expected a callable or an object with `apply`, got {type(f).__name__}.")
+        method = getattr(f, "apply", None)
+        if callable(method):
+            return method(self)
+        raise TypeError(
+            f"Optimizer.apply expects a callable or an object with an `apply` method, got "
+            f"{type(f).__name__}.")
 
     def visit_state(self, fn):
+        """Replaces each state value ``v`` by ``fn(v)`` where that is not None."""
         for state in self.state.values():
             for key, value in list(state.items()):
                 new = fn(value)
@@ -124,20 +151,43 @@ class Optimizer(torch.optim.Optimizer, ABC):
 
 def _normalize_tags(group):
     tags = group.get("tags")
-    if tags is None:
+    if not tags or isinstance(tags, set):
         return
-    group["tags"] = set(tags) if isinstance(tags, (list, tuple, set)) else {tags}
+    group["tags"] = set(tags) if isinstance(tags, (list, tuple)) else {tags}
+
+
+def _plain_copies(value):
+    """``value`` with every tensor replaced by a plain, unshared copy (dicts/lists/tuples
+    are rebuilt; other values are kept)."""
+    if isinstance(value, torch.Tensor):
+        copy = torch.empty(tuple(value.shape), dtype=value.dtype)
+        with torch.no_grad():
+            copy.copy_(value)
+        return copy
+    if isinstance(value, dict):
+        return {k: _plain_copies(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+        return type(value)(_plain_copies(v) for v in value)
+    return value
 
 
 class BuiltinOptimizer(Optimizer):
     """An optimizer whose update rule is ``jax_backend.optimizers.OPTIMIZERS[rule]``.
 
-    ``hyperparameters`` maps param-group keys to the rule's argument names. Group values that
-    are tensors (e.g. a scheduled ``lr``) enter the step as tensors; the others are constants.
+    Subclasses set ``rule``, ``hyperparameters`` (param-group key -> the rule's argument
+    name) and ``global_step`` (whether the reference builds them with
+    ``enable_global_step=True``; the rule then keeps ``step`` as its last state field).
+    Group values that are tensors (e.g. a scheduled ``lr``) enter the step as tensors; the
+    others are constants of the compiled step. The state a parameter holds is the rule's
+    ``init`` state, keyed by the rule's field names, in field order.
     """
 
     rule: str = ""
     hyperparameters: dict = {}
+    global_step: bool = False
+
+    def __init__(self, params, defaults):
+        super().__init__(params, defaults, enable_global_step=self.global_step)
 
     def _rule_arguments(self, group):
         static, dynamic = {}, {}
@@ -156,7 +206,29 @@ class BuiltinOptimizer(Optimizer):
             initial = init_optimizer_state(self.rule, hyper, group["params"])
             for key, tensors in initial.items():
                 for p, tensor in zip(group["params"], tensors):
-                    self.state[p][key] = tensor
+                    if tensor is not None:
+                        self.state[p][key] = tensor
+
+    def _check_group(self, group, params):
+        """Raises for a param group the rule cannot update (subclass hook)."""
+
+    def _state_leaves(self, params, static, dynamic):
+        fields, keys_per_param = optimizer_state_layout(self.rule, static, dynamic, params)
+        leaves = []
+        for field in fields:
+            for index, (p, keys) in enumerate(zip(params, keys_per_param)):
+                if field not in keys:
+                    continue
+                state = self.state[p]
+                if field not in state:
+                    raise RuntimeError(
+                        f"{type(self).__name__}: the state of parameter {index} (shape "
+                        f"{tuple(p.shape)}) has no {field!r} entry (it has {sorted(state)}), "
+                        f"but its update needs {list(keys)}. Optimizer state must come from "
+                        "preinitialize() or from a state_dict saved with the same "
+                        "hyperparameters.")
+                leaves.append(state[field])
+        return leaves
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -170,10 +242,11 @@ class BuiltinOptimizer(Optimizer):
                 continue
             for p in params:
                 if p.grad.is_sparse:
-                    raise RuntimeError(f"{type(self).__name__} does not support sparse gradients.")
+                    raise RuntimeError(
+                        f"{type(self).__name__} does not support sparse gradients.")
+            self._check_group(group, params)
             static, dynamic = self._rule_arguments(group)
-            keys = optimizer_state_keys(self.rule, static, dynamic)
-            state = [self.state[p][k] for k in keys for p in params]
+            state = self._state_leaves(params, static, dynamic)
             spec = optimizer_spec(self.rule, static, list(dynamic))
             outputs = torch.ops.cstorch.optimizer_step(
                 spec, params, [p.grad for p in params], state, list(dynamic.values()))

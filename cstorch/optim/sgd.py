@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from cstorch.optim import _checks
 from cstorch.optim.optimizer import BuiltinOptimizer
 
 
 class SGD(BuiltinOptimizer):
-    """SGD with momentum; the momentum buffer starts at zero (cerebras-pytorch semantics)."""
+    """SGD with momentum; ``lr`` is required.
+
+    The momentum buffer (``momentum_buffer``, only when ``momentum != 0``) starts at zero, so
+    unlike torch the first step already applies ``1 - dampening``.
+    """
 
     rule = "sgd"
     hyperparameters = {"lr": "learning_rate", "momentum": "momentum", "dampening": "dampening",
@@ -15,12 +20,9 @@ class SGD(BuiltinOptimizer):
 
     def __init__(self, params, lr, momentum=0, dampening=0, weight_decay=0, nesterov=False,
                  maximize=False):
-        if lr < 0.0:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if momentum < 0.0:
-            raise ValueError(f"Invalid momentum value: {momentum}")
-        if weight_decay < 0.0:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        _checks.non_negative("learning rate", lr)
+        _checks.non_negative("momentum value", momentum)
+        _checks.non_negative("weight_decay value", weight_decay)
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError(
                 "Nesterov momentum requires a `momentum` and zero `dampening`. `momentum` was "

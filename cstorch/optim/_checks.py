@@ -1,0 +1,23 @@
+"""Argument checks shared by the built-in optimizers (ValueError quoting the bad value)."""
+
+from __future__ import annotations
+
+
+def non_negative(name: str, value) -> None:
+    """``value >= 0``."""
+    if value < 0.0:
+        raise ValueError(f"Invalid {name}: {value!r} - should be >= 0.0")
+
+
+def in_unit_interval(name: str, value, *, include_one: bool = False) -> None:
+    """``0 <= value < 1`` (``<= 1`` with ``include_one``)."""
+    ok = 0.0 <= value <= 1.0 if include_one else 0.0 <= value < 1.0
+    if not ok:
+        bounds = "[0.0, 1.0]" if include_one else "[0.0, 1.0)"
+        raise ValueError(f"Invalid {name}: {value!r} - should be in {bounds}")
+
+
+def betas(values) -> None:
+    """Both betas in ``[0, 1)``."""
+    for index in range(2):
+        in_unit_interval(f"beta parameter at index {index}", values[index])

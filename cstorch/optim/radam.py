@@ -1,0 +1,24 @@
+"""cstorch RAdam (update rule: ``jax_backend.optimizers.radam``)."""
+
+from __future__ import annotations
+
+from cstorch.optim import _checks
+from cstorch.optim.optimizer import BuiltinOptimizer
+
+
+class RAdam(BuiltinOptimizer):
+    """RAdam (rectified once ``ρ_t > 5``). State: ``exp_avg``, ``exp_avg_sq``, then ``step``;
+    the default ``eps`` is 1e-6."""
+
+    rule = "radam"
+    hyperparameters = {"lr": "learning_rate", "betas": "betas", "eps": "eps",
+                       "weight_decay": "weight_decay"}
+    global_step = True
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0):
+        _checks.non_negative("learning rate", lr)
+        _checks.betas(betas)
+        _checks.non_negative("weight_decay value", weight_decay)
+        _checks.non_negative("epsilon value", eps)
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        super().__init__(params, defaults)

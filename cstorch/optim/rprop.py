@@ -1,0 +1,19 @@
+"""cstorch Rprop (update rule: ``jax_backend.optimizers.rprop``)."""
+
+from __future__ import annotations
+
+from cstorch.optim import _checks
+from cstorch.optim.optimizer import BuiltinOptimizer
+
+
+class Rprop(BuiltinOptimizer):
+    """Rprop. State: ``prev`` (zeros), ``step_size`` (full of ``lr``); ``lr`` only sets the
+    initial step size."""
+
+    rule = "rprop"
+    hyperparameters = {"lr": "learning_rate", "etas": "etas", "step_sizes": "step_sizes"}
+
+    def __init__(self, params, lr=1e-3, etas=(0.5, 1.2), step_sizes=(1e-6, 50.0)):
+        _checks.non_negative("learning rate", lr)
+        defaults = dict(lr=lr, etas=etas, step_sizes=step_sizes)
+        super().__init__(params, defaults)
