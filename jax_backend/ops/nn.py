@@ -1122,3 +1122,14 @@ def aten_multilabel_margin_loss_forward(x, target, reduction):
     if unbatched:
         is_target = is_target[0]
     return _multilabel_margin_loss(x, target, is_target, reduction), is_target
+
+
+@lowers(aten.avg_pool1d.default)
+def aten_avg_pool1d(x, kernel_size, stride=(), padding=0, ceil_mode=False,
+                    count_include_pad=True):
+    return _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, None, 1)
+
+
+@lowers(aten.adaptive_avg_pool1d.default)
+def aten_adaptive_avg_pool1d(x, output_size):
+    return _adaptive_avg_pool(x, output_size, 1)
