@@ -18,6 +18,7 @@ import numpy as np
 from jax_backend.capture import CapturedStep
 from jax_backend.dtypes import to_jax_dtype
 from jax_backend.interpreter import GraphInterpreter
+from jax_backend.mesh import Layout
 from jax_backend.precision import Policy
 from jax_backend.registry import lookup
 
@@ -31,16 +32,35 @@ class Program:
     """One compiled step. Call it with arrays; it returns arrays (dispatch is asynchronous)."""
 
     def __init__(self, captured: CapturedStep, policy: Policy | None = None,
-                 shardings=None):
+                 layout: Layout | None = None):
         self.captured = captured
         self.policy = policy or Policy()
+        self.layout = layout
         self.uses_rng = _has_random_nodes(captured.graph)
         written = set(captured.written_state)
         # Positions (within used_state) of state the step overwrites: their buffers are donated.
         self.donated_positions = [j for j, i in enumerate(captured.used_state) if i in written]
         self.kept_positions = [j for j, i in enumerate(captured.used_state) if i not in written]
         self._interpreter = GraphInterpreter(captured.graph)
-        self._jitted = jax.jit(self.pure_step, donate_argnums=(0,))
+        self._jitted = jax.jit(self.pure_step, donate_argnums=(0,), **self._shardings())
+
+    def _shardings(self) -> dict:
+        """jit shardings for a mesh layout: state as the layout places it, inputs split along
+        the batch dimension; user outputs are left to XLA."""
+        if self.layout is None:
+            return {}
+        placeholders = [n for n in self.captured.graph.graph.nodes if n.op == "placeholder"]
+        used = placeholders[:len(self.captured.used_state)]
+        state = [self.layout.state_sharding(n.meta["val"].shape) for n in used]
+        inputs = [self.layout.input_sharding(n.meta["val"].shape)
+                  for n in placeholders[len(used):]]
+        outputs = next(n for n in self.captured.graph.graph.nodes if n.op == "output").args[0]
+        written = [self.layout.state_sharding(o.meta["val"].shape)
+                   for o in outputs[:len(self.captured.written_state)]]
+        in_shardings = ([state[j] for j in self.donated_positions],
+                        [state[j] for j in self.kept_positions], inputs,
+                        self.layout.replicated())
+        return {"in_shardings": in_shardings, "out_shardings": (written, None)}
 
     def pure_step(self, donated, kept, inputs, seed):
         """The step as a pure JAX function (not jitted)."""

@@ -15,7 +15,7 @@ from typing import Iterable, Sequence
 import jax
 import torch
 
-from jax_backend.dtypes import array_to_tensor, tensor_to_array
+from jax_backend.dtypes import array_to_tensor, tensor_to_array, tensor_to_host
 
 
 @dataclasses.dataclass
@@ -29,11 +29,11 @@ class _Entry:
 class DeviceState:
     """Maps torch state tensors (by identity) to their JAX arrays."""
 
-    def __init__(self, device=None):
+    def __init__(self, device=None, layout=None):
         self.device = device
+        self.layout = layout  # a mesh.Layout: where state arrays are placed (None: one device)
         self._entries: dict[int, _Entry] = {}
         self._pending = False  # some array is newer than its tensor
-        self.placement = None  # optional callable(tensor, array) -> array (sharding)
 
     def __len__(self):
         return len(self._entries)
@@ -42,9 +42,10 @@ class DeviceState:
         return id(tensor) in self._entries
 
     def _upload(self, tensor: torch.Tensor) -> _Entry:
-        array = tensor_to_array(tensor, self.device)
-        if self.placement is not None:
-            array = self.placement(tensor, array)
+        if self.layout is not None:
+            array = self.layout.place_state(tensor_to_host(tensor))
+        else:
+            array = tensor_to_array(tensor, self.device)
         entry = _Entry(tensor, array, tensor._version)
         self._entries[id(tensor)] = entry
         return entry

@@ -29,18 +29,19 @@ class QueuedClosure:
 
 
 class BaseBackend:
-    def __init__(self, backend_type, device, artifact_dir, jax_devices):
+    def __init__(self, backend_type, device, artifact_dir, jax_devices, layout=None):
         self.backend_type = backend_type
         self.device = device
         self.artifact_dir = artifact_dir
         self.jax_devices = list(jax_devices)
+        self.layout = layout  # jax_backend.mesh.Layout of a multi-device (CSX) run, else None
         self.models: list = []
         self.optimizer_registry: list = []
         self.schedulers: list = []
         self.grad_scalers: list = []
         self.metrics: list = []
         self.stateful_objects: list = []  # anything else exposing _cstorch_state_slots()
-        self.device_state = DeviceState(self.jax_devices[0])
+        self.device_state = DeviceState(self.jax_devices[0], layout)
         self.step_closures: list[QueuedClosure] = []
         self.data_executor_stack: list = []
         self.mode = "train"
@@ -267,7 +268,7 @@ class BaseBackend:
         """Releases device state and global hooks (used when a test tears the backend down)."""
         for handle in self._registration_hooks:
             handle.remove()
-        self.device_state = DeviceState(self.jax_devices[0])
+        self.device_state = DeviceState(self.jax_devices[0], self.layout)
 
 
 class StateView:

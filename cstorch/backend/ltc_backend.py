@@ -3,7 +3,8 @@
 The wafer's programming model is kept: the step is compiled once and may never change
 (a new input signature raises instead of recompiling) and training always runs in mixed
 precision. ``cluster_config.num_csx`` systems become a data-parallel mesh axis over the
-available JAX devices (see ``jax_backend.mesh``).
+available JAX devices, and weight servers (``max_wgt_servers > 0``) shard parameters and
+optimizer state over it (see ``jax_backend.mesh``).
 """
 
 from __future__ import annotations
@@ -39,8 +40,13 @@ class PyTorchLtcBackendImpl(BaseBackend):
         self.compile_only = compile_only
         self.validate_only = validate_only
         devices = mesh.devices()
+        num_csx = cluster_config.num_csx or 1
+        layout = None
+        if num_csx > 1 or cluster_config.max_wgt_servers > 0:
+            layout = mesh.Layout.data_parallel(devices, num_csx,
+                                               shard_state=cluster_config.max_wgt_servers > 0)
         super().__init__(backend_type, LazyDevice(), artifact_dir or "./cerebras_logs",
-                         jax_devices=devices)
+                         jax_devices=devices, layout=layout)
         from cstorch import amp
 
         amp.enable_mixed_precision(True)

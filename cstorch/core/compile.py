@@ -206,7 +206,7 @@ class TracedStep:
         for hook in list(_trace_post_hooks.values()):
             hook()
         self.trace_count += 1
-        program = Program(captured, policy=policy)
+        program = Program(captured, policy=policy, layout=impl.layout)
         python_leaves = tuple(None if isinstance(x, torch.Tensor) else x for x in leaves)
         entry = _CompiledStep(captured, program, [(r.kind, r.fn) for r in records],
                               python_leaves)
