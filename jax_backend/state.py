@@ -13,6 +13,7 @@ import dataclasses
 from typing import Iterable, Sequence
 
 import jax
+import jax.numpy as jnp
 import torch
 
 from jax_backend.dtypes import array_to_tensor, tensor_to_array, tensor_to_host
@@ -74,6 +75,11 @@ class DeviceState:
     def array_of(self, tensor: torch.Tensor):
         """The newest value of ``tensor`` as a JAX array (without touching torch)."""
         return self.arrays([tensor])[0]
+
+    def snapshot(self, tensor: torch.Tensor):
+        """A new array holding the tensor's current value, safe from the next step's donation
+        (the copy is dispatched asynchronously like any other computation)."""
+        return jnp.array(self.array_of(tensor), copy=True)
 
     def is_stale(self, tensor: torch.Tensor) -> bool:
         entry = self._entries.get(id(tensor))

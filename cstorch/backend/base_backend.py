@@ -228,11 +228,17 @@ class BaseBackend:
         if self._recorder is not None:
             self._recorder.append(QueuedClosure(kind, fn, args, kwargs))
             return
-        snapshot = lambda x: x.detach().clone() if (  # noqa: E731
-            isinstance(x, torch.Tensor) and not isinstance(x, LazyTensor)) else x
-        args = torch.utils._pytree.tree_map(snapshot, args)
-        kwargs = torch.utils._pytree.tree_map(snapshot, kwargs)
+        args = torch.utils._pytree.tree_map(self._snapshot, args)
+        kwargs = torch.utils._pytree.tree_map(self._snapshot, kwargs)
         self.step_closures.append(QueuedClosure(kind, fn, args, kwargs))
+
+    def _snapshot(self, value):
+        """A closure argument's value at call time (the device value for stale state)."""
+        if not isinstance(value, torch.Tensor) or isinstance(value, LazyTensor):
+            return value
+        if self.device_state.is_stale(value):
+            return LazyTensor(self.device_state.snapshot(value))
+        return value.detach().clone()
 
     def run_step_closures(self) -> None:
         queued, self.step_closures = self.step_closures, []

@@ -62,3 +62,32 @@ def test_materialized_state_matches_device_state_after_each_sync():
     before = state["weight"].clone()
     step(x)
     assert not torch.equal(model.state_dict()["weight"], before)
+
+
+def test_closures_called_outside_the_step_see_current_state_values():
+    backend = cstorch.backend("CPU")
+    model = torch.nn.Linear(2, 1)
+    compiled = cstorch.compile(model, backend)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=1.0)
+    scheduler = cstorch.optim.lr_scheduler.LinearLR(
+        optimizer, initial_learning_rate=1.0, end_learning_rate=0.0, total_iters=4)
+    seen = []
+
+    @cstorch.step_closure
+    def record(lr):
+        seen.append(lr.item())
+
+    @cstorch.trace
+    def step(x):
+        loss = compiled(x).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        return loss
+
+    loader = cstorch.utils.data.DataLoader(lambda: [torch.ones(1, 2)] * 3)
+    for x in cstorch.utils.data.DataExecutor(loader):
+        step(x)
+        record(optimizer.param_groups[0]["lr"])  # a state tensor, newest value on device
+    assert seen == [0.75, 0.5, 0.25]
