@@ -227,8 +227,8 @@ def _translate_trace_errors(err: BaseException) -> BaseException | None:
             frame)
     if isinstance(err, RuntimeError) and "cannot be converted to Scalar" in str(err):
         return ValueReadInTraceError("Reading a tensor's value (`.item()`)", frame)
-    if isinstance(err, ValueReadInTraceError) and "\n  File" not in str(err):
-        return ValueReadInTraceError("Printing or formatting a tensor", frame)
+    if isinstance(err, ValueReadInTraceError) and err.user_frame is None:
+        return ValueReadInTraceError(err.what, frame)
     return None
 
 

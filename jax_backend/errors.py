@@ -33,6 +33,8 @@ class ValueReadInTraceError(RuntimeError):
     """A traced step tried to read a tensor's value (``.item()``, ``print``, ``if tensor:``)."""
 
     def __init__(self, what: str, user_frame: str | None = None):
+        self.what = what
+        self.user_frame = user_frame
         where = f"\n{user_frame}" if user_frame else ""
         super().__init__(
             f"{what} inside a traced step: tensors in a compiled step have no value until the "
