@@ -157,10 +157,19 @@ class Scheduler(ABC):
         """The ``jax_backend.schedules`` config of this schedule (None: torch closed form)."""
         return None
 
+    def _pure_config(self) -> Optional[dict]:
+        """``_schedule_config()``, or None when a subclass computes its value with its own
+        torch ops (overriding ``_get_closed_form``), so the config would not describe it."""
+        cls = type(self)
+        if (cls._get_closed_form.__module__ != __name__
+                or cls._get_closed_form_lr is not Scheduler._get_closed_form_lr):
+            return None
+        return self._schedule_config()
+
     @property
     def schedule_fn(self):
         """This schedule as a pure JAX function ``count -> value`` (optax-compatible)."""
-        config = self._schedule_config()
+        config = self._pure_config()
         if config is None:
             raise NotImplementedError(
                 f"{type(self).__name__} is defined by torch ops only (its _get_closed_form) "
@@ -454,7 +463,7 @@ class SequentialScheduler(Scheduler):
         super()._post_init()
 
     def _schedule_config(self):
-        children = [s._schedule_config() for s in self._schedulers]
+        children = [s._pure_config() for s in self._schedulers]
         if any(c is None for c in children):
             return None
         return {"kind": "sequential", "schedules": children, "milestones": self._milestones}
@@ -625,8 +634,9 @@ class CosineAnnealingWarmRestartsScheduler(Scheduler):
     """SGDR with ``T_mult = 1``:
     ``eta_min + (initial_val-eta_min)·(1 + cos(π·(t mod T_0)/T_0))/2``.
 
-    ``T_mult != 1`` raises ValueError, as in cerebras-pytorch 2.10. Differs from it after the
-    first period: the reference computes ``T_cur = (floor(t/T_0) - 1)·T_0`` there, so its
+    ``T_mult != 1`` raises ValueError, as in cerebras-pytorch 2.10. Differs from
+    cerebras-pytorch 2.10 after the first period: it computes ``T_cur = (floor(t/T_0) - 1)·T_0``
+    there, so its
     values become piecewise constant (``initial_val`` on ``[T_0, 2T_0)``, ``eta_min`` on
     ``[2T_0, 3T_0)``, ...); here every period restarts the cosine, as SGDR and torch do.
     """
@@ -712,7 +722,7 @@ class ChainedScheduler(Scheduler):
         super()._post_init()
 
     def _schedule_config(self):
-        children = [s._schedule_config() for s in self._schedulers]
+        children = [s._pure_config() for s in self._schedulers]
         if any(c is None for c in children):
             return None
         return {"kind": "chained", "schedules": children,
@@ -823,7 +833,7 @@ class ScalePerParamScheduler(Scheduler):
         super()._post_init()
 
     def _schedule_config(self):
-        return self._scheduler_nested._schedule_config()
+        return self._scheduler_nested._pure_config()
 
     def _get_closed_form(self):
         return self._scheduler_nested._get_closed_form()
