@@ -92,6 +92,19 @@ class Optimizer(torch.optim.Optimizer, ABC):
             super().load_state_dict(state_dict)
         for group in self.param_groups:
             _normalize_tags(group)
+        self._scheduled_values_as_tensors()
+
+    def _scheduled_values_as_tensors(self):
+        """Keeps every scheduled group value a float32 0-dim tensor (state a traced step can
+        update) when a loaded state_dict holds a plain number there, e.g. one saved by a
+        torch optimizer; the value itself is kept."""
+        for scheduler in list(self._schedulers_registry):
+            key = scheduler.param_group_key
+            for group in self.param_groups:
+                value = group.get(key)
+                if (scheduler._should_apply_to_param_group(group) and value is not None
+                        and not isinstance(value, torch.Tensor)):
+                    group[key] = torch.tensor(float(value), dtype=torch.float32)
 
     # ----------------------------------------------------------------------- zero_grad hooks
     def register_zero_grad_pre_hook(self, hook) -> RemovableHandle:

@@ -439,3 +439,20 @@ def test_user_closed_forms_inside_composites(cpu_backend):
     chain_user = L.ChainedLR([OldStyleLR(chain.optimizer)])
     assert chain.schedule_fn(2) == pytest.approx(0.25)
     assert chain_user.get_last_lr()[0].item() == pytest.approx(0.5)
+
+
+def test_scheduled_values_stay_tensors_when_loading_plain_numbers(cpu_backend):
+    model = torch.nn.Linear(2, 1)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = L.StepLR(optimizer, 1.0, step_size=1, gamma=0.5)
+    optimizer.load_state_dict(torch.optim.SGD(model.parameters(), lr=0.3).state_dict())
+    lr = optimizer.param_groups[0]["lr"]
+    assert isinstance(lr, torch.Tensor) and lr.item() == pytest.approx(0.3)
+    step = cstorch.trace(lambda: (optimizer.step(), scheduler.step()))
+    step()
+    step()
+    assert scheduler.get_last_lr()[0].item() == 0.25
+
+    optimizer.param_groups[0]["lr"] = 0.5  # a plain number cannot be updated by a traced step
+    with pytest.raises(RuntimeError, match="holds 0.5 instead of a float32 0-dim tensor"):
+        cstorch.trace(lambda: (optimizer.step(), scheduler.step()))()
