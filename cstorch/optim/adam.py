@@ -12,6 +12,15 @@ import torch
 from cstorch.optim.optimizer import BuiltinOptimizer
 
 
+def _shallow_copy(state_dict):
+    """A copy whose per-parameter states and groups can be changed without touching the
+    caller's state_dict."""
+    state_dict = dict(state_dict)
+    state_dict["state"] = {k: dict(v) for k, v in state_dict["state"].items()}
+    state_dict["param_groups"] = [dict(g) for g in state_dict["param_groups"]]
+    return state_dict
+
+
 class AdamBase(BuiltinOptimizer):
     rule = "adam_base"
     hyperparameters = {"lr": "learning_rate", "betas": "betas", "eps": "eps",
@@ -39,6 +48,7 @@ class AdamBase(BuiltinOptimizer):
         Differs from cerebras-pytorch 2.10, which converts ``step`` to ``beta**step``: after
         ``step`` updates this implementation's own state holds ``beta**(step+1)`` (the power
         for the *next* update), so that is what a converted state gets."""
+        state_dict = _shallow_copy(state_dict)
         for param, state in state_dict["state"].items():
             if "step" in state and "beta1_power" not in state:
                 step = float(state.pop("step"))
@@ -65,6 +75,7 @@ class AdamW(AdamBase):
             group["l2_regularization_rate"] = 0.0
 
     def load_state_dict(self, state_dict):
+        state_dict = _shallow_copy(state_dict)
         for group in state_dict["param_groups"]:
             group["l2_regularization_rate"] = 0.0
         super().load_state_dict(state_dict)
@@ -88,5 +99,6 @@ class Adam(AdamBase):
             group["correct_bias"] = True
 
     def load_state_dict(self, state_dict):
+        state_dict = _shallow_copy(state_dict)
         self._move_weight_decay(state_dict["param_groups"])
         super().load_state_dict(state_dict)

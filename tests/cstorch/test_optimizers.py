@@ -18,7 +18,6 @@ import pytest
 import torch
 
 import cstorch
-import cstorch.storage
 from cstorch.optim import lr_scheduler, weight_decay_scheduler
 
 FIXTURES = pathlib.Path("/work/shared/fixtures/reference-2.10")
@@ -130,7 +129,7 @@ def test_fixture_trajectory_traced_and_checkpoint_continuation(case, cpu_backend
             np.testing.assert_allclose(params[name].numpy(), w, rtol=1e-5, atol=1e-7,
                                        err_msg=f"{case} step {index} {name}")
         if index == 2:
-            cstorch.storage.save({"model": model.state_dict(),
+            cstorch.save({"model": model.state_dict(),
                                   "optimizer": optimizer.state_dict()}, ckpt)
     assert step.trace_count == 1
     final_params = _params_of(model)
@@ -138,7 +137,7 @@ def test_fixture_trajectory_traced_and_checkpoint_continuation(case, cpu_backend
 
     restored = Affine()
     restored_optimizer = cls(restored.parameters(), **entry["kwargs"])
-    state = cstorch.storage.load(ckpt)
+    state = cstorch.load(ckpt)
     restored.load_state_dict(state["model"])
     restored_optimizer.load_state_dict(state["optimizer"])
     restored_step = _traced_trainer(restored, restored_optimizer)
@@ -206,12 +205,12 @@ def test_muon_traced_matches_the_pure_rule_and_survives_a_checkpoint(cpu_backend
     assert torch.count_nonzero(buffer) > 0  # persisted (the reference drops it)
 
     path = tmp_path / "muon.mdl"
-    cstorch.storage.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
+    cstorch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
     step(X, T)
     restored = Affine(with_bias=False)
     restored_optimizer = cstorch.optim.Muon(restored.parameters(), lr=0.02, momentum=0.9,
                                             ns_steps=3)
-    state = cstorch.storage.load(path)
+    state = cstorch.load(path)
     restored.load_state_dict(state["model"])
     restored_optimizer.load_state_dict(state["optimizer"])
     _traced_trainer(restored, restored_optimizer)(X, T)
@@ -418,6 +417,8 @@ def test_adam_loads_a_torch_state_with_step(cpu_backend):
         group["correct_bias"] = True
     optimizer = cstorch.optim.Adam(model.parameters(), lr=0.01)
     optimizer.load_state_dict(state)
+    assert "step" in state["state"][0] and "l2_regularization_rate" not in state[
+        "param_groups"][0]  # the caller's dict is left as it was
     loaded = optimizer.state[model.w]
     assert "step" not in loaded
     # after 3 torch steps the next update uses the bias correction of step 4
@@ -595,7 +596,7 @@ def test_scheduled_training_survives_a_checkpoint(cpu_backend, tmp_path):
     for index in range(8):
         step(X, T)
         if index == 3:
-            cstorch.storage.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            cstorch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                                   "lr": schedulers[0].state_dict(),
                                   "wd": schedulers[1].state_dict()}, path)
     groups = optimizer.state_dict()["param_groups"]  # brings the torch objects up to date
@@ -604,7 +605,7 @@ def test_scheduled_training_survives_a_checkpoint(cpu_backend, tmp_path):
 
     restored = Affine()
     restored_optimizer, restored_schedulers = build(restored)
-    state = cstorch.storage.load(path)
+    state = cstorch.load(path)
     restored.load_state_dict(state["model"])
     restored_optimizer.load_state_dict(state["optimizer"])
     restored_schedulers[0].load_state_dict(state["lr"])
