@@ -3,6 +3,11 @@
 Re-exporting is not enough: ``import cerebras.pytorch.optim`` would otherwise load a second
 copy of ``cstorch.optim`` under another name, with its own classes, and isinstance checks
 between the two would fail.
+
+Every alias of an already-loaded module is entered in ``sys.modules`` directly. Loading an
+alias through the import system would make Python set it as an attribute of its parent
+package, replacing a same-named attribute: ``cstorch.backend`` (a function that is also a
+module name) would become the module after ``from cerebras.pytorch.backend import X``.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ class AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def create_module(self, spec):
         module = importlib.import_module(self._target_name(spec.name))
         self._original_spec = module.__spec__
+        _alias_loaded(self.alias, self.target)
         return module
 
     def exec_module(self, module):
@@ -45,3 +51,12 @@ def install(alias: str, target: str) -> None:
     if not any(isinstance(f, AliasFinder) and f.alias == alias for f in sys.meta_path):
         sys.meta_path.insert(0, AliasFinder(alias, target))
     sys.modules[alias] = importlib.import_module(target)
+    _alias_loaded(alias, target)
+
+
+def _alias_loaded(alias: str, target: str) -> None:
+    """Enters ``alias.X`` in ``sys.modules`` for every loaded ``target.X``."""
+    prefix = target + "."
+    for name, module in list(sys.modules.items()):
+        if name.startswith(prefix):
+            sys.modules.setdefault(alias + name[len(target):], module)
