@@ -1,5 +1,21 @@
-"""Cluster configuration and single-host stand-ins for the appliance's rank helpers."""
+"""Cluster configuration and the rank/streaming helpers of a (single-host) run."""
 
 from cstorch.distributed.cluster_config import ClusterConfig
+from cstorch.distributed.ranks import get_ordinal
+from cstorch.distributed.ranks import get_streaming_batch_size
+from cstorch.distributed.ranks import get_streaming_rank
+from cstorch.distributed.ranks import get_worker_state
+from cstorch.distributed.ranks import hit_worker_cache_limit
+from cstorch.distributed.ranks import is_master_ordinal
+from cstorch.distributed.ranks import is_receiver
+from cstorch.distributed.ranks import is_streamer
+from cstorch.distributed.ranks import num_receivers
+from cstorch.distributed.ranks import num_streamers
+from cstorch.distributed.ranks import num_tasks
+from cstorch.distributed.ranks import service_resolver
 
-__all__ = ["ClusterConfig"]
+__all__ = [
+    "ClusterConfig", "get_ordinal", "get_streaming_batch_size", "get_streaming_rank",
+    "get_worker_state", "hit_worker_cache_limit", "is_master_ordinal", "is_receiver",
+    "is_streamer", "num_receivers", "num_streamers", "num_tasks", "service_resolver",
+]

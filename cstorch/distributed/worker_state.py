@@ -1,0 +1,28 @@
+"""The per-worker dataloader state handed to a restartable dataloader's ``state_dict``."""
+
+from __future__ import annotations
+
+
+class WorkerState:
+    """Holds the ``DataLoaderCheckpoint`` of the current worker until it is fetched once."""
+
+    _state = None
+
+    @classmethod
+    def configure(cls, worker_ckpt) -> None:
+        from cstorch.utils.data.dataloader import DataLoaderCheckpoint
+
+        if not isinstance(worker_ckpt, DataLoaderCheckpoint):
+            raise TypeError(f"Expected a DataLoaderCheckpoint, got {type(worker_ckpt).__name__}.")
+        cls._state = worker_ckpt
+
+    @classmethod
+    def get_worker_state(cls):
+        """Returns the configured state and clears it (a second call raises RuntimeError)."""
+        state, cls._state = cls._state, None
+        if state is None:
+            raise RuntimeError(
+                "Unable to fetch the worker state: `cstorch.distributed.get_worker_state()` must "
+                "be called only once, inside your dataloader's implementation of `state_dict` "
+                "(or `load_state_dict`).")
+        return state
