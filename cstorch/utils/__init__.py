@@ -1,7 +1,28 @@
-"""Utilities: data executors, step closures, profiling."""
+"""Utilities: data loading and execution, step closures, profiling, summaries.
 
-from cstorch.utils import data, step_closures
-from cstorch.utils.data import DataExecutor, DataLoader, RestartableDataLoader
+``cstorch.utils.tensorboard`` must be imported explicitly (it is not loaded with this
+package); ``cstorch.utils.CSConfig`` was removed in favour of
+``cstorch.distributed.ClusterConfig``.
+"""
+
+from cstorch.utils import benchmark, data, step_closures
+from cstorch.utils.constant import make_constant
+from cstorch.utils.data import DataExecutor, DataLoader, RestartableDataLoader, SyntheticDataset
 from cstorch.utils.step_closures import checkpoint_closure, step_closure
 
-__all__ = ["DataLoader"]
+
+def __getattr__(name):
+    if name == "CSConfig":
+        raise AttributeError(
+            '"CSConfig" is no longer available. Pass a "cstorch.distributed.ClusterConfig" to '
+            'the backend instead:\n\n\tbackend = cstorch.backend(\n\t\t"CSX", '
+            "cluster_config=cstorch.distributed.ClusterConfig(...)\n\t)\n")
+    if name == "tensorboard":
+        import warnings
+
+        warnings.warn("cstorch.utils.tensorboard must be imported before it can be accessed:\n\n"
+                      "\timport cerebras.pytorch.utils.tensorboard\n", stacklevel=2)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["DataLoader", "SyntheticDataset"]

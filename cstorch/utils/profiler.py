@@ -1,10 +1,19 @@
-"""The data executor's rate profiler (``executor.profiler.rate_tracker``)."""
+"""The data executor's profiler (``executor.profiler.rate_tracker``).
+
+Besides its activities, it drives two things around each executor run: the CSX op profiler
+(``cstorch.profiler.profile``) when one is active, and a progress bar (tqdm) for runs of at
+least ``PROGRESS_BAR_MIN_STEPS`` steps when standard output is a terminal. The environment
+variable ``CSTORCH_PROGRESS_BAR`` set to 0 or 1 turns the bar off or on regardless.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import time
+
+PROGRESS_BAR_MIN_STEPS = 50
 
 
 class Activity:
@@ -100,6 +109,10 @@ class Profiler:
                 raise ValueError(f"Two profiler activities are named {name!r}.")
             self.activities[name] = activity()
         self._entered = False
+        self._executor = None
+        self._op_profiler = None
+        self._progress = None
+        self._step_start_ns = None
 
     def __getattr__(self, name):
         activities = self.__dict__.get("activities", {})
@@ -108,9 +121,22 @@ class Profiler:
         raise AttributeError(name)
 
     def __enter__(self):
+        from cstorch.backend import current_backend_impl
+        from cstorch.profiler import ProfilerRegistry
+
+        impl = current_backend_impl(raise_exception=False)
+        self._executor = impl.data_executor if impl is not None and impl.data_executor_stack \
+            else None
+        num_steps = getattr(self._executor, "num_steps", None)
+        op_profiler = ProfilerRegistry.get_profiler()
+        if op_profiler is not None and num_steps is not None:
+            if op_profiler.configure_profiler(impl.is_csx, num_steps) is not None:
+                self._op_profiler = op_profiler
+        self._progress = _progress_bar(num_steps)
         self._entered = True
         for activity in self.activities.values():
             activity.start()
+        self._step_start_ns = time.time_ns()
         return self
 
     def step(self, batch_size):
@@ -118,8 +144,22 @@ class Profiler:
             raise RuntimeError("Profiler.step() was called before the profiler was started.")
         for activity in self.activities.values():
             activity.step(batch_size)
+        now = time.time_ns()
+        user_step = getattr(self._executor, "user_iteration", None)
+        if self._op_profiler is not None and user_step is not None:
+            self._op_profiler.record_step(user_step, self._step_start_ns, now)
+        if self._progress is not None:
+            tracker = self.activities.get("rate_tracker")
+            self._progress.update(1)
+            if tracker is not None and tracker._last_rate is not None:
+                self._progress.set_postfix(rate=f"{tracker.rate:.1f}/s", refresh=False)
+        self._step_start_ns = now
 
     def __exit__(self, *exc):
+        if self._progress is not None:
+            self._progress.close()
+            self._progress = None
+        self._op_profiler = None
         for activity in self.activities.values():
             activity.stop()
         if self.outdir:
@@ -133,3 +173,17 @@ class Profiler:
             with open(os.path.join(self.outdir, "performance.json"), "w") as f:
                 json.dump(summary, f, indent=2)
         return False
+
+
+def _progress_bar(num_steps):
+    """A tqdm bar on stdout for long runs on a terminal (see module docstring), else None."""
+    forced = os.environ.get("CSTORCH_PROGRESS_BAR")
+    if forced is not None:
+        show = forced.strip() not in ("", "0", "false", "False")
+    else:
+        show = bool(num_steps) and num_steps >= PROGRESS_BAR_MIN_STEPS and sys.stdout.isatty()
+    if not show or not num_steps:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=num_steps, file=sys.stdout, unit="step", dynamic_ncols=True)

@@ -2,10 +2,12 @@
 
 from cstorch.utils.data import dataloader, utils
 from cstorch.utils.data.data_executor import DataExecutor, current_executor
-from cstorch.utils.data.dataloader import DataLoader, RestartableDataLoader
+from cstorch.utils.data.dataloader import DataLoader, DataLoaderCheckpoint, RestartableDataLoader
+from cstorch.utils.data.dataset import SyntheticDataset
+from cstorch.utils.data.sampler import DistributedSampler
 from cstorch.utils.data.utils import Schedule, compute_num_steps
 
 __all__ = [
-    "DataExecutor", "DataLoader", "RestartableDataLoader", "Schedule", "compute_num_steps",
-    "current_executor", "dataloader", "utils",
+    "DataExecutor", "DataLoader", "DistributedSampler", "RestartableDataLoader",
+    "SyntheticDataset",
 ]

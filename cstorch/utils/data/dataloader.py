@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import inspect
 import itertools
 import warnings
-from typing import Protocol, runtime_checkable
+from typing import Any, Dict, Protocol, runtime_checkable
 
 import torch
 
@@ -27,6 +28,33 @@ class RestartableDataLoader(Protocol):
     def aggregate_state_dict(self, worker_states) -> dict: ...
 
     def deaggregate_state_dict(self, aggregated_state_dict, strict=True) -> dict: ...
+
+
+@dataclasses.dataclass
+class DataLoaderCheckpoint:
+    """A worker's position in the run, handed to a restartable dataloader's ``state_dict``
+    through ``cstorch.distributed.get_worker_state()``.
+
+    ``appliance_step``/``worker_step`` count the steps streamed so far (equal with one worker
+    per system) and ``samples_streamed`` the samples.
+    """
+
+    local_worker_id: int
+    num_workers_per_csx: int
+    num_csx: int
+    wse_id: int
+    appliance_step: int
+    worker_step: int
+    samples_streamed: int
+    user_state_dict: Dict[str, Any]
+
+    @property
+    def global_worker_id(self) -> int:
+        return self.wse_id * self.num_workers_per_csx + self.local_worker_id
+
+    @property
+    def total_num_workers(self) -> int:
+        return self.num_workers_per_csx * self.num_csx
 
 
 class DataLoader:
@@ -67,9 +95,20 @@ class DataLoader:
     def is_restartable(self) -> bool:
         return isinstance(self.dataloader, RestartableDataLoader)
 
+    def _configure_worker_state(self, step: int) -> None:
+        """Installs the single worker's state for ``get_worker_state()`` (step-based counts)."""
+        from cstorch.distributed.worker_state import WorkerState
+
+        samples = step * self.batch_size if step > 0 and self.batch_size else 0
+        WorkerState.configure(DataLoaderCheckpoint(
+            local_worker_id=0, num_workers_per_csx=1, num_csx=1, wse_id=0,
+            appliance_step=step, worker_step=step, samples_streamed=samples,
+            user_state_dict=None))
+
     def __iter__(self):
         from cstorch.backend import use_cs
 
+        self._configure_worker_state(0)
         for batch in self.dataloader:
             size = infer_batch_size(batch)
             if not any(isinstance(t, torch.Tensor) for t in torch.utils._pytree.tree_leaves(batch)):
@@ -104,6 +143,7 @@ class DataLoader:
                 "DataLoader state can only be requested at a checkpoint step (inside a "
                 "checkpoint closure), before the first step, or at the final step.")
         loader = self.dataloader
+        self._configure_worker_state(context.user_iteration)
         state = copy.deepcopy(loader.aggregate_state_dict([loader.state_dict()]))
         self.cached_state = state
         return state
@@ -123,6 +163,7 @@ class DataLoader:
                 "Either both or neither of load_state_dict and deaggregate_state_dict of the "
                 "dataloader must accept a `strict` argument.")
         kwargs = {"strict": strict} if takes_strict[0] else {}
+        self._configure_worker_state(0)
         loader.load_state_dict(loader.deaggregate_state_dict(state_dict, **kwargs), **kwargs)
 
 

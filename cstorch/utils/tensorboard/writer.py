@@ -1,0 +1,335 @@
+"""``SummaryWriter`` and ``SummaryReader``: TensorBoard summaries plus Cerebras tensor
+summaries.
+
+The writer is self-contained (see ``event_file``): it does not need the ``tensorboard``
+package, which is not a dependency of this project, and it is the same class whether or not
+that package is installed (one code path). It writes scalars (``add_scalar``,
+``add_scalars``) and text (``add_text``) to a standard ``events.out.tfevents.*`` file that
+TensorBoard reads, and whole tensors (``add_tensor``) with ``torch.save`` under the sibling
+directory ``events.out.csevents.*`` as cerebras-pytorch does. Other ``add_*`` methods of
+torch's writer (images, histograms, graphs) are not provided.
+
+Summaries are meant to be written from step closures, where tensors have values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import json
+import os
+import socket
+import time
+import warnings
+from collections import defaultdict, namedtuple
+from datetime import datetime
+from pathlib import Path
+from typing import Dict, List, Optional, Union
+
+import torch
+
+from cstorch.utils.tensorboard.event_file import Event, Value, encode_record, read_records
+
+_METADATA = "__metadata__"
+_VERSION_KEY = "__version__"
+_VERSION = 1.1
+_TEXT_SUFFIX = "/text_summary"
+_uid = [0]
+
+ScalarEvent = namedtuple("ScalarEvent", ["wall_time", "step", "value"])
+"""One scalar summary: wall time (s), step, value (as TensorBoard's ``ScalarEvent``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorDescriptor:
+    """A tensor summary: the step, the write time (ns since the epoch) and the tensor."""
+
+    step: int
+    ns_since_epoch: int
+    tensor: torch.Tensor
+
+    @property
+    def utctime(self) -> datetime:
+        return datetime.utcfromtimestamp(self.ns_since_epoch / 1e9)
+
+    def to_dict(self) -> dict:
+        return {"step": self.step, "ns_since_epoch": self.ns_since_epoch, "tensor": self.tensor}
+
+    @staticmethod
+    def from_dict(values: dict) -> "TensorDescriptor":
+        return TensorDescriptor(**values)
+
+
+def _scalar(value) -> float:
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"A scalar summary needs a one-element tensor, got shape "
+                             f"{tuple(value.shape)}.")
+        return float(value.detach().reshape(()))
+    return float(value)
+
+
+class SummaryWriter:
+    """Writes summaries for TensorBoard (see the module docstring).
+
+    Args:
+        log_dir: directory of the event file (default ``runs/<date>_<host><comment>``).
+        comment: suffix of the default ``log_dir``.
+        purge_step, max_queue, flush_secs: accepted for compatibility with torch's writer;
+            events are written through on every ``add_*`` call.
+        filename_suffix: suffix of the event file name.
+        base_step: the base step of summaries (kept as ``self.base_step``).
+    """
+
+    def __init__(self, *args, base_step: int = 1, **kwargs):
+        options = _writer_options(*args, **kwargs)
+        log_dir = options["log_dir"]
+        if log_dir is None:
+            stamp = datetime.now().strftime("%b%d_%H-%M-%S")
+            log_dir = os.path.join("runs", f"{stamp}_{socket.gethostname()}{options['comment']}")
+        os.makedirs(log_dir, exist_ok=True)
+        _uid[0] += 1
+        name = (f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}."
+                f"{os.getpid()}.{_uid[0]}{options['filename_suffix']}")
+        self.base_step = base_step
+        self.log_dir = str(log_dir)
+        self.event_file = os.path.join(self.log_dir, name)
+        self.cs_events_dir = Path(self.log_dir, name.replace("events.out.tfevents.",
+                                                             "events.out.csevents.", 1))
+        self.cs_events_dir.mkdir(parents=True, exist_ok=True)
+        metadata = self.cs_events_dir / _METADATA
+        if not metadata.exists():
+            metadata.write_text(json.dumps({_VERSION_KEY: _VERSION}))
+        self._file = open(self.event_file, "ab")
+        self._write(Event(wall_time=time.time(), file_version="brain.Event:2"))
+
+    def get_logdir(self) -> str:
+        return self.log_dir
+
+    def _write(self, event: Event) -> None:
+        if self._file is None:
+            raise RuntimeError("The SummaryWriter is closed; create a new one to write more.")
+        self._file.write(encode_record(event.encode()))
+        self._file.flush()
+
+    def add_scalar(self, tag: str, scalar_value, global_step: Optional[int] = None,
+                   walltime: Optional[float] = None, new_style: bool = False,
+                   double_precision: bool = False) -> None:
+        """Writes ``scalar_value`` (a number or one-element tensor) under ``tag``."""
+        self._write(Event(wall_time=walltime or time.time(), step=int(global_step or 0),
+                          values=[Value(tag, simple_value=_scalar(scalar_value))]))
+
+    def add_scalars(self, main_tag: str, tag_scalar_dict: Dict[str, float],
+                    global_step: Optional[int] = None, walltime: Optional[float] = None) -> None:
+        """Writes several scalars, each to ``<log_dir>/<main_tag>_<tag>`` under ``main_tag``
+        (as torch's writer does)."""
+        walltime = walltime or time.time()
+        for tag, value in tag_scalar_dict.items():
+            key = f"{main_tag.replace('/', '_')}_{tag}"
+            writers = self.__dict__.setdefault("_children", {})
+            if key not in writers:
+                writers[key] = SummaryWriter(os.path.join(self.log_dir, key))
+            writers[key].add_scalar(main_tag, value, global_step, walltime)
+
+    def add_text(self, tag: str, text_string: str, global_step: Optional[int] = None,
+                 walltime: Optional[float] = None) -> None:
+        """Writes ``text_string`` as a text summary (``<tag>/text_summary``)."""
+        value = Value(tag + _TEXT_SUFFIX, strings=[text_string.encode()], plugin_name="text")
+        self._write(Event(wall_time=walltime or time.time(), step=int(global_step or 0),
+                          values=[value]))
+
+    def add_tensor(self, name: str, tensor: torch.Tensor, step: int) -> None:
+        """Saves ``tensor`` as ``<csevents dir>/tensors/<name>/<step>.<time>.pt``."""
+        directory = self.cs_events_dir / "tensors" / name
+        directory.mkdir(parents=True, exist_ok=True)
+        now = time.time_ns()
+        stamp = datetime.fromtimestamp(now / 1e9).strftime("%Y-%m-%dT%H:%M:%S.%f")
+        descriptor = TensorDescriptor(step=int(step), ns_since_epoch=now,
+                                      tensor=torch.as_tensor(tensor).detach().clone())
+        torch.save(descriptor.to_dict(), str(directory / f"{step}.{stamp}.pt"))
+
+    def flush(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+        for child in self.__dict__.get("_children", {}).values():
+            child.flush()
+
+    def close(self) -> None:
+        for child in self.__dict__.get("_children", {}).values():
+            child.close()
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __del__(self):
+        file = self.__dict__.get("_file")
+        if file is not None:
+            file.close()
+
+
+def _writer_options(log_dir=None, comment="", purge_step=None, max_queue=10, flush_secs=120,
+                    filename_suffix=""):
+    return {"log_dir": log_dir, "comment": comment, "filename_suffix": filename_suffix}
+
+
+class SummaryReader:
+    """Reads the summaries written under ``log_dirs`` (event files and tensor summaries).
+
+    Args:
+        log_dirs: a directory (searched recursively), an event file, or a list of them.
+        filter: keep only names matching ``<filter>*/<name>``.
+    """
+
+    def __init__(self, log_dirs, filter: Optional[str] = None, **kwargs):
+        self.filter = filter
+        if not isinstance(log_dirs, (list, tuple, set)):
+            log_dirs = [log_dirs]
+        roots = [Path(d) for d in log_dirs]
+        files = [f for root in roots
+                 for f in (root.rglob("events.out.tfevents.*") if root.is_dir() else [root])
+                 if f.is_file()]
+        if not files:
+            raise RuntimeError(f"No event files found under {list(map(str, log_dirs))}.")
+        directories = sorted({f.parent.resolve() for f in files})
+        common = Path(os.path.commonpath([str(d) for d in directories]))
+        self.event_file_dirs = {str(d.relative_to(common)): str(d) for d in directories}
+        self.summary_dirs = []
+        for root in roots:
+            candidates = ([root] if fnmatch.fnmatch(root.name, "events.out.csevents.*")
+                          else root.rglob("events.out.csevents.*") if root.is_dir() else [])
+            for directory in candidates:
+                if not directory.is_dir():
+                    continue
+                metadata = directory / _METADATA
+                if not metadata.exists():
+                    raise FileNotFoundError(f"Could not detect the version of the Cerebras "
+                                            f"summaries in {directory} (no {_METADATA} file).")
+                version = json.loads(metadata.read_text()).get(_VERSION_KEY)
+                if version != _VERSION:
+                    warnings.warn(f"Skipping Cerebras summaries of unknown version {version} "
+                                  f"in {directory}.", stacklevel=2)
+                    continue
+                if (directory / "tensors").exists():
+                    self.summary_dirs.append(directory / "tensors")
+        self._runs: Optional[dict] = None
+
+    # ------------------------------------------------------------------ event files
+    def reload(self) -> None:
+        """Re-reads every event file."""
+        runs = {}
+        for run, directory in self.event_file_dirs.items():
+            scalars, texts = defaultdict(list), defaultdict(list)
+            for path in sorted(Path(directory).glob("events.out.tfevents.*")):
+                for record in read_records(str(path)):
+                    event = Event.decode(record)
+                    for value in event.values:
+                        if value.strings is not None and value.tag.endswith(_TEXT_SUFFIX):
+                            texts[value.tag].append((event.wall_time, event.step,
+                                                     [s.decode() for s in value.strings]))
+                        elif value.simple_value is not None:
+                            scalars[value.tag].append(
+                                ScalarEvent(event.wall_time, event.step, value.simple_value))
+            runs[run] = {"scalars": dict(scalars), "text": dict(texts)}
+        self._runs = runs
+
+    def _loaded(self) -> dict:
+        if self._runs is None:
+            self.reload()
+        return self._runs
+
+    def _pattern(self, name: str) -> str:
+        return f"{self.filter}*/{name}" if self.filter else name
+
+    def _matching(self, kind: str, name: str) -> dict:
+        pattern = self._pattern(name)
+        return {run: [tag for tag in data[kind] if fnmatch.fnmatch(tag, pattern)]
+                for run, data in self._loaded().items()}
+
+    def Tags(self) -> dict:
+        """Run -> {"scalars": [...], "tensors": [...]} (text summaries are tensors)."""
+        return {run: {"scalars": sorted(data["scalars"]), "tensors": sorted(data["text"])}
+                for run, data in self._loaded().items()}
+
+    def read_scalar(self, name: str, step: Optional[int] = None):
+        """All ``ScalarEvent``s of ``name``, or the one at ``step`` (KeyError if absent)."""
+        matches = self._matching("scalars", name)
+        if not any(matches.values()):
+            raise RuntimeError(f"Could not find scalar {name!r}. Valid scalar names:\n"
+                               f"{sorted(self.scalar_names())}")
+        events = [event for run, tags in matches.items() for tag in tags
+                  for event in self._runs[run]["scalars"][tag]]
+        if step is None:
+            return events
+        for event in events:
+            if event.step == step:
+                return event
+        raise KeyError(f"Could not find scalar {name!r} at step {step}.")
+
+    def Scalars(self, name: str):
+        """Alias of ``read_scalar(name)``."""
+        return self.read_scalar(name)
+
+    def scalar_names(self) -> set:
+        return {tag for tags in self._matching("scalars", "*").values() for tag in tags}
+
+    def scalar_groups(self) -> set:
+        return {name.partition("/")[0] for name in self.scalar_names()}
+
+    def text_summary_names(self) -> set:
+        return {tag[:-len(_TEXT_SUFFIX)]
+                for tags in self._matching("text", "*" + _TEXT_SUFFIX).values() for tag in tags}
+
+    def read_text_summary(self, name: str, step: Optional[int] = None):
+        """The texts of text summary ``name``: a list of ``(wall_time, step, [str])``, or the
+        strings at ``step``."""
+        matches = self._matching("text", name + _TEXT_SUFFIX)
+        entries = [entry for run, tags in matches.items() for tag in tags
+                   for entry in self._runs[run]["text"][tag]]
+        if not entries:
+            raise RuntimeError(f"Could not find text summary {name!r}. Valid names:\n"
+                               f"{sorted(self.text_summary_names())}")
+        if step is None:
+            return entries
+        for _, entry_step, strings in entries:
+            if entry_step == step:
+                return strings
+        raise KeyError(f"Could not find text summary {name!r} at step {step}.")
+
+    # ------------------------------------------------------------------ tensors
+    def tensor_names(self) -> set:
+        pattern = f"{self.filter}*/**" if self.filter else "**"
+        return {str(sub.relative_to(directory)) for directory in self.summary_dirs
+                for sub in directory.glob(pattern)
+                if sub.is_dir() and not any(child.is_dir() for child in sub.iterdir())}
+
+    def read_tensor(self, name: str, step: Optional[int] = None, latest_only: bool = True
+                    ) -> Union[TensorDescriptor, List[TensorDescriptor], Dict, None]:
+        """Tensor summaries of ``name``: at ``step`` (the latest, or all sorted by time if not
+        ``latest_only``), or a dict step -> those for every step. None (with a warning) if
+        there are none."""
+        pattern = f"{self._pattern(name)}/{step if step is not None else '*'}.*.pt"
+        found = defaultdict(list)
+        for directory in self.summary_dirs:
+            for path in directory.glob(pattern):
+                descriptor = TensorDescriptor.from_dict(torch.load(str(path), weights_only=True))
+                found[descriptor.step].append(descriptor)
+        if not found:
+            warnings.warn(f"No tensor named {name!r} has been summarized"
+                          + (f" at step {step}" if step is not None else "") + ".", stacklevel=2)
+            return None
+
+        def pick(descriptors):
+            if latest_only:
+                return max(descriptors, key=lambda d: d.ns_since_epoch)
+            return sorted(descriptors, key=lambda d: d.ns_since_epoch)
+
+        if step is not None:
+            return pick(found[step])
+        return {s: pick(d) for s, d in found.items()}
