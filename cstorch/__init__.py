@@ -10,6 +10,13 @@ import jax_backend as _jax_backend
 _jax_backend.register_internal_dir(_os.path.dirname(__file__))
 
 from cstorch import amp, backend as _backend_module, core, optim, utils  # noqa: E402,F401
+from cstorch import distributed  # noqa: E402
+from cstorch import experimental  # noqa: E402
+from cstorch import mesh  # noqa: E402
+from cstorch import metrics  # noqa: E402
+from cstorch import nn  # noqa: E402
+from cstorch import profiler  # noqa: E402
+from cstorch import sparse  # noqa: E402
 from cstorch.backend import (  # noqa: E402
     backend,
     current_backend,
@@ -17,15 +24,31 @@ from cstorch.backend import (  # noqa: E402
     current_torch_device,
     use_cs,
 )
+from cstorch.backends import backends  # noqa: E402
 from cstorch.core.compile import compile, trace  # noqa: A004,E402
 from cstorch.core.device import device  # noqa: E402
+from cstorch.core.name_scope import add_debug_name  # noqa: E402
+from cstorch.core.name_scope import get_debug_name  # noqa: E402
+from cstorch.core.name_scope import name_scope  # noqa: E402
+from cstorch.core.name_scope import set_debug_scope  # noqa: E402
+from cstorch.core.tensor import tensor  # noqa: E402
+from cstorch.decomp.registry import register_decomposition  # noqa: E402
 from cstorch.storage import load, save  # noqa: E402
+from cstorch.utils.constant import make_constant  # noqa: E402
 from cstorch.utils.data.data_executor import current_executor  # noqa: E402
+from cstorch.utils.data.utils import from_numpy, to_numpy  # noqa: E402
+from cstorch.utils.device_annotation import device_annotation  # noqa: E402
+from cstorch.utils.pol import current_pol, pol  # noqa: E402
 from cstorch.utils.step_closures import checkpoint_closure, step_closure  # noqa: E402
+from cstorch.utils.tensor import full, full_like, ones, ones_like, zeros, zeros_like  # noqa: E402
+from cstorch.utils._removed import __getattr__  # noqa: E402,F401
 
 __version__ = "2.10.0"
 
 __all__ = [
-    "amp", "backend", "checkpoint_closure", "compile", "current_backend", "current_executor",
-    "current_torch_device", "load", "optim", "save", "step_closure", "trace", "use_cs", "utils",
+    "amp", "backend", "backends", "checkpoint_closure", "compile", "current_backend",
+    "current_executor", "current_torch_device", "experimental", "from_numpy", "full",
+    "full_like", "load", "mesh", "metrics", "nn", "ones", "ones_like", "optim",
+    "register_decomposition", "save", "step_closure", "to_numpy", "trace", "use_cs", "utils",
+    "zeros", "zeros_like",
 ]
