@@ -249,6 +249,8 @@ class BuiltinOptimizer(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if not self.backend.is_tracing:
+            self.backend.materialize_state()  # an eager step must start from the newest state
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if not params:

@@ -210,6 +210,9 @@ class Scheduler(ABC):
 
     def step(self, *args, **kwargs):
         """Advances ``last_epoch`` and writes the new value into the param groups."""
+        impl = current_backend_impl(raise_exception=False)
+        if impl is not None and not impl.is_tracing:
+            impl.materialize_state()  # an eager step must start from the newest state
         self.increment_last_epoch()
         self._step_count += 1
         if self._step_count == 1:

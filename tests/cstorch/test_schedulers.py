@@ -456,3 +456,25 @@ def test_scheduled_values_stay_tensors_when_loading_plain_numbers(cpu_backend):
     optimizer.param_groups[0]["lr"] = 0.5  # a plain number cannot be updated by a traced step
     with pytest.raises(RuntimeError, match="holds 0.5 instead of a float32 0-dim tensor"):
         cstorch.trace(lambda: (optimizer.step(), scheduler.step()))()
+
+
+def test_eager_steps_after_traced_steps_start_from_the_newest_state(cpu_backend):
+    model = torch.nn.Linear(2, 1)
+    compiled = cstorch.compile(model, cpu_backend)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    scheduler = L.StepLR(optimizer, 1.0, step_size=1, gamma=0.5)
+
+    def step(x):
+        compiled(x).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        scheduler.step()
+
+    traced = cstorch.trace(step)
+    x = torch.ones(3, 2)
+    for _ in range(3):
+        traced(x)
+    step(x)  # eagerly
+    traced(x)
+    assert scheduler.get_last_lr()[0].item() == 0.5 ** 5
+    assert scheduler.last_epoch.item() == 5
