@@ -1,4 +1,10 @@
-"""cstorch optimizers, schedulers and the 1.x configuration helpers."""
+"""cstorch optimizers and schedulers.
+
+``__all__`` lists what cerebras-pytorch 2.10 exports. The configuration helpers of the 1.x API
+(``configure_optimizer``, ``configure_lr_scheduler``, ``configure_scheduler``,
+``configure_optimizer_params``, ``configure_scheduler_params``; ``cstorch.optim.config``) are
+importable from here too, for older scripts.
+"""
 
 from cstorch.optim import lr_scheduler, scheduler, weight_decay_scheduler
 from cstorch.optim.adadelta import Adadelta
