@@ -113,6 +113,7 @@ TOLERANCES = {
     "nn.functional.layer_norm": (1e-5, 1e-5, "weight grads sum over the batch in a different order"),
     "nn.functional.normalize": (1e-5, 1e-5, "norm reduction order; grads near zero norm amplify it"),
     "nn.functional.grid_sample": (1e-5, 2e-5, "grid grads sum four corner products scaled by size/2"),
+    "grid_sampler_3d": (1e-5, 1e-5, "eight-corner trilinear sums, same reason as grid_sample"),
     "nn.functional.interpolate.bicubic": (1e-5, 1e-5, "separable 4-tap sums vs ATen's fused 16-tap kernel"),
     "nn.functional.interpolate.trilinear": (1e-5, 1e-5, "separable lerps vs ATen's fused 8-corner kernel"),
     "_upsample_bilinear2d_aa": (1e-4, 3e-5, "antialias weights in float64 then cast; ATen computes them in float32"),

@@ -579,13 +579,13 @@ def aten_lerp(x, end, weight):
 
 @lowers(aten.complex.default)
 def aten_complex(real, imag):
-    real, imag = promote(real, imag)
+    real, imag = jnp.broadcast_arrays(*promote(real, imag))
     return lax.complex(real, imag)
 
 
 @lowers(aten.polar.default)
 def aten_polar(magnitude, angle):
-    magnitude, angle = promote(magnitude, angle)
+    magnitude, angle = jnp.broadcast_arrays(*promote(magnitude, angle))
     return lax.complex(magnitude * jnp.cos(angle), magnitude * jnp.sin(angle))
 
 
