@@ -450,3 +450,42 @@ def aten_histc(x, bins=100, min=0, max=0):
     position = jnp.clip(position, 0, bins - 1)
     counts = jnp.zeros((bins,), x.dtype).at[position].add(inside.astype(x.dtype))
     return counts
+
+
+# - func: histogram.bin_ct(Tensor self, int bins=100, *, float[]? range=None,
+#   Tensor? weight=None, bool density=False) -> (Tensor hist, Tensor bin_edges)
+@lowers(aten.histogram.bin_ct)
+def aten_histogram_bin_ct(x, bins=100, *, range=None, weight=None, density=False):
+    """Equal-width bins over ``range`` (or the data's span, widened by 0.5 if empty)."""
+    data = x.reshape(-1)
+    if range is not None:
+        lo, hi = jnp.asarray(range[0], x.dtype), jnp.asarray(range[1], x.dtype)
+    else:
+        lo = jnp.min(data) if data.size else jnp.zeros((), x.dtype)
+        hi = jnp.max(data) if data.size else jnp.zeros((), x.dtype)
+    same = lo == hi
+    lo, hi = jnp.where(same, lo - 0.5, lo), jnp.where(same, hi + 0.5, hi)
+    edges = lo + (hi - lo) * (jnp.arange(bins + 1, dtype=x.dtype) / bins)
+    edges = edges.at[-1].set(hi)
+    position = jnp.clip(jnp.searchsorted(edges, data, side="right") - 1, 0, bins - 1)
+    inside = (data >= lo) & (data <= hi)
+    w = jnp.ones_like(data) if weight is None else weight.reshape(-1).astype(x.dtype)
+    hist = jnp.zeros((bins,), x.dtype).at[position].add(jnp.where(inside, w, 0))
+    if density:
+        hist = hist / (jnp.sum(hist) * (edges[1:] - edges[:-1]))
+    return hist, edges
+
+
+@lowers(aten.histogram.bins_tensor)
+def aten_histogram_bins_tensor(x, bins, *, weight=None, density=False):
+    """Histogram over explicit (increasing) bin edges; the last bin includes its right edge."""
+    data = x.reshape(-1)
+    edges = bins.astype(x.dtype)
+    count = edges.shape[0] - 1
+    position = jnp.clip(jnp.searchsorted(edges, data, side="right") - 1, 0, max(count - 1, 0))
+    inside = (data >= edges[0]) & (data <= edges[-1])
+    w = jnp.ones_like(data) if weight is None else weight.reshape(-1).astype(x.dtype)
+    hist = jnp.zeros((count,), x.dtype).at[position].add(jnp.where(inside, w, 0))
+    if density:
+        hist = hist / (jnp.sum(hist) * (edges[1:] - edges[:-1]))
+    return hist, edges
