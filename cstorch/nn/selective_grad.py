@@ -94,7 +94,7 @@ class SelectiveGrad:
     def __init__(self, param_filter, init_method="outlier"):
         self._param_filter = make_param_filter(param_filter)
         self._init_method = make_init_method(init_method)
-        self._selected: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        self._selected = torch.utils.weak.WeakIdKeyDictionary()
         self._hooks = None
         self._held = {}
 
