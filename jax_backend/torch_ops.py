@@ -29,19 +29,6 @@ def optimizer_spec(name: str, static_hyperparams: dict, dynamic_names) -> str:
                        "dynamic": list(dynamic_names)}, sort_keys=True)
 
 
-def optimizer_state_keys(name: str, static_hyperparams: dict, dynamic_names) -> tuple:
-    """The torch state keys of an update rule, in the order ``optimizer_step`` expects them."""
-    return _state_keys(name, json.dumps(static_hyperparams, sort_keys=True),
-                       tuple(sorted(dynamic_names)))
-
-
-@functools.lru_cache(maxsize=256)
-def _state_keys(name, static_json, dynamic_names):
-    hyper = json.loads(static_json)
-    hyper.update({key: 0.0 for key in dynamic_names})
-    return tuple(optimizers.init_state(name, hyper, [jnp.zeros(())]).keys())
-
-
 def optimizer_state_layout(name: str, static_hyperparams: dict, dynamic_names, params):
     """``(fields, keys_per_param)``: the update rule's state fields in order (the order of
     ``optimizer_step``'s state leaves) and the torch state keys of each of ``params`` (only

@@ -13,6 +13,7 @@ from cstorch.amp._amp_state import (
 )
 from cstorch.amp._compat import (
     disable_casts,
+    finite_increment,
     float_function,
     half_function,
     init,

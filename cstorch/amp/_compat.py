@@ -50,5 +50,14 @@ def isfinite(optimizer):
 
 
 def update_if_finite(optimizer, tensor):
-    """Accepted for compatibility: conditional updates are explicit in cstorch-jax."""
+    """Accepted for compatibility: conditional updates are explicit in cstorch-jax (see
+    ``GradScaler.step_if_finite`` and ``finite_increment``)."""
     return tensor
+
+
+def finite_increment(optimizer):
+    """How far a counter tied to ``optimizer`` advances this step: 1, or — while a dynamic
+    GradScaler checked this step's gradients — 1 if they were finite and 0 if the update was
+    skipped (so schedulers do not advance on skipped steps, as in cerebras-pytorch)."""
+    value = getattr(getattr(optimizer, "_amp_stash", None), "isfinite", None)
+    return value.long() if isinstance(value, torch.Tensor) else 1

@@ -31,6 +31,7 @@ import torch
 import jax_backend
 from jax_backend import Slot
 from jax_backend.torch_ops import schedule_config
+from cstorch.amp import finite_increment
 from cstorch.backend import current_backend_impl
 
 Tags = Optional[Union[str, List[Optional[str]]]]
@@ -202,9 +203,10 @@ class Scheduler(ABC):
                 for g in self.optimizer.param_groups]
 
     def increment_last_epoch(self):
-        """Adds 1 to ``last_epoch`` (in place once it is a tensor)."""
+        """Adds 1 to ``last_epoch`` (in place once it is a tensor); with dynamic loss scaling,
+        a step whose update was skipped does not count."""
         if isinstance(self.last_epoch, torch.Tensor):
-            self.last_epoch.add_(1)
+            self.last_epoch.add_(finite_increment(self.optimizer))
         else:
             self.last_epoch += 1
 
@@ -487,7 +489,8 @@ class SequentialScheduler(Scheduler):
         self._schedulers[0].increment_last_epoch()
         for index, milestone in enumerate(self._milestones):
             child = self._schedulers[index + 1]
-            child.last_epoch.add_(torch.where(self.last_epoch <= milestone, 0, 1))
+            active = torch.where(self.last_epoch <= milestone, 0, 1)
+            child.last_epoch.add_(active * finite_increment(self.optimizer))
 
     def state_dict(self):
         state = super().state_dict()

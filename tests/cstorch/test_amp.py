@@ -184,3 +184,38 @@ def test_overflow_skips_the_update_halves_the_scale_and_recovers():
     assert skipped[overflow_at - 1] == 0 and skipped[overflow_at] == 1 and skipped[-1] == 1
     assert all(np.isfinite(losses[overflow_at + 1:]))
     assert losses[-1] < losses[overflow_at + 1]
+
+
+def test_schedulers_do_not_advance_on_skipped_steps():
+    cstorch.amp.set_half_dtype("bfloat16")  # wide range: only the injected step overflows
+    backend = cstorch.backend("CPU")
+    model = torch.nn.Linear(4, 1)
+    compiled = cstorch.compile(model, backend)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+    warmup = cstorch.optim.lr_scheduler.LinearLR(optimizer, initial_learning_rate=0.0,
+                                                 end_learning_rate=0.1, total_iters=4)
+    decay = cstorch.optim.lr_scheduler.ConstantLR(optimizer, learning_rate=0.05)
+    scheduler = cstorch.optim.lr_scheduler.SequentialLR(optimizer, [warmup, decay],
+                                                        milestones=[4])
+    scaler = cstorch.amp.GradScaler(loss_scale="dynamic")
+    epochs = []
+
+    @cstorch.step_closure
+    def record(epoch):
+        epochs.append(int(epoch))
+
+    @cstorch.trace
+    def step(x, multiplier):
+        loss = compiled(x).sum() * multiplier
+        cstorch.amp.optimizer_step(loss, optimizer, scaler)
+        scheduler.step()
+        record(scheduler.last_epoch)
+        return loss
+
+    batches = [(torch.ones(2, 4), torch.tensor(1e38 if i == 2 else 1.0)) for i in range(6)]
+    for x, multiplier in cstorch.utils.data.DataExecutor(
+            cstorch.utils.data.DataLoader(lambda: batches)):
+        step(x, multiplier)
+    assert epochs == [1, 2, 2, 3, 4, 5]
+    lr = scheduler.get_last_lr()[0].item()
+    assert lr == pytest.approx(0.05)  # five counted steps: past the milestone
