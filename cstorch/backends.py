@@ -14,7 +14,7 @@ on a real system where the flags are compiled into the run.
 
 import dataclasses
 import os
-from typing import Any, Dict, List, Literal, Optional, Union
+from typing import Any, List, Literal, Optional, Union
 
 from cstorch.utils import _flags as _flags_module
 from cstorch.utils._flags import DEFAULT, _flags, flag

@@ -91,9 +91,7 @@ def np_roc_auc_exact(labels, scores, weights=None):
     pos, neg = labels > 0, labels <= 0
     diff = scores[pos][:, None] - scores[neg][None, :]
     pair_w = w[pos][:, None] * w[neg][None, :]
-    return float(((diff > 0) + 0.5 * (diff == 0)).astype(float).mul(pair_w).sum()
-                 / pair_w.sum()) if False else float(
-        (((diff > 0) + 0.5 * (diff == 0)) * pair_w).sum() / pair_w.sum())
+    return float((((diff > 0) + 0.5 * (diff == 0)) * pair_w).sum() / pair_w.sum())
 
 
 def np_auc_riemann(labels, scores, num_thresholds, curve, method, weights=None):

@@ -3,7 +3,7 @@ checks without real data."""
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Optional
+from typing import Iterator, Optional
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
