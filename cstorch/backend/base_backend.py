@@ -148,24 +148,36 @@ class BaseBackend:
         self._invalidate_state_view()
 
     # ------------------------------------------------------------------ state
-    def state_slots(self) -> list[Slot]:
-        """Every place holding a tensor that outlives a step, in a deterministic order."""
-        slots = []
-        for model in self.models:
-            for module in model.modules():
-                slots += [Slot(module._parameters, n) for n, p in module._parameters.items()
-                          if p is not None]
-                slots += [Slot(module._buffers, n) for n, b in module._buffers.items()
-                          if b is not None]
-        for optimizer in self.optimizer_registry:
-            for group in optimizer.param_groups:
-                slots += [Slot(group, k) for k, v in group.items()
-                          if k != "params" and isinstance(v, torch.Tensor)]
-            for state in optimizer.state.values():
-                slots += [Slot(state, k) for k, v in state.items() if isinstance(v, torch.Tensor)]
-        for obj in self.schedulers + self.grad_scalers + self.metrics + self.stateful_objects:
-            slots += obj._cstorch_state_slots()
-        return slots
+    def state_slots(self) -> list[tuple[tuple, Slot]]:
+        """Every place holding a tensor that outlives a step, as ``(path, slot)`` pairs.
+
+        A path names the place independently of the tensor in it and of other registered
+        objects (registries only grow), so a compiled step can find its state again after
+        new models, optimizers or metrics were registered."""
+        entries = []
+        for m, model in enumerate(self.models):
+            for name, module in model.named_modules():
+                entries += [(("model", m, name, "param", n), Slot(module._parameters, n))
+                            for n, p in module._parameters.items() if p is not None]
+                entries += [(("model", m, name, "buffer", n), Slot(module._buffers, n))
+                            for n, b in module._buffers.items() if b is not None]
+        for o, optimizer in enumerate(self.optimizer_registry):
+            position = {}
+            for g, group in enumerate(optimizer.param_groups):
+                entries += [(("optimizer", o, "group", g, k), Slot(group, k))
+                            for k, v in group.items()
+                            if k != "params" and isinstance(v, torch.Tensor)]
+                for p in group["params"]:
+                    position.setdefault(id(p), len(position))
+            for param, state in optimizer.state.items():
+                where = position.get(id(param), ("unlisted", id(param)))
+                entries += [(("optimizer", o, "state", where, k), Slot(state, k))
+                            for k, v in state.items() if isinstance(v, torch.Tensor)]
+        for kind, objects in (("scheduler", self.schedulers), ("scaler", self.grad_scalers),
+                              ("metric", self.metrics), ("stateful", self.stateful_objects)):
+            for i, obj in enumerate(objects):
+                entries += [((kind, i, slot.key), slot) for slot in obj._cstorch_state_slots()]
+        return entries
 
     def _invalidate_state_view(self, *args, **kwargs):
         self._state_epoch += 1
@@ -177,8 +189,7 @@ class BaseBackend:
         epoch) and every slot still holds the tensor it held (catches rebinding)."""
         view = self._state_view
         if view is None or view.epoch != self._state_epoch or not view.still_holds():
-            slots = self.state_slots()
-            view = StateView(self._state_epoch, slots)
+            view = StateView(self._state_epoch, self.state_slots())
             self.device_state.retain(view.tensors)
             self._state_view = view
         return view
@@ -278,21 +289,27 @@ class BaseBackend:
 
 
 class StateView:
-    """A snapshot of where the state lives: slots, the tensors they hold, unique tensors."""
+    """A snapshot of where the state lives: slots with their paths, and the unique tensors
+    they hold (each named by the path of its first slot)."""
 
-    def __init__(self, epoch: int, slots: list):
+    def __init__(self, epoch: int, entries: list):
         self.epoch = epoch
-        self.slots = slots
-        self.held = [slot.get() for slot in slots]
-        seen, tensors = set(), []
-        for tensor in self.held:
+        self.slots = [slot for _, slot in entries]
+        self.held = [slot.get() for slot in self.slots]
+        seen, tensors, paths = set(), [], []
+        for (path, _), tensor in zip(entries, self.held):
             if id(tensor) not in seen:
                 seen.add(id(tensor))
                 tensors.append(tensor)
+                paths.append(path)
         self.tensors = tensors
-        self.avals = tuple((tuple(t.shape), t.dtype) for t in tensors)
+        self.paths = paths
+        self.index_of = {path: i for i, path in enumerate(paths)}
+
+    def aval(self, index: int) -> tuple:
+        tensor = self.tensors[index]
+        return tuple(tensor.shape), tensor.dtype
 
     def still_holds(self) -> bool:
         return all(slot.container.get(slot.key) is tensor
                    for slot, tensor in zip(self.slots, self.held))
-

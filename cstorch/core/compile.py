@@ -121,13 +121,56 @@ class _CompiledStep:
     program: Program
     closures: list  # (kind, fn) per closure recorded during the trace
     python_leaves: tuple  # the non-tensor arguments the graph was traced with
+    used_paths: list  # state paths of the program's state inputs
+    written_paths: list  # state paths of the program's state outputs
+    state_avals: dict  # path -> (shape, dtype) the program was compiled for
+    hyperparameters: list  # per optimizer that existed at compile time: its group values
+    _resolved: tuple = (None, None, None)  # (view, used indices, written indices)
+
+    def matches_hyperparameters(self, current: list) -> bool:
+        """Python-number hyperparameters are constants of the graph: a program only serves
+        optimizers whose param groups hold the values (or tensor-ness) it was traced with."""
+        return current[:len(self.hyperparameters)] == self.hyperparameters
+
+    def resolve(self, view):
+        """Positions of this program's state in ``view``; None if the state it was compiled
+        for is gone or changed shape/dtype (cached per view)."""
+        if self._resolved[0] is view:
+            return self._resolved[1:]
+        try:
+            used = [view.index_of[p] for p in self.used_paths]
+            written = [view.index_of[p] for p in self.written_paths]
+        except KeyError:
+            return None
+        for path, index in zip(self.used_paths + self.written_paths, used + written):
+            if view.aval(index) != self.state_avals[path]:
+                return None
+        self._resolved = (view, used, written)
+        return used, written
 
 
-def _signature(leaves, spec, impl, view):
+def _frozen(value):
+    if isinstance(value, torch.Tensor):
+        return "<tensor>"
+    if isinstance(value, (set, frozenset)):
+        return frozenset(value)
+    if isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+def _hyperparameters(impl) -> list:
+    """The param-group values (tensors marked as such) of every registered optimizer."""
+    return [tuple(tuple((k, _frozen(v)) for k, v in group.items() if k != "params")
+                  for group in optimizer.param_groups)
+            for optimizer in impl.optimizer_registry]
+
+
+def _signature(leaves, spec, impl):
+    """What selects a program, besides the state it uses (checked by ``resolve``)."""
     tensors = tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else None
                     for x in leaves)
-    return (spec, tensors, view.avals, impl.mode_version, torch.is_grad_enabled(),
-            impl.precision_policy())
+    return (spec, tensors, impl.mode_version, torch.is_grad_enabled(), impl.precision_policy())
 
 
 def _input_array(tensor):
@@ -149,13 +192,14 @@ class TracedStep:
     def __init__(self, step_fn: Callable):
         self.step_fn = step_fn
         self.trace_count = 0
-        self._programs: dict = {}
+        self._programs: dict = {}  # signature -> [_CompiledStep], told apart by their state
+        self._last_key = None
         self._warned_frozen = False
         functools.update_wrapper(self, step_fn)
 
     @property
     def programs(self) -> list:
-        return [entry.program for entry in self._programs.values()]
+        return [entry.program for entries in self._programs.values() for entry in entries]
 
     def __call__(self, *args, **kwargs):
         impl = current_backend_impl()
@@ -163,18 +207,23 @@ class TracedStep:
             return self.step_fn(*args, **kwargs)
         leaves, spec = pytree.tree_flatten((args, kwargs))
         view = impl.state_view()
-        key = _signature(leaves, spec, impl, view)
-        entry = self._programs.get(key)
-        if entry is None:
-            entry = self._compile(impl, key, leaves, spec, view.slots)
+        key = _signature(leaves, spec, impl)
+        hyperparameters = _hyperparameters(impl)
+        for entry in self._programs.get(key, ()):
+            positions = entry.resolve(view)
+            if positions is not None and entry.matches_hyperparameters(hyperparameters):
+                self._check_frozen(entry, leaves)
+                break
         else:
-            self._check_frozen(entry, leaves)
-        return self._run(impl, entry, leaves, view.tensors)
+            entry = self._compile(impl, key, leaves, spec, view)
+            positions = entry.resolve(view)
+        self._last_key = key
+        return self._run(impl, entry, leaves, view, *positions)
 
     # ---------------------------------------------------------------------------- compile
-    def _compile(self, impl, key, leaves, spec, slots) -> _CompiledStep:
+    def _compile(self, impl, key, leaves, spec, view) -> _CompiledStep:
         if self._programs:
-            changed = _describe_change(next(reversed(self._programs)), key)
+            changed = _describe_change(self._last_key, key)
             if impl.is_csx:
                 raise jax_backend.RecompilationError(
                     f"The step function {self.step_fn.__name__!r} was called with a new "
@@ -201,16 +250,20 @@ class TracedStep:
         for hook in list(_trace_pre_hooks.values()):
             hook()
         policy = impl.precision_policy()
-        captured = capture_step(step, slots, [_metadata_twin(leaves[i]) for i in positions],
-                                policy)
+        captured = capture_step(step, view.slots,
+                                [_metadata_twin(leaves[i]) for i in positions], policy)
         for hook in list(_trace_post_hooks.values()):
             hook()
         self.trace_count += 1
         program = Program(captured, policy=policy, layout=impl.layout)
         python_leaves = tuple(None if isinstance(x, torch.Tensor) else x for x in leaves)
+        used = [view.paths[i] for i in captured.used_state]
+        written = [view.paths[i] for i in captured.written_state]
+        avals = {view.paths[i]: view.aval(i)
+                 for i in captured.used_state + captured.written_state}
         entry = _CompiledStep(captured, program, [(r.kind, r.fn) for r in records],
-                              python_leaves)
-        self._programs[key] = entry
+                              python_leaves, used, written, avals, _hyperparameters(impl))
+        self._programs.setdefault(key, []).append(entry)
         return entry
 
     def _check_frozen(self, entry, leaves):
@@ -234,14 +287,13 @@ class TracedStep:
                 return
 
     # -------------------------------------------------------------------------------- run
-    def _run(self, impl, entry: _CompiledStep, leaves, state):
+    def _run(self, impl, entry: _CompiledStep, leaves, view, used_index, written_index):
         captured, program = entry.captured, entry.program
-        used = [state[i] for i in captured.used_state]
-        arrays = impl.device_state.arrays(used)
+        arrays = impl.device_state.arrays([view.tensors[i] for i in used_index])
         inputs = [_input_array(x) for x in leaves if isinstance(x, torch.Tensor)]
         seed = impl.draw_seed() if program.uses_rng else 0
         new_state, outputs = program(arrays, inputs, seed)
-        impl.device_state.update([state[i] for i in captured.written_state], new_state)
+        impl.device_state.update([view.tensors[i] for i in written_index], new_state)
 
         produced = iter(outputs)
         flat = [LazyTensor(next(produced)) if is_tensor else constant
@@ -257,12 +309,14 @@ class TracedStep:
         if not self._programs:
             raise RuntimeError(
                 f"{self.step_fn.__name__!r} has not been compiled yet; call it once first.")
-        return next(reversed(self._programs.values()))
+        return self._programs[self._last_key][-1]
 
     def _example_arguments(self, entry):
-        impl = current_backend_impl()
-        state = impl.state_view().tensors
-        used = impl.device_state.arrays([state[i] for i in entry.captured.used_state])
+        view = current_backend_impl().state_view()
+        positions = entry.resolve(view)
+        if positions is None:
+            raise RuntimeError("The state this program was compiled for no longer exists.")
+        used = current_backend_impl().device_state.arrays([view.tensors[i] for i in positions[0]])
         return used, entry.program.input_specs(), 0
 
     def jaxpr(self):
@@ -285,10 +339,13 @@ class TracedStep:
 
 
 def _describe_change(old, new) -> str:
-    names = ["input structure", "input shapes/dtypes", "state shapes/dtypes",
-             "train/eval mode", "grad mode", "precision policy"]
+    names = ["input structure", "input shapes/dtypes", "train/eval mode", "grad mode",
+             "precision policy"]
     changed = [name for name, a, b in zip(names, old, new) if a != b]
-    return ", ".join(changed) or "unknown"
+    return ", ".join(changed) or (
+        "an optimizer hyperparameter that is a Python number changed, or the state the step "
+        "uses changed shape or dtype; schedule hyperparameters with a cstorch scheduler (or "
+        "store them as tensors) to change them without recompiling")
 
 
 def trace(step_fn: Callable) -> TracedStep:

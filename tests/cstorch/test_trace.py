@@ -217,3 +217,59 @@ def test_introspection_of_the_compiled_program():
     assert callable(step.pure_function())
     cost = step.cost_analysis()
     assert cost is not None
+
+
+def _train_step(compiled, optimizer):
+    @cstorch.trace
+    def train_step(x):
+        loss = compiled(x).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return train_step
+
+
+@pytest.mark.parametrize("kind", ["CPU", "CSX"])
+def test_new_stateful_objects_do_not_recompile_existing_steps(kind):
+    model, compiled, optimizer = _setup(kind)
+    cstorch.amp.enable_mixed_precision(False)
+    train_step = _train_step(compiled, optimizer)
+    x = torch.randn(3, 4)
+    first = train_step(x).item()
+    # An eval metric and a second optimizer appear after the step compiled.
+    cstorch.metrics.AccuracyMetric("accuracy")
+    cstorch.optim.SGD(model.parameters(), lr=0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RecompilationWarning)
+        second = train_step(x).item()
+    assert train_step.trace_count == 1
+    assert second < first  # the step still updates the same parameters
+
+
+def test_changing_a_python_number_hyperparameter_recompiles():
+    model, compiled, optimizer = _setup("CPU")
+    train_step = _train_step(compiled, optimizer)
+    x = torch.randn(3, 4)
+    train_step(x)
+    before = model.state_dict()["weight"].clone()
+    optimizer.param_groups[0]["lr"] = 0.0  # a Python number is a graph constant
+    with pytest.warns(RecompilationWarning, match="hyperparameter"):
+        train_step(x)
+    assert torch.equal(model.state_dict()["weight"], before)  # lr 0 was used
+    # A scheduler makes lr a tensor: one more compile, after which lr changes are free.
+    cstorch.optim.lr_scheduler.LinearLR(optimizer, initial_learning_rate=0.1,
+                                        end_learning_rate=0.0, total_iters=2)
+    with pytest.warns(RecompilationWarning):
+        train_step(x)
+    assert train_step.trace_count == 3
+
+
+def test_changing_a_python_number_hyperparameter_raises_on_csx():
+    _, compiled, optimizer = _setup("CSX")
+    train_step = _train_step(compiled, optimizer)
+    train_step(torch.randn(3, 4))
+    optimizer.param_groups[0]["lr"] = 0.05
+    with pytest.raises(RuntimeError, match="hyperparameter"):
+        train_step(torch.randn(3, 4))
