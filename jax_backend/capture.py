@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import operator
 import os
+import sys
 import traceback
 import warnings
 from typing import Callable, MutableMapping, Sequence
@@ -186,20 +187,37 @@ class _OpLocator(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _raising_repr(self, *args):
+_FAKE_REPR, _FAKE_FORMAT = FakeTensor.__repr__, FakeTensor.__format__
+
+
+def _called_from_library() -> bool:
+    """Whether the code asking for a fake tensor's text is torch or the engine (which may
+    format tensors in messages) rather than the user's step."""
+    caller = sys._getframe(2).f_code.co_filename
+    return os.path.abspath(caller).startswith((_TORCH_DIR, _THIS_PACKAGE))
+
+
+def _guarded_repr(self, *args, **kwargs):
+    if _called_from_library():
+        return _FAKE_REPR(self, *args, **kwargs)
+    raise ValueReadInTraceError("Printing or formatting a tensor")
+
+
+def _guarded_format(self, spec):
+    if _called_from_library():
+        return _FAKE_FORMAT(self, spec)
     raise ValueReadInTraceError("Printing or formatting a tensor")
 
 
 @contextlib.contextmanager
 def _values_unreadable():
-    """Makes ``print(tensor)`` and ``f"{tensor:.3f}"`` fail inside a trace with an error that
-    explains why, instead of printing 'FakeTensor(...)' or a confusing TypeError."""
-    saved = FakeTensor.__repr__, FakeTensor.__format__
-    FakeTensor.__repr__ = FakeTensor.__format__ = _raising_repr
+    """Makes ``print(tensor)`` and ``f"{tensor:.3f}"`` in the user's step fail with an error
+    that explains why, instead of printing 'FakeTensor(...)' or a confusing TypeError."""
+    FakeTensor.__repr__, FakeTensor.__format__ = _guarded_repr, _guarded_format
     try:
         yield
     finally:
-        FakeTensor.__repr__, FakeTensor.__format__ = saved
+        FakeTensor.__repr__, FakeTensor.__format__ = _FAKE_REPR, _FAKE_FORMAT
 
 
 @contextlib.contextmanager

@@ -605,8 +605,11 @@ for _name, _mode in [("reflection_pad1d", "reflect"), ("reflection_pad2d", "refl
 
 # --------------------------------------------------------------------------------- attention
 def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
-    """softmax(q k^T * scale + mask) v, computed as torch's math backend does."""
-    if enable_gqa and k.shape[-3] != q.shape[-3]:
+    """softmax(q k^T * scale + mask) v, computed as torch's math backend does.
+
+    Grouped-query attention (fewer key/value heads than query heads, as torch's CPU kernels
+    accept without the flag in their backward) repeats each key/value head for its group."""
+    if k.ndim >= 3 and k.shape[-3] != q.shape[-3]:
         repeat = q.shape[-3] // k.shape[-3]
         k, v = jnp.repeat(k, repeat, axis=-3), jnp.repeat(v, repeat, axis=-3)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
