@@ -604,14 +604,8 @@ for _name, _mode in [("reflection_pad1d", "reflect"), ("reflection_pad2d", "refl
 
 
 # --------------------------------------------------------------------------------- attention
-def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
-    """softmax(q k^T * scale + mask) v, computed as torch's math backend does.
-
-    Grouped-query attention (fewer key/value heads than query heads, as torch's CPU kernels
-    accept without the flag in their backward) repeats each key/value head for its group."""
-    if k.ndim >= 3 and k.shape[-3] != q.shape[-3]:
-        repeat = q.shape[-3] // k.shape[-3]
-        k, v = jnp.repeat(k, repeat, axis=-3), jnp.repeat(v, repeat, axis=-3)
+def _attention_scores(q, k, attn_mask, is_causal, scale):
+    """q k^T * scale with the causal and explicit masks applied (torch's math backend)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = jnp.einsum("...qd,...kd->...qk", q, k, precision=dot_precision(q, k),
                         preferred_element_type=accumulation_dtype(q.dtype)) * scale
@@ -622,6 +616,22 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=F
     if attn_mask is not None:
         scores = jnp.where(attn_mask, scores, -jnp.inf) if attn_mask.dtype == jnp.bool_ else (
             scores + attn_mask)
+    return scores
+
+
+def _repeat_kv_heads(q, k, v):
+    """Grouped-query attention (fewer key/value heads than query heads, as torch's CPU kernels
+    accept without a flag in their backward): each key/value head serves its group."""
+    if k.ndim >= 3 and k.shape[-3] != q.shape[-3]:
+        repeat = q.shape[-3] // k.shape[-3]
+        k, v = jnp.repeat(k, repeat, axis=-3), jnp.repeat(v, repeat, axis=-3)
+    return k, v
+
+
+def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
+    """softmax(q k^T * scale + mask) v, computed as torch's math backend does."""
+    k, v = _repeat_kv_heads(q, k, v)
+    scores = _attention_scores(q, k, attn_mask, is_causal, scale)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     return jnp.einsum("...qk,...kd->...qd", probs, v, precision=dot_precision(probs, v),
                       preferred_element_type=accumulation_dtype(v.dtype)).astype(q.dtype)
@@ -644,8 +654,9 @@ def aten_sdpa_flash_cpu(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=No
     if dropout_p:
         raise NotImplementedError("flash attention with dropout_p > 0 is not lowered.")
     out = attention(q, k, v, attn_mask, is_causal, scale)
-    logsumexp = jnp.zeros(q.shape[:-1], jnp.float32)
-    return out, logsumexp
+    k, _ = _repeat_kv_heads(q, k, v)
+    scores = _attention_scores(q, k, attn_mask, is_causal, scale).astype(jnp.float32)
+    return out, jax.nn.logsumexp(scores, axis=-1)
 
 
 # ------------------------------------------------------------------------------ grid sampling
