@@ -167,7 +167,10 @@ class GradScaler:
                             self._squared_norms.append(torch.sum(p.grad.float() * p.grad.float()))
         optimizer._amp_stash.state = OptState.UNSCALED
 
-    def _compute_isfinite(self):
+    def clip_gradients_and_return_isfinite(self, optimizers):
+        """Whether this step's (unscaled) gradients are finite, from their global L2 norm;
+        also applies the deprecated built-in clipping (``max_gradient_norm``) to
+        ``optimizers``' gradients."""
         if not self._squared_norms:
             return torch.tensor(True)
         self.global_norm = torch.sqrt(torch.sum(torch.stack(self._squared_norms)))
@@ -176,7 +179,7 @@ class GradScaler:
             coef = _f32(self._max_gradient_norm) / (self.global_norm + 1e-6)
             coef = torch.where(coef < 1, coef, 1.0)
             with torch.no_grad():
-                for optimizer in self._optimizers():
+                for optimizer in optimizers:
                     for group in optimizer.param_groups:
                         for p in group["params"]:
                             if p.grad is not None:
@@ -192,7 +195,7 @@ class GradScaler:
             if other._amp_stash.state in (OptState.READY, OptState.SCALED):
                 self.unscale_(other)
         if self.dynamic and self.isfinite is None:
-            self.isfinite = self._compute_isfinite()
+            self.isfinite = self.clip_gradients_and_return_isfinite(self._optimizers())
         optimizer._amp_stash.isfinite = self.isfinite if self.dynamic else None
         result = self.step_if_finite(optimizer, *args, **kwargs)
         optimizer._amp_stash.state = OptState.STEPPED
@@ -218,16 +221,20 @@ class GradScaler:
         if new_scale:
             raise ValueError("cstorch.amp.GradScaler does not support providing a `new_scale`")
         if self.dynamic:
-            if self.isfinite is None:
-                self.isfinite = self._compute_isfinite()
-            self._update_scale(self.isfinite)
+            self.update_scale(self._optimizers())
         self._squared_norms = []
         self.isfinite = None if self.dynamic else True
         for optimizer in self._optimizers():
             optimizer._amp_stash.state = OptState.READY
 
-    def _update_scale(self, isfinite):
-        finite = isfinite.long()
+    def update_scale(self, optimizers):
+        """The cerebras DLS rule: halve the scale when the overflow ratio exceeds the
+        tolerance, double it after ``steps_per_increase`` clean steps, clamp to [min, max]."""
+        if not self.dynamic:
+            return
+        if self.isfinite is None:
+            self.isfinite = self.clip_gradients_and_return_isfinite(optimizers)
+        finite = self.isfinite.long()
         with torch.no_grad():
             self._num_skipped_steps.add_(1 - finite)
             self._steps_since_rescale.add_(1)

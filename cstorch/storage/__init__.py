@@ -23,9 +23,10 @@ Safety: saving never overwrites and never leaves a half-written file at the targ
 loading never unpickles arbitrary objects unless called with ``unsafe_allow_pickle=True``.
 """
 
-from cstorch.storage import serializers
+from cstorch.storage import serializers, utils
 from cstorch.storage.load import load
 from cstorch.storage.safe_pickle import UnsafePickleError
 from cstorch.storage.save import save
+from cstorch.storage.utils import to_deferred
 
-__all__ = ["UnsafePickleError", "load", "save", "serializers"]
+__all__ = ["UnsafePickleError", "load", "save", "serializers", "to_deferred"]

@@ -21,7 +21,9 @@ until it is read.
 from __future__ import annotations
 
 import copy
+import os
 import threading
+import warnings
 from collections import OrderedDict
 from contextlib import contextmanager
 from typing import Any, Callable
@@ -79,6 +81,9 @@ _FILE_CHANGED = (
 
 class DeferredTensor(torch.Tensor):
     """Base class: a tensor that knows how to produce its value (``_to_cpu``) when needed."""
+
+    def __init__(self):
+        super().__init__()
 
     @staticmethod
     def _make(cls, shape, dtype):
@@ -269,6 +274,109 @@ class DeferredFullTensor(DeferredTensor):
 
     def _clone(self) -> "DeferredFullTensor":
         return DeferredFullTensor(self.shape, self.dtype, self._value)
+
+
+class DeferredSafeTensor(DeferredTensor):
+    """A tensor stored under ``key`` in a safetensors file, read (alone) on first use."""
+
+    @staticmethod
+    def __new__(cls, path, key, fp=None):
+        from cstorch.storage import safetensors_format
+
+        table = safetensors_format.entries(path)
+        if key not in table:
+            raise KeyError(f"safetensors file '{path}' has no tensor {key!r}.")
+        dtype, shape, _ = table[key]
+        return DeferredTensor._make(cls, shape, dtype)
+
+    def __init__(self, path, key, fp=None):
+        super().__init__()
+        self._init_deferred()
+        self.path, self.key = os.fspath(path), key
+        self._stamp = _file_stamp(self.path)
+
+    @staticmethod
+    def load_file(path) -> dict:
+        """Every tensor of a safetensors file, each read only when used."""
+        from cstorch.storage import safetensors_format
+
+        return {key: DeferredSafeTensor(path, key) for key in safetensors_format.entries(path)}
+
+    def _to_cpu(self) -> torch.Tensor:
+        from cstorch.storage import safetensors_format
+
+        _check_stamp(self.path, self._stamp, f"materialize tensor {self.key!r}")
+        return safetensors_format.read_tensor(self.path, self.key)
+
+    def _clone(self) -> "DeferredSafeTensor":
+        return DeferredSafeTensor(self.path, self.key)
+
+
+class DeferredFileTensor(DeferredTensor):
+    """Deprecated: a tensor stored as raw little-endian values in a file of its own."""
+
+    @staticmethod
+    def __new__(cls, filepath, size, dtype):
+        return DeferredTensor._make(cls, size, dtype)
+
+    def __init__(self, filepath, size, dtype):
+        super().__init__()
+        warnings.warn("DeferredFileTensor is deprecated; use DeferredTorchTensor or "
+                      "DeferredSafeTensor.", DeprecationWarning, stacklevel=2)
+        self._init_deferred()
+        self.filepath = os.fspath(filepath)
+        self._stamp = _file_stamp(self.filepath)
+
+    def _to_cpu(self) -> torch.Tensor:
+        _check_stamp(self.filepath, self._stamp, "materialize a file tensor")
+        storage = torch.int16 if self.dtype is torch.bfloat16 else self.dtype
+        array = np.fromfile(self.filepath, dtype=torch.empty(0, dtype=storage).numpy().dtype,
+                            count=int(np.prod(self.shape, dtype=np.int64)))
+        tensor = torch.from_numpy(array.reshape(tuple(self.shape)))
+        return tensor.view(torch.bfloat16) if self.dtype is torch.bfloat16 else tensor
+
+    def _clone(self) -> "DeferredFileTensor":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return DeferredFileTensor(self.filepath, self.shape, self.dtype)
+
+
+class DeferredGraphTensor(DeferredTensor):
+    """A tensor computed on first use by a TorchScript graph (IR text or graph) from ``args``."""
+
+    @staticmethod
+    def __new__(cls, jit_graph, args, size, dtype=None):
+        return DeferredTensor._make(cls, size, dtype)
+
+    def __init__(self, jit_graph, args, size, dtype=None):
+        super().__init__()
+        self._init_deferred()
+        self.jit_graph = jit_graph
+        self.args = list(args)
+
+    def _to_cpu(self) -> torch.Tensor:
+        graph = torch._C.parse_ir(self.jit_graph) if isinstance(self.jit_graph, str) else (
+            self.jit_graph)
+        function = torch._C._create_function_from_graph("deferred_graph_tensor", graph)
+        args = [a._materialize() if isinstance(a, DeferredTensor) else a for a in self.args]
+        value = function(*args)
+        if tuple(value.shape) != tuple(self.shape):
+            raise RuntimeError(f"The graph of a DeferredGraphTensor produced shape "
+                               f"{tuple(value.shape)}, expected {tuple(self.shape)}.")
+        return value.to(self.dtype)
+
+    def _clone(self) -> "DeferredGraphTensor":
+        return DeferredGraphTensor(self.jit_graph, self.args, self.shape, self.dtype)
+
+
+def _file_stamp(path):
+    stat = os.stat(path)
+    return stat.st_size, stat.st_mtime_ns
+
+
+def _check_stamp(path, stamp, what):
+    if check_deferred_backing_storage and _file_stamp(path) != stamp:
+        raise RuntimeError(_FILE_CHANGED.format(action=f"{what} from '{path}'"))
 
 
 class DeferredObject:

@@ -44,8 +44,8 @@ def looks_like_safetensors(path: str | os.PathLike) -> bool:
     return 0 < length <= min(_MAX_HEADER, size - 8) and head[8:9] == b"{"
 
 
-def read(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """Reads every tensor of a safetensors file into memory."""
+def entries(path: str | os.PathLike) -> dict[str, tuple]:
+    """``{name: (dtype, shape, file_offset)}`` for every tensor, from the header only."""
     header, data_start, size = _read_header(path)
     header.pop("__metadata__", None)
     out = {}
@@ -60,12 +60,32 @@ def read(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         count = int(np.prod(shape, dtype=np.int64))
         if end - begin != count * itemsize or begin < 0 or data_start + end > size:
             raise SafetensorsError(f"safetensors file '{path}': data of {name!r} is out of bounds.")
-        storage_dtype = torch.int16 if dtype is torch.bfloat16 else dtype
-        np_dtype = torch.empty(0, dtype=storage_dtype).numpy().dtype
-        array = np.fromfile(path, dtype=np_dtype, count=count, offset=data_start + begin)
-        tensor = torch.from_numpy(array.reshape(shape))
-        out[name] = tensor.view(torch.bfloat16) if dtype is torch.bfloat16 else tensor
+        out[name] = (dtype, shape, data_start + begin)
     return out
+
+
+def _read_entry(path, name, entry) -> torch.Tensor:
+    dtype, shape, offset = entry
+    storage_dtype = torch.int16 if dtype is torch.bfloat16 else dtype
+    np_dtype = torch.empty(0, dtype=storage_dtype).numpy().dtype
+    count = int(np.prod(shape, dtype=np.int64))
+    array = np.fromfile(path, dtype=np_dtype, count=count, offset=offset)
+    tensor = torch.from_numpy(array.reshape(shape))
+    return tensor.view(torch.bfloat16) if dtype is torch.bfloat16 else tensor
+
+
+def read(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Reads every tensor of a safetensors file into memory."""
+    return {name: _read_entry(path, name, entry) for name, entry in entries(path).items()}
+
+
+def read_tensor(path: str | os.PathLike, name: str) -> torch.Tensor:
+    """Reads one tensor (and nothing else) of a safetensors file."""
+    table = entries(path)
+    if name not in table:
+        raise KeyError(f"safetensors file '{path}' has no tensor {name!r}; it has "
+                       f"{sorted(table)[:20]}.")
+    return _read_entry(path, name, table[name])
 
 
 def read_metadata(path: str | os.PathLike) -> dict[str, str]:

@@ -39,8 +39,11 @@ from cstorch.storage import constants as C
 from cstorch.storage import conversions, safe_pickle
 from cstorch.storage.deferred import (  # noqa: F401  (public re-exports)
     BooleanContext,
+    DeferredFileTensor,
     DeferredFullTensor,
+    DeferredGraphTensor,
     DeferredObject,
+    DeferredSafeTensor,
     DeferredTensor,
     DeferredTorchTensor,
     cache_deferred_tensors,
@@ -53,8 +56,9 @@ from cstorch.storage.deferred import (  # noqa: F401  (public re-exports)
 from cstorch.storage.treespec import NestedObject
 
 __all__ = [
-    "BooleanContext", "DeferredFullTensor", "DeferredObject", "DeferredTensor",
-    "DeferredTorchTensor", "LinkedObject", "cache_deferred_tensors",
+    "BooleanContext", "DeferredFileTensor", "DeferredFullTensor", "DeferredGraphTensor",
+    "DeferredObject", "DeferredSafeTensor", "DeferredTensor", "DeferredTorchTensor",
+    "LinkedObject", "cache_deferred_tensors",
     "check_deferred_backing_storage", "materialize_deferred_tensors", "saving_initial_state",
     "use_cstorch_types", "use_external_link",
 ]

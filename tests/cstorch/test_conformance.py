@@ -71,18 +71,7 @@ EXCLUDED = {
 }
 
 # Owned by other engineers and still in progress (storage: issue #6; amp). Remove on landing.
-PENDING = {
-    "cerebras.pytorch.storage.to_deferred",
-    "cerebras.pytorch.storage.serializers.DeferredGraphTensor",
-    "cerebras.pytorch.storage.serializers.DeferredSafeTensor",
-    "cerebras.pytorch.storage.serializers.DeferredFileTensor",
-    "cerebras.pytorch.storage.serializers.DeferredSafeTensor.load_file",
-    "cerebras.pytorch.storage.utils.torch_to_np_dtype",
-    "cerebras.pytorch.storage.utils.np_to_torch_dtype",
-    "cerebras.pytorch.amp.GradScaler.clip_gradients_and_return_isfinite",
-    "cerebras.pytorch.amp.GradScaler.update_scale",
-    "cerebras.pytorch.storage.serializers.DeferredTensor",
-}
+PENDING: set = set()
 
 with open(SPEC) as _f:
     NAMES = json.load(_f)
