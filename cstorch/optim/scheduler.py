@@ -414,7 +414,29 @@ class CosineDecayScheduler(Scheduler):
                 "end": _number(self.end_val), "total_iters": _number(self.total_iters)}
 
 
-class SequentialScheduler(Scheduler):
+class _ComposedScheduler(Scheduler):
+    """A scheduler built from child schedulers (``self._schedulers``): their states nest
+    under ``"_schedulers"`` in its state dict."""
+
+    def _adopt(self, child):
+        """Re-links a child after it was loaded from a state dict."""
+
+    def state_dict(self):
+        state = super().state_dict()
+        state["_schedulers"] = [s.state_dict() for s in state.pop("_schedulers")]
+        return state
+
+    def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict)
+        children = state_dict.pop("_schedulers")
+        super().load_state_dict(state_dict)
+        for child, child_state in zip(self._schedulers, children):
+            child.load_state_dict(child_state)
+            self._adopt(child)
+            self.optimizer._schedulers_registry.pop(child, None)
+
+
+class SequentialScheduler(_ComposedScheduler):
     """``schedulers[k]`` runs from ``milestones[k-1]`` to ``milestones[k]``, its own count
     restarting at 0 when it becomes active.
 
@@ -492,18 +514,6 @@ class SequentialScheduler(Scheduler):
             active = torch.where(self.last_epoch <= milestone, 0, 1)
             child.last_epoch.add_(active * finite_increment(self.optimizer))
 
-    def state_dict(self):
-        state = super().state_dict()
-        state["_schedulers"] = [s.state_dict() for s in state.pop("_schedulers")]
-        return state
-
-    def load_state_dict(self, state_dict):
-        state_dict = dict(state_dict)
-        children = state_dict.pop("_schedulers")
-        super().load_state_dict(state_dict)
-        for child, child_state in zip(self._schedulers, children):
-            child.load_state_dict(child_state)
-            self.optimizer._schedulers_registry.pop(child, None)
 
 
 class PiecewiseConstantScheduler(SequentialScheduler):
@@ -692,7 +702,7 @@ class MultiplicativeScheduler(Scheduler):
         return torch.mul(torch.pow(factor, self.last_epoch), self.initial_val)
 
 
-class ChainedScheduler(Scheduler):
+class ChainedScheduler(_ComposedScheduler):
     """The product ``s_0(t)·Π_{i>=1} s_i(t)/s_i.initial_val`` of its children, which share
     this scheduler's ``last_epoch``. It takes no optimizer: the children's is used; they must
     all drive it with this scheduler's tags, and every child after the first needs an
@@ -743,19 +753,8 @@ class ChainedScheduler(Scheduler):
                                                scheduler.initial_val))
         return value
 
-    def state_dict(self):
-        state = super().state_dict()
-        state["_schedulers"] = [s.state_dict() for s in state.pop("_schedulers")]
-        return state
-
-    def load_state_dict(self, state_dict):
-        state_dict = dict(state_dict)
-        children = state_dict.pop("_schedulers")
-        super().load_state_dict(state_dict)
-        for child, child_state in zip(self._schedulers, children):
-            child.load_state_dict(child_state)
-            child.last_epoch = self.last_epoch
-            self.optimizer._schedulers_registry.pop(child, None)
+    def _adopt(self, child):
+        child.last_epoch = self.last_epoch  # the children count with the chain's counter
 
 
 class CyclicScheduler(Scheduler):
@@ -877,5 +876,5 @@ class ScalePerParamScheduler(Scheduler):
 __all__ = ["Scheduler"] + [
     name for name, value in list(globals().items())
     if isinstance(value, type) and issubclass(value, Scheduler) and value is not Scheduler
-    and value.__module__ == __name__
+    and value.__module__ == __name__ and not name.startswith("_")
 ]
