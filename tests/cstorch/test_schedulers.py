@@ -385,7 +385,7 @@ def test_module_exports():
     assert S.__all__[0] == "Scheduler"
     assert set(S.__all__) == {name for name, value in vars(S).items()
                               if isinstance(value, type) and issubclass(value, S.Scheduler)
-                              and value.__module__ == S.__name__}
+                              and value.__module__ == S.__name__ and not name.startswith("_")}
     assert len(S.__all__) == 20
     for name in L.__all__:
         assert issubclass(getattr(L, name), L.LRScheduler)
