@@ -20,10 +20,7 @@ import typing
 
 import pytest
 
-SPEC = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "spec",
-                    "api_names.json")
-if not os.path.exists(SPEC):
-    SPEC = "/work/shared/spec/api_names.json"
+from tests.reference_data import API_NAMES as SPEC  # noqa: E402
 
 _SPARSE = ("weight sparsity (masks, pruning hooks, scheduled mask updates in compiled steps) "
            "is not implemented yet; cstorch.sparse raises NotImplementedError naming it")

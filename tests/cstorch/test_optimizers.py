@@ -2,7 +2,7 @@
 construction state, argument checks, tags, zero_grad hooks, the global step, user subclasses
 and checkpoint round trips that continue training bit-identically.
 
-Trajectories come from ``/work/shared/fixtures/reference-2.10/optimizer_trajectories.json``
+Trajectories come from ``tests/data/reference-2.10/optimizer_trajectories.json``
 (recorded with the real cstorch 2.10 optimizers on the problem its ``"problem"`` entry
 describes, the one ``tests/jax_backend/test_optimizers.py`` rebuilds).
 """
@@ -20,7 +20,9 @@ import torch
 import cstorch
 from cstorch.optim import lr_scheduler, weight_decay_scheduler
 
-FIXTURES = pathlib.Path("/work/shared/fixtures/reference-2.10")
+from tests.reference_data import REFERENCE  # noqa: E402
+
+FIXTURES = REFERENCE
 TRAJECTORIES = json.loads((FIXTURES / "optimizer_trajectories.json").read_text())["trajectories"]
 
 

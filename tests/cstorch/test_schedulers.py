@@ -1,7 +1,7 @@
 """cstorch.optim schedulers: every series of the 2.10 fixture through the scheduler classes,
 eagerly and in a traced step, plus the observable behaviours of spec §16.23-28.
 
-``/work/shared/fixtures/reference-2.10/scheduler_values.json`` holds ``lr`` of param group 0
+``tests/data/reference-2.10/scheduler_values.json`` holds ``lr`` of param group 0
 right after construction and after each ``optimizer.step(); scheduler.step()``. The fixture
 does not record constructor arguments; the ones below are those inferred in
 ``tests/jax_backend/test_schedules.py``.
@@ -23,7 +23,9 @@ from cstorch.optim import lr_scheduler as L
 from cstorch.optim import scheduler as S
 from cstorch.optim import weight_decay_scheduler as WD
 
-FIXTURES = pathlib.Path("/work/shared/fixtures/reference-2.10")
+from tests.reference_data import REFERENCE  # noqa: E402
+
+FIXTURES = REFERENCE
 VALUES = json.loads((FIXTURES / "scheduler_values.json").read_text())["values"]
 
 BUILDERS = {

@@ -17,13 +17,10 @@ import torch
 import cstorch.storage as storage
 from cstorch.storage.serializers import DeferredTorchTensor
 
-# shared/ sits beside the repository checkout.
-FIXTURES = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared",
-                                         "fixtures", "reference-2.10"))
-KINDS = os.path.join(FIXTURES, "kinds.mdl")
-ADAMW = os.path.join(FIXTURES, "adamw_step1.mdl")
+from tests.reference_data import REFERENCE  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not os.path.exists(KINDS), reason="reference fixtures not present")
+KINDS = str(REFERENCE / "kinds.mdl")
+ADAMW = str(REFERENCE / "adamw_step1.mdl")
 
 
 def raw(path, key):

@@ -1,6 +1,6 @@
 """The pure optimizer transformations against cerebras-pytorch 2.10.
 
-Trajectories come from ``/work/shared/fixtures/reference-2.10/optimizer_trajectories.json``
+Trajectories come from ``tests/data/reference-2.10/optimizer_trajectories.json``
 (recorded with the real cstorch optimizers); options the fixture does not exercise are checked
 against ``torch.optim`` where cstorch's maths is torch's, and against small hand-written
 references otherwise (Muon, AMSGrad).
@@ -21,7 +21,9 @@ import torch
 
 from jax_backend import optimizers, schedules
 
-FIXTURES = pathlib.Path("/work/shared/fixtures/reference-2.10")
+from tests.reference_data import REFERENCE  # noqa: E402
+
+FIXTURES = REFERENCE
 TRAJECTORIES = json.loads((FIXTURES / "optimizer_trajectories.json").read_text())["trajectories"]
 
 

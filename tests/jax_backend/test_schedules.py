@@ -1,6 +1,6 @@
 """The closed-form schedules against cerebras-pytorch 2.10.
 
-Values come from ``/work/shared/fixtures/reference-2.10/scheduler_values.json``: for each
+Values come from ``tests/data/reference-2.10/scheduler_values.json``: for each
 scheduler, ``lr`` of param group 0 right after construction (count 0) and after each of 40
 ``scheduler.step()`` calls (count k). The fixture does not record the constructor arguments, so
 the table below gives the ones inferred from the values. Schedules without a fixture series,
@@ -24,7 +24,9 @@ import torch
 
 from jax_backend import schedules
 
-FIXTURES = pathlib.Path("/work/shared/fixtures/reference-2.10")
+from tests.reference_data import REFERENCE  # noqa: E402
+
+FIXTURES = REFERENCE
 VALUES = json.loads((FIXTURES / "scheduler_values.json").read_text())["values"]
 
 # fixture name -> config with the inferred constructor arguments
