@@ -376,7 +376,7 @@ def _finalize(graph: torch.fx.GraphModule, num_state: int, num_inputs: int,
               rebound_state: list, info: dict) -> CapturedStep:
     nodes = graph.graph
     placeholders = [n for n in nodes.nodes if n.op == "placeholder"]
-    state_nodes, input_nodes = placeholders[:num_state], placeholders[num_state:]
+    state_nodes = placeholders[:num_state]
     output_node = next(n for n in reversed(nodes.nodes) if n.op == "output")
 
     # Trailing copy_(placeholder, value) writes are the new values of mutated inputs.

@@ -13,7 +13,6 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from jax_backend import dtypes
 from jax_backend.ops._common import as_float, promote, promote_to_float
 from jax_backend.registry import lowers
 

@@ -15,7 +15,6 @@ import enum
 import importlib
 import inspect
 import json
-import os
 import typing
 
 import pytest

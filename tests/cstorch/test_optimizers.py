@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import json
-import pathlib
 
 import numpy as np
 import pytest

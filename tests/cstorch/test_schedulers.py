@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import pathlib
 import warnings
 
 import numpy as np

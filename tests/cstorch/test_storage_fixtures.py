@@ -6,7 +6,6 @@ from the training step, and against the raw datasets read with h5py alone.
 
 import collections
 import json
-import os
 
 import h5py
 import hdf5plugin  # noqa: F401

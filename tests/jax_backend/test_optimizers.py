@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import doctest
 import json
-import pathlib
 
 import jax
 import jax.numpy as jnp

@@ -13,7 +13,6 @@ from __future__ import annotations
 import doctest
 import json
 import math
-import pathlib
 
 import jax
 import jax.numpy as jnp
