@@ -182,3 +182,56 @@ def test_csx_nested_entries(tmp_path):
     assert torch.equal(out["full"], torch.full((2, 2), 3.0))
     assert isinstance(out["link"], DeferredTorchTensor)
     assert torch.equal(out["link"], torch.arange(4.0).reshape(2, 2))
+
+
+def test_model_and_optimizer_restored_from_the_reference_checkpoint_continue_training(tmp_path):
+    """adamw_step1.mdl (written by cerebras-pytorch 2.10 after one AdamW step) restores into a
+    model and a cstorch AdamW, and the next steps match an eager AdamW started from the same
+    loaded state."""
+    import copy
+
+    import cerebras.pytorch as cstorch
+    from tests import eager_reference as ref
+
+    cstorch.backend._reset_for_tests()
+    try:
+        checkpoint = cstorch.load(ADAMW)
+        backend = cstorch.backend("CPU", artifact_dir=str(tmp_path))
+        model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.LayerNorm(7),
+                                    torch.nn.Linear(7, 2))
+        model.load_state_dict(checkpoint["model"])
+        eager_model = copy.deepcopy(model)
+        compiled = cstorch.compile(model, backend)
+        optimizer = cstorch.optim.AdamW(model.parameters(), lr=1e-3)
+        optimizer.load_state_dict(checkpoint["optimizer"])
+
+        @cstorch.trace
+        def step(x, y):
+            loss = torch.nn.functional.mse_loss(compiled(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            return loss
+
+        eager = ref.EagerCstorchAdamW(eager_model.parameters())
+        for p, index in zip(eager.params, range(6)):
+            saved = checkpoint["optimizer"]["state"][index]
+            eager.state[p] = {k: saved[k] * 1 for k in ("exp_avg", "exp_avg_sq", "beta1_power",
+                                                         "beta2_power")}
+        g = torch.Generator().manual_seed(3)
+        x = torch.randn(16, 5, generator=g)
+        y = x @ torch.randn(5, 2, generator=g)  # a learnable target
+        losses, expected = [], []
+        for _ in range(20):
+            losses.append(step(x, y).item())
+            loss = torch.nn.functional.mse_loss(eager_model(x), y)
+            eager.zero_grad()
+            loss.backward()
+            eager.step(1e-3)
+            expected.append(loss.item())
+        assert losses == pytest.approx(expected, rel=1e-6)
+        assert losses[-1] < losses[0]
+        for (name, ours), theirs in zip(model.state_dict().items(), eager_model.state_dict().values()):
+            torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-7, msg=name)
+    finally:
+        cstorch.backend._reset_for_tests()
