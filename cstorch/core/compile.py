@@ -150,13 +150,16 @@ class _CompiledStep:
 
 
 def _frozen(value):
+    """A comparable stand-in for a param-group value (tensors only count as "a tensor")."""
     if isinstance(value, torch.Tensor):
         return "<tensor>"
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
     if isinstance(value, (set, frozenset)):
-        return frozenset(value)
-    if isinstance(value, list):
-        return tuple(value)
-    return value
+        return frozenset(_frozen(v) for v in value)
+    return repr(value)  # e.g. numpy arrays, whose == is elementwise
 
 
 def _hyperparameters(impl) -> list:
