@@ -10,6 +10,8 @@ This package knows nothing of the cstorch API. Its public surface:
 * ``optimizers`` / ``schedules``: optax-style pure update rules and schedules.
 * ``torch_ops``: torch custom ops (optimizer step, schedule) that lower to those functions.
 * ``registry``: the ATen lowering table (``lowers``).
+* ``mesh``: devices and the data-parallel / sharded-state layout of a multi-device program.
+* ``precision``: full or mixed-precision (autocast at capture) policies.
 
 JAX runs with 64-bit types enabled so that torch's int64/float64 tensors keep their dtypes.
 """
@@ -41,7 +43,7 @@ from jax_backend.state import DeviceState  # noqa: E402
 
 __all__ = [
     "CaptureError", "CapturedStep", "DeviceState", "GraphInterpreter", "JaxBackendError",
-    "LazyTensor", "LoweringNotFoundError", "Policy", "mesh", "Program", "RecompilationError", "Slot",
-    "ValueReadInTraceError", "capture_step", "register_internal_dir", "dtypes", "materialize", "optimizers",
-    "precision", "registry", "schedules", "torch_ops",
+    "LazyTensor", "LoweringNotFoundError", "Policy", "Program", "RecompilationError", "Slot",
+    "ValueReadInTraceError", "capture_step", "dtypes", "materialize", "mesh", "optimizers",
+    "precision", "register_internal_dir", "registry", "schedules", "torch_ops",
 ]
