@@ -10,7 +10,6 @@ describes, the one ``tests/jax_backend/test_optimizers.py`` rebuilds).
 from __future__ import annotations
 
 import copy
-import json
 
 import numpy as np
 import pytest
@@ -19,21 +18,8 @@ import torch
 import cstorch
 from cstorch.optim import lr_scheduler, weight_decay_scheduler
 
-from tests.reference_data import REFERENCE  # noqa: E402
-
-FIXTURES = REFERENCE
-TRAJECTORIES = json.loads((FIXTURES / "optimizer_trajectories.json").read_text())["trajectories"]
-
-
-def _problem():
-    """The fixture's problem: w, b, x, t drawn in that order from one seeded generator."""
-    g = torch.Generator().manual_seed(0)
-    w = torch.randn(4, 3, generator=g)
-    b = torch.randn(3, generator=g)
-    x = torch.randn(8, 4, generator=g)
-    t = torch.randn(8, 3, generator=g)
-    return w, b, x, t
-
+from tests.reference_data import OPTIMIZER_TRAJECTORIES as TRAJECTORIES  # noqa: E402
+from tests.reference_data import optimizer_problem as _problem  # noqa: E402
 
 W, B, X, T = _problem()
 

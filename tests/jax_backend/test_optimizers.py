@@ -9,7 +9,6 @@ references otherwise (Muon, AMSGrad).
 from __future__ import annotations
 
 import doctest
-import json
 
 import jax
 import jax.numpy as jnp
@@ -20,21 +19,8 @@ import torch
 
 from jax_backend import optimizers, schedules
 
-from tests.reference_data import REFERENCE  # noqa: E402
-
-FIXTURES = REFERENCE
-TRAJECTORIES = json.loads((FIXTURES / "optimizer_trajectories.json").read_text())["trajectories"]
-
-
-def _problem():
-    """The fixture's problem: w, b, x, t drawn in that order from one seeded generator."""
-    g = torch.Generator().manual_seed(0)
-    w = torch.randn(4, 3, generator=g)
-    b = torch.randn(3, generator=g)
-    x = torch.randn(8, 4, generator=g)
-    t = torch.randn(8, 3, generator=g)
-    return w, b, x, t
-
+from tests.reference_data import OPTIMIZER_TRAJECTORIES as TRAJECTORIES  # noqa: E402
+from tests.reference_data import optimizer_problem as _problem  # noqa: E402
 
 _W, _B, _X, _T = _problem()
 _XJ, _TJ = jnp.asarray(_X.numpy()), jnp.asarray(_T.numpy())
