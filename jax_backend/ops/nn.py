@@ -496,7 +496,13 @@ def _aa_matrix(in_size, out_size, align_corners, scale, kind):
 
 
 def _upsample(x, nd, output_size, scale_factors, kind, align_corners=False, antialias=False):
+    """The .vec overloads: an output size or per-axis scale factors."""
     sizes, scales = _output_size(x, nd, output_size, scale_factors)
+    return _resample(x, nd, sizes, scales, kind, align_corners, antialias)
+
+
+def _resample(x, nd, sizes, scales, kind, align_corners, antialias):
+    """Resamples the last ``nd`` axes to ``sizes``, one axis at a time."""
     out = x.astype(_compute_dtype(x)) if kind not in ("nearest", "nearest-exact") else x
     for axis in range(nd):
         dim = x.ndim - nd + axis
@@ -551,17 +557,7 @@ def _upsample_scaled(x, nd, output_size, scales, kind, align_corners, antialias)
     """The .default overloads: explicit output size plus optional per-axis scales."""
     scales = list(scales) + [None] * (nd - len(scales))
     sizes = tuple(int(s) for s in output_size)
-    out = x.astype(_compute_dtype(x)) if kind not in ("nearest", "nearest-exact") else x
-    for axis in range(nd):
-        dim = x.ndim - nd + axis
-        if antialias:
-            m = jnp.asarray(_aa_matrix(x.shape[dim], sizes[axis], align_corners, scales[axis],
-                                       kind), out.dtype)
-            out = jnp.moveaxis(jnp.tensordot(out, m, axes=([dim], [1]),
-                                             precision=lax.Precision.HIGHEST), -1, dim)
-        else:
-            out = _resample_axis(out, dim, sizes[axis], scales[axis], kind, align_corners)
-    return out.astype(x.dtype)
+    return _resample(x, nd, sizes, scales, kind, align_corners, antialias)
 
 
 def _upsample_vjp(grad_output, input_size, forward):
