@@ -68,14 +68,8 @@ class PrecisionAtKMetric(_AtKMetric):
 
     _other = "false_positive_at_k"
 
-    def __init__(self, k, name: Optional[str] = None):
-        super().__init__(k, name)
-
     def _misses(self, labels, hits):
         return self.k - hits
-
-    def update(self, labels, predictions, weights=None):
-        super().update(labels, predictions, weights)
 
 
 class RecallAtKMetric(_AtKMetric):
@@ -90,11 +84,5 @@ class RecallAtKMetric(_AtKMetric):
 
     _other = "false_negative_at_k"
 
-    def __init__(self, k, name: Optional[str] = None):
-        super().__init__(k, name)
-
     def _misses(self, labels, hits):
         return labels.shape[-1] - hits
-
-    def update(self, labels, predictions, weights=None):
-        super().update(labels, predictions, weights)

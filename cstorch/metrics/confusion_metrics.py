@@ -60,13 +60,6 @@ class DiceCoefficientMetric(_ConfusionMatrixMetric):
         name: the metric's name.
     """
 
-    def __init__(self, num_classes, ignore_classes: Optional[List[int]] = None,
-                 name: Optional[str] = None):
-        super().__init__(num_classes, ignore_classes, name)
-
-    def update(self, labels, predictions, weights=None, dtype=None):
-        super().update(labels, predictions, weights, dtype)
-
     def compute(self) -> torch.Tensor:
         true_pos, predicted, actual = confusion_parts(self.confusion_matrix)
         mask = self.mask
@@ -81,13 +74,6 @@ class MeanIOUMetric(_ConfusionMatrixMetric):
         ignore_classes: class ids left out of the mean.
         name: the metric's name.
     """
-
-    def __init__(self, num_classes, ignore_classes: Optional[List[int]] = None,
-                 name: Optional[str] = None):
-        super().__init__(num_classes, ignore_classes, name)
-
-    def update(self, labels, predictions, weights=None, dtype=None):
-        super().update(labels, predictions, weights, dtype)
 
     def compute(self) -> torch.Tensor:
         true_pos, predicted, actual = confusion_parts(self.confusion_matrix)
