@@ -1,0 +1,174 @@
+"""Static scan of a Cerebras Model Zoo checkout: which ``cerebras.pytorch`` names it uses, and
+whether each one resolves in the ``cerebras.pytorch`` that is importable here.
+
+Usage::
+
+    python tools/zoo_scan.py /path/to/modelzoo/src            # this project (compat/ on the path)
+    python tools/zoo_scan.py /path/to/modelzoo/src --as-is    # whatever cerebras.pytorch sys.path gives
+    python tools/zoo_scan.py SRC --json out.json               # the full table, machine readable
+
+A "use" is one dotted name, counted once however often it appears:
+
+* ``import cerebras.pytorch.distributed as dist`` uses ``cerebras.pytorch.distributed``;
+* ``from cerebras.pytorch.utils.data import Schedule`` uses ``cerebras.pytorch.utils.data.Schedule``;
+* an attribute chain on an imported alias, e.g. ``cstorch.backends.csx.debug.debug_args`` (the
+  whole chain of plain attribute accesses; a call or subscript ends it). A file that binds the
+  same alias to another module too (``import torch.distributed as dist`` beside
+  ``import cerebras.pytorch.distributed as dist``) is ambiguous about which one a chain means,
+  so its chains on that alias are left out.
+
+A use resolves when the longest importable module prefix imports and every remaining part is an
+attribute of it (``getattr``; a property that raises counts as unresolved). Nothing of the zoo is
+imported: its files are only parsed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+import json
+import os
+import sys
+
+ROOT = "cerebras.pytorch"
+
+
+def _uses_in_tree(tree: ast.AST) -> set[str]:
+    """Dotted ``cerebras.pytorch`` names used by one parsed module."""
+    aliases: dict[str, str] = {}  # local name -> dotted name it stands for
+    other: set[str] = set()  # local names also bound to a non-cerebras import
+    uses: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if not alias.name.startswith("cerebras"):
+                    other.add(alias.asname or alias.name.split(".")[0])
+                if alias.name == ROOT or alias.name.startswith(ROOT + "."):
+                    uses.add(alias.name)
+                    if alias.asname:
+                        aliases[alias.asname] = alias.name
+                    else:  # `import cerebras.pytorch.x` binds `cerebras`
+                        aliases["cerebras"] = "cerebras"
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if not node.module.startswith("cerebras"):
+                other.update(a.asname or a.name for a in node.names)
+            if node.module == ROOT or node.module.startswith(ROOT + "."):
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    uses.add(full)
+                    aliases[alias.asname or alias.name] = full
+            elif node.module == "cerebras":
+                for alias in node.names:
+                    if alias.name == "pytorch":
+                        uses.add(ROOT)
+                        aliases[alias.asname or alias.name] = ROOT
+
+    inner: set[int] = set()  # Attribute nodes that are the value of a longer chain
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute):
+            inner.add(id(node.value))
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or id(node) in inner:
+            continue
+        parts = []
+        cur: ast.AST = node
+        while isinstance(cur, ast.Attribute):
+            parts.append(cur.attr)
+            cur = cur.value
+        if not isinstance(cur, ast.Name) or cur.id not in aliases or cur.id in other:
+            continue  # an alias that is also, say, torch.distributed is ambiguous: skipped
+        dotted = ".".join([aliases[cur.id], *reversed(parts)])
+        if dotted == ROOT or dotted.startswith(ROOT + "."):
+            uses.add(dotted)
+    return uses
+
+
+def scan(src: str) -> dict[str, list[str]]:
+    """Map each dotted use to the zoo files (relative to ``src``) that contain it."""
+    where: dict[str, list[str]] = {}
+    for dirpath, dirnames, filenames in os.walk(src):
+        dirnames.sort()
+        for name in sorted(filenames):
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(dirpath, name)
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f.read()
+            if "cerebras" not in text:
+                continue
+            try:
+                tree = ast.parse(text, filename=path)
+            except SyntaxError:
+                continue
+            for use in _uses_in_tree(tree):
+                where.setdefault(use, []).append(os.path.relpath(path, src))
+    return dict(sorted(where.items()))
+
+
+def resolve(dotted: str) -> str | None:
+    """None when ``dotted`` resolves, else the reason it does not.
+
+    Walks the name as Python does at run time: each part is an attribute of the object before
+    it, and when it is not, the submodule of that name is imported (as ``import a.b.c`` or a
+    first ``from a.b import c`` would) and looked up again.
+    """
+    parts = dotted.split(".")
+    try:
+        obj = importlib.import_module(".".join(parts[:2]))
+    except Exception as e:  # noqa: BLE001 - any import failure is a finding
+        return f"import {'.'.join(parts[:2])}: {type(e).__name__}: {e}"
+    for i in range(2, len(parts)):
+        here = ".".join(parts[: i + 1])
+        try:
+            obj = getattr(obj, parts[i])
+            continue
+        except AttributeError as e:
+            missing = e
+        except Exception as e:  # noqa: BLE001 - a property that raises is a finding
+            return f"{here}: {type(e).__name__}: {e}"
+        try:
+            obj = importlib.import_module(here)
+        except ModuleNotFoundError as e:
+            if e.name == here:
+                return f"{here}: {type(missing).__name__}: {missing}"
+            return f"import {here}: {type(e).__name__}: {e}"
+        except Exception as e:  # noqa: BLE001
+            return f"import {here}: {type(e).__name__}: {e}"
+    return None
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("src", help="the zoo's src directory (holds cerebras/modelzoo)")
+    parser.add_argument("--as-is", action="store_true",
+                        help="resolve against sys.path as given (e.g. a reference install) "
+                             "instead of putting this project and its compat/ first")
+    parser.add_argument("--json", help="write {use: {files, error}} here")
+    parser.add_argument("-v", "--verbose", action="store_true", help="list resolved uses too")
+    args = parser.parse_args(argv)
+
+    if not os.path.isdir(os.path.join(args.src, "cerebras", "modelzoo")):
+        parser.error(f"{args.src} has no cerebras/modelzoo: give the zoo checkout's src/ folder")
+    if not args.as_is:
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        sys.path[:0] = [here, os.path.join(here, "compat")]
+
+    uses = scan(args.src)
+    table = {}
+    for use, files in uses.items():
+        error = resolve(use)
+        table[use] = {"files": files, "error": error}
+        if error or args.verbose:
+            status = "MISSING" if error else "ok"
+            print(f"{status:8s}{use}" + (f"\n          {error}  [{files[0]}]" if error else ""))
+    ok = sum(1 for v in table.values() if v["error"] is None)
+    print(f"resolved {ok}/{len(table)} cerebras.pytorch uses")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(table, f, indent=1)
+    return 0 if ok == len(table) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
