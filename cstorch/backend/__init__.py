@@ -114,6 +114,10 @@ class Backend(metaclass=_OneBackend):
         return getattr(self._impl, "cluster", None)
 
     @property
+    def appliance(self):
+        return getattr(self._impl, "appliance", None)
+
+    @property
     def cluster_config(self):
         return getattr(self._impl, "cluster_config", None)
 

@@ -19,6 +19,8 @@ import torch
 import jax_backend
 from jax_backend import DeviceState, LazyTensor, Slot, materialize
 
+from cstorch.utils.stage_tracker import StageTracker
+
 
 @dataclasses.dataclass
 class QueuedClosure:
@@ -42,6 +44,8 @@ class BaseBackend:
         self.metrics: list = []
         self.stateful_objects: list = []  # anything else exposing _cstorch_state_slots()
         self.device_state = DeviceState(self.jax_devices[0], layout)
+        self.appliance_tracker = StageTracker()  # written as each executor's track.json
+        self.appliance_tracker.start("Initialization")
         self.step_closures: list[QueuedClosure] = []
         self.data_executor_stack: list = []
         self.mode = "train"
@@ -263,7 +267,12 @@ class BaseBackend:
                 if not (context.is_pre_initial_step or context.is_checkpoint_step):
                     continue
                 self.materialize_state()
-            closure.fn(*materialize(closure.args), **materialize(closure.kwargs))
+            closure.fn(*self.fetch_closure_values(closure.args),
+                       **self.fetch_closure_values(closure.kwargs))
+
+    def fetch_closure_values(self, values):
+        """Step-closure arguments with their device values brought to the host."""
+        return materialize(values)
 
     # ------------------------------------------------------------------ executor hooks
     def on_run_start(self) -> None:

@@ -1,5 +1,6 @@
 """Cluster configuration and the rank/streaming helpers of a (single-host) run."""
 
+from cstorch.distributed import cluster_resolver  # noqa: F401
 from cstorch.distributed.cluster_config import ClusterConfig
 from cstorch.distributed.ranks import get_ordinal
 from cstorch.distributed.ranks import get_streaming_batch_size
@@ -13,6 +14,7 @@ from cstorch.distributed.ranks import num_receivers
 from cstorch.distributed.ranks import num_streamers
 from cstorch.distributed.ranks import num_tasks
 from cstorch.distributed.ranks import service_resolver
+from cstorch.distributed.ranks import WORKER_CACHE_ROOT  # noqa: F401
 
 __all__ = [
     "ClusterConfig", "get_ordinal", "get_streaming_batch_size", "get_streaming_rank",
