@@ -204,6 +204,23 @@ class TracedStep:
     def programs(self) -> list:
         return [entry.program for entries in self._programs.values() for entry in entries]
 
+    def __set_name__(self, owner, name):
+        self._attribute_name = name
+
+    def __get__(self, obj, objtype=None):
+        """``@cstorch.trace`` on a method: ``obj.step`` is a traced step bound to ``obj``.
+
+        Each instance gets its own bound step (and so its own compiled programs), cached in
+        the instance's ``__dict__`` like ``functools.cached_property`` does.
+        """
+        if obj is None:
+            return self
+        bound = TracedStep(self.step_fn.__get__(obj, objtype))
+        name = getattr(self, "_attribute_name", None)
+        if name is not None and hasattr(obj, "__dict__"):
+            obj.__dict__[name] = bound
+        return bound
+
     def __call__(self, *args, **kwargs):
         impl = current_backend_impl()
         if impl.is_tracing:  # a traced step called from inside another: inline it
