@@ -76,6 +76,8 @@ def main(argv=None):
     parser.add_argument("--checkpoint-steps", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--mixed-precision", choices=["on", "off"], default="on",
+                        help="the zoo's MixedPrecision(enabled=...): bfloat16 on CPU when on")
     parser.add_argument("--model-dir", default="./model_dir")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
@@ -110,7 +112,7 @@ def main(argv=None):
         model=model_fn,
         optimizer=lambda model: cstorch.optim.SGD(model.parameters(), lr=lr, momentum=0.0),
         schedulers=[lambda opt: cstorch.optim.lr_scheduler.ConstantLR(opt, learning_rate=lr)],
-        precision=MixedPrecision(enabled=True, loss_scaling_factor=1.0),
+        precision=MixedPrecision(enabled=args.mixed_precision == "on", loss_scaling_factor=1.0),
         loop=TrainingLoop(num_steps=args.steps, eval_frequency=None),
         checkpoint=Checkpoint(steps=args.checkpoint_steps),
         logging=Logging(log_steps=1),
