@@ -19,6 +19,7 @@ Differences from cerebras-pytorch 2.10 (on purpose):
 
 from __future__ import annotations
 
+from typing import Any, Dict
 import warnings
 import weakref
 from abc import ABC, abstractmethod
@@ -42,7 +43,7 @@ class Optimizer(torch.optim.Optimizer, ABC):
     ``RuntimeError``.
     """
 
-    def __init__(self, params, defaults, enable_global_step: bool = False):
+    def __init__(self, params: ParamsT, defaults: Dict[str, Any], enable_global_step: bool = False):
         super().__init__(params, defaults)
         self.enable_global_step = enable_global_step
         self.backend = current_backend_impl()

@@ -96,7 +96,7 @@ class Scheduler(ABC):
     tensor, and the value at step 0 is written into the targeted groups.
     """
 
-    def __init__(self, optimizer, total_iters, last_epoch: int = -1,
+    def __init__(self, optimizer: torch.optim.Optimizer, total_iters: int, last_epoch: int = -1,
                  param_group_tags: Tags = None):
         from cstorch.optim.optimizer import Optimizer
 
@@ -310,7 +310,8 @@ def _inherit_docs(module_globals, base):
 class ConstantScheduler(Scheduler):
     """``val`` at every step."""
 
-    def __init__(self, optimizer, val, total_iters=None, param_group_tags: Tags = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, val: float,
+                 total_iters: Optional[int] = None, param_group_tags: Tags = None):
         self.val = val
         super().__init__(optimizer, total_iters=total_iters, param_group_tags=param_group_tags)
 
@@ -327,7 +328,8 @@ class PolynomialScheduler(Scheduler):
     ``cycle`` has no effect (its clamp to ``end_val`` wins).
     """
 
-    def __init__(self, optimizer, initial_val, end_val, total_iters, power=1.0, cycle=False,
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, end_val: float,
+                 total_iters: int, power: float = 1.0, cycle: bool = False,
                  param_group_tags: Tags = None):
         self.initial_val = initial_val
         self.end_val = end_val
@@ -344,8 +346,8 @@ class PolynomialScheduler(Scheduler):
 class LinearScheduler(PolynomialScheduler):
     """``PolynomialScheduler`` with ``power=1``."""
 
-    def __init__(self, optimizer, initial_val, end_val, total_iters, cycle=False,
-                 param_group_tags: Tags = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, end_val: float,
+                 total_iters: int, cycle: bool = False, param_group_tags: Tags = None):
         super().__init__(optimizer, initial_val, end_val, total_iters, power=1.0, cycle=cycle,
                          param_group_tags=param_group_tags)
 
@@ -353,8 +355,8 @@ class LinearScheduler(PolynomialScheduler):
 class ExponentialScheduler(Scheduler):
     """``initial_val·decay_rate^(t/total_iters)`` (the exponent floored with ``staircase``)."""
 
-    def __init__(self, optimizer, initial_val, total_iters, decay_rate, staircase=False,
-                 param_group_tags: Tags = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, total_iters: int,
+                 decay_rate: float, staircase: bool = False, param_group_tags: Tags = None):
         self.initial_val = float(initial_val)
         self.decay_rate = decay_rate
         self.staircase = staircase
@@ -370,8 +372,9 @@ class InverseExponentialTimeDecayScheduler(Scheduler):
     """``initial_val/(1 + decay_rate·t^step_exponent/total_iters)`` (the ratio floored with
     ``staircase``), as Keras ``InverseTimeDecay``."""
 
-    def __init__(self, optimizer, initial_val, step_exponent, total_iters, decay_rate,
-                 staircase=False, param_group_tags: Tags = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, step_exponent: int,
+                 total_iters: int, decay_rate: float, staircase: bool = False,
+                 param_group_tags: Tags = None):
         self.initial_val = initial_val
         self.step_exponent = step_exponent
         self.decay_rate = decay_rate
@@ -388,8 +391,8 @@ class InverseExponentialTimeDecayScheduler(Scheduler):
 class InverseSquareRootDecayScheduler(Scheduler):
     """``initial_val·scale/√max(warmup_steps, t)``."""
 
-    def __init__(self, optimizer, initial_val=1.0, scale=1.0, warmup_steps=1.0,
-                 param_group_tags: Tags = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float = 1.0,
+                 scale: float = 1.0, warmup_steps: int = 1.0, param_group_tags: Tags = None):
         self.initial_val = initial_val
         self.scale = scale
         self.warmup_steps = warmup_steps
@@ -403,8 +406,8 @@ class InverseSquareRootDecayScheduler(Scheduler):
 class CosineDecayScheduler(Scheduler):
     """``end_val + (initial_val-end_val)·½(1+cos(π·min(t,T)/T))``, ``T = total_iters``."""
 
-    def __init__(self, optimizer, initial_val, end_val, total_iters,
-                 param_group_tags: Tags = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, end_val: float,
+                 total_iters: int, param_group_tags: Tags = None):
         self.initial_val = initial_val
         self.end_val = end_val
         super().__init__(optimizer, total_iters=total_iters, param_group_tags=param_group_tags)
@@ -445,8 +448,8 @@ class SequentialScheduler(_ComposedScheduler):
     registry (this scheduler steps them).
     """
 
-    def __init__(self, optimizer, schedulers, milestones, last_epoch=-1,
-                 param_group_tags: Tags = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, schedulers: List[Scheduler],
+                 milestones: List[int], last_epoch: int = -1, param_group_tags: Tags = None):
         if isinstance(milestones, numpy.ndarray):
             milestones = milestones.tolist()
         if not isinstance(milestones, (list, tuple)):
@@ -525,8 +528,8 @@ class PiecewiseConstantScheduler(SequentialScheduler):
     ValueError (the reference ignored the extra ones).
     """
 
-    def __init__(self, optimizer, constant_cls, vals, milestones,
-                 param_group_tags: Tags = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, constant_cls: type, vals: List[float],
+                 milestones: List[int], param_group_tags: Tags = None):
         vals = list(vals)
         if isinstance(milestones, numpy.ndarray):
             milestones = milestones.tolist()
@@ -544,8 +547,8 @@ class PiecewiseConstantScheduler(SequentialScheduler):
 class MultiStepScheduler(Scheduler):
     """``initial_val·gamma^(number of milestones <= t)``."""
 
-    def __init__(self, optimizer, initial_val, gamma, milestones,
-                 param_group_tags: Tags = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, gamma: float,
+                 milestones: List[int], param_group_tags: Tags = None):
         self.initial_val = initial_val
         self.gamma = gamma
         self.milestones = milestones
@@ -562,7 +565,8 @@ class MultiStepScheduler(Scheduler):
 class StepScheduler(Scheduler):
     """``initial_val·gamma^floor(t/step_size)``."""
 
-    def __init__(self, optimizer, initial_val, step_size, gamma, param_group_tags: Tags = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, step_size: int,
+                 gamma: float, param_group_tags: Tags = None):
         self.initial_val = float(initial_val)
         self.gamma = gamma
         self.step_size = step_size
@@ -577,8 +581,8 @@ class CosineAnnealingScheduler(Scheduler):
     """``eta_min + (initial_val-eta_min)·(1 + cos(π·t/T_max))/2``, periodic (no clamp at
     ``T_max``, no restarts)."""
 
-    def __init__(self, optimizer, initial_val, T_max, eta_min=0.0,
-                 param_group_tags: Tags = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, T_max: int,
+                 eta_min: float = 0.0, param_group_tags: Tags = None):
         self.initial_val = float(initial_val)
         self.T_max = float(T_max)
         self.eta_min = eta_min
@@ -613,7 +617,8 @@ class LambdaScheduler(Scheduler):
     (so its default gives ``initial_val²·(t/30)·0.95^t``): here ``initial_val`` is applied once.
     """
 
-    def __init__(self, optimizer, initial_val, param_group_tags: Tags = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float,
+                 param_group_tags: Tags = None):
         self.initial_val = initial_val
         super().__init__(optimizer, total_iters=None, param_group_tags=param_group_tags)
 
@@ -657,8 +662,8 @@ class CosineAnnealingWarmRestartsScheduler(Scheduler):
     ``[2T_0, 3T_0)``, ...); here every period restarts the cosine, as SGDR and torch do.
     """
 
-    def __init__(self, optimizer, initial_val, T_0, T_mult=1, eta_min=0.0,
-                 param_group_tags: Tags = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, T_0: int,
+                 T_mult: int = 1, eta_min: float = 0.0, param_group_tags: Tags = None):
         if T_mult != 1.0:
             raise ValueError(
                 f"Unsupported value of Parameters 'T_mult' for LR scheduler type "
@@ -679,7 +684,8 @@ class CosineAnnealingWarmRestartsScheduler(Scheduler):
 class MultiplicativeScheduler(Scheduler):
     """``initial_val·coefficient^t``."""
 
-    def __init__(self, optimizer, initial_val, coefficient, param_group_tags: Tags = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, coefficient: float,
+                 param_group_tags: Tags = None):
         self.initial_val = initial_val
         self.coefficient = coefficient
         super().__init__(optimizer, total_iters=None, param_group_tags=param_group_tags)
@@ -709,7 +715,7 @@ class ChainedScheduler(_ComposedScheduler):
     ``initial_val``.
     """
 
-    def __init__(self, schedulers, param_group_tags: Tags = None):
+    def __init__(self, schedulers: List[Scheduler], param_group_tags: Tags = None):
         self._schedulers = list(schedulers)
         if not self._schedulers:
             raise ValueError("ChainedScheduler needs at least one scheduler, got none.")
@@ -766,9 +772,9 @@ class CyclicScheduler(Scheduler):
     the triangular modes, "iterations" otherwise), as in cerebras-pytorch.
     """
 
-    def __init__(self, optimizer, base_val, max_val, step_size_up=2000, step_size_down=None,
-                 mode="triangular", gamma=1.0, scale_mode="cycle",
-                 param_group_tags: Tags = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, base_val: float, max_val: float,
+                 step_size_up: int = 2000, step_size_down: int = None, mode: str = 'triangular',
+                 gamma: float = 1.0, scale_mode: str = 'cycle', param_group_tags: Tags = None):
         self.base_val = base_val
         self.max_val = max_val
         self.step_size_up = step_size_up
@@ -791,8 +797,9 @@ class OneCycleScheduler(Scheduler):
     ``three_phase``: back to ``initial_val`` at ``2·pct_start·total_steps - 2`` first).
     ``anneal_strategy`` "cos" anneals by cosine, anything else linearly."""
 
-    def __init__(self, optimizer, initial_val, max_val, total_steps=1000, pct_start=0.3,
-                 final_div_factor=1e4, three_phase=False, anneal_strategy="cos",
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, max_val: float,
+                 total_steps: int = 1000, pct_start: float = 0.3, final_div_factor: float = 10000.0,
+                 three_phase: bool = False, anneal_strategy: str = 'cos',
                  param_group_tags: Tags = None):
         self.initial_val = initial_val
         self.max_val = max_val
@@ -821,7 +828,8 @@ class ScalePerParamScheduler(Scheduler):
     adjustment_scalars[i])``. Do not wrap a chained scheduler.
     """
 
-    def __init__(self, optimizer, scheduler, param_group_tags: Tags = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, scheduler: Scheduler,
+                 param_group_tags: Tags = None):
         self.adjustment_scalars = [
             group.get("adjust_learning_rate", group.get("adjust_val", 1.0))
             for group in optimizer.param_groups]

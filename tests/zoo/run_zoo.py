@@ -43,26 +43,36 @@ def fc_mnist(batch_size: int):
 
 
 def gpt2(batch_size: int):
-    from cerebras.modelzoo.data.nlp.gpt.DummyIterableDataProcessor import (
-        DummyIterableDataProcessor,
+    import numpy as np
+
+    from cerebras.modelzoo.data.nlp.gpt.DummyDataProcessor import (
+        DummyDataProcessor,
     )
     from cerebras.modelzoo.registry import registry
+
+    if not hasattr(np, "cast"):
+        # The zoo's dummy GPT data calls np.cast["int32"](x), removed in numpy 2 (which JAX
+        # requires); give that one helper back so the zoo's own fake data can be used.
+        np.cast = {name: (lambda x, name=name: np.asarray(x, dtype=name))
+                   for name in ("int32", "int64", "float32")}
 
     model_cls = registry.get_model_class("gpt2")
 
     def model():
-        return model_cls(dict(name="gpt2", vocab_size=128, hidden_size=32, num_hidden_layers=2,
-                              num_heads=2, filter_size=64, max_position_embeddings=64,
-                              dropout_rate=0.0))
+        # The dummy data has sequences of 128 tokens from a 32000-token vocabulary.
+        return model_cls(dict(name="gpt2", vocab_size=32000, hidden_size=32,
+                              num_hidden_layers=2, num_heads=2, filter_size=64,
+                              max_position_embeddings=128, embedding_dropout_rate=0.0,
+                              dropout_rate=0.0, attention_dropout_rate=0.0))
 
-    def loader(seed):
+    def loader():
         def input_fn():
-            return DummyIterableDataProcessor(dict(
-                data_processor="DummyIterableDataProcessor", batch_size=batch_size,
-                max_sequence_length=32, vocab_size=128, seed=seed)).create_dataloader()
+            return DummyDataProcessor(dict(
+                data_processor="GenericDataProcessor", batch_size=batch_size,
+                shuffle=False, shuffle_seed=1, num_workers=0)).create_dataloader()
         return cstorch.utils.data.DataLoader(input_fn)
 
-    return model, loader(1), loader(2), 0.01
+    return model, loader(), loader(), 0.01
 
 
 MODELS = {"fc_mnist": fc_mnist, "gpt2": gpt2}
@@ -120,7 +130,8 @@ def main(argv=None):
         seed=args.seed,
     )
     trainer.fit(train_dl)
-    checkpoints = sorted(glob.glob(os.path.join(args.model_dir, "checkpoint_*.mdl")))
+    checkpoints = sorted(glob.glob(os.path.join(args.model_dir, "checkpoint_*.mdl")),
+                         key=lambda p: int(os.path.basename(p)[len("checkpoint_"):-4]))
     result["checkpoints"] = [os.path.basename(c) for c in checkpoints]
     if checkpoints:
         trainer.validate(val_dl, ckpt_path=checkpoints[-1], loop=ValidationLoop(eval_steps=3))
