@@ -105,6 +105,7 @@ class BaseBackend:
             model.register_load_state_dict_post_hook(self._invalidate_state_view)
             self._invalidate_state_view()
         self._wrap_train(model)
+        model.device = self.torch_device  # as the reference: compiled models know their device
         model_id = self._next_model_id
         self._next_model_id += 1
         return model_id

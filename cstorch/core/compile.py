@@ -115,6 +115,25 @@ def _allow_apply_objects(module: torch.nn.Module) -> None:
 
 
 # ------------------------------------------------------------------------------------ trace
+def _step_counts(impl) -> list:
+    """(object, _step_count) of every optimizer and scheduler of the backend."""
+    return [(obj, obj._step_count) for obj in [*impl.optimizer_registry, *impl.schedulers]
+            if isinstance(getattr(obj, "_step_count", None), int)]
+
+
+def _undo_counting(before: list, passes: int) -> list:
+    """Python counters (``_step_count``) go up while the step body is traced, possibly more
+    than once. Put them back and return what one step adds to each, so every run of the
+    compiled program can add it, as every call of an eager step would."""
+    steps = []
+    for obj, count in before:
+        added = obj._step_count - count
+        obj._step_count = count
+        if added and passes:
+            steps.append((obj, added // passes))
+    return steps
+
+
 @dataclasses.dataclass
 class _CompiledStep:
     captured: jax_backend.CapturedStep
@@ -125,6 +144,7 @@ class _CompiledStep:
     written_paths: list  # state paths of the program's state outputs
     state_avals: dict  # path -> (shape, dtype) the program was compiled for
     hyperparameters: list  # per optimizer that existed at compile time: its group values
+    counter_steps: list  # (optimizer or scheduler, how much one step adds to its _step_count)
     _resolved: tuple = (None, None, None)  # (view, used indices, written indices)
 
     def matches_hyperparameters(self, current: list) -> bool:
@@ -257,8 +277,11 @@ class TracedStep:
                 RecompilationWarning, stacklevel=3)
         positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
         records = []
+        passes = []  # one entry per time capture runs the step body
+        counters_before = _step_counts(impl)
 
         def step(*tensors):
+            passes.append(None)
             rebuilt = list(leaves)
             for i, t in zip(positions, tensors):
                 rebuilt[i] = t
@@ -274,6 +297,7 @@ class TracedStep:
                                 [_metadata_twin(leaves[i]) for i in positions], policy)
         for hook in list(_trace_post_hooks.values()):
             hook()
+        counter_steps = _undo_counting(counters_before, len(passes))
         self.trace_count += 1
         program = Program(captured, policy=policy, layout=impl.layout)
         python_leaves = tuple(None if isinstance(x, torch.Tensor) else x for x in leaves)
@@ -282,7 +306,8 @@ class TracedStep:
         avals = {view.paths[i]: view.aval(i)
                  for i in captured.used_state + captured.written_state}
         entry = _CompiledStep(captured, program, [(r.kind, r.fn) for r in records],
-                              python_leaves, used, written, avals, _hyperparameters(impl))
+                              python_leaves, used, written, avals, _hyperparameters(impl),
+                              counter_steps)
         self._programs.setdefault(key, []).append(entry)
         return entry
 
@@ -322,6 +347,8 @@ class TracedStep:
         user_outputs, payloads = pytree.tree_unflatten(flat, captured.output_spec)
         for (kind, fn), (args, kwargs) in zip(entry.closures, payloads):
             impl.add_step_closure(kind, fn, args, kwargs)
+        for obj, increment in entry.counter_steps:
+            obj._step_count += increment
         return user_outputs
 
     # ----------------------------------------------------------------------- introspection

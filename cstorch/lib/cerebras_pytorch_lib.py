@@ -12,11 +12,11 @@ asking for it raises AttributeError saying so.
 
 from __future__ import annotations
 
-import weakref
+from torch.utils.weak import WeakIdKeyDictionary
 
 from cstorch.core import annotation as _annotation
 
-_attributes: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_attributes = WeakIdKeyDictionary()  # tensor -> {attribute: value}, by identity
 
 
 def set_attribute(tensor, attribute: str, value) -> None:
