@@ -34,18 +34,20 @@ import sys
 ROOT = "cerebras.pytorch"
 
 
-def _uses_in_tree(tree: ast.AST) -> set[str]:
-    """Dotted ``cerebras.pytorch`` names used by one parsed module."""
+def _uses_in_tree(tree: ast.AST) -> dict[str, set[str]]:
+    """Dotted ``cerebras.pytorch`` names used by one parsed module, each with how it is
+    reached: ``"import"`` (an import statement) or ``"attribute:<alias target>"`` (a chain of
+    attributes on an alias bound by an import of ``<alias target>``)."""
     aliases: dict[str, str] = {}  # local name -> dotted name it stands for
     other: set[str] = set()  # local names also bound to a non-cerebras import
-    uses: set[str] = set()
+    uses: dict[str, set[str]] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if not alias.name.startswith("cerebras"):
                     other.add(alias.asname or alias.name.split(".")[0])
                 if alias.name == ROOT or alias.name.startswith(ROOT + "."):
-                    uses.add(alias.name)
+                    uses.setdefault(alias.name, set()).add("import")
                     if alias.asname:
                         aliases[alias.asname] = alias.name
                     else:  # `import cerebras.pytorch.x` binds `cerebras`
@@ -56,12 +58,12 @@ def _uses_in_tree(tree: ast.AST) -> set[str]:
             if node.module == ROOT or node.module.startswith(ROOT + "."):
                 for alias in node.names:
                     full = f"{node.module}.{alias.name}"
-                    uses.add(full)
+                    uses.setdefault(full, set()).add("import")
                     aliases[alias.asname or alias.name] = full
             elif node.module == "cerebras":
                 for alias in node.names:
                     if alias.name == "pytorch":
-                        uses.add(ROOT)
+                        uses.setdefault(ROOT, set()).add("import")
                         aliases[alias.asname or alias.name] = ROOT
 
     inner: set[int] = set()  # Attribute nodes that are the value of a longer chain
@@ -80,13 +82,14 @@ def _uses_in_tree(tree: ast.AST) -> set[str]:
             continue  # an alias that is also, say, torch.distributed is ambiguous: skipped
         dotted = ".".join([aliases[cur.id], *reversed(parts)])
         if dotted == ROOT or dotted.startswith(ROOT + "."):
-            uses.add(dotted)
+            # resolved as the alias's import, then attribute by attribute
+            uses.setdefault(dotted, set()).add(f"attribute:{aliases[cur.id]}")
     return uses
 
 
-def scan(src: str) -> dict[str, list[str]]:
-    """Map each dotted use to the zoo files (relative to ``src``) that contain it."""
-    where: dict[str, list[str]] = {}
+def scan(src: str) -> dict[str, dict]:
+    """Map each dotted use to ``{"files": [...], "kinds": {...}}`` (files relative to ``src``)."""
+    where: dict[str, dict] = {}
     for dirpath, dirnames, filenames in os.walk(src):
         dirnames.sort()
         for name in sorted(filenames):
@@ -101,40 +104,71 @@ def scan(src: str) -> dict[str, list[str]]:
                 tree = ast.parse(text, filename=path)
             except SyntaxError:
                 continue
-            for use in _uses_in_tree(tree):
-                where.setdefault(use, []).append(os.path.relpath(path, src))
+            for use, kinds in _uses_in_tree(tree).items():
+                entry = where.setdefault(use, {"files": [], "kinds": set()})
+                entry["files"].append(os.path.relpath(path, src))
+                entry["kinds"] |= kinds
     return dict(sorted(where.items()))
 
 
-def resolve(dotted: str) -> str | None:
+def resolve(dotted: str, kind: str = "import") -> str | None:
     """None when ``dotted`` resolves, else the reason it does not.
 
-    Walks the name as Python does at run time: each part is an attribute of the object before
-    it, and when it is not, the submodule of that name is imported (as ``import a.b.c`` or a
-    first ``from a.b import c`` would) and looked up again.
+    ``"import"``: as an import statement does, the longest prefix that is a module is imported
+    and the rest are its attributes (``from a.b import c`` reads ``c`` from module ``a.b``,
+    even when package ``a`` has an attribute ``b`` that is something else).
+    ``"attribute:<target>"``: as a chain on an alias runs: ``<target>`` (what the alias was
+    imported as) resolves as an import, each further part is an attribute of the object
+    before it.
     """
     parts = dotted.split(".")
-    try:
-        obj = importlib.import_module(".".join(parts[:2]))
-    except Exception as e:  # noqa: BLE001 - any import failure is a finding
-        return f"import {'.'.join(parts[:2])}: {type(e).__name__}: {e}"
-    for i in range(2, len(parts)):
-        here = ".".join(parts[: i + 1])
+    if kind.startswith("attribute:"):
+        target = kind[len("attribute:"):]
+        if target == "cerebras":  # `import cerebras.pytorch...` binds the namespace package
+            try:
+                base = importlib.import_module(ROOT)
+            except Exception as e:  # noqa: BLE001 - any import failure is a finding
+                return f"import {ROOT}: {type(e).__name__}: {e}"
+            return _attributes(base, parts, 2)
+        error = resolve(target, "import")
+        if error:
+            return error
+        base = _import_value(target)
+        return _attributes(base, parts, len(target.split(".")))
+    for cut in range(len(parts), 1, -1):
+        name = ".".join(parts[:cut])
+        try:
+            obj = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name is not None and name.startswith(e.name) and e.name.startswith(ROOT):
+                continue  # not a module: a shorter prefix, the rest are attributes
+            return f"import {name}: {type(e).__name__}: {e}"
+        except Exception as e:  # noqa: BLE001 - any import failure is a finding
+            return f"import {name}: {type(e).__name__}: {e}"
+        return _attributes(obj, parts, cut)
+    return f"no importable prefix of {dotted}"
+
+
+def _import_value(dotted: str):
+    """The object an import statement binds for ``dotted`` (which resolves)."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 1, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for part in parts[cut:]:
+            obj = getattr(obj, part)
+        return obj
+    raise ImportError(dotted)
+
+
+def _attributes(obj, parts: list, start: int) -> str | None:
+    for i in range(start, len(parts)):
         try:
             obj = getattr(obj, parts[i])
-            continue
-        except AttributeError as e:
-            missing = e
-        except Exception as e:  # noqa: BLE001 - a property that raises is a finding
-            return f"{here}: {type(e).__name__}: {e}"
-        try:
-            obj = importlib.import_module(here)
-        except ModuleNotFoundError as e:
-            if e.name == here:
-                return f"{here}: {type(missing).__name__}: {missing}"
-            return f"import {here}: {type(e).__name__}: {e}"
         except Exception as e:  # noqa: BLE001
-            return f"import {here}: {type(e).__name__}: {e}"
+            return f"{'.'.join(parts[: i + 1])}: {type(e).__name__}: {e}"
     return None
 
 
@@ -156,9 +190,11 @@ def main(argv=None) -> int:
 
     uses = scan(args.src)
     table = {}
-    for use, files in uses.items():
-        error = resolve(use)
-        table[use] = {"files": files, "error": error}
+    for use, found in uses.items():
+        files = found["files"]
+        errors = [e for e in (resolve(use, k) for k in sorted(found["kinds"])) if e]
+        error = errors[0] if errors else None
+        table[use] = {"files": files, "kinds": sorted(found["kinds"]), "error": error}
         if error or args.verbose:
             status = "MISSING" if error else "ok"
             print(f"{status:8s}{use}" + (f"\n          {error}  [{files[0]}]" if error else ""))

@@ -1,7 +1,8 @@
-"""The tasks of a cluster run: ``TaskSpec`` (one process) and ``ClusterSpec`` (all of them).
+"""The tasks of a cluster run: ``TaskSpec`` (one process), ``ClusterSpec`` (all of them) and
+the ``ClusterResolver`` that answers questions about them.
 
-A single-host run is one task (rank 0, the master). The Model Zoo builds these itself for its
-data pipelines; ``service_resolver().cluster_spec`` gives the one of the current run.
+A single-host run is one task (rank 0, master and worker, see ``service_resolver``). The Model
+Zoo also builds these itself for its data pipelines.
 """
 
 from __future__ import annotations
@@ -68,3 +69,28 @@ class ClusterSpec:
 
     def filter_tasks_by_role(self, role: TaskRole) -> List[TaskSpec]:
         return [t for t in self.tasks if role in (t.roles or [])]
+
+
+class ClusterResolver:
+    """Answers questions about the cluster from its ``ClusterSpec``."""
+
+    def __init__(self, spec: ClusterSpec):
+        self._spec = spec
+
+    def cluster_spec(self) -> ClusterSpec:
+        return self._spec
+
+    @property
+    def num_tasks(self) -> int:
+        return self._spec.num_tasks()
+
+    @property
+    def rank(self) -> int:
+        return self._spec.rank
+
+    @property
+    def task(self) -> TaskSpec:
+        return self._spec.task()
+
+    def assumes_role(self, role: TaskRole, rank: Optional[int] = None) -> bool:
+        return role in (self._spec.task(rank).roles or [])

@@ -161,6 +161,11 @@ def test_cluster_and_task_specs():
     with pytest.raises(ValueError, match="ranks must be"):
         ClusterSpec([TaskSpec(1, 0, 0, "n")], 0, 1, 1)
     assert cstorch.distributed.WORKER_CACHE_ROOT == "/n0/cache"
+    # the zoo's GPU-distributed data paths ask these (they are not in the reference)
+    assert not torch.distributed.is_initialized()
+    assert cstorch.distributed.get_rank() == 0 and cstorch.distributed.get_world_size() == 1
+    # the single-host run's own spec uses the same classes
+    assert isinstance(cstorch.distributed.service_resolver().cluster_spec, ClusterSpec)
 
 
 def test_type_hint_names():
