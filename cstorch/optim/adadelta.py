@@ -1,7 +1,5 @@
 """cstorch Adadelta (update rule: ``jax_backend.optimizers.adadelta``)."""
 
-from __future__ import annotations
-
 from torch.optim.optimizer import ParamsT
 
 from cstorch.optim import _checks

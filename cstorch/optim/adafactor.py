@@ -1,7 +1,5 @@
 """cstorch Adafactor (update rule: ``jax_backend.optimizers.adafactor``)."""
 
-from __future__ import annotations
-
 from typing import Optional, Tuple
 
 from torch.optim.optimizer import ParamsT

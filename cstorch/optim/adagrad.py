@@ -1,7 +1,5 @@
 """cstorch Adagrad (update rule: ``jax_backend.optimizers.adagrad``)."""
 
-from __future__ import annotations
-
 from torch.optim.optimizer import ParamsT
 
 from cstorch.optim import _checks

@@ -5,8 +5,6 @@ applied, the bias correction keeps ``beta^t`` as per-parameter state (``beta1_po
 ``beta2_power``), and the default eps is 1e-6.
 """
 
-from __future__ import annotations
-
 from typing import Tuple
 
 import torch

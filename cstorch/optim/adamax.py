@@ -1,7 +1,5 @@
 """cstorch Adamax (update rule: ``jax_backend.optimizers.adamax``)."""
 
-from __future__ import annotations
-
 from typing import Tuple
 
 from torch.optim.optimizer import ParamsT

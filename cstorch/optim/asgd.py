@@ -1,7 +1,5 @@
 """cstorch ASGD (update rule: ``jax_backend.optimizers.asgd``)."""
 
-from __future__ import annotations
-
 from torch.optim.optimizer import ParamsT
 
 from cstorch.optim import _checks

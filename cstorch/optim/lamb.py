@@ -1,7 +1,5 @@
 """cstorch Lamb (update rule: ``jax_backend.optimizers.lamb``)."""
 
-from __future__ import annotations
-
 from typing import Tuple
 
 from torch.optim.optimizer import ParamsT

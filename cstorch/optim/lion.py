@@ -1,7 +1,5 @@
 """cstorch Lion (update rule: ``jax_backend.optimizers.lion``)."""
 
-from __future__ import annotations
-
 from typing import Tuple
 
 from torch.optim.optimizer import ParamsT

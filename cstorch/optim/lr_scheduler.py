@@ -5,8 +5,6 @@ and so their ``state_dict`` keys, use (``learning_rate``, ``initial_learning_rat
 differences from cerebras-pytorch are described on its generic base.
 """
 
-from __future__ import annotations
-
 from typing import List, Optional
 import torch
 

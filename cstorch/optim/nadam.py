@@ -1,7 +1,5 @@
 """cstorch NAdam (update rule: ``jax_backend.optimizers.nadam``)."""
 
-from __future__ import annotations
-
 from typing import Tuple
 
 from torch.optim.optimizer import ParamsT

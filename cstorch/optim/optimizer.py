@@ -17,8 +17,6 @@ Differences from cerebras-pytorch 2.10 (on purpose):
   lazily loaded checkpoint tensors become ordinary state.
 """
 
-from __future__ import annotations
-
 from typing import Any, Dict
 import warnings
 import weakref

@@ -1,7 +1,5 @@
 """cstorch RAdam (update rule: ``jax_backend.optimizers.radam``)."""
 
-from __future__ import annotations
-
 from typing import Tuple
 
 from torch.optim.optimizer import ParamsT

@@ -1,7 +1,5 @@
 """cstorch RMSprop (update rule: ``jax_backend.optimizers.rmsprop``)."""
 
-from __future__ import annotations
-
 from torch.optim.optimizer import ParamsT
 
 from cstorch.optim import _checks

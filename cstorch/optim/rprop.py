@@ -1,7 +1,5 @@
 """cstorch Rprop (update rule: ``jax_backend.optimizers.rprop``)."""
 
-from __future__ import annotations
-
 from typing import Tuple
 
 from torch.optim.optimizer import ParamsT

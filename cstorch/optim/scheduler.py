@@ -16,8 +16,6 @@ the corrected closed form (``PolynomialScheduler(cycle=True)``,
 ``CosineAnnealingWarmRestartsScheduler``, ``LambdaScheduler``); each class says how it differs.
 """
 
-from __future__ import annotations
-
 import numbers
 import warnings
 import weakref

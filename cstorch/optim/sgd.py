@@ -1,7 +1,5 @@
 """cstorch SGD (update rule: ``jax_backend.optimizers.sgd``)."""
 
-from __future__ import annotations
-
 from torch.optim.optimizer import ParamsT
 
 from cstorch.optim import _checks

@@ -4,8 +4,6 @@
 maths and differences from cerebras-pytorch are described on its generic base.
 """
 
-from __future__ import annotations
-
 from typing import List
 
 import torch

@@ -233,13 +233,14 @@ def test_constructor_annotations_match_the_reference(name):
     reference = _signatures()[name]
     params = list(inspect.signature(cls.__init__).parameters.values())[1:]
     assert [p.name for p in params] == [r[0] for r in reference]
-    hints = typing.get_type_hints(cls.__init__, include_extras=False)  # resolvable by pydantic
+    # The zoo reads inspect.signature(cls.__init__) annotations directly, so they must be the
+    # type objects themselves (not strings to be resolved later).
     namespace = {**vars(typing), "torch": torch, "ParamsT": TorchParamsT,
                  "Scheduler": cstorch.optim.scheduler.Scheduler,
                  "LRScheduler": cstorch.optim.lr_scheduler.LRScheduler}
     for param, (pname, annotation, default) in zip(params, reference):
         if annotation is not None:
-            assert hints[pname] == eval(annotation, namespace), pname  # noqa: S307 - fixture
+            assert param.annotation == eval(annotation, namespace), pname  # noqa: S307
         if default is None:
             assert param.default is inspect.Parameter.empty, pname
         else:
@@ -250,8 +251,7 @@ def test_pydantic_config_from_an_optimizer_signature(cpu_backend):
     """What the zoo does: build a config model from the constructor's annotated parameters."""
     pydantic = pytest.importorskip("pydantic")
     params = list(inspect.signature(cstorch.optim.SGD.__init__).parameters.values())[2:]
-    hints = typing.get_type_hints(cstorch.optim.SGD.__init__)
-    fields = {p.name: (hints[p.name], ... if p.default is p.empty else p.default) for p in params}
+    fields = {p.name: (p.annotation, ... if p.default is p.empty else p.default) for p in params}
     Config = pydantic.create_model("SGDConfig", **fields)
     assert Config(lr=0.1).momentum == 0
     with pytest.raises(pydantic.ValidationError, match="lr"):

@@ -93,11 +93,14 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     from cerebras.modelzoo.trainer import Trainer
+    from cerebras.modelzoo.trainer.loggers import ProgressLogger
     from cerebras.modelzoo.trainer.callbacks import (
         Callback,
         Checkpoint,
+        DurationProfiler,
         Logging,
         MixedPrecision,
+        RateProfiler,
         TrainingLoop,
         ValidationLoop,
     )
@@ -126,7 +129,9 @@ def main(argv=None):
         loop=TrainingLoop(num_steps=args.steps, eval_frequency=None),
         checkpoint=Checkpoint(steps=args.checkpoint_steps),
         logging=Logging(log_steps=1),
-        callbacks=[RecordLosses()],
+        # the zoo's profilers time steps from the tensors received on CSX
+        callbacks=[RecordLosses(), RateProfiler(), DurationProfiler()],
+        loggers=[ProgressLogger()],
         seed=args.seed,
     )
     trainer.fit(train_dl)

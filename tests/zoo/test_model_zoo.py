@@ -47,6 +47,29 @@ def test_scan_resolves_every_cerebras_pytorch_use():
     assert resolved == total, summary
 
 
+def test_zoo_config_classes_from_optimizer_signatures(tmp_path):
+    """The YAML path's validation builds pydantic configs from constructor annotations."""
+    script = tmp_path / "configs.py"
+    script.write_text(
+        "from typing import List\n"
+        "from pydantic import Field\n"
+        "from typing_extensions import Annotated\n"
+        "import cerebras.pytorch as cstorch\n"
+        "from cerebras.pytorch.optim.optimizer import ParamsT\n"
+        "from cerebras.modelzoo.config import create_config_class\n"
+        "cstorch.backend('CPU')\n"
+        "mapping = {ParamsT: Annotated[List[dict], Field(default=[])],\n"
+        "           (float, 'lr'): Annotated[float, Field(default=0.1, alias='learning_rate')]}\n"
+        "sgd = create_config_class(cstorch.optim.SGD, custom_type_mapping=mapping)\n"
+        "print(sgd(learning_rate=0.001, momentum=0.9).model_dump()['momentum'])\n"
+        "adamw = create_config_class(cstorch.optim.AdamW, custom_type_mapping=mapping)\n"
+        "print(adamw(learning_rate=0.001, betas=[0.9, 0.95]).model_dump()['betas'])\n")
+    proc = subprocess.run([PYTHON, str(script)], env=_env(), capture_output=True, text=True,
+                          timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.split() == ["0.9", "(0.9,", "0.95)"]
+
+
 def test_fc_mnist_cpu_matches_cerebras_pytorch(tmp_path):
     reference = REFERENCE["fc_mnist_cpu"]["mixed_precision_off"]
     result = _run(tmp_path, "--model", "fc_mnist", "--device", "CPU", "--steps", "20",
