@@ -17,6 +17,7 @@ def _fresh_state(tmp_path, monkeypatch):
     _amp_state._AmpState.half_dtype_str = "float16"
     _configure._settings = None
     summaries._pending.clear()
+    cstorch.metrics.Metric.registry.clear()  # metrics of earlier tests' models
     yield
     cstorch.backend._reset_for_tests()
     _configure._settings = None
