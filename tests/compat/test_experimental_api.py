@@ -205,3 +205,45 @@ def test_deprecated_2_0_names(tmp_path):
     assert events == [("avg_samples_per_sec", 3)]
     with pytest.warns(DeprecationWarning, match="torch.manual_seed"):
         cstorch20.manual_seed(3)
+
+
+def test_1_9_executor_checkpoint_closure_and_summarize_scalar(tmp_path):
+    import cerebras_pytorch.experimental as legacy
+
+    backend = legacy.backend("CPU", artifact_dir=str(tmp_path))
+    model = torch.nn.Linear(3, 1)
+    compiled = legacy.compile(model, backend)
+    optimizer = legacy.optim.configure_optimizer("SGD", model.parameters(), learning_rate=0.1)
+
+    @legacy.compile_step
+    def step(x):
+        loss = compiled(x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        legacy.summarize_scalar("loss", loss)
+        return loss
+
+    saved = []
+
+    @legacy.checkpoint_closure
+    def save(step_):
+        path = str(tmp_path / f"checkpoint_{step_}.mdl")
+        legacy.save({"model": model.state_dict()}, path)
+        saved.append(step_)
+
+    written = []
+
+    class Writer:
+        def add_scalar(self, name, value, step_):
+            written.append((name, step_))
+
+    loader = legacy.utils.data.DataLoader(lambda: [torch.ones(2, 3)] * 4)
+    with pytest.warns(DeprecationWarning):
+        executor = legacy.utils.data.DataExecutor(loader, num_steps=4, checkpoint_steps=2,
+                                                  writer=Writer())
+    for i, x in enumerate(executor, start=1):
+        step(x)
+        save(i)
+    assert saved == [2, 4]
+    assert [w for w in written if w[0] == "loss"] == [("loss", i) for i in range(1, 5)]

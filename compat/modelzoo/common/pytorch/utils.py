@@ -14,6 +14,12 @@ from typing import Any, Callable, Generator, List, Optional, Tuple
 import torch
 
 from modelzoo.common.pytorch.schema import validate_runconfig
+from modelzoo.common.run_utils.cli_parser import (  # noqa: F401  (1.6/1.7 lived here)
+    get_legacy_parser as get_parser,
+    get_params,
+    get_params_from_args,
+    read_params_file,
+)
 
 
 def get_input_dtype(to_float16: bool) -> torch.dtype:
