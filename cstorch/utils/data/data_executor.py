@@ -7,6 +7,7 @@ under ``<backend.artifact_dir>/executors/<NNNNNN>/``.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
@@ -190,6 +191,13 @@ class DataExecutor:
                            "completed_steps": self.run_context.user_iteration}, f)
         finally:
             impl.data_executor_stack.remove(self)
+
+
+# The 2.0/2.1 keywords cs_config and writer are accepted (deprecated) but are not part of
+# the documented 2.10 signature, which is what introspection reports.
+DataExecutor.__init__.__signature__ = inspect.signature(DataExecutor.__init__).replace(
+    parameters=[p for p in inspect.signature(DataExecutor.__init__).parameters.values()
+                if p.name not in ("cs_config", "writer")])
 
 
 def current_executor() -> DataExecutor:
