@@ -233,6 +233,7 @@ def test_both_command_lines_and_cli_overrides(tmp_path):
     assert runner._runconfig["target_device"] == "CPU" and len(runner.losses) == 4
     assert (model_dir / "checkpoint_4.mdl").exists()
     assert (model_dir / "train" / "params_train.yaml").exists()
+    assert any(n.startswith("events.out.tfevents") for n in os.listdir(model_dir / "train"))
 
     # 1.7: flags only; --max_steps on the command line overrides the YAML; resumes at 5.
     cstorch.backend._reset_for_tests()
@@ -329,3 +330,18 @@ def test_nan_loss_is_reported(tmp_path):
     params["optimizer"]["learning_rate"] = 1e30
     with pytest.raises(ValueError, match="NaN loss|inf loss"):
         _run(params)
+
+
+def _uneven_train_data(params):
+    data = toy_zoo.train_data_fn(params)
+    return data[:3] + [(data[3][0][:5], data[3][1][:5])]  # a smaller last batch
+
+
+def test_changing_graph_is_refused_on_csx_and_allowed_on_cpu(tmp_path):
+    params = toy_zoo.make_params(tmp_path / "cpu", max_steps=4)
+    with pytest.warns(UserWarning, match="Batch size changed"):
+        run_with_params(params, toy_zoo.ToyModel, _uneven_train_data)
+    cstorch.backend._reset_for_tests()
+    params = toy_zoo.make_params(tmp_path / "csx", max_steps=4, target_device="CSX")
+    with pytest.raises(RuntimeError, match="drop_last=True"):
+        run_with_params(params, toy_zoo.ToyModel, _uneven_train_data)

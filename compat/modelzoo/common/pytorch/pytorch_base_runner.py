@@ -111,6 +111,15 @@ class PyTorchBaseRunner(metaclass=abc.ABCMeta):
         self._is_pretrained_checkpoint = self._runconfig.get("is_pretrained_checkpoint", False)
         self._save_initial_checkpoint = self._runconfig.get("save_initial_checkpoint", False)
 
+        unsupported = [name for name, on in (
+            ("optimizer.log_summaries", self._log_summaries),
+            ("runconfig.enable_summaries", self._runconfig.get("enable_summaries")),
+            ("runconfig.save_stream_size", self._runconfig.get("save_stream_size")),
+            ("runconfig.show_debug_metrics", self._show_debug_metrics)) if on]
+        if unsupported:
+            warnings.warn(f"{', '.join(unsupported)}: these 1.x debugging summaries are not "
+                          "produced by this engine; the run goes on without them.")
+
         self._writers = {}
         self.__cleanup_stack = None
         self._global_step = None
