@@ -2,7 +2,6 @@
 lines, runconfig validation, checkpoints (naming, autoload, eval_all), compile-only, the
 modeled wafer, and per-step parity with eager torch."""
 
-import math
 import os
 
 import pytest

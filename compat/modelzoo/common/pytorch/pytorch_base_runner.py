@@ -44,7 +44,7 @@ import cstorch
 from modelzoo.common.pytorch import modes
 from modelzoo.common.pytorch.metrics import compute_all_metrics, reset_all_metrics
 from modelzoo.common.pytorch.PyTorchBaseModel import PyTorchBaseModel
-from modelzoo.common.pytorch.utils import RunConfigParamsValidator, visit_structure
+from modelzoo.common.pytorch.utils import visit_structure
 
 
 def extract_loss(outputs):
