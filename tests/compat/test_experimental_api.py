@@ -4,6 +4,7 @@
 import math
 import os
 import sys
+import warnings
 
 import pytest
 import torch
@@ -190,12 +191,15 @@ def test_deprecated_2_0_names(tmp_path):
             events.append((name, step))
 
     loader = cstorch20.utils.data.DataLoader(lambda: [torch.ones(2, 4)] * 3)
-    with pytest.warns(DeprecationWarning, match="cluster_config"):
-        config = None
-        with pytest.warns(DeprecationWarning, match="ClusterConfig"):
-            config = cstorch20.utils.CSConfig(num_csx=1)
+    with pytest.warns(DeprecationWarning, match="ClusterConfig"):
+        config = cstorch20.utils.CSConfig(num_csx=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         executor = cstorch20.utils.data.DataExecutor(loader, num_steps=3, cs_config=config,
                                                      writer=Writer())
+    messages = [str(w.message) for w in caught if w.category is DeprecationWarning]
+    assert any("cluster_config=" in m for m in messages)
+    assert any("DataExecutor(writer=...)" in m for m in messages)
     for x in executor:
         step(x)
     with pytest.warns(DeprecationWarning, match="rate_tracker.rate"):
@@ -239,7 +243,7 @@ def test_1_9_executor_checkpoint_closure_and_summarize_scalar(tmp_path):
             written.append((name, step_))
 
     loader = legacy.utils.data.DataLoader(lambda: [torch.ones(2, 3)] * 4)
-    with pytest.warns(DeprecationWarning):
+    with pytest.warns(DeprecationWarning, match="writer"):
         executor = legacy.utils.data.DataExecutor(loader, num_steps=4, checkpoint_steps=2,
                                                   writer=Writer())
     for i, x in enumerate(executor, start=1):

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import cstorch
+from cstorch.core.compile import RecompilationWarning
 from modelzoo.common.pytorch.pytorch_runner import PyTorchRunner
 from modelzoo.common.pytorch.run_utils import run, run_with_params
 from tests.compat import toy_zoo
@@ -87,7 +88,11 @@ HOOK_ORDER_CASES = [
                          ids=[f"{c[0]}-{i}" for i, c in enumerate(HOOK_ORDER_CASES)])
 def test_hook_order(tmp_path, mode, runconfig, expected):
     params = toy_zoo.make_params(tmp_path, mode=mode, **runconfig)
-    runner = _run(params)
+    if mode == "train_and_eval":  # each switch between train and eval compiles again
+        with pytest.warns(RecompilationWarning, match="train/eval mode"):
+            runner = _run(params)
+    else:
+        runner = _run(params)
     assert runner.calls == expected
 
 
@@ -338,7 +343,8 @@ def _uneven_train_data(params):
 
 def test_changing_graph_is_refused_on_csx_and_allowed_on_cpu(tmp_path):
     params = toy_zoo.make_params(tmp_path / "cpu", max_steps=4)
-    with pytest.warns(UserWarning, match="Batch size changed"):
+    with pytest.warns(UserWarning, match="Batch size changed"), \
+            pytest.warns(RecompilationWarning, match="input shapes"):
         run_with_params(params, toy_zoo.ToyModel, _uneven_train_data)
     cstorch.backend._reset_for_tests()
     params = toy_zoo.make_params(tmp_path / "csx", max_steps=4, target_device="CSX")
