@@ -105,7 +105,10 @@ class BaseBackend:
             model.register_load_state_dict_post_hook(self._invalidate_state_view)
             self._invalidate_state_view()
         self._wrap_train(model)
-        model.device = self.torch_device  # as the reference: compiled models know their device
+        try:  # as the reference: compiled models know their device
+            model.device = self.torch_device
+        except AttributeError:
+            pass  # a read-only `device` property of its own (HF models): it already tells
         model_id = self._next_model_id
         self._next_model_id += 1
         return model_id
