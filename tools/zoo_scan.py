@@ -17,9 +17,16 @@ A "use" is one dotted name, counted once however often it appears:
   ``import cerebras.pytorch.distributed as dist``) is ambiguous about which one a chain means,
   so its chains on that alias are left out.
 
-A use resolves when the longest importable module prefix imports and every remaining part is an
-attribute of it (``getattr``; a property that raises counts as unresolved). Nothing of the zoo is
-imported: its files are only parsed.
+A use resolves as Python would run it: an import statement's name when its longest module
+prefix imports and the rest are attributes of that module; an attribute chain when the alias's
+import resolves and each further part is an attribute (``getattr``: a module the package has not
+loaded by then does not count, and a property that raises counts as unresolved). Nothing of the
+zoo is imported: its files are only parsed.
+
+Run with ``--as-is`` in an environment with cerebras-pytorch 2.10 installed, the same scan
+gives the reference's own count (Release_2.10.0: 129 of its 131 uses resolve there; the zoo
+calls ``cerebras.pytorch.distributed.get_rank``/``get_world_size`` on GPU-only paths, which the
+reference lacks and this project provides).
 """
 
 from __future__ import annotations
@@ -178,7 +185,7 @@ def main(argv=None) -> int:
     parser.add_argument("--as-is", action="store_true",
                         help="resolve against sys.path as given (e.g. a reference install) "
                              "instead of putting this project and its compat/ first")
-    parser.add_argument("--json", help="write {use: {files, error}} here")
+    parser.add_argument("--json", help="write {use: {files, kinds, error}} here")
     parser.add_argument("-v", "--verbose", action="store_true", help="list resolved uses too")
     args = parser.parse_args(argv)
 
