@@ -19,6 +19,8 @@ import torch
 import jax_backend
 from jax_backend import DeviceState, LazyTensor, Slot, materialize
 
+from cstorch.distributed import runtime
+
 
 @dataclasses.dataclass
 class QueuedClosure:
@@ -252,7 +254,11 @@ class BaseBackend:
         return value.detach().clone()
 
     def run_step_closures(self) -> None:
+        """Runs the queued closures, on process 0 only in a multi-process job (as on a
+        cluster's user node). Every process fetches their arguments and, for checkpoint
+        closures, the state first: gathering values split across processes is a collective."""
         queued, self.step_closures = self.step_closures, []
+        runs_here = runtime.process_index() == 0
         for closure in queued:
             if closure.kind == "checkpoint":
                 context = self.run_context
@@ -263,7 +269,9 @@ class BaseBackend:
                 if not (context.is_pre_initial_step or context.is_checkpoint_step):
                     continue
                 self.materialize_state()
-            closure.fn(*materialize(closure.args), **materialize(closure.kwargs))
+            args, kwargs = materialize(closure.args), materialize(closure.kwargs)
+            if runs_here:
+                closure.fn(*args, **kwargs)
 
     # ------------------------------------------------------------------ executor hooks
     def on_run_start(self) -> None:
