@@ -33,6 +33,7 @@ import dataclasses
 import os
 import re
 import sys
+import threading
 from typing import Optional
 
 ENV_COORDINATOR = "CSTORCH_COORDINATOR_ADDRESS"
@@ -167,31 +168,61 @@ def join(config: Optional[DistributedConfig] = None) -> bool:
             "JAX). Create the cstorch backend first thing in the script.")
     # CPU collectives between processes go through gloo (TCP); GPUs use NCCL by default.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    try:
-        jax.distributed.initialize(
-            wanted.coordinator_address, wanted.num_processes, wanted.process_id,
-            initialization_timeout=wanted.initialization_timeout,
-            heartbeat_timeout_seconds=wanted.heartbeat_timeout,
-            shutdown_timeout_seconds=max(wanted.heartbeat_timeout, 10))
-    except Exception as error:  # noqa: BLE001 - the runtime raises several types
+    atexit.register(_exit_after_failure)  # runs before JAX's own shutdown barrier
+    error = _initialize_within(wanted)
+    if error is not None:
         raise DistributedError(
             f"Process {wanted.process_id} could not join the job of {wanted.num_processes} "
             f"processes at {wanted.coordinator_address} within "
-            f"{wanted.initialization_timeout} s ({type(error).__name__}: "
-            f"{str(error).splitlines()[0] if str(error) else ''}). Check that every process "
-            "was started with the same coordinator address and process count, and that the "
-            f"coordinator's port is free (${ENV_INIT_TIMEOUT} sets the wait).") from None
+            f"{wanted.initialization_timeout} s ({error}). Check that every process was "
+            "started with the same coordinator address and process count, that none of them "
+            f"failed early, and that the coordinator's port is free (${ENV_INIT_TIMEOUT} sets "
+            "the wait).")
     _joined = wanted
-    atexit.register(_exit_after_peer_failure)  # runs before JAX's own shutdown barrier
     return True
 
 
-def _exit_after_peer_failure() -> None:
-    """After a peer failed, the job's shutdown barrier can only fail too (and aborts the
-    process with a long log): end the process with status 1 after flushing instead."""
+_failed_to_join = False
+
+
+def _initialize_within(wanted: DistributedConfig) -> Optional[str]:
+    """Calls ``jax.distributed.initialize``, giving up after the init timeout; returns why
+    it failed (None on success). The runtime's own deadline is set later than ours because
+    it ends the process from a native thread, without a Python exception."""
+    import jax
+
+    outcome = {}
+
+    def connect():
+        try:
+            jax.distributed.initialize(
+                wanted.coordinator_address, wanted.num_processes, wanted.process_id,
+                initialization_timeout=wanted.initialization_timeout + 60,
+                heartbeat_timeout_seconds=wanted.heartbeat_timeout,
+                shutdown_timeout_seconds=max(wanted.heartbeat_timeout, 10))
+        except Exception as error:  # noqa: BLE001 - the runtime raises several types
+            first_line = (str(error).strip().splitlines() or [""])[0]
+            outcome["error"] = f"{type(error).__name__}: {first_line}"
+
+    thread = threading.Thread(target=connect, name="cstorch-join", daemon=True)
+    thread.start()
+    thread.join(wanted.initialization_timeout)
+    global _failed_to_join
+    if thread.is_alive():
+        _failed_to_join = True
+        return "the other processes did not all arrive"
+    if "error" in outcome:
+        _failed_to_join = True
+    return outcome.get("error")
+
+
+def _exit_after_failure() -> None:
+    """After a peer failed (or the job never formed), the job's shutdown barrier can only
+    fail too, and aborts the process with a long native log: end the process with status 1
+    after flushing instead."""
     from jax_backend import mesh
 
-    if mesh.peer_failure is not None:
+    if mesh.peer_failure is not None or _failed_to_join:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)

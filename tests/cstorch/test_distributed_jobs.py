@@ -1,0 +1,136 @@
+"""Multi-process jobs on jax.distributed (issue 16), each process a subprocess modeling two
+CPU devices, coordinator on 127.0.0.1; every wait is bounded.
+
+Oracle: the same training on one process and one device (fp32 policy)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from cstorch.distributed import launch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PYTHON = sys.executable
+DRIVER = os.path.join(ROOT, "tests", "cstorch", "distributed_run.py")
+EXAMPLE = os.path.join(ROOT, "examples", "gpt_adamw.py")
+TIMEOUT = 300
+
+
+def _env(devices=1, **extra):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "compat")]),
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+               PYTHONUNBUFFERED="1")
+    for name in list(env):
+        if name.startswith("CSTORCH_"):
+            del env[name]
+    env.update(extra)
+    return env
+
+
+def _run(args, cwd, env):
+    out = subprocess.run([PYTHON, *args], capture_output=True, text=True, cwd=cwd, env=env,
+                         timeout=TIMEOUT)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    return out.stdout
+
+
+def _launch(args, cwd, devices_per_process=2):
+    return _run(["-m", "cstorch.distributed.launch", "--num_processes", "2",
+                 "--devices_per_process", str(devices_per_process), *args], cwd, _env())
+
+
+def _result(stdout):
+    lines = [l for l in stdout.splitlines() if l.startswith("RESULT ")]
+    assert len(lines) == 1, stdout[-3000:]  # printed by process 0 only
+    return json.loads(lines[0][7:])
+
+
+def _losses(stdout):
+    return [float(x) for x in re.findall(r"^step +\d+ +loss (\S+)", stdout, re.M)]
+
+
+def test_gpt_example_on_two_processes_matches_one_device(tmp_path):
+    args = [EXAMPLE, "--backend", "CSX", "--layers", "1", "--d-model", "32", "--seq-len", "16",
+            "--batch-size", "8", "--steps", "4", "--log-every", "1",
+            "--artifact-dir", str(tmp_path / "artifacts")]
+    single = _losses(_run(args, tmp_path, _env()))
+    job = _losses(_launch(args + ["--num-csx", "4", "--weight-servers", "1"], tmp_path))
+    assert len(single) == 4
+    assert job == pytest.approx(single, rel=1e-5)  # each step printed once (process 0)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The MLP trained for 6 steps on one process and one device."""
+    cwd = tmp_path_factory.mktemp("reference")
+    return _result(_run([DRIVER, json.dumps({"num_csx": 1, "steps": 6})], cwd, _env()))
+
+
+def test_two_dimensional_mesh_across_processes_checkpoint_and_resume_on_one(tmp_path,
+                                                                             reference):
+    ckpt = str(tmp_path / "step3.mdl")
+    job = _result(_launch([DRIVER, json.dumps({"num_csx": 2, "weight_servers": 2, "steps": 6,
+                                               "save_at": 3, "ckpt": ckpt})], tmp_path))
+    assert job["processes"] == 2 and job["mesh"] == {"csx": 2, "ws": 2}
+    assert job["devices"] == 4 and job["spec"] == "P(('csx', 'ws'),)"
+    assert job["local_shard_rows"] == 32 // 4  # each device holds a quarter of the weight
+    assert job["losses"] == pytest.approx(reference["losses"], rel=1e-5)
+    for name, value in reference["final"].items():
+        np.testing.assert_allclose(job["final"][name], value, rtol=1e-4, atol=1e-6)
+    assert os.path.exists(ckpt)  # one file, written by process 0 from gathered values
+
+    resumed = _result(_run([DRIVER, json.dumps({"num_csx": 1, "steps": 6, "save_at": 3,
+                                                "resume": ckpt})], tmp_path, _env()))
+    assert resumed["processes"] == 1
+    assert resumed["losses"] == pytest.approx(reference["losses"][3:], rel=1e-5)
+
+
+def test_two_dimensional_mesh_in_one_process(tmp_path, reference):
+    run = _result(_run([DRIVER, json.dumps({"num_csx": 2, "weight_servers": 2, "steps": 6})],
+                       tmp_path, _env(devices=4)))
+    assert run["mesh"] == {"csx": 2, "ws": 2} and run["spec"] == "P(('csx', 'ws'),)"
+    assert run["losses"] == pytest.approx(reference["losses"], rel=1e-5)
+
+
+def _job_env(process_id, port, **extra):
+    return _env(devices=2, CSTORCH_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+                CSTORCH_NUM_PROCESSES="2", CSTORCH_PROCESS_ID=str(process_id), **extra)
+
+
+def test_killing_one_process_makes_the_other_fail_within_60_s(tmp_path):
+    port = launch.free_port()
+    options = json.dumps({"num_csx": 4, "weight_servers": 1, "steps": 400, "die_at": 3})
+    processes = [subprocess.Popen([PYTHON, DRIVER, options], cwd=tmp_path,
+                                  env=_job_env(i, port), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for i in range(2)]
+    try:
+        processes[1].wait(timeout=TIMEOUT)
+        died = time.monotonic()
+        assert processes[1].returncode == -9  # it killed itself at step 3
+        _, stderr = processes[0].communicate(timeout=60)
+        assert time.monotonic() - died < 60
+    finally:
+        for p in processes:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert processes[0].returncode == 1, stderr[-3000:]
+    assert "PeerFailureError" in stderr and "another process of the job died" in stderr
+
+
+def test_a_process_that_never_joins_is_a_clear_error_in_bounded_time(tmp_path):
+    start = time.monotonic()
+    out = subprocess.run([PYTHON, DRIVER, json.dumps({"num_csx": 2, "steps": 1})],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env=_job_env(0, launch.free_port(), CSTORCH_INIT_TIMEOUT="5"))
+    assert out.returncode != 0
+    assert "DistributedError" in out.stderr and "could not join" in out.stderr
+    assert time.monotonic() - start < 120
