@@ -184,7 +184,7 @@ def host_value(array) -> np.ndarray:
 _COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
                 "collective-permute")
 _INSTRUCTION = re.compile(
-    r"=\s*(?P<shape>\([^=]*?\)|\S+)\s+(?P<op>" + "|".join(_COLLECTIVES) + r")(?:-start)?\(")
+    r"=\s*(?P<shape>\(.*?\)|\S+)\s+(?P<op>" + "|".join(_COLLECTIVES) + r")(?:-start)?\(")
 _ARRAY = re.compile(r"\b(pred|[suf]\d+|bf16|f8\w*)\[([\d,]*)\]")
 _BITS = {"pred": 8, "bf16": 16}
 

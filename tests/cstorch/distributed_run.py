@@ -4,7 +4,7 @@ Trains an MLP with AdamW on CSX for ``steps`` steps of a fixed global batch sequ
 process feeds its slice of every batch (by streaming rank). Options (one JSON argument):
 ``num_csx``, ``weight_servers``, ``steps``, ``save_at`` + ``ckpt`` (checkpoint closure at that
 step), ``resume`` (a checkpoint to start from, at step ``save_at`` + 1), ``die_at`` (process
-1 kills itself at that step). Process 0 prints ``RESULT <json>``: per-step losses, the
+1 kills itself at that step), ``hlo`` (report the collectives of the compiled step). Process 0 prints ``RESULT <json>``: per-step losses, the
 process count, the final weights, and how a weight is laid out.
 """
 
@@ -18,6 +18,7 @@ import torch
 
 import cerebras.pytorch as cstorch
 from cstorch.distributed import ClusterConfig
+from jax_backend import mesh
 from tests.models import MLP
 
 GLOBAL_BATCH = 8
@@ -81,6 +82,11 @@ def main(options):
             save(options["ckpt"])
 
     array = backend._impl.device_state.array_of(model.net[1].weight)
+    communication = {}
+    if options.get("hlo"):
+        entry = step._latest()
+        hlo = entry.program.lower(*step._example_arguments(entry)).compile().as_text()
+        communication = mesh.communication(hlo)
     final = {k: v.tolist() for k, v in model.state_dict().items()}
     if rank == 0:
         print("RESULT " + json.dumps({
@@ -88,7 +94,9 @@ def main(options):
             "devices": len(array.sharding.device_set), "spec": str(getattr(array.sharding, "spec", None)),
             "local_shard_rows": int(np.shape(array.addressable_shards[0].data)[0]),
             "mesh": dict(getattr(array.sharding, "mesh", None) and array.sharding.mesh.shape or {}),
-            "final": final}), flush=True)
+            "final": final, "communication": communication,
+            "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}),
+            flush=True)
 
 
 if __name__ == "__main__":

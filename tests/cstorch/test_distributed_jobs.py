@@ -134,3 +134,19 @@ def test_a_process_that_never_joins_is_a_clear_error_in_bounded_time(tmp_path):
     assert out.returncode != 0
     assert "DistributedError" in out.stderr and "could not join" in out.stderr
     assert time.monotonic() - start < 120
+
+
+def test_compiled_step_communicates_what_data_parallelism_needs(tmp_path):
+    """Replicated state: the gradients (P bytes) are all-reduced once, plus a few scalars.
+    Weight servers: each device keeps a quarter of the state and XLA moves parameter and
+    gradient pieces instead (at most ZeRO-3's bound: gather P twice, reduce P)."""
+    replicated = _result(_run([DRIVER, json.dumps({"num_csx": 4, "steps": 1, "hlo": True})],
+                              tmp_path, _env(devices=4)))
+    p = replicated["param_bytes"]
+    assert p <= replicated["communication"]["all-reduce"][1] <= p + 64
+    streamed = _result(_run([DRIVER, json.dumps({"num_csx": 4, "weight_servers": 1,
+                                                 "steps": 1, "hlo": True})],
+                            tmp_path, _env(devices=4)))
+    assert streamed["local_shard_rows"] == 32 // 4
+    moved = sum(b for _, b in streamed["communication"].values())
+    assert 0 < moved <= 3 * p + 256
