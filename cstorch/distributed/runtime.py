@@ -100,6 +100,19 @@ class DistributedConfig:
             raise ValueError(f"Invalid distributed settings in the environment: {error}") \
                 from None
 
+    @classmethod
+    def from_torchrun_env(cls, environ=None) -> "DistributedConfig":
+        """The job torchrun describes (``MASTER_ADDR:MASTER_PORT``, ``WORLD_SIZE``,
+        ``RANK``); the coordinator takes the master's port, as nothing else uses it here."""
+        env = os.environ if environ is None else environ
+        try:
+            return cls(f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}", env["WORLD_SIZE"],
+                       env["RANK"])
+        except KeyError as missing:
+            raise DistributedError(
+                f"The torchrun environment lacks {missing.args[0]}: start the script with "
+                "torchrun or `python -m cstorch.distributed.launch`.") from None
+
     def merged_with(self, other: "DistributedConfig") -> "DistributedConfig":
         """These settings, with unset ones taken from ``other`` (e.g. the environment)."""
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

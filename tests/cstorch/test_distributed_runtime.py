@@ -137,3 +137,11 @@ def test_host_value_of_local_arrays():
 
     np.testing.assert_array_equal(mesh.host_value(jnp.arange(3)), [0, 1, 2])
     np.testing.assert_array_equal(mesh.host_value(np.ones(2)), [1.0, 1.0])
+
+
+def test_torchrun_environment_describes_the_job():
+    env = {"MASTER_ADDR": "node0", "MASTER_PORT": "29500", "WORLD_SIZE": "8", "RANK": "5",
+           "LOCAL_RANK": "1"}
+    assert DistributedConfig.from_torchrun_env(env) == DistributedConfig("node0:29500", 8, 5)
+    with pytest.raises(DistributedError, match="WORLD_SIZE"):
+        DistributedConfig.from_torchrun_env({"MASTER_ADDR": "a", "MASTER_PORT": "1"})
