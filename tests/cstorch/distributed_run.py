@@ -3,7 +3,7 @@
 Trains an MLP with AdamW on CSX for ``steps`` steps of a fixed global batch sequence; each
 process feeds its slice of every batch (by streaming rank). Options (one JSON argument):
 ``num_csx``, ``weight_servers``, ``steps``, ``save_at`` + ``ckpt`` (checkpoint closure at that
-step), ``resume`` (a checkpoint to start from, at step ``save_at`` + 1), ``die_at`` (process
+step), ``resume`` + ``start`` (a checkpoint to continue from, after step ``start``), ``die_at`` (process
 ``die_rank``, default 1, kills itself at that step), ``hlo`` (report the collectives of the compiled step). Process 0 prints ``RESULT <json>``: per-step losses, the
 process count, the final weights, and how a weight is laid out.
 """
@@ -46,7 +46,7 @@ def main(options):
         state = cstorch.load(options["resume"])
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        first = save_at
+        first = options["start"]
 
     share = cstorch.distributed.get_streaming_batch_size(GLOBAL_BATCH)
     rank = cstorch.distributed.get_streaming_rank()
@@ -73,7 +73,7 @@ def main(options):
 
     executor = cstorch.utils.data.DataExecutor(
         cstorch.utils.data.DataLoader(lambda: batches), num_steps=len(batches),
-        checkpoint_steps=(save_at - first) if save_at and not options.get("resume") else None)
+        checkpoint_steps=(save_at - first) if save_at else None)
     for i, (x, y) in enumerate(executor, start=first + 1):
         if i == options.get("die_at") and rank == options.get("die_rank", 1):
             os.kill(os.getpid(), signal.SIGKILL)

@@ -69,28 +69,34 @@ def test_gpt_example_on_two_processes_matches_one_device(tmp_path):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """The MLP trained for 6 steps on one process and one device."""
+    """The MLP trained for 6 steps on one process and one device, checkpointed at step 3."""
     cwd = tmp_path_factory.mktemp("reference")
-    return _result(_run([DRIVER, json.dumps({"num_csx": 1, "steps": 6})], cwd, _env()))
+    run = _result(_run([DRIVER, json.dumps({"num_csx": 1, "steps": 6, "save_at": 3,
+                                            "ckpt": str(cwd / "step3.mdl")})], cwd, _env()))
+    return dict(run, ckpt=str(cwd / "step3.mdl"))
 
 
-def test_two_dimensional_mesh_across_processes_checkpoint_and_resume_on_one(tmp_path,
-                                                                             reference):
-    ckpt = str(tmp_path / "step3.mdl")
-    job = _result(_launch([DRIVER, json.dumps({"num_csx": 2, "weight_servers": 2, "steps": 6,
-                                               "save_at": 3, "ckpt": ckpt})], tmp_path))
+def test_checkpoints_move_between_one_process_and_a_two_dimensional_job(tmp_path,
+                                                                         reference):
+    """One process → 2 processes (a 2 × 2 mesh, state split four ways) → one process."""
+    ckpt = str(tmp_path / "step5.mdl")
+    job = _result(_launch([DRIVER, json.dumps({
+        "num_csx": 2, "weight_servers": 2, "steps": 6, "resume": reference["ckpt"],
+        "start": 3, "save_at": 5, "ckpt": ckpt})], tmp_path))
     assert job["processes"] == 2 and job["mesh"] == {"csx": 2, "ws": 2}
     assert job["devices"] == 4 and job["spec"] == "P(('csx', 'ws'),)"
     assert job["local_shard_rows"] == 32 // 4  # each device holds a quarter of the weight
-    assert job["losses"] == pytest.approx(reference["losses"], rel=1e-5)
+    assert job["losses"] == pytest.approx(reference["losses"][3:], rel=1e-5)
     for name, value in reference["final"].items():
         np.testing.assert_allclose(job["final"][name], value, rtol=1e-4, atol=1e-6)
     assert os.path.exists(ckpt)  # one file, written by process 0 from gathered values
 
-    resumed = _result(_run([DRIVER, json.dumps({"num_csx": 1, "steps": 6, "save_at": 3,
-                                                "resume": ckpt})], tmp_path, _env()))
+    resumed = _result(_run([DRIVER, json.dumps({"num_csx": 1, "steps": 6, "resume": ckpt,
+                                                "start": 5})], tmp_path, _env()))
     assert resumed["processes"] == 1
-    assert resumed["losses"] == pytest.approx(reference["losses"][3:], rel=1e-5)
+    assert resumed["losses"] == pytest.approx(reference["losses"][5:], rel=1e-5)
+    for name, value in reference["final"].items():
+        np.testing.assert_allclose(resumed["final"][name], value, rtol=1e-4, atol=1e-6)
 
 
 def test_two_dimensional_mesh_in_one_process(tmp_path, reference):
