@@ -108,3 +108,63 @@ def test_from_optax_rejects_bad_arguments():
         cstorch.optim.from_optax(torch.optim.SGD, model.parameters())
     with pytest.raises(TypeError, match="param groups do not apply"):
         cstorch.optim.from_optax(optax.sgd(0.1), [{"params": list(model.parameters())}])
+
+
+def test_builtin_optimizer_and_schedule_used_from_jax_directly():
+    """The README's recipe: jax_backend's AdamW with a cstorch cosine schedule through
+    optax.inject_hyperparams, on a JAX model, follows cstorch AdamW + CosineDecayLR."""
+    import jax
+    import jax.numpy as jnp
+
+    from jax_backend import optimizers, schedules
+
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(16, 5, generator=g), torch.randn(16, 2, generator=g)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(5, 2)
+    start = [p.detach().numpy().copy() for p in model.parameters()]
+
+    backend = cstorch.backend("CPU")
+    compiled = cstorch.compile(model, backend)
+    optimizer = cstorch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.01)
+    scheduler = cstorch.optim.lr_scheduler.CosineDecayLR(
+        optimizer, initial_learning_rate=0.05, end_learning_rate=0.005, total_iters=6)
+    losses = []
+
+    @cstorch.step_closure
+    def record(loss):
+        losses.append(loss.item())
+
+    @cstorch.trace
+    def training_step(inputs, targets):
+        loss = F.mse_loss(compiled(inputs), targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        record(loss)
+
+    executor = cstorch.utils.data.DataExecutor(
+        cstorch.utils.data.DataLoader(lambda: [(x, y)] * STEPS), num_steps=STEPS)
+    for inputs, targets in executor:
+        training_step(inputs, targets)
+
+    tx = optax.inject_hyperparams(optimizers.adamw)(
+        learning_rate=schedules.cosine_decay(initial=0.05, end=0.005, total_iters=6),
+        weight_decay=0.01)
+    params = [jnp.asarray(p) for p in start]
+    state = tx.init(params)
+
+    def loss_fn(params):
+        w, b = params
+        return jnp.mean((jnp.asarray(x.numpy()) @ w.T + b - jnp.asarray(y.numpy())) ** 2)
+
+    jax_losses = []
+    for _ in range(STEPS):
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, state = tx.update(grads, state, params)
+        params = optax.apply_updates(params, updates)
+        jax_losses.append(float(loss))
+    np.testing.assert_allclose(jax_losses, losses, rtol=1e-5)
+    for p, q in zip(params, model.parameters()):
+        np.testing.assert_allclose(np.asarray(p), q.detach().numpy(), rtol=1e-5, atol=1e-6)
