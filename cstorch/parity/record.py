@@ -101,11 +101,19 @@ def install(recorder: Recorder) -> None:
 
 def use_gpu_for_cpu_backend() -> None:
     """Scripts ask for ``cstorch.backend("CPU")``; the GPU engine serves it with JAX on GPU."""
-    import cstorch.backend as backend_module
     from cstorch.backend.gpu_backend import GpuBackendImpl
 
+    backend_module = sys.modules["cstorch.backend"]  # (cstorch.backend is also a function)
+
+    class GpuForCpu(GpuBackendImpl):
+        """Takes the CPU backend's arguments (the CPU-only ones have no meaning here)."""
+
+        def __init__(self, backend_type, artifact_dir=None, mixed_precision=None, *,
+                     engine="auto"):
+            super().__init__(backend_type, artifact_dir)
+
     original = backend_module._impl_class
-    backend_module._impl_class = lambda t: GpuBackendImpl if t.is_cpu else original(t)
+    backend_module._impl_class = lambda t: GpuForCpu if t.is_cpu else original(t)
 
 
 def final_state() -> dict:
