@@ -19,13 +19,15 @@ from jax_backend.export import export_program
 from cstorch.backend import current_backend_impl
 
 
-def export(step, example_batch, path: str, *, vjp_order: int = 0) -> str:
+def export(step, example_batch, path: str, *, vjp_order: int = 0, platforms=None) -> str:
     """Writes ``step`` (a ``@cstorch.trace`` function already called once with batches shaped
     like ``example_batch``: a tensor, or a tuple/list of the step's positional arguments) and
     the current state to the directory ``path``; returns its absolute path.
 
     ``vjp_order=1`` also exports the derivative, so that ``ExportedStep.pure`` can be
     differentiated (e.g. a forward-only step as the apply function of a flax ``TrainState``).
+    ``platforms`` (e.g. ``("cpu", "cuda")``) are those the artifact may run on (default: this
+    backend's).
     """
     from cstorch.core.compile import TracedStep
 
@@ -57,7 +59,17 @@ def export(step, example_batch, path: str, *, vjp_order: int = 0) -> str:
     return export_program(
         entry.program, path, state, state_info, [names[i] for i in used_index],
         [names[i] for i in written_index], returned, single, closure_values,
-        function=step.__name__, vjp_order=vjp_order)
+        function=step.__name__, vjp_order=vjp_order,
+        platforms=platforms if platforms is not None else [_platform(impl.jax_devices[0])])
+
+
+def _platform(device) -> str:
+    """jax.export's name for the platform of ``device`` ("cpu", "cuda", "rocm", "tpu")."""
+    import jax
+
+    if device.platform == "gpu":  # jax.export names the GPU flavour
+        return jax.export.default_export_platform()
+    return device.platform
 
 
 def _compiled_for(step, args):

@@ -48,6 +48,7 @@ class OptaxOptimizer(Optimizer):
         self._key = optax_ops.register(self.transformation, treedef)
         self._slots = []  # (parameter, state key) of each optax leaf, in treedef order
         for path, leaf in leaves:
+            leaf = jax.numpy.asarray(leaf)  # Python numbers in a state become arrays
             owner, key = params[0], "optax" + jax.tree_util.keystr(path)
             last = path[-1] if path else None
             if (isinstance(last, jax.tree_util.SequenceKey) and last.idx < len(params)
