@@ -164,6 +164,39 @@ def test_compare_state_names_largest_difference():
     assert compare_state(a, {"w": a["w"]}).missing == ["b"]
 
 
+def test_recorder_names_closure_arguments():
+    from cstorch.parity.record import Recorder
+
+    recorder = Recorder()
+
+    def log(loss, metrics, step):
+        pass
+
+    wrapped = recorder.wrap(log)
+    recorder.step = 3
+    wrapped(torch.tensor(2.5), {"acc": torch.tensor([0.5, 1.0])}, step=3)
+    wrapped(torch.tensor(1.5), {"acc": torch.tensor([0.0, 1.0])}, step=3)
+    assert sorted(recorder.values) == [
+        (3, "log.loss"), (3, "log.loss#1"), (3, "log.metrics['acc']"),
+        (3, "log.metrics['acc']#1"), (3, "log.step"), (3, "log.step#1")]
+    np.testing.assert_array_equal(recorder.values[(3, "log.metrics['acc']#1")], [0.0, 1.0])
+
+
+def test_gpu_engine_only_where_jax_sees_a_gpu(monkeypatch):
+    from cstorch.parity import runner
+    from jax_backend import mesh
+
+    monkeypatch.setattr(mesh, "devices", lambda platform=None: [])
+    assert runner.available_engines() == ["eager", "jax-cpu"]
+    monkeypatch.setattr(mesh, "devices", lambda platform=None: ["gpu0"] if platform == "gpu"
+                        else [])
+    assert runner.available_engines() == ["eager", "jax-cpu", "jax-gpu"]
+    with pytest.raises(SystemExit):
+        runner._parse(["--engines", "eager", FIXTURE])
+    with pytest.raises(SystemExit):
+        runner._parse(["--engines", "eager,tpu", FIXTURE])
+
+
 # ------------------------------------------------------------------------------ the command
 def _parity(*args):
     return subprocess.run([sys.executable, "-m", "cstorch.parity", "--engines", "eager,jax-cpu",
