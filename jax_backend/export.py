@@ -56,7 +56,8 @@ def export_program(program: Program, path: str, state: dict, state_info: list, u
         "format": exported.FORMAT, "version": exported.VERSION, "function": function,
         "state": manifest_state, "used": list(used), "written": list(written),
         "inputs": [{"shape": list(s.shape), "dtype": str(s.dtype)} for s in input_specs],
-        "outputs": [{"shape": list(a.shape), "dtype": str(a.dtype)} for a in exp.out_avals[len(written):]],
+        "outputs": [{"shape": list(a.shape), "dtype": str(a.dtype)}
+                    for a in exp.out_avals[len(written):]],
         "returned": list(returned), "single": bool(single), "closure_values": closure_values,
         "uses_rng": bool(program.uses_rng), "platforms": list(exp.platforms),
         "vjp_order": vjp_order, "jax_version": jax.__version__,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
 
 import numpy as np
 
@@ -85,20 +86,38 @@ class ExportedStep:
         jax = _jax()
         self.path = path
         self.manifest = manifest = _read_manifest(path)
-        with open(os.path.join(path, PROGRAM), "rb") as f:
-            self.exported = jax.export.deserialize(bytearray(f.read()))
-        self.kinds = {entry["name"]: entry["kind"] for entry in manifest["state"]}
+        try:
+            with open(os.path.join(path, PROGRAM), "rb") as f:
+                self.exported = jax.export.deserialize(bytearray(f.read()))
+        except OSError as error:
+            raise ExportError(f"cannot read {PROGRAM} of {path!r}: {error}") from None
+        except Exception as error:  # noqa: BLE001 - any decoding failure means damage
+            raise ExportError(f"{PROGRAM} of {path!r} is damaged ({type(error).__name__}: "
+                              f"{error}); export the step again.") from None
+        for entry in manifest["state"]:
+            if not (isinstance(entry, dict) and isinstance(entry.get("name"), str)
+                    and isinstance(entry.get("shape"), list)
+                    and isinstance(entry.get("dtype"), str)):
+                raise ExportError(f"the manifest of {path!r} has a malformed state entry "
+                                  f"{entry!r}.")
+        self.kinds = {entry["name"]: entry.get("kind") for entry in manifest["state"]}
         state = {}
-        with np.load(os.path.join(path, STATE), allow_pickle=False) as stored:
-            for i, entry in enumerate(manifest["state"]):
-                key = f"s{i}"
-                if key not in stored:
-                    raise ExportError(f"{STATE} of {path!r} lacks {entry['name']!r}.")
-                array = decode_array(stored[key], entry["dtype"])
-                if list(array.shape) != list(entry["shape"]):
-                    raise ExportError(f"{entry['name']!r} has shape {array.shape} in {STATE} "
-                                      f"but {tuple(entry['shape'])} in the manifest.")
-                state[entry["name"]] = jax.numpy.asarray(array)
+        try:
+            with np.load(os.path.join(path, STATE), allow_pickle=False) as stored:
+                for i, entry in enumerate(manifest["state"]):
+                    key = f"s{i}"
+                    if key not in stored:
+                        raise ExportError(f"{STATE} of {path!r} lacks {entry['name']!r}.")
+                    array = decode_array(stored[key], entry["dtype"])
+                    if list(array.shape) != list(entry["shape"]):
+                        raise ExportError(f"{entry['name']!r} has shape {array.shape} in {STATE} "
+                                          f"but {tuple(entry['shape'])} in the manifest.")
+                    state[entry["name"]] = jax.numpy.asarray(array)
+        except ExportError:
+            raise
+        except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as error:
+            raise ExportError(f"{STATE} of {path!r} cannot be read ({error}); export the "
+                              "step again.") from None
         missing = [n for n in manifest["used"] + manifest["written"] if n not in state]
         if missing:
             raise ExportError(f"the manifest of {path!r} names unknown state {missing[:3]}.")

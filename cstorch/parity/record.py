@@ -59,7 +59,10 @@ class Recorder:
                     continue
                 key = f"{label}.{name}{torch.utils._pytree.keystr(path)}"
                 if (self.step, key) in self.values:  # the same closure twice in a step
-                    key += f"#{sum(1 for s, k in self.values if s == self.step and k.startswith(key))}"
+                    repeat = 1
+                    while (self.step, f"{key}#{repeat}") in self.values:
+                        repeat += 1
+                    key = f"{key}#{repeat}"
                 self.values[(self.step, key)] = array
 
 

@@ -229,6 +229,12 @@ def test_loader_checks_artifact_and_inputs(tmp_path):
         loaded(x.numpy(), x.numpy())
     with pytest.raises(exported.ExportError, match="no manifest.json"):
         exported.load(str(tmp_path))
+    program = tmp_path / "a" / "step.jaxexport"
+    intact = program.read_bytes()
+    program.write_bytes(intact[: len(intact) // 2])
+    with pytest.raises(exported.ExportError, match="damaged"):
+        exported.load(path)
+    program.write_bytes(intact)
     manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
     manifest["version"] = 99
     (tmp_path / "a" / "manifest.json").write_text(json.dumps(manifest))
