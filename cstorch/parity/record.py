@@ -119,6 +119,13 @@ def use_gpu_for_cpu_backend() -> None:
     backend_module._impl_class = lambda t: GpuForCpu if t.is_cpu else original(t)
 
 
+def force_engine(engine: str) -> None:
+    """The engine under comparison, even where the script names one explicitly."""
+    from cstorch.backend import cpu_backend
+
+    cpu_backend.resolve_engine = lambda requested="auto": engine
+
+
 def final_state() -> dict:
     """Every registered model's state_dict and optimizer's state, as float64 arrays."""
     import cstorch
@@ -185,6 +192,8 @@ def main(argv=None) -> int:
     torch.manual_seed(options.seed)
     if options.platform == "gpu":
         use_gpu_for_cpu_backend()
+    else:
+        force_engine(options.engine)
     recorder = Recorder()
     install(recorder)
 

@@ -182,6 +182,15 @@ def test_recorder_names_closure_arguments():
     np.testing.assert_array_equal(recorder.values[(3, "log.metrics['acc']#1")], [0.0, 1.0])
 
 
+def test_recording_forces_the_engine_under_comparison(monkeypatch):
+    from cstorch.backend import cpu_backend
+    from cstorch.parity.record import force_engine
+
+    monkeypatch.setattr(cpu_backend, "resolve_engine", cpu_backend.resolve_engine)
+    force_engine("eager")
+    assert cstorch.backend("CPU", engine="jax").engine == "eager"
+
+
 def test_gpu_engine_only_where_jax_sees_a_gpu(monkeypatch):
     from cstorch.parity import runner
     from jax_backend import mesh
