@@ -50,7 +50,10 @@ def export(step, example_batch, path: str, *, vjp_order: int = 0, platforms=None
             "were replaced, or state changed shape). Call the step once more before exporting.")
     used_index, written_index = positions
     indices = list(dict.fromkeys(list(used_index) + list(written_index)))
-    names = {i: _state_name(view.paths[i]) for i in indices}
+    names = {}
+    for i in indices:  # readable names; a (theoretical) clash gets the position appended
+        name = _state_name(view.paths[i])
+        names[i] = name if name not in names.values() else f"{name}#{i}"
     arrays = impl.device_state.arrays([view.tensors[i] for i in indices])
     state = {names[i]: array for i, array in zip(indices, arrays)}
     state_info = [{"name": names[i], "kind": _state_kind(view.paths[i]),
