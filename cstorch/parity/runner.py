@@ -112,9 +112,13 @@ def main(argv=None) -> int:
             print(f"  FIRST DIVERGENCE at step {diverged.step}: {diverged.name} = "
                   f"{_brief(diverged.values[i])} on {name}, {_brief(diverged.values[0])} on "
                   f"{reference} (relative difference {diverged.errors[i - 1]:.2e})")
+        models = compare_state(*({k: v for k, v in s.items() if k.startswith("model")}
+                                 for s in (states[0], states[i])))
+        print(f"  final parameters: largest difference in {models.name or '-'}: max|diff| "
+              f"{models.max_abs:.3e}, relative {models.max_rel:.3e}")
         state = compare_state(states[0], states[i])
-        print(f"  final state: {len(states[0])} tensors, largest difference in "
-              f"{state.name or '-'}: max|diff| {state.max_abs:.3e}, relative "
+        print(f"  final state (models and optimizers, {len(states[0])} tensors): largest "
+              f"difference in {state.name or '-'}: max|diff| {state.max_abs:.3e}, relative "
               f"{state.max_rel:.3e} (tolerance {options.state_rtol:g})")
         if state.missing:
             print(f"  state recorded by one engine only (or with different shapes): "
