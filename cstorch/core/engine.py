@@ -8,9 +8,10 @@ ordinary Python tools. Choose it with ``cstorch.backend("CPU", engine="eager")``
 touching the script, with the environment variable ``CSTORCH_ENGINE=eager``; an explicit
 argument wins over the variable.
 
-Differences from the JAX engine are those of eager torch: randomness follows torch's
-generators, and gradients persist between steps unless the step zeroes them (as in the
-reference on CPU). Built-in optimizers and schedules run the same pure update rules in both
+Differences from the JAX engine are those of eager torch: tensors in the step have values
+(``.item()`` works), randomness follows torch's generators, and gradients persist between
+steps unless the step zeroes them (as in the reference on CPU). ``cstorch.export`` and the
+program introspection (``jaxpr()``, ...) need the JAX engine. Built-in optimizers and schedules run the same pure update rules in both
 engines (``jax_backend.torch_ops``), so a parity run compares forward and backward passes.
 """
 
