@@ -17,6 +17,7 @@ import contextlib
 import functools
 import glob
 import os
+import re
 import warnings
 import weakref
 from collections import Counter, OrderedDict
@@ -540,7 +541,7 @@ class Trainer:
                 if not isinstance(pattern, (str, os.PathLike)):
                     raise ValueError(f"Expected a checkpoint path or glob pattern, got "
                                      f"{pattern!r}.")
-                matches = sorted(glob.glob(str(pattern)))
+                matches = sorted(glob.glob(str(pattern)), key=_natural_order)
                 if not matches:
                     raise FileNotFoundError(f"Checkpoint file(s) not found at: {pattern}")
                 files += [Path(m) for m in matches]
@@ -581,6 +582,11 @@ class Trainer:
         state_dict = cstorch.load(str(ckpt_path))
         self.call("preprocess_checkpoint", state_dict)
         self.call("on_load_checkpoint", state_dict)
+
+
+def _natural_order(path: str):
+    """Sort key that puts checkpoint_12 before checkpoint_100."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path)]
 
 
 def _finalize(callbacks):

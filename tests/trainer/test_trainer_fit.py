@@ -1,0 +1,139 @@
+"""The Trainer's fit, validation, checkpoints and resume against eager torch."""
+
+import numpy as np
+import pytest
+import torch
+
+import cerebras.pytorch as cstorch
+from cerebras.modelzoo.trainer import Trainer
+from cerebras.modelzoo.trainer.callbacks import Callback, Checkpoint, TrainingLoop
+
+from tests.trainer.common import (END_LR, LR, MOMENTUM, ClassifierMLP, batches, eager_reference,
+                                  torch_loader)
+
+SEED = 1234
+
+
+class Recorder(Callback):
+    """Records the loss of every step (through a step closure) and where runs start."""
+
+    def __init__(self):
+        self.train_losses, self.val_losses, self.fit_start_steps = [], [], []
+        self.loaded = []
+
+    def on_fit_start(self, trainer, train_dataloader, val_dataloader, loop):
+        self.fit_start_steps.append(trainer.global_step)
+
+    def on_before_load_checkpoint(self, trainer, ckpt_path):
+        self.loaded.append(ckpt_path)
+
+    def on_train_batch_end(self, trainer, model, outputs, batch, batch_idx):
+        self.record("train_losses", outputs["loss"])
+
+    def on_validate_batch_end(self, trainer, model, outputs, batch, batch_idx):
+        self.record("val_losses", outputs["loss"])
+
+    @cstorch.step_closure
+    def record(self, kind, loss):  # (closure arguments are copied: pass names, not lists)
+        getattr(self, kind).append(loss.item())
+
+
+def make_trainer(model_dir, loop, recorder, checkpoint=None, device="CPU"):
+    return Trainer(
+        device=device, model_dir=model_dir, model=ClassifierMLP,
+        optimizer=lambda model: cstorch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM),
+        schedulers=[lambda optimizer: cstorch.optim.lr_scheduler.LinearLR(
+            optimizer, initial_learning_rate=LR, end_learning_rate=END_LR, total_iters=24)],
+        loop=loop, checkpoint=checkpoint or Checkpoint(steps=12), callbacks=[recorder],
+        seed=SEED)
+
+
+def test_fit_matches_eager_torch_and_writes_checkpoints(tmp_path):
+    recorder = Recorder()
+    trainer = make_trainer(tmp_path / "run", TrainingLoop(num_steps=24, eval_frequency=12,
+                                                          eval_steps=3), recorder)
+    trainer.fit(cstorch.utils.data.DataLoader(torch_loader, 24),
+                cstorch.utils.data.DataLoader(torch_loader, 3, 99))
+
+    val = batches(3, seed=99)
+    want_train, want_val, want_state = eager_reference(SEED, batches(24), val, eval_every=12)
+    np.testing.assert_allclose(recorder.train_losses, want_train, rtol=1e-4)
+    mean_val = [np.mean(recorder.val_losses[:3]), np.mean(recorder.val_losses[3:])]
+    np.testing.assert_allclose(mean_val, want_val, rtol=1e-4)
+    assert trainer.global_step == 24
+    assert trainer.training_step.trace_count == 1  # one program, reused after validating
+
+    assert sorted(p.name for p in (tmp_path / "run").glob("*.mdl")) == [
+        "checkpoint_12.mdl", "checkpoint_24.mdl"]
+    saved = cstorch.load(str(tmp_path / "run" / "checkpoint_24.mdl"))
+    assert saved["global_step"] == 24
+    for name, value in want_state.items():
+        np.testing.assert_allclose(np.asarray(saved["model"][name]), value.numpy(), rtol=1e-4,
+                                   atol=1e-6)
+    assert set(saved) >= {"model", "optimizer", "schedulers", "global_step"}
+
+
+def test_a_second_trainer_resumes_from_a_checkpoint(tmp_path):
+    first = Recorder()
+    make_trainer(tmp_path / "run", TrainingLoop(num_steps=24, eval_frequency=None),
+                 first).fit(cstorch.utils.data.DataLoader(torch_loader, 24))
+
+    # Resume explicitly from step 12, feeding the batches that step 13 onwards saw.
+    second = Recorder()
+    trainer = make_trainer(tmp_path / "resumed", TrainingLoop(num_steps=12, eval_frequency=None),
+                           second)
+    trainer.fit(cstorch.utils.data.DataLoader(torch_loader, 12, 0, 12),
+                ckpt_path=tmp_path / "run" / "checkpoint_12.mdl")
+    assert second.fit_start_steps == [12]
+    np.testing.assert_allclose(second.train_losses, first.train_losses[12:], rtol=1e-5)
+    assert [p.name for p in (tmp_path / "resumed").glob("*.mdl")] == ["checkpoint_24.mdl"]
+
+    # By default a trainer picks up the latest checkpoint in its model directory.
+    third = Recorder()
+    make_trainer(tmp_path / "run", TrainingLoop(num_steps=2, eval_frequency=None),
+                 third).fit(cstorch.utils.data.DataLoader(torch_loader, 24))
+    assert third.loaded == [tmp_path / "run" / "checkpoint_24.mdl"]
+    assert third.fit_start_steps == [24]
+    assert (tmp_path / "run" / "checkpoint_26.mdl").exists()
+
+
+def test_validate_and_validate_all_report_the_eager_validation_loss(tmp_path):
+    recorder = Recorder()
+    trainer = make_trainer(tmp_path / "run", TrainingLoop(num_steps=24, eval_frequency=None),
+                           recorder)
+    trainer.fit(cstorch.utils.data.DataLoader(torch_loader, 24))
+    assert recorder.val_losses == []  # eval_frequency=None: no validation during fit
+
+    val_loader = cstorch.utils.data.DataLoader(torch_loader, 3, 99)
+    trainer.validate(val_loader, ckpt_path=None)
+    _, _, state = eager_reference(SEED, batches(24))
+    model = ClassifierMLP()
+    model.load_state_dict(state)
+    with torch.no_grad():
+        want = [model(b).item() for b in batches(3, seed=99)]
+    np.testing.assert_allclose(recorder.val_losses, want, rtol=1e-4)
+
+    # validate_all over both checkpoints: the step-12 weights give a different loss.
+    recorder.val_losses.clear()
+    trainer.validate_all(val_loader, ckpt_paths=[str(tmp_path / "run" / "checkpoint_*.mdl")])
+    assert [p for p in recorder.loaded if p][-2:] == [tmp_path / "run" / "checkpoint_12.mdl",
+                                    tmp_path / "run" / "checkpoint_24.mdl"]
+    np.testing.assert_allclose(recorder.val_losses[3:], want, rtol=1e-4)
+    assert not np.allclose(recorder.val_losses[:3], want, rtol=1e-4)
+    with pytest.raises(FileNotFoundError, match="not found"):
+        trainer.validate_all(val_loader, ckpt_paths=str(tmp_path / "nothing_*.mdl"))
+
+
+def test_fit_with_validation_on_csx_compiles_each_step_once(tmp_path):
+    recorder = Recorder()
+    trainer = make_trainer(tmp_path / "run", TrainingLoop(num_steps=8, eval_frequency=4,
+                                                          eval_steps=2), recorder, device="CSX")
+    trainer.fit(cstorch.utils.data.DataLoader(torch_loader, 8),
+                cstorch.utils.data.DataLoader(torch_loader, 2, 99))
+    assert trainer.backend.is_csx
+    assert len(recorder.train_losses) == 8 and len(recorder.val_losses) == 4
+    assert all(np.isfinite(recorder.train_losses))
+    assert trainer.training_step.trace_count == 1
+    # Mixed precision on the wafer: close to, not equal to, fp32 eager losses.
+    want, _, _ = eager_reference(SEED, batches(8))
+    np.testing.assert_allclose(recorder.train_losses, want, rtol=5e-2)
