@@ -38,8 +38,9 @@ class ModelCallback(CoreCallback):
     def on_train_start(self, trainer, model, train_dataloader, loop, loop_idx):
         model.train()
 
-    def on_validate_start(self, trainer, model, val_dataloader, loop):
-        model.eval()
+    def on_enter_validate(self, trainer, stack, val_dataloader, loop):
+        # (not on_validate_start: a ValidationLoop(hook=...) renames that hook)
+        trainer.model.eval()
 
     def on_before_backward(self, trainer, model, outputs):
         if "loss" not in outputs:
