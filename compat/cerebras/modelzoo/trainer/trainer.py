@@ -51,6 +51,8 @@ STANDARD_HOOKS = frozenset(
     name for name, value in vars(Callback).items()
     if callable(value) and not name.startswith("_"))
 
+_CONSTRUCTION_HOOKS = frozenset({"pre_setup", "setup", "post_setup"})
+
 
 def convert_output_to_dict(output) -> dict:
     """A model's output as the Trainer's dict: a bare tensor is the loss."""
@@ -227,7 +229,8 @@ class Trainer:
 
     def call(self, hook_name: str, *args, **kwargs):
         """Calls ``hook_name(self, *args, **kwargs)`` on every callback, in order. An error in
-        a hook is re-raised as RuntimeError naming the callback and hook."""
+        a hook is re-raised as RuntimeError naming the callback and hook (errors of the
+        construction hooks keep their type: they are errors in the Trainer's arguments)."""
         seen = set()
         for callback in self.all_callbacks:
             if id(callback) in seen:
@@ -242,8 +245,13 @@ class Trainer:
             try:
                 hook(self, *args, **kwargs)
             except Exception as error:
-                raise RuntimeError(f"Encountered error when calling "
-                                   f"{type(callback).__name__}.{hook_name}") from error
+                where = f"{type(callback).__name__}.{hook_name}"
+                if hook_name in _CONSTRUCTION_HOOKS:
+                    # Errors while building are argument errors of the Trainer: keep their
+                    # type (ValueError, TypeError, ...) so callers can tell them apart.
+                    error.add_note(f"(raised by {where} while constructing the Trainer)")
+                    raise
+                raise RuntimeError(f"Encountered error when calling {where}") from error
 
     @contextlib.contextmanager
     def on_exception(self, kind: str):
