@@ -11,8 +11,8 @@ _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 class Logging(CoreCallback):
     """``Logging(log_steps=1, log_level="INFO")``: metrics are logged on every ``log_steps``-th
-    step (and the last step of a loop); ``enable_act_frequency`` also fetches step outputs only
-    on those steps."""
+    step (and the last step of a fit or validation); ``enable_act_frequency`` also fetches step
+    outputs only on those steps. ``log_steps=0`` logs nothing."""
 
     def __init__(self, log_steps=1, log_level="INFO", wsc_log_level=None,
                  enable_act_frequency=False):
@@ -43,8 +43,28 @@ class Logging(CoreCallback):
         if self.enable_act_frequency and self.log_steps:
             trainer.activation_steps = self.log_steps
 
+    def on_fit_start(self, trainer, train_dataloader, val_dataloader, loop):
+        self._fit_start = (trainer.global_step, getattr(loop, "total_steps", None))
+
+    def on_train_start(self, trainer, model, train_dataloader, loop, loop_idx):
+        self._training = True
+
+    def on_enter_validate(self, trainer, stack, val_dataloader, loop):
+        self._training = False
+
+    _training = False
+    _fit_start = (0, None)
+
     def is_log_step(self, trainer) -> bool:
+        """Training: every ``log_steps``-th step of the fit (counted across its training
+        loops) and its last step. Validation: every ``log_steps``-th batch and the last."""
+        if not self.log_steps:
+            return False
+        if self._training:
+            initial, total = self._fit_start
+            fit_step = trainer.global_step - initial
+            return fit_step % self.log_steps == 0 or (total is not None and fit_step >= total)
         executor = trainer.executor
-        if executor is None or not self.log_steps:
+        if executor is None:
             return False
         return executor.user_iteration % self.log_steps == 0 or executor.on_final_iteration

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 import cerebras.pytorch as cstorch
 
 from cerebras.modelzoo.trainer.callbacks.callback import Callback, CoreCallback
@@ -72,8 +74,12 @@ class LogOptimizerParamGroup(Callback):
 
     def on_after_optimizer_step(self, trainer, model, optimizer):
         # Trace-time: log_metrics defers to a step closure, which reads each step's values.
+        # A closure sees its tensors' values at the end of the step, and the schedulers update
+        # these in place after this hook: clone to log the value this step used.
         metrics = {}
         for key in self.keys:
             for index, group in enumerate(optimizer.param_groups):
-                metrics[f"{key}/{index}"] = group[key]
+                value = group[key]
+                metrics[f"{key}/{index}"] = (value.clone() if isinstance(value, torch.Tensor)
+                                             else value)
         trainer.log_metrics(**metrics)

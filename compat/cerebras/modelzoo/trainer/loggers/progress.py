@@ -82,7 +82,7 @@ class ProgressLogger(Logger):
                  ((n, _number(v)) for n, v in metrics.items()) if number is not None]
         if not parts:
             return
-        line = f"| step {step} | " + ", ".join(parts) + f" | rate={self.rate:.1f} samples/s"
+        line = f"step {step} | " + ", ".join(parts) + f" | {self.rate:.1f} samples/s"
         if self._interactive:
             self._out.write("\r\033[K" + line)
         else:
