@@ -160,3 +160,30 @@ def test_a_callback_missing_a_hook_is_an_error(tmp_path):
     with pytest.raises(TypeError, match="Expected each callback to be a Callback"):
         Trainer(device="CPU", model_dir=tmp_path, model=ClassifierMLP,
                 callbacks=[NotACallback()])
+
+
+def test_downstream_validation_callbacks_run_after_each_upstream_validation(tmp_path):
+    from cerebras.modelzoo.trainer.callbacks import ValidationCallback
+
+    class Downstream(ValidationCallback):
+        name_scope = "downstream"
+        every_n_vals = 1
+        num_validate_loops = 1
+
+        def __init__(self):
+            self.runs = []
+
+        def run_validation(self, trainer, loop_idx, is_last):
+            self.runs.append((trainer.global_step, loop_idx, is_last))
+
+    downstream = Downstream()
+    trainer = Trainer(device="CPU", model_dir=tmp_path, model=ClassifierMLP,
+                      optimizer=lambda m: cstorch.optim.SGD(m.parameters(), lr=0.1),
+                      loop=TrainingLoop(num_steps=5, eval_frequency=2, eval_steps=1),
+                      callbacks=[downstream])
+    assert trainer.validation_callbacks == [downstream]
+    trainer.fit(cstorch.utils.data.DataLoader(torch_loader, 5))
+    # Training loops of 2, 2 and 1 steps, each followed by validation.
+    assert downstream.runs == [(2, 0, False), (4, 1, False), (5, 2, True)]
+    trainer.validate_all(None, ckpt_paths=None)
+    assert downstream.runs[-1] == (5, None, True)

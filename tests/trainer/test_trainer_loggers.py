@@ -92,3 +92,25 @@ def test_log_metrics_without_loggers_and_to_named_destinations(tmp_path):
         trainer.log_metrics_dict({"x": 1.0}, dest="Nobody")
 
 
+
+
+def test_summarize_scalar_from_inside_the_model_logs_each_steps_value(tmp_path):
+    from cerebras.modelzoo.trainer import summarize_scalar
+
+    class Summarizing(ClassifierMLP):
+        def forward(self, batch):
+            loss = super().forward(batch)
+            summarize_scalar("twice_loss", loss * 2)
+            return loss
+
+    collect = Collect()
+    trainer = Trainer(device="CPU", model_dir=tmp_path, model=Summarizing,
+                      optimizer=lambda m: cstorch.optim.SGD(m.parameters(), lr=0.1),
+                      loop=TrainingLoop(num_steps=3, eval_frequency=None), loggers=[collect])
+    trainer.fit(cstorch.utils.data.DataLoader(torch_loader, 3))
+    twice = {step: float(m["twice_loss"]) for step, m in collect.logged if "twice_loss" in m}
+    loss = {step: float(m["loss"]) for step, m in collect.logged if "loss" in m}
+    assert sorted(twice) == [1, 2, 3]
+    assert twice == pytest.approx({step: 2 * value for step, value in loss.items()})
+    with pytest.raises(RuntimeError, match="needs a running Trainer"):
+        summarize_scalar("x", 1.0)
