@@ -203,7 +203,7 @@ class Trainer:
             if isinstance(callback, Logger):
                 warnings.warn(f"{type(callback).__name__} was passed as a callback, so "
                               "trainer.log_metrics() will not write to it; pass it in "
-                              "loggers= instead.")
+                              "loggers= instead.", stacklevel=2)
         self._logger_destinations = {logger.name for logger in self.loggers}
         counts = Counter()
         for callback in user_callbacks + self.loggers:
@@ -383,7 +383,8 @@ class Trainer:
                 matched = True
                 logger.log_metrics(named, step)
         if not matched:
-            warnings.warn(f"None of the loggers matched the destinations {sorted(dest)}.")
+            warnings.warn(f"None of the loggers matched the destinations {sorted(dest)}.",
+                          stacklevel=2)
 
     # -------------------------------------------------------------------------------- steps
     def _training_step(self, batch):

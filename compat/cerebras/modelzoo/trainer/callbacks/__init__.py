@@ -16,7 +16,11 @@ from cerebras.modelzoo.trainer.callbacks.checkpoint import (
     LoadCheckpointStates,
 )
 from cerebras.modelzoo.trainer.callbacks.dataloader import DataLoaderCallback
-from cerebras.modelzoo.trainer.callbacks.flags import GlobalFlags, ScopedTrainFlags, ScopedValidateFlags
+from cerebras.modelzoo.trainer.callbacks.flags import (
+    GlobalFlags,
+    ScopedTrainFlags,
+    ScopedValidateFlags,
+)
 from cerebras.modelzoo.trainer.callbacks.grad_accum import GradientAccumulationCallback
 from cerebras.modelzoo.trainer.callbacks.logging import Logging
 from cerebras.modelzoo.trainer.callbacks.loop import LoopCallback, TrainingLoop, ValidationLoop

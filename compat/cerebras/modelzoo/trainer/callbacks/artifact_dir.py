@@ -1,4 +1,5 @@
-"""Where a Trainer writes: ``<model_dir>/cerebras_logs/<timestamp>`` and ``<model_dir>/<timestamp>``."""
+"""Where a Trainer writes: ``<model_dir>/cerebras_logs/<timestamp>`` (artifacts) and
+``<model_dir>/<timestamp>`` (summaries)."""
 
 from __future__ import annotations
 

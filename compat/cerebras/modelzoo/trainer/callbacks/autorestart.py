@@ -27,4 +27,4 @@ class AutoRestart(CoreCallback):
     def pre_setup(self, trainer):
         if self.max_num_restarts:
             warnings.warn("Autorestart is not implemented on this engine; the run will not be "
-                          "restarted if it fails.")
+                          "restarted if it fails.", stacklevel=2)

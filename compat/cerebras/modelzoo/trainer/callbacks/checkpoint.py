@@ -129,7 +129,7 @@ class LoadCheckpointStates(Callback):
         missing = self.states - set(state_dict)
         if missing:
             warnings.warn(f"States {sorted(missing)} requested by LoadCheckpointStates are not "
-                          f"in the checkpoint (it has {sorted(state_dict)}).")
+                          f"in the checkpoint (it has {sorted(state_dict)}).", stacklevel=2)
         for key in list(state_dict):
             if key not in self.states and key != "__metadata__":
                 del state_dict[key]

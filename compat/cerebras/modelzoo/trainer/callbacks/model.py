@@ -53,7 +53,8 @@ class ModelCallback(CoreCallback):
 
     def on_load_checkpoint(self, trainer, state_dict):
         if "model" not in state_dict:
-            warnings.warn("The checkpoint has no model state; the model was not loaded.")
+            warnings.warn("The checkpoint has no model state; the model was not loaded.",
+                          stacklevel=2)
             return
         strict = not trainer.checkpoint.disable_strict_checkpoint_loading
         weights = state_dict["model"]

@@ -93,11 +93,11 @@ class MixedPrecision(Precision):
         cstorch.amp.enable_mixed_precision(True)
         half = self.fp16_type
         if half == "cbfloat16" and not trainer.backend.is_csx:
-            warnings.warn("cbfloat16 exists only on CSX; using bfloat16 instead.")
+            warnings.warn("cbfloat16 exists only on CSX; using bfloat16 instead.", stacklevel=2)
             half = "bfloat16"
         if trainer.backend.is_cpu and half != "bfloat16":
             warnings.warn(f"The CPU backend supports only bfloat16 mixed precision; using "
-                          f"bfloat16 instead of {half}.")
+                          f"bfloat16 instead of {half}.", stacklevel=2)
             half = "bfloat16"
         self.fp16_type = half
         cstorch.amp.set_half_dtype(half)
