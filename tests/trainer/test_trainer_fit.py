@@ -137,3 +137,17 @@ def test_fit_with_validation_on_csx_compiles_each_step_once(tmp_path):
     # Mixed precision on the wafer: close to, not equal to, fp32 eager losses.
     want, _, _ = eager_reference(SEED, batches(8))
     np.testing.assert_allclose(recorder.train_losses, want, rtol=5e-2)
+
+
+def test_training_loops_continue_the_data_stream_across_epochs(tmp_path):
+    # 4 batches per epoch, validation every 4 steps: each training loop ends exactly at the
+    # end of an epoch, and the next one starts the next epoch.
+    recorder = Recorder()
+    trainer = make_trainer(tmp_path, TrainingLoop(num_steps=10, eval_frequency=4,
+                                                  eval_steps=1), recorder)
+    trainer.fit(cstorch.utils.data.DataLoader(torch_loader, 4),
+                cstorch.utils.data.DataLoader(torch_loader, 1, 99))
+    epochs = batches(4) * 3
+    want, _, _ = eager_reference(SEED, epochs[:10])
+    np.testing.assert_allclose(recorder.train_losses, want, rtol=1e-4)
+    assert len(recorder.val_losses) == 3  # after steps 4, 8 and 10

@@ -78,6 +78,8 @@ class _ContinuingStream:
         return len(self.dataloader)
 
     def __iter__(self):
+        fresh = self._iterator is None  # False: resuming where the previous loop stopped
+        produced = False
         while True:
             if self._iterator is None:
                 self._iterator = iter(self.dataloader)
@@ -85,7 +87,11 @@ class _ContinuingStream:
                 batch = next(self._iterator)
             except StopIteration:
                 self._iterator = None
-                return
+                if produced or fresh:
+                    return  # the end of an epoch (the executor starts the next one)
+                fresh = True  # the previous loop stopped exactly at the end of an epoch
+                continue
+            produced = True
             yield batch
 
 

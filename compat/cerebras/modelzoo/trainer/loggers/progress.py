@@ -19,7 +19,7 @@ def _number(value):
 
 
 class ProgressLogger(Logger):
-    """Shows the step, the scalar metrics and the rate (samples/s) of the running loop.
+    """Shows the step, the loss and the rate (samples/s) of the running loop.
 
     On a terminal it redraws one progress line per loop; when output goes to a file or pipe it
     prints one line per logged step (no control characters in logs).
@@ -78,8 +78,10 @@ class ProgressLogger(Logger):
         return self._samples / elapsed if elapsed > 0 else 0.0
 
     def log_metrics(self, metrics, step):
+        # One line per logged loss (other metrics belong in TensorBoard), with the rate.
         parts = [f"{name}={number:.5g}" for name, number in
-                 ((n, _number(v)) for n, v in metrics.items()) if number is not None]
+                 ((n, _number(v)) for n, v in metrics.items() if n.split("/")[-1] == "loss")
+                 if number is not None]
         if not parts:
             return
         line = f"step {step} | " + ", ".join(parts) + f" | {self.rate:.1f} samples/s"
