@@ -190,3 +190,16 @@ def test_legacy_params_convert_to_the_trainer_config():
                                                                "frobnicate": 1}})
 
 
+
+
+def test_a_list_of_phases_runs_in_order_on_one_backend(tmp_path):
+    first, second = params(tmp_path / "phase1")["trainer"], params(tmp_path / "phase2")["trainer"]
+    for phase, steps in ((first, 4), (second, 2)):
+        phase["init"]["loop"] = {"num_steps": steps, "eval_frequency": None}
+        phase["init"]["checkpoint"] = {"steps": steps}
+        phase["fit"].pop("val_dataloader")
+    second["fit"]["ckpt_path"] = str(tmp_path / "phase1" / "checkpoint_4.mdl")
+    trainers = run_trainer("train", {"trainer": [first, second]})
+    assert [t.global_step for t in trainers] == [4, 6]  # phase 2 continued from phase 1
+    assert trainers[0].backend is trainers[1].backend
+    assert (tmp_path / "phase2" / "checkpoint_6.mdl").exists()

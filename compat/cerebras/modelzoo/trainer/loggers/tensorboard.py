@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+import weakref
 
 import torch
 
@@ -21,10 +22,10 @@ class TensorBoardLogger(Logger):
         self.summary_dir = summary_dir
         self.legacy_event_dirs = legacy_event_dirs
         self._writers = {}
-        self._trainer = None
+        self._trainer = lambda: None
 
     def setup(self, trainer):
-        self._trainer = trainer
+        self._trainer = weakref.ref(trainer)  # the trainer's finalizer keeps its callbacks alive
         if self.summary_dir is None:
             self.summary_dir = trainer.summary_dir
 
@@ -38,8 +39,9 @@ class TensorBoardLogger(Logger):
 
     def log_metrics(self, metrics, step):
         subdir = ""
-        if self.legacy_event_dirs and self._trainer is not None:
-            scopes = self._trainer._name_scope_stack
+        trainer = self._trainer()
+        if self.legacy_event_dirs and trainer is not None:
+            scopes = trainer._name_scope_stack
             subdir = scopes[-1] if scopes else "train"
         writer = self._writer(subdir)
         for name, value in metrics.items():
