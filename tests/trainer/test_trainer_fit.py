@@ -151,3 +151,47 @@ def test_training_loops_continue_the_data_stream_across_epochs(tmp_path):
     want, _, _ = eager_reference(SEED, epochs[:10])
     np.testing.assert_allclose(recorder.train_losses, want, rtol=1e-4)
     assert len(recorder.val_losses) == 3  # after steps 4, 8 and 10
+
+
+class RestartableBatches:
+    """A restartable dataloader (cstorch's protocol): it remembers how many batches it has
+    handed out, and a checkpoint stores that position."""
+
+    def __init__(self, num_batches):
+        self.data = batches(num_batches)
+        self.position = 0
+
+    def __iter__(self):
+        while self.position < len(self.data):
+            self.position += 1
+            yield self.data[self.position - 1]
+        self.position = 0
+
+    def __len__(self):
+        return len(self.data)
+
+    def state_dict(self):
+        return {"position": self.position}
+
+    def load_state_dict(self, state_dict):
+        self.position = state_dict["position"]
+
+    def aggregate_state_dict(self, worker_states):
+        return worker_states[0]
+
+    def deaggregate_state_dict(self, aggregated_state_dict):
+        return aggregated_state_dict
+
+
+def test_a_restartable_dataloader_resumes_where_the_checkpoint_was_taken(tmp_path):
+    first = Recorder()
+    make_trainer(tmp_path / "run", TrainingLoop(num_steps=8, eval_frequency=None), first,
+                 Checkpoint(steps=4)).fit(cstorch.utils.data.DataLoader(RestartableBatches, 12))
+    saved = cstorch.load(str(tmp_path / "run" / "checkpoint_4.mdl"))
+    assert saved["dataloader"] == {"position": 4}
+
+    resumed = Recorder()
+    make_trainer(tmp_path / "resumed", TrainingLoop(num_steps=4, eval_frequency=None),
+                 resumed).fit(cstorch.utils.data.DataLoader(RestartableBatches, 12),
+                              ckpt_path=tmp_path / "run" / "checkpoint_4.mdl")
+    np.testing.assert_allclose(resumed.train_losses, first.train_losses[4:], rtol=1e-5)
