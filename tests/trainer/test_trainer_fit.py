@@ -195,3 +195,23 @@ def test_a_restartable_dataloader_resumes_where_the_checkpoint_was_taken(tmp_pat
                  resumed).fit(cstorch.utils.data.DataLoader(RestartableBatches, 12),
                               ckpt_path=tmp_path / "run" / "checkpoint_4.mdl")
     np.testing.assert_allclose(resumed.train_losses, first.train_losses[4:], rtol=1e-5)
+
+
+def test_checkpoints_of_another_version_are_refused_unless_not_strict(tmp_path):
+    make_trainer(tmp_path / "run", TrainingLoop(num_steps=2, eval_frequency=None),
+                 Recorder()).fit(cstorch.utils.data.DataLoader(torch_loader, 2))
+    state = cstorch.load(str(tmp_path / "run" / "checkpoint_2.mdl"))
+    assert state["__metadata__"] == [{"version": cstorch.__version__}]
+    state["__metadata__"] = [{"version": "1.9.1"}]
+    cstorch.save(state, str(tmp_path / "old.mdl"))
+
+    trainer = make_trainer(tmp_path / "a", TrainingLoop(num_steps=1, eval_frequency=None),
+                           Recorder())
+    with pytest.raises(RuntimeError, match="Checkpoint.preprocess_checkpoint") as info:
+        trainer.fit(cstorch.utils.data.DataLoader(torch_loader, 1), ckpt_path=tmp_path / "old.mdl")
+    assert "version 1.9.1" in str(info.value.__cause__)
+    lenient = make_trainer(tmp_path / "b", TrainingLoop(num_steps=1, eval_frequency=None),
+                           Recorder(), Checkpoint(strict_version=False))
+    with pytest.warns(UserWarning, match="version 1.9.1"):
+        lenient.fit(cstorch.utils.data.DataLoader(torch_loader, 1), ckpt_path=tmp_path / "old.mdl")
+    assert lenient.global_step == 3

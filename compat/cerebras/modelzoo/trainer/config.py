@@ -50,6 +50,7 @@ class CheckpointConfig(_Strict):
     save_initial_checkpoint: bool = False
     checkpoint_root: Optional[str] = None
     checkpoint_name: str = "checkpoint_{step}.mdl"
+    strict_version: bool = True
 
 
 class LoggingConfig(_Strict):

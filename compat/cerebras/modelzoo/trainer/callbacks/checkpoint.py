@@ -8,21 +8,26 @@ import time
 import warnings
 from pathlib import Path
 
+import cerebras.pytorch as cstorch
+
 from cerebras.modelzoo.trainer.callbacks.callback import Callback, CoreCallback
 
 
 class Checkpoint(CoreCallback):
     """``Checkpoint(steps=None, autoload_last_checkpoint=True,
     disable_strict_checkpoint_loading=False, save_initial_checkpoint=False,
-    checkpoint_root=None, checkpoint_name="checkpoint_{step}.mdl")``.
+    checkpoint_root=None, checkpoint_name="checkpoint_{step}.mdl", strict_version=True)``.
 
     Saves every ``steps`` global steps of a fit and at its last step (``steps=None``/0: never),
     as ``cstorch.save`` files under ``checkpoint_root`` (default: the model directory).
+    Checkpoints record the cstorch version; loading one of another major.minor version raises
+    (warns with ``strict_version=False``).
     """
 
     def __init__(self, steps=None, autoload_last_checkpoint=True,
                  disable_strict_checkpoint_loading=False, save_initial_checkpoint=False,
-                 checkpoint_root=None, checkpoint_name="checkpoint_{step}.mdl"):
+                 checkpoint_root=None, checkpoint_name="checkpoint_{step}.mdl",
+                 strict_version=True):
         if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)
                                   or steps < 0):
             raise ValueError(f"Checkpoint steps must be None or a non-negative integer, got "
@@ -38,6 +43,7 @@ class Checkpoint(CoreCallback):
         self.save_initial_checkpoint = save_initial_checkpoint
         self.checkpoint_root = None if checkpoint_root is None else Path(checkpoint_root)
         self.checkpoint_name = checkpoint_name
+        self.strict_version = strict_version
         self._initial_saved = False
 
     def setup(self, trainer):
@@ -54,8 +60,27 @@ class Checkpoint(CoreCallback):
     def on_train_batch_end(self, trainer, model, outputs, batch, batch_idx):
         trainer.save_checkpoint()  # a checkpoint closure: runs on checkpoint steps only
 
+    def on_save_checkpoint(self, trainer, state_dict):
+        state_dict["__metadata__"] = [{"version": cstorch.__version__}]
+
     def on_after_save_checkpoint(self, trainer, ckpt_path):
         trainer.logger.info(f"Saved checkpoint {ckpt_path}")
+
+    def preprocess_checkpoint(self, trainer, state_dict):
+        metadata = state_dict.get("__metadata__")
+        version = metadata[-1].get("version", "") if isinstance(metadata, list) and metadata \
+            and isinstance(metadata[-1], dict) else ""
+        if not version:
+            return
+        ours = cstorch.__version__.split(".")[:2]
+        if str(version).split("+")[0].split(".")[:2] == ours:
+            return
+        message = (f"The checkpoint was written by version {version}, which is incompatible "
+                   f"with this version ({cstorch.__version__}): convert it first.")
+        if self.strict_version:
+            raise ValueError(message + " If you are sure it is compatible, set "
+                             "Checkpoint(strict_version=False).")
+        warnings.warn(message, stacklevel=2)
 
     def get_checkpoint_path(self, step: int) -> Path:
         path = self.checkpoint_root / self.checkpoint_name.format(step=step)
