@@ -203,3 +203,20 @@ def test_a_list_of_phases_runs_in_order_on_one_backend(tmp_path):
     assert [t.global_step for t in trainers] == [4, 6]  # phase 2 continued from phase 1
     assert trainers[0].backend is trainers[1].backend
     assert (tmp_path / "phase2" / "checkpoint_6.mdl").exists()
+
+
+def test_cli_overrides_and_errors_in_process(tmp_path):
+    from cerebras.modelzoo.trainer.cli import main
+
+    config = params(tmp_path / "ignored")
+    config["trainer"]["init"]["loop"] = {"num_steps": 2, "eval_frequency": None}
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["train", str(path), "--model_dir", str(tmp_path / "chosen")]) == 0
+    assert (tmp_path / "chosen" / "checkpoint_2.mdl").exists()
+    assert not (tmp_path / "ignored").exists()
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        main(["fit", str(tmp_path / "missing.yaml")])
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(TrainerConfigError, match="must hold a mapping"):
+        main(["fit", str(tmp_path / "list.yaml")])
