@@ -134,9 +134,9 @@ def test_fit_with_validation_on_csx_compiles_each_step_once(tmp_path):
     assert len(recorder.train_losses) == 8 and len(recorder.val_losses) == 4
     assert all(np.isfinite(recorder.train_losses))
     assert trainer.training_step.trace_count == 1
-    # Mixed precision on the wafer: close to, not equal to, fp32 eager losses.
+    # The wafer runs mixed precision: close to, not bitwise equal to, fp32 eager losses.
     want, _, _ = eager_reference(SEED, batches(8))
-    np.testing.assert_allclose(recorder.train_losses, want, rtol=5e-2)
+    np.testing.assert_allclose(recorder.train_losses, want, rtol=1e-3)
 
 
 def test_training_loops_continue_the_data_stream_across_epochs(tmp_path):
