@@ -114,3 +114,19 @@ def test_summarize_scalar_from_inside_the_model_logs_each_steps_value(tmp_path):
     assert twice == pytest.approx({step: 2 * value for step, value in loss.items()})
     with pytest.raises(RuntimeError, match="needs a running Trainer"):
         summarize_scalar("x", 1.0)
+
+
+def test_progress_logger_draws_a_bar_on_a_terminal(tmp_path):
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    out = Terminal()
+    trainer = Trainer(device="CPU", model_dir=tmp_path, model=ClassifierMLP,
+                      optimizer=lambda m: cstorch.optim.SGD(m.parameters(), lr=0.1),
+                      loggers=[ProgressLogger(stream=out)])  # default loop: one epoch
+    trainer.fit(cstorch.utils.data.DataLoader(torch_loader, 4))
+    frames = out.getvalue().split("\r\033[K")
+    assert frames[1].startswith("[" + "=" * 6 + " " * 18 + "] 1/4 step 1 | loss=")
+    assert frames[-1].startswith("[" + "=" * 24 + "] 4/4 step 4 | loss=")
+    assert out.getvalue().endswith("\n")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+import weakref
 
 import torch
 
@@ -21,12 +22,15 @@ def _number(value):
 class ProgressLogger(Logger):
     """Shows the step, the loss and the rate (samples/s) of the running loop.
 
-    On a terminal it redraws one progress line per loop; when output goes to a file or pipe it
+    On a terminal it redraws one progress bar per loop; when output goes to a file or pipe it
     prints one line per logged step (no control characters in logs).
     """
 
+    BAR_WIDTH = 24
+
     def __init__(self, stream=None):
         self.stream = stream
+        self._trainer = lambda: None
         self._start = None
         self._samples = 0
         self._steps = 0
@@ -39,6 +43,18 @@ class ProgressLogger(Logger):
     def _interactive(self) -> bool:
         isatty = getattr(self._out, "isatty", None)
         return bool(isatty and isatty())
+
+    def setup(self, trainer):
+        self._trainer = weakref.ref(trainer)  # the trainer's finalizer keeps its callbacks alive
+
+    def _bar(self) -> str:
+        trainer = self._trainer()
+        executor = None if trainer is None else trainer.executor
+        if executor is None:
+            return ""
+        done, total = executor.user_iteration, executor.num_steps
+        filled = self.BAR_WIDTH * done // total
+        return f"[{'=' * filled}{' ' * (self.BAR_WIDTH - filled)}] {done}/{total} "
 
     def _reset(self):
         self._start, self._samples, self._steps = time.perf_counter(), 0, 0
@@ -86,7 +102,7 @@ class ProgressLogger(Logger):
             return
         line = f"step {step} | " + ", ".join(parts) + f" | {self.rate:.1f} samples/s"
         if self._interactive:
-            self._out.write("\r\033[K" + line)
+            self._out.write("\r\033[K" + self._bar() + line)
         else:
             self._out.write(line + "\n")
         self._out.flush()
