@@ -102,6 +102,15 @@ def test_run_trainer_in_process_with_registered_names(tmp_path):
     (validator,) = run_trainer("eval", config)  # autoloads checkpoint_4 from model_dir
     assert validator.global_step == 4
 
+    # validate_all without ckpt_paths: every checkpoint of the model directory.
+    config["trainer"]["validate_all"] = {"val_dataloaders": config["trainer"]["validate"][
+        "val_dataloader"]}
+    (all_validator,) = run_trainer("eval_all", config)
+    assert all_validator.global_step == 4
+    (tmp_path / "run" / "checkpoint_4.mdl").unlink()
+    with pytest.raises(FileNotFoundError, match="validate_all found no checkpoints"):
+        run_trainer("validate_all", config)
+
 
 def test_validation_reports_every_problem_with_its_location():
     config = params("unused")
