@@ -215,3 +215,16 @@ def test_checkpoints_of_another_version_are_refused_unless_not_strict(tmp_path):
     with pytest.warns(UserWarning, match="version 1.9.1"):
         lenient.fit(cstorch.utils.data.DataLoader(torch_loader, 1), ckpt_path=tmp_path / "old.mdl")
     assert lenient.global_step == 3
+
+
+def test_a_compile_only_run_takes_one_step_and_saves_nothing(tmp_path):
+    recorder = Recorder()
+    trainer = Trainer(backend=cstorch.backend("CSX", compile_only=True), model_dir=tmp_path,
+                      model=ClassifierMLP,
+                      optimizer=lambda m: cstorch.optim.SGD(m.parameters(), lr=0.1),
+                      loop=TrainingLoop(num_steps=10, eval_frequency=5),
+                      checkpoint=Checkpoint(steps=5), callbacks=[recorder])
+    trainer.fit(cstorch.utils.data.DataLoader(torch_loader, 10))
+    assert trainer.global_step == 1 and len(recorder.train_losses) == 1
+    assert recorder.loaded == []  # no checkpoint is even looked for
+    assert list(tmp_path.glob("*.mdl")) == []

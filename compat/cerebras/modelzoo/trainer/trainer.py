@@ -573,7 +573,10 @@ class Trainer:
     @cstorch.checkpoint_closure
     def save_checkpoint(self):
         """Writes ``checkpoint_<global_step>.mdl`` (a checkpoint closure: it runs after the
-        step, and only on the executor's checkpoint steps)."""
+        step, and only on the executor's checkpoint steps). Compile- and validate-only runs
+        compute no weights and save nothing."""
+        if not self.backend.is_e2e_execution:
+            return
         state_dict = {}
         self.call("on_save_checkpoint", state_dict)
         self.call("postprocess_checkpoint", state_dict)
