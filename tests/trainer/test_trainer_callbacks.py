@@ -130,3 +130,23 @@ def test_load_checkpoint_states_restores_only_the_named_states(tmp_path):
     for name, value in model.state_dict().items():
         torch.testing.assert_close(trainer.model.state_dict()[name], value, rtol=1e-5,
                                    atol=1e-6)
+
+
+def test_log_input_summaries_logs_each_steps_batch(tmp_path):
+    class Steps(Logger):
+        def __init__(self):
+            self.inputs = {}
+
+        def log_metrics(self, metrics, step):
+            if "input.0" in metrics:
+                self.inputs[step] = (metrics["input.0"], metrics["input.1"])
+
+    from cerebras.modelzoo.trainer.callbacks import LogInputSummaries
+
+    steps = Steps()
+    make(tmp_path, steps=3, callbacks=[LogInputSummaries()], loggers=[steps]).fit(
+        cstorch.utils.data.DataLoader(torch_loader, 3))
+    assert sorted(steps.inputs) == [1, 2, 3]
+    for step, (x, y) in enumerate(batches(3), start=1):
+        torch.testing.assert_close(steps.inputs[step][0], x)
+        torch.testing.assert_close(steps.inputs[step][1], y)

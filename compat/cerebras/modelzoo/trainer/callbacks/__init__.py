@@ -15,7 +15,7 @@ from cerebras.modelzoo.trainer.callbacks.checkpoint import (
     KeepNCheckpoints,
     LoadCheckpointStates,
 )
-from cerebras.modelzoo.trainer.callbacks.dataloader import DataLoaderCallback
+from cerebras.modelzoo.trainer.callbacks.dataloader import DataLoaderCallback, LogInputSummaries
 from cerebras.modelzoo.trainer.callbacks.flags import (
     GlobalFlags,
     ScopedTrainFlags,
@@ -41,8 +41,8 @@ __all__ = [
     "ArtifactDirCallback", "AutoRestart", "BackendCallback", "Callback", "CheckLoss",
     "Checkpoint", "ComputeNorm", "CoreCallback", "CountParams", "DataLoaderCallback",
     "GLOBAL_CALLBACK_REGISTRY", "GlobalFlags", "GradientAccumulationCallback",
-    "KeepNCheckpoints", "LoadCheckpointStates", "LogOptimizerParamGroup", "LogSparsity",
-    "Logging", "LoopCallback", "LossAccumulationCallback", "MixedPrecision", "ModelCallback",
+    "KeepNCheckpoints", "LoadCheckpointStates", "LogInputSummaries", "LogOptimizerParamGroup",
+    "LogSparsity", "Logging", "LoopCallback", "LossAccumulationCallback", "MixedPrecision", "ModelCallback",
     "ModelEvalMetrics", "OptimizerCallback", "Precision", "RateProfiler", "Reproducibility",
     "SchedulersCallback", "ScopedTrainFlags", "ScopedValidateFlags", "SelectiveGrad",
     "SparsityCallback", "TrainingLoop", "ValidationCallback", "ValidationLoop",

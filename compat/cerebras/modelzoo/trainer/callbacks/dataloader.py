@@ -1,8 +1,10 @@
-"""Saves and restores the position of a restartable training dataloader in checkpoints."""
+"""The training dataloader in checkpoints, and summaries of the batches it produces."""
 
 from __future__ import annotations
 
-from cerebras.modelzoo.trainer.callbacks.callback import CoreCallback
+import torch
+
+from cerebras.modelzoo.trainer.callbacks.callback import Callback, CoreCallback
 
 
 class DataLoaderCallback(CoreCallback):
@@ -32,3 +34,23 @@ class DataLoaderCallback(CoreCallback):
                                 "from the beginning.")
 
 
+
+
+def _named_tensors(value, name):
+    """``(dotted name, tensor)`` for every tensor of a nested batch (dicts, lists, tuples)."""
+    if isinstance(value, torch.Tensor):
+        yield name, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _named_tensors(item, f"{name}.{key}")
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            yield from _named_tensors(item, f"{name}.{index}")
+
+
+class LogInputSummaries(Callback):
+    """Logs every tensor of every batch (``input.0``, ``input.<key>``, ...), as each step
+    sees it (logged from inside the compiled step)."""
+
+    def on_before_forward(self, trainer, model, batch, args, kwargs):
+        trainer.log_metrics(**dict(_named_tensors(batch, "input")))
