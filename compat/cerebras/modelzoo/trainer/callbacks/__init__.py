@@ -42,9 +42,9 @@ __all__ = [
     "Checkpoint", "ComputeNorm", "CoreCallback", "CountParams", "DataLoaderCallback",
     "GLOBAL_CALLBACK_REGISTRY", "GlobalFlags", "GradientAccumulationCallback",
     "KeepNCheckpoints", "LoadCheckpointStates", "LogInputSummaries", "LogOptimizerParamGroup",
-    "LogSparsity", "Logging", "LoopCallback", "LossAccumulationCallback", "MixedPrecision", "ModelCallback",
-    "ModelEvalMetrics", "OptimizerCallback", "Precision", "RateProfiler", "Reproducibility",
-    "SchedulersCallback", "ScopedTrainFlags", "ScopedValidateFlags", "SelectiveGrad",
-    "SparsityCallback", "TrainingLoop", "ValidationCallback", "ValidationLoop",
+    "LogSparsity", "Logging", "LoopCallback", "LossAccumulationCallback", "MixedPrecision",
+    "ModelCallback", "ModelEvalMetrics", "OptimizerCallback", "Precision", "RateProfiler",
+    "Reproducibility", "SchedulersCallback", "ScopedTrainFlags", "ScopedValidateFlags",
+    "SelectiveGrad", "SparsityCallback", "TrainingLoop", "ValidationCallback", "ValidationLoop",
     "register_global_callback",
 ]
