@@ -49,7 +49,9 @@ class BaseBackend:
         self.step_closures: list[QueuedClosure] = []
         self.data_executor_stack: list = []
         self.mode = "train"
-        self.mode_version = 0  # bumped by model.train()/eval(); part of the program cache key
+        # The train/eval flags of every module, as last set by model.train()/eval(); part of
+        # the program cache key, so switching back to a mode reuses that mode's program.
+        self.mode_version = ()
         self._recorder = None  # closures recorded while tracing
         self._models_in_trace = None
         self._next_model_id = 0
@@ -105,6 +107,7 @@ class BaseBackend:
             model.register_load_state_dict_post_hook(self._invalidate_state_view)
             self._invalidate_state_view()
         self._wrap_train(model)
+        self._update_mode_version()
         model_id = self._next_model_id
         self._next_model_id += 1
         return model_id
@@ -117,10 +120,16 @@ class BaseBackend:
             impl = backend_ref()
             if impl is not None:
                 impl.mode = "train" if mode else "eval"
-                impl.mode_version += 1
-            return original(mode)
+            result = original(mode)
+            if impl is not None:
+                impl._update_mode_version()
+            return result
 
         model.train = train
+
+    def _update_mode_version(self):
+        self.mode_version = tuple(module.training for model in self.models
+                                  for module in model.modules())
 
     def _state_dict_pre_hook(self, module, prefix, keep_vars):
         self.materialize_state()
