@@ -24,6 +24,7 @@ import jax_backend
 from jax_backend import LazyTensor, Program, capture_step
 from jax_backend.dtypes import tensor_to_host
 from cstorch.backend import Backend, BackendType, backend as _backend_fn, current_backend_impl
+from cstorch.core.engine import run_eagerly
 
 # OrderedDicts: RemovableHandle keeps a weak reference to its dict (a plain dict has none).
 _trace_pre_hooks: dict = collections.OrderedDict()
@@ -202,10 +203,15 @@ def _input_array(tensor):
     return tensor_to_host(tensor)
 
 
-def _metadata_twin(tensor):
-    """A plain tensor with the same metadata, for tracing (lazy outputs fed back in)."""
+def _metadata_twin(tensor, layout=None):
+    """A plain tensor with the same metadata, for tracing (lazy outputs fed back in). Across
+    processes a batch input is traced with its global shape (see ``mesh.Layout``)."""
     if isinstance(tensor, LazyTensor):
         return torch.empty(tuple(tensor.shape), dtype=tensor.dtype)
+    if layout is not None:
+        shape = layout.global_input_shape(tensor.shape)
+        if shape != tuple(tensor.shape):
+            return torch.empty(shape, dtype=tensor.dtype)
     return tensor
 
 
@@ -245,6 +251,8 @@ class TracedStep:
         impl = current_backend_impl()
         if impl.is_tracing:  # a traced step called from inside another: inline it
             return self.step_fn(*args, **kwargs)
+        if impl.engine == "eager":  # plain eager torch every step (cstorch.core.engine)
+            return run_eagerly(self.step_fn, impl, args, kwargs)
         leaves, spec = pytree.tree_flatten((args, kwargs))
         view = impl.state_view()
         key = _signature(leaves, spec, impl)
@@ -293,8 +301,8 @@ class TracedStep:
         for hook in list(_trace_pre_hooks.values()):
             hook()
         policy = impl.precision_policy()
-        captured = capture_step(step, view.slots,
-                                [_metadata_twin(leaves[i]) for i in positions], policy)
+        twins = [_metadata_twin(leaves[i], impl.layout) for i in positions]
+        captured = capture_step(step, view.slots, twins, policy)
         for hook in list(_trace_post_hooks.values()):
             hook()
         counter_steps = _undo_counting(counters_before, len(passes))
