@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import weakref
 from typing import Callable
 
 import torch
@@ -44,8 +43,6 @@ class BaseBackend:
         self.device_state = DeviceState(self.jax_devices[0], layout)
         self.step_closures: list[QueuedClosure] = []
         self.data_executor_stack: list = []
-        self.mode = "train"
-        self.mode_version = 0  # bumped by model.train()/eval(); part of the program cache key
         self._recorder = None  # closures recorded while tracing
         self._models_in_trace = None
         self._next_model_id = 0
@@ -100,23 +97,23 @@ class BaseBackend:
                 module.register_state_dict_pre_hook(self._state_dict_pre_hook)
             model.register_load_state_dict_post_hook(self._invalidate_state_view)
             self._invalidate_state_view()
-        self._wrap_train(model)
         model_id = self._next_model_id
         self._next_model_id += 1
         return model_id
 
-    def _wrap_train(self, model):
-        backend_ref = weakref.ref(self)
-        original = model.train
+    @property
+    def mode(self) -> str:
+        """"eval" once every registered model is in eval mode, else "train"."""
+        if self.models and not any(model.training for model in self.models):
+            return "eval"
+        return "train"
 
-        def train(mode: bool = True):
-            impl = backend_ref()
-            if impl is not None:
-                impl.mode = "train" if mode else "eval"
-                impl.mode_version += 1
-            return original(mode)
-
-        model.train = train
+    def module_modes(self) -> tuple:
+        """The ``training`` flag of every module of every registered model. A step traced in
+        one combination of modes (dropout on, batch-norm statistics updated, ...) is only
+        valid in that combination, so this is part of what selects a compiled program."""
+        return tuple(tuple(module.training for module in model.modules())
+                     for model in self.models)
 
     def _state_dict_pre_hook(self, module, prefix, keep_vars):
         self.materialize_state()

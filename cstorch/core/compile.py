@@ -13,8 +13,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import types
 import warnings
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 from torch.utils import _pytree as pytree
@@ -82,7 +83,7 @@ def compile(model: torch.nn.Module, backend=None):  # noqa: A001 - the public na
             f"{impl.device}. Create the model under the current backend's device.")
     impl.setup_model(model)
     for module in model.modules():
-        _allow_apply_objects(module)
+        module.apply = types.MethodType(_apply, module)
 
     def compiled(*args, **kwargs):
         return impl.forward(model, *args, **kwargs)
@@ -93,25 +94,24 @@ def compile(model: torch.nn.Module, backend=None):  # noqa: A001 - the public na
         attr = getattr(model, name, None)
         if callable(attr) and getattr(attr, "__self__", None) is model:
             setattr(compiled, name, attr)
-    compiled.train = model.train  # the backend-aware wrapper installed by setup_model
     compiled.device = impl.torch_device
     return compiled
 
 
-def _allow_apply_objects(module: torch.nn.Module) -> None:
-    """``module.apply(obj)`` also accepts objects with an ``apply(module)`` method."""
-    original = module.apply
+def _apply(module: torch.nn.Module, fn):
+    """``Module.apply`` that also accepts objects with an ``apply(module)`` method (sparsity,
+    ``SelectiveGrad``, compression), as compiled modules do in cerebras-pytorch.
 
-    def apply(fn):
-        if callable(fn):
-            return original(fn)
-        if hasattr(fn, "apply"):
-            return fn.apply(module)
-        raise TypeError(
-            f"Expected a callable as the argument to apply, got {type(fn).__name__}. Pass a "
-            "function of one module, or an object with an `apply(module)` method.")
-
-    module.apply = apply
+    Bound to each compiled module as an instance attribute (the reference does the same); it
+    calls ``torch.nn.Module.apply`` itself rather than keeping a closure over each module's
+    previous ``apply``, so compiling a model twice does not stack wrappers."""
+    if callable(fn):
+        return torch.nn.Module.apply(module, fn)
+    if hasattr(fn, "apply"):
+        return fn.apply(module)
+    raise TypeError(
+        f"Expected a callable as the argument to apply, got {type(fn).__name__}. Pass a "
+        "function of one module, or an object with an `apply(module)` method.")
 
 
 # ------------------------------------------------------------------------------------ trace
@@ -169,11 +169,25 @@ def _hyperparameters(impl) -> list:
             for optimizer in impl.optimizer_registry]
 
 
-def _signature(leaves, spec, impl):
+class ProgramSignature(NamedTuple):
     """What selects a program, besides the state it uses (checked by ``resolve``)."""
+
+    input_structure: pytree.TreeSpec
+    input_shapes_dtypes: tuple  # (shape, dtype) per tensor leaf, None for other leaves
+    train_eval_modes: tuple  # ``training`` of every module of every registered model
+    grad_mode: bool
+    precision_policy: jax_backend.Policy
+
+
+_FIELD_NAMES = {"input_shapes_dtypes": "input shapes/dtypes",
+                "train_eval_modes": "train/eval mode"}
+
+
+def _signature(leaves, spec, impl) -> ProgramSignature:
     tensors = tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else None
                     for x in leaves)
-    return (spec, tensors, impl.mode_version, torch.is_grad_enabled(), impl.precision_policy())
+    return ProgramSignature(spec, tensors, impl.module_modes(), torch.is_grad_enabled(),
+                            impl.precision_policy())
 
 
 def _input_array(tensor):
@@ -341,10 +355,9 @@ class TracedStep:
         return self._latest().program.pure_step
 
 
-def _describe_change(old, new) -> str:
-    names = ["input structure", "input shapes/dtypes", "train/eval mode", "grad mode",
-             "precision policy"]
-    changed = [name for name, a, b in zip(names, old, new) if a != b]
+def _describe_change(old: ProgramSignature, new: ProgramSignature) -> str:
+    changed = [_FIELD_NAMES.get(field, field.replace("_", " "))
+               for field, a, b in zip(ProgramSignature._fields, old, new) if a != b]
     return ", ".join(changed) or (
         "an optimizer hyperparameter that is a Python number changed, or the state the step "
         "uses changed shape or dtype; schedule hyperparameters with a cstorch scheduler (or "
