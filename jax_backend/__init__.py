@@ -22,15 +22,11 @@ _jax.config.update("jax_enable_x64", True)
 
 from jax_backend import dtypes, mesh, optimizers, precision, registry, schedules  # noqa: E402
 from jax_backend import torch_ops  # noqa: E402  (registers the cstorch:: custom ops)
-from jax_backend.capture import (  # noqa: E402
-    CapturedStep,
-    Slot,
-    capture_step,
-    register_internal_dir,
-)
+from jax_backend.capture import CapturedStep, Slot, capture_step  # noqa: E402
 from jax_backend.errors import (  # noqa: E402
     CaptureError,
     JaxBackendError,
+    LoweringError,
     LoweringNotFoundError,
     RecompilationError,
     ValueReadInTraceError,
@@ -40,10 +36,12 @@ from jax_backend.lazy import LazyTensor, materialize  # noqa: E402
 from jax_backend.precision import Policy  # noqa: E402
 from jax_backend.program import Program  # noqa: E402
 from jax_backend.state import DeviceState  # noqa: E402
+from jax_backend.user_frames import register_internal_dir  # noqa: E402
 
 __all__ = [
     "CaptureError", "CapturedStep", "DeviceState", "GraphInterpreter", "JaxBackendError",
-    "LazyTensor", "LoweringNotFoundError", "Policy", "Program", "RecompilationError", "Slot",
-    "ValueReadInTraceError", "capture_step", "dtypes", "materialize", "mesh", "optimizers",
-    "precision", "register_internal_dir", "registry", "schedules", "torch_ops",
+    "LazyTensor", "LoweringError", "LoweringNotFoundError", "Policy", "Program",
+    "RecompilationError", "Slot", "ValueReadInTraceError", "capture_step", "dtypes",
+    "materialize", "mesh", "optimizers", "precision", "register_internal_dir", "registry",
+    "schedules", "torch_ops",
 ]

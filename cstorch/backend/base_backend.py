@@ -44,6 +44,7 @@ class BaseBackend:
         self.step_closures: list[QueuedClosure] = []
         self.data_executor_stack: list = []
         self._recorder = None  # closures recorded while tracing
+        self._at_trace_exit: list = []  # callbacks that drop trace-time Python values
         self._models_in_trace = None
         self._next_model_id = 0
         self._state_epoch = 0  # bumped whenever the set of state tensors may have changed
@@ -174,7 +175,9 @@ class BaseBackend:
                               ("metric", self.metrics), ("stateful", self.stateful_objects)):
             for i, obj in enumerate(objects):
                 entries += [((kind, i, slot.key), slot) for slot in obj._cstorch_state_slots()]
-        return entries
+        # Named by path, so capture errors say which state they are about.
+        return [(path, dataclasses.replace(slot, name="/".join(map(str, path))))
+                for path, slot in entries]
 
     def _invalidate_state_view(self, *args, **kwargs):
         self._state_epoch += 1
@@ -207,7 +210,9 @@ class BaseBackend:
     # ------------------------------------------------------------------ tracing
     @contextlib.contextmanager
     def tracing(self, recorder: list):
-        """While a step is traced: closures are recorded, and only one model may be used."""
+        """While a step body runs under the tracer: closures are recorded, only one model may
+        be used, and Python values holding traced tensors are dropped on the way out, also
+        when the trace fails (grad scalers', and those of ``at_trace_exit`` callbacks)."""
         if self._recorder is not None:
             raise RuntimeError("A traced step cannot trace another step inside it.")
         self._recorder = recorder
@@ -219,6 +224,15 @@ class BaseBackend:
             self._models_in_trace = None
             for scaler in self.grad_scalers:
                 scaler._forget_traced_values()
+            callbacks, self._at_trace_exit = self._at_trace_exit, []
+            for callback in callbacks:
+                callback()
+
+    def at_trace_exit(self, callback: Callable[[], None]) -> None:
+        """Calls ``callback()`` when the step body being traced returns or raises."""
+        if self._recorder is None:
+            raise RuntimeError("at_trace_exit is only available while a step is traced.")
+        self._at_trace_exit.append(callback)
 
     def forward(self, model, *args, **kwargs):
         if self._models_in_trace is not None:

@@ -11,10 +11,10 @@ recompile).
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
 import types
-import warnings
 from typing import Callable, NamedTuple
 
 import torch
@@ -24,9 +24,13 @@ from torch.utils.hooks import RemovableHandle
 import jax_backend
 from jax_backend import LazyTensor, Program, capture_step
 from jax_backend.dtypes import tensor_to_host
+from jax_backend.user_frames import warn
 from cstorch.backend import Backend, BackendType, backend as _backend_fn, current_backend_impl
+from cstorch.decomp.registry import decompositions_for
+from cstorch.experimental import listener
 
-# OrderedDicts: RemovableHandle keeps a weak reference to its dict (a plain dict has none).
+# User hooks run around every capture. OrderedDicts: RemovableHandle keeps a weak reference
+# to its dict (a plain dict has none).
 _trace_pre_hooks: dict = collections.OrderedDict()
 _trace_post_hooks: dict = collections.OrderedDict()
 
@@ -40,15 +44,33 @@ class FrozenValueWarning(UserWarning):
 
 
 def register_trace_fn_pre_hook(hook) -> RemovableHandle:
+    """Calls ``hook()`` before every capture of a traced step."""
     handle = RemovableHandle(_trace_pre_hooks)
     _trace_pre_hooks[handle.id] = hook
     return handle
 
 
 def register_trace_fn_post_hook(hook) -> RemovableHandle:
+    """Calls ``hook()`` after every capture of a traced step, also one that failed."""
     handle = RemovableHandle(_trace_post_hooks)
     _trace_post_hooks[handle.id] = hook
     return handle
+
+
+@contextlib.contextmanager
+def _capture_scope():
+    """Everything that holds only while a step is captured, set up and torn down in one
+    place: the user's pre/post hooks and the traced-tensor listener. The exit always runs,
+    so a failed trace leaves nothing half-applied. (Per-body state, such as recorded closures
+    and the metrics' and grad scalers' traced values, is scoped by ``impl.tracing``.)"""
+    for hook in list(_trace_pre_hooks.values()):
+        hook()
+    try:
+        with listener.listening():
+            yield
+    finally:
+        for hook in list(_trace_post_hooks.values()):
+            hook()
 
 
 # ---------------------------------------------------------------------------------- compile
@@ -248,10 +270,9 @@ class TracedStep:
                     "recompile a running program: keep input shapes, dtypes and the "
                     "train/eval mode fixed (e.g. use drop_last=True in your DataLoader), or "
                     "use a separate @cstorch.trace function for each signature.")
-            warnings.warn(
-                f"Compiling {self.step_fn.__name__!r} again because its signature changed "
-                f"({changed}). Each new signature costs a trace and a compilation.",
-                RecompilationWarning, stacklevel=3)
+            warn(f"Compiling {self.step_fn.__name__!r} again because its signature changed "
+                 f"({changed}). Each new signature costs a trace and a compilation.",
+                 RecompilationWarning)
         positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
         records = []
 
@@ -264,13 +285,11 @@ class TracedStep:
                 outputs = self.step_fn(*args, **kwargs)
             return outputs, [(r.args, r.kwargs) for r in records]
 
-        for hook in list(_trace_pre_hooks.values()):
-            hook()
         policy = impl.precision_policy()
-        captured = capture_step(step, view.slots,
-                                [_metadata_twin(leaves[i]) for i in positions], policy)
-        for hook in list(_trace_post_hooks.values()):
-            hook()
+        with _capture_scope():
+            captured = capture_step(
+                step, view.slots, [_metadata_twin(leaves[i]) for i in positions], policy,
+                decompositions=decompositions_for("CSX" if impl.is_csx else "CPU"))
         self.trace_count += 1
         program = Program(captured, policy=policy, layout=impl.layout)
         python_leaves = tuple(None if isinstance(x, torch.Tensor) else x for x in leaves)
@@ -296,11 +315,10 @@ class TracedStep:
                 same = True
             if not same:
                 self._warned_frozen = True
-                warnings.warn(
-                    f"A non-tensor argument of {self.step_fn.__name__!r} changed from {old!r} "
-                    f"to {new!r}, but the compiled step keeps the value it was traced with "
-                    "(Python values are constants of the graph). Pass values that change "
-                    "between steps as tensors.", FrozenValueWarning, stacklevel=4)
+                warn(f"A non-tensor argument of {self.step_fn.__name__!r} changed from {old!r} "
+                     f"to {new!r}, but the compiled step keeps the value it was traced with "
+                     "(Python values are constants of the graph). Pass values that change "
+                     "between steps as tensors.", FrozenValueWarning)
                 return
 
     # -------------------------------------------------------------------------------- run
