@@ -17,6 +17,7 @@ import torch
 
 import jax_backend
 from jax_backend import DeviceState, LazyTensor, Slot, materialize
+from cstorch.backend import precision
 
 
 @dataclasses.dataclass
@@ -86,9 +87,7 @@ class BaseBackend:
         return self.data_executor.run_context if self.data_executor_stack else None
 
     def precision_policy(self) -> jax_backend.Policy:
-        from cstorch.amp import _amp_state
-
-        return _amp_state.current_policy()
+        return precision.current_policy()
 
     # ------------------------------------------------------------------ registration
     def setup_model(self, model: torch.nn.Module) -> int:

@@ -13,6 +13,7 @@ import os
 
 from jax_backend import mesh
 
+from cstorch.backend import precision
 from cstorch.backend.base_backend import BaseBackend
 from cstorch.core.device import LazyDevice
 
@@ -47,9 +48,7 @@ class PyTorchLtcBackendImpl(BaseBackend):
                                                shard_state=cluster_config.max_wgt_servers > 0)
         super().__init__(backend_type, LazyDevice(), artifact_dir or "./cerebras_logs",
                          jax_devices=devices, layout=layout)
-        from cstorch import amp
-
-        amp.enable_mixed_precision(True)
+        precision.enable_mixed_precision(True)
 
     @property
     def is_e2e_execution(self) -> bool:

@@ -70,6 +70,15 @@ class Optimizer(torch.optim.Optimizer, ABC):
     def step(self, closure=None):
         """Updates parameters and existing state; never creates state."""
 
+    def _finite_increment(self):
+        """How far counters tied to this optimizer (schedulers' ``last_epoch``) advance this
+        step: 1, or, while a dynamic GradScaler checked this step's gradients, the int64
+        0-dim tensor "they were finite", so a skipped update is not counted. The scaler
+        publishes that flag on the optimizer it steps (``_amp_stash.isfinite``); schedulers
+        read it here and need not know about loss scaling."""
+        value = getattr(getattr(self, "_amp_stash", None), "isfinite", None)
+        return value.long() if isinstance(value, torch.Tensor) else 1
+
     def increment_global_step(self, p):
         """Adds 1 to ``state[p]["step"]`` in place and returns that float32 tensor."""
         state = self.state[p]

@@ -31,7 +31,6 @@ import torch
 import jax_backend
 from jax_backend import Slot
 from jax_backend.torch_ops import schedule_config
-from cstorch.amp import finite_increment
 from cstorch.backend import current_backend_impl
 
 Tags = Optional[Union[str, List[Optional[str]]]]
@@ -206,7 +205,7 @@ class Scheduler(ABC):
         """Adds 1 to ``last_epoch`` (in place once it is a tensor); with dynamic loss scaling,
         a step whose update was skipped does not count."""
         if isinstance(self.last_epoch, torch.Tensor):
-            self.last_epoch.add_(finite_increment(self.optimizer))
+            self.last_epoch.add_(self.optimizer._finite_increment())
         else:
             self.last_epoch += 1
 
@@ -512,7 +511,7 @@ class SequentialScheduler(_ComposedScheduler):
         for index, milestone in enumerate(self._milestones):
             child = self._schedulers[index + 1]
             active = torch.where(self.last_epoch <= milestone, 0, 1)
-            child.last_epoch.add_(active * finite_increment(self.optimizer))
+            child.last_epoch.add_(active * self.optimizer._finite_increment())
 
 
 
