@@ -174,6 +174,12 @@ def result_type(*operands) -> torch.dtype:
     return _result_type(tuple(_operand_kind(x) for x in operands if x is not None))
 
 
+def promote(a, b) -> np.dtype:
+    """torch's promotion of two JAX dtypes (what JAX's default promotion gives for the pairs
+    ops meet, but also allowed under ``jax_numpy_dtype_promotion="strict"``)."""
+    return to_jax_dtype(torch.promote_types(to_torch_dtype(a), to_torch_dtype(b)))
+
+
 def result_jax_dtype(*operands) -> np.dtype:
     return to_jax_dtype(result_type(*operands))
 
