@@ -21,6 +21,7 @@ import jax as _jax
 _jax.config.update("jax_enable_x64", True)
 
 from jax_backend import dtypes, mesh, optimizers, precision, registry, schedules  # noqa: E402
+from jax_backend import ops  # noqa: E402  (registers every ATen lowering)
 from jax_backend import torch_ops  # noqa: E402  (registers the cstorch:: custom ops)
 from jax_backend.capture import CapturedStep, Slot, capture_step  # noqa: E402
 from jax_backend.errors import (  # noqa: E402

@@ -86,10 +86,6 @@ def tensor_to_array(tensor: torch.Tensor, device=None) -> jax.Array:
     return jax.device_put(tensor_to_host(tensor), device)
 
 
-def array_to_numpy(array) -> np.ndarray:
-    return np.asarray(array)
-
-
 def array_to_tensor(array) -> torch.Tensor:
     """Copies a JAX array into a new, writable CPU torch tensor."""
     host = np.array(array, copy=True)
@@ -102,16 +98,6 @@ def array_to_tensor(array) -> torch.Tensor:
 # torch type promotion (c10's ResultTypeState), for JAX arrays and Python scalars.
 # Tensors with dimensions outrank 0-dim tensors, which outrank Python scalars, as long as the
 # lower-ranked operand is not of a higher category (bool < integer < floating < complex).
-
-
-def _category(dtype: torch.dtype) -> int:
-    if dtype == torch.bool:
-        return 0
-    if dtype.is_complex:
-        return 3
-    if dtype.is_floating_point:
-        return 2
-    return 1
 
 
 def _promote(a, b):
@@ -182,10 +168,6 @@ def promote(a, b) -> np.dtype:
 
 def result_jax_dtype(*operands) -> np.dtype:
     return to_jax_dtype(result_type(*operands))
-
-
-def is_float(dtype) -> bool:
-    return jnp.issubdtype(dtype, jnp.floating)
 
 
 def float_dtype_for(dtype) -> np.dtype:

@@ -22,8 +22,6 @@ from jax_backend import dtypes
 from jax_backend.errors import JaxBackendError, LoweringError
 from jax_backend.registry import lookup
 
-import jax_backend.ops  # noqa: F401  (importing the families registers their lowerings)
-
 
 class LoweringMismatchError(JaxBackendError):
     """A lowering returned a result whose shape or dtype differs from torch's."""

@@ -369,7 +369,10 @@ class TracedStep:
         return entry.program.cost_analysis(*self._example_arguments(entry))
 
     def pure_function(self):
-        """``(donated_state, kept_state, inputs, key) -> (new_state, outputs, key)``."""
+        """The most recent program as a pure JAX function (not jitted):
+        ``(donated_state, kept_state, inputs, seed) -> (new_state, outputs)``, lists of arrays
+        in the program's order; ``seed`` is the int64 scalar its random ops are keyed from
+        (see ``jax_backend.Program.pure_step``)."""
         return self._latest().program.pure_step
 
 

@@ -516,10 +516,6 @@ def _resample(x, nd, sizes, scales, kind, align_corners, antialias):
     return out.astype(x.dtype)
 
 
-def _scales_list(scales):
-    return [None if s is None else s for s in scales]
-
-
 def _register_upsample(name, nd, kind, has_align, antialias=False):
     packet = getattr(aten, name)
     backward = getattr(aten, f"{name}_backward")
