@@ -816,14 +816,17 @@ def build(name: str, hyperparams: dict) -> optax.GradientTransformation:
     return factory(**hyperparams)
 
 
-def apply(name: str, hyperparams: dict, params, grads, state_leaves):
+def apply(name: str, hyperparams: dict, params, grads, state_leaves, treedef=None):
     """One update of the named optimizer on flat lists; returns (new_params, new_state_leaves).
 
     ``state_leaves`` are the state's leaves in ``jax.tree.leaves`` order: field by field, each
-    field one array per parameter (Adafactor's ``None`` entries have no leaf).
+    field one array per parameter (Adafactor's ``None`` entries have no leaf). ``treedef`` is
+    the state's structure when the caller knows it (``torch_ops.state_layout`` caches it);
+    by default it is derived from ``init``.
     """
     tx = build(name, hyperparams)
-    treedef = jax.tree.structure(jax.eval_shape(tx.init, list(params)))
+    if treedef is None:
+        treedef = jax.tree.structure(jax.eval_shape(tx.init, list(params)))
     state = jax.tree.unflatten(treedef, list(state_leaves))
     updates, new_state = tx.update(list(grads), state, list(params))
     new_params = optax.apply_updates(list(params), updates)

@@ -27,7 +27,7 @@ from collections import OrderedDict
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from jax_backend.torch_ops import init_optimizer_state, optimizer_spec, optimizer_state_layout
+from jax_backend.torch_ops import init_optimizer_state, optimizer_key, optimizer_state_layout
 from cstorch.backend import current_backend_impl
 
 
@@ -234,11 +234,11 @@ class BuiltinOptimizer(Optimizer):
     def _check_group(self, group, params):
         """Raises for a param group the rule cannot update (subclass hook)."""
 
-    def _state_leaves(self, params, static, dynamic):
-        fields, keys_per_param = optimizer_state_layout(self.rule, static, dynamic, params)
+    def _state_leaves(self, params, key):
+        layout = optimizer_state_layout(key, params)
         leaves = []
-        for field in fields:
-            for index, (p, keys) in enumerate(zip(params, keys_per_param)):
+        for field in layout.fields:
+            for index, (p, keys) in enumerate(zip(params, layout.keys_per_param)):
                 if field not in keys:
                     continue
                 state = self.state[p]
@@ -270,10 +270,10 @@ class BuiltinOptimizer(Optimizer):
                         f"{type(self).__name__} does not support sparse gradients.")
             self._check_group(group, params)
             static, dynamic = self._rule_arguments(group)
-            state = self._state_leaves(params, static, dynamic)
-            spec = optimizer_spec(self.rule, static, list(dynamic))
+            key = optimizer_key(self.rule, static, list(dynamic))
+            state = self._state_leaves(params, key)
             outputs = torch.ops.cstorch.optimizer_step(
-                spec, params, [p.grad for p in params], state, list(dynamic.values()))
+                key, params, [p.grad for p in params], state, list(dynamic.values()))
             for target, value in zip(params + state, outputs):
                 target.copy_(value)
         return loss
