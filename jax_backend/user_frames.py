@@ -38,7 +38,8 @@ def format_user_frame(frames) -> str | None:
     traceback line, or None if all of them are internal."""
     for frame in reversed(frames):
         if not is_internal(frame.filename):
-            return f'  File "{frame.filename}", line {frame.lineno}, in {frame.name}\n    {frame.line}'
+            return (f'  File "{frame.filename}", line {frame.lineno}, in {frame.name}\n'
+                    f'    {frame.line}')
     return None
 
 

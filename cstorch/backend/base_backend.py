@@ -29,6 +29,8 @@ class QueuedClosure:
 
 
 class BaseBackend:
+    engine = "jax"  # how traced steps run (cstorch.core.engine); the CPU backend can be eager
+
     def __init__(self, backend_type, device, artifact_dir, jax_devices, layout=None):
         self.backend_type = backend_type
         self.device = device

@@ -26,6 +26,7 @@ from jax_backend import LazyTensor, Program, capture_step
 from jax_backend.dtypes import tensor_to_host
 from jax_backend.user_frames import warn
 from cstorch.backend import Backend, BackendType, backend as _backend_fn, current_backend_impl
+from cstorch.core.engine import run_eagerly
 from cstorch.decomp.registry import decompositions_for
 from cstorch.experimental import listener
 
@@ -244,6 +245,8 @@ class TracedStep:
         impl = current_backend_impl()
         if impl.is_tracing:  # a traced step called from inside another: inline it
             return self.step_fn(*args, **kwargs)
+        if impl.engine == "eager":  # plain eager torch every step (cstorch.core.engine)
+            return run_eagerly(self.step_fn, impl, args, kwargs)
         leaves, spec = pytree.tree_flatten((args, kwargs))
         view = impl.state_view()
         key = _signature(leaves, spec, impl)
