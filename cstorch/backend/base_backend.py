@@ -18,6 +18,7 @@ import torch
 import jax_backend
 from jax_backend import DeviceState, LazyTensor, Slot, materialize
 from cstorch.backend import precision
+from cstorch.distributed import runtime
 
 
 @dataclasses.dataclass
@@ -264,7 +265,11 @@ class BaseBackend:
         return value.detach().clone()
 
     def run_step_closures(self) -> None:
+        """Runs the queued closures, on process 0 only in a multi-process job (as on a
+        cluster's user node). Every process fetches their arguments and, for checkpoint
+        closures, the state first: gathering values split across processes is a collective."""
         queued, self.step_closures = self.step_closures, []
+        runs_here = runtime.process_index() == 0
         for closure in queued:
             if closure.kind == "checkpoint":
                 context = self.run_context
@@ -275,7 +280,9 @@ class BaseBackend:
                 if not (context.is_pre_initial_step or context.is_checkpoint_step):
                     continue
                 self.materialize_state()
-            closure.fn(*materialize(closure.args), **materialize(closure.kwargs))
+            args, kwargs = materialize(closure.args), materialize(closure.kwargs)
+            if runs_here:
+                closure.fn(*args, **kwargs)
 
     # ------------------------------------------------------------------ executor hooks
     def on_run_start(self) -> None:

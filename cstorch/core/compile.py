@@ -219,10 +219,15 @@ def _input_array(tensor):
     return tensor_to_host(tensor)
 
 
-def _metadata_twin(tensor):
-    """A plain tensor with the same metadata, for tracing (lazy outputs fed back in)."""
+def _metadata_twin(tensor, layout=None):
+    """A plain tensor with the same metadata, for tracing (lazy outputs fed back in). Across
+    processes a batch input is traced with its global shape (see ``mesh.Layout``)."""
     if isinstance(tensor, LazyTensor):
         return torch.empty(tuple(tensor.shape), dtype=tensor.dtype)
+    if layout is not None:
+        shape = layout.global_input_shape(tensor.shape)
+        if shape != tuple(tensor.shape):
+            return torch.empty(shape, dtype=tensor.dtype)
     return tensor
 
 
@@ -289,9 +294,10 @@ class TracedStep:
             return outputs, [(r.args, r.kwargs) for r in records]
 
         policy = impl.precision_policy()
+        twins = [_metadata_twin(leaves[i], impl.layout) for i in positions]
         with _capture_scope():
             captured = capture_step(
-                step, view.slots, [_metadata_twin(leaves[i]) for i in positions], policy,
+                step, view.slots, twins, policy,
                 decompositions=decompositions_for("CSX" if impl.is_csx else "CPU"))
         self.trace_count += 1
         program = Program(captured, policy=policy, layout=impl.layout)
