@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import weakref
 from typing import Callable
 
 import torch
 
 import jax_backend
 from jax_backend import DeviceState, LazyTensor, Slot, materialize
-
+from cstorch.backend import precision
 from cstorch.distributed import runtime
 from cstorch.utils.stage_tracker import StageTracker
 
@@ -51,11 +50,8 @@ class BaseBackend:
         self.appliance_tracker.start("Initialization")
         self.step_closures: list[QueuedClosure] = []
         self.data_executor_stack: list = []
-        self.mode = "train"
-        # The train/eval flags of every module, as last set by model.train()/eval(); part of
-        # the program cache key, so switching back to a mode reuses that mode's program.
-        self.mode_version = ()
         self._recorder = None  # closures recorded while tracing
+        self._at_trace_exit: list = []  # callbacks that drop trace-time Python values
         self._models_in_trace = None
         self._next_model_id = 0
         self._state_epoch = 0  # bumped whenever the set of state tensors may have changed
@@ -97,9 +93,7 @@ class BaseBackend:
         return self.data_executor.run_context if self.data_executor_stack else None
 
     def precision_policy(self) -> jax_backend.Policy:
-        from cstorch.amp import _amp_state
-
-        return _amp_state.current_policy()
+        return precision.current_policy()
 
     # ------------------------------------------------------------------ registration
     def setup_model(self, model: torch.nn.Module) -> int:
@@ -109,8 +103,6 @@ class BaseBackend:
                 module.register_state_dict_pre_hook(self._state_dict_pre_hook)
             model.register_load_state_dict_post_hook(self._invalidate_state_view)
             self._invalidate_state_view()
-        self._wrap_train(model)
-        self._update_mode_version()
         try:  # as the reference: compiled models know their device
             model.device = self.torch_device
         except AttributeError:
@@ -119,24 +111,19 @@ class BaseBackend:
         self._next_model_id += 1
         return model_id
 
-    def _wrap_train(self, model):
-        backend_ref = weakref.ref(self)
-        original = model.train
+    @property
+    def mode(self) -> str:
+        """"eval" once every registered model is in eval mode, else "train"."""
+        if self.models and not any(model.training for model in self.models):
+            return "eval"
+        return "train"
 
-        def train(mode: bool = True):
-            impl = backend_ref()
-            if impl is not None:
-                impl.mode = "train" if mode else "eval"
-            result = original(mode)
-            if impl is not None:
-                impl._update_mode_version()
-            return result
-
-        model.train = train
-
-    def _update_mode_version(self):
-        self.mode_version = tuple(module.training for model in self.models
-                                  for module in model.modules())
+    def module_modes(self) -> tuple:
+        """The ``training`` flag of every module of every registered model. A step traced in
+        one combination of modes (dropout on, batch-norm statistics updated, ...) is only
+        valid in that combination, so this is part of what selects a compiled program."""
+        return tuple(tuple(module.training for module in model.modules())
+                     for model in self.models)
 
     def _state_dict_pre_hook(self, module, prefix, keep_vars):
         self.materialize_state()
@@ -197,7 +184,9 @@ class BaseBackend:
                               ("metric", self.metrics), ("stateful", self.stateful_objects)):
             for i, obj in enumerate(objects):
                 entries += [((kind, i, slot.key), slot) for slot in obj._cstorch_state_slots()]
-        return entries
+        # Named by path, so capture errors say which state they are about.
+        return [(path, dataclasses.replace(slot, name="/".join(map(str, path))))
+                for path, slot in entries]
 
     def _invalidate_state_view(self, *args, **kwargs):
         self._state_epoch += 1
@@ -230,7 +219,9 @@ class BaseBackend:
     # ------------------------------------------------------------------ tracing
     @contextlib.contextmanager
     def tracing(self, recorder: list):
-        """While a step is traced: closures are recorded, and only one model may be used."""
+        """While a step body runs under the tracer: closures are recorded, only one model may
+        be used, and Python values holding traced tensors are dropped on the way out, also
+        when the trace fails (grad scalers', and those of ``at_trace_exit`` callbacks)."""
         if self._recorder is not None:
             raise RuntimeError("A traced step cannot trace another step inside it.")
         self._recorder = recorder
@@ -242,6 +233,15 @@ class BaseBackend:
             self._models_in_trace = None
             for scaler in self.grad_scalers:
                 scaler._forget_traced_values()
+            callbacks, self._at_trace_exit = self._at_trace_exit, []
+            for callback in callbacks:
+                callback()
+
+    def at_trace_exit(self, callback: Callable[[], None]) -> None:
+        """Calls ``callback()`` when the step body being traced returns or raises."""
+        if self._recorder is None:
+            raise RuntimeError("at_trace_exit is only available while a step is traced.")
+        self._at_trace_exit.append(callback)
 
     def forward(self, model, *args, **kwargs):
         if self._models_in_trace is not None:

@@ -32,6 +32,7 @@ from torch.utils.hooks import RemovableHandle
 
 from jax_backend import LazyTensor, mesh
 
+from cstorch.backend import precision
 from cstorch.backend.base_backend import BaseBackend
 from cstorch.core.device import LazyDevice
 from cstorch.distributed import runtime
@@ -82,9 +83,7 @@ class PyTorchLtcBackendImpl(BaseBackend):
                                        shard_state=weight_servers > 0)
         super().__init__(backend_type, LazyDevice(), artifact_dir or "./cerebras_logs",
                          jax_devices=devices, layout=layout)
-        from cstorch import amp
-
-        amp.enable_mixed_precision(True)
+        precision.enable_mixed_precision(True)
         self.cluster = ClusterManager(cluster_config)
         self.appliance = None  # set by the first run: the (local) appliance of this run
         self.appliance_tracker.stop("Initialization")

@@ -20,6 +20,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
 
+from cstorch.backend.backend_type import BackendType
+
 _OPTIONAL_GENERATOR = typing.Optional[torch.Generator]
 
 
@@ -157,8 +159,6 @@ class LazyDevice(Device):
 
 def device(backend_type, *args, **kwargs) -> Device:
     """Builds a bare device object (it does not create a backend)."""
-    from cstorch.backend import BackendType
-
     backend_type = BackendType.from_str(backend_type) if isinstance(backend_type, str) else (
         backend_type)
     if backend_type == BackendType.CPU:
