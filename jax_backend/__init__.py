@@ -9,6 +9,8 @@ This package knows nothing of the cstorch API. Its public surface:
 * ``LazyTensor`` / ``materialize``: torch tensors backed by not-yet-read JAX arrays.
 * ``optimizers`` / ``schedules``: optax-style pure update rules and schedules.
 * ``torch_ops``: torch custom ops (optimizer step, schedule) that lower to those functions.
+* ``sparsity`` / ``sparse_ops``: weight-sparsity mask maths (top-k, drop/grow, balanced
+  groups) as pure JAX functions, and the torch custom ops that lower to them.
 * ``registry``: the ATen lowering table (``lowers``).
 * ``mesh``: devices and the data-parallel / sharded-state layout of a multi-device program.
 * ``precision``: full or mixed-precision (autocast at capture) policies.
@@ -22,6 +24,7 @@ _jax.config.update("jax_enable_x64", True)
 
 from jax_backend import dtypes, mesh, optimizers, precision, registry, schedules  # noqa: E402
 from jax_backend import torch_ops  # noqa: E402  (registers the cstorch:: custom ops)
+from jax_backend import sparse_ops, sparsity  # noqa: E402  (sparsity mask ops)
 from jax_backend.capture import (  # noqa: E402
     CapturedStep,
     Slot,
@@ -45,5 +48,6 @@ __all__ = [
     "CaptureError", "CapturedStep", "DeviceState", "GraphInterpreter", "JaxBackendError",
     "LazyTensor", "LoweringNotFoundError", "Policy", "Program", "RecompilationError", "Slot",
     "ValueReadInTraceError", "capture_step", "dtypes", "materialize", "mesh", "optimizers",
-    "precision", "register_internal_dir", "registry", "schedules", "torch_ops",
+    "precision", "register_internal_dir", "registry", "schedules", "sparse_ops", "sparsity",
+    "torch_ops",
 ]
