@@ -370,7 +370,9 @@ class SparseParameter:
             raise ValueError(
                 f"The init_method returned a mask of shape {tuple(mask.shape)} for parameter "
                 f"{self.name} of shape {tuple(self.param.shape)}.")
-        setattr(self.module, self.mask_name, mask.to(torch.bool).clone())
+        # In place: a step about to be compiled already holds this buffer as its state.
+        with torch.no_grad():
+            self.mask.copy_(mask.to(torch.bool))
         self._initialized = True
 
     def annotate(self, name, value) -> None:
