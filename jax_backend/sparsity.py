@@ -55,6 +55,7 @@ def shape_scores(x, shaper: Shaper = None):
     shape = x.shape
     if shaper is None:
         return x.reshape(1, -1), lambda y: y.reshape(shape)
+    check_shaper(shaper, shape)
     kind, groups = shaper
     if kind == "out":
         return x.reshape(groups, -1), lambda y: y.reshape(shape)
