@@ -43,7 +43,7 @@ class _ScheduleMap:
 
     def __init__(self, default_factory: Callable, schedules: Optional[dict] = None):
         self._default_factory = default_factory
-        self._schedules = {}  # id(param) -> (weakref-able param holder, schedule)
+        self._schedules = {}  # id(param) -> (param, schedule); the param keeps its id valid
         for param, schedule in (schedules or {}).items():
             self[param] = schedule
 
