@@ -359,7 +359,7 @@ class SparseParameter:
 
     def initialize(self) -> None:
         """Computes the initial mask from the parameter's current value (once)."""
-        if self._initialized:
+        if self._initialized or self._module_ref() is None:  # done, or the model is gone
             return
         self._backend.materialize_state()
         with torch.no_grad():

@@ -7,7 +7,7 @@ import fnmatch
 import logging
 import re
 import warnings
-from typing import Callable, Dict, Optional, Union
+from typing import Callable, Dict, Union
 
 import torch
 

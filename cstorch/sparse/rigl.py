@@ -34,27 +34,37 @@ class RigL(DynamicSparsityAlgorithm):
         return [("drop_fraction", self.drop_fraction)]
 
     def sparsify_parameter(self, module, name, param) -> None:
-        if param is not None and self.score_shaper is None:
-            def validate(groups, key):
-                if not any(dim % groups == 0 for dim in param.shape):
-                    raise ValueError(
-                        f"Sparsity group configured with `{key}`={groups} but parameter {name} "
-                        f"does not have a dimension with a multiple of {groups}: "
-                        f"{tuple(param.shape)}")
-
-            if self.balance_out_groups:
-                if self.balance_in_groups:
-                    raise ValueError(
-                        "Only one of `balance_in_groups` and `balance_out_groups` can be "
-                        "specified at a time.")
-                validate(self.balance_out_groups, "balance_out_groups")
-                self.score_shaper = OutputGroupScoreShaper(self.balance_out_groups)
-            elif self.balance_in_groups:
-                validate(self.balance_in_groups, "balance_in_groups")
-                self.score_shaper = InputGroupScoreShaper(self.balance_in_groups)
-            if self.score_shaper is not None:
-                self.init_method = partial(self.init_method, score_shaper=self.score_shaper)
+        if param is not None:
+            if self.balance_in_groups and self.balance_out_groups:
+                raise ValueError(
+                    "Only one of `balance_in_groups` and `balance_out_groups` can be "
+                    "specified at a time.")
+            if self.score_shaper is None:
+                if self.balance_out_groups:
+                    self.score_shaper = OutputGroupScoreShaper(self.balance_out_groups)
+                elif self.balance_in_groups:
+                    self.score_shaper = InputGroupScoreShaper(self.balance_in_groups)
+                if self.score_shaper is not None:
+                    self.init_method = partial(self.init_method,
+                                               score_shaper=self.score_shaper)
+            self._validate_balance(name, param)
         super().sparsify_parameter(module, name, param)
+
+    def _validate_balance(self, name, param) -> None:
+        """Every balanced parameter must split into the groups (checked for each one, where
+        the reference checked the first only and failed later for the others)."""
+        for key, groups in (("balance_out_groups", self.balance_out_groups),
+                            ("balance_in_groups", self.balance_in_groups)):
+            if groups and not any(dim % groups == 0 for dim in param.shape):
+                raise ValueError(
+                    f"Sparsity group configured with `{key}`={groups} but parameter {name} "
+                    f"does not have a dimension with a multiple of {groups}: "
+                    f"{tuple(param.shape)}")
+        if self.balance_in_groups and param.dim() != 2:
+            raise ValueError(
+                f"`balance_in_groups` needs 2-D weights, but parameter {name} has shape "
+                f"{tuple(param.shape)}. Leave it out with a param_filter (e.g. a Group for "
+                "the weights only).")
 
     def _grad_hook(self, sparse_param, grad):
         key = id(sparse_param.param)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import inspect
 import math
 from abc import ABC, abstractmethod
-from typing import Callable, Dict, List, Optional, Tuple, Union
+from typing import Callable, Dict, List, Tuple, Union
 
 import torch
 
