@@ -2,8 +2,8 @@
 
 Masks are boolean arrays of a parameter's shape. Every function here is jit-friendly: the
 number of kept elements may be a traced value (a sparsity schedule evaluated at a traced step),
-so top-k is computed by ranking (a sort) instead of ``lax.top_k``, whose ``k`` must be static.
-That keeps one compiled program across mask updates, as on a Cerebras system.
+so top-k is a threshold search instead of ``lax.top_k``, whose ``k`` must be static. That keeps
+one compiled program across mask updates, as on a Cerebras system.
 
 Counts follow cerebras-pytorch 2.10 exactly: ``k = int(float32(1 - sparsity) * float32(n))``
 (truncation), drop counts ``int(float32(1 - drop_fraction) * nnz / groups)``. Ties in a score
@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 import jax.numpy as jnp
+from jax import lax
 
 Shaper = Optional[Tuple[str, int]]  # None, ("out", groups) or ("in", groups)
 
@@ -69,13 +70,37 @@ def num_dense(density, n):
     return (jnp.asarray(density, _F32) * jnp.asarray(n, _F32)).astype(jnp.int32)
 
 
+def _order_keys(score):
+    """Unsigned integers ordered like the float ``score`` (-0.0 counts as 0.0), and their
+    bit width: float64 keeps 64 bits, everything else is compared as float32."""
+    if score.dtype == jnp.float64:
+        ftype, utype, bits = jnp.float64, jnp.uint64, 64
+    else:
+        ftype, utype, bits = jnp.float32, jnp.uint32, 32
+    raw = lax.bitcast_convert_type(score.astype(ftype) + ftype(0.0), utype)
+    top = utype(1) << utype(bits - 1)
+    negative = (raw & top) != 0
+    return jnp.where(negative, ~raw, raw | top), utype, bits
+
+
 def topk_rows(score, k):
     """A boolean ``[groups, n]`` mask keeping the ``k`` largest scores of each row.
 
-    ``k`` may be a traced integer (clipped to ``[0, n]``); ties keep the lower index."""
-    order = jnp.argsort(-score, axis=-1, stable=True)
-    ranks = jnp.argsort(order, axis=-1, stable=True)
-    return ranks < jnp.asarray(k, jnp.int32)
+    ``k`` may be a traced integer (clipped to ``[0, n]``); ties keep the lower index. The
+    k-th largest value is found by a bitwise binary search over order-preserving integer keys
+    (one compare-and-count pass per bit) rather than by sorting, which XLA does slowly on CPU.
+    """
+    keys, utype, bits = _order_keys(score)
+    k = jnp.clip(jnp.asarray(k, jnp.int32), 0, score.shape[-1])[..., None]
+    threshold = jnp.zeros(score.shape[:-1] + (1,), utype)
+    for bit in range(bits - 1, -1, -1):  # the largest t with count(keys >= t) >= k
+        candidate = threshold | utype(1 << bit)
+        enough = jnp.sum(keys >= candidate, axis=-1, keepdims=True, dtype=jnp.int32) >= k
+        threshold = jnp.where(enough, candidate, threshold)
+    above = keys > threshold
+    remaining = k - jnp.sum(above, axis=-1, keepdims=True, dtype=jnp.int32)
+    at = keys == threshold
+    return above | (at & (jnp.cumsum(at, axis=-1, dtype=jnp.int32) <= remaining))
 
 
 def mask_topk_sparsity(score, sparsity, shaper: Shaper = None):
@@ -120,18 +145,22 @@ def masked_gradient(grad, mask):
 
 
 def gmp_update(param, mask, sparsity, is_update_step, shaper: Shaper = None):
-    """Gradual magnitude pruning: on an update step, the top-|w| mask at ``sparsity``."""
-    new = mask_topk_sparsity(jnp.abs(param), sparsity, shaper)
-    return jnp.where(is_update_step, new, mask)
+    """Gradual magnitude pruning: on an update step, the top-|w| mask at ``sparsity``
+    (computed only on update steps: a ``lax.cond``)."""
+    return lax.cond(jnp.asarray(is_update_step, bool),
+                    lambda: mask_topk_sparsity(jnp.abs(param), sparsity, shaper),
+                    lambda: jnp.asarray(mask, bool))
 
 
 def set_update(param, mask, sparsity, drop_fraction, regrow_score, is_update_step,
                shaper: Shaper = None):
     """SET: drop the smallest |w| of the present connections, regrow at the highest
     ``regrow_score`` (uniform random numbers in SET) to reach ``sparsity``."""
-    dropped, kept = mask_drop_minimum(jnp.abs(param), mask, drop_fraction, shaper)
-    new = mask_grow_maximum(regrow_score, dropped, sparsity, kept, shaper)
-    return jnp.where(is_update_step, new, mask)
+    def update():
+        dropped, kept = mask_drop_minimum(jnp.abs(param), mask, drop_fraction, shaper)
+        return mask_grow_maximum(regrow_score, dropped, sparsity, kept, shaper)
+
+    return lax.cond(jnp.asarray(is_update_step, bool), update, lambda: jnp.asarray(mask, bool))
 
 
 def rigl_update(param, mask, sparsity, drop_fraction, dense_grad, is_update_step,

@@ -21,4 +21,4 @@ class GMP(DynamicSparsityAlgorithm):
 
     @torch.no_grad()
     def update_mask(self, p, mask, sparsity):
-        return make_mask_topk_sparsity(p.abs(), sparsity)
+        return make_mask_topk_sparsity(p.abs(), sparsity, when=self.is_update_step)

@@ -91,7 +91,8 @@ class RigL(DynamicSparsityAlgorithm):
                 "before optimizer.step() in the same step.")
         drop_fraction = self.drop_fraction(self.step)
         self.drop_fraction.update(self.is_update_step)
+        when = self.is_update_step
         dropped, kept = make_mask_drop_minimum(p.abs(), mask, drop_fraction,
-                                               score_shaper=self.score_shaper)
+                                               score_shaper=self.score_shaper, when=when)
         return make_mask_grow_maximum(dense_grad.abs(), dropped, sparsity, kept,
-                                      score_shaper=self.score_shaper)
+                                      score_shaper=self.score_shaper, when=when)

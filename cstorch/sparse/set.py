@@ -29,5 +29,6 @@ class SET(DynamicSparsityAlgorithm):
     def update_mask(self, p, mask, sparsity):
         drop_fraction = self.drop_fraction(self.step)
         self.drop_fraction.update(self.is_update_step)
-        dropped, kept = make_mask_drop_minimum(p.abs(), mask, drop_fraction)
-        return make_mask_grow_maximum(torch.rand_like(p), dropped, sparsity, kept)
+        when = self.is_update_step
+        dropped, kept = make_mask_drop_minimum(p.abs(), mask, drop_fraction, when=when)
+        return make_mask_grow_maximum(torch.rand_like(p), dropped, sparsity, kept, when=when)

@@ -400,25 +400,33 @@ def _spec(rows: torch.Tensor) -> str:
     return f"out:{rows.shape[0]}"
 
 
-def make_mask_topk_sparsity(score, sparsity, score_shaper=None) -> torch.Tensor:
+def _when(when) -> torch.Tensor:
+    return torch.ones((), dtype=torch.bool) if when is None else torch.as_tensor(when).bool()
+
+
+# ``when`` (not in the reference): a bool tensor; where it is false the helpers skip the work
+# and return a placeholder, which a dynamic algorithm's where(is_update_step, ...) discards.
+def make_mask_topk_sparsity(score, sparsity, score_shaper=None, *, when=None) -> torch.Tensor:
     """A bool mask keeping the highest ``(1 - sparsity)`` fraction of ``score`` (per group):
     ``int((1 - sparsity) * n)`` elements."""
     rows, unshape = _rows(score, score_shaper)
     sparsity = torch.as_tensor(sparsity, dtype=torch.float32)
-    return unshape(torch.ops.cstorch.sparse_topk_mask(rows, sparsity, _spec(rows)))
+    return unshape(torch.ops.cstorch.sparse_topk_mask(rows, sparsity, _when(when),
+                                                      _spec(rows)))
 
 
-def make_mask_drop_minimum(score, mask, drop_fraction, score_shaper=None):
+def make_mask_drop_minimum(score, mask, drop_fraction, score_shaper=None, *, when=None):
     """``(mask without the lowest-scoring drop_fraction of its connections, kept count)``."""
     rows, unshape = _rows(score, score_shaper)
     mask_rows, _ = _rows(mask, score_shaper)
     drop_fraction = torch.as_tensor(drop_fraction, dtype=torch.float32)
     new, kept = torch.ops.cstorch.sparse_drop_minimum(rows, mask_rows, drop_fraction,
-                                                      _spec(rows))
+                                                      _when(when), _spec(rows))
     return unshape(new), kept
 
 
-def make_mask_grow_maximum(score, mask, sparsity, mask_nonzero=None, score_shaper=None):
+def make_mask_grow_maximum(score, mask, sparsity, mask_nonzero=None, score_shaper=None, *,
+                           when=None):
     """``mask`` plus the highest-scoring pruned positions, up to ``int((1 - sparsity) * n)``
     connections per group (never fewer than ``mask`` has)."""
     rows, unshape = _rows(score, score_shaper)
@@ -428,7 +436,8 @@ def make_mask_grow_maximum(score, mask, sparsity, mask_nonzero=None, score_shape
         mask_nonzero = mask.sum()
     mask_nonzero = torch.as_tensor(mask_nonzero).to(torch.int32)
     return unshape(torch.ops.cstorch.sparse_grow_maximum(rows, mask_rows, sparsity,
-                                                         mask_nonzero, _spec(rows)))
+                                                         mask_nonzero, _when(when),
+                                                         _spec(rows)))
 
 
 def _register_state(obj) -> None:
