@@ -77,7 +77,9 @@ def _order_keys(score):
         ftype, utype, bits = jnp.float64, jnp.uint64, 64
     else:
         ftype, utype, bits = jnp.float32, jnp.uint32, 32
-    raw = lax.bitcast_convert_type(score.astype(ftype) + ftype(0.0), utype)
+    score = score.astype(ftype)
+    score = jnp.where(score == 0, ftype(0.0), score)  # (x + 0.0 is simplified away by XLA)
+    raw = lax.bitcast_convert_type(score, utype)
     top = utype(1) << utype(bits - 1)
     negative = (raw & top) != 0
     return jnp.where(negative, ~raw, raw | top), utype, bits
@@ -92,11 +94,14 @@ def topk_rows(score, k):
     """
     keys, utype, bits = _order_keys(score)
     k = jnp.clip(jnp.asarray(k, jnp.int32), 0, score.shape[-1])[..., None]
-    threshold = jnp.zeros(score.shape[:-1] + (1,), utype)
-    for bit in range(bits - 1, -1, -1):  # the largest t with count(keys >= t) >= k
-        candidate = threshold | utype(1 << bit)
+
+    def refine(i, threshold):  # builds the largest t with count(keys >= t) >= k, bit by bit
+        candidate = threshold | (utype(1) << (utype(bits - 1) - i.astype(utype)))
         enough = jnp.sum(keys >= candidate, axis=-1, keepdims=True, dtype=jnp.int32) >= k
-        threshold = jnp.where(enough, candidate, threshold)
+        return jnp.where(enough, candidate, threshold)
+
+    # A loop, not 32 unrolled passes: XLA compiles unrolled multi-row searches very slowly.
+    threshold = lax.fori_loop(0, bits, refine, jnp.zeros(score.shape[:-1] + (1,), utype))
     above = keys > threshold
     remaining = k - jnp.sum(above, axis=-1, keepdims=True, dtype=jnp.int32)
     at = keys == threshold

@@ -32,6 +32,18 @@ def test_ties_keep_the_lower_index():
     assert np.asarray(got).tolist() == [[False, True, True, False, False]]
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_topk_with_ties_signed_zeros_and_infinities(dtype):
+    rng = np.random.default_rng(3)
+    topk = jax.jit(sparsity.topk_rows)
+    values = [-2.0, -1.0, -0.0, 0.0, 0.5, 1.0, 3.0, np.inf, -np.inf]
+    for _ in range(20):
+        score = rng.choice(values, size=(3, 17)).astype(dtype)
+        k = int(rng.integers(0, 18))
+        want = _numpy_topk(score + dtype(0.0), k)  # -0.0 ties with 0.0, as in torch.topk
+        np.testing.assert_array_equal(np.asarray(topk(jnp.asarray(score), k)), want)
+
+
 def test_reference_documentation_examples():
     score = jnp.array([[1.0, 2.0], [0.0, -1.0]])
     assert np.asarray(sparsity.mask_topk_sparsity(score, 0.25)).tolist() == [[True, True],
