@@ -19,6 +19,8 @@ import ml_dtypes
 import numpy as np
 import torch
 
+from jax_backend.mesh import host_value
+
 TORCH_TO_JAX = {
     torch.float32: jnp.float32,
     torch.float64: jnp.float64,
@@ -87,12 +89,13 @@ def tensor_to_array(tensor: torch.Tensor, device=None) -> jax.Array:
 
 
 def array_to_numpy(array) -> np.ndarray:
-    return np.asarray(array)
+    """The global value of ``array`` (gathered when it spans processes: see ``mesh``)."""
+    return host_value(array)
 
 
 def array_to_tensor(array) -> torch.Tensor:
     """Copies a JAX array into a new, writable CPU torch tensor."""
-    host = np.array(array, copy=True)
+    host = np.array(array_to_numpy(array), copy=True)
     if host.dtype == ml_dtypes.bfloat16:
         return torch.from_numpy(host.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(host)
@@ -102,16 +105,6 @@ def array_to_tensor(array) -> torch.Tensor:
 # torch type promotion (c10's ResultTypeState), for JAX arrays and Python scalars.
 # Tensors with dimensions outrank 0-dim tensors, which outrank Python scalars, as long as the
 # lower-ranked operand is not of a higher category (bool < integer < floating < complex).
-
-
-def _category(dtype: torch.dtype) -> int:
-    if dtype == torch.bool:
-        return 0
-    if dtype.is_complex:
-        return 3
-    if dtype.is_floating_point:
-        return 2
-    return 1
 
 
 def _promote(a, b):
@@ -174,12 +167,14 @@ def result_type(*operands) -> torch.dtype:
     return _result_type(tuple(_operand_kind(x) for x in operands if x is not None))
 
 
+def promote(a, b) -> np.dtype:
+    """torch's promotion of two JAX dtypes (what JAX's default promotion gives for the pairs
+    ops meet, but also allowed under ``jax_numpy_dtype_promotion="strict"``)."""
+    return to_jax_dtype(torch.promote_types(to_torch_dtype(a), to_torch_dtype(b)))
+
+
 def result_jax_dtype(*operands) -> np.dtype:
     return to_jax_dtype(result_type(*operands))
-
-
-def is_float(dtype) -> bool:
-    return jnp.issubdtype(dtype, jnp.floating)
 
 
 def float_dtype_for(dtype) -> np.dtype:

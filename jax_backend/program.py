@@ -9,6 +9,7 @@ pure function, its jaxpr, the StableHLO text and XLA's cost analysis for JAX-nat
 
 from __future__ import annotations
 
+import contextlib
 import operator
 from typing import Sequence
 
@@ -17,6 +18,7 @@ import numpy as np
 
 from jax_backend.capture import CapturedStep
 from jax_backend.dtypes import to_jax_dtype
+from jax_backend.errors import LoweringError
 from jax_backend.interpreter import GraphInterpreter
 from jax_backend.mesh import Layout
 from jax_backend.precision import Policy
@@ -42,6 +44,7 @@ class Program:
         self.donated_positions = [j for j, i in enumerate(captured.used_state) if i in written]
         self.kept_positions = [j for j, i in enumerate(captured.used_state) if i not in written]
         self._interpreter = GraphInterpreter(captured.graph)
+        self._locate = captured.locate  # names the user's line in a LoweringError
         self._jitted = jax.jit(self.pure_step, donate_argnums=(0,), **self._shardings())
 
     def _shardings(self) -> dict:
@@ -80,7 +83,20 @@ class Program:
 
     def __call__(self, used_arrays: Sequence, inputs: Sequence, seed=0):
         donated, kept = self.split_state(used_arrays)
-        return self._jitted(donated, kept, list(inputs), np.int64(seed))
+        if self.layout is not None:  # across processes: each feeds its slice of the batch
+            inputs = [self.layout.input_array(x) for x in inputs]
+        with self._naming_user_line():
+            return self._jitted(donated, kept, list(inputs), np.int64(seed))
+
+    @contextlib.contextmanager
+    def _naming_user_line(self):
+        """Adds the user's line to a ``LoweringError`` raised while jit traces the step."""
+        try:
+            yield
+        except LoweringError as err:
+            if err.user_frame is not None or self._locate is None:
+                raise
+            raise err.with_user_frame(self._locate(err.op)) from err.cause
 
     # ------------------------------------------------------------------ introspection
     def input_specs(self) -> list:
@@ -91,11 +107,13 @@ class Program:
 
     def lower(self, used_arrays: Sequence, inputs: Sequence, seed=0):
         donated, kept = self.split_state(used_arrays)
-        return self._jitted.lower(donated, kept, list(inputs), np.int64(seed))
+        with self._naming_user_line():
+            return self._jitted.lower(donated, kept, list(inputs), np.int64(seed))
 
     def jaxpr(self, used_arrays: Sequence, inputs: Sequence, seed=0):
         donated, kept = self.split_state(used_arrays)
-        return jax.make_jaxpr(self.pure_step)(donated, kept, list(inputs), np.int64(seed))
+        with self._naming_user_line():
+            return jax.make_jaxpr(self.pure_step)(donated, kept, list(inputs), np.int64(seed))
 
     def stablehlo(self, used_arrays: Sequence, inputs: Sequence, seed=0) -> str:
         return self.lower(used_arrays, inputs, seed).as_text()

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import weakref
 from typing import Callable
 
 import torch
 
 import jax_backend
 from jax_backend import DeviceState, LazyTensor, Slot, materialize
+from cstorch.backend import precision
+from cstorch.distributed import runtime
 
 
 @dataclasses.dataclass
@@ -29,6 +30,8 @@ class QueuedClosure:
 
 
 class BaseBackend:
+    engine = "jax"  # how traced steps run (cstorch.core.engine); the CPU backend can be eager
+
     def __init__(self, backend_type, device, artifact_dir, jax_devices, layout=None):
         self.backend_type = backend_type
         self.device = device
@@ -46,9 +49,8 @@ class BaseBackend:
         self.device_state = DeviceState(self.jax_devices[0], layout)
         self.step_closures: list[QueuedClosure] = []
         self.data_executor_stack: list = []
-        self.mode = "train"
-        self.mode_version = 0  # bumped by model.train()/eval(); part of the program cache key
         self._recorder = None  # closures recorded while tracing
+        self._at_trace_exit: list = []  # callbacks that drop trace-time Python values
         self._models_in_trace = None
         self._next_model_id = 0
         self._state_epoch = 0  # bumped whenever the set of state tensors may have changed
@@ -90,9 +92,7 @@ class BaseBackend:
         return self.data_executor.run_context if self.data_executor_stack else None
 
     def precision_policy(self) -> jax_backend.Policy:
-        from cstorch.amp import _amp_state
-
-        return _amp_state.current_policy()
+        return precision.current_policy()
 
     # ------------------------------------------------------------------ registration
     def setup_model(self, model: torch.nn.Module) -> int:
@@ -102,23 +102,23 @@ class BaseBackend:
                 module.register_state_dict_pre_hook(self._state_dict_pre_hook)
             model.register_load_state_dict_post_hook(self._invalidate_state_view)
             self._invalidate_state_view()
-        self._wrap_train(model)
         model_id = self._next_model_id
         self._next_model_id += 1
         return model_id
 
-    def _wrap_train(self, model):
-        backend_ref = weakref.ref(self)
-        original = model.train
+    @property
+    def mode(self) -> str:
+        """"eval" once every registered model is in eval mode, else "train"."""
+        if self.models and not any(model.training for model in self.models):
+            return "eval"
+        return "train"
 
-        def train(mode: bool = True):
-            impl = backend_ref()
-            if impl is not None:
-                impl.mode = "train" if mode else "eval"
-                impl.mode_version += 1
-            return original(mode)
-
-        model.train = train
+    def module_modes(self) -> tuple:
+        """The ``training`` flag of every module of every registered model. A step traced in
+        one combination of modes (dropout on, batch-norm statistics updated, ...) is only
+        valid in that combination, so this is part of what selects a compiled program."""
+        return tuple(tuple(module.training for module in model.modules())
+                     for model in self.models)
 
     def _state_dict_pre_hook(self, module, prefix, keep_vars):
         self.materialize_state()
@@ -201,7 +201,9 @@ class BaseBackend:
                               ("metric", self.metrics), ("stateful", self.stateful_objects)):
             for i, obj in enumerate(objects):
                 entries += [((kind, i, slot.key), slot) for slot in obj._cstorch_state_slots()]
-        return entries
+        # Named by path, so capture errors say which state they are about.
+        return [(path, dataclasses.replace(slot, name="/".join(map(str, path))))
+                for path, slot in entries]
 
     def _invalidate_state_view(self, *args, **kwargs):
         self._state_epoch += 1
@@ -234,7 +236,9 @@ class BaseBackend:
     # ------------------------------------------------------------------ tracing
     @contextlib.contextmanager
     def tracing(self, recorder: list):
-        """While a step is traced: closures are recorded, and only one model may be used."""
+        """While a step body runs under the tracer: closures are recorded, only one model may
+        be used, and Python values holding traced tensors are dropped on the way out, also
+        when the trace fails (grad scalers', and those of ``at_trace_exit`` callbacks)."""
         if self._recorder is not None:
             raise RuntimeError("A traced step cannot trace another step inside it.")
         self._recorder = recorder
@@ -246,6 +250,15 @@ class BaseBackend:
             self._models_in_trace = None
             for scaler in self.grad_scalers:
                 scaler._forget_traced_values()
+            callbacks, self._at_trace_exit = self._at_trace_exit, []
+            for callback in callbacks:
+                callback()
+
+    def at_trace_exit(self, callback: Callable[[], None]) -> None:
+        """Calls ``callback()`` when the step body being traced returns or raises."""
+        if self._recorder is None:
+            raise RuntimeError("at_trace_exit is only available while a step is traced.")
+        self._at_trace_exit.append(callback)
 
     def forward(self, model, *args, **kwargs):
         if self._models_in_trace is not None:
@@ -276,7 +289,11 @@ class BaseBackend:
         return value.detach().clone()
 
     def run_step_closures(self) -> None:
+        """Runs the queued closures, on process 0 only in a multi-process job (as on a
+        cluster's user node). Every process fetches their arguments and, for checkpoint
+        closures, the state first: gathering values split across processes is a collective."""
         queued, self.step_closures = self.step_closures, []
+        runs_here = runtime.process_index() == 0
         for closure in queued:
             if closure.kind == "checkpoint":
                 context = self.run_context
@@ -287,7 +304,9 @@ class BaseBackend:
                 if not (context.is_pre_initial_step or context.is_checkpoint_step):
                     continue
                 self.materialize_state()
-            closure.fn(*materialize(closure.args), **materialize(closure.kwargs))
+            args, kwargs = materialize(closure.args), materialize(closure.kwargs)
+            if runs_here:
+                closure.fn(*args, **kwargs)
 
     # ------------------------------------------------------------------ executor hooks
     def on_run_start(self) -> None:

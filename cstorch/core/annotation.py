@@ -10,8 +10,9 @@ works.
 from __future__ import annotations
 
 import functools
-import warnings
 from typing import Any, Callable
+
+from jax_backend.user_frames import warn
 
 _active: dict = {}  # annotation kind -> stack of values in effect
 
@@ -34,8 +35,7 @@ def annotation(kind: str, value: Any, enable_fwd: bool = True,
     impl = current_backend_impl(raise_exception=False)
     if impl is None or not impl.is_csx:
         device = impl.torch_device if impl is not None else None
-        warnings.warn(f"Setting a {kind!r} annotation for device {device} doesn't have any "
-                      "effect.", stacklevel=3)
+        warn(f"Setting a {kind!r} annotation for device {device} doesn't have any effect.")
         if impl is None:
             return lambda fn: fn
 

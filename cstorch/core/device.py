@@ -9,6 +9,8 @@ import contextlib
 import torch
 from torch.utils._pytree import tree_map
 
+from cstorch.backend.backend_type import BackendType
+
 
 class Device(contextlib.ContextDecorator):
     """A cstorch device: its ``torch_device`` is where the user's torch tensors live."""
@@ -57,8 +59,6 @@ class LazyDevice(Device):
 
 def device(backend_type, *args, **kwargs) -> Device:
     """Builds a bare device object (it does not create a backend)."""
-    from cstorch.backend import BackendType
-
     backend_type = BackendType.from_str(backend_type) if isinstance(backend_type, str) else (
         backend_type)
     if backend_type == BackendType.CPU:

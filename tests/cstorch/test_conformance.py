@@ -4,8 +4,7 @@
 A dotted name resolves by importing its longest importable module prefix and reading the
 rest as attributes (``cerebras.pytorch.backend`` is both a function and a module: the
 function carries ``.Backend``, ``.BackendType``, ...). Names in ``EXCLUDED`` are CSX-appliance
-plumbing this implementation deliberately does not provide; ``PENDING`` lists names another
-engineer is still delivering (temporary: remove entries as they land).
+plumbing this implementation deliberately does not provide.
 """
 
 from __future__ import annotations
@@ -37,9 +36,6 @@ EXCLUDED = {
     "cerebras.pytorch.storage.utils.lazy_tensor_data_wrapper":
         "unwraps tensors of the appliance's lazy (LTC) device, which does not exist here",
 }
-
-# Owned by other engineers and still in progress (storage: issue #6; amp). Remove on landing.
-PENDING: set = set()
 
 with open(SPEC) as _f:
     NAMES = json.load(_f)
@@ -141,17 +137,14 @@ def same_default(ours, expected: str) -> bool:
 
 def test_exclusions_are_few_and_explained():
     assert len(EXCLUDED) < 0.1 * len(NAMES), f"{len(EXCLUDED)} of {len(NAMES)} names excluded"
-    assert set(EXCLUDED) <= set(NAMES) and set(PENDING) <= set(NAMES)
+    assert set(EXCLUDED) <= set(NAMES)
     assert all(reason.strip() for reason in EXCLUDED.values())
-    assert not set(EXCLUDED) & set(PENDING)
 
 
 @pytest.mark.parametrize("name", sorted(NAMES))
 def test_name_resolves_with_reference_parameters(name):
     if name in EXCLUDED:
         pytest.skip(f"excluded: {EXCLUDED[name]}")
-    if name in PENDING:
-        pytest.xfail("owned by another engineer, in progress")
     obj = resolve(name)
     expected = NAMES[name]
     ours = without_extra_keyword_only(parameters(obj), expected)
