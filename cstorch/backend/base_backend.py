@@ -155,6 +155,8 @@ class BaseBackend:
         self.sparsity_registry.append(sparsity)
         self.register_stateful(sparsity)
         if self._sparsity_trace_hook is None:
+            import weakref
+
             from cstorch.core.compile import register_trace_fn_pre_hook
 
             backend_ref = weakref.ref(self)
