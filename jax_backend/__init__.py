@@ -9,6 +9,8 @@ This package knows nothing of the cstorch API. Its public surface:
 * ``LazyTensor`` / ``materialize``: torch tensors backed by not-yet-read JAX arrays.
 * ``optimizers`` / ``schedules``: optax-style pure update rules and schedules.
 * ``torch_ops``: torch custom ops (optimizer step, schedule) that lower to those functions.
+* ``sparsity`` / ``sparse_ops``: weight-sparsity mask maths (top-k, drop/grow, balanced
+  groups) as pure JAX functions, and the torch custom ops that lower to them.
 * ``registry``: the ATen lowering table (``lowers``).
 * ``mesh``: devices, the ``(csx, ws)`` data-parallel / sharded-state layout of a multi-device
   (and multi-process) program, global values of arrays, collectives counted in compiled HLO.
@@ -30,6 +32,7 @@ from jax_backend import dtypes, mesh, optimizers, precision, registry, schedules
 from jax_backend import ops  # noqa: E402  (registers every ATen lowering)
 from jax_backend import torch_ops  # noqa: E402  (registers the cstorch:: custom ops)
 from jax_backend import optax_ops  # noqa: E402  (cstorch::optax_update)
+from jax_backend import sparse_ops, sparsity  # noqa: E402  (sparsity mask ops)
 from jax_backend.capture import CapturedStep, Slot, capture_step  # noqa: E402
 from jax_backend.errors import (  # noqa: E402
     CaptureError,
@@ -51,5 +54,5 @@ __all__ = [
     "LazyTensor", "LoweringError", "LoweringNotFoundError", "Policy", "Program",
     "RecompilationError", "Slot", "ValueReadInTraceError", "capture_step",
     "compilation_cache", "dtypes", "materialize", "mesh", "optimizers", "precision",
-    "register_internal_dir", "registry", "schedules", "torch_ops",
+    "register_internal_dir", "registry", "schedules", "sparse_ops", "sparsity", "torch_ops",
 ]

@@ -45,6 +45,8 @@ class BaseBackend:
         self.grad_scalers: list = []
         self.metrics: list = []
         self.stateful_objects: list = []  # anything else exposing _cstorch_state_slots()
+        self.sparsity_registry: list = []  # cstorch.sparse algorithms, in creation order
+        self._sparsity_trace_hook = None
         self.device_state = DeviceState(self.jax_devices[0], layout)
         self.appliance_tracker = StageTracker()  # written as each executor's track.json
         self.appliance_tracker.start("Initialization")
@@ -153,6 +155,30 @@ class BaseBackend:
     def register_stateful(self, obj) -> None:
         self.stateful_objects.append(obj)
         self._invalidate_state_view()
+
+    def setup_sparsity(self, sparsity) -> None:
+        """Registers a ``cstorch.sparse`` algorithm: its state is carried between steps and
+        its masks are initialised before the first step (run start or first compile)."""
+        self.sparsity_registry.append(sparsity)
+        self.register_stateful(sparsity)
+        if self._sparsity_trace_hook is None:
+            import weakref
+
+            from cstorch.core.compile import register_trace_fn_pre_hook
+
+            backend_ref = weakref.ref(self)
+
+            def initialize():
+                impl = backend_ref()
+                if impl is not None:
+                    impl.initialize_sparsity()
+
+            self._sparsity_trace_hook = register_trace_fn_pre_hook(initialize)
+
+    def initialize_sparsity(self) -> None:
+        """Initialises every sparsity mask not yet initialised or loaded."""
+        for sparsity in self.sparsity_registry:
+            sparsity.initialize()
 
     # ------------------------------------------------------------------ state
     def state_slots(self) -> list[tuple[tuple, Slot]]:
@@ -298,6 +324,7 @@ class BaseBackend:
 
     # ------------------------------------------------------------------ executor hooks
     def on_run_start(self) -> None:
+        self.initialize_sparsity()
         self.run_step_closures()
 
     def on_run_end(self) -> None:
@@ -316,6 +343,8 @@ class BaseBackend:
         """Releases device state and global hooks (used when a test tears the backend down)."""
         for handle in self._registration_hooks:
             handle.remove()
+        if self._sparsity_trace_hook is not None:
+            self._sparsity_trace_hook.remove()
         self.device_state = DeviceState(self.jax_devices[0], self.layout)
 
 

@@ -20,9 +20,6 @@ import pytest
 
 from tests.reference_data import API_NAMES as SPEC  # noqa: E402
 
-_SPARSE = ("weight sparsity (masks, pruning hooks, scheduled mask updates in compiled steps) "
-           "is not implemented yet; cstorch.sparse raises NotImplementedError naming it")
-
 EXCLUDED = {
     "cerebras.pytorch.backend.ltc_backend.register_before_tensor_to_cpu":
         "hook around the appliance's device-to-host tensor transfers; no appliance here",
@@ -38,31 +35,6 @@ EXCLUDED = {
         "queries the resources held by a running cluster workflow",
     "cerebras.pytorch.storage.utils.lazy_tensor_data_wrapper":
         "unwraps tensors of the appliance's lazy (LTC) device, which does not exist here",
-    "cerebras.pytorch.sparse.SparsityAlgorithm": _SPARSE,
-    "cerebras.pytorch.sparse.DynamicSparsityAlgorithm": _SPARSE,
-    "cerebras.pytorch.sparse.GMP": _SPARSE,
-    "cerebras.pytorch.sparse.Group": _SPARSE,
-    "cerebras.pytorch.sparse.RigL": _SPARSE,
-    "cerebras.pytorch.sparse.SET": _SPARSE,
-    "cerebras.pytorch.sparse.Static": _SPARSE,
-    "cerebras.pytorch.sparse.configure": _SPARSE,
-    "cerebras.pytorch.sparse.map_sparsity_algorithm": _SPARSE,
-    "cerebras.pytorch.sparse.utils.Constant": _SPARSE,
-    "cerebras.pytorch.sparse.utils.Linear": _SPARSE,
-    "cerebras.pytorch.sparse.utils.Exp": _SPARSE,
-    "cerebras.pytorch.sparse.utils.Power": _SPARSE,
-    "cerebras.pytorch.sparse.utils.Cosine": _SPARSE,
-    "cerebras.pytorch.sparse.utils.Cycling": _SPARSE,
-    "cerebras.pytorch.sparse.utils.Lambda": _SPARSE,
-    "cerebras.pytorch.sparse.utils.FreqSchedule": _SPARSE,
-    "cerebras.pytorch.sparse.utils.ListSchedule": _SPARSE,
-    "cerebras.pytorch.sparse.utils.make_hyperparam_schedule": _SPARSE,
-    "cerebras.pytorch.sparse.utils.make_update_schedule": _SPARSE,
-    "cerebras.pytorch.sparse.init.random": _SPARSE,
-    "cerebras.pytorch.sparse.init.topk": _SPARSE,
-    "cerebras.pytorch.sparse.init.from_zeros": _SPARSE,
-    "cerebras.pytorch.sparse.init.checkerboard": _SPARSE,
-    "cerebras.pytorch.sparse.init.make_init_method": _SPARSE,
 }
 
 with open(SPEC) as _f:
