@@ -46,7 +46,6 @@ class BaseBackend:
         self.metrics: list = []
         self.stateful_objects: list = []  # anything else exposing _cstorch_state_slots()
         self.sparsity_registry: list = []  # cstorch.sparse algorithms, in creation order
-        self._sparsity_trace_hook = None
         self.device_state = DeviceState(self.jax_devices[0], layout)
         self.appliance_tracker = StageTracker()  # written as each executor's track.json
         self.appliance_tracker.start("Initialization")
@@ -158,22 +157,10 @@ class BaseBackend:
 
     def setup_sparsity(self, sparsity) -> None:
         """Registers a ``cstorch.sparse`` algorithm: its state is carried between steps and
-        its masks are initialised before the first step (run start or first compile)."""
+        its masks are initialised before the first step (run start, or the capture of a
+        traced step, which calls ``initialize_sparsity``)."""
         self.sparsity_registry.append(sparsity)
         self.register_stateful(sparsity)
-        if self._sparsity_trace_hook is None:
-            import weakref
-
-            from cstorch.core.compile import register_trace_fn_pre_hook
-
-            backend_ref = weakref.ref(self)
-
-            def initialize():
-                impl = backend_ref()
-                if impl is not None:
-                    impl.initialize_sparsity()
-
-            self._sparsity_trace_hook = register_trace_fn_pre_hook(initialize)
 
     def initialize_sparsity(self) -> None:
         """Initialises every sparsity mask not yet initialised or loaded."""
@@ -343,8 +330,6 @@ class BaseBackend:
         """Releases device state and global hooks (used when a test tears the backend down)."""
         for handle in self._registration_hooks:
             handle.remove()
-        if self._sparsity_trace_hook is not None:
-            self._sparsity_trace_hook.remove()
         self.device_state = DeviceState(self.jax_devices[0], self.layout)
 
 

@@ -335,6 +335,7 @@ class TracedStep:
 
         policy = impl.precision_policy()
         twins = [_metadata_twin(leaves[i], impl.layout) for i in positions]
+        impl.initialize_sparsity()  # masks get their values before the step first reads them
         with _capture_scope():
             captured = capture_step(
                 step, view.slots, twins, policy,
