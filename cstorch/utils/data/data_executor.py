@@ -166,8 +166,9 @@ class DataExecutor:
                     batch = next(batches)
                     self.run_context.step = step
                     yield impl.on_batch_start(batch)
-                    impl.on_batch_end()
+                    # The rates are computed before the step's closures, which may read them.
                     self.profiler.step(infer_batch_size(batch))
+                    impl.on_batch_end()
             impl.on_run_end()
             with open(os.path.join(self._artifact_dir, "track.json"), "w") as f:
                 json.dump({"num_steps": self.num_steps,
