@@ -300,6 +300,7 @@ class BaseBackend:
         """Releases device state and global hooks (used when a test tears the backend down)."""
         for handle in self._registration_hooks:
             handle.remove()
+        self.device_state.release()
         self.device_state = DeviceState(self.jax_devices[0], self.layout)
 
 

@@ -292,11 +292,10 @@ class TracedStep:
     # -------------------------------------------------------------------------------- run
     def _run(self, impl, entry: _CompiledStep, leaves, view, used_index, written_index):
         captured, program = entry.captured, entry.program
-        arrays = impl.device_state.arrays([view.tensors[i] for i in used_index])
         inputs = [_input_array(x) for x in leaves if isinstance(x, torch.Tensor)]
         seed = impl.draw_seed() if program.uses_rng else 0
-        new_state, outputs = program(arrays, inputs, seed)
-        impl.device_state.update([view.tensors[i] for i in written_index], new_state)
+        outputs = program.run(impl.device_state, [view.tensors[i] for i in used_index],
+                              [view.tensors[i] for i in written_index], inputs, seed)
 
         produced = iter(outputs)
         flat = [LazyTensor(next(produced)) if is_tensor else constant
