@@ -128,8 +128,10 @@ class Program:
                 new_state, outputs = self(arrays, inputs, seed)
                 if backup is not None:
                     jax.block_until_ready((new_state, outputs))
-            except Exception as error:
+            except BaseException as error:
                 what = state.recover(donated_tensors, donated_arrays, backup)
+                if not isinstance(error, Exception):  # KeyboardInterrupt, SystemExit
+                    raise
                 raise StepFailedError(
                     f"The compiled step failed while it ran ({type(error).__name__}: "
                     f"{_first_line(error)}). {what} Fix the cause (e.g. a smaller batch) and "

@@ -17,7 +17,7 @@ _UNSPECIFIED = _Unspecified()
 
 
 class CpuBackendImpl(BaseBackend):
-    def __init__(self, backend_type, artifact_dir=None, mixed_precision=_UNSPECIFIED,
+    def __init__(self, backend_type, artifact_dir=None, mixed_precision=_UNSPECIFIED, *,
                  cluster_config=None):
         if mixed_precision is not _UNSPECIFIED:
             raise ValueError(

@@ -13,7 +13,7 @@ from cstorch.core.device import GPUDevice
 class GpuBackendImpl(BaseBackend):
     def __init__(self, backend_type, artifact_dir=None, enable_distributed=False,
                  main_process_id=0, dist_backend="nccl", init_method=None,
-                 sync_batchnorm=False, cluster_config=None):
+                 sync_batchnorm=False, *, cluster_config=None):
         warn_cluster_config_ignored("GPU", cluster_config)
         devices = mesh.devices("gpu")
         if not devices:
