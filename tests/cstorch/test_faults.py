@@ -9,6 +9,7 @@ training run without the fault, or the same edit made through ``load_state_dict`
 from __future__ import annotations
 
 import copy
+import json
 import os
 import signal
 import subprocess
@@ -290,3 +291,196 @@ def test_stress_interrupts_then_save_in_the_except_handler(tmp_path):
         if previous is not None:
             assert count >= previous
         previous = count
+
+
+# ------------------------------------------------------------------ untrusted files
+from cstorch.storage.h5_format import UntrustedCheckpointError  # noqa: E402
+from cstorch.storage.treespec import TreeSpecError  # noqa: E402
+
+
+def _checkpoint(tmp_path, name="ckpt.mdl", **values):
+    path = tmp_path / name
+    cstorch.save(values or {"w": torch.arange(6.0)}, path)
+    return path
+
+
+def _replace_dataset(path, key, make):
+    """Swaps dataset ``key`` for ``make(file, key)``, keeping its attributes."""
+    import h5py
+
+    with h5py.File(path, "r+") as f:
+        attrs = dict(f[key].attrs)
+        del f[key]
+        make(f, key)
+        if isinstance(f.get(key, getlink=True), h5py.HardLink):
+            f[key].attrs.update(attrs)
+
+
+@pytest.fixture
+def secret(tmp_path):
+    """A file outside the checkpoints' directory that a crafted checkpoint tries to read."""
+    import h5py
+
+    elsewhere = tmp_path.parent / f"{tmp_path.name}_elsewhere"
+    elsewhere.mkdir(exist_ok=True)
+    raw = elsewhere / "secret.bin"
+    raw.write_bytes(np.arange(6, dtype=np.float32).tobytes())
+    h5 = elsewhere / "secret.h5"
+    with h5py.File(h5, "w") as f:
+        f["data"] = np.arange(6, dtype=np.float32)
+    return raw, h5
+
+
+def test_defaultdict_factory_from_a_module_is_refused(tmp_path):
+    import collections
+
+    import h5py
+
+    path = _checkpoint(tmp_path, d=collections.defaultdict(list, {"a": torch.ones(1)}))
+    with h5py.File(path, "r+") as f:  # name posix.abort as the factory
+        human, spec = json.loads(f.attrs["__spec__"])
+        spec = spec.replace('"default_factory_module": "builtins"',
+                            '"default_factory_module": "posix"')
+        spec = spec.replace('"default_factory_name": "list"', '"default_factory_name": "abort"')
+        assert "posix" in spec and "abort" in spec
+        f.attrs["__spec__"] = json.dumps([human, spec])
+    with pytest.raises(TreeSpecError, match="posix.abort.*unsafe_allow_pickle"):
+        cstorch.load(path)
+
+
+@pytest.mark.parametrize("kind", ["external_raw", "virtual", "external_link"])
+def test_hdf5_features_that_read_other_files_are_refused(tmp_path, secret, kind):
+    import h5py
+
+    raw, h5 = secret
+
+    def make(f, key):
+        if kind == "external_raw":
+            f.create_dataset(key, shape=(6,), dtype="f4", external=[(str(raw), 0, 24)])
+        elif kind == "virtual":
+            layout = h5py.VirtualLayout(shape=(6,), dtype="f4")
+            layout[:] = h5py.VirtualSource(str(h5), "data", shape=(6,))
+            f.create_virtual_dataset(key, layout)
+        else:
+            f[key] = h5py.ExternalLink(str(h5), "data")
+
+    path = _checkpoint(tmp_path)
+    _replace_dataset(path, "w", make)
+    with pytest.raises(UntrustedCheckpointError, match="'w'.*unsafe_allow_pickle"):
+        torch.as_tensor(cstorch.load(path)["w"]) + 0
+    if kind != "external_link":  # the opt-in reads it (an ExternalLink loses our metadata)
+        trusted = cstorch.load(path, unsafe_allow_pickle=True)["w"]
+        assert torch.equal(torch.as_tensor(trusted) + 0, torch.arange(6.0))
+
+
+def test_links_to_files_outside_the_checkpoint_directory_are_refused(tmp_path, secret):
+    from tests.cstorch.test_storage_fixtures import write_csx_style
+
+    elsewhere = secret[0].parent / "other.mdl"
+    if not elsewhere.exists():
+        cstorch.save({"w": torch.arange(4.0).reshape(2, 2)}, elsewhere)
+    path = tmp_path / "csx.mdl"
+    write_csx_style(path, elsewhere)
+    with pytest.raises(UntrustedCheckpointError, match="outside its directory"):
+        cstorch.load(path)
+    assert torch.equal(cstorch.load(path, unsafe_allow_pickle=True)["link"] + 0,
+                       torch.arange(4.0).reshape(2, 2))
+
+
+def test_a_small_file_cannot_make_the_loader_allocate_unbounded_memory(tmp_path):
+    def make(f, key):  # 4 GiB declared, nothing stored
+        f.create_dataset(key, shape=(1 << 30,), dtype="f4", chunks=(1 << 18,))
+
+    path = _checkpoint(tmp_path)
+    _replace_dataset(path, "w", make)
+    assert os.path.getsize(path) < 1 << 20
+    with pytest.raises(UntrustedCheckpointError, match="declares 4294967296 bytes"):
+        torch.as_tensor(cstorch.load(path)["w"]) + 0
+
+
+# ------------------------------------------------------------------ disk full
+_DISK_FULL = textwrap.dedent("""
+    import glob, os, resource, signal, sys
+    import torch
+    import cerebras.pytorch as cstorch
+
+    out = sys.argv[1]
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+    path = os.path.join(out, "big.mdl")
+    try:
+        cstorch.save({"w": torch.randn(1024, 1024)}, path)
+    except OSError as error:
+        print("ERROR", error.errno, error)
+    print("LEFT", sorted(os.listdir(out)))
+    cstorch.save({"b": torch.arange(3.0)}, os.path.join(out, "small.mdl"))
+    print("SMALL", cstorch.load(os.path.join(out, "small.mdl"))["b"].tolist())
+""")
+
+
+def test_disk_full_during_save_raises_one_clear_oserror(tmp_path):
+    result = subprocess.run([sys.executable, "-c", _DISK_FULL, str(tmp_path)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]  # no SIGSEGV, process healthy
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    assert lines["ERROR"].startswith("27 ")  # EFBIG
+    assert "big.mdl" in lines["ERROR"] and "needs about" in lines["ERROR"]
+    assert lines["LEFT"] == "[]"  # no checkpoint, no temporary file
+    assert lines["SMALL"] == "[0.0, 1.0, 2.0]"
+    assert "Exception ignored" not in result.stderr
+
+
+# ------------------------------------------------------------------ concurrent saves
+@pytest.mark.parametrize("publish", ["link", "renameat2", "reserve"])
+def test_concurrent_saves_to_one_path_never_replace_each_other(tmp_path, monkeypatch, publish):
+    import errno
+    import threading
+
+    from cstorch.storage import h5_format
+
+    if publish != "link":
+        def no_link(*args):
+            raise OSError(errno.EPERM, "no hard links here")
+        monkeypatch.setattr(h5_format.os, "link", no_link)
+    if publish == "reserve":
+        monkeypatch.setattr(h5_format, "_rename_noreplace", lambda *args: False)
+    path = tmp_path / "shared.mdl"
+    barrier = threading.Barrier(6)
+    results = {}
+
+    def save(i):
+        barrier.wait()
+        try:
+            cstorch.save({"writer": torch.full((256,), float(i))}, path)
+            results[i] = "saved"
+        except FileExistsError:
+            results[i] = "exists"
+
+    threads = [threading.Thread(target=save, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [i for i, r in results.items() if r == "saved"]
+    assert len(results) == 6 and len(winners) == 1, results
+    stored = cstorch.load(path)["writer"]
+    assert torch.equal(stored + 0, torch.full((256,), float(winners[0])))
+    assert [p for p in os.listdir(tmp_path) if p.endswith(".tmp")] == []
+
+
+# ------------------------------------------------------------------ leftovers of killed saves
+def test_stray_temp_files_are_named_on_load_and_cleaned_by_the_next_save(tmp_path):
+    import fcntl
+
+    target = tmp_path / "model.mdl"
+    dead = tmp_path / "model.mdl.deadbeef.tmp"
+    dead.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(100))  # a save killed early
+    live = tmp_path / "model.mdl.0123abcd.tmp"
+    live.write_bytes(b"")
+    with pytest.raises(RuntimeError, match="did not finish"):
+        cstorch.load(dead)
+    with open(live, "rb") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # a writer that is still running
+        cstorch.save({"w": torch.ones(2)}, target)
+        assert not dead.exists() and live.exists()
+    assert torch.equal(cstorch.load(target)["w"] + 0, torch.ones(2))
