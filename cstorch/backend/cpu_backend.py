@@ -18,12 +18,13 @@ _UNSPECIFIED = _Unspecified()
 
 class CpuBackendImpl(BaseBackend):
     def __init__(self, backend_type, artifact_dir=None, mixed_precision=_UNSPECIFIED, *,
-                 cluster_config=None):
+                 cluster_config=_UNSPECIFIED):
         if mixed_precision is not _UNSPECIFIED:
             raise ValueError(
                 "The CPU backend does not take a `mixed_precision` argument. To train in mixed "
                 "precision, call cstorch.amp.set_half_dtype(\"bfloat16\") (or use "
                 "cstorch.amp.autocast()) instead.")
-        warn_cluster_config_ignored("CPU", cluster_config)
+        if cluster_config is not _UNSPECIFIED:
+            warn_cluster_config_ignored("CPU", cluster_config)
         super().__init__(backend_type, CPUDevice(), artifact_dir or "./",
                          jax_devices=mesh.devices("cpu"))

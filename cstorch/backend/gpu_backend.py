@@ -7,14 +7,16 @@ import os
 from jax_backend import mesh
 
 from cstorch.backend.base_backend import BaseBackend, warn_cluster_config_ignored
+from cstorch.backend.cpu_backend import _UNSPECIFIED
 from cstorch.core.device import GPUDevice
 
 
 class GpuBackendImpl(BaseBackend):
     def __init__(self, backend_type, artifact_dir=None, enable_distributed=False,
                  main_process_id=0, dist_backend="nccl", init_method=None,
-                 sync_batchnorm=False, *, cluster_config=None):
-        warn_cluster_config_ignored("GPU", cluster_config)
+                 sync_batchnorm=False, *, cluster_config=_UNSPECIFIED):
+        if cluster_config is not _UNSPECIFIED:
+            warn_cluster_config_ignored("GPU", cluster_config)
         devices = mesh.devices("gpu")
         if not devices:
             raise RuntimeError(
