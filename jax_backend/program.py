@@ -129,6 +129,8 @@ class Program:
                 if backup is not None:
                     jax.block_until_ready((new_state, outputs))
             except BaseException as error:
+                if not any(a.is_deleted() for a in donated_arrays):
+                    raise  # it failed before running (e.g. while compiling): state untouched
                 what = state.recover(donated_tensors, donated_arrays, backup)
                 if not isinstance(error, Exception):  # KeyboardInterrupt, SystemExit
                     raise

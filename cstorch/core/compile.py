@@ -30,6 +30,10 @@ _trace_pre_hooks: dict = collections.OrderedDict()
 _trace_post_hooks: dict = collections.OrderedDict()
 
 
+#: How many compiled programs one traced step keeps (least recently used are dropped).
+MAX_PROGRAMS = 16
+
+
 class RecompilationWarning(UserWarning):
     """A traced step was compiled again for a new input signature."""
 
@@ -195,7 +199,9 @@ class TracedStep:
     def __init__(self, step_fn: Callable):
         self.step_fn = step_fn
         self.trace_count = 0
-        self._programs: dict = {}  # signature -> [_CompiledStep], told apart by their state
+        # signature -> [_CompiledStep], told apart by their state; least recently used first
+        self._programs: collections.OrderedDict = collections.OrderedDict()
+        self._warned_evicted = False
         self._last_key = None
         self._warned_frozen = False
         functools.update_wrapper(self, step_fn)
@@ -216,10 +222,12 @@ class TracedStep:
             positions = entry.resolve(view)
             if positions is not None and entry.matches_hyperparameters(hyperparameters):
                 self._check_frozen(entry, leaves)
+                self._programs.move_to_end(key)
                 break
         else:
             entry = self._compile(impl, key, leaves, spec, view)
             positions = entry.resolve(view)
+            self._evict_unused()
         self._last_key = key
         return self._run(impl, entry, leaves, view, *positions)
 
@@ -268,6 +276,23 @@ class TracedStep:
                               python_leaves, used, written, avals, _hyperparameters(impl))
         self._programs.setdefault(key, []).append(entry)
         return entry
+
+    def _evict_unused(self) -> None:
+        """Keeps at most MAX_PROGRAMS programs (each holds megabytes of compiled code): a
+        step fed ever-changing shapes would otherwise grow without bound."""
+        while sum(len(entries) for entries in self._programs.values()) > MAX_PROGRAMS:
+            oldest = next(iter(self._programs))
+            self._programs[oldest].pop(0)
+            if not self._programs[oldest]:
+                del self._programs[oldest]
+            if not self._warned_evicted:
+                self._warned_evicted = True
+                warnings.warn(
+                    f"{self.step_fn.__name__!r} has been compiled for more than {MAX_PROGRAMS} "
+                    "signatures; the least recently used programs are dropped and will be "
+                    "compiled again if needed. Keep input shapes fixed (e.g. drop_last=True, "
+                    "padding to a few bucket sizes) to avoid recompiling.",
+                    RecompilationWarning, stacklevel=4)
 
     def _check_frozen(self, entry, leaves):
         if self._warned_frozen:

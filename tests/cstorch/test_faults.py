@@ -213,7 +213,7 @@ def test_a_failure_before_donation_changes_nothing(monkeypatch):
 
     def failing(model, optimizer, step):
         monkeypatch.setattr(Program, "__call__", call)
-        with pytest.raises(StepFailedError, match="last good step was kept"):
+        with pytest.raises(RuntimeError, match="INVALID_ARGUMENT: refused before running"):
             step(XS[3])
         monkeypatch.undo()
 
@@ -484,3 +484,112 @@ def test_stray_temp_files_are_named_on_load_and_cleaned_by_the_next_save(tmp_pat
         cstorch.save({"w": torch.ones(2)}, target)
         assert not dead.exists() and live.exists()
     assert torch.equal(cstorch.load(target)["w"] + 0, torch.ones(2))
+
+
+# ------------------------------------------------------------------ bad input and small items
+def test_generator_input_fn_shorter_than_num_steps_cycles(cpu_backend):
+    from cstorch.utils.data import DataExecutor, DataLoader
+
+    def batches(n):
+        for i in range(n):
+            yield torch.full((2, 1), float(i))
+
+    executor = DataExecutor(DataLoader(batches, 3), num_steps=7)
+    seen = [float(batch[0, 0]) for batch in executor]
+    assert seen == [0, 1, 2, 0, 1, 2, 0]  # like a re-iterable loader
+
+
+def test_one_shot_iterator_that_cannot_restart_raises_instead_of_hanging(cpu_backend):
+    from cstorch.utils.data import DataExecutor, DataLoader
+
+    shared = iter([torch.zeros(2, 1)] * 2)
+    executor = DataExecutor(DataLoader(lambda: shared), num_steps=5)
+    with pytest.raises(RuntimeError, match="ran out after 2 batches"):
+        list(executor)
+
+
+def test_torch_dataloader_workers_are_not_dropped_silently(cpu_backend):
+    from cstorch.utils.data import DataLoader
+
+    def input_fn():
+        return torch.utils.data.DataLoader(torch.arange(8.0).reshape(4, 2), batch_size=2,
+                                           num_workers=2)
+
+    loader = DataLoader(input_fn)
+    with pytest.warns(UserWarning, match="num_workers=2"):
+        batches = list(loader)
+    assert len(batches) == 2
+
+
+def test_rng_state_restores_from_a_loaded_checkpoint(tmp_path):
+    torch.manual_seed(3)
+    state = torch.get_rng_state()
+    expected = torch.rand(4)
+    cstorch.save({"rng": state}, tmp_path / "rng.mdl")
+    torch.set_rng_state(cstorch.load(tmp_path / "rng.mdl")["rng"])
+    assert torch.equal(torch.rand(4), expected)
+
+
+def test_add_param_group_mid_run_keeps_existing_moments(cpu_backend):
+    torch.manual_seed(0)
+    first, second = torch.nn.Linear(3, 2), torch.nn.Linear(2, 1, bias=False)
+    model = torch.nn.Sequential(first, second)
+    compiled = cstorch.compile(model, cpu_backend)
+    second.weight.requires_grad_(False)
+    optimizer = cstorch.optim.Adam(first.parameters(), lr=0.1)
+
+    @cstorch.trace
+    def step(x):
+        loss = compiled(x).pow(2).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    x = torch.randn(4, 3)
+    for _ in range(3):
+        step(x)
+    moments = copy.deepcopy(optimizer.state_dict()["state"])
+    second.weight.requires_grad_(True)
+    optimizer.add_param_group({"params": [second.weight]})
+    after = optimizer.state_dict()["state"]
+    for index, state in moments.items():
+        for key, value in state.items():
+            torch.testing.assert_close(after[index][key], value, rtol=0, atol=0)
+    assert torch.equal(after[2]["exp_avg"], torch.zeros(1, 2))
+    with pytest.warns(cstorch.core.compile.RecompilationWarning):
+        step(x)  # the new group trains from here
+    assert not torch.equal(optimizer.state_dict()["state"][2]["exp_avg"], torch.zeros(1, 2))
+
+
+def test_program_cache_is_bounded(cpu_backend, monkeypatch):
+    from cstorch.core import compile as compile_module
+
+    monkeypatch.setattr(compile_module, "MAX_PROGRAMS", 3)
+    model = torch.nn.Linear(2, 1)
+    compiled = cstorch.compile(model, cpu_backend)
+
+    @cstorch.trace
+    def forward(x):
+        return compiled(x).sum()
+
+    with pytest.warns(compile_module.RecompilationWarning, match="more than 3 signatures"):
+        for batch in range(1, 7):
+            torch.testing.assert_close(forward(torch.ones(batch, 2)),
+                                       model(torch.ones(batch, 2)).sum().detach())
+    assert len(forward.programs) == 3
+
+
+def test_float64_input_into_a_float32_model_raises_like_eager(cpu_backend):
+    model = torch.nn.Linear(3, 2)
+    compiled = cstorch.compile(model, cpu_backend)
+
+    @cstorch.trace
+    def forward(x):
+        return compiled(x).sum()
+
+    x = torch.randn(4, 3, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="same dtype"):
+        model(x)  # eager torch
+    with pytest.raises(RuntimeError, match="same dtype.*float64 and float32"):
+        forward(x)
