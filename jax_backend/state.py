@@ -98,6 +98,10 @@ class _Guard:
         with _as_plain(self):
             return self.__reduce_ex__(protocol)
 
+    def __repr__(self, *args, **kwargs):
+        with _as_plain(self):
+            return self.__repr__(*args, **kwargs)
+
 
 class GuardedParameter(_Guard, torch.nn.Parameter):
     """A parameter whose newest value may live on the JAX side (see module docstring)."""
@@ -186,6 +190,8 @@ class DeviceState:
 
     # ------------------------------------------------------------------ guards
     def _guard(self, tensor: torch.Tensor) -> None:
+        if type(tensor) in _BASE_OF and tensor.__dict__.get("_cstorch_device_state") is not None:
+            return  # already guarded (release() unguards everything a state guarded)
         guard = _GUARD_OF.get(type(tensor))
         if guard is not None:
             tensor.__dict__["_cstorch_device_state"] = weakref.ref(self)
