@@ -22,7 +22,8 @@ test: .venv
 	$(PY) -m pytest -q tests
 
 bench: .venv
-	$(PY) benchmarks/bench_engine.py --precision fp32,bf16
+	mkdir -p artifacts
+	$(PY) benchmarks/bench_engine.py --precision fp32,bf16 --depth-sweep --json artifacts/bench_engine.json
 
 coverage: .venv
 	$(PY) tools/op_coverage.py

@@ -12,6 +12,7 @@ This package knows nothing of the cstorch API. Its public surface:
 * ``registry``: the ATen lowering table (``lowers``).
 * ``mesh``: devices and the data-parallel / sharded-state layout of a multi-device program.
 * ``precision``: full or mixed-precision (autocast at capture) policies.
+* ``compilation_cache``: JAX's persistent compilation cache (on by default, see its docstring).
 
 JAX runs with 64-bit types enabled so that torch's int64/float64 tensors keep their dtypes.
 """
@@ -19,6 +20,10 @@ JAX runs with 64-bit types enabled so that torch's int64/float64 tensors keep th
 import jax as _jax
 
 _jax.config.update("jax_enable_x64", True)
+
+from jax_backend import compilation_cache  # noqa: E402
+
+compilation_cache.enable_default()
 
 from jax_backend import dtypes, mesh, optimizers, precision, registry, schedules  # noqa: E402
 from jax_backend import torch_ops  # noqa: E402  (registers the cstorch:: custom ops)
@@ -42,7 +47,7 @@ from jax_backend.program import Program  # noqa: E402
 from jax_backend.state import DeviceState  # noqa: E402
 
 __all__ = [
-    "CaptureError", "CapturedStep", "DeviceState", "GraphInterpreter", "JaxBackendError",
+    "CaptureError", "CapturedStep", "compilation_cache", "DeviceState", "GraphInterpreter", "JaxBackendError",
     "LazyTensor", "LoweringNotFoundError", "Policy", "Program", "RecompilationError", "Slot",
     "ValueReadInTraceError", "capture_step", "dtypes", "materialize", "mesh", "optimizers",
     "precision", "register_internal_dir", "registry", "schedules", "torch_ops",
