@@ -593,3 +593,37 @@ def test_float64_input_into_a_float32_model_raises_like_eager(cpu_backend):
         model(x)  # eager torch
     with pytest.raises(RuntimeError, match="same dtype.*float64 and float32"):
         forward(x)
+
+
+def test_a_step_result_that_cannot_be_read_is_dropped_not_kept_poisoned():
+    """An asynchronous failure surfaces when the result is read: the state falls back to
+    its last synchronised values with a clear error, instead of every later read and step
+    re-raising it."""
+    import jax.numpy as jnp
+
+    def poisoned(model, optimizer, step):
+        synced = copy.deepcopy(model.state_dict())
+        state = cstorch.backend()._impl.device_state
+        broken = jnp.ones((3, 4), dtype=jnp.float32)
+        broken.delete()  # reading it fails, like the output of a step that failed on device
+        state.update([model.weight], [broken])
+        with pytest.raises(StepFailedError, match="rolled back"):
+            model.state_dict()
+        now = model.state_dict()  # readable again, with the last synchronised values
+        torch.testing.assert_close(now["weight"], synced["weight"], rtol=0, atol=0)
+
+    _run(poisoned, steps_after=2)
+
+
+def test_checkpoints_are_synced_to_disk_before_they_are_published(tmp_path, monkeypatch):
+    from cstorch.storage import h5_format
+
+    events = []
+    real_fsync, real_link = os.fsync, os.link
+    monkeypatch.setattr(h5_format.os, "fsync", lambda fd: (events.append("fsync"),
+                                                           real_fsync(fd))[1])
+    monkeypatch.setattr(h5_format.os, "link", lambda a, b: (events.append("publish"),
+                                                            real_link(a, b))[1])
+    cstorch.save({"w": torch.ones(3)}, tmp_path / "synced.mdl")
+    assert events[:2] == ["fsync", "publish"]  # the file, then (after) its directory
+    assert events.count("fsync") == 2
