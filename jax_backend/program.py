@@ -47,12 +47,16 @@ def interrupts_held():
         return
     received = []
     previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(frame))
+    if previous is None:  # a handler installed outside Python: hand the signal to the default
+        previous = signal.SIG_DFL
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
         if received and callable(previous):
             previous(signal.SIGINT, received[0])
+        elif received and previous == signal.SIG_DFL:
+            signal.raise_signal(signal.SIGINT)
 
 
 def _has_random_nodes(graph) -> bool:
