@@ -27,6 +27,7 @@ compilation_cache.enable_default()
 
 from jax_backend import dtypes, mesh, optimizers, precision, registry, schedules  # noqa: E402
 from jax_backend import torch_ops  # noqa: E402  (registers the cstorch:: custom ops)
+from jax_backend import optax_ops  # noqa: E402  (cstorch::optax_update)
 from jax_backend.capture import (  # noqa: E402
     CapturedStep,
     Slot,

@@ -98,6 +98,11 @@ class Backend(metaclass=_OneBackend):
         return self._impl.device
 
     @property
+    def engine(self) -> str:
+        """``"jax"`` or ``"eager"`` (see ``cstorch.core.engine``)."""
+        return self._impl.engine
+
+    @property
     def torch_device(self) -> torch.device:
         return self._impl.torch_device
 

@@ -44,6 +44,8 @@ def warn_cluster_config_ignored(backend_name: str, cluster_config) -> None:
 
 
 class BaseBackend:
+    engine = "jax"  # how traced steps run (cstorch.core.engine); the CPU backend can be eager
+
     def __init__(self, backend_type, device, artifact_dir, jax_devices, layout=None):
         self.backend_type = backend_type
         self.device = device

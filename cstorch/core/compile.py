@@ -24,6 +24,7 @@ import jax_backend
 from jax_backend import LazyTensor, Program, capture_step
 from jax_backend.dtypes import tensor_to_host
 from cstorch.backend import Backend, BackendType, backend as _backend_fn, current_backend_impl
+from cstorch.core.engine import run_eagerly
 
 # OrderedDicts: RemovableHandle keeps a weak reference to its dict (a plain dict has none).
 _trace_pre_hooks: dict = collections.OrderedDict()
@@ -214,6 +215,8 @@ class TracedStep:
         impl = current_backend_impl()
         if impl.is_tracing:  # a traced step called from inside another: inline it
             return self.step_fn(*args, **kwargs)
+        if impl.engine == "eager":  # plain eager torch every step (cstorch.core.engine)
+            return run_eagerly(self.step_fn, impl, args, kwargs)
         leaves, spec = pytree.tree_flatten((args, kwargs))
         view = impl.state_view()
         key = _signature(leaves, spec, impl)

@@ -24,6 +24,7 @@ from cstorch.optim.lamb import Lamb
 from cstorch.optim.lion import Lion
 from cstorch.optim.muon import Muon
 from cstorch.optim.nadam import NAdam
+from cstorch.optim.optax import OptaxOptimizer, from_optax
 from cstorch.optim.optimizer import Optimizer
 from cstorch.optim.radam import RAdam
 from cstorch.optim.rmsprop import RMSprop

@@ -1,7 +1,7 @@
 """Utilities: data loading and execution, step closures, profiling, summaries.
 
 ``cstorch.utils.tensorboard`` must be imported explicitly (it is not loaded with this
-package); ``cstorch.utils.CSConfig`` was removed in favour of
+package); ``cstorch.utils.CSConfig`` (2.0/2.1) is deprecated in favour of
 ``cstorch.distributed.ClusterConfig``.
 """
 
@@ -13,10 +13,9 @@ from cstorch.utils.step_closures import checkpoint_closure, step_closure
 
 def __getattr__(name):
     if name == "CSConfig":
-        raise AttributeError(
-            '"CSConfig" is no longer available. Pass a "cstorch.distributed.ClusterConfig" to '
-            'the backend instead:\n\n\tbackend = cstorch.backend(\n\t\t"CSX", '
-            "cluster_config=cstorch.distributed.ClusterConfig(...)\n\t)\n")
+        from cstorch.utils._cs_config import CSConfig
+
+        return CSConfig
     if name == "tensorboard":
         import warnings
 

@@ -108,6 +108,13 @@ class RateTrackerActivity(Activity):
                 "global_rate": self.global_rate}
 
 
+def _deprecated(old: str, new: str) -> None:
+    import warnings
+
+    warnings.warn(f"{old} is deprecated (cerebras_pytorch 2.0/2.1); use {new} instead.",
+                  DeprecationWarning, stacklevel=3)
+
+
 class Profiler:
     """Runs the activities around an executor's steps and writes ``performance.json``."""
 
@@ -127,6 +134,17 @@ class Profiler:
         self._op_profiler = None
         self._progress = None
         self._step_start_ns = None
+
+    def rate(self) -> float:
+        """Deprecated 2.0/2.1 spelling of ``profiler.rate_tracker.rate``."""
+        _deprecated("executor.profiler.rate()", "executor.profiler.rate_tracker.rate")
+        return self.activities["rate_tracker"].rate
+
+    def global_rate(self) -> float:
+        """Deprecated 2.0/2.1 spelling of ``profiler.rate_tracker.global_rate``."""
+        _deprecated("executor.profiler.global_rate()",
+                    "executor.profiler.rate_tracker.global_rate")
+        return self.activities["rate_tracker"].global_rate
 
     def __getattr__(self, name):
         activities = self.__dict__.get("activities", {})

@@ -195,8 +195,13 @@ def test_removed_summary_functions_point_to_summary_writer():
 
 
 def test_utils_module_attributes():
-    with pytest.raises(AttributeError, match="ClusterConfig"):
-        cstorch.utils.CSConfig
+    # 2.0/2.1's CSConfig is accepted with a warning that names the 2.10 spelling (issue 13).
+    with pytest.warns(DeprecationWarning, match="ClusterConfig"):
+        config = cstorch.utils.CSConfig(num_csx=2, max_wgt_servers=None)
+    assert isinstance(config, cstorch.distributed.ClusterConfig)
+    assert (config.num_csx, config.max_wgt_servers) == (2, 0)
+    with pytest.warns(DeprecationWarning), pytest.raises(TypeError, match="nope"):
+        cstorch.utils.CSConfig(nope=1)
     import sys
 
     if "cstorch.utils.tensorboard" not in sys.modules:

@@ -7,6 +7,7 @@ under ``<backend.artifact_dir>/executors/<NNNNNN>/``.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
@@ -64,8 +65,20 @@ def _executor_index(impl) -> int:
 
 class DataExecutor:
     def __init__(self, dataloader, num_steps=None, checkpoint_steps=None, activation_steps=None,
-                 profiler_activities=None):
+                 profiler_activities=None, *, cs_config=None, writer=None):
         impl = current_backend_impl()
+        if cs_config is not None:  # the 2.0/2.1 spelling: the cluster belongs to the backend
+            warnings.warn(
+                "DataExecutor(cs_config=...) is deprecated (cerebras_pytorch 2.0/2.1) and has no "
+                "effect here: pass cluster_config=cstorch.distributed.ClusterConfig(...) to "
+                "cstorch.backend(\"CSX\", ...) instead.", DeprecationWarning, stacklevel=2)
+        if writer is not None:
+            warnings.warn(
+                "DataExecutor(writer=...) is deprecated (cerebras_pytorch 2.0/2.1): write to "
+                "your SummaryWriter inside a step closure instead; this executor logs its "
+                "rates to it (avg_samples_per_sec) at the end of the run.",
+                DeprecationWarning, stacklevel=2)
+        self._writer = writer
         if not impl.is_e2e_execution:
             if num_steps is not None and num_steps > 1:
                 warnings.warn("Compile-only/validate-only runs execute a single step; "
@@ -187,11 +200,22 @@ class DataExecutor:
                     self.profiler.step(infer_batch_size(batch))
                     impl.on_batch_end()
             impl.on_run_end()
+            if self._writer is not None:
+                tracker = self.profiler.rate_tracker
+                self._writer.add_scalar("avg_samples_per_sec", tracker.global_rate,
+                                        self.run_context.user_iteration)
             with open(os.path.join(self._artifact_dir, "track.json"), "w") as f:
                 json.dump({"num_steps": self.num_steps,
                            "completed_steps": self.run_context.user_iteration}, f)
         finally:
             impl.data_executor_stack.remove(self)
+
+
+# The 2.0/2.1 keywords cs_config and writer are accepted (deprecated) but are not part of
+# the documented 2.10 signature, which is what introspection reports.
+DataExecutor.__init__.__signature__ = inspect.signature(DataExecutor.__init__).replace(
+    parameters=[p for p in inspect.signature(DataExecutor.__init__).parameters.values()
+                if p.name not in ("cs_config", "writer")])
 
 
 def current_executor() -> DataExecutor:

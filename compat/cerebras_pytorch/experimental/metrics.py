@@ -1,0 +1,48 @@
+"""1.8/1.9 ``cstorch.metrics``: the metric classes with their 1.x signature
+``Metric(name, compute_on_system=...)``.
+
+``compute_on_system`` chose, on a Cerebras system, whether the running totals were kept on
+the wafer or computed on the host from fetched outputs. Here every metric accumulates inside
+the compiled step (the "on system" way); both settings give the same numbers, so the flag is
+accepted and recorded only.
+"""
+
+from __future__ import annotations
+
+import cstorch.metrics as _metrics
+from cstorch.metrics import Metric, get_all_metrics  # noqa: F401
+
+__all__ = ["Metric", "compute_all_metrics", "reset_all_metrics", "get_all_metrics"]
+
+
+def _legacy(cls):
+    def __init__(self, name: str, *args, compute_on_system: bool = True, **kwargs):
+        self.compute_on_system = bool(compute_on_system)
+        cls.__init__(self, name, *args, **kwargs)
+
+    legacy = type(cls.__name__, (cls,), {
+        "__init__": __init__, "__module__": __name__,
+        "__doc__": f"{cls.__doc__}\n\n1.x signature: ``{cls.__name__}(name, ..., "
+                   "compute_on_system=True)``."})
+    return legacy
+
+
+for _name in _metrics.__all__:
+    _cls = getattr(_metrics, _name)
+    if isinstance(_cls, type) and issubclass(_cls, Metric) and _cls is not Metric:
+        globals()[_name] = _legacy(_cls)
+        __all__.append(_name)
+
+
+def compute_all_metrics():
+    """Yields ``(name, value)`` for every metric (as 1.8's eval loop reads them)."""
+    for name, metric in get_all_metrics():
+        value = metric.compute()
+        if hasattr(value, "item") and getattr(value, "numel", lambda: 0)() == 1:
+            value = value.item()
+        yield name, value
+
+
+def reset_all_metrics():
+    for _, metric in get_all_metrics():
+        metric.reset()

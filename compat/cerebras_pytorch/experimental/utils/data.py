@@ -1,0 +1,81 @@
+"""1.8/1.9 ``cstorch.utils.data``.
+
+``DataLoader(input_fn, *args, num_steps=, num_epochs=, steps_per_epoch=, max_steps=,
+initial_step=0, **kwargs)`` is the 1.8 loader that drives steps itself::
+
+    for epoch in range(dataloader.num_epochs):
+        for batch in dataloader:
+            loss = training_step(batch)
+
+Each epoch's iteration runs a cstorch ``DataExecutor`` for that epoch's steps (checkpointing
+every ``configure(checkpoint_steps=)`` steps, running step closures after every step). Given
+none of the step keywords it is the 1.9 loader, which a ``DataExecutor`` iterates.
+"""
+
+from __future__ import annotations
+
+import math
+
+from cstorch.utils.data import *  # noqa: F401,F403
+from cstorch.utils.data import DataExecutor, compute_num_steps
+from cstorch.utils.data import DataLoader as _DataLoader
+
+_STEP_KEYS = ("num_steps", "num_epochs", "steps_per_epoch", "max_steps")
+
+
+class DataLoader(_DataLoader):
+    def __init__(self, input_fn, *args, num_steps=None, num_epochs=None, steps_per_epoch=None,
+                 max_steps=None, initial_step: int = 0, **kwargs):
+        super().__init__(input_fn, *args, **kwargs)
+        self._limits = dict(num_steps=num_steps, num_epochs=num_epochs,
+                            steps_per_epoch=steps_per_epoch, max_steps=max_steps)
+        self.initial_step = initial_step
+        self.drives_steps = any(v is not None for v in self._limits.values())
+        self._epochs_done = 0
+        self._in_executor = False
+        self._total = None
+
+    @property
+    def total_steps(self) -> int:
+        if self._total is None:
+            self._total = compute_num_steps(self, initial_step=self.initial_step,
+                                            **self._limits)
+        return self._total
+
+    @property
+    def steps_per_epoch(self) -> int:
+        per_epoch = self._limits["steps_per_epoch"]
+        try:
+            length = len(self)
+        except TypeError:
+            length = None
+        if per_epoch is None:
+            per_epoch = length if length is not None else self.total_steps
+        return min(per_epoch, self.total_steps)
+
+    @property
+    def num_epochs(self) -> int:
+        if not self.drives_steps:
+            return 1
+        return math.ceil(self.total_steps / self.steps_per_epoch)
+
+    def __iter__(self):
+        if not self.drives_steps or self._in_executor:
+            yield from super().__iter__()
+            return
+        from cerebras_pytorch.experimental._configure import settings
+
+        done = self._epochs_done * self.steps_per_epoch
+        steps = min(self.steps_per_epoch, self.total_steps - done)
+        if steps <= 0:
+            raise RuntimeError(f"The DataLoader already ran its {self.total_steps} steps "
+                               f"({self.num_epochs} epochs); iterate it num_epochs times.")
+        executor = DataExecutor(self, num_steps=steps,
+                                checkpoint_steps=settings().get("checkpoint_steps") or None)
+        self._in_executor = True
+        try:
+            for batch in executor:
+                yield batch
+        finally:
+            self._in_executor = False
+            self._epochs_done += 1

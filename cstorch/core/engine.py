@@ -1,0 +1,44 @@
+"""Which engine runs a traced step: ``"jax"`` (capture once, run the jitted program) or
+``"eager"`` (run the step body as plain eager torch every step).
+
+The eager engine is the reference implementation's own CPU behaviour: the same closures,
+checkpoints, data executor and optimizer/scheduler objects, but every op runs in torch as it
+is called. It exists to compare engines (``python -m cstorch.parity``) and to debug a step with
+ordinary Python tools. Choose it with ``cstorch.backend("CPU", engine="eager")`` or, without
+touching the script, with the environment variable ``CSTORCH_ENGINE=eager``; an explicit
+argument wins over the variable.
+
+Differences from the JAX engine are those of eager torch: tensors in the step have values
+(``.item()`` works), randomness follows torch's generators, and gradients persist between
+steps unless the step zeroes them (as in the reference on CPU). ``cstorch.export`` and the
+program introspection (``jaxpr()``, ...) need the JAX engine. Built-in optimizers and schedules run the same pure update rules in both
+engines (``jax_backend.torch_ops``), so a parity run compares forward and backward passes.
+"""
+
+from __future__ import annotations
+
+import os
+
+ENGINES = ("jax", "eager")
+ENGINE_VARIABLE = "CSTORCH_ENGINE"
+
+
+def resolve_engine(engine: str | None = "auto") -> str:
+    """The engine to use: ``engine`` unless it is "auto" (or None), else ``$CSTORCH_ENGINE``,
+    else ``"jax"``."""
+    source = "engine"
+    if engine is None or engine == "auto":
+        engine, source = os.environ.get(ENGINE_VARIABLE) or "jax", f"${ENGINE_VARIABLE}"
+    if not isinstance(engine, str) or engine.lower() not in ENGINES:
+        raise ValueError(
+            f"Unknown engine {engine!r} (from {source}). Use one of {', '.join(ENGINES)}: "
+            "\"jax\" compiles the step once, \"eager\" runs it as eager torch every step.")
+    return engine.lower()
+
+
+def run_eagerly(step_fn, impl, args, kwargs):
+    """One call of ``step_fn`` as eager torch, under the precision policy the JAX engine
+    would capture it with (autocast for mixed precision)."""
+    impl.materialize_state()  # no-op unless state was last written on the JAX side
+    with impl.precision_policy().capture_context():
+        return step_fn(*args, **kwargs)

@@ -1,0 +1,143 @@
+"""``cstorch.export``: a traced step and its state, written for JAX alone.
+
+``cstorch.export(training_step, example_batch, path)`` takes the program the step was compiled
+into for batches like ``example_batch`` and the state as it is now (parameters, buffers,
+optimizer and scheduler state), and writes a directory that a process with JAX but without
+torch loads and continues from (see ``jax_backend.exported``): the same step, the same
+numbers. Python values in the step (hyperparameters that are plain numbers) are constants of
+the exported program, as they are of the compiled one.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch.utils import _pytree as pytree
+
+from jax_backend.export import export_program
+from cstorch.backend import current_backend_impl
+
+
+def export(step, example_batch, path: str, *, vjp_order: int = 0, platforms=None) -> str:
+    """Writes ``step`` (a ``@cstorch.trace`` function already called once with batches shaped
+    like ``example_batch``: a tensor, or a tuple/list of the step's positional arguments) and
+    the current state to the directory ``path``; returns its absolute path.
+
+    ``vjp_order=1`` also exports the derivative, so that ``ExportedStep.pure`` can be
+    differentiated (e.g. a forward-only step as the apply function of a flax ``TrainState``).
+    ``platforms`` (e.g. ``("cpu", "cuda")``) are those the artifact may run on (default: this
+    backend's).
+    """
+    from cstorch.core.compile import TracedStep
+
+    if not isinstance(step, TracedStep):
+        raise TypeError(f"cstorch.export expects a @cstorch.trace step function, got "
+                        f"{type(step).__name__}.")
+    impl = current_backend_impl()
+    if impl.engine != "jax":
+        raise RuntimeError(
+            f"cstorch.export needs the compiled program of the JAX engine, but the backend "
+            f"runs the {impl.engine!r} engine. Create the backend with engine=\"jax\" (and "
+            "unset CSTORCH_ENGINE).")
+    args = tuple(example_batch) if isinstance(example_batch, (tuple, list)) else (example_batch,)
+    entry = _compiled_for(step, args)
+    view = impl.state_view()
+    positions = entry.resolve(view)
+    if positions is None:
+        raise RuntimeError(
+            f"The state {step.__name__!r} was compiled for has changed (models or optimizers "
+            "were replaced, or state changed shape). Call the step once more before exporting.")
+    used_index, written_index = positions
+    indices = list(dict.fromkeys(list(used_index) + list(written_index)))
+    names = {}
+    for i in indices:  # readable names; a (theoretical) clash gets the position appended
+        name = _state_name(view.paths[i])
+        names[i] = name if name not in names.values() else f"{name}#{i}"
+    arrays = impl.device_state.arrays([view.tensors[i] for i in indices])
+    state = {names[i]: array for i, array in zip(indices, arrays)}
+    state_info = [{"name": names[i], "kind": _state_kind(view.paths[i]),
+                   "path": [str(p) for p in view.paths[i]]} for i in indices]
+    returned, single, closure_values = _output_layout(entry)
+    return export_program(
+        entry.program, path, state, state_info, [names[i] for i in used_index],
+        [names[i] for i in written_index], returned, single, closure_values,
+        function=step.__name__, vjp_order=vjp_order,
+        platforms=platforms if platforms is not None else [_platform(impl.jax_devices[0])])
+
+
+def _platform(device) -> str:
+    """jax.export's name for the platform of ``device`` ("cpu", "cuda", "rocm", "tpu")."""
+    import jax
+
+    if device.platform == "gpu":  # jax.export names the GPU flavour
+        return jax.export.default_export_platform()
+    return device.platform
+
+
+def _compiled_for(step, args):
+    """The newest compiled program whose inputs have the shapes and dtypes of ``args``."""
+    leaves = [x for x in pytree.tree_leaves((args, {})) if isinstance(x, torch.Tensor)]
+    wanted = [(tuple(x.shape), str(x.dtype).replace("torch.", "")) for x in leaves]
+    entries = [e for group in step._programs.values() for e in group]
+    for entry in reversed(entries):
+        specs = [(tuple(s.shape), str(s.dtype)) for s in entry.program.input_specs()]
+        if specs == wanted:
+            return entry
+    if not entries:
+        raise RuntimeError(
+            f"{step.__name__!r} has not been compiled yet: run it once (e.g. one training "
+            "step) before exporting; the export takes the compiled program and the state.")
+    raise ValueError(
+        f"{step.__name__!r} was never compiled for inputs {wanted}; it was compiled for "
+        f"{[[(tuple(s.shape), str(s.dtype)) for s in e.program.input_specs()] for e in entries]}"
+        ". Pass an example batch like those the step ran on.")
+
+
+def _state_name(path: tuple) -> str:
+    """A readable unique name: ``model0.blocks.0.fc.weight``, ``optimizer0.state.3.exp_avg``,
+    ``optimizer0.group.0.lr``, ``scheduler0.last_epoch``."""
+    kind, index, *rest = path
+    if kind == "model":
+        module, _, name = rest
+        return f"model{index}." + (f"{module}.{name}" if module else name)
+    flat = []
+    for part in rest:
+        flat.extend(part if isinstance(part, tuple) else (part,))
+    return ".".join([f"{kind}{index}"] + [str(p) for p in flat])
+
+
+def _state_kind(path: tuple) -> str:
+    if path[0] == "model":
+        return path[3]  # "param" or "buffer"
+    return path[0]
+
+
+def _output_layout(entry):
+    """Indices (among the program's tensor outputs) of the returned tensors, whether the step
+    returned a single tensor, and the closure arguments' outputs by name."""
+    captured = entry.captured
+    position, count = [], 0
+    for is_tensor in captured.output_is_tensor:
+        position.append(count if is_tensor else None)
+        count += int(is_tensor)
+    user, payloads = pytree.tree_unflatten(list(range(len(position))), captured.output_spec)
+    returned = [position[i] for i in pytree.tree_leaves(user) if position[i] is not None]
+    single = isinstance(user, int) and position[user] is not None
+    closure_values = []
+    for (kind, fn), (args, kwargs) in zip(entry.closures, payloads):
+        label = getattr(fn, "__name__", kind)
+        for name, value in _named_arguments(fn, args, kwargs):
+            for path, leaf in pytree.tree_flatten_with_path(value)[0]:
+                if position[leaf] is not None:
+                    closure_values.append({"name": f"{label}.{name}{pytree.keystr(path)}",
+                                           "index": position[leaf]})
+    return returned, single, closure_values
+
+
+def _named_arguments(fn, args, kwargs) -> list:
+    """``[(parameter name, value)]`` of a closure call (``arg0``, ... if it cannot be bound)."""
+    try:
+        return list(inspect.signature(fn).bind(*args, **kwargs).arguments.items())
+    except (TypeError, ValueError):
+        return [(f"arg{i}", a) for i, a in enumerate(args)] + list(kwargs.items())

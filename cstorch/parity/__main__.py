@@ -1,0 +1,5 @@
+import sys
+
+from cstorch.parity.runner import main
+
+sys.exit(main())

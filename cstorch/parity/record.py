@@ -1,0 +1,213 @@
+"""One engine's side of a parity run: runs an unchanged cstorch script and records it.
+
+``python -m cstorch.parity.record --engine eager|jax --platform cpu|gpu --out FILE
+script.py [args...]`` runs the script in this process (as ``__main__``) with the engine chosen
+through ``CSTORCH_ENGINE``, records every value passed to a step or checkpoint closure (by
+step, closure and argument name) and, at the end, every model's and optimizer's state, and
+writes them to ``FILE`` (an ``.npz`` without pickles plus a JSON index inside it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import random
+import runpy
+import sys
+
+import numpy as np
+
+
+class Recorder:
+    """Closure values by step: ``values[(step, name)] = float64 array``; ``step`` counts the
+    executor's batches (closures run before the first batch belong to step 0)."""
+
+    def __init__(self):
+        self.step = 0
+        self.values: dict = {}
+
+    def wrap(self, fn):
+        recorder = self
+        try:
+            signature = inspect.signature(fn)
+        except (TypeError, ValueError):
+            signature = None
+        label = getattr(fn, "__name__", "closure")
+
+        def recorded(*args, **kwargs):
+            recorder.record(label, signature, args, kwargs)
+            return fn(*args, **kwargs)
+
+        return recorded
+
+    def record(self, label, signature, args, kwargs):
+        import torch
+
+        named = [(f"arg{i}", a) for i, a in enumerate(args)] + list(kwargs.items())
+        if signature is not None:
+            try:
+                named = list(signature.bind(*args, **kwargs).arguments.items())
+            except TypeError:
+                pass
+        for name, value in named:
+            leaves, _ = torch.utils._pytree.tree_flatten_with_path(value)
+            for path, leaf in leaves:
+                array = _numeric(leaf)
+                if array is None:
+                    continue
+                key = f"{label}.{name}{torch.utils._pytree.keystr(path)}"
+                if (self.step, key) in self.values:  # the same closure twice in a step
+                    repeat = 1
+                    while (self.step, f"{key}#{repeat}") in self.values:
+                        repeat += 1
+                    key = f"{key}#{repeat}"
+                self.values[(self.step, key)] = array
+
+
+def _numeric(value):
+    """A float64 copy of a tensor, number or array; None for anything else."""
+    import torch
+
+    if isinstance(value, bool):
+        return np.asarray(float(value))
+    if isinstance(value, (int, float)):
+        return np.asarray(float(value))
+    if isinstance(value, torch.Tensor):
+        if value.is_complex():
+            return None
+        return value.detach().to(torch.float64).cpu().numpy().copy()
+    if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
+        return value.astype(np.float64)
+    return None
+
+
+def install(recorder: Recorder) -> None:
+    """Wraps every closure the backend runs, and counts batches."""
+    from cstorch.backend.base_backend import BaseBackend
+
+    run_step_closures, on_batch_end = BaseBackend.run_step_closures, BaseBackend.on_batch_end
+
+    def recording_run_step_closures(self):
+        for closure in self.step_closures:
+            closure.fn = recorder.wrap(closure.fn)
+        return run_step_closures(self)
+
+    def counting_on_batch_end(self):
+        recorder.step += 1
+        return on_batch_end(self)
+
+    BaseBackend.run_step_closures = recording_run_step_closures
+    BaseBackend.on_batch_end = counting_on_batch_end
+
+
+def use_gpu_for_cpu_backend() -> None:
+    """Scripts ask for ``cstorch.backend("CPU")``; the GPU engine serves it with JAX on GPU."""
+    from cstorch.backend.gpu_backend import GpuBackendImpl
+
+    backend_module = sys.modules["cstorch.backend"]  # (cstorch.backend is also a function)
+
+    class GpuForCpu(GpuBackendImpl):
+        """Takes the CPU backend's arguments (the CPU-only ones have no meaning here)."""
+
+        def __init__(self, backend_type, artifact_dir=None, mixed_precision=None, *,
+                     engine="auto"):
+            super().__init__(backend_type, artifact_dir)
+
+    original = backend_module._impl_class
+    backend_module._impl_class = lambda t: GpuForCpu if t.is_cpu else original(t)
+
+
+def force_engine(engine: str) -> None:
+    """The engine under comparison, even where the script names one explicitly."""
+    from cstorch.backend import cpu_backend
+
+    cpu_backend.resolve_engine = lambda requested="auto": engine
+
+
+def final_state() -> dict:
+    """Every registered model's state_dict and optimizer's state, as float64 arrays."""
+    import cstorch
+
+    impl = cstorch.backend.current_backend_impl(raise_exception=False)
+    if impl is None:
+        return {}
+    state = {}
+    for m, model in enumerate(impl.models):
+        for key, tensor in model.state_dict().items():
+            array = _numeric(tensor)
+            if array is not None:
+                state[f"model{m}.{key}"] = array
+    for o, optimizer in enumerate(impl.optimizer_registry):
+        for index, entry in optimizer.state_dict()["state"].items():
+            for key, tensor in entry.items():
+                array = _numeric(tensor)
+                if array is not None:
+                    state[f"optimizer{o}.state.{index}.{key}"] = array
+    return state
+
+
+def save(path: str, recorder: Recorder, state: dict) -> None:
+    arrays, index = {}, {"closures": [], "state": []}
+    for (step, name), value in recorder.values.items():
+        index["closures"].append([step, name, f"v{len(arrays)}"])
+        arrays[f"v{len(arrays)}"] = value
+    for name, value in state.items():
+        index["state"].append([name, f"v{len(arrays)}"])
+        arrays[f"v{len(arrays)}"] = value
+    arrays["index"] = np.frombuffer(json.dumps(index).encode(), dtype=np.uint8)
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+
+
+def load(path: str):
+    """``(closures, state)``: ``{(step, name): array}`` and ``{name: array}``."""
+    with np.load(path, allow_pickle=False) as data:
+        index = json.loads(bytes(data["index"]).decode())
+        closures = {(step, name): data[key] for step, name, key in index["closures"]}
+        state = {name: data[key] for name, key in index["state"]}
+    return closures, state
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cstorch.parity.record",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--engine", required=True, choices=["eager", "jax"])
+    parser.add_argument("--platform", default="cpu", choices=["cpu", "gpu"])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("script")
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+    options = parser.parse_args(argv)
+
+    os.environ["CSTORCH_ENGINE"] = options.engine
+    import torch
+
+    import cstorch  # noqa: F401  (the engine module reads CSTORCH_ENGINE at backend creation)
+
+    # The same seeds on every engine, before the script seeds (or forgets to).
+    random.seed(options.seed)
+    np.random.seed(options.seed)
+    torch.manual_seed(options.seed)
+    if options.platform == "gpu":
+        use_gpu_for_cpu_backend()
+    else:
+        force_engine(options.engine)
+    recorder = Recorder()
+    install(recorder)
+
+    script = os.path.abspath(options.script)
+    sys.argv = [script] + list(options.args)
+    sys.path.insert(0, os.path.dirname(script))
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exit_:
+        if exit_.code not in (None, 0):
+            raise
+    save(options.out, recorder, final_state())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""Writing a compiled step as a self-contained artifact (read by ``jax_backend.exported``).
+
+The step is exported with ``jax.export`` as the function ``(used_state, inputs, seed) ->
+(written_state, outputs)`` for the shapes it was compiled for; the state arrays go next to it
+with a manifest naming them, so a process with JAX but without torch can keep training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_backend import exported
+from jax_backend.program import Program
+
+
+def export_program(program: Program, path: str, state: dict, state_info: list, used: list,
+                   written: list, returned: list, single: bool, closure_values: list,
+                   function: str = "step", vjp_order: int = 0, platforms=None) -> str:
+    """Writes the artifact directory ``path`` (replacing an earlier export there).
+
+    ``state``: name -> array, for every name in ``used`` and ``written`` (the program's state
+    inputs and outputs, in order); ``state_info``: ``[{"name", "kind"}]`` in the order to
+    store them; ``returned``: indices of the outputs the step returns (``single``: it returned
+    one tensor); ``closure_values``: ``[{"name", "index"}]`` of outputs passed to closures.
+    """
+    if program.layout is not None:
+        raise NotImplementedError(
+            "Exporting a step that runs over several devices (a CSX cluster layout) is not "
+            "supported; export it from a CPU or GPU backend.")
+
+    def step(used_arrays, inputs, seed):
+        donated, kept = program.split_state(used_arrays)
+        return program.pure_step(donated, kept, inputs, seed)
+
+    used_specs = [jax.ShapeDtypeStruct(np.shape(state[n]), jnp.asarray(state[n]).dtype)
+                  for n in used]
+    input_specs = program.input_specs()
+    seed_spec = jax.ShapeDtypeStruct((), jnp.int64)
+    exp = jax.export.export(jax.jit(step), platforms=platforms)(used_specs, input_specs,
+                                                                   seed_spec)
+    blob = exp.serialize(vjp_order=vjp_order)
+
+    manifest_state, arrays = [], {}
+    for i, info in enumerate(state_info):
+        stored, dtype = exported.encode_array(np.asarray(state[info["name"]]))
+        arrays[f"s{i}"] = stored
+        manifest_state.append(dict(info, shape=list(stored.shape), dtype=dtype))
+    manifest = {
+        "format": exported.FORMAT, "version": exported.VERSION, "function": function,
+        "state": manifest_state, "used": list(used), "written": list(written),
+        "inputs": [{"shape": list(s.shape), "dtype": str(s.dtype)} for s in input_specs],
+        "outputs": [{"shape": list(a.shape), "dtype": str(a.dtype)}
+                    for a in exp.out_avals[len(written):]],
+        "returned": list(returned), "single": bool(single), "closure_values": closure_values,
+        "uses_rng": bool(program.uses_rng), "platforms": list(exp.platforms),
+        "vjp_order": vjp_order, "jax_version": jax.__version__,
+    }
+    # Written to a sibling directory first, so a failed export leaves an older one intact.
+    path = os.path.abspath(path)
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".export-", dir=parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0700 would hide the artifact from others
+    try:
+        with open(os.path.join(staging, exported.PROGRAM), "wb") as f:
+            f.write(blob)
+        with open(os.path.join(staging, exported.STATE), "wb") as f:
+            np.savez(f, **arrays)
+        with open(os.path.join(staging, exported.MANIFEST), "w") as f:
+            json.dump(manifest, f, indent=1)
+        shutil.copyfile(exported.__file__, os.path.join(staging, exported.MODULE))
+        if os.path.isdir(path):
+            if not os.path.exists(os.path.join(path, exported.MANIFEST)):
+                raise FileExistsError(
+                    f"{path!r} exists and is not an exported step; choose a new directory.")
+            shutil.rmtree(path)
+        os.replace(staging, path)
+    finally:
+        if os.path.isdir(staging):
+            shutil.rmtree(staging)
+    return path

@@ -1,0 +1,189 @@
+"""Running an exported cstorch step with JAX alone: no torch, no cstorch.
+
+An artifact written by ``cstorch.export`` is a directory::
+
+    manifest.json      what the step takes and returns, and the name/kind of each state array
+    step.jaxexport     the step as serialized StableHLO (``jax.export``)
+    state.npz          the state (parameters, buffers, optimizer and scheduler state) at export
+    exported_step.py   a copy of this module
+
+This module imports only the standard library, numpy and JAX, so the artifact runs where torch
+is not installed: ``sys.path.insert(0, artifact); import exported_step;
+step = exported_step.load(artifact)``; then ``loss = step(inputs, targets)`` runs one step and
+keeps the new state, and ``step.pure(state, inputs)`` is the same step as a pure function of
+a state dict (jit-able; differentiable when exported with ``vjp_order >= 1``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+
+import numpy as np
+
+FORMAT = "cstorch-export"
+VERSION = 1
+MANIFEST, PROGRAM, STATE, MODULE = ("manifest.json", "step.jaxexport", "state.npz",
+                                    "exported_step.py")
+
+
+class ExportError(ValueError):
+    """An artifact that is missing, damaged or from an unknown format version."""
+
+
+def _jax():
+    import jax
+
+    jax.config.update("jax_enable_x64", True)  # torch's int64/float64 keep their dtypes
+    return jax
+
+
+def encode_array(array: np.ndarray) -> tuple:
+    """``(storable array, dtype name)``: dtypes numpy cannot name in a file (bfloat16, ...)
+    are stored as unsigned integers of the same width."""
+    array = np.asarray(array)
+    name = str(array.dtype)
+    if array.dtype.kind in "biufc" and array.dtype.names is None and name != "bfloat16":
+        return array, name
+    return array.view(f"uint{array.dtype.itemsize * 8}"), name
+
+
+def decode_array(array: np.ndarray, name: str):
+    jnp = _jax().numpy
+    dtype = jnp.dtype(name)
+    if array.dtype == dtype:
+        return array
+    if array.dtype.itemsize != dtype.itemsize or array.dtype.kind != "u":
+        raise ExportError(f"state array stored as {array.dtype} cannot hold {name}")
+    return array.view(dtype)
+
+
+def _read_manifest(path: str) -> dict:
+    try:
+        with open(os.path.join(path, MANIFEST)) as f:
+            manifest = json.load(f)
+    except FileNotFoundError:
+        raise ExportError(f"{path!r} is not an exported step: it has no {MANIFEST}. Write one "
+                          "with cstorch.export(step, example_batch, path).") from None
+    except json.JSONDecodeError as error:
+        raise ExportError(f"{os.path.join(path, MANIFEST)} is not valid JSON: {error}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ExportError(f"{path!r} holds no {FORMAT} manifest.")
+    if manifest.get("version") != VERSION:
+        raise ExportError(f"{path!r} is format version {manifest.get('version')!r}; this "
+                          f"loader reads version {VERSION}. Export it again.")
+    for key in ("state", "used", "written", "inputs", "returned", "closure_values"):
+        if not isinstance(manifest.get(key), list):
+            raise ExportError(f"the manifest of {path!r} lacks the list {key!r}.")
+    return manifest
+
+
+class ExportedStep:
+    """An exported training (or evaluation) step with its state."""
+
+    def __init__(self, path: str):
+        jax = _jax()
+        self.path = path
+        self.manifest = manifest = _read_manifest(path)
+        try:
+            with open(os.path.join(path, PROGRAM), "rb") as f:
+                self.exported = jax.export.deserialize(bytearray(f.read()))
+        except OSError as error:
+            raise ExportError(f"cannot read {PROGRAM} of {path!r}: {error}") from None
+        except Exception as error:  # noqa: BLE001 - any decoding failure means damage
+            raise ExportError(f"{PROGRAM} of {path!r} is damaged ({type(error).__name__}: "
+                              f"{error}); export the step again.") from None
+        for entry in manifest["state"]:
+            if not (isinstance(entry, dict) and isinstance(entry.get("name"), str)
+                    and isinstance(entry.get("shape"), list)
+                    and isinstance(entry.get("dtype"), str)):
+                raise ExportError(f"the manifest of {path!r} has a malformed state entry "
+                                  f"{entry!r}.")
+        self.kinds = {entry["name"]: entry.get("kind") for entry in manifest["state"]}
+        state = {}
+        try:
+            with np.load(os.path.join(path, STATE), allow_pickle=False) as stored:
+                for i, entry in enumerate(manifest["state"]):
+                    key = f"s{i}"
+                    if key not in stored:
+                        raise ExportError(f"{STATE} of {path!r} lacks {entry['name']!r}.")
+                    array = decode_array(stored[key], entry["dtype"])
+                    if list(array.shape) != list(entry["shape"]):
+                        raise ExportError(f"{entry['name']!r} has shape {array.shape} in {STATE} "
+                                          f"but {tuple(entry['shape'])} in the manifest.")
+                    state[entry["name"]] = jax.numpy.asarray(array)
+        except ExportError:
+            raise
+        except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as error:
+            raise ExportError(f"{STATE} of {path!r} cannot be read ({error}); export the "
+                              "step again.") from None
+        missing = [n for n in manifest["used"] + manifest["written"] if n not in state]
+        if missing:
+            raise ExportError(f"the manifest of {path!r} names unknown state {missing[:3]}.")
+        self.state = state
+        self.steps_run = 0
+        self._call = jax.jit(self.pure)
+
+    # ------------------------------------------------------------------------ the function
+    def pure(self, state: dict, inputs, seed=0):
+        """``(new_state, returned)``: one step as a pure function. ``state`` maps names to
+        arrays (``self.state`` has them all); ``returned`` is what the step returned (an array,
+        or a tuple when it returned several tensors or none)."""
+        jnp = _jax().numpy
+        used = [state[name] for name in self.manifest["used"]]
+        written, outputs = self.exported.call(used, list(inputs), jnp.asarray(seed, jnp.int64))
+        new_state = dict(state)
+        new_state.update(zip(self.manifest["written"], written))
+        return new_state, self._returned(outputs)
+
+    def _returned(self, outputs):
+        values = tuple(outputs[i] for i in self.manifest["returned"])
+        return values[0] if self.manifest.get("single") else values
+
+    def closure_values(self, outputs) -> dict:
+        """The values the step passed to its closures, by closure argument name."""
+        return {entry["name"]: outputs[entry["index"]]
+                for entry in self.manifest["closure_values"]}
+
+    # ----------------------------------------------------------------------- stateful use
+    def __call__(self, *inputs, seed=None):
+        """Runs one step on ``inputs`` (arrays of the exported shapes and dtypes), keeps the
+        new state and returns what the step returned. ``seed`` feeds the step's random ops
+        (default: the number of steps run so far)."""
+        arrays = self._check_inputs(inputs)
+        if seed is None:
+            seed = self.steps_run
+        self.state, returned = self._call(self.state, arrays, seed)
+        self.steps_run += 1
+        return returned
+
+    def _check_inputs(self, inputs) -> list:
+        specs = self.manifest["inputs"]
+        if len(inputs) != len(specs):
+            raise TypeError(f"the exported step takes {len(specs)} input arrays, got "
+                            f"{len(inputs)}.")
+        arrays = []
+        for i, (value, spec) in enumerate(zip(inputs, specs)):
+            array = np.asarray(value)
+            dtype = _jax().numpy.dtype(spec["dtype"])
+            if list(array.shape) != list(spec["shape"]):
+                raise ValueError(f"input {i} has shape {array.shape}; the step was exported "
+                                 f"for {tuple(spec['shape'])}. Export it again for this shape.")
+            if array.dtype != dtype:
+                if not np.can_cast(array.dtype, dtype, "same_kind"):
+                    raise TypeError(f"input {i} has dtype {array.dtype}; the step takes "
+                                    f"{dtype}.")
+                array = array.astype(dtype)
+            arrays.append(array)
+        return arrays
+
+    def params(self) -> dict:
+        """The model parameters among the state (by state name, e.g. ``model0.fc.weight``)."""
+        return {name: value for name, value in self.state.items()
+                if self.kinds[name] == "param"}
+
+
+def load(path: str) -> ExportedStep:
+    """Loads an artifact written by ``cstorch.export``."""
+    return ExportedStep(os.fspath(path))

@@ -1,0 +1,242 @@
+"""``cstorch.export``: a GPT training step leaves torch and keeps training in JAX alone.
+
+The exported step runs in a subprocess that cannot import torch (an import hook refuses it)
+and must reproduce the original run's losses; a forward step exported with its derivative
+becomes the apply function of a flax ``TrainState`` whose optax training lowers the loss.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+import cerebras.pytorch as cstorch
+from tests.models import TinyGPT, lm_loss
+
+VOCAB, SEQ, BATCH = 32, 8, 4
+
+# Prepended to every subprocess script: torch (and the torch-facing packages) cannot load.
+NO_TORCH = textwrap.dedent("""
+    import sys
+    class _NoTorch:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("torch", "cstorch", "cerebras"):
+                raise ImportError(f"this process must not import {name}")
+    sys.meta_path.insert(0, _NoTorch())
+""")
+
+
+def _run_without_torch(artifact, body, tmp_path):
+    script = tmp_path / "torch_free.py"
+    script.write_text(NO_TORCH + textwrap.dedent(f"""
+        sys.path.insert(0, {str(artifact)!r})
+        import numpy as np
+        import exported_step
+    """) + textwrap.dedent(body) + "\nassert 'torch' not in sys.modules\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                            env=env, timeout=300, cwd=str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _batches(n, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        tokens = (torch.randint(0, VOCAB, (BATCH, 1), generator=g) + torch.arange(SEQ + 1)) % VOCAB
+        out.append((tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()))
+    return out
+
+
+def _gpt_training(model):
+    """An AdamW + cosine-decay GPT step with a loss closure, in the example's style."""
+    backend = cstorch.backend("CPU")
+    compiled = cstorch.compile(model, backend)
+    optimizer = cstorch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    scheduler = cstorch.optim.lr_scheduler.CosineDecayLR(
+        optimizer, initial_learning_rate=3e-3, end_learning_rate=3e-4, total_iters=20)
+    losses = []
+
+    @cstorch.step_closure
+    def log(loss):
+        losses.append(loss.item())
+
+    @cstorch.trace
+    def training_step(inputs, targets):
+        loss = lm_loss(compiled(inputs), targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        log(loss)
+        return loss
+
+    return training_step, losses
+
+
+def _run(step, batches):
+    executor = cstorch.utils.data.DataExecutor(
+        cstorch.utils.data.DataLoader(lambda: batches), num_steps=len(batches))
+    for inputs, targets in executor:
+        step(inputs, targets)
+
+
+def test_exported_gpt_step_trains_without_torch(tmp_path):
+    torch.manual_seed(0)
+    training_step, losses = _gpt_training(TinyGPT(VOCAB, 32, 2, 2, SEQ))
+    batches = _batches(13)
+    _run(training_step, batches[:3])
+    artifact = cstorch.export(training_step, batches[3], str(tmp_path / "gpt"))
+    _run(training_step, batches[3:])  # the original run goes on: its losses are the oracle
+    expected = losses[3:]
+    assert len(expected) == 10
+
+    manifest = json.loads((tmp_path / "gpt" / "manifest.json").read_text())
+    assert manifest["closure_values"] == [{"name": "log.loss", "index": 1}]
+    assert {"param", "optimizer", "scheduler"} <= {s["kind"] for s in manifest["state"]}
+    np.savez(tmp_path / "batches.npz",
+             **{f"{i}_{j}": t.numpy() for i, b in enumerate(batches[3:]) for j, t in enumerate(b)})
+    losses_there = _run_without_torch(artifact, """
+        import json
+        step = exported_step.load(sys.argv[0].rsplit("/", 1)[0] + "/gpt")
+        data = np.load("batches.npz")
+        print(json.dumps([float(step(data[f"{i}_0"], data[f"{i}_1"])) for i in range(10)]))
+    """, tmp_path)
+    np.testing.assert_allclose(losses_there, expected, rtol=1e-6)
+
+
+def test_flax_train_state_continues_from_exported_forward(tmp_path):
+    """The exported forward (with its VJP) as a flax TrainState's apply function: optax AdamW
+    keeps lowering the loss from where cstorch left it; orbax saves and restores the state."""
+    torch.manual_seed(0)
+    model = TinyGPT(VOCAB, 32, 2, 1, SEQ)
+    training_step, losses = _gpt_training(model)
+    batches = _batches(4)
+    _run(training_step, batches)
+
+    @cstorch.trace
+    def loss_step(inputs, targets):
+        return lm_loss(model(inputs), targets)
+
+    inputs, targets = batches[0]
+    start = float(loss_step(inputs, targets))
+    artifact = cstorch.export(loss_step, (inputs, targets), str(tmp_path / "forward"),
+                              vjp_order=1)
+    np.savez(tmp_path / "batch.npz", inputs=inputs.numpy(), targets=targets.numpy())
+    result = _run_without_torch(artifact, """
+        import json
+        import jax, optax
+        import orbax.checkpoint as ocp
+        from flax.training import train_state
+        forward = exported_step.load(sys.argv[0].rsplit("/", 1)[0] + "/forward")
+        batch = np.load("batch.npz")
+        inputs, targets = batch["inputs"], batch["targets"]
+        params = forward.params()
+        frozen = {k: v for k, v in forward.state.items() if k not in params}
+
+        def apply_fn(params, inputs, targets):
+            return forward.pure({**frozen, **params}, [inputs, targets])[1]
+
+        state = train_state.TrainState.create(apply_fn=apply_fn, params=params,
+                                              tx=optax.adamw(1e-2))
+
+        @jax.jit
+        def train(state):
+            loss, grads = jax.value_and_grad(state.apply_fn)(state.params, inputs, targets)
+            return state.apply_gradients(grads=grads), loss
+
+        losses = []
+        for _ in range(15):
+            state, loss = train(state)
+            losses.append(float(loss))
+        import os
+        checkpointer = ocp.StandardCheckpointer()
+        checkpointer.save(os.path.abspath("ckpt"), state.params)
+        checkpointer.wait_until_finished()
+        restored = checkpointer.restore(os.path.abspath("ckpt"), state.params)
+        same = all(bool((restored[k] == state.params[k]).all()) for k in state.params)
+        print(json.dumps({"losses": losses, "restored": same, "n_params": len(params)}))
+    """, tmp_path)
+    assert result["restored"]
+    assert result["n_params"] == len(list(model.parameters()))
+    first, *rest = result["losses"]
+    assert first == pytest.approx(start, rel=1e-6)  # the exported forward is cstorch's
+    assert all(b < a for a, b in zip(result["losses"], rest)), result["losses"]
+    assert rest[-1] < 0.8 * first
+
+
+# ------------------------------------------------------------------------------ errors
+def test_export_needs_a_compiled_step(tmp_path):
+    cstorch.backend("CPU")
+    model = torch.nn.Linear(2, 1)
+    compiled = cstorch.compile(model)
+
+    @cstorch.trace
+    def step(x):
+        return compiled(x).sum()
+
+    with pytest.raises(RuntimeError, match="has not been compiled yet"):
+        cstorch.export(step, torch.ones(3, 2), str(tmp_path / "a"))
+    step(torch.ones(3, 2))
+    with pytest.raises(ValueError, match=r"never compiled for inputs \[\(\(5, 2\)"):
+        cstorch.export(step, torch.ones(5, 2), str(tmp_path / "a"))
+    with pytest.raises(TypeError, match="@cstorch.trace"):
+        cstorch.export(lambda x: x, torch.ones(3, 2), str(tmp_path / "a"))
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="not an exported step"):
+        cstorch.export(step, torch.ones(3, 2), str(tmp_path / "taken"))
+    assert (tmp_path / "taken" / "notes.txt").read_text() == "mine"
+
+
+def test_export_refuses_the_eager_engine(tmp_path):
+    cstorch.backend("CPU", engine="eager")
+
+    @cstorch.trace
+    def step(x):
+        return x * 2
+
+    step(torch.ones(2))
+    with pytest.raises(RuntimeError, match="engine=\"jax\""):
+        cstorch.export(step, torch.ones(2), str(tmp_path / "a"))
+
+
+def test_loader_checks_artifact_and_inputs(tmp_path):
+    from jax_backend import exported
+
+    cstorch.backend("CPU")
+    model = torch.nn.Linear(2, 1)
+    compiled = cstorch.compile(model)
+
+    @cstorch.trace
+    def step(x):
+        return compiled(x).sum()
+
+    x = torch.ones(3, 2)
+    expected = float(step(x))
+    path = cstorch.export(step, x, str(tmp_path / "a"))
+    loaded = exported.load(path)
+    assert float(loaded(x.numpy())) == pytest.approx(expected, rel=1e-6)
+    with pytest.raises(ValueError, match=r"shape \(4, 2\).*exported for \(3, 2\)"):
+        loaded(np.ones((4, 2), np.float32))
+    with pytest.raises(TypeError, match="takes 1 input arrays, got 2"):
+        loaded(x.numpy(), x.numpy())
+    with pytest.raises(exported.ExportError, match="no manifest.json"):
+        exported.load(str(tmp_path))
+    program = tmp_path / "a" / "step.jaxexport"
+    intact = program.read_bytes()
+    program.write_bytes(intact[: len(intact) // 2])
+    with pytest.raises(exported.ExportError, match="damaged"):
+        exported.load(path)
+    program.write_bytes(intact)
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    manifest["version"] = 99
+    (tmp_path / "a" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(exported.ExportError, match="version 99"):
+        exported.load(path)

@@ -1,0 +1,240 @@
+"""The eager engine and ``python -m cstorch.parity``.
+
+The eager engine must be plain eager torch: its losses equal a hand-written torch loop with an
+independent AdamW (tests/eager_reference.py). The parity command must pass a script that
+agrees on both engines and fail, naming the step, on one perturbed from a known step.
+"""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cerebras.pytorch as cstorch
+from cstorch.core.engine import resolve_engine
+from cstorch.parity.compare import (compare_closures, compare_state, first_divergence,
+                                    relative_difference, within)
+from tests import eager_reference as ref
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "..", "data", "parity", "tiny_train.py")
+
+
+def _train(engine, steps=5, lr=1e-2):
+    """The fixture's loop in-process; returns (losses from the closure, final params, step)."""
+    torch.manual_seed(0)
+    backend = cstorch.backend("CPU", engine=engine)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    compiled = cstorch.compile(model, backend)
+    optimizer = cstorch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    losses = []
+
+    @cstorch.step_closure
+    def record(loss):
+        losses.append(loss.item())
+
+    @cstorch.trace
+    def training_step(inputs, targets):
+        loss = F.cross_entropy(compiled(inputs), targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        record(loss)
+        return loss
+
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(16, 8, generator=g), torch.randint(0, 4, (16,), generator=g))
+               for _ in range(steps)]
+    executor = cstorch.utils.data.DataExecutor(
+        cstorch.utils.data.DataLoader(lambda: batches), num_steps=steps)
+    for inputs, targets in executor:
+        training_step(inputs, targets)
+    return losses, {k: v.clone() for k, v in model.state_dict().items()}, training_step, batches
+
+
+def _eager_torch_reference(batches, lr=1e-2):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    optimizer = ref.EagerCstorchAdamW(model.parameters(), eps=1e-6, weight_decay=0.01)
+    losses = []
+    for inputs, targets in batches:
+        loss = F.cross_entropy(model(inputs), targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step(lr)
+        losses.append(loss.item())
+    return losses, model.state_dict()
+
+
+def test_eager_engine_is_eager_torch():
+    losses, params, step, batches = _train("eager")
+    assert step.trace_count == 0  # nothing was captured or compiled
+    expected, expected_params = _eager_torch_reference(batches)
+    np.testing.assert_allclose(losses, expected, rtol=1e-6)
+    for name, value in expected_params.items():
+        torch.testing.assert_close(params[name], value, rtol=1e-5, atol=1e-6)
+
+
+def test_eager_and_jax_engines_agree():
+    eager_losses, eager_params, _, _ = _train("eager")
+    cstorch.backend._reset_for_tests()
+    jax_losses, jax_params, step, _ = _train("jax")
+    assert step.trace_count == 1
+    np.testing.assert_allclose(jax_losses, eager_losses, rtol=1e-5)
+    for name, value in eager_params.items():
+        torch.testing.assert_close(jax_params[name], value, rtol=1e-4, atol=1e-6)
+
+
+def test_engine_from_environment(monkeypatch):
+    monkeypatch.setenv("CSTORCH_ENGINE", "eager")
+    assert cstorch.backend("CPU").engine == "eager"
+    assert resolve_engine("jax") == "jax"  # an explicit argument wins
+    monkeypatch.setenv("CSTORCH_ENGINE", "tpu")
+    with pytest.raises(ValueError, match="CSTORCH_ENGINE.*eager"):
+        resolve_engine()
+    monkeypatch.delenv("CSTORCH_ENGINE")
+    assert resolve_engine() == "jax"
+
+
+def test_unknown_engine_argument_creates_no_backend():
+    with pytest.raises(ValueError, match="Unknown engine 'fast'"):
+        cstorch.backend("CPU", engine="fast")
+    assert cstorch.backend() is None
+
+
+def test_eager_engine_checkpoint_closure(tmp_path):
+    """Checkpoint closures run on the executor's checkpoint steps, as on the JAX engine."""
+    backend = cstorch.backend("CPU", engine="eager")
+    model = torch.nn.Linear(3, 1)
+    compiled = cstorch.compile(model, backend)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+    saved = []
+
+    @cstorch.checkpoint_closure
+    def save(step):
+        path = str(tmp_path / f"ckpt_{step}.mdl")
+        cstorch.save({"model": model.state_dict()}, path)
+        saved.append((step, path, model.weight.detach().clone()))
+
+    @cstorch.trace
+    def training_step(x):
+        loss = compiled(x).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    batches = [torch.randn(4, 3) for _ in range(4)]
+    executor = cstorch.utils.data.DataExecutor(
+        cstorch.utils.data.DataLoader(lambda: batches), num_steps=4, checkpoint_steps=2)
+    for step, x in enumerate(executor, start=1):
+        training_step(x)
+        save(step)
+    assert [s for s, _, _ in saved] == [2, 4]
+    for _, path, weight in saved:
+        torch.testing.assert_close(cstorch.load(path)["model"]["weight"], weight)
+
+
+# ------------------------------------------------------------------------------ comparison
+def test_relative_difference_and_tolerance():
+    a, b = np.array([1.0, 0.0, np.nan]), np.array([1.0001, 0.0, np.nan])
+    assert relative_difference(a, b) == pytest.approx(1e-4 / 1.0001)
+    assert within(a, b, rtol=2e-4, atol=0) and not within(a, b, rtol=5e-5, atol=0)
+    assert relative_difference(a, None) == float("inf")
+    assert relative_difference(a, np.zeros(2)) == float("inf")  # shape mismatch
+    assert not within(np.array(1.0), np.array(np.nan), rtol=1.0, atol=1.0)
+
+
+def test_missing_value_counts_as_divergence():
+    reference = {(1, "log.loss"): np.array(2.0), (2, "log.loss"): np.array(1.5)}
+    other = {(1, "log.loss"): np.array(2.0)}
+    rows = compare_closures([reference, other], rtol=1e-4, atol=0)
+    assert first_divergence(rows, 1).step == 2
+
+
+def test_compare_state_names_largest_difference():
+    a = {"w": np.array([1.0, 2.0]), "b": np.array([10.0])}
+    b = {"w": np.array([1.0, 2.2]), "b": np.array([10.0])}
+    diff = compare_state(a, b)
+    assert diff.name == "w" and diff.max_abs == pytest.approx(0.2)
+    assert diff.max_rel == pytest.approx(0.1) and not diff.missing
+    assert compare_state(a, {"w": a["w"]}).missing == ["b"]
+
+
+def test_recorder_names_closure_arguments():
+    from cstorch.parity.record import Recorder
+
+    recorder = Recorder()
+
+    def log(loss, metrics, step):
+        pass
+
+    wrapped = recorder.wrap(log)
+    recorder.step = 3
+    wrapped(torch.tensor(2.5), {"acc": torch.tensor([0.5, 1.0])}, step=3)
+    wrapped(torch.tensor(1.5), {"acc": torch.tensor([0.0, 1.0])}, step=3)
+    assert sorted(recorder.values) == [
+        (3, "log.loss"), (3, "log.loss#1"), (3, "log.metrics['acc']"),
+        (3, "log.metrics['acc']#1"), (3, "log.step"), (3, "log.step#1")]
+    np.testing.assert_array_equal(recorder.values[(3, "log.metrics['acc']#1")], [0.0, 1.0])
+
+
+def test_recording_forces_the_engine_under_comparison(monkeypatch):
+    from cstorch.backend import cpu_backend
+    from cstorch.parity.record import force_engine
+
+    monkeypatch.setattr(cpu_backend, "resolve_engine", cpu_backend.resolve_engine)
+    force_engine("eager")
+    assert cstorch.backend("CPU", engine="jax").engine == "eager"
+
+
+def test_gpu_engine_only_where_jax_sees_a_gpu(monkeypatch):
+    from cstorch.parity import runner
+    from jax_backend import mesh
+
+    monkeypatch.setattr(mesh, "devices", lambda platform=None: [])
+    assert runner.available_engines() == ["eager", "jax-cpu"]
+    monkeypatch.setattr(mesh, "devices", lambda platform=None: ["gpu0"] if platform == "gpu"
+                        else [])
+    assert runner.available_engines() == ["eager", "jax-cpu", "jax-gpu"]
+    with pytest.raises(SystemExit):
+        runner._parse(["--engines", "eager", FIXTURE])
+    with pytest.raises(SystemExit):
+        runner._parse(["--engines", "eager,tpu", FIXTURE])
+
+
+# ------------------------------------------------------------------------------ the command
+def _parity(*args):
+    return subprocess.run([sys.executable, "-m", "cstorch.parity", "--engines", "eager,jax-cpu",
+                           FIXTURE, *args], capture_output=True, text=True, timeout=600)
+
+
+def test_parity_command_passes_on_agreeing_engines():
+    result = _parity("--steps", "5")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "PARITY OK" in result.stdout
+    lines = [line.split() for line in result.stdout.splitlines()]
+    loss_rows = [line for line in lines if len(line) == 5 and line[1] == "log.loss"]
+    assert [int(line[0]) for line in loss_rows] == [1, 2, 3, 4, 5]
+    for _, _, eager, jax, rel in loss_rows:
+        assert abs(float(eager) - float(jax)) <= 1e-4 * abs(float(eager))
+        assert float(rel) <= 1e-4
+
+
+def test_parity_command_names_first_diverging_step():
+    result = _parity("--steps", "5", "--perturb-step", "3")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FIRST DIVERGENCE at step 3: log.loss" in result.stdout
+    assert "PARITY FAILED" in result.stdout
+
+
+def test_parity_command_reports_a_failing_engine(tmp_path):
+    script = tmp_path / "broken.py"
+    script.write_text("raise RuntimeError('boom in the script')\n")
+    result = subprocess.run([sys.executable, "-m", "cstorch.parity", str(script)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    assert "the eager run failed" in result.stderr and "boom in the script" in result.stderr
