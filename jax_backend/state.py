@@ -47,10 +47,11 @@ _DATA = torch._C.TensorBase.__dict__["data"]
 
 
 def _name(func) -> str:
+    name = getattr(func, "__name__", "")
     owner = getattr(func, "__self__", None)
-    if func.__name__ in ("__get__", "__set__", "__delete__") and owner is not None:
+    if name in ("__get__", "__set__", "__delete__") and owner is not None:
         return getattr(owner, "__name__", "")
-    return func.__name__
+    return name
 
 
 def _guard_torch_function(cls, func, types, args=(), kwargs=None):
