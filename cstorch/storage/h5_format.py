@@ -37,6 +37,7 @@ import glob
 import io
 import os
 import struct
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -186,11 +187,19 @@ def _temp_paths(path: str) -> list:
     return glob.glob(f"{glob.escape(path)}.{'[0-9a-f]' * 8}.tmp")
 
 
+#: A temporary file younger than this may belong to a writer that has created it but not
+#: locked it yet; it is never removed.
+STRAY_MIN_AGE_SECONDS = 10.0
+
+
 def remove_stray_temp_files(path: str) -> list:
-    """Deletes temporary files of saves to ``path`` whose writer is gone (its lock is free)."""
+    """Deletes temporary files of saves to ``path`` whose writer is gone (its lock is free
+    and the file is older than ``STRAY_MIN_AGE_SECONDS``)."""
     removed = []
     for temp in _temp_paths(path):
         try:
+            if time.time() - os.stat(temp).st_mtime < STRAY_MIN_AGE_SECONDS:
+                continue
             fd = os.open(temp, os.O_RDONLY)
         except OSError:
             continue

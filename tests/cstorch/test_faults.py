@@ -477,12 +477,16 @@ def test_stray_temp_files_are_named_on_load_and_cleaned_by_the_next_save(tmp_pat
     dead.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(100))  # a save killed early
     live = tmp_path / "model.mdl.0123abcd.tmp"
     live.write_bytes(b"")
+    young = tmp_path / "model.mdl.0000beef.tmp"  # just created: its writer may lock it next
+    young.write_bytes(b"")
+    for leftover in (dead, live):
+        os.utime(leftover, (0, 0))
     with pytest.raises(RuntimeError, match="did not finish"):
         cstorch.load(dead)
     with open(live, "rb") as held:
         fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # a writer that is still running
         cstorch.save({"w": torch.ones(2)}, target)
-        assert not dead.exists() and live.exists()
+        assert not dead.exists() and live.exists() and young.exists()
     assert torch.equal(cstorch.load(target)["w"] + 0, torch.ones(2))
 
 
