@@ -119,7 +119,7 @@ _BASE_OF = {GuardedParameter: torch.nn.Parameter, GuardedTensor: torch.Tensor}
 
 def _storage_key(tensor: torch.Tensor):
     """Where the tensor's data lives: changes when ``p.data = t`` rebinds it."""
-    return (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+    return tensor.data_ptr(), tensor.shape
 
 
 @dataclasses.dataclass
