@@ -2,7 +2,9 @@
 
 Synthetic data (each sequence counts up from a random start, so the model can learn it).
 ``--precision bfloat16`` trains in mixed precision; ``--precision float16`` adds dynamic loss
-scaling. Run ``python examples/gpt_adamw.py --help``.
+scaling. ``--backend CSX --num-csx 4 --weight-servers 1`` trains on the modeled wafer; started
+with ``python -m cstorch.distributed.launch --num_processes 2 examples/gpt_adamw.py ...`` each
+process streams its slice of every batch. Run ``python examples/gpt_adamw.py --help``.
 """
 
 import argparse
@@ -52,10 +54,14 @@ class GPT(nn.Module):
 
 
 def counting_sequences(vocab, seq, batch, num_batches, seed=0):
+    """The batches this process streams: its slice of each global batch of ``batch``."""
+    share = cstorch.distributed.get_streaming_batch_size(batch)
+    first = cstorch.distributed.get_streaming_rank() * share
     g = torch.Generator().manual_seed(seed)
     batches = []
     for _ in range(num_batches):
         tokens = (torch.randint(0, vocab, (batch, 1), generator=g) + torch.arange(seq + 1)) % vocab
+        tokens = tokens[first:first + share]
         batches.append((tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()))
     return batches
 
@@ -67,14 +73,28 @@ def main():
                         choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--d-model", type=int, default=128)
+    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=16, help="global batch size")
     parser.add_argument("--artifact-dir", default="./artifacts/gpt")
+    parser.add_argument("--backend", default="CPU", choices=["CPU", "CSX"])
+    parser.add_argument("--num-csx", type=int, default=1, help="CSX: data-parallel systems")
+    parser.add_argument("--weight-servers", type=int, default=0,
+                        help="CSX: weight servers (shard parameters and optimizer state)")
+    parser.add_argument("--log-every", type=int, default=10)
     args = parser.parse_args()
 
-    vocab, seq, batch, warmup = 256, 64, 16, max(args.steps // 10, 1)
+    vocab, seq, batch, warmup = 256, args.seq_len, args.batch_size, max(args.steps // 10, 1)
     torch.manual_seed(0)
     if args.precision != "float32":
         cstorch.amp.set_half_dtype(args.precision)
-    backend = cstorch.backend("CPU", artifact_dir=args.artifact_dir)
+    if args.backend == "CSX":
+        backend = cstorch.backend("CSX", artifact_dir=args.artifact_dir,
+                                  cluster_config=cstorch.distributed.ClusterConfig(
+                                      num_csx=args.num_csx,
+                                      max_wgt_servers=args.weight_servers))
+        cstorch.amp.enable_mixed_precision(args.precision != "float32")
+    else:
+        backend = cstorch.backend("CPU", artifact_dir=args.artifact_dir)
     model = GPT(vocab, args.d_model, 4, args.layers, seq)
     compiled_model = cstorch.compile(model, backend)
     optimizer = cstorch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
@@ -98,8 +118,8 @@ def main():
 
     @cstorch.step_closure
     def log(loss, lr, step):
-        if step == 1 or step % 10 == 0:
-            print(f"step {step:4d}  loss {loss.item():.4f}  lr {lr.item():.2e}", flush=True)
+        if step == 1 or step % args.log_every == 0:
+            print(f"step {step:4d}  loss {loss.item():.6f}  lr {lr.item():.2e}", flush=True)
 
     dataloader = cstorch.utils.data.DataLoader(counting_sequences, vocab, seq, batch, 20)
     for step, (inputs, targets) in enumerate(

@@ -10,7 +10,8 @@ This package knows nothing of the cstorch API. Its public surface:
 * ``optimizers`` / ``schedules``: optax-style pure update rules and schedules.
 * ``torch_ops``: torch custom ops (optimizer step, schedule) that lower to those functions.
 * ``registry``: the ATen lowering table (``lowers``).
-* ``mesh``: devices and the data-parallel / sharded-state layout of a multi-device program.
+* ``mesh``: devices, the ``(csx, ws)`` data-parallel / sharded-state layout of a multi-device
+  (and multi-process) program, global values of arrays, collectives counted in compiled HLO.
 * ``precision``: full or mixed-precision (autocast at capture) policies.
 * ``compilation_cache``: JAX's persistent compilation cache (on by default, see its docstring).
 

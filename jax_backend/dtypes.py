@@ -19,6 +19,8 @@ import ml_dtypes
 import numpy as np
 import torch
 
+from jax_backend.mesh import host_value
+
 TORCH_TO_JAX = {
     torch.float32: jnp.float32,
     torch.float64: jnp.float64,
@@ -87,12 +89,13 @@ def tensor_to_array(tensor: torch.Tensor, device=None) -> jax.Array:
 
 
 def array_to_numpy(array) -> np.ndarray:
-    return np.asarray(array)
+    """The global value of ``array`` (gathered when it spans processes: see ``mesh``)."""
+    return host_value(array)
 
 
 def array_to_tensor(array) -> torch.Tensor:
     """Copies a JAX array into a new, writable CPU torch tensor."""
-    host = np.array(array, copy=True)
+    host = np.array(array_to_numpy(array), copy=True)
     if host.dtype == ml_dtypes.bfloat16:
         return torch.from_numpy(host.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(host)

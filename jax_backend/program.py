@@ -117,6 +117,8 @@ class Program:
 
     def __call__(self, used_arrays: Sequence, inputs: Sequence, seed=0):
         donated, kept = self.split_state(used_arrays)
+        if self.layout is not None:  # across processes: each feeds its slice of the batch
+            inputs = [self.layout.input_array(x) for x in inputs]
         return self._jitted(donated, kept, list(inputs), np.int64(seed))
 
     def run(self, state, used: Sequence, written: Sequence, inputs: Sequence, seed=0):

@@ -20,6 +20,8 @@ import torch
 import jax_backend
 from jax_backend import DeviceState, LazyTensor, Slot, materialize
 
+from cstorch.distributed import runtime
+
 
 @dataclasses.dataclass
 class QueuedClosure:
@@ -62,7 +64,9 @@ class BaseBackend:
         self.step_closures: list[QueuedClosure] = []
         self.data_executor_stack: list = []
         self.mode = "train"
-        self.mode_version = 0  # bumped by model.train()/eval(); part of the program cache key
+        # The train/eval flags of every module, as last set by model.train()/eval(); part of
+        # the program cache key, so switching back to a mode reuses that mode's program.
+        self.mode_version = ()
         self._recorder = None  # closures recorded while tracing
         self._models_in_trace = None
         self._next_model_id = 0
@@ -118,6 +122,7 @@ class BaseBackend:
             model.register_load_state_dict_post_hook(self._invalidate_state_view)
             self._invalidate_state_view()
         self._wrap_train(model)
+        self._update_mode_version()
         model_id = self._next_model_id
         self._next_model_id += 1
         return model_id
@@ -130,10 +135,16 @@ class BaseBackend:
             impl = backend_ref()
             if impl is not None:
                 impl.mode = "train" if mode else "eval"
-                impl.mode_version += 1
-            return original(mode)
+            result = original(mode)
+            if impl is not None:
+                impl._update_mode_version()
+            return result
 
         model.train = train
+
+    def _update_mode_version(self):
+        self.mode_version = tuple(module.training for model in self.models
+                                  for module in model.modules())
 
     def _state_dict_pre_hook(self, module, prefix, keep_vars):
         self.materialize_state()
@@ -269,7 +280,11 @@ class BaseBackend:
         return value.detach().clone()
 
     def run_step_closures(self) -> None:
+        """Runs the queued closures, on process 0 only in a multi-process job (as on a
+        cluster's user node). Every process fetches their arguments and, for checkpoint
+        closures, the state first: gathering values split across processes is a collective."""
         queued, self.step_closures = self.step_closures, []
+        runs_here = runtime.process_index() == 0
         for closure in queued:
             if closure.kind == "checkpoint":
                 context = self.run_context
@@ -280,7 +295,9 @@ class BaseBackend:
                 if not (context.is_pre_initial_step or context.is_checkpoint_step):
                     continue
                 self.materialize_state()
-            closure.fn(*materialize(closure.args), **materialize(closure.kwargs))
+            args, kwargs = materialize(closure.args), materialize(closure.kwargs)
+            if runs_here:
+                closure.fn(*args, **kwargs)
 
     # ------------------------------------------------------------------ executor hooks
     def on_run_start(self) -> None:

@@ -187,10 +187,15 @@ def _input_array(tensor):
     return tensor_to_host(tensor)
 
 
-def _metadata_twin(tensor):
-    """A plain tensor with the same metadata, for tracing (lazy outputs fed back in)."""
+def _metadata_twin(tensor, layout=None):
+    """A plain tensor with the same metadata, for tracing (lazy outputs fed back in). Across
+    processes a batch input is traced with its global shape (see ``mesh.Layout``)."""
     if isinstance(tensor, LazyTensor):
         return torch.empty(tuple(tensor.shape), dtype=tensor.dtype)
+    if layout is not None:
+        shape = layout.global_input_shape(tensor.shape)
+        if shape != tuple(tensor.shape):
+            return torch.empty(shape, dtype=tensor.dtype)
     return tensor
 
 
@@ -264,8 +269,8 @@ class TracedStep:
         for hook in list(_trace_pre_hooks.values()):
             hook()
         policy = impl.precision_policy()
-        captured = capture_step(step, view.slots,
-                                [_metadata_twin(leaves[i]) for i in positions], policy)
+        twins = [_metadata_twin(leaves[i], impl.layout) for i in positions]
+        captured = capture_step(step, view.slots, twins, policy)
         for hook in list(_trace_post_hooks.values()):
             hook()
         self.trace_count += 1

@@ -1,4 +1,5 @@
-"""Cluster configuration and the rank/streaming helpers of a (single-host) run."""
+"""Cluster configuration, the multi-process job (``runtime``, ``launch``) and the
+rank/streaming helpers of a run."""
 
 from cstorch.distributed.cluster_config import ClusterConfig
 from cstorch.distributed.ranks import get_ordinal
@@ -13,9 +14,13 @@ from cstorch.distributed.ranks import num_receivers
 from cstorch.distributed.ranks import num_streamers
 from cstorch.distributed.ranks import num_tasks
 from cstorch.distributed.ranks import service_resolver
+from cstorch.distributed.runtime import DistributedConfig
+from cstorch.distributed.runtime import DistributedError
+from cstorch.distributed.runtime import join
 
 __all__ = [
     "ClusterConfig", "get_ordinal", "get_streaming_batch_size", "get_streaming_rank",
     "get_worker_state", "hit_worker_cache_limit", "is_master_ordinal", "is_receiver",
     "is_streamer", "num_receivers", "num_streamers", "num_tasks", "service_resolver",
+    "DistributedConfig", "DistributedError", "join",
 ]

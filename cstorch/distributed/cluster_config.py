@@ -2,8 +2,9 @@
 
 Every assignment is validated (at construction and afterwards), and assigning
 ``ClusterConfig.DEFAULT`` to a field restores its default. On this implementation only
-``num_csx`` (the size of the data-parallel mesh of the modeled wafer) and
-``max_wgt_servers`` (weight-streaming shards) change how a run executes; the other fields are
+``num_csx`` (the size of the data-parallel mesh of the modeled wafer),
+``max_wgt_servers`` (weight-streaming shards) and the keyword-only ``distributed`` (the
+multi-process JAX job, an addition of this implementation) change how a run executes; the other fields are
 kept and validated so that configurations written for the reference load unchanged.
 """
 
@@ -16,6 +17,8 @@ import os
 import re
 import time
 from typing import List, Optional, Union
+
+from cstorch.distributed.runtime import DistributedConfig
 
 
 class _DefaultSentinel:
@@ -149,6 +152,16 @@ def _notifications(name, value):
     return result
 
 
+def _distributed(name, value):
+    if isinstance(value, dict):
+        value = DistributedConfig(**value)
+    if not isinstance(value, DistributedConfig):
+        raise TypeError(f"ClusterConfig.distributed must be a "
+                        f"cstorch.distributed.DistributedConfig or a dict of its fields, got "
+                        f"{value!r}.")
+    return value
+
+
 _VALIDATORS = {
     "mgmt_address": _mgmt_address, "mgmt_namespace": _optional_str,
     "credentials_path": _optional_str, "num_csx": _num_csx,
@@ -158,6 +171,7 @@ _VALIDATORS = {
     "mount_dirs": _mount_dirs, "python_paths": _python_paths, "automount": _bool,
     "mount_all": _bool, "disable_mount_check": _bool, "disable_version_check": _bool,
     "workflow_id": _optional_str, "notifications": _notifications,
+    "distributed": _distributed,
 }
 
 
@@ -187,6 +201,9 @@ class ClusterConfig:
     workflow_id: Optional[str] = None
     notifications: List[Union[NotificationTarget, dict]] = dataclasses.field(
         default_factory=list)
+    # Not in the reference: the multi-process JAX job of this run (see distributed.runtime).
+    distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig,
+                                                       kw_only=True)
 
     def __setattr__(self, name, value):
         validate = _VALIDATORS.get(name)

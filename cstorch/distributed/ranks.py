@@ -1,5 +1,6 @@
-"""Rank and streaming helpers of ``cstorch.distributed`` (single host: see
-``service_resolver``)."""
+"""Rank and streaming helpers of ``cstorch.distributed``: one task per process of the job
+(see ``service_resolver``), so samplers shard their data by ``get_streaming_rank()`` out of
+``num_streamers()``."""
 
 from __future__ import annotations
 
@@ -55,8 +56,9 @@ def get_streaming_rank() -> int:
 
 
 def get_streaming_batch_size(effective_batch_size: int, global_rank: Optional[int] = None) -> int:
-    """The batch size this task streams: the whole effective batch on a single host (the
-    modeled wafer splits the batch across its systems inside the compiled step)."""
+    """The batch size a task streams (this one, or ``global_rank``): the effective (global)
+    batch divided evenly among the streamers -- the whole batch in a single-process run (the
+    modeled wafer splits it across its systems inside the compiled step)."""
     if not isinstance(effective_batch_size, int) or isinstance(effective_batch_size, bool):
         raise TypeError(f"Expected effective batch size to be an integer, but got type "
                         f"{type(effective_batch_size).__name__} with value "
@@ -66,7 +68,12 @@ def get_streaming_batch_size(effective_batch_size: int, global_rank: Optional[in
                          f"{effective_batch_size}.")
     if global_rank is not None:
         service_resolver().cluster_spec.task(global_rank)  # validates the rank
-    return effective_batch_size
+    streamers = num_streamers()
+    if effective_batch_size % streamers:
+        raise ValueError(
+            f"The effective batch size {effective_batch_size} cannot be split evenly among "
+            f"the {streamers} processes that stream input; use a multiple of {streamers}.")
+    return effective_batch_size // streamers
 
 
 def is_master_ordinal(local: bool = False) -> bool:

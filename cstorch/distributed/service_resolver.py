@@ -1,8 +1,9 @@
 """Who does what in a run: the tasks of the cluster and their roles.
 
 On a Wafer-Scale Cluster the user node compiles and receives outputs while worker nodes
-stream input batches. This implementation runs on a single host: one task (rank 0) that is
-the master, the only streamer (its dataloader feeds the steps) and the only receiver.
+stream input batches. Here every process of the (JAX) job is a task that streams its slice of
+each global batch; task 0 is also the master and the only receiver. A single-process run is
+one task that does everything.
 """
 
 from __future__ import annotations
@@ -101,8 +102,13 @@ class ServiceResolver:
 
 
 def local_service_resolver() -> ServiceResolver:
-    """The single-host cluster: task 0 is master, streamer and receiver."""
-    task = TaskSpec(rank=0, local_rank=0, wse_id=0, node_name="localhost",
-                    roles=[TaskRole.MASTER, TaskRole.WORKER])
-    return ServiceResolver(ClusterResolver(ClusterSpec([task], rank=0, num_csx=1,
+    """The tasks of this job: one per process (see ``cstorch.distributed.runtime``). Every
+    process streams its slice of the input; process 0 is also the master and the receiver
+    (step and checkpoint closures run there). A single-process run is task 0 alone."""
+    from cstorch.distributed.runtime import process_count, process_index
+
+    tasks = [TaskSpec(rank=r, local_rank=r, wse_id=0, node_name="localhost",
+                      roles=[TaskRole.MASTER, TaskRole.WORKER] if r == 0 else [TaskRole.WORKER])
+             for r in range(process_count())]
+    return ServiceResolver(ClusterResolver(ClusterSpec(tasks, rank=process_index(), num_csx=1,
                                                        num_workers_per_csx=1)))

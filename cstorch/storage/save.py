@@ -22,6 +22,7 @@ import os
 import numpy as np
 import torch
 
+from cstorch.distributed import runtime
 from cstorch.storage import constants as C
 from cstorch.storage import conversions, serializers, treespec
 from cstorch.storage.h5_format import _COMPACT_ATTRIBUTE_LIMIT, H5Writer
@@ -45,8 +46,13 @@ def save(state_dict, ckpt_path: str | os.PathLike) -> None:
     - ``TypeError`` for leaves that cannot be pickled.
 
     On any error the partial file is removed and ``ckpt_path`` is left untouched.
+
+    In a multi-process job only process 0 writes (one checkpoint per job); values split
+    across processes were gathered when the state dict was taken.
     """
     path = os.fspath(ckpt_path)
+    if runtime.process_index() != 0:
+        return
     flat = treespec.flatten(state_dict)
     for key in flat.keys:
         if not key:

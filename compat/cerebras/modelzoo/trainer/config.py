@@ -1,0 +1,240 @@
+"""The ``trainer:`` YAML schema, validated with pydantic before anything is built.
+
+A config is ``{"trainer": {...}}`` or ``{"trainer": [{...}, ...]}`` (phases run in order),
+each with the sections ``init`` (the Trainer's arguments) and any of ``fit``, ``validate``,
+``validate_all``. Unknown keys, unknown callbacks or loggers and malformed optimizer or
+scheduler entries are reported together, each with its location in the file.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Dict, List, Literal, Optional, Union
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator
+
+from cerebras.modelzoo.trainer import callbacks as _callbacks
+from cerebras.modelzoo.trainer import loggers as _loggers
+from cerebras.modelzoo.trainer.registry import import_object
+
+
+class TrainerConfigError(ValueError):
+    """The trainer config is invalid; the message lists every problem with its location."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Open(BaseModel):
+    """A section whose extra keys are arguments of user code (checked when it is built)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class LoopConfig(_Strict):
+    num_steps: Optional[PositiveInt] = None
+    max_steps: Optional[PositiveInt] = None
+    num_epochs: Optional[PositiveInt] = None
+    steps_per_epoch: Optional[PositiveInt] = None
+    eval_frequency: Union[NonNegativeInt, float, None] = 1.0
+    eval_steps: Optional[PositiveInt] = None
+    grad_accum_steps: PositiveInt = 1
+
+
+class CheckpointConfig(_Strict):
+    steps: Optional[NonNegativeInt] = None
+    autoload_last_checkpoint: bool = True
+    disable_strict_checkpoint_loading: bool = False
+    save_initial_checkpoint: bool = False
+    checkpoint_root: Optional[str] = None
+    checkpoint_name: str = "checkpoint_{step}.mdl"
+    strict_version: bool = True
+
+
+class LoggingConfig(_Strict):
+    log_steps: NonNegativeInt = 1
+    log_level: str = "INFO"
+    wsc_log_level: Any = None
+    enable_act_frequency: bool = False
+
+
+class PrecisionConfig(_Strict):
+    enabled: bool = True
+    fp16_type: Literal["float16", "bfloat16", "cbfloat16"] = "bfloat16"
+    precision_opt_level: Optional[Literal[0, 1, 2]] = None
+    loss_scaling_factor: Union[float, Literal["dynamic"]] = 1.0
+    initial_loss_scale: Optional[float] = None
+    steps_per_increase: PositiveInt = 2000
+    min_loss_scale: Optional[float] = None
+    max_loss_scale: Optional[float] = None
+    max_gradient_norm: Optional[float] = None
+    max_gradient_value: Optional[float] = None
+    log_loss_scale: Optional[bool] = None
+
+
+class BackendConfig(_Open):
+    backend_type: Literal["CSX", "CPU", "GPU", "csx", "cpu", "gpu"]
+    cluster_config: Optional[Dict[str, Any]] = None
+
+
+class ModelConfig(_Open):
+    name: str = Field(description="a registered model name or an import path")
+
+
+class DataLoaderConfig(_Open):
+    data_processor: str = Field(description="a registered data processor or an import path")
+
+
+def _single_key(entry, what):
+    if not isinstance(entry, dict) or len(entry) != 1:
+        raise ValueError(f"each {what} must be a dict with exactly one key (its class name), "
+                         f"e.g. {{SGD: {{lr: 0.1}}}}; got {entry!r}")
+    (name, kwargs), = entry.items()
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise ValueError(f"the arguments of {what} {name!r} must be a mapping, got {kwargs!r}")
+    return name, kwargs or {}
+
+
+def _user_callback_classes(module, base) -> dict:
+    return {name: obj for name, obj in vars(module).items()
+            if isinstance(obj, type) and issubclass(obj, base) and obj is not base
+            and not inspect.isabstract(obj) and not issubclass(obj, _callbacks.CoreCallback)}
+
+
+def callback_class(name: str):
+    """A callback or logger class by its name in the trainer's modules, or an import path."""
+    known = {**_user_callback_classes(_callbacks, _callbacks.Callback),
+             **_user_callback_classes(_loggers, _loggers.Logger)}
+    if name in known:
+        return known[name]
+    if hasattr(_callbacks, name) and issubclass(getattr(_callbacks, name), _callbacks.CoreCallback):
+        raise ValueError(f"{name} is a core callback; configure it in its own init section "
+                         "(loop, checkpoint, logging, precision) instead of callbacks")
+    if ":" in name or "." in name:
+        obj = import_object(name)
+        if isinstance(obj, type) and issubclass(obj, _callbacks.Callback):
+            return obj
+        raise ValueError(f"{name} is not a Callback class")
+    raise ValueError(f"unknown callback or logger {name!r}; known: {', '.join(sorted(known))} "
+                     "(or give an import path, package.module:MyCallback)")
+
+
+def _check_callback_entries(entries, what):
+    for entry in entries or []:
+        name = entry if isinstance(entry, str) else _single_key(entry, what)[0]
+        callback_class(name)
+    return entries
+
+
+class InitConfig(_Strict):
+    device: Optional[Literal["CSX", "CPU", "GPU", "csx", "cpu", "gpu"]] = None
+    backend: Optional[BackendConfig] = None
+    model_dir: str = "./model_dir"
+    seed: Optional[int] = None
+    model: ModelConfig
+    optimizer: Optional[Dict[str, Optional[Dict[str, Any]]]] = None
+    schedulers: Optional[List[Dict[str, Optional[Dict[str, Any]]]]] = None
+    precision: Optional[PrecisionConfig] = None
+    sparsity: Optional[Any] = None
+    loop: Optional[LoopConfig] = None
+    checkpoint: Optional[CheckpointConfig] = None
+    logging: Optional[LoggingConfig] = None
+    callbacks: Optional[List[Union[str, Dict[str, Optional[Dict[str, Any]]]]]] = None
+    loggers: Optional[List[Union[str, Dict[str, Optional[Dict[str, Any]]]]]] = None
+    autorestart: Optional[Dict[str, Any]] = None
+
+    @field_validator("optimizer")
+    @classmethod
+    def _one_optimizer(cls, value):
+        if value is not None:
+            _single_key(value, "optimizer")
+        return value
+
+    @field_validator("schedulers", mode="before")
+    @classmethod
+    def _scheduler_list(cls, value):
+        if isinstance(value, dict):
+            value = [value]
+        for entry in value or []:
+            _single_key(entry, "scheduler")
+        return value
+
+    @field_validator("callbacks")
+    @classmethod
+    def _known_callbacks(cls, value):
+        return _check_callback_entries(value, "callback")
+
+    @field_validator("loggers")
+    @classmethod
+    def _known_loggers(cls, value):
+        for entry in value or []:
+            name = entry if isinstance(entry, str) else _single_key(entry, "logger")[0]
+            if not issubclass(callback_class(name), _loggers.Logger):
+                raise ValueError(f"{name} is not a Logger; list it under callbacks")
+        return value
+
+
+_Loaders = Union[DataLoaderConfig, List[DataLoaderConfig]]
+
+
+class FitConfig(_Strict):
+    train_dataloader: DataLoaderConfig
+    val_dataloader: Optional[_Loaders] = None
+    ckpt_path: Optional[str] = None
+
+
+class ValidateConfig(_Strict):
+    val_dataloader: _Loaders
+    ckpt_path: Optional[str] = None
+
+
+class ValidateAllConfig(_Strict):
+    val_dataloaders: Optional[_Loaders] = None
+    ckpt_paths: Union[str, List[str], None] = None
+
+
+class TrainerConfig(_Strict):
+    init: InitConfig
+    fit: Optional[FitConfig] = None
+    validate_: Optional[ValidateConfig] = Field(None, alias="validate")  # (BaseModel.validate)
+    validate_all: Optional[ValidateAllConfig] = None
+
+
+def _describe(error: pydantic.ValidationError, prefix: str) -> str:
+    lines = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in (prefix, *item["loc"]))
+        message = item["msg"]
+        if item["type"] == "extra_forbidden":
+            message = "unknown key (check its spelling and the section it is in)"
+        lines.append(f"  {where}: {message}")
+    return "\n".join(lines)
+
+
+def validate_trainer_params(params) -> List[TrainerConfig]:
+    """The validated phases of a ``{"trainer": ...}`` config (TrainerConfigError if invalid)."""
+    if not isinstance(params, dict) or "trainer" not in params:
+        raise TrainerConfigError("A trainer config is a mapping with a top-level `trainer` key "
+                                 "(convert legacy params with "
+                                 "convert_legacy_params_to_trainer_params).")
+    extra = sorted(set(params) - {"trainer"})
+    if extra:
+        raise TrainerConfigError(f"Unknown top-level keys {extra}: everything goes under "
+                                 "`trainer`.")
+    phases = params["trainer"]
+    single = isinstance(phases, dict)
+    phases = [phases] if single else phases
+    if not isinstance(phases, list) or not phases:
+        raise TrainerConfigError("`trainer` must be a mapping or a non-empty list of them.")
+    validated, problems = [], []
+    for index, phase in enumerate(phases):
+        prefix = "trainer" if single else f"trainer[{index}]"
+        try:
+            validated.append(TrainerConfig.model_validate(phase))
+        except pydantic.ValidationError as error:
+            problems.append(_describe(error, prefix))
+    if problems:
+        raise TrainerConfigError("Invalid trainer config:\n" + "\n".join(problems))
+    return validated

@@ -1,0 +1,251 @@
+"""Joining a multi-process job on JAX's distributed runtime (``jax.distributed``).
+
+A run spread over several processes (on one host or many) is one JAX job: every process runs
+the same script and the same compiled step over one global device mesh. The CSX backend
+joins the job when it is created (the GPU backend with ``enable_distributed=True``), from
+``ClusterConfig.distributed`` or else from the environment:
+
+=============================== ============================================================
+``CSTORCH_COORDINATOR_ADDRESS`` ``host:port`` of process 0, which hosts the coordinator
+``CSTORCH_NUM_PROCESSES``       number of processes in the job
+``CSTORCH_PROCESS_ID``          this process's index, ``0 <= id < num_processes``
+``CSTORCH_INIT_TIMEOUT``        seconds to wait for every process to join (default 60)
+``CSTORCH_HEARTBEAT_TIMEOUT``   seconds without a heartbeat after which a process counts as
+                                dead and the job is stopped (default 20)
+=============================== ============================================================
+
+``python -m cstorch.distributed.launch`` sets them for local processes.
+
+Failure behaviour (the knobs above bound it):
+
+* a process that never joins: the others raise ``DistributedError`` after the init timeout;
+* a process that dies: the others' next collective fails at once (the transport sees the
+  connection drop) and the step raises ``PeerFailureError``; the process then exits with
+  status 1 instead of waiting for the job's shutdown barrier. A peer that stops without
+  closing its connections (a frozen host) is declared dead by the coordinator after the
+  heartbeat timeout, which ends every process with the runtime's "another task died" error.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import os
+import re
+import sys
+import threading
+from typing import Optional
+
+ENV_COORDINATOR = "CSTORCH_COORDINATOR_ADDRESS"
+ENV_NUM_PROCESSES = "CSTORCH_NUM_PROCESSES"
+ENV_PROCESS_ID = "CSTORCH_PROCESS_ID"
+ENV_INIT_TIMEOUT = "CSTORCH_INIT_TIMEOUT"
+ENV_HEARTBEAT_TIMEOUT = "CSTORCH_HEARTBEAT_TIMEOUT"
+
+_ADDRESS = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[^\s:\[\]]+):\d{1,5}$")
+
+
+class DistributedError(RuntimeError):
+    """A multi-process job could not be formed or was misconfigured."""
+
+
+def _positive_int(name, value, minimum=1):
+    if isinstance(value, str):
+        if not value.strip().isdigit():
+            raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+    """The multi-process job this process belongs to (all None: a single-process run)."""
+
+    coordinator_address: Optional[str] = None
+    num_processes: Optional[int] = None
+    process_id: Optional[int] = None
+    initialization_timeout: int = 60
+    heartbeat_timeout: int = 20
+
+    def __post_init__(self):
+        if self.coordinator_address is not None and (
+                not isinstance(self.coordinator_address, str)
+                or not _ADDRESS.match(self.coordinator_address)):
+            raise ValueError(f"coordinator_address must look like 'host:port', got "
+                             f"{self.coordinator_address!r}.")
+        checked = {"initialization_timeout": 1, "heartbeat_timeout": 1}
+        if self.num_processes is not None:
+            checked["num_processes"] = 1
+        if self.process_id is not None:
+            checked["process_id"] = 0
+        for name, minimum in checked.items():
+            object.__setattr__(self, name, _positive_int(name, getattr(self, name), minimum))
+
+    @classmethod
+    def from_env(cls, environ=None) -> "DistributedConfig":
+        env = os.environ if environ is None else environ
+        kwargs = {}
+        for field, name in (("coordinator_address", ENV_COORDINATOR),
+                            ("num_processes", ENV_NUM_PROCESSES),
+                            ("process_id", ENV_PROCESS_ID),
+                            ("initialization_timeout", ENV_INIT_TIMEOUT),
+                            ("heartbeat_timeout", ENV_HEARTBEAT_TIMEOUT)):
+            if env.get(name, "") != "":
+                kwargs[field] = env[name]
+        try:
+            return cls(**kwargs)
+        except ValueError as error:
+            raise ValueError(f"Invalid distributed settings in the environment: {error}") \
+                from None
+
+    @classmethod
+    def from_torchrun_env(cls, environ=None) -> "DistributedConfig":
+        """The job torchrun describes (``MASTER_ADDR:MASTER_PORT``, ``WORLD_SIZE``,
+        ``RANK``); the coordinator takes the master's port, as nothing else uses it here."""
+        env = os.environ if environ is None else environ
+        try:
+            return cls(f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}", env["WORLD_SIZE"],
+                       env["RANK"])
+        except KeyError as missing:
+            raise DistributedError(
+                f"The torchrun environment lacks {missing.args[0]}: start the script with "
+                "torchrun or `python -m cstorch.distributed.launch`.") from None
+
+    def merged_with(self, other: "DistributedConfig") -> "DistributedConfig":
+        """These settings, with unset ones taken from ``other`` (e.g. the environment)."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for f in dataclasses.fields(self):
+            if values[f.name] is None or values[f.name] == f.default:
+                values[f.name] = getattr(other, f.name)
+        return DistributedConfig(**values)
+
+    @property
+    def is_multi_process(self) -> bool:
+        return (self.num_processes or 1) > 1
+
+    def validate(self) -> None:
+        if not self.is_multi_process:
+            return
+        missing = [name for name, value in (("coordinator address", self.coordinator_address),
+                                            ("process id", self.process_id)) if value is None]
+        if missing:
+            raise DistributedError(
+                f"A job of {self.num_processes} processes also needs the {' and '.join(missing)}"
+                f" (ClusterConfig.distributed or ${ENV_COORDINATOR} / ${ENV_PROCESS_ID}). "
+                "Start the processes with `python -m cstorch.distributed.launch`.")
+        if self.process_id >= self.num_processes:
+            raise DistributedError(
+                f"process_id {self.process_id} is out of range for a job of "
+                f"{self.num_processes} processes (0 ... {self.num_processes - 1}).")
+
+
+_joined: Optional[DistributedConfig] = None
+
+
+def joined() -> Optional[DistributedConfig]:
+    """The settings of the multi-process job this process joined (None: not joined)."""
+    return _joined
+
+
+def requested(config: Optional[DistributedConfig] = None) -> DistributedConfig:
+    """The job asked for by ``config`` and the environment (without joining it)."""
+    if _joined is not None:
+        return _joined
+    env = DistributedConfig.from_env()
+    return env if config is None else config.merged_with(env)
+
+
+def join(config: Optional[DistributedConfig] = None) -> bool:
+    """Joins the multi-process job described by ``config`` (or the environment); returns
+    whether this process is part of one. Safe to call again (later calls must agree)."""
+    global _joined
+    wanted = requested(config)
+    wanted.validate()
+    if _joined is not None:
+        return True
+    if not wanted.is_multi_process:
+        return False
+    import jax
+
+    if jax.distributed.is_initialized():  # joined by the user's own jax.distributed call
+        _joined = wanted
+        return True
+    from jax._src import xla_bridge
+
+    if xla_bridge.backends_are_initialized():
+        raise DistributedError(
+            "This process must join its multi-process job before JAX starts its devices, "
+            "but JAX is already running (something called jax.devices() or computed with "
+            "JAX). Create the cstorch backend first thing in the script.")
+    # CPU collectives between processes go through gloo (TCP); GPUs use NCCL by default.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    atexit.register(_exit_after_failure)  # runs before JAX's own shutdown barrier
+    error = _initialize_within(wanted)
+    if error is not None:
+        raise DistributedError(
+            f"Process {wanted.process_id} could not join the job of {wanted.num_processes} "
+            f"processes at {wanted.coordinator_address} within "
+            f"{wanted.initialization_timeout} s ({error}). Check that every process was "
+            "started with the same coordinator address and process count, that none of them "
+            f"failed early, and that the coordinator's port is free (${ENV_INIT_TIMEOUT} sets "
+            "the wait).")
+    _joined = wanted
+    return True
+
+
+_failed_to_join = False
+
+
+def _initialize_within(wanted: DistributedConfig) -> Optional[str]:
+    """Calls ``jax.distributed.initialize``, giving up after the init timeout; returns why
+    it failed (None on success). The runtime's own deadline is set later than ours because
+    it ends the process from a native thread, without a Python exception."""
+    import jax
+
+    outcome = {}
+
+    def connect():
+        try:
+            jax.distributed.initialize(
+                wanted.coordinator_address, wanted.num_processes, wanted.process_id,
+                initialization_timeout=wanted.initialization_timeout + 60,
+                heartbeat_timeout_seconds=wanted.heartbeat_timeout,
+                shutdown_timeout_seconds=max(wanted.heartbeat_timeout, 10))
+        except Exception as error:  # noqa: BLE001 - the runtime raises several types
+            first_line = (str(error).strip().splitlines() or [""])[0]
+            outcome["error"] = f"{type(error).__name__}: {first_line}"
+
+    thread = threading.Thread(target=connect, name="cstorch-join", daemon=True)
+    thread.start()
+    thread.join(wanted.initialization_timeout)
+    global _failed_to_join
+    if thread.is_alive():
+        _failed_to_join = True
+        return "the other processes did not all arrive"
+    if "error" in outcome:
+        _failed_to_join = True
+    return outcome.get("error")
+
+
+def _exit_after_failure() -> None:
+    """After a peer failed (or the job never formed), the job's shutdown barrier can only
+    fail too, and aborts the process with a long native log: end the process with status 1
+    after flushing instead."""
+    from jax_backend import mesh
+
+    if mesh.peer_failure is not None or _failed_to_join:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+
+def process_index() -> int:
+    """This process's index in the job (0 when single-process); never starts JAX."""
+    job = requested()
+    return job.process_id or 0 if job.is_multi_process else 0
+
+
+def process_count() -> int:
+    return requested().num_processes or 1

@@ -1,0 +1,16 @@
+"""A fresh cstorch backend (a process singleton) and default precision state per test."""
+
+import pytest
+
+import cstorch
+from cstorch.amp import _amp_state
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cstorch_state(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cstorch.backend._reset_for_tests()
+    _amp_state._AmpState.mixed_precision = False
+    _amp_state._AmpState.half_dtype_str = "float16"
+    yield
+    cstorch.backend._reset_for_tests()

@@ -1,0 +1,231 @@
+"""The ``trainer:`` YAML: validation errors, legacy conversion, and the command line on CPU
+and CSX, checked against the eager-torch training of the same config."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from cerebras.modelzoo.trainer.callbacks import CheckLoss, KeepNCheckpoints, RateProfiler
+from cerebras.modelzoo.trainer.config import TrainerConfigError, validate_trainer_params
+from cerebras.modelzoo.trainer.legacy import convert_legacy_params_to_trainer_params
+from cerebras.modelzoo.trainer.loggers import TensorBoardLogger
+from cerebras.modelzoo.trainer.registry import register_data_processor, register_model
+from cerebras.modelzoo.trainer.utils import run_trainer
+
+from tests.trainer.common import ClassifierMLP, batches, eager_reference, torch_loader
+
+SEED = 7
+
+
+def params(model_dir, device="CPU"):
+    return {"trainer": {
+        "init": {
+            "device": device, "model_dir": str(model_dir), "seed": SEED,
+            "model": {"name": "tests.trainer.common:ClassifierMLP"},
+            "optimizer": {"SGD": {"lr": 0.1, "momentum": 0.9}},
+            "schedulers": [{"LinearLR": {"initial_learning_rate": 0.1,
+                                         "end_learning_rate": 0.01, "total_iters": 24}}],
+            "loop": {"num_steps": 24, "eval_frequency": 12, "eval_steps": 3},
+            "checkpoint": {"steps": 12},
+            "loggers": [{"ProgressLogger": None}],  # keep test output quiet; TensorBoard stays
+        },
+        "fit": {
+            "train_dataloader": {"data_processor": "tests.trainer.common:torch_loader",
+                                 "num_batches": 24},
+            "val_dataloader": {"data_processor": "tests.trainer.common:torch_loader",
+                               "num_batches": 3, "seed": 99},
+        },
+        "validate": {"val_dataloader": {"data_processor": "tests.trainer.common:torch_loader",
+                                        "num_batches": 3, "seed": 99}},
+    }}
+
+
+def logged(model_dir, tag):
+    (summary,) = [p for p in model_dir.iterdir() if p.is_dir() and p.name[0].isdigit()]
+    accumulator = EventAccumulator(str(summary))
+    accumulator.Reload()
+    return [(e.step, e.value) for e in accumulator.Scalars(tag)]
+
+
+def run_cli(tmp_path, config, *args):
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    return subprocess.run([sys.executable, "-m", "cerebras.modelzoo.trainer", "fit", str(path),
+                           *args], capture_output=True, text=True, timeout=600, env=env,
+                          cwd=tmp_path)
+
+
+@pytest.mark.parametrize("device, rtol", [("CPU", 1e-4), ("CSX", 1e-3)])
+def test_the_command_line_fits_like_eager_torch(tmp_path, device, rtol):
+    model_dir = tmp_path / "model_dir"
+    result = run_cli(tmp_path, params(model_dir), "--device", device)
+    assert result.returncode == 0, result.stderr[-3000:]
+    want_train, want_val, _ = eager_reference(SEED, batches(24), batches(3, seed=99),
+                                              eval_every=12)
+    train = logged(model_dir, "loss")
+    assert [step for step, _ in train] == list(range(1, 25))
+    np.testing.assert_allclose([v for _, v in train], want_train, rtol=rtol)
+    val = logged(model_dir, "validate_0/loss")
+    assert [step for step, _ in val] == [12, 24]
+    np.testing.assert_allclose([v for _, v in val], want_val, rtol=rtol)
+    assert {p.name for p in model_dir.glob("*.mdl")} == {"checkpoint_12.mdl",
+                                                          "checkpoint_24.mdl"}
+
+
+def test_run_trainer_in_process_with_registered_names(tmp_path):
+    register_model("TinyMLP")(ClassifierMLP)
+    register_data_processor("TinyData")(torch_loader)
+    config = params(tmp_path / "run")
+    init, fit = config["trainer"]["init"], config["trainer"]["fit"]
+    init["model"] = {"name": "TinyMLP", "hidden": 16}
+    init["loop"] = {"num_steps": 4, "eval_frequency": None}
+    init["callbacks"] = [{"CheckLoss": None}, {"KeepNCheckpoints": {"n": 1}}]
+    init["checkpoint"] = {"steps": 2}
+    fit["train_dataloader"] = {"data_processor": "TinyData", "num_batches": 4}
+    (trainer,) = run_trainer("fit", config)
+    assert trainer.global_step == 4
+    assert trainer.get_callback(CheckLoss) is None  # a default removed with a null entry
+    assert trainer.get_callback(RateProfiler) is not None  # the other defaults stay
+    assert trainer.get_callback(KeepNCheckpoints).n == 1
+    assert [type(l) for l in trainer.loggers] == [TensorBoardLogger]
+    assert [p.name for p in (tmp_path / "run").glob("*.mdl")] == ["checkpoint_4.mdl"]
+    want, _, _ = eager_reference(SEED, batches(4))
+    np.testing.assert_allclose([v for _, v in logged(tmp_path / "run", "loss")], want,
+                               rtol=1e-4)
+
+    (validator,) = run_trainer("eval", config)  # autoloads checkpoint_4 from model_dir
+    assert validator.global_step == 4
+
+    # validate_all without ckpt_paths: every checkpoint of the model directory.
+    config["trainer"]["validate_all"] = {"val_dataloaders": config["trainer"]["validate"][
+        "val_dataloader"]}
+    (all_validator,) = run_trainer("eval_all", config)
+    assert all_validator.global_step == 4
+    (tmp_path / "run" / "checkpoint_4.mdl").unlink()
+    with pytest.raises(FileNotFoundError, match="validate_all found no checkpoints"):
+        run_trainer("validate_all", config)
+
+
+def test_validation_reports_every_problem_with_its_location():
+    config = params("unused")
+    init = config["trainer"]["init"]
+    init["loop"]["num_step"] = 3
+    init["optimizer"]["Adam"] = {}
+    init["callbacks"] = [{"NoSuchCallback": {}}]
+    init["loggers"] = ["CheckLoss"]
+    config["trainer"]["fit"]["train_dataloader"].pop("data_processor")
+    with pytest.raises(TrainerConfigError) as info:
+        validate_trainer_params(config)
+    message = str(info.value)
+    for expected in ["trainer.init.loop.num_step: unknown key",
+                     "trainer.init.optimizer", "exactly one key",
+                     "unknown callback or logger 'NoSuchCallback'",
+                     "CheckLoss is not a Logger",
+                     "trainer.fit.train_dataloader.data_processor: Field required"]:
+        assert expected in message
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"trainer": {"init": {"device": "CPU", "model": {"name": "x"}}}, "oops": 1},
+     "Unknown top-level keys"),
+    ({"trainer": {"init": {"device": "TPU", "model": {"name": "x"}}}}, "trainer.init.device"),
+    ({"trainer": {"init": {"device": "CPU"}}}, "trainer.init.model: Field required"),
+    ({"trainer": {"init": {"device": "CPU", "model": {"name": "x"},
+                           "callbacks": [{"Checkpoint": {}}]}}}, "is a core callback"),
+    ({"trainer": []}, "non-empty list"),
+])
+def test_invalid_configs(config, message):
+    with pytest.raises(TrainerConfigError, match=message):
+        validate_trainer_params(config)
+
+
+def test_unknown_model_and_optimizer_names_fail_before_training(tmp_path):
+    config = params(tmp_path)
+    config["trainer"]["init"]["model"] = {"name": "NotRegistered"}
+    with pytest.raises(ValueError, match="Unknown model 'NotRegistered'"):
+        run_trainer("fit", config)
+    config = params(tmp_path)
+    config["trainer"]["init"]["optimizer"] = {"Sgdd": {"lr": 0.1}}
+    with pytest.raises(ValueError, match="Invalid optimizer type"):
+        run_trainer("fit", config)
+
+
+def test_legacy_params_convert_to_the_trainer_config():
+    legacy = {
+        "runconfig": {"model_dir": "md", "seed": 3, "target_device": "CSX", "num_steps": 10,
+                      "eval_frequency": 5, "checkpoint_steps": 5, "log_steps": 2,
+                      "keep_checkpoint_max": 2, "checkpoint_path": "md/checkpoint_5.mdl",
+                      "mode": "train"},
+        "model": {"name": "pkg:Model", "hidden": 32, "mixed_precision": True,
+                  "fp16_type": "cbfloat16"},
+        "optimizer": {"optimizer_type": "AdamW", "weight_decay": 0.01, "max_gradient_norm": 1.0,
+                      "learning_rate": [{"scheduler": "Linear", "initial_learning_rate": 0.0,
+                                         "end_learning_rate": 1e-3, "total_iters": 4}],
+                      "grad_accum_steps": 1},
+        "train_input": {"data_processor": "pkg:train_data", "batch_size": 8},
+        "eval_input": {"data_processor": "pkg:eval_data", "batch_size": 8},
+    }
+    trainer = convert_legacy_params_to_trainer_params(legacy)["trainer"]
+    assert trainer["init"] == {
+        "model_dir": "md", "seed": 3, "backend": {"backend_type": "CSX"},
+        "model": {"name": "pkg:Model", "hidden": 32},
+        "precision": {"enabled": True, "fp16_type": "cbfloat16", "max_gradient_norm": 1.0},
+        "optimizer": {"AdamW": {"weight_decay": 0.01}},
+        "schedulers": [{"LinearLR": {"initial_learning_rate": 0.0, "end_learning_rate": 1e-3,
+                                     "total_iters": 4}}],
+        "loop": {"num_steps": 10, "eval_frequency": 5, "grad_accum_steps": 1},
+        "checkpoint": {"steps": 5}, "logging": {"log_steps": 2},
+        "callbacks": [{"KeepNCheckpoints": {"n": 2}}]}
+    assert trainer["fit"] == {
+        "train_dataloader": {"data_processor": "pkg:train_data", "batch_size": 8},
+        "val_dataloader": {"data_processor": "pkg:eval_data", "batch_size": 8},
+        "ckpt_path": "md/checkpoint_5.mdl"}
+    assert trainer["validate_all"]["ckpt_paths"] == ["md/checkpoint_5.mdl"]
+    validate_trainer_params({"trainer": trainer})
+    assert convert_legacy_params_to_trainer_params(
+        {"runconfig": {"model_name": "m"}, "optimizer": {"optimizer_type": "SGD",
+                                                          "learning_rate": 0.5}}
+    )["trainer"]["init"]["schedulers"] == [{"ConstantLR": {"learning_rate": 0.5}}]
+    with pytest.raises(ValueError, match="do not name the model"):
+        convert_legacy_params_to_trainer_params({"runconfig": {}})
+    with pytest.raises(ValueError, match="no Trainer equivalent"):
+        convert_legacy_params_to_trainer_params({"runconfig": {"model_name": "m",
+                                                               "frobnicate": 1}})
+
+
+
+
+def test_a_list_of_phases_runs_in_order_on_one_backend(tmp_path):
+    first, second = params(tmp_path / "phase1")["trainer"], params(tmp_path / "phase2")["trainer"]
+    for phase, steps in ((first, 4), (second, 2)):
+        phase["init"]["loop"] = {"num_steps": steps, "eval_frequency": None}
+        phase["init"]["checkpoint"] = {"steps": steps}
+        phase["fit"].pop("val_dataloader")
+    second["fit"]["ckpt_path"] = str(tmp_path / "phase1" / "checkpoint_4.mdl")
+    trainers = run_trainer("train", {"trainer": [first, second]})
+    assert [t.global_step for t in trainers] == [4, 6]  # phase 2 continued from phase 1
+    assert trainers[0].backend is trainers[1].backend
+    assert (tmp_path / "phase2" / "checkpoint_6.mdl").exists()
+
+
+def test_cli_overrides_and_errors_in_process(tmp_path):
+    from cerebras.modelzoo.trainer.cli import main
+
+    config = params(tmp_path / "ignored")
+    config["trainer"]["init"]["loop"] = {"num_steps": 2, "eval_frequency": None}
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["train", str(path), "--model_dir", str(tmp_path / "chosen")]) == 0
+    assert (tmp_path / "chosen" / "checkpoint_2.mdl").exists()
+    assert not (tmp_path / "ignored").exists()
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        main(["fit", str(tmp_path / "missing.yaml")])
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(TrainerConfigError, match="must hold a mapping"):
+        main(["fit", str(tmp_path / "list.yaml")])
