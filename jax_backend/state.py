@@ -223,9 +223,13 @@ class DeviceState:
             self._unguard(entry.tensor)
 
     # ------------------------------------------------------------------ failures
-    def host_copies(self, tensors: Sequence[torch.Tensor]) -> list:
-        """Host copies of the tensors' current arrays: a backup against a failing step."""
-        return [np.array(a, copy=True) for a in self.arrays(tensors)]
+    def host_copies(self, tensors: Sequence[torch.Tensor]) -> list | None:
+        """Host copies of the tensors' current arrays: a backup against a failing step. None
+        when some array is split across processes (each holds only its part)."""
+        arrays = self.arrays(tensors)
+        if not all(getattr(a, "is_fully_addressable", True) for a in arrays):
+            return None
+        return [np.array(a, copy=True) for a in arrays]
 
     def recover(self, tensors: Sequence[torch.Tensor], arrays: Sequence, backup=None) -> str:
         """After a failed step: puts back the state a step consumed (donated) before failing.
