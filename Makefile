@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test bench coverage clean
+.PHONY: demo test bench coverage zoo-check clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,14 @@ bench: .venv
 
 coverage: .venv
 	$(PY) tools/op_coverage.py
+
+# The unchanged Cerebras Model Zoo on this project (tests/zoo/README.md). Fetches nothing:
+# MODELZOO_SRC is a zoo Release_2.10.0 checkout's src/, ZOO_PYTHON a venv with the zoo's deps.
+ZOO_PYTHON ?= $(PY)
+zoo-check: .venv
+	@test -n "$(MODELZOO_SRC)" || { echo "Set MODELZOO_SRC=/path/to/modelzoo/src (see tests/zoo/README.md)"; exit 2; }
+	$(ZOO_PYTHON) tools/zoo_scan.py $(MODELZOO_SRC)
+	MODELZOO_SRC=$(MODELZOO_SRC) ZOO_PYTHON=$(ZOO_PYTHON) $(PY) -m pytest -q tests/zoo
 
 clean:
 	rm -rf artifacts cerebras_logs .pytest_cache

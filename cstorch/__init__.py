@@ -5,7 +5,10 @@
 
 import os as _os
 
-import jax_backend as _jax_backend
+# True only while documentation is generated from the docstrings (as in the reference).
+_generating_docs = _os.environ.get("GENERATING_CEREBRAS_PYTORCH_DOCS") == "1"
+
+import jax_backend as _jax_backend  # noqa: E402
 
 _jax_backend.register_internal_dir(_os.path.dirname(__file__))
 
@@ -17,6 +20,8 @@ from cstorch import metrics  # noqa: E402
 from cstorch import nn  # noqa: E402
 from cstorch import profiler  # noqa: E402
 from cstorch import sparse  # noqa: E402
+from cstorch._cirh import cirh  # noqa: E402
+from cstorch.lib import cerebras_pytorch_lib  # noqa: E402
 from cstorch.backend import (  # noqa: E402
     backend,
     current_backend,

@@ -28,7 +28,27 @@ class INI(dict):
 
 
 class DebugArgs(dict):
-    """Appliance debug arguments: a dict of name -> value."""
+    """Appliance debug arguments: a dict of name -> value (nested dicts for sub-messages).
+
+    ``MergeFrom(other)`` merges like the reference's protobuf message does: nested mappings
+    merge key by key, lists are extended, any other value of ``other`` replaces this one's.
+    """
+
+    def MergeFrom(self, other) -> None:  # noqa: N802 - the protobuf method name
+        if not isinstance(other, dict):
+            raise TypeError(f"DebugArgs.MergeFrom expects DebugArgs or a dict, got "
+                            f"{type(other).__name__}.")
+        _merge_into(self, other)
+
+
+def _merge_into(target: dict, source: dict) -> None:
+    for key, value in source.items():
+        if isinstance(value, dict) and isinstance(target.get(key), dict):
+            _merge_into(target[key], value)
+        elif isinstance(value, list) and isinstance(target.get(key), list):
+            target[key].extend(value)
+        else:
+            target[key] = value
 
 
 def _optimization_level(name, value):

@@ -9,6 +9,8 @@ This package knows nothing of the cstorch API. Its public surface:
 * ``LazyTensor`` / ``materialize``: torch tensors backed by not-yet-read JAX arrays.
 * ``optimizers`` / ``schedules``: optax-style pure update rules and schedules.
 * ``torch_ops``: torch custom ops (optimizer step, schedule) that lower to those functions.
+* ``sparsity`` / ``sparse_ops``: weight-sparsity mask maths (top-k, drop/grow, balanced
+  groups) as pure JAX functions, and the torch custom ops that lower to them.
 * ``registry``: the ATen lowering table (``lowers``).
 * ``mesh``: devices, the ``(csx, ws)`` data-parallel / sharded-state layout of a multi-device
   (and multi-process) program, global values of arrays, collectives counted in compiled HLO.
@@ -27,17 +29,15 @@ from jax_backend import compilation_cache  # noqa: E402
 compilation_cache.enable_default()
 
 from jax_backend import dtypes, mesh, optimizers, precision, registry, schedules  # noqa: E402
+from jax_backend import ops  # noqa: E402  (registers every ATen lowering)
 from jax_backend import torch_ops  # noqa: E402  (registers the cstorch:: custom ops)
 from jax_backend import optax_ops  # noqa: E402  (cstorch::optax_update)
-from jax_backend.capture import (  # noqa: E402
-    CapturedStep,
-    Slot,
-    capture_step,
-    register_internal_dir,
-)
+from jax_backend import sparse_ops, sparsity  # noqa: E402  (sparsity mask ops)
+from jax_backend.capture import CapturedStep, Slot, capture_step  # noqa: E402
 from jax_backend.errors import (  # noqa: E402
     CaptureError,
     JaxBackendError,
+    LoweringError,
     LoweringNotFoundError,
     RecompilationError,
     ValueReadInTraceError,
@@ -47,10 +47,12 @@ from jax_backend.lazy import LazyTensor, materialize  # noqa: E402
 from jax_backend.precision import Policy  # noqa: E402
 from jax_backend.program import Program  # noqa: E402
 from jax_backend.state import DeviceState  # noqa: E402
+from jax_backend.user_frames import register_internal_dir  # noqa: E402
 
 __all__ = [
-    "CaptureError", "CapturedStep", "compilation_cache", "DeviceState", "GraphInterpreter", "JaxBackendError",
-    "LazyTensor", "LoweringNotFoundError", "Policy", "Program", "RecompilationError", "Slot",
-    "ValueReadInTraceError", "capture_step", "dtypes", "materialize", "mesh", "optimizers",
-    "precision", "register_internal_dir", "registry", "schedules", "torch_ops",
+    "CaptureError", "CapturedStep", "DeviceState", "GraphInterpreter", "JaxBackendError",
+    "LazyTensor", "LoweringError", "LoweringNotFoundError", "Policy", "Program",
+    "RecompilationError", "Slot", "ValueReadInTraceError", "capture_step",
+    "compilation_cache", "dtypes", "materialize", "mesh", "optimizers", "precision",
+    "register_internal_dir", "registry", "schedules", "sparse_ops", "sparsity", "torch_ops",
 ]

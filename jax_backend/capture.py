@@ -26,9 +26,9 @@ import functools
 import operator
 import os
 import sys
-import traceback
+import types
 import warnings
-from typing import Callable, MutableMapping, Sequence
+from typing import Callable, Mapping, MutableMapping, Sequence
 
 import torch
 import torch.fx
@@ -47,24 +47,16 @@ from jax_backend.errors import CaptureError, ValueReadInTraceError
 from jax_backend.errors import LoweringNotFoundError
 from jax_backend.precision import Policy
 from jax_backend.registry import has_lowering
+from jax_backend.user_frames import (
+    PACKAGE_DIR,
+    TORCH_DIR,
+    current_user_frame,
+    user_frame,
+    warn,
+)
 
 aten = torch.ops.aten
 
-_TORCH_DIR = os.path.dirname(torch.__file__)
-_THIS_PACKAGE = os.path.dirname(__file__)
-_INTERNAL_DIRS = [_TORCH_DIR, _THIS_PACKAGE, os.path.dirname(contextlib.__file__)]
-
-
-def register_internal_dir(path: str) -> None:
-    """Marks a library directory whose frames are never "the user's line" in error messages."""
-    path = os.path.abspath(path) + os.sep
-    if path not in _INTERNAL_DIRS:
-        _INTERNAL_DIRS.append(path)
-
-
-def _is_internal(filename: str) -> bool:
-    filename = os.path.abspath(filename)
-    return any(filename.startswith(d) for d in _INTERNAL_DIRS)
 # Nodes that only mark profiler ranges; they have side effects, so DCE would keep them.
 _DROPPED_TARGETS = {
     torch.ops.profiler._record_function_enter_new.default,
@@ -73,7 +65,7 @@ _DROPPED_TARGETS = {
 
 
 @functools.lru_cache(maxsize=1)
-def decompositions() -> dict:
+def core_decompositions() -> dict:
     """Core-ATen decompositions plus the batch-norm family.
 
     torch keeps ``native_batch_norm`` whole in the core set, but its schema does not mark the
@@ -89,7 +81,7 @@ def decompositions() -> dict:
                aten._native_batch_norm_legit_no_training.default,
                aten._batch_norm_with_update.default, aten._batch_norm_no_update.default):
         table[op] = decomposition_table[op]
-    return table
+    return types.MappingProxyType(table)  # shared: callers extend a copy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +94,10 @@ class Slot:
 
     container: MutableMapping
     key: object
+    name: str = dataclasses.field(default="", compare=False)  # for messages; default: key
+
+    def describe(self) -> str:
+        return f"state {self.name or repr(self.key)}"
 
     def get(self):
         return self.container[self.key]
@@ -125,6 +121,7 @@ class CapturedStep:
     output_spec: pytree.TreeSpec  # structure of the user's outputs
     output_is_tensor: list  # per output leaf: True if a graph output, else a constant
     output_constants: list  # non-tensor output leaves (None where the leaf is a tensor)
+    locate: Callable | None = None  # op -> the user's line that calls it (for error messages)
 
     @property
     def num_tensor_outputs(self):
@@ -156,19 +153,6 @@ def _fake_like(mode: FakeTensorMode, tensor: torch.Tensor) -> torch.Tensor:
     return fake
 
 
-def _user_frame(frames) -> str | None:
-    """The innermost frame that belongs to user code, formatted for an error message."""
-    for frame in reversed(frames):
-        if not _is_internal(frame.filename):
-            return f'  File "{frame.filename}", line {frame.lineno}, in {frame.name}\n    {frame.line}'
-    return None
-
-
-def user_frame(tb) -> str | None:
-    """The user's frame in a traceback (see ``_user_frame``)."""
-    return _user_frame(traceback.extract_tb(tb))
-
-
 def _op_name(op) -> str:
     return op.name().split("::")[-1].split(".")[0].rstrip("_")
 
@@ -183,7 +167,7 @@ class _OpLocator(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self.frame is None and _op_name(func) == self.name:
-            self.frame = _user_frame(traceback.extract_stack())
+            self.frame = current_user_frame()
         return func(*args, **(kwargs or {}))
 
 
@@ -194,7 +178,7 @@ def _called_from_library() -> bool:
     """Whether the code asking for a fake tensor's text is torch or the engine (which may
     format tensors in messages) rather than the user's step."""
     caller = sys._getframe(2).f_code.co_filename
-    return os.path.abspath(caller).startswith((_TORCH_DIR, _THIS_PACKAGE))
+    return os.path.abspath(caller).startswith((TORCH_DIR, PACKAGE_DIR))
 
 
 def _guarded_repr(self, *args, **kwargs):
@@ -258,19 +242,25 @@ def _flat_outputs(outputs):
 
 
 def capture_step(fn: Callable, slots: Sequence[Slot], inputs: Sequence[torch.Tensor],
-                 policy: Policy | None = None) -> CapturedStep:
+                 policy: Policy | None = None,
+                 decompositions: Mapping | None = None) -> CapturedStep:
     """Traces ``fn(*inputs)`` once, treating the tensors held by ``slots`` as state.
 
     ``fn`` may read and update state in place or rebind slots; it returns any pytree whose
     tensor leaves become graph outputs and whose other leaves are frozen constants. A mixed
     ``policy`` traces ``fn`` under autocast (see ``jax_backend.precision``).
+    ``decompositions`` (``{OpOverload: fn}``) are used in this capture on top of the built-in
+    table (``core_decompositions``), which they override.
     """
     if policy is not None and policy.is_mixed:
         fn = _under(policy.capture_context, fn)
+    table = core_decompositions()
+    if decompositions:
+        table = {**table, **decompositions}
     state = _unique_state(slots)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fake_inputs = [mode.from_tensor(x) for x in inputs]
-    graph, info = _trace(fn, slots, state, mode, fake_inputs)
+    graph, info = _trace(fn, slots, state, mode, fake_inputs, table)
     rebound_state = _rebound_state_indices(slots, state, info["rebound"])
     _check_constants(graph)
 
@@ -278,15 +268,34 @@ def capture_step(fn: Callable, slots: Sequence[Slot], inputs: Sequence[torch.Ten
     plain = [_fake_like(mode, t).detach() for t in state] + fake_inputs
     with mode:
         functional = make_fx(torch.func.functionalize(graph, remove="mutations"),
-                             decomposition_table=decompositions())(*plain)
-    captured = _finalize(functional, len(state), len(inputs), rebound_state, info)
+                             decomposition_table=table)(*plain)
+    captured = _finalize(functional, len(state), len(inputs), rebound_state, info,
+                         _state_names(slots, state))
+    captured.locate = _op_locator(fn, slots, inputs, table)
     missing = _first_missing_lowering(captured.graph)
     if missing is not None:
-        # Trace again watching for that op (only on failure) to name the user's line.
-        locator = _OpLocator(missing)
-        _trace(fn, slots, state, mode, fake_inputs, locator=locator)
-        raise LoweringNotFoundError(missing, locator.frame)
+        raise LoweringNotFoundError(missing, captured.locate(missing))
     return captured
+
+
+def _op_locator(fn, slots, inputs, table) -> Callable:
+    """``locate(op)``: the user's line that first calls ``op`` in ``fn``, found by tracing
+    ``fn`` again (only ever on failure, so a normal capture pays nothing for it). Keeps the
+    inputs' metadata, not the inputs."""
+    specs = [(tuple(x.shape), tuple(x.stride()), x.dtype) for x in inputs]
+
+    def locate(op) -> str | None:
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        fakes = [mode.from_tensor(torch.empty_strided(shape, stride, dtype=dtype))
+                 for shape, stride, dtype in specs]
+        locator = _OpLocator(op)
+        try:
+            _trace(fn, slots, _unique_state(slots), mode, fakes, table, locator=locator)
+        except Exception:  # noqa: BLE001 - the caller raises the real error; only the line is lost
+            return None
+        return locator.frame
+
+    return locate
 
 
 def _under(context_factory, fn):
@@ -297,7 +306,7 @@ def _under(context_factory, fn):
     return wrapped
 
 
-def _trace(fn, slots, state, mode, fake_inputs, locator=None):
+def _trace(fn, slots, state, mode, fake_inputs, table, locator=None):
     """Pass 1: make_fx over the step with state faked in place; returns (graph, info)."""
     originals = [slot.get() for slot in slots]
     info = {}
@@ -315,7 +324,7 @@ def _trace(fn, slots, state, mode, fake_inputs, locator=None):
     try:
         with _state_faked(mode, state), mode, _values_unreadable(), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*non-writable tensors.*")
-            graph = make_fx(traced, decomposition_table=decompositions())(*state, *fake_inputs)
+            graph = make_fx(traced, decomposition_table=table)(*state, *fake_inputs)
     except Exception as err:  # noqa: BLE001 - translated below or re-raised unchanged
         translated = _translate_trace_errors(err)
         if translated is not None:
@@ -348,13 +357,24 @@ def _unique_state(slots):
     return state
 
 
+def _state_names(slots, state) -> list:
+    """A description of each unique state tensor: its first slot's."""
+    names = {}
+    for slot in slots:
+        names.setdefault(id(slot.get()), slot.describe())
+    return [names[id(t)] for t in state]
+
+
 def _rebound_state_indices(slots, state, rebound_slots):
     index_of = {id(t): i for i, t in enumerate(state)}
     result = []
     for slot_index in rebound_slots:
         state_index = index_of[id(slots[slot_index].get())]
         if state_index in result:
-            raise CaptureError(f"state slot {slots[slot_index].key!r} was rebound twice")
+            raise CaptureError(
+                f"{slots[slot_index].describe()} was rebound twice in one step (two slots "
+                "holding the same tensor were both assigned). Assign it once, or update it in "
+                "place with `copy_`.")
         result.append(state_index)
     return result
 
@@ -373,7 +393,7 @@ def _check_constants(graph: torch.fx.GraphModule) -> None:
 
 
 def _finalize(graph: torch.fx.GraphModule, num_state: int, num_inputs: int,
-              rebound_state: list, info: dict) -> CapturedStep:
+              rebound_state: list, info: dict, state_names: list) -> CapturedStep:
     nodes = graph.graph
     placeholders = [n for n in nodes.nodes if n.op == "placeholder"]
     state_nodes = placeholders[:num_state]
@@ -390,10 +410,8 @@ def _finalize(graph: torch.fx.GraphModule, num_state: int, num_inputs: int,
             if target.op == "placeholder" and target in state_nodes:
                 new_values[state_nodes.index(target)] = node.args[1]
             elif target.op == "placeholder":
-                warnings.warn(
-                    "The step modifies one of its input tensors in place; the change stays "
-                    "inside the compiled step and is not written back to the caller's tensor.",
-                    stacklevel=4)
+                warn("The step modifies one of its input tensors in place; the change stays "
+                     "inside the compiled step and is not written back to the caller's tensor.")
             else:
                 raise CaptureError(
                     "The step modifies, in place, a tensor that is not part of the backend's "
@@ -408,8 +426,10 @@ def _finalize(graph: torch.fx.GraphModule, num_state: int, num_inputs: int,
     user_values = flat_out[len(rebound_state):]
     for state_index, value in zip(rebound_state, rebound_values):
         if state_index in new_values:
-            raise CaptureError("a state tensor was both modified in place and rebound in one step")
-        _check_rebinding(state_nodes[state_index], value)
+            raise CaptureError(
+                f"{state_names[state_index]} was both modified in place and rebound in one "
+                "step, so it has two new values. Do one or the other.")
+        _check_rebinding(state_nodes[state_index], value, state_names[state_index])
         new_values[state_index] = value
 
     written = sorted(i for i, v in new_values.items() if v is not state_nodes[i])
@@ -427,12 +447,12 @@ def _finalize(graph: torch.fx.GraphModule, num_state: int, num_inputs: int,
         output_constants=info["constants"])
 
 
-def _check_rebinding(placeholder, value):
+def _check_rebinding(placeholder, value, name):
     old, new = placeholder.meta.get("val"), getattr(value, "meta", {}).get("val")
     if not isinstance(new, torch.Tensor):
-        raise CaptureError("a state slot was rebound to something that is not a tensor")
+        raise CaptureError(f"{name} was rebound to something that is not a tensor")
     if tuple(old.shape) != tuple(new.shape) or old.dtype != new.dtype:
         raise CaptureError(
-            f"a state tensor of shape {tuple(old.shape)} and dtype {old.dtype} was replaced by "
+            f"{name} of shape {tuple(old.shape)} and dtype {old.dtype} was replaced by "
             f"one of shape {tuple(new.shape)} and dtype {new.dtype}; state must keep its shape "
             "and dtype across steps. Update it in place (`t.copy_(new)`) with a matching value.")

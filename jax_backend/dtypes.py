@@ -107,16 +107,6 @@ def array_to_tensor(array) -> torch.Tensor:
 # lower-ranked operand is not of a higher category (bool < integer < floating < complex).
 
 
-def _category(dtype: torch.dtype) -> int:
-    if dtype == torch.bool:
-        return 0
-    if dtype.is_complex:
-        return 3
-    if dtype.is_floating_point:
-        return 2
-    return 1
-
-
 def _promote(a, b):
     if a is None:
         return b
@@ -177,12 +167,14 @@ def result_type(*operands) -> torch.dtype:
     return _result_type(tuple(_operand_kind(x) for x in operands if x is not None))
 
 
+def promote(a, b) -> np.dtype:
+    """torch's promotion of two JAX dtypes (what JAX's default promotion gives for the pairs
+    ops meet, but also allowed under ``jax_numpy_dtype_promotion="strict"``)."""
+    return to_jax_dtype(torch.promote_types(to_torch_dtype(a), to_torch_dtype(b)))
+
+
 def result_jax_dtype(*operands) -> np.dtype:
     return to_jax_dtype(result_type(*operands))
-
-
-def is_float(dtype) -> bool:
-    return jnp.issubdtype(dtype, jnp.floating)
 
 
 def float_dtype_for(dtype) -> np.dtype:

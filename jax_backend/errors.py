@@ -21,6 +21,28 @@ class LoweringNotFoundError(NotImplementedError):
         )
 
 
+class LoweringError(JaxBackendError):
+    """A registered lowering raised while the step was lowered to JAX.
+
+    Carries the ATen overload (``op``), the graph node's name, its inputs' shapes and dtypes
+    (as torch saw them) and, when it could be found, the user's line that called the op."""
+
+    def __init__(self, op, node: str, inputs: list, cause: BaseException,
+                 user_frame: str | None = None):
+        self.op, self.node, self.inputs, self.cause = op, node, inputs, cause
+        self.user_frame = user_frame
+        where = f"\nIt was called from:\n{user_frame}" if user_frame else ""
+        super().__init__(
+            f"Lowering the ATen operator '{op}' (graph node {node}, inputs: "
+            f"{', '.join(inputs) or 'none'}) failed with {type(cause).__name__}: {cause}{where}\n"
+            "This is a bug or a gap in that op's JAX lowering; rewrite that line with other "
+            "torch operations, or report it with this message.")
+
+    def with_user_frame(self, user_frame: str | None) -> "LoweringError":
+        """The same error, naming the user's line."""
+        return LoweringError(self.op, self.node, self.inputs, self.cause, user_frame)
+
+
 class DuplicateLoweringError(RuntimeError):
     """Two lowerings were registered for the same ATen overload."""
 

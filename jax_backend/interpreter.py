@@ -19,10 +19,8 @@ import torch
 import torch.fx
 
 from jax_backend import dtypes
-from jax_backend.errors import JaxBackendError
+from jax_backend.errors import JaxBackendError, LoweringError
 from jax_backend.registry import lookup
-
-import jax_backend.ops  # noqa: F401  (importing the families registers their lowerings)
 
 
 class LoweringMismatchError(JaxBackendError):
@@ -65,6 +63,18 @@ def _conform(node, result, expected, strict):
     return result
 
 
+def _describe_inputs(node) -> list:
+    """``dtype[shape]`` of each tensor input of ``node``, as torch traced it."""
+    described = []
+    for arg in node.all_input_nodes:
+        value = arg.meta.get("val")
+        if isinstance(value, torch.Tensor):
+            described.append(f"{value.dtype}{list(value.shape)}".replace("torch.", ""))
+        else:
+            described.append(type(value).__name__)
+    return described
+
+
 class GraphInterpreter:
     """Evaluates a functional FX graph with JAX lowerings.
 
@@ -105,7 +115,10 @@ class GraphInterpreter:
                     raise JaxBackendError(f"{node.target} needs a PRNG key but none was given")
                 kwargs["key"] = jax.random.fold_in(key, random_index)
                 random_index += 1
-            result = lowering.fn(*args, **kwargs)
+            try:
+                result = lowering.fn(*args, **kwargs)
+            except Exception as err:  # noqa: BLE001 - re-raised with the op and node named
+                raise LoweringError(node.target, node.name, _describe_inputs(node), err) from err
             env[node] = _conform(node, result, node.meta.get("val"), self.strict)
         raise JaxBackendError("graph has no output node")
 

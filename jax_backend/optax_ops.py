@@ -33,8 +33,11 @@ def _update_jax(key, params, grads, state):
 
     transformation, treedef = _TRANSFORMS[key]
     opt_state = jax.tree_util.tree_unflatten(treedef, list(state))
-    updates, new_state = transformation.update(list(grads), opt_state, list(params))
-    new_params = optax.apply_updates(list(params), updates)
+    # The transformation is the user's (optax) code, written for JAX's standard promotion
+    # (``1 - b1 ** count`` with an int32 count); it keeps it even if the caller made JAX strict.
+    with jax.numpy_dtype_promotion("standard"):
+        updates, new_state = transformation.update(list(grads), opt_state, list(params))
+        new_params = optax.apply_updates(list(params), updates)
     new_leaves = jax.tree_util.tree_leaves(new_state)
     if len(new_leaves) != len(state):
         raise ValueError(

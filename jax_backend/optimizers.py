@@ -19,6 +19,14 @@ follows the state it is given, so it never branches on the value of a traced hyp
 Where the reference multiplies the parameter before adding to it (Lion, ASGD, Adafactor,
 Muon), the update is the difference between the reference's new parameter and the old one.
 
+Each rule is one function rather than an optax chain (``add_decayed_weights`` then
+``scale_by_adam`` then ``scale_by_learning_rate``) on purpose: the results must match the
+reference's float32 arithmetic bit for bit where it can, and floating-point operations do
+not reassociate; a chain fixes its own order of operations (it scales by ``-lr`` last, for
+instance), which differs from the reference's in-place torch sequence. The pieces the rules
+share are small helpers instead (``_maximized``, ``_coupled_l2``, ``_ema``), each keeping the
+reference's operand order.
+
 >>> import jax.numpy as jnp, optax
 >>> tx = sgd(learning_rate=0.1, momentum=0.9)
 >>> params = [jnp.ones(2, jnp.float32)]
@@ -117,6 +125,22 @@ def _per_param(rule):
     return update
 
 
+def _maximized(g, maximize: bool):
+    """The gradient to descend: ``-g`` when the objective is maximised (torch's ``maximize``)."""
+    return -g if maximize else g
+
+
+def _coupled_l2(g, p, weight_decay):
+    """Coupled L2 regularisation, added to the gradient: ``g + p·weight_decay``."""
+    return g + p * weight_decay
+
+
+def _ema(average, value, decay):
+    """The exponential moving average ``average·decay + value·(1 - decay)``, in the
+    reference's operation order."""
+    return average * decay + value * (1.0 - decay)
+
+
 def _delta(new_p, p):
     """The update that takes ``p`` to the reference's ``new_p``."""
     return new_p.astype(p.dtype) - p
@@ -156,8 +180,7 @@ def sgd(learning_rate, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=F
         return SGDState(_zeros_like(params) if _is_on(momentum) else None)
 
     def rule(g, p, s):
-        g = -g if maximize else g
-        g = g + p * weight_decay
+        g = _coupled_l2(_maximized(g, maximize), p, weight_decay)
         new = {}
         if s["momentum_buffer"] is not None:
             buf = s["momentum_buffer"] * momentum + g * (1.0 - dampening)
@@ -204,8 +227,8 @@ def adam_base(learning_rate=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0
         # The reference tests `rate > 0.0` on a float; a traced rate is always added.
         if not _is_python_number(l2_regularization_rate) or l2_regularization_rate > 0.0:
             g = g + p * l2_regularization_rate
-        m = s["exp_avg"] * beta1 + g * (1.0 - beta1)
-        v = s["exp_avg_sq"] * beta2 + (1.0 - beta2) * (g * g)
+        m = _ema(s["exp_avg"], g, beta1)
+        v = _ema(s["exp_avg_sq"], g * g, beta2)
         new = {"exp_avg": m, "exp_avg_sq": v}
         if s["max_exp_avg_sq"] is not None:
             v = jnp.maximum(s["max_exp_avg_sq"], v)
@@ -252,12 +275,11 @@ def adadelta(learning_rate=1.0, rho=0.9, eps=1e-6, weight_decay=0.0, maximize=Fa
         return AdadeltaState(_zeros_like(params), _zeros_like(params))
 
     def rule(g, p, s):
-        g = -g if maximize else g
-        g = g + p * weight_decay
-        sq = s["square_avg"] * rho + (1 - rho) * (g * g)
+        g = _coupled_l2(_maximized(g, maximize), p, weight_decay)
+        sq = _ema(s["square_avg"], g * g, rho)
         std = jnp.sqrt(sq + eps)
         delta = jnp.sqrt(s["acc_delta"] + eps) / std * g
-        acc = s["acc_delta"] * rho + (1 - rho) * (delta * delta)
+        acc = _ema(s["acc_delta"], delta * delta, rho)
         return -learning_rate * delta, {"square_avg": sq, "acc_delta": acc}
 
     return optax.GradientTransformation(init, _per_param(rule))
@@ -319,20 +341,20 @@ def adafactor(learning_rate, eps=(1e-30, 1e-3), clip_threshold=1.0, decay_rate=-
         upd = g ** 2 + eps1
         new = {"step": step}
         if p.ndim >= 2:
-            row = s["exp_avg_sq_row"] * beta2t + jnp.mean(upd, axis=-1) * (1.0 - beta2t)
-            col = s["exp_avg_sq_col"] * beta2t + jnp.mean(upd, axis=-2) * (1.0 - beta2t)
+            row = _ema(s["exp_avg_sq_row"], jnp.mean(upd, axis=-1), beta2t)
+            col = _ema(s["exp_avg_sq_col"], jnp.mean(upd, axis=-2), beta2t)
             new.update(exp_avg_sq_row=row, exp_avg_sq_col=col)
             r = jax.lax.rsqrt(row / jnp.mean(row, axis=-1, keepdims=True))[..., None]
             c = jax.lax.rsqrt(col)[..., None, :]
             upd = r * c * g
         else:
-            v = s["exp_avg_sq"] * beta2t + upd * (1.0 - beta2t)
+            v = _ema(s["exp_avg_sq"], upd, beta2t)
             new["exp_avg_sq"] = v
             upd = jax.lax.rsqrt(v) * g
         upd = upd / jnp.maximum(_rms(upd) / clip_threshold, _f32(1.0))
         upd = upd * lr
         if use_first_moment:
-            m = s["exp_avg"] * beta1 + upd * (1 - beta1)
+            m = _ema(s["exp_avg"], upd, beta1)
             new["exp_avg"] = m
             upd = m
         new_p = p - p * (weight_decay * lr)
@@ -362,8 +384,7 @@ def adagrad(learning_rate=1e-2, lr_decay=0.0, weight_decay=0.0, initial_accumula
 
     def rule(g, p, s):
         step = s["step"] + 1.0
-        g = -g if maximize else g
-        g = g + p * weight_decay
+        g = _coupled_l2(_maximized(g, maximize), p, weight_decay)
         acc = s["sum"] + g * g
         std = jnp.sqrt(acc) + eps
         g = g / (1.0 + (step - 1.0) * lr_decay)
@@ -393,9 +414,8 @@ def adamax(learning_rate=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0,
                            _full_like_scalar(params, beta1))
 
     def rule(g, p, s):
-        g = -g if maximize else g
-        g = g + p * weight_decay
-        m = s["exp_avg"] * beta1 + g * (1.0 - beta1)
+        g = _coupled_l2(_maximized(g, maximize), p, weight_decay)
+        m = _ema(s["exp_avg"], g, beta1)
         u_inf = jnp.maximum(s["exp_inf"] * beta2, jnp.abs(g) + eps)
         upd = m / u_inf
         upd = upd / (1.0 - s["beta1_power"])
@@ -432,8 +452,7 @@ def asgd(learning_rate=1e-2, lambd=1e-4, alpha=0.75, t0=1e6, weight_decay=0.0,
     def rule(g, p, s):
         eta, mu, ax = s["eta"], s["mu"], s["ax"]
         step = s["step"] + 1.0
-        g = -g if maximize else g
-        g = g + p * weight_decay
+        g = _coupled_l2(_maximized(g, maximize), p, weight_decay)
         new_p = p * (1 - lambd * eta)
         new_p = new_p + g * -eta
         new_ax = jnp.where(mu == 1, new_p, ax + (new_p - ax) * mu)
@@ -463,8 +482,8 @@ def lamb(learning_rate=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, ada
         return LambState(_zeros_like(params), _zeros_like(params))
 
     def rule(g, p, s):
-        m = s["exp_avg"] * beta1 + g * (1 - beta1)
-        v = s["exp_avg_sq"] * beta2 + (1 - beta2) * (g * g)
+        m = _ema(s["exp_avg"], g, beta1)
+        v = _ema(s["exp_avg_sq"], g * g, beta2)
         weight_norm = jnp.clip(jnp.sqrt(jnp.sum(p ** 2)), 0, 10).astype(_F32)
         step = m / (jnp.sqrt(v) + eps)
         step = step + p * weight_decay
@@ -498,9 +517,9 @@ def lion(learning_rate=1e-4, betas=(0.9, 0.99), weight_decay=0.0
     def rule(g, p, s):
         m = s["exp_avg"]
         new_p = p * (1 - learning_rate * weight_decay)
-        direction = jnp.sign(m * beta1 + g * (1 - beta1))
+        direction = jnp.sign(_ema(m, g, beta1))
         new_p = new_p + -learning_rate * direction
-        return _delta(new_p, p), {"exp_avg": m * beta2 + g * (1 - beta2)}
+        return _delta(new_p, p), {"exp_avg": _ema(m, g, beta2)}
 
     return optax.GradientTransformation(init, _per_param(rule))
 
@@ -632,14 +651,14 @@ def nadam(learning_rate=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
         b2 = _f32(beta2)
         step = s["step"] + 1.0
         bias_correction2 = 1 - jnp.power(b2, step)
-        g = g + p * weight_decay
+        g = _coupled_l2(g, p, weight_decay)
         c096 = _f32(0.96)
         mu = beta1 * (1.0 - 0.5 * jnp.power(c096, step * momentum_decay))
         mu_next = beta1 * (1.0 - 0.5 * jnp.power(c096, (step + 1) * momentum_decay))
         mu_product = s["mu_product"] * mu
         mu_product_next = mu_product * mu * mu_next
-        m = s["exp_avg"] * beta1 + g * (1.0 - beta1)
-        v = s["exp_avg_sq"] * b2 + (1.0 - b2) * (g * g)
+        m = _ema(s["exp_avg"], g, beta1)
+        v = _ema(s["exp_avg_sq"], g * g, b2)
         denom = jnp.sqrt(v / bias_correction2) + eps
         upd = (mu_next * m) / (1.0 - mu_product_next) + (g * (1.0 - mu)) / (1.0 - mu_product)
         upd = upd * -learning_rate
@@ -673,12 +692,12 @@ def radam(learning_rate=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0
     def rule(g, p, s):
         b1, b2 = _f32(betas[0]), _f32(betas[1])
         step = s["step"] + 1.0
-        g = g + p * weight_decay
+        g = _coupled_l2(g, p, weight_decay)
         beta2t = jnp.power(b2, step)
         bias_correction1 = 1 - jnp.power(b1, step)
         bias_correction2 = 1 - beta2t
-        m = s["exp_avg"] * b1 + g * (1.0 - b1)
-        v = s["exp_avg_sq"] * b2 + (1.0 - b2) * (g * g)
+        m = _ema(s["exp_avg"], g, b1)
+        v = _ema(s["exp_avg_sq"], g * g, b2)
         upd = m / bias_correction1
         rho_inf = 2 / (1 - b2) - 1
         rho_t = rho_inf - 2 * step * beta2t / bias_correction2
@@ -715,11 +734,11 @@ def rmsprop(learning_rate=1e-2, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum
                             _zeros_like(params) if centered else None)
 
     def rule(g, p, s):
-        g = g + p * weight_decay
-        sq = s["square_avg"] * alpha + (1.0 - alpha) * (g * g)
+        g = _coupled_l2(g, p, weight_decay)
+        sq = _ema(s["square_avg"], g * g, alpha)
         new = {"square_avg": sq}
         if s["grad_avg"] is not None:
-            ga = s["grad_avg"] * alpha + g * (1 - alpha)
+            ga = _ema(s["grad_avg"], g, alpha)
             new["grad_avg"] = ga
             avg = jnp.sqrt(sq - ga * ga) + eps
         else:
@@ -797,14 +816,17 @@ def build(name: str, hyperparams: dict) -> optax.GradientTransformation:
     return factory(**hyperparams)
 
 
-def apply(name: str, hyperparams: dict, params, grads, state_leaves):
+def apply(name: str, hyperparams: dict, params, grads, state_leaves, treedef=None):
     """One update of the named optimizer on flat lists; returns (new_params, new_state_leaves).
 
     ``state_leaves`` are the state's leaves in ``jax.tree.leaves`` order: field by field, each
-    field one array per parameter (Adafactor's ``None`` entries have no leaf).
+    field one array per parameter (Adafactor's ``None`` entries have no leaf). ``treedef`` is
+    the state's structure when the caller knows it (``torch_ops.state_layout`` caches it);
+    by default it is derived from ``init``.
     """
     tx = build(name, hyperparams)
-    treedef = jax.tree.structure(jax.eval_shape(tx.init, list(params)))
+    if treedef is None:
+        treedef = jax.tree.structure(jax.eval_shape(tx.init, list(params)))
     state = jax.tree.unflatten(treedef, list(state_leaves))
     updates, new_state = tx.update(list(grads), state, list(params))
     new_params = optax.apply_updates(list(params), updates)

@@ -31,7 +31,7 @@ import numpy as np
 
 from jax_backend.capture import CapturedStep
 from jax_backend.dtypes import to_jax_dtype
-from jax_backend.errors import StepFailedError
+from jax_backend.errors import LoweringError, StepFailedError
 from jax_backend.interpreter import GraphInterpreter
 from jax_backend.mesh import Layout
 from jax_backend.precision import Policy
@@ -78,6 +78,7 @@ class Program:
         self.donated_positions = [j for j, i in enumerate(captured.used_state) if i in written]
         self.kept_positions = [j for j, i in enumerate(captured.used_state) if i not in written]
         self._interpreter = GraphInterpreter(captured.graph)
+        self._locate = captured.locate  # names the user's line in a LoweringError
         self._jitted = jax.jit(self.pure_step, donate_argnums=(0,), **self._shardings())
         self.has_run = False  # set after the first successful run (see module docstring)
 
@@ -119,7 +120,18 @@ class Program:
         donated, kept = self.split_state(used_arrays)
         if self.layout is not None:  # across processes: each feeds its slice of the batch
             inputs = [self.layout.input_array(x) for x in inputs]
-        return self._jitted(donated, kept, list(inputs), np.int64(seed))
+        with self._naming_user_line():
+            return self._jitted(donated, kept, list(inputs), np.int64(seed))
+
+    @contextlib.contextmanager
+    def _naming_user_line(self):
+        """Adds the user's line to a ``LoweringError`` raised while jit traces the step."""
+        try:
+            yield
+        except LoweringError as err:
+            if err.user_frame is not None or self._locate is None:
+                raise
+            raise err.with_user_frame(self._locate(err.op)) from err.cause
 
     def run(self, state, used: Sequence, written: Sequence, inputs: Sequence, seed=0):
         """Runs one step on ``state`` (a ``DeviceState``): ``used`` are the torch tensors the
@@ -157,11 +169,13 @@ class Program:
 
     def lower(self, used_arrays: Sequence, inputs: Sequence, seed=0):
         donated, kept = self.split_state(used_arrays)
-        return self._jitted.lower(donated, kept, list(inputs), np.int64(seed))
+        with self._naming_user_line():
+            return self._jitted.lower(donated, kept, list(inputs), np.int64(seed))
 
     def jaxpr(self, used_arrays: Sequence, inputs: Sequence, seed=0):
         donated, kept = self.split_state(used_arrays)
-        return jax.make_jaxpr(self.pure_step)(donated, kept, list(inputs), np.int64(seed))
+        with self._naming_user_line():
+            return jax.make_jaxpr(self.pure_step)(donated, kept, list(inputs), np.int64(seed))
 
     def stablehlo(self, used_arrays: Sequence, inputs: Sequence, seed=0) -> str:
         return self.lower(used_arrays, inputs, seed).as_text()

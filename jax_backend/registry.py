@@ -48,7 +48,3 @@ def lookup(op) -> Lowering:
 
 def has_lowering(op) -> bool:
     return op in _LOWERINGS
-
-
-def registered_ops() -> list:
-    return list(_LOWERINGS)

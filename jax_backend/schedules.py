@@ -56,6 +56,7 @@ import math
 import numbers
 from typing import Callable, Sequence
 
+import jax
 import jax.numpy as jnp
 
 Schedule = Callable[[object], jnp.ndarray]
@@ -351,7 +352,11 @@ def lambda_schedule(initial: float, fn) -> Schedule:
         t = _t(count)
         factor = _f(1.0)
         for f in fns:
-            factor = jnp.asarray(f(t)).astype(_F32) * factor
+            # Registered lambdas are user code written for NumPy's promotion rules
+            # (``1.0 / (1 + count)``); they keep them even if the caller made JAX strict.
+            with jax.numpy_dtype_promotion("standard"):
+                value = f(t)
+            factor = jnp.asarray(value).astype(_F32) * factor
         return (_f(initial) * factor).astype(_F32)
 
     return schedule
@@ -503,7 +508,8 @@ def one_cycle(initial: float, max_value: float, total_steps: int = 1000,
         start = ends[0]
         for k, end in enumerate(ends[1:]):
             pct = (tf - _f(start)) / _f(end - start)
-            value = jnp.where(t > ends[k], anneal(starts_v[k + 1], ends_v[k + 1], pct), value)
+            past = t.astype(jnp.float64) > ends[k]  # phase ends are Python floats
+            value = jnp.where(past, anneal(starts_v[k + 1], ends_v[k + 1], pct), value)
             start = end
         return value.astype(_F32)
 

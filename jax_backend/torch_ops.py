@@ -5,13 +5,19 @@ optimizers and schedulers) put an optimizer update or a schedule into a traced s
 graph node. Their lowering calls ``jax_backend.optimizers`` / ``jax_backend.schedules``
 directly, and their eager implementation (used outside a traced step) runs the very same JAX
 code on copies of the tensors, so there is a single definition of the maths.
+
+The optimizer op carries a short key (``optimizer_key``) naming the rule and its constant
+hyperparameters; the state layout for a key and parameter shapes is computed once
+(``state_layout``) and shared by the torch side, which orders the state tensors by it, and
+the lowering, which rebuilds the state from them.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
-from typing import List
+from typing import List, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -22,33 +28,75 @@ from jax_backend.dtypes import array_to_tensor, tensor_to_array, to_jax_dtype
 from jax_backend.registry import lowers
 
 
-def optimizer_spec(name: str, static_hyperparams: dict, dynamic_names) -> str:
-    """The JSON that names an update rule, its constant hyperparameters and the names of the
-    hyperparameters passed as tensors (e.g. a scheduled ``learning_rate``)."""
-    return json.dumps({"name": name, "static": static_hyperparams,
-                       "dynamic": list(dynamic_names)}, sort_keys=True)
+class OptimizerSpec(NamedTuple):
+    """An update rule with its constant hyperparameters, and the names of those passed as
+    tensors (in the order of ``optimizer_step``'s ``dynamic_values``)."""
+
+    name: str
+    static_json: str  # canonical JSON of the constant hyperparameters
+    dynamic: tuple
+
+    def hyperparameters(self, dynamic_values) -> dict:
+        hyper = json.loads(self.static_json)
+        hyper.update(zip(self.dynamic, dynamic_values))
+        return hyper
 
 
-def optimizer_state_layout(name: str, static_hyperparams: dict, dynamic_names, params):
-    """``(fields, keys_per_param)``: the update rule's state fields in order (the order of
-    ``optimizer_step``'s state leaves) and the torch state keys of each of ``params`` (only
-    their shapes and dtypes matter). Keys differ between parameters only for Adafactor.
+class StateLayout(NamedTuple):
+    """How an update rule's state is laid out for given parameter shapes."""
 
-    A hyperparameter passed as a tensor counts as non-zero here (as it does under ``jit``), so
-    optional state it switches on is expected."""
-    shapes = tuple((tuple(p.shape), p.dtype) for p in params)
-    return _state_layout(name, json.dumps(static_hyperparams, sort_keys=True),
-                         tuple(sorted(dynamic_names)), shapes)
+    fields: tuple  # the rule's state fields, in the order of its state leaves
+    keys_per_param: tuple  # the torch state keys of each parameter (differ only for Adafactor)
+    treedef: object  # the state's pytree structure (``jax.tree.structure``)
+
+
+_SPECS: dict = {}  # key -> OptimizerSpec; keys are content hashes, so stable across runs
+
+
+def optimizer_key(name: str, static_hyperparams: dict, dynamic_names) -> str:
+    """The key ``cstorch::optimizer_step`` carries for this rule and hyperparameters
+    (``"<rule>:<hash>"``), registering the spec it stands for."""
+    spec = OptimizerSpec(name, json.dumps(static_hyperparams, sort_keys=True),
+                         tuple(dynamic_names))
+    digest = hashlib.sha256(repr(tuple(spec)).encode()).hexdigest()[:16]
+    key = f"{name}:{digest}"
+    _SPECS.setdefault(key, spec)
+    return key
+
+
+def optimizer_spec(key: str) -> OptimizerSpec:
+    try:
+        return _SPECS[key]
+    except KeyError:
+        raise KeyError(f"unknown optimizer key {key!r}: keys are made by optimizer_key() in "
+                       "this process") from None
 
 
 @functools.lru_cache(maxsize=1024)
-def _state_layout(name, static_json, dynamic_names, shapes):
-    hyper = json.loads(static_json)
-    hyper.update({key: 1.0 for key in dynamic_names})
-    structs = [jax.ShapeDtypeStruct(shape, to_jax_dtype(dtype)) for shape, dtype in shapes]
-    state = jax.eval_shape(optimizers.build(name, hyper).init, structs)
-    return (tuple(state._fields),
-            tuple(optimizers.param_state_keys(state, i) for i in range(len(shapes))))
+def state_layout(key: str, shapes: tuple) -> StateLayout:
+    """The state layout of the rule ``key`` for parameters of ``shapes`` (``((shape,
+    jax dtype name), ...)``), computed once per (rule, static hyperparameters, shapes).
+
+    A hyperparameter passed as a tensor counts as non-zero here (as it does under ``jit``),
+    so optional state it switches on is expected."""
+    spec = optimizer_spec(key)
+    hyper = spec.hyperparameters([1.0] * len(spec.dynamic))
+    structs = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in shapes]
+    state = jax.eval_shape(optimizers.build(spec.name, hyper).init, structs)
+    return StateLayout(tuple(state._fields),
+                       tuple(optimizers.param_state_keys(state, i) for i in range(len(shapes))),
+                       jax.tree.structure(state))
+
+
+def _shapes(arrays) -> tuple:
+    """``state_layout``'s key for torch tensors or JAX arrays."""
+    return tuple((tuple(a.shape), jnp.dtype(to_jax_dtype(a.dtype) if isinstance(a, torch.Tensor)
+                                            else a.dtype).name) for a in arrays)
+
+
+def optimizer_state_layout(key: str, params) -> StateLayout:
+    """``state_layout`` for torch ``params`` (only their shapes and dtypes matter)."""
+    return state_layout(key, _shapes(params))
 
 
 def init_optimizer_state(name: str, hyperparams: dict, params) -> dict:
@@ -63,27 +111,29 @@ def init_optimizer_state(name: str, hyperparams: dict, params) -> dict:
             for key, arrays in state.items()}
 
 
-def _optimizer_step_jax(spec, params, grads, state, dynamic_values):
-    spec = json.loads(spec)
-    hyper = dict(spec["static"])
-    hyper.update({k: jnp.asarray(v) for k, v in zip(spec["dynamic"], dynamic_values)})
-    new_params, new_state = optimizers.apply(spec["name"], hyper, params, grads, state)
+def _optimizer_step_jax(key, params, grads, state, dynamic_values):
+    spec = optimizer_spec(key)
+    hyper = spec.hyperparameters([jnp.asarray(v) for v in dynamic_values])
+    treedef = state_layout(key, _shapes(params)).treedef
+    new_params, new_state = optimizers.apply(spec.name, hyper, params, grads, state,
+                                             treedef=treedef)
     return list(new_params) + list(new_state)
 
 
 @torch.library.custom_op("cstorch::optimizer_step", mutates_args=())
-def optimizer_step(spec: str, params: List[torch.Tensor], grads: List[torch.Tensor],
+def optimizer_step(key: str, params: List[torch.Tensor], grads: List[torch.Tensor],
                    state: List[torch.Tensor], dynamic_values: List[torch.Tensor]
                    ) -> List[torch.Tensor]:
-    """New parameters followed by new state leaves (see ``optimizers.apply``)."""
+    """New parameters followed by new state leaves (see ``optimizers.apply``); ``key``
+    comes from ``optimizer_key``."""
     to_jax = lambda ts: [tensor_to_array(t) for t in ts]  # noqa: E731
-    outs = _optimizer_step_jax(spec, to_jax(params), to_jax(grads), to_jax(state),
+    outs = _optimizer_step_jax(key, to_jax(params), to_jax(grads), to_jax(state),
                                to_jax(dynamic_values))
     return [array_to_tensor(o) for o in outs]
 
 
 @optimizer_step.register_fake
-def _optimizer_step_fake(spec, params, grads, state, dynamic_values):
+def _optimizer_step_fake(key, params, grads, state, dynamic_values):
     return [torch.empty_like(t) for t in list(params) + list(state)]
 
 

@@ -1,10 +1,17 @@
-"""Test-wide settings: JAX with 64-bit types (as the engine runs it), deterministic torch."""
+"""Test-wide settings: JAX with 64-bit types (as the engine runs it) and strict dtype
+promotion, deterministic torch."""
 
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=true")
 
+import jax  # noqa: E402
 import jax_backend  # noqa: E402,F401  (enables x64 before any test imports jax.numpy)
+
+# Strict dtype promotion: a lowering that mixes dtypes without an explicit cast fails here
+# instead of silently computing in a promoted dtype (the engine itself runs with JAX's
+# default promotion; torch's result dtypes are enforced node by node either way).
+jax.config.update("jax_numpy_dtype_promotion", "strict")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 

@@ -1,7 +1,6 @@
 """Mixed precision: the half-dtype policy, autocast, loss scaling."""
 
-from cstorch.amp import _amp_state
-from cstorch.amp._amp_state import (
+from cstorch.backend.precision import (
     enable_mixed_precision,
     get_floating_point_dtype,
     get_floating_point_dtype_str,

@@ -59,5 +59,5 @@ def finite_increment(optimizer):
     """How far a counter tied to ``optimizer`` advances this step: 1, or — while a dynamic
     GradScaler checked this step's gradients — 1 if they were finite and 0 if the update was
     skipped (so schedulers do not advance on skipped steps, as in cerebras-pytorch)."""
-    value = getattr(getattr(optimizer, "_amp_stash", None), "isfinite", None)
-    return value.long() if isinstance(value, torch.Tensor) else 1
+    increment = getattr(optimizer, "_finite_increment", None)
+    return increment() if increment is not None else 1

@@ -6,7 +6,7 @@ import contextlib
 
 import torch
 
-from cstorch.amp import _amp_state
+from cstorch.backend import precision
 from cstorch.backend import current_backend_impl
 
 
@@ -18,7 +18,7 @@ def autocast(dtype: torch.dtype = None):
     if impl.is_csx:
         yield None
         return
-    dtype = dtype or _amp_state.get_half_dtype()
+    dtype = dtype or precision.get_half_dtype()
     if impl.backend_type.is_cpu and dtype != torch.bfloat16:
         raise ValueError(
             f"autocast on the CPU backend supports torch.bfloat16 only, got {dtype}. Use "

@@ -21,7 +21,7 @@ from typing import Union
 import torch
 
 from jax_backend import Slot
-from cstorch.amp import _amp_state
+from cstorch.backend import precision
 from cstorch.backend import current_backend_impl
 
 
@@ -47,7 +47,7 @@ class GradScaler:
                  steps_per_increase: int = None, min_loss_scale: float = None,
                  max_loss_scale: float = None, overflow_tolerance: float = 0.0,
                  max_gradient_norm: float = None):
-        default_max = 2.0**31 if _amp_state.get_half_dtype_str() == "cbfloat16" else 2.0**15
+        default_max = 2.0**31 if precision.get_half_dtype_str() == "cbfloat16" else 2.0**15
         loss_scale = loss_scale or 1.0
         init_scale = init_scale or default_max
         steps_per_increase = steps_per_increase or 2000

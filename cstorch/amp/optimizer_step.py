@@ -7,6 +7,14 @@ import torch
 from cstorch.amp.grad_scaler import GradScaler
 
 
+def _is_optimizer(obj) -> bool:
+    """Duck-typed: what ``optimizer_step`` uses of an optimizer (``cstorch.optim.Optimizer``
+    has it; checking the class would make amp import optim, which imports amp's backend)."""
+    return (isinstance(getattr(obj, "param_groups", None), list)
+            and callable(getattr(obj, "step", None))
+            and callable(getattr(obj, "zero_grad", None)))
+
+
 def optimizer_step(loss: torch.Tensor, optimizer, grad_scaler: GradScaler,
                    max_gradient_norm: float = None, max_gradient_value: float = None):
     """The cstorch mixed-precision training step in one call.
@@ -15,16 +23,14 @@ def optimizer_step(loss: torch.Tensor, optimizer, grad_scaler: GradScaler,
     optimizers raises the intended TypeError (the reference hits a NameError building its
     message), and with a list of optimizers clipping covers all their parameters (the
     reference reads ``param_groups`` of the list itself)."""
-    from cstorch.optim import Optimizer
-
     if not isinstance(loss, torch.Tensor):
         raise ValueError(f"Expected the loss to be a single tensor. Got: {type(loss)}")
-    if isinstance(optimizer, Optimizer):
+    if _is_optimizer(optimizer):
         optimizers = [optimizer]
     elif isinstance(optimizer, (list, tuple)):
         optimizers = list(optimizer)
         for i, item in enumerate(optimizers):
-            if not isinstance(item, Optimizer):
+            if not _is_optimizer(item):
                 raise TypeError(f"Expected optimizer {i} to be a `cstorch.optim.Optimizer`. "
                                 f"Got: `{type(item)}`")
     else:

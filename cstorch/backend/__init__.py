@@ -8,41 +8,13 @@ and the stack of running data executors.
 
 from __future__ import annotations
 
-import enum
 import inspect
 import warnings
 
 import torch
 
+from cstorch.backend.backend_type import BackendType
 from cstorch.errors import MultipleBackendsError, NoBackendError
-
-
-class BackendType(enum.Enum):
-    CPU = "CPU"
-    GPU = "GPU"
-    CSX = "CSX"
-
-    @property
-    def is_cpu(self) -> bool:
-        return self is BackendType.CPU
-
-    @property
-    def is_gpu(self) -> bool:
-        return self is BackendType.GPU
-
-    @property
-    def is_csx(self) -> bool:
-        return self is BackendType.CSX
-
-    @staticmethod
-    def from_str(backend_type: str) -> "BackendType":
-        try:
-            return BackendType[backend_type.upper()]
-        except KeyError:
-            raise ValueError(
-                f"Invalid backend type: {backend_type!r}. Valid backend types are: "
-                f"{', '.join(t.name for t in BackendType)}."
-            ) from None
 
 
 _current = None  # the one Backend of this process
@@ -117,6 +89,10 @@ class Backend(metaclass=_OneBackend):
     @property
     def cluster(self):
         return getattr(self._impl, "cluster", None)
+
+    @property
+    def appliance(self):
+        return getattr(self._impl, "appliance", None)
 
     @property
     def cluster_config(self):

@@ -19,8 +19,9 @@ import torch
 
 import jax_backend
 from jax_backend import DeviceState, LazyTensor, Slot, materialize
-
+from cstorch.backend import precision
 from cstorch.distributed import runtime
+from cstorch.utils.stage_tracker import StageTracker
 
 
 @dataclasses.dataclass
@@ -60,14 +61,15 @@ class BaseBackend:
         self.grad_scalers: list = []
         self.metrics: list = []
         self.stateful_objects: list = []  # anything else exposing _cstorch_state_slots()
+        self.sparsity_registry: list = []  # cstorch.sparse algorithms, in creation order
+        self._sparsity_trace_hook = None
         self.device_state = DeviceState(self.jax_devices[0], layout)
+        self.appliance_tracker = StageTracker()  # written as each executor's track.json
+        self.appliance_tracker.start("Initialization")
         self.step_closures: list[QueuedClosure] = []
         self.data_executor_stack: list = []
-        self.mode = "train"
-        # The train/eval flags of every module, as last set by model.train()/eval(); part of
-        # the program cache key, so switching back to a mode reuses that mode's program.
-        self.mode_version = ()
         self._recorder = None  # closures recorded while tracing
+        self._at_trace_exit: list = []  # callbacks that drop trace-time Python values
         self._models_in_trace = None
         self._next_model_id = 0
         self._state_epoch = 0  # bumped whenever the set of state tensors may have changed
@@ -109,9 +111,7 @@ class BaseBackend:
         return self.data_executor.run_context if self.data_executor_stack else None
 
     def precision_policy(self) -> jax_backend.Policy:
-        from cstorch.amp import _amp_state
-
-        return _amp_state.current_policy()
+        return precision.current_policy()
 
     # ------------------------------------------------------------------ registration
     def setup_model(self, model: torch.nn.Module) -> int:
@@ -121,30 +121,27 @@ class BaseBackend:
                 module.register_state_dict_pre_hook(self._state_dict_pre_hook)
             model.register_load_state_dict_post_hook(self._invalidate_state_view)
             self._invalidate_state_view()
-        self._wrap_train(model)
-        self._update_mode_version()
+        try:  # as the reference: compiled models know their device
+            model.device = self.torch_device
+        except AttributeError:
+            pass  # a read-only `device` property of its own (HF models): it already tells
         model_id = self._next_model_id
         self._next_model_id += 1
         return model_id
 
-    def _wrap_train(self, model):
-        backend_ref = weakref.ref(self)
-        original = model.train
+    @property
+    def mode(self) -> str:
+        """"eval" once every registered model is in eval mode, else "train"."""
+        if self.models and not any(model.training for model in self.models):
+            return "eval"
+        return "train"
 
-        def train(mode: bool = True):
-            impl = backend_ref()
-            if impl is not None:
-                impl.mode = "train" if mode else "eval"
-            result = original(mode)
-            if impl is not None:
-                impl._update_mode_version()
-            return result
-
-        model.train = train
-
-    def _update_mode_version(self):
-        self.mode_version = tuple(module.training for model in self.models
-                                  for module in model.modules())
+    def module_modes(self) -> tuple:
+        """The ``training`` flag of every module of every registered model. A step traced in
+        one combination of modes (dropout on, batch-norm statistics updated, ...) is only
+        valid in that combination, so this is part of what selects a compiled program."""
+        return tuple(tuple(module.training for module in model.modules())
+                     for model in self.models)
 
     def _state_dict_pre_hook(self, module, prefix, keep_vars):
         self.materialize_state()
@@ -174,6 +171,30 @@ class BaseBackend:
     def register_stateful(self, obj) -> None:
         self.stateful_objects.append(obj)
         self._invalidate_state_view()
+
+    def setup_sparsity(self, sparsity) -> None:
+        """Registers a ``cstorch.sparse`` algorithm: its state is carried between steps and
+        its masks are initialised before the first step (run start or first compile)."""
+        self.sparsity_registry.append(sparsity)
+        self.register_stateful(sparsity)
+        if self._sparsity_trace_hook is None:
+            import weakref
+
+            from cstorch.core.compile import register_trace_fn_pre_hook
+
+            backend_ref = weakref.ref(self)
+
+            def initialize():
+                impl = backend_ref()
+                if impl is not None:
+                    impl.initialize_sparsity()
+
+            self._sparsity_trace_hook = register_trace_fn_pre_hook(initialize)
+
+    def initialize_sparsity(self) -> None:
+        """Initialises every sparsity mask not yet initialised or loaded."""
+        for sparsity in self.sparsity_registry:
+            sparsity.initialize()
 
     # ------------------------------------------------------------------ state
     def state_slots(self) -> list[tuple[tuple, Slot]]:
@@ -205,7 +226,9 @@ class BaseBackend:
                               ("metric", self.metrics), ("stateful", self.stateful_objects)):
             for i, obj in enumerate(objects):
                 entries += [((kind, i, slot.key), slot) for slot in obj._cstorch_state_slots()]
-        return entries
+        # Named by path, so capture errors say which state they are about.
+        return [(path, dataclasses.replace(slot, name="/".join(map(str, path))))
+                for path, slot in entries]
 
     def _invalidate_state_view(self, *args, **kwargs):
         self._state_epoch += 1
@@ -238,7 +261,9 @@ class BaseBackend:
     # ------------------------------------------------------------------ tracing
     @contextlib.contextmanager
     def tracing(self, recorder: list):
-        """While a step is traced: closures are recorded, and only one model may be used."""
+        """While a step body runs under the tracer: closures are recorded, only one model may
+        be used, and Python values holding traced tensors are dropped on the way out, also
+        when the trace fails (grad scalers', and those of ``at_trace_exit`` callbacks)."""
         if self._recorder is not None:
             raise RuntimeError("A traced step cannot trace another step inside it.")
         self._recorder = recorder
@@ -250,6 +275,15 @@ class BaseBackend:
             self._models_in_trace = None
             for scaler in self.grad_scalers:
                 scaler._forget_traced_values()
+            callbacks, self._at_trace_exit = self._at_trace_exit, []
+            for callback in callbacks:
+                callback()
+
+    def at_trace_exit(self, callback: Callable[[], None]) -> None:
+        """Calls ``callback()`` when the step body being traced returns or raises."""
+        if self._recorder is None:
+            raise RuntimeError("at_trace_exit is only available while a step is traced.")
+        self._at_trace_exit.append(callback)
 
     def forward(self, model, *args, **kwargs):
         if self._models_in_trace is not None:
@@ -295,12 +329,18 @@ class BaseBackend:
                 if not (context.is_pre_initial_step or context.is_checkpoint_step):
                     continue
                 self.materialize_state()
-            args, kwargs = materialize(closure.args), materialize(closure.kwargs)
+            args = self.fetch_closure_values(closure.args)
+            kwargs = self.fetch_closure_values(closure.kwargs)
             if runs_here:
                 closure.fn(*args, **kwargs)
 
+    def fetch_closure_values(self, values):
+        """Step-closure arguments with their device values brought to the host."""
+        return materialize(values)
+
     # ------------------------------------------------------------------ executor hooks
     def on_run_start(self) -> None:
+        self.initialize_sparsity()
         self.run_step_closures()
 
     def on_run_end(self) -> None:
@@ -320,6 +360,8 @@ class BaseBackend:
         for handle in self._registration_hooks:
             handle.remove()
         self.device_state.release()
+        if self._sparsity_trace_hook is not None:
+            self._sparsity_trace_hook.remove()
         self.device_state = DeviceState(self.jax_devices[0], self.layout)
 
 

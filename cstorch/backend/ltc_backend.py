@@ -7,14 +7,32 @@ precision. ``cluster_config.num_csx`` systems become the data-parallel axis of a
 optimizer state over it (see ``jax_backend.mesh``). With ``cluster_config.distributed`` (or
 the environment, see ``cstorch.distributed.runtime``) the backend first joins a multi-process
 JAX job and the mesh spans the devices of every process.
+
+As on a real system, step-closure values are "received from the appliance": hooks registered
+with ``register_before_tensor_to_cpu`` / ``register_after_tensor_to_cpu`` run around each
+device value a closure gets (the Model Zoo's profiler times steps with them).
+
+The wafer cluster is modeled locally: ``cluster`` is a ``ClusterManager`` holding the
+``cerebras.appliance`` workflow of this run (an id; starting and stopping it only logs), and
+``appliance`` is the object that would stream this run's data (its ``client`` is None, as
+nothing talks to a real cluster).
 """
 
 from __future__ import annotations
 
+import itertools
+import logging
 import os
+from collections import OrderedDict
+from typing import Callable, Dict
 
-from jax_backend import mesh
+import torch
+from torch.utils._pytree import tree_flatten_with_path, tree_unflatten, keystr
+from torch.utils.hooks import RemovableHandle
 
+from jax_backend import LazyTensor, mesh
+
+from cstorch.backend import precision
 from cstorch.backend.base_backend import BaseBackend
 from cstorch.core.device import LazyDevice
 from cstorch.distributed import runtime
@@ -65,9 +83,24 @@ class PyTorchLtcBackendImpl(BaseBackend):
                                        shard_state=weight_servers > 0)
         super().__init__(backend_type, LazyDevice(), artifact_dir or "./cerebras_logs",
                          jax_devices=devices, layout=layout)
-        from cstorch import amp
+        precision.enable_mixed_precision(True)
+        self.cluster = ClusterManager(cluster_config)
+        self.appliance = None  # set by the first run: the (local) appliance of this run
+        self.appliance_tracker.stop("Initialization")
 
-        amp.enable_mixed_precision(True)
+    def fetch_closure_values(self, values):
+        leaves, spec = tree_flatten_with_path(values)
+        fetched = []
+        for path, leaf in leaves:
+            if isinstance(leaf, LazyTensor):
+                name = f"closure_arg{keystr(path)}"
+                for hook in list(_before_tensor_to_cpu_hooks.values()):
+                    hook(leaf, name)
+                leaf = leaf.materialize()
+                for hook in list(_after_tensor_to_cpu_hooks.values()):
+                    hook(leaf, name)
+            fetched.append(leaf)
+        return tree_unflatten(fetched, spec)
 
     @property
     def is_e2e_execution(self) -> bool:
@@ -76,3 +109,84 @@ class PyTorchLtcBackendImpl(BaseBackend):
     @property
     def num_csx(self) -> int:
         return self.cluster_config.num_csx or 1
+
+
+TensorToCpuHook = Callable[[torch.Tensor, str], None]
+_before_tensor_to_cpu_hooks: Dict[int, TensorToCpuHook] = OrderedDict()
+_after_tensor_to_cpu_hooks: Dict[int, TensorToCpuHook] = OrderedDict()
+
+
+def register_before_tensor_to_cpu(hook: TensorToCpuHook) -> RemovableHandle:
+    """Calls ``hook(device_tensor, name)`` before each device value a step closure receives
+    on CSX is copied to the host. Returns a handle whose ``remove()`` unregisters it."""
+    handle = RemovableHandle(_before_tensor_to_cpu_hooks)
+    _before_tensor_to_cpu_hooks[handle.id] = hook
+    return handle
+
+
+def register_after_tensor_to_cpu(hook: TensorToCpuHook) -> RemovableHandle:
+    """Calls ``hook(cpu_tensor, name)`` after each device value a step closure receives on
+    CSX has been copied to the host. Returns a handle whose ``remove()`` unregisters it."""
+    handle = RemovableHandle(_after_tensor_to_cpu_hooks)
+    _after_tensor_to_cpu_hooks[handle.id] = hook
+    return handle
+
+
+class ClusterManager:
+    """The wafer cluster of a CSX run, modeled locally.
+
+    A workflow groups the jobs of a run on a real cluster. Here ``start_workflow`` gives the run
+    a local workflow id (kept in ``config.workflow_id``) and ``stop_workflow`` ends it; both
+    only log. ``client`` is None: nothing talks to a management server.
+    """
+
+    _ids = itertools.count(1)
+
+    def __init__(self, config):
+        self.logger = logging.getLogger("cerebras.pytorch.ClusterManager")
+        self.config = config
+
+    @property
+    def config(self):
+        return self._config
+
+    @config.setter
+    def config(self, value):
+        from cstorch.distributed.cluster_config import ClusterConfig
+
+        if not isinstance(value, ClusterConfig):
+            raise TypeError(f"Expected a ClusterConfig, got {type(value).__name__}.")
+        running = getattr(self, "_config", None)
+        if running is not None and running.workflow_id is not None:
+            value.workflow_id = running.workflow_id  # a running workflow survives the change
+        self._config = value
+
+    @property
+    def workflow_id(self):
+        return self.config.workflow_id
+
+    @property
+    def client(self):
+        return None
+
+    def start_workflow(self, lock_resources: bool = True) -> bool:
+        """Starts this run's (local) workflow; True when it was started by this call."""
+        if self.workflow_id is not None:
+            return False
+        self.config.workflow_id = f"wflow-local-{os.getpid()}-{next(self._ids)}"
+        self.logger.info(f"Started local workflow {self.workflow_id} "
+                         f"(lock_resources={lock_resources}; no cluster is contacted).")
+        return True
+
+    def stop_workflow(self) -> None:
+        if self.workflow_id is not None:
+            self.logger.info(f"Stopped local workflow {self.workflow_id}.")
+            self.config.workflow_id = None
+
+    def check_storage_connectivity(self) -> bool:
+        return False  # no cluster: nothing to check, as the reference does without a client
+
+    def active_resources(self):
+        if self.workflow_id is None:
+            raise RuntimeError("No workflow has been started: call start_workflow() first.")
+        return self.config.num_csx

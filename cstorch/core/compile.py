@@ -11,10 +11,11 @@ recompile).
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
-import warnings
-from typing import Callable
+import types
+from typing import Callable, NamedTuple
 
 import torch
 from torch.utils import _pytree as pytree
@@ -23,10 +24,14 @@ from torch.utils.hooks import RemovableHandle
 import jax_backend
 from jax_backend import LazyTensor, Program, capture_step
 from jax_backend.dtypes import tensor_to_host
+from jax_backend.user_frames import warn
 from cstorch.backend import Backend, BackendType, backend as _backend_fn, current_backend_impl
 from cstorch.core.engine import run_eagerly
+from cstorch.decomp.registry import decompositions_for
+from cstorch.experimental import listener
 
-# OrderedDicts: RemovableHandle keeps a weak reference to its dict (a plain dict has none).
+# User hooks run around every capture. OrderedDicts: RemovableHandle keeps a weak reference
+# to its dict (a plain dict has none).
 _trace_pre_hooks: dict = collections.OrderedDict()
 _trace_post_hooks: dict = collections.OrderedDict()
 
@@ -44,15 +49,33 @@ class FrozenValueWarning(UserWarning):
 
 
 def register_trace_fn_pre_hook(hook) -> RemovableHandle:
+    """Calls ``hook()`` before every capture of a traced step."""
     handle = RemovableHandle(_trace_pre_hooks)
     _trace_pre_hooks[handle.id] = hook
     return handle
 
 
 def register_trace_fn_post_hook(hook) -> RemovableHandle:
+    """Calls ``hook()`` after every capture of a traced step, also one that failed."""
     handle = RemovableHandle(_trace_post_hooks)
     _trace_post_hooks[handle.id] = hook
     return handle
+
+
+@contextlib.contextmanager
+def _capture_scope():
+    """Everything that holds only while a step is captured, set up and torn down in one
+    place: the user's pre/post hooks and the traced-tensor listener. The exit always runs,
+    so a failed trace leaves nothing half-applied. (Per-body state, such as recorded closures
+    and the metrics' and grad scalers' traced values, is scoped by ``impl.tracing``.)"""
+    for hook in list(_trace_pre_hooks.values()):
+        hook()
+    try:
+        with listener.listening():
+            yield
+    finally:
+        for hook in list(_trace_post_hooks.values()):
+            hook()
 
 
 # ---------------------------------------------------------------------------------- compile
@@ -87,7 +110,7 @@ def compile(model: torch.nn.Module, backend=None):  # noqa: A001 - the public na
             f"{impl.device}. Create the model under the current backend's device.")
     impl.setup_model(model)
     for module in model.modules():
-        _allow_apply_objects(module)
+        module.apply = types.MethodType(_apply, module)
 
     def compiled(*args, **kwargs):
         return impl.forward(model, *args, **kwargs)
@@ -98,28 +121,46 @@ def compile(model: torch.nn.Module, backend=None):  # noqa: A001 - the public na
         attr = getattr(model, name, None)
         if callable(attr) and getattr(attr, "__self__", None) is model:
             setattr(compiled, name, attr)
-    compiled.train = model.train  # the backend-aware wrapper installed by setup_model
     compiled.device = impl.torch_device
     return compiled
 
 
-def _allow_apply_objects(module: torch.nn.Module) -> None:
-    """``module.apply(obj)`` also accepts objects with an ``apply(module)`` method."""
-    original = module.apply
+def _apply(module: torch.nn.Module, fn):
+    """``Module.apply`` that also accepts objects with an ``apply(module)`` method (sparsity,
+    ``SelectiveGrad``, compression), as compiled modules do in cerebras-pytorch.
 
-    def apply(fn):
-        if callable(fn):
-            return original(fn)
-        if hasattr(fn, "apply"):
-            return fn.apply(module)
-        raise TypeError(
-            f"Expected a callable as the argument to apply, got {type(fn).__name__}. Pass a "
-            "function of one module, or an object with an `apply(module)` method.")
-
-    module.apply = apply
+    Bound to each compiled module as an instance attribute (the reference does the same); it
+    calls ``torch.nn.Module.apply`` itself rather than keeping a closure over each module's
+    previous ``apply``, so compiling a model twice does not stack wrappers."""
+    if callable(fn):
+        return torch.nn.Module.apply(module, fn)
+    if hasattr(fn, "apply"):
+        return fn.apply(module)
+    raise TypeError(
+        f"Expected a callable as the argument to apply, got {type(fn).__name__}. Pass a "
+        "function of one module, or an object with an `apply(module)` method.")
 
 
 # ------------------------------------------------------------------------------------ trace
+def _step_counts(impl) -> list:
+    """(object, _step_count) of every optimizer and scheduler of the backend."""
+    return [(obj, obj._step_count) for obj in [*impl.optimizer_registry, *impl.schedulers]
+            if isinstance(getattr(obj, "_step_count", None), int)]
+
+
+def _undo_counting(before: list, passes: int) -> list:
+    """Python counters (``_step_count``) go up while the step body is traced, possibly more
+    than once. Put them back and return what one step adds to each, so every run of the
+    compiled program can add it, as every call of an eager step would."""
+    steps = []
+    for obj, count in before:
+        added = obj._step_count - count
+        obj._step_count = count
+        if added and passes:
+            steps.append((obj, added // passes))
+    return steps
+
+
 @dataclasses.dataclass
 class _CompiledStep:
     captured: jax_backend.CapturedStep
@@ -130,6 +171,7 @@ class _CompiledStep:
     written_paths: list  # state paths of the program's state outputs
     state_avals: dict  # path -> (shape, dtype) the program was compiled for
     hyperparameters: list  # per optimizer that existed at compile time: its group values
+    counter_steps: list  # (optimizer or scheduler, how much one step adds to its _step_count)
     _resolved: tuple = (None, None, None)  # (view, used indices, written indices)
 
     def matches_hyperparameters(self, current: list) -> bool:
@@ -174,11 +216,25 @@ def _hyperparameters(impl) -> list:
             for optimizer in impl.optimizer_registry]
 
 
-def _signature(leaves, spec, impl):
+class ProgramSignature(NamedTuple):
     """What selects a program, besides the state it uses (checked by ``resolve``)."""
+
+    input_structure: pytree.TreeSpec
+    input_shapes_dtypes: tuple  # (shape, dtype) per tensor leaf, None for other leaves
+    train_eval_modes: tuple  # ``training`` of every module of every registered model
+    grad_mode: bool
+    precision_policy: jax_backend.Policy
+
+
+_FIELD_NAMES = {"input_shapes_dtypes": "input shapes/dtypes",
+                "train_eval_modes": "train/eval mode"}
+
+
+def _signature(leaves, spec, impl) -> ProgramSignature:
     tensors = tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else None
                     for x in leaves)
-    return (spec, tensors, impl.mode_version, torch.is_grad_enabled(), impl.precision_policy())
+    return ProgramSignature(spec, tensors, impl.module_modes(), torch.is_grad_enabled(),
+                            impl.precision_policy())
 
 
 def _input_array(tensor):
@@ -216,6 +272,23 @@ class TracedStep:
     def programs(self) -> list:
         return [entry.program for entries in self._programs.values() for entry in entries]
 
+    def __set_name__(self, owner, name):
+        self._attribute_name = name
+
+    def __get__(self, obj, objtype=None):
+        """``@cstorch.trace`` on a method: ``obj.step`` is a traced step bound to ``obj``.
+
+        Each instance gets its own bound step (and so its own compiled programs), cached in
+        the instance's ``__dict__`` like ``functools.cached_property`` does.
+        """
+        if obj is None:
+            return self
+        bound = TracedStep(self.step_fn.__get__(obj, objtype))
+        name = getattr(self, "_attribute_name", None)
+        if name is not None and hasattr(obj, "__dict__"):
+            obj.__dict__[name] = bound
+        return bound
+
     def __call__(self, *args, **kwargs):
         impl = current_backend_impl()
         if impl.is_tracing:  # a traced step called from inside another: inline it
@@ -250,14 +323,16 @@ class TracedStep:
                     "recompile a running program: keep input shapes, dtypes and the "
                     "train/eval mode fixed (e.g. use drop_last=True in your DataLoader), or "
                     "use a separate @cstorch.trace function for each signature.")
-            warnings.warn(
-                f"Compiling {self.step_fn.__name__!r} again because its signature changed "
-                f"({changed}). Each new signature costs a trace and a compilation.",
-                RecompilationWarning, stacklevel=3)
+            warn(f"Compiling {self.step_fn.__name__!r} again because its signature changed "
+                 f"({changed}). Each new signature costs a trace and a compilation.",
+                 RecompilationWarning)
         positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
         records = []
+        passes = []  # one entry per time capture runs the step body
+        counters_before = _step_counts(impl)
 
         def step(*tensors):
+            passes.append(None)
             rebuilt = list(leaves)
             for i, t in zip(positions, tensors):
                 rebuilt[i] = t
@@ -266,13 +341,13 @@ class TracedStep:
                 outputs = self.step_fn(*args, **kwargs)
             return outputs, [(r.args, r.kwargs) for r in records]
 
-        for hook in list(_trace_pre_hooks.values()):
-            hook()
         policy = impl.precision_policy()
         twins = [_metadata_twin(leaves[i], impl.layout) for i in positions]
-        captured = capture_step(step, view.slots, twins, policy)
-        for hook in list(_trace_post_hooks.values()):
-            hook()
+        with _capture_scope():
+            captured = capture_step(
+                step, view.slots, twins, policy,
+                decompositions=decompositions_for("CSX" if impl.is_csx else "CPU"))
+        counter_steps = _undo_counting(counters_before, len(passes))
         self.trace_count += 1
         program = Program(captured, policy=policy, layout=impl.layout)
         python_leaves = tuple(None if isinstance(x, torch.Tensor) else x for x in leaves)
@@ -281,7 +356,8 @@ class TracedStep:
         avals = {view.paths[i]: view.aval(i)
                  for i in captured.used_state + captured.written_state}
         entry = _CompiledStep(captured, program, [(r.kind, r.fn) for r in records],
-                              python_leaves, used, written, avals, _hyperparameters(impl))
+                              python_leaves, used, written, avals, _hyperparameters(impl),
+                              counter_steps)
         self._programs.setdefault(key, []).append(entry)
         return entry
 
@@ -315,11 +391,10 @@ class TracedStep:
                 same = True
             if not same:
                 self._warned_frozen = True
-                warnings.warn(
-                    f"A non-tensor argument of {self.step_fn.__name__!r} changed from {old!r} "
-                    f"to {new!r}, but the compiled step keeps the value it was traced with "
-                    "(Python values are constants of the graph). Pass values that change "
-                    "between steps as tensors.", FrozenValueWarning, stacklevel=4)
+                warn(f"A non-tensor argument of {self.step_fn.__name__!r} changed from {old!r} "
+                     f"to {new!r}, but the compiled step keeps the value it was traced with "
+                     "(Python values are constants of the graph). Pass values that change "
+                     "between steps as tensors.", FrozenValueWarning)
                 return
 
     # -------------------------------------------------------------------------------- run
@@ -337,6 +412,8 @@ class TracedStep:
         user_outputs, payloads = pytree.tree_unflatten(flat, captured.output_spec)
         for (kind, fn), (args, kwargs) in zip(entry.closures, payloads):
             impl.add_step_closure(kind, fn, args, kwargs)
+        for obj, increment in entry.counter_steps:
+            obj._step_count += increment
         return user_outputs
 
     # ----------------------------------------------------------------------- introspection
@@ -369,14 +446,16 @@ class TracedStep:
         return entry.program.cost_analysis(*self._example_arguments(entry))
 
     def pure_function(self):
-        """``(donated_state, kept_state, inputs, key) -> (new_state, outputs, key)``."""
+        """The most recent program as a pure JAX function (not jitted):
+        ``(donated_state, kept_state, inputs, seed) -> (new_state, outputs)``, lists of arrays
+        in the program's order; ``seed`` is the int64 scalar its random ops are keyed from
+        (see ``jax_backend.Program.pure_step``)."""
         return self._latest().program.pure_step
 
 
-def _describe_change(old, new) -> str:
-    names = ["input structure", "input shapes/dtypes", "train/eval mode", "grad mode",
-             "precision policy"]
-    changed = [name for name, a, b in zip(names, old, new) if a != b]
+def _describe_change(old: ProgramSignature, new: ProgramSignature) -> str:
+    changed = [_FIELD_NAMES.get(field, field.replace("_", " "))
+               for field, a, b in zip(ProgramSignature._fields, old, new) if a != b]
     return ", ".join(changed) or (
         "an optimizer hyperparameter that is a Python number changed, or the state the step "
         "uses changed shape or dtype; schedule hyperparameters with a cstorch scheduler (or "

@@ -14,7 +14,6 @@ from typing import Callable, Union
 import torch
 from torch._decomp import _add_op_to_registry
 
-from cstorch.core.compile import register_trace_fn_post_hook, register_trace_fn_pre_hook
 
 aten = torch.ops.aten
 
@@ -67,42 +66,8 @@ def remove_decomposition(op, device: str = "CSX") -> None:
                                "registered.")
 
 
-_replaced: dict = {}  # entries of the capture table displaced during the current trace
-_MISSING = object()
-
-
-def _capture_table() -> dict:
-    from jax_backend.capture import decompositions
-
-    return decompositions()
-
-
-def _apply() -> None:
-    from cstorch.backend import current_backend_impl
-
-    _restore()
-    impl = current_backend_impl(raise_exception=False)
-    if impl is None or not _decompositions:
-        return
-    device = "CSX" if impl.is_csx else "CPU"
-    table = _capture_table()
-    for (overload, dev), (fn, _) in _decompositions.items():
-        if dev == device:
-            _replaced.setdefault(overload, table.get(overload, _MISSING))
-            table[overload] = fn
-
-
-def _restore() -> None:
-    if not _replaced:
-        return
-    table = _capture_table()
-    for overload, previous in _replaced.items():
-        if previous is _MISSING:
-            table.pop(overload, None)
-        else:
-            table[overload] = previous
-    _replaced.clear()
-
-
-register_trace_fn_pre_hook(_apply)
-register_trace_fn_post_hook(_restore)
+def decompositions_for(device: str) -> dict:
+    """``{OpOverload: fn}`` of the decompositions registered for ``device`` ("CSX" or
+    "CPU"), for ``jax_backend.capture_step``'s ``decompositions`` argument."""
+    return {overload: fn for (overload, dev), (fn, _) in _decompositions.items()
+            if dev == device}

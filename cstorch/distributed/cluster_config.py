@@ -213,6 +213,10 @@ class ClusterConfig:
             value = validate(name, value)
         super().__setattr__(name, value)
 
+    def __hash__(self):
+        # Hashable (the Model Zoo keys caches by it) by content, so equal configs hash alike.
+        return hash(tuple(_frozen(getattr(self, f.name)) for f in dataclasses.fields(self)))
+
     @classmethod
     def get_default(cls, key: str):
         """The default value of field ``key`` (a fresh list for list fields)."""
@@ -225,6 +229,16 @@ class ClusterConfig:
     def job_timer(self):
         """A timer for ``job_time_sec`` (None when no limit is set)."""
         return None if self.job_time_sec is None else _JobTimer(self.job_time_sec)
+
+
+def _frozen(value):
+    if dataclasses.is_dataclass(value):
+        return tuple(_frozen(getattr(value, f.name)) for f in dataclasses.fields(value))
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    return value
 
 
 class _JobTimer:

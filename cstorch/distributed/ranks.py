@@ -21,6 +21,23 @@ def get_worker_state():
     return WorkerState.get_worker_state()
 
 
+def get_rank() -> int:
+    """This process's rank among the ``torch.distributed`` processes (0 when torch.distributed
+    is not initialized). Not in cerebras-pytorch 2.10: the Model Zoo calls it on its
+    GPU-distributed data paths."""
+    import torch.distributed
+
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+
+def get_world_size() -> int:
+    """The number of ``torch.distributed`` processes (1 when it is not initialized); see
+    ``get_rank``."""
+    import torch.distributed
+
+    return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+
+
 def service_resolver():
     """The service resolver of this (single-host) cluster."""
     return local_service_resolver()

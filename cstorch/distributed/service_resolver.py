@@ -8,76 +8,14 @@ one task that does everything.
 
 from __future__ import annotations
 
-import dataclasses
-import enum
-from typing import List, Optional
+from typing import List
 
-
-class TaskRole(enum.Enum):
-    """Roles a task can have."""
-
-    MASTER = "master"
-    WORKER = "worker"
-
-
-@dataclasses.dataclass
-class TaskSpec:
-    """One task: its global rank, rank on its node, the wafer it streams to, and roles."""
-
-    rank: int
-    local_rank: int
-    wse_id: int
-    node_name: str
-    roles: List[TaskRole] = dataclasses.field(default_factory=list)
-
-
-@dataclasses.dataclass
-class ClusterSpec:
-    """All tasks of the cluster and the rank of this process's task."""
-
-    tasks: List[TaskSpec]
-    rank: int
-    num_csx: int
-    num_workers_per_csx: int
-
-    def num_tasks(self) -> int:
-        return len(self.tasks)
-
-    def task(self, rank: Optional[int] = None) -> TaskSpec:
-        """The task of ``rank`` (this process's task if None)."""
-        rank = self.rank if rank is None else rank
-        if not 0 <= rank < self.num_tasks():
-            raise ValueError(f"Invalid task rank {rank}. Available ranks are: "
-                             f"{list(range(self.num_tasks()))}.")
-        return self.tasks[rank]
-
-    def filter_tasks_by_role(self, role: TaskRole) -> List[TaskSpec]:
-        return [task for task in self.tasks if role in task.roles]
-
-
-class ClusterResolver:
-    """Answers questions about the cluster from its ``ClusterSpec``."""
-
-    def __init__(self, spec: ClusterSpec):
-        self._spec = spec
-
-    def cluster_spec(self) -> ClusterSpec:
-        return self._spec
-
-    @property
-    def num_tasks(self) -> int:
-        return self._spec.num_tasks()
-
-    @property
-    def rank(self) -> int:
-        return self._spec.rank
-
-    @property
-    def task(self) -> TaskSpec:
-        return self._spec.task()
-
-    def assumes_role(self, role: TaskRole, rank: Optional[int] = None) -> bool:
-        return role in self._spec.task(rank).roles
+from cstorch.distributed.cluster_resolver import (  # noqa: F401 - re-exported names
+    ClusterResolver,
+    ClusterSpec,
+    TaskRole,
+    TaskSpec,
+)
 
 
 class ServiceResolver:

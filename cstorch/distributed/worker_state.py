@@ -10,10 +10,8 @@ class WorkerState:
 
     @classmethod
     def configure(cls, worker_ckpt) -> None:
-        from cstorch.utils.data.dataloader import DataLoaderCheckpoint
-
-        if not isinstance(worker_ckpt, DataLoaderCheckpoint):
-            raise TypeError(f"Expected a DataLoaderCheckpoint, got {type(worker_ckpt).__name__}.")
+        """Installs ``worker_ckpt`` (the ``DataLoaderCheckpoint`` the cstorch dataloader
+        builds for this worker) for the next ``get_worker_state()``."""
         cls._state = worker_ckpt
 
     @classmethod

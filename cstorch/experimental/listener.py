@@ -10,6 +10,7 @@ traced (fake) tensors: hooks may inspect shapes and dtypes and record names, not
 from __future__ import annotations
 
 import collections
+import contextlib
 import re
 from typing import Callable
 
@@ -17,7 +18,6 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils.hooks import RemovableHandle
 
-from cstorch.core.compile import register_trace_fn_post_hook, register_trace_fn_pre_hook
 from cstorch.core.name_scope import get_debug_scope
 
 TracedTensorHook = Callable[[torch.Tensor, str], None]
@@ -67,20 +67,6 @@ class _Listener(TorchFunctionMode):
             hook(tensor, name)
 
 
-_active = []
-
-
-def _start() -> None:
-    if _hooks and not _active:
-        mode = _Listener()
-        mode.__enter__()
-        _active.append(mode)
-
-
-def _stop() -> None:
-    while _active:
-        _active.pop().__exit__(None, None, None)
-
-
-register_trace_fn_pre_hook(_start)
-register_trace_fn_post_hook(_stop)
+def listening():
+    """The context a step is captured in: a listener while any hook is registered."""
+    return _Listener() if _hooks else contextlib.nullcontext()

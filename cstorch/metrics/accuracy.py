@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import warnings
 
 import torch
 
+from jax_backend.user_frames import warn
 from cstorch.metrics.metric import Metric
 
 
@@ -24,10 +24,10 @@ class AccuracyMetric(Metric):
     def update(self, labels, predictions, weights=None, dtype=None):
         """Accumulates a batch; predictions of another shape are reshaped (with a warning)."""
         if labels.shape != predictions.shape:
-            warnings.warn(
+            warn(
                 f"Shapes mismatch in accuracy metric {self.name!r}: labels "
                 f"{tuple(labels.shape)}, predictions {tuple(predictions.shape)}; reshaping the "
-                "predictions to the labels' shape.", stacklevel=3)
+                "predictions to the labels' shape.")
             predictions = predictions.reshape(labels.shape)
         correct = (labels == predictions).to(torch.float32)
         if weights is None:

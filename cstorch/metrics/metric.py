@@ -33,9 +33,6 @@ from typing import Any
 import torch
 
 from cstorch.backend import current_backend_impl, use_cs
-from cstorch.core.compile import register_trace_fn_post_hook, register_trace_fn_pre_hook
-
-_live_metrics: "weakref.WeakSet[Metric]" = weakref.WeakSet()
 
 _NOT_STATE_MESSAGE = (
     "Metric {name!r} was updated inside a traced step, but its state is not backend state: "
@@ -77,7 +74,6 @@ class Metric(torch.nn.Module, abc.ABC):
         self._cache = None  # (state token, value) of the last eager compute
         self._backend_ref = None  # weakref to the backend implementation holding our state
         self.registry[name].append(self)
-        _live_metrics.add(self)
         self._wrap_methods()
         self.reset()
         self.register_state_dict_pre_hook(lambda *_: self._pull_from_device())
@@ -166,6 +162,9 @@ class Metric(torch.nn.Module, abc.ABC):
     def _count_update(self) -> None:
         self._num_updates += 1
 
+    def _forget_traced_updates(self) -> None:
+        self._traced_updates = 0
+
     # ------------------------------------------------------------------ wrapping
     def _wrap_methods(self) -> None:
         reset, update, compute = self.reset, self.update, self.compute
@@ -191,6 +190,8 @@ class Metric(torch.nn.Module, abc.ABC):
             self._cache = None
             result = update(*args, **kwargs)
             if tracing:
+                if not self._traced_updates:
+                    impl.at_trace_exit(self._forget_traced_updates)
                 self._traced_updates += 1
                 impl.add_step_closure("step", self._count_update, (), {})
             else:
@@ -216,17 +217,6 @@ class Metric(torch.nn.Module, abc.ABC):
             return value
 
         self.reset, self.update, self.compute = wrapped_reset, wrapped_update, wrapped_compute
-
-
-def _forget_traced_updates() -> None:
-    for metric in list(_live_metrics):
-        metric._traced_updates = 0
-
-
-# Trace-scoped bookkeeping is cleared before and after every trace (a failed trace skips the
-# post hook; the pre hook of the next trace still starts from a clean slate).
-register_trace_fn_pre_hook(_forget_traced_updates)
-register_trace_fn_post_hook(_forget_traced_updates)
 
 
 def get_all_metrics():

@@ -11,11 +11,8 @@ optimizer step hooks rather than gradient hooks, so it is captured in compiled s
 
 from __future__ import annotations
 
-import fnmatch
-import inspect
-import re
 import weakref
-from typing import Callable, List, Union
+from typing import Callable
 
 import torch
 from torch.optim.optimizer import (
@@ -23,24 +20,7 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
-FilterCallable = Callable[[str, torch.Tensor], bool]
-
-
-def make_param_filter(param_filter: Union[str, List[str], FilterCallable]) -> FilterCallable:
-    """A ``(name, param) -> bool`` filter from glob pattern(s) or a callable of two args."""
-    if callable(param_filter):
-        try:
-            inspect.signature(param_filter).bind(None, None)
-        except TypeError:
-            raise ValueError(f"A param_filter callable must take (name, param); got "
-                             f"{param_filter!r}.") from None
-        return param_filter
-    patterns = [param_filter] if isinstance(param_filter, str) else list(param_filter)
-    if not patterns or not all(isinstance(p, str) for p in patterns):
-        raise ValueError(f"param_filter must be a glob string, a list of them or a callable "
-                         f"(name, param) -> bool; got {param_filter!r}.")
-    regexes = [re.compile(fnmatch.translate(p)) for p in patterns]
-    return lambda name, param: any(r.fullmatch(name) for r in regexes)
+from cstorch.utils.utils import FilterCallable, make_param_filter  # noqa: F401
 
 
 def outlier(param: torch.Tensor, upper: float = 2.25) -> torch.Tensor:

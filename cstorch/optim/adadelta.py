@@ -1,6 +1,6 @@
 """cstorch Adadelta (update rule: ``jax_backend.optimizers.adadelta``)."""
 
-from __future__ import annotations
+from torch.optim.optimizer import ParamsT
 
 from cstorch.optim import _checks
 from cstorch.optim.optimizer import BuiltinOptimizer
@@ -13,7 +13,8 @@ class Adadelta(BuiltinOptimizer):
     hyperparameters = {"lr": "learning_rate", "rho": "rho", "eps": "eps",
                        "weight_decay": "weight_decay", "maximize": "maximize"}
 
-    def __init__(self, params, lr=1.0, rho=0.9, eps=1e-6, weight_decay=0, maximize=False):
+    def __init__(self, params: ParamsT, lr: float = 1.0, rho: float = 0.9, eps: float = 1e-06,
+                 weight_decay: float = 0, maximize: bool = False):
         _checks.non_negative("learning rate", lr)
         _checks.in_unit_interval("rho value", rho, include_one=True)
         _checks.non_negative("epsilon value", eps)

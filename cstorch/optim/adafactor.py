@@ -1,6 +1,8 @@
 """cstorch Adafactor (update rule: ``jax_backend.optimizers.adafactor``)."""
 
-from __future__ import annotations
+from typing import Optional, Tuple
+
+from torch.optim.optimizer import ParamsT
 
 from cstorch.optim.optimizer import BuiltinOptimizer
 
@@ -22,9 +24,11 @@ class Adafactor(BuiltinOptimizer):
                        "relative_step": "relative_step", "warmup_init": "warmup_init"}
     global_step = True
 
-    def __init__(self, params, lr, eps=(1e-30, 1e-3), clip_threshold=1.0, decay_rate=-0.8,
-                 beta1=None, weight_decay=0.0, scale_parameter=True, relative_step=False,
-                 warmup_init=False):
+    def __init__(self, params: ParamsT, lr: float, eps: Tuple[float, float] = (1e-30, 0.001),
+                 clip_threshold: float = 1.0, decay_rate: float = -0.8,
+                 beta1: Optional[float] = None, weight_decay: float = 0.0,
+                 scale_parameter: bool = True, relative_step: bool = False,
+                 warmup_init: bool = False):
         if lr is not None and relative_step:
             raise ValueError("Cannot combine a manual `lr` with `relative_step=True`; pass "
                              "one of them.")

@@ -1,6 +1,6 @@
 """cstorch Adagrad (update rule: ``jax_backend.optimizers.adagrad``)."""
 
-from __future__ import annotations
+from torch.optim.optimizer import ParamsT
 
 from cstorch.optim import _checks
 from cstorch.optim.optimizer import BuiltinOptimizer
@@ -20,8 +20,9 @@ class Adagrad(BuiltinOptimizer):
                        "maximize": "maximize"}
     global_step = True
 
-    def __init__(self, params, lr=1e-2, lr_decay=0, weight_decay=0, initial_accumulator_value=0,
-                 eps=1e-6, maximize=False):
+    def __init__(self, params: ParamsT, lr: float = 0.01, lr_decay: float = 0,
+                 weight_decay: float = 0, initial_accumulator_value: float = 0, eps: float = 1e-06,
+                 maximize: bool = False):
         _checks.non_negative("learning rate", lr)
         _checks.non_negative("lr_decay value", lr_decay)
         _checks.non_negative("weight_decay value", weight_decay)

@@ -5,9 +5,10 @@ applied, the bias correction keeps ``beta^t`` as per-parameter state (``beta1_po
 ``beta2_power``), and the default eps is 1e-6.
 """
 
-from __future__ import annotations
+from typing import Tuple
 
 import torch
+from torch.optim.optimizer import ParamsT
 
 from cstorch.optim.optimizer import BuiltinOptimizer
 
@@ -28,8 +29,10 @@ class AdamBase(BuiltinOptimizer):
                        "l2_regularization_rate": "l2_regularization_rate",
                        "correct_bias": "correct_bias", "amsgrad": "amsgrad"}
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0,
-                 l2_regularization_rate=0.0, correct_bias=True, amsgrad=False):
+    def __init__(self, params: ParamsT, lr: float = 0.001,
+                 betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-06,
+                 weight_decay: float = 0.0, l2_regularization_rate: float = 0.0,
+                 correct_bias: bool = True, amsgrad: bool = False):
         if lr < 0.0:
             raise ValueError(f"Invalid learning rate: {lr} - should be >= 0.0")
         for beta in betas:
@@ -67,8 +70,9 @@ class AdamBase(BuiltinOptimizer):
 class AdamW(AdamBase):
     """AdamW: decoupled weight decay (``update += wd·p`` after the bias correction)."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0,
-                 correct_bias=True, amsgrad=False):
+    def __init__(self, params: ParamsT, lr: float = 0.001,
+                 betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-06,
+                 weight_decay: float = 0.0, correct_bias: bool = True, amsgrad: bool = False):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                          l2_regularization_rate=0.0, correct_bias=correct_bias, amsgrad=amsgrad)
         for group in self.param_groups:
@@ -84,8 +88,9 @@ class AdamW(AdamBase):
 class Adam(AdamBase):
     """Adam: ``weight_decay`` is coupled L2 regularisation (stored as l2_regularization_rate)."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0,
-                 amsgrad=False):
+    def __init__(self, params: ParamsT, lr: float = 0.001,
+                 betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-06,
+                 weight_decay: float = 0.0, amsgrad: bool = False):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=0.0,
                          l2_regularization_rate=weight_decay, correct_bias=True,
                          amsgrad=amsgrad)

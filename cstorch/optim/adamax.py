@@ -1,6 +1,8 @@
 """cstorch Adamax (update rule: ``jax_backend.optimizers.adamax``)."""
 
-from __future__ import annotations
+from typing import Tuple
+
+from torch.optim.optimizer import ParamsT
 
 from cstorch.optim import _checks
 from cstorch.optim.optimizer import BuiltinOptimizer
@@ -17,8 +19,9 @@ class Adamax(BuiltinOptimizer):
     hyperparameters = {"lr": "learning_rate", "betas": "betas", "eps": "eps",
                        "weight_decay": "weight_decay", "maximize": "maximize"}
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0,
-                 maximize=False):
+    def __init__(self, params: ParamsT, lr: float = 0.001,
+                 betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-06,
+                 weight_decay: float = 0.0, maximize: bool = False):
         _checks.non_negative("learning rate", lr)
         _checks.betas(betas)
         _checks.non_negative("epsilon value", eps)

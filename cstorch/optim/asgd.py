@@ -1,6 +1,6 @@
 """cstorch ASGD (update rule: ``jax_backend.optimizers.asgd``)."""
 
-from __future__ import annotations
+from torch.optim.optimizer import ParamsT
 
 from cstorch.optim import _checks
 from cstorch.optim.optimizer import BuiltinOptimizer
@@ -15,8 +15,9 @@ class ASGD(BuiltinOptimizer):
                        "weight_decay": "weight_decay", "maximize": "maximize"}
     global_step = True
 
-    def __init__(self, params, lr=1e-2, lambd=1e-4, alpha=0.75, t0=1e6, weight_decay=0,
-                 maximize=False):
+    def __init__(self, params: ParamsT, lr: float = 0.01, lambd: float = 0.0001,
+                 alpha: float = 0.75, t0: float = 1000000.0, weight_decay: float = 0,
+                 maximize: bool = False):
         _checks.non_negative("learning rate", lr)
         _checks.non_negative("weight_decay value", weight_decay)
         defaults = dict(lr=lr, lambd=lambd, alpha=alpha, t0=t0, weight_decay=weight_decay,

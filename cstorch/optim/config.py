@@ -68,7 +68,8 @@ def _deprecation_error(cls, found) -> ValueError:
 
 
 def _signature_with_values(cls, signature, first, values):
-    """The signature with the values the user passed as defaults (for error messages)."""
+    """The signature with the values the user passed as defaults (for error messages; the
+    type annotations are left out to keep it short)."""
     params = []
     for name, param in list(signature.parameters.items())[1:]:
         if name in values:
@@ -77,7 +78,7 @@ def _signature_with_values(cls, signature, first, values):
             default = param.default
         else:
             default = "<missing>"
-        params.append(param.replace(default=default))
+        params.append(param.replace(default=default, annotation=inspect.Parameter.empty))
     return f"{cls.__name__}{signature.replace(parameters=params)}"
 
 

@@ -1,6 +1,8 @@
 """cstorch Lamb (update rule: ``jax_backend.optimizers.lamb``)."""
 
-from __future__ import annotations
+from typing import Tuple
+
+from torch.optim.optimizer import ParamsT
 
 from cstorch.optim import _checks
 from cstorch.optim.optimizer import BuiltinOptimizer
@@ -17,8 +19,9 @@ class Lamb(BuiltinOptimizer):
     hyperparameters = {"lr": "learning_rate", "betas": "betas", "eps": "eps",
                        "weight_decay": "weight_decay", "adam": "adam"}
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0,
-                 adam=False):
+    def __init__(self, params: ParamsT, lr: float = 0.001,
+                 betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-06,
+                 weight_decay: float = 0, adam: bool = False):
         _checks.non_negative("learning rate", lr)
         _checks.non_negative("epsilon value", eps)
         _checks.betas(betas)

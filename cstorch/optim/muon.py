@@ -1,6 +1,6 @@
 """cstorch Muon (update rule: ``jax_backend.optimizers.muon``)."""
 
-from __future__ import annotations
+from torch.optim.optimizer import ParamsT
 
 from cstorch.optim import _checks
 from cstorch.optim.optimizer import BuiltinOptimizer
@@ -23,8 +23,8 @@ class Muon(BuiltinOptimizer):
     hyperparameters = {"lr": "learning_rate", "weight_decay": "weight_decay",
                        "momentum": "momentum", "nesterov": "nesterov", "ns_steps": "ns_steps"}
 
-    def __init__(self, params, lr=0.02, weight_decay=0.01, momentum=0.95, nesterov=True,
-                 ns_steps=5):
+    def __init__(self, params: ParamsT, lr: float = 0.02, weight_decay: float = 0.01,
+                 momentum: float = 0.95, nesterov: bool = True, ns_steps: int = 5):
         _checks.non_negative("learning rate", lr)
         _checks.in_unit_interval("weight decay parameter", weight_decay)
         _checks.in_unit_interval("momentum parameter", momentum)

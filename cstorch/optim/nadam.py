@@ -1,6 +1,8 @@
 """cstorch NAdam (update rule: ``jax_backend.optimizers.nadam``)."""
 
-from __future__ import annotations
+from typing import Tuple
+
+from torch.optim.optimizer import ParamsT
 
 from cstorch.optim import _checks
 from cstorch.optim.optimizer import BuiltinOptimizer
@@ -18,8 +20,9 @@ class NAdam(BuiltinOptimizer):
                        "weight_decay": "weight_decay", "momentum_decay": "momentum_decay"}
     global_step = True
 
-    def __init__(self, params, lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
-                 momentum_decay=4e-3):
+    def __init__(self, params: ParamsT, lr: float = 0.002,
+                 betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-08,
+                 weight_decay: float = 0, momentum_decay: float = 0.004):
         _checks.non_negative("learning rate", lr)
         _checks.non_negative("epsilon value", eps)
         _checks.betas(betas)

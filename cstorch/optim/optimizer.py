@@ -17,17 +17,17 @@ Differences from cerebras-pytorch 2.10 (on purpose):
   lazily loaded checkpoint tensors become ordinary state.
 """
 
-from __future__ import annotations
-
+from typing import Any, Dict
 import warnings
 import weakref
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 
 import torch
+from torch.optim.optimizer import ParamsT  # noqa: F401 - the params type hint, as in the reference
 from torch.utils.hooks import RemovableHandle
 
-from jax_backend.torch_ops import init_optimizer_state, optimizer_spec, optimizer_state_layout
+from jax_backend.torch_ops import init_optimizer_state, optimizer_key, optimizer_state_layout
 from cstorch.backend import current_backend_impl
 
 
@@ -41,7 +41,7 @@ class Optimizer(torch.optim.Optimizer, ABC):
     ``RuntimeError``.
     """
 
-    def __init__(self, params, defaults, enable_global_step: bool = False):
+    def __init__(self, params: ParamsT, defaults: Dict[str, Any], enable_global_step: bool = False):
         super().__init__(params, defaults)
         self.enable_global_step = enable_global_step
         self.backend = current_backend_impl()
@@ -86,6 +86,15 @@ class Optimizer(torch.optim.Optimizer, ABC):
     @abstractmethod
     def step(self, closure=None):
         """Updates parameters and existing state; never creates state."""
+
+    def _finite_increment(self):
+        """How far counters tied to this optimizer (schedulers' ``last_epoch``) advance this
+        step: 1, or, while a dynamic GradScaler checked this step's gradients, the int64
+        0-dim tensor "they were finite", so a skipped update is not counted. The scaler
+        publishes that flag on the optimizer it steps (``_amp_stash.isfinite``); schedulers
+        read it here and need not know about loss scaling."""
+        value = getattr(getattr(self, "_amp_stash", None), "isfinite", None)
+        return value.long() if isinstance(value, torch.Tensor) else 1
 
     def increment_global_step(self, p):
         """Adds 1 to ``state[p]["step"]`` in place and returns that float32 tensor."""
@@ -242,11 +251,11 @@ class BuiltinOptimizer(Optimizer):
     def _check_group(self, group, params):
         """Raises for a param group the rule cannot update (subclass hook)."""
 
-    def _state_leaves(self, params, static, dynamic):
-        fields, keys_per_param = optimizer_state_layout(self.rule, static, dynamic, params)
+    def _state_leaves(self, params, key):
+        layout = optimizer_state_layout(key, params)
         leaves = []
-        for field in fields:
-            for index, (p, keys) in enumerate(zip(params, keys_per_param)):
+        for field in layout.fields:
+            for index, (p, keys) in enumerate(zip(params, layout.keys_per_param)):
                 if field not in keys:
                     continue
                 state = self.state[p]
@@ -278,10 +287,10 @@ class BuiltinOptimizer(Optimizer):
                         f"{type(self).__name__} does not support sparse gradients.")
             self._check_group(group, params)
             static, dynamic = self._rule_arguments(group)
-            state = self._state_leaves(params, static, dynamic)
-            spec = optimizer_spec(self.rule, static, list(dynamic))
+            key = optimizer_key(self.rule, static, list(dynamic))
+            state = self._state_leaves(params, key)
             outputs = torch.ops.cstorch.optimizer_step(
-                spec, params, [p.grad for p in params], state, list(dynamic.values()))
+                key, params, [p.grad for p in params], state, list(dynamic.values()))
             for target, value in zip(params + state, outputs):
                 target.copy_(value)
         return loss

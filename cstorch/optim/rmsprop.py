@@ -1,6 +1,6 @@
 """cstorch RMSprop (update rule: ``jax_backend.optimizers.rmsprop``)."""
 
-from __future__ import annotations
+from torch.optim.optimizer import ParamsT
 
 from cstorch.optim import _checks
 from cstorch.optim.optimizer import BuiltinOptimizer
@@ -15,8 +15,8 @@ class RMSprop(BuiltinOptimizer):
                        "weight_decay": "weight_decay", "momentum": "momentum",
                        "centered": "centered"}
 
-    def __init__(self, params, lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0, momentum=0,
-                 centered=False):
+    def __init__(self, params: ParamsT, lr: float = 0.01, alpha: float = 0.99, eps: float = 1e-08,
+                 weight_decay: float = 0, momentum: float = 0, centered: bool = False):
         _checks.non_negative("learning rate", lr)
         _checks.non_negative("epsilon value", eps)
         _checks.non_negative("momentum value", momentum)

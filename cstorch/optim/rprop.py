@@ -1,6 +1,8 @@
 """cstorch Rprop (update rule: ``jax_backend.optimizers.rprop``)."""
 
-from __future__ import annotations
+from typing import Tuple
+
+from torch.optim.optimizer import ParamsT
 
 from cstorch.optim import _checks
 from cstorch.optim.optimizer import BuiltinOptimizer
@@ -13,7 +15,8 @@ class Rprop(BuiltinOptimizer):
     rule = "rprop"
     hyperparameters = {"lr": "learning_rate", "etas": "etas", "step_sizes": "step_sizes"}
 
-    def __init__(self, params, lr=1e-3, etas=(0.5, 1.2), step_sizes=(1e-6, 50.0)):
+    def __init__(self, params: ParamsT, lr: float = 0.001, etas: Tuple[float, float] = (0.5, 1.2),
+                 step_sizes: Tuple[float, float] = (1e-06, 50.0)):
         _checks.non_negative("learning rate", lr)
         defaults = dict(lr=lr, etas=etas, step_sizes=step_sizes)
         super().__init__(params, defaults)

@@ -16,8 +16,6 @@ the corrected closed form (``PolynomialScheduler(cycle=True)``,
 ``CosineAnnealingWarmRestartsScheduler``, ``LambdaScheduler``); each class says how it differs.
 """
 
-from __future__ import annotations
-
 import numbers
 import warnings
 import weakref
@@ -31,7 +29,6 @@ import torch
 import jax_backend
 from jax_backend import Slot
 from jax_backend.torch_ops import schedule_config
-from cstorch.amp import finite_increment
 from cstorch.backend import current_backend_impl
 
 Tags = Optional[Union[str, List[Optional[str]]]]
@@ -96,7 +93,7 @@ class Scheduler(ABC):
     tensor, and the value at step 0 is written into the targeted groups.
     """
 
-    def __init__(self, optimizer, total_iters, last_epoch: int = -1,
+    def __init__(self, optimizer: torch.optim.Optimizer, total_iters: int, last_epoch: int = -1,
                  param_group_tags: Tags = None):
         from cstorch.optim.optimizer import Optimizer
 
@@ -155,8 +152,18 @@ class Scheduler(ABC):
 
     # ---------------------------------------------------------------------------- values
     def _schedule_config(self) -> Optional[dict]:
-        """The ``jax_backend.schedules`` config of this schedule (None: torch closed form)."""
-        return None
+        """The ``jax_backend.schedules`` config of this schedule (None: torch closed form),
+        built from the class's row of ``_SCHEDULE_TABLE``."""
+        row = next((_SCHEDULE_TABLE[cls] for cls in type(self).__mro__
+                    if cls in _SCHEDULE_TABLE), None)
+        if row is None:
+            return None
+        kind, arguments = row
+        config = {"kind": kind}
+        for argument, source in arguments.items():
+            attribute, convert = source if isinstance(source, tuple) else (source, _number)
+            config[argument] = convert(getattr(self, attribute))
+        return config
 
     def _pure_config(self) -> Optional[dict]:
         """``_schedule_config()``, or None when a subclass computes its value with its own
@@ -206,7 +213,7 @@ class Scheduler(ABC):
         """Adds 1 to ``last_epoch`` (in place once it is a tensor); with dynamic loss scaling,
         a step whose update was skipped does not count."""
         if isinstance(self.last_epoch, torch.Tensor):
-            self.last_epoch.add_(finite_increment(self.optimizer))
+            self.last_epoch.add_(self.optimizer._finite_increment())
         else:
             self.last_epoch += 1
 
@@ -308,26 +315,24 @@ def _inherit_docs(module_globals, base):
 
 # ------------------------------------------------------------------------ built-in schedules
 class ConstantScheduler(Scheduler):
-    """``val`` at every step."""
+    """``jax_backend.schedules.constant`` of ``val``."""
 
-    def __init__(self, optimizer, val, total_iters=None, param_group_tags: Tags = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, val: float,
+                 total_iters: Optional[int] = None, param_group_tags: Tags = None):
         self.val = val
         super().__init__(optimizer, total_iters=total_iters, param_group_tags=param_group_tags)
 
-    def _schedule_config(self):
-        return {"kind": "constant", "value": _number(self.val)}
-
 
 class PolynomialScheduler(Scheduler):
-    """``end_val`` once ``t >= total_iters``, else
-    ``(initial_val-end_val)·(1-t/total_iters)^power + end_val``.
+    """``jax_backend.schedules.polynomial`` from ``initial_val`` to ``end_val``.
 
     With ``cycle=True`` the decay restarts every ``total_iters`` steps over a growing horizon
     (TF/Keras ``PolynomialDecay(cycle=True)``). Differs from cerebras-pytorch 2.10, where
     ``cycle`` has no effect (its clamp to ``end_val`` wins).
     """
 
-    def __init__(self, optimizer, initial_val, end_val, total_iters, power=1.0, cycle=False,
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, end_val: float,
+                 total_iters: int, power: float = 1.0, cycle: bool = False,
                  param_group_tags: Tags = None):
         self.initial_val = initial_val
         self.end_val = end_val
@@ -335,83 +340,60 @@ class PolynomialScheduler(Scheduler):
         self.cycle = cycle
         super().__init__(optimizer, total_iters=total_iters, param_group_tags=param_group_tags)
 
-    def _schedule_config(self):
-        return {"kind": "polynomial", "initial": _number(self.initial_val),
-                "end": _number(self.end_val), "total_iters": _number(self.total_iters),
-                "power": _number(self.power), "cycle": bool(self.cycle)}
-
 
 class LinearScheduler(PolynomialScheduler):
-    """``PolynomialScheduler`` with ``power=1``."""
+    """``PolynomialScheduler`` with ``power=1`` (``jax_backend.schedules.linear``)."""
 
-    def __init__(self, optimizer, initial_val, end_val, total_iters, cycle=False,
-                 param_group_tags: Tags = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, end_val: float,
+                 total_iters: int, cycle: bool = False, param_group_tags: Tags = None):
         super().__init__(optimizer, initial_val, end_val, total_iters, power=1.0, cycle=cycle,
                          param_group_tags=param_group_tags)
 
 
 class ExponentialScheduler(Scheduler):
-    """``initial_val·decay_rate^(t/total_iters)`` (the exponent floored with ``staircase``)."""
+    """``jax_backend.schedules.exponential`` from ``initial_val``."""
 
-    def __init__(self, optimizer, initial_val, total_iters, decay_rate, staircase=False,
-                 param_group_tags: Tags = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, total_iters: int,
+                 decay_rate: float, staircase: bool = False, param_group_tags: Tags = None):
         self.initial_val = float(initial_val)
         self.decay_rate = decay_rate
         self.staircase = staircase
         super().__init__(optimizer, total_iters=total_iters, param_group_tags=param_group_tags)
 
-    def _schedule_config(self):
-        return {"kind": "exponential", "initial": _number(self.initial_val),
-                "total_iters": _number(self.total_iters),
-                "decay_rate": _number(self.decay_rate), "staircase": bool(self.staircase)}
-
 
 class InverseExponentialTimeDecayScheduler(Scheduler):
-    """``initial_val/(1 + decay_rate·t^step_exponent/total_iters)`` (the ratio floored with
-    ``staircase``), as Keras ``InverseTimeDecay``."""
+    """``jax_backend.schedules.inverse_exponential_time_decay`` from ``initial_val`` (Keras
+    ``InverseTimeDecay``)."""
 
-    def __init__(self, optimizer, initial_val, step_exponent, total_iters, decay_rate,
-                 staircase=False, param_group_tags: Tags = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, step_exponent: int,
+                 total_iters: int, decay_rate: float, staircase: bool = False,
+                 param_group_tags: Tags = None):
         self.initial_val = initial_val
         self.step_exponent = step_exponent
         self.decay_rate = decay_rate
         self.staircase = staircase
         super().__init__(optimizer, total_iters=total_iters, param_group_tags=param_group_tags)
 
-    def _schedule_config(self):
-        return {"kind": "inverse_exponential_time_decay", "initial": _number(self.initial_val),
-                "step_exponent": _number(self.step_exponent),
-                "total_iters": _number(self.total_iters),
-                "decay_rate": _number(self.decay_rate), "staircase": bool(self.staircase)}
-
 
 class InverseSquareRootDecayScheduler(Scheduler):
-    """``initial_val·scale/√max(warmup_steps, t)``."""
+    """``jax_backend.schedules.inverse_square_root_decay`` of ``initial_val``."""
 
-    def __init__(self, optimizer, initial_val=1.0, scale=1.0, warmup_steps=1.0,
-                 param_group_tags: Tags = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float = 1.0,
+                 scale: float = 1.0, warmup_steps: int = 1.0, param_group_tags: Tags = None):
         self.initial_val = initial_val
         self.scale = scale
         self.warmup_steps = warmup_steps
         super().__init__(optimizer, total_iters=None, param_group_tags=param_group_tags)
 
-    def _schedule_config(self):
-        return {"kind": "inverse_square_root_decay", "initial": _number(self.initial_val),
-                "scale": _number(self.scale), "warmup_steps": _number(self.warmup_steps)}
-
 
 class CosineDecayScheduler(Scheduler):
-    """``end_val + (initial_val-end_val)·½(1+cos(π·min(t,T)/T))``, ``T = total_iters``."""
+    """``jax_backend.schedules.cosine_decay`` from ``initial_val`` to ``end_val``."""
 
-    def __init__(self, optimizer, initial_val, end_val, total_iters,
-                 param_group_tags: Tags = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, end_val: float,
+                 total_iters: int, param_group_tags: Tags = None):
         self.initial_val = initial_val
         self.end_val = end_val
         super().__init__(optimizer, total_iters=total_iters, param_group_tags=param_group_tags)
-
-    def _schedule_config(self):
-        return {"kind": "cosine_decay", "initial": _number(self.initial_val),
-                "end": _number(self.end_val), "total_iters": _number(self.total_iters)}
 
 
 class _ComposedScheduler(Scheduler):
@@ -445,8 +427,8 @@ class SequentialScheduler(_ComposedScheduler):
     registry (this scheduler steps them).
     """
 
-    def __init__(self, optimizer, schedulers, milestones, last_epoch=-1,
-                 param_group_tags: Tags = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, schedulers: List[Scheduler],
+                 milestones: List[int], last_epoch: int = -1, param_group_tags: Tags = None):
         if isinstance(milestones, numpy.ndarray):
             milestones = milestones.tolist()
         if not isinstance(milestones, (list, tuple)):
@@ -512,7 +494,7 @@ class SequentialScheduler(_ComposedScheduler):
         for index, milestone in enumerate(self._milestones):
             child = self._schedulers[index + 1]
             active = torch.where(self.last_epoch <= milestone, 0, 1)
-            child.last_epoch.add_(active * finite_increment(self.optimizer))
+            child.last_epoch.add_(active * self.optimizer._finite_increment())
 
 
 
@@ -525,8 +507,8 @@ class PiecewiseConstantScheduler(SequentialScheduler):
     ValueError (the reference ignored the extra ones).
     """
 
-    def __init__(self, optimizer, constant_cls, vals, milestones,
-                 param_group_tags: Tags = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, constant_cls: type, vals: List[float],
+                 milestones: List[int], param_group_tags: Tags = None):
         vals = list(vals)
         if isinstance(milestones, numpy.ndarray):
             milestones = milestones.tolist()
@@ -542,51 +524,37 @@ class PiecewiseConstantScheduler(SequentialScheduler):
 
 
 class MultiStepScheduler(Scheduler):
-    """``initial_val·gamma^(number of milestones <= t)``."""
+    """``jax_backend.schedules.multi_step`` from ``initial_val``."""
 
-    def __init__(self, optimizer, initial_val, gamma, milestones,
-                 param_group_tags: Tags = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, gamma: float,
+                 milestones: List[int], param_group_tags: Tags = None):
         self.initial_val = initial_val
         self.gamma = gamma
         self.milestones = milestones
         super().__init__(optimizer, total_iters=None, param_group_tags=param_group_tags)
 
-    def _schedule_config(self):
-        milestones = self.milestones
-        if isinstance(milestones, numpy.ndarray):
-            milestones = milestones.tolist()
-        return {"kind": "multi_step", "initial": _number(self.initial_val),
-                "gamma": _number(self.gamma), "milestones": list(milestones)}
-
 
 class StepScheduler(Scheduler):
-    """``initial_val·gamma^floor(t/step_size)``."""
+    """``jax_backend.schedules.step`` from ``initial_val``."""
 
-    def __init__(self, optimizer, initial_val, step_size, gamma, param_group_tags: Tags = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, step_size: int,
+                 gamma: float, param_group_tags: Tags = None):
         self.initial_val = float(initial_val)
         self.gamma = gamma
         self.step_size = step_size
         super().__init__(optimizer, total_iters=None, param_group_tags=param_group_tags)
 
-    def _schedule_config(self):
-        return {"kind": "step", "initial": _number(self.initial_val),
-                "step_size": _number(self.step_size), "gamma": _number(self.gamma)}
-
 
 class CosineAnnealingScheduler(Scheduler):
-    """``eta_min + (initial_val-eta_min)·(1 + cos(π·t/T_max))/2``, periodic (no clamp at
+    """``jax_backend.schedules.cosine_annealing`` from ``initial_val`` (periodic: no clamp at
     ``T_max``, no restarts)."""
 
-    def __init__(self, optimizer, initial_val, T_max, eta_min=0.0,
-                 param_group_tags: Tags = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, T_max: int,
+                 eta_min: float = 0.0, param_group_tags: Tags = None):
         self.initial_val = float(initial_val)
         self.T_max = float(T_max)
         self.eta_min = eta_min
         super().__init__(optimizer, total_iters=None, param_group_tags=param_group_tags)
-
-    def _schedule_config(self):
-        return {"kind": "cosine_annealing", "initial": _number(self.initial_val),
-                "T_max": _number(self.T_max), "eta_min": _number(self.eta_min)}
 
 
 def _default_lambda_epoch_div_30(epoch):
@@ -613,7 +581,8 @@ class LambdaScheduler(Scheduler):
     (so its default gives ``initial_val²·(t/30)·0.95^t``): here ``initial_val`` is applied once.
     """
 
-    def __init__(self, optimizer, initial_val, param_group_tags: Tags = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float,
+                 param_group_tags: Tags = None):
         self.initial_val = initial_val
         super().__init__(optimizer, total_iters=None, param_group_tags=param_group_tags)
 
@@ -657,8 +626,8 @@ class CosineAnnealingWarmRestartsScheduler(Scheduler):
     ``[2T_0, 3T_0)``, ...); here every period restarts the cosine, as SGDR and torch do.
     """
 
-    def __init__(self, optimizer, initial_val, T_0, T_mult=1, eta_min=0.0,
-                 param_group_tags: Tags = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, T_0: int,
+                 T_mult: int = 1, eta_min: float = 0.0, param_group_tags: Tags = None):
         if T_mult != 1.0:
             raise ValueError(
                 f"Unsupported value of Parameters 'T_mult' for LR scheduler type "
@@ -670,16 +639,12 @@ class CosineAnnealingWarmRestartsScheduler(Scheduler):
         self.eta_min = eta_min
         super().__init__(optimizer, total_iters=None, param_group_tags=param_group_tags)
 
-    def _schedule_config(self):
-        return {"kind": "cosine_annealing_warm_restarts", "initial": _number(self.initial_val),
-                "T_0": _number(self.T_0), "T_mult": _number(self.T_mult),
-                "eta_min": _number(self.eta_min)}
-
 
 class MultiplicativeScheduler(Scheduler):
     """``initial_val·coefficient^t``."""
 
-    def __init__(self, optimizer, initial_val, coefficient, param_group_tags: Tags = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, coefficient: float,
+                 param_group_tags: Tags = None):
         self.initial_val = initial_val
         self.coefficient = coefficient
         super().__init__(optimizer, total_iters=None, param_group_tags=param_group_tags)
@@ -709,7 +674,7 @@ class ChainedScheduler(_ComposedScheduler):
     ``initial_val``.
     """
 
-    def __init__(self, schedulers, param_group_tags: Tags = None):
+    def __init__(self, schedulers: List[Scheduler], param_group_tags: Tags = None):
         self._schedulers = list(schedulers)
         if not self._schedulers:
             raise ValueError("ChainedScheduler needs at least one scheduler, got none.")
@@ -766,9 +731,9 @@ class CyclicScheduler(Scheduler):
     the triangular modes, "iterations" otherwise), as in cerebras-pytorch.
     """
 
-    def __init__(self, optimizer, base_val, max_val, step_size_up=2000, step_size_down=None,
-                 mode="triangular", gamma=1.0, scale_mode="cycle",
-                 param_group_tags: Tags = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, base_val: float, max_val: float,
+                 step_size_up: int = 2000, step_size_down: int = None, mode: str = 'triangular',
+                 gamma: float = 1.0, scale_mode: str = 'cycle', param_group_tags: Tags = None):
         self.base_val = base_val
         self.max_val = max_val
         self.step_size_up = step_size_up
@@ -778,12 +743,6 @@ class CyclicScheduler(Scheduler):
         self.scale_mode = "cycle" if mode in ("triangular", "triangular2") else "iterations"
         super().__init__(optimizer, total_iters=None, param_group_tags=param_group_tags)
 
-    def _schedule_config(self):
-        return {"kind": "cyclic", "base": _number(self.base_val),
-                "max_value": _number(self.max_val), "step_size_up": _number(self.step_size_up),
-                "step_size_down": _number(self.step_size_down), "mode": self.mode,
-                "gamma": _number(self.gamma), "scale_mode": self.scale_mode}
-
 
 class OneCycleScheduler(Scheduler):
     """The 1cycle policy: ``initial_val -> max_val`` until step ``pct_start·total_steps - 1``,
@@ -791,8 +750,9 @@ class OneCycleScheduler(Scheduler):
     ``three_phase``: back to ``initial_val`` at ``2·pct_start·total_steps - 2`` first).
     ``anneal_strategy`` "cos" anneals by cosine, anything else linearly."""
 
-    def __init__(self, optimizer, initial_val, max_val, total_steps=1000, pct_start=0.3,
-                 final_div_factor=1e4, three_phase=False, anneal_strategy="cos",
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, max_val: float,
+                 total_steps: int = 1000, pct_start: float = 0.3, final_div_factor: float = 10000.0,
+                 three_phase: bool = False, anneal_strategy: str = 'cos',
                  param_group_tags: Tags = None):
         self.initial_val = initial_val
         self.max_val = max_val
@@ -802,13 +762,6 @@ class OneCycleScheduler(Scheduler):
         self.three_phase = three_phase
         self.anneal_strategy = anneal_strategy
         super().__init__(optimizer, total_iters=None, param_group_tags=param_group_tags)
-
-    def _schedule_config(self):
-        return {"kind": "one_cycle", "initial": _number(self.initial_val),
-                "max_value": _number(self.max_val), "total_steps": _number(self.total_steps),
-                "pct_start": _number(self.pct_start),
-                "final_div_factor": _number(self.final_div_factor),
-                "three_phase": bool(self.three_phase), "anneal_strategy": self.anneal_strategy}
 
 
 class ScalePerParamScheduler(Scheduler):
@@ -821,7 +774,8 @@ class ScalePerParamScheduler(Scheduler):
     adjustment_scalars[i])``. Do not wrap a chained scheduler.
     """
 
-    def __init__(self, optimizer, scheduler, param_group_tags: Tags = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, scheduler: Scheduler,
+                 param_group_tags: Tags = None):
         self.adjustment_scalars = [
             group.get("adjust_learning_rate", group.get("adjust_val", 1.0))
             for group in optimizer.param_groups]
@@ -871,6 +825,54 @@ class ScalePerParamScheduler(Scheduler):
         super().load_state_dict(state_dict)
         self._scheduler_nested.load_state_dict(nested)
         self.optimizer._schedulers_registry.pop(self._scheduler_nested, None)
+
+
+# --------------------------------------------------------------------- schedules as data
+def _as_is(value):
+    return value
+
+
+def _as_list(value):
+    return value.tolist() if isinstance(value, numpy.ndarray) else list(value)
+
+
+# Each built-in scheduler computes one pure schedule, ``jax_backend.schedules.<kind>``, whose
+# docstring holds the formula. A row maps the schedule's arguments to the attributes that
+# feed them (converted to JSON numbers unless a converter is given); subclasses (LinearLR,
+# the LR and weight-decay aliases) inherit their base's row.
+_SCHEDULE_TABLE = {
+    ConstantScheduler: ("constant", {"value": "val"}),
+    PolynomialScheduler: ("polynomial", {
+        "initial": "initial_val", "end": "end_val", "total_iters": "total_iters",
+        "power": "power", "cycle": ("cycle", bool)}),
+    ExponentialScheduler: ("exponential", {
+        "initial": "initial_val", "total_iters": "total_iters", "decay_rate": "decay_rate",
+        "staircase": ("staircase", bool)}),
+    InverseExponentialTimeDecayScheduler: ("inverse_exponential_time_decay", {
+        "initial": "initial_val", "step_exponent": "step_exponent",
+        "total_iters": "total_iters", "decay_rate": "decay_rate",
+        "staircase": ("staircase", bool)}),
+    InverseSquareRootDecayScheduler: ("inverse_square_root_decay", {
+        "initial": "initial_val", "scale": "scale", "warmup_steps": "warmup_steps"}),
+    CosineDecayScheduler: ("cosine_decay", {
+        "initial": "initial_val", "end": "end_val", "total_iters": "total_iters"}),
+    MultiStepScheduler: ("multi_step", {
+        "initial": "initial_val", "gamma": "gamma", "milestones": ("milestones", _as_list)}),
+    StepScheduler: ("step", {"initial": "initial_val", "step_size": "step_size",
+                             "gamma": "gamma"}),
+    CosineAnnealingScheduler: ("cosine_annealing", {
+        "initial": "initial_val", "T_max": "T_max", "eta_min": "eta_min"}),
+    CosineAnnealingWarmRestartsScheduler: ("cosine_annealing_warm_restarts", {
+        "initial": "initial_val", "T_0": "T_0", "T_mult": "T_mult", "eta_min": "eta_min"}),
+    CyclicScheduler: ("cyclic", {
+        "base": "base_val", "max_value": "max_val", "step_size_up": "step_size_up",
+        "step_size_down": "step_size_down", "mode": ("mode", _as_is), "gamma": "gamma",
+        "scale_mode": ("scale_mode", _as_is)}),
+    OneCycleScheduler: ("one_cycle", {
+        "initial": "initial_val", "max_value": "max_val", "total_steps": "total_steps",
+        "pct_start": "pct_start", "final_div_factor": "final_div_factor",
+        "three_phase": ("three_phase", bool), "anneal_strategy": ("anneal_strategy", _as_is)}),
+}
 
 
 __all__ = ["Scheduler"] + [

@@ -1,6 +1,6 @@
 """cstorch SGD (update rule: ``jax_backend.optimizers.sgd``)."""
 
-from __future__ import annotations
+from torch.optim.optimizer import ParamsT
 
 from cstorch.optim import _checks
 from cstorch.optim.optimizer import BuiltinOptimizer
@@ -18,8 +18,8 @@ class SGD(BuiltinOptimizer):
                        "weight_decay": "weight_decay", "nesterov": "nesterov",
                        "maximize": "maximize"}
 
-    def __init__(self, params, lr, momentum=0, dampening=0, weight_decay=0, nesterov=False,
-                 maximize=False):
+    def __init__(self, params: ParamsT, lr: float, momentum: float = 0, dampening: float = 0,
+                 weight_decay: float = 0, nesterov: bool = False, maximize: bool = False):
         _checks.non_negative("learning rate", lr)
         _checks.non_negative("momentum value", momentum)
         _checks.non_negative("weight_decay value", weight_decay)

@@ -4,7 +4,9 @@
 maths and differences from cerebras-pytorch are described on its generic base.
 """
 
-from __future__ import annotations
+from typing import List
+
+import torch
 
 from cstorch.optim import scheduler as _s
 from cstorch.optim.scheduler import Tags, _inherit_docs
@@ -52,7 +54,8 @@ class SequentialWD(WeightDecayScheduler, _s.SequentialScheduler):
 
 
 class PiecewiseConstantWD(WeightDecayScheduler, _s.PiecewiseConstantScheduler):
-    def __init__(self, optimizer, vals, milestones, param_group_tags: Tags = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, vals: List[float], milestones: List[int],
+                 param_group_tags: Tags = None):
         super().__init__(optimizer, ConstantWD, vals=vals, milestones=milestones,
                          param_group_tags=param_group_tags)
 

@@ -1,21 +1,22 @@
-"""``cstorch.sparse`` (weight sparsity algorithms) is not implemented in this release.
+"""``cstorch.sparse``: weight sparsity (cerebras-pytorch 2.10's API).
 
-cerebras-pytorch's sparsity keeps a mask per sparsified parameter, prunes weights, gradients
-and optimizer state around every step, and (GMP, SET, RigL) recomputes the masks inside the
-compiled step on a schedule. None of that exists here yet; every name of this module raises
-NotImplementedError saying so, instead of silently training dense.
+Algorithms: ``Static``, ``GMP``, ``SET``, ``RigL``, ``Group`` (per-parameter-name
+algorithms), built directly or with ``configure(config)``; apply one with
+``model.apply(sparsity)`` and ``optimizer.apply(sparsity)``. Each sparsified parameter gets a
+``<name>_mask`` buffer; weights, gradients and optimizer state are pruned around every step,
+and dynamic algorithms update their masks inside the compiled step on their schedule. The
+mask maths is ``jax_backend.sparsity`` (pure JAX, usable directly).
 """
 
-__all__: list = []
+from cstorch.sparse import init, utils
+from cstorch.sparse.base import SparseParameter, SparsityAlgorithm  # noqa: F401
+from cstorch.sparse.configure import configure, map_sparsity_algorithm
+from cstorch.sparse.dynamic import DynamicSparsityAlgorithm
+from cstorch.sparse.gmp import GMP
+from cstorch.sparse.group import Group
+from cstorch.sparse.rigl import RigL
+from cstorch.sparse.set import SET
+from cstorch.sparse.static import Static
 
-_NAMES = ("SparsityAlgorithm", "Static", "DynamicSparsityAlgorithm", "GMP", "SET", "RigL",
-          "Group", "configure", "map_sparsity_algorithm", "utils", "init")
-
-
-def __getattr__(name):
-    if name in _NAMES:
-        raise NotImplementedError(
-            f"cstorch.sparse.{name} is not implemented in this release: weight sparsity "
-            "(masks, pruning hooks and scheduled mask updates inside compiled steps) is not "
-            "available yet. Train dense, or prune explicitly with torch.nn.utils.prune.")
-    raise AttributeError(f"module 'cstorch.sparse' has no attribute {name!r}")
+__all__ = ["DynamicSparsityAlgorithm", "GMP", "Group", "RigL", "SET", "SparsityAlgorithm",
+           "Static", "configure", "init", "map_sparsity_algorithm", "utils"]

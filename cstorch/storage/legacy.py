@@ -35,6 +35,7 @@ from urllib.parse import quote
 import numpy as np
 import torch
 
+from jax_backend.user_frames import warn
 from cstorch.storage import constants as C
 from cstorch.storage import safe_pickle, treespec
 from cstorch.storage.deferred import (
@@ -83,8 +84,8 @@ def load(reader: H5Reader, attributes: dict, map_location, *, unsafe_allow_pickl
     keys = [".".join(p) for p in spec.paths()]
     missing = sorted({k for k in keys if quote(k, safe="") not in reader})
     if missing:
-        warnings.warn(f"The checkpoint is missing the following keys that are found in the "
-                      f"spec: {missing}", stacklevel=3)
+        warn(f"The checkpoint is missing the following keys that are found in the "
+             f"spec: {missing}")
     values = []
     with cache_deferred_tensors(cache):
         for key in keys:

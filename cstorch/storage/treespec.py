@@ -32,13 +32,14 @@ from __future__ import annotations
 import importlib
 import json
 import sys
-import warnings
 from collections import OrderedDict, defaultdict, deque, namedtuple
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
 import torch.utils._pytree as _torch_pytree
+
+from jax_backend.user_frames import warn
 
 PROTOCOL = 1
 LEAF_JSON = {"type": None, "context": None, "children_spec": []}
@@ -357,10 +358,10 @@ def _resolve_factory(context: dict, allow_imports: bool):
             "load it with cstorch.load(path, unsafe_allow_pickle=True).")
     found = _lookup(module, name, allow_imports)
     if found is None:
-        warnings.warn(
+        warn(
             f"defaultdict factory {module}.{name} is not a builtin and its module is not imported; "
             "the defaultdict is restored without a default factory. Import the module first, or "
-            "pass unsafe_allow_pickle=True to let the loader import it.", stacklevel=4)
+            "pass unsafe_allow_pickle=True to let the loader import it.")
     return found
 
 
@@ -374,10 +375,10 @@ def _resolve_namedtuple(name: str, allow_imports: bool):
     cls = _lookup(module, qualname, allow_imports) if module else None
     if cls is not None and _torch_pytree.is_namedtuple_class(cls):
         return cls
-    warnings.warn(
+    warn(
         f"namedtuple type {name!r} is neither registered with torch.utils._pytree nor defined in "
         "an imported module; it is restored as a plain tuple. Import its module before loading, "
-        "or pass unsafe_allow_pickle=True to let the loader import it.", stacklevel=4)
+        "or pass unsafe_allow_pickle=True to let the loader import it.")
     return None
 
 

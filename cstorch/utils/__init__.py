@@ -5,7 +5,7 @@ package); ``cstorch.utils.CSConfig`` (2.0/2.1) is deprecated in favour of
 ``cstorch.distributed.ClusterConfig``.
 """
 
-from cstorch.utils import benchmark, data, step_closures
+from cstorch.utils import benchmark, data, nest, step_closures, tracker
 from cstorch.utils.constant import make_constant
 from cstorch.utils.data import DataExecutor, DataLoader, RestartableDataLoader, SyntheticDataset
 from cstorch.utils.step_closures import checkpoint_closure, step_closure

@@ -105,7 +105,9 @@ class RateTrackerActivity(Activity):
 
     def summary(self) -> dict:
         return {"total_samples": self.total_samples, "total_time": self.total_time,
-                "global_rate": self.global_rate}
+                "rate": self._last_rate if self._last_rate is not None else 0.0,
+                "global_rate": self.global_rate, "samples_per_sec": self.global_rate,
+                "flops_utilization": self.flops_utilization}
 
 
 def _deprecated(old: str, new: str) -> None:
@@ -202,8 +204,11 @@ class Profiler:
                     summary[name] = activity.summary()
                 except RuntimeError:
                     summary[name] = {}
+            # The reference's layout: one activity's summary itself, else one per name.
+            if len(summary) == 1:
+                (summary,) = summary.values()
             with open(os.path.join(self.outdir, "performance.json"), "w") as f:
-                json.dump(summary, f, indent=2)
+                json.dump(summary, f, sort_keys=True, indent=4)
         return False
 
 

@@ -7,6 +7,8 @@ from jax_backend.ops import (  # noqa: F401  (imported for registration)
     indexing,
     linalg,
     nn,
+    normalization,
+    pooling,
     random,
     reduction,
     shape,

@@ -27,6 +27,20 @@ def canon_dims(dims, ndim: int) -> tuple:
     return tuple(sorted({canon_dim(d, ndim) for d in dims}))
 
 
+def ntuple(value, n: int) -> tuple:
+    """An int-or-list argument (kernel size, stride, ...) as an ``n``-tuple; a one-element
+    list is repeated, as torch does."""
+    if isinstance(value, (list, tuple)):
+        value = list(value)
+        return tuple(value * n) if len(value) == 1 else tuple(value)
+    return (value,) * n
+
+
+def compute_dtype(x):
+    """The dtype statistics and resampling of ``x`` are computed in: float32 for half inputs."""
+    return jnp.float32 if x.dtype in (jnp.float16, jnp.bfloat16) else x.dtype
+
+
 def promote(*operands):
     """Casts operands to torch's common dtype; Python scalars become arrays of that dtype."""
     dtype = dtypes.result_jax_dtype(*operands)

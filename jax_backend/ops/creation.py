@@ -40,7 +40,7 @@ def aten_full_like(x, fill_value, *, dtype=None, layout=None, device=None, pin_m
     return jnp.full(x.shape, fill_value, jax_dtype(dtype, x.dtype))
 
 
-@lowers(aten.zeros.default)
+@lowers(aten.zeros.default, aten._efficientzerotensor.default)
 def aten_zeros(size, *, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.zeros(tuple(size), jax_dtype(dtype, _default_float()))
 
@@ -155,7 +155,3 @@ def aten_eye(n, *, dtype=None, layout=None, device=None, pin_memory=None):
 def aten_eye_m(n, m, *, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.eye(n, m, dtype=jax_dtype(dtype, _default_float()))
 
-
-@lowers(aten._efficientzerotensor.default)
-def aten_efficientzerotensor(size, *, dtype=None, layout=None, device=None, pin_memory=None):
-    return jnp.zeros(tuple(size), jax_dtype(dtype, _default_float()))

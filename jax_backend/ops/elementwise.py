@@ -94,8 +94,8 @@ def aten_abs(x):
     return x if x.dtype == jnp.bool_ else jnp.abs(x)
 
 
-@lowers(aten.neg.default)
-def aten_neg(x):
+@lowers(aten.neg.default, aten._neg_view.default, aten._neg_view_copy.default)
+def aten_neg(x):  # a lazy negated view is materialised when taken
     return jnp.negative(x)
 
 
@@ -287,14 +287,8 @@ def aten_floor_divide(x, other):
     return _divide(x, other, "floor")
 
 
-@lowers(aten.remainder.Tensor, aten.remainder.Scalar)
+@lowers(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)
 def aten_remainder(x, other):
-    x, other = promote(x, other)
-    return jnp.remainder(x, other)
-
-
-@lowers(aten.remainder.Scalar_Tensor)
-def aten_remainder_scalar_tensor(x, other):
     x, other = promote(x, other)
     return jnp.remainder(x, other)
 

@@ -23,7 +23,7 @@ def _scale(x, sizes, normalization):
     if normalization == 0 or n == 0:
         return x
     factor = 1.0 / math.sqrt(n) if normalization == 1 else 1.0 / n
-    return x * jnp.asarray(factor, jnp.real(x).dtype)
+    return x * jnp.asarray(factor, x.dtype)  # a complex factor for complex x: no promotion
 
 
 def _complex_dtype(dtype):

@@ -1,6 +1,7 @@
-"""Neural-network lowerings: convolution, normalisation, pooling, upsampling, attention.
+"""Neural-network lowerings: convolution, upsampling, padding, attention, grid sampling and
+the backward ops of losses. Pooling and normalisation have their own modules.
 
-Backward ops that torch does not decompose (convolution_backward, pooling backward, the CPU
+Backward ops that torch does not decompose (convolution_backward, padding backward, the CPU
 flash-attention backward) are lowered as ``jax.vjp`` of the forward lowering, so forward and
 backward share one definition.
 """
@@ -15,22 +16,10 @@ import numpy as np
 import torch
 from jax import lax
 
-from jax_backend.ops._common import accumulation_dtype, dot_precision, promote
+from jax_backend.ops._common import accumulation_dtype, compute_dtype, dot_precision, ntuple, promote
 from jax_backend.registry import lowers
 
 aten = torch.ops.aten
-
-
-def _tuple(value, n):
-    if isinstance(value, (list, tuple)):
-        value = list(value)
-        return tuple(value * n) if len(value) == 1 else tuple(value)
-    return (value,) * n
-
-
-def _compute_dtype(x):
-    """Normalisation statistics of half-precision inputs are computed in float32."""
-    return jnp.float32 if x.dtype in (jnp.float16, jnp.bfloat16) else x.dtype
 
 
 # ------------------------------------------------------------------------------- convolution
@@ -39,7 +28,7 @@ def _conv_forward(x, weight, stride, padding, dilation, transposed, output_paddi
     x, weight = promote(x, weight)
     spatial = "DHW"[-nd:] if nd <= 3 else None
     dimension_numbers = ("NC" + spatial, "OI" + spatial, "NC" + spatial)
-    stride, padding, dilation = _tuple(stride, nd), _tuple(padding, nd), _tuple(dilation, nd)
+    stride, padding, dilation = ntuple(stride, nd), ntuple(padding, nd), ntuple(dilation, nd)
     options = dict(precision=dot_precision(x, weight),
                    preferred_element_type=accumulation_dtype(x.dtype))
     if not transposed:
@@ -50,7 +39,7 @@ def _conv_forward(x, weight, stride, padding, dilation, transposed, output_paddi
         return out.astype(x.dtype)
     # A transposed convolution is the input-gradient of a convolution: dilate the input by the
     # stride, pad by dilation*(k-1)-p, and convolve with the flipped, in/out-swapped kernel.
-    output_padding = _tuple(output_padding, nd)
+    output_padding = ntuple(output_padding, nd)
     c_in, c_out_per_group = weight.shape[0], weight.shape[1]
     kernel = weight.reshape((groups, c_in // groups, c_out_per_group) + weight.shape[2:])
     kernel = jnp.swapaxes(kernel, 1, 2).reshape((groups * c_out_per_group, c_in // groups)
@@ -92,328 +81,6 @@ def aten_convolution_backward(grad_output, x, weight, bias_sizes, stride, paddin
         axes = (0,) + tuple(range(2, grad_output.ndim))
         grad_b = jnp.sum(grad_output, axis=axes)
     return (grad_x if output_mask[0] else None, grad_w if output_mask[1] else None, grad_b)
-
-
-# ----------------------------------------------------------------------------- normalisation
-@lowers(aten.native_layer_norm.default)
-def aten_native_layer_norm(x, normalized_shape, weight, bias, eps):
-    axis = x.ndim - len(normalized_shape)
-    axes = tuple(range(axis, x.ndim))
-    xc = x.astype(_compute_dtype(x))
-    mean = jnp.mean(xc, axis=axes, keepdims=True)
-    centered = xc - mean
-    var = jnp.mean(centered * centered, axis=axes, keepdims=True)
-    rstd = lax.rsqrt(var + eps)
-    out = centered * rstd
-    if weight is not None:
-        out = out * weight
-    if bias is not None:
-        out = out + bias
-    return out.astype(x.dtype), mean, rstd
-
-
-@lowers(aten.native_group_norm.default)
-def aten_native_group_norm(x, weight, bias, n, c, hxw, group, eps):
-    xc = x.astype(_compute_dtype(x)).reshape(n, group, (c // group) * hxw)
-    mean = jnp.mean(xc, axis=-1, keepdims=True)
-    centered = xc - mean
-    var = jnp.mean(centered * centered, axis=-1, keepdims=True)
-    rstd = lax.rsqrt(var + eps)
-    out = (centered * rstd).reshape(x.shape)
-    channel_shape = (1, c) + (1,) * (x.ndim - 2)
-    if weight is not None:
-        out = out * weight.reshape(channel_shape)
-    if bias is not None:
-        out = out + bias.reshape(channel_shape)
-    return out.astype(x.dtype), mean.reshape(n, group), rstd.reshape(n, group)
-
-
-def _channel_shape(x):
-    return (1, x.shape[1]) + (1,) * (x.ndim - 2)
-
-
-def _batch_norm_train(x, weight, bias, eps):
-    axes = (0,) + tuple(range(2, x.ndim))
-    xc = x.astype(_compute_dtype(x))
-    mean = jnp.mean(xc, axis=axes)
-    centered = xc - mean.reshape(_channel_shape(x))
-    var = jnp.mean(centered * centered, axis=axes)
-    rstd = lax.rsqrt(var + eps)
-    out = centered * rstd.reshape(_channel_shape(x))
-    out = _affine(out, weight, bias)
-    return out.astype(x.dtype), mean, rstd, var
-
-
-def _affine(out, weight, bias):
-    if weight is not None:
-        out = out * weight.reshape(_channel_shape(out))
-    if bias is not None:
-        out = out + bias.reshape(_channel_shape(out))
-    return out
-
-
-def _batch_norm_eval(x, weight, bias, running_mean, running_var, eps):
-    xc = x.astype(_compute_dtype(x))
-    rstd = lax.rsqrt(running_var.astype(xc.dtype) + eps)
-    out = (xc - running_mean.reshape(_channel_shape(x))) * rstd.reshape(_channel_shape(x))
-    return _affine(out, weight, bias).astype(x.dtype)
-
-
-def _updated_running_stats(x, mean, var, running_mean, running_var, momentum):
-    n = x.size // x.shape[1]
-    unbiased = var * (n / max(n - 1, 1))
-    new_mean = (1 - momentum) * running_mean + momentum * mean.astype(running_mean.dtype)
-    new_var = (1 - momentum) * running_var + momentum * unbiased.astype(running_var.dtype)
-    return new_mean, new_var
-
-
-@lowers(aten._native_batch_norm_legit_functional.default)
-def aten_batch_norm_functional(x, weight, bias, running_mean, running_var, training, momentum,
-                               eps):
-    if not training:
-        out = _batch_norm_eval(x, weight, bias, running_mean, running_var, eps)
-        empty = jnp.zeros((0,), x.dtype)
-        return out, empty, empty, running_mean, running_var
-    out, mean, rstd, var = _batch_norm_train(x, weight, bias, eps)
-    new_mean, new_var = _updated_running_stats(x, mean, var, running_mean, running_var, momentum)
-    return out, mean, rstd, new_mean, new_var
-
-
-@lowers(aten.native_batch_norm.default)
-def aten_native_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
-    if training or running_mean is None:
-        out, mean, rstd, _ = _batch_norm_train(x, weight, bias, eps)
-        return out, mean, rstd
-    out = _batch_norm_eval(x, weight, bias, running_mean, running_var, eps)
-    empty = jnp.zeros((0,), x.dtype)
-    return out, empty, empty
-
-
-@lowers(aten._native_batch_norm_legit.no_stats)
-def aten_batch_norm_no_stats(x, weight, bias, training, momentum, eps):
-    out, mean, rstd, _ = _batch_norm_train(x, weight, bias, eps)
-    return out, mean, rstd
-
-
-@lowers(aten._native_batch_norm_legit_no_training.default)
-def aten_batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum, eps):
-    out = _batch_norm_eval(x, weight, bias, running_mean, running_var, eps)
-    empty = jnp.zeros((0,), x.dtype)
-    return out, empty, empty
-
-
-# ----------------------------------------------------------------------------------- pooling
-def _pool_geometry(in_size, kernel, stride, padding, dilation, ceil_mode):
-    """Output length and the extra right padding that ceil_mode needs (torch's formula)."""
-    effective = dilation * (kernel - 1) + 1
-    numerator = in_size + 2 * padding - effective
-    out = (-(-numerator // stride) if ceil_mode else numerator // stride) + 1
-    if ceil_mode and (out - 1) * stride >= in_size + padding:
-        out -= 1
-    extra = max((out - 1) * stride + effective - (in_size + 2 * padding), 0)
-    return out, extra
-
-
-def _pool_windows(x, kernel, stride, padding, dilation, ceil_mode, pad_value):
-    """Every kernel offset's strided view of the padded input: shape (K, N, C, *out)."""
-    nd = len(kernel)
-    spatial = x.shape[-nd:]
-    geoms = [_pool_geometry(s, k, st, p, d, ceil_mode)
-             for s, k, st, p, d in zip(spatial, kernel, stride, padding, dilation)]
-    config = [(0, 0, 0)] * (x.ndim - nd) + [(p, p + extra, 0) for p, (_, extra) in
-                                           zip(padding, geoms)]
-    padded = lax.pad(x, jnp.asarray(pad_value, x.dtype), config)
-    outs = [g[0] for g in geoms]
-    windows, offsets = [], []
-    for offset in np.ndindex(*kernel):
-        starts = [o * d for o, d in zip(offset, dilation)]
-        limits = [s + (n - 1) * st + 1 for s, n, st in zip(starts, outs, stride)]
-        view = lax.slice(padded, (0,) * (x.ndim - nd) + tuple(starts),
-                         padded.shape[:x.ndim - nd] + tuple(limits),
-                         (1,) * (x.ndim - nd) + tuple(stride))
-        windows.append(view)
-        offsets.append(starts)
-    return jnp.stack(windows), offsets, outs
-
-
-def _pool_args(x, kernel_size, stride, padding, dilation, nd):
-    kernel = _tuple(kernel_size, nd)
-    stride = _tuple(stride, nd) if stride else kernel
-    return kernel, stride, _tuple(padding, nd), _tuple(dilation, nd)
-
-
-def _max_pool_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode, nd):
-    kernel, stride, padding, dilation = _pool_args(x, kernel_size, stride, padding, dilation, nd)
-    lowest = -jnp.inf if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.iinfo(x.dtype).min
-    windows, offsets, outs = _pool_windows(x, kernel, stride, padding, dilation, ceil_mode, lowest)
-    if jnp.issubdtype(x.dtype, jnp.inexact):  # NaN wins, like torch's `val > max || isnan(val)`
-        nan = jnp.isnan(windows)
-        choice = jnp.argmax(jnp.where(jnp.any(nan, axis=0), nan, windows == jnp.max(windows, 0)),
-                            axis=0)
-    else:
-        choice = jnp.argmax(windows, axis=0)
-    values = jnp.take_along_axis(windows, choice[None], axis=0)[0]
-    # Flat index into the unpadded spatial plane of the chosen element.
-    spatial = x.shape[-nd:]
-    offsets = jnp.asarray(offsets, jnp.int64)  # (K, nd)
-    flat = jnp.zeros(choice.shape, jnp.int64)
-    for axis in range(nd):
-        position = lax.broadcasted_iota(jnp.int64, choice.shape, choice.ndim - nd + axis)
-        coord = position * stride[axis] - padding[axis] + offsets[choice, axis]
-        flat = flat * spatial[axis] + coord
-    return values, flat
-
-
-def _max_pool_backward(grad_output, x, indices, nd):
-    lead = x.shape[:-nd]
-    plane = int(np.prod(x.shape[-nd:]))
-    grad = jnp.zeros(lead + (plane,), grad_output.dtype)
-    g = grad_output.reshape(lead + (-1,))
-    idx = indices.reshape(lead + (-1,))
-    lead_index = tuple(lax.broadcasted_iota(jnp.int64, idx.shape, d) for d in range(len(lead)))
-    return grad.at[lead_index + (idx,)].add(g).reshape(x.shape)
-
-
-@lowers(aten.max_pool2d_with_indices.default)
-def aten_max_pool2d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1,
-                                 ceil_mode=False):
-    return _max_pool_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode, 2)
-
-
-@lowers(aten.max_pool3d_with_indices.default)
-def aten_max_pool3d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1,
-                                 ceil_mode=False):
-    return _max_pool_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode, 3)
-
-
-@lowers(aten.max_pool2d_with_indices_backward.default)
-def aten_max_pool2d_backward(grad_output, x, kernel_size, stride, padding, dilation, ceil_mode,
-                             indices):
-    return _max_pool_backward(grad_output, x, indices, 2)
-
-
-@lowers(aten.max_pool3d_with_indices_backward.default)
-def aten_max_pool3d_backward(grad_output, x, kernel_size, stride, padding, dilation, ceil_mode,
-                             indices):
-    return _max_pool_backward(grad_output, x, indices, 3)
-
-
-def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override,
-              nd):
-    kernel, stride, padding, dilation = _pool_args(x, kernel_size, stride, padding, 1, nd)
-    windows, _, outs = _pool_windows(x, kernel, stride, padding, dilation, ceil_mode, 0)
-    total = jnp.sum(windows.astype(_compute_dtype(x)), axis=0)
-    if divisor_override:
-        return (total / divisor_override).astype(x.dtype)
-    # torch's divisor: the window clipped to input+padding (count_include_pad) or to the input.
-    counts = np.ones((), np.float64)
-    for axis in range(nd):
-        n_in, k, s, p = x.shape[x.ndim - nd + axis], kernel[axis], stride[axis], padding[axis]
-        start = np.arange(outs[axis]) * s - p
-        end = np.minimum(start + k, n_in + p)
-        if not count_include_pad:
-            start, end = np.maximum(start, 0), np.minimum(end, n_in)
-        counts = counts[..., None] * (end - start)
-    return (total / jnp.asarray(counts, total.dtype)).astype(x.dtype)
-
-
-@lowers(aten.avg_pool2d.default)
-def aten_avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False,
-                    count_include_pad=True, divisor_override=None):
-    return _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                     divisor_override, 2)
-
-
-@lowers(aten.avg_pool3d.default)
-def aten_avg_pool3d(x, kernel_size, stride=(), padding=0, ceil_mode=False,
-                    count_include_pad=True, divisor_override=None):
-    return _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                     divisor_override, 3)
-
-
-@lowers(aten.avg_pool2d_backward.default)
-def aten_avg_pool2d_backward(grad_output, x, kernel_size, stride, padding, ceil_mode,
-                             count_include_pad, divisor_override):
-    _, vjp = jax.vjp(lambda x_: _avg_pool(x_, kernel_size, stride, padding, ceil_mode,
-                                          count_include_pad, divisor_override, 2), x)
-    return vjp(grad_output)[0]
-
-
-@lowers(aten.avg_pool3d_backward.default)
-def aten_avg_pool3d_backward(grad_output, x, kernel_size, stride, padding, ceil_mode,
-                             count_include_pad, divisor_override):
-    _, vjp = jax.vjp(lambda x_: _avg_pool(x_, kernel_size, stride, padding, ceil_mode,
-                                          count_include_pad, divisor_override, 3), x)
-    return vjp(grad_output)[0]
-
-
-def _adaptive_matrix(in_size, out_size):
-    """Row i averages input[floor(i*in/out) : ceil((i+1)*in/out)], torch's adaptive windows."""
-    matrix = np.zeros((out_size, in_size), np.float64)
-    for i in range(out_size):
-        start = (i * in_size) // out_size
-        end = -(-((i + 1) * in_size) // out_size)
-        matrix[i, start:end] = 1.0 / (end - start)
-    return matrix
-
-
-def _adaptive_avg_pool(x, output_size, nd):
-    output_size = _tuple(output_size, nd)
-    out = x.astype(_compute_dtype(x))
-    for axis, size in enumerate(output_size):
-        dim = x.ndim - nd + axis
-        m = jnp.asarray(_adaptive_matrix(x.shape[dim], size), out.dtype)
-        out = jnp.moveaxis(jnp.tensordot(out, m, axes=([dim], [1]),
-                                         precision=lax.Precision.HIGHEST), -1, dim)
-    return out.astype(x.dtype)
-
-
-@lowers(aten._adaptive_avg_pool2d.default)
-def aten_adaptive_avg_pool2d(x, output_size):
-    return _adaptive_avg_pool(x, output_size, 2)
-
-
-@lowers(aten._adaptive_avg_pool3d.default)
-def aten_adaptive_avg_pool3d(x, output_size):
-    return _adaptive_avg_pool(x, output_size, 3)
-
-
-@lowers(aten._adaptive_avg_pool2d_backward.default)
-def aten_adaptive_avg_pool2d_backward(grad_output, x):
-    size = grad_output.shape[-2:]
-    _, vjp = jax.vjp(lambda x_: _adaptive_avg_pool(x_, size, 2), x)
-    return vjp(grad_output)[0]
-
-
-@lowers(aten._adaptive_avg_pool3d_backward.default)
-def aten_adaptive_avg_pool3d_backward(grad_output, x):
-    size = grad_output.shape[-3:]
-    _, vjp = jax.vjp(lambda x_: _adaptive_avg_pool(x_, size, 3), x)
-    return vjp(grad_output)[0]
-
-
-@lowers(aten.adaptive_max_pool2d.default)
-def aten_adaptive_max_pool2d(x, output_size):
-    output_size = _tuple(output_size, 2)
-    h, w = x.shape[-2:]
-    values, indices = [], []
-    for i in range(output_size[0]):
-        h0, h1 = (i * h) // output_size[0], -(-((i + 1) * h) // output_size[0])
-        row_v, row_i = [], []
-        for j in range(output_size[1]):
-            w0, w1 = (j * w) // output_size[1], -(-((j + 1) * w) // output_size[1])
-            window = x[..., h0:h1, w0:w1].reshape(x.shape[:-2] + (-1,))
-            k = jnp.argmax(window, axis=-1)
-            row_v.append(jnp.max(window, axis=-1))
-            row_i.append((h0 + k // (w1 - w0)) * w + w0 + k % (w1 - w0))
-        values.append(jnp.stack(row_v, -1))
-        indices.append(jnp.stack(row_i, -1))
-    return jnp.stack(values, -2), jnp.stack(indices, -2).astype(jnp.int64)
-
-
-@lowers(aten.adaptive_max_pool2d_backward.default)
-def aten_adaptive_max_pool2d_backward(grad_output, x, indices):
-    return _max_pool_backward(grad_output, x, indices, 2)
 
 
 # -------------------------------------------------------------------------------- upsampling
@@ -503,7 +170,7 @@ def _upsample(x, nd, output_size, scale_factors, kind, align_corners=False, anti
 
 def _resample(x, nd, sizes, scales, kind, align_corners, antialias):
     """Resamples the last ``nd`` axes to ``sizes``, one axis at a time."""
-    out = x.astype(_compute_dtype(x)) if kind not in ("nearest", "nearest-exact") else x
+    out = x.astype(compute_dtype(x)) if kind not in ("nearest", "nearest-exact") else x
     for axis in range(nd):
         dim = x.ndim - nd + axis
         if antialias:
@@ -514,10 +181,6 @@ def _resample(x, nd, sizes, scales, kind, align_corners, antialias):
         else:
             out = _resample_axis(out, dim, sizes[axis], scales[axis], kind, align_corners)
     return out.astype(x.dtype)
-
-
-def _scales_list(scales):
-    return [None if s is None else s for s in scales]
 
 
 def _register_upsample(name, nd, kind, has_align, antialias=False):
@@ -597,6 +260,22 @@ for _name, _mode in [("reflection_pad1d", "reflect"), ("reflection_pad2d", "refl
                      ("reflection_pad3d", "reflect"), ("replication_pad1d", "edge"),
                      ("replication_pad2d", "edge"), ("replication_pad3d", "edge")]:
     lowers(getattr(aten, _name).default)(lambda x, padding, _mode=_mode: _pad(x, padding, _mode))
+
+
+# ------------------------------------------------------------------------ padding backward
+def _register_pad_backward(name, mode):
+    def lowering(grad_output, x, padding):
+        _, vjp = jax.vjp(lambda x_: _pad(x_, padding, mode), x)
+        return vjp(grad_output.astype(x.dtype))[0]
+
+    lowering.__name__ = f"aten_{name}_backward"
+    lowers(getattr(aten, f"{name}_backward").default)(lowering)
+
+
+for _name, _mode in [("reflection_pad1d", "reflect"), ("reflection_pad2d", "reflect"),
+                     ("reflection_pad3d", "reflect"), ("replication_pad1d", "edge"),
+                     ("replication_pad2d", "edge"), ("replication_pad3d", "edge")]:
+    _register_pad_backward(_name, _mode)
 
 
 # --------------------------------------------------------------------------------- attention
@@ -768,120 +447,6 @@ def aten_grid_sampler_backward(grad_output, x, grid, interpolation_mode, padding
     return (grad_x if output_mask[0] else None), grad_grid
 
 
-# ------------------------------------------------------------------- normalisation backward
-# These are decomposed by core_aten_decompositions; lowered too so graphs captured without the
-# decomposition table still run.
-@lowers(aten.native_layer_norm_backward.default)
-def aten_native_layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight, bias,
-                                    output_mask):
-    axis = x.ndim - len(normalized_shape)
-    axes = tuple(range(axis, x.ndim))
-    xc = x.astype(_compute_dtype(x))
-    xhat = (xc - mean) * rstd
-    g = grad_out.astype(xc.dtype)
-    gw = g * weight if weight is not None else g
-    n = math.prod(x.shape[axis:])
-    grad_x = None
-    if output_mask[0]:
-        grad_x = (rstd / n) * (n * gw - jnp.sum(gw, axes, keepdims=True)
-                               - xhat * jnp.sum(gw * xhat, axes, keepdims=True))
-        grad_x = grad_x.astype(x.dtype)
-    lead = tuple(range(axis))
-    grad_w = jnp.sum(g * xhat, lead).astype(weight.dtype) if (
-        output_mask[1] and weight is not None) else None
-    grad_b = jnp.sum(g, lead).astype(bias.dtype) if (output_mask[2] and bias is not None) else None
-    return grad_x, grad_w, grad_b
-
-
-@lowers(aten.native_group_norm_backward.default)
-def aten_native_group_norm_backward(grad_out, x, mean, rstd, weight, n, c, hxw, group,
-                                    output_mask):
-    xc = x.astype(_compute_dtype(x))
-    grouped = xc.reshape(n, group, (c // group) * hxw)
-    xhat = ((grouped - mean.reshape(n, group, 1)) * rstd.reshape(n, group, 1)).reshape(x.shape)
-    g = grad_out.astype(xc.dtype)
-    channel_shape = (1, c) + (1,) * (x.ndim - 2)
-    gw = g * weight.reshape(channel_shape) if weight is not None else g
-    grad_x = None
-    if output_mask[0]:
-        gw_g = gw.reshape(n, group, (c // group) * hxw)
-        xhat_g = xhat.reshape(n, group, (c // group) * hxw)
-        m = gw_g.shape[-1]
-        r = rstd.reshape(n, group, 1)
-        grad_x = (r / m) * (m * gw_g - jnp.sum(gw_g, -1, keepdims=True)
-                            - xhat_g * jnp.sum(gw_g * xhat_g, -1, keepdims=True))
-        grad_x = grad_x.reshape(x.shape).astype(x.dtype)
-    axes = (0,) + tuple(range(2, x.ndim))
-    grad_w = jnp.sum(g * xhat, axes).astype(x.dtype) if output_mask[1] else None
-    grad_b = jnp.sum(g, axes).astype(x.dtype) if output_mask[2] else None
-    return grad_x, grad_w, grad_b
-
-
-# ---------------------------------------------------------------- batch norm (update variants)
-# - func: _batch_norm_with_update_functional(Tensor input, Tensor? weight, Tensor? bias,
-#   Tensor running_mean, Tensor running_var, float momentum, float eps)
-#   -> (Tensor, Tensor, Tensor, Tensor, Tensor running_mean_out, Tensor running_var_out)
-@lowers(aten._batch_norm_with_update_functional.default)
-def aten_batch_norm_with_update_functional(x, weight, bias, running_mean, running_var, momentum,
-                                           eps):
-    out, mean, rstd, var = _batch_norm_train(x, weight, bias, eps)
-    new_mean, new_var = _updated_running_stats(x, mean, var, running_mean, running_var, momentum)
-    reserve = jnp.zeros((0,), jnp.uint8)
-    return out, mean, rstd, reserve, new_mean, new_var
-
-
-@lowers(aten._batch_norm_no_update.default)
-def aten_batch_norm_no_update(x, weight, bias, running_mean, running_var, momentum, eps):
-    empty = jnp.zeros((0,), x.dtype)
-    if running_mean is None:
-        out, mean, rstd, _ = _batch_norm_train(x, weight, bias, eps)
-        return out, mean, rstd, jnp.zeros((0,), jnp.uint8)
-    out = _batch_norm_eval(x, weight, bias, running_mean, running_var, eps)
-    return out, empty, empty, jnp.zeros((0,), jnp.uint8)
-
-
-def _batch_norm_grads(grad_out, x, weight, mean, invstd, train, output_mask):
-    axes = (0,) + tuple(range(2, x.ndim))
-    shape = _channel_shape(x)
-    xc = x.astype(_compute_dtype(x))
-    g = grad_out.astype(xc.dtype)
-    xhat = (xc - mean.reshape(shape)) * invstd.reshape(shape)
-    w = jnp.ones((), xc.dtype) if weight is None else weight.reshape(shape).astype(xc.dtype)
-    grad_x = None
-    if output_mask[0]:
-        if train:
-            n = x.size // x.shape[1]
-            sum_g = jnp.sum(g, axes, keepdims=True)
-            sum_gx = jnp.sum(g * xhat, axes, keepdims=True)
-            grad_x = w * invstd.reshape(shape) / n * (n * g - sum_g - xhat * sum_gx)
-        else:
-            grad_x = g * w * invstd.reshape(shape)
-        grad_x = grad_x.astype(x.dtype)
-    grad_w = jnp.sum(g * xhat, axes).astype(x.dtype) if output_mask[1] else None
-    grad_b = jnp.sum(g, axes).astype(x.dtype) if output_mask[2] else None
-    return grad_x, grad_w, grad_b
-
-
-# - func: native_batch_norm_backward(Tensor grad_out, Tensor input, Tensor? weight,
-#   Tensor? running_mean, Tensor? running_var, Tensor? save_mean, Tensor? save_invstd,
-#   bool train, float eps, bool[3] output_mask) -> (Tensor, Tensor, Tensor)
-@lowers(aten.native_batch_norm_backward.default)
-def aten_native_batch_norm_backward(grad_out, x, weight, running_mean, running_var, save_mean,
-                                    save_invstd, train, eps, output_mask):
-    if train:
-        return _batch_norm_grads(grad_out, x, weight, save_mean, save_invstd, True, output_mask)
-    invstd = lax.rsqrt(running_var.astype(_compute_dtype(x)) + eps)
-    return _batch_norm_grads(grad_out, x, weight, running_mean, invstd, False, output_mask)
-
-
-@lowers(aten.batch_norm_backward.default)
-def aten_batch_norm_backward(grad_out, x, weight, running_mean, running_var, save_mean, save_var,
-                             update, eps, output_mask, reserve):
-    train = update or running_mean is None
-    return aten_native_batch_norm_backward(grad_out, x, weight, running_mean, running_var,
-                                           save_mean, save_var, train, eps, output_mask)
-
-
 # ------------------------------------------------------------------------------ misc layers
 # - func: _trilinear(Tensor i1, Tensor i2, Tensor i3, int[] expand1, int[] expand2,
 #   int[] expand3, int[] sumdim, int unroll_dim=1) -> Tensor
@@ -927,136 +492,6 @@ def aten_dist(x, other, p=2):
     if p == 2:
         return jnp.sqrt(jnp.sum(diff * diff))
     return jnp.sum(diff**p) ** (1.0 / p)
-
-
-# -------------------------------------------------------------------- adaptive max pooling
-def _adaptive_max_pool(x, output_size, nd):
-    output_size = _tuple(output_size, nd)
-    spatial = x.shape[-nd:]
-    bounds = [[((i * n) // o, -(-((i + 1) * n) // o)) for i in range(o)]
-              for n, o in zip(spatial, output_size)]
-    values, indices = [], []
-    for cell in np.ndindex(*output_size):
-        window = x[(Ellipsis,) + tuple(slice(*bounds[a][c]) for a, c in enumerate(cell))]
-        wshape = window.shape[-nd:]
-        flat = window.reshape(x.shape[:-nd] + (-1,))
-        if jnp.issubdtype(x.dtype, jnp.inexact):  # NaN wins, as in torch
-            k = jnp.argmax(jnp.where(jnp.any(jnp.isnan(flat), -1, keepdims=True),
-                                     jnp.isnan(flat), flat == jnp.max(flat, -1, keepdims=True)), -1)
-        else:
-            k = jnp.argmax(flat, axis=-1)
-        values.append(jnp.take_along_axis(flat, k[..., None], -1)[..., 0])
-        index = jnp.zeros(k.shape, jnp.int64)
-        rest = k
-        coords = []
-        for a in reversed(range(nd)):
-            coords.append(rest % wshape[a] + bounds[a][cell[a]][0])
-            rest = rest // wshape[a]
-        for a, coord in enumerate(reversed(coords)):
-            index = index * spatial[a] + coord
-        indices.append(index)
-    shape = x.shape[:-nd] + tuple(output_size)
-    return (jnp.stack(values, -1).reshape(shape),
-            jnp.stack(indices, -1).reshape(shape).astype(jnp.int64))
-
-
-@lowers(aten.adaptive_max_pool3d.default)
-def aten_adaptive_max_pool3d(x, output_size):
-    return _adaptive_max_pool(x, output_size, 3)
-
-
-@lowers(aten.adaptive_max_pool3d_backward.default)
-def aten_adaptive_max_pool3d_backward(grad_output, x, indices):
-    return _max_pool_backward(grad_output, x, indices, 3)
-
-
-# ---------------------------------------------------------------------- fractional max pooling
-def _fractional_starts(samples, in_size, out_size, kernel):
-    """ATen's generate_intervals: start offsets (.., out) from per-plane samples (..,)."""
-    if out_size == 1:
-        return jnp.full(samples.shape + (1,), in_size - kernel, jnp.int64)
-    alpha = (in_size - kernel) / (out_size - 1)
-    i = jnp.arange(out_size - 1, dtype=samples.dtype)
-    starts = (jnp.floor((i + samples[..., None]) * alpha) - jnp.floor(samples[..., None] * alpha))
-    starts = starts.astype(jnp.int64)
-    last = jnp.full(samples.shape + (1,), in_size - kernel, jnp.int64)
-    return jnp.concatenate([starts, last], axis=-1)
-
-
-def _fractional_max_pool(x, kernel_size, output_size, samples, nd):
-    kernel = _tuple(kernel_size, nd)
-    output_size = _tuple(output_size, nd)
-    unbatched = x.ndim == nd + 1
-    if unbatched:
-        x, samples = x[None], samples
-    spatial = x.shape[-nd:]
-    # samples: (N, C, nd), the last entry is the first spatial dim's... ATen uses [.., 0] for
-    # width and [.., 1] for height (2-D); [.., 0] time? see below.
-    samples = samples.astype(x.dtype)
-    starts = []
-    for a in range(nd):
-        sample = samples[..., nd - 1 - a]
-        starts.append(_fractional_starts(sample, spatial[a], output_size[a], kernel[a]))
-    # Gather every kernel offset and take the max (first max wins, NaN wins).
-    best_v, best_i = None, None
-    for offset in np.ndindex(*kernel):
-        coords = []
-        for a in range(nd):
-            c = starts[a] + offset[a]  # (N, C, out_a)
-            shape = c.shape[:2] + tuple(output_size[b] if b == a else 1 for b in range(nd))
-            coords.append(c.reshape(shape))
-        flat_index = jnp.zeros(x.shape[:2] + tuple(output_size), jnp.int64)
-        for a in range(nd):
-            flat_index = flat_index * spatial[a] + coords[a]
-        plane = x.reshape(x.shape[:2] + (-1,))
-        v = jnp.take_along_axis(plane, flat_index.reshape(x.shape[:2] + (-1,)), -1).reshape(
-            flat_index.shape)
-        if best_v is None:
-            best_v, best_i = v, flat_index
-        else:
-            better = (v > best_v) | (jnp.isnan(v) & ~jnp.isnan(best_v)) if jnp.issubdtype(
-                x.dtype, jnp.inexact) else v > best_v
-            best_v = jnp.where(better, v, best_v)
-            best_i = jnp.where(better, flat_index, best_i)
-    if unbatched:
-        best_v, best_i = best_v[0], best_i[0]
-    return best_v, best_i
-
-
-@lowers(aten.fractional_max_pool2d.default)
-def aten_fractional_max_pool2d(x, kernel_size, output_size, random_samples):
-    return _fractional_max_pool(x, kernel_size, output_size, random_samples, 2)
-
-
-@lowers(aten.fractional_max_pool3d.default)
-def aten_fractional_max_pool3d(x, kernel_size, output_size, random_samples):
-    return _fractional_max_pool(x, kernel_size, output_size, random_samples, 3)
-
-
-@lowers(aten.fractional_max_pool2d_backward.default)
-def aten_fractional_max_pool2d_backward(grad_output, x, kernel_size, output_size, indices):
-    return _max_pool_backward(grad_output, x, indices, 2)
-
-
-@lowers(aten.fractional_max_pool3d_backward.default)
-def aten_fractional_max_pool3d_backward(grad_output, x, kernel_size, output_size, indices):
-    return _max_pool_backward(grad_output, x, indices, 3)
-
-
-# ------------------------------------------------------------------------ padding backward
-def _register_pad_backward(name, mode):
-    def lowering(grad_output, x, padding):
-        _, vjp = jax.vjp(lambda x_: _pad(x_, padding, mode), x)
-        return vjp(grad_output.astype(x.dtype))[0]
-
-    lowering.__name__ = f"aten_{name}_backward"
-    lowers(getattr(aten, f"{name}_backward").default)(lowering)
-
-
-for _name, _mode in [("reflection_pad1d", "reflect"), ("reflection_pad2d", "reflect"),
-                     ("reflection_pad3d", "reflect"), ("replication_pad1d", "edge"),
-                     ("replication_pad2d", "edge"), ("replication_pad3d", "edge")]:
-    _register_pad_backward(_name, _mode)
 
 
 # ----------------------------------------------------------------------- loss backward ops
@@ -1132,14 +567,3 @@ def aten_multilabel_margin_loss_forward(x, target, reduction):
     if unbatched:
         is_target = is_target[0]
     return _multilabel_margin_loss(x, target, is_target, reduction), is_target
-
-
-@lowers(aten.avg_pool1d.default)
-def aten_avg_pool1d(x, kernel_size, stride=(), padding=0, ceil_mode=False,
-                    count_include_pad=True):
-    return _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, None, 1)
-
-
-@lowers(aten.adaptive_avg_pool1d.default)
-def aten_adaptive_avg_pool1d(x, output_size):
-    return _adaptive_avg_pool(x, output_size, 1)

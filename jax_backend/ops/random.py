@@ -19,14 +19,18 @@ def _float(dtype):
     return jax_dtype(dtype, dtypes.to_jax_dtype(torch.get_default_dtype()))
 
 
+def _sample_dtype(dtype):
+    """Sample in float32 at least: bf16/fp16 draws would be too coarse (uniform near 1)."""
+    return dtype if jnp.finfo(dtype).bits >= 32 else jnp.dtype(jnp.float32)
+
+
 def _uniform(key, shape, dtype, low=0.0, high=1.0):
-    # Sample in float32 at least: bf16/fp16 uniform draws would be too coarse near 1.
-    sample_dtype = jnp.promote_types(dtype, jnp.float32)
+    sample_dtype = _sample_dtype(dtype)
     return jax.random.uniform(key, tuple(shape), sample_dtype, low, high).astype(dtype)
 
 
 def _normal(key, shape, dtype):
-    sample_dtype = jnp.promote_types(dtype, jnp.float32)
+    sample_dtype = _sample_dtype(dtype)
     return jax.random.normal(key, tuple(shape), sample_dtype).astype(dtype)
 
 
@@ -81,7 +85,7 @@ def aten_normal_float_float(mean, std, size, *, generator=None, dtype=None, layo
 
 @lowers(aten.exponential.default, random=True)
 def aten_exponential(x, lambd=1.0, *, generator=None, key):
-    return (jax.random.exponential(key, x.shape, jnp.promote_types(x.dtype, jnp.float32))
+    return (jax.random.exponential(key, x.shape, _sample_dtype(x.dtype))
             / lambd).astype(x.dtype)
 
 
@@ -172,13 +176,13 @@ def aten_multinomial(probs, num_samples, replacement=False, *, generator=None, k
 
 @lowers(aten.cauchy.default, random=True)
 def aten_cauchy(x, median=0.0, sigma=1.0, *, generator=None, key):
-    u = _uniform(key, x.shape, jnp.promote_types(x.dtype, jnp.float32))
+    u = _uniform(key, x.shape, _sample_dtype(x.dtype))
     return (median + sigma * jnp.tan(jnp.pi * (u - 0.5))).astype(x.dtype)
 
 
 @lowers(aten.log_normal.default, random=True)
 def aten_log_normal(x, mean=1.0, std=2.0, *, generator=None, key):
-    z = _normal(key, x.shape, jnp.promote_types(x.dtype, jnp.float32))
+    z = _normal(key, x.shape, _sample_dtype(x.dtype))
     return jnp.exp(z * std + mean).astype(x.dtype)
 
 

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from jax_backend.dtypes import promote
 from jax_backend.ops._common import as_float, canon_dim, canon_dims, jax_dtype, sum_dtype
 from jax_backend.registry import lowers
 
@@ -418,7 +419,7 @@ def _searchsorted(sorted_sequence, values, right, side, sorter):
 def aten_searchsorted(sorted_sequence, values, *, out_int32=False, right=False, side=None,
                       sorter=None):
     values = jnp.asarray(values, sorted_sequence.dtype) if not hasattr(values, "dtype") else (
-        values.astype(jnp.promote_types(values.dtype, sorted_sequence.dtype)))
+        values.astype(promote(values.dtype, sorted_sequence.dtype)))
     sorted_sequence = sorted_sequence.astype(values.dtype)
     out = _searchsorted(sorted_sequence, values, right, side, sorter)
     return out.astype(jnp.int32 if out_int32 else jnp.int64)
@@ -427,7 +428,7 @@ def aten_searchsorted(sorted_sequence, values, *, out_int32=False, right=False, 
 @lowers(aten.bucketize.Tensor, aten.bucketize.Scalar)
 def aten_bucketize(x, boundaries, *, out_int32=False, right=False):
     x = jnp.asarray(x)
-    dtype = jnp.promote_types(x.dtype, boundaries.dtype)
+    dtype = promote(x.dtype, boundaries.dtype)
     out = jnp.searchsorted(boundaries.astype(dtype), x.astype(dtype),
                            side="right" if right else "left")
     return out.astype(jnp.int32 if out_int32 else jnp.int64)

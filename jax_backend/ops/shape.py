@@ -289,11 +289,6 @@ def aten_resolve_neg(x):
     return x
 
 
-@lowers(aten._neg_view.default, aten._neg_view_copy.default)
-def aten_neg_view(x):
-    return jnp.negative(x)
-
-
 @lowers(aten.narrow_copy.default)
 def aten_narrow_copy(x, dim, start, length):
     return aten_narrow(x, dim, start, length)

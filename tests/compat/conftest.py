@@ -4,7 +4,7 @@ API's once-per-process ``configure``."""
 import pytest
 
 import cstorch
-from cstorch.amp import _amp_state
+from cstorch.backend import precision
 
 
 @pytest.fixture(autouse=True)
@@ -13,8 +13,8 @@ def _fresh_state(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     cstorch.backend._reset_for_tests()
-    _amp_state._AmpState.mixed_precision = False
-    _amp_state._AmpState.half_dtype_str = "float16"
+    precision._AmpState.mixed_precision = False
+    precision._AmpState.half_dtype_str = "float16"
     _configure._settings = None
     summaries._pending.clear()
     cstorch.metrics.Metric.registry.clear()  # metrics of earlier tests' models

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import cerebras.pytorch as cstorch
+from tests.jit_cache import xla_compilations
 from tests.models import TinyGPT, lm_loss
 
 
@@ -154,7 +155,7 @@ def _gpt_losses(precision, steps=50, dynamic_scaling=False, overflow_at=None):
             snapshots[i] = (copy.deepcopy(model.state_dict()),
                             copy.deepcopy(optimizer.state_dict()["state"]))
         step(x, y, multiplier)
-    assert step.trace_count == 1
+    assert step.trace_count == 1 and xla_compilations(step) == 1
     return losses, scales, skipped, snapshots
 
 

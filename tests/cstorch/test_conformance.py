@@ -4,8 +4,7 @@
 A dotted name resolves by importing its longest importable module prefix and reading the
 rest as attributes (``cerebras.pytorch.backend`` is both a function and a module: the
 function carries ``.Backend``, ``.BackendType``, ...). Names in ``EXCLUDED`` are CSX-appliance
-plumbing this implementation deliberately does not provide; ``PENDING`` lists names another
-engineer is still delivering (temporary: remove entries as they land).
+plumbing this implementation deliberately does not provide.
 """
 
 from __future__ import annotations
@@ -20,9 +19,6 @@ import typing
 import pytest
 
 from tests.reference_data import API_NAMES as SPEC  # noqa: E402
-
-_SPARSE = ("weight sparsity (masks, pruning hooks, scheduled mask updates in compiled steps) "
-           "is not implemented yet; cstorch.sparse raises NotImplementedError naming it")
 
 EXCLUDED = {
     "cerebras.pytorch.backend.ltc_backend.register_before_tensor_to_cpu":
@@ -39,35 +35,7 @@ EXCLUDED = {
         "queries the resources held by a running cluster workflow",
     "cerebras.pytorch.storage.utils.lazy_tensor_data_wrapper":
         "unwraps tensors of the appliance's lazy (LTC) device, which does not exist here",
-    "cerebras.pytorch.sparse.SparsityAlgorithm": _SPARSE,
-    "cerebras.pytorch.sparse.DynamicSparsityAlgorithm": _SPARSE,
-    "cerebras.pytorch.sparse.GMP": _SPARSE,
-    "cerebras.pytorch.sparse.Group": _SPARSE,
-    "cerebras.pytorch.sparse.RigL": _SPARSE,
-    "cerebras.pytorch.sparse.SET": _SPARSE,
-    "cerebras.pytorch.sparse.Static": _SPARSE,
-    "cerebras.pytorch.sparse.configure": _SPARSE,
-    "cerebras.pytorch.sparse.map_sparsity_algorithm": _SPARSE,
-    "cerebras.pytorch.sparse.utils.Constant": _SPARSE,
-    "cerebras.pytorch.sparse.utils.Linear": _SPARSE,
-    "cerebras.pytorch.sparse.utils.Exp": _SPARSE,
-    "cerebras.pytorch.sparse.utils.Power": _SPARSE,
-    "cerebras.pytorch.sparse.utils.Cosine": _SPARSE,
-    "cerebras.pytorch.sparse.utils.Cycling": _SPARSE,
-    "cerebras.pytorch.sparse.utils.Lambda": _SPARSE,
-    "cerebras.pytorch.sparse.utils.FreqSchedule": _SPARSE,
-    "cerebras.pytorch.sparse.utils.ListSchedule": _SPARSE,
-    "cerebras.pytorch.sparse.utils.make_hyperparam_schedule": _SPARSE,
-    "cerebras.pytorch.sparse.utils.make_update_schedule": _SPARSE,
-    "cerebras.pytorch.sparse.init.random": _SPARSE,
-    "cerebras.pytorch.sparse.init.topk": _SPARSE,
-    "cerebras.pytorch.sparse.init.from_zeros": _SPARSE,
-    "cerebras.pytorch.sparse.init.checkerboard": _SPARSE,
-    "cerebras.pytorch.sparse.init.make_init_method": _SPARSE,
 }
-
-# Owned by other engineers and still in progress (storage: issue #6; amp). Remove on landing.
-PENDING: set = set()
 
 with open(SPEC) as _f:
     NAMES = json.load(_f)
@@ -169,17 +137,14 @@ def same_default(ours, expected: str) -> bool:
 
 def test_exclusions_are_few_and_explained():
     assert len(EXCLUDED) < 0.1 * len(NAMES), f"{len(EXCLUDED)} of {len(NAMES)} names excluded"
-    assert set(EXCLUDED) <= set(NAMES) and set(PENDING) <= set(NAMES)
+    assert set(EXCLUDED) <= set(NAMES)
     assert all(reason.strip() for reason in EXCLUDED.values())
-    assert not set(EXCLUDED) & set(PENDING)
 
 
 @pytest.mark.parametrize("name", sorted(NAMES))
 def test_name_resolves_with_reference_parameters(name):
     if name in EXCLUDED:
         pytest.skip(f"excluded: {EXCLUDED[name]}")
-    if name in PENDING:
-        pytest.xfail("owned by another engineer, in progress")
     obj = resolve(name)
     expected = NAMES[name]
     ours = without_extra_keyword_only(parameters(obj), expected)

@@ -13,6 +13,7 @@ import torch
 
 import cerebras.pytorch as cstorch
 from tests import eager_reference as ref
+from tests.jit_cache import xla_compilations
 from tests.models import MLP, SmallCNN, TinyGPT, lm_loss
 
 STEPS = 30
@@ -192,7 +193,7 @@ def test_gpt_adamw_warmup_cosine_clipping_matches_eager_torch():
 
     _assert_close(losses, expected)
     assert expected[-1] < expected[0]
-    assert training_step.trace_count == 1
+    assert training_step.trace_count == 1 and xla_compilations(training_step) == 1
     lr = optimizer.param_groups[0]["lr"]
     assert isinstance(lr, torch.Tensor)
     assert lr.item() == pytest.approx(_gpt_schedule(STEPS), rel=1e-5)
@@ -230,7 +231,7 @@ def test_step_body_runs_once_and_parameters_live_in_jax():
             assert not torch.equal(weight.detach(), initial)
             assert not backend._impl.device_state.is_stale(weight)
     assert len(body_runs) == 1
-    assert training_step.trace_count == 1
+    assert training_step.trace_count == 1 and xla_compilations(training_step) == 1
     # The end of the run (or state_dict) brings the torch objects up to date.
     assert not torch.equal(weight.detach(), initial)
     assert not torch.equal(model.state_dict()["net.1.weight"], initial)

@@ -18,6 +18,7 @@ import torch
 import cstorch
 from cstorch.optim import lr_scheduler, weight_decay_scheduler
 
+from tests.jit_cache import xla_compilations  # noqa: E402
 from tests.reference_data import OPTIMIZER_TRAJECTORIES as TRAJECTORIES  # noqa: E402
 from tests.reference_data import optimizer_problem as _problem  # noqa: E402
 
@@ -118,7 +119,7 @@ def test_fixture_trajectory_traced_and_checkpoint_continuation(case, cpu_backend
         if index == 2:
             cstorch.save({"model": model.state_dict(),
                                   "optimizer": optimizer.state_dict()}, ckpt)
-    assert step.trace_count == 1
+    assert step.trace_count == 1 and xla_compilations(step) == 1
     final_params = _params_of(model)
     final_state = optimizer.state_dict()["state"]
 
@@ -531,7 +532,7 @@ def test_user_optimizer_and_scheduler_traced_match_eager(cpu_backend):
         eager_optimizer.zero_grad()
         eager_scheduler.step()
         eager_lrs.append(float(eager_scheduler.get_last_lr()[0]))
-    assert step.trace_count == 1
+    assert step.trace_count == 1 and xla_compilations(step) == 1
     assert lrs == eager_lrs
     assert lrs == pytest.approx([0.05 * 0.5 ** ((k + 1) // 2) for k in range(6)], rel=1e-6)
     for name, value in model.state_dict().items():

@@ -22,6 +22,7 @@ from cstorch.optim import lr_scheduler as L
 from cstorch.optim import scheduler as S
 from cstorch.optim import weight_decay_scheduler as WD
 
+from tests.jit_cache import xla_compilations  # noqa: E402
 from tests.reference_data import REFERENCE  # noqa: E402
 
 FIXTURES = REFERENCE
@@ -87,7 +88,7 @@ def test_fixture_values(name, traced, cpu_backend):
         got.append(float(scheduler.get_last_lr()[0]))
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-7)
     if traced:
-        assert step.trace_count == 1
+        assert step.trace_count == 1 and xla_compilations(step) == 1
     assert scheduler.last_epoch.item() == len(want) - 1
     # the optax-compatible pure function gives the same series
     schedule_fn = scheduler.schedule_fn

@@ -6,6 +6,8 @@ import torch
 
 import cerebras.pytorch as cstorch
 
+from tests.jit_cache import xla_compilations
+
 
 def _setup():
     backend = cstorch.backend("CPU")
@@ -36,7 +38,7 @@ def test_load_state_dict_between_steps_resumes_exactly():
     optimizer.load_state_dict(saved[1])  # replaces the optimizer's state tensors
     resumed = [step(x).item() for x in xs[3:]]
     assert resumed == expected
-    assert step.trace_count == 1
+    assert step.trace_count == 1 and xla_compilations(step) == 1
 
 
 def test_in_place_torch_edits_between_steps_are_uploaded():

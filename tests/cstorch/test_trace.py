@@ -92,6 +92,36 @@ def test_train_eval_mode_is_part_of_the_signature():
     torch.testing.assert_close(evaluated, model(x))
 
 
+def test_submodule_train_and_eval_select_their_own_program():
+    """``model.dropout.eval()`` on a submodule (not the compiled model) switches programs."""
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Dropout(0.5))
+    compiled = cstorch.compile(model, cstorch.backend("CPU"))
+
+    @cstorch.trace
+    def forward(x):
+        return compiled(x)
+
+    x = torch.ones(8, 64)
+
+    def zeros(out):
+        return (out.materialize() == 0).float().mean().item()
+
+    assert 0.35 < zeros(forward(x)) < 0.65  # dropout on
+    model[1].eval()
+    with pytest.warns(RecompilationWarning, match="train/eval mode"):
+        evaluated = forward(x).materialize()
+    torch.testing.assert_close(evaluated, model(x))  # dropout off: eager eval-mode output
+    assert forward.trace_count == 2
+    model[1].train()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the first program again, not a third
+        assert 0.35 < zeros(forward(x)) < 0.65
+    assert forward.trace_count == 2
+    model[1].eval()
+    torch.testing.assert_close(forward(x).materialize(), model(x))
+    assert forward.trace_count == 2 and cstorch.backend()._impl.mode == "train"
+
+
 def test_dropout_is_reproducible_from_torch_manual_seed():
     backend = cstorch.backend("CPU")
     model = torch.nn.Dropout(0.5)

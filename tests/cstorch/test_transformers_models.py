@@ -8,6 +8,7 @@ import torch
 
 import cerebras.pytorch as cstorch
 from tests import eager_reference as ref
+from tests.jit_cache import xla_compilations
 
 transformers = pytest.importorskip("transformers")
 
@@ -90,7 +91,7 @@ def test_three_adamw_steps_match_eager_torch(make):
         eager_optimizer.step(1e-3)
         expected.append(loss.item())
 
-    assert training_step.trace_count == 1
+    assert training_step.trace_count == 1 and xla_compilations(training_step) == 1
     for step, (a, b) in enumerate(zip(losses, expected)):
         assert abs(a - b) <= 1e-4 * abs(b), f"step {step}: cstorch {a} vs eager {b}"
     assert expected[-1] < expected[0]

@@ -3,6 +3,8 @@ a synthetic dataset, and the same training written by hand in eager torch (the o
 
 import torch
 
+import cerebras.pytorch as cstorch
+
 IN, HIDDEN, CLASSES, BATCH = 8, 16, 4, 4
 
 
@@ -17,6 +19,16 @@ class ClassifierMLP(torch.nn.Module):
     def forward(self, batch):
         x, y = batch
         return torch.nn.functional.cross_entropy(self.fc2(torch.relu(self.fc1(x))), y)
+
+
+def seeded_model(seed):
+    """The model a Trainer with ``seed=seed`` starts from: it is built inside the backend's
+    device context, where (as in cerebras-pytorch) each random initialisation draws from a
+    fresh generator seeded from the default one, so plain ``ClassifierMLP()`` after
+    ``torch.manual_seed(seed)`` would start elsewhere."""
+    torch.manual_seed(seed)
+    with cstorch.device("CPU"):
+        return ClassifierMLP()
 
 
 def batches(num_batches, seed=0, start=0):
@@ -43,8 +55,7 @@ def eager_reference(seed, train, val=(), eval_every=None, total_iters=24):
     """Hand-written eager torch: SGD with momentum and a linear LR decay from LR to END_LR
     over ``total_iters`` steps; after every ``eval_every`` steps, the mean loss over ``val``.
     Returns (train losses, validation losses, final state_dict)."""
-    torch.manual_seed(seed)
-    model = ClassifierMLP()
+    model = seeded_model(seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     train_losses, val_losses = [], []
     for step, batch in enumerate(train):

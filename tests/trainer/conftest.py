@@ -3,14 +3,14 @@
 import pytest
 
 import cstorch
-from cstorch.amp import _amp_state
+from cstorch.backend import precision
 
 
 @pytest.fixture(autouse=True)
 def _fresh_cstorch_state(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cstorch.backend._reset_for_tests()
-    _amp_state._AmpState.mixed_precision = False
-    _amp_state._AmpState.half_dtype_str = "float16"
+    precision._AmpState.mixed_precision = False
+    precision._AmpState.half_dtype_str = "float16"
     yield
     cstorch.backend._reset_for_tests()

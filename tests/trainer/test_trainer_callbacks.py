@@ -12,7 +12,7 @@ from cerebras.modelzoo.trainer.callbacks import (
     ModelEvalMetrics, ScopedTrainFlags, SelectiveGrad, TrainingLoop)
 from cerebras.modelzoo.trainer.loggers import Logger
 
-from tests.trainer.common import ClassifierMLP, batches, torch_loader
+from tests.trainer.common import ClassifierMLP, batches, seeded_model, torch_loader
 
 OPT_LEVEL = "csx.precision.optimization_level"
 
@@ -50,8 +50,7 @@ def test_model_eval_metrics_logs_the_accuracy_of_the_validation(tmp_path):
     trainer = make(tmp_path, model=WithAccuracy, callbacks=[ModelEvalMetrics()],
                    loggers=[collect])
     trainer.validate(cstorch.utils.data.DataLoader(torch_loader, 5, 3), ckpt_path=None)
-    torch.manual_seed(5)
-    eager = ClassifierMLP()
+    eager = seeded_model(5)
     with torch.no_grad():
         hits = [(eager.fc2(torch.relu(eager.fc1(x))).argmax(-1) == y).float()
                 for x, y in batches(5, seed=3)]

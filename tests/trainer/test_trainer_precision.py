@@ -8,7 +8,7 @@ import cerebras.pytorch as cstorch
 from cerebras.modelzoo.trainer import Trainer
 from cerebras.modelzoo.trainer.callbacks import Callback, Checkpoint, MixedPrecision, TrainingLoop
 
-from tests.trainer.common import ClassifierMLP, batches, torch_loader
+from tests.trainer.common import ClassifierMLP, batches, seeded_model, torch_loader
 
 
 class Losses(Callback):
@@ -35,8 +35,7 @@ def fit(tmp_path, precision, device="CPU", steps=6, checkpoint=None):
 
 
 def eager(clip_norm=None, clip_value=None, steps=6):
-    torch.manual_seed(11)
-    model = ClassifierMLP()
+    model = seeded_model(11)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     losses = []
     for batch in batches(steps):

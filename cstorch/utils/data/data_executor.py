@@ -8,15 +8,19 @@ under ``<backend.artifact_dir>/executors/<NNNNNN>/``.
 from __future__ import annotations
 
 import inspect
-import json
 import math
-import os
+import pathlib
 import warnings
+from typing import Dict, Literal, Union
 
 from cstorch.backend import current_backend_impl
 from cstorch.utils.data.dataloader import DataLoader
 from cstorch.utils.data.utils import checkpoint_schedule, infer_batch_size
 from cstorch.utils.profiler import Profiler
+
+
+# What ``cstorch.backends.csx.performance.micro_batch_size`` accepts (a type hint).
+MbsSetting = Union[None, int, Literal["explore", "auto"], Dict[str, Dict[str, int]]]
 
 
 class RunContext:
@@ -139,20 +143,20 @@ class DataExecutor:
         return self.run_context.is_final_step
 
     @property
-    def artifact_dir(self) -> str:
+    def artifact_dir(self) -> pathlib.Path:
         if self._artifact_dir is None:
             raise RuntimeError("The executor's artifact directory exists only once iteration "
                                "has started.")
         return self._artifact_dir
 
-    def _make_artifact_dir(self, impl) -> str:
-        root = os.path.join(impl.artifact_dir, "executors")
-        path = os.path.join(root, f"{_executor_index(impl):06d}")
-        os.makedirs(path, exist_ok=True)
-        latest = os.path.join(root, "latest")
-        if os.path.islink(latest) or os.path.exists(latest):
-            os.remove(latest)
-        os.symlink(os.path.basename(path), latest)
+    def _make_artifact_dir(self, impl) -> pathlib.Path:
+        root = pathlib.Path(impl.artifact_dir) / "executors"
+        path = root / f"{_executor_index(impl):06d}"
+        path.mkdir(parents=True, exist_ok=True)
+        latest = root / "latest"
+        if latest.is_symlink() or latest.exists():
+            latest.unlink()
+        latest.symlink_to(path.name)
         return path
 
     def _batches(self):
@@ -204,9 +208,7 @@ class DataExecutor:
                 tracker = self.profiler.rate_tracker
                 self._writer.add_scalar("avg_samples_per_sec", tracker.global_rate,
                                         self.run_context.user_iteration)
-            with open(os.path.join(self._artifact_dir, "track.json"), "w") as f:
-                json.dump({"num_steps": self.num_steps,
-                           "completed_steps": self.run_context.user_iteration}, f)
+            impl.appliance_tracker.flush(self._artifact_dir / "track.json")
         finally:
             impl.data_executor_stack.remove(self)
 

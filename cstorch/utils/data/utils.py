@@ -12,11 +12,23 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 
+@dataclasses.dataclass
 class Schedule:
-    """A set of step indices (0-based) made of non-overlapping ranges."""
+    """A set of step indices (0-based) made of non-overlapping ranges.
+
+    As in the reference it is a dataclass of ``intervals`` (kept sorted by start), iterates
+    over its steps and has ``len``, ``start``, ``final_step`` and ``next_immediate_step``. One
+    deliberate difference: ``range()`` is the flat list of steps (the reference returns one
+    ``range`` per interval, which drops each interval's ``include_last`` step), and
+    ``next_immediate_step`` past the last step is None rather than an error.
+    """
 
     @dataclasses.dataclass
     class Range:
+        """Steps ``start, start + step, ...`` below ``end``, plus ``end - 1`` when
+        ``include_last``. Fields may be reassigned after construction (the Model Zoo shifts a
+        copy's ``start``)."""
+
         start: int
         end: int
         step: int
@@ -39,18 +51,44 @@ class Schedule:
             return (index - self.start) % self.step == 0 or (
                 self.include_last and index == self.end - 1)
 
+        def range(self) -> range:
+            """The regular steps (without the ``include_last`` extra)."""
+            return range(self.start, self.end, self.step)
+
         def steps(self) -> list:
-            values = list(range(self.start, self.end, self.step))
+            values = list(self.range())
             if self.include_last and (not values or values[-1] != self.end - 1):
                 values.append(self.end - 1)
             return values
 
-    def __init__(self, intervals: List["Schedule.Range"]):
-        for interval in intervals:
+        def __iter__(self):
+            return iter(self.steps())
+
+        def __len__(self):
+            return len(self.steps())
+
+        @property
+        def final_step(self) -> int:
+            return self.end - 1 if self.include_last else self.range()[-1]
+
+        def next_immediate_step(self, target: int) -> int:
+            """The first step at or after ``target`` (ValueError past the last step)."""
+            if target > self.final_step:
+                raise ValueError(f"Target {target} is past the last step {self.final_step} of "
+                                 f"{self}.")
+            if target <= self.start:
+                return self.start
+            regular = self.start + -(-(target - self.start) // self.step) * self.step
+            return min(regular, self.final_step)
+
+    intervals: List["Schedule.Range"]
+
+    def __post_init__(self):
+        for interval in self.intervals:
             if not isinstance(interval, Schedule.Range):
                 raise ValueError(f"Schedule intervals must be Schedule.Range objects, got "
                                  f"{type(interval).__name__}.")
-        ordered = sorted(intervals, key=lambda r: r.start)
+        ordered = sorted(self.intervals, key=lambda r: r.start)
         for a, b in zip(ordered, ordered[1:]):
             if b.start < a.end:
                 raise ValueError(f"Schedule intervals must not overlap: {a} and {b}.")
@@ -74,14 +112,10 @@ class Schedule:
 
     @property
     def final_step(self) -> Optional[int]:
-        steps = self.range()
-        return steps[-1] if steps else None
+        return self.intervals[-1].final_step if self.intervals else None
 
     def next_immediate_step(self, target: int) -> Optional[int]:
         return next((s for s in self.range() if s >= target), None)
-
-    def __repr__(self):
-        return f"Schedule({self.intervals})"
 
 
 def checkpoint_schedule(checkpoint_steps, num_steps: int) -> Schedule:

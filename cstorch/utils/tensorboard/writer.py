@@ -1,13 +1,11 @@
 """``SummaryWriter`` and ``SummaryReader``: TensorBoard summaries plus Cerebras tensor
 summaries.
 
-The writer is self-contained (see ``event_file``): it does not need the ``tensorboard``
-package, which is not a dependency of this project, and it is the same class whether or not
-that package is installed (one code path). It writes scalars (``add_scalar``,
-``add_scalars``) and text (``add_text``) to a standard ``events.out.tfevents.*`` file that
-TensorBoard reads, and whole tensors (``add_tensor``) with ``torch.save`` under the sibling
-directory ``events.out.csevents.*`` as cerebras-pytorch does. Other ``add_*`` methods of
-torch's writer (images, histograms, graphs) are not provided.
+The writer is a subclass of ``torch.utils.tensorboard.SummaryWriter`` (as in cerebras-pytorch,
+spec §14), so every ``add_*`` method of torch's writer is there; it adds whole-tensor summaries
+(``add_tensor``), saved with ``torch.save`` under the sibling directory
+``events.out.csevents.*`` of the event file. The reader is self-contained (``event_file``
+parses the TFRecord event files), so reading summaries does not need TensorBoard.
 
 Summaries are meant to be written from step closures, where tensors have values.
 """
@@ -18,7 +16,6 @@ import dataclasses
 import fnmatch
 import json
 import os
-import socket
 import time
 import warnings
 from collections import defaultdict, namedtuple
@@ -27,14 +24,14 @@ from pathlib import Path
 from typing import Dict, List, Optional, Union
 
 import torch
+from torch.utils import tensorboard as _torch_tensorboard
 
-from cstorch.utils.tensorboard.event_file import Event, Value, encode_record, read_records
+from cstorch.utils.tensorboard.event_file import Event, read_records
 
 _METADATA = "__metadata__"
 _VERSION_KEY = "__version__"
 _VERSION = 1.1
 _TEXT_SUFFIX = "/text_summary"
-_uid = [0]
 
 ScalarEvent = namedtuple("ScalarEvent", ["wall_time", "step", "value"])
 """One scalar summary: wall time (s), step, value (as TensorBoard's ``ScalarEvent``)."""
@@ -60,83 +57,26 @@ class TensorDescriptor:
         return TensorDescriptor(**values)
 
 
-def _scalar(value) -> float:
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1:
-            raise ValueError(f"A scalar summary needs a one-element tensor, got shape "
-                             f"{tuple(value.shape)}.")
-        return float(value.detach().reshape(()))
-    return float(value)
-
-
-class SummaryWriter:
-    """Writes summaries for TensorBoard (see the module docstring).
+class SummaryWriter(_torch_tensorboard.SummaryWriter):
+    """torch's ``SummaryWriter`` plus Cerebras tensor summaries (see the module docstring).
 
     Args:
-        log_dir: directory of the event file (default ``runs/<date>_<host><comment>``).
-        comment: suffix of the default ``log_dir``.
-        purge_step, max_queue, flush_secs: accepted for compatibility with torch's writer;
-            events are written through on every ``add_*`` call.
-        filename_suffix: suffix of the event file name.
         base_step: the base step of summaries (kept as ``self.base_step``).
+        *args, **kwargs: torch's ``SummaryWriter`` arguments (``log_dir``, ``comment``,
+            ``purge_step``, ``max_queue``, ``flush_secs``, ``filename_suffix``).
     """
 
     def __init__(self, *args, base_step: int = 1, **kwargs):
-        options = _writer_options(*args, **kwargs)
-        log_dir = options["log_dir"]
-        if log_dir is None:
-            stamp = datetime.now().strftime("%b%d_%H-%M-%S")
-            log_dir = os.path.join("runs", f"{stamp}_{socket.gethostname()}{options['comment']}")
-        os.makedirs(log_dir, exist_ok=True)
-        _uid[0] += 1
-        name = (f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}."
-                f"{os.getpid()}.{_uid[0]}{options['filename_suffix']}")
+        super().__init__(*args, **kwargs)
         self.base_step = base_step
-        self.log_dir = str(log_dir)
-        self.event_file = os.path.join(self.log_dir, name)
-        self.cs_events_dir = Path(self.log_dir, name.replace("events.out.tfevents.",
-                                                             "events.out.csevents.", 1))
+        events_file = Path(self._get_file_writer().event_writer._file_name)
+        self.cs_events_dir = events_file.parent / events_file.name.replace(
+            "events.out.tfevents.", "events.out.csevents.", 1)
         self.cs_events_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir = str(self.cs_events_dir.parent)
         metadata = self.cs_events_dir / _METADATA
         if not metadata.exists():
             metadata.write_text(json.dumps({_VERSION_KEY: _VERSION}))
-        self._file = open(self.event_file, "ab")
-        self._write(Event(wall_time=time.time(), file_version="brain.Event:2"))
-
-    def get_logdir(self) -> str:
-        return self.log_dir
-
-    def _write(self, event: Event) -> None:
-        if self._file is None:
-            raise RuntimeError("The SummaryWriter is closed; create a new one to write more.")
-        self._file.write(encode_record(event.encode()))
-        self._file.flush()
-
-    def add_scalar(self, tag: str, scalar_value, global_step: Optional[int] = None,
-                   walltime: Optional[float] = None, new_style: bool = False,
-                   double_precision: bool = False) -> None:
-        """Writes ``scalar_value`` (a number or one-element tensor) under ``tag``."""
-        self._write(Event(wall_time=walltime or time.time(), step=int(global_step or 0),
-                          values=[Value(tag, simple_value=_scalar(scalar_value))]))
-
-    def add_scalars(self, main_tag: str, tag_scalar_dict: Dict[str, float],
-                    global_step: Optional[int] = None, walltime: Optional[float] = None) -> None:
-        """Writes several scalars, each to ``<log_dir>/<main_tag>_<tag>`` under ``main_tag``
-        (as torch's writer does)."""
-        walltime = walltime or time.time()
-        for tag, value in tag_scalar_dict.items():
-            key = f"{main_tag.replace('/', '_')}_{tag}"
-            writers = self.__dict__.setdefault("_children", {})
-            if key not in writers:
-                writers[key] = SummaryWriter(os.path.join(self.log_dir, key))
-            writers[key].add_scalar(main_tag, value, global_step, walltime)
-
-    def add_text(self, tag: str, text_string: str, global_step: Optional[int] = None,
-                 walltime: Optional[float] = None) -> None:
-        """Writes ``text_string`` as a text summary (``<tag>/text_summary``)."""
-        value = Value(tag + _TEXT_SUFFIX, strings=[text_string.encode()], plugin_name="text")
-        self._write(Event(wall_time=walltime or time.time(), step=int(global_step or 0),
-                          values=[value]))
 
     def add_tensor(self, name: str, tensor: torch.Tensor, step: int) -> None:
         """Saves ``tensor`` as ``<csevents dir>/tensors/<name>/<step>.<time>.pt``."""
@@ -147,36 +87,6 @@ class SummaryWriter:
         descriptor = TensorDescriptor(step=int(step), ns_since_epoch=now,
                                       tensor=torch.as_tensor(tensor).detach().clone())
         torch.save(descriptor.to_dict(), str(directory / f"{step}.{stamp}.pt"))
-
-    def flush(self) -> None:
-        if self._file is not None:
-            self._file.flush()
-        for child in self.__dict__.get("_children", {}).values():
-            child.flush()
-
-    def close(self) -> None:
-        for child in self.__dict__.get("_children", {}).values():
-            child.close()
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    def __del__(self):
-        file = self.__dict__.get("_file")
-        if file is not None:
-            file.close()
-
-
-def _writer_options(log_dir=None, comment="", purge_step=None, max_queue=10, flush_secs=120,
-                    filename_suffix=""):
-    return {"log_dir": log_dir, "comment": comment, "filename_suffix": filename_suffix}
 
 
 class SummaryReader:

@@ -1,4 +1,8 @@
-"""The process-wide half-precision policy (``set_half_dtype``, ``mixed_precision``, ...)."""
+"""The process-wide half-precision setting (``cstorch.amp.set_half_dtype``,
+``mixed_precision``, ...) and the engine policy it implies (``current_policy``).
+
+It lives with the backend, which reads it to compile each step, rather than in ``cstorch.amp``,
+which builds on the backend: a leaf module keeps the imports flowing one way."""
 
 from __future__ import annotations
 

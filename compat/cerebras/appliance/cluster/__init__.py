@@ -1,0 +1,1 @@
+"""Cluster-side objects of ``cerebras.appliance``, modelled locally (no cluster is contacted)."""

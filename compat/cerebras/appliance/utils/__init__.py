@@ -1,0 +1,1 @@
+"""Utilities of ``cerebras.appliance`` used by the Model Zoo and user scripts."""

@@ -1,0 +1,32 @@
+"""``Static``: a fixed mask, computed once at initialisation."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from cstorch.sparse.base import SparseParameter, SparsityAlgorithm
+
+
+class Static(SparsityAlgorithm):
+    """Constant sparsity ``0 <= sparsity < 1``; the mask never changes."""
+
+    def __init__(self, sparsity: Optional[float] = None, **kwargs):
+        if sparsity is not None:
+            if not isinstance(sparsity, float):
+                raise ValueError("Static sparsity algorithm only supports constant sparsity")
+            if not 0.0 <= sparsity < 1.0:
+                raise ValueError(f"Invalid sparsity level {sparsity}. Must be 0.0 <= s < 1.0")
+        self.sparsity_level = sparsity
+        super().__init__(sparsity, **kwargs)
+
+    def csx_annotate_sparsity(self, param: SparseParameter) -> None:
+        with torch.device("cpu"):
+            self.sparsity_level = float(self.sparsity[param.data](step=0))
+
+    def update(self, optimizer=None) -> None:
+        for hook in self._target_sparsity_hooks.values():
+            hook(self, "*", self.sparsity_level)
+        for hook in self._computed_sparsity_hooks.values():
+            hook(self, "*", self.sparsity_level)
