@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import functools
 import types
+import warnings
 from typing import Callable, NamedTuple
 
 import torch

@@ -105,7 +105,7 @@ class RateTrackerActivity(Activity):
 
     def summary(self) -> dict:
         return {"total_samples": self.total_samples, "total_time": self.total_time,
-                "rate": self._last_rate if self._last_rate is not None else 0.0,
+                "rate": self._rate if self._rate is not None else 0.0,
                 "global_rate": self.global_rate, "samples_per_sec": self.global_rate,
                 "flops_utilization": self.flops_utilization}
 

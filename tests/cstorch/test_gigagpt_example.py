@@ -36,8 +36,15 @@ def _configs(example, backend, out_dir, **run):
 
 
 def _eager_first_loss(example, model_config, config, dataset):
+    """Eager torch on the same first batch, from the same initial weights: built as the
+    script builds them (seeded, under the backend's device, whose random ops draw from
+    freshly seeded generators as in cerebras-pytorch), but never compiled."""
+    cstorch.backend._reset_for_tests()
+    backend = cstorch.backend(config.backend, artifact_dir=str(config.out_dir))
     torch.manual_seed(config.seed)
-    model = example.LanguageModel(model_config)
+    with backend.device:
+        model = example.LanguageModel(model_config)
+    cstorch.backend._reset_for_tests()
     loader = example.token_batches(dataset, model_config.max_positions, config.batch_size,
                                    config.seed, 0)
     input_ids, labels = next(iter(loader))
