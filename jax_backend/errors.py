@@ -69,3 +69,7 @@ class ValueReadInTraceError(RuntimeError):
 
 class RecompilationError(RuntimeError):
     """A step would need a new graph on a backend that cannot recompile."""
+
+
+class StepFailedError(JaxBackendError):
+    """A compiled step failed while it ran; the message says what became of the state."""

@@ -5,12 +5,25 @@ captured step, jitted with the buffers of the state it overwrites donated, so pa
 optimizer state are updated in place on the device. ``seed`` (an int64 scalar) feeds the
 PRNG key of the step's random ops; the caller draws a fresh one per step. It also exposes the
 pure function, its jaxpr, the StableHLO text and XLA's cost analysis for JAX-native users.
+
+``Program.run`` is one step as a transaction on a ``DeviceState``: the new state is recorded
+only if the step ran, and a step that fails (or is interrupted) never leaves the state
+pointing at donated, deleted or poisoned arrays:
+
+* Ctrl-C (SIGINT) is held back from the moment the state is donated until the new state is
+  recorded, then delivered; the ``except KeyboardInterrupt`` handler sees a consistent state.
+* The first run of a program (a new program is where out-of-memory and shape problems show
+  up) keeps host copies of the state it donates and waits for the result; if it fails, the
+  state of the last good step is put back. Later runs do not pay for copies: if one of them
+  fails, the consumed state falls back to its last synchronised values, and the error says so.
 """
 
 from __future__ import annotations
 
 import contextlib
 import operator
+import signal
+import threading
 from typing import Sequence
 
 import jax
@@ -18,11 +31,32 @@ import numpy as np
 
 from jax_backend.capture import CapturedStep
 from jax_backend.dtypes import to_jax_dtype
-from jax_backend.errors import LoweringError
+from jax_backend.errors import LoweringError, StepFailedError
 from jax_backend.interpreter import GraphInterpreter
 from jax_backend.mesh import Layout
 from jax_backend.precision import Policy
 from jax_backend.registry import lookup
+
+
+@contextlib.contextmanager
+def interrupts_held():
+    """Delays SIGINT (KeyboardInterrupt) until the block ends. Only the main thread receives
+    signals in Python; elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(frame))
+    if previous is None:  # a handler installed outside Python: hand the signal to the default
+        previous = signal.SIG_DFL
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received and callable(previous):
+            previous(signal.SIGINT, received[0])
+        elif received and previous == signal.SIG_DFL:
+            signal.raise_signal(signal.SIGINT)
 
 
 def _has_random_nodes(graph) -> bool:
@@ -46,6 +80,7 @@ class Program:
         self._interpreter = GraphInterpreter(captured.graph)
         self._locate = captured.locate  # names the user's line in a LoweringError
         self._jitted = jax.jit(self.pure_step, donate_argnums=(0,), **self._shardings())
+        self.has_run = False  # set after the first successful run (see module docstring)
 
     def _shardings(self) -> dict:
         """jit shardings for a mesh layout: state as the layout places it, inputs split along
@@ -98,6 +133,33 @@ class Program:
                 raise
             raise err.with_user_frame(self._locate(err.op)) from err.cause
 
+    def run(self, state, used: Sequence, written: Sequence, inputs: Sequence, seed=0):
+        """Runs one step on ``state`` (a ``DeviceState``): ``used`` are the torch tensors the
+        step reads, ``written`` those it overwrites (in the program's output order). Returns
+        the step's outputs; raises ``StepFailedError`` if it failed (module docstring)."""
+        arrays = state.arrays(used)
+        donated_tensors, _ = self.split_state(list(used))
+        donated_arrays, _ = self.split_state(arrays)
+        backup = None if self.has_run else state.host_copies(donated_tensors)
+        with interrupts_held():
+            try:
+                new_state, outputs = self(arrays, inputs, seed)
+                if backup is not None:
+                    jax.block_until_ready((new_state, outputs))
+            except BaseException as error:
+                if not any(a.is_deleted() for a in donated_arrays):
+                    raise  # it failed before running (e.g. while compiling): state untouched
+                what = state.recover(donated_tensors, donated_arrays, backup)
+                if not isinstance(error, Exception):  # KeyboardInterrupt, SystemExit
+                    raise
+                raise StepFailedError(
+                    f"The compiled step failed while it ran ({type(error).__name__}: "
+                    f"{_first_line(error)}). {what} Fix the cause (e.g. a smaller batch) and "
+                    "call the step again, or save the state from here.") from error
+            state.update(written, new_state)
+        self.has_run = True
+        return outputs
+
     # ------------------------------------------------------------------ introspection
     def input_specs(self) -> list:
         """Shapes and dtypes of the step's (non-state) inputs, as ``jax.ShapeDtypeStruct``."""
@@ -120,3 +182,8 @@ class Program:
 
     def cost_analysis(self, used_arrays: Sequence, inputs: Sequence, seed=0):
         return self.lower(used_arrays, inputs, seed).compile().cost_analysis()
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else "no message"

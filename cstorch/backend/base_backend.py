@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import warnings
+import weakref
 from typing import Callable
 
 import torch
@@ -28,6 +30,20 @@ class QueuedClosure:
     fn: Callable
     args: tuple
     kwargs: dict
+
+
+def warn_cluster_config_ignored(backend_name: str, cluster_config) -> None:
+    """Scripts written for CSX (e.g. gigaGPT) pass ``cluster_config`` to every backend; off
+    CSX it has no meaning. cerebras-pytorch 2.10 raises TypeError; we accept it and say so."""
+    if cluster_config is None:
+        return
+    from cstorch.distributed.cluster_config import ClusterConfig
+
+    if not isinstance(cluster_config, ClusterConfig):
+        raise TypeError(f"cluster_config must be a cstorch.distributed.ClusterConfig, got "
+                        f"{type(cluster_config).__name__}.")
+    warnings.warn(f"The {backend_name} backend ignores cluster_config (it only configures "
+                  "CSX runs).", UserWarning, stacklevel=6)  # the cstorch.backend(...) call
 
 
 class BaseBackend:
@@ -330,6 +346,7 @@ class BaseBackend:
         """Releases device state and global hooks (used when a test tears the backend down)."""
         for handle in self._registration_hooks:
             handle.remove()
+        self.device_state.release()
         self.device_state = DeviceState(self.jax_devices[0], self.layout)
 
 

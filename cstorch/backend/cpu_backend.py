@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from jax_backend import mesh
 
-from cstorch.backend.base_backend import BaseBackend
+from cstorch.backend.base_backend import BaseBackend, warn_cluster_config_ignored
 from cstorch.core.device import CPUDevice
 from cstorch.core.engine import resolve_engine
 
@@ -19,12 +19,14 @@ _UNSPECIFIED = _Unspecified()
 
 class CpuBackendImpl(BaseBackend):
     def __init__(self, backend_type, artifact_dir=None, mixed_precision=_UNSPECIFIED, *,
-                 engine: str = "auto"):
+                 engine: str = "auto", cluster_config=_UNSPECIFIED):
         if mixed_precision is not _UNSPECIFIED:
             raise ValueError(
                 "The CPU backend does not take a `mixed_precision` argument. To train in mixed "
                 "precision, call cstorch.amp.set_half_dtype(\"bfloat16\") (or use "
                 "cstorch.amp.autocast()) instead.")
         self.engine = resolve_engine(engine)  # validated first: a bad name changes nothing
+        if cluster_config is not _UNSPECIFIED:
+            warn_cluster_config_ignored("CPU", cluster_config)
         super().__init__(backend_type, CPUDevice(), artifact_dir or "./",
                          jax_devices=mesh.devices("cpu"))

@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import functools
 import types
+import warnings
 from typing import Callable, NamedTuple
 
 import torch
@@ -34,6 +35,10 @@ from cstorch.experimental import listener
 # to its dict (a plain dict has none).
 _trace_pre_hooks: dict = collections.OrderedDict()
 _trace_post_hooks: dict = collections.OrderedDict()
+
+
+#: How many compiled programs one traced step keeps (least recently used are dropped).
+MAX_PROGRAMS = 16
 
 
 class RecompilationWarning(UserWarning):
@@ -257,7 +262,9 @@ class TracedStep:
     def __init__(self, step_fn: Callable):
         self.step_fn = step_fn
         self.trace_count = 0
-        self._programs: dict = {}  # signature -> [_CompiledStep], told apart by their state
+        # signature -> [_CompiledStep], told apart by their state; least recently used first
+        self._programs: collections.OrderedDict = collections.OrderedDict()
+        self._warned_evicted = False
         self._last_key = None
         self._warned_frozen = False
         functools.update_wrapper(self, step_fn)
@@ -297,10 +304,12 @@ class TracedStep:
             positions = entry.resolve(view)
             if positions is not None and entry.matches_hyperparameters(hyperparameters):
                 self._check_frozen(entry, leaves)
+                self._programs.move_to_end(key)
                 break
         else:
             entry = self._compile(impl, key, leaves, spec, view)
             positions = entry.resolve(view)
+            self._evict_unused()
         self._last_key = key
         return self._run(impl, entry, leaves, view, *positions)
 
@@ -354,6 +363,23 @@ class TracedStep:
         self._programs.setdefault(key, []).append(entry)
         return entry
 
+    def _evict_unused(self) -> None:
+        """Keeps at most MAX_PROGRAMS programs (each holds megabytes of compiled code): a
+        step fed ever-changing shapes would otherwise grow without bound."""
+        while sum(len(entries) for entries in self._programs.values()) > MAX_PROGRAMS:
+            oldest = next(iter(self._programs))
+            self._programs[oldest].pop(0)
+            if not self._programs[oldest]:
+                del self._programs[oldest]
+            if not self._warned_evicted:
+                self._warned_evicted = True
+                warnings.warn(
+                    f"{self.step_fn.__name__!r} has been compiled for more than {MAX_PROGRAMS} "
+                    "signatures; the least recently used programs are dropped and will be "
+                    "compiled again if needed. Keep input shapes fixed (e.g. drop_last=True, "
+                    "padding to a few bucket sizes) to avoid recompiling.",
+                    RecompilationWarning, stacklevel=4)
+
     def _check_frozen(self, entry, leaves):
         if self._warned_frozen:
             return
@@ -376,11 +402,10 @@ class TracedStep:
     # -------------------------------------------------------------------------------- run
     def _run(self, impl, entry: _CompiledStep, leaves, view, used_index, written_index):
         captured, program = entry.captured, entry.program
-        arrays = impl.device_state.arrays([view.tensors[i] for i in used_index])
         inputs = [_input_array(x) for x in leaves if isinstance(x, torch.Tensor)]
         seed = impl.draw_seed() if program.uses_rng else 0
-        new_state, outputs = program(arrays, inputs, seed)
-        impl.device_state.update([view.tensors[i] for i in written_index], new_state)
+        outputs = program.run(impl.device_state, [view.tensors[i] for i in used_index],
+                              [view.tensors[i] for i in written_index], inputs, seed)
 
         produced = iter(outputs)
         flat = [LazyTensor(next(produced)) if is_tensor else constant

@@ -61,6 +61,23 @@ class Optimizer(torch.optim.Optimizer, ABC):
     def add_param_group(self, param_group):
         super().add_param_group(param_group)
         _normalize_tags(self.param_groups[-1])
+        if "_schedulers_registry" in self.__dict__:  # a group added after construction
+            self._initialize_new_state()
+
+    def _initialize_new_state(self):
+        """Creates the state of parameters that have none, keeping every existing tensor
+        (the moments of a running optimizer must survive a new param group)."""
+        self.backend.materialize_state()
+        existing = {p: dict(state) for p, state in self.state.items() if state}
+        with self.backend.device:
+            self.preinitialize()
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if self.enable_global_step and p not in existing:
+                        self.state[p]["step"] = torch.tensor(0.0, dtype=torch.float32)
+        for p, state in existing.items():
+            self.state[p] = state
+        self.backend._invalidate_state_view()
 
     @abstractmethod
     def preinitialize(self):

@@ -21,6 +21,7 @@ until it is read.
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import threading
 import warnings
@@ -423,3 +424,23 @@ class DeferredObject:
 
     def __repr__(self) -> str:
         return f"DeferredObject(path={self.path!r}, key={self.key!r})"
+
+
+def _accept_deferred_rng_state(set_rng_state):
+    """``torch.set_rng_state(cstorch.load(p)["rng"])`` must work: the generator reads the
+    state's memory directly (no torch dispatch), which a deferred tensor does not have yet."""
+    if getattr(set_rng_state, "_cstorch_accepts_deferred", False):
+        return set_rng_state
+
+    @functools.wraps(set_rng_state)
+    def wrapper(new_state, *args, **kwargs):
+        if isinstance(new_state, DeferredTensor):
+            new_state = new_state._materialize()
+        return set_rng_state(new_state, *args, **kwargs)
+
+    wrapper._cstorch_accepts_deferred = True
+    return wrapper
+
+
+torch.set_rng_state = torch.random.set_rng_state = _accept_deferred_rng_state(
+    torch.random.set_rng_state)

@@ -15,17 +15,29 @@ and rows that are contiguous in memory let the filter pipeline stream without re
 (measured here: 2-3 GiB/s read, ~2 GiB/s write, versus ~1 GiB/s for h5py's default 64 KiB
 tiles). Readers do not care about the chunk shape.
 
-Files are written to ``"<path>.<8 hex>.tmp"`` and hard-linked to ``path`` only after the file
-is complete and closed, so ``path`` is either absent or a whole checkpoint, and an existing
-``path`` is never replaced (``os.link`` fails if it exists; filesystems without hard links fall
-back to a checked ``os.rename``).
+Files are written to ``"<path>.<8 hex>.tmp"``, synced to disk, and published at ``path`` only
+after the file is complete and closed, so ``path`` is either absent or a whole checkpoint. The
+publish never replaces an existing ``path``, even against a concurrent writer: ``os.link``
+(fails if the name exists), else ``renameat2(RENAME_NOREPLACE)``, else an exclusive
+reservation of the name. The writer holds a lock on its temporary file; a later save to the
+same path removes temporary files whose writer died (killed saves).
+
+HDF5 must never see a failed write: after one, it crashes the process when the file's objects
+are closed. So HDF5 writes through :class:`_FailSoftFile`, which records the first ``OSError``
+(disk full, file-size limit), drops later writes, and lets the save end with one clear
+``OSError`` naming the path and the space the checkpoint needs.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import fcntl
+import glob
+import io
 import os
 import struct
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -46,6 +58,33 @@ _COMPACT_ATTRIBUTE_LIMIT = 60_000
 
 class CheckpointFormatError(RuntimeError):
     """A file is HDF5 but not a readable cerebras checkpoint (corrupt, truncated or foreign)."""
+
+
+class UntrustedCheckpointError(RuntimeError):
+    """A checkpoint asks the loader to do something only a trusted file may: read other files
+    (external links, external raw storage, virtual datasets, links to other checkpoints) or
+    allocate far more memory than it stores."""
+
+
+TRUST_HINT = ("Checkpoints are untrusted by default. If you trust this file and where it "
+              "came from, load it with cstorch.load(path, unsafe_allow_pickle=True).")
+
+
+def linked_file_allowed(checkpoint: str, target: str, trusted: bool) -> bool:
+    """Whether a checkpoint may read data from ``target`` (a DeferredObject link or a legacy
+    ``filepath``): trusted files may link anywhere, untrusted ones only to files in their own
+    directory tree (how CSX writes linked checkpoints), never to /etc or a home directory."""
+    if trusted:
+        return True
+    home = os.path.dirname(os.path.realpath(checkpoint))
+    real = os.path.realpath(os.path.join(home, target))
+    return os.path.commonpath([home, real]) == home
+
+
+# LZ4 cannot compress better than 255:1; a dataset claiming more than this many bytes per
+# stored byte (beyond a small allowance) would make a small file allocate unbounded memory.
+_MAX_EXPANSION = 256
+_EXPANSION_ALLOWANCE = 1 << 20
 
 
 def chunk_shape(shape: tuple, itemsize: int) -> tuple:
@@ -83,6 +122,144 @@ def python_value(value: Any) -> Any:
     return value
 
 
+class _FailSoftFile(io.RawIOBase):
+    """The file HDF5 writes through (see the module docstring): positional reads and writes on
+    a file descriptor; after the first failed write, writes are dropped and remembered."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.position = 0
+        self.end = 0  # how large the file would be had every write succeeded
+        self.error: OSError | None = None
+
+    def readable(self):
+        return True
+
+    def writable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def seek(self, offset, whence=io.SEEK_SET):
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.end}[whence]
+        self.position = base + offset
+        return self.position
+
+    def tell(self):
+        return self.position
+
+    def readinto(self, buffer):
+        view = memoryview(buffer).cast("B")
+        count = os.preadv(self.fd, [view], self.position)
+        view[count:] = bytes(len(view) - count)  # dropped or unwritten bytes read as zeros
+        self.position += len(view)
+        return len(view)
+
+    def write(self, data):
+        view = memoryview(data).cast("B")
+        if self.error is None:
+            try:
+                done = 0
+                while done < len(view):
+                    done += os.pwrite(self.fd, view[done:], self.position + done)
+            except OSError as e:
+                self.error = e
+        self.position += len(view)
+        self.end = max(self.end, self.position)
+        return len(view)
+
+    def truncate(self, size=None):
+        size = self.position if size is None else size
+        if self.error is None:
+            try:
+                os.ftruncate(self.fd, size)
+            except OSError as e:
+                self.error = e
+        self.end = size
+        return size
+
+    def flush(self):
+        pass
+
+
+def _temp_paths(path: str) -> list:
+    return glob.glob(f"{glob.escape(path)}.{'[0-9a-f]' * 8}.tmp")
+
+
+#: A temporary file younger than this may belong to a writer that has created it but not
+#: locked it yet; it is never removed.
+STRAY_MIN_AGE_SECONDS = 10.0
+
+
+def remove_stray_temp_files(path: str) -> list:
+    """Deletes temporary files of saves to ``path`` whose writer is gone (its lock is free
+    and the file is older than ``STRAY_MIN_AGE_SECONDS``)."""
+    removed = []
+    for temp in _temp_paths(path):
+        try:
+            if time.time() - os.stat(temp).st_mtime < STRAY_MIN_AGE_SECONDS:
+                continue
+            fd = os.open(temp, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # a live writer holds it
+        else:
+            try:
+                os.unlink(temp)
+                removed.append(temp)
+            except OSError:
+                pass
+        finally:
+            os.close(fd)
+    return removed
+
+
+def is_temp_file(path: str) -> bool:
+    """Whether ``path`` is named like the temporary file of a save (``<ckpt>.<8 hex>.tmp``)."""
+    name = os.path.basename(path)
+    stem, _, suffix = name.rpartition(".")
+    tag = stem.rpartition(".")[2]
+    return suffix == "tmp" and len(tag) == 8 and all(c in "0123456789abcdef" for c in tag)
+
+
+_RENAME_NOREPLACE = 1
+_AT_FDCWD = -100
+
+
+def _rename_noreplace(source: str, target: str) -> bool:
+    """``renameat2(..., RENAME_NOREPLACE)``; False where the system does not offer it."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    result = renameat2(_AT_FDCWD, os.fsencode(source), _AT_FDCWD, os.fsencode(target),
+                       _RENAME_NOREPLACE)
+    if result == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+        return False
+    raise OSError(code, os.strerror(code), target)
+
+
+def _fsync_directory(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 class H5Writer:
     """Writes one checkpoint into a temporary file and publishes it atomically on :meth:`commit`."""
 
@@ -96,9 +273,17 @@ class H5Writer:
         if not os.path.isdir(directory):
             raise FileNotFoundError(
                 f"Cannot save checkpoint to '{self.path}': directory '{directory}' does not exist.")
+        remove_stray_temp_files(self.path)
         self.temp_path = f"{self.path}.{uuid.uuid4().hex[:8]}.tmp"
+        self._fd = os.open(self.temp_path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)  # tells later saves this file is not a leftover
+        self._raw = _FailSoftFile(self._fd)
         libver = ("v108", "latest") if dense_attributes else ("earliest", "latest")
-        self._file = h5py.File(self.temp_path, "w-", libver=libver)
+        try:
+            self._file = h5py.File(self._raw, "w", libver=libver)
+        except BaseException:
+            self._remove_temp()
+            raise
 
     # -- datasets ------------------------------------------------------------------------------
 
@@ -140,8 +325,17 @@ class H5Writer:
     # -- publishing ----------------------------------------------------------------------------
 
     def commit(self) -> None:
-        """Closes the file and moves it to ``path``; fails rather than replace an existing file."""
+        """Closes and syncs the file and publishes it at ``path``, never replacing a file."""
         self._file.close()
+        self._raise_write_error()
+        os.fsync(self._fd)
+        try:
+            self._publish()
+        finally:
+            self._close_fd()
+        _fsync_directory(os.path.dirname(os.path.abspath(self.path)))
+
+    def _publish(self) -> None:
         try:
             os.link(self.temp_path, self.path)
         except FileExistsError:
@@ -149,22 +343,62 @@ class H5Writer:
                 f"Checkpoint at '{self.path}' already exists (it appeared while saving). The new "
                 f"checkpoint is kept at '{self.temp_path}'.") from None
         except OSError as e:
-            if e.errno not in (errno.EPERM, errno.EXDEV, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+            if e.errno not in (errno.EPERM, errno.EXDEV, errno.ENOTSUP, errno.EOPNOTSUPP,
+                               errno.EMLINK):
                 raise
-            # No hard links on this filesystem: rename, having checked the target is still free.
-            if os.path.lexists(self.path):
-                raise FileExistsError(f"Checkpoint at '{self.path}' already exists.") from None
-            os.rename(self.temp_path, self.path)
+        else:
+            os.unlink(self.temp_path)
             return
-        os.unlink(self.temp_path)
+        # No hard links on this filesystem: an atomic rename that refuses to replace.
+        try:
+            if _rename_noreplace(self.temp_path, self.path):
+                return
+        except FileExistsError:
+            raise FileExistsError(f"Checkpoint at '{self.path}' already exists.") from None
+        # Last resort: reserve the name exclusively, then move the file over our reservation.
+        try:
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        except FileExistsError:
+            raise FileExistsError(f"Checkpoint at '{self.path}' already exists.") from None
+        os.replace(self.temp_path, self.path)
+
+    def _raise_write_error(self) -> None:
+        error = self._raw.error
+        if error is None:
+            return
+        needed = self._raw.end
+        try:
+            usage = os.statvfs(os.path.dirname(os.path.abspath(self.path)))
+            free = f", {usage.f_bavail * usage.f_frsize} bytes free"
+        except OSError:
+            free = ""
+        raise OSError(
+            error.errno,
+            f"Could not save checkpoint '{self.path}': writing failed with "
+            f"'{os.strerror(error.errno or 0)}' (disk full or a file-size limit). The checkpoint "
+            f"needs about {needed} bytes{free}. Nothing was published and the temporary file "
+            "was removed; free some space (or raise the limit) and save again.",
+            self.path)
+
+    def _close_fd(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # releases the lock
+            self._fd = None
+
+    def _remove_temp(self) -> None:
+        try:
+            if os.path.exists(self.temp_path):
+                os.unlink(self.temp_path)
+        finally:
+            self._close_fd()
 
     def abort(self) -> None:
         """Closes and deletes the temporary file after a failed save."""
         try:
-            self._file.close()
+            if self._file.id.valid:
+                self._file.close()
         finally:
-            if os.path.exists(self.temp_path):
-                os.unlink(self.temp_path)
+            self._remove_temp()
 
 
 # One LZ4 block as the HDF5 LZ4 filter stores it: total size (u64), block size (u32), then
@@ -226,8 +460,9 @@ class H5Reader:
     was loaded even if ``path`` is later replaced or deleted.
     """
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, *, trusted: bool = False):
         self.path = os.fspath(path)
+        self.trusted = trusted
         try:
             self._file = _open_for_reading(self.path)
         except OSError as e:
@@ -252,11 +487,38 @@ class H5Reader:
 
     def dataset(self, key: str):
         try:
-            return self._file[key]
+            link = self._file.get(key, getlink=True)
+            if link is None:
+                raise KeyError(key)
+            if not self.trusted and not isinstance(link, h5py.HardLink):
+                raise UntrustedCheckpointError(
+                    f"Key {key!r} of checkpoint '{self.path}' is an HDF5 {type(link).__name__} "
+                    f"(to {getattr(link, 'filename', '')!s}{getattr(link, 'path', '')!s}), "
+                    f"which could make the loader read another file. {TRUST_HINT}")
+            dset = self._file[key]
         except KeyError:
             raise CheckpointFormatError(
                 f"Checkpoint '{self.path}' has no dataset for key {key!r}: the file is "
                 "incomplete or was not written by cstorch.save.") from None
+        if not self.trusted and isinstance(dset, h5py.Dataset):
+            if dset.is_virtual or dset.external:
+                what = "a virtual dataset" if dset.is_virtual else "external raw storage"
+                raise UntrustedCheckpointError(
+                    f"Key {key!r} of checkpoint '{self.path}' uses {what}, which reads other "
+                    f"files by path. {TRUST_HINT}")
+        return dset
+
+    def _check_allocation(self, key: str, dset) -> None:
+        """A small file must not make us allocate unbounded memory (see _MAX_EXPANSION)."""
+        if self.trusted or dset.shape is None:
+            return
+        declared = int(np.prod(dset.shape, dtype=np.int64)) * dset.dtype.itemsize
+        stored = dset.id.get_storage_size()
+        if declared > _MAX_EXPANSION * stored + _EXPANSION_ALLOWANCE:
+            raise UntrustedCheckpointError(
+                f"Key {key!r} of checkpoint '{self.path}' declares {declared} bytes of data but "
+                f"stores only {stored}; reading it would allocate memory the file does not "
+                f"hold (a corrupt or crafted file). {TRUST_HINT}")
 
     def dataset_metadata(self, key: str) -> dict:
         dset = self.dataset(key)
@@ -266,6 +528,7 @@ class H5Reader:
     def read_array(self, key: str) -> np.ndarray:
         """Reads a whole dataset into a fresh array (one copy, straight from the chunks)."""
         dset = self.dataset(key)
+        self._check_allocation(key, dset)
         out = _empty(dset.shape, dset.dtype)
         try:
             if out.size and not self._read_stored_bytes(dset, out):

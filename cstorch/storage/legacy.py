@@ -27,6 +27,8 @@ files (``DeferredFileTensor``) and JIT-graph tensors need the Cerebras runtime a
 
 from __future__ import annotations
 
+import os
+import warnings
 from collections import OrderedDict
 from urllib.parse import quote
 
@@ -42,7 +44,14 @@ from cstorch.storage.deferred import (
     DeferredTorchTensor,
     cache_deferred_tensors,
 )
-from cstorch.storage.h5_format import CheckpointFormatError, H5Reader, python_value
+from cstorch.storage.h5_format import (
+    TRUST_HINT,
+    CheckpointFormatError,
+    H5Reader,
+    UntrustedCheckpointError,
+    linked_file_allowed,
+    python_value,
+)
 
 
 def load(reader: H5Reader, attributes: dict, map_location, *, unsafe_allow_pickle: bool = False):
@@ -159,7 +168,13 @@ def _load_value(reader: H5Reader, name: str, version: float, unsafe_allow_pickle
         key = python_value(attrs["key"])
         if attrs.get("link_to_self", False):
             return _tensor(reader, key)
-        return _tensor(H5Reader(python_value(attrs["filepath"])), key)
+        target = python_value(attrs["filepath"])
+        if not linked_file_allowed(reader.path, target, unsafe_allow_pickle):
+            raise UntrustedCheckpointError(
+                f"Key {name!r} of legacy checkpoint '{reader.path}' reads its data from a file "
+                f"outside its directory ('{target}'). {TRUST_HINT}")
+        target = os.path.join(os.path.dirname(reader.path), target)  # as linked_file_allowed
+        return _tensor(H5Reader(target, trusted=unsafe_allow_pickle), key)
     if kind in ("FullTensorH5Type", "DeferredFullTensor"):
         return _full(reader, name)
     if kind is not None:

@@ -14,9 +14,12 @@ become :class:`~cstorch.storage.deferred.DeferredTorchTensor` (read on first use
 and pickled objects are read at load time (objects through the restricted unpickler);
 ``LinkedObject`` entries become the very object of the key they name.
 
-Pickles are refused unless the caller passes ``unsafe_allow_pickle=True`` (which also lets
-``torch.load`` run with ``weights_only=False`` and lets treespecs import the modules of
-namedtuple types and defaultdict factories they name).
+Files are untrusted unless the caller passes ``unsafe_allow_pickle=True``. Without it, pickles
+are refused (beyond plain data), ``torch.load`` runs with ``weights_only=True``, defaultdict
+factories other than builtins and ``collections`` types are refused, and so is anything that
+would read another file (HDF5 external links, external raw storage, virtual datasets,
+``DeferredObject`` links and legacy ``filepath`` entries) or allocate far more memory than
+the file stores (:class:`~cstorch.storage.h5_format.UntrustedCheckpointError`).
 """
 
 from __future__ import annotations
@@ -30,7 +33,14 @@ import torch
 from cstorch.storage import constants as C
 from cstorch.storage import legacy, safetensors_format, serializers, treespec
 from cstorch.storage.deferred import cache_deferred_tensors
-from cstorch.storage.h5_format import CheckpointFormatError, H5Reader
+from cstorch.storage.h5_format import (
+    TRUST_HINT,
+    CheckpointFormatError,
+    H5Reader,
+    UntrustedCheckpointError,
+    is_temp_file,
+    linked_file_allowed,
+)
 from cstorch.storage.serializers import LinkedObject, LoadOptions, Stored
 
 
@@ -65,10 +75,16 @@ def load(ckpt_path, map_location=None, *, unsafe_allow_pickle: bool = False, **k
         raise FileNotFoundError(f"No checkpoint at '{path}': the file does not exist.")
     if os.path.isdir(path):
         raise IsADirectoryError(f"Cannot load checkpoint '{path}': it is a directory, not a file.")
+    if is_temp_file(path) and not _is_complete_h5(path):
+        raise RuntimeError(
+            f"Cannot load '{path}': it is the temporary file of a cstorch.save that did not "
+            "finish (the process was stopped while saving), so it is incomplete. Load the "
+            "checkpoint it was meant to become, or an earlier one; the next save to that "
+            "path removes this leftover.")
     if not H5Reader.is_hdf5(path):
         return _load_non_h5(path, map_location, unsafe_allow_pickle, **kwargs)
 
-    reader = H5Reader(path)
+    reader = H5Reader(path, trusted=unsafe_allow_pickle)
     attributes = reader.root_attributes()
     version = float(attributes.get(C.__VERSION__, 0.1))
     if version < C.CURRENT_CKPT_FORMAT_VERSION:
@@ -80,6 +96,13 @@ def load(ckpt_path, map_location=None, *, unsafe_allow_pickle: bool = False, **k
             "not finish (its __SUCCESS__ flag is missing), so some values may be missing; "
             "use an earlier checkpoint or save again.")
     return _load_v05(reader, attributes, map_location, unsafe_allow_pickle)
+
+
+def _is_complete_h5(path: str) -> bool:
+    try:
+        return H5Reader.is_hdf5(path) and bool(H5Reader(path).root_attributes().get(C.__SUCCESS__))
+    except (OSError, RuntimeError):
+        return False
 
 
 def _load_v05(reader: H5Reader, attributes: dict, map_location, unsafe_allow_pickle: bool):
@@ -94,7 +117,12 @@ def _load_v05(reader: H5Reader, attributes: dict, map_location, unsafe_allow_pic
     def open_reader(target: str) -> H5Reader:
         real = os.path.realpath(target)
         if real not in readers:
-            readers[real] = H5Reader(real)
+            if not linked_file_allowed(path, target, unsafe_allow_pickle):
+                raise UntrustedCheckpointError(
+                    f"Checkpoint '{path}' links to data in a file outside its directory "
+                    f"('{target}'); following it could read any file on this machine. "
+                    f"{TRUST_HINT}")
+            readers[real] = H5Reader(real, trusted=unsafe_allow_pickle)
         return readers[real]
 
     options = LoadOptions(path, unsafe_allow_pickle, open_reader)

@@ -10,7 +10,8 @@ Steps (spec §12.1), as in the reference:
 5. write one ``<key>.__metadata__`` attribute per leaf and finally ``__SUCCESS__ = True``.
 
 Everything goes to a temporary file that replaces nothing and appears at ``ckpt_path`` only once
-complete (:class:`cstorch.storage.h5_format.H5Writer`).
+complete and synced to disk (:class:`cstorch.storage.h5_format.H5Writer`); a full disk or a
+file-size limit ends in one ``OSError`` naming the path and the space needed.
 """
 
 from __future__ import annotations
@@ -87,8 +88,10 @@ def save(state_dict, ckpt_path: str | os.PathLike) -> None:
         metadata[C.__SUCCESS__] = np.bool_(True)
         writer.write_root_attributes(metadata)
         writer.commit()
-    except BaseException:
+    except BaseException as error:
         writer.abort()
+        if isinstance(error, OSError) and error.filename == path:
+            raise error.with_traceback(None) from None  # the clear disk-space error
         raise
 
 

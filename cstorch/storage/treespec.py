@@ -349,6 +349,13 @@ def _resolve_factory(context: dict, allow_imports: bool):
         return None
     if (module, name) in _SAFE_FACTORIES:
         return _SAFE_FACTORIES[(module, name)]
+    if not allow_imports:
+        # Any importable callable could be named here (e.g. posix.abort), and it runs on the
+        # first missing key: only trusted files may name one.
+        raise TreeSpecError(
+            f"The checkpoint names {module}.{name} as a defaultdict factory; only builtins and "
+            "collections types are accepted from untrusted files. If you trust this file, "
+            "load it with cstorch.load(path, unsafe_allow_pickle=True).")
     found = _lookup(module, name, allow_imports)
     if found is None:
         warn(

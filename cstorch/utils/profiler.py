@@ -13,6 +13,8 @@ import os
 import sys
 import time
 
+from cstorch.utils.tracker import RateTracker
+
 PROGRESS_BAR_MIN_STEPS = 50
 
 
@@ -37,53 +39,65 @@ class Activity:
 
 
 class RateTrackerActivity(Activity):
-    """Samples per second over the last step (``rate``) and the whole run (``global_rate``)."""
+    """Samples per second over the last step (``rate``) and the run (``global_rate``).
+
+    The values are computed once per step, before that step's closures run, so a
+    ``@step_closure`` reads the rate of its own step. The first step compiles the program:
+    its rate is 0.0 and the clock restarts after it, so ``global_rate`` and ``total_time``
+    cover steps 2 onward (``total_samples`` counts every step).
+    """
 
     @staticmethod
     def name() -> str:
         return "rate_tracker"
 
     def __init__(self):
-        self._start = None
-        self._last = None
-        self._last_rate = None
+        self.tracker = RateTracker()
         self.total_samples = 0
-        self._stop = None
+        self._steps = 0
+        self._rate = None
+        self._global_rate = None
+        self._total_time = None
 
     def start(self):
-        self._start = self._last = time.perf_counter()
+        self.tracker.reset()
 
     def step(self, batch_size):
-        now = time.perf_counter()
         samples = batch_size or 0
         self.total_samples += samples
-        elapsed = now - self._last
-        self._last_rate = samples / elapsed if elapsed > 0 else 0.0
-        self._last = now
+        if self._steps == 0:
+            self.tracker.reset()
+            self._rate = self._global_rate = self._total_time = 0.0
+        else:
+            self.tracker.add(samples)
+            self._rate = self.tracker.rate()
+            self._total_time = self.tracker.elapsed_seconds()
+            self._global_rate = (self.tracker.total_count / self._total_time
+                                 if self._total_time > 0 else 0.0)
+        self._steps += 1
 
-    def stop(self):
-        self._stop = time.perf_counter()
-
-    def _require(self, value, what):
+    @staticmethod
+    def _require(value, what):
         if value is None:
-            raise RuntimeError(f"The rate tracker has no {what} yet: run at least one step.")
+            raise RuntimeError(f"The rate tracker has not computed the {what} yet: it is "
+                               "computed at the end of each step, before step closures run.")
         return value
 
     @property
     def total_time(self) -> float:
-        start = self._require(self._start, "start time")
-        return (self._stop or self._last) - start
+        return self._require(self._total_time, "total time")
 
     @property
     def rate(self) -> float:
-        return self._require(self._last_rate, "rate")
+        return self._require(self._rate, "rate")
 
     @property
     def global_rate(self) -> float:
-        elapsed = self.total_time
-        return self.total_samples / elapsed if elapsed > 0 else 0.0
+        return self._require(self._global_rate, "global rate")
 
-    samples_per_sec = global_rate
+    @property
+    def samples_per_sec(self) -> float:
+        return self.global_rate
 
     @property
     def flops_utilization(self):
@@ -91,7 +105,7 @@ class RateTrackerActivity(Activity):
 
     def summary(self) -> dict:
         return {"total_samples": self.total_samples, "total_time": self.total_time,
-                "rate": self._last_rate if self._last_rate is not None else 0.0,
+                "rate": self._rate if self._rate is not None else 0.0,
                 "global_rate": self.global_rate, "samples_per_sec": self.global_rate,
                 "flops_utilization": self.flops_utilization}
 
@@ -171,7 +185,7 @@ class Profiler:
         if self._progress is not None:
             tracker = self.activities.get("rate_tracker")
             self._progress.update(1)
-            if tracker is not None and tracker._last_rate is not None:
+            if tracker is not None and tracker._rate is not None:
                 self._progress.set_postfix(rate=f"{tracker.rate:.1f}/s", refresh=False)
         self._step_start_ns = now
 

@@ -1,6 +1,10 @@
-"""``RateTracker``: samples per second, smoothed since the last query and over the whole run.
+"""``RateTracker``: samples per second, smoothed per reading and over a whole run.
 
-(Minimal version for the Model Zoo's profiler; issue 12 owns the rate tracker's semantics.)
+Samples are counted with ``add``; each ``rate()`` reading covers the samples added since
+the previous reading, blended with that previous reading (``smooth_factor`` is the weight
+of the old value), and ``global_rate()`` covers everything since the last ``reset`` or
+``reset_time``. The data executor's profiler resets the time after the first step, so
+compilation does not count against the global rate.
 """
 
 from __future__ import annotations
@@ -9,20 +13,27 @@ import time
 
 
 class RateTracker:
+    """Tracks how fast samples are processed (see the module docstring)."""
+
     def __init__(self, smooth_factor: float | None = None):
-        self._smooth_factor = 0.4 if smooth_factor is None else smooth_factor
+        smooth_factor = 0.4 if smooth_factor is None else smooth_factor
+        if not 0.0 <= smooth_factor < 1.0:
+            raise ValueError(f"smooth_factor must be in [0, 1), got {smooth_factor}.")
+        self._smooth_factor = smooth_factor
         self.reset()
 
     def reset(self) -> None:
-        self.reset_time()
-        self._counted = 0.0  # samples already reported by rate()
-        self._pending = 0.0  # samples added since the last rate()
+        """Forgets every sample and starts the clock again."""
+        self._counted = 0.0  # samples already covered by a rate() reading
+        self._pending = 0.0  # samples added since the last reading
         self._last_rate = None
+        self.reset_time()
 
-    def reset_time(self, offset: float = 0) -> None:
-        """Restarts the clock, ``offset`` seconds in the past."""
-        self._start_ns = time.perf_counter_ns() - int(offset * 1e9)
-        self._last_ns = self._start_ns
+    def reset_time(self, offset: float = 0.0) -> None:
+        """Starts the clock again (``offset`` seconds ago) without forgetting samples."""
+        now = time.time()
+        self._start = now - offset
+        self._last_reading = self._start
 
     def add(self, count) -> None:
         self._pending += count
@@ -31,25 +42,26 @@ class RateTracker:
     def total_count(self) -> float:
         return self._counted + self._pending
 
+    def elapsed_seconds(self) -> float:
+        """Seconds since the clock (re)started."""
+        return time.time() - self._start
+
     def rate(self) -> float:
-        """Samples/s since the previous call, exponentially smoothed with the previous rate."""
-        now = time.perf_counter_ns()
-        delta = (now - self._last_ns) / 1e9
-        if delta <= 0:
+        """Smoothed samples per second since the previous reading (0.0 if no time passed)."""
+        now = time.time()
+        elapsed = now - self._last_reading
+        if elapsed <= 0:
             return 0.0
-        rate = self._pending / delta
+        current = self._pending / elapsed
         if self._last_rate is not None:
-            rate = (1 - self._smooth_factor) * rate + self._smooth_factor * self._last_rate
+            current = (1 - self._smooth_factor) * current + self._smooth_factor * self._last_rate
         self._counted += self._pending
         self._pending = 0.0
-        self._last_ns = now
-        self._last_rate = rate
-        return rate
+        self._last_reading = now
+        self._last_rate = current
+        return current
 
     def global_rate(self) -> float:
-        """Samples/s since the clock started (not smoothed)."""
+        """Samples per second since the clock (re)started."""
         elapsed = self.elapsed_seconds()
         return self.total_count / elapsed if elapsed > 0 else 0.0
-
-    def elapsed_seconds(self) -> float:
-        return (time.perf_counter_ns() - self._start_ns) / 1e9

@@ -14,7 +14,12 @@ aten = torch.ops.aten
 
 
 def _dot(a, b, contracting, batch=((), ())):
-    a, b = promote(a, b)
+    if a.dtype != b.dtype:  # torch's matrix products never promote (autocast casts first)
+        raise RuntimeError(
+            f"expected both operands of a matrix product to have the same dtype, but got "
+            f"{a.dtype} and {b.dtype} (torch: mat1 and mat2 must have the same dtype). Cast "
+            "the input to the model's dtype, e.g. x.float(), or use cstorch.amp for mixed "
+            "precision.")
     out = lax.dot_general(
         a, b, (contracting, batch),
         precision=dot_precision(a, b),

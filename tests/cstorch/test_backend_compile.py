@@ -58,6 +58,18 @@ def test_csx_backend_validates_its_cluster_config():
     assert cstorch.amp.mixed_precision()  # CSX always trains in mixed precision
 
 
+def test_cpu_backend_accepts_a_cluster_config_with_a_warning():
+    """gigaGPT passes cluster_config to every backend; off CSX it is ignored, and said so."""
+    from cstorch.distributed import ClusterConfig
+
+    with pytest.raises(TypeError, match="ClusterConfig"):
+        cstorch.backend("CPU", cluster_config={"num_csx": 1})
+    with pytest.warns(UserWarning, match="ignores cluster_config") as record:
+        backend = cstorch.backend("CPU", cluster_config=ClusterConfig())
+    assert backend.is_cpu
+    assert record[0].filename == __file__  # the warning points at the caller's line
+
+
 def test_compile_creates_a_cpu_backend_and_returns_a_function():
     model = torch.nn.Linear(3, 2)
     compiled = cstorch.compile(model)

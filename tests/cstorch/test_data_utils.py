@@ -251,7 +251,50 @@ def test_rate_tracker_reports_rates(cpu_backend):
                 tracker.rate
     assert tracker.total_samples == 24
     assert tracker.rate > 0 and tracker.global_rate > 0
-    assert tracker.global_rate == pytest.approx(24 / tracker.total_time)
+    # The first (compiling) step does not count: 5 steps of 4 samples after it.
+    assert tracker.global_rate == pytest.approx(20 / tracker.total_time)
+
+
+def test_rate_tracker_is_ready_for_step_closures(cpu_backend):
+    """gigaGPT reads rate and global_rate in a @step_closure from the first step on: the
+    values are computed before closures run, and the compiling first step reports 0.0."""
+    seen = []
+
+    @cstorch.step_closure
+    def log(step):
+        tracker = executor.profiler.rate_tracker
+        seen.append((step, tracker.rate, tracker.global_rate))
+
+    executor = DataExecutor(DataLoader(lambda: [torch.zeros(4, 1)] * 3), num_steps=4)
+    for step, _ in enumerate(executor, start=1):
+        log(step)
+    assert [s for s, _, _ in seen] == [1, 2, 3, 4]
+    assert seen[0][1:] == (0.0, 0.0)
+    assert all(rate > 0 and global_rate > 0 for _, rate, global_rate in seen[1:])
+
+
+def test_rate_tracker_smooths_and_resets(monkeypatch):
+    from cstorch.utils import tracker as tracker_module
+    from cstorch.utils.profiler import RateTracker
+
+    now = [100.0]
+    monkeypatch.setattr(tracker_module.time, "time", lambda: now[0])
+    tracker = RateTracker(smooth_factor=0.5)
+    tracker.add(10)
+    now[0] += 1.0
+    assert tracker.rate() == 10.0
+    tracker.add(30)
+    now[0] += 1.0
+    assert tracker.rate() == 0.5 * 30 + 0.5 * 10
+    assert tracker.global_rate() == 40 / 2.0
+    tracker.reset_time()
+    tracker.add(5)
+    now[0] += 5.0
+    assert tracker.global_rate() == 45 / 5.0  # samples are kept, the clock restarted
+    tracker.reset()
+    assert tracker.global_rate() == 0.0 and tracker.total_count == 0
+    with pytest.raises(ValueError):
+        RateTracker(smooth_factor=1.5)
 
 
 def test_progress_bar_only_on_a_terminal_for_long_runs(cpu_backend, monkeypatch):

@@ -160,15 +160,32 @@ class DataExecutor:
         return path
 
     def _batches(self):
-        produced = False
+        produced = 0
+        restarted = False
         while True:
+            count = 0
             for batch in self.dataloader:
-                produced = True
+                count += 1
                 yield batch
+            produced += count
             if not produced:
                 raise RuntimeError("The dataloader yielded no batches.")
             if current_backend_impl().is_csx:
                 raise RuntimeError("The dataloader ran out of batches before num_steps.")
+            if count:
+                restarted = False
+                continue
+            # A pass with no batches after some: the input function returned a one-shot
+            # iterator (e.g. a generator). Cycle by calling it again, as for a re-iterable
+            # loader; if that yields nothing either, say so instead of spinning forever.
+            if restarted:
+                raise RuntimeError(
+                    f"The dataloader ran out after {produced} batches, before num_steps="
+                    f"{self.num_steps}, and calling its input function again gave no batches. "
+                    "Return a re-iterable (a list, a torch DataLoader) or a generator that "
+                    "yields at least num_steps batches, or lower num_steps.")
+            self.dataloader.restart()
+            restarted = True
 
     def __iter__(self):
         impl = current_backend_impl()
@@ -183,8 +200,9 @@ class DataExecutor:
                     batch = next(batches)
                     self.run_context.step = step
                     yield impl.on_batch_start(batch)
-                    impl.on_batch_end()
+                    # The rates are computed before the step's closures, which may read them.
                     self.profiler.step(infer_batch_size(batch))
+                    impl.on_batch_end()
             impl.on_run_end()
             if self._writer is not None:
                 tracker = self.profiler.rate_tracker

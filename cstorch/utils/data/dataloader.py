@@ -84,9 +84,22 @@ class DataLoader:
             workers = loader.num_workers
             loader.num_workers = 0
             object.__setattr__(loader, "persistent_workers", False)
-            if workers > 0 and loader.worker_init_fn is not None:
-                loader.worker_init_fn(0)
+            if workers > 0:
+                # Worker processes forked from a process running JAX (multithreaded) can
+                # deadlock; the reference also feeds batches from the main process on CPU.
+                warnings.warn(
+                    f"The torch DataLoader returned by "
+                    f"{getattr(self.input_fn, '__name__', 'input_fn')} asks for "
+                    f"num_workers={workers}; cstorch loads its batches in the main process "
+                    "(num_workers=0), as cerebras-pytorch does off the wafer. Make batches "
+                    "cheap to produce, or prepare them ahead of time.", stacklevel=3)
+                if loader.worker_init_fn is not None:
+                    loader.worker_init_fn(0)
         return loader
+
+    def restart(self) -> None:
+        """Builds the loader again (calls ``input_fn`` anew) on next use."""
+        self.__dict__.pop("dataloader", None)
 
     def __len__(self):
         return len(self.dataloader)

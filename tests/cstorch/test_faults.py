@@ -1,0 +1,633 @@
+"""Faults must never lose or corrupt training state.
+
+Fault classes: interrupts (Ctrl-C during a step), execution errors (a step that fails while
+it runs), torch-side edits between steps, disk full during a save, untrusted checkpoint
+files and concurrent saves. Each test compares against an independent reference: the same
+training run without the fault, or the same edit made through ``load_state_dict``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+import cerebras.pytorch as cstorch
+from jax_backend import Program
+from jax_backend.errors import StepFailedError
+
+XS = [torch.randn(8, 4, generator=torch.Generator().manual_seed(i)) for i in range(8)]
+
+
+def _run(edit=None, steps_before=3, steps_after=3, batch=None):
+    """A fresh backend, model and AdamW; ``steps_before`` steps, ``edit(model, optimizer)``,
+    then ``steps_after`` steps. Returns (model state, optimizer state, losses)."""
+    cstorch.backend._reset_for_tests()
+    backend = cstorch.backend("CPU")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    compiled = cstorch.compile(model, backend)
+    optimizer = cstorch.optim.AdamW(model.parameters(), lr=0.05)
+
+    @cstorch.trace
+    def step(x):
+        loss = compiled(x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    losses = [step(x) for x in XS[:steps_before]]
+    if edit is not None:
+        edit(model, optimizer, step)
+    losses += [step(x) for x in XS[steps_before:steps_before + steps_after]]
+    return (copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict()),
+            [float(loss) for loss in losses])
+
+
+def _assert_same(run_a, run_b):
+    for key in run_a[0]:
+        torch.testing.assert_close(run_a[0][key], run_b[0][key], rtol=0, atol=0)
+    assert run_a[2] == run_b[2]
+
+
+# ------------------------------------------------------------------ in-place edits
+def _through_load_state_dict(change):
+    """The reference path for an edit: state_dict -> change -> load_state_dict."""
+    def edit(model, optimizer, step):
+        state = model.state_dict()
+        change(state)
+        model.load_state_dict(state)
+    return edit
+
+
+@pytest.mark.parametrize("name", ["noop_add", "clamp", "data_mul", "data_assign"])
+def test_in_place_edits_between_steps_apply_to_the_newest_value(name):
+    clip = 0.05
+
+    def direct(model, optimizer, step):
+        with torch.no_grad():
+            if name == "noop_add":
+                model.weight.add_(0.0)
+            elif name == "clamp":
+                model.weight.clamp_(-clip, clip)
+            elif name == "data_mul":
+                model.weight.data.mul_(0)
+            else:
+                model.weight.data = torch.full((3, 4), 0.25)
+
+    def reference(state):
+        if name == "clamp":
+            state["weight"].clamp_(-clip, clip)
+        elif name == "data_mul":
+            state["weight"].mul_(0)
+        elif name == "data_assign":
+            state["weight"].fill_(0.25)
+
+    _assert_same(_run(direct), _run(_through_load_state_dict(reference)))
+
+
+def test_reading_a_parameter_between_steps_shows_the_newest_value():
+    def read(model, optimizer, step):
+        newest = model.weight.detach().clone()  # a torch read between steps
+        assert torch.equal(newest, model.state_dict()["weight"])
+    _assert_same(_run(read), _run())
+
+
+# ------------------------------------------------------------------ interrupts
+def _interrupt_as_the_call_returns(monkeypatch, how):
+    real = Program.__call__
+    calls = []
+
+    def call(self, *args, **kwargs):
+        out = real(self, *args, **kwargs)
+        calls.append(1)
+        if len(calls) == 1:
+            if how == "signal":
+                signal.raise_signal(signal.SIGINT)
+            else:
+                raise KeyboardInterrupt
+        return out
+
+    monkeypatch.setattr(Program, "__call__", call)
+
+
+def test_sigint_landing_as_the_step_returns_keeps_a_consistent_state(monkeypatch):
+    """The interrupt is delivered once the step's new state is recorded: the step counts."""
+    reference = _run(steps_before=4, steps_after=0)
+
+    def interrupted(model, optimizer, step):
+        _interrupt_as_the_call_returns(monkeypatch, "signal")
+        with pytest.raises(KeyboardInterrupt):
+            step(XS[3])
+        monkeypatch.undo()
+
+    state, _, _ = _run(interrupted, steps_before=3, steps_after=0)
+    for key in state:
+        torch.testing.assert_close(state[key], reference[0][key], rtol=0, atol=0)
+
+
+def test_keyboard_interrupt_raised_inside_dispatch_leaves_readable_state(monkeypatch):
+    """A KeyboardInterrupt raised (not signalled) after the state was donated: the state is
+    never left pointing at deleted arrays; the consumed tensors fall back to their last
+    synchronised values and training goes on."""
+    def interrupted(model, optimizer, step):
+        model.state_dict()  # synchronise: the fallback values are those of step 3
+        after_three = copy.deepcopy(model.state_dict())
+        _interrupt_as_the_call_returns(monkeypatch, "raise")
+        with pytest.raises(KeyboardInterrupt):
+            step(XS[3])
+        monkeypatch.undo()
+        state = model.state_dict()  # no "Array has been deleted"
+        for key in state:
+            torch.testing.assert_close(state[key], after_three[key], rtol=0, atol=0)
+        optimizer.state_dict()
+
+    _run(interrupted, steps_before=3, steps_after=2)
+
+
+# ------------------------------------------------------------------ execution errors
+def _fail_first_run_with_batch(monkeypatch, batch):
+    real = Program.__call__
+
+    def call(self, used, inputs, seed=0):
+        out = real(self, used, inputs, seed)
+        if inputs[0].shape[0] == batch:
+            raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 17179869184 bytes")
+        return out
+
+    monkeypatch.setattr(Program, "__call__", call)
+
+
+def test_failed_step_keeps_the_last_good_state_and_training_continues(monkeypatch):
+    """One oversized batch fails while it runs (after its state was donated): the state of
+    the last good step stays readable and usable, and later steps match a run without it."""
+    def oversized(model, optimizer, step):
+        _fail_first_run_with_batch(monkeypatch, 64)
+        with pytest.raises(StepFailedError, match="RESOURCE_EXHAUSTED.*restored"):
+            step(torch.randn(64, 4))
+        monkeypatch.undo()
+        model.state_dict()
+        optimizer.state_dict()
+
+    with pytest.warns(cstorch.core.compile.RecompilationWarning):
+        failed_run = _run(oversized)
+    _assert_same(failed_run, _run())
+
+
+def test_failing_steady_state_step_rolls_back_with_a_clear_error(monkeypatch):
+    real = Program.__call__
+    state = {"n": 0}
+
+    def call(self, *args, **kwargs):
+        out = real(self, *args, **kwargs)
+        state["n"] += 1
+        if state["n"] == 1:
+            raise RuntimeError("INTERNAL: device halted")
+        return out
+
+    def failing(model, optimizer, step):
+        synced = copy.deepcopy(model.state_dict())
+        monkeypatch.setattr(Program, "__call__", call)
+        with pytest.raises(StepFailedError, match="rolled back to their last synchronised"):
+            step(XS[3])
+        monkeypatch.undo()
+        now = model.state_dict()
+        for key in now:
+            torch.testing.assert_close(now[key], synced[key], rtol=0, atol=0)
+
+    _run(failing, steps_after=2)
+
+
+def test_a_failure_before_donation_changes_nothing(monkeypatch):
+    def call(self, *args, **kwargs):
+        raise RuntimeError("INVALID_ARGUMENT: refused before running")
+
+    def failing(model, optimizer, step):
+        monkeypatch.setattr(Program, "__call__", call)
+        with pytest.raises(RuntimeError, match="INVALID_ARGUMENT: refused before running"):
+            step(XS[3])
+        monkeypatch.undo()
+
+    _assert_same(_run(failing), _run())
+
+
+_STRESS = textwrap.dedent("""
+    import os, random, signal, sys, threading
+    import torch
+    import cerebras.pytorch as cstorch
+
+    out, rounds = sys.argv[1], int(sys.argv[2])
+    backend = cstorch.backend("CPU", artifact_dir=out)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    compiled = cstorch.compile(model, backend)
+    optimizer = cstorch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    @cstorch.trace
+    def step(x):
+        loss = compiled(x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    x = torch.randn(4, 16)
+    step(x).item()  # compile before the interrupts start
+    saved = threading.Event()
+    stop = threading.Event()
+    rng = random.Random(0)
+
+    def interrupter():
+        for _ in range(rounds):
+            stop.wait(rng.uniform(0.0, 0.02))
+            saved.clear()
+            os.kill(os.getpid(), signal.SIGINT)
+            saved.wait()
+
+    threading.Thread(target=interrupter, daemon=True).start()
+    steps = 0
+    for i in range(rounds):
+        try:
+            while True:
+                loss = step(x)
+                steps += 1
+                if steps % 16 == 0:
+                    loss.item()
+        except KeyboardInterrupt:
+            path = os.path.join(out, f"interrupt_{i}.mdl")
+            cstorch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                          "steps": steps}, path)
+            saved.set()
+    print("steps", steps)
+""")
+
+
+def test_stress_interrupts_then_save_in_the_except_handler(tmp_path):
+    """Ctrl-C at random moments of a fast training loop, 32 times; every time the except
+    handler saves model and optimizer, and every checkpoint is complete and consistent."""
+    rounds = 32
+    result = subprocess.run([sys.executable, "-c", _STRESS, str(tmp_path), str(rounds)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    previous = None
+    for i in range(rounds):
+        state = cstorch.load(str(tmp_path / f"interrupt_{i}.mdl"))
+        params = [state["model"][k] for k in ("0.weight", "0.bias", "2.weight", "2.bias")]
+        assert all(torch.isfinite(torch.as_tensor(p)).all() for p in params)
+        # Every parameter's optimizer state went through the same number of updates.
+        beta1 = {float(s["beta1_power"]) for s in state["optimizer"]["state"].values()}
+        assert len(beta1) == 1, f"inconsistent optimizer state after interrupt {i}: {beta1}"
+        count = int(state["steps"])  # steps run before this interrupt
+        assert count >= 1
+        if previous is not None:
+            assert count >= previous
+        previous = count
+
+
+# ------------------------------------------------------------------ untrusted files
+from cstorch.storage.h5_format import UntrustedCheckpointError  # noqa: E402
+from cstorch.storage.treespec import TreeSpecError  # noqa: E402
+
+
+def _checkpoint(tmp_path, name="ckpt.mdl", **values):
+    path = tmp_path / name
+    cstorch.save(values or {"w": torch.arange(6.0)}, path)
+    return path
+
+
+def _replace_dataset(path, key, make):
+    """Swaps dataset ``key`` for ``make(file, key)``, keeping its attributes."""
+    import h5py
+
+    with h5py.File(path, "r+") as f:
+        attrs = dict(f[key].attrs)
+        del f[key]
+        make(f, key)
+        if isinstance(f.get(key, getlink=True), h5py.HardLink):
+            f[key].attrs.update(attrs)
+
+
+@pytest.fixture
+def secret(tmp_path):
+    """A file outside the checkpoints' directory that a crafted checkpoint tries to read."""
+    import h5py
+
+    elsewhere = tmp_path.parent / f"{tmp_path.name}_elsewhere"
+    elsewhere.mkdir(exist_ok=True)
+    raw = elsewhere / "secret.bin"
+    raw.write_bytes(np.arange(6, dtype=np.float32).tobytes())
+    h5 = elsewhere / "secret.h5"
+    with h5py.File(h5, "w") as f:
+        f["data"] = np.arange(6, dtype=np.float32)
+    return raw, h5
+
+
+def test_defaultdict_factory_from_a_module_is_refused(tmp_path):
+    import collections
+
+    import h5py
+
+    path = _checkpoint(tmp_path, d=collections.defaultdict(list, {"a": torch.ones(1)}))
+    with h5py.File(path, "r+") as f:  # name posix.abort as the factory
+        human, spec = json.loads(f.attrs["__spec__"])
+        spec = spec.replace('"default_factory_module": "builtins"',
+                            '"default_factory_module": "posix"')
+        spec = spec.replace('"default_factory_name": "list"', '"default_factory_name": "abort"')
+        assert "posix" in spec and "abort" in spec
+        f.attrs["__spec__"] = json.dumps([human, spec])
+    with pytest.raises(TreeSpecError, match="posix.abort.*unsafe_allow_pickle"):
+        cstorch.load(path)
+
+
+@pytest.mark.parametrize("kind", ["external_raw", "virtual", "external_link"])
+def test_hdf5_features_that_read_other_files_are_refused(tmp_path, secret, kind):
+    import h5py
+
+    raw, h5 = secret
+
+    def make(f, key):
+        if kind == "external_raw":
+            f.create_dataset(key, shape=(6,), dtype="f4", external=[(str(raw), 0, 24)])
+        elif kind == "virtual":
+            layout = h5py.VirtualLayout(shape=(6,), dtype="f4")
+            layout[:] = h5py.VirtualSource(str(h5), "data", shape=(6,))
+            f.create_virtual_dataset(key, layout)
+        else:
+            f[key] = h5py.ExternalLink(str(h5), "data")
+
+    path = _checkpoint(tmp_path)
+    _replace_dataset(path, "w", make)
+    with pytest.raises(UntrustedCheckpointError, match="'w'.*unsafe_allow_pickle"):
+        torch.as_tensor(cstorch.load(path)["w"]) + 0
+    if kind != "external_link":  # the opt-in reads it (an ExternalLink loses our metadata)
+        trusted = cstorch.load(path, unsafe_allow_pickle=True)["w"]
+        assert torch.equal(torch.as_tensor(trusted) + 0, torch.arange(6.0))
+
+
+def test_links_to_files_outside_the_checkpoint_directory_are_refused(tmp_path, secret):
+    from tests.cstorch.test_storage_fixtures import write_csx_style
+
+    elsewhere = secret[0].parent / "other.mdl"
+    if not elsewhere.exists():
+        cstorch.save({"w": torch.arange(4.0).reshape(2, 2)}, elsewhere)
+    path = tmp_path / "csx.mdl"
+    write_csx_style(path, elsewhere)
+    with pytest.raises(UntrustedCheckpointError, match="outside its directory"):
+        cstorch.load(path)
+    assert torch.equal(cstorch.load(path, unsafe_allow_pickle=True)["link"] + 0,
+                       torch.arange(4.0).reshape(2, 2))
+
+
+def test_a_small_file_cannot_make_the_loader_allocate_unbounded_memory(tmp_path):
+    def make(f, key):  # 4 GiB declared, nothing stored
+        f.create_dataset(key, shape=(1 << 30,), dtype="f4", chunks=(1 << 18,))
+
+    path = _checkpoint(tmp_path)
+    _replace_dataset(path, "w", make)
+    assert os.path.getsize(path) < 1 << 20
+    with pytest.raises(UntrustedCheckpointError, match="declares 4294967296 bytes"):
+        torch.as_tensor(cstorch.load(path)["w"]) + 0
+
+
+# ------------------------------------------------------------------ disk full
+_DISK_FULL = textwrap.dedent("""
+    import glob, os, resource, signal, sys
+    import torch
+    import cerebras.pytorch as cstorch
+
+    out = sys.argv[1]
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+    path = os.path.join(out, "big.mdl")
+    try:
+        cstorch.save({"w": torch.randn(1024, 1024)}, path)
+    except OSError as error:
+        print("ERROR", error.errno, error)
+    print("LEFT", sorted(os.listdir(out)))
+    cstorch.save({"b": torch.arange(3.0)}, os.path.join(out, "small.mdl"))
+    print("SMALL", cstorch.load(os.path.join(out, "small.mdl"))["b"].tolist())
+""")
+
+
+def test_disk_full_during_save_raises_one_clear_oserror(tmp_path):
+    result = subprocess.run([sys.executable, "-c", _DISK_FULL, str(tmp_path)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]  # no SIGSEGV, process healthy
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    assert lines["ERROR"].startswith("27 ")  # EFBIG
+    assert "big.mdl" in lines["ERROR"] and "needs about" in lines["ERROR"]
+    assert lines["LEFT"] == "[]"  # no checkpoint, no temporary file
+    assert lines["SMALL"] == "[0.0, 1.0, 2.0]"
+    assert "Exception ignored" not in result.stderr
+
+
+# ------------------------------------------------------------------ concurrent saves
+@pytest.mark.parametrize("publish", ["link", "renameat2", "reserve"])
+def test_concurrent_saves_to_one_path_never_replace_each_other(tmp_path, monkeypatch, publish):
+    import errno
+    import threading
+
+    from cstorch.storage import h5_format
+
+    if publish != "link":
+        def no_link(*args):
+            raise OSError(errno.EPERM, "no hard links here")
+        monkeypatch.setattr(h5_format.os, "link", no_link)
+    if publish == "reserve":
+        monkeypatch.setattr(h5_format, "_rename_noreplace", lambda *args: False)
+    path = tmp_path / "shared.mdl"
+    barrier = threading.Barrier(6)
+    results = {}
+
+    def save(i):
+        barrier.wait()
+        try:
+            cstorch.save({"writer": torch.full((256,), float(i))}, path)
+            results[i] = "saved"
+        except FileExistsError:
+            results[i] = "exists"
+
+    threads = [threading.Thread(target=save, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [i for i, r in results.items() if r == "saved"]
+    assert len(results) == 6 and len(winners) == 1, results
+    stored = cstorch.load(path)["writer"]
+    assert torch.equal(stored + 0, torch.full((256,), float(winners[0])))
+    assert [p for p in os.listdir(tmp_path) if p.endswith(".tmp")] == []
+
+
+# ------------------------------------------------------------------ leftovers of killed saves
+def test_stray_temp_files_are_named_on_load_and_cleaned_by_the_next_save(tmp_path):
+    import fcntl
+
+    target = tmp_path / "model.mdl"
+    dead = tmp_path / "model.mdl.deadbeef.tmp"
+    dead.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(100))  # a save killed early
+    live = tmp_path / "model.mdl.0123abcd.tmp"
+    live.write_bytes(b"")
+    young = tmp_path / "model.mdl.0000beef.tmp"  # just created: its writer may lock it next
+    young.write_bytes(b"")
+    for leftover in (dead, live):
+        os.utime(leftover, (0, 0))
+    with pytest.raises(RuntimeError, match="did not finish"):
+        cstorch.load(dead)
+    with open(live, "rb") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # a writer that is still running
+        cstorch.save({"w": torch.ones(2)}, target)
+        assert not dead.exists() and live.exists() and young.exists()
+    assert torch.equal(cstorch.load(target)["w"] + 0, torch.ones(2))
+
+
+# ------------------------------------------------------------------ bad input and small items
+def test_generator_input_fn_shorter_than_num_steps_cycles(cpu_backend):
+    from cstorch.utils.data import DataExecutor, DataLoader
+
+    def batches(n):
+        for i in range(n):
+            yield torch.full((2, 1), float(i))
+
+    executor = DataExecutor(DataLoader(batches, 3), num_steps=7)
+    seen = [float(batch[0, 0]) for batch in executor]
+    assert seen == [0, 1, 2, 0, 1, 2, 0]  # like a re-iterable loader
+
+
+def test_one_shot_iterator_that_cannot_restart_raises_instead_of_hanging(cpu_backend):
+    from cstorch.utils.data import DataExecutor, DataLoader
+
+    shared = iter([torch.zeros(2, 1)] * 2)
+    executor = DataExecutor(DataLoader(lambda: shared), num_steps=5)
+    with pytest.raises(RuntimeError, match="ran out after 2 batches"):
+        list(executor)
+
+
+def test_torch_dataloader_workers_are_not_dropped_silently(cpu_backend):
+    from cstorch.utils.data import DataLoader
+
+    def input_fn():
+        return torch.utils.data.DataLoader(torch.arange(8.0).reshape(4, 2), batch_size=2,
+                                           num_workers=2)
+
+    loader = DataLoader(input_fn)
+    with pytest.warns(UserWarning, match="num_workers=2"):
+        batches = list(loader)
+    assert len(batches) == 2
+
+
+def test_rng_state_restores_from_a_loaded_checkpoint(tmp_path):
+    torch.manual_seed(3)
+    state = torch.get_rng_state()
+    expected = torch.rand(4)
+    cstorch.save({"rng": state}, tmp_path / "rng.mdl")
+    torch.set_rng_state(cstorch.load(tmp_path / "rng.mdl")["rng"])
+    assert torch.equal(torch.rand(4), expected)
+
+
+def test_add_param_group_mid_run_keeps_existing_moments(cpu_backend):
+    torch.manual_seed(0)
+    first, second = torch.nn.Linear(3, 2), torch.nn.Linear(2, 1, bias=False)
+    model = torch.nn.Sequential(first, second)
+    compiled = cstorch.compile(model, cpu_backend)
+    second.weight.requires_grad_(False)
+    optimizer = cstorch.optim.Adam(first.parameters(), lr=0.1)
+
+    @cstorch.trace
+    def step(x):
+        loss = compiled(x).pow(2).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    x = torch.randn(4, 3)
+    for _ in range(3):
+        step(x)
+    moments = copy.deepcopy(optimizer.state_dict()["state"])
+    second.weight.requires_grad_(True)
+    optimizer.add_param_group({"params": [second.weight]})
+    after = optimizer.state_dict()["state"]
+    for index, state in moments.items():
+        for key, value in state.items():
+            torch.testing.assert_close(after[index][key], value, rtol=0, atol=0)
+    assert torch.equal(after[2]["exp_avg"], torch.zeros(1, 2))
+    with pytest.warns(cstorch.core.compile.RecompilationWarning):
+        step(x)  # the new group trains from here
+    assert not torch.equal(optimizer.state_dict()["state"][2]["exp_avg"], torch.zeros(1, 2))
+
+
+def test_program_cache_is_bounded(cpu_backend, monkeypatch):
+    from cstorch.core import compile as compile_module
+
+    monkeypatch.setattr(compile_module, "MAX_PROGRAMS", 3)
+    model = torch.nn.Linear(2, 1)
+    compiled = cstorch.compile(model, cpu_backend)
+
+    @cstorch.trace
+    def forward(x):
+        return compiled(x).sum()
+
+    with pytest.warns(compile_module.RecompilationWarning, match="more than 3 signatures"):
+        for batch in range(1, 7):
+            torch.testing.assert_close(forward(torch.ones(batch, 2)),
+                                       model(torch.ones(batch, 2)).sum().detach())
+    assert len(forward.programs) == 3
+
+
+def test_float64_input_into_a_float32_model_raises_like_eager(cpu_backend):
+    model = torch.nn.Linear(3, 2)
+    compiled = cstorch.compile(model, cpu_backend)
+
+    @cstorch.trace
+    def forward(x):
+        return compiled(x).sum()
+
+    x = torch.randn(4, 3, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="same dtype"):
+        model(x)  # eager torch
+    with pytest.raises(RuntimeError, match="same dtype.*float64 and float32"):
+        forward(x)
+
+
+def test_a_step_result_that_cannot_be_read_is_dropped_not_kept_poisoned():
+    """An asynchronous failure surfaces when the result is read: the state falls back to
+    its last synchronised values with a clear error, instead of every later read and step
+    re-raising it."""
+    import jax.numpy as jnp
+
+    def poisoned(model, optimizer, step):
+        synced = copy.deepcopy(model.state_dict())
+        state = cstorch.backend()._impl.device_state
+        broken = jnp.ones((3, 4), dtype=jnp.float32)
+        broken.delete()  # reading it fails, like the output of a step that failed on device
+        state.update([model.weight], [broken])
+        with pytest.raises(StepFailedError, match="rolled back"):
+            model.state_dict()
+        now = model.state_dict()  # readable again, with the last synchronised values
+        torch.testing.assert_close(now["weight"], synced["weight"], rtol=0, atol=0)
+
+    _run(poisoned, steps_after=2)
+
+
+def test_checkpoints_are_synced_to_disk_before_they_are_published(tmp_path, monkeypatch):
+    from cstorch.storage import h5_format
+
+    events = []
+    real_fsync, real_link = os.fsync, os.link
+    monkeypatch.setattr(h5_format.os, "fsync", lambda fd: (events.append("fsync"),
+                                                           real_fsync(fd))[1])
+    monkeypatch.setattr(h5_format.os, "link", lambda a, b: (events.append("publish"),
+                                                            real_link(a, b))[1])
+    cstorch.save({"w": torch.ones(3)}, tmp_path / "synced.mdl")
+    assert events[:2] == ["fsync", "publish"]  # the file, then (after) its directory
+    assert events.count("fsync") == 2
