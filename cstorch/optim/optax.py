@@ -78,12 +78,7 @@ class OptaxOptimizer(Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        if not self.backend.is_tracing:
-            self.backend.materialize_state()  # an eager step must start from the newest state
+        loss = self._begin_step(closure)
         params = self._params()
         if all(p.grad is None for p in params):
             return loss

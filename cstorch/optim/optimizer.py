@@ -187,6 +187,17 @@ class Optimizer(torch.optim.Optimizer, ABC):
                 if new is not None:
                     state[key] = new
 
+    def _begin_step(self, closure):
+        """What every ``step`` does first: evaluate ``closure`` (with grad) and, outside a
+        trace, bring the newest state back so an eager step starts from it. Returns the loss."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if not self.backend.is_tracing:
+            self.backend.materialize_state()  # an eager step must start from the newest state
+        return loss
+
 
 def _normalize_tags(group):
     tags = group.get("tags")
@@ -271,12 +282,7 @@ class BuiltinOptimizer(Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        if not self.backend.is_tracing:
-            self.backend.materialize_state()  # an eager step must start from the newest state
+        loss = self._begin_step(closure)
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
