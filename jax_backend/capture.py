@@ -13,6 +13,10 @@ Two passes, as in DESIGN §10:
    ops on state placeholders.
 2. ``make_fx`` over ``torch.func.functionalize`` of that graph: in-place ops become functional
    ones followed by trailing ``copy_(state, new_value)`` writes, which we turn into outputs.
+   This pass costs more than the first, and most steps do not need it: when the only
+   mutations are whole-tensor ``copy_`` writes into state (the project's optimizers and batch
+   norm's running statistics decompose to those) and no view of a written state is read after
+   the write, the writes are rewired directly (``_functionalize_state_writes``).
 
 The result, ``CapturedStep``, is a pure graph ``(*state, *inputs) -> (*new_state, *outputs)``.
 """
@@ -264,11 +268,15 @@ def capture_step(fn: Callable, slots: Sequence[Slot], inputs: Sequence[torch.Ten
     rebound_state = _rebound_state_indices(slots, state, info["rebound"])
     _check_constants(graph)
 
-    # Pass 2: functionalize. Inputs must not require grad: the graph already holds backward.
-    plain = [_fake_like(mode, t).detach() for t in state] + fake_inputs
-    with mode:
-        functional = make_fx(torch.func.functionalize(graph, remove="mutations"),
-                             decomposition_table=table)(*plain)
+    writes = _whole_state_writes(graph, len(state))
+    if writes is not None:
+        functional = _functionalize_state_writes(graph, len(state), writes)
+    else:
+        # Pass 2: functionalize. Inputs must not require grad: the graph already holds backward.
+        plain = [_fake_like(mode, t).detach() for t in state] + fake_inputs
+        with mode:
+            functional = make_fx(torch.func.functionalize(graph, remove="mutations"),
+                                 decomposition_table=table)(*plain)
     captured = _finalize(functional, len(state), len(inputs), rebound_state, info,
                          _state_names(slots, state))
     captured.locate = _op_locator(fn, slots, inputs, table)
@@ -276,6 +284,96 @@ def capture_step(fn: Callable, slots: Sequence[Slot], inputs: Sequence[torch.Ten
     if missing is not None:
         raise LoweringNotFoundError(missing, captured.locate(missing))
     return captured
+
+
+def _mutated_arguments(node) -> list:
+    """Positions of the arguments an ATen node writes to (from its schema's alias info)."""
+    schema = getattr(node.target, "_schema", None)
+    if node.op != "call_function" or schema is None:
+        return []
+    return [i for i, a in enumerate(schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write]
+
+
+def _is_view(node) -> bool:
+    schema = getattr(node.target, "_schema", None)
+    if node.op != "call_function" or schema is None or not schema.returns:
+        return False
+    alias = schema.returns[0].alias_info
+    return alias is not None and not alias.is_write
+
+
+def _whole_state_writes(graph: torch.fx.GraphModule, num_state: int) -> dict | None:
+    """The writes of pass 1's graph, ``{copy_ node: state placeholder}``, when the graph can skip
+    the functionalization pass (the slowest part of capture); None when it cannot.
+
+    It can when its only mutations are ``copy_`` writes of whole state tensors (the result of a
+    write is the state tensor itself, so a later write may target it), and no view of a state
+    tensor taken before a write is read after it (such a view would have to see the new
+    value). That is the usual shape of a training step once decomposed: the optimizers and
+    the running statistics write state; everything else is functional. Any other mutation (in
+    place on a view, on an intermediate, on an input) takes the general pass.
+    """
+    nodes = list(graph.graph.nodes)
+    position = {n: i for i, n in enumerate(nodes)}
+    placeholders = [n for n in nodes if n.op == "placeholder"][:num_state]
+    state_of = {n: n for n in placeholders}  # node -> the state tensor it is
+    views_of = {n: [] for n in placeholders}  # state placeholder -> views of it, in order
+    view_root = {}  # view node -> the state placeholder it aliases
+    writes = {}
+    for node in nodes:
+        mutated = _mutated_arguments(node)
+        if mutated:
+            if node.target is not aten.copy_.default or mutated != [0] or node.kwargs:
+                return None
+            target = state_of.get(node.args[0])
+            if target is None:
+                return None
+            if any(position[user] > position[node]
+                   for view in views_of[target] for user in view.users):
+                return None
+            writes[node] = state_of[node] = target
+        elif _is_view(node) and node.args:
+            base = state_of.get(node.args[0]) or view_root.get(node.args[0])
+            if base is not None:
+                view_root[node] = base
+                views_of[base].append(node)
+    return writes
+
+
+def _functionalize_state_writes(graph: torch.fx.GraphModule, num_state: int, writes: dict):
+    """What functionalization does to a graph ``_whole_state_writes`` accepted: each write
+    ``copy_(state, value)`` becomes the state's newest value for the nodes after it, and one
+    trailing ``copy_`` per written state records its final value (as ``_finalize`` expects)."""
+    g = graph.graph
+    placeholders = [n for n in g.nodes if n.op == "placeholder"][:num_state]
+    newest = {}  # state placeholder -> node holding its newest value
+    for node in list(g.nodes):
+        if node.op == "placeholder":
+            continue
+        if node in writes:
+            target, source = writes[node], node.args[1]
+            old, new = target.meta.get("val"), source.meta.get("val")
+            value = source
+            if (not isinstance(new, torch.Tensor) or new.shape != old.shape
+                    or new.dtype != old.dtype):
+                with g.inserting_before(node):  # a broadcasting or casting copy
+                    value = g.call_function(aten.copy.default,
+                                            (newest.get(target, target), source))
+                value.meta["val"] = node.meta.get("val")
+            node.replace_all_uses_with(value)
+            g.erase_node(node)
+            newest[target] = value
+        else:
+            for target, value in newest.items():
+                node.replace_input_with(target, value)
+    output_node = next(n for n in reversed(g.nodes) if n.op == "output")
+    with g.inserting_before(output_node):
+        for target in placeholders:
+            if target in newest:
+                g.call_function(aten.copy_.default, (target, newest[target]))
+    graph.recompile()
+    return graph
 
 
 def _op_locator(fn, slots, inputs, table) -> Callable:

@@ -1,0 +1,168 @@
+"""Capture skips its functionalization pass when the traced graph only writes whole state
+tensors, and takes the general pass otherwise; both give eager torch's numbers.
+
+Each case runs a step twice on copies of the same state: once eagerly in torch, once captured
+and run on JAX. The new state and the outputs must agree, and the test checks which path the
+capture took (the fast one must be the common case, the general one must catch aliasing)."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+import jax_backend.capture as capture_module
+from jax_backend import Program, Slot, capture_step, dtypes
+
+
+def _run_captured(fn, state: dict, inputs):
+    slots = [Slot(state, k) for k in state]
+    captured = capture_step(fn(state), slots, inputs)
+    tensors = [s.get() for s in slots]
+    used = [dtypes.tensor_to_array(tensors[i].detach()) for i in captured.used_state]
+    new_state, outputs = Program(captured)(used, [dtypes.tensor_to_array(x) for x in inputs], 0)
+    result = {k: v.detach().numpy() for k, v in state.items()}
+    for index, value in zip(captured.written_state, new_state):
+        result[list(state)[index]] = np.asarray(value)
+    return result, [np.asarray(o) for o in outputs]
+
+
+def _check(fn, state, inputs, fast, monkeypatch):
+    taken = []
+    real = capture_module._whole_state_writes
+
+    def spy(*args):
+        writes = real(*args)
+        taken.append(writes is not None)
+        return writes
+
+    monkeypatch.setattr(capture_module, "_whole_state_writes", spy)
+    eager_state = copy.deepcopy(state)
+    eager_out = fn(eager_state)(*inputs)
+    eager_out = eager_out if isinstance(eager_out, (list, tuple)) else [eager_out]
+    got_state, got_out = _run_captured(fn, state, inputs)
+    assert taken == [fast]
+    for name, value in eager_state.items():
+        np.testing.assert_allclose(got_state[name], value.detach().numpy(), rtol=1e-6, atol=1e-7,
+                                   err_msg=name)
+    for got, want in zip(got_out, eager_out):
+        np.testing.assert_allclose(got, want.detach().numpy(), rtol=1e-6, atol=1e-7)
+
+
+def _sgd_step(state, in_place_arithmetic=False):
+    """A linear model, its backward and an SGD update with momentum, written as whole-tensor
+    copies (the shape the project's optimizers and batch norm's running statistics take once
+    decomposed) or as in-place arithmetic (which keeps the general pass)."""
+
+    def step(x, y):
+        w, b, buf = state["w"], state["b"], state["momentum"]
+        loss = torch.nn.functional.mse_loss(x @ w.t() + b, y)
+        gw, gb = torch.autograd.grad(loss, [w, b])
+        with torch.no_grad():
+            if in_place_arithmetic:
+                buf.mul_(0.9).add_(gw)
+                w.sub_(0.1 * buf)
+                b.sub_(0.1 * gb)
+                state["steps"].add_(1)
+            else:
+                buf.copy_(buf * 0.9 + gw)
+                w.copy_(w - 0.1 * buf)
+                b.copy_(b - 0.1 * gb)
+                state["steps"].copy_(state["steps"] + 1)
+        return loss
+
+    return step
+
+
+def _training_state():
+    g = torch.Generator().manual_seed(0)
+    return {"w": torch.randn(3, 5, generator=g).requires_grad_(),
+            "b": torch.randn(3, generator=g).requires_grad_(),
+            "momentum": torch.randn(3, 5, generator=g),
+            "steps": torch.zeros((), dtype=torch.int64)}
+
+
+@pytest.mark.parametrize("in_place_arithmetic", [False, True])
+def test_a_training_step(in_place_arithmetic, monkeypatch):
+    g = torch.Generator().manual_seed(1)
+    inputs = [torch.randn(8, 5, generator=g), torch.randn(8, 3, generator=g)]
+    _check(lambda state: _sgd_step(state, in_place_arithmetic), _training_state(), inputs,
+           not in_place_arithmetic, monkeypatch)
+
+
+def test_batch_norm_running_statistics_skip_the_functionalization_pass(monkeypatch):
+    torch.manual_seed(0)
+    module = torch.nn.BatchNorm1d(3, momentum=0.3)
+
+    def fn(state):
+        def step(x):
+            return torch.nn.functional.batch_norm(
+                x, state["mean"], state["var"], state["weight"], state["bias"], training=True,
+                momentum=0.3)
+
+        return step
+
+    state = {"mean": torch.randn(3), "var": torch.rand(3) + 0.5,
+             "weight": module.weight.detach().clone(), "bias": torch.randn(3)}
+    _check(fn, state, [torch.randn(6, 3) * 2 + 1], True, monkeypatch)
+
+
+def test_reads_after_a_write_see_the_new_value(monkeypatch):
+    def fn(state):
+        def step(x):
+            a = state["a"]
+            before = a * x
+            a.copy_(a * 2 + x)
+            after = a.sum()  # the new value
+            a.copy_(a - 1)  # written twice: the last write wins
+            return before, after, a * 1
+
+        return step
+
+    _check(fn, {"a": torch.arange(4.0)}, [torch.ones(4)], True, monkeypatch)
+
+
+def test_broadcasting_and_casting_copies(monkeypatch):
+    def fn(state):
+        def step(x):
+            state["counts"].copy_(x.sum() * 3.7)  # float scalar into an int64 vector
+            state["row"].copy_(x[0])  # broadcast along the first dimension
+            return state["counts"] + 0
+
+        return step
+
+    state = {"counts": torch.zeros(4, dtype=torch.int64), "row": torch.zeros(2, 3)}
+    _check(fn, state, [torch.arange(6.0).reshape(2, 3)], True, monkeypatch)
+
+
+def test_a_view_read_after_its_base_is_written_takes_the_general_pass(monkeypatch):
+    def fn(state):
+        def step(x):
+            flat = state["a"].view(-1)
+            state["a"].copy_(state["a"] * x)
+            return flat * 1  # aliases `a`: must see the new value
+
+        return step
+
+    _check(fn, {"a": torch.arange(6.0).reshape(2, 3)}, [torch.full((2, 3), 2.0)], False,
+           monkeypatch)
+
+
+@pytest.mark.parametrize("write", ["slice", "index", "intermediate"])
+def test_other_mutations_take_the_general_pass(write, monkeypatch):
+    def fn(state):
+        def step(x):
+            a = state["a"]
+            if write == "slice":
+                a[1:].mul_(x[1:])
+            elif write == "index":
+                a[torch.tensor([0, 2])] = x[:2]
+            else:
+                t = a * 2
+                t.add_(x)
+                a.copy_(t)
+            return a.sum() + 0
+
+        return step
+
+    _check(fn, {"a": torch.arange(4.0)}, [torch.full((4,), 3.0)], False, monkeypatch)
