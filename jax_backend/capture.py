@@ -70,7 +70,7 @@ _DROPPED_TARGETS = {
 
 @functools.lru_cache(maxsize=1)
 def core_decompositions() -> dict:
-    """Core-ATen decompositions plus the batch-norm family.
+    """Core-ATen decompositions plus the batch-norm family, less CPU flash attention.
 
     torch keeps ``native_batch_norm`` whole in the core set, but its schema does not mark the
     running statistics as mutated, so functionalization would silently drop their update.
@@ -85,6 +85,9 @@ def core_decompositions() -> dict:
                aten._native_batch_norm_legit_no_training.default,
                aten._batch_norm_with_update.default, aten._batch_norm_no_update.default):
         table[op] = decomposition_table[op]
+    # Lowered whole (as its backward is): its decomposition is the slowest of a transformer's
+    # trace, ~35 ms per attention layer, for the same math the lowering emits.
+    table.pop(aten._scaled_dot_product_flash_attention_for_cpu.default, None)
     return types.MappingProxyType(table)  # shared: callers extend a copy
 
 
