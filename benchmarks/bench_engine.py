@@ -12,7 +12,9 @@ Workloads:
 
 For each run: first-step time (until the first loss is ready) and, for cstorch, its split into
 capture (torch -> ATen graph), lowering (graph -> jaxpr, which is when the interpreter runs),
-MLIR emission and XLA compile; the median steady-state step time; peak RSS. cstorch steps are timed
+MLIR emission and XLA compile; the median steady-state step time; peak RSS, and the workload's
+own part of it (peak less the RSS after imports). Each workload also gets a floor: its FLOPs
+(XLA's count) at this machine's fp32 matmul rate, measured in torch. cstorch steps are timed
 in windows with one synchronisation at the end (dispatch is asynchronous); eager torch is
 synchronous. The table gives, per runner, the median over rounds with the min-max range and the
 ratio of medians to eager torch. `--depth-sweep` measures cstorch's first step at 2/4/8/12
@@ -77,6 +79,7 @@ def _optimizer(module, kind, model):
 def run_eager(name, steps, compiled=False, layers=None):
     import torch
 
+    import_rss = _rss_mib()
     model, (x, y), loss_fn, kind = _workload(name, layers)
     optimizer = _optimizer(torch.optim, kind, model)
 
@@ -98,33 +101,39 @@ def run_eager(name, steps, compiled=False, layers=None):
         step(x, y).item()
         times.append(time.perf_counter() - t0)
     result["median"] = statistics.median(times) if times else None
+    result["import_rss_mib"] = import_rss
     return result
 
 
-class _FirstStepSplit:
-    """Times the phases of the first step: capture (wrapped here) and JAX's own compile events."""
+def _timed(seconds, phase, fn):
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            seconds[phase] += time.perf_counter() - t0
 
-    EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "lowering",
-              "/jax/core/compile/jaxpr_to_mlir_module_duration": "mlir",
+    return timed
+
+
+class _FirstStepSplit:
+    """Times the phases of the first step: capture and lowering (the graph interpreter's run
+    under jit's trace), wrapped here, and JAX's own MLIR and XLA compile events. (JAX's trace
+    event is not used for lowering: it also fires for every jitted jnp helper traced inside.)"""
+
+    EVENTS = {"/jax/core/compile/jaxpr_to_mlir_module_duration": "mlir",
               "/jax/core/compile/backend_compile_duration": "xla_compile"}
 
     def __init__(self):
         import jax.monitoring
 
         import cstorch.core.compile as compile_module
+        from jax_backend.program import Program
 
         self.seconds = {"capture": 0.0, "lowering": 0.0, "mlir": 0.0, "xla_compile": 0.0}
         jax.monitoring.register_event_duration_secs_listener(self._on_event)
-        capture = compile_module.capture_step
-
-        def timed_capture(*args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return capture(*args, **kwargs)
-            finally:
-                self.seconds["capture"] += time.perf_counter() - t0
-
-        compile_module.capture_step = timed_capture
+        compile_module.capture_step = _timed(self.seconds, "capture", compile_module.capture_step)
+        Program.pure_step = _timed(self.seconds, "lowering", Program.pure_step)
 
     def _on_event(self, event, duration, **_):
         phase = self.EVENTS.get(event)
@@ -132,10 +141,28 @@ class _FirstStepSplit:
             self.seconds[phase] += duration
 
 
+def _step_flops(step) -> float | None:
+    """XLA's count of floating-point operations in one compiled step."""
+    import jax
+
+    program = step.programs[0]
+    placeholders = [n for n in program.captured.graph.graph.nodes if n.op == "placeholder"]
+    used = [jax.ShapeDtypeStruct(tuple(n.meta["val"].shape), jax.numpy.dtype(
+        str(n.meta["val"].dtype).replace("torch.", "")))
+            for n in placeholders[:len(program.captured.used_state)]]
+    analysis = program.lower(used, program.input_specs()).compile().cost_analysis()
+    analysis = analysis[0] if isinstance(analysis, list) else analysis
+    return analysis.get("flops")
+
+
 def run_cstorch(name, steps, precision="fp32", window=5, layers=None):
+    import jax.numpy as jnp
+
     import cerebras.pytorch as cstorch
 
+    jnp.zeros(()).block_until_ready()  # the runtime is part of the import baseline
     split = _FirstStepSplit()
+    import_rss = _rss_mib()
     if precision == "bf16":
         cstorch.amp.set_half_dtype("bfloat16")
     model, (x, y), loss_fn, kind = _workload(name, layers)
@@ -163,19 +190,44 @@ def run_cstorch(name, steps, precision="fp32", window=5, layers=None):
         times.append((time.perf_counter() - t0) / window)
     assert step.trace_count == 1
     result["median"] = statistics.median(times) if times else None
+    result["import_rss_mib"] = import_rss
+    result["peak_rss_mib"] = _rss_mib()  # before the cost analysis below compiles again
+    result["flops"] = _step_flops(step)
     return result
+
+
+def _rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_matmul_peak(size=2048, repeats=20):
+    """This machine's fp32 matmul rate in torch (GFLOP/s): the roofline for the step floors."""
+    import torch
+
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t0)
+    return {"gflops": 2 * size ** 3 / min(times) / 1e9}
 
 
 def _child(spec):
     engine, name, steps, precision, layers = spec.split(":")
     steps, layers = int(steps), int(layers) or None
+    if engine == "peak":
+        print("RESULT " + json.dumps(run_matmul_peak()))
+        return
     if engine == "eager":
         result = run_eager(name, steps, layers=layers)
     elif engine == "compile":
         result = run_eager(name, steps, compiled=True, layers=layers)
     else:
         result = run_cstorch(name, steps, precision, layers=layers)
-    result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    result.setdefault("peak_rss_mib", _rss_mib())
     print("RESULT " + json.dumps(result))
 
 
@@ -222,16 +274,21 @@ def bench_workloads(args):
     return results
 
 
-def print_table(results):
+def print_table(results, peak_gflops=None):
+    """One row per runner. RSS: the process's peak, and the workload's own part (peak less the
+    RSS after imports: JAX's runtime alone adds ~170 MiB that no model-sized change can remove).
+    The floor is the step's FLOPs (XLA's count) at this machine's torch matmul rate: no engine
+    can step faster than that, so a target below it is out of reach on this machine."""
     header = (f"{'workload':12s} {'runner':19s} {'median step ms (min-max)':>26s} {'vs eager':>8s} "
               f"{'first step s':>12s} {'capture':>7s} {'lower':>6s} {'mlir':>5s} {'xla':>5s} "
-              f"{'peak RSS MiB':>12s} {'vs eager':>8s}")
+              f"{'peak RSS MiB':>12s} {'vs eager':>8s} {'own RSS MiB':>11s} {'vs eager':>8s}")
     print(header)
     print("-" * len(header))
     for name, per_runner in results.items():
         eager = per_runner.get("eager torch", [])
         eager_step = _summary([r and r["median"] for r in eager])
         eager_rss = _summary([r and r["peak_rss_mib"] for r in eager])
+        eager_own = _summary([r and r["peak_rss_mib"] - r["import_rss_mib"] for r in eager])
         for label, runs in per_runner.items():
             step = _summary([r and r["median"] for r in runs])
             if step is None:
@@ -239,6 +296,7 @@ def print_table(results):
                 continue
             first = _summary([r["first"] for r in runs if r])
             rss = _summary([r["peak_rss_mib"] for r in runs if r])
+            own = _summary([r["peak_rss_mib"] - r["import_rss_mib"] for r in runs if r])
             splits = [r["first_split"] for r in runs if r and "first_split" in r]
             phases = "".join(
                 f" {statistics.median(s[p] for s in splits):{w}.2f}" if splits else " " * (w + 1)
@@ -247,8 +305,17 @@ def print_table(results):
                        f"{step['max'] * 1e3:.1f})")
             ratio = step["median"] / eager_step["median"] if eager_step else float("nan")
             rss_ratio = rss["median"] / eager_rss["median"] if eager_rss else float("nan")
+            own_ratio = own["median"] / eager_own["median"] if eager_own else float("nan")
             print(f"{name:12s} {label:19s} {step_ms:>26s} {ratio:8.2f} {first['median']:12.2f}"
-                  f"{phases} {rss['median']:12.0f} {rss_ratio:8.2f}")
+                  f"{phases} {rss['median']:12.0f} {rss_ratio:8.2f} {own['median']:11.0f}"
+                  f" {own_ratio:8.2f}")
+        flops = [r["flops"] for runs in per_runner.values() for r in runs
+                 if r and r.get("flops")]
+        if flops and peak_gflops and eager_step:
+            floor = flops[0] / (peak_gflops * 1e9)
+            print(f"{name:12s} {'floor (FLOPs/peak)':19s} {floor * 1e3:26.1f} "
+                  f"{floor / eager_step['median']:8.2f}   {flops[0] / 1e9:.1f} GFLOP per step at "
+                  f"{peak_gflops:.0f} GFLOP/s")
 
 
 def depth_sweep(args):
@@ -305,8 +372,10 @@ def main():
         return _child(args.child)
     report = {"environment": _environment(), "args": vars(args)}
     if args.only:
+        peak = _measure("peak", "-", 0)
+        report["matmul_gflops"] = peak and peak["gflops"]
         report["workloads"] = bench_workloads(args)
-        print_table(report["workloads"])
+        print_table(report["workloads"], report["matmul_gflops"])
     if args.depth_sweep:
         report["depth_sweep"] = depth_sweep(args)
     if args.json:
