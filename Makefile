@@ -23,7 +23,7 @@ test: .venv
 
 bench: .venv
 	mkdir -p artifacts
-	$(PY) benchmarks/bench_engine.py --precision fp32,bf16 --depth-sweep --json artifacts/bench_engine.json
+	$(PY) benchmarks/bench_engine.py --precision fp32,bf16 --depth-sweep --interference --json artifacts/bench_engine.json
 
 coverage: .venv
 	$(PY) tools/op_coverage.py

@@ -21,7 +21,8 @@ ratio of medians to eager torch. `--depth-sweep` measures cstorch's first step a
 blocks of the transformer and fits the per-block cost. `--json PATH` writes everything.
 
     python benchmarks/bench_engine.py [--only mlp,transformer,gpt2-small] [--rounds 3]
-        [--steps 20] [--precision fp32,bf16] [--no-compile] [--depth-sweep] [--json out.json]
+        [--steps 20] [--precision fp32,bf16] [--no-compile] [--depth-sweep] [--interference]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -215,11 +216,80 @@ def run_matmul_peak(size=2048, repeats=20):
     return {"gflops": 2 * size ** 3 / min(times) / 1e9}
 
 
+def run_interference(mode, rounds=30):
+    """Eager torch's MLP step in a process where JAX is idle (``jax``) or has just finished a
+    cstorch step each time (``cstorch``, as step closures and data loading do), or absent
+    (``torch``). The ratios show whether JAX's threads slow torch work in the same process."""
+    import torch
+
+    model, (x, y), loss_fn, kind = _workload("mlp")
+    optimizer = _optimizer(torch.optim, kind, model)
+
+    def eager_step():
+        loss = loss_fn(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+
+    between = lambda: None  # noqa: E731
+    if mode in ("jax", "cstorch"):
+        import jax.numpy as jnp
+
+        (jnp.ones((512, 512)) @ jnp.ones((512, 512))).block_until_ready()
+    if mode == "cstorch":
+        import cerebras.pytorch as cstorch
+
+        c_model, (cx, cy), _, _ = _workload("mlp")
+        compiled = cstorch.compile(c_model, cstorch.backend("CPU", artifact_dir="/tmp/cstorch_bench"))
+        c_optimizer = _optimizer(cstorch.optim, kind, c_model)
+
+        @cstorch.trace
+        def step(x, y):
+            loss = loss_fn(compiled(x), y)
+            c_optimizer.zero_grad()
+            loss.backward()
+            c_optimizer.step()
+            return loss
+
+        between = lambda: step(cx, cy).jax_array.block_until_ready()  # noqa: E731
+    for _ in range(3):
+        between()
+        eager_step()
+    times = []
+    for _ in range(rounds):
+        between()
+        t0 = time.perf_counter()
+        eager_step()
+        times.append(time.perf_counter() - t0)
+    return {"median": statistics.median(times)}
+
+
+def interference(args):
+    modes = ("torch", "jax", "cstorch")
+    runs = {m: [] for m in modes}
+    for _ in range(args.rounds):
+        for m in modes:
+            result = _measure("interference", m, 0)
+            runs[m].append(result and result["median"])
+    summary = {m: _summary(v) for m, v in runs.items()}
+    print("\neager torch MLP step in the same process as JAX (ms, median of rounds):")
+    for m, label in (("torch", "no JAX in the process"), ("jax", "JAX started, idle"),
+                     ("cstorch", "right after each cstorch step")):
+        if summary[m]:
+            ratio = summary[m]["median"] / summary["torch"]["median"] if summary["torch"] else 0
+            print(f"  {label:32s} {summary[m]['median'] * 1e3:7.2f}  ({ratio:.2f}x)")
+    return summary
+
+
 def _child(spec):
     engine, name, steps, precision, layers = spec.split(":")
     steps, layers = int(steps), int(layers) or None
     if engine == "peak":
         print("RESULT " + json.dumps(run_matmul_peak()))
+        return
+    if engine == "interference":
+        print("RESULT " + json.dumps(run_interference(name)))
         return
     if engine == "eager":
         result = run_eager(name, steps, layers=layers)
@@ -365,6 +435,8 @@ def main():
     parser.add_argument("--precision", default="fp32", help="cstorch precisions, e.g. fp32,bf16")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     parser.add_argument("--depth-sweep", action="store_true")
+    parser.add_argument("--interference", action="store_true",
+                        help="eager torch's speed in a process where JAX runs")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -378,6 +450,8 @@ def main():
         print_table(report["workloads"], report["matmul_gflops"])
     if args.depth_sweep:
         report["depth_sweep"] = depth_sweep(args)
+    if args.interference:
+        report["interference"] = interference(args)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
