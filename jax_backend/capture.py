@@ -13,10 +13,11 @@ Two passes, as in DESIGN §10:
    ops on state placeholders.
 2. ``make_fx`` over ``torch.func.functionalize`` of that graph: in-place ops become functional
    ones followed by trailing ``copy_(state, new_value)`` writes, which we turn into outputs.
-   This pass costs more than the first, and most steps do not need it: when the only
-   mutations are whole-tensor ``copy_`` writes into state (the project's optimizers and batch
-   norm's running statistics decompose to those) and no view of a written state is read after
-   the write, the writes are rewired directly (``_functionalize_state_writes``).
+   This pass costs more than the first, and most steps do not need it: when every mutation
+   (``copy_`` or an in-place op such as ``add_``) writes a whole state tensor or a fresh
+   intermediate, as optimizers, counters, clipping and running statistics do, and nothing
+   aliasing the written memory is read after the write, the writes are rewired directly
+   (``_simple_writes``, ``_functionalize_writes``).
 
 The result, ``CapturedStep``, is a pure graph ``(*state, *inputs) -> (*new_state, *outputs)``.
 """
@@ -271,9 +272,9 @@ def capture_step(fn: Callable, slots: Sequence[Slot], inputs: Sequence[torch.Ten
     rebound_state = _rebound_state_indices(slots, state, info["rebound"])
     _check_constants(graph)
 
-    writes = _whole_state_writes(graph, len(state))
-    if writes is not None:
-        functional = _functionalize_state_writes(graph, len(state), writes)
+    simple = _simple_writes(graph, len(state))
+    if simple is not None:
+        functional = _functionalize_writes(graph, len(state), *simple)
     else:
         # Pass 2: functionalize. Inputs must not require grad: the graph already holds backward.
         plain = [_fake_like(mode, t).detach() for t in state] + fake_inputs
@@ -291,11 +292,9 @@ def capture_step(fn: Callable, slots: Sequence[Slot], inputs: Sequence[torch.Ten
 
 def _mutated_arguments(node) -> list:
     """Positions of the arguments an ATen node writes to (from its schema's alias info)."""
-    schema = getattr(node.target, "_schema", None)
-    if node.op != "call_function" or schema is None:
+    if node.op != "call_function" or not hasattr(node.target, "_schema"):
         return []
-    return [i for i, a in enumerate(schema.arguments)
-            if a.alias_info is not None and a.alias_info.is_write]
+    return _mutated_arguments_of(node.target)
 
 
 def _is_view(node) -> bool:
@@ -306,75 +305,137 @@ def _is_view(node) -> bool:
     return alias is not None and not alias.is_write
 
 
-def _whole_state_writes(graph: torch.fx.GraphModule, num_state: int) -> dict | None:
-    """The writes of pass 1's graph, ``{copy_ node: state placeholder}``, when the graph can skip
-    the functionalization pass (the slowest part of capture); None when it cannot.
+def _functional_variant(node):
+    """``aten.add.Tensor`` for an ``aten.add_.Tensor`` node, when it exists and is lowered;
+    None for ops that change their input's metadata (``transpose_``) or have no variant."""
+    op = node.target
+    if torch.Tag.inplace_view in op.tags:
+        return None
+    name = op._schema.name.split("::")[-1]
+    if not name.endswith("_") or name.startswith("_"):
+        return None
+    packet = getattr(aten, name[:-1], None)
+    variant = getattr(packet, op._overloadname, None) if packet is not None else None
+    if variant is None or _mutated_arguments_of(variant) or not has_lowering(variant):
+        return None
+    return variant
 
-    It can when its only mutations are ``copy_`` writes of whole state tensors (the result of a
-    write is the state tensor itself, so a later write may target it), and no view of a state
-    tensor taken before a write is read after it (such a view would have to see the new
-    value). That is the usual shape of a training step once decomposed: the optimizers and
-    the running statistics write state; everything else is functional. Any other mutation (in
-    place on a view, on an intermediate, on an input) takes the general pass.
+
+def _mutated_arguments_of(op) -> list:
+    return [i for i, a in enumerate(op._schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write]
+
+
+# Views that are the whole tensor (same shape and strides): reading one reads the tensor.
+_IDENTITY_VIEWS = {aten.alias.default, aten.detach.default}
+
+
+def _is_fresh(node) -> bool:
+    """A tensor an ATen op made, that aliases nothing (so writing it writes nothing else)."""
+    return (node.op == "call_function" and hasattr(node.target, "_schema")
+            and not _is_view(node) and not _mutated_arguments(node))
+
+
+def _simple_writes(graph: torch.fx.GraphModule, num_state: int):
+    """``(writes, tensor_of)`` for pass 1's graph when it can skip the functionalization pass
+    (the slowest part of capture), else None. ``writes`` maps each write node to (the tensor it
+    writes, its functional op or None for ``copy_``); ``tensor_of`` maps each node that *is* a
+    written tensor (the tensor, its identity views, earlier writes' results) to that tensor.
+
+    A graph qualifies when every mutation writes a state tensor (whole), a fresh intermediate
+    or a view of one (a gradient's ``.t()``), by ``copy_`` or by an in-place op with a lowered
+    functional variant (``add_`` -> ``add``); and nothing else that aliases the written memory
+    (the base, other views) is read after the write, so only the written tensor's new value is
+    ever observed. That is the usual shape of a training step once decomposed: optimizers,
+    counters, clipping and running statistics update whole tensors. Anything else takes the
+    general pass.
     """
     nodes = list(graph.graph.nodes)
     position = {n: i for i, n in enumerate(nodes)}
-    placeholders = [n for n in nodes if n.op == "placeholder"][:num_state]
-    state_of = {n: n for n in placeholders}  # node -> the state tensor it is
-    views_of = {n: [] for n in placeholders}  # state placeholder -> views of it, in order
-    view_root = {}  # view node -> the state placeholder it aliases
+    tensor_of = {n: n for n in [n for n in nodes if n.op == "placeholder"][:num_state]}
+    root_of = {}  # aliasing node -> the tensor whose memory it shares
+    family = {}  # root -> every node aliasing its memory (views, writes' results), in order
     writes = {}
+
+    def alias(node, base):
+        root_of[node] = root = root_of.get(base, base)
+        family.setdefault(root, []).append(node)
+
     for node in nodes:
         mutated = _mutated_arguments(node)
         if mutated:
-            if node.target is not aten.copy_.default or mutated != [0] or node.kwargs:
+            target = node.args[0]
+            if mutated != [0] or "out" in node.kwargs or not isinstance(target, torch.fx.Node):
                 return None
-            target = state_of.get(node.args[0])
-            if target is None:
+            tensor = tensor_of.get(target)
+            root = root_of.get(target, target)
+            if tensor is None:  # first write: the target must be (a view of) a fresh tensor
+                if not _is_fresh(root):
+                    return None
+                tensor = tensor_of[target] = target
+            functional = None
+            if node.target is not aten.copy_.default:
+                functional = _functional_variant(node)
+                if functional is None:
+                    return None
+            elif node.kwargs:
                 return None
-            if any(position[user] > position[node]
-                   for view in views_of[target] for user in view.users):
+            readers = [root] + family.get(root, [])
+            if any(tensor_of.get(n) is not tensor and position[user] > position[node]
+                   for n in readers for user in n.users):
                 return None
-            writes[node] = state_of[node] = target
-        elif _is_view(node) and node.args:
-            base = state_of.get(node.args[0]) or view_root.get(node.args[0])
-            if base is not None:
-                view_root[node] = base
-                views_of[base].append(node)
-    return writes
+            writes[node] = (tensor, functional)
+            tensor_of[node] = tensor
+            alias(node, target)
+        elif _is_view(node) and isinstance(node.args[0], torch.fx.Node):
+            base = node.args[0]
+            if node.target in _IDENTITY_VIEWS and (base in tensor_of or _is_fresh(base)):
+                tensor_of[node] = tensor_of.setdefault(base, base)
+            alias(node, base)
+        elif node.target is operator.getitem and node.args[0] in root_of:
+            alias(node, node.args[0])  # one output of a multi-output view (split)
+    return writes, tensor_of
 
 
-def _functionalize_state_writes(graph: torch.fx.GraphModule, num_state: int, writes: dict):
-    """What functionalization does to a graph ``_whole_state_writes`` accepted: each write
-    ``copy_(state, value)`` becomes the state's newest value for the nodes after it, and one
-    trailing ``copy_`` per written state records its final value (as ``_finalize`` expects)."""
+def _functionalize_writes(graph: torch.fx.GraphModule, num_state: int, writes: dict,
+                          tensor_of: dict):
+    """What functionalization does to a graph ``_simple_writes`` accepted: each write becomes
+    a functional node holding the tensor's newest value, which every later read of the tensor
+    (or of an identity view of it) uses; one trailing ``copy_`` per written state records its
+    final value (as ``_finalize`` expects)."""
     g = graph.graph
     placeholders = [n for n in g.nodes if n.op == "placeholder"][:num_state]
-    newest = {}  # state placeholder -> node holding its newest value
+    newest = {}  # written tensor -> node holding its newest value
     for node in list(g.nodes):
         if node.op == "placeholder":
             continue
-        if node in writes:
-            target, source = writes[node], node.args[1]
-            old, new = target.meta.get("val"), source.meta.get("val")
-            value = source
-            if (not isinstance(new, torch.Tensor) or new.shape != old.shape
-                    or new.dtype != old.dtype):
-                with g.inserting_before(node):  # a broadcasting or casting copy
-                    value = g.call_function(aten.copy.default,
-                                            (newest.get(target, target), source))
-                value.meta["val"] = node.meta.get("val")
-            node.replace_all_uses_with(value)
-            g.erase_node(node)
-            newest[target] = value
-        else:
-            for target, value in newest.items():
-                node.replace_input_with(target, value)
+        for read in node.all_input_nodes:
+            value = newest.get(tensor_of.get(read))
+            if value is not None and value is not read:
+                node.replace_input_with(read, value)
+        if node not in writes:
+            continue
+        tensor, functional = writes[node]
+        current = newest.get(tensor, tensor)
+        with g.inserting_before(node):
+            if functional is not None:  # x.add_(y) -> add(x, y), cast back to x's dtype
+                value = g.call_function(functional, (current, *node.args[1:]), dict(node.kwargs))
+            else:
+                old, new = tensor.meta.get("val"), node.args[1].meta.get("val")
+                same = (isinstance(new, torch.Tensor) and new.shape == old.shape
+                        and new.dtype == old.dtype)
+                value = node.args[1] if same else g.call_function(  # broadcasting or casting
+                    aten.copy.default, (current, node.args[1]))
+        if value is not node.args[1]:
+            value.meta["val"] = node.meta.get("val")
+        node.replace_all_uses_with(value)
+        g.erase_node(node)
+        newest[tensor] = value
     output_node = next(n for n in reversed(g.nodes) if n.op == "output")
     with g.inserting_before(output_node):
-        for target in placeholders:
-            if target in newest:
-                g.call_function(aten.copy_.default, (target, newest[target]))
+        for tensor in placeholders:
+            if tensor in newest:
+                g.call_function(aten.copy_.default, (tensor, newest[tensor]))
     graph.recompile()
     return graph
 
