@@ -27,6 +27,7 @@ from jax_backend import LazyTensor, Program, capture_step
 from jax_backend.dtypes import tensor_to_host
 from jax_backend.user_frames import warn
 from cstorch.backend import Backend, BackendType, backend as _backend_fn, current_backend_impl
+from cstorch.core.capture_cache import CaptureCache
 from cstorch.core.engine import run_eagerly
 from cstorch.decomp.registry import decompositions_for
 from cstorch.experimental import listener
@@ -173,6 +174,7 @@ class _CompiledStep:
     state_avals: dict  # path -> (shape, dtype) the program was compiled for
     hyperparameters: list  # per optimizer that existed at compile time: its group values
     counter_steps: list  # (optimizer or scheduler, how much one step adds to its _step_count)
+    cache: CaptureCache | None = None  # stores the graph after the program's first good run
     _resolved: tuple = (None, None, None)  # (view, used indices, written indices)
 
     def matches_hyperparameters(self, current: list) -> bool:
@@ -311,7 +313,11 @@ class TracedStep:
             positions = entry.resolve(view)
             self._evict_unused()
         self._last_key = key
-        return self._run(impl, entry, leaves, view, *positions)
+        outputs = self._run(impl, entry, leaves, view, *positions)
+        if entry.cache is not None:
+            entry.cache, cache = None, entry.cache
+            cache.store()
+        return outputs
 
     # ---------------------------------------------------------------------------- compile
     def _compile(self, impl, key, leaves, spec, view) -> _CompiledStep:
@@ -345,11 +351,20 @@ class TracedStep:
         policy = impl.precision_policy()
         twins = [_metadata_twin(leaves[i], impl.layout) for i in positions]
         impl.initialize_sparsity()  # masks get their values before the step first reads them
-        with _capture_scope():
-            captured = capture_step(
-                step, view.slots, twins, policy,
-                decompositions=decompositions_for("CSX" if impl.is_csx else "CPU"))
-        counter_steps = _undo_counting(counters_before, len(passes))
+        decompositions = decompositions_for("CSX" if impl.is_csx else "CPU")
+        cache = CaptureCache(impl, self.step_fn, leaves, spec, view, twins, policy,
+                             decompositions, traced_step_type=TracedStep,
+                             trace_hooks=bool(_trace_pre_hooks or _trace_post_hooks))
+        hit = cache.load()
+        if hit is not None:  # the graph of an earlier run: nothing is traced
+            captured, closures, counter_steps = hit
+        else:
+            with _capture_scope(), cache.watching():
+                captured = capture_step(step, view.slots, twins, policy,
+                                        decompositions=decompositions)
+            counter_steps = _undo_counting(counters_before, len(passes))
+            closures = [(r.kind, r.fn) for r in records]
+            cache.prepare(captured, records, counter_steps)
         self.trace_count += 1
         program = Program(captured, policy=policy, layout=impl.layout)
         python_leaves = tuple(None if isinstance(x, torch.Tensor) else x for x in leaves)
@@ -357,9 +372,9 @@ class TracedStep:
         written = [view.paths[i] for i in captured.written_state]
         avals = {view.paths[i]: view.aval(i)
                  for i in captured.used_state + captured.written_state}
-        entry = _CompiledStep(captured, program, [(r.kind, r.fn) for r in records],
-                              python_leaves, used, written, avals, _hyperparameters(impl),
-                              counter_steps)
+        entry = _CompiledStep(captured, program, closures, python_leaves, used, written, avals,
+                              _hyperparameters(impl), counter_steps,
+                              cache if hit is None else None)
         self._programs.setdefault(key, []).append(entry)
         return entry
 

@@ -1,0 +1,354 @@
+"""Fingerprints of the Python values a traced step depends on, for the graph cache's key.
+
+A captured graph freezes everything the step body read: Python numbers, module attributes,
+tensors that are not state, the code that ran. ``Fingerprinter`` walks the object graph
+reachable from given roots (the step function, its arguments, the registered models and
+optimizers) and hashes what can change the trace:
+
+* plain values (numbers, strings, containers of them) by value;
+* state tensors by their place in the state list (their values are inputs of the graph),
+  other tensors by shape, dtype and the sha256 of their bytes (they become graph constants);
+* functions by their code (bytecode, constants, names, nested code), defaults, closure
+  cells and, for code outside the libraries, the module globals their code names;
+* objects by their type and their ``__dict__``/``__slots__``; classes defined outside the
+  libraries by their methods (code and the globals those name).
+
+Anything it cannot describe deterministically (locks, files, generators, JAX arrays, fake
+tensors) raises ``NotCacheable``: a step whose key is in doubt is never cached. Sets are
+hashed in a sorted order, so string hashing's per-process randomisation does not matter.
+
+Library code (torch, jax, jaxlib, the standard library) is named, not walked: its versions
+are part of the key. Code of this project and of packages under ``register_project_dir``
+is hashed but its globals are not walked (its files are covered by the cache's file list).
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import hashlib
+import os
+import sys
+import sysconfig
+import types
+import weakref
+
+import jax
+import numpy as np
+import torch
+
+#: Directories whose code is identified by its name; their versions are in the key.
+LIBRARY_DIRS = tuple(sorted({
+    os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
+    os.path.dirname(os.path.abspath(jax.__file__)) + os.sep,
+    os.path.dirname(os.path.abspath(__import__("jaxlib").__file__)) + os.sep,
+    os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep,
+    os.path.abspath(sysconfig.get_paths()["platstdlib"]) + os.sep,
+}))
+_PROJECT_DIRS = [os.path.dirname(os.path.abspath(__file__)) + os.sep]
+
+#: Bounds of one fingerprint: objects visited, bytes of tensor/array values hashed.
+MAX_OBJECTS = 200_000
+MAX_VALUE_BYTES = 64 * 1024 * 1024
+
+_ATOMS = (type(None), bool, int, float, complex, str, bytes)
+_TORCH_ATOMS = (torch.dtype, torch.device, torch.layout, torch.memory_format)
+_CLASS_SKIP = {"__dict__", "__weakref__", "__doc__", "__module__", "__qualname__",
+               "__annotations__", "__slots__", "_abc_impl", "__parameters__", "__orig_bases__"}
+
+
+class NotCacheable(Exception):
+    """The step depends on something the graph cache cannot fingerprint (the message says
+    what and where); its graph is captured every time instead."""
+
+
+def register_project_dir(path: str) -> None:
+    """Marks a package directory whose code is hashed but whose globals are not walked."""
+    path = os.path.abspath(path) + os.sep
+    if path not in _PROJECT_DIRS:
+        _PROJECT_DIRS.append(path)
+
+
+def is_library_file(filename: str) -> bool:
+    return not filename or filename.startswith("<") or os.path.abspath(filename).startswith(
+        LIBRARY_DIRS)
+
+
+def _is_project_file(filename: str) -> bool:
+    return os.path.abspath(filename).startswith(tuple(_PROJECT_DIRS))
+
+
+@functools.lru_cache(maxsize=4096)
+def code_digest(code: types.CodeType) -> str:
+    """sha256 of a code object: bytecode, constants (nested code recursively), names and
+    arguments. Line numbers are left out: moving a function does not change what it does."""
+    h = hashlib.sha256()
+    for part in (code.co_name, code.co_qualname, code.co_argcount, code.co_posonlyargcount,
+                 code.co_kwonlyargcount, code.co_flags, code.co_names, code.co_varnames,
+                 code.co_freevars, code.co_cellvars):
+        h.update(repr(part).encode())
+    h.update(code.co_code)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            h.update(code_digest(const).encode())
+        else:
+            h.update(f"{type(const).__qualname__}:{const!r}".encode())
+    return h.hexdigest()
+
+
+def _global_names(code: types.CodeType) -> list:
+    """Every name a code object (and the code nested in it) may load from its globals."""
+    names = list(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names += _global_names(const)
+    return list(dict.fromkeys(names))
+
+
+def _module_file(module_name) -> str | None:
+    module = sys.modules.get(module_name) if isinstance(module_name, str) else None
+    filename = getattr(module, "__file__", None)
+    return os.path.abspath(filename) if isinstance(filename, str) else None
+
+
+class Fingerprinter:
+    """Accumulates a sha256 over values (``add``). ``state`` are the tensors whose values are
+    graph inputs; ``hook(obj)`` may return a stand-in to describe instead of ``obj`` (the
+    caller's way to name its own objects), or None. ``files`` collects the source files of
+    the non-library code seen, for the cache's file check."""
+
+    def __init__(self, state=(), hook=None):
+        self._hash = hashlib.sha256()
+        self._state = {id(t): i for i, t in enumerate(state)}
+        self._hook = hook
+        self._seen: dict = {}  # id -> visit index
+        self._keep: list = []  # keeps stand-ins alive so their ids stay unique
+        self._path: list = []
+        self._value_bytes = 0
+        self.files: set = set()
+
+    def add(self, label: str, value) -> None:
+        self._path = [label]
+        self._emit("root", label)
+        self._describe(value)
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+    # ------------------------------------------------------------------------------ helpers
+    def _emit(self, *parts) -> None:
+        for part in parts:
+            text = part if isinstance(part, str) else repr(part)
+            self._hash.update(f"{len(text)}:{text};".encode())
+
+    def _fail(self, what: str):
+        raise NotCacheable(f"{what} at {'.'.join(self._path)}")
+
+    def _child(self, label, value) -> None:
+        self._path.append(str(label))
+        self._describe(value)
+        self._path.pop()
+
+    def _describe(self, value) -> None:
+        if type(value) in _ATOMS:
+            self._emit(type(value).__name__, value)
+            return
+        if isinstance(value, _TORCH_ATOMS):
+            self._emit(type(value).__name__, str(value))
+            return
+        key = id(value)
+        if key in self._seen:
+            self._emit("ref", self._seen[key])
+            return
+        self._seen[key] = len(self._seen)
+        if len(self._seen) > MAX_OBJECTS:
+            self._fail(f"more than {MAX_OBJECTS} objects reachable")
+        if self._hook is not None:
+            stand_in = self._hook(value)
+            if stand_in is not None:
+                self._keep.append(stand_in)
+                self._emit("as")
+                self._describe(stand_in)
+                return
+        self._describe_object(value)
+
+    def _describe_object(self, value) -> None:  # noqa: C901 - one branch per kind of value
+        if isinstance(value, torch.Tensor):
+            self._tensor(value)
+        elif isinstance(value, jax.Array):
+            self._fail("a JAX array (its value would be baked into the graph)")
+        elif isinstance(value, (tuple, list)):
+            self._emit(_type_name(type(value)), len(value))
+            for i, item in enumerate(value):
+                self._child(i, item)
+        elif isinstance(value, (dict, types.MappingProxyType)):
+            self._mapping(value)
+        elif isinstance(value, (set, frozenset)):
+            self._set(value)
+        elif isinstance(value, enum.Enum):
+            self._emit("enum", _type_name(type(value)), value.name)
+        elif isinstance(value, types.FunctionType):
+            self._function(value)
+        elif isinstance(value, types.MethodType):
+            self._emit("method")
+            self._child("__func__", value.__func__)
+            self._child("__self__", value.__self__)
+        elif isinstance(value, types.BuiltinFunctionType):
+            owner = value.__self__
+            self._emit("builtin", getattr(value, "__module__", None) or "", value.__qualname__)
+            if owner is not None and not isinstance(owner, types.ModuleType):
+                self._child("__self__", owner)
+        elif isinstance(value, functools.partial):
+            self._emit("partial")
+            self._child("func", value.func)
+            self._child("args", value.args)
+            self._child("keywords", value.keywords)
+        elif isinstance(value, type):
+            self._class(value)
+        elif isinstance(value, types.ModuleType):
+            self._emit("module", value.__name__)
+            filename = getattr(value, "__file__", None)
+            if isinstance(filename, str) and not is_library_file(filename):
+                self.files.add(os.path.abspath(filename))
+        elif isinstance(value, weakref.ref):
+            self._emit("weakref")
+            self._child("referent", value())
+        elif isinstance(value, (staticmethod, classmethod)):
+            self._emit(type(value).__name__)
+            self._child("__func__", value.__func__)
+        elif isinstance(value, property):
+            self._emit("property")
+            for name in ("fget", "fset", "fdel"):
+                self._child(name, getattr(value, name))
+        elif isinstance(value, np.ndarray):
+            self._array_bytes("ndarray", str(value.dtype), value.shape, value)
+        elif isinstance(value, np.generic):
+            self._emit("numpy", str(value.dtype), repr(value.item()))
+        elif isinstance(value, (slice, range)):
+            self._emit(type(value).__name__, value.start, value.stop, value.step)
+        elif value is Ellipsis or value is NotImplemented:
+            self._emit(repr(value))
+        else:
+            self._instance(value)
+
+    def _mapping(self, value) -> None:
+        self._emit(_type_name(type(value)), len(value))
+        factory = getattr(value, "default_factory", None)
+        if factory is not None:
+            self._child("default_factory", factory)
+        for i, (k, v) in enumerate(list(value.items())):
+            self._child(f"key{i}", k)
+            self._child(k if isinstance(k, str) else f"[{i}]", v)
+
+    def _set(self, value) -> None:
+        items = []
+        for item in value:
+            if type(item) not in _ATOMS and not (
+                    isinstance(item, tuple) and all(type(x) in _ATOMS for x in item)):
+                self._fail(f"a set holding {type(item).__name__} (no stable order)")
+            items.append(f"{type(item).__name__}:{item!r}")
+        self._emit(_type_name(type(value)), *sorted(items))
+
+    def _tensor(self, tensor) -> None:
+        index = self._state.get(id(tensor))
+        if index is not None:
+            self._emit("state", index)
+            return
+        # Fake, lazy and other subclass tensors have no value here that we could hash.
+        if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.is_meta:
+            self._fail(f"a {type(tensor).__name__} that is not state")
+        if tensor.layout != torch.strided:
+            self._fail(f"a {tensor.layout} tensor")
+        data = tensor.detach().cpu().contiguous().reshape(-1)
+        self._array_bytes(type(tensor).__name__, str(tensor.dtype), tuple(tensor.shape),
+                          data.view(torch.uint8).numpy() if data.numel() else b"")
+        self._emit(tuple(tensor.stride()), tensor.requires_grad)
+
+    def _array_bytes(self, kind, dtype, shape, data) -> None:
+        buffer = memoryview(data if isinstance(data, bytes) else np.ascontiguousarray(data))
+        self._value_bytes += buffer.nbytes
+        if self._value_bytes > MAX_VALUE_BYTES:
+            self._fail(f"more than {MAX_VALUE_BYTES >> 20} MiB of tensor values to hash")
+        if isinstance(data, np.ndarray) and data.dtype.hasobject:
+            self._fail("an object array")
+        self._emit(kind, dtype, tuple(shape), hashlib.sha256(buffer.cast("B")).hexdigest())
+
+    def _function(self, fn) -> None:
+        code = fn.__code__
+        filename = code.co_filename
+        self._emit("function", fn.__module__ or "", fn.__qualname__)
+        if is_library_file(filename):
+            wrapped = getattr(fn, "__wrapped__", None)
+            if wrapped is not None:  # a library decorator around user code
+                self._child("__wrapped__", wrapped)
+            return
+        self.files.add(os.path.abspath(filename))
+        self._emit(code_digest(code))
+        self._child("__defaults__", fn.__defaults__)
+        self._child("__kwdefaults__", fn.__kwdefaults__)
+        for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+            try:
+                contents = cell.cell_contents
+            except ValueError:  # not yet bound
+                self._emit("empty cell", name)
+                continue
+            self._child(name, contents)
+        if _is_project_file(filename):
+            return
+        names = fn.__globals__
+        for name in _global_names(code):
+            if name in names and not name.startswith("__"):
+                self._child(name, names[name])
+
+    def _class(self, cls) -> None:
+        self._emit("class", cls.__module__, cls.__qualname__)
+        module = sys.modules.get(cls.__module__)
+        filename = _module_file(cls.__module__)
+        if filename is None and module is not None and (
+                cls.__module__ in sys.builtin_module_names or not _is_heap_type(cls)):
+            return  # a built-in or C-extension class
+        if filename is not None and (is_library_file(filename) or _is_project_file(filename)):
+            return
+        if filename is not None:
+            self.files.add(filename)
+        for base in cls.__bases__:
+            self._child("base", base)
+        for name, member in vars(cls).items():
+            if name in _CLASS_SKIP:
+                continue
+            if isinstance(member, (types.FunctionType, staticmethod, classmethod, property)) \
+                    or type(member) in _ATOMS:
+                self._child(name, member)
+
+    def _instance(self, value) -> None:
+        cls = type(value)
+        state = getattr(value, "__dict__", None)
+        slots = [name for klass in cls.__mro__ for name in getattr(klass, "__slots__", ())
+                 if isinstance(getattr(klass, "__slots__", ()), (tuple, list))]
+        if isinstance(getattr(cls, "__slots__", None), str):
+            slots.append(cls.__slots__)
+        if state is None and not slots:
+            self._fail(f"a {_type_name(cls)} (no Python state to fingerprint)")
+        if _has_native_state(value):
+            self._fail(f"a {_type_name(cls)} (state held by C code)")
+        self._emit("object")
+        self._child("type", cls)
+        if state is not None:
+            self._child("__dict__", state)
+        for name in slots:
+            if name not in ("__dict__", "__weakref__") and hasattr(value, name):
+                self._child(name, getattr(value, name))
+
+
+def _type_name(cls) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _is_heap_type(cls) -> bool:
+    return bool(cls.__flags__ & (1 << 9))  # Py_TPFLAGS_HEAPTYPE: created by a class statement
+
+
+def _has_native_state(value) -> bool:
+    """True for instances of C types (locks, files, generators, ...) that also carry a
+    ``__dict__``: the dict does not describe them."""
+    return any(not _is_heap_type(klass) for klass in type(value).__mro__[:-1])
