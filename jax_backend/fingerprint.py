@@ -27,6 +27,7 @@ from __future__ import annotations
 import enum
 import functools
 import hashlib
+import inspect
 import os
 import sys
 import sysconfig
@@ -53,6 +54,9 @@ MAX_VALUE_BYTES = 64 * 1024 * 1024
 
 _ATOMS = (type(None), bool, int, float, complex, str, bytes)
 _TORCH_ATOMS = (torch.dtype, torch.device, torch.layout, torch.memory_format)
+# Iterators over built-in containers: ``__reduce__`` gives (iter, (container,), position).
+_BUILTIN_ITERATORS = tuple({type(iter(x)) for x in ([], (), range(0), "", b"", {}, {}.values(),
+                                                     {}.items(), set())})
 _CLASS_SKIP = {"__dict__", "__weakref__", "__doc__", "__module__", "__qualname__",
                "__annotations__", "__slots__", "_abc_impl", "__parameters__", "__orig_bases__"}
 
@@ -117,10 +121,14 @@ class Fingerprinter:
     caller's way to name its own objects), or None. ``files`` collects the source files of
     the non-library code seen, for the cache's file check."""
 
-    def __init__(self, state=(), hook=None):
+    def __init__(self, state=(), hook=None, consumable=None):
         self._hash = hashlib.sha256()
-        self._state = {id(t): i for i, t in enumerate(state)}
+        self._state = state if isinstance(state, dict) else {
+            id(t): i for i, t in enumerate(state)}
         self._hook = hook
+        self._consumable = consumable or {}
+        self.generators: dict = {}  # id -> (generator, digest) of unstarted generators seen
+        self.consumed: list = []  # generators of ``consumable`` found exhausted
         self._seen: dict = {}  # id -> visit index
         self._keep: list = []  # keeps stand-ins alive so their ids stay unique
         self._path: list = []
@@ -210,6 +218,11 @@ class Fingerprinter:
             filename = getattr(value, "__file__", None)
             if isinstance(filename, str) and not is_library_file(filename):
                 self.files.add(os.path.abspath(filename))
+        elif isinstance(value, types.GeneratorType):
+            self._generator(value)
+        elif isinstance(value, _BUILTIN_ITERATORS):
+            self._emit("iterator", _type_name(type(value)))
+            self._child("reduced", value.__reduce__()[1:])
         elif isinstance(value, weakref.ref):
             self._emit("weakref")
             self._child("referent", value())
@@ -230,6 +243,26 @@ class Fingerprinter:
             self._emit(repr(value))
         else:
             self._instance(value)
+
+    def _generator(self, gen) -> None:
+        """An unstarted generator is its code and arguments (described by a digest of their
+        own). One that ``consumable`` knew unstarted and is now exhausted keeps that digest:
+        consuming it (``list(all_params)`` in gigaGPT's step) is what a trace does, and the
+        caller replays it (``consumed``) instead of tracing."""
+        state = inspect.getgeneratorstate(gen)
+        if state == inspect.GEN_CREATED:
+            inner = Fingerprinter(self._state, self._hook)
+            inner._path = self._path + ["<generator>"]
+            inner._emit("generator", gen.__qualname__, code_digest(gen.gi_code))
+            inner._child("locals", dict(gen.gi_frame.f_locals))
+            self.files |= inner.files
+            self.generators[id(gen)] = (gen, inner.hexdigest())
+            self._emit("generator", self.generators[id(gen)][1])
+        elif state == inspect.GEN_CLOSED and id(gen) in self._consumable:
+            self._emit("generator", self._consumable[id(gen)][1])
+            self.consumed.append(gen)
+        else:
+            self._fail(f"a generator that is {state.lower().replace('gen_', '')}")
 
     def _mapping(self, value) -> None:
         self._emit(_type_name(type(value)), len(value))

@@ -122,19 +122,19 @@ class CaptureCache:
         try:
             if why is not None:
                 raise NotCacheable(why)
-            self.key, self.files = self._compute_key()
+            self.key, self.files, self._before = self._compute_key()
         except NotCacheable as err:
             graph_cache.logger.debug("graph cache: %r is not cacheable: %s",
                                      getattr(step_fn, "__name__", step_fn), err)
 
-    def _compute_key(self):
+    def _compute_key(self, consumable=None):
         inputs, policy, decompositions, stand_in = self._key_args
-        fp = Fingerprinter(self.view.tensors, hook=stand_in)
+        fp = Fingerprinter(self.view.tensors, hook=stand_in, consumable=consumable)
         for label, root in self._roots:
             fp.add(label, root)
         key = graph_cache.step_key(fp, self.view.slots, inputs, policy, decompositions,
                                    self._extra)
-        return key, sorted(fp.files)
+        return key, sorted(fp.files), fp
 
     def _give_up(self, reason: str) -> None:
         graph_cache.logger.debug("graph cache: not storing %s: %s", self.key, reason)
@@ -152,12 +152,30 @@ class CaptureCache:
             extras = entry.extras
             closures = [self._resolve_closure(c) for c in extras["closures"]]
             counters = [self._resolve_counter(c) for c in extras["counters"]]
+            consumed = [self._resolve_generator(path) for path in extras["consumed"]]
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
             warnings.warn(f"Ignoring graph cache entry {self.key} (its step closures or "
                           f"counters do not resolve: {err}); the step is captured again.",
                           graph_cache.GraphCacheWarning, stacklevel=2)
             return None
+        for generator in consumed:  # as the trace would have
+            for _ in generator:
+                pass
         return entry.captured, closures, counters
+
+    def _find(self, where, name):
+        for kind_found, name_found, value in _reachable(self.step_fn):
+            if (kind_found, name_found) == (where, name):
+                return value
+        raise ValueError(f"no {where} {name!r}")
+
+    def _resolve_generator(self, path):
+        where, name = path
+        generator = self._find(where, name)
+        if not isinstance(generator, types.GeneratorType) or \
+                id(generator) not in self._before.generators:
+            raise ValueError(f"{name!r} is not an unstarted generator")
+        return generator
 
     def _resolve_closure(self, record):
         kind = record["kind"]
@@ -169,12 +187,8 @@ class CaptureCache:
                 raise ValueError(f"metric method {record['method']!r}")
             return kind, metric._count_update
         where, name, unwrap = record["path"]
-        for kind_found, name_found, value in _reachable(self.step_fn):
-            if (kind_found, name_found) == (where, name):
-                fn = value.__wrapped__ if unwrap else value
-                break
-        else:
-            raise ValueError(f"no {where} {name!r}")
+        fn = self._find(where, name)
+        fn = fn.__wrapped__ if unwrap else fn
         if fingerprint.code_digest(_function(fn).__code__) != record["code"]:
             raise ValueError(f"{name!r} has other code")
         return kind, step_closures._named(fn) if record["named"] else fn
@@ -195,12 +209,13 @@ class CaptureCache:
         if self.key is None:
             yield
             return
-        with warnings.catch_warnings(record=True) as caught:
-            try:
+        caught = []
+        try:
+            with warnings.catch_warnings(record=True) as caught:
                 yield
-            finally:
-                for message in caught:
-                    warnings._showwarnmsg(message)
+        finally:
+            for message in caught:  # shown where they would have been, once recording ended
+                warnings._showwarnmsg(message)
         if caught:
             self._give_up(f"the capture issued {caught[0].category.__name__}: "
                           f"{str(caught[0].message)[:100]}")
@@ -211,9 +226,11 @@ class CaptureCache:
         if self.key is None:
             return
         try:
+            key, files, after = self._compute_key(consumable=self._before.generators)
             extras = {"closures": [self._describe_closure(r) for r in records],
-                      "counters": [self._describe_counter(obj, n) for obj, n in counter_steps]}
-            key, files = self._compute_key()
+                      "counters": [self._describe_counter(obj, n) for obj, n in counter_steps],
+                      "consumed": [self._path_of(g, "a generator the trace consumed")
+                                   for g in after.consumed]}
             if key != self.key:
                 raise NotCacheable(
                     "the step changed Python values it reads (an attribute, a global, a "
@@ -239,6 +256,12 @@ class CaptureCache:
                             "code": fingerprint.code_digest(code.__code__)}
         raise NotCacheable(f"the step closure {getattr(fn, '__name__', fn)!r} is not a free "
                            "variable or global of the step function")
+
+    def _path_of(self, obj, what) -> list:
+        for where, name, value in _reachable(self.step_fn):
+            if value is obj:
+                return [where, name]
+        raise NotCacheable(f"{what} is not a free variable or global of the step function")
 
     def _describe_counter(self, obj, increment) -> list:
         for registry, objects in (("optimizer", self.impl.optimizer_registry),
