@@ -93,11 +93,18 @@ def code_digest(code: types.CodeType) -> str:
         h.update(repr(part).encode())
     h.update(code.co_code)
     for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            h.update(code_digest(const).encode())
-        else:
-            h.update(f"{type(const).__qualname__}:{const!r}".encode())
+        h.update(_const_text(const).encode())
     return h.hexdigest()
+
+
+def _const_text(const) -> str:
+    if isinstance(const, types.CodeType):
+        return code_digest(const)
+    if isinstance(const, frozenset):  # ``x in {"a", "b"}``: sorted, not in hash order
+        return "frozenset:" + ",".join(sorted(_const_text(c) for c in const))
+    if isinstance(const, tuple):
+        return "tuple:(" + ",".join(_const_text(c) for c in const) + ")"
+    return f"{type(const).__qualname__}:{const!r}"
 
 
 def _global_names(code: types.CodeType) -> list:
@@ -130,7 +137,7 @@ class Fingerprinter:
         self.generators: dict = {}  # id -> (generator, digest) of unstarted generators seen
         self.consumed: list = []  # generators of ``consumable`` found exhausted
         self._seen: dict = {}  # id -> visit index
-        self._keep: list = []  # keeps stand-ins alive so their ids stay unique
+        self._keep: list = []  # every object seen: ids stay unique while we walk
         self._path: list = []
         self._value_bytes = 0
         self.files: set = set()
@@ -138,7 +145,10 @@ class Fingerprinter:
     def add(self, label: str, value) -> None:
         self._path = [label]
         self._emit("root", label)
-        self._describe(value)
+        try:
+            self._describe(value)
+        except RecursionError:
+            raise NotCacheable(f"objects nested too deeply under {label}") from None
 
     def hexdigest(self) -> str:
         return self._hash.hexdigest()
@@ -169,6 +179,7 @@ class Fingerprinter:
             self._emit("ref", self._seen[key])
             return
         self._seen[key] = len(self._seen)
+        self._keep.append(value)  # alive until the end, so no later object reuses its id
         if len(self._seen) > MAX_OBJECTS:
             self._fail(f"more than {MAX_OBJECTS} objects reachable")
         if self._hook is not None:

@@ -30,6 +30,7 @@ import torch
 
 from jax_backend import fingerprint, graph_cache
 from jax_backend.fingerprint import Fingerprinter, NotCacheable
+from cstorch.backend import Backend
 from cstorch.backend.base_backend import BaseBackend
 from cstorch.distributed import runtime
 from cstorch.experimental import listener
@@ -43,11 +44,11 @@ def _function(fn):
     return fn if isinstance(fn, types.FunctionType) else None
 
 
-def _stand_in(impl, traced_step_type):
+def _stand_in(traced_step_type):
     """Names cstorch's own objects for the fingerprint instead of walking them."""
 
     def stand_in(obj):
-        if obj is impl or isinstance(obj, BaseBackend) or getattr(obj, "_impl", None) is impl:
+        if isinstance(obj, (BaseBackend, Backend)):
             return "cstorch backend"
         if isinstance(obj, types.FunctionType) and getattr(obj, "is_step_closure", False):
             # Runs after the step, with real values: only which function it is matters.
@@ -112,20 +113,31 @@ class CaptureCache:
                        ("schedulers", impl.schedulers), ("grad scalers", impl.grad_scalers),
                        ("metrics", impl.metrics), ("stateful", impl.stateful_objects),
                        ("sparsity", impl.sparsity_registry)]
-        self._extra = json.dumps({
-            "backend": str(impl.backend_type), "engine": impl.engine, "csx": impl.is_csx,
-            "layout": _layout(impl.layout), "structure": repr(spec),
-            "tensor arguments": [isinstance(x, torch.Tensor) for x in leaves],
-            "modes": impl.module_modes()})
-        self._key_args = (inputs, policy, decompositions, _stand_in(impl, traced_step_type))
+        self._key_args = (inputs, policy, decompositions, _stand_in(traced_step_type))
         why = _context_not_cacheable(trace_hooks)
-        try:
+        with self._guarded():
             if why is not None:
                 raise NotCacheable(why)
+            self._extra = json.dumps({
+                "backend": str(impl.backend_type), "engine": impl.engine, "csx": impl.is_csx,
+                "layout": _layout(impl.layout), "structure": repr(spec),
+                "tensor arguments": [isinstance(x, torch.Tensor) for x in leaves],
+                "modes": impl.module_modes()})
             self.key, self.files, self._before = self._compute_key()
+
+    @contextlib.contextmanager
+    def _guarded(self):
+        """The cache must never stop a step: what it cannot describe makes the step not
+        cacheable (logged at debug level); an unexpected error does too, with a warning."""
+        try:
+            yield
         except NotCacheable as err:
-            graph_cache.logger.debug("graph cache: %r is not cacheable: %s",
-                                     getattr(step_fn, "__name__", step_fn), err)
+            self._give_up(str(err))
+        except Exception as err:  # noqa: BLE001 - see the docstring
+            warnings.warn(f"The graph cache failed ({type(err).__name__}: {err}); "
+                          f"{getattr(self.step_fn, '__name__', 'the step')!r} is captured "
+                          "without it.", graph_cache.GraphCacheWarning, stacklevel=4)
+            self._give_up(repr(err))
 
     def _compute_key(self, consumable=None):
         inputs, policy, decompositions, stand_in = self._key_args
@@ -137,14 +149,20 @@ class CaptureCache:
         return key, sorted(fp.files), fp
 
     def _give_up(self, reason: str) -> None:
-        graph_cache.logger.debug("graph cache: not storing %s: %s", self.key, reason)
+        graph_cache.logger.debug("graph cache: %r is not cached: %s",
+                                 getattr(self.step_fn, "__name__", self.step_fn), reason)
         self.key = None
 
     # -------------------------------------------------------------------------------- hit
     def load(self):
         """``(captured, closures, counter_steps)`` from the cache, or None."""
-        if self.key is None:
-            return None
+        hit = None
+        with self._guarded():
+            if self.key is not None:
+                hit = self._load()
+        return hit
+
+    def _load(self):
         entry = graph_cache.load(self.directory, self.key, len(self.view.tensors), self.files)
         if entry is None:
             return None
@@ -156,7 +174,7 @@ class CaptureCache:
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
             warnings.warn(f"Ignoring graph cache entry {self.key} (its step closures or "
                           f"counters do not resolve: {err}); the step is captured again.",
-                          graph_cache.GraphCacheWarning, stacklevel=2)
+                          graph_cache.GraphCacheWarning, stacklevel=4)
             return None
         for generator in consumed:  # as the trace would have
             for _ in generator:
@@ -225,7 +243,7 @@ class CaptureCache:
         were, and describes its closures and counters for a later hit."""
         if self.key is None:
             return
-        try:
+        with self._guarded():
             key, files, after = self._compute_key(consumable=self._before.generators)
             extras = {"closures": [self._describe_closure(r) for r in records],
                       "counters": [self._describe_counter(obj, n) for obj, n in counter_steps],
@@ -235,10 +253,7 @@ class CaptureCache:
                 raise NotCacheable(
                     "the step changed Python values it reads (an attribute, a global, a "
                     "closure variable) while it was traced; a cached graph would not")
-        except NotCacheable as err:
-            self._give_up(str(err))
-            return
-        self._pending = (captured, extras, files)
+            self._pending = (captured, extras, files)
 
     def _describe_closure(self, record) -> dict:
         fn, named = record.fn, False
@@ -273,8 +288,9 @@ class CaptureCache:
 
     def store(self) -> None:
         """Writes the prepared entry (once)."""
-        if self._pending is None or self.key is None:
+        pending, self._pending = self._pending, None
+        if pending is None or self.key is None:
             return
-        captured, extras, files = self._pending
-        self._pending = None
-        graph_cache.store(self.directory, self.key, captured, extras, files)
+        with self._guarded():
+            captured, extras, files = pending
+            graph_cache.store(self.directory, self.key, captured, extras, files)
