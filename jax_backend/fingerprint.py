@@ -57,8 +57,7 @@ _TORCH_ATOMS = (torch.dtype, torch.device, torch.layout, torch.memory_format)
 # Iterators over built-in containers: ``__reduce__`` gives (iter, (container,), position).
 _BUILTIN_ITERATORS = tuple({type(iter(x)) for x in ([], (), range(0), "", b"", {}, {}.values(),
                                                      {}.items(), set())})
-_CLASS_SKIP = {"__dict__", "__weakref__", "__doc__", "__module__", "__qualname__",
-               "__annotations__", "__slots__", "_abc_impl", "__parameters__", "__orig_bases__"}
+_CLASS_SKIP = {"_abc_impl"}  # (dunder attributes other than methods are skipped too)
 
 
 class NotCacheable(Exception):
@@ -74,12 +73,20 @@ def register_project_dir(path: str) -> None:
 
 
 def is_library_file(filename: str) -> bool:
-    return not filename or filename.startswith("<") or os.path.abspath(filename).startswith(
-        LIBRARY_DIRS)
+    """Whether code from ``filename`` is library code (named, not hashed). Code without a
+    file (``python -c``, notebooks' ``<ipython-input-...>``, ``exec``) is the user's, except
+    the standard library's frozen modules."""
+    if filename.startswith("<"):
+        return filename.startswith("<frozen ")
+    return os.path.abspath(filename).startswith(LIBRARY_DIRS)
+
+
+def _is_real_file(filename: str) -> bool:
+    return bool(filename) and not filename.startswith("<")
 
 
 def _is_project_file(filename: str) -> bool:
-    return os.path.abspath(filename).startswith(tuple(_PROJECT_DIRS))
+    return _is_real_file(filename) and os.path.abspath(filename).startswith(tuple(_PROJECT_DIRS))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -119,7 +126,8 @@ def _global_names(code: types.CodeType) -> list:
 def _module_file(module_name) -> str | None:
     module = sys.modules.get(module_name) if isinstance(module_name, str) else None
     filename = getattr(module, "__file__", None)
-    return os.path.abspath(filename) if isinstance(filename, str) else None
+    return os.path.abspath(filename) if isinstance(filename, str) and _is_real_file(filename) \
+        else None
 
 
 class Fingerprinter:
@@ -227,7 +235,8 @@ class Fingerprinter:
         elif isinstance(value, types.ModuleType):
             self._emit("module", value.__name__)
             filename = getattr(value, "__file__", None)
-            if isinstance(filename, str) and not is_library_file(filename):
+            if isinstance(filename, str) and _is_real_file(filename) \
+                    and not is_library_file(filename):
                 self.files.add(os.path.abspath(filename))
         elif isinstance(value, types.GeneratorType):
             self._generator(value)
@@ -320,14 +329,7 @@ class Fingerprinter:
     def _function(self, fn) -> None:
         code = fn.__code__
         filename = code.co_filename
-        self._emit("function", fn.__module__ or "", fn.__qualname__)
-        if is_library_file(filename):
-            wrapped = getattr(fn, "__wrapped__", None)
-            if wrapped is not None:  # a library decorator around user code
-                self._child("__wrapped__", wrapped)
-            return
-        self.files.add(os.path.abspath(filename))
-        self._emit(code_digest(code))
+        self._emit("function", fn.__module__ or "", fn.__qualname__, code_digest(code))
         self._child("__defaults__", fn.__defaults__)
         self._child("__kwdefaults__", fn.__kwdefaults__)
         for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
@@ -337,12 +339,30 @@ class Fingerprinter:
                 self._emit("empty cell", name)
                 continue
             self._child(name, contents)
-        if _is_project_file(filename):
+        if is_library_file(filename):
+            wrapped = getattr(fn, "__wrapped__", None)
+            if wrapped is not None:  # a library decorator around user code
+                self._child("__wrapped__", wrapped)
             return
-        names = fn.__globals__
-        for name in _global_names(code):
-            if name in names and not name.startswith("__"):
-                self._child(name, names[name])
+        if _is_real_file(filename):
+            self.files.add(os.path.abspath(filename))
+        if not _is_project_file(filename):
+            self._globals(code, fn.__globals__)
+
+    def _globals(self, code, namespace) -> None:
+        """The globals user code names, and the attributes it names of user modules among
+        them (``config.lr`` after ``import config``: set at run time, not in any file)."""
+        names = _global_names(code)
+        for name in names:
+            if name not in namespace or name.startswith("__"):
+                continue
+            value = namespace[name]
+            self._child(name, value)
+            if isinstance(value, types.ModuleType) and _is_user_module(value):
+                attributes = vars(value)
+                for attribute in names:
+                    if attribute in attributes and not attribute.startswith("__"):
+                        self._child(f"{name}.{attribute}", attributes[attribute])
 
     def _class(self, cls) -> None:
         self._emit("class", cls.__module__, cls.__qualname__)
@@ -357,12 +377,11 @@ class Fingerprinter:
             self.files.add(filename)
         for base in cls.__bases__:
             self._child("base", base)
-        for name, member in vars(cls).items():
-            if name in _CLASS_SKIP:
+        for name, member in vars(cls).items():  # methods and class attributes
+            dunder = name.startswith("__") and name.endswith("__")
+            if name in _CLASS_SKIP or (dunder and not isinstance(member, types.FunctionType)):
                 continue
-            if isinstance(member, (types.FunctionType, staticmethod, classmethod, property)) \
-                    or type(member) in _ATOMS:
-                self._child(name, member)
+            self._child(name, member)
 
     def _instance(self, value) -> None:
         cls = type(value)
@@ -386,6 +405,13 @@ class Fingerprinter:
 
 def _type_name(cls) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _is_user_module(module) -> bool:
+    filename = getattr(module, "__file__", None)
+    if not isinstance(filename, str) or not _is_real_file(filename):
+        return module.__name__ not in sys.builtin_module_names
+    return not is_library_file(filename) and not _is_project_file(filename)
 
 
 def _is_heap_type(cls) -> bool:

@@ -40,6 +40,7 @@ safe to delete at any time. Hits, misses and stores are reported as ``jax.monito
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -50,6 +51,7 @@ import operator
 import os
 import re
 import site
+import stat
 import sys
 import sysconfig
 import tempfile
@@ -166,6 +168,8 @@ def _file_digest(path: str) -> str:
         st = os.stat(path)
     except OSError:
         return "absent"
+    if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_FILE_BYTES:
+        return "not a source file"
     if path.startswith(_installed_dirs()):
         return f"stat:{st.st_size}:{st.st_mtime_ns}"
     return _content_digest(path, st.st_size, st.st_mtime_ns)
@@ -184,8 +188,14 @@ def loaded_source_files() -> set:
 
 def source_files(extra=()) -> dict:
     """``{path: digest}`` of ``loaded_source_files()`` and ``extra`` (e.g. the fingerprint's
-    files, which may belong to no registered module)."""
-    return {path: _file_digest(path) for path in sorted(loaded_source_files() | set(extra))}
+    files, which may belong to no registered module). Raises NotCacheable if one of them
+    cannot be read (code loaded from a zip, a deleted file): a change would go unseen."""
+    files = {path: _file_digest(path) for path in sorted(loaded_source_files() | set(extra))}
+    unreadable = [path for path, digest in files.items() if ":" not in digest]
+    if unreadable:
+        raise fingerprint.NotCacheable(f"code was loaded from {unreadable[0]}, which cannot "
+                                       "be read as a file")
+    return files
 
 
 def _stale_file(stored: dict, extra=()) -> str | None:
@@ -465,8 +475,11 @@ def _register_optimizer_specs(specs) -> set:
     return set(specs)
 
 
-def decode(doc: dict, arrays: list, num_state: int):
-    """(CapturedStep, extras) from an entry's JSON and constant arrays. Raises CorruptEntry."""
+def decode(doc: dict, arrays: list, state: list, inputs: list):
+    """(CapturedStep, extras) from an entry's JSON and constant arrays, for a step over the
+    unique ``state`` tensors and ``inputs`` (whose shapes and dtypes its placeholders must
+    have). Raises CorruptEntry."""
+    num_state = len(state)
     _check(isinstance(doc, dict), "not a JSON object")
     optimizer_keys = _register_optimizer_specs(doc["optimizer_specs"])
     nodes = doc["nodes"]
@@ -515,8 +528,12 @@ def decode(doc: dict, arrays: list, num_state: int):
         _check(isinstance(indices, list) and len(set(indices)) == len(indices)
                and all(type(i) is int and 0 <= i < num_state for i in indices),
                f"bad {name} state indices")
-    _check(type(num_inputs) is int and placeholders == len(used) + num_inputs,
-           "placeholders do not match the state and inputs")
+    _check(type(num_inputs) is int and placeholders == len(used) + num_inputs
+           and num_inputs == len(inputs), "placeholders do not match the state and inputs")
+    for node, tensor in zip(decoder.nodes, [state[i] for i in used] + list(inputs)):
+        val = node.meta["val"]
+        _check(isinstance(val, torch.Tensor) and val.shape == tensor.shape
+               and val.dtype == tensor.dtype, "a placeholder of another shape or dtype")
     _check(isinstance(is_tensor, list) and all(type(b) is bool for b in is_tensor)
            and isinstance(constants, list) and len(constants) == len(is_tensor)
            and all(type(c) in _SCALARS and (c is None or not t)
@@ -540,8 +557,9 @@ class Entry:
     extras: dict  # the caller's, as stored: validate before use
 
 
-def load(directory: str, key: str, num_state: int, extra_files=()) -> Entry | None:
-    """The entry stored under ``key``, or None (a miss: absent, stale or unreadable)."""
+def load(directory: str, key: str, state: list, inputs: list, extra_files=()) -> Entry | None:
+    """The entry stored under ``key`` for a step over the unique ``state`` tensors and
+    ``inputs``, or None (a miss: absent, stale or unreadable)."""
     path = _entry_path(directory, key)
     try:
         size = os.stat(path).st_size
@@ -558,7 +576,7 @@ def load(directory: str, key: str, num_state: int, extra_files=()) -> Entry | No
         stale = _stale_file(files, extra_files)
         if stale is not None:
             return _miss(key, stale)
-        captured, extras = decode(doc, arrays, num_state)
+        captured, extras = decode(doc, arrays, state, inputs)
     except Exception as err:  # noqa: BLE001 - whatever is wrong with an entry, it is a miss
         warnings.warn(f"Ignoring graph cache entry {path} ({type(err).__name__}: "
                       f"{str(err)[:200]}); the step is captured again.", GraphCacheWarning,
@@ -567,6 +585,12 @@ def load(directory: str, key: str, num_state: int, extra_files=()) -> Entry | No
     jax.monitoring.record_event(EVENT_HIT)
     logger.debug("graph cache hit %s", key)
     return Entry(captured, extras)
+
+
+def discard(directory: str, key: str) -> None:
+    """Removes the entry stored under ``key`` (one that turned out not to work)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(_entry_path(directory, key))
 
 
 def _miss(key, reason):
@@ -581,8 +605,18 @@ def _read(path):
         _check(all(m.compress_type == zipfile.ZIP_STORED for m in members), "compressed members")
         _check(sum(m.file_size for m in members) <= MAX_FILE_BYTES, "members too large")
         names = [m.filename for m in members]
-    _check(names and names[0] == "entry.npy"
-           and names[1:] == [f"c{i}.npy" for i in range(len(names) - 1)], "unexpected members")
+        _check(names and names[0] == "entry.npy"
+               and names[1:] == [f"c{i}.npy" for i in range(len(names) - 1)],
+               "unexpected members")
+        for member in members:  # a header must not promise more than its member holds
+            with archive.open(member) as f:
+                version = np.lib.format.read_magic(f)
+                _check(version in ((1, 0), (2, 0)), "an unknown array format")
+                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0)
+                shape, _, dtype = read_header(f)
+                _check(dtype == np.uint8 and len(shape) == 1
+                       and shape[0] <= member.file_size, "an array larger than its member")
     with np.load(path, allow_pickle=False) as npz:
         raw = npz["entry"]
         _check(raw.dtype == np.uint8 and raw.ndim == 1 and raw.nbytes <= MAX_JSON_BYTES,

@@ -99,10 +99,12 @@ class CaptureCache:
     ``prepare`` after a capture and ``store`` after the program's first good run."""
 
     def __init__(self, impl, step_fn, leaves, spec, view, inputs, policy, decompositions, *,
-                 traced_step_type: type, trace_hooks: bool):
+                 traced_step_type: type, trace_hooks: bool, lookup: bool = True):
         self.impl, self.step_fn, self.view = impl, step_fn, view
         self.key = None
+        self.hit = False  # whether ``load`` found the graph
         self._pending = None
+        self._lookup = lookup  # False: capture (and store) even if an entry exists
         self.directory = graph_cache.default_directory()
         if self.directory is None:
             return
@@ -158,12 +160,13 @@ class CaptureCache:
         """``(captured, closures, counter_steps)`` from the cache, or None."""
         hit = None
         with self._guarded():
-            if self.key is not None:
+            if self.key is not None and self._lookup:
                 hit = self._load()
         return hit
 
     def _load(self):
-        entry = graph_cache.load(self.directory, self.key, len(self.view.tensors), self.files)
+        entry = graph_cache.load(self.directory, self.key, self.view.tensors,
+                                 self._key_args[0], self.files)
         if entry is None:
             return None
         try:
@@ -179,7 +182,13 @@ class CaptureCache:
         for generator in consumed:  # as the trace would have
             for _ in generator:
                 pass
+        self.hit = True
         return entry.captured, closures, counters
+
+    def discard(self) -> None:
+        """Removes the entry a hit came from (its program failed to build or run)."""
+        if self.hit:
+            graph_cache.discard(self.directory, self.key)
 
     def _find(self, where, name):
         for kind_found, name_found, value in _reachable(self.step_fn):

@@ -174,7 +174,7 @@ class _CompiledStep:
     state_avals: dict  # path -> (shape, dtype) the program was compiled for
     hyperparameters: list  # per optimizer that existed at compile time: its group values
     counter_steps: list  # (optimizer or scheduler, how much one step adds to its _step_count)
-    cache: CaptureCache | None = None  # stores the graph after the program's first good run
+    cache: CaptureCache | None = None  # until the first good run: where the graph goes/came
     _resolved: tuple = (None, None, None)  # (view, used indices, written indices)
 
     def matches_hyperparameters(self, current: list) -> bool:
@@ -313,15 +313,33 @@ class TracedStep:
             positions = entry.resolve(view)
             self._evict_unused()
         self._last_key = key
-        outputs = self._run(impl, entry, leaves, view, *positions)
-        if entry.cache is not None:
+        try:
+            outputs = self._run(impl, entry, leaves, view, *positions)
+        except Exception as error:  # noqa: BLE001 - re-raised unless a cached graph failed
+            if entry.cache is None or not entry.cache.hit or entry.program.has_run:
+                raise
+            entry = self._recapture(impl, key, leaves, spec, view, entry, error)
+            outputs = self._run(impl, entry, leaves, view, *entry.resolve(view))
+        if entry.cache is not None:  # the first good run: keep the graph for later runs
             entry.cache, cache = None, entry.cache
             cache.store()
         return outputs
 
+    def _recapture(self, impl, key, leaves, spec, view, entry, error) -> _CompiledStep:
+        """A graph from the cache whose program failed before it ever ran (state is left as
+        it was): drop it and capture the step again (whose graph then replaces it)."""
+        entry.cache.discard()
+        self._programs[key].remove(entry)
+        if not self._programs[key]:
+            del self._programs[key]
+        warn(f"The cached graph of {self.step_fn.__name__!r} failed ({type(error).__name__}: "
+             f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}); it is "
+             "captured again.", jax_backend.graph_cache.GraphCacheWarning)
+        return self._compile(impl, key, leaves, spec, view, retry=True)
+
     # ---------------------------------------------------------------------------- compile
-    def _compile(self, impl, key, leaves, spec, view) -> _CompiledStep:
-        if self._programs:
+    def _compile(self, impl, key, leaves, spec, view, retry=False) -> _CompiledStep:
+        if self._programs and not retry:
             changed = _describe_change(self._last_key, key)
             if impl.is_csx:
                 raise jax_backend.RecompilationError(
@@ -354,7 +372,8 @@ class TracedStep:
         decompositions = decompositions_for("CSX" if impl.is_csx else "CPU")
         cache = CaptureCache(impl, self.step_fn, leaves, spec, view, twins, policy,
                              decompositions, traced_step_type=TracedStep,
-                             trace_hooks=bool(_trace_pre_hooks or _trace_post_hooks))
+                             trace_hooks=bool(_trace_pre_hooks or _trace_post_hooks),
+                             lookup=not retry)
         hit = cache.load()
         if hit is not None:  # the graph of an earlier run: nothing is traced
             captured, closures, counter_steps = hit
@@ -373,8 +392,7 @@ class TracedStep:
         avals = {view.paths[i]: view.aval(i)
                  for i in captured.used_state + captured.written_state}
         entry = _CompiledStep(captured, program, closures, python_leaves, used, written, avals,
-                              _hyperparameters(impl), counter_steps,
-                              cache if hit is None else None)
+                              _hyperparameters(impl), counter_steps, cache)
         self._programs.setdefault(key, []).append(entry)
         return entry
 

@@ -8,6 +8,7 @@ runs nothing. The key changes with what the step reads, and only with that.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import threading
@@ -53,6 +54,11 @@ def _run(captured, state, inputs):
     return program, [np.asarray(a) for a in list(new_state) + list(outputs)]
 
 
+def _load(directory, state, inputs, extra_files=()):
+    return graph_cache.load(str(directory), KEY, [state["w"], state["b"]], list(inputs),
+                            extra_files=extra_files)
+
+
 @pytest.fixture()
 def stored(tmp_path):
     captured, state, inputs = _captured()
@@ -63,7 +69,7 @@ def stored(tmp_path):
 def test_a_stored_step_loads_as_the_same_program(stored):
     directory, captured, state, inputs = stored
     assert os.listdir(directory) == [f"{KEY}.npz"]  # no temporary file left behind
-    entry = graph_cache.load(str(directory), KEY, num_state=2)
+    entry = _load(directory, state, inputs)
     assert entry is not None and entry.extras == {"closures": []}
     loaded = entry.captured
     for field in ("used_state", "written_state", "num_inputs", "output_spec",
@@ -86,7 +92,8 @@ def test_a_stored_step_loads_as_the_same_program(stored):
 
 
 def test_missing_entry_is_a_silent_miss(tmp_path, recwarn):
-    assert graph_cache.load(str(tmp_path), KEY, num_state=2) is None
+    _, state, inputs = _captured()
+    assert _load(tmp_path, state, inputs) is None
     assert not [w for w in recwarn if issubclass(w.category, graph_cache.GraphCacheWarning)]
 
 
@@ -157,6 +164,20 @@ def _bad_state_index(doc):
     doc["used_state"] = [0, 7]
 
 
+def _huge_array_header(path):
+    with zipfile.ZipFile(path) as src:
+        members = [(m.filename, src.read(m)) for m in src.infolist()]
+    name, data = members[-1]
+    header = np.lib.format.header_data_from_array_1_0(np.zeros(0, np.uint8))
+    header["shape"] = (1 << 40,)
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, header)
+    members[-1] = (name, buffer.getvalue())
+    with zipfile.ZipFile(path, "w") as dst:
+        for member_name, member_data in members:
+            dst.writestr(member_name, member_data)
+
+
 CORRUPTIONS = {
     "truncated": lambda p: _truncate(p),
     "garbage": lambda p: _garbage(p),
@@ -171,40 +192,50 @@ CORRUPTIONS = {
     "an unknown argument tag": lambda p: _rewrite(p, _string_argument),
     "another key": lambda p: _rewrite(p, _other_key),
     "a state index out of range": lambda p: _rewrite(p, _bad_state_index),
+    "an array header promising a terabyte": lambda p: _huge_array_header(p),
 }
 
 
 @pytest.mark.parametrize("corrupt", CORRUPTIONS.values(), ids=CORRUPTIONS.keys())
 def test_a_damaged_entry_is_a_miss_with_one_warning(stored, corrupt, monkeypatch):
-    directory, *_ = stored
+    directory, _, state, inputs = stored
     monkeypatch.chdir(directory)
     corrupt(str(directory / f"{KEY}.npz"))
     with pytest.warns(graph_cache.GraphCacheWarning) as warned:
-        assert graph_cache.load(str(directory), KEY, num_state=2) is None
+        assert _load(directory, state, inputs) is None
     assert len(warned) == 1 and "\n" not in str(warned[0].message)
     assert not os.path.exists(directory / "PWNED")
 
 
 def test_an_oversized_entry_is_refused_unread(stored, monkeypatch):
-    directory, *_ = stored
+    directory, _, state, inputs = stored
     monkeypatch.setattr(graph_cache, "MAX_FILE_BYTES", 100)
     with pytest.warns(graph_cache.GraphCacheWarning, match="more than the limit"):
-        assert graph_cache.load(str(directory), KEY, num_state=2) is None
+        assert _load(directory, state, inputs) is None
 
 
 def test_a_changed_or_new_source_file_is_a_miss(stored, tmp_path, monkeypatch):
-    directory, *_ = stored
+    directory, captured, state, inputs = stored
     source = tmp_path / "user_code.py"
     source.write_text("A = 1\n")
-    graph_cache.store(str(directory), KEY, _captured()[0], {}, extra_files=[str(source)])
-    assert graph_cache.load(str(directory), KEY, 2, extra_files=[str(source)]) is not None
+    graph_cache.store(str(directory), KEY, captured, {}, extra_files=[str(source)])
+    assert _load(directory, state, inputs, extra_files=[str(source)]) is not None
     source.write_text("A = 2\n")
-    assert graph_cache.load(str(directory), KEY, 2, extra_files=[str(source)]) is None
+    assert _load(directory, state, inputs, extra_files=[str(source)]) is None
     other = tmp_path / "other.py"
     other.write_text("")
     monkeypatch.setattr(graph_cache, "loaded_source_files",
                         lambda: {str(other)})  # a module the entry never saw is loaded now
-    assert graph_cache.load(str(directory), KEY, 2) is None
+    assert _load(directory, state, inputs) is None
+
+
+def test_an_entry_for_other_state_or_inputs_is_a_miss(stored):
+    directory, _, state, inputs = stored
+    wider = {"w": torch.zeros(3, 5), "b": state["b"]}
+    with pytest.warns(graph_cache.GraphCacheWarning, match="placeholder"):
+        assert _load(directory, wider, inputs) is None
+    with pytest.warns(graph_cache.GraphCacheWarning, match="placeholder"):
+        assert _load(directory, state, [inputs[0].double(), inputs[1]]) is None
 
 
 def test_an_unwritable_directory_stores_nothing(tmp_path):
@@ -255,6 +286,14 @@ def test_the_fingerprint_follows_code_closures_globals_and_constant_values(monke
     monkeypatch.setitem(globals(), "SCALE", 3.0)
     assert _digest(_reads_scale) != before  # a global the code names
 
+    config = __import__("types").ModuleType("config")  # `import config; config.lr = ...`
+    config.lr = 0.1
+    namespace = {"config": config}
+    exec("def reads_config(x):\n    return x * config.lr\n", namespace)
+    first = _digest(namespace["reads_config"])
+    config.lr = 0.2
+    assert _digest(namespace["reads_config"]) != first
+
     weight = torch.ones(3)
     state_digest = _digest(weight, state=[weight])
     module = torch.nn.Linear(3, 2)
@@ -296,3 +335,9 @@ def test_an_unstarted_generator_is_described_by_what_it_will_yield():
 def test_library_code_is_named_and_user_code_is_hashed():
     assert fingerprint.is_library_file(torch.__file__)
     assert not fingerprint.is_library_file(__file__)
+    steps = []
+    for body in ("x + 1", "x + 2"):  # as `python -c` or a notebook cell defines them
+        namespace = {}
+        exec(compile(f"def step(x):\n    return {body}\n", "<string>", "exec"), namespace)
+        steps.append(namespace["step"])
+    assert _digest(steps[0]) != _digest(steps[1])
