@@ -29,6 +29,7 @@ import functools
 import hashlib
 import inspect
 import os
+import re
 import sys
 import sysconfig
 import types
@@ -144,6 +145,7 @@ class Fingerprinter:
         self._consumable = consumable or {}
         self.generators: dict = {}  # id -> (generator, digest) of unstarted generators seen
         self.consumed: list = []  # generators of ``consumable`` found exhausted
+        self.roots: list = []  # (label, digest so far) after each ``add``: what differs
         self._seen: dict = {}  # id -> visit index
         self._keep: list = []  # every object seen: ids stay unique while we walk
         self._path: list = []
@@ -157,6 +159,7 @@ class Fingerprinter:
             self._describe(value)
         except RecursionError:
             raise NotCacheable(f"objects nested too deeply under {label}") from None
+        self.roots.append((label, self.hexdigest()))
 
     def hexdigest(self) -> str:
         return self._hash.hexdigest()
@@ -257,6 +260,8 @@ class Fingerprinter:
             self._array_bytes("ndarray", str(value.dtype), value.shape, value)
         elif isinstance(value, np.generic):
             self._emit("numpy", str(value.dtype), repr(value.item()))
+        elif isinstance(value, re.Pattern):
+            self._emit("pattern", value.pattern, value.flags)
         elif isinstance(value, (slice, range)):
             self._emit(type(value).__name__, value.start, value.stop, value.step)
         elif value is Ellipsis or value is NotImplemented:
@@ -397,10 +402,26 @@ class Fingerprinter:
         self._emit("object")
         self._child("type", cls)
         if state is not None:
-            self._child("__dict__", state)
+            self._child("__dict__", _hooks_by_rank(state))
         for name in slots:
             if name not in ("__dict__", "__weakref__") and hasattr(value, name):
                 self._child(name, getattr(value, name))
+
+
+def _hooks_by_rank(state: dict) -> dict:
+    """``state`` with its hook tables (``_forward_hooks``, ``_optimizer_step_pre_hooks``,
+    ...: dicts keyed by ``RemovableHandle`` ids, which count every handle the process ever
+    made) keyed by rank instead, so that the same hooks registered after a different history
+    fingerprint alike."""
+    tables = [name for name, value in state.items() if "hook" in name and isinstance(value, dict)
+              and value and all(type(k) is int for k in value)]
+    if not tables:
+        return state
+    rank = {k: i for i, k in enumerate(sorted({k for name in tables for k in state[name]}))}
+    shown = dict(state)
+    for name in tables:
+        shown[name] = ("hooks by rank", [(rank[k], v) for k, v in state[name].items()])
+    return shown
 
 
 def _type_name(cls) -> str:
@@ -421,4 +442,5 @@ def _is_heap_type(cls) -> bool:
 def _has_native_state(value) -> bool:
     """True for instances of C types (locks, files, generators, ...) that also carry a
     ``__dict__``: the dict does not describe them."""
-    return any(not _is_heap_type(klass) for klass in type(value).__mro__[:-1])
+    return any(not _is_heap_type(klass) and klass is not types.SimpleNamespace
+               for klass in type(value).__mro__[:-1])

@@ -13,11 +13,16 @@ capture was what a warm start still paid for. An entry stores a ``CapturedStep``
   devices, layouts, memory formats, tuples, lists and node references; each node's result
   shape, stride and dtype), the state and output layout, the output structure (tuples,
   lists, dicts and ``None`` only), non-tensor outputs (JSON scalars only), the caller's
-  ``extras`` (plain JSON), and the source files the entry was made with.
+  ``extras`` (plain JSON), the specs of the ``cstorch::optimizer_step`` nodes (whose key is
+  a hash of the spec, checked), and the source files the entry was made with.
+
+Node metadata comes back as meta tensors (shape, stride, dtype: all the lowering reads).
+A graph holding a ``cstorch::optax_update`` (a user's Python object) is not stored.
 
 Nothing read from an entry is executed: no pickle, ``eval`` or ``torch.load``. An entry that
-is truncated, corrupt, foreign, too large, of another format, or names an op that is not
-lowered, is a miss with a one-line ``GraphCacheWarning``; a missing entry is a silent miss.
+is truncated, corrupt, foreign, too large, of another format, names an op that is not
+lowered, or whose placeholders do not have the shapes and dtypes of the current state and
+inputs, is a miss with a one-line ``GraphCacheWarning``; a missing entry is a silent miss.
 
 **The key** (``step_key``) is a sha256 over the caller's ``Fingerprinter`` (the step's code
 and every value reachable from it, see ``fingerprint.py``), the decompositions, the state

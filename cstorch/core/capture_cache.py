@@ -259,9 +259,12 @@ class CaptureCache:
                       "consumed": [self._path_of(g, "a generator the trace consumed")
                                    for g in after.consumed]}
             if key != self.key:
+                changed = next((label for (label, a), (_, b) in zip(self._before.roots,
+                                                                    after.roots) if a != b),
+                               "its state or inputs")
                 raise NotCacheable(
-                    "the step changed Python values it reads (an attribute, a global, a "
-                    "closure variable) while it was traced; a cached graph would not")
+                    f"the step changed Python values it reads ({changed}: an attribute, a "
+                    "global, a closure variable) while it was traced; a cached graph would not")
             self._pending = (captured, extras, files)
 
     def _describe_closure(self, record) -> dict:
