@@ -13,13 +13,17 @@ optimizers) and hashes what can change the trace:
 * objects by their type and their ``__dict__``/``__slots__``; classes defined outside the
   libraries by their methods (code and the globals those name).
 
-Anything it cannot describe deterministically (locks, files, generators, JAX arrays, fake
-tensors) raises ``NotCacheable``: a step whose key is in doubt is never cached. Sets are
-hashed in a sorted order, so string hashing's per-process randomisation does not matter.
+Anything it cannot describe deterministically (locks, files, started generators, JAX
+arrays, fake tensors) raises ``NotCacheable``: a step whose key is in doubt is never cached.
+Sets are hashed in a sorted order, so string hashing's per-process randomisation does not
+matter, and hook tables by rank rather than by handle id. Values that differ from run to
+run (an ``id()``, a time) make every run a miss, never a wrong hit.
 
-Library code (torch, jax, jaxlib, the standard library) is named, not walked: its versions
-are part of the key. Code of this project and of packages under ``register_project_dir``
-is hashed but its globals are not walked (its files are covered by the cache's file list).
+Library functions (torch, jax, jaxlib, the standard library) are hashed with their closures
+but their globals are not walked: the libraries' versions are part of the key. The same
+holds for this project's code and packages under ``register_project_dir`` (their files are
+covered by the cache's file list). Code without a file (``python -c``, notebook cells) is
+user code.
 """
 
 from __future__ import annotations
@@ -58,6 +62,9 @@ _TORCH_ATOMS = (torch.dtype, torch.device, torch.layout, torch.memory_format)
 # Iterators over built-in containers: ``__reduce__`` gives (iter, (container,), position).
 _BUILTIN_ITERATORS = tuple({type(iter(x)) for x in ([], (), range(0), "", b"", {}, {}.values(),
                                                      {}.items(), set())})
+_DESCRIPTORS = (types.MethodDescriptorType, types.WrapperDescriptorType,
+                types.ClassMethodDescriptorType, types.GetSetDescriptorType,
+                types.MemberDescriptorType, types.MethodWrapperType)
 _CLASS_SKIP = {"_abc_impl"}  # (dunder attributes other than methods are skipped too)
 
 
@@ -260,6 +267,13 @@ class Fingerprinter:
             self._array_bytes("ndarray", str(value.dtype), value.shape, value)
         elif isinstance(value, np.generic):
             self._emit("numpy", str(value.dtype), repr(value.item()))
+        elif isinstance(value, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+            self._emit("op", str(value))
+        elif isinstance(value, _DESCRIPTORS):
+            owner = getattr(value, "__objclass__", None) or type(getattr(value, "__self__", None))
+            self._emit("descriptor", type(value).__name__, _type_name(owner), value.__name__)
+            if isinstance(value, types.MethodWrapperType):
+                self._child("__self__", value.__self__)
         elif isinstance(value, re.Pattern):
             self._emit("pattern", value.pattern, value.flags)
         elif isinstance(value, (slice, range)):
@@ -422,6 +436,15 @@ def _hooks_by_rank(state: dict) -> dict:
     for name in tables:
         shown[name] = ("hooks by rank", [(rank[k], v) for k, v in state[name].items()])
     return shown
+
+
+def torch_global_hooks() -> dict:
+    """torch's module hooks that apply to every module (``register_module_forward_hook``
+    and relatives): they run during the trace like a module's own hooks."""
+    from torch.nn.modules import module
+
+    return _hooks_by_rank({name: value for name, value in vars(module).items()
+                           if name.startswith("_global_") and isinstance(value, dict)})
 
 
 def _type_name(cls) -> str:

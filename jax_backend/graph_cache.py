@@ -27,7 +27,8 @@ inputs, is a miss with a one-line ``GraphCacheWarning``; a missing entry is a si
 **The key** (``step_key``) is a sha256 over the caller's ``Fingerprinter`` (the step's code
 and every value reachable from it, see ``fingerprint.py``), the decompositions, the state
 layout (each slot's name, shape, dtype, ``requires_grad`` and which slots share a tensor),
-the inputs (shape, stride, dtype), the precision policy, torch's global modes, the caller's
+the inputs (shape, stride, dtype), the precision policy, torch's global modes and module
+hooks (an active torch function/dispatch mode makes a step not cacheable), the caller's
 ``extra`` string, and the torch, jax, jaxlib, Python and project versions. **The source
 files** are checked on load: every loaded module outside torch, jax, jaxlib and the standard
 library is listed in the entry with the sha256 of its bytes (installed packages under
@@ -72,7 +73,7 @@ from torch.utils import _pytree as pytree
 
 from jax_backend import fingerprint, optimizers, torch_ops
 from jax_backend.capture import CapturedStep
-from jax_backend.registry import has_lowering
+from jax_backend.registry import has_lowering, lowered_namespaces
 
 ENV_VAR = "CSTORCH_GRAPH_CACHE"
 FORMAT = 1
@@ -129,9 +130,17 @@ def versions() -> dict:
 
 
 def _torch_modes() -> list:
-    return [str(torch.get_default_dtype()), torch.is_grad_enabled(),
-            torch.is_inference_mode_enabled(), torch.are_deterministic_algorithms_enabled(),
-            torch.is_autocast_enabled("cpu"), str(torch.get_autocast_dtype("cpu"))]
+    """torch's global settings a trace can depend on. An active function or dispatch mode
+    (``with SomeTorchFunctionMode():`` around the step) rewrites ops in ways we cannot key."""
+    from torch.overrides import _get_current_function_mode_stack
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    if _get_current_function_mode_stack() or _get_current_dispatch_mode_stack():
+        raise fingerprint.NotCacheable("a torch function or dispatch mode is active")
+    return [str(torch.get_default_dtype()), str(torch.get_default_device()),
+            torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
+            torch.are_deterministic_algorithms_enabled(), torch.is_autocast_enabled("cpu"),
+            str(torch.get_autocast_dtype("cpu"))]
 
 
 def _tensor_signature(t: torch.Tensor) -> list:
@@ -143,6 +152,7 @@ def step_key(fingerprinter: fingerprint.Fingerprinter, slots, inputs, policy, de
     """The cache key of capturing a step over ``slots`` and ``inputs`` (see module docstring).
     Raises ``fingerprint.NotCacheable`` if some part cannot be fingerprinted."""
     fingerprinter.add("decompositions", {str(op): fn for op, fn in (decompositions or {}).items()})
+    fingerprinter.add("torch's global module hooks", fingerprint.torch_global_hooks())
     index_of, layout = {}, []
     for slot in slots:
         tensor = slot.get()
@@ -361,8 +371,8 @@ def _resolve_op(name):
     _check(isinstance(name, str) and len(name) < 300, "an op name is not a string")
     namespace, _, rest = name.partition("::")
     op_name, _, overload = rest.partition(".")
-    _check(all(_NAME.match(p) for p in (namespace, op_name, overload)),
-           f"malformed op name {name[:80]!r}")
+    _check(all(_NAME.match(p) and not p.startswith("__") for p in (namespace, op_name, overload))
+           and namespace in lowered_namespaces(), f"malformed op name {name[:80]!r}")
     try:
         op = getattr(getattr(getattr(torch.ops, namespace), op_name), overload)
     except (AttributeError, RuntimeError) as err:

@@ -305,6 +305,8 @@ def test_the_fingerprint_follows_code_closures_globals_and_constant_values(monke
     constant[0] = 5  # a constant's value is baked into the graph
     assert _digest(constant) != first
     assert _digest({"b", "a", "c"}) == _digest({"c", "a", "b"})
+    assert _digest(torch.Tensor.add) != _digest(torch.Tensor.sub)  # C methods, by name
+    assert _digest(torch.ops.aten.add.Tensor) != _digest(torch.ops.aten.add.Scalar)
     assert _digest(torch.nn.Linear(3, 2).train()) != _digest(torch.nn.Linear(3, 2).eval())
 
 
@@ -341,3 +343,22 @@ def test_library_code_is_named_and_user_code_is_hashed():
         exec(compile(f"def step(x):\n    return {body}\n", "<string>", "exec"), namespace)
         steps.append(namespace["step"])
     assert _digest(steps[0]) != _digest(steps[1])
+
+
+def test_torch_global_hooks_and_modes_enter_the_key():
+    def key():
+        return graph_cache.step_key(Fingerprinter(), [], [torch.ones(2)], None, {}, "")
+
+    before = key()
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda m, i, o: o * 2)
+    try:
+        assert key() != before
+    finally:
+        handle.remove()
+    assert key() == before
+    class Passthrough(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Passthrough(), pytest.raises(NotCacheable, match="mode"):
+        key()
