@@ -171,6 +171,11 @@ class Fingerprinter:
     def hexdigest(self) -> str:
         return self._hash.hexdigest()
 
+    def release(self) -> None:
+        """Drops the references kept while walking (call once no more ``add`` follows)."""
+        self._keep.clear()
+        self._seen.clear()
+
     # ------------------------------------------------------------------------------ helpers
     def _emit(self, *parts) -> None:
         for part in parts:

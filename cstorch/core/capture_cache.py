@@ -148,6 +148,7 @@ class CaptureCache:
             fp.add(label, root)
         key = graph_cache.step_key(fp, self.view.slots, inputs, policy, decompositions,
                                    self._extra)
+        fp.release()
         return key, sorted(fp.files), fp
 
     def _give_up(self, reason: str) -> None:

@@ -392,7 +392,8 @@ class TracedStep:
         avals = {view.paths[i]: view.aval(i)
                  for i in captured.used_state + captured.written_state}
         entry = _CompiledStep(captured, program, closures, python_leaves, used, written, avals,
-                              _hyperparameters(impl), counter_steps, cache)
+                              _hyperparameters(impl), counter_steps,
+                              cache if cache.key is not None else None)
         self._programs.setdefault(key, []).append(entry)
         return entry
 

@@ -1,5 +1,5 @@
 """The graph cache across runs: a second run of an unchanged script reuses the captured graph
-(no trace at all: the script counts calls of the capture's tracer) and computes bitwise the
+(no capture at all: the script counts calls of ``capture_step``) and computes bitwise the
 same losses; any change the graph depends on captures again, and every run's losses match
 eager torch, so no stale graph ever ran. Each run is a fresh Python process, as a user's is.
 """
@@ -25,14 +25,14 @@ jax.monitoring.register_event_listener(
     lambda e, **_: events.update([e.rsplit("/", 1)[-1]]) if "graph_cache" in e else None)
 import torch
 import cerebras.pytorch as cstorch
-import jax_backend.capture as capture
+import cstorch.core.compile
 
-traces = []  # one entry per trace of a step body: proves whether capture ran
-_trace = capture._trace
-def counting_trace(*args, **kwargs):
+traces = []  # one entry per capture of a step: proves whether capture ran
+_capture_step = cstorch.core.compile.capture_step
+def counting_capture_step(*args, **kwargs):
     traces.append(1)
-    return _trace(*args, **kwargs)
-capture._trace = counting_trace
+    return _capture_step(*args, **kwargs)
+cstorch.core.compile.capture_step = counting_capture_step
 
 def report(**values):
     print("RESULT " + json.dumps(dict(values, traces=len(traces), events=dict(events))))
