@@ -304,8 +304,11 @@ def _child(spec):
 def _measure(engine, name, steps, precision="fp32", layers=0, timeout=1800):
     """One measurement in a fresh interpreter; None (with its stderr shown) when it fails."""
     cmd = [sys.executable, __file__, "--child", f"{engine}:{name}:{steps}:{precision}:{layers}"]
+    # The first step's capture is measured, not read from the graph cache (unless asked to).
+    env = dict(os.environ)
+    env.setdefault("CSTORCH_GRAPH_CACHE", "off")
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         sys.stderr.write(f"{engine} {name}: timed out after {timeout} s\n")
         return None

@@ -11,6 +11,7 @@ _generating_docs = _os.environ.get("GENERATING_CEREBRAS_PYTORCH_DOCS") == "1"
 import jax_backend as _jax_backend  # noqa: E402
 
 _jax_backend.register_internal_dir(_os.path.dirname(__file__))
+_jax_backend.fingerprint.register_project_dir(_os.path.dirname(__file__))
 
 from cstorch import amp, backend as _backend_module, core, optim, utils  # noqa: E402,F401
 from cstorch import distributed  # noqa: E402

@@ -16,6 +16,8 @@ This package knows nothing of the cstorch API. Its public surface:
   (and multi-process) program, global values of arrays, collectives counted in compiled HLO.
 * ``precision``: full or mixed-precision (autocast at capture) policies.
 * ``compilation_cache``: JAX's persistent compilation cache (on by default, see its docstring).
+* ``graph_cache`` / ``fingerprint``: a persistent cache of captured steps, stored as data and
+  keyed by everything the capture depends on (on by default, see its docstring).
 
 JAX runs with 64-bit types enabled so that torch's int64/float64 tensors keep their dtypes.
 """
@@ -34,6 +36,7 @@ from jax_backend import torch_ops  # noqa: E402  (registers the cstorch:: custom
 from jax_backend import optax_ops  # noqa: E402  (cstorch::optax_update)
 from jax_backend import sparse_ops, sparsity  # noqa: E402  (sparsity mask ops)
 from jax_backend.capture import CapturedStep, Slot, capture_step  # noqa: E402
+from jax_backend import fingerprint, graph_cache  # noqa: E402
 from jax_backend.errors import (  # noqa: E402
     CaptureError,
     JaxBackendError,
@@ -53,6 +56,6 @@ __all__ = [
     "CaptureError", "CapturedStep", "DeviceState", "GraphInterpreter", "JaxBackendError",
     "LazyTensor", "LoweringError", "LoweringNotFoundError", "Policy", "Program",
     "RecompilationError", "Slot", "ValueReadInTraceError", "capture_step",
-    "compilation_cache", "dtypes", "materialize", "mesh", "optimizers", "precision",
+    "compilation_cache", "dtypes", "fingerprint", "graph_cache", "materialize", "mesh", "optimizers", "precision",
     "register_internal_dir", "registry", "schedules", "sparse_ops", "sparsity", "torch_ops",
 ]

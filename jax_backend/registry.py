@@ -48,3 +48,8 @@ def lookup(op) -> Lowering:
 
 def has_lowering(op) -> bool:
     return op in _LOWERINGS
+
+
+def lowered_namespaces() -> frozenset:
+    """The op namespaces (``aten``, ``cstorch``, ...) that have at least one lowering."""
+    return frozenset(op.namespace for op in _LOWERINGS if hasattr(op, "namespace"))

@@ -4,6 +4,11 @@ promotion, deterministic torch."""
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=true")
+# Tests patch library code in ways the graph cache cannot see (it keys on source files, not
+# on objects swapped at run time): no test reuses another's graph; the cache's own tests opt
+# in. CSTORCH_TEST_GRAPH_CACHE=DIR runs the suite with the cache on, to check that hits
+# change nothing.
+os.environ["CSTORCH_GRAPH_CACHE"] = os.environ.get("CSTORCH_TEST_GRAPH_CACHE", "off")
 
 import jax  # noqa: E402
 import jax_backend  # noqa: E402,F401  (enables x64 before any test imports jax.numpy)

@@ -27,6 +27,7 @@ from jax_backend import LazyTensor, Program, capture_step
 from jax_backend.dtypes import tensor_to_host
 from jax_backend.user_frames import warn
 from cstorch.backend import Backend, BackendType, backend as _backend_fn, current_backend_impl
+from cstorch.core.capture_cache import CaptureCache
 from cstorch.core.engine import run_eagerly
 from cstorch.decomp.registry import decompositions_for
 from cstorch.experimental import listener
@@ -173,6 +174,7 @@ class _CompiledStep:
     state_avals: dict  # path -> (shape, dtype) the program was compiled for
     hyperparameters: list  # per optimizer that existed at compile time: its group values
     counter_steps: list  # (optimizer or scheduler, how much one step adds to its _step_count)
+    cache: CaptureCache | None = None  # until the first good run: where the graph goes/came
     _resolved: tuple = (None, None, None)  # (view, used indices, written indices)
 
     def matches_hyperparameters(self, current: list) -> bool:
@@ -311,11 +313,33 @@ class TracedStep:
             positions = entry.resolve(view)
             self._evict_unused()
         self._last_key = key
-        return self._run(impl, entry, leaves, view, *positions)
+        try:
+            outputs = self._run(impl, entry, leaves, view, *positions)
+        except Exception as error:  # noqa: BLE001 - re-raised unless a cached graph failed
+            if entry.cache is None or not entry.cache.hit or entry.program.has_run:
+                raise
+            entry = self._recapture(impl, key, leaves, spec, view, entry, error)
+            outputs = self._run(impl, entry, leaves, view, *entry.resolve(view))
+        if entry.cache is not None:  # the first good run: keep the graph for later runs
+            entry.cache, cache = None, entry.cache
+            cache.store()
+        return outputs
+
+    def _recapture(self, impl, key, leaves, spec, view, entry, error) -> _CompiledStep:
+        """A graph from the cache whose program failed before it ever ran (state is left as
+        it was): drop it and capture the step again (whose graph then replaces it)."""
+        entry.cache.discard()
+        self._programs[key].remove(entry)
+        if not self._programs[key]:
+            del self._programs[key]
+        warn(f"The cached graph of {self.step_fn.__name__!r} failed ({type(error).__name__}: "
+             f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}); it is "
+             "captured again.", jax_backend.graph_cache.GraphCacheWarning)
+        return self._compile(impl, key, leaves, spec, view, retry=True)
 
     # ---------------------------------------------------------------------------- compile
-    def _compile(self, impl, key, leaves, spec, view) -> _CompiledStep:
-        if self._programs:
+    def _compile(self, impl, key, leaves, spec, view, retry=False) -> _CompiledStep:
+        if self._programs and not retry:
             changed = _describe_change(self._last_key, key)
             if impl.is_csx:
                 raise jax_backend.RecompilationError(
@@ -345,11 +369,21 @@ class TracedStep:
         policy = impl.precision_policy()
         twins = [_metadata_twin(leaves[i], impl.layout) for i in positions]
         impl.initialize_sparsity()  # masks get their values before the step first reads them
-        with _capture_scope():
-            captured = capture_step(
-                step, view.slots, twins, policy,
-                decompositions=decompositions_for("CSX" if impl.is_csx else "CPU"))
-        counter_steps = _undo_counting(counters_before, len(passes))
+        decompositions = decompositions_for("CSX" if impl.is_csx else "CPU")
+        cache = CaptureCache(impl, self.step_fn, leaves, spec, view, twins, policy,
+                             decompositions, traced_step_type=TracedStep,
+                             trace_hooks=bool(_trace_pre_hooks or _trace_post_hooks),
+                             lookup=not retry)
+        hit = cache.load()
+        if hit is not None:  # the graph of an earlier run: nothing is traced
+            captured, closures, counter_steps = hit
+        else:
+            with _capture_scope(), cache.watching():
+                captured = capture_step(step, view.slots, twins, policy,
+                                        decompositions=decompositions)
+            counter_steps = _undo_counting(counters_before, len(passes))
+            closures = [(r.kind, r.fn) for r in records]
+            cache.prepare(captured, records, counter_steps)
         self.trace_count += 1
         program = Program(captured, policy=policy, layout=impl.layout)
         python_leaves = tuple(None if isinstance(x, torch.Tensor) else x for x in leaves)
@@ -357,9 +391,9 @@ class TracedStep:
         written = [view.paths[i] for i in captured.written_state]
         avals = {view.paths[i]: view.aval(i)
                  for i in captured.used_state + captured.written_state}
-        entry = _CompiledStep(captured, program, [(r.kind, r.fn) for r in records],
-                              python_leaves, used, written, avals, _hyperparameters(impl),
-                              counter_steps)
+        entry = _CompiledStep(captured, program, closures, python_leaves, used, written, avals,
+                              _hyperparameters(impl), counter_steps,
+                              cache if cache.key is not None else None)
         self._programs.setdefault(key, []).append(entry)
         return entry
 

@@ -1,0 +1,309 @@
+"""The persistent graph cache (``jax_backend.graph_cache``) as traced steps use it.
+
+The backend stores and checks entries; this module supplies what only cstorch knows:
+
+* **the key's roots**: the user's step function, its non-tensor arguments, and every
+  registered model, optimizer, scheduler, grad scaler, metric and stateful object (their
+  types, attributes, hooks, param groups, step counters, sparsity settings), fingerprinted
+  with the backend itself standing in as an opaque name, plus the backend type and layout;
+* **what ``_compile`` derives from a trace** besides the graph, so a hit can rebuild it:
+  each recorded step closure as a path from the step function (one of its free variables or
+  globals, by identity, and its code digest) or a method of a registered metric, and the
+  step-counter increments as (registry, index, increment);
+* **when not to cache**: trace hooks or traced-tensor listeners are registered (they must
+  see a capture), the job has several processes, the capture issued warnings (a hit would
+  not repeat them), the trace changed Python values the key covers (a hit would not repeat
+  that either), or anything the fingerprint, the encoding or a closure path cannot describe.
+  Such a step is captured every time, exactly as without the cache.
+
+An entry is written only after the step's program first ran successfully.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import types
+import warnings
+
+import torch
+
+from jax_backend import fingerprint, graph_cache
+from jax_backend.fingerprint import Fingerprinter, NotCacheable
+from cstorch.backend import Backend
+from cstorch.backend.base_backend import BaseBackend
+from cstorch.distributed import runtime
+from cstorch.experimental import listener
+from cstorch.utils import step_closures
+
+_NAMED_CODE = step_closures._named(lambda: None).__code__  # the runner every closure gets
+
+
+def _function(fn):
+    fn = fn.__func__ if isinstance(fn, types.MethodType) else fn
+    return fn if isinstance(fn, types.FunctionType) else None
+
+
+def _stand_in(traced_step_type):
+    """Names cstorch's own objects for the fingerprint instead of walking them."""
+
+    def stand_in(obj):
+        if isinstance(obj, (BaseBackend, Backend)):
+            return "cstorch backend"
+        if isinstance(obj, types.FunctionType) and getattr(obj, "is_step_closure", False):
+            # Runs after the step, with real values: only which function it is matters.
+            wrapped = _function(getattr(obj, "__wrapped__", None))
+            return ("step closure", obj.__qualname__,
+                    fingerprint.code_digest(wrapped.__code__) if wrapped else None)
+        if isinstance(obj, traced_step_type):  # a traced step called inside this one
+            return ("traced step", obj.step_fn)
+        return None
+
+    return stand_in
+
+
+def _layout(layout) -> str | None:
+    if layout is None:
+        return None
+    return json.dumps([dict(layout.mesh.shape), layout.shard_state,
+                       [int(d.id) for d in layout.mesh.devices.flat]])
+
+
+def _reachable(step_fn) -> list:
+    """(kind, name, value) of the step function's free variables and the globals it names."""
+    fn = _function(step_fn)
+    if fn is None:
+        return []
+    found = []
+    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+        with contextlib.suppress(ValueError):  # an unbound cell
+            found.append(("freevar", name, cell.cell_contents))
+    for name in fingerprint._global_names(fn.__code__):
+        if name in fn.__globals__:
+            found.append(("global", name, fn.__globals__[name]))
+    return found
+
+
+def _context_not_cacheable(trace_hooks: bool) -> str | None:
+    if trace_hooks:
+        return "trace hooks are registered"
+    if listener._hooks:
+        return "traced-tensor hooks are registered"
+    if runtime.process_count() > 1:
+        return "the job has several processes"
+    return None
+
+
+class CaptureCache:
+    """The cache's view of one compilation of a traced step: ``load`` on the way in, then
+    ``prepare`` after a capture and ``store`` after the program's first good run."""
+
+    def __init__(self, impl, step_fn, leaves, spec, view, inputs, policy, decompositions, *,
+                 traced_step_type: type, trace_hooks: bool, lookup: bool = True):
+        self.impl, self.step_fn, self.view = impl, step_fn, view
+        self.key = None
+        self.hit = False  # whether ``load`` found the graph
+        self._pending = None
+        self._lookup = lookup  # False: capture (and store) even if an entry exists
+        self.directory = graph_cache.default_directory()
+        if self.directory is None:
+            return
+        self._roots = [("step", step_fn),
+                       ("arguments", [None if isinstance(x, torch.Tensor) else x
+                                      for x in leaves]),
+                       ("models", impl.models), ("optimizers", impl.optimizer_registry),
+                       ("schedulers", impl.schedulers), ("grad scalers", impl.grad_scalers),
+                       ("metrics", impl.metrics), ("stateful", impl.stateful_objects),
+                       ("sparsity", impl.sparsity_registry)]
+        self._key_args = (inputs, policy, decompositions, _stand_in(traced_step_type))
+        why = _context_not_cacheable(trace_hooks)
+        with self._guarded():
+            if why is not None:
+                raise NotCacheable(why)
+            self._extra = json.dumps({
+                "backend": str(impl.backend_type), "engine": impl.engine, "csx": impl.is_csx,
+                "layout": _layout(impl.layout), "structure": repr(spec),
+                "tensor arguments": [isinstance(x, torch.Tensor) for x in leaves],
+                "modes": impl.module_modes()})
+            self.key, self.files, self._before = self._compute_key()
+
+    @contextlib.contextmanager
+    def _guarded(self):
+        """The cache must never stop a step: what it cannot describe makes the step not
+        cacheable (logged at debug level); an unexpected error does too, with a warning."""
+        try:
+            yield
+        except NotCacheable as err:
+            self._give_up(str(err))
+        except Exception as err:  # noqa: BLE001 - see the docstring
+            warnings.warn(f"The graph cache failed ({type(err).__name__}: {err}); "
+                          f"{getattr(self.step_fn, '__name__', 'the step')!r} is captured "
+                          "without it.", graph_cache.GraphCacheWarning, stacklevel=4)
+            self._give_up(repr(err))
+
+    def _compute_key(self, consumable=None):
+        inputs, policy, decompositions, stand_in = self._key_args
+        fp = Fingerprinter(self.view.tensors, hook=stand_in, consumable=consumable)
+        for label, root in self._roots:
+            fp.add(label, root)
+        key = graph_cache.step_key(fp, self.view.slots, inputs, policy, decompositions,
+                                   self._extra)
+        fp.release()
+        return key, sorted(fp.files), fp
+
+    def _give_up(self, reason: str) -> None:
+        graph_cache.logger.debug("graph cache: %r is not cached: %s",
+                                 getattr(self.step_fn, "__name__", self.step_fn), reason)
+        self.key = None
+
+    # -------------------------------------------------------------------------------- hit
+    def load(self):
+        """``(captured, closures, counter_steps)`` from the cache, or None."""
+        hit = None
+        with self._guarded():
+            if self.key is not None and self._lookup:
+                hit = self._load()
+        return hit
+
+    def _load(self):
+        entry = graph_cache.load(self.directory, self.key, self.view.tensors,
+                                 self._key_args[0], self.files)
+        if entry is None:
+            return None
+        try:
+            extras = entry.extras
+            closures = [self._resolve_closure(c) for c in extras["closures"]]
+            counters = [self._resolve_counter(c) for c in extras["counters"]]
+            consumed = [self._resolve_generator(path) for path in extras["consumed"]]
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
+            warnings.warn(f"Ignoring graph cache entry {self.key} (its step closures or "
+                          f"counters do not resolve: {err}); the step is captured again.",
+                          graph_cache.GraphCacheWarning, stacklevel=4)
+            return None
+        for generator in consumed:  # as the trace would have
+            for _ in generator:
+                pass
+        self.hit = True
+        return entry.captured, closures, counters
+
+    def discard(self) -> None:
+        """Removes the entry a hit came from (its program failed to build or run)."""
+        if self.hit:
+            graph_cache.discard(self.directory, self.key)
+
+    def _find(self, where, name):
+        for kind_found, name_found, value in _reachable(self.step_fn):
+            if (kind_found, name_found) == (where, name):
+                return value
+        raise ValueError(f"no {where} {name!r}")
+
+    def _resolve_generator(self, path):
+        where, name = path
+        generator = self._find(where, name)
+        if not isinstance(generator, types.GeneratorType) or \
+                id(generator) not in self._before.generators:
+            raise ValueError(f"{name!r} is not an unstarted generator")
+        return generator
+
+    def _resolve_closure(self, record):
+        kind = record["kind"]
+        if kind not in ("step", "checkpoint"):
+            raise ValueError(f"closure kind {kind!r}")
+        if "metric" in record:
+            metric = self.impl.metrics[record["metric"]]
+            if record["method"] != "_count_update":
+                raise ValueError(f"metric method {record['method']!r}")
+            return kind, metric._count_update
+        where, name, unwrap = record["path"]
+        fn = self._find(where, name)
+        fn = fn.__wrapped__ if unwrap else fn
+        if fingerprint.code_digest(_function(fn).__code__) != record["code"]:
+            raise ValueError(f"{name!r} has other code")
+        return kind, step_closures._named(fn) if record["named"] else fn
+
+    def _resolve_counter(self, record):
+        registry, index, increment = record
+        objects = {"optimizer": self.impl.optimizer_registry,
+                   "scheduler": self.impl.schedulers}[registry]
+        if type(index) is not int or type(increment) is not int or increment < 0:
+            raise ValueError("a malformed counter")
+        return objects[index], increment
+
+    # ------------------------------------------------------------------------------- miss
+    @contextlib.contextmanager
+    def watching(self):
+        """Around a capture: warnings it issues are shown as usual, and make it not
+        cacheable (a hit would not issue them again)."""
+        if self.key is None:
+            yield
+            return
+        caught = []
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                yield
+        finally:
+            for message in caught:  # shown where they would have been, once recording ended
+                warnings._showwarnmsg(message)
+        if caught:
+            self._give_up(f"the capture issued {caught[0].category.__name__}: "
+                          f"{str(caught[0].message)[:100]}")
+
+    def prepare(self, captured, records, counter_steps) -> None:
+        """After a capture: checks the trace left the fingerprinted Python values as they
+        were, and describes its closures and counters for a later hit."""
+        if self.key is None:
+            return
+        with self._guarded():
+            key, files, after = self._compute_key(consumable=self._before.generators)
+            extras = {"closures": [self._describe_closure(r) for r in records],
+                      "counters": [self._describe_counter(obj, n) for obj, n in counter_steps],
+                      "consumed": [self._path_of(g, "a generator the trace consumed")
+                                   for g in after.consumed]}
+            if key != self.key:
+                changed = next((label for (label, a), (_, b) in zip(self._before.roots,
+                                                                    after.roots) if a != b),
+                               "its state or inputs")
+                raise NotCacheable(
+                    f"the step changed Python values it reads ({changed}: an attribute, a "
+                    "global, a closure variable) while it was traced; a cached graph would not")
+            self._pending = (captured, extras, files)
+
+    def _describe_closure(self, record) -> dict:
+        fn, named = record.fn, False
+        if getattr(fn, "__code__", None) is _NAMED_CODE:
+            fn, named = fn.__wrapped__, True
+        bound_to = getattr(fn, "__self__", None)
+        for i, metric in enumerate(self.impl.metrics):
+            if bound_to is metric and getattr(fn, "__name__", None) == "_count_update":
+                return {"kind": record.kind, "metric": i, "method": "_count_update"}
+        code = _function(fn)
+        for where, name, value in _reachable(self.step_fn):
+            for unwrap, candidate in ((False, value), (True, getattr(value, "__wrapped__", None))):
+                if candidate is fn and code is not None:
+                    return {"kind": record.kind, "path": [where, name, unwrap], "named": named,
+                            "code": fingerprint.code_digest(code.__code__)}
+        raise NotCacheable(f"the step closure {getattr(fn, '__name__', fn)!r} is not a free "
+                           "variable or global of the step function")
+
+    def _path_of(self, obj, what) -> list:
+        for where, name, value in _reachable(self.step_fn):
+            if value is obj:
+                return [where, name]
+        raise NotCacheable(f"{what} is not a free variable or global of the step function")
+
+    def _describe_counter(self, obj, increment) -> list:
+        for registry, objects in (("optimizer", self.impl.optimizer_registry),
+                                  ("scheduler", self.impl.schedulers)):
+            for i, candidate in enumerate(objects):
+                if candidate is obj:
+                    return [registry, i, increment]
+        raise NotCacheable(f"a step counter of an unregistered {type(obj).__name__}")
+
+    def store(self) -> None:
+        """Writes the prepared entry (once)."""
+        pending, self._pending = self._pending, None
+        if pending is None or self.key is None:
+            return
+        with self._guarded():
+            captured, extras, files = pending
+            graph_cache.store(self.directory, self.key, captured, extras, files)

@@ -1,0 +1,309 @@
+"""The graph cache across runs: a second run of an unchanged script reuses the captured graph
+(no capture at all: the script counts calls of ``capture_step``) and computes bitwise the
+same losses; any change the graph depends on captures again, and every run's losses match
+eager torch, so no stale graph ever ran. Each run is a fresh Python process, as a user's is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+PRELUDE = """
+import collections, json, sys
+import jax.monitoring
+events = collections.Counter()
+jax.monitoring.register_event_listener(
+    lambda e, **_: events.update([e.rsplit("/", 1)[-1]]) if "graph_cache" in e else None)
+import torch
+import cerebras.pytorch as cstorch
+import cstorch.core.compile
+
+traces = []  # one entry per capture of a step: proves whether capture ran
+_capture_step = cstorch.core.compile.capture_step
+def counting_capture_step(*args, **kwargs):
+    traces.append(1)
+    return _capture_step(*args, **kwargs)
+cstorch.core.compile.capture_step = counting_capture_step
+
+def report(**values):
+    print("RESULT " + json.dumps(dict(values, traces=len(traces), events=dict(events))))
+"""
+
+MODEL = """
+import torch
+
+class Net(torch.nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.hidden = torch.nn.Linear(8, width)
+        self.out = torch.nn.Linear(width, 3)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.hidden(x)))
+"""
+
+# A step closure defined inside main() and called by the traced step, as in gigaGPT.
+TRAIN = PRELUDE + """
+from model_def import Net
+
+STEPS = 3
+
+def objective(out, y):
+    return torch.nn.functional.cross_entropy(out, y)
+
+def eager_losses(width, x, y, lr, precision):
+    torch.manual_seed(0)
+    model = Net(width)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(STEPS):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            out = model(x)
+            loss = {expr}
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+def main(width, batch, lr, precision, closure_call):
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(batch, 8, generator=g), torch.randint(0, 3, (batch,), generator=g)
+    eager = eager_losses(width, x, y, lr, precision)
+
+    backend = cstorch.backend("CPU")
+    if precision == "bf16":
+        cstorch.amp.set_half_dtype("bfloat16")
+    torch.manual_seed(0)
+    model = Net(width)
+    compiled = cstorch.compile(model, backend)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=lr)
+    logged = []
+
+    @cstorch.step_closure
+    def log_loss(loss, tag):
+        logged.append([tag, loss.item()])
+
+    # Reached only through a dict: no path from the step function the cache can follow.
+    closures = {{"log": cstorch.step_closure(lambda loss, tag: logged.append([tag, loss.item()]))}}
+
+    @cstorch.trace
+    def training_step(x, y):
+        out = compiled(x)
+        loss = {expr}
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if closure_call == "direct":
+            log_loss(loss, "train")
+        else:
+            closures["log"](loss, "train")
+        return loss
+
+    loader = cstorch.utils.data.DataLoader(lambda: [(x, y)] * STEPS)
+    losses = []
+    for bx, by in cstorch.utils.data.DataExecutor(loader, num_steps=STEPS):
+        losses.append(training_step(bx, by).item())
+    report(losses=losses, logged=logged, eager=eager)
+
+if __name__ == "__main__":
+    width, batch = int(sys.argv[1]), int(sys.argv[2])
+    main(width, batch, float(sys.argv[3]), sys.argv[4], sys.argv[5])
+"""
+
+
+def _run(tmp_path, cache, *, width=16, batch=4, lr=0.1, precision="fp32", closure="direct",
+         expr="objective(out, y)", forward="torch.relu", script=None, args=None):
+    (tmp_path / "model_def.py").write_text(MODEL.replace("torch.relu", forward))
+    (tmp_path / "train.py").write_text(script or TRAIN.format(expr=expr))
+    env = dict(os.environ, CSTORCH_GRAPH_CACHE=str(cache),
+               PYTHONPATH=os.pathsep.join([str(tmp_path), ROOT, os.path.join(ROOT, "compat"),
+                                           os.environ.get("PYTHONPATH", "")]))
+    argv = args if args is not None else [str(width), str(batch), str(lr), precision, closure]
+    out = subprocess.run([sys.executable, "train.py", *argv], env=env, capture_output=True,
+                         text=True, timeout=600, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = next(l for l in out.stdout.splitlines() if l.startswith("RESULT "))
+    result = json.loads(line[7:])
+    result["stderr"] = out.stderr
+    return result
+
+
+def _matches_eager(result, precision="fp32"):
+    tolerance = 1e-6 if precision == "fp32" else 2e-2
+    np.testing.assert_allclose(result["losses"], result["eager"], rtol=tolerance,
+                               atol=tolerance)
+    assert [loss for _, loss in result["logged"]] == result["losses"]  # closures ran each step
+    return True
+
+
+def test_second_run_reuses_the_graph_and_every_change_captures_again(tmp_path):
+    cache = tmp_path / "graphs"
+    cold = _run(tmp_path, cache)
+    assert cold["traces"] == 1 and cold["events"] == {"miss": 1, "store": 1}
+    assert _matches_eager(cold)
+
+    warm = _run(tmp_path, cache)
+    assert warm["traces"] == 0 and warm["events"] == {"hit": 1}  # capture never ran
+    assert warm["losses"] == cold["losses"]  # bitwise
+    assert warm["logged"] == cold["logged"] and _matches_eager(warm)
+
+    changes = {
+        "the step function's source": dict(expr="objective(out, y) * 2.0"),
+        "the model's width": dict(width=24),
+        "the model's forward, in its own module": dict(forward="torch.tanh"),
+        "an input shape": dict(batch=6),
+        "a Python-number hyperparameter": dict(lr=0.05),
+        "the precision": dict(precision="bf16"),
+    }
+    for what, change in changes.items():
+        result = _run(tmp_path, cache, **change)
+        assert result["traces"] == 1 and "hit" not in result["events"], what
+        assert _matches_eager(result, change.get("precision", "fp32")), what
+
+
+def _edit_entry(entry, edit):
+    with np.load(entry, allow_pickle=False) as npz:
+        arrays = {name: npz[name] for name in npz.files}
+    doc = json.loads(arrays["entry"].tobytes())
+    edit(doc)
+    arrays["entry"] = np.frombuffer(json.dumps(doc).encode(), np.uint8)
+    with open(entry, "wb") as f:
+        np.savez(f, **arrays)
+
+
+def _node(doc, target):
+    return next(n for n in doc["nodes"] if str(n[1]).startswith(target))
+
+
+def test_a_damaged_entry_is_captured_again_and_runs_nothing(tmp_path):
+    cache = tmp_path / "graphs"
+    cold = _run(tmp_path, cache)
+    (entry,) = cache.iterdir()
+
+    def inject(doc):
+        node = _node(doc, "aten::")
+        node[1] = "builtins::eval.default"
+        node[2] = ["__import__('os').system('touch PWNED')"]
+
+    _edit_entry(entry, inject)
+    tampered = _run(tmp_path, cache)
+    assert tampered["traces"] == 1 and tampered["losses"] == cold["losses"]
+    assert "GraphCacheWarning" in tampered["stderr"] and not (tmp_path / "PWNED").exists()
+
+    # Well-formed but wrong: a matrix product made a subtraction. It decodes, fails to
+    # lower, and the step is captured again instead of failing.
+    _edit_entry(entry, lambda doc: _node(doc, "aten::mm.default").__setitem__(
+        1, "aten::sub.Tensor"))
+    swapped = _run(tmp_path, cache)
+    assert swapped["traces"] == 1 and swapped["losses"] == cold["losses"]
+    assert "failed" in swapped["stderr"] and "captured again" in swapped["stderr"]
+
+    entry.write_bytes(entry.read_bytes()[:1000])  # the recapture rewrote it: truncate that
+    truncated = _run(tmp_path, cache)
+    assert truncated["traces"] == 1 and truncated["losses"] == cold["losses"]
+    assert _run(tmp_path, cache)["traces"] == 0  # and the rewritten entry serves again
+
+
+def test_a_closure_the_cache_cannot_find_is_captured_every_time(tmp_path):
+    cache = tmp_path / "graphs"
+    for _ in range(2):
+        result = _run(tmp_path, cache, closure="via dict")
+        assert result["traces"] == 1 and "store" not in result["events"]
+        assert _matches_eager(result)
+    assert not cache.exists() or not list(cache.iterdir())
+
+
+GIGAGPT = PRELUDE + textwrap.dedent("""
+    import os, tempfile
+    from model_def import Net
+
+    def main():
+        out_dir = tempfile.mkdtemp()
+        backend = cstorch.backend("CPU", artifact_dir=out_dir)
+        torch.manual_seed(0)
+        with backend.device:
+            model = Net(16)
+        compiled_model = cstorch.compile(model, backend)
+        decay = [p for p in model.parameters() if p.dim() >= 2]
+        no_decay = [p for p in model.parameters() if p.dim() < 2]
+        optimizer = cstorch.optim.AdamW(
+            [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=0.1, weight_decay=0.1, correct_bias=True, betas=(0.9, 0.95), eps=1e-8)
+        lr_scheduler = cstorch.optim.lr_scheduler.SequentialLR(optimizer, schedulers=[
+            cstorch.optim.lr_scheduler.LinearLR(optimizer, initial_learning_rate=0.0,
+                                                end_learning_rate=3e-3, total_iters=2),
+            cstorch.optim.lr_scheduler.CosineDecayLR(optimizer, initial_learning_rate=3e-3,
+                                                     end_learning_rate=3e-4, total_iters=4)],
+            milestones=[2])
+        all_params = (p for group in optimizer.param_groups for p in group["params"])
+
+        from cerebras.pytorch.utils.tensorboard import SummaryWriter
+        writer = SummaryWriter(log_dir=os.path.join(out_dir, "train"))
+        logged = []
+
+        @cstorch.step_closure
+        def log_loss(loss, step):
+            logged.append(loss.item())
+            writer.add_scalar("loss", loss.item(), step)
+
+        @cstorch.checkpoint_closure
+        def save_checkpoint(step):
+            cstorch.save({"model": model.state_dict()}, os.path.join(out_dir, f"c{step}.mdl"))
+
+        @cstorch.trace
+        def training_step(batch):
+            x, y = batch
+            loss = torch.nn.functional.cross_entropy(compiled_model(x), y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(list(all_params), 1.0)
+            optimizer.step()
+            lr_scheduler.step()
+            optimizer.zero_grad()
+            log_loss(loss, 0)
+            return loss
+
+        g = torch.Generator().manual_seed(1)
+        data = [(torch.randn(4, 8, generator=g), torch.randint(0, 3, (4,), generator=g))
+                for _ in range(4)]
+        executor = cstorch.utils.data.DataExecutor(
+            cstorch.utils.data.DataLoader(lambda: data), num_steps=4, checkpoint_steps=2)
+        losses = []
+        for step, batch in enumerate(executor, start=1):
+            loss = training_step(batch)
+            log_loss(loss, step)
+            save_checkpoint(step)
+            losses.append(loss.item())
+        writer.close()
+        torch.manual_seed(0)
+        with backend.device:  # initialised as the compiled model was
+            reference = Net(16)
+        with torch.no_grad():
+            eager = torch.nn.functional.cross_entropy(reference(data[0][0]), data[0][1]).item()
+        report(losses=losses, logged=logged, eager=eager,
+               checkpoints=sorted(f for f in os.listdir(out_dir) if f.endswith(".mdl")))
+
+    main()
+""")
+
+
+def test_a_gigagpt_style_script_hits(tmp_path):
+    """gigaGPT's layout: closures defined in main(), one called inside the traced step, a
+    generator of parameters the step consumes, AdamW groups, a scheduler, gradient clipping."""
+    cache = tmp_path / "graphs"
+    cold = _run(tmp_path, cache, script=GIGAGPT, args=[])
+    warm = _run(tmp_path, cache, script=GIGAGPT, args=[])
+    assert cold["traces"] == 1 and warm["traces"] == 0 and warm["events"] == {"hit": 1}
+    assert warm["losses"] == cold["losses"] and warm["logged"] == cold["logged"]
+    assert len(warm["logged"]) == 8  # inside and outside the step, every step
+    assert warm["losses"][0] == pytest.approx(cold["eager"], rel=1e-6)
+    assert warm["checkpoints"] == ["c2.mdl", "c4.mdl"]

@@ -1,0 +1,364 @@
+"""The graph cache's entries (``jax_backend.graph_cache``) and its key (``fingerprint``).
+
+A stored step comes back as the same program: same jaxpr, same numbers. An entry that is
+truncated, garbage, of another version, or tampered with (an op that is not a lowered
+ATen overload, a reference to a later node, an absurd shape) is a miss with one warning and
+runs nothing. The key changes with what the step reads, and only with that.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import threading
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+
+from jax_backend import Program, Slot, capture_step, dtypes, fingerprint, graph_cache
+from jax_backend.fingerprint import Fingerprinter, NotCacheable
+
+KEY = "ab" * 32
+
+
+def _captured():
+    """A small training step: a linear layer, a loss, SGD written in torch ops, a constant
+    tensor baked into the graph, and a dict of outputs with a non-tensor leaf."""
+    torch.manual_seed(0)
+    state = {"w": torch.randn(3, 4, requires_grad=True), "b": torch.zeros(3, requires_grad=True)}
+    offset = torch.tensor([0.5, -1.0, 2.0])  # not state: a graph constant
+
+    def step(x, y):
+        out = torch.nn.functional.linear(x, state["w"], state["b"]) + offset
+        loss = torch.nn.functional.cross_entropy(out, y)
+        loss.backward()
+        with torch.no_grad():
+            for p in state.values():
+                p.sub_(0.1 * p.grad)
+                p.grad = None
+        return {"loss": loss, "tag": "train", "scale": 0.5, "none": None}
+
+    slots = [Slot(state, "w", "w"), Slot(state, "b", "b")]
+    x, y = torch.randn(5, 4), torch.tensor([0, 2, 1, 1, 0])
+    return capture_step(step, slots, [x, y]), state, (x, y)
+
+
+def _run(captured, state, inputs):
+    program = Program(captured)
+    arrays = [dtypes.tensor_to_array(state[k]) for k in ("w", "b")]
+    used = [arrays[i] for i in captured.used_state]
+    new_state, outputs = program(used, [dtypes.tensor_to_array(t) for t in inputs])
+    return program, [np.asarray(a) for a in list(new_state) + list(outputs)]
+
+
+def _load(directory, state, inputs, extra_files=()):
+    return graph_cache.load(str(directory), KEY, [state["w"], state["b"]], list(inputs),
+                            extra_files=extra_files)
+
+
+@pytest.fixture()
+def stored(tmp_path):
+    captured, state, inputs = _captured()
+    assert graph_cache.store(str(tmp_path), KEY, captured, {"closures": []})
+    return tmp_path, captured, state, inputs
+
+
+def test_a_stored_step_loads_as_the_same_program(stored):
+    directory, captured, state, inputs = stored
+    assert os.listdir(directory) == [f"{KEY}.npz"]  # no temporary file left behind
+    entry = _load(directory, state, inputs)
+    assert entry is not None and entry.extras == {"closures": []}
+    loaded = entry.captured
+    for field in ("used_state", "written_state", "num_inputs", "output_spec",
+                  "output_is_tensor", "output_constants"):
+        assert getattr(loaded, field) == getattr(captured, field), field
+    assert "train" in loaded.output_constants and 0.5 in loaded.output_constants
+    def ops(graph):  # placeholders are renamed; get_attr names too
+        return [(n.op, n.target if n.op == "call_function" else None, len(n.args))
+                for n in graph.graph.nodes]
+
+    assert ops(loaded.graph) == ops(captured.graph)
+
+    program_a, values_a = _run(captured, state, inputs)
+    program_b, values_b = _run(loaded, state, inputs)
+    for a, b in zip(values_a, values_b):
+        np.testing.assert_array_equal(a, b)
+    arrays = [dtypes.tensor_to_array(state[k]) for k in ("w", "b")]
+    jax_inputs = [dtypes.tensor_to_array(t) for t in inputs]
+    assert str(program_a.jaxpr(arrays, jax_inputs)) == str(program_b.jaxpr(arrays, jax_inputs))
+
+
+def test_missing_entry_is_a_silent_miss(tmp_path, recwarn):
+    _, state, inputs = _captured()
+    assert _load(tmp_path, state, inputs) is None
+    assert not [w for w in recwarn if issubclass(w.category, graph_cache.GraphCacheWarning)]
+
+
+def _rewrite(path, edit):
+    """Rewrites an entry's JSON with ``edit(doc)`` (keeping its constants)."""
+    with np.load(path, allow_pickle=False) as npz:
+        arrays = {name: npz[name] for name in npz.files}
+    doc = json.loads(arrays["entry"].tobytes())
+    edit(doc)
+    arrays["entry"] = np.frombuffer(json.dumps(doc).encode(), np.uint8)
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+
+
+def _first(doc, op_prefix):
+    return next(n for n in doc["nodes"] if isinstance(n[1], str) and n[1].startswith(op_prefix))
+
+
+PAYLOAD = "__import__('os').system('touch PWNED')"
+
+
+def _truncate(path):
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[:len(data) // 2])
+
+
+def _garbage(path):
+    open(path, "wb").write(os.urandom(4096))
+
+
+def _compressed(path):
+    with zipfile.ZipFile(path) as src:
+        members = [(m.filename, src.read(m)) for m in src.infolist()]
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as dst:
+        for name, data in members:
+            dst.writestr(name, data)
+
+
+def _set_target(target):
+    def edit(doc):
+        _first(doc, "aten::")[1] = target
+    return edit
+
+
+def _set_version(doc):
+    doc["versions"]["format"] = graph_cache.FORMAT + 1
+
+
+def _later_reference(doc):
+    node = _first(doc, "aten::")
+    node[2][0] = {"node": len(doc["nodes"]) - 1}
+
+
+def _absurd_shape(doc):
+    _first(doc, "aten::")[4] = {"tensor": ["float32", [1 << 50], [1]]}
+
+
+def _string_argument(doc):
+    node = _first(doc, "aten::")
+    node[2].append({"eval": PAYLOAD})
+
+
+def _other_key(doc):
+    doc["key"] = "cd" * 32
+
+
+def _bad_state_index(doc):
+    doc["used_state"] = [0, 7]
+
+
+def _huge_array_header(path):
+    with zipfile.ZipFile(path) as src:
+        members = [(m.filename, src.read(m)) for m in src.infolist()]
+    name, data = members[-1]
+    header = np.lib.format.header_data_from_array_1_0(np.zeros(0, np.uint8))
+    header["shape"] = (1 << 40,)
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, header)
+    members[-1] = (name, buffer.getvalue())
+    with zipfile.ZipFile(path, "w") as dst:
+        for member_name, member_data in members:
+            dst.writestr(member_name, member_data)
+
+
+CORRUPTIONS = {
+    "truncated": lambda p: _truncate(p),
+    "garbage": lambda p: _garbage(p),
+    "compressed members": lambda p: _compressed(p),
+    "another format version": lambda p: _rewrite(p, _set_version),
+    "target builtins.eval": lambda p: _rewrite(p, _set_target("builtins::eval.default")),
+    "target with code": lambda p: _rewrite(p, _set_target(PAYLOAD)),
+    "an op without a lowering": lambda p: _rewrite(
+        p, _set_target("aten::_local_scalar_dense.default")),
+    "a reference to a later node": lambda p: _rewrite(p, _later_reference),
+    "an absurd shape": lambda p: _rewrite(p, _absurd_shape),
+    "an unknown argument tag": lambda p: _rewrite(p, _string_argument),
+    "another key": lambda p: _rewrite(p, _other_key),
+    "a state index out of range": lambda p: _rewrite(p, _bad_state_index),
+    "an array header promising a terabyte": lambda p: _huge_array_header(p),
+}
+
+
+@pytest.mark.parametrize("corrupt", CORRUPTIONS.values(), ids=CORRUPTIONS.keys())
+def test_a_damaged_entry_is_a_miss_with_one_warning(stored, corrupt, monkeypatch):
+    directory, _, state, inputs = stored
+    monkeypatch.chdir(directory)
+    corrupt(str(directory / f"{KEY}.npz"))
+    with pytest.warns(graph_cache.GraphCacheWarning) as warned:
+        assert _load(directory, state, inputs) is None
+    assert len(warned) == 1 and "\n" not in str(warned[0].message)
+    assert not os.path.exists(directory / "PWNED")
+
+
+def test_an_oversized_entry_is_refused_unread(stored, monkeypatch):
+    directory, _, state, inputs = stored
+    monkeypatch.setattr(graph_cache, "MAX_FILE_BYTES", 100)
+    with pytest.warns(graph_cache.GraphCacheWarning, match="more than the limit"):
+        assert _load(directory, state, inputs) is None
+
+
+def test_a_changed_or_new_source_file_is_a_miss(stored, tmp_path, monkeypatch):
+    directory, captured, state, inputs = stored
+    source = tmp_path / "user_code.py"
+    source.write_text("A = 1\n")
+    graph_cache.store(str(directory), KEY, captured, {}, extra_files=[str(source)])
+    assert _load(directory, state, inputs, extra_files=[str(source)]) is not None
+    source.write_text("A = 2\n")
+    assert _load(directory, state, inputs, extra_files=[str(source)]) is None
+    other = tmp_path / "other.py"
+    other.write_text("")
+    monkeypatch.setattr(graph_cache, "loaded_source_files",
+                        lambda: {str(other)})  # a module the entry never saw is loaded now
+    assert _load(directory, state, inputs) is None
+
+
+def test_an_entry_for_other_state_or_inputs_is_a_miss(stored):
+    directory, _, state, inputs = stored
+    wider = {"w": torch.zeros(3, 5), "b": state["b"]}
+    with pytest.warns(graph_cache.GraphCacheWarning, match="placeholder"):
+        assert _load(directory, wider, inputs) is None
+    with pytest.warns(graph_cache.GraphCacheWarning, match="placeholder"):
+        assert _load(directory, state, [inputs[0].double(), inputs[1]]) is None
+
+
+def test_an_unwritable_directory_stores_nothing(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert not graph_cache.store(str(blocker / "sub"), KEY, _captured()[0], {})
+
+
+def test_a_non_json_output_constant_is_not_stored(tmp_path):
+    captured = capture_step(lambda x: (x * 2, torch.float32), [], [torch.ones(2)])
+    assert not graph_cache.store(str(tmp_path), KEY, captured, {})
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_directory_follows_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv(graph_cache.ENV_VAR, "off")
+    assert graph_cache.default_directory() is None
+    monkeypatch.setenv(graph_cache.ENV_VAR, str(tmp_path / "g"))
+    assert graph_cache.default_directory() == str(tmp_path / "g")
+    monkeypatch.delenv(graph_cache.ENV_VAR)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert graph_cache.default_directory() == str(tmp_path / "cstorch-jax" / "graphs")
+
+
+# ------------------------------------------------------------------------------ the key
+def _digest(*values, state=()):
+    fp = Fingerprinter(state)
+    for i, value in enumerate(values):
+        fp.add(str(i), value)
+    return fp.hexdigest()
+
+
+SCALE = 2.0
+
+
+def _reads_scale(x):
+    return x * SCALE
+
+
+def test_the_fingerprint_follows_code_closures_globals_and_constant_values(monkeypatch):
+    def make(k):
+        return lambda x: x * k
+
+    assert _digest(make(2)) == _digest(make(2))
+    assert _digest(make(2)) != _digest(make(3))  # a closure value
+    assert _digest(lambda x: x + 1) != _digest(lambda x: x + 2)  # code
+    before = _digest(_reads_scale)
+    monkeypatch.setitem(globals(), "SCALE", 3.0)
+    assert _digest(_reads_scale) != before  # a global the code names
+
+    config = __import__("types").ModuleType("config")  # `import config; config.lr = ...`
+    config.lr = 0.1
+    namespace = {"config": config}
+    exec("def reads_config(x):\n    return x * config.lr\n", namespace)
+    first = _digest(namespace["reads_config"])
+    config.lr = 0.2
+    assert _digest(namespace["reads_config"]) != first
+
+    weight = torch.ones(3)
+    state_digest = _digest(weight, state=[weight])
+    module = torch.nn.Linear(3, 2)
+    assert _digest(module) != _digest(torch.nn.Linear(3, 4))  # shapes of non-state tensors
+    weight.add_(1)
+    assert _digest(weight, state=[weight]) == state_digest  # state values are graph inputs
+    constant = torch.ones(3)
+    first = _digest(constant)
+    constant[0] = 5  # a constant's value is baked into the graph
+    assert _digest(constant) != first
+    assert _digest({"b", "a", "c"}) == _digest({"c", "a", "b"})
+    assert _digest(torch.Tensor.add) != _digest(torch.Tensor.sub)  # C methods, by name
+    assert _digest(torch.ops.aten.add.Tensor) != _digest(torch.ops.aten.add.Scalar)
+    assert _digest(torch.nn.Linear(3, 2).train()) != _digest(torch.nn.Linear(3, 2).eval())
+
+
+def test_the_fingerprint_refuses_what_it_cannot_describe():
+    for value in (threading.Lock(), open(os.devnull), torch.Generator(), _started_generator()):
+        with pytest.raises(NotCacheable):
+            _digest({"held": value})
+
+
+def _started_generator():
+    generator = (x for x in range(3))
+    next(generator)
+    return generator
+
+
+def test_an_unstarted_generator_is_described_by_what_it_will_yield():
+    items = [1, 2]
+    generator = (x for x in items)
+    before = Fingerprinter()
+    before.add("g", generator)
+    list(generator)
+    after = Fingerprinter(consumable=before.generators)
+    after.add("g", generator)
+    assert after.hexdigest() == before.hexdigest() and after.consumed == [generator]
+    assert _digest((x for x in [1, 3])) != _digest((x for x in [1, 2]))
+
+
+def test_library_code_is_named_and_user_code_is_hashed():
+    assert fingerprint.is_library_file(torch.__file__)
+    assert not fingerprint.is_library_file(__file__)
+    steps = []
+    for body in ("x + 1", "x + 2"):  # as `python -c` or a notebook cell defines them
+        namespace = {}
+        exec(compile(f"def step(x):\n    return {body}\n", "<string>", "exec"), namespace)
+        steps.append(namespace["step"])
+    assert _digest(steps[0]) != _digest(steps[1])
+
+
+def test_torch_global_hooks_and_modes_enter_the_key():
+    def key():
+        return graph_cache.step_key(Fingerprinter(), [], [torch.ones(2)], None, {}, "")
+
+    before = key()
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda m, i, o: o * 2)
+    try:
+        assert key() != before
+    finally:
+        handle.remove()
+    assert key() == before
+    class Passthrough(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Passthrough(), pytest.raises(NotCacheable, match="mode"):
+        key()
