@@ -260,30 +260,55 @@ def run_interference(mode, rounds=30):
     for _ in range(3):
         between()
         eager_step()
-    times = []
+    times, jax_times = [], []
     for _ in range(rounds):
         between()
         t0 = time.perf_counter()
         eager_step()
         times.append(time.perf_counter() - t0)
-    return {"median": statistics.median(times)}
+        if mode == "cstorch":  # and the other way: a cstorch step right after torch work
+            t0 = time.perf_counter()
+            between()
+            jax_times.append(time.perf_counter() - t0)
+    result = {"median": statistics.median(times)}
+    if mode == "cstorch":
+        alone = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            between()
+            alone.append(time.perf_counter() - t0)
+        result.update(jax_after_torch=statistics.median(jax_times),
+                      jax_alone=statistics.median(alone))
+    return result
 
 
 def interference(args):
-    modes = ("torch", "jax", "cstorch")
-    runs = {m: [] for m in modes}
-    for _ in range(args.rounds):
-        for m in modes:
-            result = _measure("interference", m, 0)
-            runs[m].append(result and result["median"])
-    summary = {m: _summary(v) for m, v in runs.items()}
-    print("\neager torch MLP step in the same process as JAX (ms, median of rounds):")
-    for m, label in (("torch", "no JAX in the process"), ("jax", "JAX started, idle"),
-                     ("cstorch", "right after each cstorch step")):
-        if summary[m]:
-            ratio = summary[m]["median"] / summary["torch"]["median"] if summary["torch"] else 0
-            print(f"  {label:32s} {summary[m]['median'] * 1e3:7.2f}  ({ratio:.2f}x)")
-    return summary
+    """Both directions, with the OpenMP wait policy torch ships with and with
+    ``OMP_WAIT_POLICY=PASSIVE`` (torch's idle OpenMP threads sleep instead of spinning)."""
+    report = {}
+    for policy in ("default", "PASSIVE"):
+        env = dict(COLD)
+        if policy == "PASSIVE":
+            env["OMP_WAIT_POLICY"] = "PASSIVE"
+        runs = {m: [] for m in ("torch", "jax", "cstorch")}
+        for _ in range(args.rounds):
+            for m in runs:
+                runs[m].append(_measure("interference", m, 0, env=env))
+        summary = {m: _summary([r and r["median"] for r in v]) for m, v in runs.items()}
+        for key in ("jax_after_torch", "jax_alone"):
+            summary[key] = _summary([r and r[key] for r in runs["cstorch"]])
+        report[policy] = summary
+        print(f"\nOMP_WAIT_POLICY {policy}: eager torch MLP step (ms, median of rounds)")
+        for m, label in (("torch", "no JAX in the process"), ("jax", "JAX started, idle"),
+                         ("cstorch", "right after each cstorch step")):
+            if summary[m] and summary["torch"]:
+                ratio = summary[m]["median"] / summary["torch"]["median"]
+                print(f"  {label:34s} {summary[m]['median'] * 1e3:7.2f}  ({ratio:.2f}x)")
+        if summary["jax_alone"] and summary["jax_after_torch"]:
+            alone, after = summary["jax_alone"]["median"], summary["jax_after_torch"]["median"]
+            print(f"  cstorch MLP step alone {alone * 1e3:.2f} ms, right after torch work "
+                  f"{after * 1e3:.2f} ms ({after / alone:.2f}x)")
+    return report
 
 
 def _child(spec):
