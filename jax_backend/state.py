@@ -12,6 +12,15 @@ Eager torch semantics still hold for the torch objects:
   by ``p.data`` having been handed out (its edits bump no counter).
 * A value that cannot be read back (its step failed) is dropped, with an error, instead of
   poisoning every later read.
+
+Between synchronisations the torch side keeps no second copy of large state: once the array
+holds a tensor's value, the tensor's storage is *released* (resized to 0 bytes; shape, dtype,
+identity and version stay) and the guard re-allocates and fills it on the next torch access.
+Only tensors that nothing else can reach are released (``_releasable``): storage shared with
+a view, a ``p.data`` alias, a numpy array or a held storage object is kept, since those read
+it without passing the guard. A released tensor always has an entry here, so every path that
+drops an entry gives the storage back first (``_restore``), and a value that is lost (its
+step failed and no copy is left) becomes NaN, never a dangling storage.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import math
 import weakref
 from typing import Iterable, Sequence
 
@@ -29,6 +39,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from jax_backend.dtypes import array_to_tensor, tensor_to_array, tensor_to_host
+from jax_backend import host_memory
 from jax_backend.errors import StepFailedError
 
 _no_guard = torch._C.DisableTorchFunctionSubclass
@@ -122,6 +133,19 @@ def _storage_key(tensor: torch.Tensor):
     return tensor.data_ptr(), tensor.shape
 
 
+def _sole_owner(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is the only thing holding its storage, and covers all of it: then
+    releasing the storage cannot pull memory from under anyone who reads it unguarded."""
+    storage = tensor.untyped_storage()
+    use_count = getattr(torch._C, "_storage_Use_Count", None)
+    if use_count is None:
+        return False
+    if (tensor._is_view() or tensor.storage_offset() != 0 or not tensor.is_contiguous()
+            or storage.nbytes() != tensor.numel() * tensor.element_size()):
+        return False
+    return use_count(storage._cdata) == 2  # the tensor and `storage` above
+
+
 @dataclasses.dataclass
 class _Entry:
     tensor: torch.Tensor
@@ -130,6 +154,7 @@ class _Entry:
     storage: tuple = None  # _storage_key at the last synchronisation
     array_is_newer: bool = False
     data_handed_out: bool = False  # p.data was read: it may have been edited uncounted
+    released: bool = False  # the torch storage was given back; the array is the only copy
 
     def torch_side_changed(self) -> bool:
         return (self.data_handed_out or self.tensor._version != self.synced_version
@@ -138,6 +163,10 @@ class _Entry:
 
 class DeviceState:
     """Maps torch state tensors (by identity) to their JAX arrays."""
+
+    # Smaller tensors keep their storage: the memory saved would not pay for re-allocating it
+    # on every access (scalars such as a scheduled lr are read between most steps).
+    release_min_bytes = 1 << 16
 
     def __init__(self, device=None, layout=None):
         self.device = device
@@ -177,7 +206,9 @@ class DeviceState:
         return result
 
     def update(self, tensors: Sequence[torch.Tensor], arrays: Sequence) -> None:
-        """Records new values computed on the JAX side; the torch tensors are now stale."""
+        """Records new values computed on the JAX side; the torch tensors are now stale (and
+        their storage is released where that is safe, see the module docstring)."""
+        freed = 0
         with _no_guard():
             for tensor, array in zip(tensors, arrays):
                 entry = self._entries.get(id(tensor))
@@ -187,7 +218,77 @@ class DeviceState:
                 entry.array = array
                 entry.array_is_newer = True
                 self._guard(tensor)
+                freed += self._release(entry)
         self._pending = self._pending or bool(tensors)
+        host_memory.freed(freed)
+
+    def release_torch_copies(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Releases the torch storage of tensors whose arrays hold their values (e.g. state a
+        step read but did not write); the next torch access fills it again."""
+        freed = 0
+        with _no_guard():
+            for tensor in tensors:
+                entry = self._entries.get(id(tensor))
+                if (entry is not None and entry.tensor is tensor
+                        and not entry.torch_side_changed()):
+                    freed += self._release(entry)
+        host_memory.freed(freed)
+
+    # ------------------------------------------------------------------ torch storage
+    def _guarded_here(self, tensor) -> bool:
+        owner = tensor.__dict__.get("_cstorch_device_state")
+        return type(tensor) in _BASE_OF and owner is not None and owner() is self
+
+    def _release(self, entry: _Entry) -> int:
+        """Frees the torch copy of a value the array holds, where that is safe (module
+        docstring); returns the bytes freed. Caller: under ``_no_guard``."""
+        tensor = entry.tensor
+        nbytes = tensor.numel() * tensor.element_size()
+        if (entry.released or tensor.device.type != "cpu" or nbytes < self.release_min_bytes
+                # giving it back must not need a collective (a value split across processes)
+                or not getattr(entry.array, "is_fully_addressable", True)
+                or not _sole_owner(tensor)):
+            return 0
+        self._guard(tensor)
+        if not self._guarded_here(tensor):
+            return 0  # a tensor subclass of its own: nothing would fill it again on access
+        with torch.no_grad():
+            if not tensor.untyped_storage().resizable():
+                # Exported to numpy once (uploads do that), which pins its size for good: a
+                # fresh storage takes its place (never written, so it costs no memory).
+                fresh = torch.UntypedStorage(tensor.numel() * tensor.element_size())
+                tensor.set_(fresh, 0, tensor.shape, tensor.stride())
+            tensor.untyped_storage().resize_(0)
+        entry.released = True
+        entry.array_is_newer = True  # the next torch access fills the storage again
+        entry.synced_version = tensor._version  # set_ counts as an edit
+        entry.storage = _storage_key(tensor)
+        self._pending = True
+        return nbytes
+
+    @staticmethod
+    def _restore(entry: _Entry) -> None:
+        """Gives a released tensor its storage back (uninitialised; the caller fills it)."""
+        if entry.released:
+            tensor = entry.tensor
+            tensor.untyped_storage().resize_(tensor.numel() * tensor.element_size())
+            entry.released = False
+
+    def _lose(self, entry: _Entry) -> None:
+        """A released tensor whose value cannot be read back (the step that made it failed):
+        it gets its storage back filled with NaN (0 for integer and bool tensors), so it stays
+        readable and the loss shows, and it leaves this state."""
+        tensor = entry.tensor
+        with torch.no_grad(), _no_guard():
+            self._restore(entry)
+            tensor.fill_(math.nan if tensor.is_floating_point() or tensor.is_complex() else 0)
+        self._unguard(tensor)
+        self._entries.pop(id(tensor), None)
+
+    def is_released(self, tensor: torch.Tensor) -> bool:
+        """Whether the torch storage of ``tensor`` is released (its value is only an array)."""
+        entry = self._entries.get(id(tensor))
+        return entry is not None and entry.tensor is tensor and entry.released
 
     # ------------------------------------------------------------------ guards
     def _guard(self, tensor: torch.Tensor) -> None:
@@ -218,37 +319,60 @@ class DeviceState:
             entry.data_handed_out = True
 
     def release(self) -> None:
-        """Gives every tensor its plain class back (the backend is going away)."""
+        """Gives every tensor its newest value and plain class back (the backend is going
+        away). Values split across processes are left as they are (fetching them would be
+        a collective); their storage is never released."""
+        local = [e.tensor for e in self._entries.values()
+                 if getattr(e.array, "is_fully_addressable", True)]
+        try:
+            self.materialize(local)
+        except StepFailedError:
+            pass  # the unreadable values were dropped (or set to NaN where no copy was left)
         for entry in self._entries.values():
             self._unguard(entry.tensor)
+        self._entries.clear()
 
     # ------------------------------------------------------------------ failures
-    def host_copies(self, tensors: Sequence[torch.Tensor]) -> list | None:
-        """Host copies of the tensors' current arrays: a backup against a failing step. None
-        when some array is split across processes (each holds only its part)."""
-        arrays = self.arrays(tensors)
-        if not all(getattr(a, "is_fully_addressable", True) for a in arrays):
-            return None
-        return [np.array(a, copy=True) for a in arrays]
+    def hold_in_torch(self, tensors: Sequence[torch.Tensor]) -> bool:
+        """Makes the torch tensors hold their current values (filling released or stale ones
+        from their arrays) as a backup against a failing step: after an upload (the first
+        step) they already do, at no cost. False, doing nothing, when some value is split
+        across processes (fetching it would be a collective)."""
+        entries = [self._entries.get(id(t)) for t in tensors]
+        if not all(e is None or getattr(e.array, "is_fully_addressable", True) for e in entries):
+            return False
+        self.materialize(tensors)
+        return True
 
-    def recover(self, tensors: Sequence[torch.Tensor], arrays: Sequence, backup=None) -> str:
+    def recover(self, tensors: Sequence[torch.Tensor], arrays: Sequence,
+                backed_up: bool = False) -> str:
         """After a failed step: puts back the state a step consumed (donated) before failing.
 
-        Arrays still alive are kept. Deleted ones come back from ``backup`` (host copies) if
-        there is one, else the entry is dropped so the torch value (the last synchronised
-        one) is used again. Returns a sentence saying which happened."""
+        Arrays still alive are kept. A tensor whose array was consumed falls back to its torch
+        value: the current one when ``backed_up`` (``hold_in_torch`` ran before the step),
+        else the last synchronised one. A tensor whose torch storage was released has no
+        value left: it becomes NaN (``_lose``). Returns a sentence saying which happened."""
         lost = [i for i, a in enumerate(arrays) if a.is_deleted()]
+        gone = 0
         with _no_guard():
             for i in lost:
                 tensor = tensors[i]
                 entry = self._entries.get(id(tensor))
-                if backup is not None:
-                    if entry is not None:
-                        entry.array = self._place(backup[i])
-                elif entry is not None:
+                if entry is None or entry.tensor is not tensor:
+                    continue
+                if entry.released:
+                    self._lose(entry)
+                    gone += 1
+                else:
                     self._unguard(tensor)
                     del self._entries[id(tensor)]
-        if backup is not None:
+        self._pending = any(e.array_is_newer for e in self._entries.values())
+        if gone:
+            return (f"{gone} state tensors consumed by the step had no other copy (the torch "
+                    "copy of large state is released between steps to save memory) and were "
+                    f"set to NaN; {len(lost) - gone} others were rolled back to their last "
+                    "synchronised values. Load the last checkpoint to go on.")
+        if backed_up:
             return "The state of the last good step was restored."
         return (f"{len(lost)} state tensors consumed by the step were rolled back to their last "
                 "synchronised values (the last state_dict()/checkpoint).")
@@ -271,10 +395,12 @@ class DeviceState:
         return self._pending
 
     def materialize(self, tensors: Iterable[torch.Tensor] | None = None) -> None:
-        """Copies newer JAX values into their torch tensors (in place, keeping identities).
+        """Copies newer JAX values into their torch tensors (in place, keeping identities;
+        a released storage is allocated again first).
 
         A value that cannot be read (the step that made it failed) is dropped, so the torch
-        tensor keeps its last synchronised value, and ``StepFailedError`` says so."""
+        tensor keeps its last synchronised value (NaN if its storage had been released), and
+        ``StepFailedError`` says so."""
         if not self._pending:
             return
         if tensors is None:
@@ -290,32 +416,55 @@ class DeviceState:
                     except Exception as error:  # noqa: BLE001 - reported below
                         failed.append((entry, error))
                         continue
+                    self._restore(entry)
                     entry.tensor.copy_(value)
                     entry.synced_version = entry.tensor._version
                     entry.storage = _storage_key(entry.tensor)
                     entry.array_is_newer = False
+            gone = 0
             for entry, _ in failed:
-                self._unguard(entry.tensor)
-                self._entries.pop(id(entry.tensor), None)
+                if entry.released:
+                    self._lose(entry)
+                    gone += 1
+                else:
+                    self._unguard(entry.tensor)
+                    self._entries.pop(id(entry.tensor), None)
         if tensors is None:
             self._pending = False
         else:
             self._pending = any(e.array_is_newer for e in self._entries.values())
         if failed:
+            what = ("They were rolled back to their last synchronised values; the state is "
+                    "readable and training can go on from there.")
+            if gone:
+                what = (f"{gone} of them had no other copy (the torch copy of large state is "
+                        "released between steps to save memory) and were set to NaN, the "
+                        "others were rolled back to their last synchronised values. Load the "
+                        "last checkpoint to go on.")
             raise StepFailedError(
                 f"{len(failed)} state tensors hold the result of a step that failed "
-                f"({type(failed[0][1]).__name__}: {failed[0][1]}). They were rolled back to "
-                "their last synchronised values; the state is readable and training can go "
-                "on from there.") from failed[0][1]
+                f"({type(failed[0][1]).__name__}: {failed[0][1]}). {what}") from failed[0][1]
 
     def forget(self, tensors: Iterable[torch.Tensor]) -> None:
-        for tensor in tensors:
-            entry = self._entries.pop(id(tensor), None)
-            if entry is not None:
-                self._unguard(entry.tensor)
+        """Drops the entries of ``tensors``; each keeps its newest value where it can be read
+        without a collective."""
+        self._drop([self._entries[id(t)] for t in tensors if id(t) in self._entries])
 
     def retain(self, tensors: Iterable[torch.Tensor]) -> None:
         """Drops entries of tensors that are no longer state (e.g. replaced optimizer state)."""
         keep = {id(t) for t in tensors}
-        for key in [k for k in self._entries if k not in keep]:
-            self._unguard(self._entries.pop(key).tensor)
+        self._drop([e for k, e in self._entries.items() if k not in keep])
+
+    def _drop(self, entries: list) -> None:
+        if not entries:
+            return
+        # A dropped tensor is an ordinary tensor again, so a released one needs its value
+        # back; so does a stale one that someone may still hold.
+        local = [e.tensor for e in entries if getattr(e.array, "is_fully_addressable", True)]
+        try:
+            self.materialize(local)
+        finally:
+            for entry in entries:
+                if self._entries.get(id(entry.tensor)) is entry:
+                    del self._entries[id(entry.tensor)]
+                    self._unguard(entry.tensor)
