@@ -146,6 +146,15 @@ def _sole_owner(tensor: torch.Tensor) -> bool:
     return use_count(storage._cdata) == 2  # the tensor and `storage` above
 
 
+def _count_edit(tensor: torch.Tensor) -> int:
+    """Bumps the version counter as an in-place edit would, and returns it. A step's update
+    is one (so autograd refuses a backward through a graph that saved the old value, as in
+    eager torch), and so is a release: that graph would read freed memory."""
+    if not tensor.is_inference():
+        torch.autograd.graph.increment_version(tensor)
+    return tensor._version
+
+
 @dataclasses.dataclass
 class _Entry:
     tensor: torch.Tensor
@@ -217,6 +226,7 @@ class DeviceState:
                     self._entries[id(tensor)] = entry
                 entry.array = array
                 entry.array_is_newer = True
+                entry.synced_version = _count_edit(tensor)
                 self._guard(tensor)
                 freed += self._release(entry)
         self._pending = self._pending or bool(tensors)
@@ -261,7 +271,7 @@ class DeviceState:
             tensor.untyped_storage().resize_(0)
         entry.released = True
         entry.array_is_newer = True  # the next torch access fills the storage again
-        entry.synced_version = tensor._version  # set_ counts as an edit
+        entry.synced_version = _count_edit(tensor)
         entry.storage = _storage_key(tensor)
         self._pending = True
         return nbytes
