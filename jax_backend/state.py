@@ -16,11 +16,11 @@ Eager torch semantics still hold for the torch objects:
 Between synchronisations the torch side keeps no second copy of large state: once the array
 holds a tensor's value, the tensor's storage is *released* (resized to 0 bytes; shape, dtype,
 identity and version stay) and the guard re-allocates and fills it on the next torch access.
-Only tensors that nothing else can reach are released (``_releasable``): storage shared with
+Only tensors that nothing else can reach are released (``_sole_owner``): storage shared with
 a view, a ``p.data`` alias, a numpy array or a held storage object is kept, since those read
 it without passing the guard. A released tensor always has an entry here, so every path that
-drops an entry gives the storage back first (``_restore``), and a value that is lost (its
-step failed and no copy is left) becomes NaN, never a dangling storage.
+drops an entry gives the storage back first (``_fill``), and a value that is lost (its step
+failed and no copy is left) becomes NaN, never a dangling storage.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from typing import Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import torch
 from torch.utils._pytree import tree_flatten
 
@@ -188,11 +187,6 @@ class DeviceState:
 
     def __contains__(self, tensor):
         return id(tensor) in self._entries
-
-    def _place(self, host):
-        if self.layout is not None:
-            return self.layout.place_state(host)
-        return jax.device_put(host, self.device)
 
     def _upload(self, tensor: torch.Tensor) -> _Entry:
         if self.layout is not None:
@@ -417,47 +411,40 @@ class DeviceState:
             entries = list(self._entries.values())
         else:
             entries = [e for e in (self._entries.get(id(t)) for t in tensors) if e is not None]
-        failed = []
-        with torch.no_grad(), _no_guard():
-            for entry in entries:
-                if entry.array_is_newer:
-                    try:
-                        value = array_to_tensor(entry.array)
-                    except Exception as error:  # noqa: BLE001 - reported below
-                        failed.append((entry, error))
-                        continue
-                    self._restore(entry)
-                    entry.tensor.copy_(value)
-                    entry.synced_version = entry.tensor._version
-                    entry.storage = _storage_key(entry.tensor)
-                    entry.array_is_newer = False
-            gone = 0
-            for entry, _ in failed:
-                if entry.released:
-                    self._lose(entry)
-                    gone += 1
-                else:
-                    self._unguard(entry.tensor)
-                    self._entries.pop(id(entry.tensor), None)
-        if tensors is None:
+        failed = [failure for e in entries if (failure := self._fill(e)) is not None]
+        if tensors is None and not failed:
             self._pending = False
         else:
             self._pending = any(e.array_is_newer for e in self._entries.values())
         if failed:
-            what = ("They were rolled back to their last synchronised values; the state is "
-                    "readable and training can go on from there.")
-            if gone:
-                what = (f"{gone} of them had no other copy (the torch copy of large state is "
-                        "released between steps to save memory) and were set to NaN, the "
-                        "others were rolled back to their last synchronised values. Load the "
-                        "last checkpoint to go on.")
-            raise StepFailedError(
-                f"{len(failed)} state tensors hold the result of a step that failed "
-                f"({type(failed[0][1]).__name__}: {failed[0][1]}). {what}") from failed[0][1]
+            raise _failed_values_error(failed) from failed[0][0]
+
+    def _fill(self, entry: _Entry):
+        """Copies a newer value into its tensor. If it cannot be read, the entry is dropped
+        and ``(error, lost)`` returned: ``lost`` when no copy was left (the tensor was
+        released, and now holds NaN, ``_lose``), else it keeps its last synchronised value."""
+        if not entry.array_is_newer:
+            return None
+        try:
+            value = array_to_tensor(entry.array)
+        except Exception as error:  # noqa: BLE001 - reported by the caller
+            lost = entry.released
+            if lost:
+                self._lose(entry)
+            else:
+                self._unguard(entry.tensor)
+                self._entries.pop(id(entry.tensor), None)
+            return error, lost
+        with torch.no_grad(), _no_guard():
+            self._restore(entry)
+            entry.tensor.copy_(value)
+            entry.synced_version = entry.tensor._version
+            entry.storage = _storage_key(entry.tensor)
+            entry.array_is_newer = False
+        return None
 
     def forget(self, tensors: Iterable[torch.Tensor]) -> None:
-        """Drops the entries of ``tensors``; each keeps its newest value where it can be read
-        without a collective."""
+        """Drops the entries of ``tensors`` (each keeps its newest value, see ``_drop``)."""
         self._drop([self._entries[id(t)] for t in tensors if id(t) in self._entries])
 
     def retain(self, tensors: Iterable[torch.Tensor]) -> None:
@@ -466,15 +453,42 @@ class DeviceState:
         self._drop([e for k, e in self._entries.items() if k not in keep])
 
     def _drop(self, entries: list) -> None:
-        if not entries:
-            return
-        # A dropped tensor is an ordinary tensor again, so a released one needs its value
-        # back; so does a stale one that someone may still hold.
-        local = [e.tensor for e in entries if getattr(e.array, "is_fully_addressable", True)]
-        try:
-            self.materialize(local)
-        finally:
-            for entry in entries:
-                if self._entries.get(id(entry.tensor)) is entry:
-                    del self._entries[id(entry.tensor)]
-                    self._unguard(entry.tensor)
+        """A dropped tensor that someone still holds becomes an ordinary tensor with its newest
+        value (a released one needs it back), where reading it needs no collective; one held
+        by nothing else is simply let go, not filled first."""
+        failed = []
+        for entry in entries:
+            if self._entries.get(id(entry.tensor)) is not entry:
+                continue
+            del self._entries[id(entry.tensor)]
+            held = weakref.ref(entry.tensor)
+            entry.tensor = None  # if ours was the last reference, the tensor goes here
+            tensor = held()
+            if tensor is None:
+                continue
+            entry.tensor = tensor
+            self._entries[id(tensor)] = entry  # _fill works on entries of this state
+            if getattr(entry.array, "is_fully_addressable", True):
+                failure = self._fill(entry)
+                if failure is not None:
+                    failed.append(failure)
+                    continue
+            self._entries.pop(id(tensor), None)
+            self._unguard(tensor)
+        self._pending = any(e.array_is_newer for e in self._entries.values())
+        if failed:
+            raise _failed_values_error(failed) from failed[0][0]
+
+
+def _failed_values_error(failed: list) -> StepFailedError:
+    """The error for values that could not be read back (``(error, lost)`` from ``_fill``)."""
+    gone = sum(1 for _, lost in failed if lost)
+    what = ("They were rolled back to their last synchronised values; the state is readable "
+            "and training can go on from there.")
+    if gone:
+        what = (f"{gone} of them had no other copy (the torch copy of large state is released "
+                "between steps to save memory) and were set to NaN, the others were rolled "
+                "back to their last synchronised values. Load the last checkpoint to go on.")
+    error = failed[0][0]
+    return StepFailedError(f"{len(failed)} state tensors hold the result of a step that failed "
+                           f"({type(error).__name__}: {error}). {what}")

@@ -16,6 +16,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import weakref
 
 import numpy as np
 import pytest
@@ -382,6 +383,40 @@ def test_shutdown_gives_released_tensors_their_newest_values(release_all):
     for name, p in model.named_parameters():
         assert type(p) is torch.nn.Parameter
         assert torch.equal(p.detach(), newest[name])
+
+
+def test_replaced_state_tensors_keep_their_newest_value(release_all):
+    state, model, optimizer, step = _cstorch_run()
+    for i in range(3):
+        step(XS[i], YS[i])
+    saved = copy.deepcopy(optimizer.state_dict())
+    step(XS[3], YS[3])  # released again
+    held = optimizer.state[model[0].weight]["momentum_buffer"]  # a user keeps this one
+    assert state.is_released(held)
+    newest = torch.from_numpy(np.array(state.array_of(held)))
+    optimizer.load_state_dict(saved)  # new state tensors replace the old ones
+    step(XS[4], YS[4])  # the old ones stop being state here
+    assert held not in state
+    assert type(held) is torch.Tensor and torch.equal(held, newest)
+
+
+def test_dropped_tensors_are_filled_only_if_someone_still_holds_them(release_all,
+                                                                    monkeypatch):
+    import jax.numpy as jnp
+
+    state = DeviceState()
+    unheld, held = torch.randn(8), torch.randn(8)
+    state.update([unheld, held], [jnp.ones(8, jnp.float32), jnp.zeros(8, jnp.float32)])
+    assert state.is_released(unheld) and state.is_released(held)
+    filled = []
+    fill = DeviceState._fill
+    monkeypatch.setattr(DeviceState, "_fill", lambda self, e: filled.append(1) or fill(self, e))
+    gone = weakref.ref(unheld)
+    del unheld
+    state.retain([])  # neither is state any more
+    assert gone() is None and len(filled) == 1  # only the held one was filled
+    assert type(held) is torch.Tensor and torch.equal(held, torch.zeros(8))
+    assert len(state) == 0
 
 
 # ------------------------------------------------------------------ failed steps
