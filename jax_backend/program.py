@@ -16,7 +16,9 @@ pointing at donated, deleted or poisoned arrays:
   up) keeps a backup of the state it donates and waits for the result; if it fails, the
   state of the last good step is put back. The backup is the torch tensors themselves
   (``DeviceState.hold_in_torch``): right after an upload, e.g. at the first step, they hold
-  the donated values already, so it costs no extra copy there.
+  the donated values already, so it costs no extra copy there (but keeps, through that one
+  run, the copy a later run does without: ``Program.backup_first_run = False`` trades that
+  protection for a first-step peak like any other step's).
 * Later runs keep no second copy of the state: the torch copies of large state are released
   (``DeviceState``; the arrays hold the values and the next torch access fills the tensors
   again). If such a run fails after consuming its state, small state falls back to its last
@@ -72,6 +74,8 @@ def _has_random_nodes(graph) -> bool:
 
 class Program:
     """One compiled step. Call it with arrays; it returns arrays (dispatch is asynchronous)."""
+
+    backup_first_run = True  # see the module docstring
 
     def __init__(self, captured: CapturedStep, policy: Policy | None = None,
                  layout: Layout | None = None):
@@ -146,7 +150,8 @@ class Program:
         arrays = state.arrays(used)
         donated_tensors, kept_tensors = self.split_state(list(used))
         donated_arrays, _ = self.split_state(arrays)
-        backed_up = not self.has_run and state.hold_in_torch(donated_tensors)
+        backed_up = (not self.has_run and self.backup_first_run
+                     and state.hold_in_torch(donated_tensors))
         # Any torch copy that is not the backup goes before the run, not after: a copy kept
         # through the run (e.g. one filled by a checkpoint) would double its peak memory.
         state.release_torch_copies(kept_tensors if backed_up else used)

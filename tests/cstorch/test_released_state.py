@@ -476,6 +476,16 @@ def test_failed_steady_state_step_says_released_state_was_lost(release_all, tmp_
     _assert_matches_eager(failing, eager_reload)
 
 
+def test_without_a_first_run_backup_a_failed_first_run_says_what_was_lost(release_all,
+                                                                          monkeypatch):
+    monkeypatch.setattr(Program, "backup_first_run", False)
+    state, model, optimizer, step = _cstorch_run()
+    with _failing_once(lambda inputs: True):
+        with pytest.raises(StepFailedError, match="no other copy.*NaN.*checkpoint"):
+            step(XS[0], YS[0])
+    assert torch.isnan(model[0].weight).all()
+
+
 def test_unreadable_result_of_a_released_tensor_becomes_nan_with_an_error(release_all):
     import jax.numpy as jnp
 
