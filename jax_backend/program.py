@@ -152,10 +152,10 @@ class Program:
         donated_arrays, _ = self.split_state(arrays)
         backed_up = (not self.has_run and self.backup_first_run
                      and state.hold_in_torch(donated_tensors))
-        # Any torch copy that is not the backup goes before the run, not after: a copy kept
-        # through the run (e.g. one filled by a checkpoint) would double its peak memory.
-        state.release_torch_copies(kept_tensors if backed_up else used)
         with interrupts_held():
+            # Any torch copy that is not the backup goes before the run, not after: a copy
+            # kept through the run (e.g. one filled by a checkpoint) would double its peak.
+            state.release_torch_copies(kept_tensors if backed_up else used)
             try:
                 new_state, outputs = self(arrays, inputs, seed)
                 if backed_up:

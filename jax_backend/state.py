@@ -20,7 +20,9 @@ Only tensors that nothing else can reach are released (``_sole_owner``): storage
 a view, a ``p.data`` alias, a numpy array or a held storage object is kept, since those read
 it without passing the guard. A released tensor always has an entry here, so every path that
 drops an entry gives the storage back first (``_fill``), and a value that is lost (its step
-failed and no copy is left) becomes NaN, never a dangling storage.
+failed and no copy is left) becomes NaN, never a dangling storage. Releasing and filling are
+ordered so that an interrupt between any two of their operations leaves a tensor the next
+access fills from its array.
 """
 
 from __future__ import annotations
@@ -165,6 +167,8 @@ class _Entry:
     released: bool = False  # the torch storage was given back; the array is the only copy
 
     def torch_side_changed(self) -> bool:
+        if self.released:  # nothing touches it unguarded, and the guard fills it first
+            return False
         return (self.data_handed_out or self.tensor._version != self.synced_version
                 or _storage_key(self.tensor) != self.storage)
 
@@ -233,7 +237,7 @@ class DeviceState:
         with _no_guard():
             for tensor in tensors:
                 entry = self._entries.get(id(tensor))
-                if (entry is not None and entry.tensor is tensor
+                if (entry is not None and entry.tensor is tensor and not entry.released
                         and not entry.torch_side_changed()):
                     freed += self._release(entry)
         host_memory.freed(freed)
@@ -248,7 +252,8 @@ class DeviceState:
         docstring); returns the bytes freed. Caller: under ``_no_guard``."""
         tensor = entry.tensor
         nbytes = tensor.numel() * tensor.element_size()
-        if (entry.released or tensor.device.type != "cpu" or nbytes < self.release_min_bytes
+        if (entry.released or tensor.device.type != "cpu" or tensor.layout != torch.strided
+                or tensor.is_quantized or nbytes < self.release_min_bytes
                 # giving it back must not need a collective (a value split across processes)
                 or not getattr(entry.array, "is_fully_addressable", True)
                 or not _sole_owner(tensor)):
@@ -256,27 +261,32 @@ class DeviceState:
         self._guard(tensor)
         if not self._guarded_here(tensor):
             return 0  # a tensor subclass of its own: nothing would fill it again on access
+        # Marked first: whatever happens below (an interrupt, a refusal), the next access
+        # fills the tensor from the array, never the other way round.
+        entry.array_is_newer = entry.released = True
+        self._pending = True
         with torch.no_grad():
             if not tensor.untyped_storage().resizable():
                 # Exported to numpy once (uploads do that), which pins its size for good: a
                 # fresh storage takes its place (never written, so it costs no memory).
-                fresh = torch.UntypedStorage(tensor.numel() * tensor.element_size())
-                tensor.set_(fresh, 0, tensor.shape, tensor.stride())
+                try:
+                    tensor.set_(torch.UntypedStorage(nbytes), 0, tensor.shape, tensor.stride())
+                except RuntimeError:  # torch refuses to change this tensor's storage
+                    entry.released = False  # it keeps it (filled again on access all the same)
+                    return 0
             tensor.untyped_storage().resize_(0)
-        entry.released = True
-        entry.array_is_newer = True  # the next torch access fills the storage again
         entry.synced_version = _count_edit(tensor)
         entry.storage = _storage_key(tensor)
-        self._pending = True
         return nbytes
 
     @staticmethod
-    def _restore(entry: _Entry) -> None:
-        """Gives a released tensor its storage back (uninitialised; the caller fills it)."""
-        if entry.released:
-            tensor = entry.tensor
-            tensor.untyped_storage().resize_(tensor.numel() * tensor.element_size())
-            entry.released = False
+    def _allocate(tensor: torch.Tensor) -> None:
+        """Gives a released tensor its full storage back, uninitialised: the caller fills it
+        and only then clears ``released``."""
+        nbytes = tensor.numel() * tensor.element_size()
+        storage = tensor.untyped_storage()
+        if storage.nbytes() < nbytes:
+            storage.resize_(nbytes)
 
     def _lose(self, entry: _Entry) -> None:
         """A released tensor whose value cannot be read back (the step that made it failed):
@@ -284,8 +294,9 @@ class DeviceState:
         readable and the loss shows, and it leaves this state."""
         tensor = entry.tensor
         with torch.no_grad(), _no_guard():
-            self._restore(entry)
+            self._allocate(tensor)
             tensor.fill_(math.nan if tensor.is_floating_point() or tensor.is_complex() else 0)
+        entry.released = False
         self._unguard(tensor)
         self._entries.pop(id(tensor), None)
 
@@ -436,8 +447,10 @@ class DeviceState:
                 self._entries.pop(id(entry.tensor), None)
             return error, lost
         with torch.no_grad(), _no_guard():
-            self._restore(entry)
+            if entry.released:
+                self._allocate(entry.tensor)
             entry.tensor.copy_(value)
+            entry.released = False
             entry.synced_version = entry.tensor._version
             entry.storage = _storage_key(entry.tensor)
             entry.array_is_newer = False

@@ -328,6 +328,36 @@ def test_eager_graph_across_a_step_raises_like_eager_torch_instead_of_reading_fr
     assert "refused: True" in result.stdout
 
 
+def test_an_interrupt_inside_a_release_leaves_a_tensor_the_next_access_fills(release_all):
+    import jax_backend.state as state_module
+
+    state, model, optimizer, step = _cstorch_run()
+    step(XS[0], YS[0])
+    weight = model[0].weight
+    expected = weight.detach().clone()  # fills it
+    assert not state.is_released(weight)
+
+    def interrupt(tensor):
+        raise KeyboardInterrupt
+
+    with pytest.MonkeyPatch.context() as patch:  # lands after the storage was freed
+        patch.setattr(state_module, "_count_edit", interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            state.release_torch_copies([weight])
+    assert _storage_bytes(weight) == 0
+    assert torch.equal(weight.detach(), expected)  # filled from the array, not uploaded
+    step(XS[1], YS[1])
+    _close(torch.tensor(float(step(XS[2], YS[2]))), torch.tensor(float(step_eagerly(2))))
+
+
+def step_eagerly(steps_before):
+    """The loss of eager torch's step ``steps_before`` (after that many steps)."""
+    _, model, optimizer, step = _eager_run()
+    for i in range(steps_before):
+        step(XS[i], YS[i])
+    return step(XS[steps_before], YS[steps_before])
+
+
 # ------------------------------------------------------------------ copies and checkpoints
 def test_state_dict_deepcopy_and_pickle_of_released_state(release_all, tmp_path):
     state, model, optimizer, step = _cstorch_run()
