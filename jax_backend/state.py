@@ -1,7 +1,8 @@
 """Device-resident state: the JAX arrays that hold torch state tensors between steps.
 
 After a compiled step the newest value of a parameter, buffer or optimizer-state tensor lives
-in a JAX array; the torch tensor keeps its last synchronised value until someone asks for it.
+in a JAX array; the torch tensor keeps its last synchronised value (large ones keep nothing,
+see below) until someone asks for it.
 Eager torch semantics still hold for the torch objects:
 
 * Each state tensor is *guarded* (its class becomes ``GuardedParameter`` / ``GuardedTensor``,
