@@ -93,12 +93,26 @@ def array_to_numpy(array) -> np.ndarray:
     return host_value(array)
 
 
-def array_to_tensor(array) -> torch.Tensor:
-    """Copies a JAX array into a new, writable CPU torch tensor."""
-    host = np.array(array_to_numpy(array), copy=True)
+def _numpy_to_tensor(host: np.ndarray) -> torch.Tensor:
+    """The torch tensor sharing ``host``'s memory (bfloat16 through its int16 bits)."""
     if host.dtype == ml_dtypes.bfloat16:
         return torch.from_numpy(host.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(host)
+
+
+def array_to_tensor(array) -> torch.Tensor:
+    """Copies a JAX array into a new, writable CPU torch tensor."""
+    return _numpy_to_tensor(np.array(array_to_numpy(array), copy=True))
+
+
+def initial_tensor(array) -> torch.Tensor:
+    """``array_to_tensor`` for a freshly initialised value: an all-zero one (most optimizer
+    state) becomes a tensor whose memory is committed only when written (numpy's zeros are
+    untouched pages that read as 0; torch.zeros writes every page)."""
+    host = array_to_numpy(array)
+    if host.size and not host.any():
+        return _numpy_to_tensor(np.zeros(host.shape, host.dtype))
+    return array_to_tensor(array)
 
 
 # --------------------------------------------------------------------------------------------

@@ -13,9 +13,17 @@ pointing at donated, deleted or poisoned arrays:
 * Ctrl-C (SIGINT) is held back from the moment the state is donated until the new state is
   recorded, then delivered; the ``except KeyboardInterrupt`` handler sees a consistent state.
 * The first run of a program (a new program is where out-of-memory and shape problems show
-  up) keeps host copies of the state it donates and waits for the result; if it fails, the
-  state of the last good step is put back. Later runs do not pay for copies: if one of them
-  fails, the consumed state falls back to its last synchronised values, and the error says so.
+  up) keeps a backup of the state it donates and waits for the result; if it fails, the
+  state of the last good step is put back. The backup is the torch tensors themselves
+  (``DeviceState.hold_in_torch``): right after an upload, e.g. at the first step, they hold
+  the donated values already, so it costs no extra copy there (but keeps, through that one
+  run, the copy a later run does without: ``Program.backup_first_run = False`` trades that
+  protection for a first-step peak like any other step's).
+* Later runs keep no second copy of the state: the torch copies of large state are released
+  (``DeviceState``; the arrays hold the values and the next torch access fills the tensors
+  again). If such a run fails after consuming its state, small state falls back to its last
+  synchronised values and released state is lost (set to NaN); the error says which, and
+  that the last checkpoint is where training goes on from.
 """
 
 from __future__ import annotations
@@ -66,6 +74,8 @@ def _has_random_nodes(graph) -> bool:
 
 class Program:
     """One compiled step. Call it with arrays; it returns arrays (dispatch is asynchronous)."""
+
+    backup_first_run = True  # see the module docstring
 
     def __init__(self, captured: CapturedStep, policy: Policy | None = None,
                  layout: Layout | None = None):
@@ -138,18 +148,22 @@ class Program:
         step reads, ``written`` those it overwrites (in the program's output order). Returns
         the step's outputs; raises ``StepFailedError`` if it failed (module docstring)."""
         arrays = state.arrays(used)
-        donated_tensors, _ = self.split_state(list(used))
+        donated_tensors, kept_tensors = self.split_state(list(used))
         donated_arrays, _ = self.split_state(arrays)
-        backup = None if self.has_run else state.host_copies(donated_tensors)
+        backed_up = (not self.has_run and self.backup_first_run
+                     and state.hold_in_torch(donated_tensors))
         with interrupts_held():
+            # Any torch copy that is not the backup goes before the run, not after: a copy
+            # kept through the run (e.g. one filled by a checkpoint) would double its peak.
+            state.release_torch_copies(kept_tensors if backed_up else used)
             try:
                 new_state, outputs = self(arrays, inputs, seed)
-                if backup is not None:
+                if backed_up:
                     jax.block_until_ready((new_state, outputs))
             except BaseException as error:
                 if not any(a.is_deleted() for a in donated_arrays):
                     raise  # it failed before running (e.g. while compiling): state untouched
-                what = state.recover(donated_tensors, donated_arrays, backup)
+                what = state.recover(donated_tensors, donated_arrays, backed_up)
                 if not isinstance(error, Exception):  # KeyboardInterrupt, SystemExit
                     raise
                 raise StepFailedError(

@@ -1,7 +1,8 @@
 """Device-resident state: the JAX arrays that hold torch state tensors between steps.
 
 After a compiled step the newest value of a parameter, buffer or optimizer-state tensor lives
-in a JAX array; the torch tensor keeps its last synchronised value until someone asks for it.
+in a JAX array; the torch tensor keeps its last synchronised value (large ones keep nothing,
+see below) until someone asks for it.
 Eager torch semantics still hold for the torch objects:
 
 * Each state tensor is *guarded* (its class becomes ``GuardedParameter`` / ``GuardedTensor``,
@@ -12,6 +13,17 @@ Eager torch semantics still hold for the torch objects:
   by ``p.data`` having been handed out (its edits bump no counter).
 * A value that cannot be read back (its step failed) is dropped, with an error, instead of
   poisoning every later read.
+
+Between synchronisations the torch side keeps no second copy of large state: once the array
+holds a tensor's value, the tensor's storage is *released* (resized to 0 bytes; shape, dtype,
+identity and version stay) and the guard re-allocates and fills it on the next torch access.
+Only tensors that nothing else can reach are released (``_sole_owner``): storage shared with
+a view, a ``p.data`` alias, a numpy array or a held storage object is kept, since those read
+it without passing the guard. A released tensor always has an entry here, so every path that
+drops an entry gives the storage back first (``_fill``), and a value that is lost (its step
+failed and no copy is left) becomes NaN, never a dangling storage. Releasing and filling are
+ordered so that an interrupt between any two of their operations leaves a tensor the next
+access fills from its array.
 """
 
 from __future__ import annotations
@@ -19,16 +31,17 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import math
 import weakref
 from typing import Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import torch
 from torch.utils._pytree import tree_flatten
 
 from jax_backend.dtypes import array_to_tensor, tensor_to_array, tensor_to_host
+from jax_backend import host_memory
 from jax_backend.errors import StepFailedError
 
 _no_guard = torch._C.DisableTorchFunctionSubclass
@@ -122,6 +135,28 @@ def _storage_key(tensor: torch.Tensor):
     return tensor.data_ptr(), tensor.shape
 
 
+def _sole_owner(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is the only thing holding its storage, and covers all of it: then
+    releasing the storage cannot pull memory from under anyone who reads it unguarded."""
+    storage = tensor.untyped_storage()
+    use_count = getattr(torch._C, "_storage_Use_Count", None)
+    if use_count is None:
+        return False
+    if (tensor._is_view() or tensor.storage_offset() != 0 or not tensor.is_contiguous()
+            or storage.nbytes() != tensor.numel() * tensor.element_size()):
+        return False
+    return use_count(storage._cdata) == 2  # the tensor and `storage` above
+
+
+def _count_edit(tensor: torch.Tensor) -> int:
+    """Bumps the version counter as an in-place edit would, and returns it. A step's update
+    is one (so autograd refuses a backward through a graph that saved the old value, as in
+    eager torch), and so is a release: that graph would read freed memory."""
+    if not tensor.is_inference():
+        torch.autograd.graph.increment_version(tensor)
+    return tensor._version
+
+
 @dataclasses.dataclass
 class _Entry:
     tensor: torch.Tensor
@@ -130,14 +165,21 @@ class _Entry:
     storage: tuple = None  # _storage_key at the last synchronisation
     array_is_newer: bool = False
     data_handed_out: bool = False  # p.data was read: it may have been edited uncounted
+    released: bool = False  # the torch storage was given back; the array is the only copy
 
     def torch_side_changed(self) -> bool:
+        if self.released:  # nothing touches it unguarded, and the guard fills it first
+            return False
         return (self.data_handed_out or self.tensor._version != self.synced_version
                 or _storage_key(self.tensor) != self.storage)
 
 
 class DeviceState:
     """Maps torch state tensors (by identity) to their JAX arrays."""
+
+    # Smaller tensors keep their storage: the memory saved would not pay for re-allocating it
+    # on every access (scalars such as a scheduled lr are read between most steps).
+    release_min_bytes = 1 << 16
 
     def __init__(self, device=None, layout=None):
         self.device = device
@@ -150,11 +192,6 @@ class DeviceState:
 
     def __contains__(self, tensor):
         return id(tensor) in self._entries
-
-    def _place(self, host):
-        if self.layout is not None:
-            return self.layout.place_state(host)
-        return jax.device_put(host, self.device)
 
     def _upload(self, tensor: torch.Tensor) -> _Entry:
         if self.layout is not None:
@@ -177,7 +214,9 @@ class DeviceState:
         return result
 
     def update(self, tensors: Sequence[torch.Tensor], arrays: Sequence) -> None:
-        """Records new values computed on the JAX side; the torch tensors are now stale."""
+        """Records new values computed on the JAX side; the torch tensors are now stale (and
+        their storage is released where that is safe, see the module docstring)."""
+        freed = 0
         with _no_guard():
             for tensor, array in zip(tensors, arrays):
                 entry = self._entries.get(id(tensor))
@@ -186,8 +225,86 @@ class DeviceState:
                     self._entries[id(tensor)] = entry
                 entry.array = array
                 entry.array_is_newer = True
+                entry.synced_version = _count_edit(tensor)
                 self._guard(tensor)
+                freed += self._release(entry)
         self._pending = self._pending or bool(tensors)
+        host_memory.freed(freed)
+
+    def release_torch_copies(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Releases the torch storage of tensors whose arrays hold their values (e.g. state a
+        step read but did not write); the next torch access fills it again."""
+        freed = 0
+        with _no_guard():
+            for tensor in tensors:
+                entry = self._entries.get(id(tensor))
+                if (entry is not None and entry.tensor is tensor and not entry.released
+                        and not entry.torch_side_changed()):
+                    freed += self._release(entry)
+        host_memory.freed(freed)
+
+    # ------------------------------------------------------------------ torch storage
+    def _guarded_here(self, tensor) -> bool:
+        owner = tensor.__dict__.get("_cstorch_device_state")
+        return type(tensor) in _BASE_OF and owner is not None and owner() is self
+
+    def _release(self, entry: _Entry) -> int:
+        """Frees the torch copy of a value the array holds, where that is safe (module
+        docstring); returns the bytes freed. Caller: under ``_no_guard``."""
+        tensor = entry.tensor
+        nbytes = tensor.numel() * tensor.element_size()
+        if (entry.released or tensor.device.type != "cpu" or tensor.layout != torch.strided
+                or tensor.is_quantized or nbytes < self.release_min_bytes
+                # giving it back must not need a collective (a value split across processes)
+                or not getattr(entry.array, "is_fully_addressable", True)
+                or not _sole_owner(tensor)):
+            return 0
+        self._guard(tensor)
+        if not self._guarded_here(tensor):
+            return 0  # a tensor subclass of its own: nothing would fill it again on access
+        # Marked first: whatever happens below (an interrupt, a refusal), the next access
+        # fills the tensor from the array, never the other way round.
+        entry.array_is_newer = entry.released = True
+        self._pending = True
+        with torch.no_grad():
+            if not tensor.untyped_storage().resizable():
+                # Exported to numpy once (uploads do that), which pins its size for good: a
+                # fresh storage takes its place (never written, so it costs no memory).
+                try:
+                    tensor.set_(torch.UntypedStorage(nbytes), 0, tensor.shape, tensor.stride())
+                except RuntimeError:  # torch refuses to change this tensor's storage
+                    entry.released = False  # it keeps it (filled again on access all the same)
+                    return 0
+            tensor.untyped_storage().resize_(0)
+        entry.synced_version = _count_edit(tensor)
+        entry.storage = _storage_key(tensor)
+        return nbytes
+
+    @staticmethod
+    def _allocate(tensor: torch.Tensor) -> None:
+        """Gives a released tensor its full storage back, uninitialised: the caller fills it
+        and only then clears ``released``."""
+        nbytes = tensor.numel() * tensor.element_size()
+        storage = tensor.untyped_storage()
+        if storage.nbytes() < nbytes:
+            storage.resize_(nbytes)
+
+    def _lose(self, entry: _Entry) -> None:
+        """A released tensor whose value cannot be read back (the step that made it failed):
+        it gets its storage back filled with NaN (0 for integer and bool tensors), so it stays
+        readable and the loss shows, and it leaves this state."""
+        tensor = entry.tensor
+        with torch.no_grad(), _no_guard():
+            self._allocate(tensor)
+            tensor.fill_(math.nan if tensor.is_floating_point() or tensor.is_complex() else 0)
+        entry.released = False
+        self._unguard(tensor)
+        self._entries.pop(id(tensor), None)
+
+    def is_released(self, tensor: torch.Tensor) -> bool:
+        """Whether the torch storage of ``tensor`` is released (its value is only an array)."""
+        entry = self._entries.get(id(tensor))
+        return entry is not None and entry.tensor is tensor and entry.released
 
     # ------------------------------------------------------------------ guards
     def _guard(self, tensor: torch.Tensor) -> None:
@@ -218,37 +335,60 @@ class DeviceState:
             entry.data_handed_out = True
 
     def release(self) -> None:
-        """Gives every tensor its plain class back (the backend is going away)."""
+        """Gives every tensor its newest value and plain class back (the backend is going
+        away). Values split across processes are left as they are (fetching them would be
+        a collective); their storage is never released."""
+        local = [e.tensor for e in self._entries.values()
+                 if getattr(e.array, "is_fully_addressable", True)]
+        try:
+            self.materialize(local)
+        except StepFailedError:
+            pass  # the unreadable values were dropped (or set to NaN where no copy was left)
         for entry in self._entries.values():
             self._unguard(entry.tensor)
+        self._entries.clear()
 
     # ------------------------------------------------------------------ failures
-    def host_copies(self, tensors: Sequence[torch.Tensor]) -> list | None:
-        """Host copies of the tensors' current arrays: a backup against a failing step. None
-        when some array is split across processes (each holds only its part)."""
-        arrays = self.arrays(tensors)
-        if not all(getattr(a, "is_fully_addressable", True) for a in arrays):
-            return None
-        return [np.array(a, copy=True) for a in arrays]
+    def hold_in_torch(self, tensors: Sequence[torch.Tensor]) -> bool:
+        """Makes the torch tensors hold their current values (filling released or stale ones
+        from their arrays) as a backup against a failing step: after an upload (the first
+        step) they already do, at no cost. False, doing nothing, when some value is split
+        across processes (fetching it would be a collective)."""
+        entries = [self._entries.get(id(t)) for t in tensors]
+        if not all(e is None or getattr(e.array, "is_fully_addressable", True) for e in entries):
+            return False
+        self.materialize(tensors)
+        return True
 
-    def recover(self, tensors: Sequence[torch.Tensor], arrays: Sequence, backup=None) -> str:
+    def recover(self, tensors: Sequence[torch.Tensor], arrays: Sequence,
+                backed_up: bool = False) -> str:
         """After a failed step: puts back the state a step consumed (donated) before failing.
 
-        Arrays still alive are kept. Deleted ones come back from ``backup`` (host copies) if
-        there is one, else the entry is dropped so the torch value (the last synchronised
-        one) is used again. Returns a sentence saying which happened."""
+        Arrays still alive are kept. A tensor whose array was consumed falls back to its torch
+        value: the current one when ``backed_up`` (``hold_in_torch`` ran before the step),
+        else the last synchronised one. A tensor whose torch storage was released has no
+        value left: it becomes NaN (``_lose``). Returns a sentence saying which happened."""
         lost = [i for i, a in enumerate(arrays) if a.is_deleted()]
+        gone = 0
         with _no_guard():
             for i in lost:
                 tensor = tensors[i]
                 entry = self._entries.get(id(tensor))
-                if backup is not None:
-                    if entry is not None:
-                        entry.array = self._place(backup[i])
-                elif entry is not None:
+                if entry is None or entry.tensor is not tensor:
+                    continue
+                if entry.released:
+                    self._lose(entry)
+                    gone += 1
+                else:
                     self._unguard(tensor)
                     del self._entries[id(tensor)]
-        if backup is not None:
+        self._pending = any(e.array_is_newer for e in self._entries.values())
+        if gone:
+            return (f"{gone} state tensors consumed by the step had no other copy (the torch "
+                    "copy of large state is released between steps to save memory) and were "
+                    f"set to NaN; {len(lost) - gone} others were rolled back to their last "
+                    "synchronised values. Load the last checkpoint to go on.")
+        if backed_up:
             return "The state of the last good step was restored."
         return (f"{len(lost)} state tensors consumed by the step were rolled back to their last "
                 "synchronised values (the last state_dict()/checkpoint).")
@@ -271,51 +411,98 @@ class DeviceState:
         return self._pending
 
     def materialize(self, tensors: Iterable[torch.Tensor] | None = None) -> None:
-        """Copies newer JAX values into their torch tensors (in place, keeping identities).
+        """Copies newer JAX values into their torch tensors (in place, keeping identities;
+        a released storage is allocated again first).
 
         A value that cannot be read (the step that made it failed) is dropped, so the torch
-        tensor keeps its last synchronised value, and ``StepFailedError`` says so."""
+        tensor keeps its last synchronised value (NaN if its storage had been released), and
+        ``StepFailedError`` says so."""
         if not self._pending:
             return
         if tensors is None:
             entries = list(self._entries.values())
         else:
             entries = [e for e in (self._entries.get(id(t)) for t in tensors) if e is not None]
-        failed = []
-        with torch.no_grad(), _no_guard():
-            for entry in entries:
-                if entry.array_is_newer:
-                    try:
-                        value = array_to_tensor(entry.array)
-                    except Exception as error:  # noqa: BLE001 - reported below
-                        failed.append((entry, error))
-                        continue
-                    entry.tensor.copy_(value)
-                    entry.synced_version = entry.tensor._version
-                    entry.storage = _storage_key(entry.tensor)
-                    entry.array_is_newer = False
-            for entry, _ in failed:
-                self._unguard(entry.tensor)
-                self._entries.pop(id(entry.tensor), None)
-        if tensors is None:
+        failed = [failure for e in entries if (failure := self._fill(e)) is not None]
+        if tensors is None and not failed:
             self._pending = False
         else:
             self._pending = any(e.array_is_newer for e in self._entries.values())
         if failed:
-            raise StepFailedError(
-                f"{len(failed)} state tensors hold the result of a step that failed "
-                f"({type(failed[0][1]).__name__}: {failed[0][1]}). They were rolled back to "
-                "their last synchronised values; the state is readable and training can go "
-                "on from there.") from failed[0][1]
+            raise _failed_values_error(failed) from failed[0][0]
+
+    def _fill(self, entry: _Entry):
+        """Copies a newer value into its tensor. If it cannot be read, the entry is dropped
+        and ``(error, lost)`` returned: ``lost`` when no copy was left (the tensor was
+        released, and now holds NaN, ``_lose``), else it keeps its last synchronised value."""
+        if not entry.array_is_newer:
+            return None
+        try:
+            value = array_to_tensor(entry.array)
+        except Exception as error:  # noqa: BLE001 - reported by the caller
+            lost = entry.released
+            if lost:
+                self._lose(entry)
+            else:
+                self._unguard(entry.tensor)
+                self._entries.pop(id(entry.tensor), None)
+            return error, lost
+        with torch.no_grad(), _no_guard():
+            if entry.released:
+                self._allocate(entry.tensor)
+            entry.tensor.copy_(value)
+            entry.released = False
+            entry.synced_version = entry.tensor._version
+            entry.storage = _storage_key(entry.tensor)
+            entry.array_is_newer = False
+        return None
 
     def forget(self, tensors: Iterable[torch.Tensor]) -> None:
-        for tensor in tensors:
-            entry = self._entries.pop(id(tensor), None)
-            if entry is not None:
-                self._unguard(entry.tensor)
+        """Drops the entries of ``tensors`` (each keeps its newest value, see ``_drop``)."""
+        self._drop([self._entries[id(t)] for t in tensors if id(t) in self._entries])
 
     def retain(self, tensors: Iterable[torch.Tensor]) -> None:
         """Drops entries of tensors that are no longer state (e.g. replaced optimizer state)."""
         keep = {id(t) for t in tensors}
-        for key in [k for k in self._entries if k not in keep]:
-            self._unguard(self._entries.pop(key).tensor)
+        self._drop([e for k, e in self._entries.items() if k not in keep])
+
+    def _drop(self, entries: list) -> None:
+        """A dropped tensor that someone still holds becomes an ordinary tensor with its newest
+        value (a released one needs it back), where reading it needs no collective; one held
+        by nothing else is simply let go, not filled first."""
+        failed = []
+        for entry in entries:
+            if self._entries.get(id(entry.tensor)) is not entry:
+                continue
+            del self._entries[id(entry.tensor)]
+            held = weakref.ref(entry.tensor)
+            entry.tensor = None  # if ours was the last reference, the tensor goes here
+            tensor = held()
+            if tensor is None:
+                continue
+            entry.tensor = tensor
+            self._entries[id(tensor)] = entry  # _fill works on entries of this state
+            if getattr(entry.array, "is_fully_addressable", True):
+                failure = self._fill(entry)
+                if failure is not None:
+                    failed.append(failure)
+                    continue
+            self._entries.pop(id(tensor), None)
+            self._unguard(tensor)
+        self._pending = any(e.array_is_newer for e in self._entries.values())
+        if failed:
+            raise _failed_values_error(failed) from failed[0][0]
+
+
+def _failed_values_error(failed: list) -> StepFailedError:
+    """The error for values that could not be read back (``(error, lost)`` from ``_fill``)."""
+    gone = sum(1 for _, lost in failed if lost)
+    what = ("They were rolled back to their last synchronised values; the state is readable "
+            "and training can go on from there.")
+    if gone:
+        what = (f"{gone} of them had no other copy (the torch copy of large state is released "
+                "between steps to save memory) and were set to NaN, the others were rolled "
+                "back to their last synchronised values. Load the last checkpoint to go on.")
+    error = failed[0][0]
+    return StepFailedError(f"{len(failed)} state tensors hold the result of a step that failed "
+                           f"({type(error).__name__}: {error}). {what}")

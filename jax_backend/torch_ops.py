@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import torch
 
 from jax_backend import optimizers, schedules
-from jax_backend.dtypes import array_to_tensor, tensor_to_array, to_jax_dtype
+from jax_backend.dtypes import array_to_tensor, initial_tensor, tensor_to_array, to_jax_dtype
 from jax_backend.registry import lowers
 
 
@@ -107,7 +107,7 @@ def init_optimizer_state(name: str, hyperparams: dict, params) -> dict:
     not copied to the device for this."""
     shaped = [jnp.zeros(tuple(p.shape), to_jax_dtype(p.dtype)) for p in params]
     state = optimizers.init_state(name, hyperparams, shaped)
-    return {key: [None if a is None else array_to_tensor(a) for a in arrays]
+    return {key: [None if a is None else initial_tensor(a) for a in arrays]
             for key, arrays in state.items()}
 
 

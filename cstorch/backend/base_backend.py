@@ -227,6 +227,7 @@ class BaseBackend:
         epoch) and every slot still holds the tensor it held (catches rebinding)."""
         view = self._state_view
         if view is None or view.epoch != self._state_epoch or not view.still_holds():
+            self._state_view = None  # it holds the old tensors: retain may let them go
             view = StateView(self._state_epoch, self.state_slots())
             self.device_state.retain(view.tensors)
             self._state_view = view
