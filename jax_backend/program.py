@@ -172,6 +172,9 @@ class Program:
                     "call the step again, or save the state from here.") from error
             state.update(written, new_state)
         self.has_run = True
+        # Lowered once, it lowers again: the locator (which holds the step's state containers,
+        # and with them any state a load_state_dict has since replaced) is no longer needed.
+        self._locate = self.captured.locate = None
         return outputs
 
     # ------------------------------------------------------------------ introspection
