@@ -21,9 +21,10 @@ demo: .venv
 test: .venv
 	$(PY) -m pytest -q tests
 
+BENCH_ROUNDS ?= 3
 bench: .venv
 	mkdir -p artifacts
-	$(PY) benchmarks/bench_engine.py --precision fp32,bf16 --depth-sweep --interference --json artifacts/bench_engine.json
+	$(PY) benchmarks/bench_engine.py --rounds $(BENCH_ROUNDS) --precision fp32,bf16 --depth-sweep --interference --json artifacts/bench_engine.json
 
 coverage: .venv
 	$(PY) tools/op_coverage.py
