@@ -159,19 +159,12 @@ def _step_flops(step) -> float | None:
     return analysis.get("flops")
 
 
-def run_cstorch(name, steps, precision="fp32", window=None, layers=None):
-    import jax.numpy as jnp
-
+def _cstorch_step(name, layers=None):
+    """(the workload's traced cstorch training step, its batch)."""
     import cerebras.pytorch as cstorch
 
-    jnp.zeros(()).block_until_ready()  # the runtime is part of the import baseline
-    split = _FirstStepSplit()
-    import_rss = _rss_mib()
-    if precision == "bf16":
-        cstorch.amp.set_half_dtype("bfloat16")
-    model, (x, y), loss_fn, kind = _workload(name, layers)
-    backend = cstorch.backend("CPU", artifact_dir="/tmp/cstorch_bench")
-    compiled = cstorch.compile(model, backend)
+    model, batch, loss_fn, kind = _workload(name, layers)
+    compiled = cstorch.compile(model, cstorch.backend("CPU", artifact_dir="/tmp/cstorch_bench"))
     optimizer = _optimizer(cstorch.optim, kind, model)
 
     @cstorch.trace
@@ -182,6 +175,20 @@ def run_cstorch(name, steps, precision="fp32", window=None, layers=None):
         optimizer.step()
         return loss
 
+    return step, batch
+
+
+def run_cstorch(name, steps, precision="fp32", window=None, layers=None):
+    import jax.numpy as jnp
+
+    import cerebras.pytorch as cstorch
+
+    jnp.zeros(()).block_until_ready()  # the runtime is part of the import baseline
+    split = _FirstStepSplit()
+    import_rss = _rss_mib()
+    if precision == "bf16":
+        cstorch.amp.set_half_dtype("bfloat16")
+    step, (x, y) = _cstorch_step(name, layers)
     t0 = time.perf_counter()
     step(x, y).item()
     result = {"first": time.perf_counter() - t0, "first_split": dict(split.seconds)}
@@ -242,20 +249,7 @@ def run_interference(mode, rounds=30):
 
         (jnp.ones((512, 512)) @ jnp.ones((512, 512))).block_until_ready()
     if mode == "cstorch":
-        import cerebras.pytorch as cstorch
-
-        c_model, (cx, cy), _, _ = _workload("mlp")
-        compiled = cstorch.compile(c_model, cstorch.backend("CPU", artifact_dir="/tmp/cstorch_bench"))
-        c_optimizer = _optimizer(cstorch.optim, kind, c_model)
-
-        @cstorch.trace
-        def step(x, y):
-            loss = loss_fn(compiled(x), y)
-            c_optimizer.zero_grad()
-            loss.backward()
-            c_optimizer.step()
-            return loss
-
+        step, (cx, cy) = _cstorch_step("mlp")
         between = lambda: step(cx, cy).jax_array.block_until_ready()  # noqa: E731
     for _ in range(3):
         between()

@@ -4,6 +4,14 @@
 """
 
 import os as _os
+import sys as _sys
+
+# torch's OpenMP threads spin for a while after each parallel region; a compiled step started
+# then runs ~1.3x slower on a small machine (`make bench`, interference). Sleeping waiters cost
+# eager torch nothing measurable there. OpenMP reads this once, when torch loads it: it takes
+# effect only when cstorch is imported before torch (or set in the shell; README).
+if "torch" not in _sys.modules:
+    _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # True only while documentation is generated from the docstrings (as in the reference).
 _generating_docs = _os.environ.get("GENERATING_CEREBRAS_PYTORCH_DOCS") == "1"

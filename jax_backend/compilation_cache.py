@@ -23,13 +23,19 @@ ENV_VAR = "CSTORCH_COMPILATION_CACHE"
 _DISABLED = {"", "0", "off", "false", "no"}
 
 
-def default_directory() -> str | None:
-    """The cache directory the environment asks for, or None when it is switched off."""
-    value = os.environ.get(ENV_VAR)
+def cache_directory(env_var: str, name: str) -> str | None:
+    """The directory ``env_var`` asks for (None when it says ``off``), else ``name`` under
+    ``$XDG_CACHE_HOME/cstorch-jax`` (``~/.cache/cstorch-jax``). Shared by the project's caches."""
+    value = os.environ.get(env_var)
     if value is not None:
         return None if value.strip().lower() in _DISABLED else os.path.expanduser(value)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "cstorch-jax", "xla")
+    return os.path.join(base, "cstorch-jax", name)
+
+
+def default_directory() -> str | None:
+    """The cache directory the environment asks for, or None when it is switched off."""
+    return cache_directory(ENV_VAR, "xla")
 
 
 def enable(directory: str | None) -> str | None:

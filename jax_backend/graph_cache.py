@@ -73,11 +73,11 @@ from torch.utils import _pytree as pytree
 
 from jax_backend import fingerprint, optimizers, torch_ops
 from jax_backend.capture import CapturedStep
+from jax_backend.compilation_cache import cache_directory
 from jax_backend.registry import has_lowering, lowered_namespaces
 
 ENV_VAR = "CSTORCH_GRAPH_CACHE"
 FORMAT = 1
-_DISABLED = {"", "0", "off", "false", "no"}
 
 #: Bounds on what is read back: larger or stranger entries are refused as corrupt.
 MAX_FILE_BYTES = 512 * 1024 * 1024
@@ -106,11 +106,7 @@ class CorruptEntry(ValueError):
 # ------------------------------------------------------------------------------ directory
 def default_directory() -> str | None:
     """The cache directory the environment asks for, or None when it is switched off."""
-    value = os.environ.get(ENV_VAR)
-    if value is not None:
-        return None if value.strip().lower() in _DISABLED else os.path.expanduser(value)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "cstorch-jax", "graphs")
+    return cache_directory(ENV_VAR, "graphs")
 
 
 def _entry_path(directory: str, key: str) -> str:
