@@ -80,20 +80,25 @@ def _optimizer(module, kind, model):
     return module.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
 
 
-def run_eager(name, steps, compiled=False, layers=None):
-    import torch
-
-    import_rss = _rss_mib()
-    model, (x, y), loss_fn, kind = _workload(name, layers)
-    optimizer = _optimizer(torch.optim, kind, model)
+def training_step(forward, loss_fn, optimizer):
+    """The step every engine runs: forward, loss, backward, optimizer update; returns the loss."""
 
     def step(x, y):
-        loss = loss_fn(model(x), y)
+        loss = loss_fn(forward(x), y)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         return loss
 
+    return step
+
+
+def run_eager(name, steps, compiled=False, layers=None):
+    import torch
+
+    import_rss = _rss_mib()
+    model, (x, y), loss_fn, kind = _workload(name, layers)
+    step = training_step(model, loss_fn, _optimizer(torch.optim, kind, model))
     if compiled:
         step = torch.compile(step)
     t0 = time.perf_counter()
@@ -165,17 +170,8 @@ def _cstorch_step(name, layers=None):
 
     model, batch, loss_fn, kind = _workload(name, layers)
     compiled = cstorch.compile(model, cstorch.backend("CPU", artifact_dir="/tmp/cstorch_bench"))
-    optimizer = _optimizer(cstorch.optim, kind, model)
-
-    @cstorch.trace
-    def step(x, y):
-        loss = loss_fn(compiled(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    return step, batch
+    step = training_step(compiled, loss_fn, _optimizer(cstorch.optim, kind, model))
+    return cstorch.trace(step), batch
 
 
 def run_cstorch(name, steps, precision="fp32", window=None, layers=None):
@@ -234,14 +230,8 @@ def run_interference(mode, rounds=30):
     import torch
 
     model, (x, y), loss_fn, kind = _workload("mlp")
-    optimizer = _optimizer(torch.optim, kind, model)
-
-    def eager_step():
-        loss = loss_fn(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss.item()
+    step = training_step(model, loss_fn, _optimizer(torch.optim, kind, model))
+    eager_step = lambda: step(x, y).item()  # noqa: E731
 
     between = lambda: None  # noqa: E731
     if mode in ("jax", "cstorch"):

@@ -42,7 +42,7 @@ def _reset_peak() -> None:
 def _child(engine: str, name: str, steps: int) -> dict:
     import torch
 
-    from benchmarks.bench_engine import _optimizer, _workload
+    from benchmarks.bench_engine import _optimizer, _workload, training_step
 
     if engine == "cstorch":
         import cerebras.pytorch as cstorch
@@ -55,13 +55,7 @@ def _child(engine: str, name: str, steps: int) -> dict:
         forward = cstorch.compile(model, backend)
         optimizer = _optimizer(cstorch.optim, kind, model)
 
-    def step(x, y):
-        loss = loss_fn(forward(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss
-
+    step = training_step(forward, loss_fn, optimizer)
     if engine == "cstorch":
         step = cstorch.trace(step)
     result["built"] = _status("VmRSS")
