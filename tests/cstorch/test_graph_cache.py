@@ -15,6 +15,8 @@ import textwrap
 import numpy as np
 import pytest
 
+from tests.graph_cache_entries import first_node, rewrite_entry
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 PRELUDE = """
@@ -171,38 +173,24 @@ def test_second_run_reuses_the_graph_and_every_change_captures_again(tmp_path):
         assert _matches_eager(result, change.get("precision", "fp32")), what
 
 
-def _edit_entry(entry, edit):
-    with np.load(entry, allow_pickle=False) as npz:
-        arrays = {name: npz[name] for name in npz.files}
-    doc = json.loads(arrays["entry"].tobytes())
-    edit(doc)
-    arrays["entry"] = np.frombuffer(json.dumps(doc).encode(), np.uint8)
-    with open(entry, "wb") as f:
-        np.savez(f, **arrays)
-
-
-def _node(doc, target):
-    return next(n for n in doc["nodes"] if str(n[1]).startswith(target))
-
-
 def test_a_damaged_entry_is_captured_again_and_runs_nothing(tmp_path):
     cache = tmp_path / "graphs"
     cold = _run(tmp_path, cache)
     (entry,) = cache.iterdir()
 
     def inject(doc):
-        node = _node(doc, "aten::")
+        node = first_node(doc, "aten::")
         node[1] = "builtins::eval.default"
         node[2] = ["__import__('os').system('touch PWNED')"]
 
-    _edit_entry(entry, inject)
+    rewrite_entry(entry, inject)
     tampered = _run(tmp_path, cache)
     assert tampered["traces"] == 1 and tampered["losses"] == cold["losses"]
     assert "GraphCacheWarning" in tampered["stderr"] and not (tmp_path / "PWNED").exists()
 
     # Well-formed but wrong: a matrix product made a subtraction. It decodes, fails to
     # lower, and the step is captured again instead of failing.
-    _edit_entry(entry, lambda doc: _node(doc, "aten::mm.default").__setitem__(
+    rewrite_entry(entry, lambda doc: first_node(doc, "aten::mm.default").__setitem__(
         1, "aten::sub.Tensor"))
     swapped = _run(tmp_path, cache)
     assert swapped["traces"] == 1 and swapped["losses"] == cold["losses"]

@@ -9,7 +9,6 @@ runs nothing. The key changes with what the step reads, and only with that.
 from __future__ import annotations
 
 import io
-import json
 import os
 import threading
 import zipfile
@@ -20,6 +19,7 @@ import torch
 
 from jax_backend import Program, Slot, capture_step, dtypes, fingerprint, graph_cache
 from jax_backend.fingerprint import Fingerprinter, NotCacheable
+from tests.graph_cache_entries import first_node as _first, rewrite_entry as _rewrite
 
 KEY = "ab" * 32
 
@@ -95,21 +95,6 @@ def test_missing_entry_is_a_silent_miss(tmp_path, recwarn):
     _, state, inputs = _captured()
     assert _load(tmp_path, state, inputs) is None
     assert not [w for w in recwarn if issubclass(w.category, graph_cache.GraphCacheWarning)]
-
-
-def _rewrite(path, edit):
-    """Rewrites an entry's JSON with ``edit(doc)`` (keeping its constants)."""
-    with np.load(path, allow_pickle=False) as npz:
-        arrays = {name: npz[name] for name in npz.files}
-    doc = json.loads(arrays["entry"].tobytes())
-    edit(doc)
-    arrays["entry"] = np.frombuffer(json.dumps(doc).encode(), np.uint8)
-    with open(path, "wb") as f:
-        np.savez(f, **arrays)
-
-
-def _first(doc, op_prefix):
-    return next(n for n in doc["nodes"] if isinstance(n[1], str) and n[1].startswith(op_prefix))
 
 
 PAYLOAD = "__import__('os').system('touch PWNED')"
