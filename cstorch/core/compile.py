@@ -296,8 +296,16 @@ class TracedStep:
         impl = current_backend_impl()
         if impl.is_tracing:  # a traced step called from inside another: inline it
             return self.step_fn(*args, **kwargs)
+        queued_before = len(impl.step_closures)
         if impl.engine == "eager":  # plain eager torch every step (cstorch.core.engine)
-            return run_eagerly(self.step_fn, impl, args, kwargs)
+            outputs = run_eagerly(self.step_fn, impl, args, kwargs)
+        else:
+            outputs = self._call_compiled(impl, args, kwargs)
+        # Outside a DataExecutor nothing else would run this step's closures.
+        impl.run_closures_of_a_step_outside_executor(queued_before)
+        return outputs
+
+    def _call_compiled(self, impl, args, kwargs):
         leaves, spec = pytree.tree_flatten((args, kwargs))
         view = impl.state_view()
         key = _signature(leaves, spec, impl)
