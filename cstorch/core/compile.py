@@ -305,8 +305,9 @@ class TracedStep:
         impl.run_closures_of_a_step_outside_executor(queued_before)
         return outputs
 
-    def _call_compiled(self, impl, args, kwargs):
-        leaves, spec = pytree.tree_flatten((args, kwargs))
+    def _program_for(self, impl, leaves, spec):
+        """The compiled step for these arguments and the current state, compiled now if
+        needed (without running it): ``(entry, key, view, positions)``."""
         view = impl.state_view()
         key = _signature(leaves, spec, impl)
         hyperparameters = _hyperparameters(impl)
@@ -321,6 +322,11 @@ class TracedStep:
             positions = entry.resolve(view)
             self._evict_unused()
         self._last_key = key
+        return entry, key, view, positions
+
+    def _call_compiled(self, impl, args, kwargs):
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        entry, key, view, positions = self._program_for(impl, leaves, spec)
         try:
             outputs = self._run(impl, entry, leaves, view, *positions)
         except Exception as error:  # noqa: BLE001 - re-raised unless a cached graph failed
@@ -493,8 +499,55 @@ class TracedStep:
         """The most recent program as a pure JAX function (not jitted):
         ``(donated_state, kept_state, inputs, seed) -> (new_state, outputs)``, lists of arrays
         in the program's order; ``seed`` is the int64 scalar its random ops are keyed from
-        (see ``jax_backend.Program.pure_step``)."""
+        (see ``jax_backend.Program.pure_step``). :meth:`pure_state` gives the state it takes;
+        ``new_state`` is the state the step writes, which ``PureState.advance`` puts back::
+
+            f, state = jax.jit(step.pure_function()), step.pure_state()
+            new_state, outputs = f(state.donated, state.kept, [x, y], 0)
+            state = state.advance(new_state)
+        """
         return self._latest().program.pure_step
+
+    def pure_state(self) -> "PureState":
+        """The current state arrays of the most recent program, in the order
+        :meth:`pure_function` takes them, with their names (``model0.fc.weight``,
+        ``optimizer0.state.0.exp_avg``, ...). These are the live arrays: a later call of the
+        cstorch step donates (deletes) those in ``donated``; copy them to keep them."""
+        from cstorch.jax_export import _state_name
+
+        entry = self._latest()
+        impl = current_backend_impl()
+        view = impl.state_view()
+        positions = entry.resolve(view)
+        if positions is None:
+            raise RuntimeError("The state this program was compiled for no longer exists; "
+                               "call the step once more.")
+        used_index, written_index = positions
+        arrays = impl.device_state.arrays([view.tensors[i] for i in used_index])
+        names = [_state_name(view.paths[i]) for i in used_index]
+        program = entry.program
+        donated, kept = program.split_state(arrays)
+        donated_names, kept_names = program.split_state(names)
+        return PureState(donated, kept, donated_names, kept_names,
+                         [_state_name(view.paths[i]) for i in written_index])
+
+
+class PureState(NamedTuple):
+    """The state a traced step's pure function takes (``TracedStep.pure_state``)."""
+
+    donated: list  # arrays the step overwrites, in the order the pure function takes them
+    kept: list  # arrays it only reads
+    donated_names: list
+    kept_names: list
+    written_names: list  # the names of ``new_state``'s arrays, in its order
+
+    def advance(self, new_state) -> "PureState":
+        """The state for the next step, given the ``new_state`` the pure function returned."""
+        if len(new_state) != len(self.written_names):
+            raise ValueError(f"new_state has {len(new_state)} arrays; the step writes "
+                             f"{len(self.written_names)}.")
+        written = dict(zip(self.written_names, new_state))
+        return self._replace(donated=[written[name] for name in self.donated_names])
 
 
 def _describe_change(old: ProgramSignature, new: ProgramSignature) -> str:
