@@ -14,6 +14,7 @@ import collections
 import contextlib
 import dataclasses
 import functools
+import inspect
 import types
 import warnings
 from typing import Callable, NamedTuple
@@ -354,7 +355,7 @@ class TracedStep:
     # ---------------------------------------------------------------------------- compile
     def _compile(self, impl, key, leaves, spec, view, retry=False) -> _CompiledStep:
         if self._programs and not retry:
-            changed = _describe_change(self._last_key, key)
+            changed = _describe_change(self._last_key, key, self.step_fn)
             if impl.is_csx:
                 raise jax_backend.RecompilationError(
                     f"The step function {self.step_fn.__name__!r} was called with a new "
@@ -550,13 +551,46 @@ class PureState(NamedTuple):
         return self._replace(donated=[written[name] for name in self.donated_names])
 
 
-def _describe_change(old: ProgramSignature, new: ProgramSignature) -> str:
+def _describe_change(old: ProgramSignature, new: ProgramSignature, step_fn=None) -> str:
     changed = [_FIELD_NAMES.get(field, field.replace("_", " "))
                for field, a, b in zip(ProgramSignature._fields, old, new) if a != b]
+    if old.input_shapes_dtypes != new.input_shapes_dtypes and old.input_structure == \
+            new.input_structure:
+        changed[changed.index("input shapes/dtypes")] = (
+            "input shapes/dtypes: " + _describe_inputs(old, new, step_fn)
+            + "; a smaller last batch is the usual cause: use drop_last=True in the DataLoader")
     return ", ".join(changed) or (
         "an optimizer hyperparameter that is a Python number changed, or the state the step "
         "uses changed shape or dtype; schedule hyperparameters with a cstorch scheduler (or "
         "store them as tensors) to change them without recompiling")
+
+
+def _describe_inputs(old: ProgramSignature, new: ProgramSignature, step_fn) -> str:
+    """``inputs (args[0]) float32[32, 784] -> float32[16, 784]`` for each changed input."""
+    paths = [keys for keys, _ in pytree.tree_flatten_with_path(pytree.tree_unflatten(
+        list(range(len(new.input_shapes_dtypes))), new.input_structure))[0]]
+    try:
+        names = list(inspect.signature(step_fn).parameters) if step_fn is not None else []
+    except (TypeError, ValueError):
+        names = []
+    parts = []
+    for keys, a, b in zip(paths, old.input_shapes_dtypes, new.input_shapes_dtypes):
+        if a == b or a is None or b is None:
+            continue
+        label = pytree.keystr(keys)  # "[0][1]": args[1], "[1]['mask']": kwargs["mask"]
+        if len(keys) >= 2 and keys[0] == pytree.SequenceKey(0) and \
+                isinstance(keys[1], pytree.SequenceKey) and keys[1].idx < len(names):
+            label = names[keys[1].idx] + pytree.keystr(keys[2:])
+        elif len(keys) >= 2 and keys[0] == pytree.SequenceKey(1) and \
+                isinstance(keys[1], pytree.MappingKey):
+            label = str(keys[1].key) + pytree.keystr(keys[2:])
+        parts.append(f"{label} {_aval(a)} -> {_aval(b)}")
+    return ", ".join(parts)
+
+
+def _aval(shape_dtype) -> str:
+    shape, dtype = shape_dtype
+    return f"{str(dtype).replace('torch.', '')}[{', '.join(map(str, shape))}]"
 
 
 def trace(step_fn: Callable) -> TracedStep:

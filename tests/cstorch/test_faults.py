@@ -624,8 +624,11 @@ def test_float64_input_into_a_float32_model_raises_like_eager(cpu_backend):
     x = torch.randn(4, 3, dtype=torch.float64)
     with pytest.raises(RuntimeError, match="same dtype"):
         model(x)  # eager torch
-    with pytest.raises(RuntimeError, match="same dtype.*float64 and float32"):
+    with pytest.raises(RuntimeError, match="same dtype.*float64 and float32") as error:
         forward(x)
+    message = str(error.value)
+    assert "x.float()" in message and "cannot run on these inputs" in message
+    assert "bug" not in message  # the user's input is what to fix, not the project
 
 
 def test_a_step_result_that_cannot_be_read_is_dropped_not_kept_poisoned():
