@@ -67,6 +67,9 @@ class BaseBackend:
         self.appliance_tracker = StageTracker()  # written as each executor's track.json
         self.appliance_tracker.start("Initialization")
         self.step_closures: list[QueuedClosure] = []
+        # zero_grad calls of any optimizer or compiled module: a traced step that computes
+        # gradients without zeroing them is told apart from one zeroed between its calls.
+        self.gradient_resets = 0
         self.data_executor_stack: list = []
         self._recorder = None  # closures recorded while tracing
         self._at_trace_exit: list = []  # callbacks that drop trace-time Python values

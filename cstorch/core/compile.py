@@ -51,6 +51,11 @@ class FrozenValueWarning(UserWarning):
     """A Python (non-tensor) argument of a traced step changed after compilation."""
 
 
+class GradientAccumulationWarning(UserWarning):
+    """A traced step computes gradients that nothing zeroes: eager torch would accumulate
+    them across steps, a compiled step starts every step from zero gradients."""
+
+
 def register_trace_fn_pre_hook(hook) -> RemovableHandle:
     """Calls ``hook()`` before every capture of a traced step."""
     handle = RemovableHandle(_trace_pre_hooks)
@@ -114,6 +119,7 @@ def compile(model: torch.nn.Module, backend=None):  # noqa: A001 - the public na
     impl.setup_model(model)
     for module in model.modules():
         module.apply = types.MethodType(_apply, module)
+        module.zero_grad = types.MethodType(_zero_grad, module)
 
     def compiled(*args, **kwargs):
         return impl.forward(model, *args, **kwargs)
@@ -142,6 +148,14 @@ def _apply(module: torch.nn.Module, fn):
     raise TypeError(
         f"Expected a callable as the argument to apply, got {type(fn).__name__}. Pass a "
         "function of one module, or an object with an `apply(module)` method.")
+
+
+def _zero_grad(module: torch.nn.Module, set_to_none: bool = True) -> None:
+    """``Module.zero_grad`` that the backend counts (see ``GradientAccumulationWarning``)."""
+    impl = current_backend_impl(raise_exception=False)
+    if impl is not None:
+        impl.gradient_resets += 1
+    torch.nn.Module.zero_grad(module, set_to_none)
 
 
 # ------------------------------------------------------------------------------------ trace
@@ -176,6 +190,7 @@ class _CompiledStep:
     hyperparameters: list  # per optimizer that existed at compile time: its group values
     counter_steps: list  # (optimizer or scheduler, how much one step adds to its _step_count)
     cache: CaptureCache | None = None  # until the first good run: where the graph goes/came
+    leaves_gradients: bool = False  # computes gradients and does not zero them
     _resolved: tuple = (None, None, None)  # (view, used indices, written indices)
 
     def matches_hyperparameters(self, current: list) -> bool:
@@ -270,6 +285,7 @@ class TracedStep:
         self._warned_evicted = False
         self._last_key = None
         self._warned_frozen = False
+        self._resets_after_call = None  # backend.gradient_resets after the previous call
         functools.update_wrapper(self, step_fn)
 
     @property
@@ -328,6 +344,7 @@ class TracedStep:
     def _call_compiled(self, impl, args, kwargs):
         leaves, spec = pytree.tree_flatten((args, kwargs))
         entry, key, view, positions = self._program_for(impl, leaves, spec)
+        self._check_gradients_are_zeroed(impl, entry)
         try:
             outputs = self._run(impl, entry, leaves, view, *positions)
         except Exception as error:  # noqa: BLE001 - re-raised unless a cached graph failed
@@ -370,6 +387,7 @@ class TracedStep:
         records = []
         passes = []  # one entry per time capture runs the step body
         counters_before = _step_counts(impl)
+        leaves_gradients = []
 
         def step(*tensors):
             passes.append(None)
@@ -377,8 +395,11 @@ class TracedStep:
             for i, t in zip(positions, tensors):
                 rebuilt[i] = t
             args, kwargs = pytree.tree_unflatten(rebuilt, spec)
+            resets = impl.gradient_resets
             with impl.tracing(records):
                 outputs = self.step_fn(*args, **kwargs)
+            leaves_gradients.append(impl.gradient_resets == resets and any(
+                p.grad is not None for model in impl.models for p in model.parameters()))
             return outputs, [(r.args, r.kwargs) for r in records]
 
         policy = impl.precision_policy()
@@ -408,7 +429,8 @@ class TracedStep:
                  for i in captured.used_state + captured.written_state}
         entry = _CompiledStep(captured, program, closures, python_leaves, used, written, avals,
                               _hyperparameters(impl), counter_steps,
-                              cache if cache.key is not None else None)
+                              cache if cache.key is not None else None,
+                              leaves_gradients=bool(leaves_gradients and leaves_gradients[-1]))
         self._programs.setdefault(key, []).append(entry)
         return entry
 
@@ -428,6 +450,20 @@ class TracedStep:
                     "compiled again if needed. Keep input shapes fixed (e.g. drop_last=True, "
                     "padding to a few bucket sizes) to avoid recompiling.",
                     RecompilationWarning, stacklevel=4)
+
+    def _check_gradients_are_zeroed(self, impl, entry) -> None:
+        """Warns once when a step that leaves its gradients un-zeroed is called again with
+        no zero_grad in between: eager torch would add the new gradients to the old ones."""
+        previous, self._resets_after_call = self._resets_after_call, impl.gradient_resets
+        if entry.leaves_gradients and previous == impl.gradient_resets and previous is not None:
+            entry.leaves_gradients = False  # once
+            warn(f"{self.step_fn.__name__!r} computes gradients (backward) but neither the "
+                 "step nor the code between its calls zeroes them (optimizer.zero_grad()). "
+                 "Eager torch would add each step's gradients to the previous step's; a "
+                 "compiled step starts every step from zero gradients (they do not persist "
+                 "between steps), so the numbers differ from eager torch's. Call "
+                 "optimizer.zero_grad() in the step, before backward; to accumulate gradients "
+                 "on purpose, use a larger batch.", GradientAccumulationWarning)
 
     def _check_frozen(self, entry, leaves):
         if self._warned_frozen:

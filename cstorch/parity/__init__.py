@@ -9,8 +9,18 @@ side with their relative differences, the first step past tolerance and the larg
 state difference, and exits 1 past tolerance (2 if an engine failed), so it can gate CI.
 """
 
-from cstorch.parity.compare import compare_closures, compare_state, first_divergence, table
-from cstorch.parity.runner import ENGINES, available_engines, main, run_engine
+import importlib
 
-__all__ = ["ENGINES", "available_engines", "compare_closures", "compare_state",
-           "first_divergence", "main", "run_engine", "table"]
+# Loaded on first use: ``python -m cstorch.parity.record`` (each engine's process) must find
+# the record module not yet imported by this package, or runpy warns.
+_EXPORTS = {"compare_closures": "compare", "compare_state": "compare",
+            "first_divergence": "compare", "table": "compare", "ENGINES": "runner",
+            "available_engines": "runner", "main": "runner", "run_engine": "runner"}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"cstorch.parity.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'cstorch.parity' has no attribute {name!r}")
