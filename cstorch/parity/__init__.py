@@ -7,6 +7,14 @@ GPU when JAX sees one. Every value passed to a step or checkpoint closure is rec
 as is every model's and optimizer's final state. The tool prints the per-step values side by
 side with their relative differences, the first step past tolerance and the largest final
 state difference, and exits 1 past tolerance (2 if an engine failed), so it can gate CI.
+
+Each engine runs in its own empty working directory (files the script writes to fixed relative
+paths neither collide nor feed the next engine; arguments naming existing files are passed as
+absolute paths; ``--shared-workdir`` runs them all here). Tolerances follow the precision a
+value was computed in (``runner.RTOL_BY_PRECISION``: float32 1e-4, float16 2e-3, bfloat16 1e-2,
+final state ten times that) unless ``--rtol``/``--state-rtol`` are given. A divergence comes with
+its likely causes: random ops in the compiled step, half-precision rounding, a step that does
+not zero its gradients (eager torch accumulates them, a compiled step cannot).
 """
 
 import importlib
