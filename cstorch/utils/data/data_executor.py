@@ -127,6 +127,9 @@ class DataExecutor:
         self.profiler_activities = profiler_activities
         self.profiler = None
         self._artifact_dir = None
+        # The terminal progress bar of long runs (cstorch.utils.profiler); a caller that shows
+        # its own progress (the Model Zoo Trainer) turns it off.
+        self.show_progress = True
 
     def __len__(self):
         return self.num_steps
@@ -205,7 +208,8 @@ class DataExecutor:
                     yield impl.on_batch_start(batch)
                     # The rates are computed before the step's closures, which may read them.
                     self.profiler.step(infer_batch_size(batch))
-                    impl.on_batch_end()
+                    with self.profiler.printing():  # closures print on lines of their own
+                        impl.on_batch_end()
             impl.on_run_end()
             if self._writer is not None:
                 tracker = self.profiler.rate_tracker
