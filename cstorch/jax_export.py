@@ -17,6 +17,7 @@ from torch.utils import _pytree as pytree
 
 from jax_backend.export import export_program
 from cstorch.backend import current_backend_impl
+from cstorch.core.state_names import state_name
 
 
 def export(step, example_batch, path: str, *, vjp_order: int = 0, platforms=None) -> str:
@@ -54,7 +55,7 @@ def export(step, example_batch, path: str, *, vjp_order: int = 0, platforms=None
     indices = list(dict.fromkeys(list(used_index) + list(written_index)))
     names = {}
     for i in indices:  # readable names; a (theoretical) clash gets the position appended
-        name = _state_name(view.paths[i])
+        name = state_name(view.paths[i])
         names[i] = name if name not in names.values() else f"{name}#{i}"
     arrays = impl.device_state.arrays([view.tensors[i] for i in indices])
     state = {names[i]: array for i, array in zip(indices, arrays)}
@@ -75,19 +76,6 @@ def _platform(device) -> str:
     if device.platform == "gpu":  # jax.export names the GPU flavour
         return jax.export.default_export_platform()
     return device.platform
-
-
-def _state_name(path: tuple) -> str:
-    """A readable unique name: ``model0.blocks.0.fc.weight``, ``optimizer0.state.3.exp_avg``,
-    ``optimizer0.group.0.lr``, ``scheduler0.last_epoch``."""
-    kind, index, *rest = path
-    if kind == "model":
-        module, _, name = rest
-        return f"model{index}." + (f"{module}.{name}" if module else name)
-    flat = []
-    for part in rest:
-        flat.extend(part if isinstance(part, tuple) else (part,))
-    return ".".join([f"{kind}{index}"] + [str(p) for p in flat])
 
 
 def _state_kind(path: tuple) -> str:

@@ -29,6 +29,7 @@ from jax_backend.dtypes import tensor_to_host
 from jax_backend.user_frames import warn
 from cstorch.backend import Backend, BackendType, backend as _backend_fn, current_backend_impl
 from cstorch.core.capture_cache import CaptureCache
+from cstorch.core.state_names import state_name
 from cstorch.core.engine import run_eagerly
 from cstorch.decomp.registry import decompositions_for
 from cstorch.experimental import listener
@@ -550,8 +551,6 @@ class TracedStep:
         :meth:`pure_function` takes them, with their names (``model0.fc.weight``,
         ``optimizer0.state.0.exp_avg``, ...). These are the live arrays: a later call of the
         cstorch step donates (deletes) those in ``donated``; copy them to keep them."""
-        from cstorch.jax_export import _state_name
-
         entry = self._latest()
         impl = current_backend_impl()
         view = impl.state_view()
@@ -561,12 +560,12 @@ class TracedStep:
                                "call the step once more.")
         used_index, written_index = positions
         arrays = impl.device_state.arrays([view.tensors[i] for i in used_index])
-        names = [_state_name(view.paths[i]) for i in used_index]
+        names = [state_name(view.paths[i]) for i in used_index]
         program = entry.program
         donated, kept = program.split_state(arrays)
         donated_names, kept_names = program.split_state(names)
         return PureState(donated, kept, donated_names, kept_names,
-                         [_state_name(view.paths[i]) for i in written_index])
+                         [state_name(view.paths[i]) for i in written_index])
 
 
 class PureState(NamedTuple):
