@@ -29,6 +29,7 @@ pointing at donated, deleted or poisoned arrays:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import operator
 import signal
 import threading
@@ -37,6 +38,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from jax_backend import target
 from jax_backend.capture import CapturedStep
 from jax_backend.dtypes import to_jax_dtype
 from jax_backend.errors import LoweringError, StepFailedError
@@ -78,10 +80,17 @@ class Program:
     backup_first_run = True  # see the module docstring
 
     def __init__(self, captured: CapturedStep, policy: Policy | None = None,
-                 layout: Layout | None = None):
+                 layout: Layout | None = None, platform: str | None = None):
         self.captured = captured
         self.policy = policy or Policy()
         self.layout = layout
+        # What the lowerings target (``jax_backend.target``): the platform the program runs
+        # on (default: that of the layout's devices, else JAX's default device).
+        if platform is None:
+            device = layout.mesh.devices.flat[0] if layout is not None else jax.devices()[0]
+            platform = target.platform_of(device)
+        self.target = target.Target(platform, self.policy.float32_matmul,
+                                    target.attention_setting())
         self.uses_rng = _has_random_nodes(captured.graph)
         written = set(captured.written_state)
         # Positions (within used_state) of state the step overwrites: their buffers are donated.
@@ -110,15 +119,19 @@ class Program:
                         self.layout.replicated())
         return {"in_shardings": in_shardings, "out_shardings": (written, None)}
 
-    def pure_step(self, donated, kept, inputs, seed):
-        """The step as a pure JAX function (not jitted)."""
+    def pure_step(self, donated, kept, inputs, seed, *, platform=None):
+        """The step as a pure JAX function (not jitted); ``platform`` overrides the one it is
+        lowered for (an export for several platforms passes "any")."""
         used = [None] * (len(donated) + len(kept))
         for j, a in zip(self.donated_positions, donated):
             used[j] = a
         for j, a in zip(self.kept_positions, kept):
             used[j] = a
         key = jax.random.key(seed) if self.uses_rng else None
-        flat = self._interpreter.run(list(used) + list(inputs), key)
+        lowering = self.target if platform is None else dataclasses.replace(
+            self.target, platform=platform)
+        with target.lowering_for(lowering):
+            flat = self._interpreter.run(list(used) + list(inputs), key)
         n = len(self.captured.written_state)
         return list(flat[:n]), list(flat[n:])
 

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_backend import dtypes
+from jax_backend import dtypes, target
 
 
 def canon_dim(dim: int, ndim: int) -> int:
@@ -64,17 +64,26 @@ def jax_dtype(torch_dtype, default=None):
     return dtypes.to_jax_dtype(torch_dtype)
 
 
+_FLOAT32_DOT_PRECISION = {"highest": lax.Precision.HIGHEST, "high": lax.Precision.HIGH,
+                          "medium": lax.Precision.DEFAULT}
+
+
 def dot_precision(*arrays):
-    """Full-precision dots for fp32/fp64 (so GPUs do not silently use TF32, as torch does not)."""
+    """The precision of a dot: for fp32/fp64 operands, what torch's float32 matmul setting
+    allows (full precision by default, so GPUs do not silently use TF32, as torch does not);
+    half operands take XLA's default, whose GEMMs accumulate in fp32 and round the result to
+    the half dtype, as torch's half matmuls do."""
     if any(a.dtype in (jnp.float32, jnp.float64, jnp.complex64, jnp.complex128) for a in arrays):
-        return lax.Precision.HIGHEST
+        return _FLOAT32_DOT_PRECISION[target.current().float32_matmul]
     return None
 
 
-def accumulation_dtype(dtype):
-    """Half-precision dots and convolutions accumulate in float32, as torch does."""
-    if dtype in (jnp.float16, jnp.bfloat16):
-        return jnp.float32
+def conv_precision(*arrays):
+    """Convolutions keep fp32 at full precision whatever the matmul setting (torch governs
+    them by ``torch.backends.cudnn.allow_tf32`` instead, which is on by default on a GPU:
+    following it would lose parity with the CPU by default)."""
+    if any(a.dtype in (jnp.float32, jnp.float64, jnp.complex64, jnp.complex128) for a in arrays):
+        return lax.Precision.HIGHEST
     return None
 
 
