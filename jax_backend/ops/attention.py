@@ -119,7 +119,8 @@ def scores(q, k, attn_mask, is_causal, scale):
         lq, lk = q.shape[-2], k.shape[-2]
         s = jnp.where(jnp.tril(jnp.ones((lq, lk), jnp.bool_)), s, -jnp.inf)
     if attn_mask is not None:
-        s = jnp.where(attn_mask, s, -jnp.inf) if attn_mask.dtype == jnp.bool_ else s + attn_mask
+        s = (jnp.where(attn_mask, s, -jnp.inf) if attn_mask.dtype == jnp.bool_
+             else s + attn_mask.astype(s.dtype))
     return s
 
 
