@@ -11,9 +11,10 @@ Implementations (``choose``):
   with no key left reads NaN in torch, but cuDNN, which masks with a large negative number,
   would average the values.
 * ``"xla"``: torch's math written out (``q kᵀ · scale`` with masks as ``-inf``, softmax in
-  fp32, ``· v``), which XLA fuses. On CPU it is also the faster form (``benchmarks/
-  bench_engine.py``'s transformer: it ran as fast as ``jax.nn.dot_product_attention``'s XLA
-  form, which adds layout transposes and masks with a finite number), so it runs there.
+  fp32, ``· v``), which XLA fuses. On CPU it runs no slower than ``jax.nn.
+  dot_product_attention``'s XLA form (``bench_engine.py``'s 2-block transformer step, fp32
+  and bf16, within the noise of a shared machine), which adds layout transposes and masks
+  with a finite number instead of torch's ``-inf``; so it runs there.
 
 ``Target.attention`` (``CSTORCH_ATTENTION``) can rule cuDNN out ("xla") or ask for it ("cudnn":
 the same rules, with a warning where a call cannot use it).
@@ -47,7 +48,8 @@ CUDNN_MAX_HEAD_DIM = 128
 
 
 class AttentionFallbackWarning(UserWarning):
-    """cuDNN attention was asked for (``CSTORCH_ATTENTION=cudnn``) but cannot run a call."""
+    """cuDNN attention was chosen or asked for, but XLA's computes a call: cuDNN cannot be
+    loaded or refuses it, or ``CSTORCH_ATTENTION=cudnn`` and the call is one it cannot run."""
 
 
 def cudnn_unsupported(q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0):
