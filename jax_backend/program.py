@@ -33,6 +33,7 @@ import dataclasses
 import operator
 import signal
 import threading
+import warnings
 from typing import Sequence
 
 import jax
@@ -44,6 +45,7 @@ from jax_backend.dtypes import to_jax_dtype
 from jax_backend.errors import LoweringError, StepFailedError
 from jax_backend.interpreter import GraphInterpreter
 from jax_backend.mesh import Layout
+from jax_backend.ops import attention
 from jax_backend.precision import Policy
 from jax_backend.registry import lookup
 
@@ -144,7 +146,28 @@ class Program:
         if self.layout is not None:  # across processes: each feeds its slice of the batch
             inputs = [self.layout.input_array(x) for x in inputs]
         with self._naming_user_line():
+            try:
+                return self._jitted(donated, kept, list(inputs), np.int64(seed))
+            except Exception as error:  # noqa: BLE001 - re-raised unless cuDNN was the cause
+                if not self._without_cudnn_after(error, donated):
+                    raise
             return self._jitted(donated, kept, list(inputs), np.int64(seed))
+
+    def _without_cudnn_after(self, error, donated) -> bool:
+        """A program that uses cuDNN's fused attention and fails to compile because of it
+        (before it ran: nothing was donated) is rebuilt with XLA's attention, with a warning,
+        rather than stopping training; True if so."""
+        text = f"{type(error).__name__}: {error}".lower()
+        if (self.has_run or self.target.attention == "xla" or self.target.platform != "cuda"
+                or not ("cudnn" in text or "dot_product_attention" in text)
+                or any(getattr(a, "is_deleted", lambda: False)() for a in donated)):
+            return False
+        warnings.warn(f"The step's cuDNN attention failed to compile ({_first_line(error)}); "
+                      "it is compiled again with XLA's attention (set CSTORCH_ATTENTION=xla "
+                      "to skip the attempt).", attention.AttentionFallbackWarning, stacklevel=4)
+        self.target = dataclasses.replace(self.target, attention="xla")
+        self._jitted = jax.jit(self.pure_step, donate_argnums=(0,), **self._shardings())
+        return True
 
     @contextlib.contextmanager
     def _naming_user_line(self):

@@ -17,7 +17,9 @@ Implementations (``choose``):
   with a finite number instead of torch's ``-inf``; so it runs there.
 
 ``Target.attention`` (``CSTORCH_ATTENTION``) can rule cuDNN out ("xla") or ask for it ("cudnn":
-the same rules, with a warning where a call cannot use it).
+the same rules, with a warning where a call cannot use it). Where cuDNN refuses anyway (at
+trace time here; at compile time, ``Program`` compiles the step again with XLA's attention),
+XLA's computes the call, with an ``AttentionFallbackWarning``.
 
 Forward and backward: the captured graph holds torch's attention op and, separately, its
 backward op. The forward lowering takes the JAX VJP of the implementation and leaves it in

@@ -234,3 +234,18 @@ def test_attention_gradients_match_eager_torch(dtype):
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
     for g, e in zip(got, expected):
         torch.testing.assert_close(dtypes.array_to_tensor(g), e.detach(), **tol)
+
+
+def test_a_cudnn_program_that_fails_to_compile_is_rebuilt_with_xla_attention(cudnn_as_on_a_gpu):
+    """Here cuDNN's kernels have no CPU lowering, as a cuDNN refusing the call at compile time
+    would fail: the program is compiled again with XLA's attention, before anything ran."""
+    cpu, state, inputs = _gpt_program(Policy("bfloat16"), "cpu")
+    cuda, _, _ = _gpt_program(Policy("bfloat16"), "cuda")
+    arrays = [dtypes.tensor_to_array(t) for t in state]
+    batch = [dtypes.tensor_to_host(t) for t in inputs]
+    expected = cpu(arrays, batch)
+    with pytest.warns(attention.AttentionFallbackWarning, match="compiled again"):
+        got = cuda(arrays, batch)
+    assert cuda.target.attention == "xla"
+    for a, b in zip(jax.tree_util.tree_leaves(expected), jax.tree_util.tree_leaves(got)):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
