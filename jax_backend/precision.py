@@ -8,7 +8,8 @@ so the optimizer update is fp32. (DESIGN §3 places the policy in the lowering; 
 instead keeps torch's well-tested op lists and makes the graph's dtypes true, so the lowering
 needs no second opinion.) Matmuls, convolutions and attention take half operands and give half
 results, as autocast's kernels do, accumulating in fp32 inside: XLA upcasts half dots to fp32 on
-CPU, and its GPU GEMMs (cuBLAS, Triton) and cuDNN kernels accumulate half products in fp32.
+CPU, and its GPU GEMMs (cuBLAS, Triton) and cuDNN kernels accumulate half products in fp32 and
+write half results (``ops._common.dot_result_dtype``).
 
 ``float32_matmul`` is torch's float32 matmul setting (``torch.get_float32_matmul_precision()``,
 which ``torch.backends.cuda.matmul.allow_tf32`` sets): "highest" (torch's default) keeps fp32

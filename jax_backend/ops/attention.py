@@ -40,7 +40,7 @@ import torch
 
 from jax_backend import target as target_module
 from jax_backend.interpreter import run_scratch
-from jax_backend.ops._common import dot_precision
+from jax_backend.ops._common import dot_precision, dot_result_dtype
 from jax_backend.registry import lowers
 
 aten = torch.ops.aten
@@ -133,7 +133,8 @@ def xla_attention(q, k, v, attn_mask=None, is_causal=False, scale=None):
     q's dtype (half products accumulate in fp32)."""
     k, v = _repeat_kv_heads(q, k, v)
     probs = jax.nn.softmax(scores(q, k, attn_mask, is_causal, scale), axis=-1).astype(v.dtype)
-    out = jnp.einsum("...qk,...kd->...qd", probs, v, precision=dot_precision(probs, v))
+    out = jnp.einsum("...qk,...kd->...qd", probs, v, precision=dot_precision(probs, v),
+                     preferred_element_type=dot_result_dtype(v.dtype))
     return out.astype(q.dtype)
 
 

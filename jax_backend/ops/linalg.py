@@ -1,5 +1,5 @@
 """Matrix products. fp32 dots run at torch's float32 matmul precision (full by default); half
-precision dots give half results, accumulated in fp32 (``_common.dot_precision``)."""
+precision dots give half results, accumulated in fp32 (``_common.dot_result_dtype``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from jax_backend.ops._common import dot_precision, promote
+from jax_backend.ops._common import dot_precision, dot_result_dtype, promote
 from jax_backend.registry import lowers
 
 aten = torch.ops.aten
@@ -21,9 +21,9 @@ def _dot(a, b, contracting, batch=((), ())):
             f"{a.dtype} and {b.dtype} (torch: mat1 and mat2 must have the same dtype). Cast "
             "the input to the model's dtype, e.g. x.float(), or use cstorch.amp for mixed "
             "precision.")
-    # No preferred_element_type: the result has the operands' dtype, so a half GEMM writes
-    # half (as torch's does) instead of fp32 followed by a conversion.
-    return lax.dot_general(a, b, (contracting, batch), precision=dot_precision(a, b))
+    out = lax.dot_general(a, b, (contracting, batch), precision=dot_precision(a, b),
+                          preferred_element_type=dot_result_dtype(a.dtype))
+    return out.astype(a.dtype)
 
 
 def matmul_2d(a, b):

@@ -15,7 +15,8 @@ import numpy as np
 import torch
 from jax import lax
 
-from jax_backend.ops._common import compute_dtype, conv_precision, dot_precision, ntuple, promote
+from jax_backend.ops._common import (compute_dtype, conv_precision, dot_precision,
+                                     dot_result_dtype, ntuple, promote)
 from jax_backend.registry import lowers
 
 aten = torch.ops.aten
@@ -28,7 +29,8 @@ def _conv_forward(x, weight, stride, padding, dilation, transposed, output_paddi
     spatial = "DHW"[-nd:] if nd <= 3 else None
     dimension_numbers = ("NC" + spatial, "OI" + spatial, "NC" + spatial)
     stride, padding, dilation = ntuple(stride, nd), ntuple(padding, nd), ntuple(dilation, nd)
-    options = dict(precision=conv_precision(x, weight))  # half in, half out, fp32 inside
+    options = dict(precision=conv_precision(x, weight),
+                   preferred_element_type=dot_result_dtype(x.dtype))
     if not transposed:
         out = lax.conv_general_dilated(
             x, weight, window_strides=stride, padding=[(p, p) for p in padding],

@@ -96,13 +96,9 @@ def test_lowered_bf16_step_has_bf16_dots_and_an_fp32_update():
     closed = step.jaxpr()
     dots = [e for e in _all_equations(closed.jaxpr) if e.primitive.name == "dot_general"]
     half_dots = [e for e in dots if all(v.aval.dtype == jax.numpy.bfloat16 for v in e.invars)]
-    # 4 Linear layers + the tied head, forward and two backward products each: half results,
-    # as autocast's matmuls give (XLA accumulates them in fp32: tests/jax_backend/
-    # test_mixed_precision.py). Only attention's scores stay fp32, as torch's kernels keep them.
-    half_out = [e for e in half_dots if e.outvars[0].aval.dtype == jax.numpy.bfloat16]
-    assert len(half_out) >= 15, [tuple(v.aval.dtype for v in e.invars) for e in dots]
-    scores = [e.outvars[0].aval for e in half_dots if e not in half_out]
-    assert scores and all(a.dtype == np.float32 and a.shape == (2, 2, 8, 8) for a in scores)
+    # 4 Linear layers + the tied head, forward and two backward products each.
+    assert len(half_dots) >= 15, [tuple(v.aval.dtype for v in e.invars) for e in dots]
+    assert all(e.params["preferred_element_type"] == np.float32 for e in half_dots)
 
     # Every updated parameter and optimizer-state value is produced in fp32 from fp32 operands.
     producers = {}

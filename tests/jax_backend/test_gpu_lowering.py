@@ -67,13 +67,15 @@ def _dot_result_types(stablehlo: str) -> collections.Counter:
 
 
 # ------------------------------------------------------------------------- mixed precision
-def test_half_matmul_gives_half_result_accumulated_in_fp32():
+@pytest.mark.parametrize("platform", ["cpu", "any"])
+def test_half_matmul_gives_half_result_accumulated_in_fp32(platform):
     rng = np.random.default_rng(0)
     a32 = rng.standard_normal((8, 4096)).astype(np.float32)
     b32 = rng.standard_normal((4096, 8)).astype(np.float32)
     a = torch.from_numpy(a32).bfloat16()
     b = torch.from_numpy(b32).bfloat16()
-    jaxed = jax.jit(aten_mm)(dtypes.tensor_to_array(a), dtypes.tensor_to_array(b))
+    with target.lowering_for(target.Target(platform)):
+        jaxed = jax.jit(aten_mm)(dtypes.tensor_to_array(a), dtypes.tensor_to_array(b))
     assert jaxed.dtype == jnp.bfloat16
     # The exact product of the bf16 operands, rounded once to bf16: what an fp32 accumulator
     # gives (4096 terms accumulated in bf16 would be off by many bf16 steps).
@@ -85,13 +87,18 @@ def test_half_matmul_gives_half_result_accumulated_in_fp32():
     torch.testing.assert_close(ours, a @ b, rtol=8e-3, atol=0)
 
 
-def test_bf16_step_dots_write_bf16_except_attention_scores():
-    program, _, _ = _gpt_program(Policy("bfloat16"), "cpu")
-    types = _dot_result_types(_lowered_text(program))
+def test_bf16_step_dots_write_bf16_on_a_gpu_except_attention_scores():
+    # A GPU without cuDNN (attention by XLA): every GEMM writes bf16.
+    program, _, _ = _gpt_program(Policy("bfloat16"), "rocm")
+    types = _dot_result_types(_lowered_text(program, ("rocm",)))
     # 2 layers x 4 linears + tied head, forward and two backward products each: bf16.
     assert types["bf16"] >= 27, types
     # What stays fp32 is attention's inside (scores and their gradients), as in torch's kernels.
     assert types["f32"] <= 6, types
+    # On CPU, where XLA computes half dots in fp32 anyway, the lowering asks for fp32 and
+    # converts (the conversion fuses into what follows); the values are the same.
+    cpu, _, _ = _gpt_program(Policy("bfloat16"), "cpu")
+    assert set(_dot_result_types(_lowered_text(cpu))) == {"f32"}
 
 
 def test_fp32_dots_follow_torch_float32_matmul_precision():
@@ -186,12 +193,12 @@ def test_cuda_fp32_program_keeps_xla_attention(cudnn_as_on_a_gpu):
 
 def test_without_cudnn_a_cuda_program_falls_back_to_the_same_numbers():
     """A program lowered for "cuda" where cuDNN cannot be loaded (here: a CPU) runs XLA's
-    attention, with a warning, and gives what the CPU program gives."""
-    cpu, state, inputs = _gpt_program(Policy("bfloat16"), "cpu")
+    attention, with a warning, and gives what a GPU program without cuDNN gives."""
+    portable, state, inputs = _gpt_program(Policy("bfloat16"), "any")
     cuda, _, _ = _gpt_program(Policy("bfloat16"), "cuda")
     arrays = [dtypes.tensor_to_array(t) for t in state]
     batch = [dtypes.tensor_to_host(t) for t in inputs]
-    expected = cpu(arrays, batch)
+    expected = portable(arrays, batch)
     with pytest.warns(attention.AttentionFallbackWarning, match="cuDNN"):
         got = cuda(arrays, batch)
     for a, b in zip(jax.tree_util.tree_leaves(expected), jax.tree_util.tree_leaves(got)):
@@ -239,11 +246,11 @@ def test_attention_gradients_match_eager_torch(dtype):
 def test_a_cudnn_program_that_fails_to_compile_is_rebuilt_with_xla_attention(cudnn_as_on_a_gpu):
     """Here cuDNN's kernels have no CPU lowering, as a cuDNN refusing the call at compile time
     would fail: the program is compiled again with XLA's attention, before anything ran."""
-    cpu, state, inputs = _gpt_program(Policy("bfloat16"), "cpu")
+    portable, state, inputs = _gpt_program(Policy("bfloat16"), "any")
     cuda, _, _ = _gpt_program(Policy("bfloat16"), "cuda")
     arrays = [dtypes.tensor_to_array(t) for t in state]
     batch = [dtypes.tensor_to_host(t) for t in inputs]
-    expected = cpu(arrays, batch)
+    expected = portable(arrays, batch)
     with pytest.warns(attention.AttentionFallbackWarning, match="compiled again"):
         got = cuda(arrays, batch)
     assert cuda.target.attention == "xla"
