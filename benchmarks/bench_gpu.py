@@ -8,12 +8,13 @@ Workloads (AdamW, untied head, causal ``scaled_dot_product_attention``):
 Per run: steady-state ms per step (windows of steps with one synchronisation at the end; for
 cstorch inside one DataExecutor run, so the run's end is not in it), tokens/s, model FLOP/s
 and MFU (model FLOPs per step: 6 x the parameters that multiply, i.e. all but the token
-embedding, plus attention's 12 x layers x d x seq, per token; peak from the table below for
-the detected GPU), the first step (from building the engine's step to its first loss), the
-end of the DataExecutor run (what it copies back to torch) and a full state read-back
-(``state_dict()`` of model and optimizer) for cstorch, and peak device memory. fp32 runs keep
-TF32 off in torch (cstorch's default is full fp32 as well); bf16 runs use torch autocast and
-cstorch mixed precision.
+embedding, plus attention's 12 x layers x d x seq, per token; peak from ``PEAK_TFLOPS`` for
+the detected GPU), the first step (from building the model to its first loss, the device
+runtime already started), for cstorch the end of the DataExecutor run (what it copies back
+to torch), a full state read-back (``state_dict()`` of model and optimizer) and the first
+step's phases, and peak device memory. fp32 runs keep TF32 off in torch (cstorch's default
+is full fp32 as well); bf16 runs use torch autocast and cstorch mixed precision. Extra XLA
+options reach the JAX children through ``XLA_FLAGS`` (e.g. ``--xla_gpu_autotune_level=0``).
 
     python benchmarks/bench_gpu.py [--json PATH] [--workloads gpt2s,small]
         [--engines eager,compile,cstorch] [--precisions fp32,bf16] [--steps 20]
@@ -133,6 +134,8 @@ def run_torch(spec, precision, steps, compiled):
     if device == "cuda" and precision == "fp32":
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
+    if device == "cuda":
+        torch.zeros(1, device=device).item()  # CUDA's start is not the step's (as for JAX)
     t0 = time.perf_counter()
     model, x, y, loss_fn = build(spec)
     model, x, y = model.to(device), x.to(device), y.to(device)
