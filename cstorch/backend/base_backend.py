@@ -3,8 +3,9 @@ the step-closure queue and the data-executor hooks.
 
 State lives on the JAX side between steps (``jax_backend.DeviceState``). The torch objects
 (parameters, optimizer state, ...) are brought up to date only when someone asks:
-``state_dict()`` of a compiled model or optimizer, a checkpoint closure, the end of a data
-executor's run, or ``materialize_state()``.
+``state_dict()`` of a compiled model or optimizer, a checkpoint closure, any torch access to
+a state tensor, or ``materialize_state()``; the end of a data executor's run brings up to date
+only the tensors that could be read without such an access (``on_run_end``).
 """
 
 from __future__ import annotations
@@ -360,7 +361,14 @@ class BaseBackend:
         self.run_step_closures()
 
     def on_run_end(self) -> None:
-        self.materialize_state()
+        """Brings up to date only the torch tensors something could read without asking the
+        device state first: released ones (the large parameters and optimizer state that
+        nothing else holds) are filled by their guard on first access, so copying them here
+        would move every byte of the model to the host at each run's end for nothing."""
+        state = self.device_state
+        if state.has_pending:
+            state.materialize([t for t in self.state_view().tensors
+                               if not state.is_released(t)])
 
     def on_batch_start(self, batch):
         return batch

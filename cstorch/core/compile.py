@@ -422,7 +422,8 @@ class TracedStep:
             closures = [(r.kind, r.fn) for r in records]
             cache.prepare(captured, records, counter_steps)
         self.trace_count += 1
-        program = Program(captured, policy=policy, layout=impl.layout)
+        program = Program(captured, policy=policy, layout=impl.layout,
+                          platform=jax_backend.target.platform_of(impl.jax_devices[0]))
         python_leaves = tuple(None if isinstance(x, torch.Tensor) else x for x in leaves)
         used = [view.paths[i] for i in captured.used_state]
         written = [view.paths[i] for i in captured.written_state]
