@@ -205,14 +205,13 @@ def _initialize_within(wanted: DistributedConfig) -> Optional[str]:
     import jax
 
     outcome = {}
+    timeouts = _runtime_timeouts(jax.distributed.initialize, wanted)
 
     def connect():
         try:
             jax.distributed.initialize(
                 wanted.coordinator_address, wanted.num_processes, wanted.process_id,
-                initialization_timeout=wanted.initialization_timeout + 60,
-                heartbeat_timeout_seconds=wanted.heartbeat_timeout,
-                shutdown_timeout_seconds=max(wanted.heartbeat_timeout, 10))
+                initialization_timeout=wanted.initialization_timeout + 60, **timeouts)
         except Exception as error:  # noqa: BLE001 - the runtime raises several types
             first_line = (str(error).strip().splitlines() or [""])[0]
             outcome["error"] = f"{type(error).__name__}: {first_line}"
@@ -227,6 +226,31 @@ def _initialize_within(wanted: DistributedConfig) -> Optional[str]:
     if "error" in outcome:
         _failed_to_join = True
     return outcome.get("error")
+
+
+def _runtime_timeouts(initialize, wanted: DistributedConfig) -> dict:
+    """The heartbeat and shutdown timeouts, as keywords of ``initialize`` (JAX 0.7 added
+    them; before, the runtime's own defaults apply: a frozen process is declared dead after
+    about 100 s)."""
+    import inspect
+
+    accepted = inspect.signature(initialize).parameters
+    timeouts = {"heartbeat_timeout_seconds": wanted.heartbeat_timeout,
+                "shutdown_timeout_seconds": max(wanted.heartbeat_timeout, 10)}
+    if "heartbeat_timeout_seconds" not in accepted and wanted.heartbeat_timeout != \
+            DistributedConfig.heartbeat_timeout:
+        import warnings
+
+        warnings.warn(f"This JAX ({_jax_version()}) cannot set the heartbeat timeout: a frozen "
+                      "process is declared dead after the runtime's default (about 100 s), "
+                      f"not after {wanted.heartbeat_timeout} s.", stacklevel=3)
+    return {name: value for name, value in timeouts.items() if name in accepted}
+
+
+def _jax_version() -> str:
+    import jax
+
+    return f"JAX {jax.__version__}"
 
 
 def _exit_after_failure() -> None:
