@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import subprocess
 import sys
@@ -53,6 +55,9 @@ def _parse(argv):
     parser.add_argument("--seed", type=int, default=0, help="seed of random, numpy and torch")
     parser.add_argument("--timeout", type=float, default=None, help="seconds per engine")
     parser.add_argument("--verbose", action="store_true", help="show the script's own output")
+    parser.add_argument("--json", default=None, metavar="PATH",
+                        help="also write the comparison (every row, and a summary per engine) "
+                             "as JSON")
     parser.add_argument("script", help="the cstorch training script, run unchanged")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
     options = parser.parse_args(argv)
@@ -96,6 +101,7 @@ def main(argv=None) -> int:
     print(table(rows, options.engines))
     print()
     failed = False
+    summaries = []
     reference = options.engines[0]
     steps = len({row.step for row in rows})
     if not rows:
@@ -125,8 +131,50 @@ def main(argv=None) -> int:
                   f"{', '.join(state.missing[:5])}{' ...' if len(state.missing) > 5 else ''}")
         if state.max_rel > options.state_rtol:
             failed = True
+        summaries.append({
+            "engine": name, "values": len(rows), "steps": steps, "largest_rel_diff": worst,
+            "first_divergence": None if diverged is None else
+            {"step": diverged.step, "value": diverged.name,
+             "rel_diff": diverged.errors[i - 1]},
+            "final_parameters": {"name": models.name, "max_abs": models.max_abs,
+                                 "max_rel": models.max_rel},
+            "final_state": {"name": state.name, "max_abs": state.max_abs,
+                            "max_rel": state.max_rel, "missing": state.missing}})
     print("PARITY FAILED" if failed else "PARITY OK")
+    if options.json:
+        _write_json(options, rows, summaries, failed)
     return 1 if failed else 0
+
+
+def _number(x):
+    """JSON has no inf/NaN: those become strings."""
+    x = float(x)
+    return x if math.isfinite(x) else str(x)
+
+
+def _write_json(options, rows, summaries, failed) -> None:
+    def value(v):
+        if v is None:
+            return None
+        return _number(v.reshape(())) if v.size == 1 else {
+            "size": int(v.size), "max_abs": _number(abs(v).max()) if v.size else 0.0}
+
+    def clean(obj):
+        if isinstance(obj, dict):
+            return {k: clean(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return [clean(v) for v in obj]
+        return _number(obj) if isinstance(obj, float) else obj
+
+    document = {
+        "script": options.script, "args": list(options.args), "engines": options.engines,
+        "reference": options.engines[0], "rtol": options.rtol, "atol": options.atol,
+        "state_rtol": options.state_rtol, "ok": not failed,
+        "rows": [{"step": r.step, "value": r.name, "values": [value(v) for v in r.values],
+                  "rel_diffs": [_number(e) for e in r.errors], "ok": r.ok} for r in rows],
+        "engines_vs_reference": clean(summaries)}
+    with open(options.json, "w") as f:
+        json.dump(document, f, indent=1)
 
 
 def _brief(value) -> str:
