@@ -43,6 +43,8 @@ import jax
 import numpy as np
 import torch
 
+from jax_backend import torch_versions
+
 #: Directories whose code is identified by its name; their versions are in the key.
 LIBRARY_DIRS = tuple(sorted({
     os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
@@ -86,7 +88,9 @@ def is_library_file(filename: str) -> bool:
     the standard library's frozen modules."""
     if filename.startswith("<"):
         return filename.startswith("<frozen ")
-    return os.path.abspath(filename).startswith(LIBRARY_DIRS)
+    path = os.path.abspath(filename)
+    return path.startswith(LIBRARY_DIRS) or path.startswith(
+        torch_versions.generated_source_dirs())
 
 
 def _is_real_file(filename: str) -> bool:

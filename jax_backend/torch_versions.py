@@ -3,6 +3,9 @@ difference found by looking for the feature, never by comparing version strings.
 
 from __future__ import annotations
 
+import os
+import sys
+
 
 def treespec_children(spec) -> list:
     """The child specs of a ``torch.utils._pytree.TreeSpec``.
@@ -13,3 +16,13 @@ def treespec_children(spec) -> list:
     if callable(children):
         return list(children())
     return list(spec.children_specs)
+
+
+def generated_source_dirs() -> tuple:
+    """Directories (with a trailing separator) where this torch writes Python source it
+    generates at run time: torch 2.9 writes ``_remote_module_non_scriptable.py`` into a new
+    temporary directory whenever ``torch.distributed.nn`` is imported, so its path differs
+    from run to run. Later releases write none."""
+    instantiator = sys.modules.get("torch.distributed.nn.jit.instantiator")
+    name = getattr(getattr(instantiator, "_TEMP_DIR", None), "name", None)
+    return (os.path.abspath(name) + os.sep,) if isinstance(name, str) else ()

@@ -95,3 +95,41 @@ def test_make_keeps_a_torch_in_range_and_never_replaces_one(monkeypatch, capsys,
         assert calls[0][-1] == "torch==2.13.0"
     if status == 2:
         assert "outside the supported range" in capsys.readouterr().err
+
+
+def test_every_jax_name_the_project_uses_exists_in_this_jax():
+    import ast
+
+    import jax_names
+
+    names, optional = jax_names.project_names()
+    assert len(names) > 200 and "jax.numpy.where" in names and "jax.export.export" in names
+    assert "jax.config:jax_enable_x64" in names
+    missing = sorted(n for n in names if n not in optional and not jax_names.resolves(n))
+    assert not missing
+    # ... and the checker does see a name that is not there, and a feature check.
+    snippet = ("import jax.numpy as jnp\nfrom jax import lax\njnp.no_such_function(1)\n"
+               "f = lax.top_k if hasattr(lax, 'no_such_op') else None\n")
+    used, guarded = jax_names.names_in(ast.parse(snippet))
+    assert {"jax.numpy.no_such_function", "jax.lax.top_k"} <= used
+    assert guarded == {"jax.lax.no_such_op"}
+    assert not jax_names.resolves("jax.numpy.no_such_function")
+    assert jax_names.resolves("jax.lax.top_k")
+
+
+def test_source_torch_generates_in_a_temporary_directory_is_torchs(monkeypatch, tmp_path):
+    """torch 2.9 writes a module into a new temporary directory at each import of
+    torch.distributed.nn: the graph cache must count it as torch's code, not as a user file
+    that appeared (which made every second run miss)."""
+    import types
+
+    from jax_backend import fingerprint
+
+    generated = str(tmp_path / "_remote_module_non_scriptable.py")
+    assert not fingerprint.is_library_file(generated)
+    monkeypatch.setitem(sys.modules, "torch.distributed.nn.jit.instantiator",
+                        types.SimpleNamespace(_TEMP_DIR=types.SimpleNamespace(
+                            name=str(tmp_path))))
+    assert torch_versions.generated_source_dirs() == (str(tmp_path) + os.sep,)
+    assert fingerprint.is_library_file(generated)
+    assert not fingerprint.is_library_file(str(tmp_path) + "-other/user.py")

@@ -4,7 +4,8 @@
 project is imported), collects each ``jax...`` name they reach -- imports, attribute chains on
 imported JAX modules (``jnp.where``, ``jax.lax.top_k``), and the options given to
 ``jax.config.update`` -- and resolves each in the JAX of this Python. It prints the missing
-ones and exits 1 if there are any. Run it under another JAX to check that release without
+ones and exits 1 if there are any, except names the code itself checks for first
+(``hasattr(jax.scipy.special, "erfcx")``), which are listed as optional. Run it under another JAX to check that release without
 running the test suite there (README "Versions").
 """
 
@@ -30,9 +31,10 @@ def _dotted(node) -> list | None:
     return None
 
 
-def names_in(tree) -> set:
-    """The ``jax``/``jaxlib`` names a module uses (its aliases resolved)."""
-    aliases, used, options = {}, set(), set()
+def names_in(tree) -> tuple:
+    """``(names, optional)``: the ``jax``/``jaxlib`` names a module uses (its aliases
+    resolved), and those among them it looks for with ``hasattr`` before use."""
+    aliases, used, options, optional = {}, set(), set(), set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
@@ -57,12 +59,19 @@ def names_in(tree) -> set:
             if parts and parts[0] in aliases and \
                     ".".join([aliases[parts[0]]] + parts[1:]) == "jax.config.update":
                 options.add(node.args[0].value)
-    return used | {f"jax.config:{option}" for option in options}
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                node.func.id == "hasattr" and len(node.args) == 2 and \
+                isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
+            parts = _dotted(node.args[0])
+            if parts and parts[0] in aliases:
+                optional.add(".".join([aliases[parts[0]]] + parts[1:] + [node.args[1].value]))
+    return used | {f"jax.config:{option}" for option in options}, optional
 
 
-def project_names() -> dict:
-    """``{name: [file, ...]}`` over the project's sources."""
+def project_names() -> tuple:
+    """``({name: [file, ...]}, optional names)`` over the project's sources."""
     found: dict = {}
+    optional: set = set()
     for source in SOURCES:
         for path in sorted((ROOT / source).rglob("*.py")):
             if ".venv" in path.parts:
@@ -71,9 +80,11 @@ def project_names() -> dict:
                 tree = ast.parse(path.read_text(), str(path))
             except SyntaxError:
                 continue
-            for name in names_in(tree):
+            names, guarded = names_in(tree)
+            optional |= guarded
+            for name in names:
                 found.setdefault(name, []).append(str(path.relative_to(ROOT)))
-    return found
+    return found, optional
 
 
 def resolves(name: str) -> bool:
@@ -100,11 +111,14 @@ def resolves(name: str) -> bool:
 def main() -> int:
     import jax
 
-    names = project_names()
-    missing = {n: files for n, files in sorted(names.items()) if not resolves(n)}
+    names, optional = project_names()
+    absent = {n: files for n, files in sorted(names.items()) if not resolves(n)}
+    missing = {n: files for n, files in absent.items() if n not in optional}
     private = sorted(n for n in names if "._src" in n or n.startswith("jaxlib"))
     print(f"JAX {jax.__version__}: {len(names)} names used by the project, "
           f"{len(missing)} missing; private ones used: {', '.join(private) or 'none'}")
+    for name in sorted(set(absent) - set(missing)):
+        print(f"  absent, but the code checks for it first: {name}")
     for name, files in missing.items():
         print(f"  missing: {name}  ({', '.join(files[:3])}{' ...' if len(files) > 3 else ''})")
     return 1 if missing else 0
