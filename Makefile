@@ -25,8 +25,11 @@ test: .venv
 	$(PY) -m pytest -q tests
 
 # The other end of the supported range (README "Versions"), in its own venv: the oldest torch
-# and JAX, on the engine, graph cache, export, nest, checkpoint and distributed tests.
+# and JAX on Python 3.12 where one runs (else $(PYTHON)), on the engine, graph cache, export,
+# nest, checkpoint and distributed tests.
 COMPAT_VENV := .venv-compat
+COMPAT_PYTHON ?= $(or $(shell for p in python3.12 $(HOME)/.pyenv/versions/3.12*/bin/python3.12; \
+	do $$p -c '' 2>/dev/null && { echo $$p; break; }; done),$(PYTHON))
 COMPAT_PY := $(COMPAT_VENV)/bin/python
 COMPAT_TORCH ?= 2.9.1
 COMPAT_JAX ?= 0.7.0
@@ -38,7 +41,7 @@ COMPAT_TESTS := tests/jax_backend tests/test_import_graph.py tests/cstorch/test_
 	tests/cstorch/test_distributed_jobs.py tests/cstorch/test_distributed_launcher.py
 
 $(COMPAT_VENV)/.installed: pyproject.toml Makefile
-	test -x $(COMPAT_PY) || $(PYTHON) -m venv $(COMPAT_VENV)
+	test -x $(COMPAT_PY) || $(COMPAT_PYTHON) -m venv $(COMPAT_VENV)
 	$(COMPAT_PY) -m pip install --upgrade pip -q
 	printf 'torch==$(COMPAT_TORCH)\njax==$(COMPAT_JAX)\njaxlib==$(COMPAT_JAX)\n' \
 		> $(COMPAT_VENV)/constraints.txt
