@@ -7,6 +7,7 @@ import numpy as np
 import torch
 from jax import lax
 
+from jax_backend.errors import OpInputError
 from jax_backend.ops._common import accumulation_dtype, dot_precision, promote
 from jax_backend.registry import lowers
 
@@ -15,7 +16,7 @@ aten = torch.ops.aten
 
 def _dot(a, b, contracting, batch=((), ())):
     if a.dtype != b.dtype:  # torch's matrix products never promote (autocast casts first)
-        raise RuntimeError(
+        raise OpInputError(
             f"expected both operands of a matrix product to have the same dtype, but got "
             f"{a.dtype} and {b.dtype} (torch: mat1 and mat2 must have the same dtype). Cast "
             "the input to the model's dtype, e.g. x.float(), or use cstorch.amp for mixed "
