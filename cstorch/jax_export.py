@@ -71,10 +71,10 @@ def export(step, example_batch, path: str, *, vjp_order: int = 0, platforms=None
 
 def _platform(device) -> str:
     """jax.export's name for the platform of ``device`` ("cpu", "cuda", "rocm", "tpu")."""
-    import jax
+    from jax import export as jax_export
 
     if device.platform == "gpu":  # jax.export names the GPU flavour
-        return jax.export.default_export_platform()
+        return jax_export.default_export_platform()
     return device.platform
 
 

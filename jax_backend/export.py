@@ -15,6 +15,7 @@ import tempfile
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import export as jax_export  # a submodule `import jax` loads only from JAX 0.8
 
 from jax_backend import exported
 from jax_backend.program import Program
@@ -48,8 +49,8 @@ def export_program(program: Program, path: str, state: dict, state_info: list, u
                   for n in used]
     input_specs = program.input_specs()
     seed_spec = jax.ShapeDtypeStruct((), jnp.int64)
-    exp = jax.export.export(jax.jit(step), platforms=platforms)(used_specs, input_specs,
-                                                                   seed_spec)
+    exp = jax_export.export(jax.jit(step), platforms=platforms)(used_specs, input_specs,
+                                                                 seed_spec)
     blob = exp.serialize(vjp_order=vjp_order)
 
     manifest_state, arrays = [], {}

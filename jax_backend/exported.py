@@ -34,6 +34,7 @@ class ExportError(ValueError):
 
 def _jax():
     import jax
+    import jax.export  # noqa: F401  (a submodule `import jax` loads only from JAX 0.8)
 
     jax.config.update("jax_enable_x64", True)  # torch's int64/float64 keep their dtypes
     return jax

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import subprocess
 import sys
@@ -100,6 +102,9 @@ def _parse(argv):
     parser.add_argument("--seed", type=int, default=0, help="seed of random, numpy and torch")
     parser.add_argument("--timeout", type=float, default=None, help="seconds per engine")
     parser.add_argument("--verbose", action="store_true", help="show the script's own output")
+    parser.add_argument("--json", default=None, metavar="PATH",
+                        help="also write the comparison (every row with its tolerance, and a "
+                             "summary per engine) as JSON")
     parser.add_argument("script", help="the cstorch training script, run unchanged")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
     options = parser.parse_args(argv)
@@ -172,6 +177,7 @@ def main(argv=None) -> int:
         for line in lines:
             print(f"warning from the {name} run: {line}")
     failed = False
+    summaries = []
     reference = options.engines[0]
     steps = len({row.step for row in rows})
     random_ops = sorted({op for info in infos for op in info["random_ops"]})
@@ -209,8 +215,48 @@ def main(argv=None) -> int:
                 for cause in _likely_causes(None, rows, random_ops, run_precision,
                                             warned.get(name, [])):
                     print(f"  likely cause: {cause}")
+        summaries.append({
+            "engine": name, "values": len(rows), "steps": steps, "largest_rel_diff": worst,
+            "first_divergence": None if diverged is None else
+            {"step": diverged.step, "value": diverged.name,
+             "rel_diff": diverged.errors[i - 1]},
+            "final_parameters": {"name": models.name, "max_abs": models.max_abs,
+                                 "max_rel": models.max_rel},
+            "final_state": {"name": state.name, "max_abs": state.max_abs,
+                            "max_rel": state.max_rel, "missing": state.missing}})
     print("PARITY FAILED" if failed else "PARITY OK")
+    if options.json:
+        _write_json(options.json, {
+            "script": options.script, "args": list(options.args), "engines": options.engines,
+            "reference": reference, "precision": run_precision, "atol": options.atol,
+            "state_rtol": state_rtol, "ok": not failed,
+            "rows": [{"step": r.step, "value": r.name, "rtol": rtols[(r.step, r.name)],
+                      "values": [_json_value(v) for v in r.values],
+                      "rel_diffs": list(r.errors), "ok": r.ok} for r in rows],
+            "engines_vs_reference": summaries})
     return 1 if failed else 0
+
+
+def _json_value(v):
+    if v is None:
+        return None
+    return float(v.reshape(())) if v.size == 1 else {
+        "size": int(v.size), "max_abs": float(abs(v).max()) if v.size else 0.0}
+
+
+def _write_json(path: str, document: dict) -> None:
+    """JSON has no inf or NaN: those are written as the strings "inf" and "nan"."""
+    def clean(obj):
+        if isinstance(obj, dict):
+            return {k: clean(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return [clean(v) for v in obj]
+        if isinstance(obj, float) and not math.isfinite(obj):
+            return str(obj)
+        return obj
+
+    with open(path, "w") as f:
+        json.dump(clean(document), f, indent=1)
 
 
 def _tolerance_line(options, run_precision: str, rtols: dict, state_rtol: float) -> str:

@@ -4,6 +4,9 @@ Layout (spec §12.2), all at the root group ``/``:
 
 * one dataset per array-valued leaf, named by its dotted key. Non-scalar datasets are chunked and
   LZ4-compressed (hdf5plugin filter 32004, options ``(0,)``); 0-d and empty ones are contiguous.
+  Without the LZ4 filter (the optional ``hdf5plugin`` package is not installed) datasets are
+  written contiguous and uncompressed, after one warning: any HDF5 reader reads them, and
+  reading an LZ4-compressed file then raises an error naming the package;
   Its attributes repeat the leaf's metadata and carry ``__NUMPY__=True``;
 * one empty float32 dataset (``h5py.Empty("f")``) per pickled leaf, whose ``__BYTES__``
   attribute holds the pickle as ``numpy.void``;
@@ -47,11 +50,16 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import h5py
-import hdf5plugin  # noqa: F401  (registers the LZ4 filter with HDF5)
 import numpy as np
 import torch
 
 from cstorch.storage import constants as C
+from jax_backend.user_frames import warn
+
+try:
+    import hdf5plugin  # noqa: F401  (registers the LZ4 filter with HDF5)
+except ImportError:  # optional: without it, checkpoints are written uncompressed
+    pass
 
 _CHUNK_BYTES = 1 << 20
 # HDF5 refuses object-header attribute messages over 64 KiB unless the file allows v1.8
@@ -89,6 +97,24 @@ def linked_file_allowed(checkpoint: str, target: str, trusted: bool) -> bool:
 # stored byte (beyond a small allowance) would make a small file allocate unbounded memory.
 _MAX_EXPANSION = 256
 _EXPANSION_ALLOWANCE = 1 << 20
+
+
+def lz4_available() -> bool:
+    """Whether HDF5 can run the LZ4 filter (hdf5plugin registers it; an HDF5 plugin directory
+    can provide it too)."""
+    return bool(h5py.h5z.filter_avail(C.LZ4_FILTER_ID))
+
+
+_warned_uncompressed = False
+
+
+def _warn_uncompressed() -> None:
+    global _warned_uncompressed
+    if not _warned_uncompressed:
+        _warned_uncompressed = True
+        warn("The hdf5plugin package is not installed, so checkpoints are written without "
+             "LZ4 compression (readable everywhere, larger on disk). `pip install hdf5plugin` "
+             "restores the reference's LZ4 format.")
 
 
 def chunk_shape(shape: tuple, itemsize: int) -> tuple:
@@ -302,8 +328,11 @@ class H5Writer:
             array = array.copy(order="C")
         options: dict = {}
         if array.ndim > 0 and array.size > 0:
-            options = dict(chunks=chunk_shape(array.shape, array.dtype.itemsize),
-                           compression=C.LZ4_FILTER_ID, compression_opts=C.LZ4_FILTER_OPTS)
+            if lz4_available():
+                options = dict(chunks=chunk_shape(array.shape, array.dtype.itemsize),
+                               compression=C.LZ4_FILTER_ID, compression_opts=C.LZ4_FILTER_OPTS)
+            else:
+                _warn_uncompressed()
         dset = self._create(key, dict(shape=array.shape, dtype=array.dtype, **options))
         if array.size:
             dset.write_direct(array)
@@ -417,6 +446,11 @@ class H5Writer:
                 self._file.close()
         finally:
             self._remove_temp()
+
+
+def _uses_lz4(dset) -> bool:
+    plist = dset.id.get_create_plist()
+    return any(plist.get_filter(i)[0] == C.LZ4_FILTER_ID for i in range(plist.get_nfilters()))
 
 
 # One LZ4 block as the HDF5 LZ4 filter stores it: total size (u64), block size (u32), then
@@ -552,9 +586,14 @@ class H5Reader:
             if out.size and not self._read_stored_bytes(dset, out):
                 dset.read_direct(out)
         except OSError as e:
+            if _uses_lz4(dset) and not lz4_available():
+                raise CheckpointFormatError(
+                    f"Key {key!r} of checkpoint '{self.path}' is LZ4-compressed, and this "
+                    "Python cannot decompress it: install the hdf5plugin package (`pip install "
+                    "hdf5plugin`), which provides HDF5's LZ4 filter.") from None
             raise CheckpointFormatError(
-                f"Cannot read key {key!r} from checkpoint '{self.path}' (corrupt data, or the "
-                f"LZ4 HDF5 filter is missing): {e}") from e
+                f"Cannot read key {key!r} from checkpoint '{self.path}' (corrupt data): "
+                f"{e}") from e
         return out
 
     def _read_stored_bytes(self, dset, out: np.ndarray) -> bool:

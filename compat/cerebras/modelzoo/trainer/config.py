@@ -11,7 +11,14 @@ from __future__ import annotations
 import inspect
 from typing import Any, Dict, List, Literal, Optional, Union
 
-import pydantic
+try:  # optional: only the YAML path needs it; the Trainer's Python API does not
+    import pydantic
+except ImportError as error:
+    raise ImportError(
+        "Validating a `trainer:` YAML config needs the pydantic package (>= 2), which is not "
+        "installed: `pip install 'pydantic>=2'`. The Trainer's Python API "
+        "(`from cerebras.modelzoo.trainer import Trainer`) works without it.",
+        name="pydantic") from error
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator
 
 from cerebras.modelzoo.trainer import callbacks as _callbacks
