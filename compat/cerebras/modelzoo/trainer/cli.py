@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from cerebras.modelzoo.trainer.legacy import (
@@ -41,6 +42,10 @@ def main(argv=None) -> int:
                         metavar="MODULE", help="import MODULE first (it may register models "
                                                "and data processors); repeatable")
     args = parser.parse_args(argv)
+    # Import paths in the YAML (``examples.trainer_mnist:Model``) resolve from the working
+    # directory, as under ``python -m``; a console script's sys.path lacks it.
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     for module in args.imports:
         importlib.import_module(module)
     params = load_params(args.params)
