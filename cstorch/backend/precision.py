@@ -13,7 +13,7 @@ from jax_backend.precision import Policy
 _HALF_DTYPES = {
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
-    "cbfloat16": torch.float16,  # Cerebras' cbfloat16 is emulated with float16 numerics
+    "cbfloat16": torch.float16,  # its proxy dtype; the engine holds the values as cbfloat16
 }
 
 
@@ -75,4 +75,4 @@ def current_policy() -> Policy:
     """The engine precision policy implied by the current settings."""
     if not mixed_precision():
         return Policy()
-    return Policy(compute_dtype=str(get_half_dtype()).replace("torch.", ""))
+    return Policy(compute_dtype=get_half_dtype_str())
