@@ -88,6 +88,9 @@ def _shrink(node):
     return node
 
 
+DATA_PROCESSORS: dict = {}  # registry name -> data processor class names (set in main)
+
+
 def _first_phase(params):
     trainer = params.get("trainer")
     if isinstance(trainer, list):
@@ -116,11 +119,18 @@ def _hidden(path):
 
 def tiny_config(name, configs, processors, workdir: Path):
     """The tiny config for ``name`` and why none could be made (one of them is None)."""
+    donor = name
     if name not in configs:
-        return None, "no shipped trainer config names this model"
-    path = min(configs[name], key=_hidden)
+        # No shipped config of its own: one of a model that reads the same data (gpt2 ->
+        # gpt3), with this model's name.
+        donor = next((other for other, others_processors in DATA_PROCESSORS.items()
+                      if other in configs and others_processors == processors), None)
+        if donor is None:
+            return None, "no shipped trainer config names this model (or one with its data)"
+    path = min(configs[donor], key=_hidden)
     phase = copy.deepcopy(_first_phase(yaml.safe_load(path.read_text())))
     init = phase["init"]
+    init["model"]["name"] = name
     init["model"] = _shrink(init["model"])
     for key in ("device", "backend", "schedulers", "checkpoint", "callbacks", "loggers",
                 "logging"):
@@ -144,7 +154,8 @@ def tiny_config(name, configs, processors, workdir: Path):
         return None, f"needs {used or 'its'} data files; this sweep makes no fake data for it"
     phase.pop("validate", None)
     phase.pop("validate_all", None)
-    return {"trainer": phase}, f"from {path.relative_to(path.parents[3])}"
+    origin = path.relative_to(path.parents[3])
+    return {"trainer": phase}, f"from {origin}" + (f" (of {donor})" if donor != name else "")
 
 
 STUBS = ROOT / "tests" / "zoo" / "stubs"
@@ -301,6 +312,9 @@ def main(argv=None) -> int:
     wanted = set(args.models.split(",")) if args.models else None
     entries = [m for m in registry if wanted is None or m["name"] in wanted]
     configs = shipped_configs(src)
+    DATA_PROCESSORS.update({m["name"]: {p.rsplit(".", 1)[-1]
+                                         for p in m.get("data_processor_paths") or []}
+                            for m in registry})
     if args.workdir:
         os.makedirs(args.workdir, exist_ok=True)
 
