@@ -72,6 +72,27 @@ def write_gpt_hdf5(data_dir: Path, sequences=16, seed=0) -> Path:
     return data_dir
 
 
+def write_mlm_hdf5(data_dir: Path, vocab: int, sequences=16, seed=0) -> Path:
+    """Masked-LM data in the zoo's HDF5 "sample" format (BertHDF5DataProcessor): ``data``
+    ``[N, 2, SEQ]`` (input ids, attention mask), ``labels`` ``[N, 1, SEQ]`` and a
+    ``data_params.json`` saying the objective is MLM (labels at every position)."""
+    import h5py
+    import numpy as np
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(4, vocab, size=(sequences, SEQ), dtype=np.int32)
+    data = np.stack([ids, np.ones((sequences, SEQ), np.int32)], axis=1)
+    labels = rng.integers(4, vocab, size=(sequences, 1, SEQ), dtype=np.int32)
+    with h5py.File(data_dir / "data-0.h5", "w") as f:
+        f.create_dataset("data", data=data)
+        f.create_dataset("labels", data=labels)
+        f.attrs["n_examples"] = sequences
+    (data_dir / "data_params.json").write_text(json.dumps(
+        {"dataset": {"training_objective": "mlm", "mlm_with_gather": False}}))
+    return data_dir
+
+
 def _shrink(node):
     if isinstance(node, dict):
         out = {}
@@ -146,6 +167,14 @@ def tiny_config(name, configs, processors, workdir: Path):
         init["model"]["vocab_size"] = VOCAB
         if "max_position_embeddings" in init["model"]:
             init["model"]["max_position_embeddings"] = SEQ
+    elif "BertHDF5DataProcessor" in processors and isinstance(train, dict) \
+            and train.get("data_processor") == "BertHDF5DataProcessor":
+        vocab = int(init["model"].get("vocab_size") or VOCAB)
+        phase["fit"] = {"train_dataloader": {
+            "data_processor": "BertHDF5DataProcessor", "batch_size": 2, "shuffle": False,
+            "num_workers": 0, "data_dir": str(write_mlm_hdf5(workdir / "mlm_data", vocab))}}
+        if "max_position_embeddings" in init["model"]:
+            init["model"]["max_position_embeddings"] = SEQ + 2  # ESM-2 counts two extra
     elif name == "fc_mnist" and train:
         phase["fit"] = {"train_dataloader": {**train, "use_fake_data": True,
                                              "fake_data_seed": 1, "batch_size": 4}}

@@ -66,6 +66,22 @@ def _recorder(result):
     return RecordLosses()
 
 
+def _config_for(model_cls, config: dict):
+    """The config object of a zoo model or data processor (the class its ``__init__``
+    annotates ``config`` with), as a zoo user builds it; the dict where it takes one."""
+    import inspect
+    import typing
+
+    try:
+        hint = typing.get_type_hints(model_cls.__init__).get("config")
+    except Exception:  # noqa: BLE001 - unresolvable annotations: pass the dict
+        hint = inspect.signature(model_cls.__init__).parameters.get("config")
+        hint = getattr(hint, "annotation", None)
+    if inspect.isclass(hint) and hasattr(hint, "model_fields"):
+        return hint(**config)
+    return config
+
+
 def run_python(params, device, precision, steps, model_dir, result, init_ckpt=None,
                save_init=None):
     """A Trainer built in Python from the tiny config, as a zoo user would write it.
@@ -90,10 +106,11 @@ def run_python(params, device, precision, steps, model_dir, result, init_ckpt=No
 
     def loader():
         return cstorch.utils.data.DataLoader(
-            lambda: data_cls(copy.deepcopy(data_config)).create_dataloader())
+            lambda: data_cls(_config_for(data_cls, copy.deepcopy(data_config)))
+            .create_dataloader())
 
     def build_model():
-        model = model_cls(copy.deepcopy(model_config))
+        model = model_cls(_config_for(model_cls, copy.deepcopy(model_config)))
         if save_init:
             cstorch.save({"model": model.state_dict()}, save_init)
         return model
