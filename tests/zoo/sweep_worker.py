@@ -82,6 +82,15 @@ def _config_for(model_cls, config: dict):
     return config
 
 
+def _optimizer_class(cstorch, name):
+    """The optimizer a config names (case-insensitively, as the zoo's YAML reads it)."""
+    for attr in dir(cstorch.optim):
+        value = getattr(cstorch.optim, attr)
+        if attr.lower() == name.lower() and isinstance(value, type):
+            return value
+    raise ValueError(f"cerebras.pytorch.optim has no optimizer named {name!r}")
+
+
 def run_python(params, device, precision, steps, model_dir, result, init_ckpt=None,
                save_init=None):
     """A Trainer built in Python from the tiny config, as a zoo user would write it.
@@ -119,7 +128,7 @@ def run_python(params, device, precision, steps, model_dir, result, init_ckpt=No
         device=device,
         model_dir=model_dir,
         model=build_model,
-        optimizer=lambda model: getattr(cstorch.optim, opt_name)(
+        optimizer=lambda model: _optimizer_class(cstorch, opt_name)(
             model.parameters(), lr=LEARNING_RATE, **opt_kwargs),
         precision=MixedPrecision(**_precision_kwargs(init, precision)),
         loop=TrainingLoop(num_steps=steps, eval_frequency=None),
