@@ -91,6 +91,15 @@ def _optimizer_class(cstorch, name):
     raise ValueError(f"cerebras.pytorch.optim has no optimizer named {name!r}")
 
 
+def _accepted(cls, kwargs):
+    """The keywords ``cls`` takes (YAML-only optimizer options such as
+    ``adjust_learning_rate``, which the zoo turns into parameter groups, are left out)."""
+    import inspect
+
+    names = set(inspect.signature(cls.__init__).parameters)
+    return {k: v for k, v in kwargs.items() if k in names}
+
+
 def run_python(params, device, precision, steps, model_dir, result, init_ckpt=None,
                save_init=None):
     """A Trainer built in Python from the tiny config, as a zoo user would write it.
@@ -129,7 +138,8 @@ def run_python(params, device, precision, steps, model_dir, result, init_ckpt=No
         model_dir=model_dir,
         model=build_model,
         optimizer=lambda model: _optimizer_class(cstorch, opt_name)(
-            model.parameters(), lr=LEARNING_RATE, **opt_kwargs),
+            model.parameters(), lr=LEARNING_RATE, **_accepted(
+                _optimizer_class(cstorch, opt_name), opt_kwargs)),
         precision=MixedPrecision(**_precision_kwargs(init, precision)),
         loop=TrainingLoop(num_steps=steps, eval_frequency=None),
         callbacks=[_recorder(result)],
