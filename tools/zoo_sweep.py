@@ -152,6 +152,8 @@ def tiny_config(name, configs, processors, workdir: Path):
     phase = copy.deepcopy(_first_phase(yaml.safe_load(path.read_text())))
     init = phase["init"]
     init["model"]["name"] = name
+    if donor != name:  # options the donor's config leaves at this model's defaults
+        init["model"].setdefault("embedding_dropout_rate", 0.0)  # random masks differ
     init["model"] = _shrink(init["model"])
     for key in ("device", "backend", "schedulers", "checkpoint", "callbacks", "loggers",
                 "logging"):
