@@ -78,12 +78,17 @@ coverage: .venv
 	$(PY) tools/op_coverage.py
 
 # The unchanged Cerebras Model Zoo on this project (tests/zoo/README.md). Fetches nothing:
-# MODELZOO_SRC is a zoo Release_2.10.0 checkout's src/, ZOO_PYTHON a venv with the zoo's deps.
+# MODELZOO_SRC is a zoo Release_2.10.0 checkout's src/, ZOO_PYTHON a venv with the zoo's deps,
+# REFERENCE_PYTHON (optional) a venv with cerebras-pytorch 2.10 for the sweep's comparison.
 ZOO_PYTHON ?= $(PY)
+REFERENCE_PYTHON ?=
+ZOO_SWEEP_JOBS ?= 2
 zoo-check: .venv
 	@test -n "$(MODELZOO_SRC)" || { echo "Set MODELZOO_SRC=/path/to/modelzoo/src (see tests/zoo/README.md)"; exit 2; }
 	$(ZOO_PYTHON) tools/zoo_scan.py $(MODELZOO_SRC)
 	MODELZOO_SRC=$(MODELZOO_SRC) ZOO_PYTHON=$(ZOO_PYTHON) $(PY) -m pytest -q tests/zoo
+	$(PY) tools/zoo_sweep.py $(MODELZOO_SRC) --zoo-python $(ZOO_PYTHON) --jobs $(ZOO_SWEEP_JOBS) \
+		$(if $(REFERENCE_PYTHON),--reference-python $(REFERENCE_PYTHON))
 
 clean:
 	rm -rf artifacts cerebras_logs .pytest_cache

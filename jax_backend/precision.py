@@ -27,12 +27,13 @@ import torch
 
 from jax_backend.target import FLOAT32_MATMUL
 
-HALF_DTYPES = ("float16", "bfloat16")
+HALF_DTYPES = ("float16", "bfloat16", "cbfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
-    """``compute_dtype``: None (full precision) or "float16"/"bfloat16"; ``float32_matmul``:
+    """``compute_dtype``: None (full precision) or "float16"/"bfloat16"/"cbfloat16" (traced as
+    float16, held as cbfloat16 by the lowering: ``jax_backend.cbfloat16``); ``float32_matmul``:
     "highest", "high" or "medium" (see the module docstring)."""
 
     compute_dtype: str | None = None
@@ -54,4 +55,5 @@ class Policy:
         """The context the step is traced under (torch autocast for mixed precision)."""
         if not self.is_mixed:
             return contextlib.nullcontext()
-        return torch.autocast("cpu", dtype=getattr(torch, self.compute_dtype))
+        half = "float16" if self.compute_dtype == "cbfloat16" else self.compute_dtype
+        return torch.autocast("cpu", dtype=getattr(torch, half))

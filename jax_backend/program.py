@@ -39,7 +39,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from jax_backend import target
+from jax_backend import cbfloat16, target
 from jax_backend.capture import CapturedStep
 from jax_backend.dtypes import to_jax_dtype
 from jax_backend.errors import LoweringError, StepFailedError
@@ -98,7 +98,8 @@ class Program:
         # Positions (within used_state) of state the step overwrites: their buffers are donated.
         self.donated_positions = [j for j, i in enumerate(captured.used_state) if i in written]
         self.kept_positions = [j for j, i in enumerate(captured.used_state) if i not in written]
-        self._interpreter = GraphInterpreter(captured.graph)
+        self._interpreter = GraphInterpreter(
+            captured.graph, emulation=cbfloat16.interpreter_emulation(self.policy))
         self._locate = captured.locate  # names the user's line in a LoweringError
         self._jitted = jax.jit(self.pure_step, donate_argnums=(0,), **self._shardings())
         self.has_run = False  # set after the first successful run (see module docstring)

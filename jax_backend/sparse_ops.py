@@ -41,9 +41,10 @@ def _only_when(when, compute, skipped):
     return lax.cond(jnp.asarray(when, bool), compute, skipped)
 
 
-def _topk_jax(score, sparsity_level, when, shaper):
+def _topk_jax(score, sparsity_level, when, shaper, ties="lower_index"):
     return _only_when(
-        when, lambda: sparsity.mask_topk_sparsity(score, sparsity_level, _shaper(shaper)),
+        when, lambda: sparsity.mask_topk_sparsity(score, sparsity_level, _shaper(shaper),
+                                                  ties),
         lambda: jnp.zeros(score.shape, bool))
 
 
@@ -66,14 +67,14 @@ def _arrays(*tensors):
 
 @torch.library.custom_op("cstorch::sparse_topk_mask", mutates_args=())
 def topk_mask(score: torch.Tensor, sparsity_level: torch.Tensor, when: torch.Tensor,
-              shaper: str) -> torch.Tensor:
+              shaper: str, ties: str = "lower_index") -> torch.Tensor:
     """A bool mask keeping the top ``1 - sparsity_level`` fraction of ``score`` (all False
-    where ``when`` is false)."""
-    return array_to_tensor(_topk_jax(*_arrays(score, sparsity_level, when), shaper))
+    where ``when`` is false); ``ties``: see ``jax_backend.sparsity``."""
+    return array_to_tensor(_topk_jax(*_arrays(score, sparsity_level, when), shaper, ties))
 
 
 @topk_mask.register_fake
-def _topk_fake(score, sparsity_level, when, shaper):
+def _topk_fake(score, sparsity_level, when, shaper, ties="lower_index"):
     return torch.empty(score.shape, dtype=torch.bool)
 
 

@@ -14,7 +14,7 @@ from jax_backend.target import torch_float32_matmul
 _HALF_DTYPES = {
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
-    "cbfloat16": torch.float16,  # Cerebras' cbfloat16 is emulated with float16 numerics
+    "cbfloat16": torch.float16,  # its proxy dtype; the engine holds the values as cbfloat16
 }
 
 
@@ -78,5 +78,4 @@ def current_policy() -> Policy:
     float32_matmul = torch_float32_matmul()
     if not mixed_precision():
         return Policy(float32_matmul=float32_matmul)
-    return Policy(compute_dtype=str(get_half_dtype()).replace("torch.", ""),
-                  float32_matmul=float32_matmul)
+    return Policy(compute_dtype=get_half_dtype_str(), float32_matmul=float32_matmul)

@@ -284,3 +284,30 @@ def test_a_missing_mode_section_says_what_to_add(tmp_path, capsys):
     assert main(["validate", str(path)]) == 2
     err = capsys.readouterr().err
     assert "Mode 'validate' needs a `validate` section" in err and "val_dataloader:" in err
+
+
+def test_the_console_script_resolves_import_paths_from_the_working_directory(tmp_path):
+    """``cszoo fit params.yaml`` finds ``module:Name`` in the working directory, as
+    ``python -m cerebras.modelzoo.trainer fit`` does (a console script's sys.path starts at
+    its own bin directory)."""
+    script = os.path.join(os.path.dirname(sys.executable), "cszoo")
+    if not os.path.exists(script):
+        pytest.skip("the cszoo console script is not installed in this environment")
+    (tmp_path / "local_models").mkdir()
+    (tmp_path / "local_models" / "__init__.py").write_text(
+        "from tests.trainer.common import ClassifierMLP, torch_loader\n")
+    config = params(tmp_path / "model_dir")
+    config["trainer"]["init"]["model"]["name"] = "local_models:ClassifierMLP"
+    config["trainer"]["init"]["loop"] = {"num_steps": 2, "eval_frequency": None}
+    config["trainer"]["init"]["checkpoint"] = {"steps": 2}
+    config["trainer"]["init"]["schedulers"] = None
+    config["trainer"]["fit"] = {"train_dataloader": {
+        "data_processor": "local_models:torch_loader", "num_batches": 2}}
+    del config["trainer"]["validate"]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(config))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=repo)  # the tests package, not the working directory
+    result = subprocess.run([script, "fit", "params.yaml"], capture_output=True, text=True,
+                            timeout=600, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "model_dir" / "checkpoint_2.mdl").exists()

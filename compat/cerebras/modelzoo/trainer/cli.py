@@ -43,10 +43,10 @@ def main(argv=None) -> int:
                         metavar="MODULE", help="import MODULE first (it may register models "
                                                "and data processors); repeatable")
     args = parser.parse_args(argv)
-    # Models and data processors are import paths relative to where the command runs, as
-    # with `python -m cerebras.modelzoo.trainer` (a console script's path lacks that folder).
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.append(os.getcwd())
+    # Import paths in the YAML (``examples.trainer_mnist:Model``) resolve from the working
+    # directory, as under ``python -m``; a console script's sys.path lacks it.
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     for module in args.imports:
         importlib.import_module(module)
     try:
