@@ -40,7 +40,9 @@ import numpy as np
 from jax_backend.capture import CapturedStep
 from jax_backend.dtypes import to_jax_dtype
 from jax_backend.errors import LoweringError, StepFailedError
+from jax_backend import config
 from jax_backend.interpreter import GraphInterpreter
+from jax_backend.jax_settings import in_engine_scope
 from jax_backend.mesh import Layout
 from jax_backend.precision import Policy
 from jax_backend.registry import lookup
@@ -75,7 +77,9 @@ def _has_random_nodes(graph) -> bool:
 class Program:
     """One compiled step. Call it with arrays; it returns arrays (dispatch is asynchronous)."""
 
-    backup_first_run = True  # see the module docstring
+    @property
+    def backup_first_run(self) -> bool:  # see the module docstring
+        return config.backup_first_run.value
 
     def __init__(self, captured: CapturedStep, policy: Policy | None = None,
                  layout: Layout | None = None):
@@ -126,6 +130,7 @@ class Program:
         return ([used_arrays[j] for j in self.donated_positions],
                 [used_arrays[j] for j in self.kept_positions])
 
+    @in_engine_scope
     def __call__(self, used_arrays: Sequence, inputs: Sequence, seed=0):
         donated, kept = self.split_state(used_arrays)
         if self.layout is not None:  # across processes: each feeds its slice of the batch
@@ -178,17 +183,20 @@ class Program:
         return outputs
 
     # ------------------------------------------------------------------ introspection
+    @in_engine_scope
     def input_specs(self) -> list:
         """Shapes and dtypes of the step's (non-state) inputs, as ``jax.ShapeDtypeStruct``."""
         placeholders = [n for n in self.captured.graph.graph.nodes if n.op == "placeholder"]
         return [jax.ShapeDtypeStruct(tuple(n.meta["val"].shape), to_jax_dtype(n.meta["val"].dtype))
                 for n in placeholders[len(self.captured.used_state):]]
 
+    @in_engine_scope
     def lower(self, used_arrays: Sequence, inputs: Sequence, seed=0):
         donated, kept = self.split_state(used_arrays)
         with self._naming_user_line():
             return self._jitted.lower(donated, kept, list(inputs), np.int64(seed))
 
+    @in_engine_scope
     def jaxpr(self, used_arrays: Sequence, inputs: Sequence, seed=0):
         donated, kept = self.split_state(used_arrays)
         with self._naming_user_line():
@@ -197,6 +205,7 @@ class Program:
     def stablehlo(self, used_arrays: Sequence, inputs: Sequence, seed=0) -> str:
         return self.lower(used_arrays, inputs, seed).as_text()
 
+    @in_engine_scope
     def cost_analysis(self, used_arrays: Sequence, inputs: Sequence, seed=0):
         return self.lower(used_arrays, inputs, seed).compile().cost_analysis()
 

@@ -1,8 +1,21 @@
-"""Test-wide settings: JAX with 64-bit types (as the engine runs it) and strict dtype
-promotion, deterministic torch."""
+"""Test-wide settings: caches in a temporary directory, strict dtype promotion, deterministic
+torch.
 
+JAX's 64-bit types stay off, as in a user's process: the engine turns them on for its own
+work only (``jax_backend.jax_settings``), and the suite checks that it does so everywhere.
+Tests never write to ``~/.cache``: the persistent caches, and anything else that follows
+``XDG_CACHE_HOME``, live in a directory removed when the session ends.
+"""
+
+import atexit
 import os
+import shutil
+import tempfile
 
+_cache_home = tempfile.mkdtemp(prefix="cstorch-tests-cache-")
+atexit.register(shutil.rmtree, _cache_home, ignore_errors=True)
+os.environ["XDG_CACHE_HOME"] = _cache_home  # subprocesses of tests inherit it
+os.environ.pop("CSTORCH_COMPILATION_CACHE", None)  # the default: under XDG_CACHE_HOME
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=true")
 # Tests patch library code in ways the graph cache cannot see (it keys on source files, not
 # on objects swapped at run time): no test reuses another's graph; the cache's own tests opt
@@ -11,7 +24,6 @@ os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=true")
 os.environ["CSTORCH_GRAPH_CACHE"] = os.environ.get("CSTORCH_TEST_GRAPH_CACHE", "off")
 
 import jax  # noqa: E402
-import jax_backend  # noqa: E402,F401  (enables x64 before any test imports jax.numpy)
 
 # Strict dtype promotion: a lowering that mixes dtypes without an explicit cast fails here
 # instead of silently computing in a promoted dtype (the engine itself runs with JAX's

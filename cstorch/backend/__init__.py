@@ -13,6 +13,7 @@ import warnings
 
 import torch
 
+from cstorch import config
 from cstorch.backend.backend_type import BackendType
 from cstorch.errors import MultipleBackendsError, NoBackendError
 
@@ -184,6 +185,8 @@ def _reset_for_tests():
         _current._impl.shutdown()
     _current = None
 
+
+config.config.on_reset(_reset_for_tests)
 
 for _name in ("current_backend", "current_backend_impl", "current_torch_device", "use_cs",
               "get_backend_args", "_reset_for_tests"):

@@ -29,6 +29,14 @@ _BACKENDS = {"WSE_WS": "CSX", "WSE": "CSX", "WSE_PIPELINE": "CSX", "CSX": "CSX",
 _settings: dict | None = None
 
 
+def _forget_settings() -> None:
+    global _settings
+    _settings = None
+
+
+cstorch.config.config.on_reset(_forget_settings)  # cstorch.config.reset()
+
+
 def configure(**kwargs) -> None:
     """Configures the run (once per process): ``model_dir``, ``compile_dir``,
     ``compile_only``, ``validate_only``, ``checkpoint_steps``, ``seed`` and the cluster
