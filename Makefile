@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test bench coverage zoo-check clean
+.PHONY: demo test test-fast bench coverage zoo-check clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,8 +18,14 @@ $(VENV)/.installed: pyproject.toml
 demo: .venv
 	$(PY) examples/mnist_mlp.py
 
+# Everything (CI runs this), with the 25 slowest tests listed at the end.
 test: .venv
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests --durations=25
+
+# The inner loop: everything but the tests listed in tests/slow_tests.txt (about 2 minutes on
+# 2 cores).
+test-fast: .venv
+	$(PY) -m pytest -q tests -m "not slow"
 
 BENCH_ROUNDS ?= 3
 bench: .venv

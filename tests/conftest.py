@@ -37,3 +37,29 @@ import torch  # noqa: E402
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+# ---------------------------------------------------------------------------- the fast lane
+_SLOW_LIST = os.path.join(os.path.dirname(__file__), "slow_tests.txt")
+
+
+def _slow_ids() -> set:
+    with open(_SLOW_LIST) as f:
+        return {line.strip() for line in f if line.strip() and not line.startswith("#")}
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "slow: left out by `make test-fast` (listed in tests/slow_tests.txt)")
+
+
+def pytest_collection_modifyitems(config, items):
+    slow = _slow_ids()
+    root = str(config.rootpath)
+    for item in items:
+        nodeid = os.path.relpath(str(item.path), root).replace(os.sep, "/")
+        nodeid = nodeid + item.nodeid[item.nodeid.index("::"):] if "::" in item.nodeid else nodeid
+        file_id, _, rest = nodeid.partition("::")
+        if ({nodeid, nodeid.split("[")[0], file_id} & slow
+                or any(f"{file_id}::{cls}" in slow for cls in rest.split("::")[:1])):
+            item.add_marker(pytest.mark.slow)
