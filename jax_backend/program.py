@@ -1,29 +1,14 @@
 """Programs: a captured step compiled with ``jax.jit``.
 
 A ``Program`` is the pure function ``(state, inputs, seed) -> (new_state, outputs)`` of one
-captured step, jitted with the buffers of the state it overwrites donated, so parameters and
-optimizer state are updated in place on the device. ``seed`` (an int64 scalar) feeds the
-PRNG key of the step's random ops; the caller draws a fresh one per step. It also exposes the
-pure function, its jaxpr, the StableHLO text and XLA's cost analysis for JAX-native users.
+captured step, jitted with the buffers of the state it overwrites donated. ``seed`` (an int64
+scalar) feeds the PRNG key of the step's random ops. It also exposes the pure function, its
+jaxpr, the StableHLO text and XLA's cost analysis.
 
 ``Program.run`` is one step as a transaction on a ``DeviceState``: the new state is recorded
-only if the step ran, and a step that fails (or is interrupted) never leaves the state
-pointing at donated, deleted or poisoned arrays:
-
-* Ctrl-C (SIGINT) is held back from the moment the state is donated until the new state is
-  recorded, then delivered; the ``except KeyboardInterrupt`` handler sees a consistent state.
-* The first run of a program (a new program is where out-of-memory and shape problems show
-  up) keeps a backup of the state it donates and waits for the result; if it fails, the
-  state of the last good step is put back. The backup is the torch tensors themselves
-  (``DeviceState.hold_in_torch``): right after an upload, e.g. at the first step, they hold
-  the donated values already, so it costs no extra copy there (but keeps, through that one
-  run, the copy a later run does without: ``Program.backup_first_run = False`` trades that
-  protection for a first-step peak like any other step's).
-* Later runs keep no second copy of the state: the torch copies of large state are released
-  (``DeviceState``; the arrays hold the values and the next torch access fills the tensors
-  again). If such a run fails after consuming its state, small state falls back to its last
-  synchronised values and released state is lost (set to NaN); the error says which, and
-  that the last checkpoint is where training goes on from.
+only if the step ran; Ctrl-C is held back while state is donated; the first run keeps a
+backup of the state it donates (``backup_first_run``), later runs keep no second copy. The
+rules and their costs are in docs/ARCHITECTURE.md (section 4, "Faults").
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 
+from cstorch import config
 from cstorch.parity import record
 from cstorch.parity.compare import compare_closures, compare_state, first_divergence, table
 
@@ -28,7 +29,7 @@ def run_engine(name: str, script: str, args, out: str, seed: int = 0, verbose: b
     engine, platform = ENGINES[name]
     command = [sys.executable, "-m", "cstorch.parity.record", "--engine", engine,
                "--platform", platform, "--seed", str(seed), "--out", out, script, *args]
-    env = dict(os.environ, CSTORCH_ENGINE=engine)
+    env = dict(config.launched_process_environment(os.environ), CSTORCH_ENGINE=engine)
     if verbose:
         return subprocess.run(command, env=env, timeout=timeout)
     return subprocess.run(command, env=env, timeout=timeout, capture_output=True, text=True)
