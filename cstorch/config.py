@@ -47,8 +47,9 @@ generating_docs = config.define(
     "docstrings (as in the reference).", env_var="GENERATING_CEREBRAS_PYTORCH_DOCS",
     parse=lambda text: text == "1")
 torch_num_threads = config.define(
-    "torch_num_threads", None, "Checked by the CSX backend as the reference does (a positive "
-    "integer).", env_var="TORCH_NUM_THREADS", parse=_positive_int)
+    "torch_num_threads", None, "torch's thread count; the CSX backend checks that it is a "
+    "positive integer, as the reference does.", env_var="TORCH_NUM_THREADS",
+    parse=_positive_int)
 
 # A multi-process job (cstorch/distributed/runtime.py); also read from a child's environment.
 coordinator_address = config.define(

@@ -56,6 +56,7 @@ class Backend(metaclass=_OneBackend):
             backend_type = BackendType.from_str(backend_type)
         self.backend_type = backend_type
         self._impl = _impl_class(backend_type)(backend_type, *args, **kwargs)
+        self._impl.hold_compilation_cache()  # once built: a failed backend holds nothing
         _current = self
 
     @property

@@ -46,9 +46,6 @@ def warn_cluster_config_ignored(backend_name: str, cluster_config) -> None:
                   "CSX runs).", UserWarning, stacklevel=6)  # the cstorch.backend(...) call
 
 
-_RELEASED = object()  # BaseBackend.compilation_cache once shutdown() gave it back
-
-
 class BaseBackend:
     engine = "jax"  # how traced steps run (cstorch.core.engine); the CPU backend can be eager
 
@@ -66,9 +63,7 @@ class BaseBackend:
         self.stateful_objects: list = []  # anything else exposing _cstorch_state_slots()
         self.sparsity_registry: list = []  # cstorch.sparse algorithms, in creation order
         self.device_state = DeviceState(self.jax_devices[0], layout)
-        # The persistent compilation cache is the backend's to hold (jax_backend/
-        # compilation_cache.py): on while it lives, JAX's setting restored by shutdown().
-        self.compilation_cache = jax_backend.compilation_cache.acquire()
+        self._holds_compilation_cache = False
         self.appliance_tracker = StageTracker()  # written as each executor's track.json
         self.appliance_tracker.start("Initialization")
         self.step_closures: list[QueuedClosure] = []
@@ -355,9 +350,18 @@ class BaseBackend:
             handle.remove()
         self.device_state.release()
         self.device_state = DeviceState(self.jax_devices[0], self.layout)
-        if self.compilation_cache is not _RELEASED:
-            self.compilation_cache = _RELEASED
+        if self._holds_compilation_cache:
+            self._holds_compilation_cache = False
             jax_backend.compilation_cache.release()
+
+    def hold_compilation_cache(self) -> str | None:
+        """Turns the persistent compilation cache on while this backend lives (``Backend``
+        calls it once the backend is built; ``shutdown`` gives it back): see
+        jax_backend/compilation_cache.py. Returns its directory (None: off)."""
+        if self._holds_compilation_cache:
+            return jax_backend.compilation_cache.enabled_directory()
+        self._holds_compilation_cache = True
+        return jax_backend.compilation_cache.acquire()
 
 
 class StateView:
