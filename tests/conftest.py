@@ -4,16 +4,16 @@ torch.
 JAX's 64-bit types stay off, as in a user's process: the engine turns them on for its own
 work only (``jax_backend.jax_settings``), and the suite checks that it does so everywhere.
 Tests never write to ``~/.cache``: the persistent caches, and anything else that follows
-``XDG_CACHE_HOME``, live in a directory removed when the session ends.
+``XDG_CACHE_HOME``, live under the system's temporary directory
+(``cstorch-jax-tests-<uid>``), kept between runs so that a rerun finds its compiled programs
+(entries are keyed by the program and the versions, never stale; safe to delete).
 """
 
-import atexit
 import os
-import shutil
 import tempfile
 
-_cache_home = tempfile.mkdtemp(prefix="cstorch-tests-cache-")
-atexit.register(shutil.rmtree, _cache_home, ignore_errors=True)
+_cache_home = os.path.join(tempfile.gettempdir(), f"cstorch-jax-tests-{os.getuid()}")
+os.makedirs(_cache_home, exist_ok=True)
 os.environ["XDG_CACHE_HOME"] = _cache_home  # subprocesses of tests inherit it
 os.environ.pop("CSTORCH_COMPILATION_CACHE", None)  # the default: under XDG_CACHE_HOME
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=true")
