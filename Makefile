@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-fast bench coverage zoo-check clean
+.PHONY: demo test test-fast bench bench-gpu coverage zoo-check clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,13 @@ BENCH_ROUNDS ?= 3
 bench: .venv
 	mkdir -p artifacts
 	$(PY) benchmarks/bench_engine.py --rounds $(BENCH_ROUNDS) --precision fp32,bf16 --depth-sweep --interference --json artifacts/bench_engine.json
+
+# The GPU benchmark (benchmarks/bench_gpu.py) runs from the source tree with the Python it
+# finds (a GPU machine's own torch and JAX; no venv, nothing installed): GPU_PYTHON=... to pick.
+GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
+bench-gpu:
+	mkdir -p artifacts
+	PYTHONPATH=.:compat $(GPU_PYTHON) benchmarks/bench_gpu.py --json artifacts/bench_gpu.json
 
 coverage: .venv
 	$(PY) tools/op_coverage.py

@@ -15,6 +15,7 @@ This package knows nothing of the cstorch API. Its public surface:
 * ``mesh``: devices, the ``(csx, ws)`` data-parallel / sharded-state layout of a multi-device
   (and multi-process) program, global values of arrays, collectives counted in compiled HLO.
 * ``precision``: full or mixed-precision (autocast at capture) policies.
+* ``target``: what a step is lowered for (platform, float32 matmul precision, attention).
 * ``compilation_cache``: JAX's persistent compilation cache for the engine's programs
   (``acquire``/``release``, see its docstring).
 * ``graph_cache`` / ``fingerprint``: a persistent cache of captured steps, stored as data and
@@ -30,6 +31,7 @@ is docs/ARCHITECTURE.md.
 from jax_backend import config, jax_settings  # noqa: F401
 from jax_backend import compilation_cache  # noqa: E402
 from jax_backend import dtypes, mesh, optimizers, precision, registry, schedules  # noqa: E402
+from jax_backend import target  # noqa: E402
 from jax_backend import ops  # noqa: E402  (registers every ATen lowering)
 from jax_backend import torch_ops  # noqa: E402  (registers the cstorch:: custom ops)
 from jax_backend import optax_ops  # noqa: E402  (cstorch::optax_update)
@@ -56,6 +58,6 @@ __all__ = [
     "LazyTensor", "LoweringError", "LoweringNotFoundError", "Policy", "Program",
     "RecompilationError", "Slot", "ValueReadInTraceError", "capture_step",
     "compilation_cache", "config", "dtypes", "fingerprint", "graph_cache", "jax_settings",
-    "materialize", "mesh", "optimizers", "precision",
-    "register_internal_dir", "registry", "schedules", "sparse_ops", "sparsity", "torch_ops",
+    "materialize", "mesh", "optimizers", "precision", "register_internal_dir", "registry",
+    "schedules", "sparse_ops", "sparsity", "target", "torch_ops",
 ]

@@ -123,6 +123,10 @@ graph_cache = config.define(
     "graph_cache", "default", "Where captured step graphs are cached "
     "(jax_backend/graph_cache.py): a directory, or off. Default "
     "<cache_home>/cstorch-jax/graphs.", env_var="CSTORCH_GRAPH_CACHE", parse=parse_directory)
+attention = config.define(
+    "attention", "auto", "Which attention kernel a step's lowering may use "
+    "(jax_backend/target.py: Target.attention, one of its ATTENTION names).",
+    env_var="CSTORCH_ATTENTION", parse=lambda text: text.strip().lower() or "auto")
 backup_first_run = config.define(
     "backup_first_run", True, "Whether the first run of a program keeps the state it donates "
     "until it succeeded (jax_backend/program.py); False trades that protection for a "

@@ -37,9 +37,14 @@ def export_program(program: Program, path: str, state: dict, state_info: list, u
             "Exporting a step that runs over several devices (a CSX cluster layout) is not "
             "supported; export it from a CPU or GPU backend.")
 
+    # One platform: lowered for it; several: nothing vendor-specific (e.g. no cuDNN call).
+    platform = None
+    if platforms is not None:
+        platform = platforms[0] if len(platforms) == 1 else "any"
+
     def step(used_arrays, inputs, seed):
         donated, kept = program.split_state(used_arrays)
-        return program.pure_step(donated, kept, inputs, seed)
+        return program.pure_step(donated, kept, inputs, seed, platform=platform)
 
     used_specs = [jax.ShapeDtypeStruct(np.shape(state[n]), jnp.asarray(state[n]).dtype)
                   for n in used]

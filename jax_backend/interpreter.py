@@ -11,6 +11,7 @@ mismatch into an error instead (the op tests use it to keep the lowerings honest
 
 from __future__ import annotations
 
+import contextvars
 import operator
 
 import jax
@@ -21,6 +22,17 @@ import torch.fx
 from jax_backend import dtypes
 from jax_backend.errors import JaxBackendError, LoweringError
 from jax_backend.registry import lookup
+
+
+_run_scratch = contextvars.ContextVar("graph_run_scratch", default=None)
+
+
+def run_scratch() -> dict:
+    """A dict that lives while the current graph runs (one trace): the lowerings of a forward
+    op and its backward op leave values there for each other (``ops.attention``). Outside a
+    run, a fresh dict that nothing else sees."""
+    scratch = _run_scratch.get()
+    return {} if scratch is None else scratch
 
 
 class LoweringMismatchError(JaxBackendError):
@@ -91,6 +103,13 @@ class GraphInterpreter:
         if len(inputs) != len(self.placeholders):
             raise JaxBackendError(
                 f"graph takes {len(self.placeholders)} inputs, got {len(inputs)}")
+        token = _run_scratch.set({})
+        try:
+            return self._run(inputs, key)
+        finally:
+            _run_scratch.reset(token)
+
+    def _run(self, inputs, key):
         env = dict(zip(self.placeholders, inputs))
         random_index = 0
         for node in self.graph_module.graph.nodes:

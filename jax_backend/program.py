@@ -14,14 +14,17 @@ rules and their costs are in docs/ARCHITECTURE.md (section 4, "Faults").
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import operator
 import signal
 import threading
+import warnings
 from typing import Sequence
 
 import jax
 import numpy as np
 
+from jax_backend import target
 from jax_backend.capture import CapturedStep
 from jax_backend.dtypes import to_jax_dtype
 from jax_backend.errors import LoweringError, StepFailedError
@@ -29,6 +32,7 @@ from jax_backend import config
 from jax_backend.interpreter import GraphInterpreter
 from jax_backend.jax_settings import in_engine_scope
 from jax_backend.mesh import Layout
+from jax_backend.ops import attention
 from jax_backend.precision import Policy
 from jax_backend.registry import lookup
 
@@ -67,10 +71,17 @@ class Program:
         return config.backup_first_run.value
 
     def __init__(self, captured: CapturedStep, policy: Policy | None = None,
-                 layout: Layout | None = None):
+                 layout: Layout | None = None, platform: str | None = None):
         self.captured = captured
         self.policy = policy or Policy()
         self.layout = layout
+        # What the lowerings target (``jax_backend.target``): the platform the program runs
+        # on (default: that of the layout's devices, else JAX's default device).
+        if platform is None:
+            device = layout.mesh.devices.flat[0] if layout is not None else jax.devices()[0]
+            platform = target.platform_of(device)
+        self.target = target.Target(platform, self.policy.float32_matmul,
+                                    target.attention_setting())
         self.uses_rng = _has_random_nodes(captured.graph)
         written = set(captured.written_state)
         # Positions (within used_state) of state the step overwrites: their buffers are donated.
@@ -99,15 +110,19 @@ class Program:
                         self.layout.replicated())
         return {"in_shardings": in_shardings, "out_shardings": (written, None)}
 
-    def pure_step(self, donated, kept, inputs, seed):
-        """The step as a pure JAX function (not jitted)."""
+    def pure_step(self, donated, kept, inputs, seed, *, platform=None):
+        """The step as a pure JAX function (not jitted); ``platform`` overrides the one it is
+        lowered for (an export for several platforms passes "any")."""
         used = [None] * (len(donated) + len(kept))
         for j, a in zip(self.donated_positions, donated):
             used[j] = a
         for j, a in zip(self.kept_positions, kept):
             used[j] = a
         key = jax.random.key(seed) if self.uses_rng else None
-        flat = self._interpreter.run(list(used) + list(inputs), key)
+        lowering = self.target if platform is None else dataclasses.replace(
+            self.target, platform=platform)
+        with target.lowering_for(lowering):
+            flat = self._interpreter.run(list(used) + list(inputs), key)
         n = len(self.captured.written_state)
         return list(flat[:n]), list(flat[n:])
 
@@ -121,7 +136,28 @@ class Program:
         if self.layout is not None:  # across processes: each feeds its slice of the batch
             inputs = [self.layout.input_array(x) for x in inputs]
         with self._naming_user_line():
+            try:
+                return self._jitted(donated, kept, list(inputs), np.int64(seed))
+            except Exception as error:  # noqa: BLE001 - re-raised unless cuDNN was the cause
+                if not self._without_cudnn_after(error, donated):
+                    raise
             return self._jitted(donated, kept, list(inputs), np.int64(seed))
+
+    def _without_cudnn_after(self, error, donated) -> bool:
+        """A program that uses cuDNN's fused attention and fails to compile because of it
+        (before it ran: nothing was donated) is rebuilt with XLA's attention, with a warning,
+        rather than stopping training; True if so."""
+        text = f"{type(error).__name__}: {error}".lower()
+        if (self.has_run or self.target.attention == "xla" or self.target.platform != "cuda"
+                or not ("cudnn" in text or "dot_product_attention" in text)
+                or any(getattr(a, "is_deleted", lambda: False)() for a in donated)):
+            return False
+        warnings.warn(f"The step's cuDNN attention failed to compile ({_first_line(error)}); "
+                      "it is compiled again with XLA's attention (set CSTORCH_ATTENTION=xla "
+                      "to skip the attempt).", attention.AttentionFallbackWarning, stacklevel=4)
+        self.target = dataclasses.replace(self.target, attention="xla")
+        self._jitted = jax.jit(self.pure_step, donate_argnums=(0,), **self._shardings())
+        return True
 
     @contextlib.contextmanager
     def _naming_user_line(self):

@@ -10,6 +10,7 @@ import torch
 
 from cstorch import config
 from jax_backend.precision import Policy
+from jax_backend.target import torch_float32_matmul
 
 _HALF_DTYPES = {
     "float16": torch.float16,
@@ -81,7 +82,10 @@ def is_cbfloat16_tensor(tensor) -> bool:
 
 
 def current_policy() -> Policy:
-    """The engine precision policy implied by the current settings."""
+    """The engine precision policy implied by the current settings (and torch's float32
+    matmul precision, which decides whether a GPU may use TF32 for fp32 matmuls)."""
+    float32_matmul = torch_float32_matmul()
     if not mixed_precision():
-        return Policy()
-    return Policy(compute_dtype=str(get_half_dtype()).replace("torch.", ""))
+        return Policy(float32_matmul=float32_matmul)
+    return Policy(compute_dtype=str(get_half_dtype()).replace("torch.", ""),
+                  float32_matmul=float32_matmul)

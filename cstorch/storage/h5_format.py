@@ -16,11 +16,15 @@ and rows that are contiguous in memory let the filter pipeline stream without re
 tiles). Readers do not care about the chunk shape.
 
 Files are written to ``"<path>.<8 hex>.tmp"``, synced to disk, and published at ``path`` only
-after the file is complete and closed, so ``path`` is either absent or a whole checkpoint. The
-publish never replaces an existing ``path``, even against a concurrent writer: ``os.link``
-(fails if the name exists), else ``renameat2(RENAME_NOREPLACE)``, else an exclusive
-reservation of the name. The writer holds a lock on its temporary file; a later save to the
-same path removes temporary files whose writer died (killed saves).
+after the file is complete and closed, so ``path`` is always absent, the previous whole
+checkpoint, or the new whole checkpoint -- never half a file. By default the publish is
+``os.replace``, as ``torch.save`` overwrites: concurrent writers to one path each publish a
+complete file and the last one wins; a reader that has the old file open keeps reading it.
+With ``overwrite=False`` the publish never replaces an existing ``path``, even against a
+concurrent writer: ``os.link`` (fails if the name exists), else
+``renameat2(RENAME_NOREPLACE)``, else an exclusive reservation of the name. The writer holds a
+lock on its temporary file; a later save to the same path removes temporary files whose writer
+died (killed saves).
 
 HDF5 must never see a failed write: after one, it crashes the process when the file's objects
 are closed. So HDF5 writes through :class:`_FailSoftFile`, which records the first ``OSError``
@@ -263,12 +267,18 @@ def _fsync_directory(directory: str) -> None:
 class H5Writer:
     """Writes one checkpoint into a temporary file and publishes it atomically on :meth:`commit`."""
 
-    def __init__(self, path: str | os.PathLike, *, dense_attributes: bool = False):
+    def __init__(self, path: str | os.PathLike, *, dense_attributes: bool = False,
+                 overwrite: bool = True):
         self.path = os.fspath(path)
-        if os.path.lexists(self.path):
+        self.overwrite = overwrite
+        if not overwrite and os.path.lexists(self.path):
             raise FileExistsError(
-                f"Checkpoint at '{self.path}' already exists. cstorch.save never overwrites a "
-                "checkpoint: delete it or choose another path, then save again.")
+                f"Checkpoint at '{self.path}' already exists and the save was called with "
+                "exist_ok=False: delete it or choose another path, then save again.")
+        if os.path.isdir(self.path) and not os.path.islink(self.path):
+            raise IsADirectoryError(
+                f"Cannot save checkpoint to '{self.path}': it is a directory. Give a file path, "
+                f"e.g. '{os.path.join(self.path, 'checkpoint.mdl')}'.")
         directory = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(directory):
             raise FileNotFoundError(
@@ -325,10 +335,13 @@ class H5Writer:
     # -- publishing ----------------------------------------------------------------------------
 
     def commit(self) -> None:
-        """Closes and syncs the file and publishes it at ``path``, never replacing a file."""
+        """Closes and syncs the file and publishes it at ``path`` in one atomic step."""
         self._file.close()
         self._raise_write_error()
         os.fsync(self._fd)
+        # Once published, the file is a checkpoint that readers open (HDF5 takes a shared
+        # lock); a shared lock still tells later saves the file is not a killed save's.
+        fcntl.flock(self._fd, fcntl.LOCK_SH)
         try:
             self._publish()
         finally:
@@ -336,6 +349,11 @@ class H5Writer:
         _fsync_directory(os.path.dirname(os.path.abspath(self.path)))
 
     def _publish(self) -> None:
+        if self.overwrite:
+            # Atomic on POSIX: readers see the old file or the new one. A symlink at ``path``
+            # is replaced itself; the file it pointed to is left as it was.
+            os.replace(self.temp_path, self.path)
+            return
         try:
             os.link(self.temp_path, self.path)
         except FileExistsError:

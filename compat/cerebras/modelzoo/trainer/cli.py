@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from cerebras.modelzoo.trainer.legacy import (
     convert_legacy_params_to_trainer_params, is_legacy_params)
+from cerebras.modelzoo.trainer.config import TrainerConfigError
 from cerebras.modelzoo.trainer.utils import MODES, load_params, run_trainer
 
 
@@ -41,12 +43,24 @@ def main(argv=None) -> int:
                         metavar="MODULE", help="import MODULE first (it may register models "
                                                "and data processors); repeatable")
     args = parser.parse_args(argv)
+    # Models and data processors are import paths relative to where the command runs, as
+    # with `python -m cerebras.modelzoo.trainer` (a console script's path lacks that folder).
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
     for module in args.imports:
         importlib.import_module(module)
-    params = load_params(args.params)
-    if is_legacy_params(params):
-        params = convert_legacy_params_to_trainer_params(params)
-    run_trainer(args.mode, _override(params, args.device, args.model_dir))
+    try:
+        params = load_params(args.params)
+        if is_legacy_params(params):
+            params = convert_legacy_params_to_trainer_params(params)
+        run_trainer(args.mode, _override(params, args.device, args.model_dir))
+    except (TrainerConfigError, FileNotFoundError) as error:
+        # A problem with the params file, said in a few lines (no traceback): what and where.
+        # (A FileNotFoundError with a filename comes from user code: keep its traceback.)
+        if isinstance(error, FileNotFoundError) and error.filename not in (None, args.params):
+            raise
+        print(f"{parser.prog}: error in {args.params}: {error}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -51,6 +51,10 @@ def _build_input(data_processor: str, fields: dict):
 
 
 def create_dataloader(config) -> cstorch.utils.data.DataLoader:
+    try:  # a wrong name is a config error, said now rather than when the loader first runs
+        get_data_processor(config.data_processor)
+    except ValueError as error:
+        raise TrainerConfigError(f"data_processor: {error}") from None
     fields = dict(config.model_extra)
     return cstorch.utils.data.DataLoader(_build_input, config.data_processor, fields)
 
@@ -93,7 +97,10 @@ def _backend(init):
 
 # ------------------------------------------------------------------------ init arguments
 def _model_factory(config):
-    cls = get_model(config.name)
+    try:
+        cls = get_model(config.name)
+    except ValueError as error:
+        raise TrainerConfigError(f"init.model.name: {error}") from None
     kwargs = dict(config.model_extra)
 
     def build_model():
@@ -194,8 +201,13 @@ def run_trainer(mode: str, params: dict) -> List[Trainer]:
         section = {"fit": phase.fit, "validate": phase.validate_,
                    "validate_all": phase.validate_all}[action]
         if section is None:
-            raise TrainerConfigError(f"Mode {mode!r} needs a `{action}` section in trainer "
-                                     f"phase {index}.")
+            example = {"fit": "fit:\n  train_dataloader: {data_processor: ...}",
+                       "validate": "validate:\n  val_dataloader: {data_processor: ...}",
+                       "validate_all": "validate_all:\n  val_dataloaders: "
+                                       "{data_processor: ...}"}[action]
+            raise TrainerConfigError(
+                f"Mode {mode!r} needs a `{action}` section in trainer phase {index}, next to "
+                f"`init`, e.g.\n{example}")
         trainer = configure_trainer_from_config(phase)
         if action == "fit":
             val = _dataloaders(section.val_dataloader)
@@ -226,7 +238,10 @@ def load_params(path) -> dict:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"Params file {path} does not exist.")
     with open(path) as f:
-        params = yaml.safe_load(f)
+        try:
+            params = yaml.safe_load(f)
+        except yaml.YAMLError as error:
+            raise TrainerConfigError(f"{path} is not valid YAML: {error}") from None
     if not isinstance(params, dict):
         raise TrainerConfigError(f"{path} must hold a mapping (with a `trainer` key), got "
                                  f"{type(params).__name__}.")

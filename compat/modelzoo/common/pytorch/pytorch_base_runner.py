@@ -663,8 +663,8 @@ class PyTorchBaseRunner(metaclass=abc.ABCMeta):
     def _write_checkpoint(self, step: int) -> str:
         path = os.path.join(self._model_dir, f"checkpoint_{step}.mdl")
         logging.info(f"Saving checkpoint at step : {step}.")
-        if os.path.exists(path):
-            os.remove(path)  # a rerun from an earlier checkpoint rewrites later steps
+        # A rerun from an earlier checkpoint rewrites later steps: cstorch.save replaces the
+        # old file atomically (a crash keeps the old checkpoint or the new one).
         cstorch.save(self._checkpoint_state(step), path)
         self.on_checkpoint_saved(path, step)
         return path
