@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-compat gpu-check bench bench-gpu coverage zoo-check clean
+.PHONY: demo test test-fast test-compat gpu-check bench bench-gpu coverage zoo-check clean
 
 # torch first: one already in the venv inside pyproject's range is kept; with none, this CPU
 # build (lying on this machine's disk; a range would pull gigabytes of CUDA libraries).
@@ -21,8 +21,14 @@ $(VENV)/.installed: pyproject.toml
 demo: .venv
 	$(PY) examples/mnist_mlp.py
 
+# Everything (CI runs this), with the 25 slowest tests listed at the end.
 test: .venv
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests --durations=25
+
+# The inner loop: everything but the tests listed in tests/slow_tests.txt (about 2 minutes on
+# 2 cores).
+test-fast: .venv
+	$(PY) -m pytest -q tests -m "not slow"
 
 # The other end of the supported range (README "Versions"), in its own venv: the oldest torch
 # and JAX on Python 3.12 where one runs (else $(PYTHON)), on the engine, graph cache, export,

@@ -18,9 +18,11 @@ import numpy as np
 from jax import export as jax_export  # a submodule `import jax` loads only from JAX 0.8
 
 from jax_backend import exported
+from jax_backend.jax_settings import in_engine_scope
 from jax_backend.program import Program
 
 
+@in_engine_scope
 def export_program(program: Program, path: str, state: dict, state_info: list, used: list,
                    written: list, returned: list, single: bool, closure_values: list,
                    function: str = "step", vjp_order: int = 0, platforms=None) -> str:

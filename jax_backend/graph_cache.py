@@ -74,9 +74,10 @@ from torch.utils import _pytree as pytree
 from jax_backend import fingerprint, optimizers, torch_ops, torch_versions
 from jax_backend.capture import CapturedStep
 from jax_backend.compilation_cache import cache_directory
+from jax_backend.config import graph_cache as _setting
 from jax_backend.registry import has_lowering, lowered_namespaces
 
-ENV_VAR = "CSTORCH_GRAPH_CACHE"
+ENV_VAR = _setting.env_var
 FORMAT = 1
 
 #: Bounds on what is read back: larger or stranger entries are refused as corrupt.

@@ -1,29 +1,14 @@
 """Programs: a captured step compiled with ``jax.jit``.
 
 A ``Program`` is the pure function ``(state, inputs, seed) -> (new_state, outputs)`` of one
-captured step, jitted with the buffers of the state it overwrites donated, so parameters and
-optimizer state are updated in place on the device. ``seed`` (an int64 scalar) feeds the
-PRNG key of the step's random ops; the caller draws a fresh one per step. It also exposes the
-pure function, its jaxpr, the StableHLO text and XLA's cost analysis for JAX-native users.
+captured step, jitted with the buffers of the state it overwrites donated. ``seed`` (an int64
+scalar) feeds the PRNG key of the step's random ops. It also exposes the pure function, its
+jaxpr, the StableHLO text and XLA's cost analysis.
 
 ``Program.run`` is one step as a transaction on a ``DeviceState``: the new state is recorded
-only if the step ran, and a step that fails (or is interrupted) never leaves the state
-pointing at donated, deleted or poisoned arrays:
-
-* Ctrl-C (SIGINT) is held back from the moment the state is donated until the new state is
-  recorded, then delivered; the ``except KeyboardInterrupt`` handler sees a consistent state.
-* The first run of a program (a new program is where out-of-memory and shape problems show
-  up) keeps a backup of the state it donates and waits for the result; if it fails, the
-  state of the last good step is put back. The backup is the torch tensors themselves
-  (``DeviceState.hold_in_torch``): right after an upload, e.g. at the first step, they hold
-  the donated values already, so it costs no extra copy there (but keeps, through that one
-  run, the copy a later run does without: ``Program.backup_first_run = False`` trades that
-  protection for a first-step peak like any other step's).
-* Later runs keep no second copy of the state: the torch copies of large state are released
-  (``DeviceState``; the arrays hold the values and the next torch access fills the tensors
-  again). If such a run fails after consuming its state, small state falls back to its last
-  synchronised values and released state is lost (set to NaN); the error says which, and
-  that the last checkpoint is where training goes on from.
+only if the step ran; Ctrl-C is held back while state is donated; the first run keeps a
+backup of the state it donates (``backup_first_run``), later runs keep no second copy. The
+rules and their costs are in docs/ARCHITECTURE.md (section 4, "Faults").
 """
 
 from __future__ import annotations
@@ -43,7 +28,9 @@ from jax_backend import cbfloat16, target
 from jax_backend.capture import CapturedStep
 from jax_backend.dtypes import to_jax_dtype
 from jax_backend.errors import LoweringError, StepFailedError
+from jax_backend import config
 from jax_backend.interpreter import GraphInterpreter
+from jax_backend.jax_settings import in_engine_scope
 from jax_backend.mesh import Layout
 from jax_backend.ops import attention
 from jax_backend.precision import Policy
@@ -79,7 +66,9 @@ def _has_random_nodes(graph) -> bool:
 class Program:
     """One compiled step. Call it with arrays; it returns arrays (dispatch is asynchronous)."""
 
-    backup_first_run = True  # see the module docstring
+    @property
+    def backup_first_run(self) -> bool:  # see the module docstring
+        return config.backup_first_run.value
 
     def __init__(self, captured: CapturedStep, policy: Policy | None = None,
                  layout: Layout | None = None, platform: str | None = None):
@@ -142,6 +131,7 @@ class Program:
         return ([used_arrays[j] for j in self.donated_positions],
                 [used_arrays[j] for j in self.kept_positions])
 
+    @in_engine_scope
     def __call__(self, used_arrays: Sequence, inputs: Sequence, seed=0):
         donated, kept = self.split_state(used_arrays)
         if self.layout is not None:  # across processes: each feeds its slice of the batch
@@ -215,17 +205,20 @@ class Program:
         return outputs
 
     # ------------------------------------------------------------------ introspection
+    @in_engine_scope
     def input_specs(self) -> list:
         """Shapes and dtypes of the step's (non-state) inputs, as ``jax.ShapeDtypeStruct``."""
         placeholders = [n for n in self.captured.graph.graph.nodes if n.op == "placeholder"]
         return [jax.ShapeDtypeStruct(tuple(n.meta["val"].shape), to_jax_dtype(n.meta["val"].dtype))
                 for n in placeholders[len(self.captured.used_state):]]
 
+    @in_engine_scope
     def lower(self, used_arrays: Sequence, inputs: Sequence, seed=0):
         donated, kept = self.split_state(used_arrays)
         with self._naming_user_line():
             return self._jitted.lower(donated, kept, list(inputs), np.int64(seed))
 
+    @in_engine_scope
     def jaxpr(self, used_arrays: Sequence, inputs: Sequence, seed=0):
         donated, kept = self.split_state(used_arrays)
         with self._naming_user_line():
@@ -234,6 +227,7 @@ class Program:
     def stablehlo(self, used_arrays: Sequence, inputs: Sequence, seed=0) -> str:
         return self.lower(used_arrays, inputs, seed).as_text()
 
+    @in_engine_scope
     def cost_analysis(self, used_arrays: Sequence, inputs: Sequence, seed=0):
         return self.lower(used_arrays, inputs, seed).compile().cost_analysis()
 

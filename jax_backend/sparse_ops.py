@@ -20,6 +20,7 @@ from jax import lax
 
 from jax_backend import sparsity
 from jax_backend.dtypes import array_to_tensor, tensor_to_array
+from jax_backend.jax_settings import engine_scope
 from jax_backend.registry import lowers
 
 
@@ -70,7 +71,8 @@ def topk_mask(score: torch.Tensor, sparsity_level: torch.Tensor, when: torch.Ten
               shaper: str, ties: str = "lower_index") -> torch.Tensor:
     """A bool mask keeping the top ``1 - sparsity_level`` fraction of ``score`` (all False
     where ``when`` is false); ``ties``: see ``jax_backend.sparsity``."""
-    return array_to_tensor(_topk_jax(*_arrays(score, sparsity_level, when), shaper, ties))
+    with engine_scope():
+        return array_to_tensor(_topk_jax(*_arrays(score, sparsity_level, when), shaper, ties))
 
 
 @topk_mask.register_fake
@@ -83,7 +85,8 @@ def drop_minimum(score: torch.Tensor, mask: torch.Tensor, drop_fraction: torch.T
                  when: torch.Tensor, shaper: str) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(mask without its lowest-scoring drop_fraction, kept count per group as int32)``
     (``(mask, 0)`` where ``when`` is false)."""
-    new, kept = _drop_jax(*_arrays(score, mask, drop_fraction, when), shaper)
+    with engine_scope():
+        new, kept = _drop_jax(*_arrays(score, mask, drop_fraction, when), shaper)
     return array_to_tensor(new), array_to_tensor(kept)
 
 
@@ -97,8 +100,9 @@ def grow_maximum(score: torch.Tensor, mask: torch.Tensor, sparsity_level: torch.
                  mask_nonzero: torch.Tensor, when: torch.Tensor, shaper: str) -> torch.Tensor:
     """``mask`` plus the highest-scoring pruned positions, up to the target density
     (``mask`` itself where ``when`` is false)."""
-    return array_to_tensor(_grow_jax(*_arrays(score, mask, sparsity_level, mask_nonzero,
-                                              when), shaper))
+    with engine_scope():
+        return array_to_tensor(_grow_jax(*_arrays(score, mask, sparsity_level, mask_nonzero,
+                                                  when), shaper))
 
 
 @grow_maximum.register_fake

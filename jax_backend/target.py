@@ -19,9 +19,10 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import os
 
 import torch
+
+from jax_backend import config
 
 FLOAT32_MATMUL = ("highest", "high", "medium")
 ATTENTION = ("auto", "xla", "cudnn")
@@ -71,7 +72,7 @@ def platform_of(device) -> str:
 
 def attention_setting() -> str:
     """The process default for ``Target.attention`` (``CSTORCH_ATTENTION``, default "auto")."""
-    value = os.environ.get("CSTORCH_ATTENTION", "auto").strip().lower() or "auto"
+    value = config.attention.value
     if value not in ATTENTION:
         raise ValueError(f"CSTORCH_ATTENTION must be one of {ATTENTION}, got {value!r}.")
     return value

@@ -78,10 +78,11 @@ from torch._decomp import core_aten_decompositions  # noqa: E402
 from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
 from torch.utils import _pytree as pytree  # noqa: E402
 
-import jax_backend  # noqa: E402,F401  (enables x64)
+import jax_backend  # noqa: E402,F401
 from jax_backend import GraphInterpreter, capture_step, dtypes  # noqa: E402
 from jax_backend.errors import (  # noqa: E402
     CaptureError, LoweringNotFoundError, ValueReadInTraceError)
+from jax_backend.jax_settings import in_engine_scope  # noqa: E402
 from jax_backend.registry import has_lowering, lookup  # noqa: E402
 
 DEFAULT_RTOL, DEFAULT_ATOL = 1e-5, 1e-6
@@ -348,6 +349,7 @@ class _Engine:
 
 
 # ------------------------------------------------------------------------------ one sample
+@in_engine_scope  # the engine's JAX settings (64-bit types), as a compiled step has them
 def run_sample(op, raw_sample, rtol, atol, values_defined=True) -> dict:
     """Runs one sample through eager torch and the engine; returns its record."""
     record = {"forward": None, "backward": None, "forward_error": None, "backward_error": None,

@@ -65,6 +65,7 @@ class BaseBackend:
         self.stateful_objects: list = []  # anything else exposing _cstorch_state_slots()
         self.sparsity_registry: list = []  # cstorch.sparse algorithms, in creation order
         self.device_state = DeviceState(self.jax_devices[0], layout)
+        self._holds_compilation_cache = False
         self.appliance_tracker = StageTracker()  # written as each executor's track.json
         self.appliance_tracker.start("Initialization")
         self.step_closures: list[QueuedClosure] = []
@@ -386,6 +387,18 @@ class BaseBackend:
             handle.remove()
         self.device_state.release()
         self.device_state = DeviceState(self.jax_devices[0], self.layout)
+        if self._holds_compilation_cache:
+            self._holds_compilation_cache = False
+            jax_backend.compilation_cache.release()
+
+    def hold_compilation_cache(self) -> str | None:
+        """Turns the persistent compilation cache on while this backend lives (``Backend``
+        calls it once the backend is built; ``shutdown`` gives it back): see
+        jax_backend/compilation_cache.py. Returns its directory (None: off)."""
+        if self._holds_compilation_cache:
+            return jax_backend.compilation_cache.enabled_directory()
+        self._holds_compilation_cache = True
+        return jax_backend.compilation_cache.acquire()
 
 
 class QueuedClosureWarning(UserWarning):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from cstorch import config
 from jax_backend.precision import Policy
 from jax_backend.target import torch_float32_matmul
 
@@ -21,6 +22,14 @@ _HALF_DTYPES = {
 class _AmpState:
     half_dtype_str = "float16"
     mixed_precision = False
+
+
+def _reset() -> None:
+    _AmpState.half_dtype_str = "float16"
+    _AmpState.mixed_precision = False
+
+
+config.config.on_reset(_reset)
 
 
 def mixed_precision() -> bool:

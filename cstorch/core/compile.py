@@ -26,7 +26,9 @@ from torch.utils.hooks import RemovableHandle
 import jax_backend
 from jax_backend import LazyTensor, Program, capture_step
 from jax_backend.dtypes import tensor_to_host
+from jax_backend.jax_settings import in_engine_scope
 from jax_backend.user_frames import warn
+from cstorch import config
 from cstorch.backend import Backend, BackendType, backend as _backend_fn, current_backend_impl
 from cstorch.core.capture_cache import CaptureCache
 from cstorch.core.state_names import state_name
@@ -40,8 +42,8 @@ _trace_pre_hooks: dict = collections.OrderedDict()
 _trace_post_hooks: dict = collections.OrderedDict()
 
 
-#: How many compiled programs one traced step keeps (least recently used are dropped).
-MAX_PROGRAMS = 16
+#: How many compiled programs one traced step keeps (``cstorch.config``: max_programs).
+MAX_PROGRAMS = config.max_programs
 
 
 class RecompilationWarning(UserWarning):
@@ -439,7 +441,8 @@ class TracedStep:
     def _evict_unused(self) -> None:
         """Keeps at most MAX_PROGRAMS programs (each holds megabytes of compiled code): a
         step fed ever-changing shapes would otherwise grow without bound."""
-        while sum(len(entries) for entries in self._programs.values()) > MAX_PROGRAMS:
+        limit = MAX_PROGRAMS.value
+        while sum(len(entries) for entries in self._programs.values()) > limit:
             oldest = next(iter(self._programs))
             self._programs[oldest].pop(0)
             if not self._programs[oldest]:
@@ -447,7 +450,7 @@ class TracedStep:
             if not self._warned_evicted:
                 self._warned_evicted = True
                 warnings.warn(
-                    f"{self.step_fn.__name__!r} has been compiled for more than {MAX_PROGRAMS} "
+                    f"{self.step_fn.__name__!r} has been compiled for more than {limit} "
                     "signatures; the least recently used programs are dropped and will be "
                     "compiled again if needed. Keep input shapes fixed (e.g. drop_last=True, "
                     "padding to a few bucket sizes) to avoid recompiling.",
@@ -542,10 +545,15 @@ class TracedStep:
         ``new_state`` is the state the step writes, which ``PureState.advance`` puts back::
 
             f, state = jax.jit(step.pure_function()), step.pure_state()
-            new_state, outputs = f(state.donated, state.kept, [x, y], 0)
+            with jax.enable_x64(True):  # int64/float64 state keeps its dtypes
+                new_state, outputs = f(state.donated, state.kept, [x, y], 0)
             state = state.advance(new_state)
+
+        Called directly it runs in the engine's JAX settings (64-bit types,
+        ``jax_backend.jax_settings``); inside your own ``jax.jit``, turn 64-bit types on for
+        the call as above (JAX narrows int64/float64 arguments otherwise).
         """
-        return self._latest().program.pure_step
+        return in_engine_scope(self._latest().program.pure_step)
 
     def pure_state(self) -> "PureState":
         """The current state arrays of the most recent program, in the order

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 
+from cstorch import config
 from cstorch.distributed import runtime
 
 
@@ -43,7 +44,7 @@ def process_environment(base: dict, process_id: int, num_processes: int, address
                         init_timeout: int | None = None,
                         heartbeat_timeout: int | None = None) -> dict:
     """The environment of process ``process_id`` of a local job."""
-    env = dict(base)
+    env = config.launched_process_environment(base)
     env[runtime.ENV_COORDINATOR] = address
     env[runtime.ENV_NUM_PROCESSES] = str(num_processes)
     env[runtime.ENV_PROCESS_ID] = str(process_id)

@@ -42,12 +42,14 @@ import threading
 import time
 from typing import Optional
 
-ENV_COORDINATOR = "CSTORCH_COORDINATOR_ADDRESS"
-ENV_NUM_PROCESSES = "CSTORCH_NUM_PROCESSES"
-ENV_PROCESS_ID = "CSTORCH_PROCESS_ID"
-ENV_INIT_TIMEOUT = "CSTORCH_INIT_TIMEOUT"
-ENV_HEARTBEAT_TIMEOUT = "CSTORCH_HEARTBEAT_TIMEOUT"
-ENV_LAUNCHER_PID = "CSTORCH_LAUNCHER_PID"
+from cstorch import config
+
+ENV_COORDINATOR = config.coordinator_address.env_var
+ENV_NUM_PROCESSES = config.num_processes.env_var
+ENV_PROCESS_ID = config.process_id.env_var
+ENV_INIT_TIMEOUT = config.init_timeout.env_var
+ENV_HEARTBEAT_TIMEOUT = config.heartbeat_timeout.env_var
+ENV_LAUNCHER_PID = config.launcher_pid.env_var
 
 _ADDRESS = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[^\s:\[\]]+):\d{1,5}$")
 

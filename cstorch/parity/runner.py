@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 
+from cstorch import config
 from cstorch.parity import record
 from cstorch.parity.compare import compare_closures, compare_state, first_divergence, table
 
@@ -52,7 +53,8 @@ def run_engine(name: str, script: str, args, out: str, seed: int = 0, verbose: b
                os.path.abspath(script), *args]
     # Imports that work from here (python -m puts the working directory first) work there.
     path = os.pathsep.join(p for p in [os.getcwd(), os.environ.get("PYTHONPATH")] if p)
-    env = dict(os.environ, CSTORCH_ENGINE=engine, PYTHONPATH=path)
+    env = dict(config.launched_process_environment(os.environ), CSTORCH_ENGINE=engine,
+               PYTHONPATH=path)
     if verbose:
         return subprocess.run(command, env=env, timeout=timeout, cwd=cwd)
     return subprocess.run(command, env=env, timeout=timeout, capture_output=True, text=True,

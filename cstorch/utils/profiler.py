@@ -16,9 +16,10 @@ import os
 import sys
 import time
 
+from cstorch import config
 from cstorch.utils.tracker import RateTracker
 
-PROGRESS_BAR_MIN_STEPS = 50
+PROGRESS_BAR_MIN_STEPS = config.progress_bar_min_steps.default
 
 
 class Activity:
@@ -234,11 +235,12 @@ class Profiler:
 
 def _progress_bar(num_steps):
     """A tqdm bar on stdout for long runs on a terminal (see module docstring), else None."""
-    forced = os.environ.get("CSTORCH_PROGRESS_BAR")
+    forced = config.progress_bar.value
     if forced is not None:
-        show = forced.strip() not in ("", "0", "false", "False")
+        show = forced
     else:
-        show = bool(num_steps) and num_steps >= PROGRESS_BAR_MIN_STEPS and sys.stdout.isatty()
+        show = (bool(num_steps) and num_steps >= config.progress_bar_min_steps.value
+                and sys.stdout.isatty())
     if not show or not num_steps:
         return None
     from tqdm import tqdm

@@ -595,10 +595,10 @@ def test_add_param_group_mid_run_keeps_existing_moments(cpu_backend):
     assert not torch.equal(optimizer.state_dict()["state"][2]["exp_avg"], torch.zeros(1, 2))
 
 
-def test_program_cache_is_bounded(cpu_backend, monkeypatch):
+def test_program_cache_is_bounded(cpu_backend):
     from cstorch.core import compile as compile_module
 
-    monkeypatch.setattr(compile_module, "MAX_PROGRAMS", 3)
+    cstorch.config.config.update("max_programs", 3)  # undone by cstorch.config.reset()
     model = torch.nn.Linear(2, 1)
     compiled = cstorch.compile(model, cpu_backend)
 

@@ -16,6 +16,7 @@ from typing import List
 import torch
 
 import cerebras.pytorch as cstorch
+from cstorch.backend import get_or_create
 
 from cerebras.modelzoo.trainer import callbacks as cb
 from cerebras.modelzoo.trainer.config import (
@@ -84,19 +85,14 @@ def _backend(init):
         backend_type, kwargs = init.device.upper(), {}
     else:
         raise TrainerConfigError("Set init.device (CPU, GPU or CSX) or init.backend.")
-    existing = cstorch.backend()
-    if existing is not None:
-        if existing.backend_type.name != backend_type:
-            raise TrainerConfigError(
-                f"This process already runs a {existing.backend_type.name} backend; all "
-                f"trainer phases must use one device type (got {backend_type}).")
-        return existing
     allowed = set(cstorch.backend.get_backend_args(backend_type)) - {"self", "backend_type"}
     unknown = sorted(set(kwargs) - allowed)
     if unknown:
         raise TrainerConfigError(f"Unknown init.backend keys {unknown} for {backend_type}; "
                                  f"accepted: {sorted(allowed)}.")
-    return cstorch.backend(backend_type, **kwargs)
+    return get_or_create(backend_type, mismatch=lambda existing: TrainerConfigError(
+        f"This process already runs a {existing.backend_type.name} backend; all trainer "
+        f"phases must use one device type (got {backend_type})."), **kwargs)
 
 
 # ------------------------------------------------------------------------ init arguments
