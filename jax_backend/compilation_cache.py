@@ -6,7 +6,8 @@ misses and compiles afresh; a stale program can never be used. Entries are plain
 the directory is safe to delete at any time.
 
 Where it lives, in order:
-* ``CSTORCH_COMPILATION_CACHE``: a directory, or ``off`` (also ``0``, ``false``, empty) to disable;
+* ``CSTORCH_COMPILATION_CACHE``: a directory, or ``off`` (also ``0``, ``false``, empty) to disable
+  (``on`` names the default below);
 * otherwise ``$XDG_CACHE_HOME/cstorch-jax/xla`` (``~/.cache/cstorch-jax/xla``).
 
 A directory set explicitly with ``jax.config.update("jax_compilation_cache_dir", ...)`` before
@@ -21,14 +22,21 @@ import jax
 
 ENV_VAR = "CSTORCH_COMPILATION_CACHE"
 _DISABLED = {"", "0", "off", "false", "no"}
+_ENABLED = {"1", "on", "true", "yes"}
 
 
-def cache_directory(env_var: str, name: str) -> str | None:
-    """The directory ``env_var`` asks for (None when it says ``off``), else ``name`` under
-    ``$XDG_CACHE_HOME/cstorch-jax`` (``~/.cache/cstorch-jax``). Shared by the project's caches."""
+def cache_directory(env_var: str, name: str, default_on: bool = True) -> str | None:
+    """The directory ``env_var`` asks for: None when it says ``off`` (or is unset and not
+    ``default_on``), ``name`` under ``$XDG_CACHE_HOME/cstorch-jax`` (``~/.cache/cstorch-jax``)
+    when it says ``on`` (or is unset and ``default_on``). Shared by the project's caches."""
     value = os.environ.get(env_var)
-    if value is not None:
-        return None if value.strip().lower() in _DISABLED else os.path.expanduser(value)
+    if value is None:
+        if not default_on:
+            return None
+    elif value.strip().lower() in _DISABLED:
+        return None
+    elif value.strip().lower() not in _ENABLED:
+        return os.path.expanduser(value)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "cstorch-jax", name)
 
