@@ -46,14 +46,14 @@ def open_regular(path, what: str = "file", *, follow_symlinks: bool = True) -> i
     except OSError as error:
         if not follow_symlinks and os.path.islink(path):
             raise NotARegularFileError(
-                f"{what} '{path}' is a symbolic link, which is not followed here") from None
+                f"{what} is a symbolic link, which is not followed here: '{path}'") from None
         raise
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             raise NotARegularFileError(
-                f"{what} '{path}' is {describe_mode(mode)}, not a regular file; only regular "
-                "files are read (a pipe or a device could block or never end). Pass the path "
+                f"{what} is {describe_mode(mode)}, not a regular file: '{path}'. Only regular "
+                "files are read (a pipe or a device could block or never end); pass the path "
                 "of the file itself.")
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
     except BaseException:
