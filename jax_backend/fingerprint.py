@@ -428,6 +428,7 @@ class Fingerprinter:
         self._emit("function", fn.__module__ or "", fn.__qualname__, code_digest(code))
         self._child("__defaults__", fn.__defaults__)
         self._child("__kwdefaults__", fn.__kwdefaults__)
+        user_code = not is_library_file(filename) and not _is_project_file(filename)
         for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
             try:
                 contents = cell.cell_contents
@@ -435,6 +436,8 @@ class Fingerprinter:
                 self._emit("empty cell", name)
                 continue
             self._child(name, contents)
+            if user_code and isinstance(contents, types.ModuleType):  # a function-local import
+                self._module_attributes(name, contents, _attribute_names(code), set())
         if is_library_file(filename):
             wrapped = getattr(fn, "__wrapped__", None)
             if wrapped is not None:  # a library decorator around user code
@@ -442,7 +445,7 @@ class Fingerprinter:
             return
         if _is_real_file(filename):
             self.files.add(os.path.abspath(filename))
-        if not _is_project_file(filename):
+        if user_code:
             self._globals(code, fn.__globals__)
 
     def _globals(self, code, namespace) -> None:
