@@ -16,8 +16,11 @@ This package knows nothing of the cstorch API. Its public surface:
   (and multi-process) program, global values of arrays, collectives counted in compiled HLO.
 * ``precision``: full or mixed-precision (autocast at capture) policies.
 * ``compilation_cache``: JAX's persistent compilation cache (on by default, see its docstring).
-* ``graph_cache`` / ``fingerprint``: a persistent cache of captured steps, stored as data and
-  keyed by everything the capture depends on (on by default, see its docstring).
+* ``graph_cache`` / ``fingerprint``: a persistent cache of captured steps, stored as
+  authenticated data and keyed by what the capture depends on (off unless
+  ``CSTORCH_GRAPH_CACHE`` asks for it, see its docstring).
+* ``regular_files``: opening a path for reading only if it is a regular file (no FIFO,
+  device or directory), for every reader of untrusted files.
 
 JAX runs with 64-bit types enabled so that torch's int64/float64 tensors keep their dtypes.
 """
