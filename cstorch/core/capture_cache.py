@@ -131,8 +131,7 @@ class CaptureCache:
                        ("models", impl.models), ("optimizers", impl.optimizer_registry),
                        ("schedulers", impl.schedulers), ("grad scalers", impl.grad_scalers),
                        ("metrics", impl.metrics), ("stateful", impl.stateful_objects),
-                       ("sparsity", impl.sparsity_registry),
-                       ("cstorch settings", process_settings)]
+                       ("sparsity", impl.sparsity_registry)]
         self._key_args = (inputs, policy, decompositions, _stand_in(traced_step_type))
         why = _context_not_cacheable(trace_hooks)
         with self._guarded():
@@ -163,7 +162,8 @@ class CaptureCache:
         inputs, policy, decompositions, stand_in = self._key_args
         fp = Fingerprinter(self.view.tensors, hook=stand_in, consumable=consumable)
         for label, root in self._roots:
-            fp.add(label, root() if root is process_settings else root)
+            fp.add(label, root)
+        fp.add("cstorch settings", process_settings())  # read now: before and after a trace
         key = graph_cache.step_key(fp, self.view.slots, inputs, policy, decompositions,
                                    self._extra)
         fp.release()
