@@ -154,10 +154,18 @@ def _is_named_file(filename: str) -> bool:
 
 def _foreign_code(value) -> bool:
     """Whether ``value`` is a user's function (or a user class's instance, or a partial or
-    bound method of a user's function) rather than library or project code."""
+    bound method of a user's function) rather than library or project code. A function made
+    by ``exec`` (no source file) belongs to the module its globals name; libraries make such
+    functions too (scipy, typing_inspection), some in a namespace naming no module at all,
+    which we take for the library's (user code run by ``exec`` names ``__main__``)."""
     kind = type(value)
     if kind is types.FunctionType:
-        return not _is_named_file(value.__code__.co_filename)
+        filename = value.__code__.co_filename
+        if not _is_real_file(filename):
+            if value.__module__ is None:
+                return False
+            filename = _module_file(value.__module__) or filename
+        return not _is_named_file(filename)
     if kind is types.MethodType:
         return _foreign_code(value.__func__)
     if kind is functools.partial:
