@@ -90,8 +90,16 @@ class Program:
         self._interpreter = GraphInterpreter(
             captured.graph, emulation=cbfloat16.interpreter_emulation(self.policy))
         self._locate = captured.locate  # names the user's line in a LoweringError
-        self._jitted = jax.jit(self.pure_step, donate_argnums=(0,), **self._shardings())
+        self._jitted = self._jit()
         self.has_run = False  # set after the first successful run (see module docstring)
+
+    def _jit(self):
+        """``jax.jit`` of the step for the current target. The function is new each time: jit
+        keys its trace cache by the function, and bound methods of one program compare equal,
+        so after a change of target (the cuDNN fallback) JAX 0.7 reused the old trace."""
+        def step(donated, kept, inputs, seed):
+            return self.pure_step(donated, kept, inputs, seed)
+        return jax.jit(step, donate_argnums=(0,), **self._shardings())
 
     def _shardings(self) -> dict:
         """jit shardings for a mesh layout: state as the layout places it, inputs split along
@@ -157,7 +165,7 @@ class Program:
                       "it is compiled again with XLA's attention (set CSTORCH_ATTENTION=xla "
                       "to skip the attempt).", attention.AttentionFallbackWarning, stacklevel=4)
         self.target = dataclasses.replace(self.target, attention="xla")
-        self._jitted = jax.jit(self.pure_step, donate_argnums=(0,), **self._shardings())
+        self._jitted = self._jit()
         return True
 
     @contextlib.contextmanager
