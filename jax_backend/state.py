@@ -41,7 +41,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-from jax_backend.dtypes import array_to_tensor, state_to_array, state_to_host
+from jax_backend.dtypes import array_to_tensor, state_to_host, tensor_to_array
 from jax_backend import host_memory, shared_memory
 from jax_backend.errors import StepFailedError
 from jax_backend.user_frames import warn
@@ -245,7 +245,7 @@ class DeviceState:
         if self.layout is not None:
             array = self.layout.place_state(state_to_host(tensor))
         else:
-            array = state_to_array(tensor, self.device)
+            array = tensor_to_array(tensor, self.device)
         entry = self._new_entry(tensor, array, previous)
         self._entries[id(tensor)] = entry
         return entry

@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 
 import jax_backend
-from jax_backend import DeviceState, LazyTensor, Slot, materialize
+from jax_backend import DeviceState, LazyTensor, Slot, materialize, shared_memory
 from cstorch.backend import precision
 from cstorch.distributed import runtime
 from cstorch.utils.stage_tracker import StageTracker
@@ -62,7 +62,7 @@ class BaseBackend:
         self.metrics: list = []
         self.stateful_objects: list = []  # anything else exposing _cstorch_state_slots()
         self.sparsity_registry: list = []  # cstorch.sparse algorithms, in creation order
-        self.device_state = DeviceState(self.jax_devices[0], layout)
+        self.device_state = self._new_device_state()
         self.appliance_tracker = StageTracker()  # written as each executor's track.json
         self.appliance_tracker.start("Initialization")
         self.step_closures: list[QueuedClosure] = []
@@ -113,7 +113,21 @@ class BaseBackend:
         return precision.current_policy()
 
     # ------------------------------------------------------------------ registration
+    def _new_device_state(self) -> DeviceState:
+        state = DeviceState(self.jax_devices[0], self.layout)
+        state.name_of = self.state_name
+        return state
+
+    def state_name(self, tensor) -> str | None:
+        """How messages name a state tensor: ``fc.weight``, ``optimizer 0 state [3]['exp_avg']``."""
+        view = self._state_view
+        path = view.path_of(tensor) if view is not None else None
+        return describe_path(path) if path is not None else None
+
     def setup_model(self, model: torch.nn.Module) -> int:
+        # What can be seen of its memory now: a storage that is resizable here has no numpy
+        # array behind it, whatever exports it later (jax_backend.shared_memory).
+        shared_memory.note_resizable([*model.parameters(), *model.buffers()])
         if model not in self.models:
             self.models.append(model)
             for module in model.modules():
@@ -146,6 +160,9 @@ class BaseBackend:
         self.materialize_state()
 
     def register_optimizer(self, optimizer) -> None:
+        shared_memory.note_resizable(
+            [v for state in optimizer.state.values() for v in state.values()]
+            + [v for group in optimizer.param_groups for v in group.values()])
         self.optimizer_registry.append(optimizer)
         # load_state_dict replaces the optimizer's state dicts wholesale.
         optimizer.register_load_state_dict_post_hook(self._invalidate_state_view)
@@ -158,6 +175,7 @@ class BaseBackend:
         scheduler.optimizer._schedulers_registry[scheduler] = None
         if not isinstance(scheduler.last_epoch, torch.Tensor):
             scheduler.last_epoch = torch.tensor(scheduler.last_epoch, dtype=torch.int64)
+        shared_memory.note_resizable([scheduler.last_epoch])
 
     def setup_grad_scaler(self, scaler) -> None:
         self.grad_scalers.append(scaler)
@@ -229,6 +247,7 @@ class BaseBackend:
         if view is None or view.epoch != self._state_epoch or not view.still_holds():
             self._state_view = None  # it holds the old tensors: retain may let them go
             view = StateView(self._state_epoch, self.state_slots())
+            shared_memory.note_resizable(view.tensors)
             self.device_state.retain(view.tensors)
             self._state_view = view
         return view
@@ -348,7 +367,7 @@ class BaseBackend:
         for handle in self._registration_hooks:
             handle.remove()
         self.device_state.release()
-        self.device_state = DeviceState(self.jax_devices[0], self.layout)
+        self.device_state = self._new_device_state()
 
 
 class StateView:
@@ -369,6 +388,13 @@ class StateView:
         self.paths = paths
         self.index_of = {path: i for i, path in enumerate(paths)}
 
+    def path_of(self, tensor):
+        """The path naming ``tensor`` (its first slot), or None if it is not state here."""
+        for path, held in zip(self.paths, self.tensors):
+            if held is tensor:
+                return path
+        return None
+
     def aval(self, index: int) -> tuple:
         tensor = self.tensors[index]
         return tuple(tensor.shape), tensor.dtype
@@ -376,3 +402,18 @@ class StateView:
     def still_holds(self) -> bool:
         return all(slot.container.get(slot.key) is tensor
                    for slot, tensor in zip(self.slots, self.held))
+
+
+def describe_path(path: tuple) -> str:
+    """A state path as users name the tensor: ``fc.weight`` (``model1.fc.weight`` for a
+    second model), ``optimizer 0 state [3]['exp_avg']``, ``scheduler 0 last_epoch``."""
+    kind = path[0]
+    if kind == "model":
+        _, m, module, _, name = path
+        prefix = f"model{m}." if m else ""
+        return f"{prefix}{module + '.' if module else ''}{name}"
+    if kind == "optimizer":
+        _, o, section, where, key = path
+        what = "param_groups" if section == "group" else "state"
+        return f"optimizer {o} {what} [{where!r}][{key!r}]"
+    return " ".join(map(str, path))
