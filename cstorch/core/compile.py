@@ -14,7 +14,6 @@ import collections
 import contextlib
 import dataclasses
 import functools
-import types
 import warnings
 from typing import Callable, NamedTuple
 
@@ -112,7 +111,7 @@ def compile(model: torch.nn.Module, backend=None):  # noqa: A001 - the public na
             f"{impl.device}. Create the model under the current backend's device.")
     impl.setup_model(model)
     for module in model.modules():
-        module.apply = types.MethodType(_apply, module)
+        module.apply = _CompiledApply(module)
 
     def compiled(*args, **kwargs):
         return impl.forward(model, *args, **kwargs)
@@ -125,6 +124,22 @@ def compile(model: torch.nn.Module, backend=None):  # noqa: A001 - the public na
             setattr(compiled, name, attr)
     compiled.device = impl.torch_device
     return compiled
+
+
+class _CompiledApply:
+    """``module.apply`` of a compiled module: ``_apply`` bound to it. Unlike a bound method,
+    a copy or pickle of the module gets the same function bound to the copy (a pickled bound
+    method would come back as whatever ``getattr(module, "_apply")`` finds: torch's own
+    ``Module._apply``, which does something else)."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.__self__ = module
+
+    def __call__(self, fn):
+        return _apply(self.__self__, fn)
+
+    def __reduce__(self):
+        return _CompiledApply, (self.__self__,)
 
 
 def _apply(module: torch.nn.Module, fn):
@@ -174,8 +189,11 @@ class _CompiledStep:
     state_avals: dict  # path -> (shape, dtype) the program was compiled for
     hyperparameters: list  # per optimizer that existed at compile time: its group values
     counter_steps: list  # (optimizer or scheduler, how much one step adds to its _step_count)
+    optimizer_params: tuple  # per optimizer at compile time: the state paths it updates
+    ties: dict  # slot path -> path of its tensor, for the slots of this program's state
     cache: CaptureCache | None = None  # until the first good run: where the graph goes/came
     _resolved: tuple = (None, None, None)  # (view, used indices, written indices)
+    _mismatch: tuple = (None, None)  # (view, why this program does not fit it)
 
     def matches_hyperparameters(self, current: list) -> bool:
         """Python-number hyperparameters are constants of the graph: a program only serves
@@ -184,19 +202,47 @@ class _CompiledStep:
 
     def resolve(self, view):
         """Positions of this program's state in ``view``; None if the state it was compiled
-        for is gone or changed shape/dtype (cached per view)."""
+        for does not fit the view any more (``mismatch``). Cached per view."""
         if self._resolved[0] is view:
             return self._resolved[1:]
-        try:
-            used = [view.index_of[p] for p in self.used_paths]
-            written = [view.index_of[p] for p in self.written_paths]
-        except KeyError:
+        if self.mismatch(view) is not None:
             return None
-        for path, index in zip(self.used_paths + self.written_paths, used + written):
-            if view.aval(index) != self.state_avals[path]:
-                return None
+        used = [view.index_of[p] for p in self.used_paths]
+        written = [view.index_of[p] for p in self.written_paths]
         self._resolved = (view, used, written)
         return used, written
+
+    def mismatch(self, view) -> str | None:
+        """Why this program cannot run on the state of ``view``, or None if it can: state it
+        uses is gone, changed shape or dtype, is no longer the tensor its optimizer updates
+        (a parameter replaced), or is tied differently."""
+        if self._mismatch[0] is view:
+            return self._mismatch[1]
+        reason = self._find_mismatch(view)
+        self._mismatch = (view, reason)
+        return reason
+
+    def _find_mismatch(self, view) -> str | None:
+        from cstorch.backend.base_backend import describe_path
+
+        for path in self.used_paths + self.written_paths:
+            index = view.index_of.get(path)
+            if index is None:
+                return f"state {describe_path(path)} is gone or now shares a tensor"
+            if view.aval(index) != self.state_avals[path]:
+                return f"state {describe_path(path)} changed shape or dtype"
+        current = view.optimizer_params[:len(self.optimizer_params)]
+        for o, (then, now) in enumerate(zip(self.optimizer_params, current)):
+            if then != now:
+                return (f"the parameters optimizer {o} updates are no longer the model's "
+                        "(a parameter was replaced: the optimizer keeps the old tensor, as "
+                        "in eager torch)" if len(then) == len(now) else
+                        f"optimizer {o} has another number of param groups")
+        for slot, named in self.ties.items():
+            if view.named_by.get(slot) != named:
+                return (f"state {describe_path(slot)} was replaced or tied/untied "
+                        "differently")
+        return None
 
 
 def _frozen(value):
@@ -227,17 +273,27 @@ class ProgramSignature(NamedTuple):
     train_eval_modes: tuple  # ``training`` of every module of every registered model
     grad_mode: bool
     precision_policy: jax_backend.Policy
+    requires_grad: tuple  # of every model parameter
+    parameter_hooks: tuple  # register_hook / post-accumulate hooks on parameters, by handle
+    module_hooks: tuple  # forward/backward hooks of modules and torch's global ones
 
 
 _FIELD_NAMES = {"input_shapes_dtypes": "input shapes/dtypes",
-                "train_eval_modes": "train/eval mode"}
+                "train_eval_modes": "train/eval mode",
+                "requires_grad": "requires_grad of a parameter (e.g. a layer frozen with "
+                                 "requires_grad_(False))",
+                "parameter_hooks": "hooks on parameters (register_hook)",
+                "module_hooks": "module hooks (register_forward_hook and the like)"}
 
 
-def _signature(leaves, spec, impl) -> ProgramSignature:
+def _signature(leaves, spec, impl, view) -> ProgramSignature:
     tensors = tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else None
                     for x in leaves)
-    return ProgramSignature(spec, tensors, impl.module_modes(), torch.is_grad_enabled(),
-                            impl.precision_policy())
+    modes, module_hooks = impl.module_modes_and_hooks()
+    requires_grad, parameter_hooks = impl.parameter_autograd(view)
+    return ProgramSignature(spec, tensors, modes, torch.is_grad_enabled(),
+                            impl.precision_policy(), requires_grad, parameter_hooks,
+                            module_hooks)
 
 
 def _input_array(tensor):
@@ -300,7 +356,7 @@ class TracedStep:
             return run_eagerly(self.step_fn, impl, args, kwargs)
         leaves, spec = pytree.tree_flatten((args, kwargs))
         view = impl.state_view()
-        key = _signature(leaves, spec, impl)
+        key = _signature(leaves, spec, impl, view)
         hyperparameters = _hyperparameters(impl)
         for entry in self._programs.get(key, ()):
             positions = entry.resolve(view)
@@ -309,7 +365,9 @@ class TracedStep:
                 self._programs.move_to_end(key)
                 break
         else:
-            entry = self._compile(impl, key, leaves, spec, view)
+            reasons = [entry.mismatch(view) for entry in self._programs.get(key, ())]
+            entry = self._compile(impl, key, leaves, spec, view,
+                                  reason=next((r for r in reasons if r), None))
             positions = entry.resolve(view)
             self._evict_unused()
         self._last_key = key
@@ -338,16 +396,19 @@ class TracedStep:
         return self._compile(impl, key, leaves, spec, view, retry=True)
 
     # ---------------------------------------------------------------------------- compile
-    def _compile(self, impl, key, leaves, spec, view, retry=False) -> _CompiledStep:
+    def _compile(self, impl, key, leaves, spec, view, retry=False,
+                 reason=None) -> _CompiledStep:
         if self._programs and not retry:
-            changed = _describe_change(self._last_key, key)
+            changed = _describe_change(self._last_key, key, reason)
             if impl.is_csx:
                 raise jax_backend.RecompilationError(
                     f"The step function {self.step_fn.__name__!r} was called with a new "
                     f"signature ({changed}) after it was compiled. The CSX backend cannot "
-                    "recompile a running program: keep input shapes, dtypes and the "
-                    "train/eval mode fixed (e.g. use drop_last=True in your DataLoader), or "
-                    "use a separate @cstorch.trace function for each signature.")
+                    "recompile a running program: keep input shapes, dtypes, the "
+                    "train/eval mode, requires_grad flags, hooks and the model's parameter "
+                    "objects as they were when it was compiled (e.g. use drop_last=True in "
+                    "your DataLoader; freeze layers and register hooks before the first "
+                    "step), or use a separate @cstorch.trace function for each signature.")
             warn(f"Compiling {self.step_fn.__name__!r} again because its signature changed "
                  f"({changed}). Each new signature costs a trace and a compilation.",
                  RecompilationWarning)
@@ -391,9 +452,11 @@ class TracedStep:
         written = [view.paths[i] for i in captured.written_state]
         avals = {view.paths[i]: view.aval(i)
                  for i in captured.used_state + captured.written_state}
+        mine = set(used + written)
+        ties = {slot: named for slot, named in view.named_by.items() if named in mine}
         entry = _CompiledStep(captured, program, closures, python_leaves, used, written, avals,
-                              _hyperparameters(impl), counter_steps,
-                              cache if cache.key is not None else None)
+                              _hyperparameters(impl), counter_steps, view.optimizer_params,
+                              ties, cache if cache.key is not None else None)
         self._programs.setdefault(key, []).append(entry)
         return entry
 
@@ -489,9 +552,11 @@ class TracedStep:
         return self._latest().program.pure_step
 
 
-def _describe_change(old: ProgramSignature, new: ProgramSignature) -> str:
+def _describe_change(old: ProgramSignature, new: ProgramSignature, reason=None) -> str:
     changed = [_FIELD_NAMES.get(field, field.replace("_", " "))
                for field, a, b in zip(ProgramSignature._fields, old, new) if a != b]
+    if reason:
+        changed.append(reason)
     return ", ".join(changed) or (
         "an optimizer hyperparameter that is a Python number changed, or the state the step "
         "uses changed shape or dtype; schedule hyperparameters with a cstorch scheduler (or "

@@ -28,14 +28,16 @@ YS = [torch.randn(8, 4, generator=torch.Generator().manual_seed(100 + i)) for i 
 
 
 class Tied(torch.nn.Module):
-    """One square weight used twice (the same Parameter object in two modules)."""
+    """One square weight used twice (the same Parameter object in two modules), or, untied,
+    two weights of the same shape."""
 
-    def __init__(self):
+    def __init__(self, tie=True):
         super().__init__()
         self.inp = torch.nn.Linear(128, 32)
         self.mid = torch.nn.Linear(32, 32)
         self.again = torch.nn.Linear(32, 32)
-        self.again.weight = self.mid.weight
+        if tie:
+            self.again.weight = self.mid.weight
         self.out = torch.nn.Linear(32, 4)
 
     def forward(self, x):
@@ -44,8 +46,8 @@ class Tied(torch.nn.Module):
 
 def _model(kind):
     torch.manual_seed(0)
-    if kind == "tied":
-        return Tied()
+    if kind in ("tied", "untied"):
+        return Tied(tie=kind == "tied")
     if kind == "plain":  # no BatchNorm: it cancels the first bias's gradient (0/0 in Adam)
         return torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.Tanh(),
                                    torch.nn.Identity(), torch.nn.Linear(256, 4))
