@@ -47,6 +47,10 @@ from jax_backend.errors import StepFailedError
 from jax_backend.user_frames import warn
 
 
+class SharedStateError(RuntimeError):
+    """A state tensor's memory is shared with an alias that cannot be kept current."""
+
+
 class SharedStateWarning(UserWarning):
     """A state tensor's memory is shared with an alias, so each step's value is written
     into it right away (which waits for the step)."""
@@ -320,7 +324,16 @@ class DeviceState:
                  "the alias, or keep a copy instead (`.clone()`, `np.array(a, copy=True)`); "
                  "for a parameter made from a numpy array you no longer use, give it its own "
                  "memory with `p.data = p.data.clone()`.", SharedStateWarning)
-        self.materialize([e.tensor for e in entries])
+        split = [e for e in entries if not getattr(e.array, "is_fully_addressable", True)]
+        self.materialize([e.tensor for e in entries if e not in split])
+        if split:
+            raise SharedStateError(
+                f"The memory of state tensor(s) {', '.join(self._describe(e.tensor) for e in split)} "
+                "is shared with something that reads it directly (a view, `.data`, a kept "
+                "`state_dict()` value, a numpy array), but in this job its value is split "
+                "across processes, so it cannot be copied there after every step. The step "
+                "ran and its state is kept. Drop the alias, or keep a copy (`.clone()`), and "
+                "read state through `state_dict()` in a checkpoint closure.")
 
     def _describe(self, tensor: torch.Tensor) -> str:
         name = self.name_of(tensor) if self.name_of is not None else None

@@ -159,21 +159,29 @@ class BaseBackend:
                      for model in self.models)
 
     def module_modes_and_hooks(self) -> tuple:
-        """``(module_modes(), hooks)`` in one walk over the modules. ``hooks`` names every
+        """``(modes, hooks)`` in one walk over the modules: the ``training`` flag of each (as
+        ``module_modes``, in another order) and ``hooks``, which names every
         forward and backward hook of every registered module, and torch's global module
         hooks, by handle id (ids are never reused): a hook registered or removed between
         steps changes what eager torch computes, so it selects another program."""
         modes, hooks = [], []
         for m, model in enumerate(self.models):
             flags = []
-            for i, module in enumerate(model.modules()):
+            # Depth first over ``_modules`` (a shared submodule is visited once per place it
+            # is used): cheaper than ``modules()``, which builds every name.
+            stack = [model]
+            while stack:
+                module = stack.pop()
                 flags.append(module.training)
                 if (module._forward_hooks or module._forward_pre_hooks
                         or module._backward_hooks or module._backward_pre_hooks):
-                    hooks.append((m, i, tuple(module._forward_pre_hooks),
+                    hooks.append((m, len(flags), tuple(module._forward_pre_hooks),
                                   tuple(module._forward_hooks),
                                   tuple(module._backward_pre_hooks),
                                   tuple(module._backward_hooks)))
+                children = module._modules
+                if children:
+                    stack.extend(child for child in children.values() if child is not None)
             modes.append(tuple(flags))
         hooks.extend(tuple(table) for table in _global_module_hooks() if table)
         return tuple(modes), tuple(hooks)

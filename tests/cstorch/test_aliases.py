@@ -299,3 +299,52 @@ def test_parameter_data_replaced_by_a_numpy_array_between_steps():
         return array
 
     assert_like_eager(take, EDITS["numpy_mul"], "between")
+
+
+# ------------------------------------------------------------------ cost and warning
+def test_a_loop_without_aliases_writes_nothing_through_and_warns_nothing():
+    import warnings
+
+    model, opt, step = build("cstorch")
+    state = cstorch.backend()._impl.device_state
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a SharedStateWarning would fail here
+        for i in range(3):
+            step(XS[i], YS[i])
+            with torch.no_grad():
+                _big(model).detach().clone()  # a transient alias: re-uploaded, not shared
+        step(XS[3], YS[3])
+    assert state.is_released(_big(model))  # large state keeps being released
+
+
+def test_the_shared_state_warning_names_the_tensor_once():
+    import warnings
+
+    from jax_backend.state import SharedStateWarning
+
+    model, opt, step = build("cstorch")
+    alias = _big(model).view(-1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(3):
+            step(XS[i], YS[i])
+    shared = [w for w in caught if issubclass(w.category, SharedStateWarning)]
+    assert len(shared) == 1
+    assert "0.weight" in str(shared[0].message) and ".clone()" in str(shared[0].message)
+    assert not cstorch.backend()._impl.device_state.is_released(_big(model))
+    del alias
+    step(XS[3], YS[3])
+    assert cstorch.backend()._impl.device_state.is_released(_big(model))
+
+
+def test_a_kept_numpy_array_never_sees_freed_memory(monkeypatch):
+    """Every state tensor released where safe: one a numpy array shares keeps its memory."""
+    monkeypatch.setattr(DeviceState, "release_min_bytes", 0)
+    model, opt, step = build("cstorch")
+    arrays = [p.detach().numpy() for p in model.parameters()]
+    state = cstorch.backend()._impl.device_state
+    for i in range(3):
+        step(XS[i], YS[i])
+    for p, array in zip(model.parameters(), arrays):
+        assert not state.is_released(p)
+        np.testing.assert_array_equal(array, np.array(state.array_of(p)))
