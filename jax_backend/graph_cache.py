@@ -75,6 +75,7 @@ from jax_backend import fingerprint, optimizers, torch_ops
 from jax_backend.capture import CapturedStep
 from jax_backend.compilation_cache import cache_directory
 from jax_backend.registry import has_lowering, lowered_namespaces
+from jax_backend.state import plain_type
 
 ENV_VAR = "CSTORCH_GRAPH_CACHE"
 FORMAT = 1
@@ -140,7 +141,9 @@ def _torch_modes() -> list:
 
 
 def _tensor_signature(t: torch.Tensor) -> list:
-    return [list(t.shape), list(t.stride()), str(t.dtype), t.requires_grad, type(t).__name__]
+    # The plain class: whether DeviceState has guarded a tensor yet must not change the key.
+    return [list(t.shape), list(t.stride()), str(t.dtype), t.requires_grad,
+            plain_type(t).__name__]
 
 
 def step_key(fingerprinter: fingerprint.Fingerprinter, slots, inputs, policy, decompositions,

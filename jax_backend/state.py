@@ -10,16 +10,24 @@ Eager torch semantics still hold for the torch objects:
   first, so ``print(p)``, ``p.add_(x)`` or ``p.clamp_(-c, c)`` between steps see the newest value.
 * An edit on the torch side is noticed before the next step and uploaded: by the tensor's
   version counter (in-place ops, ``load_state_dict``), by its storage (``p.data = t``), and
-  by ``p.data`` having been handed out (its edits bump no counter).
+  by its memory having been handed out through the guard (a view, ``p.data``, a numpy
+  array: edits through those bump no counter of the tensor).
+* Memory that something reaches without passing the guard (``shared_memory``: an alias
+  taken before the tensor was guarded or still alive, the numpy array a tensor was made from)
+  makes the tensor *shared*: torch is its source of truth. Each step's new value is written
+  into it before the step returns (waiting for the step; a ``SharedStateWarning`` names it
+  once), and it is uploaded again before every step. Other tensors pay nothing for this:
+  whether a tensor is shared is found out when it is uploaded, and new aliases can only be
+  made through the guard.
 * A value that cannot be read back (its step failed) is dropped, with an error, instead of
   poisoning every later read.
 
 Between synchronisations the torch side keeps no second copy of large state: once the array
 holds a tensor's value, the tensor's storage is *released* (resized to 0 bytes; shape, dtype,
 identity and version stay) and the guard re-allocates and fills it on the next torch access.
-Only tensors that nothing else can reach are released (``_sole_owner``): storage shared with
-a view, a ``p.data`` alias, a numpy array or a held storage object is kept, since those read
-it without passing the guard. A released tensor always has an entry here, so every path that
+Only tensors that nothing else can reach are released (``_sole_owner``, never a shared one):
+storage shared with a view, a ``p.data`` alias, a numpy array or a held storage object is
+kept, since those read it without passing the guard. A released tensor always has an entry here, so every path that
 drops an entry gives the storage back first (``_fill``), and a value that is lost (its step
 failed and no copy is left) becomes NaN, never a dangling storage. Releasing and filling are
 ordered so that an interrupt between any two of their operations leaves a tensor the next
@@ -170,6 +178,11 @@ class GuardedTensor(_Guard, torch.Tensor):
 _GUARDED = (GuardedParameter, GuardedTensor)
 _GUARD_OF = {torch.nn.Parameter: GuardedParameter, torch.Tensor: GuardedTensor}
 _BASE_OF = {GuardedParameter: torch.nn.Parameter, GuardedTensor: torch.Tensor}
+
+
+def plain_type(tensor: torch.Tensor) -> type:
+    """The tensor's class as the user made it (a guard is this module's business only)."""
+    return _BASE_OF.get(type(tensor), type(tensor))
 
 
 def _storage_key(tensor: torch.Tensor):

@@ -368,6 +368,7 @@ class TracedStep:
             reasons = [entry.mismatch(view) for entry in self._programs.get(key, ())]
             entry = self._compile(impl, key, leaves, spec, view,
                                   reason=next((r for r in reasons if r), None))
+            key = self._refile(entry, key, leaves, spec, impl, view)
             positions = entry.resolve(view)
             self._evict_unused()
         self._last_key = key
@@ -377,11 +378,34 @@ class TracedStep:
             if entry.cache is None or not entry.cache.hit or entry.program.has_run:
                 raise
             entry = self._recapture(impl, key, leaves, spec, view, entry, error)
+            key = self._last_key = self._refile(entry, key, leaves, spec, impl, view)
             outputs = self._run(impl, entry, leaves, view, *entry.resolve(view))
         if entry.cache is not None:  # the first good run: keep the graph for later runs
             entry.cache, cache = None, entry.cache
             cache.store()
         return outputs
+
+    def _compile_without_running(self, impl, args, kwargs) -> None:
+        """Captures and compiles the step for ``args`` as its first call would, without
+        running the program (compile-only runs)."""
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        view = impl.state_view()
+        key = _signature(leaves, spec, impl, view)
+        entry = self._compile(impl, key, leaves, spec, view)
+        self._last_key = self._refile(entry, key, leaves, spec, impl, view)
+
+    def _refile(self, entry, key, leaves, spec, impl, view) -> ProgramSignature:
+        """Files a just-captured program under the signature as the capture left it, and
+        returns that. The step body may change what selects a program, e.g. register a
+        gradient hook on a parameter in a forward hook (as sparsity does, again in every
+        capture): the next call must find this program, not capture again."""
+        after = _signature(leaves, spec, impl, view)
+        if after != key:
+            self._programs[key].remove(entry)
+            if not self._programs[key]:
+                del self._programs[key]
+            self._programs.setdefault(after, []).append(entry)
+        return after
 
     def _recapture(self, impl, key, leaves, spec, view, entry, error) -> _CompiledStep:
         """A graph from the cache whose program failed before it ever ran (state is left as
