@@ -92,7 +92,8 @@ def _state_of(tensor):
 
 def _guard_torch_function(cls, func, types, args=(), kwargs=None):
     kwargs = kwargs or {}
-    if _name(func) in _METADATA:
+    name = _name(func)
+    if name in _METADATA:
         with _no_guard():
             return func(*args, **kwargs)
     accessed = []
@@ -105,7 +106,7 @@ def _guard_torch_function(cls, func, types, args=(), kwargs=None):
     with _no_guard():
         result = func(*args, **kwargs)
         for state, value in accessed:
-            if _hands_out_memory(result, value):
+            if name not in _VALUE_RESULTS and _hands_out_memory(result, value):
                 state._memory_handed_out(value)
     return result
 
@@ -126,6 +127,9 @@ def _hands_out_memory(result, tensor) -> bool:
     return False
 
 
+# Methods whose results are plain Python values (``tolist`` can be long: not walked).
+_VALUE_RESULTS = frozenset({"tolist", "item", "__bool__", "__float__", "__int__", "__index__",
+                            "__complex__", "__format__", "__hash__"})
 # Results that cannot hold a tensor's memory.
 _PLAIN_RESULTS = (bool, int, float, complex, str, bytes, torch.Size, torch.dtype, torch.device,
                   torch.layout, torch.memory_format)

@@ -348,3 +348,68 @@ def test_a_kept_numpy_array_never_sees_freed_memory(monkeypatch):
     for p, array in zip(model.parameters(), arrays):
         assert not state.is_released(p)
         np.testing.assert_array_equal(array, np.array(state.array_of(p)))
+
+
+def _csx_run(through_alias):
+    from cstorch.distributed import ClusterConfig
+
+    cstorch.backend._reset_for_tests()
+    backend = cstorch.backend("CSX", cluster_config=ClusterConfig(num_csx=1))
+    model = _model("mlp")
+    compiled = cstorch.compile(model, backend)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    @cstorch.trace
+    def step(x, y):
+        loss = (compiled(x) - y).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    alias = _big(model).detach() if through_alias else None
+    state = backend._impl.device_state
+    for i in range(3):
+        step(XS[i], YS[i])
+        if alias is not None:
+            np.testing.assert_array_equal(alias.numpy(), np.array(state.array_of(_big(model))))
+    with torch.no_grad():
+        (alias if through_alias else _big(model)).mul_(0.5)
+    losses = [step(XS[i], YS[i]).item() for i in range(3, 5)]
+    return losses, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_alias_on_the_csx_mesh_reads_each_steps_value_and_its_edit_counts():
+    """Mixed precision on the modelled wafer: compared with the same edit made on the
+    parameter itself (a path with no alias), bit for bit."""
+    ours, reference = _csx_run(True), _csx_run(False)
+    assert ours[0] == reference[0]
+    for key in reference[1]:
+        assert torch.equal(ours[1][key], reference[1][key]), key
+
+
+def test_engine_made_tensors_are_plain_and_uploads_leave_storage_resizable():
+    import jax.numpy as jnp
+    import ml_dtypes
+
+    from jax_backend import dtypes, shared_memory
+
+    for dtype in (jnp.float32, jnp.bfloat16):
+        zeros = dtypes.initial_tensor(jnp.zeros((4, 3), dtype))
+        ones = dtypes.array_to_tensor(jnp.ones((4, 3), dtype))
+        for tensor in (zeros, ones):
+            assert not tensor._is_view() and not shared_memory.shared_elsewhere(tensor)
+            assert not shared_memory.may_be_foreign(tensor)  # non-resizable, but ours
+        assert zeros.dtype == ones.dtype == dtypes.to_torch_dtype(dtype)
+        assert float(ones.float().sum()) == 12
+    user = torch.from_numpy(np.ones(3, np.float32))
+    assert shared_memory.may_be_foreign(user)
+    for tensor in (torch.randn(5, 4), torch.randn(4, 5).t(), torch.randn(3).to(torch.bfloat16),
+                   torch.randn(3, dtype=torch.complex64).conj(), torch.tensor(True)):
+        host = dtypes.state_to_host(tensor)
+        assert tensor.untyped_storage().resizable()  # not exported to numpy
+        expected = tensor.resolve_conj()
+        if tensor.dtype == torch.bfloat16:
+            assert host.dtype == ml_dtypes.bfloat16
+            expected, host = expected.view(torch.int16), host.view(np.int16)
+        np.testing.assert_array_equal(host, expected.numpy())
