@@ -138,6 +138,21 @@ def array_to_tensor(array) -> torch.Tensor:
     return _numpy_to_tensor(np.array(array_to_numpy(array), copy=True))
 
 
+def copy_into(tensor: torch.Tensor, host: np.ndarray) -> None:
+    """Writes ``host`` (``array_to_numpy`` of a value of the tensor's shape and dtype) into a
+    CPU tensor in place, with one copy and without exporting the tensor to numpy (see
+    ``state_to_host``); bumps no version counter."""
+    target = tensor.detach()
+    if target.dtype == torch.bfloat16:
+        target, host = target.view(torch.int16), host.view(np.int16)
+    try:
+        destination = np.from_dlpack(target)
+        np.copyto(destination, host.reshape(destination.shape), casting="no")
+    except (BufferError, TypeError, RuntimeError, ValueError):  # a layout DLPack cannot describe
+        with torch.no_grad():
+            tensor.copy_(_numpy_view(np.array(host, copy=True)))
+
+
 def initial_tensor(array) -> torch.Tensor:
     """``array_to_tensor`` for a freshly initialised value: an all-zero one (most optimizer
     state) becomes a tensor whose memory is committed only when written (numpy's zeros are

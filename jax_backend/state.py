@@ -49,7 +49,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-from jax_backend.dtypes import array_to_tensor, state_to_host, tensor_to_array
+from jax_backend.dtypes import array_to_numpy, copy_into, state_to_host, tensor_to_array
 from jax_backend import host_memory, shared_memory
 from jax_backend.errors import StepFailedError
 from jax_backend.user_frames import warn
@@ -570,7 +570,7 @@ class DeviceState:
         if not entry.array_is_newer:
             return None
         try:
-            value = array_to_tensor(entry.array)
+            value = array_to_numpy(entry.array)  # where a failed step shows: before any write
         except Exception as error:  # noqa: BLE001 - reported by the caller
             lost = entry.released
             if lost:
@@ -582,7 +582,7 @@ class DeviceState:
         with torch.no_grad(), _no_guard():
             if entry.released:
                 self._allocate(entry.tensor)
-            entry.tensor.copy_(value)
+            copy_into(entry.tensor, value)
             entry.released = False
             entry.synced_version = entry.tensor._version
             entry.storage = _storage_key(entry.tensor)
