@@ -27,11 +27,11 @@ holds a tensor's value, the tensor's storage is *released* (resized to 0 bytes; 
 identity and version stay) and the guard re-allocates and fills it on the next torch access.
 Only tensors that nothing else can reach are released (``_sole_owner``, never a shared one):
 storage shared with a view, a ``p.data`` alias, a numpy array or a held storage object is
-kept, since those read it without passing the guard. A released tensor always has an entry here, so every path that
-drops an entry gives the storage back first (``_fill``), and a value that is lost (its step
-failed and no copy is left) becomes NaN, never a dangling storage. Releasing and filling are
-ordered so that an interrupt between any two of their operations leaves a tensor the next
-access fills from its array.
+kept, since those read it without passing the guard. A released tensor always has an entry
+here, so every path that drops an entry gives the storage back first (``_fill``), and a value
+that is lost (its step failed and no copy is left) becomes NaN, never a dangling storage.
+Releasing and filling are ordered so that an interrupt between any two of their operations
+leaves a tensor the next access fills from its array.
 """
 
 from __future__ import annotations
@@ -344,13 +344,14 @@ class DeviceState:
         split = [e for e in entries if not getattr(e.array, "is_fully_addressable", True)]
         self.materialize([e.tensor for e in entries if e not in split])
         if split:
+            names = ", ".join(self._describe(e.tensor) for e in split)
             raise SharedStateError(
-                f"The memory of state tensor(s) {', '.join(self._describe(e.tensor) for e in split)} "
-                "is shared with something that reads it directly (a view, `.data`, a kept "
-                "`state_dict()` value, a numpy array), but in this job its value is split "
-                "across processes, so it cannot be copied there after every step. The step "
-                "ran and its state is kept. Drop the alias, or keep a copy (`.clone()`), and "
-                "read state through `state_dict()` in a checkpoint closure.")
+                f"The memory of state tensor(s) {names} is shared with something that reads "
+                "it directly (a view, `.data`, a kept `state_dict()` value, a numpy array), "
+                "but in this job its value is split across processes, so it cannot be copied "
+                "there after every step. The step ran and its state is kept. Drop the alias, "
+                "or keep a copy (`.clone()`), and read state through `state_dict()` in a "
+                "checkpoint closure.")
 
     def _describe(self, tensor: torch.Tensor) -> str:
         name = self.name_of(tensor) if self.name_of is not None else None
