@@ -3,13 +3,16 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test bench coverage zoo-check clean
+.PHONY: demo test test-fast test-compat gpu-check bench bench-gpu coverage zoo-check clean
+
+# torch first: one already in the venv inside pyproject's range is kept; with none, this CPU
+# build (lying on this machine's disk; a range would pull gigabytes of CUDA libraries).
+DEFAULT_TORCH := 2.13.0
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip -q
-	# torch first, pinned: any other torch would pull gigabytes of CUDA libraries.
-	$(PY) -m pip install -q torch==2.13.0
+	$(PY) tools/ensure_torch.py $(DEFAULT_TORCH)
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
@@ -18,24 +21,80 @@ $(VENV)/.installed: pyproject.toml
 demo: .venv
 	$(PY) examples/mnist_mlp.py
 
+# Everything (CI runs this), with the 25 slowest tests listed at the end.
 test: .venv
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests --durations=25
+
+# The inner loop: everything but the tests listed in tests/slow_tests.txt (about 2 minutes on
+# 2 cores).
+test-fast: .venv
+	$(PY) -m pytest -q tests -m "not slow"
+
+# The other end of the supported range (README "Versions"), in its own venv: the oldest torch
+# and JAX on Python 3.12 where one runs (else $(PYTHON)), on the engine, graph cache, export,
+# nest, checkpoint and distributed tests.
+COMPAT_VENV := .venv-compat
+COMPAT_PYTHON ?= $(or $(shell for p in python3.12 $(HOME)/.pyenv/versions/3.12*/bin/python3.12; \
+	do $$p -c '' 2>/dev/null && { echo $$p; break; }; done),$(PYTHON))
+COMPAT_PY := $(COMPAT_VENV)/bin/python
+COMPAT_TORCH ?= 2.9.1
+COMPAT_JAX ?= 0.7.0
+COMPAT_TESTS := tests/jax_backend tests/test_import_graph.py tests/cstorch/test_graph_cache.py \
+	tests/cstorch/test_export.py tests/cstorch/test_utils_extras.py \
+	tests/cstorch/test_engine_parity.py tests/cstorch/test_parity.py \
+	tests/cstorch/test_storage_roundtrip.py tests/cstorch/test_multidevice.py \
+	tests/cstorch/test_distributed_runtime.py tests/cstorch/test_distributed_mesh.py \
+	tests/cstorch/test_distributed_jobs.py tests/cstorch/test_distributed_launcher.py
+
+$(COMPAT_VENV)/.installed: pyproject.toml Makefile
+	test -x $(COMPAT_PY) || $(COMPAT_PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_PY) -m pip install --upgrade pip -q
+	printf 'torch==$(COMPAT_TORCH)\njax==$(COMPAT_JAX)\njaxlib==$(COMPAT_JAX)\n' \
+		> $(COMPAT_VENV)/constraints.txt
+	$(COMPAT_PY) -m pip install -q -c $(COMPAT_VENV)/constraints.txt torch==$(COMPAT_TORCH)
+	$(COMPAT_PY) -m pip install -q -c $(COMPAT_VENV)/constraints.txt -e '.[test]'
+	touch $@
+
+test-compat: $(COMPAT_VENV)/.installed
+	$(COMPAT_PY) -c "import sys, torch, jax; print('compat stack: Python', \
+		sys.version.split()[0], 'torch', torch.__version__, 'JAX', jax.__version__)"
+	$(COMPAT_PY) -m pytest -q $(COMPAT_TESTS)
+
+# Parity of the examples (eager vs JAX on the GPU, or on the CPU without one) and the GPU
+# benchmark, as JSON in GPU_CHECK_OUT. Needs no venv: on a GPU machine it runs the source
+# tree with that machine's python3 (GPU_CHECK_ARGS=--quick for a few-minute run on a CPU).
+GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
+GPU_CHECK_OUT ?= artifacts/gpu_check
+GPU_CHECK_ARGS ?=
+gpu-check:
+	$(GPU_PYTHON) tools/gpu_check.py --out $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
 
 BENCH_ROUNDS ?= 3
 bench: .venv
 	mkdir -p artifacts
 	$(PY) benchmarks/bench_engine.py --rounds $(BENCH_ROUNDS) --precision fp32,bf16 --depth-sweep --interference --json artifacts/bench_engine.json
 
+# The GPU benchmark (benchmarks/bench_gpu.py) runs from the source tree with GPU_PYTHON (above:
+# a GPU machine's own torch and JAX; no venv, nothing installed).
+bench-gpu:
+	mkdir -p artifacts
+	PYTHONPATH=.:compat $(GPU_PYTHON) benchmarks/bench_gpu.py --json artifacts/bench_gpu.json
+
 coverage: .venv
 	$(PY) tools/op_coverage.py
 
 # The unchanged Cerebras Model Zoo on this project (tests/zoo/README.md). Fetches nothing:
-# MODELZOO_SRC is a zoo Release_2.10.0 checkout's src/, ZOO_PYTHON a venv with the zoo's deps.
+# MODELZOO_SRC is a zoo Release_2.10.0 checkout's src/, ZOO_PYTHON a venv with the zoo's deps,
+# REFERENCE_PYTHON (optional) a venv with cerebras-pytorch 2.10 for the sweep's comparison.
 ZOO_PYTHON ?= $(PY)
+REFERENCE_PYTHON ?=
+ZOO_SWEEP_JOBS ?= 2
 zoo-check: .venv
 	@test -n "$(MODELZOO_SRC)" || { echo "Set MODELZOO_SRC=/path/to/modelzoo/src (see tests/zoo/README.md)"; exit 2; }
 	$(ZOO_PYTHON) tools/zoo_scan.py $(MODELZOO_SRC)
 	MODELZOO_SRC=$(MODELZOO_SRC) ZOO_PYTHON=$(ZOO_PYTHON) $(PY) -m pytest -q tests/zoo
+	$(PY) tools/zoo_sweep.py $(MODELZOO_SRC) --zoo-python $(ZOO_PYTHON) --jobs $(ZOO_SWEEP_JOBS) \
+		$(if $(REFERENCE_PYTHON),--reference-python $(REFERENCE_PYTHON))
 
 clean:
 	rm -rf artifacts cerebras_logs .pytest_cache

@@ -1,22 +1,18 @@
 """cstorch: the Cerebras PyTorch API on a JAX static graph.
 
 ``import cerebras.pytorch as cstorch`` gives this package (see ``compat/``).
+
+Importing it changes nothing outside it (JAX's config, the environment, torch, the import
+system); settings are in ``cstorch.config``.
 """
 
 import os as _os
-import sys as _sys
 
-# torch's OpenMP threads spin for a while after each parallel region; a compiled step started
-# then runs ~1.3x slower on a small machine (`make bench`, interference). Sleeping waiters cost
-# eager torch nothing measurable there. OpenMP reads this once, when torch loads it: it takes
-# effect only when cstorch is imported before torch (or set in the shell; README).
-if "torch" not in _sys.modules:
-    _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import jax_backend as _jax_backend
+from cstorch import config  # noqa: F401
 
 # True only while documentation is generated from the docstrings (as in the reference).
-_generating_docs = _os.environ.get("GENERATING_CEREBRAS_PYTORCH_DOCS") == "1"
-
-import jax_backend as _jax_backend  # noqa: E402
+_generating_docs = config.generating_docs.value
 
 _jax_backend.register_internal_dir(_os.path.dirname(__file__))
 _jax_backend.fingerprint.register_project_dir(_os.path.dirname(__file__))

@@ -17,12 +17,18 @@ from torch.utils import _pytree as pytree
 
 from jax_backend.export import export_program
 from cstorch.backend import current_backend_impl
+from cstorch.core.state_names import state_name
 
 
 def export(step, example_batch, path: str, *, vjp_order: int = 0, platforms=None) -> str:
-    """Writes ``step`` (a ``@cstorch.trace`` function already called once with batches shaped
-    like ``example_batch``: a tensor, or a tuple/list of the step's positional arguments) and
-    the current state to the directory ``path``; returns its absolute path.
+    """Writes ``step`` (a ``@cstorch.trace`` function) for batches shaped like
+    ``example_batch`` (a tensor, or a tuple/list of the step's positional arguments) and the
+    current state to the directory ``path``; returns its absolute path.
+
+    The step need not have run: if it was not compiled for such batches (in the current
+    train/eval and grad mode), it is compiled now, without running it. The exported state is
+    the state as it is now, before any further step, so the exported step's first result is
+    what the next call of ``step`` would return.
 
     ``vjp_order=1`` also exports the derivative, so that ``ExportedStep.pure`` can be
     differentiated (e.g. a forward-only step as the apply function of a flax ``TrainState``).
@@ -41,18 +47,15 @@ def export(step, example_batch, path: str, *, vjp_order: int = 0, platforms=None
             f"runs the {impl.engine!r} engine. Create the backend with engine=\"jax\" (and "
             "unset CSTORCH_ENGINE).")
     args = tuple(example_batch) if isinstance(example_batch, (tuple, list)) else (example_batch,)
-    entry = _compiled_for(step, args)
-    view = impl.state_view()
-    positions = entry.resolve(view)
-    if positions is None:
-        raise RuntimeError(
-            f"The state {step.__name__!r} was compiled for has changed (models or optimizers "
-            "were replaced, or state changed shape). Call the step once more before exporting.")
-    used_index, written_index = positions
+    leaves, spec = pytree.tree_flatten((args, {}))
+    if not any(isinstance(x, torch.Tensor) for x in leaves):
+        raise TypeError("cstorch.export needs an example batch of tensors (a tensor, or a "
+                        "tuple/list of the step's positional arguments).")
+    entry, _, view, (used_index, written_index) = step._program_for(impl, leaves, spec)
     indices = list(dict.fromkeys(list(used_index) + list(written_index)))
     names = {}
     for i in indices:  # readable names; a (theoretical) clash gets the position appended
-        name = _state_name(view.paths[i])
+        name = state_name(view.paths[i])
         names[i] = name if name not in names.values() else f"{name}#{i}"
     arrays = impl.device_state.arrays([view.tensors[i] for i in indices])
     state = {names[i]: array for i, array in zip(indices, arrays)}
@@ -68,43 +71,11 @@ def export(step, example_batch, path: str, *, vjp_order: int = 0, platforms=None
 
 def _platform(device) -> str:
     """jax.export's name for the platform of ``device`` ("cpu", "cuda", "rocm", "tpu")."""
-    import jax
+    from jax import export as jax_export
 
     if device.platform == "gpu":  # jax.export names the GPU flavour
-        return jax.export.default_export_platform()
+        return jax_export.default_export_platform()
     return device.platform
-
-
-def _compiled_for(step, args):
-    """The newest compiled program whose inputs have the shapes and dtypes of ``args``."""
-    leaves = [x for x in pytree.tree_leaves((args, {})) if isinstance(x, torch.Tensor)]
-    wanted = [(tuple(x.shape), str(x.dtype).replace("torch.", "")) for x in leaves]
-    entries = [e for group in step._programs.values() for e in group]
-    for entry in reversed(entries):
-        specs = [(tuple(s.shape), str(s.dtype)) for s in entry.program.input_specs()]
-        if specs == wanted:
-            return entry
-    if not entries:
-        raise RuntimeError(
-            f"{step.__name__!r} has not been compiled yet: run it once (e.g. one training "
-            "step) before exporting; the export takes the compiled program and the state.")
-    raise ValueError(
-        f"{step.__name__!r} was never compiled for inputs {wanted}; it was compiled for "
-        f"{[[(tuple(s.shape), str(s.dtype)) for s in e.program.input_specs()] for e in entries]}"
-        ". Pass an example batch like those the step ran on.")
-
-
-def _state_name(path: tuple) -> str:
-    """A readable unique name: ``model0.blocks.0.fc.weight``, ``optimizer0.state.3.exp_avg``,
-    ``optimizer0.group.0.lr``, ``scheduler0.last_epoch``."""
-    kind, index, *rest = path
-    if kind == "model":
-        module, _, name = rest
-        return f"model{index}." + (f"{module}.{name}" if module else name)
-    flat = []
-    for part in rest:
-        flat.extend(part if isinstance(part, tuple) else (part,))
-    return ".".join([f"{kind}{index}"] + [str(p) for p in flat])
 
 
 def _state_kind(path: tuple) -> str:

@@ -15,22 +15,23 @@ This package knows nothing of the cstorch API. Its public surface:
 * ``mesh``: devices, the ``(csx, ws)`` data-parallel / sharded-state layout of a multi-device
   (and multi-process) program, global values of arrays, collectives counted in compiled HLO.
 * ``precision``: full or mixed-precision (autocast at capture) policies.
-* ``compilation_cache``: JAX's persistent compilation cache (on by default, see its docstring).
+* ``target``: what a step is lowered for (platform, float32 matmul precision, attention).
+* ``compilation_cache``: JAX's persistent compilation cache for the engine's programs
+  (``acquire``/``release``, see its docstring).
 * ``graph_cache`` / ``fingerprint``: a persistent cache of captured steps, stored as data and
   keyed by everything the capture depends on (on by default, see its docstring).
+* ``jax_settings``: the JAX settings (64-bit types) the engine's own work runs under.
+* ``config``: every environment variable and process-wide setting of the engine.
 
-JAX runs with 64-bit types enabled so that torch's int64/float64 tensors keep their dtypes.
+Importing the package changes nothing outside it: JAX's config (64-bit types stay off for the
+user's programs), the environment and torch are as the user left them. The map of the engine
+is docs/ARCHITECTURE.md.
 """
 
-import jax as _jax
-
-_jax.config.update("jax_enable_x64", True)
-
+from jax_backend import config, jax_settings  # noqa: F401
 from jax_backend import compilation_cache  # noqa: E402
-
-compilation_cache.enable_default()
-
 from jax_backend import dtypes, mesh, optimizers, precision, registry, schedules  # noqa: E402
+from jax_backend import target  # noqa: E402
 from jax_backend import ops  # noqa: E402  (registers every ATen lowering)
 from jax_backend import torch_ops  # noqa: E402  (registers the cstorch:: custom ops)
 from jax_backend import optax_ops  # noqa: E402  (cstorch::optax_update)
@@ -56,6 +57,7 @@ __all__ = [
     "CaptureError", "CapturedStep", "DeviceState", "GraphInterpreter", "JaxBackendError",
     "LazyTensor", "LoweringError", "LoweringNotFoundError", "Policy", "Program",
     "RecompilationError", "Slot", "ValueReadInTraceError", "capture_step",
-    "compilation_cache", "dtypes", "fingerprint", "graph_cache", "materialize", "mesh", "optimizers", "precision",
-    "register_internal_dir", "registry", "schedules", "sparse_ops", "sparsity", "torch_ops",
+    "compilation_cache", "config", "dtypes", "fingerprint", "graph_cache", "jax_settings",
+    "materialize", "mesh", "optimizers", "precision", "register_internal_dir", "registry",
+    "schedules", "sparse_ops", "sparsity", "target", "torch_ops",
 ]

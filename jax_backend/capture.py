@@ -1,25 +1,13 @@
 """Capture: run a torch step function once under a tracer and return a functional ATen graph.
 
-The step function closes over real objects (modules, optimizers, schedulers) whose tensors
-are the program's *state*. To trace it without touching real values we exchange the contents
-of every state tensor with a fake tensor of the same metadata (``_exchange_contents``): the
-Python objects stay the same, so every reference to them (module attributes, optimizer
-param groups and state dicts, tied weights, user variables) sees the fake during the trace and
-the real data again afterwards.
-
-Two passes, as in DESIGN §10:
-1. ``make_fx`` with core-ATen decompositions over the step. Autograd runs under the tracer, so
-   ``loss.backward()`` is recorded as forward-style ops; optimizer updates appear as in-place
-   ops on state placeholders.
-2. ``make_fx`` over ``torch.func.functionalize`` of that graph: in-place ops become functional
-   ones followed by trailing ``copy_(state, new_value)`` writes, which we turn into outputs.
-   This pass costs more than the first, and most steps do not need it: when every mutation
-   (``copy_`` or an in-place op such as ``add_``) writes a whole state tensor or a fresh
-   intermediate, as optimizers, counters, clipping and running statistics do, and nothing
-   aliasing the written memory is read after the write, the writes are rewired directly
-   (``_simple_writes``, ``_functionalize_writes``).
-
-The result, ``CapturedStep``, is a pure graph ``(*state, *inputs) -> (*new_state, *outputs)``.
+Every state tensor's contents are exchanged with a fake tensor of the same metadata for the
+trace (``_exchange_contents``), so every reference to it sees the fake and then the real data
+again. Two passes (DESIGN §10): ``make_fx`` with core-ATen decompositions over the step
+(autograd runs under the tracer), then, unless every mutation writes a whole state tensor or a
+fresh intermediate (``_simple_writes``, ``_functionalize_writes``), ``make_fx`` over
+``torch.func.functionalize`` of that graph. The result, ``CapturedStep``, is a pure graph
+``(*state, *inputs) -> (*new_state, *outputs)``. docs/ARCHITECTURE.md (section 2) has the
+whole route of a step.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@
   JAX arrays (bfloat16 travels as its int16 bit pattern, since numpy has no bfloat16).
 * ``result_type``: torch's type-promotion rules, applied to JAX arrays and Python scalars.
 
-JAX runs with ``jax_enable_x64`` (set in ``jax_backend/__init__``) so that int64 indices and
-float64 tensors keep torch's dtypes instead of being narrowed silently.
+The engine's work runs with JAX's 64-bit types (``jax_settings.engine_scope``, never the
+user's process-wide setting) so that int64 indices and float64 tensors keep torch's dtypes
+instead of being narrowed silently.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
+from jax_backend.jax_settings import in_engine_scope
 from jax_backend.mesh import host_value
 from jax_backend.shared_memory import note_own_memory
 
@@ -105,6 +107,7 @@ def state_to_host(tensor: torch.Tensor) -> np.ndarray:
     return host.view(ml_dtypes.bfloat16) if source.dtype == torch.bfloat16 else host
 
 
+@in_engine_scope
 def tensor_to_array(tensor: torch.Tensor, device=None) -> jax.Array:
     """Copies a torch tensor, which may be state, into a new JAX array (never aliases torch
     memory, never exports the tensor to numpy: see ``state_to_host``)."""

@@ -21,6 +21,11 @@ class LoweringNotFoundError(NotImplementedError):
         )
 
 
+class OpInputError(RuntimeError):
+    """A lowering refused its inputs for the reason eager torch would (e.g. a float64 batch
+    fed to a float32 matrix product): the user's input, not the lowering, is what to fix."""
+
+
 class LoweringError(JaxBackendError):
     """A registered lowering raised while the step was lowered to JAX.
 
@@ -32,9 +37,14 @@ class LoweringError(JaxBackendError):
         self.op, self.node, self.inputs, self.cause = op, node, inputs, cause
         self.user_frame = user_frame
         where = f"\nIt was called from:\n{user_frame}" if user_frame else ""
+        described = f"'{op}' (graph node {node}, inputs: {', '.join(inputs) or 'none'})"
+        if isinstance(cause, OpInputError):  # the inputs are wrong, as in eager torch
+            super().__init__(f"The ATen operator {described} cannot run on these inputs: "
+                             f"{cause}{where}")
+            return
         super().__init__(
-            f"Lowering the ATen operator '{op}' (graph node {node}, inputs: "
-            f"{', '.join(inputs) or 'none'}) failed with {type(cause).__name__}: {cause}{where}\n"
+            f"Lowering the ATen operator {described} failed with {type(cause).__name__}: "
+            f"{cause}{where}\n"
             "This is a bug or a gap in that op's JAX lowering; rewrite that line with other "
             "torch operations, or report it with this message.")
 

@@ -15,11 +15,14 @@ import tempfile
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import export as jax_export  # a submodule `import jax` loads only from JAX 0.8
 
 from jax_backend import exported
+from jax_backend.jax_settings import in_engine_scope
 from jax_backend.program import Program
 
 
+@in_engine_scope
 def export_program(program: Program, path: str, state: dict, state_info: list, used: list,
                    written: list, returned: list, single: bool, closure_values: list,
                    function: str = "step", vjp_order: int = 0, platforms=None) -> str:
@@ -35,16 +38,21 @@ def export_program(program: Program, path: str, state: dict, state_info: list, u
             "Exporting a step that runs over several devices (a CSX cluster layout) is not "
             "supported; export it from a CPU or GPU backend.")
 
+    # One platform: lowered for it; several: nothing vendor-specific (e.g. no cuDNN call).
+    platform = None
+    if platforms is not None:
+        platform = platforms[0] if len(platforms) == 1 else "any"
+
     def step(used_arrays, inputs, seed):
         donated, kept = program.split_state(used_arrays)
-        return program.pure_step(donated, kept, inputs, seed)
+        return program.pure_step(donated, kept, inputs, seed, platform=platform)
 
     used_specs = [jax.ShapeDtypeStruct(np.shape(state[n]), jnp.asarray(state[n]).dtype)
                   for n in used]
     input_specs = program.input_specs()
     seed_spec = jax.ShapeDtypeStruct((), jnp.int64)
-    exp = jax.export.export(jax.jit(step), platforms=platforms)(used_specs, input_specs,
-                                                                   seed_spec)
+    exp = jax_export.export(jax.jit(step), platforms=platforms)(used_specs, input_specs,
+                                                                 seed_spec)
     blob = exp.serialize(vjp_order=vjp_order)
 
     manifest_state, arrays = [], {}

@@ -12,6 +12,11 @@ is not installed: ``sys.path.insert(0, artifact); import exported_step;
 step = exported_step.load(artifact)``; then ``loss = step(inputs, targets)`` runs one step and
 keeps the new state, and ``step.pure(state, inputs)`` is the same step as a pure function of
 a state dict (jit-able; differentiable when exported with ``vjp_order >= 1``).
+
+Loading changes nothing in JAX's process-wide config: the loader uses 64-bit types (torch's
+int64/float64) only inside its own calls. A step whose inputs or state are 64-bit needs them
+in the caller's ``jax.jit`` too: turn them on there (``jax.config.update("jax_enable_x64",
+True)``, or ``with jax.enable_x64(True):`` around the jit call); ``pure`` says so otherwise.
 """
 
 from __future__ import annotations
@@ -34,9 +39,24 @@ class ExportError(ValueError):
 
 def _jax():
     import jax
+    import jax.export  # noqa: F401  (a submodule `import jax` loads only from JAX 0.8)
 
-    jax.config.update("jax_enable_x64", True)  # torch's int64/float64 keep their dtypes
     return jax
+
+
+def _x64():
+    """64-bit types for the block, on this thread only (torch's int64/float64 keep their
+    dtypes); JAX's process-wide setting is left alone."""
+    jax = _jax()
+    if hasattr(jax, "enable_x64"):  # JAX >= 0.8
+        return jax.enable_x64(True)
+    from jax.experimental import enable_x64  # JAX 0.6 and 0.7
+
+    return enable_x64(True)
+
+
+def _x64_enabled() -> bool:
+    return bool(_jax().config.jax_enable_x64)
 
 
 def encode_array(array: np.ndarray) -> tuple:
@@ -83,6 +103,10 @@ class ExportedStep:
     """An exported training (or evaluation) step with its state."""
 
     def __init__(self, path: str):
+        with _x64():
+            self._load(path)
+
+    def _load(self, path: str):
         jax = _jax()
         self.path = path
         self.manifest = manifest = _read_manifest(path)
@@ -130,6 +154,24 @@ class ExportedStep:
         """``(new_state, returned)``: one step as a pure function. ``state`` maps names to
         arrays (``self.state`` has them all); ``returned`` is what the step returned (an array,
         or a tuple when it returned several tensors or none)."""
+        jax = _jax()
+        if not _x64_enabled() and self._takes_64_bits() and any(
+                isinstance(leaf, jax.core.Tracer)
+                for leaf in jax.tree_util.tree_leaves((state, inputs, seed))):
+            raise ExportError(
+                "This exported step takes 64-bit arrays (torch's int64/float64), which JAX "
+                "narrows in a jit traced without 64-bit types. Turn them on for your program: "
+                "jax.config.update(\"jax_enable_x64\", True), or call your jitted function "
+                "inside `with jax.enable_x64(True):`.")
+        with _x64():
+            return self._pure(state, inputs, seed)
+
+    def _takes_64_bits(self) -> bool:
+        """Whether a state array or input is 64-bit (the seed is made inside ``_pure``)."""
+        wide = {np.dtype(n) for n in ("int64", "uint64", "float64", "complex128")}
+        return any(np.dtype(aval.dtype) in wide for aval in self.exported.in_avals[:-1])
+
+    def _pure(self, state: dict, inputs, seed):
         jnp = _jax().numpy
         used = [state[name] for name in self.manifest["used"]]
         written, outputs = self.exported.call(used, list(inputs), jnp.asarray(seed, jnp.int64))
@@ -154,7 +196,8 @@ class ExportedStep:
         arrays = self._check_inputs(inputs)
         if seed is None:
             seed = self.steps_run
-        self.state, returned = self._call(self.state, arrays, seed)
+        with _x64():
+            self.state, returned = self._call(self.state, arrays, seed)
         self.steps_run += 1
         return returned
 

@@ -43,6 +43,8 @@ import jax
 import numpy as np
 import torch
 
+from jax_backend import torch_versions
+
 #: Directories whose code is identified by its name; their versions are in the key.
 LIBRARY_DIRS = tuple(sorted({
     os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
@@ -86,7 +88,9 @@ def is_library_file(filename: str) -> bool:
     the standard library's frozen modules."""
     if filename.startswith("<"):
         return filename.startswith("<frozen ")
-    return os.path.abspath(filename).startswith(LIBRARY_DIRS)
+    path = os.path.abspath(filename)
+    return path.startswith(LIBRARY_DIRS) or path.startswith(
+        torch_versions.generated_source_dirs())
 
 
 def _is_real_file(filename: str) -> bool:
@@ -393,7 +397,7 @@ class Fingerprinter:
         module = sys.modules.get(cls.__module__)
         filename = _module_file(cls.__module__)
         if filename is None and module is not None and (
-                cls.__module__ in sys.builtin_module_names or not _is_heap_type(cls)):
+                cls.__module__ in sys.builtin_module_names or not _is_python_class(cls)):
             return  # a built-in or C-extension class
         if filename is not None and (is_library_file(filename) or _is_project_file(filename)):
             return
@@ -463,12 +467,15 @@ def _is_user_module(module) -> bool:
     return not is_library_file(filename) and not _is_project_file(filename)
 
 
-def _is_heap_type(cls) -> bool:
-    return bool(cls.__flags__ & (1 << 9))  # Py_TPFLAGS_HEAPTYPE: created by a class statement
+def _is_python_class(cls) -> bool:
+    """Whether ``cls`` was made by a class statement: a heap type (Py_TPFLAGS_HEAPTYPE) that
+    is not immutable (Py_TPFLAGS_IMMUTABLETYPE). C extensions make immutable heap types (the
+    standard library's ``_io`` from Python 3.12), whose state a ``__dict__`` does not hold."""
+    return bool(cls.__flags__ & (1 << 9)) and not cls.__flags__ & (1 << 8)
 
 
 def _has_native_state(value) -> bool:
     """True for instances of C types (locks, files, generators, ...) that also carry a
     ``__dict__``: the dict does not describe them."""
-    return any(not _is_heap_type(klass) and klass is not types.SimpleNamespace
+    return any(not _is_python_class(klass) and klass is not types.SimpleNamespace
                for klass in type(value).__mro__[:-1])

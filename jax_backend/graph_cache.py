@@ -71,13 +71,14 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from jax_backend import fingerprint, optimizers, torch_ops
+from jax_backend import fingerprint, optimizers, torch_ops, torch_versions
 from jax_backend.capture import CapturedStep
 from jax_backend.compilation_cache import cache_directory
+from jax_backend.config import graph_cache as _setting
 from jax_backend.registry import has_lowering, lowered_namespaces
 from jax_backend.state import plain_type
 
-ENV_VAR = "CSTORCH_GRAPH_CACHE"
+ENV_VAR = _setting.env_var
 FORMAT = 1
 
 #: Bounds on what is read back: larger or stranger entries are refused as corrupt.
@@ -316,7 +317,7 @@ def _op_name(op) -> str:
 def _encode_spec(spec: pytree.TreeSpec):
     if spec.is_leaf():
         return "*"
-    children = [_encode_spec(c) for c in spec.children()]
+    children = [_encode_spec(c) for c in torch_versions.treespec_children(spec)]
     if spec.type is tuple:
         return {"tuple": children}
     if spec.type is list:

@@ -11,6 +11,7 @@ mismatch into an error instead (the op tests use it to keep the lowerings honest
 
 from __future__ import annotations
 
+import contextvars
 import operator
 
 import jax
@@ -21,6 +22,17 @@ import torch.fx
 from jax_backend import dtypes
 from jax_backend.errors import JaxBackendError, LoweringError
 from jax_backend.registry import lookup
+
+
+_run_scratch = contextvars.ContextVar("graph_run_scratch", default=None)
+
+
+def run_scratch() -> dict:
+    """A dict that lives while the current graph runs (one trace): the lowerings of a forward
+    op and its backward op leave values there for each other (``ops.attention``). Outside a
+    run, a fresh dict that nothing else sees."""
+    scratch = _run_scratch.get()
+    return {} if scratch is None else scratch
 
 
 class LoweringMismatchError(JaxBackendError):
@@ -40,8 +52,9 @@ def _map_args(value, env):
     return value
 
 
-def _conform(node, result, expected, strict):
-    """Checks a lowering's result against torch's metadata and casts it to torch's dtype."""
+def _conform(node, result, expected, strict, emulation=None):
+    """Checks a lowering's result against torch's metadata and casts it to torch's dtype
+    (to the dtype ``emulation`` holds it in, rounded, for an emulated dtype)."""
     if isinstance(expected, torch.Tensor):
         if result is None:
             return None
@@ -50,7 +63,11 @@ def _conform(node, result, expected, strict):
             raise LoweringMismatchError(
                 f"lowering of {node.target} returned shape {tuple(result.shape)}, torch expects "
                 f"{shape} (node {node.name}).")
-        dtype = dtypes.to_jax_dtype(expected.dtype)
+        dtype, emulated = (emulation.storage_dtype(expected.dtype) if emulation is not None
+                           else (None, False))
+        dtype = dtype if dtype is not None else dtypes.to_jax_dtype(expected.dtype)
+        if emulated:
+            return emulation.result(result)
         if result.dtype != dtype:
             if strict:
                 raise LoweringMismatchError(
@@ -59,7 +76,8 @@ def _conform(node, result, expected, strict):
             result = result.astype(dtype)
         return result
     if isinstance(expected, (list, tuple)) and isinstance(result, (list, tuple)):
-        return type(result)(_conform(node, r, e, strict) for r, e in zip(result, expected))
+        return type(result)(_conform(node, r, e, strict, emulation)
+                            for r, e in zip(result, expected))
     return result
 
 
@@ -79,33 +97,54 @@ class GraphInterpreter:
     """Evaluates a functional FX graph with JAX lowerings.
 
     ``constants`` maps ``get_attr`` targets to arrays; random nodes draw keys folded from the
-    ``key`` given to ``run``.
+    ``key`` given to ``run``. ``emulation`` (e.g. ``cbfloat16.Float16AsCbfloat16``) holds one
+    torch dtype of the graph as another format: it converts inputs, dtype arguments, results
+    and outputs.
     """
 
-    def __init__(self, graph_module: torch.fx.GraphModule, *, strict: bool = False):
+    def __init__(self, graph_module: torch.fx.GraphModule, *, strict: bool = False,
+                 emulation=None):
         self.graph_module = graph_module
         self.strict = strict
+        self.emulation = emulation
         self.placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
 
     def run(self, inputs, key=None):
         if len(inputs) != len(self.placeholders):
             raise JaxBackendError(
                 f"graph takes {len(self.placeholders)} inputs, got {len(inputs)}")
+        token = _run_scratch.set({})
+        try:
+            return self._run(inputs, key)
+        finally:
+            _run_scratch.reset(token)
+
+    def _run(self, inputs, key):
+        emulation = self.emulation
+        if emulation is not None:
+            inputs = [emulation.enter(x) for x in inputs]
         env = dict(zip(self.placeholders, inputs))
         random_index = 0
         for node in self.graph_module.graph.nodes:
             if node.op == "placeholder":
                 continue
             if node.op == "output":
+                if emulation is not None:
+                    return _map_args(node.args[0], {
+                        n: emulation.leave(v, n.meta.get("val")) for n, v in env.items()})
                 return _map_args(node.args[0], env)
             if node.op == "get_attr":
                 env[node] = jnp.asarray(dtypes.tensor_to_numpy(
                     getattr(self.graph_module, node.target)))
+                if emulation is not None:
+                    env[node] = emulation.enter(env[node])
                 continue
             if node.op != "call_function":
                 raise JaxBackendError(f"unexpected FX node kind {node.op!r} ({node.name})")
             args = _map_args(node.args, env)
             kwargs = _map_args(node.kwargs, env)
+            if emulation is not None:
+                args, kwargs = emulation.arguments(args, kwargs)
             if node.target is operator.getitem:
                 env[node] = args[0][args[1]]
                 continue
@@ -119,7 +158,7 @@ class GraphInterpreter:
                 result = lowering.fn(*args, **kwargs)
             except Exception as err:  # noqa: BLE001 - re-raised with the op and node named
                 raise LoweringError(node.target, node.name, _describe_inputs(node), err) from err
-            env[node] = _conform(node, result, node.meta.get("val"), self.strict)
+            env[node] = _conform(node, result, node.meta.get("val"), self.strict, emulation)
         raise JaxBackendError("graph has no output node")
 
 

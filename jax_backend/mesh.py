@@ -23,6 +23,7 @@ import re
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax_backend.jax_settings import engine_scope, in_engine_scope
 
 DATA_AXIS = "csx"  # data parallelism: the systems of the cluster
 STATE_AXIS = "ws"  # the devices of one system; sharded state is split over it
@@ -121,6 +122,7 @@ class Layout:
     def replicated(self) -> NamedSharding:
         return NamedSharding(self.mesh, PartitionSpec())
 
+    @in_engine_scope
     def place_state(self, host: np.ndarray) -> jax.Array:
         """A global array holding ``host`` (the same full value on every process) as the
         layout places state; each process uploads only the shards it holds."""
@@ -166,7 +168,8 @@ def host_value(array) -> np.ndarray:
             return np.asarray(array.addressable_data(0))
         from jax.experimental import multihost_utils
 
-        return np.asarray(multihost_utils.process_allgather(array, tiled=True))
+        with engine_scope():
+            return np.asarray(multihost_utils.process_allgather(array, tiled=True))
     except jax.errors.JaxRuntimeError as error:
         if not is_multi_process():
             raise

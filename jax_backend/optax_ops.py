@@ -16,6 +16,7 @@ import jax
 import torch
 
 from jax_backend.dtypes import array_to_tensor, tensor_to_array
+from jax_backend.jax_settings import engine_scope
 from jax_backend.registry import lowers
 
 _TRANSFORMS: dict = {}  # key -> (transformation, treedef of its state)
@@ -59,7 +60,8 @@ def optax_update(key: int, params: List[torch.Tensor], grads: List[torch.Tensor]
                  state: List[torch.Tensor]) -> List[torch.Tensor]:
     """New parameters followed by new state leaves."""
     to_jax = lambda ts: [tensor_to_array(t) for t in ts]  # noqa: E731
-    outputs = _jitted(key)(to_jax(params), to_jax(grads), to_jax(state))
+    with engine_scope():
+        outputs = _jitted(key)(to_jax(params), to_jax(grads), to_jax(state))
     return [array_to_tensor(o) for o in outputs]
 
 

@@ -5,8 +5,10 @@ Each factory returns an ``optax.GradientTransformation`` whose ``update`` gives 
 optimizers. States are NamedTuples whose fields are named after the torch state keys of the
 cstorch optimizer (``exp_avg``, ``momentum_buffer``, ...), in the order the cstorch optimizer
 inserts them (``preinitialize`` first, then the per-parameter ``step`` of the optimizers built
-with ``enable_global_step``). Every field holds one array per parameter (a list matching
-``params``; 0-dim float32 arrays for scalar state such as ``step`` or ``beta1_power``), or
+with ``enable_global_step``). ``params`` may be any pytree (a list of arrays, a flax-style
+nested dict), as for optax's transformations. Every field holds one array per parameter (a
+list in ``jax.tree.leaves(params)`` order; 0-dim float32 arrays for scalar state such as
+``step`` or ``beta1_power``), or
 ``None`` when the option that needs it is off. Adafactor is the one optimizer whose keys differ
 from parameter to parameter (factored moments for ``ndim >= 2``): its lists hold ``None`` for
 the parameters a key does not apply to (see ``param_state_keys``). That convention is what
@@ -125,6 +127,32 @@ def _per_param(rule):
     return update
 
 
+def _transformation(init, rule) -> optax.GradientTransformation:
+    """The optax transformation of ``init(list of params)`` and a per-parameter ``rule``.
+
+    Parameters may be any pytree (a list, a flax-style nested dict), as for optax's own
+    transformations: the rules see its leaves in ``jax.tree.leaves`` order, the state's
+    fields hold one array per leaf in that order, and the updates have the structure of
+    ``grads``. A list of arrays is its own leaves, so the list form is unchanged."""
+    per_param = _per_param(rule)
+
+    def init_tree(params):
+        return init(jax.tree.leaves(params))
+
+    def update_tree(grads, state, params=None):
+        if params is None:
+            raise ValueError("these cstorch optimizers need `params` in update")
+        leaves, treedef = jax.tree.flatten(grads)
+        param_leaves = jax.tree.leaves(params)
+        if len(param_leaves) != len(leaves):
+            raise ValueError(f"grads has {len(leaves)} arrays but params has "
+                             f"{len(param_leaves)}; pass pytrees of the same structure")
+        updates, new_state = per_param(leaves, state, param_leaves)
+        return jax.tree.unflatten(treedef, updates), new_state
+
+    return optax.GradientTransformation(init_tree, update_tree)
+
+
 def _maximized(g, maximize: bool):
     """The gradient to descend: ``-g`` when the objective is maximised (torch's ``maximize``)."""
     return -g if maximize else g
@@ -188,7 +216,7 @@ def sgd(learning_rate, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=F
             g = g + buf * momentum if nesterov else buf
         return -learning_rate * g, new
 
-    return optax.GradientTransformation(init, _per_param(rule))
+    return _transformation(init, rule)
 
 
 # ---------------------------------------------------------------------------- Adam / AdamW
@@ -242,7 +270,7 @@ def adam_base(learning_rate=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0
         u = u + p * weight_decay
         return -(u * learning_rate), new
 
-    return optax.GradientTransformation(init, _per_param(rule))
+    return _transformation(init, rule)
 
 
 def adam(learning_rate=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, amsgrad=False):
@@ -282,7 +310,7 @@ def adadelta(learning_rate=1.0, rho=0.9, eps=1e-6, weight_decay=0.0, maximize=Fa
         acc = _ema(s["acc_delta"], delta * delta, rho)
         return -learning_rate * delta, {"square_avg": sq, "acc_delta": acc}
 
-    return optax.GradientTransformation(init, _per_param(rule))
+    return _transformation(init, rule)
 
 
 # ------------------------------------------------------------------------------ Adafactor
@@ -361,7 +389,7 @@ def adafactor(learning_rate, eps=(1e-30, 1e-3), clip_threshold=1.0, decay_rate=-
         new_p = new_p - upd
         return _delta(new_p, p), new
 
-    return optax.GradientTransformation(init, _per_param(rule))
+    return _transformation(init, rule)
 
 
 # -------------------------------------------------------------------------------- Adagrad
@@ -390,7 +418,7 @@ def adagrad(learning_rate=1e-2, lr_decay=0.0, weight_decay=0.0, initial_accumula
         g = g / (1.0 + (step - 1.0) * lr_decay)
         return (-learning_rate * g) / std, {"sum": acc, "step": step}
 
-    return optax.GradientTransformation(init, _per_param(rule))
+    return _transformation(init, rule)
 
 
 # --------------------------------------------------------------------------------- Adamax
@@ -423,7 +451,7 @@ def adamax(learning_rate=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0,
         return -upd, {"exp_avg": m, "exp_inf": u_inf,
                       "beta1_power": s["beta1_power"] * beta1}
 
-    return optax.GradientTransformation(init, _per_param(rule))
+    return _transformation(init, rule)
 
 
 # ----------------------------------------------------------------------------------- ASGD
@@ -460,7 +488,7 @@ def asgd(learning_rate=1e-2, lambd=1e-4, alpha=0.75, t0=1e6, weight_decay=0.0,
         new_mu = 1 / jnp.maximum(_f32(1.0), step - t0)
         return _delta(new_p, p), {"eta": new_eta, "mu": new_mu, "ax": new_ax, "step": step}
 
-    return optax.GradientTransformation(init, _per_param(rule))
+    return _transformation(init, rule)
 
 
 # ----------------------------------------------------------------------------------- Lamb
@@ -495,7 +523,7 @@ def lamb(learning_rate=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, ada
             trust = 1
         return -((step * trust) * learning_rate), {"exp_avg": m, "exp_avg_sq": v}
 
-    return optax.GradientTransformation(init, _per_param(rule))
+    return _transformation(init, rule)
 
 
 # ----------------------------------------------------------------------------------- Lion
@@ -521,7 +549,7 @@ def lion(learning_rate=1e-4, betas=(0.9, 0.99), weight_decay=0.0
         new_p = new_p + -learning_rate * direction
         return _delta(new_p, p), {"exp_avg": _ema(m, g, beta2)}
 
-    return optax.GradientTransformation(init, _per_param(rule))
+    return _transformation(init, rule)
 
 
 # ----------------------------------------------------------------------------------- Muon
@@ -620,7 +648,7 @@ def muon(learning_rate=0.02, weight_decay=0.01, momentum=0.95, nesterov=True, ns
         new = {} if s["momentum_buffer"] is None else {"momentum_buffer": buf}
         return _delta(new_p, p), new
 
-    return optax.GradientTransformation(init, _per_param(rule))
+    return _transformation(init, rule)
 
 
 # ---------------------------------------------------------------------------------- NAdam
@@ -665,7 +693,7 @@ def nadam(learning_rate=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
         return upd / denom, {"mu_product": mu_product, "exp_avg": m, "exp_avg_sq": v,
                              "step": step}
 
-    return optax.GradientTransformation(init, _per_param(rule))
+    return _transformation(init, rule)
 
 
 # ---------------------------------------------------------------------------------- RAdam
@@ -709,7 +737,7 @@ def radam(learning_rate=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0
         upd = upd * rect * adaptive * learning_rate
         return -upd, {"exp_avg": m, "exp_avg_sq": v, "step": step}
 
-    return optax.GradientTransformation(init, _per_param(rule))
+    return _transformation(init, rule)
 
 
 # -------------------------------------------------------------------------------- RMSprop
@@ -749,7 +777,7 @@ def rmsprop(learning_rate=1e-2, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum
             return -learning_rate * buf, new
         return (-learning_rate * g) / avg, new
 
-    return optax.GradientTransformation(init, _per_param(rule))
+    return _transformation(init, rule)
 
 
 # ---------------------------------------------------------------------------------- Rprop
@@ -784,7 +812,7 @@ def rprop(learning_rate=1e-3, etas=(0.5, 1.2), step_sizes=(1e-6, 50.0)
         sign = jnp.where(g > zero, one, jnp.where(g < zero, -one, zero))
         return -(sign * size), {"prev": g, "step_size": size}
 
-    return optax.GradientTransformation(init, _per_param(rule))
+    return _transformation(init, rule)
 
 
 # ------------------------------------------------------------------------------- registry

@@ -1,47 +1,38 @@
 """Programs: a captured step compiled with ``jax.jit``.
 
 A ``Program`` is the pure function ``(state, inputs, seed) -> (new_state, outputs)`` of one
-captured step, jitted with the buffers of the state it overwrites donated, so parameters and
-optimizer state are updated in place on the device. ``seed`` (an int64 scalar) feeds the
-PRNG key of the step's random ops; the caller draws a fresh one per step. It also exposes the
-pure function, its jaxpr, the StableHLO text and XLA's cost analysis for JAX-native users.
+captured step, jitted with the buffers of the state it overwrites donated. ``seed`` (an int64
+scalar) feeds the PRNG key of the step's random ops. It also exposes the pure function, its
+jaxpr, the StableHLO text and XLA's cost analysis.
 
 ``Program.run`` is one step as a transaction on a ``DeviceState``: the new state is recorded
-only if the step ran, and a step that fails (or is interrupted) never leaves the state
-pointing at donated, deleted or poisoned arrays:
-
-* Ctrl-C (SIGINT) is held back from the moment the state is donated until the new state is
-  recorded, then delivered; the ``except KeyboardInterrupt`` handler sees a consistent state.
-* The first run of a program (a new program is where out-of-memory and shape problems show
-  up) keeps a backup of the state it donates and waits for the result; if it fails, the
-  state of the last good step is put back. The backup is the torch tensors themselves
-  (``DeviceState.hold_in_torch``): right after an upload, e.g. at the first step, they hold
-  the donated values already, so it costs no extra copy there (but keeps, through that one
-  run, the copy a later run does without: ``Program.backup_first_run = False`` trades that
-  protection for a first-step peak like any other step's).
-* Later runs keep no second copy of the state: the torch copies of large state are released
-  (``DeviceState``; the arrays hold the values and the next torch access fills the tensors
-  again). If such a run fails after consuming its state, small state falls back to its last
-  synchronised values and released state is lost (set to NaN); the error says which, and
-  that the last checkpoint is where training goes on from.
+only if the step ran; Ctrl-C is held back while state is donated; the first run keeps a
+backup of the state it donates (``backup_first_run``), later runs keep no second copy. The
+rules and their costs are in docs/ARCHITECTURE.md (section 4, "Faults").
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import operator
 import signal
 import threading
+import warnings
 from typing import Sequence
 
 import jax
 import numpy as np
 
+from jax_backend import cbfloat16, target
 from jax_backend.capture import CapturedStep
 from jax_backend.dtypes import to_jax_dtype
 from jax_backend.errors import LoweringError, StepFailedError
+from jax_backend import config
 from jax_backend.interpreter import GraphInterpreter
+from jax_backend.jax_settings import in_engine_scope
 from jax_backend.mesh import Layout
+from jax_backend.ops import attention
 from jax_backend.precision import Policy
 from jax_backend.registry import lookup
 
@@ -75,19 +66,29 @@ def _has_random_nodes(graph) -> bool:
 class Program:
     """One compiled step. Call it with arrays; it returns arrays (dispatch is asynchronous)."""
 
-    backup_first_run = True  # see the module docstring
+    @property
+    def backup_first_run(self) -> bool:  # see the module docstring
+        return config.backup_first_run.value
 
     def __init__(self, captured: CapturedStep, policy: Policy | None = None,
-                 layout: Layout | None = None):
+                 layout: Layout | None = None, platform: str | None = None):
         self.captured = captured
         self.policy = policy or Policy()
         self.layout = layout
+        # What the lowerings target (``jax_backend.target``): the platform the program runs
+        # on (default: that of the layout's devices, else JAX's default device).
+        if platform is None:
+            device = layout.mesh.devices.flat[0] if layout is not None else jax.devices()[0]
+            platform = target.platform_of(device)
+        self.target = target.Target(platform, self.policy.float32_matmul,
+                                    target.attention_setting())
         self.uses_rng = _has_random_nodes(captured.graph)
         written = set(captured.written_state)
         # Positions (within used_state) of state the step overwrites: their buffers are donated.
         self.donated_positions = [j for j, i in enumerate(captured.used_state) if i in written]
         self.kept_positions = [j for j, i in enumerate(captured.used_state) if i not in written]
-        self._interpreter = GraphInterpreter(captured.graph)
+        self._interpreter = GraphInterpreter(
+            captured.graph, emulation=cbfloat16.interpreter_emulation(self.policy))
         self._locate = captured.locate  # names the user's line in a LoweringError
         self._jitted = jax.jit(self.pure_step, donate_argnums=(0,), **self._shardings())
         self.has_run = False  # set after the first successful run (see module docstring)
@@ -110,15 +111,19 @@ class Program:
                         self.layout.replicated())
         return {"in_shardings": in_shardings, "out_shardings": (written, None)}
 
-    def pure_step(self, donated, kept, inputs, seed):
-        """The step as a pure JAX function (not jitted)."""
+    def pure_step(self, donated, kept, inputs, seed, *, platform=None):
+        """The step as a pure JAX function (not jitted); ``platform`` overrides the one it is
+        lowered for (an export for several platforms passes "any")."""
         used = [None] * (len(donated) + len(kept))
         for j, a in zip(self.donated_positions, donated):
             used[j] = a
         for j, a in zip(self.kept_positions, kept):
             used[j] = a
         key = jax.random.key(seed) if self.uses_rng else None
-        flat = self._interpreter.run(list(used) + list(inputs), key)
+        lowering = self.target if platform is None else dataclasses.replace(
+            self.target, platform=platform)
+        with target.lowering_for(lowering):
+            flat = self._interpreter.run(list(used) + list(inputs), key)
         n = len(self.captured.written_state)
         return list(flat[:n]), list(flat[n:])
 
@@ -126,12 +131,34 @@ class Program:
         return ([used_arrays[j] for j in self.donated_positions],
                 [used_arrays[j] for j in self.kept_positions])
 
+    @in_engine_scope
     def __call__(self, used_arrays: Sequence, inputs: Sequence, seed=0):
         donated, kept = self.split_state(used_arrays)
         if self.layout is not None:  # across processes: each feeds its slice of the batch
             inputs = [self.layout.input_array(x) for x in inputs]
         with self._naming_user_line():
+            try:
+                return self._jitted(donated, kept, list(inputs), np.int64(seed))
+            except Exception as error:  # noqa: BLE001 - re-raised unless cuDNN was the cause
+                if not self._without_cudnn_after(error, donated):
+                    raise
             return self._jitted(donated, kept, list(inputs), np.int64(seed))
+
+    def _without_cudnn_after(self, error, donated) -> bool:
+        """A program that uses cuDNN's fused attention and fails to compile because of it
+        (before it ran: nothing was donated) is rebuilt with XLA's attention, with a warning,
+        rather than stopping training; True if so."""
+        text = f"{type(error).__name__}: {error}".lower()
+        if (self.has_run or self.target.attention == "xla" or self.target.platform != "cuda"
+                or not ("cudnn" in text or "dot_product_attention" in text)
+                or any(getattr(a, "is_deleted", lambda: False)() for a in donated)):
+            return False
+        warnings.warn(f"The step's cuDNN attention failed to compile ({_first_line(error)}); "
+                      "it is compiled again with XLA's attention (set CSTORCH_ATTENTION=xla "
+                      "to skip the attempt).", attention.AttentionFallbackWarning, stacklevel=4)
+        self.target = dataclasses.replace(self.target, attention="xla")
+        self._jitted = jax.jit(self.pure_step, donate_argnums=(0,), **self._shardings())
+        return True
 
     @contextlib.contextmanager
     def _naming_user_line(self):
@@ -178,17 +205,20 @@ class Program:
         return outputs
 
     # ------------------------------------------------------------------ introspection
+    @in_engine_scope
     def input_specs(self) -> list:
         """Shapes and dtypes of the step's (non-state) inputs, as ``jax.ShapeDtypeStruct``."""
         placeholders = [n for n in self.captured.graph.graph.nodes if n.op == "placeholder"]
         return [jax.ShapeDtypeStruct(tuple(n.meta["val"].shape), to_jax_dtype(n.meta["val"].dtype))
                 for n in placeholders[len(self.captured.used_state):]]
 
+    @in_engine_scope
     def lower(self, used_arrays: Sequence, inputs: Sequence, seed=0):
         donated, kept = self.split_state(used_arrays)
         with self._naming_user_line():
             return self._jitted.lower(donated, kept, list(inputs), np.int64(seed))
 
+    @in_engine_scope
     def jaxpr(self, used_arrays: Sequence, inputs: Sequence, seed=0):
         donated, kept = self.split_state(used_arrays)
         with self._naming_user_line():
@@ -197,6 +227,7 @@ class Program:
     def stablehlo(self, used_arrays: Sequence, inputs: Sequence, seed=0) -> str:
         return self.lower(used_arrays, inputs, seed).as_text()
 
+    @in_engine_scope
     def cost_analysis(self, used_arrays: Sequence, inputs: Sequence, seed=0):
         return self.lower(used_arrays, inputs, seed).compile().cost_analysis()
 

@@ -20,6 +20,7 @@ from jax import lax
 
 from jax_backend import sparsity
 from jax_backend.dtypes import array_to_tensor, tensor_to_array
+from jax_backend.jax_settings import engine_scope
 from jax_backend.registry import lowers
 
 
@@ -41,9 +42,10 @@ def _only_when(when, compute, skipped):
     return lax.cond(jnp.asarray(when, bool), compute, skipped)
 
 
-def _topk_jax(score, sparsity_level, when, shaper):
+def _topk_jax(score, sparsity_level, when, shaper, ties="lower_index"):
     return _only_when(
-        when, lambda: sparsity.mask_topk_sparsity(score, sparsity_level, _shaper(shaper)),
+        when, lambda: sparsity.mask_topk_sparsity(score, sparsity_level, _shaper(shaper),
+                                                  ties),
         lambda: jnp.zeros(score.shape, bool))
 
 
@@ -66,14 +68,15 @@ def _arrays(*tensors):
 
 @torch.library.custom_op("cstorch::sparse_topk_mask", mutates_args=())
 def topk_mask(score: torch.Tensor, sparsity_level: torch.Tensor, when: torch.Tensor,
-              shaper: str) -> torch.Tensor:
+              shaper: str, ties: str = "lower_index") -> torch.Tensor:
     """A bool mask keeping the top ``1 - sparsity_level`` fraction of ``score`` (all False
-    where ``when`` is false)."""
-    return array_to_tensor(_topk_jax(*_arrays(score, sparsity_level, when), shaper))
+    where ``when`` is false); ``ties``: see ``jax_backend.sparsity``."""
+    with engine_scope():
+        return array_to_tensor(_topk_jax(*_arrays(score, sparsity_level, when), shaper, ties))
 
 
 @topk_mask.register_fake
-def _topk_fake(score, sparsity_level, when, shaper):
+def _topk_fake(score, sparsity_level, when, shaper, ties="lower_index"):
     return torch.empty(score.shape, dtype=torch.bool)
 
 
@@ -82,7 +85,8 @@ def drop_minimum(score: torch.Tensor, mask: torch.Tensor, drop_fraction: torch.T
                  when: torch.Tensor, shaper: str) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(mask without its lowest-scoring drop_fraction, kept count per group as int32)``
     (``(mask, 0)`` where ``when`` is false)."""
-    new, kept = _drop_jax(*_arrays(score, mask, drop_fraction, when), shaper)
+    with engine_scope():
+        new, kept = _drop_jax(*_arrays(score, mask, drop_fraction, when), shaper)
     return array_to_tensor(new), array_to_tensor(kept)
 
 
@@ -96,8 +100,9 @@ def grow_maximum(score: torch.Tensor, mask: torch.Tensor, sparsity_level: torch.
                  mask_nonzero: torch.Tensor, when: torch.Tensor, shaper: str) -> torch.Tensor:
     """``mask`` plus the highest-scoring pruned positions, up to the target density
     (``mask`` itself where ``when`` is false)."""
-    return array_to_tensor(_grow_jax(*_arrays(score, mask, sparsity_level, mask_nonzero,
-                                              when), shaper))
+    with engine_scope():
+        return array_to_tensor(_grow_jax(*_arrays(score, mask, sparsity_level, mask_nonzero,
+                                                  when), shaper))
 
 
 @grow_maximum.register_fake

@@ -7,7 +7,9 @@ one compiled program across mask updates, as on a Cerebras system.
 
 Counts follow cerebras-pytorch 2.10 exactly: ``k = int(float32(1 - sparsity) * float32(n))``
 (truncation), drop counts ``int(float32(1 - drop_fraction) * nnz / groups)``. Ties in a score
-keep the lower flat index first.
+keep the lower flat index first, except in ``mask_topk_sparsity(..., ties="torch_cpu")``,
+which keeps the ones ``torch.topk`` on CPU keeps (the reference's CPU path: among pruned,
+zero-valued weights that choice decides which ones regrow when sparsity falls).
 
 Balanced sparsity ("groups") scores sub-blocks independently: ``("out", G)`` views a
 ``[G*o, i]`` weight as ``G`` rows of ``o*i`` scores, ``("in", G)`` views ``[o, G*i]`` as ``G``
@@ -27,7 +29,10 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
+import jax
 import jax.numpy as jnp
+import numpy as np
+import torch
 from jax import lax
 
 Shaper = Optional[Tuple[str, int]]  # None, ("out", groups) or ("in", groups)
@@ -108,11 +113,35 @@ def topk_rows(score, k):
     return above | (at & (jnp.cumsum(at, axis=-1, dtype=jnp.int32) <= remaining))
 
 
-def mask_topk_sparsity(score, sparsity, shaper: Shaper = None):
-    """Keeps the top ``(1 - sparsity)`` fraction of ``score`` (per group)."""
+def _torch_topk_rows_on_host(score, k):
+    rows = torch.from_numpy(np.array(score))
+    indices = torch.topk(rows, int(k), dim=-1).indices
+    return torch.zeros(rows.shape, dtype=torch.bool).scatter_(-1, indices, True).numpy()
+
+
+def topk_rows_like_torch_cpu(score, k):
+    """``topk_rows`` with torch's CPU choice among equal scores: ``torch.topk`` itself, run
+    on the host (its order among ties comes from a selection algorithm, not from the index).
+    """
+    if score.dtype != jnp.float64:
+        score = score.astype(_F32)  # order-preserving for every narrower float
+    k = jnp.clip(jnp.asarray(k, jnp.int32), 0, score.shape[-1])
+    return jax.pure_callback(_torch_topk_rows_on_host,
+                             jax.ShapeDtypeStruct(score.shape, jnp.bool_), score, k)
+
+
+TIES = ("lower_index", "torch_cpu")
+
+
+def mask_topk_sparsity(score, sparsity, shaper: Shaper = None, ties: str = "lower_index"):
+    """Keeps the top ``(1 - sparsity)`` fraction of ``score`` (per group); ``ties`` picks
+    among equal scores (module docstring)."""
+    if ties not in TIES:
+        raise ValueError(f"ties must be one of {TIES}, got {ties!r}.")
     shaped, unshape = shape_scores(score, shaper)
     k = num_dense(1.0 - jnp.asarray(sparsity, _F32), shaped.shape[-1])
-    return unshape(topk_rows(shaped, k))
+    rows = topk_rows_like_torch_cpu if ties == "torch_cpu" else topk_rows
+    return unshape(rows(shaped, k))
 
 
 def mask_drop_minimum(score, mask, drop_fraction, shaper: Shaper = None):

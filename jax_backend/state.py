@@ -556,6 +556,7 @@ class DeviceState:
             entries = list(self._entries.values())
         else:
             entries = [e for e in (self._entries.get(id(t)) for t in tensors) if e is not None]
+        _start_reads(e.array for e in entries if e.array_is_newer)
         failed = [failure for e in entries if (failure := self._fill(e)) is not None]
         if tensors is None and not failed:
             self._pending = False
@@ -625,6 +626,18 @@ class DeviceState:
         self._pending = any(e.array_is_newer for e in self._entries.values())
         if failed:
             raise _failed_values_error(failed) from failed[0][0]
+
+
+def _start_reads(arrays) -> None:
+    """Starts the device-to-host copies of all ``arrays`` at once, so that the fills that
+    follow wait for one batch of transfers instead of one round trip per tensor (on a GPU,
+    hundreds of tensors). A copy that cannot start is left to the fill, which reports it."""
+    for array in arrays:
+        if getattr(array, "is_fully_addressable", True):
+            try:
+                array.copy_to_host_async()
+            except Exception:  # noqa: BLE001 - e.g. a deleted array: _fill says what failed
+                pass
 
 
 def _failed_values_error(failed: list) -> StepFailedError:

@@ -25,6 +25,7 @@ import torch
 
 from jax_backend import optimizers, schedules
 from jax_backend.dtypes import array_to_tensor, initial_tensor, tensor_to_array, to_jax_dtype
+from jax_backend.jax_settings import engine_scope, in_engine_scope
 from jax_backend.registry import lowers
 
 
@@ -94,11 +95,13 @@ def _shapes(arrays) -> tuple:
                                             else a.dtype).name) for a in arrays)
 
 
+@in_engine_scope
 def optimizer_state_layout(key: str, params) -> StateLayout:
     """``state_layout`` for torch ``params`` (only their shapes and dtypes matter)."""
     return state_layout(key, _shapes(params))
 
 
+@in_engine_scope
 def init_optimizer_state(name: str, hyperparams: dict, params) -> dict:
     """The initial state of an update rule for torch ``params``: ``{key: [tensor per param]}``
     (``None`` where a key does not apply to a parameter, see ``optimizers.param_state_keys``).
@@ -127,8 +130,9 @@ def optimizer_step(key: str, params: List[torch.Tensor], grads: List[torch.Tenso
     """New parameters followed by new state leaves (see ``optimizers.apply``); ``key``
     comes from ``optimizer_key``."""
     to_jax = lambda ts: [tensor_to_array(t) for t in ts]  # noqa: E731
-    outs = _optimizer_step_jax(key, to_jax(params), to_jax(grads), to_jax(state),
-                               to_jax(dynamic_values))
+    with engine_scope():
+        outs = _optimizer_step_jax(key, to_jax(params), to_jax(grads), to_jax(state),
+                                   to_jax(dynamic_values))
     return [array_to_tensor(o) for o in outs]
 
 
@@ -147,7 +151,8 @@ def _schedule_jax(config, step):
 @torch.library.custom_op("cstorch::schedule", mutates_args=())
 def schedule(config: str, step: torch.Tensor) -> torch.Tensor:
     """The value (float32, 0-dim) of the schedule described by ``config`` at ``step``."""
-    return array_to_tensor(_schedule_jax(config, tensor_to_array(step)))
+    with engine_scope():
+        return array_to_tensor(_schedule_jax(config, tensor_to_array(step)))
 
 
 @schedule.register_fake

@@ -1,8 +1,21 @@
-"""Test-wide settings: JAX with 64-bit types (as the engine runs it) and strict dtype
-promotion, deterministic torch."""
+"""Test-wide settings: caches in a temporary directory, strict dtype promotion, deterministic
+torch.
+
+JAX's 64-bit types stay off, as in a user's process: the engine turns them on for its own
+work only (``jax_backend.jax_settings``), and the suite checks that it does so everywhere.
+Tests never write to ``~/.cache``: the persistent caches, and anything else that follows
+``XDG_CACHE_HOME``, live under the system's temporary directory
+(``cstorch-jax-tests-<uid>``), kept between runs so that a rerun finds its compiled programs
+(entries are keyed by the program and the versions, never stale; safe to delete).
+"""
 
 import os
+import tempfile
 
+_cache_home = os.path.join(tempfile.gettempdir(), f"cstorch-jax-tests-{os.getuid()}")
+os.makedirs(_cache_home, exist_ok=True)
+os.environ["XDG_CACHE_HOME"] = _cache_home  # subprocesses of tests inherit it
+os.environ.pop("CSTORCH_COMPILATION_CACHE", None)  # the default: under XDG_CACHE_HOME
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=true")
 # Tests patch library code in ways the graph cache cannot see (it keys on source files, not
 # on objects swapped at run time): no test reuses another's graph; the cache's own tests opt
@@ -11,7 +24,6 @@ os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=true")
 os.environ["CSTORCH_GRAPH_CACHE"] = os.environ.get("CSTORCH_TEST_GRAPH_CACHE", "off")
 
 import jax  # noqa: E402
-import jax_backend  # noqa: E402,F401  (enables x64 before any test imports jax.numpy)
 
 # Strict dtype promotion: a lowering that mixes dtypes without an explicit cast fails here
 # instead of silently computing in a promoted dtype (the engine itself runs with JAX's
@@ -25,3 +37,29 @@ import torch  # noqa: E402
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+# ---------------------------------------------------------------------------- the fast lane
+_SLOW_LIST = os.path.join(os.path.dirname(__file__), "slow_tests.txt")
+
+
+def _slow_ids() -> set:
+    with open(_SLOW_LIST) as f:
+        return {line.strip() for line in f if line.strip() and not line.startswith("#")}
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "slow: left out by `make test-fast` (listed in tests/slow_tests.txt)")
+
+
+def pytest_collection_modifyitems(config, items):
+    slow = _slow_ids()
+    root = str(config.rootpath)
+    for item in items:
+        nodeid = os.path.relpath(str(item.path), root).replace(os.sep, "/")
+        nodeid = nodeid + item.nodeid[item.nodeid.index("::"):] if "::" in item.nodeid else nodeid
+        file_id, _, rest = nodeid.partition("::")
+        if ({nodeid, nodeid.split("[")[0], file_id} & slow
+                or any(f"{file_id}::{cls}" in slow for cls in rest.split("::")[:1])):
+            item.add_marker(pytest.mark.slow)

@@ -1,4 +1,5 @@
-"""The package layering: ``compat -> cstorch -> jax_backend``, and no import cycles.
+"""The package layering: ``compat -> cstorch -> jax_backend``, and no import cycles (the
+compatibility packages under ``compat/`` included: the 1.x runners, the 2.x Trainer).
 
 The graph is read from the source with ``ast``, so it holds every import the code can run,
 including the ones inside functions (a lazy import hides a cycle from Python but not from a
@@ -15,13 +16,15 @@ import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = ("cstorch", "jax_backend")
+COMPAT_PACKAGES = ("cerebras", "cerebras_pytorch", "modelzoo")  # under compat/
 
 
 def _module_files() -> dict:
     modules = {}
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    roots = [(ROOT, p) for p in PACKAGES] + [(ROOT / "compat", p) for p in COMPAT_PACKAGES]
+    for base, package in roots:
+        for path in sorted((base / package).rglob("*.py")):
+            parts = list(path.relative_to(base).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts.pop()
             modules[".".join(parts)] = path
@@ -122,6 +125,8 @@ def strongly_connected_components(graph: dict) -> list:
 def test_the_graph_sees_function_level_imports():
     graph = import_graph()
     assert "cstorch.backend" in graph["cstorch.core.compile"]  # module level
+    assert "modelzoo.common.pytorch.pytorch_base_runner" in graph[
+        "modelzoo.common.pytorch.pytorch_runner"]  # compat modules are in the graph
     assert len(graph) > 100 and sum(map(len, graph.values())) > 200
 
 
@@ -136,6 +141,30 @@ def test_no_import_cycles():
         "import cycles (each line is one strongly connected group of modules; break it by "
         "moving what both sides need into a leaf module):\n"
         + "\n".join(f"  {len(c)} modules: {', '.join(c)}" for c in cycles))
+
+
+def test_the_runners_of_the_1x_api_import_downwards_only():
+    """The base runner knows none of the runners built on it, nor the factory that picks one
+    (it was a 7-module import circle)."""
+    graph = import_graph()
+    base = "modelzoo.common.pytorch.pytorch_base_runner"
+    below = set()
+    stack = [base]
+    while stack:
+        for target in graph[stack.pop()]:
+            if target not in below:
+                below.add(target)
+                stack.append(target)
+    runners = {m for m in graph if m.startswith("modelzoo.common.pytorch.pytorch_")
+               and m != base} | {"modelzoo.common.pytorch.runner_factory"}
+    assert not below & runners, sorted(below & runners)
+
+
+def test_the_api_never_imports_compat():
+    edges = [f"{module} -> {target}" for module, targets in import_graph().items()
+             if module.split(".")[0] in PACKAGES
+             for target in targets if target.split(".")[0] in COMPAT_PACKAGES]
+    assert not edges, "cstorch and jax_backend must not import compat/:\n  " + "\n  ".join(edges)
 
 
 def test_the_engine_never_imports_the_api():

@@ -78,10 +78,11 @@ from torch._decomp import core_aten_decompositions  # noqa: E402
 from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
 from torch.utils import _pytree as pytree  # noqa: E402
 
-import jax_backend  # noqa: E402,F401  (enables x64)
+import jax_backend  # noqa: E402,F401
 from jax_backend import GraphInterpreter, capture_step, dtypes  # noqa: E402
 from jax_backend.errors import (  # noqa: E402
     CaptureError, LoweringNotFoundError, ValueReadInTraceError)
+from jax_backend.jax_settings import in_engine_scope  # noqa: E402
 from jax_backend.registry import has_lowering, lookup  # noqa: E402
 
 DEFAULT_RTOL, DEFAULT_ATOL = 1e-5, 1e-6
@@ -348,6 +349,7 @@ class _Engine:
 
 
 # ------------------------------------------------------------------------------ one sample
+@in_engine_scope  # the engine's JAX settings (64-bit types), as a compiled step has them
 def run_sample(op, raw_sample, rtol, atol, values_defined=True) -> dict:
     """Runs one sample through eager torch and the engine; returns its record."""
     record = {"forward": None, "backward": None, "forward_error": None, "backward_error": None,
@@ -487,17 +489,20 @@ def _note_exclusion(record, err, fn, inputs):
 
 
 # ------------------------------------------------------------------------------------ driver
-def select_ops(names=None):
+def select_ops(names=None, absent_ok=False):
+    """``(OpInfos named by names (all when None), names this torch's op_db lacks)``. A name
+    that is not there stops the run unless ``absent_ok`` (a baseline recorded on another torch
+    release may name OpInfo variants this one does not have)."""
     from torch.testing._internal.common_methods_invocations import op_db
     ops = [op for op in op_db]
     if names is None:
-        return ops
+        return ops, []
     wanted = set(names)
     chosen = [op for op in ops if op_full_name(op) in wanted or op.name in wanted]
-    unknown = wanted - {op_full_name(op) for op in chosen} - {op.name for op in chosen}
-    if unknown:
-        raise SystemExit(f"unknown OpInfo names: {', '.join(sorted(unknown))}")
-    return chosen
+    unknown = sorted(wanted - {op_full_name(op) for op in chosen} - {op.name for op in chosen})
+    if unknown and not absent_ok:
+        raise SystemExit(f"unknown OpInfo names: {', '.join(unknown)}")
+    return chosen, unknown
 
 
 def run_op(op, max_samples) -> dict:
@@ -616,11 +621,15 @@ def print_table(summary: dict, out=sys.stdout):
               file=out)
 
 
-def run(op_names=None, max_samples=DEFAULT_MAX_SAMPLES, verbose=False, log=sys.stderr) -> dict:
-    ops = select_ops(op_names)
+def run(op_names=None, max_samples=DEFAULT_MAX_SAMPLES, verbose=False, log=sys.stderr,
+        absent_ok=False) -> dict:
+    ops, absent = select_ops(op_names, absent_ok)
+    if absent:
+        print(f"not in torch {torch.__version__}'s OpInfo database, skipped: "
+              f"{', '.join(absent)}", file=log, flush=True)
     report = {"meta": {"torch": torch.__version__, "jax": jax.__version__,
                        "max_samples": max_samples, "rtol": DEFAULT_RTOL, "atol": DEFAULT_ATOL,
-                       "dtype": "float32"},
+                       "dtype": "float32", "absent_opinfos": absent},
               "ops": {}}
     start = time.time()
     for i, op in enumerate(ops):
@@ -694,7 +703,7 @@ def main(argv=None):
         _enable_cache(args.cache_dir)
     warnings.filterwarnings("ignore")
 
-    report = run(names, max_samples, verbose=args.verbose)
+    report = run(names, max_samples, verbose=args.verbose, absent_ok=bool(args.ops_file))
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
         json.dump(report, f, indent=1, sort_keys=False)

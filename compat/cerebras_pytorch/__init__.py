@@ -15,7 +15,7 @@ import sys as _sys
 import warnings as _warnings
 
 import cstorch as _cstorch
-from cstorch.utils._import_alias import AliasFinder as _AliasFinder
+from cstorch.utils._import_alias import AliasFinder as _AliasFinder, add_finder as _add_finder
 
 
 class _AliasAllButExperimental(_AliasFinder):
@@ -30,8 +30,7 @@ class _AliasAllButExperimental(_AliasFinder):
 # in ``cerebras_pytorch.<name>`` for every loaded ``cstorch.<name>`` that is not yet present.
 from cerebras_pytorch import experimental  # noqa: E402
 
-if not any(isinstance(f, _AliasAllButExperimental) for f in _sys.meta_path):
-    _sys.meta_path.insert(0, _AliasAllButExperimental("cerebras_pytorch", "cstorch"))
+_add_finder(_AliasAllButExperimental("cerebras_pytorch", "cstorch"))
 for _name, _module in list(_sys.modules.items()):
     if _name.startswith("cstorch.") and not _name.startswith("cstorch.experimental"):
         _sys.modules.setdefault("cerebras_pytorch" + _name[len("cstorch"):], _module)

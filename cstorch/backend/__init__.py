@@ -13,6 +13,7 @@ import warnings
 
 import torch
 
+from cstorch import config
 from cstorch.backend.backend_type import BackendType
 from cstorch.errors import MultipleBackendsError, NoBackendError
 
@@ -55,6 +56,7 @@ class Backend(metaclass=_OneBackend):
             backend_type = BackendType.from_str(backend_type)
         self.backend_type = backend_type
         self._impl = _impl_class(backend_type)(backend_type, *args, **kwargs)
+        self._impl.hold_compilation_cache()  # once built: a failed backend holds nothing
         _current = self
 
     @property
@@ -171,6 +173,24 @@ def use_cs() -> bool:
     return _current is not None and _current.is_csx
 
 
+def get_or_create(backend_type, *args, mismatch=None, **kwargs) -> Backend:
+    """The process's backend when it is of ``backend_type``; with none yet, a new one
+    (``backend(backend_type, *args, **kwargs)``; the arguments only shape a new backend). A
+    backend of another type raises ``mismatch(existing)`` (default: a RuntimeError saying so),
+    since a process has one backend. The compatibility APIs all get their backend here."""
+    if isinstance(backend_type, str):
+        backend_type = BackendType.from_str(backend_type)
+    if _current is None:
+        return backend(backend_type, *args, **kwargs)
+    if _current.backend_type != backend_type:
+        if mismatch is not None:
+            raise mismatch(_current)
+        raise RuntimeError(
+            f"A {_current.backend_type.name} backend already exists in this process; a "
+            f"{backend_type.name} backend needs its own process.")
+    return _current
+
+
 def get_backend_args(backend_type):
     if isinstance(backend_type, str):
         backend_type = BackendType.from_str(backend_type)
@@ -184,6 +204,8 @@ def _reset_for_tests():
         _current._impl.shutdown()
     _current = None
 
+
+config.config.on_reset(_reset_for_tests)
 
 for _name in ("current_backend", "current_backend_impl", "current_torch_device", "use_cs",
               "get_backend_args", "_reset_for_tests"):

@@ -3,12 +3,14 @@ the step-closure queue and the data-executor hooks.
 
 State lives on the JAX side between steps (``jax_backend.DeviceState``). The torch objects
 (parameters, optimizer state, ...) are brought up to date only when someone asks:
-``state_dict()`` of a compiled model or optimizer, a checkpoint closure, the end of a data
-executor's run, or ``materialize_state()``.
+``state_dict()`` of a compiled model or optimizer, a checkpoint closure, any torch access to
+a state tensor, or ``materialize_state()``; the end of a data executor's run brings up to date
+only the tensors that could be read without such an access (``on_run_end``).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import warnings
@@ -64,9 +66,13 @@ class BaseBackend:
         self.stateful_objects: list = []  # anything else exposing _cstorch_state_slots()
         self.sparsity_registry: list = []  # cstorch.sparse algorithms, in creation order
         self.device_state = self._new_device_state()
+        self._holds_compilation_cache = False
         self.appliance_tracker = StageTracker()  # written as each executor's track.json
         self.appliance_tracker.start("Initialization")
         self.step_closures: list[QueuedClosure] = []
+        # zero_grad calls of any optimizer or compiled module: a traced step that computes
+        # gradients without zeroing them is told apart from one zeroed between its calls.
+        self.gradient_resets = 0
         self.data_executor_stack: list = []
         self._recorder = None  # closures recorded while tracing
         self._at_trace_exit: list = []  # callbacks that drop trace-time Python values
@@ -120,10 +126,12 @@ class BaseBackend:
         return state
 
     def state_name(self, tensor) -> str | None:
-        """How messages name a state tensor: ``fc.weight``, ``optimizer 0 state [3]['exp_avg']``."""
+        """How messages name a state tensor (``cstorch.core.state_names``)."""
+        from cstorch.core.state_names import state_name  # cstorch.core imports this module
+
         view = self._state_view
         path = view.path_of(tensor) if view is not None else None
-        return describe_path(path) if path is not None else None
+        return state_name(path) if path is not None else None
 
     def setup_model(self, model: torch.nn.Module) -> int:
         # What can be seen of its memory now: a storage that is resizable here has no numpy
@@ -367,6 +375,8 @@ class BaseBackend:
         args = torch.utils._pytree.tree_map(self._snapshot, args)
         kwargs = torch.utils._pytree.tree_map(self._snapshot, kwargs)
         self.step_closures.append(QueuedClosure(kind, fn, args, kwargs))
+        if not self.data_executor_stack:
+            _warn_at_exit_about_queued_closures(self)
 
     def _snapshot(self, value):
         """A closure argument's value at call time (the device value for stale state)."""
@@ -381,14 +391,36 @@ class BaseBackend:
         cluster's user node). Every process fetches their arguments and, for checkpoint
         closures, the state first: gathering values split across processes is a collective."""
         queued, self.step_closures = self.step_closures, []
+        self._run_closures(queued)
+
+    def run_closures_of_a_step_outside_executor(self, first: int) -> None:
+        """A traced step called outside a DataExecutor: the closures it queued (from index
+        ``first`` of the queue) run now, with its values, so that what the step prints appears
+        after the step, as in eager torch. cerebras-pytorch 2.10 keeps them queued until a
+        DataExecutor starts, i.e. often never (a deliberate difference). A checkpoint closure
+        has no checkpoint schedule outside an executor: it raises, as 2.10 does when such a
+        closure is finally run. Closures queued before the step (e.g. an initial checkpoint
+        queued before the loop) stay queued for the next executor, as in 2.10."""
+        if self.data_executor_stack or len(self.step_closures) <= first:
+            return
+        queued = self.step_closures[first:]
+        del self.step_closures[first:]
+        self._run_closures(queued)
+
+    def _run_closures(self, queued: list) -> None:
         runs_here = runtime.process_index() == 0
         for closure in queued:
             if closure.kind == "checkpoint":
                 context = self.run_context
                 if context is None:
+                    name = getattr(closure.fn, "__name__", "the checkpoint closure")
                     raise RuntimeError(
-                        "Cannot fetch a checkpoint outside of an execution context. Call "
-                        "checkpoint closures inside the loop over a cstorch DataExecutor.")
+                        f"Cannot fetch a checkpoint outside of an execution context: "
+                        f"checkpoint closure {name!r} was called from a step that runs "
+                        "outside a cstorch DataExecutor, so there are no checkpoint steps to "
+                        "run it on. Loop over cstorch.utils.data.DataExecutor(loader, "
+                        "num_steps=..., checkpoint_steps=...) and call the step inside the "
+                        "loop, or save directly with cstorch.save(model.state_dict(), path).")
                 if not (context.is_pre_initial_step or context.is_checkpoint_step):
                     continue
                 self.materialize_state()
@@ -407,7 +439,14 @@ class BaseBackend:
         self.run_step_closures()
 
     def on_run_end(self) -> None:
-        self.materialize_state()
+        """Brings up to date only the torch tensors something could read without asking the
+        device state first: released ones (the large parameters and optimizer state that
+        nothing else holds) are filled by their guard on first access, so copying them here
+        would move every byte of the model to the host at each run's end for nothing."""
+        state = self.device_state
+        if state.has_pending:
+            state.materialize([t for t in self.state_view().tensors
+                               if not state.is_released(t)])
 
     def on_batch_start(self, batch):
         return batch
@@ -420,10 +459,50 @@ class BaseBackend:
 
     def shutdown(self) -> None:
         """Releases device state and global hooks (used when a test tears the backend down)."""
+        self.step_closures = []
         for handle in self._registration_hooks:
             handle.remove()
         self.device_state.release()
         self.device_state = self._new_device_state()
+        if self._holds_compilation_cache:
+            self._holds_compilation_cache = False
+            jax_backend.compilation_cache.release()
+
+    def hold_compilation_cache(self) -> str | None:
+        """Turns the persistent compilation cache on while this backend lives (``Backend``
+        calls it once the backend is built; ``shutdown`` gives it back): see
+        jax_backend/compilation_cache.py. Returns its directory (None: off)."""
+        if self._holds_compilation_cache:
+            return jax_backend.compilation_cache.enabled_directory()
+        self._holds_compilation_cache = True
+        return jax_backend.compilation_cache.acquire()
+
+
+class QueuedClosureWarning(UserWarning):
+    """Step or checkpoint closures were queued outside a DataExecutor and never ran."""
+
+
+_exit_checks: "weakref.WeakSet[BaseBackend]" = weakref.WeakSet()
+
+
+def _warn_at_exit_about_queued_closures(impl: BaseBackend) -> None:
+    """Closures queued outside a DataExecutor wait for the next executor (as in 2.10). If
+    none comes, the process says so when it ends instead of dropping them silently."""
+    if not _exit_checks:
+        atexit.register(_report_queued_closures)
+    _exit_checks.add(impl)
+
+
+def _report_queued_closures() -> None:
+    for impl in list(_exit_checks):
+        names = [getattr(c.fn, "__name__", repr(c.fn)) for c in impl.step_closures]
+        if names:
+            warnings.warn(
+                f"{len(names)} step/checkpoint closure call(s) ({', '.join(sorted(set(names)))}) "
+                "were queued outside a cstorch DataExecutor and never ran: closures queued "
+                "outside a traced step run when the next DataExecutor starts. Call them inside "
+                "the loop over a DataExecutor (or, to save now, call cstorch.save directly).",
+                QueuedClosureWarning, stacklevel=1)
 
 
 class BackendHook:
@@ -498,20 +577,6 @@ class StateView:
         return all(slot.container.get(slot.key) is tensor
                    for slot, tensor in zip(self.slots, self.held))
 
-
-def describe_path(path: tuple) -> str:
-    """A state path as users name the tensor: ``fc.weight`` (``model1.fc.weight`` for a
-    second model), ``optimizer 0 state [3]['exp_avg']``, ``scheduler 0 last_epoch``."""
-    kind = path[0]
-    if kind == "model":
-        _, m, module, _, name = path
-        prefix = f"model{m}." if m else ""
-        return f"{prefix}{module + '.' if module else ''}{name}"
-    if kind == "optimizer":
-        _, o, section, where, key = path
-        what = "param_groups" if section == "group" else "state"
-        return f"optimizer {o} {what} [{where!r}][{key!r}]"
-    return " ".join(map(str, path))
 
 
 def _global_module_hooks() -> tuple:

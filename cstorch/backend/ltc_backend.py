@@ -31,6 +31,7 @@ from torch.utils._pytree import tree_flatten_with_path, tree_unflatten, keystr
 from torch.utils.hooks import RemovableHandle
 
 from jax_backend import LazyTensor, mesh
+from cstorch import config
 
 from cstorch.backend import precision
 from cstorch.backend.base_backend import BaseBackend
@@ -64,9 +65,7 @@ class PyTorchLtcBackendImpl(BaseBackend):
             raise ValueError(
                 f"cluster_config.num_csx must be a positive number of systems, got "
                 f"{cluster_config.num_csx}.")
-        threads = os.environ.get("TORCH_NUM_THREADS")
-        if threads is not None and (not threads.isdigit() or int(threads) <= 0):
-            raise ValueError(f"TORCH_NUM_THREADS must be a positive integer, got {threads!r}.")
+        config.torch_num_threads.value  # noqa: B018 - raises unless a positive integer
         self.cluster_config = cluster_config
         self.compile_dir = compile_dir
         self.compile_only = compile_only

@@ -8,18 +8,28 @@ from __future__ import annotations
 
 import torch
 
+from cstorch import config
 from jax_backend.precision import Policy
+from jax_backend.target import torch_float32_matmul
 
 _HALF_DTYPES = {
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
-    "cbfloat16": torch.float16,  # Cerebras' cbfloat16 is emulated with float16 numerics
+    "cbfloat16": torch.float16,  # its proxy dtype; the engine holds the values as cbfloat16
 }
 
 
 class _AmpState:
     half_dtype_str = "float16"
     mixed_precision = False
+
+
+def _reset() -> None:
+    _AmpState.half_dtype_str = "float16"
+    _AmpState.mixed_precision = False
+
+
+config.config.on_reset(_reset)
 
 
 def mixed_precision() -> bool:
@@ -72,7 +82,9 @@ def is_cbfloat16_tensor(tensor) -> bool:
 
 
 def current_policy() -> Policy:
-    """The engine precision policy implied by the current settings."""
+    """The engine precision policy implied by the current settings (and torch's float32
+    matmul precision, which decides whether a GPU may use TF32 for fp32 matmuls)."""
+    float32_matmul = torch_float32_matmul()
     if not mixed_precision():
-        return Policy()
-    return Policy(compute_dtype=str(get_half_dtype()).replace("torch.", ""))
+        return Policy(float32_matmul=float32_matmul)
+    return Policy(compute_dtype=get_half_dtype_str(), float32_matmul=float32_matmul)

@@ -14,6 +14,7 @@ import collections
 import contextlib
 import dataclasses
 import functools
+import inspect
 import warnings
 from typing import Callable, NamedTuple
 
@@ -24,9 +25,12 @@ from torch.utils.hooks import RemovableHandle
 import jax_backend
 from jax_backend import LazyTensor, Program, capture_step
 from jax_backend.dtypes import tensor_to_host
+from jax_backend.jax_settings import in_engine_scope
 from jax_backend.user_frames import warn
+from cstorch import config
 from cstorch.backend import Backend, BackendType, backend as _backend_fn, current_backend_impl
 from cstorch.core.capture_cache import CaptureCache
+from cstorch.core.state_names import state_name
 from cstorch.core.engine import run_eagerly
 from cstorch.decomp.registry import decompositions_for
 from cstorch.experimental import listener
@@ -37,8 +41,8 @@ _trace_pre_hooks: dict = collections.OrderedDict()
 _trace_post_hooks: dict = collections.OrderedDict()
 
 
-#: How many compiled programs one traced step keeps (least recently used are dropped).
-MAX_PROGRAMS = 16
+#: How many compiled programs one traced step keeps (``cstorch.config``: max_programs).
+MAX_PROGRAMS = config.max_programs
 
 
 class RecompilationWarning(UserWarning):
@@ -47,6 +51,11 @@ class RecompilationWarning(UserWarning):
 
 class FrozenValueWarning(UserWarning):
     """A Python (non-tensor) argument of a traced step changed after compilation."""
+
+
+class GradientAccumulationWarning(UserWarning):
+    """A traced step computes gradients that nothing zeroes: eager torch would accumulate
+    them across steps, a compiled step starts every step from zero gradients."""
 
 
 def register_trace_fn_pre_hook(hook) -> RemovableHandle:
@@ -111,7 +120,8 @@ def compile(model: torch.nn.Module, backend=None):  # noqa: A001 - the public na
             f"{impl.device}. Create the model under the current backend's device.")
     impl.setup_model(model)
     for module in model.modules():
-        module.apply = _CompiledApply(module)
+        module.apply = _ModuleMethod(_apply, module)
+        module.zero_grad = _ModuleMethod(_zero_grad, module)
 
     def compiled(*args, **kwargs):
         return impl.forward(model, *args, **kwargs)
@@ -126,20 +136,22 @@ def compile(model: torch.nn.Module, backend=None):  # noqa: A001 - the public na
     return compiled
 
 
-class _CompiledApply:
-    """``module.apply`` of a compiled module: ``_apply`` bound to it. Unlike a bound method,
-    a copy or pickle of the module gets the same function bound to the copy (a pickled bound
-    method would come back as whatever ``getattr(module, "_apply")`` finds: torch's own
-    ``Module._apply``, which does something else)."""
+class _ModuleMethod:
+    """A function bound to one compiled module as an instance attribute (``apply``,
+    ``zero_grad``). Unlike a bound method, a copy or pickle of the module gets the same
+    function bound to the copy (a pickled bound method comes back as whatever
+    ``getattr(module, name)`` finds, e.g. torch's ``Module._apply``, which does something
+    else)."""
 
-    def __init__(self, module: torch.nn.Module):
+    def __init__(self, function, module: torch.nn.Module):
+        self.__func__ = function
         self.__self__ = module
 
-    def __call__(self, fn):
-        return _apply(self.__self__, fn)
+    def __call__(self, *args, **kwargs):
+        return self.__func__(self.__self__, *args, **kwargs)
 
     def __reduce__(self):
-        return _CompiledApply, (self.__self__,)
+        return _ModuleMethod, (self.__func__, self.__self__)
 
 
 def _apply(module: torch.nn.Module, fn):
@@ -156,6 +168,14 @@ def _apply(module: torch.nn.Module, fn):
     raise TypeError(
         f"Expected a callable as the argument to apply, got {type(fn).__name__}. Pass a "
         "function of one module, or an object with an `apply(module)` method.")
+
+
+def _zero_grad(module: torch.nn.Module, set_to_none: bool = True) -> None:
+    """``Module.zero_grad`` that the backend counts (see ``GradientAccumulationWarning``)."""
+    impl = current_backend_impl(raise_exception=False)
+    if impl is not None:
+        impl.gradient_resets += 1
+    torch.nn.Module.zero_grad(module, set_to_none)
 
 
 # ------------------------------------------------------------------------------------ trace
@@ -192,6 +212,7 @@ class _CompiledStep:
     optimizer_params: tuple  # per optimizer at compile time: the state paths it updates
     ties: dict  # slot path -> path of its tensor, for the slots of this program's state
     cache: CaptureCache | None = None  # until the first good run: where the graph goes/came
+    leaves_gradients: bool = False  # computes gradients and does not zero them
     _resolved: tuple = (None, None, None)  # (view, used indices, written indices)
     _mismatch: tuple = (None, None)  # (view, why this program does not fit it)
 
@@ -223,14 +244,12 @@ class _CompiledStep:
         return reason
 
     def _find_mismatch(self, view) -> str | None:
-        from cstorch.backend.base_backend import describe_path
-
         for path in self.used_paths + self.written_paths:
             index = view.index_of.get(path)
             if index is None:
-                return f"state {describe_path(path)} is gone or now shares a tensor"
+                return f"state {state_name(path)} is gone or now shares a tensor"
             if view.aval(index) != self.state_avals[path]:
-                return f"state {describe_path(path)} changed shape or dtype"
+                return f"state {state_name(path)} changed shape or dtype"
         current = view.optimizer_params[:len(self.optimizer_params)]
         for o, (then, now) in enumerate(zip(self.optimizer_params, current)):
             if then != now:
@@ -240,7 +259,7 @@ class _CompiledStep:
                         f"optimizer {o} has another number of param groups")
         for slot, named in self.ties.items():
             if view.named_by.get(slot) != named:
-                return (f"state {describe_path(slot)} was replaced or tied/untied "
+                return (f"state {state_name(slot)} was replaced or tied/untied "
                         "differently")
         return None
 
@@ -325,6 +344,7 @@ class TracedStep:
         self._warned_evicted = False
         self._last_key = None
         self._warned_frozen = False
+        self._resets_after_call = None  # backend.gradient_resets after the previous call
         functools.update_wrapper(self, step_fn)
 
     @property
@@ -352,9 +372,18 @@ class TracedStep:
         impl = current_backend_impl()
         if impl.is_tracing:  # a traced step called from inside another: inline it
             return self.step_fn(*args, **kwargs)
+        queued_before = len(impl.step_closures)
         if impl.engine == "eager":  # plain eager torch every step (cstorch.core.engine)
-            return run_eagerly(self.step_fn, impl, args, kwargs)
-        leaves, spec = pytree.tree_flatten((args, kwargs))
+            outputs = run_eagerly(self.step_fn, impl, args, kwargs)
+        else:
+            outputs = self._call_compiled(impl, args, kwargs)
+        # Outside a DataExecutor nothing else would run this step's closures.
+        impl.run_closures_of_a_step_outside_executor(queued_before)
+        return outputs
+
+    def _program_for(self, impl, leaves, spec):
+        """The compiled step for these arguments and the current state, compiled now if
+        needed (without running it): ``(entry, key, view, positions)``."""
         view = impl.state_view()
         key = _signature(leaves, spec, impl, view)
         hyperparameters = _hyperparameters(impl)
@@ -372,6 +401,12 @@ class TracedStep:
             positions = entry.resolve(view)
             self._evict_unused()
         self._last_key = key
+        return entry, key, view, positions
+
+    def _call_compiled(self, impl, args, kwargs):
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        entry, key, view, positions = self._program_for(impl, leaves, spec)
+        self._check_gradients_are_zeroed(impl, entry)
         try:
             outputs = self._run(impl, entry, leaves, view, *positions)
         except Exception as error:  # noqa: BLE001 - re-raised unless a cached graph failed
@@ -388,11 +423,7 @@ class TracedStep:
     def _compile_without_running(self, impl, args, kwargs) -> None:
         """Captures and compiles the step for ``args`` as its first call would, without
         running the program (compile-only runs)."""
-        leaves, spec = pytree.tree_flatten((args, kwargs))
-        view = impl.state_view()
-        key = _signature(leaves, spec, impl, view)
-        entry = self._compile(impl, key, leaves, spec, view)
-        self._last_key = self._refile(entry, key, leaves, spec, impl, view)
+        self._program_for(impl, *pytree.tree_flatten((args, kwargs)))
 
     def _refile(self, entry, key, leaves, spec, impl, view) -> ProgramSignature:
         """Files a just-captured program under the signature as the capture left it, and
@@ -423,7 +454,7 @@ class TracedStep:
     def _compile(self, impl, key, leaves, spec, view, retry=False,
                  reason=None) -> _CompiledStep:
         if self._programs and not retry:
-            changed = _describe_change(self._last_key, key, reason)
+            changed = _describe_change(self._last_key, key, self.step_fn, reason)
             if impl.is_csx:
                 raise jax_backend.RecompilationError(
                     f"The step function {self.step_fn.__name__!r} was called with a new "
@@ -440,6 +471,7 @@ class TracedStep:
         records = []
         passes = []  # one entry per time capture runs the step body
         counters_before = _step_counts(impl)
+        leaves_gradients = []
 
         def step(*tensors):
             passes.append(None)
@@ -447,8 +479,11 @@ class TracedStep:
             for i, t in zip(positions, tensors):
                 rebuilt[i] = t
             args, kwargs = pytree.tree_unflatten(rebuilt, spec)
+            resets = impl.gradient_resets
             with impl.tracing(records):
                 outputs = self.step_fn(*args, **kwargs)
+            leaves_gradients.append(impl.gradient_resets == resets and any(
+                p.grad is not None for model in impl.models for p in model.parameters()))
             return outputs, [(r.args, r.kwargs) for r in records]
 
         policy = impl.precision_policy()
@@ -470,7 +505,8 @@ class TracedStep:
             closures = [(r.kind, r.fn) for r in records]
             cache.prepare(captured, records, counter_steps)
         self.trace_count += 1
-        program = Program(captured, policy=policy, layout=impl.layout)
+        program = Program(captured, policy=policy, layout=impl.layout,
+                          platform=jax_backend.target.platform_of(impl.jax_devices[0]))
         python_leaves = tuple(None if isinstance(x, torch.Tensor) else x for x in leaves)
         used = [view.paths[i] for i in captured.used_state]
         written = [view.paths[i] for i in captured.written_state]
@@ -480,14 +516,16 @@ class TracedStep:
         ties = {slot: named for slot, named in view.named_by.items() if named in mine}
         entry = _CompiledStep(captured, program, closures, python_leaves, used, written, avals,
                               _hyperparameters(impl), counter_steps, view.optimizer_params,
-                              ties, cache if cache.key is not None else None)
+                              ties, cache if cache.key is not None else None,
+                              leaves_gradients=bool(leaves_gradients and leaves_gradients[-1]))
         self._programs.setdefault(key, []).append(entry)
         return entry
 
     def _evict_unused(self) -> None:
         """Keeps at most MAX_PROGRAMS programs (each holds megabytes of compiled code): a
         step fed ever-changing shapes would otherwise grow without bound."""
-        while sum(len(entries) for entries in self._programs.values()) > MAX_PROGRAMS:
+        limit = MAX_PROGRAMS.value
+        while sum(len(entries) for entries in self._programs.values()) > limit:
             oldest = next(iter(self._programs))
             self._programs[oldest].pop(0)
             if not self._programs[oldest]:
@@ -495,11 +533,25 @@ class TracedStep:
             if not self._warned_evicted:
                 self._warned_evicted = True
                 warnings.warn(
-                    f"{self.step_fn.__name__!r} has been compiled for more than {MAX_PROGRAMS} "
+                    f"{self.step_fn.__name__!r} has been compiled for more than {limit} "
                     "signatures; the least recently used programs are dropped and will be "
                     "compiled again if needed. Keep input shapes fixed (e.g. drop_last=True, "
                     "padding to a few bucket sizes) to avoid recompiling.",
                     RecompilationWarning, stacklevel=4)
+
+    def _check_gradients_are_zeroed(self, impl, entry) -> None:
+        """Warns once when a step that leaves its gradients un-zeroed is called again with
+        no zero_grad in between: eager torch would add the new gradients to the old ones."""
+        previous, self._resets_after_call = self._resets_after_call, impl.gradient_resets
+        if entry.leaves_gradients and previous == impl.gradient_resets and previous is not None:
+            entry.leaves_gradients = False  # once
+            warn(f"{self.step_fn.__name__!r} computes gradients (backward) but neither the "
+                 "step nor the code between its calls zeroes them (optimizer.zero_grad()). "
+                 "Eager torch would add each step's gradients to the previous step's; a "
+                 "compiled step starts every step from zero gradients (they do not persist "
+                 "between steps), so the numbers differ from eager torch's. Call "
+                 "optimizer.zero_grad() in the step, before backward; to accumulate gradients "
+                 "on purpose, use a larger batch.", GradientAccumulationWarning)
 
     def _check_frozen(self, entry, leaves):
         if self._warned_frozen:
@@ -572,19 +624,103 @@ class TracedStep:
         """The most recent program as a pure JAX function (not jitted):
         ``(donated_state, kept_state, inputs, seed) -> (new_state, outputs)``, lists of arrays
         in the program's order; ``seed`` is the int64 scalar its random ops are keyed from
-        (see ``jax_backend.Program.pure_step``)."""
-        return self._latest().program.pure_step
+        (see ``jax_backend.Program.pure_step``). :meth:`pure_state` gives the state it takes;
+        ``new_state`` is the state the step writes, which ``PureState.advance`` puts back::
+
+            f, state = jax.jit(step.pure_function()), step.pure_state()
+            with jax.enable_x64(True):  # int64/float64 state keeps its dtypes
+                new_state, outputs = f(state.donated, state.kept, [x, y], 0)
+            state = state.advance(new_state)
+
+        Called directly it runs in the engine's JAX settings (64-bit types,
+        ``jax_backend.jax_settings``); inside your own ``jax.jit``, turn 64-bit types on for
+        the call as above (JAX narrows int64/float64 arguments otherwise).
+        """
+        return in_engine_scope(self._latest().program.pure_step)
+
+    def pure_state(self) -> "PureState":
+        """The current state arrays of the most recent program, in the order
+        :meth:`pure_function` takes them, with their names (``model0.fc.weight``,
+        ``optimizer0.state.0.exp_avg``, ...). These are the live arrays: a later call of the
+        cstorch step donates (deletes) those in ``donated``; copy them to keep them."""
+        entry = self._latest()
+        impl = current_backend_impl()
+        view = impl.state_view()
+        positions = entry.resolve(view)
+        if positions is None:
+            raise RuntimeError("The state this program was compiled for no longer exists; "
+                               "call the step once more.")
+        used_index, written_index = positions
+        arrays = impl.device_state.arrays([view.tensors[i] for i in used_index])
+        names = [state_name(view.paths[i]) for i in used_index]
+        program = entry.program
+        donated, kept = program.split_state(arrays)
+        donated_names, kept_names = program.split_state(names)
+        return PureState(donated, kept, donated_names, kept_names,
+                         [state_name(view.paths[i]) for i in written_index])
 
 
-def _describe_change(old: ProgramSignature, new: ProgramSignature, reason=None) -> str:
+class PureState(NamedTuple):
+    """The state a traced step's pure function takes (``TracedStep.pure_state``)."""
+
+    donated: list  # arrays the step overwrites, in the order the pure function takes them
+    kept: list  # arrays it only reads
+    donated_names: list
+    kept_names: list
+    written_names: list  # the names of ``new_state``'s arrays, in its order
+
+    def advance(self, new_state) -> "PureState":
+        """The state for the next step, given the ``new_state`` the pure function returned."""
+        if len(new_state) != len(self.written_names):
+            raise ValueError(f"new_state has {len(new_state)} arrays; the step writes "
+                             f"{len(self.written_names)}.")
+        written = dict(zip(self.written_names, new_state))
+        return self._replace(donated=[written[name] for name in self.donated_names])
+
+
+def _describe_change(old: ProgramSignature, new: ProgramSignature, step_fn=None,
+                     reason=None) -> str:
     changed = [_FIELD_NAMES.get(field, field.replace("_", " "))
                for field, a, b in zip(ProgramSignature._fields, old, new) if a != b]
+    if old.input_shapes_dtypes != new.input_shapes_dtypes and old.input_structure == \
+            new.input_structure:
+        changed[changed.index("input shapes/dtypes")] = (
+            "input shapes/dtypes: " + _describe_inputs(old, new, step_fn)
+            + "; a smaller last batch is the usual cause: use drop_last=True in the DataLoader")
     if reason:
         changed.append(reason)
     return ", ".join(changed) or (
         "an optimizer hyperparameter that is a Python number changed, or the state the step "
         "uses changed shape or dtype; schedule hyperparameters with a cstorch scheduler (or "
         "store them as tensors) to change them without recompiling")
+
+
+def _describe_inputs(old: ProgramSignature, new: ProgramSignature, step_fn) -> str:
+    """``inputs (args[0]) float32[32, 784] -> float32[16, 784]`` for each changed input."""
+    paths = [keys for keys, _ in pytree.tree_flatten_with_path(pytree.tree_unflatten(
+        list(range(len(new.input_shapes_dtypes))), new.input_structure))[0]]
+    try:
+        names = list(inspect.signature(step_fn).parameters) if step_fn is not None else []
+    except (TypeError, ValueError):
+        names = []
+    parts = []
+    for keys, a, b in zip(paths, old.input_shapes_dtypes, new.input_shapes_dtypes):
+        if a == b or a is None or b is None:
+            continue
+        label = pytree.keystr(keys)  # "[0][1]": args[1], "[1]['mask']": kwargs["mask"]
+        if len(keys) >= 2 and keys[0] == pytree.SequenceKey(0) and \
+                isinstance(keys[1], pytree.SequenceKey) and keys[1].idx < len(names):
+            label = names[keys[1].idx] + pytree.keystr(keys[2:])
+        elif len(keys) >= 2 and keys[0] == pytree.SequenceKey(1) and \
+                isinstance(keys[1], pytree.MappingKey):
+            label = str(keys[1].key) + pytree.keystr(keys[2:])
+        parts.append(f"{label} {_aval(a)} -> {_aval(b)}")
+    return ", ".join(parts)
+
+
+def _aval(shape_dtype) -> str:
+    shape, dtype = shape_dtype
+    return f"{str(dtype).replace('torch.', '')}[{', '.join(map(str, shape))}]"
 
 
 def trace(step_fn: Callable) -> TracedStep:

@@ -17,10 +17,10 @@ engines (``jax_backend.torch_ops``), so a parity run compares forward and backwa
 
 from __future__ import annotations
 
-import os
+from cstorch import config
 
 ENGINES = ("jax", "eager")
-ENGINE_VARIABLE = "CSTORCH_ENGINE"
+ENGINE_VARIABLE = config.engine.env_var
 
 
 def resolve_engine(engine: str | None = "auto") -> str:
@@ -28,7 +28,7 @@ def resolve_engine(engine: str | None = "auto") -> str:
     else ``"jax"``."""
     source = "engine"
     if engine is None or engine == "auto":
-        engine, source = os.environ.get(ENGINE_VARIABLE) or "jax", f"${ENGINE_VARIABLE}"
+        engine, source = config.engine.value or "jax", f"${ENGINE_VARIABLE}"
     if not isinstance(engine, str) or engine.lower() not in ENGINES:
         raise ValueError(
             f"Unknown engine {engine!r} (from {source}). Use one of {', '.join(ENGINES)}: "

@@ -8,11 +8,20 @@ then joins the job. ``--devices_per_process N`` models N CPU devices in each pro
 When one process fails, the others get ``--grace`` seconds to stop by themselves (they
 normally fail fast, see the runtime's failure behaviour) and are then terminated; the exit
 status is that of the first process that failed (0 when all succeeded).
+
+The launcher owns its processes: SIGTERM or SIGHUP (what a scheduler or a closed terminal
+sends) and Ctrl-C are forwarded to every process, which is killed if it has not stopped
+after ``min(--grace, 10)`` seconds (then 5 more after SIGTERM); the launcher then exits with
+128 + the signal's number. The processes also end when the launcher itself dies, even by
+SIGKILL: on Linux the kernel sends them SIGTERM (``PR_SET_PDEATHSIG``), elsewhere a thread of
+the runtime notices (``CSTORCH_LAUNCHER_PID``).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import os
 import signal
 import socket
@@ -20,6 +29,7 @@ import subprocess
 import sys
 import time
 
+from cstorch import config
 from cstorch.distributed import runtime
 
 
@@ -34,7 +44,7 @@ def process_environment(base: dict, process_id: int, num_processes: int, address
                         init_timeout: int | None = None,
                         heartbeat_timeout: int | None = None) -> dict:
     """The environment of process ``process_id`` of a local job."""
-    env = dict(base)
+    env = config.launched_process_environment(base)
     env[runtime.ENV_COORDINATOR] = address
     env[runtime.ENV_NUM_PROCESSES] = str(num_processes)
     env[runtime.ENV_PROCESS_ID] = str(process_id)
@@ -73,6 +83,42 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _death_signal_setter(launcher_pid: int):
+    """A ``preexec_fn`` for the workers: on Linux, the kernel sends the worker SIGTERM when the
+    launcher dies (and a worker whose launcher died while it was starting exits at once).
+    None where ``prctl`` does not exist (the runtime's watch thread covers those systems)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def set_death_signal():  # runs in the child, between fork and exec
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != launcher_pid:
+            os._exit(1)
+
+    return set_death_signal
+
+
+class _Signalled(Exception):
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_once(signum, frame):
+    """The first SIGTERM/SIGHUP interrupts the launcher's wait; later ones are ignored while
+    it stops the processes."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    raise _Signalled(signum)
+
+
 def _stop(processes, grace: float) -> None:
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and any(p.poll() is None for p in processes):
@@ -98,15 +144,21 @@ def main(argv=None) -> int:
     if not os.path.isfile(args.script):
         raise SystemExit(f"No such script: {args.script!r}.")
     address = f"127.0.0.1:{args.port or free_port()}"
-    processes = []
-    for process_id in range(args.num_processes):
-        env = process_environment(os.environ, process_id, args.num_processes, address,
-                                  args.devices_per_process, args.init_timeout,
-                                  args.heartbeat_timeout)
-        processes.append(subprocess.Popen([sys.executable, args.script, *args.script_args],
-                                          env=env))
-    failed = None
+    if args.port:
+        busy = runtime.coordinator_port_in_use(address)
+        if busy is not None:
+            raise SystemExit(busy)
+    previous = {sig: signal.signal(sig, _raise_once) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    processes, failed, signalled = [], None, None
     try:
+        launcher_env = dict(os.environ, **{runtime.ENV_LAUNCHER_PID: str(os.getpid())})
+        for process_id in range(args.num_processes):
+            env = process_environment(launcher_env, process_id, args.num_processes, address,
+                                      args.devices_per_process, args.init_timeout,
+                                      args.heartbeat_timeout)
+            processes.append(subprocess.Popen(
+                [sys.executable, args.script, *args.script_args], env=env,
+                preexec_fn=_death_signal_setter(os.getpid())))
         while failed is None and any(p.poll() is None for p in processes):
             failed = next((p for p in processes if p.poll() not in (None, 0)), None)
             time.sleep(0.1)
@@ -114,13 +166,20 @@ def main(argv=None) -> int:
         if failed is not None:
             print(f"[launch] process {processes.index(failed)} exited with status "
                   f"{failed.returncode}; stopping the others.", file=sys.stderr, flush=True)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, _Signalled) as stop:
+        signalled = getattr(stop, "signum", signal.SIGINT)
+        print(f"[launch] {signal.Signals(signalled).name}: stopping the processes.",
+              file=sys.stderr, flush=True)
         for p in processes:
             if p.poll() is None:
-                p.send_signal(signal.SIGINT)
-        args.grace = min(args.grace, 5.0)
+                p.send_signal(signalled)
+        args.grace = min(args.grace, 10.0)
     finally:
         _stop(processes, args.grace)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if signalled is not None:
+        return 128 + signalled
     if failed is not None:
         return failed.returncode if failed.returncode > 0 else 1
     return 0 if all(p.returncode == 0 for p in processes) else 1

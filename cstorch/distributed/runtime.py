@@ -12,6 +12,8 @@ joins the job when it is created (the GPU backend with ``enable_distributed=True
 ``CSTORCH_INIT_TIMEOUT``        seconds to wait for every process to join (default 60)
 ``CSTORCH_HEARTBEAT_TIMEOUT``   seconds without a heartbeat after which a process counts as
                                 dead and the job is stopped (default 20)
+``CSTORCH_LAUNCHER_PID``        set by the launcher: the process ends (SIGTERM) when the
+                                launcher is gone
 =============================== ============================================================
 
 ``python -m cstorch.distributed.launch`` sets them for local processes.
@@ -30,17 +32,24 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import errno
 import os
 import re
+import signal
+import socket
 import sys
 import threading
+import time
 from typing import Optional
 
-ENV_COORDINATOR = "CSTORCH_COORDINATOR_ADDRESS"
-ENV_NUM_PROCESSES = "CSTORCH_NUM_PROCESSES"
-ENV_PROCESS_ID = "CSTORCH_PROCESS_ID"
-ENV_INIT_TIMEOUT = "CSTORCH_INIT_TIMEOUT"
-ENV_HEARTBEAT_TIMEOUT = "CSTORCH_HEARTBEAT_TIMEOUT"
+from cstorch import config
+
+ENV_COORDINATOR = config.coordinator_address.env_var
+ENV_NUM_PROCESSES = config.num_processes.env_var
+ENV_PROCESS_ID = config.process_id.env_var
+ENV_INIT_TIMEOUT = config.init_timeout.env_var
+ENV_HEARTBEAT_TIMEOUT = config.heartbeat_timeout.env_var
+ENV_LAUNCHER_PID = config.launcher_pid.env_var
 
 _ADDRESS = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[^\s:\[\]]+):\d{1,5}$")
 
@@ -179,6 +188,11 @@ def join(config: Optional[DistributedConfig] = None) -> bool:
             "This process must join its multi-process job before JAX starts its devices, "
             "but JAX is already running (something called jax.devices() or computed with "
             "JAX). Create the cstorch backend first thing in the script.")
+    if wanted.process_id == 0:  # process 0 hosts the coordinator
+        busy = coordinator_port_in_use(wanted.coordinator_address)
+        if busy is not None:
+            raise DistributedError(busy)
+    watch_launcher()
     # CPU collectives between processes go through gloo (TCP); GPUs use NCCL by default.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     atexit.register(_exit_after_failure)  # runs before JAX's own shutdown barrier
@@ -205,14 +219,13 @@ def _initialize_within(wanted: DistributedConfig) -> Optional[str]:
     import jax
 
     outcome = {}
+    timeouts = _runtime_timeouts(jax.distributed.initialize, wanted)
 
     def connect():
         try:
             jax.distributed.initialize(
                 wanted.coordinator_address, wanted.num_processes, wanted.process_id,
-                initialization_timeout=wanted.initialization_timeout + 60,
-                heartbeat_timeout_seconds=wanted.heartbeat_timeout,
-                shutdown_timeout_seconds=max(wanted.heartbeat_timeout, 10))
+                initialization_timeout=wanted.initialization_timeout + 60, **timeouts)
         except Exception as error:  # noqa: BLE001 - the runtime raises several types
             first_line = (str(error).strip().splitlines() or [""])[0]
             outcome["error"] = f"{type(error).__name__}: {first_line}"
@@ -227,6 +240,89 @@ def _initialize_within(wanted: DistributedConfig) -> Optional[str]:
     if "error" in outcome:
         _failed_to_join = True
     return outcome.get("error")
+
+
+def _bind_address(coordinator_address: str, environ=None) -> tuple:
+    """``(family, host, port)`` the coordinator listens on: JAX binds every address
+    (``[::]``) on the coordinator's port unless ``JAX_COORDINATOR_BIND_ADDRESS`` says where."""
+    env = os.environ if environ is None else environ
+    bind = env.get("JAX_COORDINATOR_BIND_ADDRESS") or \
+        "[::]:" + coordinator_address.rsplit(":", 1)[1]
+    host, port = bind.rsplit(":", 1)
+    host = host.strip("[]")
+    return (socket.AF_INET6 if ":" in host else socket.AF_INET), host, int(port)
+
+
+def coordinator_port_in_use(coordinator_address: str, environ=None) -> Optional[str]:
+    """Why the coordinator of ``coordinator_address`` could not listen on this host (None when
+    it can). JAX's runtime does not report that: it ends the process with SIGSEGV."""
+    family, host, port = _bind_address(coordinator_address, environ)
+    try:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError:  # no IPv6 on this host: ask about IPv4's every-address instead
+        family, host = socket.AF_INET, ("0.0.0.0" if host == "::" else host)
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    with sock:
+        # As the coordinator's gRPC server does: a port left in TIME_WAIT counts as free.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+            sock.listen(1)
+        except OSError as error:
+            if error.errno not in (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL):
+                return None  # not a verdict on the port; let the runtime try
+            return (f"The coordinator of this job cannot listen on port {port} "
+                    f"({os.strerror(error.errno)}): another program or job holds it. "
+                    "Choose a free port for the coordinator address "
+                    f"(${ENV_COORDINATOR}, or the launcher's --port; the launcher picks a free "
+                    "one when --port is not given).")
+    return None
+
+
+def watch_launcher(environ=None, interval: float = 1.0) -> bool:
+    """In a process started by the launcher (``CSTORCH_LAUNCHER_PID``), a daemon thread that
+    ends the process with SIGTERM once the launcher is gone. On Linux the launcher also asks
+    the kernel for that (``PR_SET_PDEATHSIG``); this covers other systems. Returns whether a
+    watch runs."""
+    env = os.environ if environ is None else environ
+    launcher = env.get(ENV_LAUNCHER_PID, "")
+    if not launcher.isdigit() or os.getppid() != int(launcher):
+        return False  # not a launcher's own child (e.g. a subprocess inheriting the variable)
+    if any(t.name == "cstorch-launcher-watch" for t in threading.enumerate()):
+        return True
+
+    def watch():
+        while os.getppid() == int(launcher):
+            time.sleep(interval)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="cstorch-launcher-watch", daemon=True).start()
+    return True
+
+
+def _runtime_timeouts(initialize, wanted: DistributedConfig) -> dict:
+    """The heartbeat and shutdown timeouts, as keywords of ``initialize`` (JAX 0.7 added
+    them; before, the runtime's own defaults apply: a frozen process is declared dead after
+    about 100 s)."""
+    import inspect
+
+    accepted = inspect.signature(initialize).parameters
+    timeouts = {"heartbeat_timeout_seconds": wanted.heartbeat_timeout,
+                "shutdown_timeout_seconds": max(wanted.heartbeat_timeout, 10)}
+    if "heartbeat_timeout_seconds" not in accepted and wanted.heartbeat_timeout != \
+            DistributedConfig.heartbeat_timeout:
+        import warnings
+
+        warnings.warn(f"This JAX ({_jax_version()}) cannot set the heartbeat timeout: a frozen "
+                      "process is declared dead after the runtime's default (about 100 s), "
+                      f"not after {wanted.heartbeat_timeout} s.", stacklevel=3)
+    return {name: value for name, value in timeouts.items() if name in accepted}
+
+
+def _jax_version() -> str:
+    import jax
+
+    return f"JAX {jax.__version__}"
 
 
 def _exit_after_failure() -> None:

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from cstorch import config
 from cstorch.backend import current_backend_impl, use_cs
 
 _NOT_STATE_MESSAGE = (
@@ -217,6 +218,9 @@ class Metric(torch.nn.Module, abc.ABC):
             return value
 
         self.reset, self.update, self.compute = wrapped_reset, wrapped_update, wrapped_compute
+
+
+config.config.on_reset(Metric.registry.clear)  # metrics of models an earlier run built
 
 
 def get_all_metrics():

@@ -236,7 +236,10 @@ def configure_lr_scheduler(optimizer, learning_rate, adjust_learning_rate=None):
         raise ValueError(f"Unsupported LR scheduler type. Expected one of "
                          f"float/str/dict/list/tuple. Got: {learning_rate!r}")
 
-    schedulers, main = [], set()
+    # Every entry is validated before any scheduler is built: building one reaches the
+    # optimizer (and its backend), and a bad name must be reported as such, not as whatever
+    # building an earlier entry ran into.
+    entries, main = [], set()
     for config in configs:
         if not isinstance(config, dict):
             raise ValueError(f"Each entry of a learning-rate schedule list must be a dict, got "
@@ -245,17 +248,19 @@ def configure_lr_scheduler(optimizer, learning_rate, adjust_learning_rate=None):
         chosen = config.pop("main_scheduler", None)
         if chosen:
             main.add(chosen)
-        schedulers.append(_build_lr_scheduler(optimizer, config))
+        entries.append((config, configure_scheduler_params(config)))
     if len(main) > 1:
         raise ValueError(f"Got conflicting `main_scheduler` values: {main}. Please make sure "
                          "to specify the same main scheduler.")
     main = next(iter(main), None)
+    chained = main is not None and main.lower() in ("chained", "chainedlr")
+    if chained and adjust_learning_rate:
+        raise ValueError(
+            f"{main} is not supported with lr scaling. Either use a non-chained scheduler "
+            "or don't use lr scaling (don't pass `adjust_learning_rate`).")
 
-    if main is not None and main.lower() in ("chained", "chainedlr"):
-        if adjust_learning_rate:
-            raise ValueError(
-                f"{main} is not supported with lr scaling. Either use a non-chained scheduler "
-                "or don't use lr scaling (don't pass `adjust_learning_rate`).")
+    schedulers = [_build_lr_scheduler(optimizer, config) for config, _ in entries]
+    if chained:
         return lr_scheduler.ChainedScheduler(schedulers)
     if len(schedulers) == 1:
         result = schedulers[0]
@@ -277,17 +282,12 @@ def configure_scheduler(optimizer, schedulers_params: dict):
     scale-per-param schedulers take one child from ``kwargs["scheduler"]``. Children must not
     set ``param_group_tags``: they inherit the parent's.
     """
-    if not isinstance(schedulers_params, dict) or len(schedulers_params) != 1:
-        raise ValueError(f"configure_scheduler expects a dict with exactly one key, the "
-                         f"scheduler class name, got {schedulers_params!r}")
+    classes = {c.__name__: c for c in _subclasses(scheduler.Scheduler)}
+    _check_scheduler_names(schedulers_params, classes)  # all of them, before building any
     params = copy.deepcopy(schedulers_params)
     name, kwargs = next(iter(params.items()))
     kwargs = dict(kwargs or {})
-    classes = {c.__name__: c for c in _subclasses(scheduler.Scheduler)}
-    cls = classes.get(name)
-    if cls is None:
-        raise ValueError(f"Invalid scheduler type. Expected one of {sorted(classes)}. Got: "
-                         f"({name})")
+    cls = classes[name]
 
     def children(configs):
         if isinstance(configs, dict):
@@ -325,6 +325,29 @@ def configure_scheduler(optimizer, schedulers_params: dict):
             raise ValueError(f"{name} must contain exactly 1 scheduler, got {len(subs)}.")
         return cls(optimizer, subs[0], **kwargs)
     return cls(optimizer, **kwargs)
+
+
+def _check_scheduler_names(config, classes, parent="configure_scheduler") -> None:
+    """Raises ``ValueError`` for a malformed entry or unknown class name anywhere in a
+    ``configure_scheduler`` config (children included)."""
+    if not isinstance(config, dict) or len(config) != 1:
+        raise ValueError(f"{parent} expects a dict with exactly one key, the scheduler class "
+                         f"name, got {config!r}")
+    name, kwargs = next(iter(config.items()))
+    cls = classes.get(name)
+    if cls is None:
+        raise ValueError(f"Invalid scheduler type. Expected one of {sorted(classes)}. Got: "
+                         f"({name})")
+    if not isinstance(kwargs, dict):
+        return
+    nested = (issubclass(cls, (scheduler.SequentialScheduler, scheduler.ChainedScheduler))
+              and not issubclass(cls, scheduler.PiecewiseConstantScheduler)) \
+        or issubclass(cls, scheduler.ScalePerParamScheduler)
+    if not nested:
+        return
+    children = kwargs.get("scheduler", kwargs.get("schedulers", []))
+    for child in [children] if isinstance(children, dict) else children or []:
+        _check_scheduler_names(child, classes, parent=f"A {name} sub-scheduler")
 
 
 def _required(kwargs, key, name):

@@ -20,6 +20,7 @@ import torch
 
 from jax_backend import optax_ops
 from jax_backend.dtypes import array_to_tensor, tensor_to_array
+from jax_backend.jax_settings import in_engine_scope
 from cstorch.optim.optimizer import Optimizer
 
 
@@ -41,6 +42,7 @@ class OptaxOptimizer(Optimizer):
         self.transformation = transformation
         super().__init__(params, defaults={})
 
+    @in_engine_scope  # the transformation's init makes arrays: in the engine's dtypes
     def preinitialize(self):
         params = self._params()
         opt_state = self.transformation.init([tensor_to_array(p) for p in params])

@@ -165,6 +165,7 @@ class Optimizer(torch.optim.Optimizer, ABC):
                         f"The zero_grad pre hook {hook!r} must return None or a tuple "
                         f"(new_args, new_kwargs), but returned {result!r}.")
                 args, kwargs = result
+        self.backend.gradient_resets += 1
         set_to_none = kwargs.get("set_to_none", args[0] if args else True)
         if not set_to_none:
             warnings.warn(

@@ -7,10 +7,28 @@ GPU when JAX sees one. Every value passed to a step or checkpoint closure is rec
 as is every model's and optimizer's final state. The tool prints the per-step values side by
 side with their relative differences, the first step past tolerance and the largest final
 state difference, and exits 1 past tolerance (2 if an engine failed), so it can gate CI.
+
+Each engine runs in its own empty working directory (files the script writes to fixed relative
+paths neither collide nor feed the next engine; arguments naming existing files are passed as
+absolute paths; ``--shared-workdir`` runs them all here). Tolerances follow the precision a
+value was computed in (``runner.RTOL_BY_PRECISION``: float32 1e-4, float16 2e-3, bfloat16 1e-2,
+final state ten times that) unless ``--rtol``/``--state-rtol`` are given. A divergence comes with
+its likely causes: random ops in the compiled step, half-precision rounding, a step that does
+not zero its gradients (eager torch accumulates them, a compiled step cannot).
 """
 
-from cstorch.parity.compare import compare_closures, compare_state, first_divergence, table
-from cstorch.parity.runner import ENGINES, available_engines, main, run_engine
+import importlib
 
-__all__ = ["ENGINES", "available_engines", "compare_closures", "compare_state",
-           "first_divergence", "main", "run_engine", "table"]
+# Loaded on first use: ``python -m cstorch.parity.record`` (each engine's process) must find
+# the record module not yet imported by this package, or runpy warns.
+_EXPORTS = {"compare_closures": "compare", "compare_state": "compare",
+            "first_divergence": "compare", "table": "compare", "ENGINES": "runner",
+            "available_engines": "runner", "main": "runner", "run_engine": "runner"}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"cstorch.parity.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'cstorch.parity' has no attribute {name!r}")

@@ -40,16 +40,18 @@ def within(reference, other, rtol: float, atol: float) -> bool:
     return bool(np.all(close | both_nan))
 
 
-def compare_closures(runs: list, rtol: float, atol: float) -> list:
-    """Rows for every (step, name) recorded by any engine; ``runs[0]`` is the reference."""
+def compare_closures(runs: list, rtol, atol: float) -> list:
+    """Rows for every (step, name) recorded by any engine; ``runs[0]`` is the reference.
+    ``rtol`` is one tolerance, or a dict of them by ``(step, name)``."""
     keys = sorted({key for run in runs for key in run})
     rows = []
     for step, name in keys:
         values = [run.get((step, name)) for run in runs]
         reference = values[0]
+        tolerance = rtol[(step, name)] if isinstance(rtol, dict) else rtol
         rows.append(Row(step, name, values,
                         [relative_difference(reference, v) for v in values[1:]],
-                        [within(reference, v, rtol, atol) for v in values[1:]]))
+                        [within(reference, v, tolerance, atol) for v in values[1:]]))
     return rows
 
 

@@ -21,12 +21,16 @@ import numpy as np
 
 
 class Recorder:
-    """Closure values by step: ``values[(step, name)] = float64 array``; ``step`` counts the
-    executor's batches (closures run before the first batch belong to step 0)."""
+    """Closure values by step: ``values[(step, name)] = float64 array`` (``dtypes`` keeps
+    each value's own dtype); ``step`` counts the executor's batches (closures run before the
+    first batch belong to step 0), or the steps called outside an executor."""
 
     def __init__(self):
         self.step = 0
         self.values: dict = {}
+        self.dtypes: dict = {}
+        self.random_ops: set = set()  # random ATen ops in the compiled steps (JAX engine)
+        self.precision = "float32"  # the compute dtype of the run (mixed precision: half)
 
     def wrap(self, fn):
         recorder = self
@@ -64,6 +68,7 @@ class Recorder:
                         repeat += 1
                     key = f"{key}#{repeat}"
                 self.values[(self.step, key)] = array
+                self.dtypes[(self.step, key)] = _dtype_name(leaf)
 
 
 def _numeric(value):
@@ -83,23 +88,67 @@ def _numeric(value):
     return None
 
 
+def _dtype_name(value) -> str:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return str(value.dtype).replace("torch.", "")
+    if isinstance(value, np.ndarray):
+        return str(value.dtype)
+    return "python"
+
+
 def install(recorder: Recorder) -> None:
-    """Wraps every closure the backend runs, and counts batches."""
+    """Wraps every closure the backend runs, counts steps, and notes the random ops of the
+    compiled programs and the run's precision."""
     from cstorch.backend.base_backend import BaseBackend
+    from jax_backend import program as program_module
 
-    run_step_closures, on_batch_end = BaseBackend.run_step_closures, BaseBackend.on_batch_end
+    run_closures, on_batch_end = BaseBackend._run_closures, BaseBackend.on_batch_end
+    run_outside = BaseBackend.run_closures_of_a_step_outside_executor
 
-    def recording_run_step_closures(self):
-        for closure in self.step_closures:
+    def recording_run_closures(self, queued):
+        recorder.precision = self.precision_policy().compute_dtype or "float32"
+        for closure in queued:
             closure.fn = recorder.wrap(closure.fn)
-        return run_step_closures(self)
+        return run_closures(self, queued)
 
     def counting_on_batch_end(self):
         recorder.step += 1
         return on_batch_end(self)
 
-    BaseBackend.run_step_closures = recording_run_step_closures
+    def counting_run_outside(self, first):
+        if not self.data_executor_stack:  # a step called outside an executor is a step too
+            recorder.step += 1
+        return run_outside(self, first)
+
+    original_init = program_module.Program.__init__
+
+    def noting_init(self, captured, *args, **kwargs):
+        original_init(self, captured, *args, **kwargs)
+        recorder.random_ops.update(random_op_names(captured.graph))
+
+    BaseBackend._run_closures = recording_run_closures
     BaseBackend.on_batch_end = counting_on_batch_end
+    BaseBackend.run_closures_of_a_step_outside_executor = counting_run_outside
+    program_module.Program.__init__ = noting_init
+
+
+def random_op_names(graph) -> list:
+    """The random ATen ops of a captured graph (``aten.native_dropout``, ``aten.rand``...)."""
+    import operator
+
+    from jax_backend.registry import lookup
+
+    names = set()
+    for node in graph.graph.nodes:
+        if node.op == "call_function" and node.target is not operator.getitem:
+            try:
+                if lookup(node.target).random:
+                    names.add(str(node.target).rsplit(".", 1)[0])
+            except Exception:  # noqa: BLE001 - an op without a lowering is no random op
+                continue
+    return sorted(names)
 
 
 def use_gpu_for_cpu_backend() -> None:
@@ -149,9 +198,12 @@ def final_state() -> dict:
 
 
 def save(path: str, recorder: Recorder, state: dict) -> None:
-    arrays, index = {}, {"closures": [], "state": []}
+    arrays = {}
+    index = {"closures": [], "state": [], "dtypes": [], "random_ops": sorted(recorder.random_ops),
+             "precision": recorder.precision}
     for (step, name), value in recorder.values.items():
         index["closures"].append([step, name, f"v{len(arrays)}"])
+        index["dtypes"].append(recorder.dtypes.get((step, name), "float32"))
         arrays[f"v{len(arrays)}"] = value
     for name, value in state.items():
         index["state"].append([name, f"v{len(arrays)}"])
@@ -163,11 +215,23 @@ def save(path: str, recorder: Recorder, state: dict) -> None:
 
 def load(path: str):
     """``(closures, state)``: ``{(step, name): array}`` and ``{name: array}``."""
+    closures, state, _ = load_run(path)
+    return closures, state
+
+
+def load_run(path: str):
+    """``(closures, state, info)``; ``info`` has ``dtypes`` (``{(step, name): dtype}``),
+    ``random_ops`` and ``precision``."""
     with np.load(path, allow_pickle=False) as data:
         index = json.loads(bytes(data["index"]).decode())
         closures = {(step, name): data[key] for step, name, key in index["closures"]}
         state = {name: data[key] for name, key in index["state"]}
-    return closures, state
+    dtypes = index.get("dtypes") or ["float32"] * len(index["closures"])
+    info = {"dtypes": {(step, name): dtype
+                       for (step, name, _), dtype in zip(index["closures"], dtypes)},
+            "random_ops": index.get("random_ops", []),
+            "precision": index.get("precision", "float32")}
+    return closures, state, info
 
 
 def main(argv=None) -> int:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import subprocess
 import sys
 import tempfile
 
+from cstorch import config
 from cstorch.parity import record
 from cstorch.parity.compare import compare_closures, compare_state, first_divergence, table
 
@@ -22,16 +25,57 @@ def available_engines() -> list:
     return ["eager", "jax-cpu"] + (["jax-gpu"] if mesh.devices("gpu") else [])
 
 
+#: Relative tolerance of closure values by the precision a value was computed in (its own
+#: dtype, or the half dtype of a mixed-precision run): a few units of that precision's
+#: rounding, which different kernels (eager torch on CPU, XLA on CPU or GPU) legitimately
+#: differ by. The final state gets ten times as much (it accumulates every step's rounding).
+RTOL_BY_PRECISION = {"float32": 1e-4, "float16": 2e-3, "bfloat16": 1e-2}
+STATE_FACTOR = 10
+
+
+def precision_of(dtype: str, run_precision: str) -> str:
+    """The precision a recorded value was computed in: the coarser of its dtype and the
+    run's compute dtype (float32, float16 or bfloat16)."""
+    order = ["float32", "float16", "bfloat16"]
+    own = dtype if dtype in order else "float32"
+    run = run_precision if run_precision in order else "float32"
+    return max(own, run, key=order.index)
+
+
 def run_engine(name: str, script: str, args, out: str, seed: int = 0, verbose: bool = False,
-               timeout: float | None = None) -> subprocess.CompletedProcess:
-    """Runs ``script args`` on one engine in a fresh Python process, recording into ``out``."""
+               timeout: float | None = None, cwd: str | None = None
+               ) -> subprocess.CompletedProcess:
+    """Runs ``script args`` on one engine in a fresh Python process, recording into ``out``;
+    ``cwd`` is its working directory (default: this process's)."""
     engine, platform = ENGINES[name]
     command = [sys.executable, "-m", "cstorch.parity.record", "--engine", engine,
-               "--platform", platform, "--seed", str(seed), "--out", out, script, *args]
-    env = dict(os.environ, CSTORCH_ENGINE=engine)
+               "--platform", platform, "--seed", str(seed), "--out", out,
+               os.path.abspath(script), *args]
+    # Imports that work from here (python -m puts the working directory first) work there.
+    path = os.pathsep.join(p for p in [os.getcwd(), os.environ.get("PYTHONPATH")] if p)
+    env = dict(config.launched_process_environment(os.environ), CSTORCH_ENGINE=engine,
+               PYTHONPATH=path)
     if verbose:
-        return subprocess.run(command, env=env, timeout=timeout)
-    return subprocess.run(command, env=env, timeout=timeout, capture_output=True, text=True)
+        return subprocess.run(command, env=env, timeout=timeout, cwd=cwd)
+    return subprocess.run(command, env=env, timeout=timeout, capture_output=True, text=True,
+                          cwd=cwd)
+
+
+def absolute_path_arguments(args) -> list:
+    """The script's arguments with those that name an existing file or folder (relative to
+    here) made absolute, so that they still name it from an engine's own working directory.
+    ``--flag=path`` counts too."""
+    result = []
+    for arg in args:
+        prefix, value = ("", arg)
+        if arg.startswith("-") and "=" in arg:
+            prefix, _, value = arg.partition("=")
+            prefix += "="
+        if value and not os.path.isabs(value) and not value.startswith("-") and \
+                os.path.exists(value):
+            value = os.path.abspath(value)
+        result.append(prefix + value)
+    return result
 
 
 def _parse(argv):
@@ -43,16 +87,26 @@ def _parse(argv):
                         help=f"comma-separated, the first is the reference; of "
                              f"{', '.join(ENGINES)} (default: eager,jax-cpu, plus jax-gpu "
                              "when JAX sees a GPU)")
-    parser.add_argument("--rtol", type=float, default=1e-4,
-                        help="relative tolerance per closure value (default 1e-4)")
+    parser.add_argument("--rtol", type=float, default=None,
+                        help="relative tolerance per closure value (default: by precision, "
+                             + ", ".join(f"{k} {v:g}" for k, v in RTOL_BY_PRECISION.items())
+                             + ")")
     parser.add_argument("--atol", type=float, default=1e-6,
                         help="absolute tolerance per closure value (default 1e-6)")
-    parser.add_argument("--state-rtol", type=float, default=1e-3,
+    parser.add_argument("--state-rtol", type=float, default=None,
                         help="tolerance of the final state: max|a-b| / max|a| per tensor "
-                             "(default 1e-3)")
+                             f"(default: {STATE_FACTOR}x the closure tolerance of the run's "
+                             "precision)")
+    parser.add_argument("--shared-workdir", action="store_true",
+                        help="run every engine in the current directory (default: each in "
+                             "its own empty working directory, so files a script writes to "
+                             "fixed relative paths do not collide or feed the next engine)")
     parser.add_argument("--seed", type=int, default=0, help="seed of random, numpy and torch")
     parser.add_argument("--timeout", type=float, default=None, help="seconds per engine")
     parser.add_argument("--verbose", action="store_true", help="show the script's own output")
+    parser.add_argument("--json", default=None, metavar="PATH",
+                        help="also write the comparison (every row with its tolerance, and a "
+                             "summary per engine) as JSON")
     parser.add_argument("script", help="the cstorch training script, run unchanged")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
     options = parser.parse_args(argv)
@@ -70,14 +124,24 @@ def _parse(argv):
 
 def main(argv=None) -> int:
     options = _parse(argv)
-    runs, states = [], []
+    runs, states, infos, warned = [], [], [], {}
+    args = options.args if options.shared_workdir else absolute_path_arguments(options.args)
+    made_absolute = [a for a, b in zip(options.args, args) if a != b]
+    if made_absolute:
+        print(f"arguments naming existing files, passed as absolute paths: "
+              f"{' '.join(made_absolute)}")
     with tempfile.TemporaryDirectory(prefix="cstorch-parity-") as tmp:
         for name in options.engines:
             out = os.path.join(tmp, f"{name}.npz")
-            print(f"running {options.script} on {name} ...", flush=True)
+            workdir = None
+            if not options.shared_workdir:
+                workdir = os.path.join(tmp, f"workdir-{name}")
+                os.mkdir(workdir)
+            print(f"running {options.script} on {name} ..."
+                  + ("" if workdir is None else " (in its own working directory)"), flush=True)
             try:
-                result = run_engine(name, options.script, options.args, out, options.seed,
-                                    options.verbose, options.timeout)
+                result = run_engine(name, options.script, args, out, options.seed,
+                                    options.verbose, options.timeout, cwd=workdir)
             except subprocess.TimeoutExpired:
                 print(f"error: the {name} run took longer than {options.timeout} s",
                       file=sys.stderr)
@@ -86,32 +150,56 @@ def main(argv=None) -> int:
                 tail = "" if options.verbose else (result.stdout + result.stderr)[-4000:]
                 print(f"error: the {name} run failed (exit status {result.returncode}):\n"
                       f"{tail}", file=sys.stderr)
+                if workdir is not None and "FileNotFoundError" in tail:
+                    print("note: each engine runs in its own empty working directory; a file "
+                          "the script opens by a relative path that is not one of its "
+                          "arguments is not there. Give its absolute path, or run with "
+                          "--shared-workdir.", file=sys.stderr)
                 return 2
-            closures, state = record.load(out)
+            closures, state, info = record.load_run(out)
             runs.append(closures)
             states.append(state)
+            infos.append(info)
+            if not options.verbose:
+                warned[name] = _warnings(result.stdout + result.stderr)
 
-    rows = compare_closures(runs, options.rtol, options.atol)
+    run_precision = precision_of("float32", max(
+        (info["precision"] for info in infos), key=list(RTOL_BY_PRECISION).index))
+    rtols = {key: options.rtol if options.rtol is not None else RTOL_BY_PRECISION[
+        precision_of(infos[0]["dtypes"].get(key, "float32"), run_precision)]
+        for run in runs for key in run}
+    state_rtol = options.state_rtol if options.state_rtol is not None else \
+        STATE_FACTOR * RTOL_BY_PRECISION[run_precision]
+    rows = compare_closures(runs, rtols, options.atol)
     print()
     print(table(rows, options.engines))
     print()
+    print(_tolerance_line(options, run_precision, rtols, state_rtol))
+    for name, lines in warned.items():
+        for line in lines:
+            print(f"warning from the {name} run: {line}")
     failed = False
+    summaries = []
     reference = options.engines[0]
     steps = len({row.step for row in rows})
+    random_ops = sorted({op for info in infos for op in info["random_ops"]})
     if not rows:
         print("warning: the script passed no values to step closures; only the final state "
               "is compared")
     for i, name in enumerate(options.engines[1:], start=1):
         worst = max((row.errors[i - 1] for row in rows), default=0.0)
         print(f"{name} vs {reference}: {len(rows)} values over {steps} steps, largest "
-              f"relative difference {worst:.2e} (tolerance rtol={options.rtol:g}, "
-              f"atol={options.atol:g})")
+              f"relative difference {worst:.2e}")
         diverged = first_divergence(rows, i)
         if diverged is not None:
             failed = True
             print(f"  FIRST DIVERGENCE at step {diverged.step}: {diverged.name} = "
                   f"{_brief(diverged.values[i])} on {name}, {_brief(diverged.values[0])} on "
-                  f"{reference} (relative difference {diverged.errors[i - 1]:.2e})")
+                  f"{reference} (relative difference {diverged.errors[i - 1]:.2e}, tolerance "
+                  f"{rtols[(diverged.step, diverged.name)]:g})")
+            for cause in _likely_causes(diverged, rows, random_ops, run_precision,
+                                        warned.get(name, [])):
+                print(f"  likely cause: {cause}")
         models = compare_state(*({k: v for k, v in s.items() if k.startswith("model")}
                                  for s in (states[0], states[i])))
         print(f"  final parameters: largest difference in {models.name or '-'}: max|diff| "
@@ -119,14 +207,109 @@ def main(argv=None) -> int:
         state = compare_state(states[0], states[i])
         print(f"  final state (models and optimizers, {len(states[0])} tensors): largest "
               f"difference in {state.name or '-'}: max|diff| {state.max_abs:.3e}, relative "
-              f"{state.max_rel:.3e} (tolerance {options.state_rtol:g})")
+              f"{state.max_rel:.3e} (tolerance {state_rtol:g})")
         if state.missing:
             print(f"  state recorded by one engine only (or with different shapes): "
                   f"{', '.join(state.missing[:5])}{' ...' if len(state.missing) > 5 else ''}")
-        if state.max_rel > options.state_rtol:
+        if state.max_rel > state_rtol:
             failed = True
+            if diverged is None:
+                for cause in _likely_causes(None, rows, random_ops, run_precision,
+                                            warned.get(name, [])):
+                    print(f"  likely cause: {cause}")
+        summaries.append({
+            "engine": name, "values": len(rows), "steps": steps, "largest_rel_diff": worst,
+            "first_divergence": None if diverged is None else
+            {"step": diverged.step, "value": diverged.name,
+             "rel_diff": diverged.errors[i - 1]},
+            "final_parameters": {"name": models.name, "max_abs": models.max_abs,
+                                 "max_rel": models.max_rel},
+            "final_state": {"name": state.name, "max_abs": state.max_abs,
+                            "max_rel": state.max_rel, "missing": state.missing}})
     print("PARITY FAILED" if failed else "PARITY OK")
+    if options.json:
+        _write_json(options.json, {
+            "script": options.script, "args": list(options.args), "engines": options.engines,
+            "reference": reference, "precision": run_precision, "atol": options.atol,
+            "state_rtol": state_rtol, "ok": not failed,
+            "rows": [{"step": r.step, "value": r.name, "rtol": rtols[(r.step, r.name)],
+                      "values": [_json_value(v) for v in r.values],
+                      "rel_diffs": list(r.errors), "ok": r.ok} for r in rows],
+            "engines_vs_reference": summaries})
     return 1 if failed else 0
+
+
+def _json_value(v):
+    if v is None:
+        return None
+    return float(v.reshape(())) if v.size == 1 else {
+        "size": int(v.size), "max_abs": float(abs(v).max()) if v.size else 0.0}
+
+
+def _write_json(path: str, document: dict) -> None:
+    """JSON has no inf or NaN: those are written as the strings "inf" and "nan"."""
+    def clean(obj):
+        if isinstance(obj, dict):
+            return {k: clean(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return [clean(v) for v in obj]
+        if isinstance(obj, float) and not math.isfinite(obj):
+            return str(obj)
+        return obj
+
+    with open(path, "w") as f:
+        json.dump(clean(document), f, indent=1)
+
+
+def _tolerance_line(options, run_precision: str, rtols: dict, state_rtol: float) -> str:
+    if options.rtol is not None:
+        closure = f"rtol={options.rtol:g} (--rtol)"
+    else:
+        used = sorted(set(rtols.values())) or [RTOL_BY_PRECISION[run_precision]]
+        closure = ("rtol by precision (" + ", ".join(
+            f"{k} {v:g}" for k, v in RTOL_BY_PRECISION.items()) + "): "
+            + " / ".join(f"{v:g}" for v in used) + " here")
+    computed = "float32" if run_precision == "float32" else \
+        f"{run_precision} (mixed precision)"
+    return (f"tolerances: this run computes in {computed}; closure values {closure}, "
+            f"atol={options.atol:g}; final state {state_rtol:g}")
+
+
+_NOTED_WARNINGS = ("GradientAccumulationWarning", "RecompilationWarning", "FrozenValueWarning")
+
+
+def _warnings(output: str) -> list:
+    """The project's warnings that explain differences between engines, from a run's output."""
+    found = []
+    for line in output.splitlines():
+        for category in _NOTED_WARNINGS:
+            marker = f"{category}: "
+            if marker in line:
+                text = category + ": " + line.split(marker, 1)[1].strip()
+                if text not in found:
+                    found.append(text)
+    return found
+
+
+def _likely_causes(diverged, rows, random_ops, run_precision, warnings) -> list:
+    """What usually explains a divergence, from what the runs recorded."""
+    causes = []
+    if any(w.startswith("GradientAccumulationWarning") for w in warnings):
+        causes.append("the step does not zero its gradients: eager torch accumulates them "
+                      "across steps, the compiled step cannot (see the warning above); call "
+                      "optimizer.zero_grad() in the step")
+    if random_ops:
+        first_step = max(min((r.step for r in rows), default=1), 1)
+        first = diverged is None or diverged.step <= first_step
+        causes.append(
+            f"the step uses random ops ({', '.join(random_ops)}): both engines are seeded "
+            "alike, but eager torch and JAX draw different random numbers, so values differ "
+            + ("from the first step" if first else "once they are used")
+            + ". Compare with them off (dropout p=0 or model.eval()) to check the rest")
+    if run_precision != "float32":
+        causes.append(f"{run_precision} rounding: kernels round differently on each engine; "
+                      "the tolerances above are those of that precision (--rtol to change)")
+    return causes
 
 
 def _brief(value) -> str:

@@ -412,7 +412,17 @@ def make_mask_topk_sparsity(score, sparsity, score_shaper=None, *, when=None) ->
     rows, unshape = _rows(score, score_shaper)
     sparsity = torch.as_tensor(sparsity, dtype=torch.float32)
     return unshape(torch.ops.cstorch.sparse_topk_mask(rows, sparsity, _when(when),
-                                                      _spec(rows)))
+                                                      _spec(rows), _topk_ties()))
+
+
+def _topk_ties() -> str:
+    """Which of equal scores a top-k keeps: on the CPU backend the ones ``torch.topk`` keeps,
+    as the reference's CPU path does (it decides which pruned weights regrow); elsewhere the
+    lower index first (the reference's CSX path sorts instead)."""
+    from cstorch.backend import current_backend_impl
+
+    impl = current_backend_impl(raise_exception=False)
+    return "torch_cpu" if impl is not None and impl.backend_type.is_cpu else "lower_index"
 
 
 def make_mask_drop_minimum(score, mask, drop_fraction, score_shaper=None, *, when=None):

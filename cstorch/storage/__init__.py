@@ -19,7 +19,8 @@ Modules, one concept each:
 * :mod:`~cstorch.storage.safetensors_format`: a dependency-free safetensors reader/writer.
 * :mod:`~cstorch.storage.cli`: ``python -m cstorch.storage info|convert``.
 
-Safety: saving never overwrites and never leaves a half-written file at the target path;
+Safety: saving replaces the target atomically (``exist_ok=False`` refuses to) and never leaves a
+half-written file at the target path;
 loading never unpickles arbitrary objects unless called with ``unsafe_allow_pickle=True``.
 """
 

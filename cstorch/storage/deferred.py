@@ -15,13 +15,16 @@ only its dataset) from the checkpoint. Like the reference:
 
 Unlike the reference, which allocates a real (uninitialized) tensor of the full size as the
 subclass's storage, we use ``_make_wrapper_subclass``: a deferred tensor costs no memory at all
-until it is read.
+until it is read. The exception is a small byte vector (a torch generator state: 5056 bytes on
+CPU), which is read when loaded and keeps its value in its own memory, as if loaded with
+``map_location="cache"``: ``torch.set_rng_state`` (and ``torch.cuda.set_rng_state``) read a
+tensor's memory directly, without torch dispatch, so ``torch.set_rng_state(cstorch.load(p)
+["rng"])`` needs the value there (torch's functions themselves are left as they are).
 """
 
 from __future__ import annotations
 
 import copy
-import functools
 import os
 import threading
 import warnings
@@ -223,27 +226,37 @@ def _written_and_aliased(func, args, kwargs):
     return written, aliased
 
 
+#: Byte vectors up to this many bytes are read when loaded (see the module docstring).
+READ_AT_LOAD_BYTES = 64 * 1024
+
+
+def _read_at_load(shape, dtype) -> bool:
+    return dtype == torch.uint8 and len(shape) == 1 and int(shape[0]) <= READ_AT_LOAD_BYTES
+
+
 class DeferredTorchTensor(DeferredTensor):
     """A tensor stored in a checkpoint dataset, read on first use."""
 
     @staticmethod
     def __new__(cls, deferred, shape, dtype):
-        return DeferredTensor._make(cls, shape, dtype)
+        if not _read_at_load(shape, dtype):
+            return DeferredTensor._make(cls, shape, dtype)
+        value = _checked_read(deferred, shape, dtype)
+        tensor = torch.Tensor._make_subclass(cls, value)  # shares value's memory
+        tensor._value_read_at_load = value
+        return tensor
 
     def __init__(self, deferred, shape, dtype):
         super().__init__()
         self._init_deferred()
+        value = self.__dict__.pop("_value_read_at_load", None)
+        if value is not None:  # its memory is this tensor's: every op must use (and edit) it
+            self._tensor, self._cache_tensor = value, True
         #: The stored value this tensor reads (a :class:`DeferredObject`).
         self.deferred = deferred
 
     def _to_cpu(self) -> torch.Tensor:
-        self.deferred.check_unchanged(f"materialize deferred tensor with key {self.deferred.key!r}")
-        value = self.deferred.read_tensor(self.dtype)
-        if tuple(value.shape) != tuple(self.shape):
-            raise RuntimeError(
-                f"Key {self.deferred.key!r} of checkpoint '{self.deferred.path}' holds shape "
-                f"{tuple(value.shape)} but its metadata says {tuple(self.shape)}: corrupt file.")
-        return value
+        return _checked_read(self.deferred, self.shape, self.dtype)
 
     def _clone(self) -> "DeferredTorchTensor":
         self.deferred.check_unchanged(f"clone deferred tensor with key {self.deferred.key!r}")
@@ -426,21 +439,11 @@ class DeferredObject:
         return f"DeferredObject(path={self.path!r}, key={self.key!r})"
 
 
-def _accept_deferred_rng_state(set_rng_state):
-    """``torch.set_rng_state(cstorch.load(p)["rng"])`` must work: the generator reads the
-    state's memory directly (no torch dispatch), which a deferred tensor does not have yet."""
-    if getattr(set_rng_state, "_cstorch_accepts_deferred", False):
-        return set_rng_state
-
-    @functools.wraps(set_rng_state)
-    def wrapper(new_state, *args, **kwargs):
-        if isinstance(new_state, DeferredTensor):
-            new_state = new_state._materialize()
-        return set_rng_state(new_state, *args, **kwargs)
-
-    wrapper._cstorch_accepts_deferred = True
-    return wrapper
-
-
-torch.set_rng_state = torch.random.set_rng_state = _accept_deferred_rng_state(
-    torch.random.set_rng_state)
+def _checked_read(deferred: DeferredObject, shape, dtype) -> torch.Tensor:
+    deferred.check_unchanged(f"materialize deferred tensor with key {deferred.key!r}")
+    value = deferred.read_tensor(dtype)
+    if tuple(value.shape) != tuple(shape):
+        raise RuntimeError(
+            f"Key {deferred.key!r} of checkpoint '{deferred.path}' holds shape "
+            f"{tuple(value.shape)} but its metadata says {tuple(shape)}: corrupt file.")
+    return value

@@ -4,6 +4,9 @@ Layout (spec §12.2), all at the root group ``/``:
 
 * one dataset per array-valued leaf, named by its dotted key. Non-scalar datasets are chunked and
   LZ4-compressed (hdf5plugin filter 32004, options ``(0,)``); 0-d and empty ones are contiguous.
+  Without the LZ4 filter (the optional ``hdf5plugin`` package is not installed) datasets are
+  written contiguous and uncompressed, after one warning: any HDF5 reader reads them, and
+  reading an LZ4-compressed file then raises an error naming the package;
   Its attributes repeat the leaf's metadata and carry ``__NUMPY__=True``;
 * one empty float32 dataset (``h5py.Empty("f")``) per pickled leaf, whose ``__BYTES__``
   attribute holds the pickle as ``numpy.void``;
@@ -16,11 +19,15 @@ and rows that are contiguous in memory let the filter pipeline stream without re
 tiles). Readers do not care about the chunk shape.
 
 Files are written to ``"<path>.<8 hex>.tmp"``, synced to disk, and published at ``path`` only
-after the file is complete and closed, so ``path`` is either absent or a whole checkpoint. The
-publish never replaces an existing ``path``, even against a concurrent writer: ``os.link``
-(fails if the name exists), else ``renameat2(RENAME_NOREPLACE)``, else an exclusive
-reservation of the name. The writer holds a lock on its temporary file; a later save to the
-same path removes temporary files whose writer died (killed saves).
+after the file is complete and closed, so ``path`` is always absent, the previous whole
+checkpoint, or the new whole checkpoint -- never half a file. By default the publish is
+``os.replace``, as ``torch.save`` overwrites: concurrent writers to one path each publish a
+complete file and the last one wins; a reader that has the old file open keeps reading it.
+With ``overwrite=False`` the publish never replaces an existing ``path``, even against a
+concurrent writer: ``os.link`` (fails if the name exists), else
+``renameat2(RENAME_NOREPLACE)``, else an exclusive reservation of the name. The writer holds a
+lock on its temporary file; a later save to the same path removes temporary files whose writer
+died (killed saves).
 
 HDF5 must never see a failed write: after one, it crashes the process when the file's objects
 are closed. So HDF5 writes through :class:`_FailSoftFile`, which records the first ``OSError``
@@ -43,11 +50,16 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import h5py
-import hdf5plugin  # noqa: F401  (registers the LZ4 filter with HDF5)
 import numpy as np
 import torch
 
 from cstorch.storage import constants as C
+from jax_backend.user_frames import warn
+
+try:
+    import hdf5plugin  # noqa: F401  (registers the LZ4 filter with HDF5)
+except ImportError:  # optional: without it, checkpoints are written uncompressed
+    pass
 
 _CHUNK_BYTES = 1 << 20
 # HDF5 refuses object-header attribute messages over 64 KiB unless the file allows v1.8
@@ -85,6 +97,24 @@ def linked_file_allowed(checkpoint: str, target: str, trusted: bool) -> bool:
 # stored byte (beyond a small allowance) would make a small file allocate unbounded memory.
 _MAX_EXPANSION = 256
 _EXPANSION_ALLOWANCE = 1 << 20
+
+
+def lz4_available() -> bool:
+    """Whether HDF5 can run the LZ4 filter (hdf5plugin registers it; an HDF5 plugin directory
+    can provide it too)."""
+    return bool(h5py.h5z.filter_avail(C.LZ4_FILTER_ID))
+
+
+_warned_uncompressed = False
+
+
+def _warn_uncompressed() -> None:
+    global _warned_uncompressed
+    if not _warned_uncompressed:
+        _warned_uncompressed = True
+        warn("The hdf5plugin package is not installed, so checkpoints are written without "
+             "LZ4 compression (readable everywhere, larger on disk). `pip install hdf5plugin` "
+             "restores the reference's LZ4 format.")
 
 
 def chunk_shape(shape: tuple, itemsize: int) -> tuple:
@@ -263,12 +293,18 @@ def _fsync_directory(directory: str) -> None:
 class H5Writer:
     """Writes one checkpoint into a temporary file and publishes it atomically on :meth:`commit`."""
 
-    def __init__(self, path: str | os.PathLike, *, dense_attributes: bool = False):
+    def __init__(self, path: str | os.PathLike, *, dense_attributes: bool = False,
+                 overwrite: bool = True):
         self.path = os.fspath(path)
-        if os.path.lexists(self.path):
+        self.overwrite = overwrite
+        if not overwrite and os.path.lexists(self.path):
             raise FileExistsError(
-                f"Checkpoint at '{self.path}' already exists. cstorch.save never overwrites a "
-                "checkpoint: delete it or choose another path, then save again.")
+                f"Checkpoint at '{self.path}' already exists and the save was called with "
+                "exist_ok=False: delete it or choose another path, then save again.")
+        if os.path.isdir(self.path) and not os.path.islink(self.path):
+            raise IsADirectoryError(
+                f"Cannot save checkpoint to '{self.path}': it is a directory. Give a file path, "
+                f"e.g. '{os.path.join(self.path, 'checkpoint.mdl')}'.")
         directory = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(directory):
             raise FileNotFoundError(
@@ -292,8 +328,11 @@ class H5Writer:
             array = array.copy(order="C")
         options: dict = {}
         if array.ndim > 0 and array.size > 0:
-            options = dict(chunks=chunk_shape(array.shape, array.dtype.itemsize),
-                           compression=C.LZ4_FILTER_ID, compression_opts=C.LZ4_FILTER_OPTS)
+            if lz4_available():
+                options = dict(chunks=chunk_shape(array.shape, array.dtype.itemsize),
+                               compression=C.LZ4_FILTER_ID, compression_opts=C.LZ4_FILTER_OPTS)
+            else:
+                _warn_uncompressed()
         dset = self._create(key, dict(shape=array.shape, dtype=array.dtype, **options))
         if array.size:
             dset.write_direct(array)
@@ -325,10 +364,13 @@ class H5Writer:
     # -- publishing ----------------------------------------------------------------------------
 
     def commit(self) -> None:
-        """Closes and syncs the file and publishes it at ``path``, never replacing a file."""
+        """Closes and syncs the file and publishes it at ``path`` in one atomic step."""
         self._file.close()
         self._raise_write_error()
         os.fsync(self._fd)
+        # Once published, the file is a checkpoint that readers open (HDF5 takes a shared
+        # lock); a shared lock still tells later saves the file is not a killed save's.
+        fcntl.flock(self._fd, fcntl.LOCK_SH)
         try:
             self._publish()
         finally:
@@ -336,6 +378,11 @@ class H5Writer:
         _fsync_directory(os.path.dirname(os.path.abspath(self.path)))
 
     def _publish(self) -> None:
+        if self.overwrite:
+            # Atomic on POSIX: readers see the old file or the new one. A symlink at ``path``
+            # is replaced itself; the file it pointed to is left as it was.
+            os.replace(self.temp_path, self.path)
+            return
         try:
             os.link(self.temp_path, self.path)
         except FileExistsError:
@@ -399,6 +446,11 @@ class H5Writer:
                 self._file.close()
         finally:
             self._remove_temp()
+
+
+def _uses_lz4(dset) -> bool:
+    plist = dset.id.get_create_plist()
+    return any(plist.get_filter(i)[0] == C.LZ4_FILTER_ID for i in range(plist.get_nfilters()))
 
 
 # One LZ4 block as the HDF5 LZ4 filter stores it: total size (u64), block size (u32), then
@@ -534,9 +586,14 @@ class H5Reader:
             if out.size and not self._read_stored_bytes(dset, out):
                 dset.read_direct(out)
         except OSError as e:
+            if _uses_lz4(dset) and not lz4_available():
+                raise CheckpointFormatError(
+                    f"Key {key!r} of checkpoint '{self.path}' is LZ4-compressed, and this "
+                    "Python cannot decompress it: install the hdf5plugin package (`pip install "
+                    "hdf5plugin`), which provides HDF5's LZ4 filter.") from None
             raise CheckpointFormatError(
-                f"Cannot read key {key!r} from checkpoint '{self.path}' (corrupt data, or the "
-                f"LZ4 HDF5 filter is missing): {e}") from e
+                f"Cannot read key {key!r} from checkpoint '{self.path}' (corrupt data): "
+                f"{e}") from e
         return out
 
     def _read_stored_bytes(self, dset, out: np.ndarray) -> bool:

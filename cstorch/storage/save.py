@@ -9,9 +9,14 @@ Steps (spec §12.1), as in the reference:
 4. write every leaf (:mod:`cstorch.storage.serializers`);
 5. write one ``<key>.__metadata__`` attribute per leaf and finally ``__SUCCESS__ = True``.
 
-Everything goes to a temporary file that replaces nothing and appears at ``ckpt_path`` only once
-complete and synced to disk (:class:`cstorch.storage.h5_format.H5Writer`); a full disk or a
+Everything goes to a temporary file in the same directory that appears at ``ckpt_path`` only once
+complete and synced to disk, replacing an existing file there in one atomic rename, as
+``torch.save`` overwrites (:class:`cstorch.storage.h5_format.H5Writer`); a full disk or a
 file-size limit ends in one ``OSError`` naming the path and the space needed.
+
+cerebras-pytorch 2.10 refuses to overwrite (``FileExistsError``); ``exist_ok=False`` keeps that
+behaviour. Overwriting by default is a deliberate difference: scripts that save to a fixed path
+(``torch.save`` habits, the Cerebras docs' examples) must run twice in a row.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from cstorch.storage import conversions, serializers, treespec
 from cstorch.storage.h5_format import _COMPACT_ATTRIBUTE_LIMIT, H5Writer
 
 
-def save(state_dict, ckpt_path: str | os.PathLike) -> None:
+def save(state_dict, ckpt_path: str | os.PathLike, *, exist_ok: bool = True) -> None:
     """Saves ``state_dict`` to ``ckpt_path`` in the cerebras-pytorch H5 checkpoint format.
 
     **Arguments:**
@@ -36,16 +41,20 @@ def save(state_dict, ckpt_path: str | os.PathLike) -> None:
     - ``state_dict``: a (nested) dict/list/tuple of tensors, numpy arrays, scalars, strings,
       None and picklable objects. ``jax_backend`` lazy tensors and ``jax.Array`` leaves are
       written straight from their host buffers.
-    - ``ckpt_path``: where to write. It must not exist yet.
+    - ``ckpt_path``: where to write. An existing file there is replaced atomically: readers and
+      a crash see either the old checkpoint or the new one, never half a file; of concurrent
+      saves to one path, the last to finish wins, and every version is complete.
+    - ``exist_ok``: ``False`` refuses to replace an existing file (cerebras-pytorch 2.10's
+      behaviour), even against a concurrent writer.
 
     **Raises:**
 
-    - ``FileExistsError`` if ``ckpt_path`` exists (it is never overwritten).
+    - ``FileExistsError`` if ``exist_ok=False`` and ``ckpt_path`` exists.
     - ``ValueError`` for tensors the format cannot hold (int8, complex, float8, sparse) and for
       state-dict keys that collide once joined with dots.
     - ``TypeError`` for leaves that cannot be pickled.
 
-    On any error the partial file is removed and ``ckpt_path`` is left untouched.
+    On any error the partial file is removed and ``ckpt_path`` is left as it was.
 
     In a multi-process job only process 0 writes (one checkpoint per job); values split
     across processes were gathered when the state dict was taken.
@@ -68,7 +77,7 @@ def save(state_dict, ckpt_path: str | os.PathLike) -> None:
     dense = any(e.payload is not None and len(e.payload) > _COMPACT_ATTRIBUTE_LIMIT
                 for e in encoded.values())
 
-    writer = H5Writer(path, dense_attributes=dense)
+    writer = H5Writer(path, dense_attributes=dense, overwrite=exist_ok)
     try:
         writer.write_root_attributes({
             C.__SPEC__: json.dumps([treespec.human_readable(state_dict, flat.spec), flat.spec.dumps()],

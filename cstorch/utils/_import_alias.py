@@ -8,12 +8,20 @@ Every alias of an already-loaded module is entered in ``sys.modules`` directly. 
 alias through the import system would make Python set it as an attribute of its parent
 package, replacing a same-named attribute: ``cstorch.backend`` (a function that is also a
 module name) would become the module after ``from cerebras.pytorch.backend import X``.
+
+The finder for modules not loaded yet goes right before Python's path finder, not first:
+every finder already there keeps its place and order (an import hook the user installed
+still sees every import first). It must come before the path finder, which would find
+``<alias>.X`` in the target's directory (the alias's ``__path__``) and load a second copy.
+It is installed only when an alias package is imported, so a real install of that package
+earlier on the path, which is then imported instead, shadows it.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.abc
+import importlib.machinery
 import importlib.util
 import sys
 
@@ -46,10 +54,18 @@ class AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         module.__spec__ = self._original_spec  # keep the real module's identity intact
 
 
+def add_finder(finder: AliasFinder) -> None:
+    """Puts ``finder`` right before Python's path finder (see the module docstring), once."""
+    if any(type(f) is type(finder) and f.alias == finder.alias for f in sys.meta_path):
+        return
+    position = next((i for i, f in enumerate(sys.meta_path)
+                     if f is importlib.machinery.PathFinder), len(sys.meta_path))
+    sys.meta_path.insert(position, finder)
+
+
 def install(alias: str, target: str) -> None:
     """Makes ``alias`` and all its submodules the modules of ``target``."""
-    if not any(isinstance(f, AliasFinder) and f.alias == alias for f in sys.meta_path):
-        sys.meta_path.insert(0, AliasFinder(alias, target))
+    add_finder(AliasFinder(alias, target))
     sys.modules[alias] = importlib.import_module(target)
     _alias_loaded(alias, target)
 

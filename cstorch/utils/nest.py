@@ -14,6 +14,8 @@ from typing import Any, Callable, Generator, List, Optional, Tuple
 import torch
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
+from jax_backend.torch_versions import treespec_children
+
 Scope = List[str]
 _visit_fns: dict = {}  # tuple of types -> fn(struct) yielding ([key], child)
 
@@ -105,7 +107,7 @@ def recurse_spec(spec: TreeSpec, scope: Optional[Scope] = None):
     if spec.num_leaves == 0:
         return
     scope = scope or []
-    children = spec.children()
+    children = treespec_children(spec)
     if not children:
         yield scope
         return

@@ -2,8 +2,11 @@
 
 Besides its activities, it drives two things around each executor run: the CSX op profiler
 (``cstorch.profiler.profile``) when one is active, and a progress bar (tqdm) for runs of at
-least ``PROGRESS_BAR_MIN_STEPS`` steps when standard output is a terminal. The environment
-variable ``CSTORCH_PROGRESS_BAR`` set to 0 or 1 turns the bar off or on regardless.
+least ``PROGRESS_BAR_MIN_STEPS`` steps when standard output is a terminal: "compiling the
+step" until the first step ends, then that step's time and the steady-state rate (which
+leaves the first step out), with tqdm's step count and time left. The environment
+variable ``CSTORCH_PROGRESS_BAR`` set to 0 or 1 turns the bar off or on regardless, and an
+executor whose ``show_progress`` is False (the Model Zoo Trainer's) shows none.
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ import os
 import sys
 import time
 
+from cstorch import config
 from cstorch.utils.tracker import RateTracker
 
-PROGRESS_BAR_MIN_STEPS = 50
+PROGRESS_BAR_MIN_STEPS = config.progress_bar_min_steps.default
 
 
 class Activity:
@@ -166,11 +170,13 @@ class Profiler:
         if op_profiler is not None and num_steps is not None:
             if op_profiler.configure_profiler(impl.is_csx, num_steps) is not None:
                 self._op_profiler = op_profiler
-        self._progress = _progress_bar(num_steps)
+        self._progress = _progress_bar(num_steps) if getattr(
+            self._executor, "show_progress", True) else None
+        self._first_step_done = False
         self._entered = True
         for activity in self.activities.values():
             activity.start()
-        self._step_start_ns = time.time_ns()
+        self._step_start_ns = self._started_ns = time.time_ns()
         return self
 
     def step(self, batch_size):
@@ -184,10 +190,25 @@ class Profiler:
             self._op_profiler.record_step(user_step, self._step_start_ns, now)
         if self._progress is not None:
             tracker = self.activities.get("rate_tracker")
+            if not self._first_step_done:  # its time is the compile (and the loop's start)
+                self._first_step_done = True
+                self._progress.set_description("train", refresh=False)
+                self._progress.set_postfix_str(
+                    f"first step {(now - self._started_ns) / 1e9:.1f} s", refresh=False)
+            elif tracker is not None and tracker._global_rate:
+                self._progress.set_postfix_str(
+                    f"{tracker.global_rate:,.1f} samples/s (steady)", refresh=False)
             self._progress.update(1)
-            if tracker is not None and tracker._rate is not None:
-                self._progress.set_postfix(rate=f"{tracker.rate:.1f}/s", refresh=False)
         self._step_start_ns = now
+
+    def printing(self):
+        """A context for code that may print (step closures): the bar is cleared first and
+        redrawn after, so printed lines never run into it."""
+        if self._progress is None:
+            import contextlib
+
+            return contextlib.nullcontext()
+        return self._progress.external_write_mode()
 
     def __exit__(self, *exc):
         if self._progress is not None:
@@ -214,13 +235,16 @@ class Profiler:
 
 def _progress_bar(num_steps):
     """A tqdm bar on stdout for long runs on a terminal (see module docstring), else None."""
-    forced = os.environ.get("CSTORCH_PROGRESS_BAR")
+    forced = config.progress_bar.value
     if forced is not None:
-        show = forced.strip() not in ("", "0", "false", "False")
+        show = forced
     else:
-        show = bool(num_steps) and num_steps >= PROGRESS_BAR_MIN_STEPS and sys.stdout.isatty()
+        show = (bool(num_steps) and num_steps >= config.progress_bar_min_steps.value
+                and sys.stdout.isatty())
     if not show or not num_steps:
         return None
     from tqdm import tqdm
 
-    return tqdm(total=num_steps, file=sys.stdout, unit="step", dynamic_ncols=True)
+    # Until the first step ends, the bar says why nothing moves yet.
+    return tqdm(total=num_steps, file=sys.stdout, unit="step", dynamic_ncols=True,
+                desc="compiling the step")

@@ -1,6 +1,7 @@
 """The lowering families. Importing this package registers every lowering in the table."""
 
 from jax_backend.ops import (  # noqa: F401  (imported for registration)
+    attention,
     creation,
     elementwise,
     fft,

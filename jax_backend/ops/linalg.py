@@ -1,4 +1,5 @@
-"""Matrix products. fp32 dots run at full precision; half-precision dots accumulate in fp32."""
+"""Matrix products. fp32 dots run at torch's float32 matmul precision (full by default); half
+precision dots give half results, accumulated in fp32 (``_common.dot_result_dtype``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import numpy as np
 import torch
 from jax import lax
 
-from jax_backend.ops._common import accumulation_dtype, dot_precision, promote
+from jax_backend.errors import OpInputError
+from jax_backend.ops._common import dot_precision, dot_result_dtype, promote
 from jax_backend.registry import lowers
 
 aten = torch.ops.aten
@@ -15,16 +17,13 @@ aten = torch.ops.aten
 
 def _dot(a, b, contracting, batch=((), ())):
     if a.dtype != b.dtype:  # torch's matrix products never promote (autocast casts first)
-        raise RuntimeError(
+        raise OpInputError(
             f"expected both operands of a matrix product to have the same dtype, but got "
             f"{a.dtype} and {b.dtype} (torch: mat1 and mat2 must have the same dtype). Cast "
             "the input to the model's dtype, e.g. x.float(), or use cstorch.amp for mixed "
             "precision.")
-    out = lax.dot_general(
-        a, b, (contracting, batch),
-        precision=dot_precision(a, b),
-        preferred_element_type=accumulation_dtype(a.dtype),
-    )
+    out = lax.dot_general(a, b, (contracting, batch), precision=dot_precision(a, b),
+                          preferred_element_type=dot_result_dtype(a.dtype))
     return out.astype(a.dtype)
 
 

@@ -1,9 +1,8 @@
-"""Neural-network lowerings: convolution, upsampling, padding, attention, grid sampling and
-the backward ops of losses. Pooling and normalisation have their own modules.
+"""Neural-network lowerings: convolution, upsampling, padding, grid sampling and the backward
+ops of losses. Pooling, normalisation and attention have their own modules.
 
-Backward ops that torch does not decompose (convolution_backward, padding backward, the CPU
-flash-attention backward) are lowered as ``jax.vjp`` of the forward lowering, so forward and
-backward share one definition.
+Backward ops that torch does not decompose (convolution_backward, padding backward) are
+lowered as ``jax.vjp`` of the forward lowering, so forward and backward share one definition.
 """
 
 from __future__ import annotations
@@ -16,7 +15,8 @@ import numpy as np
 import torch
 from jax import lax
 
-from jax_backend.ops._common import accumulation_dtype, compute_dtype, dot_precision, ntuple, promote
+from jax_backend.ops._common import (compute_dtype, conv_precision, dot_precision,
+                                     dot_result_dtype, ntuple, promote)
 from jax_backend.registry import lowers
 
 aten = torch.ops.aten
@@ -29,8 +29,8 @@ def _conv_forward(x, weight, stride, padding, dilation, transposed, output_paddi
     spatial = "DHW"[-nd:] if nd <= 3 else None
     dimension_numbers = ("NC" + spatial, "OI" + spatial, "NC" + spatial)
     stride, padding, dilation = ntuple(stride, nd), ntuple(padding, nd), ntuple(dilation, nd)
-    options = dict(precision=dot_precision(x, weight),
-                   preferred_element_type=accumulation_dtype(x.dtype))
+    options = dict(precision=conv_precision(x, weight),
+                   preferred_element_type=dot_result_dtype(x.dtype))
     if not transposed:
         out = lax.conv_general_dilated(
             x, weight, window_strides=stride, padding=[(p, p) for p in padding],
@@ -276,62 +276,6 @@ for _name, _mode in [("reflection_pad1d", "reflect"), ("reflection_pad2d", "refl
                      ("reflection_pad3d", "reflect"), ("replication_pad1d", "edge"),
                      ("replication_pad2d", "edge"), ("replication_pad3d", "edge")]:
     _register_pad_backward(_name, _mode)
-
-
-# --------------------------------------------------------------------------------- attention
-def _attention_scores(q, k, attn_mask, is_causal, scale):
-    """q k^T * scale with the causal and explicit masks applied (torch's math backend)."""
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = jnp.einsum("...qd,...kd->...qk", q, k, precision=dot_precision(q, k),
-                        preferred_element_type=accumulation_dtype(q.dtype)) * scale
-    if is_causal:
-        lq, lk = q.shape[-2], k.shape[-2]
-        causal = jnp.tril(jnp.ones((lq, lk), jnp.bool_))
-        scores = jnp.where(causal, scores, -jnp.inf)
-    if attn_mask is not None:
-        scores = jnp.where(attn_mask, scores, -jnp.inf) if attn_mask.dtype == jnp.bool_ else (
-            scores + attn_mask)
-    return scores
-
-
-def _repeat_kv_heads(q, k, v):
-    """Grouped-query attention (fewer key/value heads than query heads, as torch's CPU kernels
-    accept without a flag in their backward): each key/value head serves its group."""
-    if k.ndim >= 3 and k.shape[-3] != q.shape[-3]:
-        repeat = q.shape[-3] // k.shape[-3]
-        k, v = jnp.repeat(k, repeat, axis=-3), jnp.repeat(v, repeat, axis=-3)
-    return k, v
-
-
-def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
-    """softmax(q k^T * scale + mask) v, computed as torch's math backend does."""
-    k, v = _repeat_kv_heads(q, k, v)
-    scores = _attention_scores(q, k, attn_mask, is_causal, scale)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    return jnp.einsum("...qk,...kd->...qd", probs, v, precision=dot_precision(probs, v),
-                      preferred_element_type=accumulation_dtype(v.dtype)).astype(q.dtype)
-
-
-@lowers(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
-def aten_sdpa_flash_cpu_backward(grad_out, q, k, v, out, logsumexp, dropout_p, is_causal, *,
-                                 attn_mask=None, scale=None):
-    if dropout_p:
-        raise NotImplementedError(
-            "the CPU flash-attention backward with dropout_p > 0 cannot replay torch's dropout "
-            "mask; use dropout_p=0 in scaled_dot_product_attention or a separate nn.Dropout.")
-    _, vjp = jax.vjp(lambda q_, k_, v_: attention(q_, k_, v_, attn_mask, is_causal, scale),
-                     q, k, v)
-    return vjp(grad_out.astype(q.dtype))
-
-
-@lowers(aten._scaled_dot_product_flash_attention_for_cpu.default)
-def aten_sdpa_flash_cpu(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
-    if dropout_p:
-        raise NotImplementedError("flash attention with dropout_p > 0 is not lowered.")
-    out = attention(q, k, v, attn_mask, is_causal, scale)
-    k, _ = _repeat_kv_heads(q, k, v)
-    scores = _attention_scores(q, k, attn_mask, is_causal, scale).astype(jnp.float32)
-    return out, jax.nn.logsumexp(scores, axis=-1)
 
 
 # ------------------------------------------------------------------------------ grid sampling

@@ -239,3 +239,31 @@ def aten_batch_norm_backward(grad_out, x, weight, running_mean, running_var, sav
     train = update or running_mean is None
     return aten_native_batch_norm_backward(grad_out, x, weight, running_mean, running_var,
                                            save_mean, save_var, train, eps, output_mask)
+
+
+# --------------------------------------------------------------------------- weight norm
+# torch.nn.utils.weight_norm: w = g * v / ||v||, the norm taken over every dimension but
+# ``dim`` (over all of them for dim=-1). The forward is decomposed by core ATen; lowered too,
+# as its backward (which has no decomposition) is.
+def _weight_norm_axes(v, dim):
+    return tuple(i for i in range(v.ndim) if i != dim)
+
+
+@lowers(aten._weight_norm_interface.default)
+def aten_weight_norm_interface(v, g, dim=0):
+    vc = v.astype(compute_dtype(v))
+    norm = jnp.sqrt(jnp.sum(vc * vc, _weight_norm_axes(v, dim), keepdims=True))
+    out = vc * (g.astype(vc.dtype) / norm)
+    norm_dtype = jnp.float32 if g.dtype == jnp.bfloat16 else g.dtype
+    return out.astype(v.dtype), norm.astype(norm_dtype)
+
+
+@lowers(aten._weight_norm_interface_backward.default)
+def aten_weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms, dim):
+    dtype = compute_dtype(saved_v)
+    v, g = saved_v.astype(dtype), saved_g.astype(dtype)
+    norm, grad = saved_norms.astype(dtype), grad_w.astype(dtype)
+    # dL/dg = <grad_w, v> / ||v||;  dL/dv = (g / ||v||) * (grad_w - v * dL/dg / ||v||)
+    grad_g = jnp.sum(grad * v, _weight_norm_axes(v, dim), keepdims=True) / norm
+    grad_v = (g / norm) * (grad - v * (grad_g / norm))
+    return grad_v.astype(saved_v.dtype), grad_g.reshape(saved_g.shape).astype(saved_g.dtype)

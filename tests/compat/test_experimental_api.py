@@ -251,3 +251,89 @@ def test_1_9_executor_checkpoint_closure_and_summarize_scalar(tmp_path):
         save(i)
     assert saved == [2, 4]
     assert [w for w in written if w[0] == "loss"] == [("loss", i) for i in range(1, 5)]
+
+
+def test_dataloader_num_steps_counts_the_whole_run_and_repeats_the_batches(tmp_path):
+    """1.8: ``DataLoader(input_fn, num_steps=N)`` runs N steps (the input's batches repeat);
+    with ``max_steps`` too, ``min(num_steps, max_steps)``. A 20-batch input, num_steps=30:
+    one pass over the loader gives 30 steps and the checkpoints at 10, 20 and 30."""
+    import cerebras_pytorch.experimental as legacy
+
+    legacy.configure(model_dir=str(tmp_path), checkpoint_steps=10)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    compiled = legacy.compile(model, backend="CPU")
+    optimizer = legacy.optim.configure_optimizer("SGD", model.parameters(), learning_rate=0.01)
+    inputs, targets = torch.randn(40, 2), torch.randn(40, 1)
+
+    def input_fn():
+        dataset = torch.utils.data.TensorDataset(inputs, targets)
+        return torch.utils.data.DataLoader(dataset, batch_size=2)
+
+    @legacy.compile_step
+    def step(x, y):
+        loss = torch.nn.functional.mse_loss(compiled(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+
+    seen, saved = [], []
+
+    @legacy.step_closure
+    def record(x):
+        seen.append(x.clone())
+
+    @legacy.checkpoint_closure
+    def save(step_index):
+        saved.append(step_index)
+
+    loader = legacy.utils.data.DataLoader(input_fn, num_steps=30)
+    assert loader.num_epochs == 1
+    for i, (x, y) in enumerate(loader):
+        step(x, y)
+        record(x)
+        save(i + 1)
+    assert len(seen) == 30 and saved == [10, 20, 30]
+    for i, x in enumerate(seen):  # batch i is the input's batch i % 20
+        torch.testing.assert_close(x, inputs[2 * (i % 20):2 * (i % 20) + 2])
+
+    capped = legacy.utils.data.DataLoader(input_fn, num_steps=30, max_steps=25)
+    assert capped.num_epochs == 1 and capped.steps_per_epoch == 25
+    per_epoch = legacy.utils.data.DataLoader(input_fn, num_epochs=2)
+    assert per_epoch.num_epochs == 2 and per_epoch.steps_per_epoch == 20
+
+
+def test_configure_entry_points_validate_arguments_before_needing_a_backend():
+    """Bad names are a ValueError naming the valid choices, never a missing-backend error:
+    every entry of a schedule is checked before any scheduler (or optimizer) is built."""
+    import cerebras_pytorch.experimental as legacy
+    from cstorch.errors import NoBackendError
+
+    legacy.configure(model_dir=".")
+    assert cstorch.backend() is None
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    with pytest.raises(ValueError, match="Expected one of .*'sgd'"):
+        legacy.optim.configure_optimizer("NoSuchOptimizer", params, learning_rate=0.1)
+    with pytest.raises(ValueError, match="Invalid lr_scheduler type. Expected one of"):
+        legacy.optim.configure_lr_scheduler(None, {"scheduler": "NoSuchDecay",
+                                                   "total_iters": 3})
+    good = {"scheduler": "Linear", "initial_learning_rate": 0.1, "end_learning_rate": 0.0,
+            "total_iters": 3}
+    for configure in (legacy.optim.configure_lr_scheduler,
+                      cstorch.optim.configure_lr_scheduler):
+        with pytest.raises(ValueError, match="Expected one of .*'linearlr'.*nosuchdecay"):
+            configure(None, [good, {"scheduler": "NoSuchDecay", "total_iters": 3}])
+        with pytest.raises(ValueError, match="unexpected parameters: \\['bogus'\\]"):
+            configure(None, [good, {**good, "bogus": 1}])
+    with pytest.raises(ValueError, match="Invalid scheduler type.*NoSuch"):
+        cstorch.optim.configure_scheduler(None, {"SequentialLR": {"schedulers": [
+            {"LinearLR": {"initial_learning_rate": 0.1, "end_learning_rate": 0.0,
+                          "total_iters": 3}}, {"NoSuch": {}}]}})
+    with pytest.raises(ValueError, match="main scheduler"):
+        cstorch.optim.configure_lr_scheduler(
+            None, [{**good, "main_scheduler": "chained"},
+                   {**good, "main_scheduler": "sequential"}])
+    # Valid arguments get as far as needing the backend, and say so.
+    with pytest.raises(NoBackendError):
+        legacy.optim.configure_optimizer("SGD", params, learning_rate=0.1)

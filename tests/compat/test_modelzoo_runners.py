@@ -351,3 +351,24 @@ def test_changing_graph_is_refused_on_csx_and_allowed_on_cpu(tmp_path):
     params = toy_zoo.make_params(tmp_path / "csx", max_steps=4, target_device="CSX")
     with pytest.raises(RuntimeError, match="drop_last=True"):
         run_with_params(params, toy_zoo.ToyModel, _uneven_train_data)
+
+
+def test_replaced_create_with_the_documented_signature_runs_the_custom_runner(
+        tmp_path, monkeypatch):
+    """1.x docs: a custom runner is used by changing ``PyTorchBaseRunner.create(model_fn,
+    params)``; ``run`` must call it with exactly those two arguments and use its runner."""
+    from modelzoo.common.pytorch.pytorch_base_runner import PyTorchBaseRunner
+
+    stock, created = PyTorchBaseRunner.create, []
+
+    def create(model_fn, params):  # the documented signature, nothing more
+        runner = stock(model_fn, params, runner_cls=RecordingRunner)
+        created.append(runner)
+        return runner
+
+    monkeypatch.setattr(PyTorchBaseRunner, "create", staticmethod(create))
+    params = toy_zoo.make_params(tmp_path, max_steps=3)
+    run_with_params(params, toy_zoo.ToyModel, toy_zoo.train_data_fn, toy_zoo.eval_data_fn)
+    assert len(created) == 1
+    expected, _ = toy_zoo.eager_losses(params, 3)
+    assert _rel_err(created[0].losses, expected) < 1e-4

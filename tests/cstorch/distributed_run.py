@@ -20,6 +20,7 @@ import cerebras.pytorch as cstorch
 from cstorch.distributed import ClusterConfig
 from jax_backend import mesh
 from tests.models import MLP
+from tests.sharding_spec import spec_entries
 
 GLOBAL_BATCH = 8
 
@@ -91,7 +92,7 @@ def main(options):
     if rank == 0:
         print("RESULT " + json.dumps({
             "losses": losses, "processes": cstorch.distributed.num_streamers(),
-            "devices": len(array.sharding.device_set), "spec": str(getattr(array.sharding, "spec", None)),
+            "devices": len(array.sharding.device_set), "spec": spec_entries(array.sharding),
             "local_shard_rows": int(np.shape(array.addressable_shards[0].data)[0]),
             "mesh": dict(getattr(array.sharding, "mesh", None) and array.sharding.mesh.shape or {}),
             "final": final, "communication": communication,

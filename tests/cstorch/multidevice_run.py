@@ -11,6 +11,7 @@ import torch
 import cerebras.pytorch as cstorch
 from cstorch.distributed import ClusterConfig
 from tests.models import MLP
+from tests.sharding_spec import spec_entries
 
 
 def run(num_csx, max_wgt_servers):
@@ -45,7 +46,7 @@ def run(num_csx, max_wgt_servers):
     weight = model.net[1].weight
     array = backend._impl.device_state.array_of(weight)
     return {"losses": losses, "devices": len(array.sharding.device_set),
-            "spec": str(getattr(array.sharding, "spec", None)),
+            "spec": spec_entries(array.sharding),
             "final": model.state_dict()["net.1.weight"].sum().item()}
 
 

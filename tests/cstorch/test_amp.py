@@ -170,6 +170,17 @@ def test_half_precision_gpt_ends_within_two_percent_of_fp32(precision, dynamic):
         assert skipped[-1] == 0 and scales[-1] == 2.0**15
 
 
+def test_cbfloat16_trains_from_the_reference_initial_loss_scale():
+    """cbfloat16 with dynamic loss scaling starts at the reference's scale for it, 2**31,
+    which its 6-bit exponent holds (float16's would overflow every step and skip them all):
+    the steps update the weights and track fp32."""
+    reference, *_ = _gpt_losses("float32", steps=8)
+    losses, scales, skipped, _ = _gpt_losses("cbfloat16", steps=8, dynamic_scaling=True)
+    assert scales[0] == 2.0**31 and skipped[-1] == 0
+    np.testing.assert_allclose(losses, reference, rtol=1e-3)
+    assert losses[-1] < losses[0] - 0.3  # it learned (fp32: 4.87 -> 4.40)
+
+
 def test_overflow_skips_the_update_halves_the_scale_and_recovers():
     steps, overflow_at = 12, 5
     losses, scales, skipped, snapshots = _gpt_losses(

@@ -180,3 +180,83 @@ def test_schedule_ranges():
         Schedule([Schedule.Range(0, 5, 1, False), Schedule.Range(3, 8, 1, False)])
     with pytest.raises(ValueError):
         Schedule.Range(start=5, end=5, step=1, include_last=False)
+
+
+# ------------------------------------------------------------------ steps outside an executor
+@pytest.mark.parametrize("engine", ["jax", "eager"])
+def test_closures_of_a_step_called_outside_an_executor_run_after_it(tmp_path, engine):
+    # Eager torch would print after every step; 2.10 keeps them queued until a DataExecutor
+    # starts (usually never). Here they run after the step, with that step's values.
+    cstorch.backend("CPU", artifact_dir=str(tmp_path), engine=engine)
+    model = torch.nn.Linear(2, 1, bias=False)
+    torch.nn.init.ones_(model.weight)
+    compiled = cstorch.compile(model)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.5)
+    values = []
+
+    @cstorch.step_closure
+    def record(loss, weight):
+        values.append((loss.item(), weight.sum().item()))
+
+    @cstorch.trace
+    def step(x):
+        loss = compiled(x).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        record(loss, model.weight)
+        return loss
+
+    for i in range(3):
+        step(torch.full((1, 2), float(i)))
+        assert len(values) == i + 1  # right after its own step
+    assert values == [(0.0, 2.0), (2.0, 1.0), (2.0, -1.0)]
+    assert cstorch.backend()._impl.step_closures == []
+
+
+def test_a_checkpoint_closure_in_a_step_outside_an_executor_raises(cpu_backend):
+    model = torch.nn.Linear(2, 1)
+    compiled = cstorch.compile(model, cpu_backend)
+    saved = []
+
+    @cstorch.checkpoint_closure
+    def save_ckpt(step_):
+        saved.append(step_)
+
+    @cstorch.trace
+    def step(x):
+        out = compiled(x).sum()
+        save_ckpt(out)
+        return out
+
+    with pytest.raises(RuntimeError, match="'save_ckpt' was called from a step that runs "
+                                           "outside a cstorch DataExecutor"):
+        step(torch.ones(1, 2))
+    assert saved == [] and cpu_backend._impl.step_closures == []
+
+
+def test_closures_queued_outside_an_executor_that_never_run_are_reported_at_exit(tmp_path):
+    script = tmp_path / "queued.py"
+    script.write_text(
+        "import cerebras.pytorch as cstorch\n"
+        "cstorch.backend('CPU')\n"
+        "@cstorch.checkpoint_closure\n"
+        "def save_ckpt():\n"
+        "    print('saved')\n"
+        "save_ckpt()\n")
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                            cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "saved" not in result.stdout
+    assert "QueuedClosureWarning" in result.stderr
+    assert "(save_ckpt) were queued outside a cstorch DataExecutor and never ran" in result.stderr
+
+
+@pytest.mark.parametrize("backend_type", ["CPU", "CSX"])
+def test_a_short_loader_cycles_on_every_backend(tmp_path, backend_type):
+    cstorch.backend(backend_type, artifact_dir=str(tmp_path))
+    seen = [float(x[0, 0]) for x, _ in DataExecutor(DataLoader(lambda: _batches(3)), num_steps=7)]
+    assert seen == [0, 1, 2, 0, 1, 2, 0]

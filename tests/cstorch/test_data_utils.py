@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import io
+import re
 import sys
 
 import pytest
@@ -317,3 +318,31 @@ def test_progress_bar_only_on_a_terminal_for_long_runs(cpu_backend, monkeypatch)
         terminal.getvalue()
     monkeypatch.setenv("CSTORCH_PROGRESS_BAR", "0")
     assert profiler._progress_bar(1000) is None
+
+
+def test_progress_bar_labels_the_compile_and_keeps_printed_lines_apart(cpu_backend, monkeypatch):
+    from cstorch.utils import profiler
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stdout", terminal)
+    monkeypatch.setenv("CSTORCH_PROGRESS_BAR", "1")
+
+    @cstorch.step_closure
+    def report(i):
+        print(f"closure line {i}")
+
+    for i, _ in enumerate(DataExecutor(DataLoader(lambda: [torch.zeros(2, 1)] * 4),
+                                       num_steps=4)):
+        report(i)
+    text = terminal.getvalue()
+    assert "compiling the step:" in text  # until the first step ends
+    assert re.search(r"first step \d+\.\d s", text)
+    assert "samples/s (steady)" in text
+    for i in range(4):  # each printed line starts at the start of a line, not after the bar
+        before = text.split(f"closure line {i}")[0]
+        assert before.endswith("\r") or before.endswith("\n"), before[-80:]
+

@@ -84,7 +84,7 @@ def test_checkpoints_move_between_one_process_and_a_two_dimensional_job(tmp_path
         "num_csx": 2, "weight_servers": 2, "steps": 6, "resume": reference["ckpt"],
         "start": 3, "save_at": 5, "ckpt": ckpt})], tmp_path))
     assert job["processes"] == 2 and job["mesh"] == {"csx": 2, "ws": 2}
-    assert job["devices"] == 4 and job["spec"] == "P(('csx', 'ws'),)"
+    assert job["devices"] == 4 and job["spec"] == [["csx", "ws"]]
     assert job["local_shard_rows"] == 32 // 4  # each device holds a quarter of the weight
     assert job["losses"] == pytest.approx(reference["losses"][3:], rel=1e-5)
     for name, value in reference["final"].items():
@@ -105,7 +105,7 @@ def test_two_dimensional_mesh_in_one_process(tmp_path, reference):
     parameters twice, reduce the gradients once)."""
     run = _result(_run([DRIVER, json.dumps({"num_csx": 2, "weight_servers": 2, "steps": 6,
                                             "hlo": True})], tmp_path, _env(devices=4)))
-    assert run["mesh"] == {"csx": 2, "ws": 2} and run["spec"] == "P(('csx', 'ws'),)"
+    assert run["mesh"] == {"csx": 2, "ws": 2} and run["spec"] == [["csx", "ws"]]
     assert run["local_shard_rows"] == 32 // 4
     assert run["losses"] == pytest.approx(reference["losses"], rel=1e-5)
     moved = sum(b for _, b in run["communication"].values())
@@ -164,4 +164,4 @@ def test_compiled_step_all_reduces_the_gradients_once(tmp_path):
     run = _result(_run([DRIVER, json.dumps({"num_csx": 4, "steps": 1, "hlo": True})],
                        tmp_path, _env(devices=4)))
     p = run["param_bytes"]
-    assert run["spec"] == "P()" and p <= run["communication"]["all-reduce"][1] <= p + 64
+    assert run["spec"] == [] and p <= run["communication"]["all-reduce"][1] <= p + 64

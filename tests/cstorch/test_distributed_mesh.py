@@ -73,18 +73,35 @@ def test_single_host_rank_helpers():
         d.get_streaming_batch_size(8, global_rank=5)
 
 
+def _disk(total_blocks, free_blocks, block=4096):
+    """A stand-in for ``os.statvfs``: the test must not depend on this machine's disk."""
+    import types
+
+    return lambda path: types.SimpleNamespace(f_frsize=block, f_blocks=total_blocks,
+                                              f_bavail=free_blocks)
+
+
 def test_hit_worker_cache_limit(tmp_path, monkeypatch):
     from cstorch.distributed import ranks
 
     cache = tmp_path / "cache"
     (cache / "old").mkdir(parents=True)
+    (cache / "old" / "y.bin").write_bytes(b"0" * 1024)  # replaced by the copy
     source = tmp_path / "data"
     source.mkdir()
     (source / "x.bin").write_bytes(b"0" * 4096)
     monkeypatch.setattr(ranks, "WORKER_CACHE_ROOT", str(cache))
+    assert ranks.SSD_LIMIT == 0.8
+    # 1000 blocks of 4 KiB, 700 used: 800 - 700 blocks + the 1 KiB replaced are available.
+    monkeypatch.setattr(ranks.os, "statvfs", _disk(1000, 300))
     hit, size, available = cstorch.distributed.hit_worker_cache_limit(str(source),
                                                                       str(cache / "old"))
-    assert hit is False and size == "4.00 KB" and available.endswith("B")
+    assert (hit, size, available) == (False, "4.00 KB", "401.00 KB")
+    # 800 blocks used: the copy (4 KiB in, 1 KiB out) would pass the 80 % limit.
+    monkeypatch.setattr(ranks.os, "statvfs", _disk(1000, 200))
+    hit, _, available = cstorch.distributed.hit_worker_cache_limit(str(source),
+                                                                   str(cache / "old"))
+    assert (hit, available) == (True, "1.00 KB")
     with pytest.raises(ValueError):
         cstorch.distributed.hit_worker_cache_limit(str(source), str(tmp_path / "elsewhere"))
 

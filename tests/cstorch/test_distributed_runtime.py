@@ -97,6 +97,10 @@ def test_launcher_environment():
     assert env[runtime.ENV_COORDINATOR] == "127.0.0.1:5"
     assert env[runtime.ENV_HEARTBEAT_TIMEOUT] == "9"
     assert env["XLA_FLAGS"] == "--xla_foo=1 --xla_force_host_platform_device_count=2"
+    # torch's idle OpenMP threads sleep in launched processes, unless the caller says otherwise
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert launch.process_environment({"OMP_WAIT_POLICY": "ACTIVE"}, 0, 2, "127.0.0.1:5")[
+        "OMP_WAIT_POLICY"] == "ACTIVE"
     assert DistributedConfig.from_env(env) == DistributedConfig("127.0.0.1:5", 2, 1,
                                                                 heartbeat_timeout=9)
     assert 0 < launch.free_port() < 65536

@@ -432,7 +432,7 @@ def test_disk_full_during_save_raises_one_clear_oserror(tmp_path):
 
 # ------------------------------------------------------------------ concurrent saves
 @pytest.mark.parametrize("publish", ["link", "renameat2", "reserve"])
-def test_concurrent_saves_to_one_path_never_replace_each_other(tmp_path, monkeypatch, publish):
+def test_concurrent_exclusive_saves_to_one_path_never_replace_each_other(tmp_path, monkeypatch, publish):
     import errno
     import threading
 
@@ -451,7 +451,7 @@ def test_concurrent_saves_to_one_path_never_replace_each_other(tmp_path, monkeyp
     def save(i):
         barrier.wait()
         try:
-            cstorch.save({"writer": torch.full((256,), float(i))}, path)
+            cstorch.save({"writer": torch.full((256,), float(i))}, path, exist_ok=False)
             results[i] = "saved"
         except FileExistsError:
             results[i] = "exists"
@@ -465,6 +465,35 @@ def test_concurrent_saves_to_one_path_never_replace_each_other(tmp_path, monkeyp
     assert len(results) == 6 and len(winners) == 1, results
     stored = cstorch.load(path)["writer"]
     assert torch.equal(stored + 0, torch.full((256,), float(winners[0])))
+    assert [p for p in os.listdir(tmp_path) if p.endswith(".tmp")] == []
+
+
+def test_two_processes_overwriting_one_path_while_a_reader_loads(tmp_path):
+    # The default save replaces the file atomically: whatever a reader opens is one writer's
+    # whole checkpoint (its payload all one value, matching its tag), never a mix or a torn file.
+    path = tmp_path / "shared.mdl"
+    writer = textwrap.dedent("""
+        import sys, torch
+        from cstorch.storage import save
+        path, tag = sys.argv[1], float(sys.argv[2])
+        for i in range(40):
+            save({"tag": tag, "i": i, "w": torch.full((64, 1024), tag * 1000 + i)}, path)
+    """)
+    cstorch.save({"tag": 0.0, "i": 0, "w": torch.zeros(64, 1024)}, path)
+    procs = [subprocess.Popen([sys.executable, "-c", writer, str(path), str(tag)])
+             for tag in (1.0, 2.0)]
+    seen = set()
+    while True:
+        done = all(p.poll() is not None for p in procs)
+        state = cstorch.load(path)
+        w = state["w"] + 0
+        expected = state["tag"] * 1000 + state["i"]
+        assert torch.equal(w, torch.full((64, 1024), float(expected))), (state["tag"], state["i"])
+        seen.add(state["tag"])
+        if done:
+            break
+    assert [p.returncode for p in procs] == [0, 0]
+    assert state["i"] == 39 and state["tag"] in (1.0, 2.0)  # the last replace wins, whole
     assert [p for p in os.listdir(tmp_path) if p.endswith(".tmp")] == []
 
 
@@ -566,10 +595,10 @@ def test_add_param_group_mid_run_keeps_existing_moments(cpu_backend):
     assert not torch.equal(optimizer.state_dict()["state"][2]["exp_avg"], torch.zeros(1, 2))
 
 
-def test_program_cache_is_bounded(cpu_backend, monkeypatch):
+def test_program_cache_is_bounded(cpu_backend):
     from cstorch.core import compile as compile_module
 
-    monkeypatch.setattr(compile_module, "MAX_PROGRAMS", 3)
+    cstorch.config.config.update("max_programs", 3)  # undone by cstorch.config.reset()
     model = torch.nn.Linear(2, 1)
     compiled = cstorch.compile(model, cpu_backend)
 
@@ -595,8 +624,11 @@ def test_float64_input_into_a_float32_model_raises_like_eager(cpu_backend):
     x = torch.randn(4, 3, dtype=torch.float64)
     with pytest.raises(RuntimeError, match="same dtype"):
         model(x)  # eager torch
-    with pytest.raises(RuntimeError, match="same dtype.*float64 and float32"):
+    with pytest.raises(RuntimeError, match="same dtype.*float64 and float32") as error:
         forward(x)
+    message = str(error.value)
+    assert "x.float()" in message and "cannot run on these inputs" in message
+    assert "bug" not in message  # the user's input is what to fix, not the project
 
 
 def test_a_step_result_that_cannot_be_read_is_dropped_not_kept_poisoned():
@@ -623,11 +655,16 @@ def test_checkpoints_are_synced_to_disk_before_they_are_published(tmp_path, monk
     from cstorch.storage import h5_format
 
     events = []
-    real_fsync, real_link = os.fsync, os.link
+    real_fsync, real_link, real_replace = os.fsync, os.link, os.replace
     monkeypatch.setattr(h5_format.os, "fsync", lambda fd: (events.append("fsync"),
                                                            real_fsync(fd))[1])
     monkeypatch.setattr(h5_format.os, "link", lambda a, b: (events.append("publish"),
                                                             real_link(a, b))[1])
-    cstorch.save({"w": torch.ones(3)}, tmp_path / "synced.mdl")
-    assert events[:2] == ["fsync", "publish"]  # the file, then (after) its directory
-    assert events.count("fsync") == 2
+    monkeypatch.setattr(h5_format.os, "replace", lambda a, b: (events.append("publish"),
+                                                               real_replace(a, b))[1])
+    for exist_ok in (True, False):  # overwrite (os.replace) and exclusive (os.link) publish
+        events.clear()
+        cstorch.save({"w": torch.ones(3)}, tmp_path / f"synced_{exist_ok}.mdl",
+                     exist_ok=exist_ok)
+        assert events[:2] == ["fsync", "publish"]  # the file, then (after) its directory
+        assert events.count("fsync") == 2

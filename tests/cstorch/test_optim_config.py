@@ -281,3 +281,9 @@ def test_helpers_are_exported():
     for name in ["configure_optimizer", "configure_optimizer_params", "configure_lr_scheduler",
                  "configure_scheduler", "configure_scheduler_params"]:
         assert callable(getattr(cstorch.optim, name))
+
+
+def test_a_string_hyperparameter_is_named():
+    params = torch.nn.Linear(2, 2).parameters()
+    with pytest.raises(TypeError, match="Invalid learning rate: 'fast' - should be a number"):
+        cstorch.optim.SGD(params, lr="fast")

@@ -238,3 +238,98 @@ def test_parity_command_reports_a_failing_engine(tmp_path):
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 2
     assert "the eager run failed" in result.stderr and "boom in the script" in result.stderr
+
+
+def test_a_script_saving_to_a_fixed_path_runs_twice_and_under_parity(tmp_path):
+    # cstorch.save overwrites like torch.save, and each engine gets its own working directory
+    # (the second engine must not find, resume from or collide with the first one's files).
+    run = [sys.executable, os.path.abspath(FIXTURE), "--steps", "2", "--save"]
+    for _ in range(2):
+        result = subprocess.run(run, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+    saved = cstorch.load(str(tmp_path / "checkpoint.mdl"))
+    assert set(saved) == {"model", "optimizer"}
+    before = (tmp_path / "checkpoint.mdl").stat().st_mtime_ns
+    result = subprocess.run(
+        [sys.executable, "-m", "cstorch.parity", "--engines", "eager,jax-cpu", "--verbose",
+         os.path.abspath(FIXTURE), "--steps", "2", "--save"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "PARITY OK" in result.stdout and "own working directory" in result.stdout
+    assert (tmp_path / "checkpoint.mdl").stat().st_mtime_ns == before  # engines wrote elsewhere
+    assert "RuntimeWarning" not in result.stderr  # (runpy's, about cstorch.parity.record)
+
+
+def test_parity_names_random_ops_and_unzeroed_gradients():
+    result = _parity("--steps", "3", "--dropout", "0.5", "--no-zero-grad")
+    assert result.returncode == 1, result.stdout + result.stderr
+    out = result.stdout
+    assert "FIRST DIVERGENCE at step 1" in out
+    assert "likely cause: the step uses random ops (aten." in out and "from the first step" in out
+    assert "warning from the jax-cpu run: GradientAccumulationWarning" in out
+    assert "likely cause: the step does not zero its gradients" in out
+
+
+def test_parity_tolerances_follow_the_precision():
+    result = _parity("--steps", "3", "--precision", "bfloat16")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert ("tolerances: this run computes in bfloat16 (mixed precision); closure values rtol "
+            "by precision (float32 0.0001, float16 0.002, bfloat16 0.01): 0.01 here") in result.stdout
+    result = subprocess.run([sys.executable, "-m", "cstorch.parity", "--engines", "eager,jax-cpu",
+                             "--rtol", "1e-9", FIXTURE, "--steps", "3", "--precision",
+                             "bfloat16"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 1 and "rtol=1e-09 (--rtol)" in result.stdout
+
+
+def test_tolerance_precision_is_the_coarser_of_value_and_run():
+    from cstorch.parity.runner import RTOL_BY_PRECISION, precision_of
+
+    assert precision_of("float32", "float32") == "float32"
+    assert precision_of("float32", "bfloat16") == "bfloat16"
+    assert precision_of("float16", "float32") == "float16"
+    assert precision_of("int64", "float16") == "float16"
+    assert RTOL_BY_PRECISION["float32"] <= 1e-4
+
+
+def test_path_arguments_are_made_absolute_for_the_engines_directories(tmp_path, monkeypatch):
+    from cstorch.parity.runner import absolute_path_arguments
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data.csv").write_text("1\n")
+    assert absolute_path_arguments(["data.csv", "--in=data.csv", "out.mdl", "--steps", "3"]) \
+        == [str(tmp_path / "data.csv"), f"--in={tmp_path / 'data.csv'}", "out.mdl", "--steps",
+            "3"]
+
+
+def test_gradient_accumulation_warning_only_without_any_zero_grad(cpu_backend):
+    from cstorch.core.compile import GradientAccumulationWarning
+    import warnings
+
+    model = torch.nn.Linear(2, 1)
+    compiled = cstorch.compile(model, cpu_backend)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+
+    def make(zero_inside):
+        @cstorch.trace
+        def step(x):
+            loss = compiled(x).sum()
+            if zero_inside:
+                model.zero_grad()
+            loss.backward()
+            optimizer.step()
+            return loss
+        return step
+
+    x = torch.ones(3, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GradientAccumulationWarning)
+        inside = make(True)
+        inside(x), inside(x), inside(x)
+        between = make(False)
+        for _ in range(3):
+            between(x)
+            optimizer.zero_grad()  # zeroed between the calls, as eager torch needs
+    never = make(False)
+    never(x)
+    with pytest.warns(GradientAccumulationWarning, match="zero_grad"):
+        never(x)

@@ -23,6 +23,7 @@ import pytest
 import torch
 
 import cerebras.pytorch as cstorch
+import jax_backend
 from jax_backend import DeviceState, Program
 from jax_backend.errors import StepFailedError
 from tests.models import TinyGPT, lm_loss
@@ -509,7 +510,7 @@ def test_failed_steady_state_step_says_released_state_was_lost(release_all, tmp_
 
 def test_without_a_first_run_backup_a_failed_first_run_says_what_was_lost(release_all,
                                                                           monkeypatch):
-    monkeypatch.setattr(Program, "backup_first_run", False)
+    jax_backend.config.config.update("backup_first_run", False)  # cstorch.config.reset()
     state, model, optimizer, step = _cstorch_run()
     with _failing_once(lambda inputs: True):
         with pytest.raises(StepFailedError, match="no other copy.*NaN.*checkpoint"):

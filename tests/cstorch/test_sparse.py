@@ -397,3 +397,31 @@ def test_balanced_rigl_masks_stay_balanced(balance, cpu_backend):
         groups = mask.reshape(4, -1) if balance == "out" else mask.t().reshape(4, -1)
         assert groups.sum(1).tolist() == [24, 24, 24, 24]
     assert step.trace_count == 1
+
+
+def test_gmp_regrowth_on_a_falling_schedule_matches_the_reference():
+    """GMP on a cosine schedule that rises to 0.6 and falls again: where sparsity decreases,
+    masks regrow among the pruned (zero-valued) weights exactly as the reference chooses.
+    Oracle: ``tests/data/gmp_cosine_regrowth_reference.json`` (cerebras-pytorch 2.10, CPU;
+    ``tests/data/make_gmp_regrowth_reference.py``)."""
+    from pathlib import Path
+
+    want = json.loads((Path(__file__).resolve().parents[1] / "data" /
+                       "gmp_cosine_regrowth_reference.json").read_text())
+    config = want["sparsity"]
+    steps = len(want["losses"])
+    record, _, step = _train(lambda: sparse.GMP(sparsity=config["sparsity"],
+                                                update=config["update"],
+                                                init_method=config["init_method"]),
+                             steps=steps)
+    assert step.trace_count == 1
+    for index in range(steps):
+        for name, expected in want["masks"][index].items():
+            np.testing.assert_array_equal(record["masks"][index][name].numpy(),
+                                          np.asarray(expected, dtype=bool),
+                                          err_msg=f"step {index + 1} {name}")
+        for name, expected in want["weights"][index].items():
+            np.testing.assert_allclose(record["weights"][index][name].numpy(),
+                                       np.asarray(expected, np.float32), rtol=0, atol=1e-5,
+                                       err_msg=f"step {index + 1} {name}")
+    np.testing.assert_allclose(record["losses"], want["losses"], rtol=0, atol=1e-5)

@@ -339,14 +339,50 @@ def test_resave_loaded_checkpoint(tmp_path):
 # Safety and errors
 
 
-def test_existing_target_is_never_overwritten(tmp_path):
+def test_save_overwrites_like_torch_save(tmp_path):
+    # A script that saves to a fixed path runs twice in a row (deliberate difference: 2.10
+    # refuses). The replaced file is whole, and no temporary file is left behind.
+    path = tmp_path / "x.mdl"
+    storage.save({"a": torch.ones(3)}, path)
+    storage.save({"a": torch.full((3,), 7.0), "b": torch.zeros(2)}, path)
+    loaded = storage.load(path)
+    assert torch.equal(loaded["a"] + 0, torch.full((3,), 7.0)) and set(loaded) == {"a", "b"}
+    assert sorted(os.listdir(tmp_path)) == ["x.mdl"]
+
+
+def test_exist_ok_false_keeps_the_reference_refusal(tmp_path):
     path = tmp_path / "x.mdl"
     storage.save({"a": torch.ones(1)}, path)
     before = path.read_bytes()
     with pytest.raises(FileExistsError, match=f"Checkpoint at '{path}' already exists"):
-        storage.save({"a": torch.zeros(1)}, path)
+        storage.save({"a": torch.zeros(1)}, path, exist_ok=False)
     assert path.read_bytes() == before
     assert sorted(os.listdir(tmp_path)) == ["x.mdl"]
+
+
+def test_overwrite_replaces_a_symlink_not_its_target(tmp_path):
+    target = tmp_path / "step_10.mdl"
+    storage.save({"a": torch.ones(1)}, target)
+    link = tmp_path / "latest.mdl"
+    link.symlink_to(target)
+    storage.save({"a": torch.zeros(1)}, link)
+    assert not link.is_symlink()
+    assert torch.equal(storage.load(target)["a"] + 0, torch.ones(1))
+    assert torch.equal(storage.load(link)["a"] + 0, torch.zeros(1))
+
+
+def test_save_to_a_directory_names_the_problem(tmp_path):
+    with pytest.raises(IsADirectoryError, match="it is a directory"):
+        storage.save({"a": torch.ones(1)}, tmp_path)
+
+
+def test_overwrite_keeps_a_loaded_checkpoints_values(tmp_path):
+    path = tmp_path / "r.mdl"
+    storage.save({"a": torch.ones(3)}, path)
+    a = storage.load(path)["a"]
+    storage.save({"a": torch.zeros(3)}, path)
+    assert torch.equal(a, torch.ones(3))  # still reads the file that was loaded
+    assert torch.equal(storage.load(path)["a"] + 0, torch.zeros(3))
 
 
 def test_partially_written_checkpoint(tmp_path):

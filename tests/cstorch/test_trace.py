@@ -59,6 +59,22 @@ def test_new_signature_retraces_with_a_warning_on_cpu():
         step(torch.randn(3, 4))
 
 
+def test_the_recompile_warning_names_the_input_its_shapes_and_drop_last():
+    _, compiled, _ = _setup()
+
+    @cstorch.trace
+    def step(features, batch, mask=None):
+        return compiled(features).sum() + batch[1].sum() + mask.sum()
+
+    step(torch.randn(3, 4), (torch.ones(2), torch.ones(3)), mask=torch.ones(3))
+    with pytest.warns(RecompilationWarning) as caught:
+        step(torch.randn(2, 4), (torch.ones(2), torch.ones(2)), mask=torch.ones(2))
+    message = str(caught[0].message)
+    assert ("features float32[3, 4] -> float32[2, 4], batch[1] float32[3] -> float32[2], "
+            "mask float32[3] -> float32[2]") in message
+    assert "drop_last=True" in message
+
+
 def test_new_signature_raises_on_csx():
     _, compiled, _ = _setup("CSX")
 

@@ -35,8 +35,14 @@ def test_no_regression_on_recorded_passing_samples(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     with open(report_path) as f:
         report = json.load(f)
+    # OpInfo variants newer than this torch are skipped (torch 2.9 lacks bmm.triton_optimized);
+    # a few at most, or the gate would gate nothing.
+    absent = set(report["meta"]["absent_opinfos"])
+    assert len(absent) <= 3, absent
     regressions = []
     for name, expected in baseline["passing"].items():
+        if name in absent:
+            continue
         entry = report["ops"].get(name)
         samples = {s["index"]: s for s in (entry or {}).get("samples", [])}
         for phase in ("forward", "backward"):

@@ -282,6 +282,17 @@ CASES = [
     Case("cross_entropy_label_smoothing",
          lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1),
          _inputs(_float(4, 5, grad=True), lambda: torch.randint(0, 5, (4,))), grad=True),
+    # torch.nn.utils.weight_norm (the zoo's dino / generic_image_encoders heads): the
+    # forward decomposes; its backward is lowered. dim=0, the last dim and the whole tensor.
+    *[Case(f"weight_norm_interface_dim{dim}",
+           lambda v, g, dim=dim: torch._weight_norm_interface(v, g, dim),
+           _inputs(_float(5, 3, 4, grad=True),
+                   _float(*[(5, 3, 4)[i] if i == dim % 3 else 1 for i in range(3)],
+                          low=0.5, high=2.0, grad=True)),
+           grad=True, rtol=1e-5, atol=1e-5) for dim in (0, 2)],
+    Case("weight_norm_whole_tensor", lambda v, g: torch._weight_norm(v, g, -1),
+         _inputs(_float(6, 4, grad=True), _float(1, 1, low=0.5, high=2.0, grad=True)),
+         grad=True, atol=1e-5),
     Case("fft_rfft_irfft", lambda x: (torch.fft.rfft(x, norm="ortho"), torch.fft.irfft(
         torch.fft.rfft(x), n=8)), _inputs(_float(3, 8)), atol=1e-5),
 ]

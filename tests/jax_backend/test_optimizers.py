@@ -415,3 +415,36 @@ def test_state_length_mismatch_is_explained():
 def test_module_doctests():
     result = doctest.testmod(optimizers, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0 and result.attempted > 0
+
+
+@pytest.mark.parametrize("name,kwargs", ONE_PER_OPTIMIZER, ids=map(_case_id, ONE_PER_OPTIMIZER))
+def test_a_flax_style_dict_of_params_trains_as_the_list_does(name, kwargs):
+    # optax transformations take any pytree of parameters; so do these.
+    leaves = _generic_params(name)
+    names = ["kernel", "scale", "bias"][:len(leaves)]
+    tree = {"params": {"Dense_0": {n: a for n, a in zip(names, leaves)}}}
+    as_list = jax.tree.leaves(tree)  # the same arrays, in the dict's leaf order
+    tx = optimizers.OPTIMIZERS[name](**kwargs)
+    update = jax.jit(tx.update)
+    tree_state, list_state = tx.init(tree), tx.init(as_list)
+    for k in range(3):
+        tree_grads = jax.tree.map(lambda p, g: g, tree,
+                                  jax.tree.unflatten(jax.tree.structure(tree),
+                                                     _generic_grads(as_list, k)))
+        updates, tree_state = update(tree_grads, tree_state, tree)
+        assert jax.tree.structure(updates) == jax.tree.structure(tree)
+        tree = optax.apply_updates(tree, updates)
+        list_updates, list_state = update(jax.tree.leaves(tree_grads), list_state, as_list)
+        as_list = optax.apply_updates(as_list, list_updates)
+    for got, want in zip(jax.tree.leaves(tree), as_list):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    for got, want in zip(jax.tree.leaves(tree_state), jax.tree.leaves(list_state)):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_pytree_params_and_grads_must_match():
+    tx = optimizers.adamw(1e-3)
+    params = {"a": jnp.ones(2), "b": jnp.ones(3)}
+    state = tx.init(params)
+    with pytest.raises(ValueError, match="grads has 1 arrays but params has 2"):
+        tx.update({"a": jnp.ones(2)}, state, params)

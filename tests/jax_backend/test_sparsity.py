@@ -127,3 +127,24 @@ def test_bad_shapers_are_named():
         sparsity.check_shaper(("in", 2), (8,))
     with pytest.raises(ValueError, match="'out', groups"):
         sparsity.check_shaper(("rows", 2), (8, 6))
+
+
+def test_torch_cpu_ties_keep_what_torch_topk_keeps():
+    """Among equal scores (the zeros of pruned weights) ``ties="torch_cpu"`` keeps exactly
+    the positions ``torch.topk`` on CPU keeps, inside jit, for traced k."""
+    import jax
+    import numpy as np
+    import torch
+
+    sparsity_module = sparsity.mask_topk_sparsity
+    rng = np.random.default_rng(0)
+    score = np.abs(rng.normal(size=(3, 200))).astype(np.float32)
+    score[rng.random(score.shape) < 0.6] = 0.0
+    for level in (0.2, 0.5, 0.55, 0.7):
+        got = np.asarray(jax.jit(lambda s, lvl: sparsity_module(s, lvl, ("out", 3),
+                                                                ties="torch_cpu"))(
+            score.reshape(-1), np.float32(level))).reshape(3, 200)
+        k = int(np.float32(1 - np.float32(level)) * np.float32(200))
+        indices = torch.topk(torch.from_numpy(score), k, dim=-1).indices
+        want = torch.zeros(score.shape, dtype=torch.bool).scatter_(-1, indices, True).numpy()
+        np.testing.assert_array_equal(got, want)

@@ -153,6 +153,23 @@ def test_training_loops_continue_the_data_stream_across_epochs(tmp_path):
     assert len(recorder.val_losses) == 3  # after steps 4, 8 and 10
 
 
+def test_training_continues_the_data_after_each_validation(tmp_path):
+    """A deliberate difference from the reference Model Zoo Trainer, which restarts the
+    training data after each validation (repeating its first batches): here training goes on
+    with the next batch. 6 batches, validation every 4 steps, 8 steps: batches 0-3, then
+    4, 5, 0, 1 (the reference: 0-3, 0-3)."""
+    recorder = Recorder()
+    trainer = make_trainer(tmp_path, TrainingLoop(num_steps=8, eval_frequency=4,
+                                                  eval_steps=1), recorder)
+    trainer.fit(cstorch.utils.data.DataLoader(torch_loader, 6),
+                cstorch.utils.data.DataLoader(torch_loader, 1, 99))
+    data = batches(6)
+    want, _, _ = eager_reference(SEED, (data * 2)[:8])
+    np.testing.assert_allclose(recorder.train_losses, want, rtol=1e-4)
+    restarted, _, _ = eager_reference(SEED, data[:4] * 2)
+    assert abs(recorder.train_losses[4] - restarted[4]) > 1e-3  # not the replayed batch 0
+
+
 class RestartableBatches:
     """A restartable dataloader (cstorch's protocol): it remembers how many batches it has
     handed out, and a checkpoint stores that position."""

@@ -1,6 +1,8 @@
 """Loggers: TensorBoard event files read back by tensorboard itself; console progress lines."""
 
 import io
+import re
+import warnings
 
 import numpy as np
 import pytest
@@ -9,7 +11,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import cerebras.pytorch as cstorch
 from cerebras.modelzoo.trainer import Trainer
 from cerebras.modelzoo.trainer.callbacks import (
-    ComputeNorm, LogOptimizerParamGroup, Logging, TrainingLoop)
+    Callback, ComputeNorm, LogOptimizerParamGroup, Logging, TrainingLoop)
 from cerebras.modelzoo.trainer.loggers import Logger, ProgressLogger, TensorBoardLogger
 
 from tests.trainer.common import ClassifierMLP, torch_loader
@@ -73,11 +75,68 @@ def test_log_steps_and_metrics_from_inside_the_step(tmp_path):
 
 def test_progress_logger_writes_plain_lines_when_not_a_terminal(tmp_path):
     out = io.StringIO()
-    fit(tmp_path, [ProgressLogger(stream=out)], num_steps=2)
+    trainer = fit(tmp_path, [ProgressLogger(stream=out)], num_steps=4)
     lines = out.getvalue().splitlines()
-    assert [line.split(" | ")[0] for line in lines] == ["step 1", "step 1", "step 2", "step 2"]
-    assert "loss=" in lines[0] and "validate_0/loss=" in lines[1]
-    assert all("samples/s" in line and "\r" not in line for line in lines)
+    assert all("\r" not in line and "\033" not in line for line in lines)
+    assert lines[0] == "compiling the training step (capture and XLA compile)..."
+    assert re.fullmatch(r"compiled the training step in \d+\.\d s \(its first step\)", lines[1])
+    # the global step of the fit's total, with the loss; from the second step of a loop on,
+    # the steady rate (the first step, the compile, is not counted) and the time left
+    steps = [line for line in lines if line.startswith("train step")]
+    assert [line.split(" | ")[0] for line in steps] == [f"train step {i}/4" for i in (1, 2, 3, 4)]
+    assert re.fullmatch(r"train step 1/4 \| loss [\d.]+", steps[0])
+    assert re.fullmatch(r"train step 2/4 \| loss [\d.]+ \| [\d,.]+ samples/s \(steady\) \| "
+                        r"ETA \d+:\d\d", steps[1])
+    assert "compiling the validation step (capture and XLA compile)..." in lines
+    results = [line for line in lines if "validate_0/loss" in line and "done" not in line]
+    assert [line.split(" | ")[0] for line in results] == ["step 2", "step 4"]
+    summary = lines[-1]
+    assert summary.startswith("fit done at global step 4 in ")
+    assert "compiling " in summary and "training " in summary and "samples/s (steady)" in summary
+    log_file = trainer.artifact_dir / "run.log"
+    assert summary.endswith(f"log {log_file}")
+    logged = log_file.read_text()
+    for line in lines:  # every console line is in the run log, with the trainer's records
+        assert line in logged
+    assert "INFO: No checkpoint found" in logged
+
+
+def test_log_records_never_break_the_bar(tmp_path):
+    import logging as _logging
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    out = Terminal()
+
+    class Chatty(Callback):
+        def on_train_batch_end(self, trainer, model, outputs, batch, batch_idx):
+            announce(trainer)
+
+    @cstorch.step_closure
+    def announce(trainer):
+        _logging.getLogger("cerebras.modelzoo.trainer").info("a record")
+        warnings.warn("a warning")
+
+    handler = _logging.StreamHandler(out)
+    root = _logging.getLogger()
+    root.addHandler(handler)
+    try:
+        with warnings.catch_warnings():  # (restores showwarning)
+            warnings.simplefilter("always")
+            warnings.showwarning = lambda message, *args, **kwargs: out.write(f"W: {message}\n")
+            fit(tmp_path, [ProgressLogger(stream=out)], [Chatty()], num_steps=2)
+    finally:
+        root.removeHandler(handler)
+    text = out.getvalue()
+    # each record and warning starts on a cleared line and ends its line; the bar follows
+    for message in ("a record", "W: a warning"):
+        pieces = text.split(message)
+        assert len(pieces) == 3  # logged at both steps
+        assert all(before.endswith("\r\033[K") for before in pieces[:-1])  # on a cleared line
+        assert all(after.startswith("\n\r\033[K") for after in pieces[1:])  # then the bar
+    assert "train [" in text
 
 
 def test_log_metrics_without_loggers_and_to_named_destinations(tmp_path):
@@ -127,6 +186,25 @@ def test_progress_logger_draws_a_bar_on_a_terminal(tmp_path):
                       loggers=[ProgressLogger(stream=out)])  # default loop: one epoch
     trainer.fit(cstorch.utils.data.DataLoader(torch_loader, 4))
     frames = out.getvalue().split("\r\033[K")
-    assert frames[1].startswith("[" + "=" * 6 + " " * 18 + "] 1/4 step 1 | loss=")
-    assert frames[-1].startswith("[" + "=" * 24 + "] 4/4 step 4 | loss=")
-    assert out.getvalue().endswith("\n")
+    bars = [f for f in frames if f.startswith("train [")]
+    assert bars[0].startswith("train [" + "=" * 6 + " " * 18 + "] 1/4 | loss ")
+    assert bars[-1].startswith("train [" + "=" * 24 + "] 4/4 | loss ")
+    assert "samples/s (steady)" in bars[-1] and "ETA" in bars[-2]
+    assert frames[-1].split("\n")[1].startswith("fit done at global step 4")  # below the bar
+    assert frames[-1].endswith("\n")
+
+
+def test_the_trainer_turns_off_the_executor_bar(tmp_path):
+    # The ProgressLogger shows the whole fit in global steps; the data executors' own bars
+    # (which count within each segment between validations) stay off.
+    seen = []
+
+    class Look(Callback):
+        def on_train_batch_end(self, trainer, model, outputs, batch, batch_idx):
+            seen.append(trainer.executor.show_progress)
+
+        def on_validate_batch_end(self, trainer, model, outputs, batch, batch_idx):
+            seen.append(trainer.executor.show_progress)
+
+    fit(tmp_path, [], [Look()], num_steps=2)
+    assert seen and not any(seen)

@@ -148,11 +148,15 @@ def test_invalid_configs(config, message):
 def test_unknown_model_and_optimizer_names_fail_before_training(tmp_path):
     config = params(tmp_path)
     config["trainer"]["init"]["model"] = {"name": "NotRegistered"}
-    with pytest.raises(ValueError, match="Unknown model 'NotRegistered'"):
+    with pytest.raises(TrainerConfigError, match="init.model.name: Unknown model 'NotRegistered'"):
         run_trainer("fit", config)
     config = params(tmp_path)
     config["trainer"]["init"]["optimizer"] = {"Sgdd": {"lr": 0.1}}
-    with pytest.raises(ValueError, match="Invalid optimizer type"):
+    with pytest.raises(TrainerConfigError, match="Sgdd: Invalid optimizer type"):
+        run_trainer("fit", config)
+    config = params(tmp_path)
+    config["trainer"]["fit"]["train_dataloader"]["data_processor"] = "no_such.module:f"
+    with pytest.raises(TrainerConfigError, match="data_processor: Cannot import module"):
         run_trainer("fit", config)
 
 
@@ -224,8 +228,86 @@ def test_cli_overrides_and_errors_in_process(tmp_path):
     assert main(["train", str(path), "--model_dir", str(tmp_path / "chosen")]) == 0
     assert (tmp_path / "chosen" / "checkpoint_2.mdl").exists()
     assert not (tmp_path / "ignored").exists()
-    with pytest.raises(FileNotFoundError, match="does not exist"):
-        main(["fit", str(tmp_path / "missing.yaml")])
-    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
-    with pytest.raises(TrainerConfigError, match="must hold a mapping"):
-        main(["fit", str(tmp_path / "list.yaml")])
+
+
+
+@pytest.mark.parametrize("content, expected", [
+    (None, "does not exist"),
+    ("- 1\n- 2\n", "must hold a mapping"),
+    ("trainer: {init: [unclosed\n", "is not valid YAML"),
+])
+def test_cli_reports_a_bad_params_file_in_a_line(tmp_path, capsys, content, expected):
+    from cerebras.modelzoo.trainer.cli import main
+
+    path = tmp_path / "params.yaml"
+    if content is not None:
+        path.write_text(content)
+    assert main(["fit", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("section, key, value, expected", [
+    ("optimizer", "lr", "fast", "trainer.init.optimizer: SGD.lr must be a number, got the "
+                                "string 'fast'"),
+    ("optimizer", "momentum", "1e-3", "SGD.momentum must be a number, got the string '1e-3' "
+                                      "(YAML reads a number without a dot"),
+    ("optimizer", "learning_rate", "fast", "SGD.learning_rate must be a number"),
+    ("schedulers", "end_learning_rate", "low", "trainer.init.schedulers: LinearLR."
+                                               "end_learning_rate must be a number"),
+])
+def test_a_wrong_value_in_the_yaml_is_named_by_its_key(tmp_path, capsys, section, key, value,
+                                                       expected):
+    from cerebras.modelzoo.trainer.cli import main
+
+    config = params(tmp_path)
+    init = config["trainer"]["init"]
+    target = init["optimizer"]["SGD"] if section == "optimizer" else \
+        init["schedulers"][0]["LinearLR"]
+    target[key] = value
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["fit", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert expected in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) <= 3
+    assert not (tmp_path / "checkpoint_12.mdl").exists()  # nothing ran
+
+
+def test_a_missing_mode_section_says_what_to_add(tmp_path, capsys):
+    from cerebras.modelzoo.trainer.cli import main
+
+    config = params(tmp_path)
+    del config["trainer"]["validate"]
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "Mode 'validate' needs a `validate` section" in err and "val_dataloader:" in err
+
+
+def test_the_console_script_resolves_import_paths_from_the_working_directory(tmp_path):
+    """``cszoo fit params.yaml`` finds ``module:Name`` in the working directory, as
+    ``python -m cerebras.modelzoo.trainer fit`` does (a console script's sys.path starts at
+    its own bin directory)."""
+    script = os.path.join(os.path.dirname(sys.executable), "cszoo")
+    if not os.path.exists(script):
+        pytest.skip("the cszoo console script is not installed in this environment")
+    (tmp_path / "local_models").mkdir()
+    (tmp_path / "local_models" / "__init__.py").write_text(
+        "from tests.trainer.common import ClassifierMLP, torch_loader\n")
+    config = params(tmp_path / "model_dir")
+    config["trainer"]["init"]["model"]["name"] = "local_models:ClassifierMLP"
+    config["trainer"]["init"]["loop"] = {"num_steps": 2, "eval_frequency": None}
+    config["trainer"]["init"]["checkpoint"] = {"steps": 2}
+    config["trainer"]["init"]["schedulers"] = None
+    config["trainer"]["fit"] = {"train_dataloader": {
+        "data_processor": "local_models:torch_loader", "num_batches": 2}}
+    del config["trainer"]["validate"]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(config))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=repo)  # the tests package, not the working directory
+    result = subprocess.run([script, "fit", "params.yaml"], capture_output=True, text=True,
+                            timeout=600, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "model_dir" / "checkpoint_2.mdl").exists()

@@ -101,3 +101,54 @@ def test_tiny_gpt2_from_the_registry_trains(tmp_path, device):
     assert result["checkpoints"] == ["checkpoint_5.mdl", "checkpoint_10.mdl"]
     losses = result["train_losses"]
     assert len(losses) == 10 and all(9.0 < loss < 11.0 for loss in losses)  # ~ln(32000)
+
+
+def _sweep_tools():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("zoo_sweep", ROOT / "tools" / "zoo_sweep.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _tiny(sweep, tmp_path, name):
+    src = Path(ZOO_SRC)
+    registry = sweep.yaml.safe_load((src / "cerebras" / "modelzoo" / "registry" /
+                                     "registry.yaml").read_text())["models"]
+    entry = next(m for m in registry if m["name"] == name)
+    processors = {p.rsplit(".", 1)[-1] for p in entry["data_processor_paths"]}
+    config, note = sweep.tiny_config(name, sweep.shipped_configs(src), processors, tmp_path)
+    assert config is not None, note
+    path = tmp_path / "tiny.yaml"
+    path.write_text(sweep.yaml.safe_dump(config))
+    return src, path
+
+
+def test_cszoo_fit_on_the_unchanged_zoo_trains_like_the_python_trainer(tmp_path):
+    """The zoo's own command line (its trainer/validate.py rebuilds a torch TreeSpec with
+    dataclasses.replace: cerebras.appliance.torch_compat) trains fc_mnist from its shipped
+    config exactly as the Trainer built in Python does."""
+    sweep = _sweep_tools()
+    src, path = _tiny(sweep, tmp_path, "fc_mnist")
+    python = sweep.run_worker(PYTHON, src, True, path, "python", "CPU", "fp32", 3, tmp_path)
+    cli = sweep.run_worker(PYTHON, src, True, path, "yaml", "CPU", "fp32", 3, tmp_path)
+    assert python["error"] is None and cli["error"] is None, (python, cli)
+    assert len(cli["losses"]) == 3
+    assert sweep._rel(cli["losses"], python["losses"]) <= 1e-6, (cli, python)
+
+
+def test_shipped_cbfloat16_config_trains_on_csx(tmp_path):
+    """gpt3's shipped precision (cbfloat16, dynamic loss scaling) on the modeled wafer: the
+    scale stays at the reference's 2**31, every step updates the weights, and the losses
+    track the float32 CPU run within 1e-2."""
+    sweep = _sweep_tools()
+    src, path = _tiny(sweep, tmp_path, "gpt3")
+    config = sweep.yaml.safe_load(path.read_text())
+    assert config["trainer"]["init"]["precision"]["fp16_type"] == "cbfloat16"
+    fp32 = sweep.run_worker(PYTHON, src, True, path, "python", "CPU", "fp32", 4, tmp_path)
+    csx = sweep.run_worker(PYTHON, src, True, path, "python", "CSX", "shipped", 4, tmp_path)
+    assert fp32["error"] is None and csx["error"] is None, (fp32, csx)
+    assert csx["loss_scales"] == [2.0**31] * 4
+    assert len(set(csx["losses"])) == 4
+    assert sweep._rel(csx["losses"], fp32["losses"]) <= 1e-2, (csx, fp32)

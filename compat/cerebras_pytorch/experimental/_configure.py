@@ -13,6 +13,7 @@ import os
 import torch
 
 import cstorch
+from cstorch.backend import get_or_create
 
 # configure()'s keywords in 1.8/1.9 (the Model Zoo's run_cstorch_flow passes all of them).
 CONFIGURE_KEYS = (
@@ -27,6 +28,14 @@ _BACKENDS = {"WSE_WS": "CSX", "WSE": "CSX", "WSE_PIPELINE": "CSX", "CSX": "CSX",
              "CPU": "CPU", "GPU": "GPU"}
 
 _settings: dict | None = None
+
+
+def _forget_settings() -> None:
+    global _settings
+    _settings = None
+
+
+cstorch.config.config.on_reset(_forget_settings)  # cstorch.config.reset()
 
 
 def configure(**kwargs) -> None:
@@ -90,13 +99,11 @@ def _backend_type(name) -> str:
 def get_backend(name):
     """The process's cstorch backend for a 1.8 backend name, created on first use."""
     wanted = _backend_type(name)
-    current = cstorch.backend()
-    if current is not None:
-        if current.backend_type.name != wanted:
-            raise RuntimeError(
-                f"A {current.backend_type.name} backend already exists in this process; "
-                f"cannot also run on {name!r}. Use one backend per process.")
-        return current
+    mismatch = lambda existing: RuntimeError(  # noqa: E731
+        f"A {existing.backend_type.name} backend already exists in this process; cannot "
+        f"also run on {name!r}. Use one backend per process.")
+    if cstorch.backend() is not None:
+        return get_or_create(wanted, mismatch=mismatch)
     opts = settings()
     model_dir = opts.get("model_dir") or "./"
     artifact_dir = os.path.join(model_dir, "cerebras_logs")
@@ -107,8 +114,8 @@ def get_backend(name):
                                            ("max_wgt_servers", "max_wgt_servers"),
                                            ("max_act_per_csx", "max_act_per_csx"))
                    if opts.get(v) is not None}
-        return cstorch.backend(
-            "CSX", artifact_dir=artifact_dir,
+        return get_or_create(
+            "CSX", mismatch=mismatch, artifact_dir=artifact_dir,
             compile_dir=opts.get("compile_dir") or "cached_compile",
             compile_only=bool(opts.get("compile_only")),
             validate_only=bool(opts.get("validate_only")),
@@ -116,7 +123,7 @@ def get_backend(name):
     if opts.get("compile_only") or opts.get("validate_only"):
         raise ValueError("compile_only/validate_only need a WSE backend (the modeled wafer); "
                          f"got backend {name!r}.")
-    return cstorch.backend(wanted, artifact_dir=artifact_dir)
+    return get_or_create(wanted, mismatch=mismatch, artifact_dir=artifact_dir)
 
 
 def compile(model: torch.nn.Module, backend="WSE_WS"):  # noqa: A001 - the 1.8 name

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import torch
 
+from cstorch import config as cstorch_config
 from cstorch.utils.step_closures import step_closure
 
 _pending: dict = {}
+cstorch_config.config.on_reset(_pending.clear)  # cstorch.config.reset()
 
 
 @step_closure

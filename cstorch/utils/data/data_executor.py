@@ -1,8 +1,13 @@
 """``DataExecutor``: the loop that feeds a dataloader's batches to compiled steps.
 
 It numbers the steps, decides which are checkpoint and activation steps, runs queued step
-closures after each step, cycles an exhausted dataloader (CPU/GPU), and writes its artifacts
-under ``<backend.artifact_dir>/executors/<NNNNNN>/``.
+closures after each step, cycles an exhausted dataloader, and writes its artifacts under
+``<backend.artifact_dir>/executors/<NNNNNN>/``.
+
+A loader shorter than ``num_steps`` is restarted on every backend, CSX included: a script
+behaves the same on CPU and on the modeled wafer. (On a real wafer the input workers stream
+and repeat the data; cerebras-pytorch 2.10's user loop then yields the first batch again and
+again, which has no meaning for a modeled wafer that computes on the batches it is given.)
 """
 
 from __future__ import annotations
@@ -122,6 +127,9 @@ class DataExecutor:
         self.profiler_activities = profiler_activities
         self.profiler = None
         self._artifact_dir = None
+        # The terminal progress bar of long runs (cstorch.utils.profiler); a caller that shows
+        # its own progress (the Model Zoo Trainer) turns it off.
+        self.show_progress = True
 
     def __len__(self):
         return self.num_steps
@@ -170,8 +178,6 @@ class DataExecutor:
             produced += count
             if not produced:
                 raise RuntimeError("The dataloader yielded no batches.")
-            if current_backend_impl().is_csx:
-                raise RuntimeError("The dataloader ran out of batches before num_steps.")
             if count:
                 restarted = False
                 continue
@@ -202,7 +208,8 @@ class DataExecutor:
                     yield impl.on_batch_start(batch)
                     # The rates are computed before the step's closures, which may read them.
                     self.profiler.step(infer_batch_size(batch))
-                    impl.on_batch_end()
+                    with self.profiler.printing():  # closures print on lines of their own
+                        impl.on_batch_end()
             impl.on_run_end()
             if self._writer is not None:
                 tracker = self.profiler.rate_tracker

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from cerebras.modelzoo.trainer.legacy import (
     convert_legacy_params_to_trainer_params, is_legacy_params)
+from cerebras.modelzoo.trainer.config import TrainerConfigError
 from cerebras.modelzoo.trainer.utils import MODES, load_params, run_trainer
 
 
@@ -41,12 +43,24 @@ def main(argv=None) -> int:
                         metavar="MODULE", help="import MODULE first (it may register models "
                                                "and data processors); repeatable")
     args = parser.parse_args(argv)
+    # Import paths in the YAML (``examples.trainer_mnist:Model``) resolve from the working
+    # directory, as under ``python -m``; a console script's sys.path lacks it.
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     for module in args.imports:
         importlib.import_module(module)
-    params = load_params(args.params)
-    if is_legacy_params(params):
-        params = convert_legacy_params_to_trainer_params(params)
-    run_trainer(args.mode, _override(params, args.device, args.model_dir))
+    try:
+        params = load_params(args.params)
+        if is_legacy_params(params):
+            params = convert_legacy_params_to_trainer_params(params)
+        run_trainer(args.mode, _override(params, args.device, args.model_dir))
+    except (TrainerConfigError, FileNotFoundError) as error:
+        # A problem with the params file, said in a few lines (no traceback): what and where.
+        # (A FileNotFoundError with a filename comes from user code: keep its traceback.)
+        if isinstance(error, FileNotFoundError) and error.filename not in (None, args.params):
+            raise
+        print(f"{parser.prog}: error in {args.params}: {error}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -11,7 +11,14 @@ from __future__ import annotations
 import inspect
 from typing import Any, Dict, List, Literal, Optional, Union
 
-import pydantic
+try:  # optional: only the YAML path needs it; the Trainer's Python API does not
+    import pydantic
+except ImportError as error:
+    raise ImportError(
+        "Validating a `trainer:` YAML config needs the pydantic package (>= 2), which is not "
+        "installed: `pip install 'pydantic>=2'`. The Trainer's Python API "
+        "(`from cerebras.modelzoo.trainer import Trainer`) works without it.",
+        name="pydantic") from error
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator
 
 from cerebras.modelzoo.trainer import callbacks as _callbacks
@@ -128,6 +135,60 @@ def _check_callback_entries(entries, what):
     return entries
 
 
+def _expects_number(parameter: inspect.Parameter) -> bool:
+    """Whether a constructor parameter takes a number (by its annotation or its default)."""
+    default = parameter.default
+    if isinstance(default, (int, float)) and not isinstance(default, bool):
+        return True
+    annotation = parameter.annotation
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    return text in ("float", "int")
+
+
+def _check_numbers(cls, kwargs: dict, label: str) -> None:
+    """A string where the constructor takes a number (``lr: "fast"``) is reported here, by
+    its key, instead of failing deep inside the constructor."""
+    parameters = inspect.signature(cls.__init__).parameters
+    for key, value in kwargs.items():
+        parameter = parameters.get(key)
+        if parameter is None or not isinstance(value, str) or not _expects_number(parameter):
+            continue
+        try:
+            float(value)
+            hint = " (YAML reads a number without a dot, such as 1e-3, as a string: write 1.0e-3)"
+        except ValueError:
+            hint = ""
+        raise ValueError(f"{label}.{key} must be a number, got the string {value!r}{hint}")
+
+
+def _check_optimizer_arguments(name, kwargs: dict) -> None:
+    import cerebras.pytorch as cstorch
+
+    learning_rate = kwargs.get("learning_rate")
+    if isinstance(learning_rate, str):
+        try:
+            float(learning_rate)
+        except ValueError:
+            raise ValueError(f"{name}.learning_rate must be a number, got the string "
+                             f"{learning_rate!r}") from None
+    try:  # (no arguments: those are checked when it is built, which logs unused ones)
+        optimizer_cls, _ = cstorch.optim.configure_optimizer_params(name, {})
+    except ValueError as error:
+        raise ValueError(f"{name}: {error}") from None
+    _check_numbers(optimizer_cls, kwargs, name)
+
+
+def _check_scheduler_arguments(name, kwargs: dict) -> None:
+    import cerebras.pytorch as cstorch
+
+    try:
+        scheduler_cls, _ = cstorch.optim.configure_scheduler_params(
+            {"scheduler": name, **kwargs})
+    except ValueError as error:
+        raise ValueError(f"{name}: {error}") from None
+    _check_numbers(scheduler_cls, kwargs, name)
+
+
 class InitConfig(_Strict):
     device: Optional[Literal["CSX", "CPU", "GPU", "csx", "cpu", "gpu"]] = None
     backend: Optional[BackendConfig] = None
@@ -149,7 +210,8 @@ class InitConfig(_Strict):
     @classmethod
     def _one_optimizer(cls, value):
         if value is not None:
-            _single_key(value, "optimizer")
+            name, kwargs = _single_key(value, "optimizer")
+            _check_optimizer_arguments(name, kwargs)
         return value
 
     @field_validator("schedulers", mode="before")
@@ -158,7 +220,8 @@ class InitConfig(_Strict):
         if isinstance(value, dict):
             value = [value]
         for entry in value or []:
-            _single_key(entry, "scheduler")
+            name, kwargs = _single_key(entry, "scheduler")
+            _check_scheduler_arguments(name, kwargs)
         return value
 
     @field_validator("callbacks")
@@ -206,7 +269,7 @@ def _describe(error: pydantic.ValidationError, prefix: str) -> str:
     lines = []
     for item in error.errors():
         where = ".".join(str(part) for part in (prefix, *item["loc"]))
-        message = item["msg"]
+        message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             message = "unknown key (check its spelling and the section it is in)"
         lines.append(f"  {where}: {message}")

@@ -490,6 +490,7 @@ class Trainer:
                 stream, num_steps=loop.train_steps[loop_idx],
                 checkpoint_steps=loop.checkpoint_steps(self.checkpoint.steps, loop_idx),
                 activation_steps=self.activation_steps, profiler_activities=[])
+            self.executor.show_progress = False  # the ProgressLogger shows the whole fit
             try:
                 for batch_idx, batch in enumerate(self.executor):
                     self.call("on_train_batch_start", self.model, batch, batch_idx)
@@ -522,6 +523,7 @@ class Trainer:
             step = self._validation_step_for(loop)
             self.executor = cstorch.utils.data.DataExecutor(
                 val_dataloader, num_steps=eval_steps, profiler_activities=[])
+            self.executor.show_progress = False
             try:
                 for batch_idx, batch in enumerate(self.executor):
                     self.call(loop.on_batch_start_hook, self.model, batch, batch_idx)

@@ -16,6 +16,7 @@ from typing import List
 import torch
 
 import cerebras.pytorch as cstorch
+from cstorch.backend import get_or_create
 
 from cerebras.modelzoo.trainer import callbacks as cb
 from cerebras.modelzoo.trainer.config import (
@@ -50,6 +51,10 @@ def _build_input(data_processor: str, fields: dict):
 
 
 def create_dataloader(config) -> cstorch.utils.data.DataLoader:
+    try:  # a wrong name is a config error, said now rather than when the loader first runs
+        get_data_processor(config.data_processor)
+    except ValueError as error:
+        raise TrainerConfigError(f"data_processor: {error}") from None
     fields = dict(config.model_extra)
     return cstorch.utils.data.DataLoader(_build_input, config.data_processor, fields)
 
@@ -80,24 +85,22 @@ def _backend(init):
         backend_type, kwargs = init.device.upper(), {}
     else:
         raise TrainerConfigError("Set init.device (CPU, GPU or CSX) or init.backend.")
-    existing = cstorch.backend()
-    if existing is not None:
-        if existing.backend_type.name != backend_type:
-            raise TrainerConfigError(
-                f"This process already runs a {existing.backend_type.name} backend; all "
-                f"trainer phases must use one device type (got {backend_type}).")
-        return existing
     allowed = set(cstorch.backend.get_backend_args(backend_type)) - {"self", "backend_type"}
     unknown = sorted(set(kwargs) - allowed)
     if unknown:
         raise TrainerConfigError(f"Unknown init.backend keys {unknown} for {backend_type}; "
                                  f"accepted: {sorted(allowed)}.")
-    return cstorch.backend(backend_type, **kwargs)
+    return get_or_create(backend_type, mismatch=lambda existing: TrainerConfigError(
+        f"This process already runs a {existing.backend_type.name} backend; all trainer "
+        f"phases must use one device type (got {backend_type})."), **kwargs)
 
 
 # ------------------------------------------------------------------------ init arguments
 def _model_factory(config):
-    cls = get_model(config.name)
+    try:
+        cls = get_model(config.name)
+    except ValueError as error:
+        raise TrainerConfigError(f"init.model.name: {error}") from None
     kwargs = dict(config.model_extra)
 
     def build_model():
@@ -198,8 +201,13 @@ def run_trainer(mode: str, params: dict) -> List[Trainer]:
         section = {"fit": phase.fit, "validate": phase.validate_,
                    "validate_all": phase.validate_all}[action]
         if section is None:
-            raise TrainerConfigError(f"Mode {mode!r} needs a `{action}` section in trainer "
-                                     f"phase {index}.")
+            example = {"fit": "fit:\n  train_dataloader: {data_processor: ...}",
+                       "validate": "validate:\n  val_dataloader: {data_processor: ...}",
+                       "validate_all": "validate_all:\n  val_dataloaders: "
+                                       "{data_processor: ...}"}[action]
+            raise TrainerConfigError(
+                f"Mode {mode!r} needs a `{action}` section in trainer phase {index}, next to "
+                f"`init`, e.g.\n{example}")
         trainer = configure_trainer_from_config(phase)
         if action == "fit":
             val = _dataloaders(section.val_dataloader)
@@ -230,7 +238,10 @@ def load_params(path) -> dict:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"Params file {path} does not exist.")
     with open(path) as f:
-        params = yaml.safe_load(f)
+        try:
+            params = yaml.safe_load(f)
+        except yaml.YAMLError as error:
+            raise TrainerConfigError(f"{path} is not valid YAML: {error}") from None
     if not isinstance(params, dict):
         raise TrainerConfigError(f"{path} must hold a mapping (with a `trainer` key), got "
                                  f"{type(params).__name__}.")

@@ -10,6 +10,12 @@ initial_step=0, **kwargs)`` is the 1.8 loader that drives steps itself::
 Each epoch's iteration runs a cstorch ``DataExecutor`` for that epoch's steps (checkpointing
 every ``configure(checkpoint_steps=)`` steps, running step closures after every step). Given
 none of the step keywords it is the 1.9 loader, which a ``DataExecutor`` iterates.
+
+``num_steps`` (and ``max_steps``) count the whole run: without ``num_epochs`` or
+``steps_per_epoch`` the run is one epoch of ``min(num_steps, max_steps - initial_step)``
+steps, and the input's batches repeat as often as that needs (a 20-batch loader with
+``num_steps=30`` gives 30 batches in one pass, so a script that iterates the loader once
+reaches every step, checkpoint and evaluation it asked for).
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ class DataLoader(_DataLoader):
     @property
     def steps_per_epoch(self) -> int:
         per_epoch = self._limits["steps_per_epoch"]
+        if per_epoch is None and self._limits["num_epochs"] is None:
+            return self.total_steps  # a step budget: one pass, batches repeated as needed
         try:
             length = len(self)
         except TypeError:

@@ -15,6 +15,7 @@ import contextlib
 
 import cerebras_pytorch as cbtorch  # noqa: F401  (1.x: cbtorch.load / cbtorch.save)
 from modelzoo.common.pytorch import cb_model, modes  # noqa: F401
+from modelzoo.common.pytorch import runner_factory  # noqa: F401  (PyTorchBaseRunner.create)
 
 
 @contextlib.contextmanager

@@ -1,15 +1,28 @@
 """``half_dtype_instance``: the half-precision dtype that Model Zoo 1.x models cast to.
 
-``half_dtype_instance.half_dtype`` is ``torch.bfloat16`` once ``use_bfloat16`` is set (the
-runner sets it from ``model.use_bfloat16``), else ``torch.float16``.
+It is a view of cstorch's own half-precision setting (``cstorch.amp.set_half_dtype``), not a
+second copy: ``half_dtype`` is ``torch.bfloat16`` when that setting is bfloat16, else
+``torch.float16``; setting ``use_bfloat16`` (the runner does, from ``model.use_bfloat16``)
+picks the dtype without switching mixed precision on or off.
 """
 
 import torch
 
+from cstorch.backend import precision
+
 
 class HalfDtype:
-    def __init__(self):
-        self.use_bfloat16 = False
+    @property
+    def use_bfloat16(self) -> bool:
+        return precision.get_half_dtype_str() == "bfloat16"
+
+    @use_bfloat16.setter
+    def use_bfloat16(self, value: bool) -> None:
+        if bool(value) == self.use_bfloat16:
+            return  # cbfloat16 stays cbfloat16 (a float16 format) when asked for no bfloat16
+        mixed = precision.mixed_precision()
+        precision.set_half_dtype("bfloat16" if value else "float16")
+        precision.enable_mixed_precision(mixed)
 
     @property
     def half_dtype(self) -> torch.dtype:

@@ -33,7 +33,6 @@ import itertools
 import logging
 import math
 import os
-import re
 import warnings
 from contextlib import ExitStack
 from typing import Optional, Tuple
@@ -44,7 +43,7 @@ import cstorch
 from modelzoo.common.pytorch import modes
 from modelzoo.common.pytorch.metrics import compute_all_metrics, reset_all_metrics
 from modelzoo.common.pytorch.PyTorchBaseModel import PyTorchBaseModel
-from modelzoo.common.pytorch.utils import visit_structure
+from modelzoo.common.pytorch.utils import get_checkpoints, visit_structure
 
 
 def extract_loss(outputs):
@@ -649,17 +648,12 @@ class PyTorchBaseRunner(metaclass=abc.ABCMeta):
 
     def _get_last_checkpoint(self):
         """The ``checkpoint_<step>.mdl`` with the highest step in ``model_dir``, or None."""
-        if not os.path.isdir(self._model_dir):
+        checkpoints = get_checkpoints(self._model_dir)
+        if not checkpoints:
             return None
-        best = None
-        for name in os.listdir(self._model_dir):
-            match = re.fullmatch(r"checkpoint_(\d+)\.mdl", name)
-            if match and (best is None or int(match.group(1)) > best[0]):
-                best = (int(match.group(1)), os.path.join(self._model_dir, name))
-        if best is not None:
-            logging.info(f"Found latest checkpoint at {best[1]}. This checkpoint will be used "
-                         "for loading model state.")
-        return best[1] if best else None
+        logging.info(f"Found latest checkpoint at {checkpoints[-1]}. This checkpoint will be "
+                     "used for loading model state.")
+        return checkpoints[-1]
 
     def _checkpoint_state(self, step: int) -> dict:
         state = self._model.get_state()
@@ -669,8 +663,8 @@ class PyTorchBaseRunner(metaclass=abc.ABCMeta):
     def _write_checkpoint(self, step: int) -> str:
         path = os.path.join(self._model_dir, f"checkpoint_{step}.mdl")
         logging.info(f"Saving checkpoint at step : {step}.")
-        if os.path.exists(path):
-            os.remove(path)  # a rerun from an earlier checkpoint rewrites later steps
+        # A rerun from an earlier checkpoint rewrites later steps: cstorch.save replaces the
+        # old file atomically (a crash keeps the old checkpoint or the new one).
         cstorch.save(self._checkpoint_state(step), path)
         self.on_checkpoint_saved(path, step)
         return path
@@ -686,7 +680,19 @@ class PyTorchBaseRunner(metaclass=abc.ABCMeta):
         chosen, e.g. ``class MyRunner(PyTorchRunner)``), built with the same arguments; this
         is how a custom runner is used without editing ``create``
         (``run(..., runner_cls=MyRunner)`` passes it through).
-        """
-        from modelzoo.common.pytorch import runner_factory
 
-        return runner_factory.create_runner(model_fn, params, runner_cls)
+        The choice is ``runner_factory.create_runner``, which registers itself here when the
+        package loads: this base class does not import the runners built on it.
+        """
+        if _runner_factory is None:  # pragma: no cover - the package __init__ registers it
+            raise RuntimeError("modelzoo.common.pytorch.runner_factory was not loaded.")
+        return _runner_factory(model_fn, params, runner_cls)
+
+
+_runner_factory = None  # runner_factory.create_runner (see PyTorchBaseRunner.create)
+
+
+def register_runner_factory(factory) -> None:
+    """Called by ``runner_factory``: the function ``PyTorchBaseRunner.create`` delegates to."""
+    global _runner_factory
+    _runner_factory = factory

@@ -111,9 +111,7 @@ def _train(cstorch, params, model_fn, input_fn, backend):
             state["lr_scheduler"] = lr_scheduler.state_dict()
         if grad_scaler is not None:
             state["grad_scaler"] = grad_scaler.state_dict()
-        if os.path.exists(path):
-            os.remove(path)
-        cstorch.save(state, path)
+        cstorch.save(state, path)  # replaces a rerun's older file atomically
         logging.info(f"Saved checkpoint {path}")
 
     @cstorch.compile_step

@@ -83,7 +83,12 @@ def run_base_model_flow(params, model_fn, train_data_fn, eval_data_fn, *, runner
         torch.manual_seed(runconfig["seed"])
     setup_logging(runconfig.get("logging"), runconfig.get("streamer_logging"),
                   logging_dir=runconfig.get("model_dir"))
-    runner = PyTorchBaseRunner.create(model_fn, params, runner_cls=runner_cls)
+    # The documented way to use a custom runner is to replace ``create(model_fn, params)``:
+    # call it with exactly those two arguments unless run(..., runner_cls=) was used.
+    if runner_cls is None:
+        runner = PyTorchBaseRunner.create(model_fn, params)
+    else:
+        runner = PyTorchBaseRunner.create(model_fn, params, runner_cls=runner_cls)
 
     summary_dir = os.path.join(runconfig["model_dir"], mode)
     os.makedirs(summary_dir, exist_ok=True)

@@ -14,22 +14,21 @@ import warnings
 import torch
 
 import cstorch
+from cstorch.backend import get_or_create
+from modelzoo.common.pytorch import pytorch_base_runner
 from modelzoo.common.pytorch.PyTorchBaseModel import PyTorchBaseModel
+from modelzoo.common.pytorch.pytorch_cs_appliance import PyTorchCSAppliance
+from modelzoo.common.pytorch.pytorch_cs_compiler import PyTorchCSCompiler
+from modelzoo.common.pytorch.pytorch_dist_runner import PyTorchDistRunner
+from modelzoo.common.pytorch.pytorch_runner import PyTorchRunner
 from modelzoo.common.pytorch.half_dtype import half_dtype_instance
 from modelzoo.common.pytorch.utils import RunConfigParamsValidator
 from modelzoo.common.run_utils.utils import DeviceType
 
 
 def _backend(kind: str, runconfig: dict, **kwargs):
-    current = cstorch.backend()
-    if current is not None:
-        if current.backend_type.name != kind:
-            raise RuntimeError(
-                f"A {current.backend_type.name} backend already exists in this process; a "
-                f"{kind} run needs its own process.")
-        return current
     artifact_dir = os.path.join(runconfig.get("model_dir", "./"), "cerebras_logs")
-    return cstorch.backend(kind, artifact_dir=artifact_dir, **kwargs)
+    return get_or_create(kind, artifact_dir=artifact_dir, **kwargs)
 
 
 def _build_model(model_fn, params, device=None) -> PyTorchBaseModel:
@@ -48,11 +47,6 @@ def _check_runner_cls(runner_cls, default):
 
 
 def create_runner(model_fn, params: dict, runner_cls=None):
-    from modelzoo.common.pytorch.pytorch_cs_appliance import PyTorchCSAppliance
-    from modelzoo.common.pytorch.pytorch_cs_compiler import PyTorchCSCompiler
-    from modelzoo.common.pytorch.pytorch_dist_runner import PyTorchDistRunner
-    from modelzoo.common.pytorch.pytorch_runner import PyTorchRunner
-
     runconfig = params["runconfig"]
     RunConfigParamsValidator().validate(runconfig)
     compile_only = bool(runconfig.get("compile_only"))
@@ -99,3 +93,6 @@ def create_runner(model_fn, params: dict, runner_cls=None):
     device = torch.device("cuda")
     model = _build_model(model_fn, params, device)
     return _check_runner_cls(runner_cls, PyTorchRunner)(device, model, params)
+
+
+pytorch_base_runner.register_runner_factory(create_runner)

@@ -13,6 +13,7 @@ from typing import Any, Callable, Generator, List, Optional, Tuple
 
 import torch
 
+from cstorch.utils.checkpoint_files import find_checkpoints
 from modelzoo.common.pytorch.schema import validate_runconfig
 from modelzoo.common.run_utils.cli_parser import (  # noqa: F401  (1.6/1.7 lived here)
     get_legacy_parser as get_parser,
@@ -115,16 +116,12 @@ class RunConfigParamsValidator:
         validate_runconfig(config)
 
 
-_CHECKPOINT = re.compile(r"checkpoint_(\d+)\.mdl")
+CHECKPOINT_NAME = re.compile(r"checkpoint_(?P<step>\d+)\.mdl")
 
 
 def get_checkpoints(model_dir: str) -> List[str]:
     """The ``checkpoint_<step>.mdl`` files in ``model_dir``, by increasing step."""
-    if not os.path.isdir(model_dir):
-        return []
-    found = [(int(m.group(1)), name) for name in os.listdir(model_dir)
-             if (m := _CHECKPOINT.fullmatch(name))]
-    return [os.path.join(model_dir, name) for _, name in sorted(found)]
+    return [str(path) for path in find_checkpoints(model_dir, CHECKPOINT_NAME)]
 
 
 def setup_logging(chief_logging_level: str = None, streamer_logging_level: str = None,

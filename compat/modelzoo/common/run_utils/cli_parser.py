@@ -28,6 +28,7 @@ from typing import Callable, List, Optional
 
 import yaml
 
+from cstorch import config as cstorch_config
 from modelzoo.common.run_utils.utils import DeviceType, ExecutionStrategy
 
 MODES = ["train", "eval", "train_and_eval", "eval_all"]
@@ -264,7 +265,7 @@ def get_params_from_args(run_dir: Optional[str] = None, argv: Optional[List[str]
     args = vars(parser.parse_args(argv))
     params = get_params(args["params"], args.get("config"))
     runconfig = params["runconfig"]
-    sysadmin_file = os.getenv("CEREBRAS_WAFER_SCALE_CLUSTER_DEFAULTS")
+    sysadmin_file = cstorch_config.cluster_defaults.value
     sysadmin = (read_params_file(sysadmin_file).get("runconfig") or {}) if sysadmin_file \
         else {}
     _merge(runconfig, args, sysadmin)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import cerebras.pytorch as cstorch
 
 from cerebras.modelzoo.trainer.callbacks.callback import CoreCallback
+from cstorch.backend import get_or_create
 
 DEVICE_TYPES = ("CSX", "CPU", "GPU")
 
@@ -37,15 +38,10 @@ class BackendCallback(CoreCallback):
         if self.device.upper() not in DEVICE_TYPES:
             raise ValueError(
                 f"Invalid device type: {self.device!r}. Expected one of {', '.join(DEVICE_TYPES)}.")
-        existing = cstorch.backend()
-        if existing is None:
-            trainer.backend = cstorch.backend(self.device.upper(),
-                                              artifact_dir=str(trainer.artifact_dir))
-            return
-        if existing.backend_type.name != self.device.upper():
-            raise ValueError(
+        wanted = self.device.upper()
+        trainer.backend = get_or_create(
+            wanted, artifact_dir=str(trainer.artifact_dir), mismatch=lambda existing: ValueError(
                 f"Cannot instantiate multiple trainers with different device types: a "
                 f"{existing.backend_type.name} backend already exists in this process and "
-                f"this Trainer asks for {self.device.upper()}. Use one device type per process.")
-        trainer.backend = existing
-        existing.artifact_dir = str(trainer.artifact_dir)
+                f"this Trainer asks for {wanted}. Use one device type per process."))
+        trainer.backend.artifact_dir = str(trainer.artifact_dir)

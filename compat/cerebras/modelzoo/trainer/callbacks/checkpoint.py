@@ -11,6 +11,7 @@ from pathlib import Path
 import cerebras.pytorch as cstorch
 
 from cerebras.modelzoo.trainer.callbacks.callback import Callback, CoreCallback
+from cstorch.utils.checkpoint_files import find_checkpoints
 
 
 class Checkpoint(CoreCallback):
@@ -99,13 +100,7 @@ class Checkpoint(CoreCallback):
 
     def get_all_checkpoints(self, root=None) -> list:
         """Checkpoints under ``root`` that match the name pattern, oldest step first."""
-        root = Path(root or self.checkpoint_root)
-        found = []
-        for path in root.glob("*") if root.is_dir() else ():
-            match = self.checkpoint_regex.match(path.name)
-            if match:
-                found.append((int(match["step"]), match["stamp"] or "", path))
-        return [path for _, _, path in sorted(found)]
+        return find_checkpoints(root or self.checkpoint_root, self.checkpoint_regex)
 
     def get_latest_checkpoint(self, trainer):
         checkpoints = self.get_all_checkpoints()

@@ -1,4 +1,9 @@
-"""Python logging of the run and which steps are log steps."""
+"""Python logging of the run, its text log file, and which steps are log steps.
+
+While a fit or validation runs, the trainer's log records (and the progress lines of
+``ProgressLogger``) also go to ``<model_dir>/cerebras_logs/<timestamp>/run.log``
+(``cerebras_logs/latest/run.log`` is the newest run's), as the Model Zoo keeps its run log.
+"""
 
 from __future__ import annotations
 
@@ -31,6 +36,8 @@ class Logging(CoreCallback):
         self.wsc_log_level = wsc_log_level  # appliance logging; nothing to configure here
         self.enable_act_frequency = enable_act_frequency
         self.logger = _logging.getLogger("cerebras.modelzoo.trainer")
+        self.log_file = None  # <artifact_dir>/run.log, set at setup
+        self._file_handler = None
 
     def pre_setup(self, trainer):
         self.logger.setLevel(self.log_level)
@@ -42,6 +49,35 @@ class Logging(CoreCallback):
     def setup(self, trainer):
         if self.enable_act_frequency and self.log_steps:
             trainer.activation_steps = self.log_steps
+        if trainer.artifact_dir is not None:
+            self.log_file = trainer.artifact_dir / "run.log"
+
+    def _write_log_file(self, stack):
+        """Sends the trainer's records (and the progress lines) to ``run.log`` until the
+        fit or validation ends (a nested validation shares its fit's handler)."""
+        if self.log_file is None or self._file_handler is not None:
+            return
+        handler = _logging.FileHandler(self.log_file, encoding="utf-8")
+        handler.setFormatter(_logging.Formatter("%(asctime)s %(levelname)s: %(message)s"))
+        handler.setLevel(self.log_level)
+        loggers = [self.logger, progress_log()]
+        for logger in loggers:
+            logger.addHandler(handler)
+        self._file_handler = handler
+
+        def close():
+            for logger in loggers:
+                logger.removeHandler(handler)
+            handler.close()
+            self._file_handler = None
+
+        stack.callback(close)
+
+    def on_enter_fit(self, trainer, stack, train_dataloader, val_dataloader, loop):
+        self._write_log_file(stack)
+
+    def on_enter_validate_all(self, trainer, stack, val_dataloaders, loop, ckpt_paths):
+        self._write_log_file(stack)
 
     def on_fit_start(self, trainer, train_dataloader, val_dataloader, loop):
         self._fit_start = (trainer.global_step, getattr(loop, "total_steps", None))
@@ -51,6 +87,7 @@ class Logging(CoreCallback):
 
     def on_enter_validate(self, trainer, stack, val_dataloader, loop):
         self._training = False
+        self._write_log_file(stack)
 
     _training = False
     _fit_start = (0, None)
@@ -68,3 +105,12 @@ class Logging(CoreCallback):
         if executor is None:
             return False
         return executor.user_iteration % self.log_steps == 0 or executor.on_final_iteration
+
+
+def progress_log() -> _logging.Logger:
+    """Where ``ProgressLogger`` writes its lines for the run log: only the run-log file
+    handler listens (they are shown on the console by the ProgressLogger itself)."""
+    logger = _logging.getLogger("cerebras.modelzoo.trainer.progress")
+    logger.propagate = False
+    logger.setLevel(_logging.INFO)
+    return logger

@@ -1,0 +1,99 @@
+"""cstorch's settings: every environment variable and process-wide knob of the API, declared
+once (the engine's own are in ``jax_backend.config``; the compatibility packages read these).
+
+Each setting has a name, an environment variable (if any), a default and a help text; its
+value is read when it is used (``config.update`` wins over the environment until
+``reset``). ``reset()`` puts the whole process back as it was before any backend: it tears
+the backend down, restores the precision defaults, forgets metrics and every ``update``, in
+both layers, and runs the hooks other modules registered with ``config.on_reset`` (the 1.x
+API's ``configure`` settings, for one). Tests call it between tests; scripts have no need to.
+
+Importing cstorch sets nothing outside it. ``OMP_WAIT_POLICY`` in particular is left to the
+user (docs/ARCHITECTURE.md): the launchers that start new processes
+(``python -m cstorch.distributed.launch``, ``python -m cstorch.parity``) pass
+``LAUNCHED_PROCESS_ENV`` to them unless the environment sets those variables already.
+"""
+
+from __future__ import annotations
+
+from jax_backend import config as _engine_config
+from jax_backend.config import Config, parse_bool
+
+config = Config("cstorch")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise ValueError("must be a positive integer")
+    return value
+
+
+engine = config.define(
+    "engine", "jax", "Which engine runs traced steps when the backend does not say: jax "
+    "(compile once) or eager (eager torch every step; cstorch/core/engine.py).",
+    env_var="CSTORCH_ENGINE")
+progress_bar = config.define(
+    "progress_bar", None, "Forces the data executor's progress bar on (1) or off (0); unset, it "
+    "shows for runs of at least progress_bar_min_steps steps on a terminal.",
+    env_var="CSTORCH_PROGRESS_BAR", parse=parse_bool)
+progress_bar_min_steps = config.define(
+    "progress_bar_min_steps", 50, "The fewest steps of a run that gets a progress bar.")
+max_programs = config.define(
+    "max_programs", 16, "How many compiled programs one traced step keeps (least recently used "
+    "are dropped, and compiled again if needed).")
+generating_docs = config.define(
+    "generating_docs", False, "Set to 1 only while documentation is generated from the "
+    "docstrings (as in the reference).", env_var="GENERATING_CEREBRAS_PYTORCH_DOCS",
+    parse=lambda text: text == "1")
+torch_num_threads = config.define(
+    "torch_num_threads", None, "torch's thread count; the CSX backend checks that it is a "
+    "positive integer, as the reference does.", env_var="TORCH_NUM_THREADS",
+    parse=_positive_int)
+
+# A multi-process job (cstorch/distributed/runtime.py); also read from a child's environment.
+coordinator_address = config.define(
+    "coordinator_address", None, "host:port of the job's coordinator (process 0).",
+    env_var="CSTORCH_COORDINATOR_ADDRESS")
+num_processes = config.define(
+    "num_processes", None, "The number of processes of the job.",
+    env_var="CSTORCH_NUM_PROCESSES")
+process_id = config.define(
+    "process_id", None, "This process's rank in the job (0-based).",
+    env_var="CSTORCH_PROCESS_ID")
+init_timeout = config.define(
+    "init_timeout", 60, "Seconds to wait for every process to join before DistributedError.",
+    env_var="CSTORCH_INIT_TIMEOUT")
+heartbeat_timeout = config.define(
+    "heartbeat_timeout", 20, "Seconds without a heartbeat before a process is declared dead.",
+    env_var="CSTORCH_HEARTBEAT_TIMEOUT")
+launcher_pid = config.define(
+    "launcher_pid", None, "Set by `python -m cstorch.distributed.launch` for its workers: the "
+    "launcher's process id, watched so that a worker stops when its launcher is gone.",
+    env_var="CSTORCH_LAUNCHER_PID")
+
+# The Model Zoo 1.x command line (compat/modelzoo/common/run_utils/cli_parser.py).
+cluster_defaults = config.define(
+    "cluster_defaults", None, "A YAML file whose runconfig gives a system administrator's "
+    "defaults to 1.x run.py command lines.", env_var="CEREBRAS_WAFER_SCALE_CLUSTER_DEFAULTS")
+
+#: Environment the launchers give the processes they start, unless already set: torch's
+#: idle OpenMP threads sleep instead of spinning, so a compiled step started right after
+#: torch work is not slowed down (1.3x measured on 2 cores, ``make bench``).
+LAUNCHED_PROCESS_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def launched_process_environment(environ) -> dict:
+    """``environ`` (a mapping) with ``LAUNCHED_PROCESS_ENV`` filled in where unset."""
+    return {**LAUNCHED_PROCESS_ENV, **environ}
+
+
+def reset() -> None:
+    """The process as before any backend (see the module docstring)."""
+    config.reset()
+    _engine_config.config.reset()
+
+
+def describe() -> list:
+    """Every setting of both layers: the engine's, then cstorch's."""
+    return _engine_config.config.describe() + config.describe()

@@ -1,0 +1,143 @@
+"""The engine's settings: every environment variable and process-wide knob, declared once.
+
+A ``Setting`` has a name, the environment variable that sets it (if any), a default and a
+help text, as JAX declares its own config. A value is read when it is used: the value given
+to ``config.update(name, value)`` if there is one, else the environment variable, else the
+default. ``config.reset()`` forgets every ``update`` and runs the reset hooks of modules that
+keep process-wide state (tests call it between tests instead of editing private globals).
+``config.describe()`` lists every setting; ``cstorch.config`` declares the API's own.
+
+Nothing here changes anything outside the engine: JAX's own config, the environment and
+torch are left as the user set them (docs/ARCHITECTURE.md, "A good citizen").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable
+
+_OFF = {"", "0", "off", "false", "no"}
+
+
+def parse_bool(text: str) -> bool:
+    return text.strip().lower() not in _OFF
+
+
+def parse_directory(text: str) -> str | None:
+    """A directory (``~`` expanded), or None for ``off`` (also ``0``, ``false``, ``no``, empty)."""
+    return None if text.strip().lower() in _OFF else os.path.expanduser(text)
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One setting. ``value`` is read afresh each time (see the module docstring)."""
+
+    name: str
+    default: Any
+    help: str
+    env_var: str | None = None
+    parse: Callable[[str], Any] = str
+    owner: "Config" = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def value(self):
+        return self.owner.value(self)
+
+    def from_environment(self, environ=None):
+        """The value the environment (``os.environ`` or ``environ``) asks for, else the default;
+        ``update`` is not consulted (for code that reads a child process's environment)."""
+        environ = os.environ if environ is None else environ
+        text = environ.get(self.env_var) if self.env_var else None
+        if text is None:
+            return self.default
+        try:
+            return self.parse(text)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"Invalid value {text!r} for the environment variable "
+                             f"{self.env_var} ({self.help.split('.')[0]}): {error}") from None
+
+
+class Config:
+    """A layer's settings (``jax_backend.config.config``, ``cstorch.config.config``)."""
+
+    def __init__(self, layer: str):
+        self.layer = layer
+        self._settings: dict[str, Setting] = {}
+        self._overrides: dict[str, Any] = {}
+        self._reset_hooks: list[Callable[[], None]] = []
+
+    def define(self, name: str, default, help: str, env_var: str | None = None,
+               parse: Callable[[str], Any] = str) -> Setting:
+        if name in self._settings:
+            raise ValueError(f"{self.layer} setting {name!r} is declared twice.")
+        setting = Setting(name, default, help, env_var, parse, self)
+        self._settings[name] = setting
+        return setting
+
+    def __getitem__(self, name: str) -> Setting:
+        try:
+            return self._settings[name]
+        except KeyError:
+            raise KeyError(f"{self.layer} has no setting {name!r}; its settings are "
+                           f"{', '.join(sorted(self._settings))}.") from None
+
+    def value(self, setting: Setting | str):
+        setting = self[setting] if isinstance(setting, str) else setting
+        if setting.name in self._overrides:
+            return self._overrides[setting.name]
+        return setting.from_environment()
+
+    def update(self, name: str, value) -> None:
+        """Sets ``name`` for this process; it wins over the environment until ``reset``."""
+        self[name]  # noqa: B018 - raises for an unknown name
+        self._overrides[name] = value
+
+    def on_reset(self, hook: Callable[[], None]) -> Callable[[], None]:
+        """Registers ``hook()`` to run on ``reset`` (a module's process-wide state)."""
+        self._reset_hooks.append(hook)
+        return hook
+
+    def reset(self) -> None:
+        """Every setting back to its environment/default; every registered hook run."""
+        self._overrides.clear()
+        for hook in list(self._reset_hooks):
+            hook()
+
+    def describe(self) -> list[Setting]:
+        return list(self._settings.values())
+
+
+config = Config("jax_backend")
+
+cache_home = config.define(
+    "cache_home", None, "The base directory of the persistent caches (the XDG standard): "
+    "caches live in <cache_home>/cstorch-jax/. Default ~/.cache.", env_var="XDG_CACHE_HOME",
+    parse=os.path.expanduser)
+compilation_cache = config.define(
+    "compilation_cache", "default", "Where XLA executables of the engine's programs are cached "
+    "(jax_backend/compilation_cache.py): a directory, or off. Default "
+    "<cache_home>/cstorch-jax/xla.", env_var="CSTORCH_COMPILATION_CACHE",
+    parse=parse_directory)
+graph_cache = config.define(
+    "graph_cache", "default", "Where captured step graphs are cached "
+    "(jax_backend/graph_cache.py): a directory, or off. Default "
+    "<cache_home>/cstorch-jax/graphs.", env_var="CSTORCH_GRAPH_CACHE", parse=parse_directory)
+attention = config.define(
+    "attention", "auto", "Which attention kernel a step's lowering may use "
+    "(jax_backend/target.py: Target.attention, one of its ATTENTION names).",
+    env_var="CSTORCH_ATTENTION", parse=lambda text: text.strip().lower() or "auto")
+backup_first_run = config.define(
+    "backup_first_run", True, "Whether the first run of a program keeps the state it donates "
+    "until it succeeded (jax_backend/program.py); False trades that protection for a "
+    "first-step memory peak like any other step's.")
+
+
+def cache_directory(setting: Setting, name: str) -> str | None:
+    """The directory a cache ``setting`` asks for (None when it says ``off``); its default is
+    ``name`` under ``<cache_home>/cstorch-jax``."""
+    value = setting.value
+    if value != "default":
+        return value
+    base = cache_home.value or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "cstorch-jax", name)

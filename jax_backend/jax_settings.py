@@ -1,0 +1,76 @@
+"""The JAX settings the engine's own work runs under, applied to that work only.
+
+torch's int64 and float64 tensors need JAX's 64-bit types, which JAX turns off by default
+(``jnp.ones(2)`` is float32). The engine never changes that default for the process: every
+entry point that creates arrays, traces, compiles or runs a program does so inside
+``engine_scope()`` (or is decorated with ``in_engine_scope``), a thread-local setting
+that ends with the call. A JAX-native user's own programs keep float32 defaults while a
+cstorch step in the same process keeps torch's dtypes.
+
+The scope also sets the persistent-compilation-cache thresholds for the engine's programs
+while the engine's cache is on (``compilation_cache``): every program is written, however
+small or quick to compile, without changing the thresholds of the user's programs.
+
+Arrays made in the scope keep their dtypes outside it; what must be in it is JAX *making*
+an array or a program from values (``device_put``, ``jnp.asarray``, tracing, a ``jit``
+call, whose cache key includes the setting).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import jax
+
+if hasattr(jax, "enable_x64"):  # JAX >= 0.8: a thread-local context manager
+    def _x64():
+        return jax.enable_x64(True)
+else:  # JAX 0.6 and 0.7
+    from jax.experimental import enable_x64 as _x64
+
+try:  # the cache thresholds as thread-local states; without them, JAX's defaults apply
+    from jax._src import config as _jax_config
+
+    _CACHE_THRESHOLDS = (
+        (_jax_config.persistent_cache_min_compile_time_secs, 0.0),
+        (_jax_config.persistent_cache_min_entry_size_bytes, -1),  # -1: no minimum
+    )
+except (ImportError, AttributeError):  # pragma: no cover - depends on the JAX version
+    _CACHE_THRESHOLDS = ()
+
+_cache_thresholds_on = False  # set by compilation_cache while the engine's cache is on
+
+
+def set_cache_thresholds(on: bool) -> None:
+    global _cache_thresholds_on
+    _cache_thresholds_on = bool(on)
+
+
+@contextlib.contextmanager
+def engine_scope():
+    """64-bit types (and, with the engine's cache on, its cache thresholds) for the block,
+    on this thread only."""
+    with _x64():
+        if not (_cache_thresholds_on and _CACHE_THRESHOLDS):
+            yield
+            return
+        with contextlib.ExitStack() as stack:
+            for state, value in _CACHE_THRESHOLDS:
+                stack.enter_context(state(value))
+            yield
+
+
+def in_engine_scope(function):
+    """Decorates ``function`` to run inside ``engine_scope()``."""
+    @functools.wraps(function)
+    def scoped(*args, **kwargs):
+        with engine_scope():
+            return function(*args, **kwargs)
+
+    return scoped
+
+
+def x64_enabled() -> bool:
+    """Whether 64-bit types are on here (JAX's setting, global or scoped)."""
+    return bool(jax.config.jax_enable_x64)

@@ -1,0 +1,95 @@
+"""Mixed precision against eager torch autocast, step by step.
+
+The same script runs on the eager engine (plain torch under ``torch.autocast``, the
+reference) and on the JAX engine. In bf16 the two follow each other more closely than eager
+bf16 follows eager fp32 (what bf16 rounding itself moves a run by); in fp32 they agree to
+1e-6. And torch's float32 matmul setting is part of what selects a compiled program.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import cstorch
+from cstorch.core.compile import RecompilationWarning
+from tests.models import TinyGPT, lm_loss
+
+
+def _batches(steps):
+    g = torch.Generator().manual_seed(1)
+    batches = []
+    for _ in range(steps):
+        tokens = (torch.randint(0, 128, (8, 1), generator=g) + torch.arange(33)) % 128
+        batches.append((tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()))
+    return batches
+
+
+def _losses(engine, precision, steps=6):
+    cstorch.backend._reset_for_tests()
+    if precision == "bfloat16":
+        cstorch.amp.set_half_dtype("bfloat16")
+    else:
+        cstorch.amp.enable_mixed_precision(False)
+    backend = cstorch.backend("CPU", engine=engine)
+    torch.manual_seed(0)
+    model = TinyGPT()
+    compiled = cstorch.compile(model, backend)
+    optimizer = cstorch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+
+    @cstorch.step_closure
+    def record(loss):
+        losses.append(loss.item())
+
+    @cstorch.trace
+    def step(x, y):
+        loss = lm_loss(compiled(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        record(loss)
+        return loss
+
+    batches = _batches(steps)
+    for x, y in cstorch.utils.data.DataExecutor(cstorch.utils.data.DataLoader(lambda: batches)):
+        step(x, y)
+    return np.array(losses)
+
+
+def test_bf16_steps_follow_eager_autocast_within_bf16_rounding():
+    eager32 = _losses("eager", "float32")
+    eager16 = _losses("eager", "bfloat16")
+    ours16 = _losses("jax", "bfloat16")
+    ours32 = _losses("jax", "float32")
+    np.testing.assert_allclose(ours32, eager32, rtol=1e-6, atol=0)
+    bf16_itself = np.abs(eager16 - eager32)
+    assert bf16_itself.max() > 1e-5  # the bf16 runs really are bf16
+    # The first loss (a forward pass from the same weights) and then the whole run: closer
+    # to eager bf16 than eager bf16 is to fp32 (both drift step by step with the rounding).
+    assert abs(ours16[0] - eager16[0]) <= bf16_itself[0]
+    assert np.abs(ours16 - eager16).max() <= bf16_itself.max(), (ours16 - eager16, bf16_itself)
+
+
+def test_torch_float32_matmul_setting_selects_the_program(cpu_backend):
+    model = torch.nn.Linear(8, 4)
+    compiled = cstorch.compile(model, cpu_backend)
+
+    @cstorch.trace
+    def step(x):
+        return compiled(x).sum()
+
+    x = torch.randn(3, 8)
+    previous = torch.get_float32_matmul_precision()
+    try:
+        expected = model(x).sum()
+        torch.testing.assert_close(step(x).materialize(), expected, rtol=1e-6, atol=1e-6)
+        assert "HIGHEST" in step.stablehlo()
+        torch.set_float32_matmul_precision("high")  # the user allows TF32
+        with pytest.warns(RecompilationWarning, match="precision"):
+            step(x)
+        assert "precision = [HIGH, HIGH]" in step.stablehlo()
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    assert step.trace_count == 2

@@ -1,0 +1,377 @@
+"""Trains every model of a Cerebras Model Zoo checkout's registry a few steps on this project.
+
+    python tools/zoo_sweep.py MODELZOO_SRC [--zoo-python PY] [--reference-python PY]
+                              [--steps 3] [--models gpt3,llama] [--jobs 2] [--json OUT]
+
+For each model of ``<src>/cerebras/modelzoo/registry/registry.yaml`` it takes a shipped
+``trainer:`` config naming that model, shrinks it (2 layers, hidden size 32, ...; everything
+else as shipped) and feeds it data the zoo makes itself (its dummy GPT data, fake MNIST), then
+runs ``tests/zoo/sweep_worker.py``, each run in its own process:
+
+* CPU: a ``Trainer`` built in Python, float32;
+* CSX: the same on the modeled wafer with the config's own precision (e.g. cbfloat16 with
+  dynamic loss scaling), which must update the weights and track the CPU float32 losses
+  within 1e-2;
+* YAML: the zoo's command line (``cszoo fit``) on the same config, CPU float32, which must
+  give the CPU run's losses;
+* with ``--reference-python`` (a Python with cerebras-pytorch 2.10): the CPU run on the
+  reference, from the same initial weights (``torch.manual_seed``); "difference" is the
+  largest relative difference of the per-step losses.
+
+It prints one table: model, CPU, CSX, YAML, difference, first error (file:line). A model whose
+data the sweep cannot make is listed with the reason. Fetches nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import copy
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = ROOT / "tests" / "zoo" / "sweep_worker.py"
+
+# Model sizes: every key with one of these names, wherever it is in the model config.
+SHRINK = {
+    "hidden_size": 32, "d_model": 32, "embedding_size": 32,
+    "num_hidden_layers": 2, "num_layers": 2, "encoder_num_hidden_layers": 2,
+    "decoder_num_hidden_layers": 2, "num_encoder_layers": 2, "num_decoder_layers": 2,
+    "num_heads": 2, "num_attention_heads": 2, "encoder_num_heads": 2, "decoder_num_heads": 2,
+    "filter_size": 64, "intermediate_size": 64, "d_ff": 64, "d_kv": 16,
+    "encoder_filter_size": 64, "decoder_filter_size": 64,
+    "num_experts": 2, "num_kv_groups": 1, "num_key_value_heads": 1, "head_dim": 16,
+    "rotary_dim": 16,
+    "dropout_rate": 0.0, "attention_dropout_rate": 0.0, "embedding_dropout_rate": 0.0,
+}
+SEQ, VOCAB = 128, 512  # the GPT-style sequences the sweep writes
+
+
+def write_gpt_hdf5(data_dir: Path, sequences=16, seed=0) -> Path:
+    """GPT training data in the zoo's HDF5 "sample" format: one file whose ``data`` is
+    ``[N, 3, SEQ]`` int32 (input ids, loss mask, labels = ids shifted by one)."""
+    import h5py
+    import numpy as np
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, VOCAB, size=(sequences, SEQ + 1), dtype=np.int32)
+    data = np.stack([tokens[:, :-1], np.ones((sequences, SEQ), np.int32), tokens[:, 1:]],
+                    axis=1)
+    with h5py.File(data_dir / "data-0.h5", "w") as f:
+        f.create_dataset("data", data=data)
+        f.attrs["n_examples"] = sequences
+    return data_dir
+
+
+def write_mlm_hdf5(data_dir: Path, vocab: int, sequences=16, seed=0) -> Path:
+    """Masked-LM data in the zoo's HDF5 "sample" format (BertHDF5DataProcessor): ``data``
+    ``[N, 2, SEQ]`` (input ids, attention mask), ``labels`` ``[N, 1, SEQ]`` and a
+    ``data_params.json`` saying the objective is MLM (labels at every position)."""
+    import h5py
+    import numpy as np
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(4, vocab, size=(sequences, SEQ), dtype=np.int32)
+    data = np.stack([ids, np.ones((sequences, SEQ), np.int32)], axis=1)
+    labels = rng.integers(4, vocab, size=(sequences, 1, SEQ), dtype=np.int32)
+    with h5py.File(data_dir / "data-0.h5", "w") as f:
+        f.create_dataset("data", data=data)
+        f.create_dataset("labels", data=labels)
+        f.attrs["n_examples"] = sequences
+    (data_dir / "data_params.json").write_text(json.dumps(
+        {"dataset": {"training_objective": "mlm", "mlm_with_gather": False}}))
+    return data_dir
+
+
+def _shrink(node):
+    if isinstance(node, dict):
+        out = {}
+        for key, value in node.items():
+            if key in SHRINK and isinstance(value, (int, float)) and not isinstance(value, bool):
+                out[key] = type(value)(SHRINK[key]) if value else value
+            else:
+                out[key] = _shrink(value)
+        if "top_k" in out and "num_experts" in out:
+            out["top_k"] = min(out["top_k"], out["num_experts"])
+        return out
+    if isinstance(node, list):
+        return [_shrink(v) for v in node]
+    return node
+
+
+DATA_PROCESSORS: dict = {}  # registry name -> data processor class names (set in main)
+
+
+def _first_phase(params):
+    trainer = params.get("trainer")
+    if isinstance(trainer, list):
+        trainer = trainer[0].get("trainer", trainer[0])
+    return trainer
+
+
+def shipped_configs(src: Path) -> dict:
+    """``{model name: [config paths]}`` for every ``trainer:`` YAML under models/."""
+    found = {}
+    for path in sorted((src / "cerebras" / "modelzoo" / "models").rglob("*.yaml")):
+        try:
+            params = yaml.safe_load(path.read_text())
+            phase = _first_phase(params)
+            name = phase["init"]["model"]["name"]
+        except Exception:  # noqa: BLE001 - not a trainer config
+            continue
+        found.setdefault(name, []).append(path)
+    return found
+
+
+def _hidden(path):
+    model = _first_phase(yaml.safe_load(path.read_text()))["init"]["model"]
+    return model.get("hidden_size") or model.get("d_model") or 1 << 30
+
+
+def tiny_config(name, configs, processors, workdir: Path):
+    """The tiny config for ``name`` and why none could be made (one of them is None)."""
+    donor = name
+    if name not in configs:
+        # No shipped config of its own: one of a model that reads the same data (gpt2 ->
+        # gpt3), with this model's name.
+        donor = next((other for other, others_processors in DATA_PROCESSORS.items()
+                      if other in configs and others_processors == processors), None)
+        if donor is None:
+            return None, "no shipped trainer config names this model (or one with its data)"
+    path = min(configs[donor], key=_hidden)
+    phase = copy.deepcopy(_first_phase(yaml.safe_load(path.read_text())))
+    init = phase["init"]
+    init["model"]["name"] = name
+    if donor != name:  # options the donor's config leaves at this model's defaults
+        init["model"].setdefault("embedding_dropout_rate", 0.0)  # random masks differ
+    init["model"] = _shrink(init["model"])
+    for key in ("device", "backend", "schedulers", "checkpoint", "callbacks", "loggers",
+                "logging"):
+        init.pop(key, None)
+    init["seed"] = 1
+    init["loop"] = {"num_steps": 3, "eval_frequency": None}
+    train = phase.get("fit", {}).get("train_dataloader")
+    if "GptHDF5MapDataProcessor" in processors:
+        phase["fit"] = {"train_dataloader": {
+            "data_processor": "GptHDF5MapDataProcessor", "batch_size": 2, "shuffle": False,
+            "num_workers": 0,
+            "data_dir": str(write_gpt_hdf5(workdir / "gpt_data"))}}
+        init["model"]["vocab_size"] = VOCAB
+        if "max_position_embeddings" in init["model"]:
+            init["model"]["max_position_embeddings"] = SEQ
+    elif "BertHDF5DataProcessor" in processors and isinstance(train, dict) \
+            and train.get("data_processor") == "BertHDF5DataProcessor":
+        vocab = int(init["model"].get("vocab_size") or VOCAB)
+        phase["fit"] = {"train_dataloader": {
+            "data_processor": "BertHDF5DataProcessor", "batch_size": 2, "shuffle": False,
+            "num_workers": 0, "data_dir": str(write_mlm_hdf5(workdir / "mlm_data", vocab))}}
+        if "max_position_embeddings" in init["model"]:
+            init["model"]["max_position_embeddings"] = SEQ + 2  # ESM-2 counts two extra
+    elif name == "fc_mnist" and train:
+        phase["fit"] = {"train_dataloader": {**train, "use_fake_data": True,
+                                             "fake_data_seed": 1, "batch_size": 4}}
+    else:
+        used = train.get("data_processor") if isinstance(train, dict) else None
+        return None, f"needs {used or 'its'} data files; this sweep makes no fake data for it"
+    phase.pop("validate", None)
+    phase.pop("validate_all", None)
+    origin = path.relative_to(path.parents[3])
+    return {"trainer": phase}, f"from {origin}" + (f" (of {donor})" if donor != name else "")
+
+
+STUBS = ROOT / "tests" / "zoo" / "stubs"
+EVAL_HARNESS_STUBS = ("lm_eval", "bigcode_eval", "_eval_harness_standin.py")
+
+
+def _reference_stubs() -> str:
+    """A folder with only the eval-harness stand-ins (the reference has torchvision)."""
+    folder = Path(tempfile.gettempdir()) / "zoo_sweep_reference_stubs"
+    folder.mkdir(exist_ok=True)
+    for name in EVAL_HARNESS_STUBS:
+        link = folder / name
+        if not link.exists():
+            link.symlink_to(STUBS / name)
+    return str(folder)
+
+
+def _env(src, ours: bool):
+    paths = [str(src)]
+    if ours:
+        paths += [str(ROOT), str(ROOT / "compat"), str(STUBS)]
+    else:
+        paths.append(_reference_stubs())
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+    env.pop("CSTORCH_ENGINE", None)
+    return env
+
+
+def run_worker(python, src, ours, config, how, device, precision, steps, workdir, *extra):
+    out = workdir / f"{how}_{device}_{precision}_{'ours' if ours else 'ref'}.json"
+    model_dir = workdir / out.stem
+    cmd = [python, str(WORKER), "--config", str(config), "--how", how, "--device", device,
+           "--precision", precision, "--steps", str(steps), "--model-dir", str(model_dir),
+           "--out", str(out), *extra]
+    try:
+        proc = subprocess.run(cmd, cwd=workdir, env=_env(src, ours), capture_output=True,
+                              text=True, timeout=1800)
+    except subprocess.TimeoutExpired:
+        return {"losses": [], "error": {"type": "Timeout", "message": "30 min", "where": "?"}}
+    (workdir / f"{out.stem}.log").write_text(proc.stdout[-20000:] + proc.stderr[-20000:])
+    if not out.exists():
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"losses": [], "error": {"type": "Crash", "message": last[:300],
+                                        "where": f"exit {proc.returncode}"}}
+    return json.loads(out.read_text())
+
+
+def _rel(a, b):
+    if len(a) != len(b) or not a:
+        return math.inf
+    return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b))
+
+
+def _ok(result, steps):
+    losses = result.get("losses") or []
+    return result.get("error") is None and len(losses) == steps and all(
+        math.isfinite(x) for x in losses)
+
+
+def _short_where(where: str, src: Path) -> str:
+    for base in (str(src) + os.sep, str(ROOT) + os.sep):
+        where = where.replace(base, "")
+    return where.replace(os.path.expanduser("~"), "~")
+
+
+def sweep_model(name, processors, configs, args, src):
+    workdir = Path(tempfile.mkdtemp(prefix=f"zoo_{name.replace('/', '_')}_", dir=args.workdir))
+    config, note = tiny_config(name, configs, processors, workdir)
+    row = {"model": name, "note": note, "CPU": "-", "CSX": "-", "YAML": "-",
+           "difference": "", "error": note if config is None else ""}
+    if config is None:
+        row["CPU"] = row["CSX"] = row["YAML"] = "no data"
+        return row
+    path = workdir / "tiny.yaml"
+    path.write_text(yaml.safe_dump(config))
+    steps = args.steps
+    # The reference builds the model first and saves its weights: torch's initialisers
+    # changed between torch 2.4 and this torch (trunc_normal_ draws differently), so every
+    # run then starts from those same weights (fit(ckpt_path=...), in YAML too).
+    init = workdir / "initial_weights.mdl"
+    ref = (run_worker(args.reference_python, src, False, path, "python", "CPU", "fp32", steps,
+                      workdir, "--save-init", str(init)) if args.reference_python else None)
+    start = ("--init", str(init)) if init.exists() else ()
+    cpu = run_worker(args.zoo_python, src, True, path, "python", "CPU", "fp32", steps, workdir,
+                     *start)
+    csx = run_worker(args.zoo_python, src, True, path, "python", "CSX", "shipped", steps,
+                     workdir, *start)
+    cli = run_worker(args.zoo_python, src, True, path, "yaml", "CPU", "fp32", steps, workdir,
+                     *start)
+    ref_cli = (run_worker(args.reference_python, src, False, path, "yaml", "CPU", "fp32", steps,
+                          workdir, *start) if ref is not None and _ok(cli, steps) else None)
+    errors, diffs = [], []
+    row["CPU"] = "ok" if _ok(cpu, steps) else "FAIL"
+    if ref is not None:
+        if not _ok(ref, steps):
+            row["CPU"] += " (ref fails)"
+            errors.append(("reference", ref))
+        elif _ok(cpu, steps):
+            diff = _rel(cpu["losses"], ref["losses"])
+            diffs.append(f"ref {diff:.1e}")
+            if diff > 1e-4:
+                row["CPU"] = "DIFFERS"
+    if _ok(csx, steps):
+        moved = len(set(csx["losses"])) > 1
+        track = _rel(csx["losses"], cpu["losses"]) if _ok(cpu, steps) else math.inf
+        diffs.append(f"csx {track:.1e}")
+        row["CSX"] = "ok" if moved and track <= 1e-2 else ("no update" if not moved
+                                                           else "off fp32")
+        if csx.get("loss_scales"):
+            row["CSX"] += f" (scale 2^{math.log2(csx['loss_scales'][-1]):.0f})"
+    else:
+        row["CSX"] = "FAIL"
+    if _ok(cli, steps):
+        # The YAML path builds some things its own way (e.g. optimizer parameter groups):
+        # compared with the reference's YAML run where there is one, else with the CPU run.
+        if ref_cli is not None and _ok(ref_cli, steps):
+            diff = _rel(cli["losses"], ref_cli["losses"])
+            diffs.append(f"yaml-ref {diff:.1e}")
+            row["YAML"] = "ok" if diff <= 1e-4 else "DIFFERS"
+        else:
+            same = _ok(cpu, steps) and _rel(cli["losses"], cpu["losses"]) <= 1e-6
+            row["YAML"] = "ok" if same else "DIFFERS"
+            if ref_cli is not None:
+                row["YAML"] += " (ref yaml fails)"
+    else:
+        row["YAML"] = "FAIL"
+    for label, result in (("CPU", cpu), ("CSX", csx), ("YAML", cli)):
+        if result.get("error"):
+            errors.append((label, result))
+    row["difference"] = ", ".join(diffs)
+    if errors:
+        label, result = errors[0]
+        error = result["error"]
+        row["error"] = (f"{label}: {error['type']}: {error['message'][:120]} "
+                        f"({_short_where(error['where'], src)})")
+    row["workdir"] = str(workdir)
+    return row
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("src", help="a Model Zoo checkout's src/ folder")
+    parser.add_argument("--zoo-python", default=sys.executable)
+    parser.add_argument("--reference-python", default=os.environ.get("REFERENCE_PYTHON"))
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--models", help="comma-separated registry names (default: all)")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--json", default=str(ROOT / "artifacts" / "zoo_sweep.json"))
+    args = parser.parse_args(argv)
+    src = Path(args.src).resolve()
+    registry = yaml.safe_load((src / "cerebras" / "modelzoo" / "registry" /
+                               "registry.yaml").read_text())["models"]
+    wanted = set(args.models.split(",")) if args.models else None
+    entries = [m for m in registry if wanted is None or m["name"] in wanted]
+    configs = shipped_configs(src)
+    DATA_PROCESSORS.update({m["name"]: {p.rsplit(".", 1)[-1]
+                                         for p in m.get("data_processor_paths") or []}
+                            for m in registry})
+    if args.workdir:
+        os.makedirs(args.workdir, exist_ok=True)
+
+    def one(entry):
+        processors = {p.rsplit(".", 1)[-1] for p in entry.get("data_processor_paths") or []}
+        row = sweep_model(entry["name"], processors, configs, args, src)
+        print(f"[{row['model']}] CPU {row['CPU']} | CSX {row['CSX']} | YAML {row['YAML']} | "
+              f"{row['difference']} | {row['error']}", flush=True)
+        return row
+
+    with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        rows = list(pool.map(one, entries))
+    os.makedirs(os.path.dirname(args.json), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump(rows, f, indent=1)
+    headers = ["model", "CPU", "CSX", "YAML", "difference", "first error (file:line)"]
+    table = [[r["model"], r["CPU"], r["CSX"], r["YAML"], r["difference"], r["error"]]
+             for r in rows]
+    print("\n| " + " | ".join(headers) + " |")
+    print("|" + "---|" * len(headers))
+    for line in table:
+        print("| " + " | ".join(str(c).replace("|", "/") for c in line) + " |")
+    failed = sum(1 for r in rows if "FAIL" in (r["CPU"] + r["CSX"] + r["YAML"]))
+    print(f"\n{len(rows)} models; {failed} with a failing run")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
