@@ -11,7 +11,8 @@ Workloads:
 * gpt2-small:  d768, 12 heads, seq 256, batch 4, 12 blocks, vocab 50257, AdamW
 
 Every run is a cold start (graph and XLA caches off); a second table gives cstorch's warm
-start (the second run of an unchanged script, both caches on).
+start (the second run of an unchanged script, XLA's cache warm), with the graph cache off (the
+default) and on. `--warm-only` runs just that table.
 
 For each run: first-step time (until the first loss is ready) and, for cstorch, its split into
 capture (torch -> ATen graph), lowering (graph -> jaxpr, which is when the interpreter runs),
@@ -370,31 +371,42 @@ def bench_workloads(args):
 
 
 def warm_starts(args):
-    """cstorch fp32 first step on the second run of an unchanged script: the captured graph and
-    the XLA program come from their caches (a fresh directory per workload, primed once)."""
+    """cstorch fp32 first step on the second run of an unchanged script, the XLA program from
+    JAX's persistent cache (on by default), with the graph cache off (the default) and on
+    (``CSTORCH_GRAPH_CACHE``: the capture is skipped too). A fresh directory per workload,
+    primed once by a run with both caches on; the two modes alternate round by round."""
     import tempfile
 
+    modes = {"graph cache off": "off", "graph cache on": "graphs"}
     rows = {}
     for name in args.only.split(","):
         with tempfile.TemporaryDirectory() as tmp:
-            env = {"CSTORCH_GRAPH_CACHE": os.path.join(tmp, "graphs"),
-                   "CSTORCH_COMPILATION_CACHE": os.path.join(tmp, "xla")}
+            def env(graphs):
+                return {"CSTORCH_GRAPH_CACHE": graphs if graphs == "off"
+                        else os.path.join(tmp, graphs),
+                        "CSTORCH_COMPILATION_CACHE": os.path.join(tmp, "xla")}
+
             print(f"  warm start: {name}", file=sys.stderr, flush=True)
-            _measure("cstorch", name, 0, env=env)  # the first run fills both caches
-            runs = [_measure("cstorch", name, 0, env=env) for _ in range(args.rounds)]
-        rows[name] = {"first": _summary([r and r["first"] for r in runs]),
-                      "split": [r["first_split"] for r in runs if r]}
-    print(f"\n{'warm start':12s} {'first step s (min-max)':>24s} {'capture':>7s} {'lower':>6s} "
+            _measure("cstorch", name, 0, env=env("graphs"))  # the first run fills both caches
+            runs = {mode: [] for mode in modes}
+            for _ in range(args.rounds):
+                for mode, graphs in modes.items():
+                    runs[mode].append(_measure("cstorch", name, 0, env=env(graphs)))
+        for mode, results in runs.items():
+            rows[f"{name}, {mode}"] = {"first": _summary([r and r["first"] for r in results]),
+                                       "split": [r["first_split"] for r in results if r]}
+    print(f"\n{'warm start':32s} {'first step s (min-max)':>24s} {'capture':>7s} {'lower':>6s} "
           f"{'mlir':>5s} {'xla':>5s}")
     for name, row in rows.items():
         f = row["first"]
         if not f:
-            print(f"{name:12s} {'failed':>24s}")
+            print(f"{name:32s} {'failed':>24s}")
             continue
         phases = "".join(f" {statistics.median(s[p] for s in row['split']):{w}.2f}"
                          for p, w in (("capture", 7), ("lowering", 6), ("mlir", 5),
                                       ("xla_compile", 5)))
-        print(f"{name:12s} {f['median']:10.2f} ({f['min']:.2f}-{f['max']:.2f}){phases}")
+        print(f"{name:32s} {f['median']:10.2f} ({f['min']:.2f}-{f['max']:.2f})"
+              f"{'':8s}{phases}")
     return rows
 
 
@@ -491,13 +503,17 @@ def main():
     parser.add_argument("--depth-sweep", action="store_true")
     parser.add_argument("--interference", action="store_true",
                         help="eager torch's speed in a process where JAX runs")
+    parser.add_argument("--warm-only", action="store_true",
+                        help="only the warm-start table (graph cache off and on)")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return _child(args.child)
     report = {"environment": _environment(), "args": vars(args)}
-    if args.only:
+    if args.warm_only:
+        report["warm_starts"] = warm_starts(args)
+    elif args.only:
         peak = _measure("peak", "-", 0)
         report["matmul_gflops"] = peak and peak["gflops"]
         report["workloads"] = bench_workloads(args)

@@ -18,8 +18,11 @@ This package knows nothing of the cstorch API. Its public surface:
 * ``target``: what a step is lowered for (platform, float32 matmul precision, attention).
 * ``compilation_cache``: JAX's persistent compilation cache for the engine's programs
   (``acquire``/``release``, see its docstring).
-* ``graph_cache`` / ``fingerprint``: a persistent cache of captured steps, stored as data and
-  keyed by everything the capture depends on (on by default, see its docstring).
+* ``graph_cache`` / ``fingerprint``: a persistent cache of captured steps, stored as
+  authenticated data and keyed by what the capture depends on (off unless
+  ``CSTORCH_GRAPH_CACHE`` asks for it, see its docstring).
+* ``regular_files``: opening a path for reading only if it is a regular file (no FIFO,
+  device or directory), for every reader of untrusted files.
 * ``jax_settings``: the JAX settings (64-bit types) the engine's own work runs under.
 * ``config``: every environment variable and process-wide setting of the engine.
 

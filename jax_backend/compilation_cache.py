@@ -34,13 +34,6 @@ _holders = 0
 _ours: str | None = None  # the directory acquire() gave JAX (restored on the last release)
 
 
-def cache_directory(env_var: str, name: str) -> str | None:
-    """The directory ``env_var`` asks for (None when it says ``off``), else ``name`` under
-    ``$XDG_CACHE_HOME/cstorch-jax`` (``~/.cache/cstorch-jax``). Shared by the project's caches."""
-    setting = next(s for s in config.config.describe() if s.env_var == env_var)
-    return config.cache_directory(setting, name)
-
-
 def default_directory() -> str | None:
     """The cache directory the settings ask for, or None when it is switched off."""
     return config.cache_directory(config.compilation_cache, "xla")

@@ -18,6 +18,7 @@ import os
 from typing import Any, Callable
 
 _OFF = {"", "0", "off", "false", "no"}
+_ON = {"1", "on", "true", "yes"}
 
 
 def parse_bool(text: str) -> bool:
@@ -25,8 +26,12 @@ def parse_bool(text: str) -> bool:
 
 
 def parse_directory(text: str) -> str | None:
-    """A directory (``~`` expanded), or None for ``off`` (also ``0``, ``false``, ``no``, empty)."""
-    return None if text.strip().lower() in _OFF else os.path.expanduser(text)
+    """A directory (``~`` expanded), ``"default"`` for ``on`` (also ``1``, ``true``, ``yes``),
+    or None for ``off`` (also ``0``, ``false``, ``no``, empty)."""
+    word = text.strip().lower()
+    if word in _OFF:
+        return None
+    return "default" if word in _ON else os.path.expanduser(text)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,9 +125,9 @@ compilation_cache = config.define(
     "<cache_home>/cstorch-jax/xla.", env_var="CSTORCH_COMPILATION_CACHE",
     parse=parse_directory)
 graph_cache = config.define(
-    "graph_cache", "default", "Where captured step graphs are cached "
-    "(jax_backend/graph_cache.py): a directory, or off. Default "
-    "<cache_home>/cstorch-jax/graphs.", env_var="CSTORCH_GRAPH_CACHE", parse=parse_directory)
+    "graph_cache", None, "Where captured step graphs are cached (jax_backend/graph_cache.py): "
+    "a directory, on (<cache_home>/cstorch-jax/graphs) or off. Off by default: see the "
+    "README for what the key covers.", env_var="CSTORCH_GRAPH_CACHE", parse=parse_directory)
 attention = config.define(
     "attention", "auto", "Which attention kernel a step's lowering may use "
     "(jax_backend/target.py: Target.attention, one of its ATTENTION names).",
@@ -137,7 +142,7 @@ def cache_directory(setting: Setting, name: str) -> str | None:
     """The directory a cache ``setting`` asks for (None when it says ``off``); its default is
     ``name`` under ``<cache_home>/cstorch-jax``."""
     value = setting.value
-    if value != "default":
+    if value is None or value != "default":
         return value
     base = cache_home.value or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "cstorch-jax", name)

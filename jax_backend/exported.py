@@ -23,18 +23,49 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import zipfile
 
 import numpy as np
+
+try:
+    import fcntl
+except ImportError:  # Windows: no FIFOs to block on, no O_NONBLOCK to clear
+    fcntl = None
 
 FORMAT = "cstorch-export"
 VERSION = 1
 MANIFEST, PROGRAM, STATE, MODULE = ("manifest.json", "step.jaxexport", "state.npz",
                                     "exported_step.py")
+MAX_MANIFEST_BYTES = 64 * 1024 * 1024
+MAX_NPY_HEADER_BYTES = 1 << 16  # numpy writes headers of a few hundred bytes
 
 
 class ExportError(ValueError):
     """An artifact that is missing, damaged or from an unknown format version."""
+
+
+def _open_regular(path: str, what: str):
+    """``path`` opened for binary reading if it is a regular file; ExportError if it is a
+    FIFO, device, socket or directory (a FIFO would block the loader, a device never end).
+    Opened with ``O_NONBLOCK`` and checked with ``fstat``, so nothing is read first. (A copy
+    of ``jax_backend.regular_files``: this module must run where that package is absent.)"""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags | getattr(os, "O_BINARY", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+                    else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                    else "not a regular file")
+            raise ExportError(f"{what} of the exported step, {path!r}, is {kind}; only regular "
+                              "files are read. Export the step again.")
+        if fcntl is not None:
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
 
 
 def _jax():
@@ -69,6 +100,55 @@ def encode_array(array: np.ndarray) -> tuple:
     return array.view(f"uint{array.dtype.itemsize * 8}"), name
 
 
+def stored_dtype(name: str):
+    """The dtype ``encode_array`` stores an array of dtype ``name`` as."""
+    dtype = _jax().numpy.dtype(name)
+    if dtype.hasobject or dtype.kind not in "biufcV":
+        raise ExportError(f"state of dtype {name!r} is not numeric")
+    if dtype.kind in "biufc" and dtype.names is None and name != "bfloat16":
+        return dtype
+    return np.dtype(f"uint{dtype.itemsize * 8}")
+
+
+def _read_state_array(archive: zipfile.ZipFile, key: str, entry: dict, path: str):
+    """The member ``key`` of ``state.npz``, read only after its zip directory entry and its
+    ``.npy`` header agree with the manifest's shape and dtype: a member must be stored
+    uncompressed (as ``cstorch.export`` writes it) and hold exactly that many bytes, so a
+    small file cannot make the loader allocate more than the file holds."""
+    name, shape = entry["name"], tuple(entry["shape"])
+    try:
+        member = archive.getinfo(f"{key}.npy")
+    except KeyError:
+        raise ExportError(f"{STATE} of {path!r} lacks {name!r}.") from None
+    dtype = stored_dtype(entry["dtype"])
+    nbytes = dtype.itemsize
+    for d in shape:
+        nbytes *= d
+    if member.compress_type != zipfile.ZIP_STORED:
+        raise ExportError(f"{name!r} is compressed in {STATE} of {path!r}; cstorch.export "
+                          "stores state uncompressed, so this file was not written by it.")
+    if not nbytes <= member.file_size <= nbytes + MAX_NPY_HEADER_BYTES \
+            or member.compress_size != member.file_size:
+        raise ExportError(f"{name!r} takes {member.file_size} bytes in {STATE} of {path!r}, but "
+                          f"its manifest shape {shape} and dtype {entry['dtype']} need {nbytes}.")
+    with archive.open(member) as f:
+        version = np.lib.format.read_magic(f)
+        if version not in ((1, 0), (2, 0)):
+            raise ExportError(f"{name!r} in {STATE} of {path!r} has .npy version {version}.")
+        read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                       else np.lib.format.read_array_header_2_0)
+        stored_shape, fortran_order, stored = read_header(f)
+        if tuple(stored_shape) != shape or stored != dtype:
+            raise ExportError(f"{name!r} has shape {tuple(stored_shape)} and dtype {stored} in "
+                              f"{STATE} but {shape} and {dtype} in the manifest of {path!r}.")
+        if member.file_size - f.tell() != nbytes:
+            raise ExportError(f"{name!r} in {STATE} of {path!r} does not hold {nbytes} bytes.")
+        data = f.read(nbytes)
+    if len(data) != nbytes:
+        raise ExportError(f"{name!r} in {STATE} of {path!r} is truncated.")
+    return np.frombuffer(data, dtype).reshape(shape, order="F" if fortran_order else "C")
+
+
 def decode_array(array: np.ndarray, name: str):
     jnp = _jax().numpy
     dtype = jnp.dtype(name)
@@ -81,12 +161,19 @@ def decode_array(array: np.ndarray, name: str):
 
 def _read_manifest(path: str) -> dict:
     try:
-        with open(os.path.join(path, MANIFEST)) as f:
-            manifest = json.load(f)
+        with _open_regular(os.path.join(path, MANIFEST), "the manifest") as f:
+            text = f.read(MAX_MANIFEST_BYTES + 1)
+        if len(text) > MAX_MANIFEST_BYTES:
+            raise ExportError(f"the manifest of {path!r} is larger than "
+                              f"{MAX_MANIFEST_BYTES >> 20} MiB; it is not one cstorch wrote.")
+        manifest = json.loads(text.decode("utf-8"))
     except FileNotFoundError:
         raise ExportError(f"{path!r} is not an exported step: it has no {MANIFEST}. Write one "
                           "with cstorch.export(step, example_batch, path).") from None
-    except json.JSONDecodeError as error:
+    except NotADirectoryError:
+        raise ExportError(f"{path!r} is not an exported step (a directory written by "
+                          "cstorch.export).") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ExportError(f"{os.path.join(path, MANIFEST)} is not valid JSON: {error}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ExportError(f"{path!r} holds no {FORMAT} manifest.")
@@ -111,8 +198,10 @@ class ExportedStep:
         self.path = path
         self.manifest = manifest = _read_manifest(path)
         try:
-            with open(os.path.join(path, PROGRAM), "rb") as f:
+            with _open_regular(os.path.join(path, PROGRAM), PROGRAM) as f:
                 self.exported = jax.export.deserialize(bytearray(f.read()))
+        except ExportError:
+            raise
         except OSError as error:
             raise ExportError(f"cannot read {PROGRAM} of {path!r}: {error}") from None
         except Exception as error:  # noqa: BLE001 - any decoding failure means damage
@@ -121,22 +210,18 @@ class ExportedStep:
         for entry in manifest["state"]:
             if not (isinstance(entry, dict) and isinstance(entry.get("name"), str)
                     and isinstance(entry.get("shape"), list)
+                    and all(type(d) is int and 0 <= d < 1 << 62 for d in entry["shape"])
                     and isinstance(entry.get("dtype"), str)):
                 raise ExportError(f"the manifest of {path!r} has a malformed state entry "
-                                  f"{entry!r}.")
+                                  f"{str(entry)[:200]}.")
         self.kinds = {entry["name"]: entry.get("kind") for entry in manifest["state"]}
         state = {}
         try:
-            with np.load(os.path.join(path, STATE), allow_pickle=False) as stored:
+            with _open_regular(os.path.join(path, STATE), STATE) as f, \
+                    zipfile.ZipFile(f) as archive:
                 for i, entry in enumerate(manifest["state"]):
-                    key = f"s{i}"
-                    if key not in stored:
-                        raise ExportError(f"{STATE} of {path!r} lacks {entry['name']!r}.")
-                    array = decode_array(stored[key], entry["dtype"])
-                    if list(array.shape) != list(entry["shape"]):
-                        raise ExportError(f"{entry['name']!r} has shape {array.shape} in {STATE} "
-                                          f"but {tuple(entry['shape'])} in the manifest.")
-                    state[entry["name"]] = jax.numpy.asarray(array)
+                    array = _read_state_array(archive, f"s{i}", entry, path)
+                    state[entry["name"]] = jax.numpy.asarray(decode_array(array, entry["dtype"]))
         except ExportError:
             raise
         except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as error:

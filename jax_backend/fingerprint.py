@@ -9,7 +9,9 @@ optimizers) and hashes what can change the trace:
 * state tensors by their place in the state list (their values are inputs of the graph),
   other tensors by shape, dtype and the sha256 of their bytes (they become graph constants);
 * functions by their code (bytecode, constants, names, nested code), defaults, closure
-  cells and, for code outside the libraries, the module globals their code names;
+  cells and, for code outside the libraries, the module globals their code names and the
+  attributes it names of modules among them (``config.lr``, ``getattr(config, "lr")``,
+  ``F.gelu``: the object found there now, so a replaced library function is seen);
 * objects by their type and their ``__dict__``/``__slots__``; classes defined outside the
   libraries by their methods (code and the globals those name).
 
@@ -23,7 +25,8 @@ Library functions (torch, jax, jaxlib, the standard library) are hashed with the
 but their globals are not walked: the libraries' versions are part of the key. The same
 holds for this project's code and packages under ``register_project_dir`` (their files are
 covered by the cache's file list). Code without a file (``python -c``, notebook cells) is
-user code.
+user code. User code installed in a library module or a torch class at run time
+(``torch.nn.functional.gelu = my_gelu``) is found by ``replaced_library_attributes``.
 """
 
 from __future__ import annotations
@@ -133,6 +136,83 @@ def _global_names(code: types.CodeType) -> list:
         if isinstance(const, types.CodeType):
             names += _global_names(const)
     return list(dict.fromkeys(names))
+
+
+def _attribute_names(code: types.CodeType) -> list:
+    """The names a code object may read as attributes: ``co_names`` (``config.lr``) and the
+    identifier-like string constants (``getattr(config, "lr")``), of nested code too."""
+    names = list(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names += _attribute_names(const)
+        elif isinstance(const, str) and const.isidentifier():
+            names.append(const)
+    return list(dict.fromkeys(names))
+
+
+@functools.lru_cache(maxsize=None)
+def _is_named_file(filename: str) -> bool:
+    """Library or project code: identified by name and version, never hashed."""
+    return is_library_file(filename) or _is_project_file(filename)
+
+
+def _foreign_code(value) -> bool:
+    """Whether ``value`` is a user's function (or a user class's instance, or a partial or
+    bound method of a user's function) rather than library or project code. A function made
+    by ``exec`` (no source file) belongs to the module its globals name; libraries make such
+    functions too (scipy, typing_inspection), some in a namespace naming no module at all,
+    which we take for the library's (user code run by ``exec`` names ``__main__``)."""
+    kind = type(value)
+    if kind is types.FunctionType:
+        filename = value.__code__.co_filename
+        if not _is_real_file(filename):
+            if value.__module__ is None:
+                return False
+            filename = _module_file(value.__module__) or filename
+        return not _is_named_file(filename)
+    if kind is types.MethodType:
+        return _foreign_code(value.__func__)
+    if kind is functools.partial:
+        return _foreign_code(value.func)
+    return _is_user_type(kind)
+
+
+@functools.lru_cache(maxsize=None)
+def _is_user_type(cls) -> bool:
+    if not _is_python_class(cls):
+        return False
+    filename = _module_file(cls.__module__)
+    return filename is not None and not _is_named_file(filename)
+
+
+#: Library classes whose methods scripts replace (``torch.Tensor.foo = ...``).
+_PATCHED_CLASSES = ("torch.Tensor", "torch.nn.Module", "torch.nn.Parameter")
+
+
+def replaced_library_attributes() -> dict:
+    """``{"module.name": value}`` for every attribute of a loaded library module (and of a
+    few torch classes) that holds user code: a library function replaced at run time
+    (``torch.nn.functional.gelu = my_gelu``). Library code calls it by that name, so what it
+    does must be in the key; a hit reached through code we do not walk would miss it.
+    (Replacing a library function by another library function is seen only where user code
+    names it.)"""
+    found = {}
+    for name, module in list(sys.modules.items()):
+        filename = getattr(module, "__file__", None)
+        if not isinstance(module, types.ModuleType) or not isinstance(filename, str) \
+                or not is_library_file(filename):
+            continue
+        for attribute, value in list(vars(module).items()):
+            if _foreign_code(value):
+                found[f"{name}.{attribute}"] = value
+    for qualified in _PATCHED_CLASSES:
+        module_name, _, class_name = qualified.rpartition(".")
+        cls = getattr(sys.modules.get(module_name), class_name, None)
+        for attribute, value in list(vars(cls).items()) if isinstance(cls, type) else ():
+            if _foreign_code(value) or (isinstance(value, (staticmethod, classmethod))
+                                        and _foreign_code(value.__func__)):
+                found[f"{qualified}.{attribute}"] = value
+    return dict(sorted(found.items()))
 
 
 def _module_file(module_name) -> str | None:
@@ -360,6 +440,7 @@ class Fingerprinter:
         self._emit("function", fn.__module__ or "", fn.__qualname__, code_digest(code))
         self._child("__defaults__", fn.__defaults__)
         self._child("__kwdefaults__", fn.__kwdefaults__)
+        user_code = not is_library_file(filename) and not _is_project_file(filename)
         for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
             try:
                 contents = cell.cell_contents
@@ -367,6 +448,8 @@ class Fingerprinter:
                 self._emit("empty cell", name)
                 continue
             self._child(name, contents)
+            if user_code and isinstance(contents, types.ModuleType):  # a function-local import
+                self._module_attributes(name, contents, _attribute_names(code), set())
         if is_library_file(filename):
             wrapped = getattr(fn, "__wrapped__", None)
             if wrapped is not None:  # a library decorator around user code
@@ -374,23 +457,35 @@ class Fingerprinter:
             return
         if _is_real_file(filename):
             self.files.add(os.path.abspath(filename))
-        if not _is_project_file(filename):
+        if user_code:
             self._globals(code, fn.__globals__)
 
     def _globals(self, code, namespace) -> None:
-        """The globals user code names, and the attributes it names of user modules among
-        them (``config.lr`` after ``import config``: set at run time, not in any file)."""
+        """The globals user code names, and the attributes it names of modules among them,
+        through submodules: ``config.lr`` after ``import config`` (set at run time, not in
+        any file), ``getattr(config, "lr")``, and ``F.gelu`` / ``torch.nn.functional.gelu``
+        as the object found there now (a library function replaced at run time)."""
         names = _global_names(code)
+        attribute_names = _attribute_names(code)
         for name in names:
             if name not in namespace or name.startswith("__"):
                 continue
             value = namespace[name]
             self._child(name, value)
-            if isinstance(value, types.ModuleType) and _is_user_module(value):
-                attributes = vars(value)
-                for attribute in names:
-                    if attribute in attributes and not attribute.startswith("__"):
-                        self._child(f"{name}.{attribute}", attributes[attribute])
+            if isinstance(value, types.ModuleType):
+                self._module_attributes(name, value, attribute_names, set())
+
+    def _module_attributes(self, label, module, names, visited) -> None:
+        if id(module) in visited or len(visited) > 64:
+            return
+        visited.add(id(module))
+        attributes = vars(module)
+        for attribute in names:
+            if attribute in attributes and not attribute.startswith("__"):
+                value = attributes[attribute]
+                self._child(f"{label}.{attribute}", value)
+                if isinstance(value, types.ModuleType):
+                    self._module_attributes(f"{label}.{attribute}", value, names, visited)
 
     def _class(self, cls) -> None:
         self._emit("class", cls.__module__, cls.__qualname__)
@@ -458,13 +553,6 @@ def torch_global_hooks() -> dict:
 
 def _type_name(cls) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _is_user_module(module) -> bool:
-    filename = getattr(module, "__file__", None)
-    if not isinstance(filename, str) or not _is_real_file(filename):
-        return module.__name__ not in sys.builtin_module_names
-    return not is_library_file(filename) and not _is_project_file(filename)
 
 
 def _is_python_class(cls) -> bool:

@@ -1,12 +1,18 @@
 """A persistent cache of captured steps, so a second run of an unchanged script skips capture.
 
-Capture (``capture.py``) runs the step under two tracers and costs about a second on a small
-model; JAX's persistent cache (``compilation_cache``) already skips XLA compilation, so the
-capture was what a warm start still paid for. An entry stores a ``CapturedStep`` as data:
+**Off unless asked for** (``CSTORCH_GRAPH_CACHE=DIR``, or ``on`` for
+``$XDG_CACHE_HOME/cstorch-jax/graphs``): a hit replays the graph of an earlier process, so
+it is only right if the key covers everything the step read while it was traced, and some
+reads (the time, a network answer, a file read by C code) cannot be keyed. JAX's persistent
+cache (``compilation_cache``, on by default, never stale) already skips XLA compilation;
+this cache skips the capture on top of it (about a second on a small model).
 
-* one file ``<key>.npz`` (a zip written to a temporary name and renamed, so readers see a
-  whole entry or none) holding ``entry``, the UTF-8 JSON below, and the graph's constant
-  tensors as raw bytes, read with ``allow_pickle=False``;
+An entry stores a ``CapturedStep`` as data:
+
+* one file ``<key>.npz``: ``MAGIC``, an HMAC-SHA256 of the key and the payload, then the
+  payload, a zip holding ``entry``, the UTF-8 JSON below, and the graph's constant tensors
+  as raw bytes, read with ``allow_pickle=False``. It is written to a temporary name and
+  renamed, so readers see a whole entry or none;
 * the JSON: the format version, the key, the graph's nodes (op kind; target as the name of
   an ATen/custom ``OpOverload``, resolved through ``torch.ops`` and accepted only if it has a
   lowering, or ``getitem``; arguments built from a closed set of scalar types, dtypes,
@@ -14,34 +20,49 @@ capture was what a warm start still paid for. An entry stores a ``CapturedStep``
   shape, stride and dtype), the state and output layout, the output structure (tuples,
   lists, dicts and ``None`` only), non-tensor outputs (JSON scalars only), the caller's
   ``extras`` (plain JSON), the specs of the ``cstorch::optimizer_step`` nodes (whose key is
-  a hash of the spec, checked), and the source files the entry was made with.
+  a hash of the spec, checked), and the files the entry depends on.
 
 Node metadata comes back as meta tensors (shape, stride, dtype: all the lowering reads).
 A graph holding a ``cstorch::optax_update`` (a user's Python object) is not stored.
 
-Nothing read from an entry is executed: no pickle, ``eval`` or ``torch.load``. An entry that
-is truncated, corrupt, foreign, too large, of another format, names an op that is not
-lowered, or whose placeholders do not have the shapes and dtypes of the current state and
-inputs, is a miss with a one-line ``GraphCacheWarning``; a missing entry is a silent miss.
+**Integrity.** The directory must be this user's and not writable by others (a new one is
+made 0700; in a shared directory such as a 1777 one, a private subdirectory
+``cstorch-graphs-uid<N>`` is used instead; if that is not possible the cache is off, with
+one warning). It holds a random per-user secret (``SECRET``, 0600, created atomically);
+every entry carries the HMAC of its key and content under that secret. An entry is opened
+with ``O_NOFOLLOW | O_NONBLOCK`` and checked with ``fstat`` before a byte is read: a
+symbolic link, a FIFO or device, a file of another owner, or one larger than
+``MAX_FILE_BYTES`` is refused, and so is any entry whose HMAC does not match (edited,
+re-zipped, copied from elsewhere). Nothing read from an entry is executed: no pickle,
+``eval`` or ``torch.load``. An entry that is refused, truncated, corrupt, of another format,
+names an op that is not lowered, or whose placeholders do not have the shapes and dtypes of
+the current state and inputs, is a miss with a one-line ``GraphCacheWarning``; a missing
+entry is a silent miss.
 
 **The key** (``step_key``) is a sha256 over the caller's ``Fingerprinter`` (the step's code
-and every value reachable from it, see ``fingerprint.py``), the decompositions, the state
-layout (each slot's name, shape, dtype, ``requires_grad`` and which slots share a tensor),
-the inputs (shape, stride, dtype), the precision policy, torch's global modes and module
-hooks (an active torch function/dispatch mode makes a step not cacheable), the caller's
-``extra`` string, and the torch, jax, jaxlib, Python and project versions. **The source
-files** are checked on load: every loaded module outside torch, jax, jaxlib and the standard
-library is listed in the entry with the sha256 of its bytes (installed packages under
-site-packages: size and modification time); any difference, or a module now loaded that the
-entry does not list, is a miss. This covers every file whose code could have run during the
-capture (this project's included) without tracing the capture itself: recording executed
-code with ``sys.settrace``/``sys.setprofile``/``cProfile`` was measured to double capture
-time, which every first run would pay.
+and every value reachable from it, see ``fingerprint.py``), the process's inputs
+(``sys.argv``, the environment but ``IGNORED_ENVIRONMENT``, the working directory), user
+code installed in library modules (``fingerprint.replaced_library_attributes``), the
+decompositions, the state layout (each slot's name, shape, dtype, ``requires_grad`` and
+which slots share a tensor), the inputs (shape, stride, dtype), the precision policy,
+torch's global modes and module hooks (an active torch function/dispatch mode makes a step
+not cacheable), the caller's ``extra`` string, and the torch, jax, jaxlib, Python and
+project versions.
 
-Where it lives, in order: ``CSTORCH_GRAPH_CACHE`` (a directory, or ``off``), else
-``$XDG_CACHE_HOME/cstorch-jax/graphs`` (``~/.cache/cstorch-jax/graphs``). The directory is
-safe to delete at any time. Hits, misses and stores are reported as ``jax.monitoring`` events
-(``EVENT_*``) and logged at debug level by the ``jax_backend.graph_cache`` logger.
+**The files** are checked on load: every loaded module outside torch, jax, jaxlib and the
+standard library is listed in the entry with the sha256 of its bytes (installed packages
+under site-packages: size and modification time), and so is every file opened through
+Python while the step was traced (``watching_capture``: a config or data file read by
+``open``, ``json``, ``numpy``); any difference, or a module now loaded that the entry does
+not list, is a miss. A capture that opens a file for writing, a FIFO or a device, or draws
+numbers from Python's or numpy's global random generator, is not stored. This covers every
+file whose code could have run during the capture (this project's included) without
+tracing the capture itself: recording executed code with ``sys.settrace``/``cProfile`` was
+measured to double capture time, which every first run would pay.
+
+The directory is safe to delete at any time. Hits, misses and stores are reported as
+``jax.monitoring`` events (``EVENT_*``) and logged at debug level by the
+``jax_backend.graph_cache`` logger.
 """
 
 from __future__ import annotations
@@ -50,17 +71,21 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
+import hmac
 import importlib.metadata
+import io
 import json
 import logging
 import operator
 import os
+import random
 import re
 import site
 import stat
 import sys
 import sysconfig
 import tempfile
+import threading
 import warnings
 import zipfile
 
@@ -73,13 +98,23 @@ from torch.utils import _pytree as pytree
 
 from jax_backend import fingerprint, optimizers, torch_ops, torch_versions
 from jax_backend.capture import CapturedStep
-from jax_backend.compilation_cache import cache_directory
+from jax_backend import config
 from jax_backend.config import graph_cache as _setting
 from jax_backend.registry import has_lowering, lowered_namespaces
+from jax_backend.regular_files import open_regular
 from jax_backend.state import plain_type
 
 ENV_VAR = _setting.env_var
-FORMAT = 1
+FORMAT = 2
+MAGIC = b"cstorch-graph-cache 2\n"
+SECRET = ".hmac-secret"
+SECRET_BYTES = 32
+
+#: Environment variables left out of the key: they differ between terminal or SSH sessions
+#: and say nothing a step could compute with (and the cache's own location).
+IGNORED_ENVIRONMENT = frozenset({
+    ENV_VAR, "_", "OLDPWD", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK",
+    "XDG_SESSION_ID", "TERM_SESSION_ID", "WINDOWID", "TMUX_PANE"})
 
 #: Bounds on what is read back: larger or stranger entries are refused as corrupt.
 MAX_FILE_BYTES = 512 * 1024 * 1024
@@ -97,8 +132,8 @@ logger = logging.getLogger(__name__)
 
 
 class GraphCacheWarning(UserWarning):
-    """A graph cache entry could not be used (corrupt, truncated or foreign); the step is
-    captured again and the entry replaced."""
+    """A graph cache entry could not be used (corrupt, truncated, foreign or refused); the
+    step is captured again and the entry replaced."""
 
 
 class CorruptEntry(ValueError):
@@ -107,12 +142,96 @@ class CorruptEntry(ValueError):
 
 # ------------------------------------------------------------------------------ directory
 def default_directory() -> str | None:
-    """The cache directory the environment asks for, or None when it is switched off."""
-    return cache_directory(ENV_VAR, "graphs")
+    """The cache directory the environment asks for, or None (the default: off)."""
+    return config.cache_directory(_setting, "graphs")
+
+
+def _user() -> int:
+    return os.geteuid()
+
+
+def _is_private(st: os.stat_result) -> bool:
+    """A directory of this user that no one else can write to."""
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == _user() and not st.st_mode & 0o022
+
+
+@dataclasses.dataclass(frozen=True)
+class _Directory:
+    path: str
+    secret: bytes
+
+
+_directories: dict = {}  # requested path -> _Directory, or None once refused
+_directories_lock = threading.Lock()
+
+
+def _open_directory(directory: str) -> _Directory | None:
+    """The usable form of ``directory`` (once per process), or None, with one warning."""
+    with _directories_lock:
+        if directory not in _directories:
+            try:
+                _directories[directory] = _prepare(directory)
+            except OSError as err:
+                warnings.warn(f"The graph cache is off: {err}", GraphCacheWarning, stacklevel=3)
+                _directories[directory] = None
+        return _directories[directory]
+
+
+def _prepare(directory: str) -> _Directory:
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    st = os.stat(directory)
+    if not _is_private(st):
+        private = os.path.join(directory, f"cstorch-graphs-uid{_user()}")
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(private, 0o700)
+        sub = os.lstat(private)
+        if not _is_private(sub) or sub.st_mode & 0o077:
+            shared = "writable by others" if st.st_uid == _user() else "another user's"
+            raise OSError(
+                f"{directory!r} is {shared} (mode {stat.filemode(st.st_mode)}) and its "
+                f"private subdirectory {private!r} is not this user's alone (mode "
+                f"{stat.filemode(sub.st_mode)}, owner {sub.st_uid}). Set {ENV_VAR} to a "
+                "directory of your own.")
+        logger.debug("graph cache: %s is shared; using %s", directory, private)
+        directory = private
+    return _Directory(directory, _secret(directory))
+
+
+def _secret(directory: str) -> bytes:
+    """The directory's HMAC key: read, or created atomically (a whole file or none)."""
+    path = os.path.join(directory, SECRET)
+    for _ in range(2):
+        try:
+            fd = open_regular(path, "the graph cache's secret", follow_symlinks=False)
+        except FileNotFoundError:
+            fd_new, temporary = tempfile.mkstemp(prefix=".secret.", dir=directory)  # 0600
+            try:
+                with os.fdopen(fd_new, "wb") as f:
+                    f.write(os.urandom(SECRET_BYTES))
+                    f.flush()
+                    os.fsync(f.fileno())
+                with contextlib.suppress(FileExistsError):  # another process made it first
+                    os.link(temporary, path)
+            finally:
+                os.unlink(temporary)
+            continue
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            secret = f.read(SECRET_BYTES + 1)
+        if st.st_uid != _user() or st.st_mode & 0o077 or len(secret) != SECRET_BYTES:
+            raise OSError(f"its secret {path!r} is not a {SECRET_BYTES}-byte file that only "
+                          f"this user can read (owner {st.st_uid}, mode "
+                          f"{stat.filemode(st.st_mode)}); delete the directory to start afresh.")
+        return secret
+    raise OSError(f"cannot create the secret {path!r}")
 
 
 def _entry_path(directory: str, key: str) -> str:
     return os.path.join(directory, f"{key}.npz")
+
+
+def _mac(secret: bytes, key: str, payload: bytes) -> bytes:
+    return hmac.new(secret, MAGIC + key.encode() + b"\0" + payload, hashlib.sha256).digest()
 
 
 # ------------------------------------------------------------------------------------ key
@@ -141,6 +260,16 @@ def _torch_modes() -> list:
             str(torch.get_autocast_dtype("cpu"))]
 
 
+def process_inputs() -> dict:
+    """What a step can read from the process rather than from its objects: the command
+    line, the environment (less ``IGNORED_ENVIRONMENT``) and the working directory (what
+    relative paths mean)."""
+    return {"argv": list(sys.argv),
+            "environment": {k: v for k, v in sorted(os.environ.items())
+                            if k not in IGNORED_ENVIRONMENT},
+            "cwd": os.getcwd()}
+
+
 def _tensor_signature(t: torch.Tensor) -> list:
     # The plain class: whether DeviceState has guarded a tensor yet must not change the key.
     return [list(t.shape), list(t.stride()), str(t.dtype), t.requires_grad,
@@ -153,6 +282,9 @@ def step_key(fingerprinter: fingerprint.Fingerprinter, slots, inputs, policy, de
     Raises ``fingerprint.NotCacheable`` if some part cannot be fingerprinted."""
     fingerprinter.add("decompositions", {str(op): fn for op, fn in (decompositions or {}).items()})
     fingerprinter.add("torch's global module hooks", fingerprint.torch_global_hooks())
+    fingerprinter.add("the process", process_inputs())
+    fingerprinter.add("library attributes replaced by user code",
+                      fingerprint.replaced_library_attributes())
     index_of, layout = {}, []
     for slot in slots:
         tensor = slot.get()
@@ -163,7 +295,7 @@ def step_key(fingerprinter: fingerprint.Fingerprinter, slots, inputs, policy, de
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
-# ---------------------------------------------------------------------------- source files
+# ---------------------------------------------------------------------------------- files
 @functools.lru_cache(maxsize=1)
 def _installed_dirs() -> tuple:
     dirs = set(site.getsitepackages()) | {site.getusersitepackages()}
@@ -174,7 +306,7 @@ def _installed_dirs() -> tuple:
 @functools.lru_cache(maxsize=8192)
 def _content_digest(path: str, size: int, mtime_ns: int) -> str:
     del size, mtime_ns  # part of the lru key: a changed file is hashed again
-    with open(path, "rb") as f:
+    with os.fdopen(open_regular(path), "rb") as f:
         return "sha256:" + hashlib.sha256(f.read()).hexdigest()
 
 
@@ -187,7 +319,10 @@ def _file_digest(path: str) -> str:
         return "not a source file"
     if path.startswith(_installed_dirs()):
         return f"stat:{st.st_size}:{st.st_mtime_ns}"
-    return _content_digest(path, st.st_size, st.st_mtime_ns)
+    try:
+        return _content_digest(path, st.st_size, st.st_mtime_ns)
+    except OSError:
+        return "not a source file"
 
 
 def loaded_source_files() -> set:
@@ -201,15 +336,19 @@ def loaded_source_files() -> set:
     return files
 
 
-def source_files(extra=()) -> dict:
-    """``{path: digest}`` of ``loaded_source_files()`` and ``extra`` (e.g. the fingerprint's
-    files, which may belong to no registered module). Raises NotCacheable if one of them
-    cannot be read (code loaded from a zip, a deleted file): a change would go unseen."""
-    files = {path: _file_digest(path) for path in sorted(loaded_source_files() | set(extra))}
-    unreadable = [path for path, digest in files.items() if ":" not in digest]
+def source_files(extra=(), read=()) -> dict:
+    """``{path: digest}`` of ``loaded_source_files()``, ``extra`` (e.g. the fingerprint's
+    files, which may belong to no registered module) and ``read`` (files the trace opened;
+    these may be absent: opening one failed, and creating it must be a miss). Raises
+    NotCacheable if one of them cannot be read as a regular file (code loaded from a zip, a
+    deleted module, a FIFO or device read by the step): a change would go unseen."""
+    paths = loaded_source_files() | set(extra)
+    files = {path: _file_digest(path) for path in sorted(paths | set(read))}
+    unreadable = [path for path, digest in files.items()
+                  if ":" not in digest and not (digest == "absent" and path not in paths)]
     if unreadable:
-        raise fingerprint.NotCacheable(f"code was loaded from {unreadable[0]}, which cannot "
-                                       "be read as a file")
+        raise fingerprint.NotCacheable(f"the step depends on {unreadable[0]}, which cannot "
+                                       "be read as a regular file")
     return files
 
 
@@ -222,6 +361,80 @@ def _stale_file(stored: dict, extra=()) -> str | None:
         if _file_digest(path) != digest:
             return f"{path} changed"
     return None
+
+
+def _global_random_states():
+    """The states of Python's and numpy's global random generators."""
+    return random.getstate(), np.random.get_state(legacy=False)
+
+
+class CaptureRecord:
+    """What a capture did besides building the graph: ``read``, the files one thread opened
+    through Python (``open``, ``os.open``, ``io.open_code``) while ``watching_capture`` was
+    active; ``problem``, set if it opened a file for writing or by descriptor, or drew
+    numbers from Python's or numpy's global random generator (a hit would not repeat that,
+    and the numbers drawn are baked into the graph)."""
+
+    def __init__(self):
+        self.thread = threading.get_ident()
+        self.read: set = set()
+        self.problem: str | None = None
+
+
+_records: list = []  # active CaptureRecords, innermost last
+_audit_hook_added = False
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+
+
+def _audit(event, args):
+    if not _records or event != "open":
+        return
+    record = _records[-1]
+    if record.thread != threading.get_ident():
+        return
+    try:  # an audit hook must not raise: that would fail the user's open()
+        path, mode, flags = args
+        if isinstance(path, int):
+            record.problem = record.problem or f"the step opened file descriptor {path}"
+            return
+        path = os.path.abspath(os.fsdecode(path))
+        writes = any(c in mode for c in "wax+") if isinstance(mode, str) \
+            else bool((flags or 0) & _WRITE_FLAGS)
+        if writes:
+            record.problem = record.problem or f"the step opened {path} for writing"
+        else:
+            record.read.add(path)
+    except Exception as err:  # noqa: BLE001
+        record.problem = record.problem or f"an open() the cache could not follow ({err})"
+
+
+@contextlib.contextmanager
+def watching_capture():
+    """A ``CaptureRecord`` of the block: the files the current thread opens through Python
+    (e.g. a config file the step reads while it is traced: their contents then belong to
+    the entry, checked on every load) and whether it drew global random numbers. The audit
+    hook is added once, the first time a cache is used (``sys.addaudithook`` cannot remove
+    it; it returns at once when nothing records)."""
+    global _audit_hook_added
+    if not _audit_hook_added:
+        sys.addaudithook(_audit)
+        _audit_hook_added = True
+    record = CaptureRecord()
+    random_before = _global_random_states()
+    _records.append(record)
+    try:
+        yield record
+    finally:
+        _records.remove(record)
+    python_after, numpy_after = _global_random_states()
+    if python_after != random_before[0] or not _same_numpy_state(random_before[1], numpy_after):
+        record.problem = record.problem or "the step drew numbers from Python's or numpy's " \
+            "global random generator while it was traced"
+
+
+def _same_numpy_state(a: dict, b: dict) -> bool:
+    return json.dumps(a, sort_keys=True, default=lambda x: np.asarray(x).tolist()) == \
+        json.dumps(b, sort_keys=True, default=lambda x: np.asarray(x).tolist())
 
 
 # -------------------------------------------------------------------------------- encoding
@@ -574,15 +787,14 @@ class Entry:
 
 def load(directory: str, key: str, state: list, inputs: list, extra_files=()) -> Entry | None:
     """The entry stored under ``key`` for a step over the unique ``state`` tensors and
-    ``inputs``, or None (a miss: absent, stale or unreadable)."""
-    path = _entry_path(directory, key)
+    ``inputs``, or None (a miss: absent, refused, stale or unreadable)."""
+    where = _open_directory(directory)
+    if where is None:
+        return _miss(key, "the cache directory was refused")
+    path = _entry_path(where.path, key)
     try:
-        size = os.stat(path).st_size
-    except OSError:
-        return _miss(key, "no entry")
-    try:
-        _check(size <= MAX_FILE_BYTES, f"{size} bytes, more than the limit")
-        doc, arrays = _read(path)
+        payload = _read_authenticated(where, key, path)
+        doc, arrays = _read(payload)
         _check(doc.get("versions") == versions(), "written by another version")
         _check(doc.get("key") == key, "stored under another key")
         files = doc.get("files")
@@ -592,6 +804,8 @@ def load(directory: str, key: str, state: list, inputs: list, extra_files=()) ->
         if stale is not None:
             return _miss(key, stale)
         captured, extras = decode(doc, arrays, state, inputs)
+    except FileNotFoundError:
+        return _miss(key, "no entry")
     except Exception as err:  # noqa: BLE001 - whatever is wrong with an entry, it is a miss
         warnings.warn(f"Ignoring graph cache entry {path} ({type(err).__name__}: "
                       f"{str(err)[:200]}); the step is captured again.", GraphCacheWarning,
@@ -604,8 +818,10 @@ def load(directory: str, key: str, state: list, inputs: list, extra_files=()) ->
 
 def discard(directory: str, key: str) -> None:
     """Removes the entry stored under ``key`` (one that turned out not to work)."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(_entry_path(directory, key))
+    where = _open_directory(directory)
+    if where is not None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(_entry_path(where.path, key))
 
 
 def _miss(key, reason):
@@ -614,8 +830,26 @@ def _miss(key, reason):
     return None
 
 
-def _read(path):
-    with zipfile.ZipFile(path) as archive:
+def _read_authenticated(where: _Directory, key: str, path: str) -> bytes:
+    """The payload of the entry at ``path``, once it is known to be a regular file of this
+    user (checked on the open descriptor, before reading) whose HMAC matches."""
+    fd = open_regular(path, "graph cache entry", follow_symlinks=False)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        _check(st.st_uid == _user(), f"owned by user id {st.st_uid}, not by this user")
+        _check(st.st_size <= MAX_FILE_BYTES, f"{st.st_size} bytes, more than the limit")
+        data = f.read(MAX_FILE_BYTES + 1)
+    _check(len(data) <= MAX_FILE_BYTES, "more than the limit")
+    head = len(MAGIC) + hashlib.sha256().digest_size
+    _check(data[:len(MAGIC)] == MAGIC, "not an entry of this format")
+    payload = data[head:]
+    _check(hmac.compare_digest(data[len(MAGIC):head], _mac(where.secret, key, payload)),
+           "its HMAC does not match: it was changed, or written with another secret")
+    return payload
+
+
+def _read(payload: bytes):
+    with zipfile.ZipFile(io.BytesIO(payload)) as archive:
         members = archive.infolist()
         _check(all(m.compress_type == zipfile.ZIP_STORED for m in members), "compressed members")
         _check(sum(m.file_size for m in members) <= MAX_FILE_BYTES, "members too large")
@@ -632,7 +866,7 @@ def _read(path):
                 shape, _, dtype = read_header(f)
                 _check(dtype == np.uint8 and len(shape) == 1
                        and shape[0] <= member.file_size, "an array larger than its member")
-    with np.load(path, allow_pickle=False) as npz:
+    with np.load(io.BytesIO(payload), allow_pickle=False) as npz:
         raw = npz["entry"]
         _check(raw.dtype == np.uint8 and raw.ndim == 1 and raw.nbytes <= MAX_JSON_BYTES,
                "a malformed entry record")
@@ -642,11 +876,15 @@ def _read(path):
 
 
 def store(directory: str, key: str, captured: CapturedStep, extras: dict,
-          extra_files=()) -> bool:
+          extra_files=(), read_files=()) -> bool:
     """Writes an entry atomically; False (and nothing written) if the step is not cacheable
-    or the directory is not writable: the cache must never stop training."""
+    or the directory is refused or not writable: the cache must never stop training.
+    ``read_files``: the files the trace opened (``watching_capture``)."""
+    where = _open_directory(directory)
+    if where is None:
+        return False
     try:
-        text, constants = encode(captured, extras, source_files(extra_files), key)
+        text, constants = encode(captured, extras, source_files(extra_files, read_files), key)
     except fingerprint.NotCacheable as err:
         logger.debug("graph cache: not storing %s: %s", key, err)
         return False
@@ -657,18 +895,20 @@ def store(directory: str, key: str, captured: CapturedStep, extras: dict,
     for i, t in enumerate(constants):
         arrays[f"c{i}"] = t.reshape(-1).view(torch.uint8).numpy() if t.numel() \
             else np.zeros(0, np.uint8)
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    payload = buffer.getvalue()
     try:
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=directory)
+        fd, tmp = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=where.path)
         try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, **arrays)
-            os.replace(tmp, _entry_path(directory, key))
+            with os.fdopen(fd, "wb") as f:  # mkstemp: 0600, this user's
+                f.write(MAGIC + _mac(where.secret, key, payload) + payload)
+            os.replace(tmp, _entry_path(where.path, key))
         except BaseException:
             os.unlink(tmp)
             raise
     except OSError as err:
-        logger.debug("graph cache: cannot write %s: %s", directory, err)
+        logger.debug("graph cache: cannot write %s: %s", where.path, err)
         return False
     jax.monitoring.record_event(EVENT_STORE)
     logger.debug("graph cache stored %s", key)

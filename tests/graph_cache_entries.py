@@ -1,19 +1,50 @@
-"""Editing graph-cache entries in tests (tampered, damaged or altered entries)."""
+"""Editing graph-cache entries in tests (tampered, damaged or altered entries).
 
+An entry is ``MAGIC``, an HMAC, then a zip payload. An edit keeps the old HMAC unless
+``sign=True``: kept, it is what an attacker without the secret can do (the cache must refuse
+it); signed again with the directory's secret, it tests the decoder's own checks, which stand
+behind the HMAC.
+"""
+
+import io
 import json
+import os
 
 import numpy as np
 
+from jax_backend import graph_cache
 
-def rewrite_entry(path, edit):
-    """Rewrites an entry's JSON with ``edit(doc)`` (keeping its constants)."""
-    with np.load(path, allow_pickle=False) as npz:
-        arrays = {name: npz[name] for name in npz.files}
-    doc = json.loads(arrays["entry"].tobytes())
-    edit(doc)
-    arrays["entry"] = np.frombuffer(json.dumps(doc).encode(), np.uint8)
+_HEAD = len(graph_cache.MAGIC) + 32
+
+
+def rewrite_payload(path, edit, sign=False):
+    """Replaces an entry's payload (the zip) with ``edit(payload bytes)``."""
+    path = os.fspath(path)
+    data = open(path, "rb").read()
+    head, payload = data[:_HEAD], edit(data[_HEAD:])
+    if sign:
+        directory = os.path.dirname(path)
+        secret = open(os.path.join(directory, graph_cache.SECRET), "rb").read()
+        key = os.path.basename(path).removesuffix(".npz")
+        head = graph_cache.MAGIC + graph_cache._mac(secret, key, payload)
     with open(path, "wb") as f:
-        np.savez(f, **arrays)
+        f.write(head + payload)
+
+
+def rewrite_entry(path, edit, sign=False):
+    """Rewrites an entry's JSON with ``edit(doc)`` (keeping its constants), re-zipped as the
+    cache writes it."""
+    def rewrite(payload):
+        with np.load(io.BytesIO(payload), allow_pickle=False) as npz:
+            arrays = {name: npz[name] for name in npz.files}
+        doc = json.loads(arrays["entry"].tobytes())
+        edit(doc)
+        arrays["entry"] = np.frombuffer(json.dumps(doc).encode(), np.uint8)
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)
+        return buffer.getvalue()
+
+    rewrite_payload(path, rewrite, sign)
 
 
 def first_node(doc, op_prefix):

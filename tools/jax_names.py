@@ -12,6 +12,7 @@ running the test suite there (README "Versions").
 from __future__ import annotations
 
 import ast
+import copy
 import importlib
 import pathlib
 import sys
@@ -65,7 +66,42 @@ def names_in(tree) -> tuple:
             parts = _dotted(node.args[0])
             if parts and parts[0] in aliases:
                 optional.add(".".join([aliases[parts[0]]] + parts[1:] + [node.args[1].value]))
+    # The other branch of ``if hasattr(jax..., "name"):`` is the fallback for releases
+    # without that name: what only it uses need exist only there.
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and node.orelse and _hasattr_of_jax(node.test, aliases):
+            fallback = names_in(ast.Module(body=node.orelse, type_ignores=[]))[0]
+            optional |= fallback - names_in(_without(tree, node.orelse))[0]
     return used | {f"jax.config:{option}" for option in options}, optional
+
+
+def _hasattr_of_jax(test, aliases) -> bool:
+    if not (isinstance(test, ast.Call) and isinstance(test.func, ast.Name)
+            and test.func.id == "hasattr" and len(test.args) == 2):
+        return False
+    parts = _dotted(test.args[0])
+    return bool(parts) and parts[0] in aliases
+
+
+def _without(tree, statements):
+    """A copy of ``tree`` without ``statements`` (the original is left as it is)."""
+    for statement in statements:
+        statement.jax_names_drop = True
+    try:
+        clone = copy.deepcopy(tree)  # the marks are copied with the nodes
+    finally:
+        for statement in statements:
+            del statement.jax_names_drop
+
+    class Drop(ast.NodeTransformer):
+        def generic_visit(self, node):
+            for field, value in ast.iter_fields(node):
+                if isinstance(value, list):
+                    setattr(node, field, [v for v in value
+                                          if not getattr(v, "jax_names_drop", False)])
+            return super().generic_visit(node)
+
+    return Drop().visit(clone)
 
 
 def project_names() -> tuple:

@@ -5,7 +5,9 @@ The backend stores and checks entries; this module supplies what only cstorch kn
 * **the key's roots**: the user's step function, its non-tensor arguments, and every
   registered model, optimizer, scheduler, grad scaler, metric and stateful object (their
   types, attributes, hooks, param groups, step counters, sparsity settings), fingerprinted
-  with the backend itself standing in as an opaque name, plus the backend type and layout;
+  with the backend itself standing in as an opaque name, plus the backend type and layout
+  and cstorch's process-wide settings (``process_settings``: the ``cstorch.backends``
+  flags, the half dtype, ...), which cstorch code reads where the fingerprint does not look;
 * **what ``_compile`` derives from a trace** besides the graph, so a hit can rebuild it:
   each recorded step closure as a path from the step function (one of its free variables or
   globals, by identity, and its code digest) or a method of a registered metric, and the
@@ -13,7 +15,9 @@ The backend stores and checks entries; this module supplies what only cstorch kn
 * **when not to cache**: trace hooks or traced-tensor listeners are registered (they must
   see a capture), the job has several processes, the capture issued warnings (a hit would
   not repeat them), the trace changed Python values the key covers (a hit would not repeat
-  that either), or anything the fingerprint, the encoding or a closure path cannot describe.
+  that either), it opened a file for writing, or anything the fingerprint, the encoding or
+  a closure path cannot describe. Files the trace opens for reading become part of the
+  entry (``graph_cache.watching_capture``).
   Such a step is captured every time, exactly as without the cache.
 
 An entry is written only after the step's program first ran successfully.
@@ -29,9 +33,13 @@ import warnings
 import torch
 
 from jax_backend import fingerprint, graph_cache
+from jax_backend.config import graph_cache as graph_cache_setting
 from jax_backend.fingerprint import Fingerprinter, NotCacheable
-from cstorch.backend import Backend
+from cstorch import config
+from cstorch.backend import Backend, precision
 from cstorch.backend.base_backend import BaseBackend
+from cstorch.backends import backends
+from cstorch.core import annotation, name_scope
 from cstorch.distributed import runtime
 from cstorch.experimental import listener
 from cstorch.utils import step_closures
@@ -84,6 +92,22 @@ def _reachable(step_fn) -> list:
     return found
 
 
+def process_settings() -> dict:
+    """cstorch's process-wide settings a step (or cstorch code it calls, whose globals the
+    fingerprint does not walk) can read while it is traced: the ``cstorch.backends`` flags,
+    the half-precision setting, the debug scope, the active annotations, and every setting of
+    both layers' config modules (also values set with ``config.update``, not only the
+    environment)."""
+    settings = {f"{layer.layer}.{s.name}": repr(s.value)
+                for layer in (config.config, config._engine_config.config)
+                for s in layer.describe() if s is not graph_cache_setting}
+    return {"settings": settings,
+            "backends": backends.asdict(),
+            "amp": [precision._AmpState.half_dtype_str, precision._AmpState.mixed_precision],
+            "debug scope": name_scope.get_debug_scope(),
+            "annotations": {kind: list(stack) for kind, stack in annotation._active.items()}}
+
+
 def _context_not_cacheable(trace_hooks: bool) -> str | None:
     if trace_hooks:
         return "trace hooks are registered"
@@ -105,6 +129,7 @@ class CaptureCache:
         self.hit = False  # whether ``load`` found the graph
         self._pending = None
         self._lookup = lookup  # False: capture (and store) even if an entry exists
+        self._files_read = None  # the capture's graph_cache.CaptureRecord
         self.directory = graph_cache.default_directory()
         if self.directory is None:
             return
@@ -146,6 +171,7 @@ class CaptureCache:
         fp = Fingerprinter(self.view.tensors, hook=stand_in, consumable=consumable)
         for label, root in self._roots:
             fp.add(label, root)
+        fp.add("cstorch settings", process_settings())  # read now: before and after a trace
         key = graph_cache.step_key(fp, self.view.slots, inputs, policy, decompositions,
                                    self._extra)
         fp.release()
@@ -233,13 +259,15 @@ class CaptureCache:
     @contextlib.contextmanager
     def watching(self):
         """Around a capture: warnings it issues are shown as usual, and make it not
-        cacheable (a hit would not issue them again)."""
+        cacheable (a hit would not issue them again); the files it opens are recorded
+        (their contents become part of the entry)."""
         if self.key is None:
             yield
             return
         caught = []
         try:
-            with warnings.catch_warnings(record=True) as caught:
+            with warnings.catch_warnings(record=True) as caught, \
+                    graph_cache.watching_capture() as self._files_read:
                 yield
         finally:
             for message in caught:  # shown where they would have been, once recording ended
@@ -247,6 +275,8 @@ class CaptureCache:
         if caught:
             self._give_up(f"the capture issued {caught[0].category.__name__}: "
                           f"{str(caught[0].message)[:100]}")
+        elif self._files_read.problem:
+            self._give_up(self._files_read.problem)
 
     def prepare(self, captured, records, counter_steps) -> None:
         """After a capture: checks the trace left the fingerprinted Python values as they
@@ -266,7 +296,8 @@ class CaptureCache:
                 raise NotCacheable(
                     f"the step changed Python values it reads ({changed}: an attribute, a "
                     "global, a closure variable) while it was traced; a cached graph would not")
-            self._pending = (captured, extras, files)
+            read = sorted(self._files_read.read) if self._files_read is not None else []
+            self._pending = (captured, extras, files, read)
 
     def _describe_closure(self, record) -> dict:
         fn, named = record.fn, False
@@ -305,5 +336,5 @@ class CaptureCache:
         if pending is None or self.key is None:
             return
         with self._guarded():
-            captured, extras, files = pending
-            graph_cache.store(self.directory, self.key, captured, extras, files)
+            captured, extras, files, read = pending
+            graph_cache.store(self.directory, self.key, captured, extras, files, read)

@@ -21,7 +21,8 @@ Modules, one concept each:
 
 Safety: saving replaces the target atomically (``exist_ok=False`` refuses to) and never leaves a
 half-written file at the target path;
-loading never unpickles arbitrary objects unless called with ``unsafe_allow_pickle=True``.
+loading never unpickles arbitrary objects unless called with ``unsafe_allow_pickle=True``, and
+never opens a FIFO, socket or device (``NotARegularFileError``: it could block forever).
 """
 
 from cstorch.storage import serializers, utils
@@ -29,5 +30,7 @@ from cstorch.storage.load import load
 from cstorch.storage.safe_pickle import UnsafePickleError
 from cstorch.storage.save import save
 from cstorch.storage.utils import to_deferred
+# Readers refuse FIFOs, sockets and devices before opening them (one check for every layer).
+from jax_backend.regular_files import NotARegularFileError, check_regular
 
 __all__ = ["UnsafePickleError", "load", "save", "serializers", "to_deferred"]

@@ -60,6 +60,7 @@ try:
     import hdf5plugin  # noqa: F401  (registers the LZ4 filter with HDF5)
 except ImportError:  # optional: without it, checkpoints are written uncompressed
     pass
+from jax_backend.regular_files import check_regular, open_regular
 
 _CHUNK_BYTES = 1 << 20
 # HDF5 refuses object-header attribute messages over 64 KiB unless the file allows v1.8
@@ -230,7 +231,8 @@ def remove_stray_temp_files(path: str) -> list:
         try:
             if time.time() - os.stat(temp).st_mtime < STRAY_MIN_AGE_SECONDS:
                 continue
-            fd = os.open(temp, os.O_RDONLY)
+            # not os.open(temp): a FIFO planted under that name would block the save
+            fd = open_regular(temp, "temporary checkpoint file", follow_symlinks=False)
         except OSError:
             continue
         try:
@@ -515,6 +517,7 @@ class H5Reader:
     def __init__(self, path: str | os.PathLike, *, trusted: bool = False):
         self.path = os.fspath(path)
         self.trusted = trusted
+        check_regular(self.path, "checkpoint")  # HDF5 would block on a FIFO
         try:
             self._file = _open_for_reading(self.path)
         except OSError as e:
@@ -525,6 +528,11 @@ class H5Reader:
 
     @staticmethod
     def is_hdf5(path: str | os.PathLike) -> bool:
+        """False for a missing file; NotARegularFileError for a FIFO, device or directory."""
+        try:
+            check_regular(path, "checkpoint")
+        except FileNotFoundError:
+            return False
         return h5py.is_hdf5(os.fspath(path))
 
     def root_attributes(self) -> dict:

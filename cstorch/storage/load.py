@@ -42,6 +42,7 @@ from cstorch.storage.h5_format import (
     linked_file_allowed,
 )
 from cstorch.storage.serializers import LinkedObject, LoadOptions, Stored
+from jax_backend.regular_files import check_regular
 
 
 def load(ckpt_path, map_location=None, *, unsafe_allow_pickle: bool = False, **kwargs) -> Any:
@@ -64,7 +65,9 @@ def load(ckpt_path, map_location=None, *, unsafe_allow_pickle: bool = False, **k
     **Returns:** the state dict, with its containers, dict keys (including ints), tuples, None,
     scalars and strings as saved, and tied tensors restored as one object.
 
-    **Raises:** ``FileNotFoundError`` if the path does not exist; ``RuntimeError`` for a
+    **Raises:** ``FileNotFoundError`` if the path does not exist; ``IsADirectoryError`` for
+    a directory and ``jax_backend.regular_files.NotARegularFileError`` (an ``OSError``) for a
+    FIFO, socket or device, before anything is read from it; ``RuntimeError`` for a
     partially written, truncated or corrupt checkpoint, or a file no reader accepts.
     """
     if not isinstance(ckpt_path, (str, os.PathLike)):
@@ -75,6 +78,8 @@ def load(ckpt_path, map_location=None, *, unsafe_allow_pickle: bool = False, **k
         raise FileNotFoundError(f"No checkpoint at '{path}': the file does not exist.")
     if os.path.isdir(path):
         raise IsADirectoryError(f"Cannot load checkpoint '{path}': it is a directory, not a file.")
+    # A FIFO, socket or device: refused before any reader opens it (it could block forever).
+    check_regular(path, "checkpoint")
     if is_temp_file(path) and not _is_complete_h5(path):
         raise RuntimeError(
             f"Cannot load '{path}': it is the temporary file of a cstorch.save that did not "

@@ -16,6 +16,8 @@ import struct
 import numpy as np
 import torch
 
+from jax_backend.regular_files import open_regular_file
+
 _DTYPES = {
     torch.bool: "BOOL", torch.uint8: "U8", torch.int8: "I8", torch.int16: "I16",
     torch.uint16: "U16", torch.int32: "I32", torch.uint32: "U32", torch.int64: "I64",
@@ -33,7 +35,7 @@ class SafetensorsError(RuntimeError):
 def looks_like_safetensors(path: str | os.PathLike) -> bool:
     """True if the file starts with a plausible header length followed by a JSON object."""
     try:
-        with open(path, "rb") as f:
+        with open_regular_file(path, "checkpoint") as f:
             head = f.read(9)
             size = os.fstat(f.fileno()).st_size
     except OSError:
@@ -69,7 +71,8 @@ def _read_entry(path, name, entry) -> torch.Tensor:
     storage_dtype = torch.int16 if dtype is torch.bfloat16 else dtype
     np_dtype = torch.empty(0, dtype=storage_dtype).numpy().dtype
     count = int(np.prod(shape, dtype=np.int64))
-    array = np.fromfile(path, dtype=np_dtype, count=count, offset=offset)
+    with open_regular_file(path, "checkpoint") as f:
+        array = np.fromfile(f, dtype=np_dtype, count=count, offset=offset)
     tensor = torch.from_numpy(array.reshape(shape))
     return tensor.view(torch.bfloat16) if dtype is torch.bfloat16 else tensor
 
@@ -121,7 +124,7 @@ def write(path: str | os.PathLike, tensors: dict[str, torch.Tensor],
 
 
 def _read_header(path):
-    with open(path, "rb") as f:
+    with open_regular_file(path, "checkpoint") as f:
         size = os.fstat(f.fileno()).st_size
         head = f.read(8)
         if len(head) < 8:

@@ -2,6 +2,7 @@
 (no capture at all: the script counts calls of ``capture_step``) and computes bitwise the
 same losses; any change the graph depends on captures again, and every run's losses match
 eager torch, so no stale graph ever ran. Each run is a fresh Python process, as a user's is.
+The cache is off unless ``CSTORCH_GRAPH_CACHE`` names a directory (or ``on``).
 """
 
 from __future__ import annotations
@@ -124,12 +125,19 @@ if __name__ == "__main__":
 
 
 def _run(tmp_path, cache, *, width=16, batch=4, lr=0.1, precision="fp32", closure="direct",
-         expr="objective(out, y)", forward="torch.relu", script=None, args=None):
+         expr="objective(out, y)", forward="torch.relu", script=None, args=None, env=None):
+    """Runs the script in a fresh process; ``cache`` None leaves CSTORCH_GRAPH_CACHE unset
+    (the default), with the user cache directory under ``tmp_path/home-cache``."""
     (tmp_path / "model_def.py").write_text(MODEL.replace("torch.relu", forward))
     (tmp_path / "train.py").write_text(script or TRAIN.format(expr=expr))
-    env = dict(os.environ, CSTORCH_GRAPH_CACHE=str(cache),
+    env = dict(os.environ, **(env or {}),
                PYTHONPATH=os.pathsep.join([str(tmp_path), ROOT, os.path.join(ROOT, "compat"),
                                            os.environ.get("PYTHONPATH", "")]))
+    if cache is None:
+        env.pop("CSTORCH_GRAPH_CACHE", None)
+        env["XDG_CACHE_HOME"] = str(tmp_path / "home-cache")
+    else:
+        env["CSTORCH_GRAPH_CACHE"] = str(cache)
     argv = args if args is not None else [str(width), str(batch), str(lr), precision, closure]
     out = subprocess.run([sys.executable, "train.py", *argv], env=env, capture_output=True,
                          text=True, timeout=600, cwd=tmp_path)
@@ -176,14 +184,14 @@ def test_second_run_reuses_the_graph_and_every_change_captures_again(tmp_path):
 def test_a_damaged_entry_is_captured_again_and_runs_nothing(tmp_path):
     cache = tmp_path / "graphs"
     cold = _run(tmp_path, cache)
-    (entry,) = cache.iterdir()
+    (entry,) = cache.glob("*.npz")
 
     def inject(doc):
         node = first_node(doc, "aten::")
         node[1] = "builtins::eval.default"
         node[2] = ["__import__('os').system('touch PWNED')"]
 
-    rewrite_entry(entry, inject)
+    rewrite_entry(entry, inject, sign=True)  # past the HMAC: the decoder refuses it too
     tampered = _run(tmp_path, cache)
     assert tampered["traces"] == 1 and tampered["losses"] == cold["losses"]
     assert "GraphCacheWarning" in tampered["stderr"] and not (tmp_path / "PWNED").exists()
@@ -191,7 +199,7 @@ def test_a_damaged_entry_is_captured_again_and_runs_nothing(tmp_path):
     # Well-formed but wrong: a matrix product made a subtraction. It decodes, fails to
     # lower, and the step is captured again instead of failing.
     rewrite_entry(entry, lambda doc: first_node(doc, "aten::mm.default").__setitem__(
-        1, "aten::sub.Tensor"))
+        1, "aten::sub.Tensor"), sign=True)
     swapped = _run(tmp_path, cache)
     assert swapped["traces"] == 1 and swapped["losses"] == cold["losses"]
     assert "failed" in swapped["stderr"] and "captured again" in swapped["stderr"]
@@ -208,7 +216,7 @@ def test_a_closure_the_cache_cannot_find_is_captured_every_time(tmp_path):
         result = _run(tmp_path, cache, closure="via dict")
         assert result["traces"] == 1 and "store" not in result["events"]
         assert _matches_eager(result)
-    assert not cache.exists() or not list(cache.iterdir())
+    assert not list(cache.glob("*.npz"))
 
 
 GIGAGPT = PRELUDE + textwrap.dedent("""
@@ -295,3 +303,131 @@ def test_a_gigagpt_style_script_hits(tmp_path):
     assert len(warm["logged"]) == 8  # inside and outside the step, every step
     assert warm["losses"][0] == pytest.approx(cold["eager"], rel=1e-6)
     assert warm["checkpoints"] == ["c2.mdl", "c4.mdl"]
+
+
+def test_the_cache_is_off_by_default(tmp_path):
+    for _ in range(2):
+        result = _run(tmp_path, None)
+        assert result["traces"] == 1 and result["events"] == {}
+        assert _matches_eager(result)
+    assert not (tmp_path / "home-cache" / "cstorch-jax" / "graphs").exists()
+
+
+# Everything the step reads besides its objects: an environment variable, the command line,
+# a file opened while it is traced, a user module's attribute read with getattr (set from a
+# file read before the step, which the trace never sees), a cstorch flag read by cstorch
+# code (cstorch.current_pol), and torch.nn.functional.gelu replaced by user code (called by
+# nn.GELU inside torch).
+DEPENDENCIES = PRELUDE + textwrap.dedent("""
+    import json, os
+    import settings
+
+    with open("config.json") as f:
+        config = json.load(f)
+    settings.scale = config["scale"]
+    cstorch.backends.csx.precision.optimization_level = config["pol"]
+    if config["patch_gelu"]:
+        torch.nn.functional.gelu = lambda x, approximate="none": x * 0.5
+
+    STEPS = 2
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 3)
+            self.act = torch.nn.GELU()
+
+        def forward(self, x):
+            return self.act(self.fc(x))
+
+    def factor():
+        with open("weight.txt") as f:
+            from_file = float(f.read())
+        return (float(os.environ["STEP_SCALE"]) * float(sys.argv[1]) * from_file
+                * getattr(settings, "scale") * (1 + cstorch.current_pol()))
+
+    def main():
+        g = torch.Generator().manual_seed(1)
+        x, y = torch.randn(4, 8, generator=g), torch.randint(0, 3, (4,), generator=g)
+        torch.manual_seed(0)
+        reference = Net()
+        sgd = torch.optim.SGD(reference.parameters(), lr=0.1)
+        eager = []
+        for _ in range(STEPS):
+            loss = torch.nn.functional.cross_entropy(reference(x), y) * factor()
+            sgd.zero_grad()
+            loss.backward()
+            sgd.step()
+            eager.append(loss.item())
+
+        backend = cstorch.backend("CPU")
+        torch.manual_seed(0)
+        model = Net()
+        compiled = cstorch.compile(model, backend)
+        optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+
+        @cstorch.trace
+        def training_step(x, y):
+            loss = torch.nn.functional.cross_entropy(compiled(x), y) * factor()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            return loss
+
+        loader = cstorch.utils.data.DataLoader(lambda: [(x, y)] * STEPS)
+        losses = [training_step(bx, by).item()
+                  for bx, by in cstorch.utils.data.DataExecutor(loader, num_steps=STEPS)]
+        report(losses=losses, eager=eager)
+
+    main()
+""")
+
+BASE = {"env": "1.0", "argv": "1.0", "file": "1.0", "scale": 1.0, "pol": 1, "patch_gelu": False}
+
+
+def _run_dependencies(tmp_path, cache, **changes):
+    values = dict(BASE, **changes)
+    (tmp_path / "settings.py").write_text("scale = 1.0\n")
+    (tmp_path / "weight.txt").write_text(values["file"])
+    (tmp_path / "config.json").write_text(json.dumps(
+        {k: values[k] for k in ("scale", "pol", "patch_gelu")}))
+    result = _run(tmp_path, cache, script=DEPENDENCIES, args=[values["argv"]],
+                  env={"STEP_SCALE": values["env"]})
+    np.testing.assert_allclose(result["losses"], result["eager"], rtol=1e-6, atol=1e-6)
+    return result
+
+
+def test_every_value_the_step_reads_from_outside_its_objects_is_in_the_key(tmp_path):
+    """The stale-cache runs: with the cache on, change one value the step reads and run
+    again in a new process; each run captures again and matches eager torch."""
+    cache = tmp_path / "graphs"
+    cold = _run_dependencies(tmp_path, cache)
+    assert cold["traces"] == 1 and cold["events"] == {"miss": 1, "store": 1}
+    warm = _run_dependencies(tmp_path, cache)
+    assert warm["traces"] == 0 and warm["events"] == {"hit": 1}
+    assert warm["losses"] == cold["losses"]
+    for change in ({"env": "2.0"}, {"argv": "3.0"}, {"file": "0.5"}, {"scale": 4.0},
+                   {"pol": 2}, {"patch_gelu": True}):
+        result = _run_dependencies(tmp_path, cache, **change)
+        assert result["traces"] == 1 and "hit" not in result["events"], change
+        assert result["losses"] != cold["losses"], change  # the change matters
+
+
+def test_a_constant_edited_in_a_stored_entry_runs_nothing(tmp_path):
+    """``loss * 2.0`` made ``* 200.0`` in the entry, re-zipped with its key field intact:
+    the next run refuses it (HMAC), captures again and matches eager torch."""
+    cache = tmp_path / "graphs"
+    expr = "objective(out, y) * 2.0"
+    cold = _run(tmp_path, cache, expr=expr)
+    (entry,) = cache.glob("*.npz")
+
+    def times_100(doc):
+        node = next(n for n in doc["nodes"] if isinstance(n[1], str)
+                    and any(type(a) is float and a == 2.0 for a in n[2]))
+        node[2] = [200.0 if type(a) is float and a == 2.0 else a for a in node[2]]
+
+    rewrite_entry(entry, times_100)
+    tampered = _run(tmp_path, cache, expr=expr)
+    assert tampered["traces"] == 1 and tampered["losses"] == cold["losses"]
+    assert _matches_eager(tampered)
+    assert "HMAC" in tampered["stderr"]

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import io
 import os
+import stat
+import subprocess
+import sys
 import threading
 import zipfile
 
@@ -19,7 +22,7 @@ import torch
 
 from jax_backend import Program, Slot, capture_step, dtypes, fingerprint, graph_cache
 from jax_backend.fingerprint import Fingerprinter, NotCacheable
-from tests.graph_cache_entries import first_node as _first, rewrite_entry as _rewrite
+from tests.graph_cache_entries import first_node as _first, rewrite_entry, rewrite_payload
 
 KEY = "ab" * 32
 
@@ -68,7 +71,8 @@ def stored(tmp_path):
 
 def test_a_stored_step_loads_as_the_same_program(stored):
     directory, captured, state, inputs = stored
-    assert os.listdir(directory) == [f"{KEY}.npz"]  # no temporary file left behind
+    # no temporary file left behind
+    assert sorted(os.listdir(directory)) == [graph_cache.SECRET, f"{KEY}.npz"]
     entry = _load(directory, state, inputs)
     assert entry is not None and entry.extras == {"closures": []}
     loaded = entry.captured
@@ -109,12 +113,25 @@ def _garbage(path):
     open(path, "wb").write(os.urandom(4096))
 
 
+def _rewrite(path, edit):  # signed again: these test the decoder behind the HMAC
+    rewrite_entry(path, edit, sign=True)
+
+
+def _rezip(path, change_members, compression=zipfile.ZIP_STORED):
+    def rezip(payload):
+        with zipfile.ZipFile(io.BytesIO(payload)) as src:
+            members = [(m.filename, src.read(m)) for m in src.infolist()]
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", compression=compression) as dst:
+            for name, data in change_members(members):
+                dst.writestr(name, data)
+        return buffer.getvalue()
+
+    rewrite_payload(path, rezip, sign=True)
+
+
 def _compressed(path):
-    with zipfile.ZipFile(path) as src:
-        members = [(m.filename, src.read(m)) for m in src.infolist()]
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as dst:
-        for name, data in members:
-            dst.writestr(name, data)
+    _rezip(path, lambda members: members, zipfile.ZIP_DEFLATED)
 
 
 def _set_target(target):
@@ -150,17 +167,15 @@ def _bad_state_index(doc):
 
 
 def _huge_array_header(path):
-    with zipfile.ZipFile(path) as src:
-        members = [(m.filename, src.read(m)) for m in src.infolist()]
-    name, data = members[-1]
-    header = np.lib.format.header_data_from_array_1_0(np.zeros(0, np.uint8))
-    header["shape"] = (1 << 40,)
-    buffer = io.BytesIO()
-    np.lib.format.write_array_header_1_0(buffer, header)
-    members[-1] = (name, buffer.getvalue())
-    with zipfile.ZipFile(path, "w") as dst:
-        for member_name, member_data in members:
-            dst.writestr(member_name, member_data)
+    def change(members):
+        name, _ = members[-1]
+        header = np.lib.format.header_data_from_array_1_0(np.zeros(0, np.uint8))
+        header["shape"] = (1 << 40,)
+        buffer = io.BytesIO()
+        np.lib.format.write_array_header_1_0(buffer, header)
+        return members[:-1] + [(name, buffer.getvalue())]
+
+    _rezip(path, change)
 
 
 CORRUPTIONS = {
@@ -226,22 +241,26 @@ def test_an_entry_for_other_state_or_inputs_is_a_miss(stored):
 def test_an_unwritable_directory_stores_nothing(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    assert not graph_cache.store(str(blocker / "sub"), KEY, _captured()[0], {})
+    with pytest.warns(graph_cache.GraphCacheWarning, match="graph cache is off"):
+        assert not graph_cache.store(str(blocker / "sub"), KEY, _captured()[0], {})
 
 
 def test_a_non_json_output_constant_is_not_stored(tmp_path):
     captured = capture_step(lambda x: (x * 2, torch.float32), [], [torch.ones(2)])
     assert not graph_cache.store(str(tmp_path), KEY, captured, {})
-    assert os.listdir(tmp_path) == []
+    assert not [name for name in os.listdir(tmp_path) if name.endswith(".npz")]
 
 
-def test_the_directory_follows_the_environment(tmp_path, monkeypatch):
-    monkeypatch.setenv(graph_cache.ENV_VAR, "off")
-    assert graph_cache.default_directory() is None
+def test_the_cache_is_off_unless_the_environment_asks_for_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv(graph_cache.ENV_VAR, raising=False)
+    assert graph_cache.default_directory() is None  # the default
+    for off in ("off", "0", "false", ""):
+        monkeypatch.setenv(graph_cache.ENV_VAR, off)
+        assert graph_cache.default_directory() is None
     monkeypatch.setenv(graph_cache.ENV_VAR, str(tmp_path / "g"))
     assert graph_cache.default_directory() == str(tmp_path / "g")
-    monkeypatch.delenv(graph_cache.ENV_VAR)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv(graph_cache.ENV_VAR, "on")
     assert graph_cache.default_directory() == str(tmp_path / "cstorch-jax" / "graphs")
 
 
@@ -347,3 +366,258 @@ def test_torch_global_hooks_and_modes_enter_the_key():
 
     with Passthrough(), pytest.raises(NotCacheable, match="mode"):
         key()
+
+
+# ---------------------------------------------------------------------------- integrity
+def _doubling():
+    """A step whose loss is scaled by the constant 2.0 (an argument of one graph node)."""
+    torch.manual_seed(0)
+    state = {"w": torch.randn(3, 4, requires_grad=True), "b": torch.zeros(3, requires_grad=True)}
+
+    def step(x, y):
+        loss = torch.nn.functional.linear(x, state["w"], state["b"]).square().mean() * 2.0
+        loss.backward()
+        with torch.no_grad():
+            for p in state.values():
+                p.sub_(0.1 * p.grad)
+                p.grad = None
+        return loss
+
+    slots = [Slot(state, "w", "w"), Slot(state, "b", "b")]
+    x, y = torch.randn(5, 4), torch.tensor([0, 2, 1, 1, 0])
+    return capture_step(step, slots, [x, y]), state, (x, y)
+
+
+def _times_200(doc):
+    """The forward's ``loss * 2.0`` (the first node with the float 2.0) made ``* 200.0``."""
+    def is_two(a):
+        return type(a) is float and a == 2.0
+
+    node = next(n for n in doc["nodes"] if isinstance(n[1], str) and any(map(is_two, n[2])))
+    node[2] = [200.0 if is_two(a) else a for a in node[2]]
+
+
+def test_an_entry_edited_in_place_is_a_miss_that_runs_nothing(tmp_path):
+    """A constant 2.0 made 200.0 and the entry re-zipped, its ``key`` field intact: the
+    HMAC no longer matches. (Signed again with the secret, the same edit would load and
+    compute 100x the loss: the HMAC is what refuses it.)"""
+    captured, state, inputs = _doubling()
+    assert graph_cache.store(str(tmp_path), KEY, captured, {})
+    entry = tmp_path / f"{KEY}.npz"
+    original = entry.read_bytes()
+    loss = _run(captured, state, inputs)[1][-1]
+
+    rewrite_entry(entry, _times_200)
+    with pytest.warns(graph_cache.GraphCacheWarning, match="HMAC") as warned:
+        assert _load(tmp_path, state, inputs) is None
+    assert len(warned) == 1
+
+    entry.write_bytes(original)
+    rewrite_entry(entry, _times_200, sign=True)
+    forged = _load(tmp_path, state, inputs)
+    np.testing.assert_allclose(_run(forged.captured, state, inputs)[1][-1], 100 * loss,
+                               rtol=1e-5)
+
+
+def _captured_entry(directory):
+    captured, state, inputs = _captured()
+    assert graph_cache.store(str(directory), KEY, captured, {"closures": []})
+    return directory / f"{KEY}.npz", state, inputs
+
+
+def test_an_entry_of_another_user_is_refused(tmp_path, monkeypatch):
+    entry, state, inputs = _captured_entry(tmp_path)
+    if os.geteuid() == 0:
+        os.chown(entry, 65534, 65534)  # nobody
+    else:  # the directory was accepted already: only the entry's owner now differs
+        monkeypatch.setattr(graph_cache, "_user", lambda: os.geteuid() + 1)
+    with pytest.warns(graph_cache.GraphCacheWarning, match="owned by user id") as warned:
+        assert _load(tmp_path, state, inputs) is None
+    assert len(warned) == 1
+
+
+def test_a_symlinked_entry_is_refused(tmp_path):
+    entry, state, inputs = _captured_entry(tmp_path)
+    elsewhere = tmp_path / "elsewhere.bin"
+    entry.rename(elsewhere)  # a valid entry, signed with this directory's secret
+    entry.symlink_to(elsewhere)
+    with pytest.warns(graph_cache.GraphCacheWarning, match="symbolic link") as warned:
+        assert _load(tmp_path, state, inputs) is None
+    assert len(warned) == 1
+
+
+FIFO_PROBE = """
+import os, sys, warnings
+from jax_backend import graph_cache
+directory = sys.argv[1]
+os.mkfifo(os.path.join(directory, "KEY.npz"))
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    assert graph_cache.load(directory, "KEY", [], []) is None
+assert len(caught) == 1 and "FIFO" in str(caught[0].message), [str(w.message) for w in caught]
+print("refused")
+"""
+
+
+def test_a_fifo_in_place_of_an_entry_is_refused_without_blocking(tmp_path):
+    directory = tmp_path / "cache"
+    directory.mkdir(mode=0o700)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, "-c", FIFO_PROBE.replace("KEY", KEY), str(directory)],
+                         capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=root))
+    assert out.returncode == 0 and "refused" in out.stdout, out.stderr[-2000:]
+
+
+def test_a_shared_directory_gets_a_private_subdirectory(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # like /tmp
+    entry, state, inputs = _captured_entry(shared)
+    private = shared / f"cstorch-graphs-uid{os.geteuid()}"
+    assert not entry.exists() and (private / entry.name).exists()
+    assert stat.S_IMODE(private.stat().st_mode) == 0o700
+    assert stat.S_IMODE((private / graph_cache.SECRET).stat().st_mode) == 0o600
+    assert _load(shared, state, inputs) is not None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another user")
+def test_a_shared_directory_whose_private_subdirectory_is_taken_turns_the_cache_off(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    taken = shared / f"cstorch-graphs-uid{os.geteuid()}"
+    taken.mkdir(mode=0o700)
+    os.chown(taken, 65534, 65534)  # planted by another user
+    captured, state, inputs = _captured()
+    with pytest.warns(graph_cache.GraphCacheWarning, match="graph cache is off") as warned:
+        assert not graph_cache.store(str(shared), KEY, captured, {})
+        assert _load(shared, state, inputs) is None
+    assert len(warned) == 1 and os.listdir(taken) == []
+
+
+def test_a_secret_others_can_read_turns_the_cache_off(tmp_path):
+    (tmp_path / graph_cache.SECRET).write_bytes(os.urandom(graph_cache.SECRET_BYTES))
+    (tmp_path / graph_cache.SECRET).chmod(0o644)
+    with pytest.warns(graph_cache.GraphCacheWarning, match="secret"):
+        assert not graph_cache.store(str(tmp_path), KEY, _captured()[0], {})
+
+
+def test_an_entry_from_another_cache_directory_is_refused(tmp_path):
+    """Copied from a directory with another secret (another user's, another machine's)."""
+    entry, state, inputs = _captured_entry(tmp_path / "theirs")
+    mine = tmp_path / "mine"
+    graph_cache.store(str(mine), "cd" * 32, _captured()[0], {})  # makes its secret
+    (mine / entry.name).write_bytes(entry.read_bytes())
+    with pytest.warns(graph_cache.GraphCacheWarning, match="HMAC"):
+        assert _load(mine, state, inputs) is None
+
+
+# -------------------------------------------------------------- what else enters the key
+def _step_key(fp=None):
+    return graph_cache.step_key(fp or Fingerprinter(), [], [torch.ones(2)], None, {}, "")
+
+
+def test_the_command_line_the_environment_and_the_directory_enter_the_key(tmp_path,
+                                                                          monkeypatch):
+    before = _step_key()
+    monkeypatch.setenv("CSTORCH_TEST_SOME_SETTING", "1")
+    with_env = _step_key()
+    assert with_env != before
+    monkeypatch.setenv("CSTORCH_TEST_SOME_SETTING", "2")
+    assert _step_key() not in (before, with_env)
+    monkeypatch.delenv("CSTORCH_TEST_SOME_SETTING")
+    assert _step_key() == before
+    monkeypatch.setenv("OLDPWD", "/somewhere/else")  # listed as irrelevant
+    assert _step_key() == before
+    monkeypatch.setattr(sys, "argv", sys.argv + ["--lr", "0.5"])
+    assert _step_key() != before
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    assert _step_key() != before
+
+
+def test_a_replaced_library_function_changes_the_key(monkeypatch):
+    """Named by the step (``F.gelu``, ``torch.nn.functional.gelu``) or only called inside
+    the library (``nn.GELU`` calls ``F.gelu``): the object found at that name counts."""
+    import torch.nn.functional as F
+
+    def by_alias(x):
+        return F.gelu(x)
+
+    def by_path(x):
+        return torch.nn.functional.gelu(x)
+
+    module = torch.nn.GELU()
+    before = [_digest(by_alias), _digest(by_path), _step_key()]
+    assert "torch.nn.functional.gelu" not in fingerprint.replaced_library_attributes()
+    # Libraries make functions with exec too (no source file): those are not user code.
+    scipy_optimize = pytest.importorskip("scipy.optimize")
+    assert not [name for name in fingerprint.replaced_library_attributes()
+                if name.startswith("scipy.")], scipy_optimize
+
+    monkeypatch.setattr(F, "gelu", lambda x, approximate="none": x * 0.5)  # user code
+    assert "torch.nn.functional.gelu" in fingerprint.replaced_library_attributes()
+    patched = [_digest(by_alias), _digest(by_path), _step_key()]
+    assert all(a != b for a, b in zip(before, patched))
+    assert _digest(module) == _digest(torch.nn.GELU())  # ... which is why the key scans
+
+    monkeypatch.setattr(F, "gelu", F.silu)  # another library function: seen where named
+    assert _digest(by_alias) not in (before[0], patched[0])
+    assert _digest(by_path) not in (before[1], patched[1])
+    monkeypatch.undo()
+    assert [_digest(by_alias), _digest(by_path), _step_key()] == before
+
+    monkeypatch.setattr(torch.Tensor, "double_it", lambda self: self * 2, raising=False)
+    assert "torch.Tensor.double_it" in fingerprint.replaced_library_attributes()
+
+
+def test_attributes_read_with_getattr_and_through_submodules_enter_the_key():
+    settings = __import__("types").ModuleType("settings")
+    settings.scale = 1.0
+    settings.inner = __import__("types").ModuleType("settings.inner")
+    settings.inner.factor = 3
+    namespace = {"settings": settings}
+    exec("def by_getattr(x):\n    return x * getattr(settings, 'scale')\n"
+         "def by_path(x):\n    return x * settings.inner.factor\n", namespace)
+    first = [_digest(namespace["by_getattr"]), _digest(namespace["by_path"])]
+    settings.scale = 2.0
+    settings.inner.factor = 4
+    assert _digest(namespace["by_getattr"]) != first[0]
+    assert _digest(namespace["by_path"]) != first[1]
+
+
+def test_files_the_capture_opens_are_recorded_and_checked(tmp_path):
+    config = tmp_path / "scale.txt"
+    config.write_text("2.0")
+
+    def step(x):
+        with open(config) as f:
+            return x * float(f.read())
+
+    with graph_cache.watching_capture() as record:
+        captured = capture_step(step, [], [torch.ones(2)])
+    assert str(config) in record.read and record.problem is None
+    assert graph_cache.store(str(tmp_path / "g"), KEY, captured, {}, read_files=record.read)
+    assert graph_cache.load(str(tmp_path / "g"), KEY, [], [torch.ones(2)]) is not None
+    config.write_text("3.0")
+    assert graph_cache.load(str(tmp_path / "g"), KEY, [], [torch.ones(2)]) is None
+    config.unlink()  # deleted: a miss too
+    assert graph_cache.load(str(tmp_path / "g"), KEY, [], [torch.ones(2)]) is None
+
+
+def test_a_capture_that_writes_a_file_or_draws_global_random_numbers_is_flagged(tmp_path):
+    import random
+
+    with graph_cache.watching_capture() as record:
+        (tmp_path / "log.txt").write_text("traced")
+    assert "for writing" in record.problem
+    with graph_cache.watching_capture() as record:
+        random.random()
+    assert "random" in record.problem
+    with graph_cache.watching_capture() as record:
+        np.random.rand()
+    assert "random" in record.problem
+    with graph_cache.watching_capture() as record:
+        pass
+    assert record.problem is None and not record.read

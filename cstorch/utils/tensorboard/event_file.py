@@ -12,8 +12,11 @@ masked_crc32c(data)``, little endian, with CRC-32C (Castagnoli).
 from __future__ import annotations
 
 import dataclasses
+import os
 import struct
 from typing import Iterator, List, Optional
+
+from jax_backend.regular_files import open_regular_file
 
 # ------------------------------------------------------------------------------ CRC-32C
 _CRC_TABLE = []
@@ -43,8 +46,10 @@ def encode_record(data: bytes) -> bytes:
 
 
 def read_records(path: str) -> Iterator[bytes]:
-    """The records of a file; stops at a truncated tail (a file still being written)."""
-    with open(path, "rb") as f:
+    """The records of a file; stops at a truncated tail (a file still being written). A
+    FIFO or device is refused unopened (``NotARegularFileError``); a record longer than
+    what is left of the file is a truncated tail, not a read of that many bytes."""
+    with open_regular_file(path, "event file") as f:
         while True:
             header = f.read(12)
             if len(header) < 12:
@@ -53,6 +58,8 @@ def read_records(path: str) -> Iterator[bytes]:
             (header_crc,) = struct.unpack("<I", header[8:])
             if header_crc != masked_crc32c(header[:8]):
                 raise ValueError(f"Corrupt record header in event file {path}.")
+            if length > os.fstat(f.fileno()).st_size - f.tell():
+                return
             data = f.read(length)
             footer = f.read(4)
             if len(data) < length or len(footer) < 4:

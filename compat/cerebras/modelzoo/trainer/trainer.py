@@ -596,8 +596,9 @@ class Trainer:
         if not ckpt_path:
             self.call("on_before_load_checkpoint", None)
             return
-        if not Path(ckpt_path).is_file():
+        if not Path(ckpt_path).exists():
             raise FileNotFoundError(f"Checkpoint {ckpt_path} does not exist.")
+        cstorch.storage.check_regular(ckpt_path, "checkpoint")  # not a FIFO, device, directory
         self.call("on_before_load_checkpoint", ckpt_path)
         state_dict = cstorch.load(str(ckpt_path))
         self.call("preprocess_checkpoint", state_dict)
