@@ -146,6 +146,15 @@ def _fake_like(mode: FakeTensorMode, tensor: torch.Tensor) -> torch.Tensor:
                                    dtype=tensor.dtype, requires_grad=tensor.requires_grad)
     if isinstance(tensor, torch.nn.Parameter):
         fake._is_param = True  # keeps isinstance(p, nn.Parameter) true during the trace
+    # Gradient hooks (``register_hook``, ``register_post_accumulate_grad_hook``) live on the
+    # TensorImpl that is exchanged: the fake gets the same hook tables, so the trace runs
+    # them as eager autograd would (the tables are shared: removals show too).
+    with torch._C.DisableTorchFunctionSubclass():
+        hooks, after = tensor._backward_hooks, tensor._post_accumulate_grad_hooks
+    if hooks:
+        fake._backward_hooks = hooks
+    if after:
+        fake._post_accumulate_grad_hooks = after
     return fake
 
 

@@ -22,6 +22,7 @@ import torch
 
 from jax_backend.jax_settings import in_engine_scope
 from jax_backend.mesh import host_value
+from jax_backend.shared_memory import note_own_memory
 
 TORCH_TO_JAX = {
     torch.float32: jnp.float32,
@@ -77,7 +78,8 @@ def tensor_to_numpy(tensor: torch.Tensor) -> np.ndarray:
 
 
 def tensor_to_host(tensor: torch.Tensor) -> np.ndarray:
-    """A private numpy copy of a tensor, ready to be passed to a jitted function.
+    """A private numpy copy of a tensor (a step's input batch), ready to be passed to a
+    jitted function. For tensors that may be state, see ``state_to_host``.
 
     jit transfers numpy arguments itself, which is much cheaper than ``device_put``; the copy
     makes that safe under asynchronous dispatch (later changes to the tensor cannot race)."""
@@ -85,10 +87,31 @@ def tensor_to_host(tensor: torch.Tensor) -> np.ndarray:
     return np.array(tensor_to_numpy(tensor), copy=True)
 
 
+def state_to_host(tensor: torch.Tensor) -> np.ndarray:
+    """``tensor_to_host`` for a tensor that may be state, without exporting it to numpy.
+
+    ``tensor.numpy()`` marks a storage non-resizable for good, and a non-resizable storage
+    is how a tensor made from a user's numpy array is told apart (``shared_memory``); a
+    DLPack export leaves the storage as it was, at the cost of one copy as before (a few
+    microseconds more on tiny tensors)."""
+    to_jax_dtype(tensor.dtype)
+    source = tensor.detach()
+    if source.device.type != "cpu":
+        source = source.cpu()
+    source = source.resolve_conj().resolve_neg()
+    bits = source.view(torch.int16) if source.dtype == torch.bfloat16 else source
+    try:
+        host = np.array(np.from_dlpack(bits), copy=True)
+    except (BufferError, TypeError, RuntimeError):  # a layout DLPack cannot describe
+        return tensor_to_numpy(source.clone())  # a private clone: exporting it is fine
+    return host.view(ml_dtypes.bfloat16) if source.dtype == torch.bfloat16 else host
+
+
 @in_engine_scope
 def tensor_to_array(tensor: torch.Tensor, device=None) -> jax.Array:
-    """Copies a torch tensor into a new JAX array (never aliases torch memory)."""
-    return jax.device_put(tensor_to_host(tensor), device)
+    """Copies a torch tensor, which may be state, into a new JAX array (never aliases torch
+    memory, never exports the tensor to numpy: see ``state_to_host``)."""
+    return jax.device_put(state_to_host(tensor), device)
 
 
 def array_to_numpy(array) -> np.ndarray:
@@ -96,16 +119,41 @@ def array_to_numpy(array) -> np.ndarray:
     return host_value(array)
 
 
-def _numpy_to_tensor(host: np.ndarray) -> torch.Tensor:
-    """The torch tensor sharing ``host``'s memory (bfloat16 through its int16 bits)."""
+def _numpy_view(host: np.ndarray) -> torch.Tensor:
+    """A torch tensor on ``host``'s memory (bfloat16 through its int16 bits). Not a view in
+    torch's sense: its storage has no other tensor holding it (``shared_memory``)."""
     if host.dtype == ml_dtypes.bfloat16:
-        return torch.from_numpy(host.view(np.int16)).view(torch.bfloat16)
+        bits = torch.from_numpy(host.view(np.int16))
+        tensor = torch.empty(0, dtype=torch.bfloat16)
+        tensor.set_(bits.untyped_storage(), 0, bits.shape, bits.stride())
+        return tensor
     return torch.from_numpy(host)
+
+
+def _numpy_to_tensor(host: np.ndarray) -> torch.Tensor:
+    """The torch tensor sharing ``host``, a private array nobody else holds: its memory is
+    the engine's own (``shared_memory.note_own_memory``)."""
+    return note_own_memory(_numpy_view(host))
 
 
 def array_to_tensor(array) -> torch.Tensor:
     """Copies a JAX array into a new, writable CPU torch tensor."""
     return _numpy_to_tensor(np.array(array_to_numpy(array), copy=True))
+
+
+def copy_into(tensor: torch.Tensor, host: np.ndarray) -> None:
+    """Writes ``host`` (``array_to_numpy`` of a value of the tensor's shape and dtype) into a
+    CPU tensor in place, with one copy and without exporting the tensor to numpy (see
+    ``state_to_host``); bumps no version counter."""
+    target = tensor.detach()
+    if target.dtype == torch.bfloat16:
+        target, host = target.view(torch.int16), host.view(np.int16)
+    try:
+        destination = np.from_dlpack(target)
+        np.copyto(destination, host.reshape(destination.shape), casting="no")
+    except (BufferError, TypeError, RuntimeError, ValueError):  # a layout DLPack cannot describe
+        with torch.no_grad():
+            tensor.copy_(_numpy_view(np.array(host, copy=True)))
 
 
 def initial_tensor(array) -> torch.Tensor:

@@ -102,6 +102,7 @@ from jax_backend import config
 from jax_backend.config import graph_cache as _setting
 from jax_backend.registry import has_lowering, lowered_namespaces
 from jax_backend.regular_files import open_regular
+from jax_backend.state import plain_type
 
 ENV_VAR = _setting.env_var
 FORMAT = 2
@@ -270,7 +271,9 @@ def process_inputs() -> dict:
 
 
 def _tensor_signature(t: torch.Tensor) -> list:
-    return [list(t.shape), list(t.stride()), str(t.dtype), t.requires_grad, type(t).__name__]
+    # The plain class: whether DeviceState has guarded a tensor yet must not change the key.
+    return [list(t.shape), list(t.stride()), str(t.dtype), t.requires_grad,
+            plain_type(t).__name__]
 
 
 def step_key(fingerprinter: fingerprint.Fingerprinter, slots, inputs, policy, decompositions,

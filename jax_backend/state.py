@@ -10,20 +10,28 @@ Eager torch semantics still hold for the torch objects:
   first, so ``print(p)``, ``p.add_(x)`` or ``p.clamp_(-c, c)`` between steps see the newest value.
 * An edit on the torch side is noticed before the next step and uploaded: by the tensor's
   version counter (in-place ops, ``load_state_dict``), by its storage (``p.data = t``), and
-  by ``p.data`` having been handed out (its edits bump no counter).
+  by its memory having been handed out through the guard (a view, ``p.data``, a numpy
+  array: edits through those bump no counter of the tensor).
+* Memory that something reaches without passing the guard (``shared_memory``: an alias
+  taken before the tensor was guarded or still alive, the numpy array a tensor was made from)
+  makes the tensor *shared*: torch is its source of truth. Each step's new value is written
+  into it before the step returns (waiting for the step; a ``SharedStateWarning`` names it
+  once), and it is uploaded again before every step. Other tensors pay nothing for this:
+  whether a tensor is shared is found out when it is uploaded, and new aliases can only be
+  made through the guard.
 * A value that cannot be read back (its step failed) is dropped, with an error, instead of
   poisoning every later read.
 
 Between synchronisations the torch side keeps no second copy of large state: once the array
 holds a tensor's value, the tensor's storage is *released* (resized to 0 bytes; shape, dtype,
 identity and version stay) and the guard re-allocates and fills it on the next torch access.
-Only tensors that nothing else can reach are released (``_sole_owner``): storage shared with
-a view, a ``p.data`` alias, a numpy array or a held storage object is kept, since those read
-it without passing the guard. A released tensor always has an entry here, so every path that
-drops an entry gives the storage back first (``_fill``), and a value that is lost (its step
-failed and no copy is left) becomes NaN, never a dangling storage. Releasing and filling are
-ordered so that an interrupt between any two of their operations leaves a tensor the next
-access fills from its array.
+Only tensors that nothing else can reach are released (``_sole_owner``, never a shared one):
+storage shared with a view, a ``p.data`` alias, a numpy array or a held storage object is
+kept, since those read it without passing the guard. A released tensor always has an entry
+here, so every path that drops an entry gives the storage back first (``_fill``), and a value
+that is lost (its step failed and no copy is left) becomes NaN, never a dangling storage.
+Releasing and filling are ordered so that an interrupt between any two of their operations
+leaves a tensor the next access fills from its array.
 """
 
 from __future__ import annotations
@@ -33,16 +41,27 @@ import copy
 import dataclasses
 import math
 import weakref
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
 import torch
 from torch.utils._pytree import tree_flatten
+from torch.utils.weak import WeakIdKeyDictionary
 
-from jax_backend.dtypes import array_to_tensor, tensor_to_array, tensor_to_host
-from jax_backend import host_memory
+from jax_backend.dtypes import array_to_numpy, copy_into, state_to_host, tensor_to_array
+from jax_backend import host_memory, shared_memory
 from jax_backend.errors import StepFailedError
+from jax_backend.user_frames import warn
+
+
+class SharedStateError(RuntimeError):
+    """A state tensor's memory is shared with an alias that cannot be kept current."""
+
+
+class SharedStateWarning(UserWarning):
+    """A state tensor's memory is shared with an alias, so each step's value is written
+    into it right away (which waits for the step)."""
 
 _no_guard = torch._C.DisableTorchFunctionSubclass
 
@@ -56,7 +75,6 @@ _METADATA = frozenset({
     "register_post_accumulate_grad_hook", "_backward_hooks", "__len__", "data_ptr",
     "_post_accumulate_grad_hooks", "retains_grad", "_cdata", "__dir__",
 })
-_DATA = torch._C.TensorBase.__dict__["data"]
 
 
 def _name(func) -> str:
@@ -67,18 +85,54 @@ def _name(func) -> str:
     return name
 
 
+def _state_of(tensor):
+    owner = tensor.__dict__.get("_cstorch_device_state")
+    return owner() if owner is not None else None
+
+
 def _guard_torch_function(cls, func, types, args=(), kwargs=None):
     kwargs = kwargs or {}
     name = _name(func)
-    if name not in _METADATA:
-        for value in tree_flatten((args, kwargs))[0]:
-            if isinstance(value, _GUARDED):
-                owner = value.__dict__.get("_cstorch_device_state")
-                state = owner() if owner is not None else None
-                if state is not None:
-                    state._before_torch_access(value, func)
+    if name in _METADATA:
+        with _no_guard():
+            return func(*args, **kwargs)
+    accessed = []
+    for value in tree_flatten((args, kwargs))[0]:
+        if isinstance(value, _GUARDED):
+            state = _state_of(value)
+            if state is not None:
+                state._before_torch_access(value)
+                accessed.append((state, value))
     with _no_guard():
-        return func(*args, **kwargs)
+        result = func(*args, **kwargs)
+        for state, value in accessed:
+            if name not in _VALUE_RESULTS and _hands_out_memory(result, value):
+                state._memory_handed_out(value)
+    return result
+
+
+def _hands_out_memory(result, tensor) -> bool:
+    """Whether ``result`` reaches ``tensor``'s memory: a view, ``.data``, ``.detach()``, the
+    tensor itself (in-place ops), a numpy array, a storage or a DLPack capsule of it.
+    Caller: under ``_no_guard``."""
+    storage = None
+    for leaf in tree_flatten(result)[0]:
+        if isinstance(leaf, torch.Tensor):
+            if storage is None:
+                storage = tensor.untyped_storage()._cdata
+            if leaf.untyped_storage()._cdata == storage:
+                return True
+        elif leaf is not None and not isinstance(leaf, _PLAIN_RESULTS):
+            return True  # numpy arrays, storages, capsules, anything else that may hold it
+    return False
+
+
+# Methods whose results are plain Python values (``tolist`` can be long: not walked).
+_VALUE_RESULTS = frozenset({"tolist", "item", "__bool__", "__float__", "__int__", "__index__",
+                            "__complex__", "__format__", "__hash__"})
+# Results that cannot hold a tensor's memory.
+_PLAIN_RESULTS = (bool, int, float, complex, str, bytes, torch.Size, torch.dtype, torch.device,
+                  torch.layout, torch.memory_format)
 
 
 @contextlib.contextmanager
@@ -87,7 +141,7 @@ def _as_plain(tensor):
     owner = tensor.__dict__.get("_cstorch_device_state")
     state = owner() if owner is not None else None
     if state is not None:
-        state._before_torch_access(tensor, None)
+        state._before_torch_access(tensor)
     guard = type(tensor)
     tensor.__class__ = _BASE_OF[guard]
     tensor.__dict__.pop("_cstorch_device_state", None)
@@ -130,6 +184,11 @@ _GUARD_OF = {torch.nn.Parameter: GuardedParameter, torch.Tensor: GuardedTensor}
 _BASE_OF = {GuardedParameter: torch.nn.Parameter, GuardedTensor: torch.Tensor}
 
 
+def plain_type(tensor: torch.Tensor) -> type:
+    """The tensor's class as the user made it (a guard is this module's business only)."""
+    return _BASE_OF.get(type(tensor), type(tensor))
+
+
 def _storage_key(tensor: torch.Tensor):
     """Where the tensor's data lives: changes when ``p.data = t`` rebinds it."""
     return tensor.data_ptr(), tensor.shape
@@ -139,13 +198,10 @@ def _sole_owner(tensor: torch.Tensor) -> bool:
     """Whether ``tensor`` is the only thing holding its storage, and covers all of it: then
     releasing the storage cannot pull memory from under anyone who reads it unguarded."""
     storage = tensor.untyped_storage()
-    use_count = getattr(torch._C, "_storage_Use_Count", None)
-    if use_count is None:
-        return False
     if (tensor._is_view() or tensor.storage_offset() != 0 or not tensor.is_contiguous()
             or storage.nbytes() != tensor.numel() * tensor.element_size()):
         return False
-    return use_count(storage._cdata) == 2  # the tensor and `storage` above
+    return not shared_memory.shared_elsewhere(tensor)
 
 
 def _count_edit(tensor: torch.Tensor) -> int:
@@ -164,13 +220,19 @@ class _Entry:
     synced_version: int
     storage: tuple = None  # _storage_key at the last synchronisation
     array_is_newer: bool = False
-    data_handed_out: bool = False  # p.data was read: it may have been edited uncounted
+    # Since the last upload a torch access handed out its memory (a view, ``p.data``, a
+    # numpy array): edits through that bump no counter of the tensor.
+    handed_out: bool = False
+    # At the last upload something else could reach its memory (``shared_memory``): torch is
+    # the source of truth, written after every step and uploaded before every step.
+    shared: bool = False
+    foreign: bool = False  # its memory may be a numpy array someone else holds
     released: bool = False  # the torch storage was given back; the array is the only copy
 
     def torch_side_changed(self) -> bool:
         if self.released:  # nothing touches it unguarded, and the guard fills it first
             return False
-        return (self.data_handed_out or self.tensor._version != self.synced_version
+        return (self.handed_out or self.shared or self.tensor._version != self.synced_version
                 or _storage_key(self.tensor) != self.storage)
 
 
@@ -186,6 +248,9 @@ class DeviceState:
         self.layout = layout  # a mesh.Layout: where state arrays are placed (None: one device)
         self._entries: dict[int, _Entry] = {}
         self._pending = False  # some array is newer than its tensor
+        # How warnings name a state tensor (the backend knows its path); None: by shape.
+        self.name_of: Callable[[torch.Tensor], str | None] | None = None
+        self._warned_shared = WeakIdKeyDictionary()  # tensors named in a SharedStateWarning
 
     def __len__(self):
         return len(self._entries)
@@ -194,16 +259,36 @@ class DeviceState:
         return id(tensor) in self._entries
 
     def _upload(self, tensor: torch.Tensor) -> _Entry:
+        """Copies the torch value into a new array. Caller: under ``_no_guard``."""
+        previous = self._entries.get(id(tensor))
+        if previous is not None and previous.tensor is tensor and previous.array_is_newer:
+            self.materialize([tensor])  # never upload a torch value older than the array
         if self.layout is not None:
-            array = self.layout.place_state(tensor_to_host(tensor))
+            array = self.layout.place_state(state_to_host(tensor))
         else:
             array = tensor_to_array(tensor, self.device)
-        entry = _Entry(tensor, array, tensor._version, _storage_key(tensor))
+        entry = self._new_entry(tensor, array, previous)
         self._entries[id(tensor)] = entry
         return entry
 
+    def _new_entry(self, tensor: torch.Tensor, array, previous: _Entry | None) -> _Entry:
+        """An entry for ``tensor``, whose torch value ``array`` holds. The tensor is guarded
+        from here on, so a new alias of its memory passes through the guard; whether its
+        memory is reachable already is found out now (module docstring)."""
+        key = _storage_key(tensor)
+        if previous is not None and previous.tensor is tensor and previous.storage == key:
+            foreign = previous.foreign  # same memory: what was known of it still holds
+        else:
+            foreign = shared_memory.may_be_foreign(tensor)
+        entry = _Entry(tensor, array, tensor._version, key, foreign=foreign)
+        self._guard(tensor)
+        entry.shared = (foreign or not self._guarded_here(tensor)
+                        or shared_memory.shared_elsewhere(tensor))
+        return entry
+
     def arrays(self, tensors: Sequence[torch.Tensor]) -> list:
-        """The current arrays of ``tensors``, uploading any the torch side has changed."""
+        """The current arrays of ``tensors``, uploading any the torch side has changed (or
+        may have: tensors whose memory is reachable elsewhere are uploaded every time)."""
         result = []
         with _no_guard():
             for tensor in tensors:
@@ -217,19 +302,60 @@ class DeviceState:
         """Records new values computed on the JAX side; the torch tensors are now stale (and
         their storage is released where that is safe, see the module docstring)."""
         freed = 0
+        shared = []
         with _no_guard():
             for tensor, array in zip(tensors, arrays):
                 entry = self._entries.get(id(tensor))
                 if entry is None or entry.tensor is not tensor:
-                    entry = _Entry(tensor, array, tensor._version, _storage_key(tensor))
+                    entry = self._new_entry(tensor, array, entry)
                     self._entries[id(tensor)] = entry
                 entry.array = array
                 entry.array_is_newer = True
                 entry.synced_version = _count_edit(tensor)
-                self._guard(tensor)
-                freed += self._release(entry)
+                if entry.handed_out and not entry.shared:  # written, not read: not uploaded
+                    entry.shared = shared_memory.shared_elsewhere(tensor)
+                if entry.shared:
+                    shared.append(entry)
+                else:
+                    freed += self._release(entry)
         self._pending = self._pending or bool(tensors)
         host_memory.freed(freed)
+        if shared:
+            self._write_through(shared)
+
+    def _write_through(self, entries: list) -> None:
+        """Writes the new values of tensors whose memory is reachable elsewhere into that
+        memory now, before user code can read it there: this waits for the step."""
+        fresh = [e.tensor for e in entries if e.tensor not in self._warned_shared]
+        if fresh:
+            for tensor in fresh:
+                self._warned_shared[tensor] = True
+            names = ", ".join(self._describe(t) for t in fresh[:8])
+            more = f" and {len(fresh) - 8} more" if len(fresh) > 8 else ""
+            warn(f"The memory of state tensor(s) {names}{more} is shared with something that "
+                 "reads it directly (a view, `.data`, `.detach()`, a kept `state_dict()` "
+                 "value, a numpy array, or the numpy array it was made from with "
+                 "`torch.from_numpy`). So that it shows every step's value, as in eager torch, "
+                 "each step's result is copied into it right away, which waits for the step "
+                 "to finish, and copied back before the next step. To avoid that cost, drop "
+                 "the alias, or keep a copy instead (`.clone()`, `np.array(a, copy=True)`); "
+                 "for a parameter made from a numpy array you no longer use, give it its own "
+                 "memory with `p.data = p.data.clone()`.", SharedStateWarning)
+        split = [e for e in entries if not getattr(e.array, "is_fully_addressable", True)]
+        self.materialize([e.tensor for e in entries if e not in split])
+        if split:
+            names = ", ".join(self._describe(e.tensor) for e in split)
+            raise SharedStateError(
+                f"The memory of state tensor(s) {names} is shared with something that reads "
+                "it directly (a view, `.data`, a kept `state_dict()` value, a numpy array), "
+                "but in this job its value is split across processes, so it cannot be copied "
+                "there after every step. The step ran and its state is kept. Drop the alias, "
+                "or keep a copy (`.clone()`), and read state through `state_dict()` in a "
+                "checkpoint closure.")
+
+    def _describe(self, tensor: torch.Tensor) -> str:
+        name = self.name_of(tensor) if self.name_of is not None else None
+        return name or f"of shape {tuple(tensor.shape)}"
 
     def release_torch_copies(self, tensors: Sequence[torch.Tensor]) -> None:
         """Releases the torch storage of tensors whose arrays hold their values (e.g. state a
@@ -253,7 +379,8 @@ class DeviceState:
         docstring); returns the bytes freed. Caller: under ``_no_guard``."""
         tensor = entry.tensor
         nbytes = tensor.numel() * tensor.element_size()
-        if (entry.released or tensor.device.type != "cpu" or tensor.layout != torch.strided
+        if (entry.released or entry.shared or entry.foreign or tensor.device.type != "cpu"
+                or tensor.layout != torch.strided
                 or tensor.is_quantized or nbytes < self.release_min_bytes
                 # giving it back must not need a collective (a value split across processes)
                 or not getattr(entry.array, "is_fully_addressable", True)
@@ -324,15 +451,21 @@ class DeviceState:
             tensor.__class__ = base
             tensor.__dict__.pop("_cstorch_device_state", None)
 
-    def _before_torch_access(self, tensor: torch.Tensor, func) -> None:
+    def _before_torch_access(self, tensor: torch.Tensor) -> None:
         """A torch operation is about to use ``tensor``: give it the newest value first."""
         entry = self._entries.get(id(tensor))
         if entry is None or entry.tensor is not tensor:
             return
         if entry.array_is_newer:
             self.materialize([tensor])
-        if getattr(func, "__self__", None) is _DATA:
-            entry.data_handed_out = True
+
+    def _memory_handed_out(self, tensor: torch.Tensor) -> None:
+        """A torch operation returned something that reaches ``tensor``'s memory: edits
+        through it are invisible to the tensor's counters, so it is uploaded before the
+        next step, and written through after it while the alias lives."""
+        entry = self._entries.get(id(tensor))
+        if entry is not None and entry.tensor is tensor:
+            entry.handed_out = True
 
     def release(self) -> None:
         """Gives every tensor its newest value and plain class back (the backend is going
@@ -439,7 +572,7 @@ class DeviceState:
         if not entry.array_is_newer:
             return None
         try:
-            value = array_to_tensor(entry.array)
+            value = array_to_numpy(entry.array)  # where a failed step shows: before any write
         except Exception as error:  # noqa: BLE001 - reported by the caller
             lost = entry.released
             if lost:
@@ -451,7 +584,7 @@ class DeviceState:
         with torch.no_grad(), _no_guard():
             if entry.released:
                 self._allocate(entry.tensor)
-            entry.tensor.copy_(value)
+            copy_into(entry.tensor, value)
             entry.released = False
             entry.synced_version = entry.tensor._version
             entry.storage = _storage_key(entry.tensor)

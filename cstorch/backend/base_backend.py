@@ -18,9 +18,10 @@ import weakref
 from typing import Callable
 
 import torch
+from torch.nn.modules import module as _torch_module
 
 import jax_backend
-from jax_backend import DeviceState, LazyTensor, Slot, materialize
+from jax_backend import DeviceState, LazyTensor, Slot, materialize, shared_memory
 from cstorch.backend import precision
 from cstorch.distributed import runtime
 from cstorch.utils.stage_tracker import StageTracker
@@ -64,7 +65,7 @@ class BaseBackend:
         self.metrics: list = []
         self.stateful_objects: list = []  # anything else exposing _cstorch_state_slots()
         self.sparsity_registry: list = []  # cstorch.sparse algorithms, in creation order
-        self.device_state = DeviceState(self.jax_devices[0], layout)
+        self.device_state = self._new_device_state()
         self._holds_compilation_cache = False
         self.appliance_tracker = StageTracker()  # written as each executor's track.json
         self.appliance_tracker.start("Initialization")
@@ -119,12 +120,29 @@ class BaseBackend:
         return precision.current_policy()
 
     # ------------------------------------------------------------------ registration
+    def _new_device_state(self) -> DeviceState:
+        state = DeviceState(self.jax_devices[0], self.layout)
+        state.name_of = self.state_name
+        return state
+
+    def state_name(self, tensor) -> str | None:
+        """How messages name a state tensor (``cstorch.core.state_names``)."""
+        from cstorch.core.state_names import state_name  # cstorch.core imports this module
+
+        view = self._state_view
+        path = view.path_of(tensor) if view is not None else None
+        return state_name(path) if path is not None else None
+
     def setup_model(self, model: torch.nn.Module) -> int:
+        # What can be seen of its memory now: a storage that is resizable here has no numpy
+        # array behind it, whatever exports it later (jax_backend.shared_memory).
+        shared_memory.note_resizable([*model.parameters(), *model.buffers()])
         if model not in self.models:
             self.models.append(model)
             for module in model.modules():
-                module.register_state_dict_pre_hook(self._state_dict_pre_hook)
-            model.register_load_state_dict_post_hook(self._invalidate_state_view)
+                module.register_state_dict_pre_hook(BackendHook(self, "_state_dict_pre_hook"))
+            model.register_load_state_dict_post_hook(
+                BackendHook(self, "_invalidate_state_view"))
             self._invalidate_state_view()
         try:  # as the reference: compiled models know their device
             model.device = self.torch_device
@@ -148,13 +166,59 @@ class BaseBackend:
         return tuple(tuple(module.training for module in model.modules())
                      for model in self.models)
 
+    def module_modes_and_hooks(self) -> tuple:
+        """``(modes, hooks)`` in one walk over the modules: the ``training`` flag of each (as
+        ``module_modes``, in another order) and ``hooks``, which names every
+        forward and backward hook of every registered module, and torch's global module
+        hooks, by handle id (ids are never reused): a hook registered or removed between
+        steps changes what eager torch computes, so it selects another program."""
+        modes, hooks = [], []
+        for m, model in enumerate(self.models):
+            flags = []
+            # Depth first over ``_modules`` (a shared submodule is visited once per place it
+            # is used): cheaper than ``modules()``, which builds every name.
+            stack = [model]
+            while stack:
+                module = stack.pop()
+                flags.append(module.training)
+                if (module._forward_hooks or module._forward_pre_hooks
+                        or module._backward_hooks or module._backward_pre_hooks):
+                    hooks.append((m, len(flags), tuple(module._forward_pre_hooks),
+                                  tuple(module._forward_hooks),
+                                  tuple(module._backward_pre_hooks),
+                                  tuple(module._backward_hooks)))
+                children = module._modules
+                if children:
+                    stack.extend(child for child in children.values() if child is not None)
+            modes.append(tuple(flags))
+        hooks.extend(tuple(table) for table in _global_module_hooks() if table)
+        return tuple(modes), tuple(hooks)
+
+    @staticmethod
+    def parameter_autograd(view: "StateView") -> tuple:
+        """``(requires_grad of each model parameter, hooks on them)``: freezing a layer or
+        registering a tensor hook between steps changes what eager torch computes, so it
+        selects another program. Read without the state guard (no value is touched)."""
+        hooks = []
+        with torch._C.DisableTorchFunctionSubclass():
+            flags = tuple(p.requires_grad for p in view.parameters)
+            for i, p in enumerate(view.parameters):
+                before, after = p._backward_hooks, p._post_accumulate_grad_hooks
+                if before or after:
+                    hooks.append((i, tuple(before or ()), tuple(after or ())))
+        return flags, tuple(hooks)
+
     def _state_dict_pre_hook(self, module, prefix, keep_vars):
         self.materialize_state()
 
     def register_optimizer(self, optimizer) -> None:
+        shared_memory.note_resizable(
+            [v for state in optimizer.state.values() for v in state.values()]
+            + [v for group in optimizer.param_groups for v in group.values()])
         self.optimizer_registry.append(optimizer)
         # load_state_dict replaces the optimizer's state dicts wholesale.
-        optimizer.register_load_state_dict_post_hook(self._invalidate_state_view)
+        optimizer.register_load_state_dict_post_hook(
+            BackendHook(self, "_invalidate_state_view"))
         self._invalidate_state_view()
 
     def setup_scheduler(self, scheduler) -> None:
@@ -164,6 +228,7 @@ class BaseBackend:
         scheduler.optimizer._schedulers_registry[scheduler] = None
         if not isinstance(scheduler.last_epoch, torch.Tensor):
             scheduler.last_epoch = torch.tensor(scheduler.last_epoch, dtype=torch.int64)
+        shared_memory.note_resizable([scheduler.last_epoch])
 
     def setup_grad_scaler(self, scaler) -> None:
         self.grad_scalers.append(scaler)
@@ -235,9 +300,21 @@ class BaseBackend:
         if view is None or view.epoch != self._state_epoch or not view.still_holds():
             self._state_view = None  # it holds the old tensors: retain may let them go
             view = StateView(self._state_epoch, self.state_slots())
+            view.optimizer_params = self._optimizer_links(view)
+            shared_memory.note_resizable(view.tensors)
             self.device_state.retain(view.tensors)
             self._state_view = view
         return view
+
+    def _optimizer_links(self, view) -> tuple:
+        """Per optimizer, per group: the state path of each parameter it updates (None for
+        one that is not state). A program captured the optimizer updating those tensors;
+        replacing a model's parameter (the optimizer keeps the old one, as in eager torch)
+        changes this and so needs another program."""
+        path_of = dict(zip(map(id, view.tensors), view.paths))
+        return tuple(tuple(tuple(path_of.get(id(p)) for p in group["params"])
+                           for group in optimizer.param_groups)
+                     for optimizer in self.optimizer_registry)
 
     def materialize_state(self) -> None:
         """Brings every torch state tensor up to date with its device value."""
@@ -386,7 +463,7 @@ class BaseBackend:
         for handle in self._registration_hooks:
             handle.remove()
         self.device_state.release()
-        self.device_state = DeviceState(self.jax_devices[0], self.layout)
+        self.device_state = self._new_device_state()
         if self._holds_compilation_cache:
             self._holds_compilation_cache = False
             jax_backend.compilation_cache.release()
@@ -428,6 +505,38 @@ def _report_queued_closures() -> None:
                 QueuedClosureWarning, stacklevel=1)
 
 
+class BackendHook:
+    """A hook the backend puts on a registered model or optimizer (``method`` of the
+    backend). It holds the backend weakly, and a copy or pickle of the model gets a hook that
+    does nothing: ``copy.deepcopy(model)`` is a plain model, not a registered one (the
+    backend itself, with its devices, cannot be copied)."""
+
+    def __init__(self, backend, method: str):
+        self._backend = weakref.ref(backend)
+        self._method = method
+
+    def __call__(self, *args, **kwargs):
+        backend = self._backend()
+        if backend is not None:
+            return getattr(backend, self._method)(*args, **kwargs)
+        return None
+
+    def __deepcopy__(self, memo):
+        return _unregistered_hook
+
+    def __reduce__(self):
+        return _unregistered_hook_factory, ()
+
+
+def _unregistered_hook(*args, **kwargs):
+    """What a copied model has in place of a ``BackendHook``."""
+    return None
+
+
+def _unregistered_hook_factory():
+    return _unregistered_hook
+
+
 class StateView:
     """A snapshot of where the state lives: slots with their paths, and the unique tensors
     they hold (each named by the path of its first slot)."""
@@ -445,6 +554,20 @@ class StateView:
         self.tensors = tensors
         self.paths = paths
         self.index_of = {path: i for i, path in enumerate(paths)}
+        # model parameters (unique), whose requires_grad and hooks select a program
+        self.parameters = [t for path, t in zip(paths, tensors)
+                           if path[0] == "model" and path[3] == "param"]
+        # every slot's path -> the path naming its tensor (tied weights share one)
+        first = dict(zip(map(id, tensors), paths))
+        self.named_by = {path: first[id(tensor)] for (path, _), tensor in zip(entries, self.held)}
+        self.optimizer_params: tuple = ()  # set by the backend (optimizer_links)
+
+    def path_of(self, tensor):
+        """The path naming ``tensor`` (its first slot), or None if it is not state here."""
+        for path, held in zip(self.paths, self.tensors):
+            if held is tensor:
+                return path
+        return None
 
     def aval(self, index: int) -> tuple:
         tensor = self.tensors[index]
@@ -453,3 +576,12 @@ class StateView:
     def still_holds(self) -> bool:
         return all(slot.container.get(slot.key) is tensor
                    for slot, tensor in zip(self.slots, self.held))
+
+
+
+def _global_module_hooks() -> tuple:
+    """torch's hook tables that apply to every module (``register_module_forward_hook``
+    and its relatives)."""
+    return tuple(getattr(_torch_module, name, None) or {} for name in (
+        "_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_pre_hooks",
+        "_global_backward_hooks"))

@@ -15,7 +15,6 @@ import contextlib
 import dataclasses
 import functools
 import inspect
-import types
 import warnings
 from typing import Callable, NamedTuple
 
@@ -121,8 +120,8 @@ def compile(model: torch.nn.Module, backend=None):  # noqa: A001 - the public na
             f"{impl.device}. Create the model under the current backend's device.")
     impl.setup_model(model)
     for module in model.modules():
-        module.apply = types.MethodType(_apply, module)
-        module.zero_grad = types.MethodType(_zero_grad, module)
+        module.apply = _ModuleMethod(_apply, module)
+        module.zero_grad = _ModuleMethod(_zero_grad, module)
 
     def compiled(*args, **kwargs):
         return impl.forward(model, *args, **kwargs)
@@ -135,6 +134,24 @@ def compile(model: torch.nn.Module, backend=None):  # noqa: A001 - the public na
             setattr(compiled, name, attr)
     compiled.device = impl.torch_device
     return compiled
+
+
+class _ModuleMethod:
+    """A function bound to one compiled module as an instance attribute (``apply``,
+    ``zero_grad``). Unlike a bound method, a copy or pickle of the module gets the same
+    function bound to the copy (a pickled bound method comes back as whatever
+    ``getattr(module, name)`` finds, e.g. torch's ``Module._apply``, which does something
+    else)."""
+
+    def __init__(self, function, module: torch.nn.Module):
+        self.__func__ = function
+        self.__self__ = module
+
+    def __call__(self, *args, **kwargs):
+        return self.__func__(self.__self__, *args, **kwargs)
+
+    def __reduce__(self):
+        return _ModuleMethod, (self.__func__, self.__self__)
 
 
 def _apply(module: torch.nn.Module, fn):
@@ -192,9 +209,12 @@ class _CompiledStep:
     state_avals: dict  # path -> (shape, dtype) the program was compiled for
     hyperparameters: list  # per optimizer that existed at compile time: its group values
     counter_steps: list  # (optimizer or scheduler, how much one step adds to its _step_count)
+    optimizer_params: tuple  # per optimizer at compile time: the state paths it updates
+    ties: dict  # slot path -> path of its tensor, for the slots of this program's state
     cache: CaptureCache | None = None  # until the first good run: where the graph goes/came
     leaves_gradients: bool = False  # computes gradients and does not zero them
     _resolved: tuple = (None, None, None)  # (view, used indices, written indices)
+    _mismatch: tuple = (None, None)  # (view, why this program does not fit it)
 
     def matches_hyperparameters(self, current: list) -> bool:
         """Python-number hyperparameters are constants of the graph: a program only serves
@@ -203,19 +223,45 @@ class _CompiledStep:
 
     def resolve(self, view):
         """Positions of this program's state in ``view``; None if the state it was compiled
-        for is gone or changed shape/dtype (cached per view)."""
+        for does not fit the view any more (``mismatch``). Cached per view."""
         if self._resolved[0] is view:
             return self._resolved[1:]
-        try:
-            used = [view.index_of[p] for p in self.used_paths]
-            written = [view.index_of[p] for p in self.written_paths]
-        except KeyError:
+        if self.mismatch(view) is not None:
             return None
-        for path, index in zip(self.used_paths + self.written_paths, used + written):
-            if view.aval(index) != self.state_avals[path]:
-                return None
+        used = [view.index_of[p] for p in self.used_paths]
+        written = [view.index_of[p] for p in self.written_paths]
         self._resolved = (view, used, written)
         return used, written
+
+    def mismatch(self, view) -> str | None:
+        """Why this program cannot run on the state of ``view``, or None if it can: state it
+        uses is gone, changed shape or dtype, is no longer the tensor its optimizer updates
+        (a parameter replaced), or is tied differently."""
+        if self._mismatch[0] is view:
+            return self._mismatch[1]
+        reason = self._find_mismatch(view)
+        self._mismatch = (view, reason)
+        return reason
+
+    def _find_mismatch(self, view) -> str | None:
+        for path in self.used_paths + self.written_paths:
+            index = view.index_of.get(path)
+            if index is None:
+                return f"state {state_name(path)} is gone or now shares a tensor"
+            if view.aval(index) != self.state_avals[path]:
+                return f"state {state_name(path)} changed shape or dtype"
+        current = view.optimizer_params[:len(self.optimizer_params)]
+        for o, (then, now) in enumerate(zip(self.optimizer_params, current)):
+            if then != now:
+                return (f"the parameters optimizer {o} updates are no longer the model's "
+                        "(a parameter was replaced: the optimizer keeps the old tensor, as "
+                        "in eager torch)" if len(then) == len(now) else
+                        f"optimizer {o} has another number of param groups")
+        for slot, named in self.ties.items():
+            if view.named_by.get(slot) != named:
+                return (f"state {state_name(slot)} was replaced or tied/untied "
+                        "differently")
+        return None
 
 
 def _frozen(value):
@@ -246,17 +292,27 @@ class ProgramSignature(NamedTuple):
     train_eval_modes: tuple  # ``training`` of every module of every registered model
     grad_mode: bool
     precision_policy: jax_backend.Policy
+    requires_grad: tuple  # of every model parameter
+    parameter_hooks: tuple  # register_hook / post-accumulate hooks on parameters, by handle
+    module_hooks: tuple  # forward/backward hooks of modules and torch's global ones
 
 
 _FIELD_NAMES = {"input_shapes_dtypes": "input shapes/dtypes",
-                "train_eval_modes": "train/eval mode"}
+                "train_eval_modes": "train/eval mode",
+                "requires_grad": "requires_grad of a parameter (e.g. a layer frozen with "
+                                 "requires_grad_(False))",
+                "parameter_hooks": "hooks on parameters (register_hook)",
+                "module_hooks": "module hooks (register_forward_hook and the like)"}
 
 
-def _signature(leaves, spec, impl) -> ProgramSignature:
+def _signature(leaves, spec, impl, view) -> ProgramSignature:
     tensors = tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else None
                     for x in leaves)
-    return ProgramSignature(spec, tensors, impl.module_modes(), torch.is_grad_enabled(),
-                            impl.precision_policy())
+    modes, module_hooks = impl.module_modes_and_hooks()
+    requires_grad, parameter_hooks = impl.parameter_autograd(view)
+    return ProgramSignature(spec, tensors, modes, torch.is_grad_enabled(),
+                            impl.precision_policy(), requires_grad, parameter_hooks,
+                            module_hooks)
 
 
 def _input_array(tensor):
@@ -329,7 +385,7 @@ class TracedStep:
         """The compiled step for these arguments and the current state, compiled now if
         needed (without running it): ``(entry, key, view, positions)``."""
         view = impl.state_view()
-        key = _signature(leaves, spec, impl)
+        key = _signature(leaves, spec, impl, view)
         hyperparameters = _hyperparameters(impl)
         for entry in self._programs.get(key, ()):
             positions = entry.resolve(view)
@@ -338,7 +394,10 @@ class TracedStep:
                 self._programs.move_to_end(key)
                 break
         else:
-            entry = self._compile(impl, key, leaves, spec, view)
+            reasons = [entry.mismatch(view) for entry in self._programs.get(key, ())]
+            entry = self._compile(impl, key, leaves, spec, view,
+                                  reason=next((r for r in reasons if r), None))
+            key = self._refile(entry, key, leaves, spec, impl, view)
             positions = entry.resolve(view)
             self._evict_unused()
         self._last_key = key
@@ -354,11 +413,30 @@ class TracedStep:
             if entry.cache is None or not entry.cache.hit or entry.program.has_run:
                 raise
             entry = self._recapture(impl, key, leaves, spec, view, entry, error)
+            key = self._last_key = self._refile(entry, key, leaves, spec, impl, view)
             outputs = self._run(impl, entry, leaves, view, *entry.resolve(view))
         if entry.cache is not None:  # the first good run: keep the graph for later runs
             entry.cache, cache = None, entry.cache
             cache.store()
         return outputs
+
+    def _compile_without_running(self, impl, args, kwargs) -> None:
+        """Captures and compiles the step for ``args`` as its first call would, without
+        running the program (compile-only runs)."""
+        self._program_for(impl, *pytree.tree_flatten((args, kwargs)))
+
+    def _refile(self, entry, key, leaves, spec, impl, view) -> ProgramSignature:
+        """Files a just-captured program under the signature as the capture left it, and
+        returns that. The step body may change what selects a program, e.g. register a
+        gradient hook on a parameter in a forward hook (as sparsity does, again in every
+        capture): the next call must find this program, not capture again."""
+        after = _signature(leaves, spec, impl, view)
+        if after != key:
+            self._programs[key].remove(entry)
+            if not self._programs[key]:
+                del self._programs[key]
+            self._programs.setdefault(after, []).append(entry)
+        return after
 
     def _recapture(self, impl, key, leaves, spec, view, entry, error) -> _CompiledStep:
         """A graph from the cache whose program failed before it ever ran (state is left as
@@ -373,16 +451,19 @@ class TracedStep:
         return self._compile(impl, key, leaves, spec, view, retry=True)
 
     # ---------------------------------------------------------------------------- compile
-    def _compile(self, impl, key, leaves, spec, view, retry=False) -> _CompiledStep:
+    def _compile(self, impl, key, leaves, spec, view, retry=False,
+                 reason=None) -> _CompiledStep:
         if self._programs and not retry:
-            changed = _describe_change(self._last_key, key, self.step_fn)
+            changed = _describe_change(self._last_key, key, self.step_fn, reason)
             if impl.is_csx:
                 raise jax_backend.RecompilationError(
                     f"The step function {self.step_fn.__name__!r} was called with a new "
                     f"signature ({changed}) after it was compiled. The CSX backend cannot "
-                    "recompile a running program: keep input shapes, dtypes and the "
-                    "train/eval mode fixed (e.g. use drop_last=True in your DataLoader), or "
-                    "use a separate @cstorch.trace function for each signature.")
+                    "recompile a running program: keep input shapes, dtypes, the "
+                    "train/eval mode, requires_grad flags, hooks and the model's parameter "
+                    "objects as they were when it was compiled (e.g. use drop_last=True in "
+                    "your DataLoader; freeze layers and register hooks before the first "
+                    "step), or use a separate @cstorch.trace function for each signature.")
             warn(f"Compiling {self.step_fn.__name__!r} again because its signature changed "
                  f"({changed}). Each new signature costs a trace and a compilation.",
                  RecompilationWarning)
@@ -431,9 +512,11 @@ class TracedStep:
         written = [view.paths[i] for i in captured.written_state]
         avals = {view.paths[i]: view.aval(i)
                  for i in captured.used_state + captured.written_state}
+        mine = set(used + written)
+        ties = {slot: named for slot, named in view.named_by.items() if named in mine}
         entry = _CompiledStep(captured, program, closures, python_leaves, used, written, avals,
-                              _hyperparameters(impl), counter_steps,
-                              cache if cache.key is not None else None,
+                              _hyperparameters(impl), counter_steps, view.optimizer_params,
+                              ties, cache if cache.key is not None else None,
                               leaves_gradients=bool(leaves_gradients and leaves_gradients[-1]))
         self._programs.setdefault(key, []).append(entry)
         return entry
@@ -595,7 +678,8 @@ class PureState(NamedTuple):
         return self._replace(donated=[written[name] for name in self.donated_names])
 
 
-def _describe_change(old: ProgramSignature, new: ProgramSignature, step_fn=None) -> str:
+def _describe_change(old: ProgramSignature, new: ProgramSignature, step_fn=None,
+                     reason=None) -> str:
     changed = [_FIELD_NAMES.get(field, field.replace("_", " "))
                for field, a, b in zip(ProgramSignature._fields, old, new) if a != b]
     if old.input_shapes_dtypes != new.input_shapes_dtypes and old.input_structure == \
@@ -603,6 +687,8 @@ def _describe_change(old: ProgramSignature, new: ProgramSignature, step_fn=None)
         changed[changed.index("input shapes/dtypes")] = (
             "input shapes/dtypes: " + _describe_inputs(old, new, step_fn)
             + "; a smaller last batch is the usual cause: use drop_last=True in the DataLoader")
+    if reason:
+        changed.append(reason)
     return ", ".join(changed) or (
         "an optimizer hyperparameter that is a Python number changed, or the state the step "
         "uses changed shape or dtype; schedule hyperparameters with a cstorch scheduler (or "

@@ -18,6 +18,7 @@ Differences from cerebras-pytorch 2.10 (on purpose):
 """
 
 from typing import Any, Dict
+import functools
 import warnings
 import weakref
 from abc import ABC, abstractmethod
@@ -57,6 +58,12 @@ class Optimizer(torch.optim.Optimizer, ABC):
         self.backend.register_optimizer(self)
         for group in self.param_groups:
             _normalize_tags(group)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("preinitialize")
+        if own is not None and not getattr(own, "__isabstractmethod__", False):
+            cls.preinitialize = _keeping_existing_state(own)
 
     def add_param_group(self, param_group):
         super().add_param_group(param_group)
@@ -198,6 +205,25 @@ class Optimizer(torch.optim.Optimizer, ABC):
         if not self.backend.is_tracing:
             self.backend.materialize_state()  # an eager step must start from the newest state
         return loss
+
+
+def _keeping_existing_state(preinitialize):
+    """``preinitialize`` that only adds state: called on a running optimizer (after
+    ``add_param_group``, as the reference expects), it creates the new parameters' state and
+    keeps every existing tensor, so moments survive as they do in eager torch."""
+
+    @functools.wraps(preinitialize)
+    def keeping(self):
+        existing = {p: dict(state) for p, state in self.state.items() if state}
+        preinitialize(self)
+        if not existing:
+            return
+        for p, state in existing.items():
+            self.state[p].update(state)  # the old tensors back, in the keys' order
+        if "_schedulers_registry" in self.__dict__:  # a registered optimizer: new state
+            self.backend._invalidate_state_view()
+
+    return keeping
 
 
 def _normalize_tags(group):

@@ -29,13 +29,13 @@ def release_all(monkeypatch):
 def copies(monkeypatch):
     """Counts device-to-torch copies of state values (``DeviceState._fill``'s reads)."""
     count = {"n": 0}
-    original = jax_backend.state.array_to_tensor
+    original = jax_backend.state.array_to_numpy
 
     def counted(array):
         count["n"] += 1
         return original(array)
 
-    monkeypatch.setattr(jax_backend.state, "array_to_tensor", counted)
+    monkeypatch.setattr(jax_backend.state, "array_to_numpy", counted)
     return count
 
 

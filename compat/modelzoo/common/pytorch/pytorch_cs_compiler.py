@@ -13,10 +13,7 @@ import json
 import logging
 import os
 
-from torch.utils import _pytree as pytree
-
 from cstorch.backend import current_backend_impl
-from cstorch.core import compile as _compile_module
 from modelzoo.common.pytorch import modes
 from modelzoo.common.pytorch.pytorch_base_cs_runner import PyTorchBaseCSRunner
 
@@ -24,12 +21,7 @@ from modelzoo.common.pytorch.pytorch_base_cs_runner import PyTorchBaseCSRunner
 def compile_without_running(traced, *args) -> None:
     """Captures and compiles ``traced`` for ``args`` as its first call would, without
     executing the program (so no state changes)."""
-    impl = current_backend_impl()
-    leaves, spec = pytree.tree_flatten((args, {}))
-    view = impl.state_view()
-    key = _compile_module._signature(leaves, spec, impl)
-    traced._compile(impl, key, leaves, spec, view)
-    traced._last_key = key
+    traced._compile_without_running(current_backend_impl(), args, {})
 
 
 class PyTorchCSCompiler(PyTorchBaseCSRunner):
