@@ -51,6 +51,9 @@ SHRINK = {
     "num_experts": 2, "num_kv_groups": 1, "num_key_value_heads": 1, "head_dim": 16,
     "rotary_dim": 16,
     "dropout_rate": 0.0, "attention_dropout_rate": 0.0, "embedding_dropout_rate": 0.0,
+    # every other dropout too: the engine draws its random masks differently by design
+    "task_dropout": 0.0, "encoder_output_dropout_rate": 0.0, "relu_dropout_rate": 0.0,
+    "embd_pdrop": 0.0, "stochastic_depth_drop_prob": 0.0,
 }
 SEQ, VOCAB = 128, 512  # the GPT-style sequences the sweep writes
 
@@ -110,6 +113,16 @@ def _shrink(node):
 
 
 DATA_PROCESSORS: dict = {}  # registry name -> data processor class names (set in main)
+MODEL_PATHS: dict = {}  # registry name -> the model class's dotted path (set in main)
+
+
+def _missing_module(name, src: Path):
+    """The registry's module for ``name`` when the checkout does not have it, else None."""
+    module = MODEL_PATHS.get(name, "").rsplit(".", 1)[0]
+    base = src.joinpath(*module.split("."))
+    if module and not base.with_suffix(".py").exists() and not (base / "__init__.py").exists():
+        return module
+    return None
 
 
 def _first_phase(params):
@@ -161,32 +174,156 @@ def tiny_config(name, configs, processors, workdir: Path):
     init["seed"] = 1
     init["loop"] = {"num_steps": 3, "eval_frequency": None}
     train = phase.get("fit", {}).get("train_dataloader")
-    if "GptHDF5MapDataProcessor" in processors:
-        phase["fit"] = {"train_dataloader": {
-            "data_processor": "GptHDF5MapDataProcessor", "batch_size": 2, "shuffle": False,
-            "num_workers": 0,
-            "data_dir": str(write_gpt_hdf5(workdir / "gpt_data"))}}
-        init["model"]["vocab_size"] = VOCAB
-        if "max_position_embeddings" in init["model"]:
-            init["model"]["max_position_embeddings"] = SEQ
-    elif "BertHDF5DataProcessor" in processors and isinstance(train, dict) \
-            and train.get("data_processor") == "BertHDF5DataProcessor":
-        vocab = int(init["model"].get("vocab_size") or VOCAB)
-        phase["fit"] = {"train_dataloader": {
-            "data_processor": "BertHDF5DataProcessor", "batch_size": 2, "shuffle": False,
-            "num_workers": 0, "data_dir": str(write_mlm_hdf5(workdir / "mlm_data", vocab))}}
-        if "max_position_embeddings" in init["model"]:
-            init["model"]["max_position_embeddings"] = SEQ + 2  # ESM-2 counts two extra
-    elif name == "fc_mnist" and train:
-        phase["fit"] = {"train_dataloader": {**train, "use_fake_data": True,
-                                             "fake_data_seed": 1, "batch_size": 4}}
-    else:
-        used = train.get("data_processor") if isinstance(train, dict) else None
-        return None, f"needs {used or 'its'} data files; this sweep makes no fake data for it"
+    try:
+        phase["fit"] = {"train_dataloader": feed(name, init["model"], train, processors,
+                                                 workdir)}
+    except NoData as reason:
+        return None, str(reason)
     phase.pop("validate", None)
     phase.pop("validate_all", None)
     origin = path.relative_to(path.parents[3])
     return {"trainer": phase}, f"from {origin}" + (f" (of {donor})" if donor != name else "")
+
+
+class NoData(Exception):
+    """This sweep cannot make the data a model's processor reads (the message says why)."""
+
+
+def _set_everywhere(node, key, value):
+    """Sets ``key`` to ``value`` wherever it occurs in a nested config."""
+    if isinstance(node, dict):
+        for k in node:
+            if k == key:
+                node[k] = value
+            else:
+                _set_everywhere(node[k], key, value)
+    elif isinstance(node, list):
+        for v in node:
+            _set_everywhere(v, key, value)
+
+
+def _loader(train: dict, **changes) -> dict:
+    """The shipped train loader with a small batch, no worker processes, a fixed shuffle
+    seed (shuffling as shipped: both runs draw the same order) and ``changes``."""
+    out = {k: v for k, v in train.items()
+           if k not in ("num_workers", "prefetch_factor", "persistent_workers",
+                        "use_worker_cache")}
+    out.update(batch_size=2, num_workers=0)
+    if out.get("shuffle", True) and "shuffle_seed" in out:
+        out["shuffle_seed"] = 1
+    out.update(changes)
+    return out
+
+
+BERT_MSL = 64  # sequence length of the sweep's BERT-family text
+
+
+def feed(name, model: dict, train, processors, workdir: Path) -> dict:
+    """Writes synthetic data for the processor the shipped config uses (or, when it names
+    none, one the registry lists) and returns the train loader config reading it; sets the
+    model's sizes to match (vocabulary, sequence length). Raises NoData when it cannot."""
+    synthetic = _synthetic_data()
+    used = train.get("data_processor") if isinstance(train, dict) else None
+    data = workdir / "data"
+    if "GptHDF5MapDataProcessor" in processors and used != "DpoHDF5DataProcessor":
+        model["vocab_size"] = VOCAB
+        if "max_position_embeddings" in model:
+            model["max_position_embeddings"] = SEQ
+        return {"data_processor": "GptHDF5MapDataProcessor", "batch_size": 2,
+                "shuffle": False, "num_workers": 0,
+                "data_dir": str(write_gpt_hdf5(data))}
+    if used == "BertHDF5DataProcessor":
+        vocab = int(model.get("vocab_size") or VOCAB)
+        if "max_position_embeddings" in model:
+            model["max_position_embeddings"] = SEQ + 2  # ESM-2 counts two extra
+        return _loader(train, shuffle=False,
+                       data_dir=str(write_mlm_hdf5(data, vocab)))
+    if name == "fc_mnist" and train:
+        return {**train, "use_fake_data": True, "fake_data_seed": 1, "batch_size": 4}
+    if used in ("BertCSVDynamicMaskDataProcessor", "BertCSVDataProcessor"):
+        if used == "BertCSVDataProcessor":
+            raise NoData("BertCSVDataProcessor (pre-masked CSV) has no writer here")
+        vocab_file, vocab_size = synthetic.write_vocab(data / "vocab.txt",
+                                                       synthetic.BERT_SPECIALS)
+        model["vocab_size"] = vocab_size
+        model["max_position_embeddings"] = BERT_MSL
+        return _loader(train, vocab_file=vocab_file, max_sequence_length=BERT_MSL,
+                       max_predictions_per_seq=10,
+                       data_dir=synthetic.write_bert_pretraining_csv(data / "csv", BERT_MSL))
+    if used in ("SST2DataProcessor", "MNLIDataProcessor"):
+        vocab_file, vocab_size = synthetic.write_vocab(data / "vocab.txt",
+                                                       synthetic.BERT_SPECIALS)
+        model["vocab_size"] = vocab_size
+        model["max_position_embeddings"] = BERT_MSL
+        task = "sst2" if used == "SST2DataProcessor" else "mnli"
+        return _loader(train, vocab_file=vocab_file, max_sequence_length=BERT_MSL,
+                       data_dir=synthetic.write_glue_tsv(data / task, task))
+    if used == "BertSumCSVDataProcessor":
+        vocab_file, vocab_size = synthetic.write_vocab(data / "vocab.txt",
+                                                       synthetic.BERT_SPECIALS)
+        model.update(vocab_size=vocab_size, max_position_embeddings=BERT_MSL,
+                     vocab_file=vocab_file)
+        return _loader(train, vocab_file=vocab_file, max_sequence_length=BERT_MSL,
+                       max_cls_tokens=8, data_dir=synthetic.write_bertsum_csv(
+                           data / "csv", vocab_size, BERT_MSL, 8))
+    if used == "BertTokenClassifierDataProcessor":
+        vocab_file, vocab_size = synthetic.write_vocab(data / "vocab.txt",
+                                                       synthetic.BERT_SPECIALS)
+        folder, labels, classes = synthetic.write_ner_csv(data / "csv", BERT_MSL)
+        model.update(vocab_size=vocab_size, max_position_embeddings=BERT_MSL,
+                     label_vocab_file=labels, num_classes=classes)
+        return _loader(train, vocab_file=vocab_file, max_sequence_length=BERT_MSL,
+                       label_vocab_file=labels, data_dir=folder)
+    if used == "DpoHDF5DataProcessor":
+        _set_everywhere(model, "vocab_size", VOCAB)
+        _set_everywhere(model, "max_position_embeddings", SEQ)
+        return _loader(train, data_dir=synthetic.write_dpo_hdf5(data, VOCAB, SEQ))
+    if used == "DPRHDF5DataProcessor":
+        _set_everywhere(model, "vocab_size", VOCAB)
+        _set_everywhere(model, "max_position_embeddings", BERT_MSL)
+        return _loader(train, data_dir=synthetic.write_dpr_hdf5(data, VOCAB, BERT_MSL))
+    if used in ("T5DynamicDataProcessor", "TransformerDynamicDataProcessor"):
+        vocab_file, vocab_size = synthetic.write_vocab(data / "vocab.txt",
+                                                       synthetic.T5_SPECIALS)
+        src_len = BERT_MSL
+        if used == "T5DynamicDataProcessor":
+            tgt_len = _t5_target_length(src_len)
+            folder = synthetic.write_t5_text(data / "text")
+        else:
+            tgt_len = src_len
+            folder = synthetic.write_translation_text(data / "text", src_len)
+        model["src_vocab_size"] = vocab_size
+        if "tgt_vocab_size" in model:
+            model["tgt_vocab_size"] = vocab_size
+        model.update(src_max_position_embeddings=src_len,
+                     tgt_max_position_embeddings=tgt_len)
+        return _loader(train, src_vocab_file=vocab_file, src_data_dir=folder,
+                       src_max_sequence_length=src_len, tgt_max_sequence_length=tgt_len,
+                       shuffle_buffer=16)
+    raise NoData(f"needs {used or 'its'} data files; this sweep makes no fake data for it")
+
+
+def _t5_target_length(src_len, corruption=0.15, span=3):
+    """The decoder length T5's span corruption needs for encoder inputs of ``src_len``
+    (the raw chunk grows until its corrupted form fills ``src_len``)."""
+    def lengths(raw):
+        noise = int(round(raw * corruption))
+        spans = int(round(noise / span))
+        return raw - noise + spans + 1, noise + spans + 1
+
+    raw = src_len
+    while lengths(raw)[0] < src_len:
+        raw += 1
+    return lengths(raw)[1]
+
+
+def _synthetic_data():
+    sys.path.insert(0, str(ROOT / "tests" / "zoo"))
+    try:
+        import synthetic_data
+    finally:
+        sys.path.pop(0)
+    return synthetic_data
 
 
 STUBS = ROOT / "tests" / "zoo" / "stubs"
@@ -254,6 +391,12 @@ def _short_where(where: str, src: Path) -> str:
 
 def sweep_model(name, processors, configs, args, src):
     workdir = Path(tempfile.mkdtemp(prefix=f"zoo_{name.replace('/', '_')}_", dir=args.workdir))
+    missing = _missing_module(name, src)
+    if missing:
+        # The reference cannot import it either: nothing to train or compare.
+        return {"model": name, "note": "", "CPU": "not in release", "CSX": "-",
+                "YAML": "-", "difference": "",
+                "error": f"the registry names {missing}, which this zoo checkout lacks"}
     config, note = tiny_config(name, configs, processors, workdir)
     row = {"model": name, "note": note, "CPU": "-", "CSX": "-", "YAML": "-",
            "difference": "", "error": note if config is None else ""}
@@ -346,6 +489,7 @@ def main(argv=None) -> int:
     DATA_PROCESSORS.update({m["name"]: {p.rsplit(".", 1)[-1]
                                          for p in m.get("data_processor_paths") or []}
                             for m in registry})
+    MODEL_PATHS.update({m["name"]: m["path"] for m in registry})
     if args.workdir:
         os.makedirs(args.workdir, exist_ok=True)
 
