@@ -151,10 +151,15 @@ def _hidden(path):
     return model.get("hidden_size") or model.get("d_model") or 1 << 30
 
 
+# Models without a shipped config of their own whose config class takes another model's
+# config: generic_image_encoders is the class DINO's config instantiates.
+BORROW = {"generic_image_encoders": "dino"}
+
+
 def tiny_config(name, configs, processors, workdir: Path):
     """The tiny config for ``name`` and why none could be made (one of them is None)."""
-    donor = name
-    if name not in configs:
+    donor = BORROW.get(name, name)
+    if donor not in configs:
         # No shipped config of its own: one of a model that reads the same data (gpt2 ->
         # gpt3), with this model's name.
         donor = next((other for other, others_processors in DATA_PROCESSORS.items()
@@ -165,7 +170,7 @@ def tiny_config(name, configs, processors, workdir: Path):
     phase = copy.deepcopy(_first_phase(yaml.safe_load(path.read_text())))
     init = phase["init"]
     init["model"]["name"] = name
-    if donor != name:  # options the donor's config leaves at this model's defaults
+    if donor != name and name not in BORROW:  # options the donor's config leaves at its defaults
         init["model"].setdefault("embedding_dropout_rate", 0.0)  # random masks differ
     init["model"] = _shrink(init["model"])
     for key in ("device", "backend", "schedulers", "checkpoint", "callbacks", "loggers",
@@ -300,7 +305,125 @@ def feed(name, model: dict, train, processors, workdir: Path) -> dict:
         return _loader(train, src_vocab_file=vocab_file, src_data_dir=folder,
                        src_max_sequence_length=src_len, tgt_max_sequence_length=tgt_len,
                        shuffle_buffer=16)
+    vision = {"ImageNet1KProcessor", "DiffusionLatentImageNet1KProcessor",
+              "DinoImageDataProcessor", "BaseImageDataProcessor", "LlavaHDF5MapDataProcessor",
+              "MultimodalSimpleHDF5MapDataProcessor"}
+    if used in vision and not ZOO_HAS_TORCHVISION:
+        raise NoData(f"{used} needs torchvision in the zoo Python (tests/zoo/README.md)")
+    if used == "ImageNet1KProcessor":
+        _set_everywhere(model, "image_size", [IMAGE, IMAGE])
+        _set_everywhere(model, "patch_size", [IMAGE // 4, IMAGE // 4])
+        shipped = int(_first_size(train.get("image_size")) or 224)
+        return _loader(train, image_size=[IMAGE, IMAGE],
+                       transforms=_scale_sizes(train.get("transforms") or [], IMAGE / shipped),
+                       data_dir=synthetic.write_imagenet_folder(data / "imagenet"))
+    if used == "DiffusionLatentImageNet1KProcessor":
+        latent = [8, 8]
+        vae = model["vae"]
+        vae["latent_size"] = latent
+        channels = int(vae.get("latent_channels") or 4)
+        folder = synthetic.write_latent_folder(data / "latents", [2 * channels, *latent])
+        return _loader(train, data_dir=[folder], shuffle_seed=1, latent_size=latent,
+                       latent_channels=channels,
+                       num_diffusion_steps=model.get("num_diffusion_steps"),
+                       schedule_name=model.get("schedule_name"),
+                       vae_scaling_factor=vae.get("scaling_factor"),
+                       label_dropout_rate=model.get("label_dropout_rate"))
+    if used in ("DinoImageDataProcessor", "BaseImageDataProcessor"):
+        return _feed_ssl(model, train, synthetic, data, processors)
+    if used in ("LlavaHDF5MapDataProcessor", "MultimodalSimpleHDF5MapDataProcessor"):
+        return _feed_multimodal(model, train, synthetic, data, used)
     raise NoData(f"needs {used or 'its'} data files; this sweep makes no fake data for it")
+
+
+IMAGE = 32  # side of the sweep's (square) model images
+ZOO_HAS_TORCHVISION = False  # set in main: whether the zoo Python has a real torchvision
+
+
+def _first_size(size):
+    return size[0] if isinstance(size, (list, tuple)) else size
+
+
+def _scale_sizes(transforms: list, factor: float) -> list:
+    """Image transforms with every ``size`` scaled by ``factor`` (at least 1 pixel)."""
+    def scaled(value):
+        if isinstance(value, (list, tuple)):
+            return [max(1, round(v * factor)) for v in value]
+        return max(1, round(value * factor))
+
+    return [{**t, "size": scaled(t["size"])} if "size" in t else dict(t) for t in transforms]
+
+
+def _feed_ssl(model, train, synthetic, data, processors):
+    """DINO-style self-supervised image data: an ImageNet folder seen through the shipped
+    multi-crop transform, at 56-pixel global and 28-pixel local crops of 14-pixel patches
+    (4x4 and 2x2 patches); heads and losses shrunk with the trunks."""
+    patch, global_size, local_size = 14, 56, 28
+    for trunk in model.get("image_model_trunks") or []:
+        image = trunk["image_model"]
+        image.update(image_size=[global_size, global_size], patch_size=[patch, patch])
+        interpolate = image.get("interpolate_position_embedding")
+        if isinstance(interpolate, dict) and "local_patch_dims" in interpolate:
+            interpolate["local_patch_dims"] = [local_size // patch] * 2
+    out_size = 64
+    for head in model.get("heads") or []:
+        head["head_model"].update(input_size=SHRINK["hidden_size"], output_size=out_size,
+                                  bottleneck_size=16)
+    for loss in model.get("losses") or []:
+        if "input_size" in loss["loss"]:
+            loss["loss"]["input_size"] = out_size
+    transform = copy.deepcopy(train["ssl_transform"])
+    crops = transform.get("multi_crop_transform") or {}
+    if "global_image_size" in crops:
+        crops.update(global_image_size=global_size, local_image_size=local_size)
+    masked = transform.get("masked_patch_transform") or {}
+    if "image_size" in masked:
+        masked.update(image_size=global_size, patch_size=patch)
+    processor = train["data_processor"]
+    if processor not in processors and len(processors) == 1:
+        processor = next(iter(processors))  # a borrowed config: this model's own processor
+    return _loader(train, data_processor=processor, ssl_transform=transform, shuffle_seed=1,
+                   dataset={"name": "Imagenet", "split": "train",
+                            "root": synthetic.write_imagenet_folder(
+                                data / "imagenet", size=(64, 64))})
+
+
+MM_SEQ = 32  # text length of the multimodal samples
+
+
+def _feed_multimodal(model, train, synthetic, data, used):
+    """LLaVA-style data: HDF5 text samples with one image each (28-pixel images of 14-pixel
+    patches: 4 image tokens after the first text token)."""
+    patch, side = 14, 28
+    tokens = (side // patch) ** 2
+    _set_everywhere(model, "image_size", [side, side])
+    _set_everywhere(model, "patch_size", [patch, patch])
+    _set_everywhere(model, "input_unit", SHRINK["hidden_size"])
+    _fix_units(model)
+    text = model["text_model"]
+    text.update(vocab_size=VOCAB, max_position_embeddings=MM_SEQ)
+    shipped = int((train.get("image_data_size") or [3, 336, 336])[-1])
+    writer = (synthetic.write_llava_hdf5 if used == "LlavaHDF5MapDataProcessor"
+              else synthetic.write_multimodal_simple_hdf5)
+    folder = writer(data / "h5", data / "images", VOCAB, MM_SEQ, tokens,
+                    image_start=int(model.get("image_start_idx", 1)))
+    extra = {"num_patches": tokens} if used != "LlavaHDF5MapDataProcessor" else {}
+    return _loader(train, data_dir=folder, img_data_dir=str(data / "images"),
+                   image_data_size=[3, side, side],
+                   transforms=_scale_sizes(train.get("transforms") or [], side / shipped),
+                   **extra)
+
+
+def _fix_units(node):
+    """Projector layers (``layers_units``): every layer of the hidden size."""
+    if isinstance(node, dict):
+        if isinstance(node.get("layers_units"), list):
+            node["layers_units"] = [SHRINK["hidden_size"]] * len(node["layers_units"])
+        for value in node.values():
+            _fix_units(value)
+    elif isinstance(node, list):
+        for value in node:
+            _fix_units(value)
 
 
 def _t5_target_length(src_len, corruption=0.15, span=3):
@@ -344,7 +467,9 @@ def _reference_stubs() -> str:
 def _env(src, ours: bool):
     paths = [str(src)]
     if ours:
-        paths += [str(ROOT), str(ROOT / "compat"), str(STUBS)]
+        # With a real torchvision the zoo Python needs only the eval-harness stand-ins.
+        paths += [str(ROOT), str(ROOT / "compat"),
+                  _reference_stubs() if ZOO_HAS_TORCHVISION else str(STUBS)]
     else:
         paths.append(_reference_stubs())
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
@@ -490,6 +615,10 @@ def main(argv=None) -> int:
                                          for p in m.get("data_processor_paths") or []}
                             for m in registry})
     MODEL_PATHS.update({m["name"]: m["path"] for m in registry})
+    global ZOO_HAS_TORCHVISION
+    ZOO_HAS_TORCHVISION = subprocess.run(
+        [args.zoo_python, "-c", "import torchvision.transforms"], capture_output=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}).returncode == 0
     if args.workdir:
         os.makedirs(args.workdir, exist_ok=True)
 

@@ -235,3 +235,102 @@ def write_dpr_hdf5(folder, vocab: int, seq: int, contexts=2, examples=16, seed=0
                             "questions_token_type_ids"],
         "data_1_features": ["ctx_input_ids", "ctx_attention_mask", "ctx_token_type_ids"]}))
     return str(folder)
+
+
+# --- images ---------------------------------------------------------------------------------
+
+
+def _png(path: Path, rng, size) -> None:
+    from PIL import Image
+
+    pixels = rng.integers(0, 256, size=(size[1], size[0], 3), dtype=np.uint8)
+    Image.fromarray(pixels, "RGB").save(path)
+
+
+def write_imagenet_folder(root, classes=2, per_class=8, size=(40, 40), seed=0) -> str:
+    """An ImageNet-layout root as torchvision's ``ImageNet`` reads it: ``train/<wnid>/*``
+    images (PNG: lossless, so every reader decodes the same pixels) and the ``meta.bin``
+    that maps each wnid to its class names (written with ``torch.save``, loadable with
+    ``weights_only=True``). ``size`` is (width, height); image sizes vary a little."""
+    import torch
+
+    root = _folder(root)
+    rng = np.random.default_rng(seed)
+    wnids = [f"n{index:08d}" for index in range(classes)]
+    for wnid in wnids:
+        folder = _folder(root / "train" / wnid)
+        for index in range(per_class):
+            jitter = rng.integers(0, 9, 2)
+            _png(folder / f"{wnid}_{index}.png", rng,
+                 (size[0] + int(jitter[0]), size[1] + int(jitter[1])))
+    torch.save(({wnid: (f"class {i}",) for i, wnid in enumerate(wnids)}, []),
+               root / "meta.bin")
+    return str(root)
+
+
+def write_latent_folder(root, shape, classes=2, per_class=8, seed=0) -> str:
+    """DiffusionLatentImageNet1KProcessor input: ``train/<class>/*.npz``, each with a VAE
+    posterior ``vae_output`` of ``shape`` = [2 * latent channels, H, W] (means, then log
+    variances) and its ``label``."""
+    root = _folder(root)
+    rng = np.random.default_rng(seed)
+    for label in range(classes):
+        folder = _folder(root / "train" / f"n{label:08d}")
+        for index in range(per_class):
+            latent = rng.standard_normal(shape).astype(np.float32)
+            half = shape[0] // 2
+            latent[half:] = -4.0 + 0.1 * latent[half:]  # small variances
+            np.savez(folder / f"{index}.npz", vae_output=latent,
+                     label=np.array(label, dtype=np.int64))
+    return str(root)
+
+
+def _image_files(folder: Path, rng, count, size) -> list[bytes]:
+    names = []
+    for index in range(count):
+        name = f"img_{index}.png"
+        _png(folder / name, rng, size)
+        names.append(name.encode())
+    return names
+
+
+def write_llava_hdf5(folder, images, vocab: int, seq: int, image_tokens: int,
+                     image_start=1, image_size=(40, 40), examples=16, seed=0) -> str:
+    """LlavaHDF5MapDataProcessor input ("sample" format): ``data`` ``[N, 4, seq]`` (text
+    ids, loss mask, labels, key padding mask: 1 on padding) and ``img_path`` ``[N, 1]``
+    (file names under ``images``); the image's ``image_tokens`` features take the text
+    positions from ``image_start`` on, which carry no loss."""
+    folder, images = _folder(folder), _folder(images)
+    rng = np.random.default_rng(seed)
+    ids, loss, labels = _lm_sample(rng, vocab, seq, examples)
+    loss[:, image_start:image_start + image_tokens] = 0
+    padding = (loss == 0).astype(np.int32)
+    padding[:, :image_start + image_tokens] = 0
+    names = _image_files(images, rng, examples, image_size)
+    _h5(folder / "data-0.h5", examples, data=np.stack([ids, loss, labels, padding], axis=1),
+        img_path=np.array([[name] for name in names], dtype="S"))
+    return str(folder)
+
+
+def write_multimodal_simple_hdf5(folder, images, vocab: int, seq: int, image_tokens: int,
+                                 image_start=1, image_size=(40, 40), examples=16,
+                                 seed=0) -> str:
+    """MultimodalSimpleHDF5MapDataProcessor input: ``data`` ``[N, 5, seq]`` (the four of
+    LLaVA's, then the token modality: 1 on image positions), ``img_path`` ``[N, 1]`` and
+    ``img_data_loc`` ``[N, 1, image_tokens]`` (the text positions of the image's
+    features)."""
+    folder, images = _folder(folder), _folder(images)
+    rng = np.random.default_rng(seed)
+    ids, loss, labels = _lm_sample(rng, vocab, seq, examples)
+    where = np.arange(image_start, image_start + image_tokens, dtype=np.int32)
+    loss[:, where] = 0
+    padding = (loss == 0).astype(np.int32)
+    padding[:, :image_start + image_tokens] = 0
+    modality = np.zeros_like(ids)
+    modality[:, where] = 1
+    names = _image_files(images, rng, examples, image_size)
+    _h5(folder / "data-0.h5", examples,
+        data=np.stack([ids, loss, labels, padding, modality], axis=1),
+        img_path=np.array([[name] for name in names], dtype="S"),
+        img_data_loc=np.broadcast_to(where, (examples, 1, image_tokens)).copy())
+    return str(folder)
