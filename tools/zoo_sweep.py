@@ -147,8 +147,18 @@ def shipped_configs(src: Path) -> dict:
 
 
 def _hidden(path):
-    model = _first_phase(yaml.safe_load(path.read_text()))["init"]["model"]
-    return model.get("hidden_size") or model.get("d_model") or 1 << 30
+    """The config's model width (the first ``hidden_size``/``d_model``, nested ones too)."""
+    def first(node):
+        if isinstance(node, dict):
+            for key in ("hidden_size", "d_model"):
+                if isinstance(node.get(key), int):
+                    return node[key]
+            node = list(node.values())
+        if isinstance(node, list):
+            return next((w for w in map(first, node) if w is not None), None)
+        return None
+
+    return first(_first_phase(yaml.safe_load(path.read_text()))["init"]["model"]) or 1 << 30
 
 
 # Models without a shipped config of their own whose config class takes another model's
@@ -210,17 +220,26 @@ def _set_everywhere(node, key, value):
 def _loader(train: dict, **changes) -> dict:
     """The shipped train loader with a small batch, no worker processes, a fixed shuffle
     seed (shuffling as shipped: both runs draw the same order) and ``changes``."""
-    out = {k: v for k, v in train.items()
-           if k not in ("num_workers", "prefetch_factor", "persistent_workers",
-                        "use_worker_cache")}
+    out = {k: v for k, v in train.items() if k != "use_worker_cache"}
     out.update(batch_size=2, num_workers=0)
-    if out.get("shuffle", True) and "shuffle_seed" in out:
+    for key, value in (("prefetch_factor", None), ("persistent_workers", False)):
+        if key in out:  # without workers torch's DataLoader takes only these
+            out[key] = value
+    if out.get("shuffle", True) and (
+            "shuffle_seed" in out or out.get("data_processor") in SEEDED):
         out["shuffle_seed"] = 1
     out.update(changes)
     return out
 
 
+# Processors with a shuffle_seed that shipped configs may leave unset (a random order).
+SEEDED = {"BertCSVDynamicMaskDataProcessor", "BertCSVDataProcessor", "SST2DataProcessor",
+          "MNLIDataProcessor", "BertSumCSVDataProcessor", "BertTokenClassifierDataProcessor",
+          "DiffusionLatentImageNet1KProcessor", "DinoImageDataProcessor",
+          "BaseImageDataProcessor", "ImageNet1KProcessor"}
 BERT_MSL = 64  # sequence length of the sweep's BERT-family text
+BERT_TEXT = {"BertCSVDynamicMaskDataProcessor", "BertCSVDataProcessor", "SST2DataProcessor",
+             "MNLIDataProcessor", "BertSumCSVDataProcessor", "BertTokenClassifierDataProcessor"}
 
 
 def feed(name, model: dict, train, processors, workdir: Path) -> dict:
@@ -245,6 +264,9 @@ def feed(name, model: dict, train, processors, workdir: Path) -> dict:
                        data_dir=str(write_mlm_hdf5(data, vocab)))
     if name == "fc_mnist" and train:
         return {**train, "use_fake_data": True, "fake_data_seed": 1, "batch_size": 4}
+    if used in BERT_TEXT:
+        # Shipped configs may leave dropouts at BERT's defaults (0.1): off, like the others.
+        model.update(dropout_rate=0.0, attention_dropout_rate=0.0, embedding_dropout_rate=0.0)
     if used in ("BertCSVDynamicMaskDataProcessor", "BertCSVDataProcessor"):
         if used == "BertCSVDataProcessor":
             raise NoData("BertCSVDataProcessor (pre-masked CSV) has no writer here")
@@ -323,7 +345,7 @@ def feed(name, model: dict, train, processors, workdir: Path) -> dict:
         vae["latent_size"] = latent
         channels = int(vae.get("latent_channels") or 4)
         folder = synthetic.write_latent_folder(data / "latents", [2 * channels, *latent])
-        return _loader(train, data_dir=[folder], shuffle_seed=1, latent_size=latent,
+        return _loader(train, data_dir=[folder], latent_size=latent,
                        latent_channels=channels,
                        num_diffusion_steps=model.get("num_diffusion_steps"),
                        schedule_name=model.get("schedule_name"),
@@ -382,7 +404,7 @@ def _feed_ssl(model, train, synthetic, data, processors):
     processor = train["data_processor"]
     if processor not in processors and len(processors) == 1:
         processor = next(iter(processors))  # a borrowed config: this model's own processor
-    return _loader(train, data_processor=processor, ssl_transform=transform, shuffle_seed=1,
+    return _loader(train, data_processor=processor, ssl_transform=transform,
                    dataset={"name": "Imagenet", "split": "train",
                             "root": synthetic.write_imagenet_folder(
                                 data / "imagenet", size=(64, 64))})

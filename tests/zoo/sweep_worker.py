@@ -66,9 +66,11 @@ def _recorder(result):
     return RecordLosses()
 
 
-def _config_for(model_cls, config: dict):
+def _config_for(model_cls, config: dict, model_config=None):
     """The config object of a zoo model or data processor (the class its ``__init__``
-    annotates ``config`` with), as a zoo user builds it; the dict where it takes one."""
+    annotates ``config`` with), as a zoo user builds it; the dict where it takes one.
+    ``model_config``: a data config is validated knowing the model's config, as the zoo's
+    YAML path does (some processors, e.g. DiT's, read model fields from that context)."""
     import inspect
     import typing
 
@@ -78,6 +80,8 @@ def _config_for(model_cls, config: dict):
         hint = inspect.signature(model_cls.__init__).parameters.get("config")
         hint = getattr(hint, "annotation", None)
     if inspect.isclass(hint) and hasattr(hint, "model_fields"):
+        if model_config is not None and hasattr(model_config, "model_fields"):
+            return hint.model_validate(config, context={"model": {"config": model_config}})
         return hint(**config)
     return config
 
@@ -123,9 +127,10 @@ def run_python(params, device, precision, steps, model_dir, result, init_ckpt=No
         data_config["data_processor"]]
 
     def loader():
+        model_config_object = _config_for(model_cls, copy.deepcopy(model_config))
         return cstorch.utils.data.DataLoader(
-            lambda: data_cls(_config_for(data_cls, copy.deepcopy(data_config)))
-            .create_dataloader())
+            lambda: data_cls(_config_for(data_cls, copy.deepcopy(data_config),
+                                         model_config_object)).create_dataloader())
 
     def build_model():
         model = model_cls(_config_for(model_cls, copy.deepcopy(model_config)))
