@@ -346,6 +346,7 @@ def feed(name, model: dict, train, processors, workdir: Path) -> dict:
         channels = int(vae.get("latent_channels") or 4)
         folder = synthetic.write_latent_folder(data / "latents", [2 * channels, *latent])
         return _loader(train, data_dir=[folder], latent_size=latent,
+                       num_workers=None,  # its config takes only None or a positive count
                        latent_channels=channels,
                        num_diffusion_steps=model.get("num_diffusion_steps"),
                        schedule_name=model.get("schedule_name"),
@@ -581,12 +582,21 @@ def sweep_model(name, processors, configs, args, src):
                 row["CPU"] = "DIFFERS"
     if _ok(csx, steps):
         moved = len(set(csx["losses"])) > 1
-        track = _rel(csx["losses"], cpu["losses"]) if _ok(cpu, steps) else math.inf
+        # A step whose gradients overflow at the loss scale is skipped (the scale halves):
+        # from the next step on the run no longer follows fp32's, so tracking is measured
+        # up to that step and the skip is shown.
+        scales = csx.get("loss_scales") or []
+        skipped = [i for i in range(1, len(scales)) if scales[i] < scales[i - 1]]
+        compared = csx["losses"][:skipped[0] + 1] if skipped else csx["losses"]
+        track = (_rel(compared, cpu["losses"][:len(compared)]) if _ok(cpu, steps)
+                 else math.inf)
         diffs.append(f"csx {track:.1e}")
         row["CSX"] = "ok" if moved and track <= 1e-2 else ("no update" if not moved
                                                            else "off fp32")
-        if csx.get("loss_scales"):
-            row["CSX"] += f" (scale 2^{math.log2(csx['loss_scales'][-1]):.0f})"
+        if scales:
+            row["CSX"] += f" (scale 2^{math.log2(scales[-1]):.0f}"
+            row["CSX"] += (f"; step {', '.join(str(i + 1) for i in skipped)} skipped)"
+                           if skipped else ")")
     else:
         row["CSX"] = "FAIL"
     if _ok(cli, steps):
