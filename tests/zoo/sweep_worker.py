@@ -100,7 +100,7 @@ def _accepted(cls, kwargs):
     ``adjust_learning_rate``, which the zoo turns into parameter groups, are left out)."""
     import inspect
 
-    names = set(inspect.signature(cls.__init__).parameters)
+    names = set(inspect.signature(cls.__init__).parameters) - {"params"}  # YAML groups
     return {k: v for k, v in kwargs.items() if k in names}
 
 
