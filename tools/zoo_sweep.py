@@ -407,6 +407,7 @@ def _feed_ssl(model, train, synthetic, data, processors):
     if processor not in processors and len(processors) == 1:
         processor = next(iter(processors))  # a borrowed config: this model's own processor
     return _loader(train, data_processor=processor, ssl_transform=transform,
+                   persistent_workers=False, prefetch_factor=None,
                    dataset={"name": "Imagenet", "split": "train",
                             "root": synthetic.write_imagenet_folder(
                                 data / "imagenet", size=(64, 64))})

@@ -22,6 +22,7 @@ import sys
 import traceback
 
 LEARNING_RATE = 1e-3  # constant: the runs compare steps, not schedules
+DATA_SEED = 1234
 
 def _numpy_cast():
     import numpy as np
@@ -47,10 +48,17 @@ def _precision_kwargs(init, precision):
 
 
 def _recorder(result):
+    import torch
+
     import cerebras.pytorch as cstorch
     from cerebras.modelzoo.trainer.callbacks import Callback
 
     class RecordLosses(Callback):
+        def on_train_start(self, trainer, model, train_dataloader, loop, loop_idx):
+            # Data-side random draws (DiT's noise and timesteps) start from one state in
+            # every run: torch versions' initialisers consume the generator differently.
+            torch.manual_seed(DATA_SEED)
+
         def on_train_batch_end(self, trainer, model, outputs, batch, batch_idx):
             scaler = getattr(trainer.precision, "scaler", None)
             scale = scaler.get_scale() if scaler is not None and getattr(
