@@ -186,6 +186,7 @@ def tiny_config(name, configs, processors, workdir: Path):
     for key in ("device", "backend", "schedulers", "checkpoint", "callbacks", "loggers",
                 "logging"):
         init.pop(key, None)
+    _drop_missing_layer_groups(init.get("optimizer"))
     init["seed"] = 1
     init["loop"] = {"num_steps": 3, "eval_frequency": None}
     train = phase.get("fit", {}).get("train_dataloader")
@@ -198,6 +199,25 @@ def tiny_config(name, configs, processors, workdir: Path):
     phase.pop("validate_all", None)
     origin = path.relative_to(path.parents[3])
     return {"trainer": phase}, f"from {origin}" + (f" (of {donor})" if donor != name else "")
+
+
+def _drop_missing_layer_groups(optimizer):
+    """Leaves out optimizer parameter groups (YAML ``params``) that name only layers the
+    shrunk model does not have (e.g. DINO's per-layer ``layers.5`` groups): the zoo refuses a
+    group that matches no parameter."""
+    import re
+
+    for options in (optimizer or {}).values():
+        groups = (options or {}).get("params") if isinstance(options, dict) else None
+        if not isinstance(groups, list):
+            continue
+
+        def missing(group):
+            layers = [re.search(r"layers\.(\d+)\.", p) for p in group.get("params", [])]
+            return bool(layers) and all(
+                m and int(m.group(1)) >= SHRINK["num_hidden_layers"] for m in layers)
+
+        options["params"] = [g for g in groups if not (isinstance(g, dict) and missing(g))]
 
 
 class NoData(Exception):
@@ -361,6 +381,7 @@ def feed(name, model: dict, train, processors, workdir: Path) -> dict:
 
 IMAGE = 32  # side of the sweep's (square) model images
 HALF_ONLY = {"dit"}  # models that run only in mixed precision
+REPLAY = {"dit"}  # data drawn with torch.randn in bfloat16 (changed after torch 2.4)
 ZOO_HAS_TORCHVISION = False  # set in main: whether the zoo Python has a real torchvision
 
 
@@ -502,8 +523,9 @@ def _env(src, ours: bool):
     return env
 
 
-def run_worker(python, src, ours, config, how, device, precision, steps, workdir, *extra):
-    out = workdir / f"{how}_{device}_{precision}_{'ours' if ours else 'ref'}.json"
+def run_worker(python, src, ours, config, how, device, precision, steps, workdir, *extra,
+               tag=""):
+    out = workdir / f"{how}_{device}_{precision}_{'ours' if ours else 'ref'}{tag}.json"
     model_dir = workdir / out.stem
     cmd = [python, str(WORKER), "--config", str(config), "--how", how, "--device", device,
            "--precision", precision, "--steps", str(steps), "--model-dir", str(model_dir),
@@ -565,25 +587,33 @@ def sweep_model(name, processors, configs, args, src):
     base = "shipped" if name in HALF_ONLY else "fp32"
     if base != "fp32":
         row["note"] += "; CPU and YAML runs bfloat16"
+    # Data whose random draws differ between torch versions: the reference stores the
+    # batches it trains on and this project's CPU run replays them for the comparison.
+    replay = ("--batches", str(workdir / "batches.pt")) if name in REPLAY else ()
     ref = (run_worker(args.reference_python, src, False, path, "python", "CPU", base, steps,
-                      workdir, "--save-init", str(init)) if args.reference_python else None)
+                      workdir, "--save-init", str(init), *replay)
+           if args.reference_python else None)
     start = ("--init", str(init)) if init.exists() else ()
     cpu = run_worker(args.zoo_python, src, True, path, "python", "CPU", base, steps, workdir,
                      *start)
+    cpu_on_ref_data = (run_worker(args.zoo_python, src, True, path, "python", "CPU", base,
+                                  steps, workdir, *start, *replay, tag="_replay")
+                       if replay and ref is not None else cpu)
     csx = run_worker(args.zoo_python, src, True, path, "python", "CSX", "shipped", steps,
                      workdir, *start)
     cli = run_worker(args.zoo_python, src, True, path, "yaml", "CPU", base, steps, workdir,
                      *start)
     ref_cli = (run_worker(args.reference_python, src, False, path, "yaml", "CPU", base, steps,
-                          workdir, *start) if ref is not None and _ok(cli, steps) else None)
+                          workdir, *start)
+               if ref is not None and _ok(cli, steps) and not replay else None)
     errors, diffs = [], []
-    row["CPU"] = "ok" if _ok(cpu, steps) else "FAIL"
+    row["CPU"] = "ok" if _ok(cpu, steps) and _ok(cpu_on_ref_data, steps) else "FAIL"
     if ref is not None:
         if not _ok(ref, steps):
             row["CPU"] += " (ref fails)"
             errors.append(("reference", ref))
-        elif _ok(cpu, steps):
-            diff = _rel(cpu["losses"], ref["losses"])
+        elif _ok(cpu_on_ref_data, steps):
+            diff = _rel(cpu_on_ref_data["losses"], ref["losses"])
             diffs.append(f"ref {diff:.1e}")
             if diff > 1e-4:
                 row["CPU"] = "DIFFERS"
@@ -598,9 +628,23 @@ def sweep_model(name, processors, configs, args, src):
         track = (_rel(compared, cpu["losses"][:len(compared)]) if _ok(cpu, steps)
                  else math.inf)
         diffs.append(f"csx {track:.1e}")
+        updates_from = None
+        if scales and len(skipped) == len(scales) - 1:
+            # The scale fell at every step: every update may have been skipped. A longer
+            # run shows whether the dynamic loss scale finds a value that fits.
+            longer = run_worker(args.zoo_python, src, True, path, "python", "CSX", "shipped",
+                                steps + 12, workdir, *start, tag="_longer")
+            long_scales = longer.get("loss_scales") or []
+            updates_from = next((i + 1 for i in range(1, len(long_scales))
+                                 if long_scales[i] >= long_scales[i - 1]), None)
+            moved = updates_from is not None and len(set(longer["losses"][updates_from - 1:])) > 1
         row["CSX"] = "ok" if moved and track <= 1e-2 else ("no update" if not moved
                                                            else "off fp32")
-        if scales:
+        if updates_from:
+            row["CSX"] += (f" (steps 1-{updates_from - 1} skipped as the scale fell to "
+                           f"2^{math.log2(long_scales[updates_from - 1]):.0f}; "
+                           f"updates from step {updates_from})")
+        elif scales:
             row["CSX"] += f" (scale 2^{math.log2(scales[-1]):.0f}"
             row["CSX"] += (f"; step {', '.join(str(i + 1) for i in skipped)} skipped)"
                            if skipped else ")")
@@ -620,7 +664,10 @@ def sweep_model(name, processors, configs, args, src):
                 row["YAML"] += " (ref yaml fails)"
     else:
         row["YAML"] = "FAIL"
-    for label, result in (("CPU", cpu), ("CSX", csx), ("YAML", cli)):
+    runs = [("CPU", cpu), ("CSX", csx), ("YAML", cli)]
+    if cpu_on_ref_data is not cpu:
+        runs.insert(1, ("CPU on the reference's data", cpu_on_ref_data))
+    for label, result in runs:
         if result.get("error"):
             errors.append((label, result))
     row["difference"] = ", ".join(diffs)

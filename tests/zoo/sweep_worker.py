@@ -112,9 +112,30 @@ def _accepted(cls, kwargs):
     return {k: v for k, v in kwargs.items() if k in names}
 
 
+def _replayed(make_loader, path, steps):
+    """A loader of the batches stored at ``path``; the first run to ask stores the first
+    ``steps`` batches of ``make_loader()`` there (drawn after seeding torch with
+    ``DATA_SEED``, as training does). For data whose random draws differ between torch
+    versions (``torch.randn`` in bfloat16 changed after torch 2.4), so that the reference
+    and this project train on the same numbers."""
+    import torch
+
+    if not os.path.exists(path):
+        torch.manual_seed(DATA_SEED)
+        batches = []
+        for batch in make_loader():
+            batches.append(batch)
+            if len(batches) == steps:
+                break
+        torch.save(batches, path)
+    batches = torch.load(path, weights_only=True)
+    return torch.utils.data.DataLoader(batches, batch_size=None, shuffle=False)
+
+
 def run_python(params, device, precision, steps, model_dir, result, init_ckpt=None,
-               save_init=None):
+               save_init=None, batches=None):
     """A Trainer built in Python from the tiny config, as a zoo user would write it.
+    ``batches``: train on stored batches (``_replayed``) instead of the processor's.
     ``save_init`` writes the freshly built model's weights (a checkpoint with ``"model"``);
     ``init_ckpt`` starts from such a checkpoint (the Trainer's ``fit(ckpt_path=)``)."""
     import cerebras.pytorch as cstorch
@@ -136,9 +157,15 @@ def run_python(params, device, precision, steps, model_dir, result, init_ckpt=No
 
     def loader():
         model_config_object = _config_for(model_cls, copy.deepcopy(model_config))
-        return cstorch.utils.data.DataLoader(
-            lambda: data_cls(_config_for(data_cls, copy.deepcopy(data_config),
-                                         model_config_object)).create_dataloader())
+
+        def processor_loader():
+            return data_cls(_config_for(data_cls, copy.deepcopy(data_config),
+                                        model_config_object)).create_dataloader()
+
+        if batches:
+            return cstorch.utils.data.DataLoader(
+                lambda: _replayed(processor_loader, batches, steps))
+        return cstorch.utils.data.DataLoader(processor_loader)
 
     def build_model():
         model = model_cls(_config_for(model_cls, copy.deepcopy(model_config)))
@@ -212,6 +239,8 @@ def main(argv=None):
     parser.add_argument("--out", required=True)
     parser.add_argument("--init", help="start from this checkpoint's model weights")
     parser.add_argument("--save-init", help="save the freshly built model's weights here")
+    parser.add_argument("--batches", help="train on the batches stored in this file (the "
+                        "first run stores them)")
     args = parser.parse_args(argv)
 
     import torch
@@ -225,7 +254,7 @@ def main(argv=None):
     try:
         if args.how == "python":
             run_python(params, args.device, args.precision, args.steps, args.model_dir, result,
-                       args.init, args.save_init)
+                       args.init, args.save_init, args.batches)
         else:
             run_yaml(params, args.device, args.precision, args.steps, args.model_dir, result,
                      args.config, args.init)
