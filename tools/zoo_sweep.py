@@ -638,6 +638,10 @@ def sweep_model(name, processors, configs, args, src):
             updates_from = next((i + 1 for i in range(1, len(long_scales))
                                  if long_scales[i] >= long_scales[i - 1]), None)
             moved = updates_from is not None and len(set(longer["losses"][updates_from - 1:])) > 1
+            # the first step was skipped as well (its scale fell too): only its loss, taken
+            # before any update, follows fp32's
+            track = _rel(csx["losses"][:1], cpu["losses"][:1]) if _ok(cpu, steps) else math.inf
+            diffs[-1] = f"csx {track:.1e}"
         row["CSX"] = "ok" if moved and track <= 1e-2 else ("no update" if not moved
                                                            else "off fp32")
         if updates_from:
