@@ -51,8 +51,19 @@ def export_program(program: Program, path: str, state: dict, state_info: list, u
                   for n in used]
     input_specs = program.input_specs()
     seed_spec = jax.ShapeDtypeStruct((), jnp.int64)
-    exp = jax_export.export(jax.jit(step), platforms=platforms)(used_specs, input_specs,
-                                                                 seed_spec)
+    try:
+        exp = jax_export.export(jax.jit(step), platforms=platforms)(used_specs, input_specs,
+                                                                     seed_spec)
+    except (NotImplementedError, ValueError) as error:
+        if "callback" not in str(error):
+            raise
+        raise NotImplementedError(
+            "This step cannot be exported: it calls back into Python on the host, which "
+            "jax.export cannot serialize. On the CPU backend, top-k weight-sparsity masks "
+            "(e.g. GMP's updates) run torch.topk on the host to keep the same weights as "
+            "cerebras-pytorch among equal scores. Export the step from a GPU "
+            "backend (there top-k keeps the lower index among equal scores, on device), or "
+            "export a step without sparsity.") from error
     blob = exp.serialize(vjp_order=vjp_order)
 
     manifest_state, arrays = [], {}

@@ -51,6 +51,9 @@ SHRINK = {
     "num_experts": 2, "num_kv_groups": 1, "num_key_value_heads": 1, "head_dim": 16,
     "rotary_dim": 16,
     "dropout_rate": 0.0, "attention_dropout_rate": 0.0, "embedding_dropout_rate": 0.0,
+    # every other dropout too: the engine draws its random masks differently by design
+    "task_dropout": 0.0, "encoder_output_dropout_rate": 0.0, "relu_dropout_rate": 0.0,
+    "embd_pdrop": 0.0, "stochastic_depth_drop_prob": 0.0,
 }
 SEQ, VOCAB = 128, 512  # the GPT-style sequences the sweep writes
 
@@ -110,6 +113,16 @@ def _shrink(node):
 
 
 DATA_PROCESSORS: dict = {}  # registry name -> data processor class names (set in main)
+MODEL_PATHS: dict = {}  # registry name -> the model class's dotted path (set in main)
+
+
+def _missing_module(name, src: Path):
+    """The registry's module for ``name`` when the checkout does not have it, else None."""
+    module = MODEL_PATHS.get(name, "").rsplit(".", 1)[0]
+    base = src.joinpath(*module.split("."))
+    if module and not base.with_suffix(".py").exists() and not (base / "__init__.py").exists():
+        return module
+    return None
 
 
 def _first_phase(params):
@@ -134,14 +147,29 @@ def shipped_configs(src: Path) -> dict:
 
 
 def _hidden(path):
-    model = _first_phase(yaml.safe_load(path.read_text()))["init"]["model"]
-    return model.get("hidden_size") or model.get("d_model") or 1 << 30
+    """The config's model width (the first ``hidden_size``/``d_model``, nested ones too)."""
+    def first(node):
+        if isinstance(node, dict):
+            for key in ("hidden_size", "d_model"):
+                if isinstance(node.get(key), int):
+                    return node[key]
+            node = list(node.values())
+        if isinstance(node, list):
+            return next((w for w in map(first, node) if w is not None), None)
+        return None
+
+    return first(_first_phase(yaml.safe_load(path.read_text()))["init"]["model"]) or 1 << 30
+
+
+# Models without a shipped config of their own whose config class takes another model's
+# config: generic_image_encoders is the class DINO's config instantiates.
+BORROW = {"generic_image_encoders": "dino"}
 
 
 def tiny_config(name, configs, processors, workdir: Path):
     """The tiny config for ``name`` and why none could be made (one of them is None)."""
-    donor = name
-    if name not in configs:
+    donor = BORROW.get(name, name)
+    if donor not in configs:
         # No shipped config of its own: one of a model that reads the same data (gpt2 ->
         # gpt3), with this model's name.
         donor = next((other for other, others_processors in DATA_PROCESSORS.items()
@@ -152,41 +180,319 @@ def tiny_config(name, configs, processors, workdir: Path):
     phase = copy.deepcopy(_first_phase(yaml.safe_load(path.read_text())))
     init = phase["init"]
     init["model"]["name"] = name
-    if donor != name:  # options the donor's config leaves at this model's defaults
+    if donor != name and name not in BORROW:  # options the donor's config leaves at its defaults
         init["model"].setdefault("embedding_dropout_rate", 0.0)  # random masks differ
     init["model"] = _shrink(init["model"])
     for key in ("device", "backend", "schedulers", "checkpoint", "callbacks", "loggers",
                 "logging"):
         init.pop(key, None)
+    _drop_missing_layer_groups(init.get("optimizer"))
     init["seed"] = 1
     init["loop"] = {"num_steps": 3, "eval_frequency": None}
     train = phase.get("fit", {}).get("train_dataloader")
-    if "GptHDF5MapDataProcessor" in processors:
-        phase["fit"] = {"train_dataloader": {
-            "data_processor": "GptHDF5MapDataProcessor", "batch_size": 2, "shuffle": False,
-            "num_workers": 0,
-            "data_dir": str(write_gpt_hdf5(workdir / "gpt_data"))}}
-        init["model"]["vocab_size"] = VOCAB
-        if "max_position_embeddings" in init["model"]:
-            init["model"]["max_position_embeddings"] = SEQ
-    elif "BertHDF5DataProcessor" in processors and isinstance(train, dict) \
-            and train.get("data_processor") == "BertHDF5DataProcessor":
-        vocab = int(init["model"].get("vocab_size") or VOCAB)
-        phase["fit"] = {"train_dataloader": {
-            "data_processor": "BertHDF5DataProcessor", "batch_size": 2, "shuffle": False,
-            "num_workers": 0, "data_dir": str(write_mlm_hdf5(workdir / "mlm_data", vocab))}}
-        if "max_position_embeddings" in init["model"]:
-            init["model"]["max_position_embeddings"] = SEQ + 2  # ESM-2 counts two extra
-    elif name == "fc_mnist" and train:
-        phase["fit"] = {"train_dataloader": {**train, "use_fake_data": True,
-                                             "fake_data_seed": 1, "batch_size": 4}}
-    else:
-        used = train.get("data_processor") if isinstance(train, dict) else None
-        return None, f"needs {used or 'its'} data files; this sweep makes no fake data for it"
+    try:
+        phase["fit"] = {"train_dataloader": feed(name, init["model"], train, processors,
+                                                 workdir)}
+    except NoData as reason:
+        return None, str(reason)
     phase.pop("validate", None)
     phase.pop("validate_all", None)
     origin = path.relative_to(path.parents[3])
     return {"trainer": phase}, f"from {origin}" + (f" (of {donor})" if donor != name else "")
+
+
+def _drop_missing_layer_groups(optimizer):
+    """Leaves out optimizer parameter groups (YAML ``params``) that name only layers the
+    shrunk model does not have (e.g. DINO's per-layer ``layers.5`` groups): the zoo refuses a
+    group that matches no parameter."""
+    import re
+
+    for options in (optimizer or {}).values():
+        groups = (options or {}).get("params") if isinstance(options, dict) else None
+        if not isinstance(groups, list):
+            continue
+
+        def missing(group):
+            layers = [re.search(r"layers\.(\d+)\.", p) for p in group.get("params", [])]
+            return bool(layers) and all(
+                m and int(m.group(1)) >= SHRINK["num_hidden_layers"] for m in layers)
+
+        options["params"] = [g for g in groups if not (isinstance(g, dict) and missing(g))]
+
+
+class NoData(Exception):
+    """This sweep cannot make the data a model's processor reads (the message says why)."""
+
+
+def _set_everywhere(node, key, value):
+    """Sets ``key`` to ``value`` wherever it occurs in a nested config."""
+    if isinstance(node, dict):
+        for k in node:
+            if k == key:
+                node[k] = value
+            else:
+                _set_everywhere(node[k], key, value)
+    elif isinstance(node, list):
+        for v in node:
+            _set_everywhere(v, key, value)
+
+
+def _loader(train: dict, **changes) -> dict:
+    """The shipped train loader with a small batch, no worker processes, a fixed shuffle
+    seed (shuffling as shipped: both runs draw the same order) and ``changes``."""
+    out = {k: v for k, v in train.items() if k != "use_worker_cache"}
+    out.update(batch_size=2, num_workers=0)
+    for key, value in (("prefetch_factor", None), ("persistent_workers", False)):
+        if key in out:  # without workers torch's DataLoader takes only these
+            out[key] = value
+    if out.get("shuffle", True) and (
+            "shuffle_seed" in out or out.get("data_processor") in SEEDED):
+        out["shuffle_seed"] = 1
+    out.update(changes)
+    return out
+
+
+# Processors with a shuffle_seed that shipped configs may leave unset (a random order).
+SEEDED = {"BertCSVDynamicMaskDataProcessor", "BertCSVDataProcessor", "SST2DataProcessor",
+          "MNLIDataProcessor", "BertSumCSVDataProcessor", "BertTokenClassifierDataProcessor",
+          "DiffusionLatentImageNet1KProcessor", "DinoImageDataProcessor",
+          "BaseImageDataProcessor", "ImageNet1KProcessor"}
+BERT_MSL = 64  # sequence length of the sweep's BERT-family text
+BERT_TEXT = {"BertCSVDynamicMaskDataProcessor", "BertCSVDataProcessor", "SST2DataProcessor",
+             "MNLIDataProcessor", "BertSumCSVDataProcessor", "BertTokenClassifierDataProcessor"}
+
+
+def feed(name, model: dict, train, processors, workdir: Path) -> dict:
+    """Writes synthetic data for the processor the shipped config uses (or, when it names
+    none, one the registry lists) and returns the train loader config reading it; sets the
+    model's sizes to match (vocabulary, sequence length). Raises NoData when it cannot."""
+    synthetic = _synthetic_data()
+    used = train.get("data_processor") if isinstance(train, dict) else None
+    data = workdir / "data"
+    if "GptHDF5MapDataProcessor" in processors and used != "DpoHDF5DataProcessor":
+        model["vocab_size"] = VOCAB
+        if "max_position_embeddings" in model:
+            model["max_position_embeddings"] = SEQ
+        return {"data_processor": "GptHDF5MapDataProcessor", "batch_size": 2,
+                "shuffle": False, "num_workers": 0,
+                "data_dir": str(write_gpt_hdf5(data))}
+    if used == "BertHDF5DataProcessor":
+        vocab = int(model.get("vocab_size") or VOCAB)
+        if "max_position_embeddings" in model:
+            model["max_position_embeddings"] = SEQ + 2  # ESM-2 counts two extra
+        return _loader(train, shuffle=False,
+                       data_dir=str(write_mlm_hdf5(data, vocab)))
+    if name == "fc_mnist" and train:
+        return {**train, "use_fake_data": True, "fake_data_seed": 1, "batch_size": 4}
+    if used in BERT_TEXT:
+        # Shipped configs may leave dropouts at BERT's defaults (0.1): off, like the others.
+        model.update(dropout_rate=0.0, attention_dropout_rate=0.0, embedding_dropout_rate=0.0)
+    if used in ("BertCSVDynamicMaskDataProcessor", "BertCSVDataProcessor"):
+        if used == "BertCSVDataProcessor":
+            raise NoData("BertCSVDataProcessor (pre-masked CSV) has no writer here")
+        vocab_file, vocab_size = synthetic.write_vocab(data / "vocab.txt",
+                                                       synthetic.BERT_SPECIALS)
+        model["vocab_size"] = vocab_size
+        model["max_position_embeddings"] = BERT_MSL
+        return _loader(train, vocab_file=vocab_file, max_sequence_length=BERT_MSL,
+                       max_predictions_per_seq=10,
+                       data_dir=synthetic.write_bert_pretraining_csv(data / "csv", BERT_MSL))
+    if used in ("SST2DataProcessor", "MNLIDataProcessor"):
+        vocab_file, vocab_size = synthetic.write_vocab(data / "vocab.txt",
+                                                       synthetic.BERT_SPECIALS)
+        model["vocab_size"] = vocab_size
+        model["max_position_embeddings"] = BERT_MSL
+        task = "sst2" if used == "SST2DataProcessor" else "mnli"
+        return _loader(train, vocab_file=vocab_file, max_sequence_length=BERT_MSL,
+                       data_dir=synthetic.write_glue_tsv(data / task, task))
+    if used == "BertSumCSVDataProcessor":
+        vocab_file, vocab_size = synthetic.write_vocab(data / "vocab.txt",
+                                                       synthetic.BERT_SPECIALS)
+        model.update(vocab_size=vocab_size, max_position_embeddings=BERT_MSL,
+                     vocab_file=vocab_file)
+        return _loader(train, vocab_file=vocab_file, max_sequence_length=BERT_MSL,
+                       max_cls_tokens=8, data_dir=synthetic.write_bertsum_csv(
+                           data / "csv", vocab_size, BERT_MSL, 8))
+    if used == "BertTokenClassifierDataProcessor":
+        vocab_file, vocab_size = synthetic.write_vocab(data / "vocab.txt",
+                                                       synthetic.BERT_SPECIALS)
+        folder, labels, classes = synthetic.write_ner_csv(data / "csv", BERT_MSL)
+        model.update(vocab_size=vocab_size, max_position_embeddings=BERT_MSL,
+                     label_vocab_file=labels, num_classes=classes)
+        return _loader(train, vocab_file=vocab_file, max_sequence_length=BERT_MSL,
+                       label_vocab_file=labels, data_dir=folder)
+    if used == "DpoHDF5DataProcessor":
+        _set_everywhere(model, "vocab_size", VOCAB)
+        _set_everywhere(model, "max_position_embeddings", SEQ)
+        return _loader(train, data_dir=synthetic.write_dpo_hdf5(data, VOCAB, SEQ))
+    if used == "DPRHDF5DataProcessor":
+        _set_everywhere(model, "vocab_size", VOCAB)
+        _set_everywhere(model, "max_position_embeddings", BERT_MSL)
+        return _loader(train, data_dir=synthetic.write_dpr_hdf5(data, VOCAB, BERT_MSL))
+    if used in ("T5DynamicDataProcessor", "TransformerDynamicDataProcessor"):
+        vocab_file, vocab_size = synthetic.write_vocab(data / "vocab.txt",
+                                                       synthetic.T5_SPECIALS)
+        src_len = BERT_MSL
+        if used == "T5DynamicDataProcessor":
+            tgt_len = _t5_target_length(src_len)
+            folder = synthetic.write_t5_text(data / "text")
+        else:
+            tgt_len = src_len
+            folder = synthetic.write_translation_text(data / "text", src_len)
+        model["src_vocab_size"] = vocab_size
+        if "tgt_vocab_size" in model:
+            model["tgt_vocab_size"] = vocab_size
+        model.update(src_max_position_embeddings=src_len,
+                     tgt_max_position_embeddings=tgt_len)
+        return _loader(train, src_vocab_file=vocab_file, src_data_dir=folder,
+                       src_max_sequence_length=src_len, tgt_max_sequence_length=tgt_len,
+                       shuffle_buffer=16)
+    vision = {"ImageNet1KProcessor", "DiffusionLatentImageNet1KProcessor",
+              "DinoImageDataProcessor", "BaseImageDataProcessor", "LlavaHDF5MapDataProcessor",
+              "MultimodalSimpleHDF5MapDataProcessor"}
+    if used in vision and not ZOO_HAS_TORCHVISION:
+        raise NoData(f"{used} needs torchvision in the zoo Python (tests/zoo/README.md)")
+    if used == "ImageNet1KProcessor":
+        _set_everywhere(model, "image_size", [IMAGE, IMAGE])
+        _set_everywhere(model, "patch_size", [IMAGE // 4, IMAGE // 4])
+        shipped = int(_first_size(train.get("image_size")) or 224)
+        return _loader(train, image_size=[IMAGE, IMAGE],
+                       transforms=_scale_sizes(train.get("transforms") or [], IMAGE / shipped),
+                       data_dir=synthetic.write_imagenet_folder(data / "imagenet"))
+    if used == "DiffusionLatentImageNet1KProcessor":
+        latent = [8, 8]
+        vae = model["vae"]
+        vae["latent_size"] = latent
+        channels = int(vae.get("latent_channels") or 4)
+        folder = synthetic.write_latent_folder(data / "latents", [2 * channels, *latent])
+        return _loader(train, data_dir=[folder], latent_size=latent,
+                       num_workers=None,  # its config takes only None or a positive count
+                       latent_channels=channels,
+                       num_diffusion_steps=model.get("num_diffusion_steps"),
+                       schedule_name=model.get("schedule_name"),
+                       vae_scaling_factor=vae.get("scaling_factor"),
+                       label_dropout_rate=model.get("label_dropout_rate"))
+    if used in ("DinoImageDataProcessor", "BaseImageDataProcessor"):
+        return _feed_ssl(model, train, synthetic, data, processors)
+    if used in ("LlavaHDF5MapDataProcessor", "MultimodalSimpleHDF5MapDataProcessor"):
+        return _feed_multimodal(model, train, synthetic, data, used)
+    raise NoData(f"needs {used or 'its'} data files; this sweep makes no fake data for it")
+
+
+IMAGE = 32  # side of the sweep's (square) model images
+HALF_ONLY = {"dit"}  # models that run only in mixed precision
+REPLAY = {"dit"}  # data drawn with torch.randn in bfloat16 (changed after torch 2.4)
+ZOO_HAS_TORCHVISION = False  # set in main: whether the zoo Python has a real torchvision
+
+
+def _first_size(size):
+    return size[0] if isinstance(size, (list, tuple)) else size
+
+
+def _scale_sizes(transforms: list, factor: float) -> list:
+    """Image transforms with every ``size`` scaled by ``factor`` (at least 1 pixel)."""
+    def scaled(value):
+        if isinstance(value, (list, tuple)):
+            return [max(1, round(v * factor)) for v in value]
+        return max(1, round(value * factor))
+
+    return [{**t, "size": scaled(t["size"])} if "size" in t else dict(t) for t in transforms]
+
+
+def _feed_ssl(model, train, synthetic, data, processors):
+    """DINO-style self-supervised image data: an ImageNet folder seen through the shipped
+    multi-crop transform, at 56-pixel global and 28-pixel local crops of 14-pixel patches
+    (4x4 and 2x2 patches); heads and losses shrunk with the trunks."""
+    patch, global_size, local_size = 14, 56, 28
+    for trunk in model.get("image_model_trunks") or []:
+        image = trunk["image_model"]
+        image.update(image_size=[global_size, global_size], patch_size=[patch, patch])
+        interpolate = image.get("interpolate_position_embedding")
+        if isinstance(interpolate, dict) and "local_patch_dims" in interpolate:
+            interpolate["local_patch_dims"] = [local_size // patch] * 2
+    out_size = 64
+    for head in model.get("heads") or []:
+        head["head_model"].update(input_size=SHRINK["hidden_size"], output_size=out_size,
+                                  bottleneck_size=16)
+    for loss in model.get("losses") or []:
+        if "input_size" in loss["loss"]:
+            loss["loss"]["input_size"] = out_size
+    transform = copy.deepcopy(train["ssl_transform"])
+    crops = transform.get("multi_crop_transform") or {}
+    if "global_image_size" in crops:
+        crops.update(global_image_size=global_size, local_image_size=local_size)
+    masked = transform.get("masked_patch_transform") or {}
+    if "image_size" in masked:
+        masked.update(image_size=global_size, patch_size=patch)
+    processor = train["data_processor"]
+    if processor not in processors and len(processors) == 1:
+        processor = next(iter(processors))  # a borrowed config: this model's own processor
+    return _loader(train, data_processor=processor, ssl_transform=transform,
+                   persistent_workers=False, prefetch_factor=None,
+                   dataset={"name": "Imagenet", "split": "train",
+                            "root": synthetic.write_imagenet_folder(
+                                data / "imagenet", size=(64, 64))})
+
+
+MM_SEQ = 32  # text length of the multimodal samples
+
+
+def _feed_multimodal(model, train, synthetic, data, used):
+    """LLaVA-style data: HDF5 text samples with one image each (28-pixel images of 14-pixel
+    patches: 4 image tokens after the first text token)."""
+    patch, side = 14, 28
+    tokens = (side // patch) ** 2
+    _set_everywhere(model, "image_size", [side, side])
+    _set_everywhere(model, "patch_size", [patch, patch])
+    _set_everywhere(model, "input_unit", SHRINK["hidden_size"])
+    _fix_units(model)
+    text = model["text_model"]
+    text.update(vocab_size=VOCAB, max_position_embeddings=MM_SEQ)
+    shipped = int((train.get("image_data_size") or [3, 336, 336])[-1])
+    writer = (synthetic.write_llava_hdf5 if used == "LlavaHDF5MapDataProcessor"
+              else synthetic.write_multimodal_simple_hdf5)
+    folder = writer(data / "h5", data / "images", VOCAB, MM_SEQ, tokens,
+                    image_start=int(model.get("image_start_idx", 1)))
+    extra = {"num_patches": tokens} if used != "LlavaHDF5MapDataProcessor" else {}
+    return _loader(train, data_dir=folder, img_data_dir=str(data / "images"),
+                   image_data_size=[3, side, side],
+                   transforms=_scale_sizes(train.get("transforms") or [], side / shipped),
+                   **extra)
+
+
+def _fix_units(node):
+    """Projector layers (``layers_units``): every layer of the hidden size."""
+    if isinstance(node, dict):
+        if isinstance(node.get("layers_units"), list):
+            node["layers_units"] = [SHRINK["hidden_size"]] * len(node["layers_units"])
+        for value in node.values():
+            _fix_units(value)
+    elif isinstance(node, list):
+        for value in node:
+            _fix_units(value)
+
+
+def _t5_target_length(src_len, corruption=0.15, span=3):
+    """The decoder length T5's span corruption needs for encoder inputs of ``src_len``
+    (the raw chunk grows until its corrupted form fills ``src_len``)."""
+    def lengths(raw):
+        noise = int(round(raw * corruption))
+        spans = int(round(noise / span))
+        return raw - noise + spans + 1, noise + spans + 1
+
+    raw = src_len
+    while lengths(raw)[0] < src_len:
+        raw += 1
+    return lengths(raw)[1]
+
+
+def _synthetic_data():
+    sys.path.insert(0, str(ROOT / "tests" / "zoo"))
+    try:
+        import synthetic_data
+    finally:
+        sys.path.pop(0)
+    return synthetic_data
 
 
 STUBS = ROOT / "tests" / "zoo" / "stubs"
@@ -207,7 +513,9 @@ def _reference_stubs() -> str:
 def _env(src, ours: bool):
     paths = [str(src)]
     if ours:
-        paths += [str(ROOT), str(ROOT / "compat"), str(STUBS)]
+        # With a real torchvision the zoo Python needs only the eval-harness stand-ins.
+        paths += [str(ROOT), str(ROOT / "compat"),
+                  _reference_stubs() if ZOO_HAS_TORCHVISION else str(STUBS)]
     else:
         paths.append(_reference_stubs())
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
@@ -215,8 +523,9 @@ def _env(src, ours: bool):
     return env
 
 
-def run_worker(python, src, ours, config, how, device, precision, steps, workdir, *extra):
-    out = workdir / f"{how}_{device}_{precision}_{'ours' if ours else 'ref'}.json"
+def run_worker(python, src, ours, config, how, device, precision, steps, workdir, *extra,
+               tag=""):
+    out = workdir / f"{how}_{device}_{precision}_{'ours' if ours else 'ref'}{tag}.json"
     model_dir = workdir / out.stem
     cmd = [python, str(WORKER), "--config", str(config), "--how", how, "--device", device,
            "--precision", precision, "--steps", str(steps), "--model-dir", str(model_dir),
@@ -254,6 +563,12 @@ def _short_where(where: str, src: Path) -> str:
 
 def sweep_model(name, processors, configs, args, src):
     workdir = Path(tempfile.mkdtemp(prefix=f"zoo_{name.replace('/', '_')}_", dir=args.workdir))
+    missing = _missing_module(name, src)
+    if missing:
+        # The reference cannot import it either: nothing to train or compare.
+        return {"model": name, "note": "", "CPU": "not in release", "CSX": "-",
+                "YAML": "-", "difference": "",
+                "error": f"the registry names {missing}, which this zoo checkout lacks"}
     config, note = tiny_config(name, configs, processors, workdir)
     row = {"model": name, "note": note, "CPU": "-", "CSX": "-", "YAML": "-",
            "difference": "", "error": note if config is None else ""}
@@ -267,36 +582,76 @@ def sweep_model(name, processors, configs, args, src):
     # changed between torch 2.4 and this torch (trunc_normal_ draws differently), so every
     # run then starts from those same weights (fit(ckpt_path=...), in YAML too).
     init = workdir / "initial_weights.mdl"
-    ref = (run_worker(args.reference_python, src, False, path, "python", "CPU", "fp32", steps,
-                      workdir, "--save-init", str(init)) if args.reference_python else None)
+    # DiT casts its noised inputs to the half dtype whatever the precision: it runs only
+    # mixed, which the zoo makes bfloat16 on CPU (reference and here alike).
+    base = "shipped" if name in HALF_ONLY else "fp32"
+    if base != "fp32":
+        row["note"] += "; CPU and YAML runs bfloat16"
+    # Data whose random draws differ between torch versions: the reference stores the
+    # batches it trains on and this project's CPU run replays them for the comparison.
+    replay = ("--batches", str(workdir / "batches.pt")) if name in REPLAY else ()
+    ref = (run_worker(args.reference_python, src, False, path, "python", "CPU", base, steps,
+                      workdir, "--save-init", str(init), *replay)
+           if args.reference_python else None)
     start = ("--init", str(init)) if init.exists() else ()
-    cpu = run_worker(args.zoo_python, src, True, path, "python", "CPU", "fp32", steps, workdir,
+    cpu = run_worker(args.zoo_python, src, True, path, "python", "CPU", base, steps, workdir,
                      *start)
+    cpu_on_ref_data = (run_worker(args.zoo_python, src, True, path, "python", "CPU", base,
+                                  steps, workdir, *start, *replay, tag="_replay")
+                       if replay and ref is not None else cpu)
     csx = run_worker(args.zoo_python, src, True, path, "python", "CSX", "shipped", steps,
                      workdir, *start)
-    cli = run_worker(args.zoo_python, src, True, path, "yaml", "CPU", "fp32", steps, workdir,
+    cli = run_worker(args.zoo_python, src, True, path, "yaml", "CPU", base, steps, workdir,
                      *start)
-    ref_cli = (run_worker(args.reference_python, src, False, path, "yaml", "CPU", "fp32", steps,
-                          workdir, *start) if ref is not None and _ok(cli, steps) else None)
+    ref_cli = (run_worker(args.reference_python, src, False, path, "yaml", "CPU", base, steps,
+                          workdir, *start)
+               if ref is not None and _ok(cli, steps) and not replay else None)
     errors, diffs = [], []
-    row["CPU"] = "ok" if _ok(cpu, steps) else "FAIL"
+    row["CPU"] = "ok" if _ok(cpu, steps) and _ok(cpu_on_ref_data, steps) else "FAIL"
     if ref is not None:
         if not _ok(ref, steps):
             row["CPU"] += " (ref fails)"
             errors.append(("reference", ref))
-        elif _ok(cpu, steps):
-            diff = _rel(cpu["losses"], ref["losses"])
+        elif _ok(cpu_on_ref_data, steps):
+            diff = _rel(cpu_on_ref_data["losses"], ref["losses"])
             diffs.append(f"ref {diff:.1e}")
             if diff > 1e-4:
                 row["CPU"] = "DIFFERS"
     if _ok(csx, steps):
         moved = len(set(csx["losses"])) > 1
-        track = _rel(csx["losses"], cpu["losses"]) if _ok(cpu, steps) else math.inf
+        # A step whose gradients overflow at the loss scale is skipped (the scale halves):
+        # from the next step on the run no longer follows fp32's, so tracking is measured
+        # up to that step and the skip is shown.
+        scales = csx.get("loss_scales") or []
+        skipped = [i for i in range(1, len(scales)) if scales[i] < scales[i - 1]]
+        compared = csx["losses"][:skipped[0] + 1] if skipped else csx["losses"]
+        track = (_rel(compared, cpu["losses"][:len(compared)]) if _ok(cpu, steps)
+                 else math.inf)
         diffs.append(f"csx {track:.1e}")
+        updates_from = None
+        if scales and len(skipped) == len(scales) - 1:
+            # The scale fell at every step: every update may have been skipped. A longer
+            # run shows whether the dynamic loss scale finds a value that fits.
+            longer = run_worker(args.zoo_python, src, True, path, "python", "CSX", "shipped",
+                                steps + 12, workdir, *start, tag="_longer")
+            long_scales = longer.get("loss_scales") or []
+            updates_from = next((i + 1 for i in range(1, len(long_scales))
+                                 if long_scales[i] >= long_scales[i - 1]), None)
+            moved = updates_from is not None and len(set(longer["losses"][updates_from - 1:])) > 1
+            # the first step was skipped as well (its scale fell too): only its loss, taken
+            # before any update, follows fp32's
+            track = _rel(csx["losses"][:1], cpu["losses"][:1]) if _ok(cpu, steps) else math.inf
+            diffs[-1] = f"csx {track:.1e}"
         row["CSX"] = "ok" if moved and track <= 1e-2 else ("no update" if not moved
                                                            else "off fp32")
-        if csx.get("loss_scales"):
-            row["CSX"] += f" (scale 2^{math.log2(csx['loss_scales'][-1]):.0f})"
+        if updates_from:
+            row["CSX"] += (f" (steps 1-{updates_from - 1} skipped as the scale fell to "
+                           f"2^{math.log2(long_scales[updates_from - 1]):.0f}; "
+                           f"updates from step {updates_from})")
+        elif scales:
+            row["CSX"] += f" (scale 2^{math.log2(scales[-1]):.0f}"
+            row["CSX"] += (f"; step {', '.join(str(i + 1) for i in skipped)} skipped)"
+                           if skipped else ")")
     else:
         row["CSX"] = "FAIL"
     if _ok(cli, steps):
@@ -313,7 +668,10 @@ def sweep_model(name, processors, configs, args, src):
                 row["YAML"] += " (ref yaml fails)"
     else:
         row["YAML"] = "FAIL"
-    for label, result in (("CPU", cpu), ("CSX", csx), ("YAML", cli)):
+    runs = [("CPU", cpu), ("CSX", csx), ("YAML", cli)]
+    if cpu_on_ref_data is not cpu:
+        runs.insert(1, ("CPU on the reference's data", cpu_on_ref_data))
+    for label, result in runs:
         if result.get("error"):
             errors.append((label, result))
     row["difference"] = ", ".join(diffs)
@@ -346,6 +704,11 @@ def main(argv=None) -> int:
     DATA_PROCESSORS.update({m["name"]: {p.rsplit(".", 1)[-1]
                                          for p in m.get("data_processor_paths") or []}
                             for m in registry})
+    MODEL_PATHS.update({m["name"]: m["path"] for m in registry})
+    global ZOO_HAS_TORCHVISION
+    ZOO_HAS_TORCHVISION = subprocess.run(
+        [args.zoo_python, "-c", "import torchvision.transforms"], capture_output=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}).returncode == 0
     if args.workdir:
         os.makedirs(args.workdir, exist_ok=True)
 

@@ -320,3 +320,35 @@ def test_loader_checks_artifact_and_inputs(tmp_path):
     (tmp_path / "a" / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(exported.ExportError, match="version 99"):
         exported.load(path)
+
+
+def test_a_cpu_sparsity_step_with_host_topk_is_refused_clearly(tmp_path):
+    """On CPU, GMP's mask updates call torch.topk on the host (the reference's tie order),
+    which jax.export cannot serialize: the export says so and what to do, and leaves
+    nothing behind."""
+    from cerebras.pytorch import sparse
+
+    backend = cstorch.backend("CPU")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    compiled = cstorch.compile(model, backend)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+    sparsity = sparse.GMP(sparsity={"type": "linear", "init": 0.0, "slope": 0.1},
+                          update={"freq": 2}, init_method="topk")
+    model.apply(sparsity)
+    optimizer.apply(sparsity)
+
+    @cstorch.trace
+    def step(x, y):
+        loss = torch.nn.functional.cross_entropy(compiled(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+
+    x, y = torch.randn(4, 6), torch.tensor([0, 1, 1, 0])
+    assert np.isfinite(float(step(x, y)))
+    with pytest.raises(NotImplementedError, match="calls back into Python on the host"):
+        cstorch.export(step, (x, y), str(tmp_path / "gmp"))
+    assert not (tmp_path / "gmp").exists()
+    assert os.listdir(tmp_path) == []  # no staging directory left either

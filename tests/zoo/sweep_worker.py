@@ -22,6 +22,7 @@ import sys
 import traceback
 
 LEARNING_RATE = 1e-3  # constant: the runs compare steps, not schedules
+DATA_SEED = 1234
 
 def _numpy_cast():
     import numpy as np
@@ -47,10 +48,17 @@ def _precision_kwargs(init, precision):
 
 
 def _recorder(result):
+    import torch
+
     import cerebras.pytorch as cstorch
     from cerebras.modelzoo.trainer.callbacks import Callback
 
     class RecordLosses(Callback):
+        def on_train_start(self, trainer, model, train_dataloader, loop, loop_idx):
+            # Data-side random draws (DiT's noise and timesteps) start from one state in
+            # every run: torch versions' initialisers consume the generator differently.
+            torch.manual_seed(DATA_SEED)
+
         def on_train_batch_end(self, trainer, model, outputs, batch, batch_idx):
             scaler = getattr(trainer.precision, "scaler", None)
             scale = scaler.get_scale() if scaler is not None and getattr(
@@ -66,9 +74,11 @@ def _recorder(result):
     return RecordLosses()
 
 
-def _config_for(model_cls, config: dict):
+def _config_for(model_cls, config: dict, model_config=None):
     """The config object of a zoo model or data processor (the class its ``__init__``
-    annotates ``config`` with), as a zoo user builds it; the dict where it takes one."""
+    annotates ``config`` with), as a zoo user builds it; the dict where it takes one.
+    ``model_config``: a data config is validated knowing the model's config, as the zoo's
+    YAML path does (some processors, e.g. DiT's, read model fields from that context)."""
     import inspect
     import typing
 
@@ -78,6 +88,8 @@ def _config_for(model_cls, config: dict):
         hint = inspect.signature(model_cls.__init__).parameters.get("config")
         hint = getattr(hint, "annotation", None)
     if inspect.isclass(hint) and hasattr(hint, "model_fields"):
+        if model_config is not None and hasattr(model_config, "model_fields"):
+            return hint.model_validate(config, context={"model": {"config": model_config}})
         return hint(**config)
     return config
 
@@ -96,13 +108,34 @@ def _accepted(cls, kwargs):
     ``adjust_learning_rate``, which the zoo turns into parameter groups, are left out)."""
     import inspect
 
-    names = set(inspect.signature(cls.__init__).parameters)
+    names = set(inspect.signature(cls.__init__).parameters) - {"params"}  # YAML groups
     return {k: v for k, v in kwargs.items() if k in names}
 
 
+def _replayed(make_loader, path, steps):
+    """A loader of the batches stored at ``path``; the first run to ask stores the first
+    ``steps`` batches of ``make_loader()`` there (drawn after seeding torch with
+    ``DATA_SEED``, as training does). For data whose random draws differ between torch
+    versions (``torch.randn`` in bfloat16 changed after torch 2.4), so that the reference
+    and this project train on the same numbers."""
+    import torch
+
+    if not os.path.exists(path):
+        torch.manual_seed(DATA_SEED)
+        batches = []
+        for batch in make_loader():
+            batches.append(batch)
+            if len(batches) == steps:
+                break
+        torch.save(batches, path)
+    batches = torch.load(path, weights_only=True)
+    return torch.utils.data.DataLoader(batches, batch_size=None, shuffle=False)
+
+
 def run_python(params, device, precision, steps, model_dir, result, init_ckpt=None,
-               save_init=None):
+               save_init=None, batches=None):
     """A Trainer built in Python from the tiny config, as a zoo user would write it.
+    ``batches``: train on stored batches (``_replayed``) instead of the processor's.
     ``save_init`` writes the freshly built model's weights (a checkpoint with ``"model"``);
     ``init_ckpt`` starts from such a checkpoint (the Trainer's ``fit(ckpt_path=)``)."""
     import cerebras.pytorch as cstorch
@@ -123,9 +156,16 @@ def run_python(params, device, precision, steps, model_dir, result, init_ckpt=No
         data_config["data_processor"]]
 
     def loader():
-        return cstorch.utils.data.DataLoader(
-            lambda: data_cls(_config_for(data_cls, copy.deepcopy(data_config)))
-            .create_dataloader())
+        model_config_object = _config_for(model_cls, copy.deepcopy(model_config))
+
+        def processor_loader():
+            return data_cls(_config_for(data_cls, copy.deepcopy(data_config),
+                                        model_config_object)).create_dataloader()
+
+        if batches:
+            return cstorch.utils.data.DataLoader(
+                lambda: _replayed(processor_loader, batches, steps))
+        return cstorch.utils.data.DataLoader(processor_loader)
 
     def build_model():
         model = model_cls(_config_for(model_cls, copy.deepcopy(model_config)))
@@ -199,6 +239,8 @@ def main(argv=None):
     parser.add_argument("--out", required=True)
     parser.add_argument("--init", help="start from this checkpoint's model weights")
     parser.add_argument("--save-init", help="save the freshly built model's weights here")
+    parser.add_argument("--batches", help="train on the batches stored in this file (the "
+                        "first run stores them)")
     args = parser.parse_args(argv)
 
     import torch
@@ -212,7 +254,7 @@ def main(argv=None):
     try:
         if args.how == "python":
             run_python(params, args.device, args.precision, args.steps, args.model_dir, result,
-                       args.init, args.save_init)
+                       args.init, args.save_init, args.batches)
         else:
             run_yaml(params, args.device, args.precision, args.steps, args.model_dir, result,
                      args.config, args.init)
