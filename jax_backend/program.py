@@ -97,9 +97,9 @@ class Program:
         """``jax.jit`` of the step for the current target. The function is new each time: jit
         keys its trace cache by the function, and bound methods of one program compare equal,
         so after a change of target (the cuDNN fallback) JAX 0.7 reused the old trace."""
-        def step(donated, kept, inputs, seed):
+        def pure_step(donated, kept, inputs, seed):  # jit names the program after it
             return self.pure_step(donated, kept, inputs, seed)
-        return jax.jit(step, donate_argnums=(0,), **self._shardings())
+        return jax.jit(pure_step, donate_argnums=(0,), **self._shardings())
 
     def _shardings(self) -> dict:
         """jit shardings for a mesh layout: state as the layout places it, inputs split along

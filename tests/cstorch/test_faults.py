@@ -103,6 +103,16 @@ def test_reading_a_parameter_between_steps_shows_the_newest_value():
 
 
 # ------------------------------------------------------------------ interrupts
+@pytest.fixture(autouse=True)
+def _ctrl_c_raises():
+    """Ctrl-C raises KeyboardInterrupt in these tests, as in an interactive Python: a test
+    process started in the background by a shell without job control inherits SIGINT ignored
+    (which the engine then honours)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def _interrupt_as_the_call_returns(monkeypatch, how):
     real = Program.__call__
     calls = []
@@ -225,6 +235,7 @@ _STRESS = textwrap.dedent("""
     import torch
     import cerebras.pytorch as cstorch
 
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # not inherited ignored
     out, rounds = sys.argv[1], int(sys.argv[2])
     backend = cstorch.backend("CPU", artifact_dir=out)
     torch.manual_seed(0)
