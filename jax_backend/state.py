@@ -134,16 +134,16 @@ _STATES = ("absent", *(f"{value}{reach}" for value in ("synced", "stale", "relea
 
 
 def _expand(table) -> frozenset:
+    """The rows of ``table`` with each ``*`` replaced by every reach (where both states exist)."""
     rows = set()
     for before, event, after in table:
-        if before.endswith("*"):
-            for reach in _REACHES:
-                row = (before[:-1] + reach, event, after[:-1] + reach if after != "absent"
-                       else after)
-                if row[0] in _STATES and row[2] in _STATES:
-                    rows.add(row)
-        else:
+        if not before.endswith("*"):
             rows.add((before, event, after))
+            continue
+        for reach in _REACHES:
+            row = (before[:-1] + reach, event, after if after == "absent" else after[:-1] + reach)
+            if row[0] in _STATES and row[2] in _STATES:
+                rows.add(row)
     return frozenset(rows)
 
 
