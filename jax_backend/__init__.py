@@ -5,7 +5,8 @@ This package knows nothing of the cstorch API. Its public surface:
 * ``capture_step`` / ``Slot`` / ``CapturedStep``: torch step function -> functional ATen graph.
 * ``Program``: a captured step compiled with ``jax.jit`` (donated state, async dispatch,
   jaxpr / StableHLO / cost-analysis introspection).
-* ``DeviceState``: the JAX arrays holding torch state tensors between steps.
+* ``DeviceState``: the JAX arrays holding torch state tensors between steps (``state``; the
+  guard that keeps the torch objects current is ``state_guard``).
 * ``LazyTensor`` / ``materialize``: torch tensors backed by not-yet-read JAX arrays.
 * ``optimizers`` / ``schedules``: optax-style pure update rules and schedules.
 * ``torch_ops``: torch custom ops (optimizer step, schedule) that lower to those functions.

@@ -136,6 +136,12 @@ backup_first_run = config.define(
     "backup_first_run", True, "Whether the first run of a program keeps the state it donates "
     "until it succeeded (jax_backend/program.py); False trades that protection for a "
     "first-step memory peak like any other step's.")
+debug_state = config.define(
+    "debug_state", False, "Whether each state tensor's entry in a DeviceState checks every "
+    "change of its flags against the table of legal transitions (jax_backend/state.py, "
+    "TRANSITIONS) and raises IllegalTransition on any other; read when a backend's state is "
+    "created. Off by default (for tests and debugging).", env_var="CSTORCH_DEBUG_STATE",
+    parse=parse_bool)
 
 
 def cache_directory(setting: Setting, name: str) -> str | None:

@@ -102,7 +102,7 @@ from jax_backend import config
 from jax_backend.config import graph_cache as _setting
 from jax_backend.registry import has_lowering, lowered_namespaces
 from jax_backend.regular_files import open_regular
-from jax_backend.state import plain_type
+from jax_backend.state_guard import plain_type
 
 ENV_VAR = _setting.env_var
 FORMAT = 2

@@ -5,9 +5,10 @@ in a JAX array; the torch tensor keeps its last synchronised value (large ones k
 see below) until someone asks for it.
 Eager torch semantics still hold for the torch objects:
 
-* Each state tensor is *guarded* (its class becomes ``GuardedParameter`` / ``GuardedTensor``,
-  same identity): the first torch operation that reads or edits it copies the newest value in
-  first, so ``print(p)``, ``p.add_(x)`` or ``p.clamp_(-c, c)`` between steps see the newest value.
+* Each state tensor is *guarded* (``jax_backend.state_guard``: its class becomes
+  ``GuardedParameter`` / ``GuardedTensor``, same identity): the first torch operation that
+  reads or edits it copies the newest value in first, so ``print(p)``, ``p.add_(x)`` or
+  ``p.clamp_(-c, c)`` between steps see the newest value.
 * An edit on the torch side is noticed before the next step and uploaded: by the tensor's
   version counter (in-place ops, ``load_state_dict``), by its storage (``p.data = t``), and
   by its memory having been handed out through the guard (a view, ``p.data``, a numpy
@@ -32,12 +33,14 @@ here, so every path that drops an entry gives the storage back first (``_fill``)
 that is lost (its step failed and no copy is left) becomes NaN, never a dangling storage.
 Releasing and filling are ordered so that an interrupt between any two of their operations
 leaves a tensor the next access fills from its array.
+
+Each tensor's entry is a small state machine: its flags change only through
+``_Entry.transition``, and ``TRANSITIONS`` lists every legal change (checked under the
+``debug_state`` setting, ``CSTORCH_DEBUG_STATE=1``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import dataclasses
 import math
 import weakref
@@ -46,12 +49,12 @@ from typing import Callable, Iterable, Sequence
 import jax
 import jax.numpy as jnp
 import torch
-from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from jax_backend.dtypes import array_to_numpy, copy_into, state_to_host, tensor_to_array
-from jax_backend import host_memory, shared_memory
+from jax_backend import config, host_memory, shared_memory
 from jax_backend.errors import StepFailedError
+from jax_backend.state_guard import guard, guarded_by, no_guard, unguard
 from jax_backend.user_frames import warn
 
 
@@ -63,130 +66,10 @@ class SharedStateWarning(UserWarning):
     """A state tensor's memory is shared with an alias, so each step's value is written
     into it right away (which waits for the step)."""
 
-_no_guard = torch._C.DisableTorchFunctionSubclass
 
-# Tensor attributes and methods that read no values: they never force a synchronisation.
-_METADATA = frozenset({
-    "shape", "dtype", "device", "size", "dim", "stride", "requires_grad", "is_leaf", "grad",
-    "grad_fn", "_version", "numel", "ndim", "layout", "is_cuda", "is_cpu", "is_sparse",
-    "is_meta", "is_quantized", "is_nested", "is_mkldnn", "element_size", "nelement", "_is_view",
-    "_base", "is_floating_point", "is_complex", "storage_offset", "is_contiguous", "names",
-    "nbytes", "itemsize", "requires_grad_", "retain_grad", "register_hook",
-    "register_post_accumulate_grad_hook", "_backward_hooks", "__len__", "data_ptr",
-    "_post_accumulate_grad_hooks", "retains_grad", "_cdata", "__dir__",
-})
-
-
-def _name(func) -> str:
-    name = getattr(func, "__name__", "")
-    owner = getattr(func, "__self__", None)
-    if name in ("__get__", "__set__", "__delete__") and owner is not None:
-        return getattr(owner, "__name__", "")
-    return name
-
-
-def _state_of(tensor):
-    owner = tensor.__dict__.get("_cstorch_device_state")
-    return owner() if owner is not None else None
-
-
-def _guard_torch_function(cls, func, types, args=(), kwargs=None):
-    kwargs = kwargs or {}
-    name = _name(func)
-    if name in _METADATA:
-        with _no_guard():
-            return func(*args, **kwargs)
-    accessed = []
-    for value in tree_flatten((args, kwargs))[0]:
-        if isinstance(value, _GUARDED):
-            state = _state_of(value)
-            if state is not None:
-                state._before_torch_access(value)
-                accessed.append((state, value))
-    with _no_guard():
-        result = func(*args, **kwargs)
-        for state, value in accessed:
-            if name not in _VALUE_RESULTS and _hands_out_memory(result, value):
-                state._memory_handed_out(value)
-    return result
-
-
-def _hands_out_memory(result, tensor) -> bool:
-    """Whether ``result`` reaches ``tensor``'s memory: a view, ``.data``, ``.detach()``, the
-    tensor itself (in-place ops), a numpy array, a storage or a DLPack capsule of it.
-    Caller: under ``_no_guard``."""
-    storage = None
-    for leaf in tree_flatten(result)[0]:
-        if isinstance(leaf, torch.Tensor):
-            if storage is None:
-                storage = tensor.untyped_storage()._cdata
-            if leaf.untyped_storage()._cdata == storage:
-                return True
-        elif leaf is not None and not isinstance(leaf, _PLAIN_RESULTS):
-            return True  # numpy arrays, storages, capsules, anything else that may hold it
-    return False
-
-
-# Methods whose results are plain Python values (``tolist`` can be long: not walked).
-_VALUE_RESULTS = frozenset({"tolist", "item", "__bool__", "__float__", "__int__", "__index__",
-                            "__complex__", "__format__", "__hash__"})
-# Results that cannot hold a tensor's memory.
-_PLAIN_RESULTS = (bool, int, float, complex, str, bytes, torch.Size, torch.dtype, torch.device,
-                  torch.layout, torch.memory_format)
-
-
-@contextlib.contextmanager
-def _as_plain(tensor):
-    """The tensor with its newest value and plain class, e.g. to copy or pickle it."""
-    owner = tensor.__dict__.get("_cstorch_device_state")
-    state = owner() if owner is not None else None
-    if state is not None:
-        state._before_torch_access(tensor)
-    guard = type(tensor)
-    tensor.__class__ = _BASE_OF[guard]
-    tensor.__dict__.pop("_cstorch_device_state", None)
-    try:
-        yield tensor
-    finally:
-        tensor.__class__ = guard
-        if owner is not None:
-            tensor.__dict__["_cstorch_device_state"] = owner
-
-
-class _Guard:
-    """What both guarded classes add to their base (see the module docstring)."""
-
-    __torch_function__ = classmethod(_guard_torch_function)
-
-    def __deepcopy__(self, memo):
-        with _as_plain(self):
-            return copy.deepcopy(self, memo)
-
-    def __reduce_ex__(self, protocol):
-        with _as_plain(self):
-            return self.__reduce_ex__(protocol)
-
-    def __repr__(self, *args, **kwargs):
-        with _as_plain(self):
-            return self.__repr__(*args, **kwargs)
-
-
-class GuardedParameter(_Guard, torch.nn.Parameter):
-    """A parameter whose newest value may live on the JAX side (see module docstring)."""
-
-
-class GuardedTensor(_Guard, torch.Tensor):
-    """A state tensor whose newest value may live on the JAX side (see module docstring)."""
-
-
-_GUARDED = (GuardedParameter, GuardedTensor)
-_GUARD_OF = {torch.nn.Parameter: GuardedParameter, torch.Tensor: GuardedTensor}
-_BASE_OF = {GuardedParameter: torch.nn.Parameter, GuardedTensor: torch.Tensor}
-
-
-def plain_type(tensor: torch.Tensor) -> type:
-    """The tensor's class as the user made it (a guard is this module's business only)."""
-    return _BASE_OF.get(type(tensor), type(tensor))
+class IllegalTransition(AssertionError):
+    """An entry's flags changed in a way ``TRANSITIONS`` does not allow (``debug_state``):
+    a bug in the engine, not in the user's code."""
 
 
 def _storage_key(tensor: torch.Tensor):
@@ -213,12 +96,88 @@ def _count_edit(tensor: torch.Tensor) -> int:
     return tensor._version
 
 
-@dataclasses.dataclass
+# ------------------------------------------------------------------ an entry's states
+# A state names where a tensor's newest value is, and who can reach its torch memory:
+#   synced     torch and the array hold the same value
+#   stale      the array is newer; torch keeps its last synchronised value
+#   released   the array is newer; torch's storage is given back (0 bytes)
+# followed by its reach: nothing (only through the guard), "+lent" (its memory was handed
+# out through the guard since the upload: maybe edited unseen), or "+shared" (something
+# reaches it unguarded: torch is the source of truth). "absent": no entry (before the upload,
+# after the entry left). A "*" in a row below stands for the same reach on both sides.
+_TABLE = (
+    # from          event            to
+    ("absent",      "upload",        "synced"),         # the torch value copied to an array
+    ("absent",      "upload",        "synced+shared"),  # ... its memory reachable unguarded
+    ("synced*",     "step-result",   "stale*"),         # a step wrote the tensor's new array
+    ("stale*",      "step-result",   "stale*"),
+    ("released*",   "step-result",   "released*"),
+    ("stale+lent",  "share",         "stale+shared"),   # what was handed out is still held
+    ("synced",      "hand-out",      "synced+lent"),    # a torch op returned its memory
+    ("synced+lent", "hand-out",      "synced+lent"),
+    ("synced+shared", "hand-out",    "synced+shared"),
+    ("synced",      "release",       "released"),       # torch's copy given back
+    ("stale",       "release",       "released"),
+    ("stale+lent",  "release",       "released+lent"),  # (the alias is gone by then)
+    ("released*",   "keep",          "stale*"),         # torch refused: the storage stays
+    ("released*",   "freed",         "released*"),      # version and storage noted
+    ("stale*",      "fill",          "synced*"),        # the array copied into torch (for a
+    ("released*",   "fill",          "synced*"),        # shared tensor: its write-through)
+    ("synced*",     "drop",          "absent"),         # left the state with its newest value
+    ("synced*",     "rollback",      "absent"),         # left with its last synchronised
+    ("stale*",      "rollback",      "absent"),         # value (failed step, split value)
+    ("released*",   "lose",          "absent"),         # no value left: set to NaN
+)
+_REACHES = ("", "+lent", "+shared")
+_STATES = ("absent", *(f"{value}{reach}" for value in ("synced", "stale", "released")
+                       for reach in _REACHES if (value, reach) != ("released", "+shared")))
+
+
+def _expand(table) -> frozenset:
+    """The rows of ``table`` with each ``*`` replaced by every reach (where both states exist)."""
+    rows = set()
+    for before, event, after in table:
+        if not before.endswith("*"):
+            rows.add((before, event, after))
+            continue
+        for reach in _REACHES:
+            row = (before[:-1] + reach, event, after if after == "absent" else after[:-1] + reach)
+            if row[0] in _STATES and row[2] in _STATES:
+                rows.add(row)
+    return frozenset(rows)
+
+
+TRANSITIONS = _expand(_TABLE)  # every legal (from state, event, to state)
+
+# What each event sets; the values it comes with (a new array, the version and storage noted
+# at a synchronisation, what an upload found out) are passed to ``transition``.
+_EFFECTS = {event: tuple(effect.items()) for event, effect in {
+    "upload": {"live": True, "array_is_newer": False, "released": False, "handed_out": False},
+    "step-result": {"array_is_newer": True},
+    "share": {"shared": True},
+    "hand-out": {"handed_out": True},
+    "release": {"array_is_newer": True, "released": True},
+    "keep": {"released": False},
+    "freed": {},
+    "fill": {"array_is_newer": False, "released": False},
+    "drop": {"live": False},
+    "rollback": {"live": False},
+    "lose": {"live": False, "released": False},
+}.items()}
+_VALUE = {(False, False): "synced", (True, False): "stale", (True, True): "released"}
+_SAME = object()  # a value ``transition`` leaves as it is
+
+
+@dataclasses.dataclass(eq=False)
 class _Entry:
+    """What a ``DeviceState`` knows of one state tensor. Its flags change only through
+    ``transition`` (the table above)."""
+
     tensor: torch.Tensor
-    array: jax.Array
-    synced_version: int
+    array: jax.Array = None
+    synced_version: int = None  # the tensor's version at the last synchronisation
     storage: tuple = None  # _storage_key at the last synchronisation
+    live: bool = False  # in its DeviceState (from the upload until it leaves)
     array_is_newer: bool = False
     # Since the last upload a torch access handed out its memory (a view, ``p.data``, a
     # numpy array): edits through that bump no counter of the tensor.
@@ -228,6 +187,57 @@ class _Entry:
     shared: bool = False
     foreign: bool = False  # its memory may be a numpy array someone else holds
     released: bool = False  # the torch storage was given back; the array is the only copy
+    # Under ``debug_state``: the DeviceState (weakly), which names the tensor in an error.
+    checked_by: weakref.ref = None
+
+    def transition(self, event: str, array=_SAME, synced_version=_SAME, storage=_SAME,
+                   shared=_SAME, foreign=_SAME) -> None:
+        """Applies ``event``: its effect on the flags (``_EFFECTS``) and the values that come
+        with it; under ``debug_state`` raises ``IllegalTransition``, leaving the entry as it
+        was, unless the change is in ``TRANSITIONS``. (Named arguments, not ``**values``:
+        this runs for every state tensor on every step.)"""
+        if self.checked_by is not None:
+            before, flags = self.state(), dict(self.__dict__)
+        for name, value in _EFFECTS[event]:
+            setattr(self, name, value)
+        if array is not _SAME:
+            self.array = array
+        if synced_version is not _SAME:
+            self.synced_version = synced_version
+        if storage is not _SAME:
+            self.storage = storage
+        if shared is not _SAME:
+            self.shared = shared
+        if foreign is not _SAME:
+            self.foreign = foreign
+        if self.checked_by is not None:
+            after = self.state()
+            if (before, event, after) not in TRANSITIONS:
+                self.__dict__.update(flags)
+                self._illegal(before, event, after)
+
+    def state(self) -> str:
+        """The entry's state as ``TRANSITIONS`` names it (a name outside ``_STATES`` for a
+        combination of flags that should never occur)."""
+        if not self.live:
+            return "absent"
+        value = _VALUE.get((self.array_is_newer, self.released), "released-but-not-newer")
+        if self.shared:
+            return value + "+shared"
+        if self.foreign:
+            return value + "+foreign-but-not-shared"
+        return value + "+lent" if self.handed_out else value
+
+    def _illegal(self, before: str, event: str, after: str):
+        owner = self.checked_by()
+        name = owner._describe(self.tensor) if owner is not None and self.tensor is not None \
+            else "(gone)"
+        legal = sorted({e for b, e, _ in TRANSITIONS if b == before})
+        raise IllegalTransition(
+            f"DeviceState entry of state tensor {name}: event {event!r} is not legal from "
+            f"state {before!r} (it would leave it {after!r}); legal events from {before!r}: "
+            f"{', '.join(legal) or 'none'}. The transitions are listed in "
+            "jax_backend/state.py (TRANSITIONS).")
 
     def torch_side_changed(self) -> bool:
         if self.released:  # nothing touches it unguarded, and the guard fills it first
@@ -251,6 +261,8 @@ class DeviceState:
         # How warnings name a state tensor (the backend knows its path); None: by shape.
         self.name_of: Callable[[torch.Tensor], str | None] | None = None
         self._warned_shared = WeakIdKeyDictionary()  # tensors named in a SharedStateWarning
+        # Under ``debug_state`` every entry checks its transitions (``TRANSITIONS``).
+        self.checks_transitions = bool(config.debug_state.value)
 
     def __len__(self):
         return len(self._entries)
@@ -259,7 +271,7 @@ class DeviceState:
         return id(tensor) in self._entries
 
     def _upload(self, tensor: torch.Tensor) -> _Entry:
-        """Copies the torch value into a new array. Caller: under ``_no_guard``."""
+        """Copies the torch value into a new array. Caller: under ``no_guard``."""
         previous = self._entries.get(id(tensor))
         if previous is not None and previous.tensor is tensor and previous.array_is_newer:
             self.materialize([tensor])  # never upload a torch value older than the array
@@ -269,6 +281,8 @@ class DeviceState:
             array = tensor_to_array(tensor, self.device)
         entry = self._new_entry(tensor, array, previous)
         self._entries[id(tensor)] = entry
+        if previous is not None and previous.tensor is tensor:
+            previous.transition("drop")
         return entry
 
     def _new_entry(self, tensor: torch.Tensor, array, previous: _Entry | None) -> _Entry:
@@ -280,17 +294,20 @@ class DeviceState:
             foreign = previous.foreign  # same memory: what was known of it still holds
         else:
             foreign = shared_memory.may_be_foreign(tensor)
-        entry = _Entry(tensor, array, tensor._version, key, foreign=foreign)
-        self._guard(tensor)
-        entry.shared = (foreign or not self._guarded_here(tensor)
-                        or shared_memory.shared_elsewhere(tensor))
+        version = tensor._version
+        guard(tensor, self)
+        shared = (foreign or not guarded_by(tensor, self)
+                  or shared_memory.shared_elsewhere(tensor))
+        entry = _Entry(tensor, checked_by=weakref.ref(self) if self.checks_transitions else None)
+        entry.transition("upload", array=array, synced_version=version, storage=key,
+                         foreign=foreign, shared=shared)
         return entry
 
     def arrays(self, tensors: Sequence[torch.Tensor]) -> list:
         """The current arrays of ``tensors``, uploading any the torch side has changed (or
         may have: tensors whose memory is reachable elsewhere are uploaded every time)."""
         result = []
-        with _no_guard():
+        with no_guard():
             for tensor in tensors:
                 entry = self._entries.get(id(tensor))
                 if entry is None or entry.tensor is not tensor or entry.torch_side_changed():
@@ -303,17 +320,16 @@ class DeviceState:
         their storage is released where that is safe, see the module docstring)."""
         freed = 0
         shared = []
-        with _no_guard():
+        with no_guard():
             for tensor, array in zip(tensors, arrays):
                 entry = self._entries.get(id(tensor))
                 if entry is None or entry.tensor is not tensor:
                     entry = self._new_entry(tensor, array, entry)
                     self._entries[id(tensor)] = entry
-                entry.array = array
-                entry.array_is_newer = True
-                entry.synced_version = _count_edit(tensor)
-                if entry.handed_out and not entry.shared:  # written, not read: not uploaded
-                    entry.shared = shared_memory.shared_elsewhere(tensor)
+                entry.transition("step-result", array=array, synced_version=_count_edit(tensor))
+                if (entry.handed_out and not entry.shared  # written, not read: not uploaded
+                        and shared_memory.shared_elsewhere(tensor)):
+                    entry.transition("share")
                 if entry.shared:
                     shared.append(entry)
                 else:
@@ -361,7 +377,7 @@ class DeviceState:
         """Releases the torch storage of tensors whose arrays hold their values (e.g. state a
         step read but did not write); the next torch access fills it again."""
         freed = 0
-        with _no_guard():
+        with no_guard():
             for tensor in tensors:
                 entry = self._entries.get(id(tensor))
                 if (entry is not None and entry.tensor is tensor and not entry.released
@@ -370,13 +386,9 @@ class DeviceState:
         host_memory.freed(freed)
 
     # ------------------------------------------------------------------ torch storage
-    def _guarded_here(self, tensor) -> bool:
-        owner = tensor.__dict__.get("_cstorch_device_state")
-        return type(tensor) in _BASE_OF and owner is not None and owner() is self
-
     def _release(self, entry: _Entry) -> int:
         """Frees the torch copy of a value the array holds, where that is safe (module
-        docstring); returns the bytes freed. Caller: under ``_no_guard``."""
+        docstring); returns the bytes freed. Caller: under ``no_guard``."""
         tensor = entry.tensor
         nbytes = tensor.numel() * tensor.element_size()
         if (entry.released or entry.shared or entry.foreign or tensor.device.type != "cpu"
@@ -386,12 +398,12 @@ class DeviceState:
                 or not getattr(entry.array, "is_fully_addressable", True)
                 or not _sole_owner(tensor)):
             return 0
-        self._guard(tensor)
-        if not self._guarded_here(tensor):
+        guard(tensor, self)
+        if not guarded_by(tensor, self):
             return 0  # a tensor subclass of its own: nothing would fill it again on access
         # Marked first: whatever happens below (an interrupt, a refusal), the next access
         # fills the tensor from the array, never the other way round.
-        entry.array_is_newer = entry.released = True
+        entry.transition("release")
         self._pending = True
         with torch.no_grad():
             if not tensor.untyped_storage().resizable():
@@ -400,11 +412,11 @@ class DeviceState:
                 try:
                     tensor.set_(torch.UntypedStorage(nbytes), 0, tensor.shape, tensor.stride())
                 except RuntimeError:  # torch refuses to change this tensor's storage
-                    entry.released = False  # it keeps it (filled again on access all the same)
+                    entry.transition("keep")  # filled again on access all the same
                     return 0
             tensor.untyped_storage().resize_(0)
-        entry.synced_version = _count_edit(tensor)
-        entry.storage = _storage_key(tensor)
+        entry.transition("freed", synced_version=_count_edit(tensor),
+                         storage=_storage_key(tensor))
         return nbytes
 
     @staticmethod
@@ -421,11 +433,11 @@ class DeviceState:
         it gets its storage back filled with NaN (0 for integer and bool tensors), so it stays
         readable and the loss shows, and it leaves this state."""
         tensor = entry.tensor
-        with torch.no_grad(), _no_guard():
+        with torch.no_grad(), no_guard():
             self._allocate(tensor)
             tensor.fill_(math.nan if tensor.is_floating_point() or tensor.is_complex() else 0)
-        entry.released = False
-        self._unguard(tensor)
+        entry.transition("lose")
+        unguard(tensor)
         self._entries.pop(id(tensor), None)
 
     def is_released(self, tensor: torch.Tensor) -> bool:
@@ -433,25 +445,8 @@ class DeviceState:
         entry = self._entries.get(id(tensor))
         return entry is not None and entry.tensor is tensor and entry.released
 
-    # ------------------------------------------------------------------ guards
-    def _guard(self, tensor: torch.Tensor) -> None:
-        if type(tensor) in _BASE_OF and tensor.__dict__.get("_cstorch_device_state") is not None:
-            return  # already guarded (release() unguards everything a state guarded)
-        guard = _GUARD_OF.get(type(tensor))
-        if guard is not None:
-            tensor.__dict__["_cstorch_device_state"] = weakref.ref(self)
-            tensor.__class__ = guard
-        elif isinstance(tensor, _GUARDED):
-            tensor.__dict__["_cstorch_device_state"] = weakref.ref(self)
-
-    @staticmethod
-    def _unguard(tensor: torch.Tensor) -> None:
-        base = _BASE_OF.get(type(tensor))
-        if base is not None:
-            tensor.__class__ = base
-            tensor.__dict__.pop("_cstorch_device_state", None)
-
-    def _before_torch_access(self, tensor: torch.Tensor) -> None:
+    # ------------------------------------------------------------------ told by the guard
+    def before_torch_access(self, tensor: torch.Tensor) -> None:
         """A torch operation is about to use ``tensor``: give it the newest value first."""
         entry = self._entries.get(id(tensor))
         if entry is None or entry.tensor is not tensor:
@@ -459,13 +454,13 @@ class DeviceState:
         if entry.array_is_newer:
             self.materialize([tensor])
 
-    def _memory_handed_out(self, tensor: torch.Tensor) -> None:
+    def memory_handed_out(self, tensor: torch.Tensor) -> None:
         """A torch operation returned something that reaches ``tensor``'s memory: edits
         through it are invisible to the tensor's counters, so it is uploaded before the
         next step, and written through after it while the alias lives."""
         entry = self._entries.get(id(tensor))
         if entry is not None and entry.tensor is tensor:
-            entry.handed_out = True
+            entry.transition("hand-out")
 
     def release(self) -> None:
         """Gives every tensor its newest value and plain class back (the backend is going
@@ -478,7 +473,9 @@ class DeviceState:
         except StepFailedError:
             pass  # the unreadable values were dropped (or set to NaN where no copy was left)
         for entry in self._entries.values():
-            self._unguard(entry.tensor)
+            unguard(entry.tensor)
+            split = not getattr(entry.array, "is_fully_addressable", True)
+            entry.transition("rollback" if split else "drop")
         self._entries.clear()
 
     # ------------------------------------------------------------------ failures
@@ -503,7 +500,7 @@ class DeviceState:
         value left: it becomes NaN (``_lose``). Returns a sentence saying which happened."""
         lost = [i for i, a in enumerate(arrays) if a.is_deleted()]
         gone = 0
-        with _no_guard():
+        with no_guard():
             for i in lost:
                 tensor = tensors[i]
                 entry = self._entries.get(id(tensor))
@@ -513,7 +510,8 @@ class DeviceState:
                     self._lose(entry)
                     gone += 1
                 else:
-                    self._unguard(tensor)
+                    entry.transition("rollback")
+                    unguard(tensor)
                     del self._entries[id(tensor)]
         self._pending = any(e.array_is_newer for e in self._entries.values())
         if gone:
@@ -578,17 +576,16 @@ class DeviceState:
             if lost:
                 self._lose(entry)
             else:
-                self._unguard(entry.tensor)
+                entry.transition("rollback")
+                unguard(entry.tensor)
                 self._entries.pop(id(entry.tensor), None)
             return error, lost
-        with torch.no_grad(), _no_guard():
+        with torch.no_grad(), no_guard():
             if entry.released:
                 self._allocate(entry.tensor)
             copy_into(entry.tensor, value)
-            entry.released = False
-            entry.synced_version = entry.tensor._version
-            entry.storage = _storage_key(entry.tensor)
-            entry.array_is_newer = False
+            entry.transition("fill", synced_version=entry.tensor._version,
+                             storage=_storage_key(entry.tensor))
         return None
 
     def forget(self, tensors: Iterable[torch.Tensor]) -> None:
@@ -616,13 +613,15 @@ class DeviceState:
                 continue
             entry.tensor = tensor
             self._entries[id(tensor)] = entry  # _fill works on entries of this state
-            if getattr(entry.array, "is_fully_addressable", True):
+            local = getattr(entry.array, "is_fully_addressable", True)
+            if local:
                 failure = self._fill(entry)
                 if failure is not None:
                     failed.append(failure)
                     continue
+            entry.transition("drop" if local else "rollback")  # split: left as it is
             self._entries.pop(id(tensor), None)
-            self._unguard(tensor)
+            unguard(tensor)
         self._pending = any(e.array_is_newer for e in self._entries.values())
         if failed:
             raise _failed_values_error(failed) from failed[0][0]

@@ -1,5 +1,5 @@
 """Test-wide settings: caches in a temporary directory, strict dtype promotion, deterministic
-torch.
+torch, checked state transitions.
 
 JAX's 64-bit types stay off, as in a user's process: the engine turns them on for its own
 work only (``jax_backend.jax_settings``), and the suite checks that it does so everywhere.
@@ -22,6 +22,9 @@ os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=true")
 # in. CSTORCH_TEST_GRAPH_CACHE=DIR runs the suite with the cache on, to check that hits
 # change nothing.
 os.environ["CSTORCH_GRAPH_CACHE"] = os.environ.get("CSTORCH_TEST_GRAPH_CACHE", "off")
+# Every state tensor's bookkeeping is checked against its table of legal transitions
+# (jax_backend/state.py, TRANSITIONS): an engine bug fails the test that meets it.
+os.environ.setdefault("CSTORCH_DEBUG_STATE", "1")
 
 import jax  # noqa: E402
 
