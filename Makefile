@@ -44,7 +44,10 @@ COMPAT_TESTS := tests/jax_backend tests/test_import_graph.py tests/cstorch/test_
 	tests/cstorch/test_engine_parity.py tests/cstorch/test_parity.py \
 	tests/cstorch/test_storage_roundtrip.py tests/cstorch/test_multidevice.py \
 	tests/cstorch/test_distributed_runtime.py tests/cstorch/test_distributed_mesh.py \
-	tests/cstorch/test_distributed_jobs.py tests/cstorch/test_distributed_launcher.py
+	tests/cstorch/test_distributed_jobs.py tests/cstorch/test_distributed_launcher.py \
+	tests/cstorch/test_aliases.py tests/cstorch/test_midrun_changes.py \
+	tests/cstorch/test_state_transitions.py tests/cstorch/test_released_state.py \
+	tests/cstorch/test_run_end_sync.py tests/cstorch/test_faults.py
 
 $(COMPAT_VENV)/.installed: pyproject.toml Makefile
 	test -x $(COMPAT_PY) || $(COMPAT_PYTHON) -m venv $(COMPAT_VENV)
