@@ -20,6 +20,7 @@ import torch
 
 import cerebras.pytorch as cstorch
 from jax_backend import DeviceState
+from tests.training import compiled_sgd_step
 
 STEPS = 5
 EDIT_AFTER = 2  # the edit lands between steps EDIT_AFTER and EDIT_AFTER + 1
@@ -356,16 +357,7 @@ def _csx_run(through_alias):
     cstorch.backend._reset_for_tests()
     backend = cstorch.backend("CSX", cluster_config=ClusterConfig(num_csx=1))
     model = _model("mlp")
-    compiled = cstorch.compile(model, backend)
-    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-
-    @cstorch.trace
-    def step(x, y):
-        loss = (compiled(x) - y).pow(2).mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss
+    optimizer, step = compiled_sgd_step(model, backend)
 
     alias = _big(model).detach() if through_alias else None
     state = backend._impl.device_state

@@ -22,6 +22,7 @@ from cstorch.core.compile import RecompilationWarning
 from jax_backend.errors import RecompilationError
 
 from tests.cstorch.test_aliases import XS, YS, build
+from tests.training import compiled_sgd_step
 
 STEPS = 5
 CHANGE_AFTER = 2
@@ -185,16 +186,7 @@ def test_csx_refuses_mid_run_changes_and_names_them(change, named):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.BatchNorm1d(256),
                                 torch.nn.Tanh(), torch.nn.Linear(256, 4))
-    compiled = cstorch.compile(model, backend)
-    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-
-    @cstorch.trace
-    def step(x, y):
-        loss = (compiled(x) - y).pow(2).mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss
+    optimizer, step = compiled_sgd_step(model, backend)
 
     step(XS[0], YS[0])
     change(model)

@@ -27,6 +27,7 @@ import jax_backend
 from jax_backend import DeviceState, Program
 from jax_backend.errors import StepFailedError
 from tests.models import TinyGPT, lm_loss
+from tests.training import compiled_sgd_step
 
 XS = [torch.randn(8, 6, generator=torch.Generator().manual_seed(i)) for i in range(8)]
 YS = [torch.randn(8, 3, generator=torch.Generator().manual_seed(100 + i)) for i in range(8)]
@@ -46,16 +47,7 @@ def _model():
 def _cstorch_run():
     backend = cstorch.backend("CPU")
     model = _model()
-    compiled = cstorch.compile(model, backend)
-    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-
-    @cstorch.trace
-    def step(x, y):
-        loss = (compiled(x) - y).pow(2).mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss
+    optimizer, step = compiled_sgd_step(model, backend)
 
     return backend._impl.device_state, model, optimizer, step
 

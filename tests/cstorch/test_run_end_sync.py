@@ -15,6 +15,7 @@ import torch
 import cerebras.pytorch as cstorch
 import jax_backend.state
 from jax_backend import DeviceState
+from tests.training import compiled_sgd_step
 
 XS = [torch.randn(8, 6, generator=torch.Generator().manual_seed(i)) for i in range(6)]
 YS = [torch.randn(8, 3, generator=torch.Generator().manual_seed(100 + i)) for i in range(6)]
@@ -58,17 +59,8 @@ def _eager(steps):
 def _run(steps, before_run=None):
     backend = cstorch.backend("CPU")
     model = _model()
-    compiled = cstorch.compile(model, backend)
-    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    optimizer, step = compiled_sgd_step(model, backend)
     held = before_run(model) if before_run else None
-
-    @cstorch.trace
-    def step(x, y):
-        loss = (compiled(x) - y).pow(2).mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss
 
     batches = list(zip(XS[:steps], YS[:steps]))
     for x, y in cstorch.utils.data.DataExecutor(cstorch.utils.data.DataLoader(lambda: batches)):
