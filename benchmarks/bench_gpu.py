@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -172,6 +171,25 @@ def run_torch(spec, precision, steps, compiled):
     return result, model
 
 
+def traced_step(model, backend, loss_fn):
+    """(AdamW, the traced cstorch training step) this benchmark and step_cost.py time: the
+    workload's loss, backward, AdamW (lr 1e-4, weight decay 0.01)."""
+    import cerebras.pytorch as cstorch
+
+    compiled = cstorch.compile(model, backend)
+    optimizer = cstorch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+
+    @cstorch.trace
+    def step(x_, y_):
+        loss = loss_fn(compiled, x_, y_)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+
+    return optimizer, step
+
+
 def _allow_missing_hdf5plugin():
     """cstorch imports hdf5plugin for LZ4 checkpoints; this benchmark writes none."""
     try:
@@ -203,16 +221,7 @@ def run_cstorch(spec, precision, steps):
     model, x, y, loss_fn = build(spec)
     backend = cstorch.backend("GPU" if on_gpu else "CPU", artifact_dir=os.path.join(
         os.environ.get("TMPDIR", "/tmp"), "cstorch_bench_gpu"))
-    compiled = cstorch.compile(model, backend)
-    optimizer = cstorch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
-
-    @cstorch.trace
-    def step(x_, y_):
-        loss = loss_fn(compiled, x_, y_)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        return loss
+    optimizer, step = traced_step(model, backend, loss_fn)
 
     warmup = 2
     total = warmup + max(1, min(5, steps)) * max(1, steps // max(1, min(5, steps)))
@@ -280,16 +289,10 @@ def child(spec_text):
 
 # -------------------------------------------------------------------------------- parent
 def _environment():
-    import importlib.metadata as md
+    sys.path.insert(0, HERE)
+    from bench_engine import _environment as environment
 
-    versions = {}
-    for package in ("torch", "jax", "jaxlib"):
-        try:
-            versions[package] = md.version(package)
-        except md.PackageNotFoundError:
-            versions[package] = None
-    return {"python": platform.python_version(), **versions,
-            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return environment()
 
 
 def measure(engine, workload, precision, steps, timeout, smoke):

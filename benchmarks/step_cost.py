@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
-from bench_gpu import WORKLOADS, _allow_missing_hdf5plugin, build  # noqa: E402
+from bench_gpu import WORKLOADS, _allow_missing_hdf5plugin, build, traced_step  # noqa: E402
 
 
 def dot_result_types(text: str) -> dict:
@@ -128,16 +128,7 @@ def main(argv=None):
     model, x, y, loss_fn = build(spec)
     on_gpu = jax.devices()[0].platform == "gpu"
     backend = cstorch.backend("GPU" if on_gpu else "CPU", artifact_dir="/tmp/cstorch_step_cost")
-    compiled = cstorch.compile(model, backend)
-    optimizer = cstorch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
-
-    @cstorch.trace
-    def step(x_, y_):
-        loss = loss_fn(compiled, x_, y_)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        return loss
+    _, step = traced_step(model, backend, loss_fn)
 
     report = {"workload": args.workload, "spec": spec, "precision": args.precision,
               "platform": jax.devices()[0].platform}
