@@ -20,7 +20,7 @@ import torch
 
 import cerebras.pytorch as cstorch
 from jax_backend import DeviceState
-from tests.training import compiled_sgd_step
+from tests.training import compiled_sgd_step, squared_error_step
 
 STEPS = 5
 EDIT_AFTER = 2  # the edit lands between steps EDIT_AFTER and EDIT_AFTER + 1
@@ -84,13 +84,7 @@ def build(engine, model_kind="mlp", optimizer="sgd", model=None):
         compiled = model
     opt = _optimizer(engine, optimizer, model.parameters())
 
-    def body(x, y):
-        loss = (compiled(x) - y).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss
-
+    body = squared_error_step(compiled, opt)
     step = cstorch.trace(body) if engine == "cstorch" else body
     return model, opt, step
 

@@ -21,6 +21,7 @@ from jax_backend import DeviceState
 from jax_backend.config import config
 from jax_backend.state import TRANSITIONS, IllegalTransition, _Entry
 from jax_backend.state_guard import no_guard
+from tests.training import squared_error_step
 
 XS = [torch.randn(8, 128, generator=torch.Generator().manual_seed(i)) for i in range(8)]
 YS = [torch.randn(8, 4, generator=torch.Generator().manual_seed(100 + i)) for i in range(8)]
@@ -139,13 +140,7 @@ def _train(engine):
         for p in model.parameters():  # cstorch creates state up front; so does this one
             optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p)
 
-    def body(x, y):
-        loss = (compiled(x) - y).pow(2).mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss
-
+    body = squared_error_step(compiled, optimizer)
     step = cstorch.trace(body) if engine == "cstorch" else body
     seen, views = [], None
     for run in range(2):
