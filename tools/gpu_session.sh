@@ -42,7 +42,7 @@ slot profile 110 profile_cstorch_bf16 "$PY" benchmarks/profile_ops.py --workload
 slot profile 40 profile_eager_bf16 "$PY" benchmarks/profile_ops.py --engine eager \
     --workload "$PROFILE_WL" --precision bf16 --steps 3 --top 25 \
     --json "$WORK/profile_eager_bf16.json"
-slot parity 130 parity "$PY" tools/gpu_check.py --out "$WORK/check" --no-bench --timeout 60 $CHECK
+slot parity 420 parity "$PY" tools/gpu_check.py --out "$WORK/check" --no-bench --timeout 200 $CHECK
 slot bench_fp32 150 bench_fp32 "$PY" benchmarks/bench_gpu.py --workloads "$WL" --precisions fp32 \
     --engines cstorch,eager --steps "$STEPS" --timeout 140 --json "$WORK/bench_fp32.json"
 echo "results: $OUT/gpu_session.tgz"
