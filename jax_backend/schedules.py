@@ -508,7 +508,11 @@ def one_cycle(initial: float, max_value: float, total_steps: int = 1000,
         start = ends[0]
         for k, end in enumerate(ends[1:]):
             pct = (tf - _f(start)) / _f(end - start)
-            past = t.astype(jnp.float64) > ends[k]  # phase ends are Python floats
+            # t is an integer step and the phase end a Python float: t > end exactly when
+            # t > floor(end), compared in t's own integer type (no float64, which a JAX
+            # user's process does not have).
+            threshold = math.floor(ends[k]) if jnp.issubdtype(t.dtype, jnp.integer) else ends[k]
+            past = t > jnp.asarray(threshold, t.dtype)
             value = jnp.where(past, anneal(starts_v[k + 1], ends_v[k + 1], pct), value)
             start = end
         return value.astype(_F32)
