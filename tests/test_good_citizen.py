@@ -127,3 +127,33 @@ def test_a_cache_directory_the_user_chose_is_kept(tmp_path):
     result = _run(script, env=dict(os.environ, CSTORCH_COMPILATION_CACHE=str(tmp_path / "x")))
     assert result["cache_while_held"] == result["cache_after"] == str(tmp_path / "mine")
     assert not (tmp_path / "x").exists()
+
+
+def test_one_cycle_warns_nothing_in_a_jax_users_process():
+    """A JAX user's process has no float64: the schedule compares steps without asking for it
+    (it once did, and JAX warned on every call), and gives torch's values at the phase ends."""
+    import warnings
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+
+    from jax_backend import schedules
+
+    assert not jax.config.jax_enable_x64  # as in a user's process
+    schedule = schedules.one_cycle(0.01, 0.1, total_steps=25, pct_start=0.3, three_phase=True)
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.01)
+    ref = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=25, pct_start=0.3,
+                                              three_phase=True, div_factor=10.0)
+    expected = []
+    for _ in range(25):
+        expected.append(opt.param_groups[0]["lr"])
+        opt.step()
+        ref.step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = [float(schedule(jnp.asarray(t))) for t in range(25)]
+        got_jit = [float(jax.jit(schedule)(jnp.asarray(t))) for t in range(25)]
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+    np.testing.assert_allclose(got_jit, expected, rtol=1e-5)

@@ -357,26 +357,3 @@ def test_module_doctests():
     result = doctest.testmod(schedules, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0 and result.attempted > 0
 
-
-def test_one_cycle_warns_nothing_in_a_jax_users_process():
-    """A JAX user's process has no float64: the schedule compares steps without asking for it
-    (it once did, and JAX warned on every call), and gives torch's values at the phase ends."""
-    import warnings
-
-    import torch
-
-    schedule = schedules.one_cycle(0.01, 0.1, total_steps=25, pct_start=0.3, three_phase=True)
-    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.01)
-    ref = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=25, pct_start=0.3,
-                                              three_phase=True, div_factor=10.0)
-    expected = []
-    for _ in range(25):
-        expected.append(opt.param_groups[0]["lr"])
-        opt.step()
-        ref.step()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        got = [float(schedule(jnp.asarray(t))) for t in range(25)]
-        got_jit = [float(jax.jit(schedule)(jnp.asarray(t))) for t in range(25)]
-    np.testing.assert_allclose(got, expected, rtol=1e-5)
-    np.testing.assert_allclose(got_jit, expected, rtol=1e-5)
