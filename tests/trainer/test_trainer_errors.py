@@ -114,6 +114,14 @@ def test_core_arguments_must_have_their_type(tmp_path, argument, value, kind):
         build(tmp_path, device="CPU", **{argument: value})
 
 
+@pytest.mark.parametrize("seed", [2 ** 64, -2 ** 63 - 1])
+def test_a_seed_out_of_torchs_range_is_named(tmp_path, seed):
+    # torch.manual_seed says only "Overflow when unpacking long long" (issue 31, item 9)
+    with pytest.raises(ValueError, match=r"seed: must be an integer from -2\*\*63 to "
+                                         r"2\*\*64 - 1 .*got " + str(seed)):
+        build(tmp_path, device="CPU", seed=seed)
+
+
 def test_factories_must_return_the_right_objects(tmp_path):
     with pytest.raises(TypeError, match="must return a torch.nn.Module") as info:
         build(tmp_path, device="CPU", model=lambda: "not a module")
