@@ -373,10 +373,11 @@ class TracedStep:
         if impl.is_tracing:  # a traced step called from inside another: inline it
             return self.step_fn(*args, **kwargs)
         queued_before = len(impl.step_closures)
-        if impl.engine == "eager":  # plain eager torch every step (cstorch.core.engine)
-            outputs = run_eagerly(self.step_fn, impl, args, kwargs)
-        else:
-            outputs = self._call_compiled(impl, args, kwargs)
+        with impl.running_step():  # closures called in the step wait for its end
+            if impl.engine == "eager":  # plain eager torch every step (cstorch.core.engine)
+                outputs = run_eagerly(self.step_fn, impl, args, kwargs)
+            else:
+                outputs = self._call_compiled(impl, args, kwargs)
         # Outside a DataExecutor nothing else would run this step's closures.
         impl.run_closures_of_a_step_outside_executor(queued_before)
         return outputs

@@ -237,3 +237,21 @@ def test_a_data_processor_typo_in_the_python_api_is_a_plain_type_error(tmp_path)
     with pytest.raises(TypeError, match="unexpected keyword argument 'batchsize'") as info:
         trainer.fit(cstorch.utils.data.DataLoader(torch_loader, 1, batchsize=3))
     assert "Encountered error" not in str(info.value)
+
+
+def test_the_initial_checkpoint_holds_the_initial_weights(tmp_path):
+    # Its checkpoint closure is called before the loop's executor exists: it runs at once.
+    trainer = build(tmp_path, device="CPU", seed=3,
+                    optimizer=lambda m: cstorch.optim.SGD(m.parameters(), lr=0.1),
+                    loop=TrainingLoop(num_steps=2),
+                    checkpoint=Checkpoint(steps=2, save_initial_checkpoint=True))
+    trainer.fit(cstorch.utils.data.DataLoader(torch_loader, 2))
+    assert {p.name for p in tmp_path.glob("*.mdl")} == {"checkpoint_0.mdl", "checkpoint_2.mdl"}
+    from tests.trainer.common import seeded_model
+
+    initial = seeded_model(3).state_dict()
+    saved = cstorch.load(str(tmp_path / "checkpoint_0.mdl"))["model"]
+    for name, value in initial.items():
+        torch.testing.assert_close(torch.as_tensor(saved[name]), value)
+    assert not torch.equal(torch.as_tensor(cstorch.load(str(tmp_path / "checkpoint_2.mdl"))[
+        "model"]["fc1.weight"]), initial["fc1.weight"])
