@@ -220,7 +220,7 @@ def _check_optimizer_arguments(name, kwargs: dict) -> None:
     # such as lrr would train with the default learning rate). Old names are left to
     # configure_optimizer_params, which says what replaced them.
     check_arguments(optimizer_cls, kwargs, name, passed=("params",), required=False,
-                    ignore=("learning_rate", *_old_names(OPTIMIZER_ALIASES)))
+                    also=("learning_rate",), ignore=_old_names(OPTIMIZER_ALIASES))
     try:
         cstorch.optim.configure_optimizer_params(name, kwargs)
     except ValueError as error:

@@ -145,12 +145,12 @@ def get_data_processor(name: str):
 
 
 # ------------------------------------------------------------------ arguments by signature
-def check_arguments(target, kwargs: dict, label: str, *, passed=(), ignore=(),
+def check_arguments(target, kwargs: dict, label: str, *, passed=(), ignore=(), also=(),
                     required: bool = True) -> None:
     """Raises ValueError (one line: ``label: unknown argument 'x'; accepted: ...``) unless
     ``target(*passed, **kwargs)`` fits ``target``'s signature. ``passed`` names the
     parameters the framework fills (``params``, ``optimizer``); ``ignore`` names keys that
-    are checked elsewhere; ``required=False`` leaves missing arguments to defaults set
+    are checked elsewhere, ``also`` other accepted names (aliases); ``required=False`` leaves missing arguments to defaults set
     elsewhere. A target without a readable signature, or taking ``**kwargs``, accepts any
     name."""
     try:
@@ -159,7 +159,7 @@ def check_arguments(target, kwargs: dict, label: str, *, passed=(), ignore=(),
         return
     named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     parameters = [p for p in signature.parameters.values() if p.name not in passed]
-    accepted = [p.name for p in parameters if p.kind in named]
+    accepted = [p.name for p in parameters if p.kind in named] + list(also)
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         unknown = [key for key in kwargs if key not in accepted and key not in ignore]
         if unknown:
