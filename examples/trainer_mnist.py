@@ -29,7 +29,7 @@ class MNISTClassifier(torch.nn.Module):
         return torch.nn.functional.cross_entropy(logits, labels)
 
 
-def synthetic_mnist(batch_size=64, num_batches=50, seed=0):
+def synthetic_mnist(batch_size=64, num_batches=50, seed=0) -> torch.utils.data.DataLoader:
     """Random images labelled by a fixed random "teacher" (learnable, no download); ``seed``
     picks the images, so training and validation sets share the teacher."""
     teacher = torch.randn(784, 10, generator=torch.Generator().manual_seed(1234))

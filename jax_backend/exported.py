@@ -51,21 +51,34 @@ def _open_regular(path: str, what: str):
     Opened with ``O_NONBLOCK`` and checked with ``fstat``, so nothing is read first. (A copy
     of ``jax_backend.regular_files``: this module must run where that package is absent.)"""
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(path, flags | getattr(os, "O_BINARY", 0))
+    try:
+        fd = os.open(path, flags | getattr(os, "O_BINARY", 0))
+    except OSError as error:  # a socket cannot be opened at all (ENXIO): say what it is
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            raise error from None
+        if stat.S_ISREG(mode):
+            raise
+        raise ExportError(f"{what} of the exported step, {path!r}, is {_kind(mode)}; only "
+                          "regular files are read. Export the step again.") from error
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
-                    else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-                    else "not a regular file")
-            raise ExportError(f"{what} of the exported step, {path!r}, is {kind}; only regular "
-                              "files are read. Export the step again.")
+            raise ExportError(f"{what} of the exported step, {path!r}, is {_kind(mode)}; only "
+                              "regular files are read. Export the step again.")
         if fcntl is not None:
             fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
     except BaseException:
         os.close(fd)
         raise
     return os.fdopen(fd, "rb")
+
+
+def _kind(mode: int) -> str:
+    return ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
 
 
 def _jax():

@@ -47,6 +47,7 @@ def open_regular(path, what: str = "file", *, follow_symlinks: bool = True) -> i
         if not follow_symlinks and os.path.islink(path):
             raise NotARegularFileError(
                 f"{what} is a symbolic link, which is not followed here: '{path}'") from None
+        _refuse_unopenable(path, what, follow_symlinks, error)
         raise
     try:
         mode = os.fstat(fd).st_mode
@@ -60,6 +61,19 @@ def open_regular(path, what: str = "file", *, follow_symlinks: bool = True) -> i
         os.close(fd)
         raise
     return fd
+
+
+def _refuse_unopenable(path: str, what: str, follow_symlinks: bool, error: OSError) -> None:
+    """A path that cannot even be opened because of what it is (a socket: ENXIO) is refused
+    as such, like the kinds ``fstat`` catches; other errors (missing, no permission) stay."""
+    try:
+        mode = os.stat(path, follow_symlinks=follow_symlinks).st_mode
+    except OSError:
+        return
+    if not stat.S_ISREG(mode):
+        raise NotARegularFileError(
+            f"{what} is {describe_mode(mode)}, not a regular file: '{path}'. Only regular "
+            "files are read; pass the path of the file itself.") from error
 
 
 def open_regular_file(path, what: str = "file", mode: str = "rb", **kwargs):

@@ -22,15 +22,57 @@ _current = None  # the one Backend of this process
 
 
 class _OneBackend(type):
-    """Creating a second backend of any type raises, as in cerebras-pytorch."""
+    """Creating a second backend of any type raises, as in cerebras-pytorch; except that the
+    first explicit backend of the type of an implicit one (``cstorch.compile`` before any
+    ``cstorch.backend``) adopts it."""
 
-    def __call__(cls, *args, **kwargs):
+    def __call__(cls, backend_type, *args, **kwargs):
         if _current is not None:
+            if getattr(_current, "_implicit_at", None) is not None:
+                return _adopt(backend_type, args, kwargs)
             raise MultipleBackendsError(
                 f"Cannot instantiate multiple backends. A backend with type "
                 f"{_current.backend_type.name} already exists. Use `cstorch.backend()` to get "
                 "the existing backend instead of creating a new one.")
-        return super().__call__(*args, **kwargs)
+        return super().__call__(backend_type, *args, **kwargs)
+
+
+# What the first explicit cstorch.backend call may still set on an implicit backend.
+_ADOPTABLE = ("artifact_dir", "engine")
+
+
+def _adopt(backend_type, args, kwargs) -> "Backend":
+    """The implicit backend (made by ``cstorch.compile`` with default settings) becomes the
+    one the user asks for, if it is of that type and the settings asked for can still be
+    given to it; otherwise a MultipleBackendsError that says where it was made."""
+    from cstorch.core.engine import resolve_engine
+
+    if isinstance(backend_type, str):
+        backend_type = BackendType.from_str(backend_type)
+    where = _current._implicit_at
+    fix = ("A process has one backend: call cstorch.backend(...) before the first "
+           "cstorch.compile, or pass the backend to it: cstorch.compile(model, backend).")
+    made = (f"cstorch.compile, called before any cstorch.backend, created a "
+            f"{_current.backend_type.name} backend with default settings at\n{where}\n")
+    if backend_type != _current.backend_type:
+        raise MultipleBackendsError(f"Cannot create a {backend_type.name} backend: {made}{fix}")
+    try:
+        settings = inspect.signature(type(_current._impl).__init__).bind(
+            None, backend_type, *args, **kwargs).arguments
+    except TypeError as error:
+        raise TypeError(f"cstorch.backend({backend_type.name!r}, ...): {error}") from None
+    settings = {k: v for k, v in settings.items() if k not in ("self", "backend_type")}
+    refused = sorted(k for k in settings if k not in _ADOPTABLE)
+    if "engine" in settings and resolve_engine(settings["engine"]) != _current._impl.engine:
+        refused.append("engine")
+    if refused:
+        raise MultipleBackendsError(
+            f"Cannot apply {', '.join(refused)} to the {backend_type.name} backend: {made}"
+            f"{fix}")
+    if settings.get("artifact_dir") is not None:
+        _current.artifact_dir = settings["artifact_dir"]
+    _current._implicit_at = None
+    return _current
 
 
 def _impl_class(backend_type: BackendType):
@@ -57,6 +99,7 @@ class Backend(metaclass=_OneBackend):
         self.backend_type = backend_type
         self._impl = _impl_class(backend_type)(backend_type, *args, **kwargs)
         self._impl.hold_compilation_cache()  # once built: a failed backend holds nothing
+        self._implicit_at = None  # where cstorch.compile created it, if it did (implicit_cpu)
         _current = self
 
     @property
@@ -173,6 +216,17 @@ def use_cs() -> bool:
     return _current is not None and _current.is_csx
 
 
+def implicit_cpu_backend() -> Backend:
+    """The CPU backend ``cstorch.compile`` creates when none exists, remembering the user's
+    line that made it: the first explicit ``cstorch.backend("CPU")`` adopts it, and one of
+    another type names that line."""
+    from jax_backend.user_frames import current_user_frame
+
+    created = backend(BackendType.CPU)
+    created._implicit_at = current_user_frame() or "  (unknown location)"
+    return created
+
+
 def get_or_create(backend_type, *args, mismatch=None, **kwargs) -> Backend:
     """The process's backend when it is of ``backend_type``; with none yet, a new one
     (``backend(backend_type, *args, **kwargs)``; the arguments only shape a new backend). A
@@ -208,5 +262,5 @@ def _reset_for_tests():
 config.config.on_reset(_reset_for_tests)
 
 for _name in ("current_backend", "current_backend_impl", "current_torch_device", "use_cs",
-              "get_backend_args", "_reset_for_tests"):
+              "get_backend_args", "implicit_cpu_backend", "_reset_for_tests"):
     setattr(backend, _name, globals()[_name])

@@ -10,7 +10,6 @@ only the tensors that could be read without such an access (``on_run_end``).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import dataclasses
 import warnings
@@ -74,6 +73,7 @@ class BaseBackend:
         # gradients without zeroing them is told apart from one zeroed between its calls.
         self.gradient_resets = 0
         self.data_executor_stack: list = []
+        self._steps_running = 0  # traced steps being called (their closures wait for the end)
         self._recorder = None  # closures recorded while tracing
         self._at_trace_exit: list = []  # callbacks that drop trace-time Python values
         self._models_in_trace = None
@@ -368,15 +368,29 @@ class BaseBackend:
         return model(*args, **kwargs)
 
     # ------------------------------------------------------------------ closures
+    @contextlib.contextmanager
+    def running_step(self):
+        """While a traced step is called: the closures it calls are queued, to run after it
+        (by its DataExecutor, or by ``run_closures_of_a_step_outside_executor``)."""
+        self._steps_running += 1
+        try:
+            yield
+        finally:
+            self._steps_running -= 1
+
     def add_step_closure(self, kind: str, fn, args, kwargs) -> None:
         if self._recorder is not None:
             self._recorder.append(QueuedClosure(kind, fn, args, kwargs))
             return
+        if not self.data_executor_stack and not self._steps_running:
+            # Called from the user's loop with no DataExecutor to run it later: run it now,
+            # after the values of the steps before it are ready (2.10 queues it until an
+            # executor starts, i.e. often never: a deliberate difference).
+            self._run_closures([QueuedClosure(kind, fn, args, kwargs)], scheduled=False)
+            return
         args = torch.utils._pytree.tree_map(self._snapshot, args)
         kwargs = torch.utils._pytree.tree_map(self._snapshot, kwargs)
         self.step_closures.append(QueuedClosure(kind, fn, args, kwargs))
-        if not self.data_executor_stack:
-            _warn_at_exit_about_queued_closures(self)
 
     def _snapshot(self, value):
         """A closure argument's value at call time (the device value for stale state)."""
@@ -399,18 +413,23 @@ class BaseBackend:
         after the step, as in eager torch. cerebras-pytorch 2.10 keeps them queued until a
         DataExecutor starts, i.e. often never (a deliberate difference). A checkpoint closure
         has no checkpoint schedule outside an executor: it raises, as 2.10 does when such a
-        closure is finally run. Closures queued before the step (e.g. an initial checkpoint
-        queued before the loop) stay queued for the next executor, as in 2.10."""
+        closure is finally run. (Closures called outside any step and executor run when
+        they are called, see ``add_step_closure``: none wait from before the step.)"""
         if self.data_executor_stack or len(self.step_closures) <= first:
             return
         queued = self.step_closures[first:]
         del self.step_closures[first:]
         self._run_closures(queued)
 
-    def _run_closures(self, queued: list) -> None:
+    def _run_closures(self, queued: list, scheduled: bool = True) -> None:
+        """Runs ``queued``. A checkpoint closure runs on the executor's checkpoint steps when
+        ``scheduled``; unscheduled (called from the user's loop outside any executor), it
+        runs now."""
         runs_here = runtime.process_index() == 0
         for closure in queued:
-            if closure.kind == "checkpoint":
+            if closure.kind == "checkpoint" and not scheduled:
+                self.materialize_state()
+            elif closure.kind == "checkpoint":
                 context = self.run_context
                 if context is None:
                     name = getattr(closure.fn, "__name__", "the checkpoint closure")
@@ -476,33 +495,6 @@ class BaseBackend:
             return jax_backend.compilation_cache.enabled_directory()
         self._holds_compilation_cache = True
         return jax_backend.compilation_cache.acquire()
-
-
-class QueuedClosureWarning(UserWarning):
-    """Step or checkpoint closures were queued outside a DataExecutor and never ran."""
-
-
-_exit_checks: "weakref.WeakSet[BaseBackend]" = weakref.WeakSet()
-
-
-def _warn_at_exit_about_queued_closures(impl: BaseBackend) -> None:
-    """Closures queued outside a DataExecutor wait for the next executor (as in 2.10). If
-    none comes, the process says so when it ends instead of dropping them silently."""
-    if not _exit_checks:
-        atexit.register(_report_queued_closures)
-    _exit_checks.add(impl)
-
-
-def _report_queued_closures() -> None:
-    for impl in list(_exit_checks):
-        names = [getattr(c.fn, "__name__", repr(c.fn)) for c in impl.step_closures]
-        if names:
-            warnings.warn(
-                f"{len(names)} step/checkpoint closure call(s) ({', '.join(sorted(set(names)))}) "
-                "were queued outside a cstorch DataExecutor and never ran: closures queued "
-                "outside a traced step run when the next DataExecutor starts. Call them inside "
-                "the loop over a DataExecutor (or, to save now, call cstorch.save directly).",
-                QueuedClosureWarning, stacklevel=1)
 
 
 class BackendHook:

@@ -28,8 +28,10 @@ from jax_backend.dtypes import tensor_to_host
 from jax_backend.jax_settings import in_engine_scope
 from jax_backend.user_frames import warn
 from cstorch import config
-from cstorch.backend import Backend, BackendType, backend as _backend_fn, current_backend_impl
+from cstorch.backend import (
+    Backend, BackendType, backend as _backend_fn, current_backend_impl, implicit_cpu_backend)
 from cstorch.core.capture_cache import CaptureCache
+from cstorch.errors import MultipleBackendsError
 from cstorch.core.state_names import state_name
 from cstorch.core.engine import run_eagerly
 from cstorch.decomp.registry import decompositions_for
@@ -97,9 +99,16 @@ def compile(model: torch.nn.Module, backend=None):  # noqa: A001 - the public na
     """
     if backend is None:
         impl = current_backend_impl(raise_exception=False)
-        if impl is None:
-            impl = _backend_fn("CPU")._impl
+        if impl is None:  # adopted by the first explicit cstorch.backend("CPU")
+            impl = implicit_cpu_backend()._impl
     elif isinstance(backend, (str, BackendType)):
+        if current_backend_impl(raise_exception=False) is not None:
+            # a second backend, as in 2.10 (only an explicit cstorch.backend adopts one
+            # that compile made)
+            raise MultipleBackendsError(
+                f"Cannot instantiate multiple backends: cstorch.compile(model, {backend!r}) "
+                f"asks for a new backend, but one already exists. Pass it instead: "
+                f"cstorch.compile(model, cstorch.backend()), or nothing.")
         impl = _backend_fn(backend)._impl
     elif isinstance(backend, Backend):
         current = current_backend_impl(raise_exception=False)
@@ -373,10 +382,11 @@ class TracedStep:
         if impl.is_tracing:  # a traced step called from inside another: inline it
             return self.step_fn(*args, **kwargs)
         queued_before = len(impl.step_closures)
-        if impl.engine == "eager":  # plain eager torch every step (cstorch.core.engine)
-            outputs = run_eagerly(self.step_fn, impl, args, kwargs)
-        else:
-            outputs = self._call_compiled(impl, args, kwargs)
+        with impl.running_step():  # closures called in the step wait for its end
+            if impl.engine == "eager":  # plain eager torch every step (cstorch.core.engine)
+                outputs = run_eagerly(self.step_fn, impl, args, kwargs)
+            else:
+                outputs = self._call_compiled(impl, args, kwargs)
         # Outside a DataExecutor nothing else would run this step's closures.
         impl.run_closures_of_a_step_outside_executor(queued_before)
         return outputs

@@ -121,11 +121,43 @@ class Optimizer(torch.optim.Optimizer, ABC):
         state_dict = dict(state_dict)
         state_dict["state"] = {k: _plain_copies(v) for k, v in state_dict["state"].items()}
         state_dict["param_groups"] = [_plain_copies(g) for g in state_dict["param_groups"]]
+        self._check_state_shapes(state_dict)
         with self.backend.device:
             super().load_state_dict(state_dict)
         for group in self.param_groups:
             _normalize_tags(group)
         self._scheduled_values_as_tensors()
+
+    def _check_state_shapes(self, state_dict) -> None:
+        """A state_dict of another model with as many parameters per group passes torch's
+        checks, and its state would meet this model's parameters only inside the first step.
+        Each state tensor must have the shape of the one it replaces (all state exists from
+        the start here); ValueError naming both shapes otherwise, before anything changes.
+        (Different group sizes are left to torch's own error.)"""
+        saved_groups = state_dict.get("param_groups", [])
+        if len(saved_groups) != len(self.param_groups) or any(
+                len(saved["params"]) != len(group["params"])
+                for saved, group in zip(saved_groups, self.param_groups)):
+            return
+        mismatches = []
+        for group_index, (saved, group) in enumerate(zip(saved_groups, self.param_groups)):
+            for index, (key, param) in enumerate(zip(saved["params"], group["params"])):
+                incoming, own = state_dict["state"].get(key, {}), self.state.get(param, {})
+                for name, value in incoming.items():
+                    current = own.get(name)
+                    if (isinstance(value, torch.Tensor) and isinstance(current, torch.Tensor)
+                            and value.shape != current.shape):
+                        mismatches.append(
+                            f"parameter {index} of param group {group_index} (shape "
+                            f"{_shape(param.shape)}): {name!r} is {_shape(value.shape)} in the "
+                            f"state_dict, {_shape(current.shape)} here")
+        if mismatches:
+            shown = "; ".join(mismatches[:3]) + ("; ..." if len(mismatches) > 3 else "")
+            raise ValueError(
+                f"Cannot load this {type(self).__name__} state: it is from a model with other "
+                f"parameter shapes ({len(mismatches)} state tensor(s) differ: {shown}). Load "
+                "the optimizer state saved together with this model's weights. Nothing was "
+                "changed.")
 
     def _scheduled_values_as_tensors(self):
         """Keeps every scheduled group value a float32 0-dim tensor (state a traced step can
@@ -231,6 +263,10 @@ def _normalize_tags(group):
     if not tags or isinstance(tags, set):
         return
     group["tags"] = set(tags) if isinstance(tags, (list, tuple)) else {tags}
+
+
+def _shape(size) -> str:
+    return str(tuple(size))
 
 
 def _plain_copies(value):

@@ -207,6 +207,22 @@ def test_runconfig_validation_errors(tmp_path):
     params = toy_zoo.make_params(tmp_path, max_steps=None)
     with pytest.raises(ValueError, match="max_steps"):
         _run(params)
+    params = toy_zoo.make_params(tmp_path, seed=2 ** 70)  # torch: "Overflow when unpacking"
+    with pytest.raises(ValueError, match=r"runconfig.seed must be an integer from -2\*\*63 "
+                                         r"to 2\*\*64 - 1"):
+        _run(params)
+
+
+def test_a_params_mistake_on_the_command_line_exits_2_naming_the_key(tmp_path, capsys):
+    """As argparse does for the command line itself: one line on stderr, exit status 2,
+    nothing built (issue 31, item 9)."""
+    yaml_path = _write_params(tmp_path / "p.yaml", seed=2 ** 70)
+    with pytest.raises(SystemExit) as info:
+        _run_cli(["CPU", "--params", yaml_path, "--mode", "train", "-o", str(tmp_path / "md")])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "error: runconfig.seed must be an integer from -2**63 to 2**64 - 1" in err, err
+    assert not (tmp_path / "md" / "train").exists()
 
 
 def _write_params(path, **runconfig):

@@ -1,5 +1,7 @@
 """The backend singleton and the compile() contract (api_inventory §1-3, §16.1-7)."""
 
+import sys
+
 import pytest
 import torch
 
@@ -85,6 +87,50 @@ def test_compile_creates_a_cpu_backend_and_returns_a_function():
         cstorch.compile(model, "cpu")
     with pytest.raises(TypeError):
         cstorch.compile(model, 3)
+
+
+def test_an_explicit_backend_after_compile_adopts_the_implicit_one(tmp_path):
+    """``cstorch.compile(model)`` before ``cstorch.backend("CPU")``: the user's own backend
+    call on the next line used to fail with "already exists" (issue 31, item 5)."""
+    model = torch.nn.Linear(3, 2)
+    reference = torch.nn.Linear(3, 2)
+    reference.load_state_dict(model.state_dict())
+    compiled = cstorch.compile(model)  # no backend yet: an implicit CPU backend
+    backend = cstorch.backend("CPU", artifact_dir=str(tmp_path))
+    assert cstorch.backend() is backend and backend.artifact_dir == str(tmp_path)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+
+    @cstorch.trace
+    def step(x):
+        loss = compiled(x).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    x = torch.randn(4, 3)
+    loss = step(x)
+    expected = reference(x).square().mean()
+    torch.testing.assert_close(loss.clone(), expected.detach())
+    with pytest.raises(MultipleBackendsError, match="already exists"):
+        cstorch.backend("CPU")  # adopted once: the next one is a second backend
+
+
+def test_an_implicit_backend_adopts_only_what_it_can_still_change():
+    cstorch.compile(torch.nn.Linear(3, 2))
+    with pytest.raises(MultipleBackendsError, match="engine"):
+        cstorch.backend("CPU", engine="eager" if cstorch.backend().engine == "jax" else "jax")
+    assert cstorch.backend().backend_type.name == "CPU"
+
+
+def test_another_backend_type_after_compile_names_where_the_implicit_one_was_created():
+    cstorch.compile(torch.nn.Linear(3, 2)); line = sys._getframe().f_lineno  # noqa: E702
+    with pytest.raises(MultipleBackendsError) as info:
+        cstorch.backend("CSX")
+    message = str(info.value)
+    assert f'File "{__file__}", line {line}' in message, message
+    assert "created a CPU backend" in message
+    assert "before the first cstorch.compile" in message
 
 
 def test_compile_rejects_another_backend_object():

@@ -679,3 +679,40 @@ def test_checkpoints_are_synced_to_disk_before_they_are_published(tmp_path, monk
                      exist_ok=exist_ok)
         assert events[:2] == ["fsync", "publish"]  # the file, then (after) its directory
         assert events.count("fsync") == 2
+
+
+@pytest.mark.parametrize("make", [
+    lambda params: cstorch.optim.AdamW(params, lr=0.1),
+    lambda params: cstorch.optim.SGD(params, lr=0.1, momentum=0.9),
+], ids=["AdamW", "SGD"])
+def test_optimizer_state_of_another_model_is_refused_naming_the_shapes(cpu_backend, make):
+    """Same number of parameters, other shapes: torch's load_state_dict accepts it, and the
+    first step failed with a lowering error asking to report a bug in the project (issue 31,
+    item 5). It is refused at load_state_dict, with both models' shapes, changing nothing."""
+    other = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Linear(4, 2))
+    foreign = make(other.parameters()).state_dict()
+    compiled = cstorch.compile(model, cpu_backend)
+    optimizer = make(model.parameters())
+    before = copy.deepcopy(optimizer.state_dict())
+    with pytest.raises(ValueError) as info:
+        optimizer.load_state_dict(foreign)
+    message = str(info.value)
+    assert "from a model with other parameter shapes" in message, message
+    assert "(8, 4) in the state_dict, (4, 8) here" in message, message
+    assert "parameter 0 of param group 0" in message
+    after = optimizer.state_dict()
+    for key, state in before["state"].items():
+        for name, value in state.items():
+            torch.testing.assert_close(after["state"][key][name], value)
+
+    @cstorch.trace
+    def step(x):
+        loss = compiled(x).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    optimizer.load_state_dict(before)  # its own state still loads, and training goes on
+    assert torch.isfinite(step(torch.ones(3, 8)).clone())

@@ -21,11 +21,11 @@ import textwrap
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-KINDS = ("fifo", "directory", "device")
-WORDS = {"fifo": "FIFO", "directory": "directory", "device": "device"}
+KINDS = ("fifo", "directory", "device", "socket")
+WORDS = {"fifo": "FIFO", "directory": "directory", "device": "device", "socket": "socket"}
 
 PROBE = textwrap.dedent("""
-    import importlib.util, json, os, resource, shutil, signal, stat, sys, time, warnings
+    import importlib.util, json, os, resource, shutil, signal, socket, stat, sys, time, warnings
     # A reader that reads /dev/zero to its end must fail here, not exhaust the machine.
     resource.setrlimit(resource.RLIMIT_DATA, (4 << 30, 4 << 30))
     import torch
@@ -45,9 +45,20 @@ PROBE = textwrap.dedent("""
 
     signal.signal(signal.SIGALRM, on_alarm)
 
+    sockets = []  # (kept open while the probes run)
+
     def special(kind, path):
         if kind == "fifo":
             os.mkfifo(path)
+        elif kind == "socket":  # opening one fails with ENXIO (issue 31, item 9)
+            sock = socket.socket(socket.AF_UNIX)
+            here = os.getcwd()
+            os.chdir(os.path.dirname(path))  # (a relative name: AF_UNIX paths are short)
+            try:
+                sock.bind(os.path.basename(path))
+            finally:
+                os.chdir(here)
+            sockets.append(sock)
         elif kind == "directory":
             os.mkdir(path)
         elif os.geteuid() == 0:  # a character device node: /dev/zero's numbers
@@ -94,7 +105,7 @@ PROBE = textwrap.dedent("""
     from cerebras.modelzoo.trainer import Trainer
     from cerebras.modelzoo.trainer.callbacks import TrainingLoop
 
-    for kind in ("fifo", "directory", "device"):
+    for kind in ("fifo", "directory", "device", "socket"):
         d = os.path.join(tmp, kind)
         os.mkdir(d)
         path = special(kind, os.path.join(d, "checkpoint.mdl"))

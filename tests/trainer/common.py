@@ -40,8 +40,9 @@ def batches(num_batches, seed=0, start=0):
     return [(x[i:i + BATCH], y[i:i + BATCH]) for i in range(0, len(x), BATCH)]
 
 
-def torch_loader(num_batches, seed=0, start=0):
-    """The input function of a ``cstorch.utils.data.DataLoader``."""
+def torch_loader(num_batches, seed=0, start=0) -> torch.utils.data.DataLoader:
+    """The input function of a ``cstorch.utils.data.DataLoader`` (declared to return one, so
+    that a YAML config may name it)."""
     data = batches(num_batches, seed, start)
     x = torch.cat([b[0] for b in data])
     y = torch.cat([b[1] for b in data])

@@ -114,6 +114,14 @@ def test_core_arguments_must_have_their_type(tmp_path, argument, value, kind):
         build(tmp_path, device="CPU", **{argument: value})
 
 
+@pytest.mark.parametrize("seed", [2 ** 64, -2 ** 63 - 1])
+def test_a_seed_out_of_torchs_range_is_named(tmp_path, seed):
+    # torch.manual_seed says only "Overflow when unpacking long long" (issue 31, item 9)
+    with pytest.raises(ValueError, match=r"seed: must be an integer from -2\*\*63 to "
+                                         r"2\*\*64 - 1 .*got " + str(seed)):
+        build(tmp_path, device="CPU", seed=seed)
+
+
 def test_factories_must_return_the_right_objects(tmp_path):
     with pytest.raises(TypeError, match="must return a torch.nn.Module") as info:
         build(tmp_path, device="CPU", model=lambda: "not a module")
@@ -193,3 +201,57 @@ def test_model_without_a_loss_output(tmp_path):
 def test_gradient_accumulation_is_refused_on_cpu(tmp_path):
     with pytest.raises(NotImplementedError, match="gradients do not persist"):
         build(tmp_path, device="CPU", loop=TrainingLoop(num_steps=4, grad_accum_steps=2))
+
+
+def test_an_autoloaded_checkpoint_of_another_model_names_the_file_and_the_ways_out(tmp_path):
+    """A model_dir reused for a different model: the Trainer autoloads the old run's newest
+    checkpoint. The error names that file, the shapes and both ways out, instead of
+    "Encountered error when calling ModelCallback.on_load_checkpoint" (issue 31, item 5)."""
+    sgd = lambda m: cstorch.optim.SGD(m.parameters(), lr=0.1)  # noqa: E731
+    build(tmp_path, device="CPU", optimizer=sgd, loop=TrainingLoop(num_steps=2),
+          checkpoint=Checkpoint(steps=2)).fit(cstorch.utils.data.DataLoader(torch_loader, 2))
+    stale = tmp_path / "checkpoint_2.mdl"
+    assert stale.exists()
+    trainer = build(tmp_path, device="CPU", model=lambda: ClassifierMLP(hidden=7),
+                    optimizer=sgd, loop=TrainingLoop(num_steps=2))
+    with pytest.raises(RuntimeError) as info:
+        trainer.fit(cstorch.utils.data.DataLoader(torch_loader, 2))
+    message = str(info.value)
+    assert f"The newest checkpoint in model_dir, {stale}, does not fit this model" in message
+    assert "torch.Size([16, 8]) from checkpoint" in message  # the two shapes
+    assert "use a new model_dir" in message
+    assert "autoload_last_checkpoint: false" in message
+    assert "Encountered error" not in message
+    # The second way out works: start from the initial weights.
+    trainer = build(tmp_path, device="CPU", model=lambda: ClassifierMLP(hidden=7),
+                    optimizer=sgd, loop=TrainingLoop(num_steps=1),
+                    checkpoint=Checkpoint(autoload_last_checkpoint=False))
+    trainer.fit(cstorch.utils.data.DataLoader(torch_loader, 1))
+    assert trainer.global_step == 1
+
+
+def test_a_data_processor_typo_in_the_python_api_is_a_plain_type_error(tmp_path):
+    trainer = build(tmp_path, device="CPU",
+                    optimizer=lambda m: cstorch.optim.SGD(m.parameters(), lr=0.1),
+                    loop=TrainingLoop(num_steps=1))
+    with pytest.raises(TypeError, match="unexpected keyword argument 'batchsize'") as info:
+        trainer.fit(cstorch.utils.data.DataLoader(torch_loader, 1, batchsize=3))
+    assert "Encountered error" not in str(info.value)
+
+
+def test_the_initial_checkpoint_holds_the_initial_weights(tmp_path):
+    # Its checkpoint closure is called before the loop's executor exists: it runs at once.
+    trainer = build(tmp_path, device="CPU", seed=3,
+                    optimizer=lambda m: cstorch.optim.SGD(m.parameters(), lr=0.1),
+                    loop=TrainingLoop(num_steps=2),
+                    checkpoint=Checkpoint(steps=2, save_initial_checkpoint=True))
+    trainer.fit(cstorch.utils.data.DataLoader(torch_loader, 2))
+    assert {p.name for p in tmp_path.glob("*.mdl")} == {"checkpoint_0.mdl", "checkpoint_2.mdl"}
+    from tests.trainer.common import seeded_model
+
+    initial = seeded_model(3).state_dict()
+    saved = cstorch.load(str(tmp_path / "checkpoint_0.mdl"))["model"]
+    for name, value in initial.items():
+        torch.testing.assert_close(torch.as_tensor(saved[name]), value)
+    assert not torch.equal(torch.as_tensor(cstorch.load(str(tmp_path / "checkpoint_2.mdl"))[
+        "model"]["fc1.weight"]), initial["fc1.weight"])

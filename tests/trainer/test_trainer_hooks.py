@@ -137,6 +137,7 @@ def test_errors_in_hooks_name_the_callback_and_run_exception_hooks(tmp_path):
                                            "Broken.on_train_batch_start") as info:
         trainer.fit(cstorch.utils.data.DataLoader(torch_loader, 2))
     assert isinstance(info.value.__cause__, ValueError)
+    assert str(info.value).endswith(": ValueError: boom")  # the cause in the last line
     assert broken.seen == [("train", RuntimeError), ("fit", RuntimeError)]
 
 

@@ -191,6 +191,13 @@ def test_legacy_params_convert_to_the_trainer_config():
         "val_dataloader": {"data_processor": "pkg:eval_data", "batch_size": 8},
         "ckpt_path": "md/checkpoint_5.mdl"}
     assert trainer["validate_all"]["ckpt_paths"] == ["md/checkpoint_5.mdl"]
+    # Validation resolves the names (and checks their arguments): give it real ones.
+    register_data_processor("LegacyData")(lambda batch_size: torch_loader(batch_size))
+    trainer["init"]["model"]["name"] = "tests.trainer.common:ClassifierMLP"
+    for loader in (trainer["fit"]["train_dataloader"], trainer["fit"]["val_dataloader"],
+                   trainer["validate"]["val_dataloader"],
+                   trainer["validate_all"]["val_dataloaders"]):
+        loader["data_processor"] = "LegacyData"
     validate_trainer_params({"trainer": trainer})
     assert convert_legacy_params_to_trainer_params(
         {"runconfig": {"model_name": "m"}, "optimizer": {"optimizer_type": "SGD",
@@ -311,3 +318,111 @@ def test_the_console_script_resolves_import_paths_from_the_working_directory(tmp
                             timeout=600, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "model_dir" / "checkpoint_2.mdl").exists()
+
+
+# ------------------------------------------------------------- configs are data, not code
+def _cli(tmp_path, capsys, config):
+    """``cszoo fit`` on ``config`` in this process: (exit status, stderr)."""
+    from cerebras.modelzoo.trainer.cli import main
+
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(config))
+    status = main(["fit", str(path)])
+    return status, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where, path, expected", [
+    ("model", "os:system", "trainer.init.model.name: 'os:system' is not a torch.nn.Module "
+                           "subclass"),
+    ("model", "shutil:rmtree", "trainer.init.model.name: 'shutil:rmtree' is not a "
+                               "torch.nn.Module subclass"),
+    ("data", "os:system", "trainer.fit.train_dataloader.data_processor: 'os:system' is not a "
+                          "data processor"),
+    ("data", "subprocess:run", "trainer.fit.train_dataloader.data_processor: 'subprocess:run' "
+                               "is not a data processor"),
+    ("callback", "os:system", "'os:system' is not a Callback class"),
+])
+def test_a_yaml_import_path_runs_nothing_but_what_its_key_names(tmp_path, capsys, where, path,
+                                                                expected):
+    """A shared config must not run arbitrary functions: an import path is checked to be a
+    class of the kind its key names before anything is called (issue 31, item 3)."""
+    config = params(tmp_path / "model_dir")
+    init, fit = config["trainer"]["init"], config["trainer"]["fit"]
+    marker = tmp_path / "MARKER"
+    if where == "model":
+        init["model"] = {"name": path, ("command" if path == "os:system" else "path"):
+                         f"touch {marker}" if path == "os:system" else str(tmp_path)}
+    elif where == "data":
+        fit["train_dataloader"] = {"data_processor": path, ("command" if path == "os:system"
+                                                            else "args"): f"touch {marker}"}
+    else:
+        init["callbacks"] = [{path: {"command": f"touch {marker}"}}]
+    status, err = _cli(tmp_path, capsys, config)
+    assert status == 2 and expected in err, err
+    assert "Traceback" not in err
+    assert not marker.exists() and tmp_path.exists()
+    assert not (tmp_path / "model_dir").exists()  # refused before anything was built
+
+
+def test_a_yaml_tag_is_refused_with_the_reason(tmp_path, capsys):
+    from cerebras.modelzoo.trainer.cli import main
+
+    path = tmp_path / "params.yaml"
+    path.write_text(f"trainer: !!python/object/apply:os.system ['touch {tmp_path}/MARKER']\n")
+    assert main(["fit", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "YAML tags are not allowed (`!!python/object/apply:os.system`)" in err, err
+    assert "plain YAML" in err and "Traceback" not in err
+    assert not (tmp_path / "MARKER").exists()
+
+
+def test_data_processors_and_models_of_the_right_kind_still_run(tmp_path):
+    """The checks accept what configs legitimately name: a Module subclass, a function
+    annotated to return a DataLoader, and registered factories of any kind."""
+    register_model("TinyFactory")(lambda hidden=16: ClassifierMLP(hidden))
+    register_data_processor("TinyLoaderFactory")(lambda num_batches: torch_loader(num_batches))
+    config = params(tmp_path / "run")
+    init, fit = config["trainer"]["init"], config["trainer"]["fit"]
+    init["loop"] = {"num_steps": 2, "eval_frequency": None}
+    init["checkpoint"] = {"steps": 2}
+    init["schedulers"] = None
+    fit.pop("val_dataloader")
+    (trainer,) = run_trainer("fit", config)  # import paths
+    assert trainer.global_step == 2
+    init["model"] = {"name": "TinyFactory", "hidden": 16}
+    fit["train_dataloader"] = {"data_processor": "TinyLoaderFactory", "num_batches": 2}
+    config["trainer"]["init"]["model_dir"] = str(tmp_path / "run2")
+    (trainer,) = run_trainer("fit", config)  # registered names
+    assert trainer.global_step == 2
+
+
+# ------------------------------------------------------------------ arguments by signature
+@pytest.mark.parametrize("edit, expected", [
+    (lambda c: c["init"]["optimizer"]["SGD"].update(lrr=0.002),
+     "trainer.init.optimizer: SGD: unknown argument 'lrr'; accepted: "),
+    (lambda c: c["init"]["schedulers"][0]["LinearLR"].update(total_iter=3),
+     "trainer.init.schedulers: LinearLR: unknown argument 'total_iter'; accepted: "),
+    (lambda c: c["init"]["model"].update(chanels=3),
+     "trainer.init.model: ClassifierMLP: unknown argument 'chanels'; accepted: hidden"),
+    (lambda c: c["fit"]["train_dataloader"].update(batchsize=3),
+     "trainer.fit.train_dataloader: torch_loader: unknown argument 'batchsize'; accepted: "
+     "num_batches, seed, start"),
+    (lambda c: c["fit"]["train_dataloader"].pop("num_batches"),
+     "trainer.fit.train_dataloader: torch_loader: missing argument 'num_batches'"),
+    (lambda c: c["init"].update(callbacks=[{"KeepNCheckpoints": {"m": 1}}]),
+     "trainer.init.callbacks: KeepNCheckpoints: unknown argument 'm'; accepted: n"),
+    (lambda c: c["init"].update(seed=2 ** 70),
+     "trainer.init.seed: must be an integer from -2**63 to 2**64 - 1"),
+])
+def test_every_yaml_argument_is_checked_against_its_signature_before_building(
+        tmp_path, capsys, edit, expected):
+    """A typo in any argument is one line naming the key and the accepted names, exit 2,
+    before anything is built (an optimizer typo used to train with the default lr, a model or
+    data-processor typo came as a TypeError after building started) (issue 31, items 4, 9)."""
+    config = params(tmp_path / "model_dir")
+    edit(config["trainer"])
+    status, err = _cli(tmp_path, capsys, config)
+    assert status == 2, err
+    assert expected in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) <= 3, err
+    assert not (tmp_path / "model_dir").exists()  # nothing was built

@@ -3,7 +3,11 @@
 A config is ``{"trainer": {...}}`` or ``{"trainer": [{...}, ...]}`` (phases run in order),
 each with the sections ``init`` (the Trainer's arguments) and any of ``fit``, ``validate``,
 ``validate_all``. Unknown keys, unknown callbacks or loggers and malformed optimizer or
-scheduler entries are reported together, each with its location in the file.
+scheduler entries are reported together, each with its location in the file. Every
+argument is checked against the signature it goes to (model, data processor, optimizer,
+scheduler, callback), and every import path against the kind its key names
+(``registry``), so a typo or a config naming ``os:system`` is refused before anything is
+built or called.
 """
 
 from __future__ import annotations
@@ -19,11 +23,17 @@ except ImportError as error:
         "installed: `pip install 'pydantic>=2'`. The Trainer's Python API "
         "(`from cerebras.modelzoo.trainer import Trainer`) works without it.",
         name="pydantic") from error
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator,
+                      model_validator)
+
+from cstorch.optim.config import (  # the old parameter names, which have their own errors
+    _OPTIMIZER_ALIASES as OPTIMIZER_ALIASES, _SCHEDULER_ALIASES as SCHEDULER_ALIASES)
 
 from cerebras.modelzoo.trainer import callbacks as _callbacks
 from cerebras.modelzoo.trainer import loggers as _loggers
-from cerebras.modelzoo.trainer.registry import import_object
+from cerebras.modelzoo.trainer.callbacks.reproducibility import check_seed
+from cerebras.modelzoo.trainer.registry import (
+    check_arguments, get_data_processor, get_model, import_object)
 
 
 class TrainerConfigError(ValueError):
@@ -35,7 +45,8 @@ class _Strict(BaseModel):
 
 
 class _Open(BaseModel):
-    """A section whose extra keys are arguments of user code (checked when it is built)."""
+    """A section whose extra keys are arguments of user code (checked against its
+    signature by the section's validator)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -89,9 +100,37 @@ class BackendConfig(_Open):
 class ModelConfig(_Open):
     name: str = Field(description="a registered model name or an import path")
 
+    @field_validator("name")
+    @classmethod
+    def _a_model(cls, value):
+        get_model(value)  # a Module subclass (or registered); nothing is called
+        return value
+
+    @model_validator(mode="after")
+    def _model_arguments(self):
+        target = get_model(self.name)
+        check_arguments(target, self.model_extra, _display_name(target, self.name))
+        return self
+
 
 class DataLoaderConfig(_Open):
     data_processor: str = Field(description="a registered data processor or an import path")
+
+    @field_validator("data_processor")
+    @classmethod
+    def _a_data_processor(cls, value):
+        get_data_processor(value)
+        return value
+
+    @model_validator(mode="after")
+    def _data_processor_arguments(self):
+        target = get_data_processor(self.data_processor)
+        check_arguments(target, self.model_extra, _display_name(target, self.data_processor))
+        return self
+
+
+def _display_name(target, name: str) -> str:
+    return getattr(target, "__name__", None) or name
 
 
 def _single_key(entry, what):
@@ -120,18 +159,20 @@ def callback_class(name: str):
         raise ValueError(f"{name} is a core callback; configure it in its own init section "
                          "(loop, checkpoint, logging, precision) instead of callbacks")
     if ":" in name or "." in name:
-        obj = import_object(name)
+        obj = import_object(name)  # (checked before anything is called)
         if isinstance(obj, type) and issubclass(obj, _callbacks.Callback):
             return obj
-        raise ValueError(f"{name} is not a Callback class")
+        raise ValueError(f"{name!r} is not a Callback class; a config may only name "
+                         "Callback or Logger classes here")
     raise ValueError(f"unknown callback or logger {name!r}; known: {', '.join(sorted(known))} "
                      "(or give an import path, package.module:MyCallback)")
 
 
 def _check_callback_entries(entries, what):
     for entry in entries or []:
-        name = entry if isinstance(entry, str) else _single_key(entry, what)[0]
-        callback_class(name)
+        name, kwargs = (entry, {}) if isinstance(entry, str) else _single_key(entry, what)
+        cls = callback_class(name)
+        check_arguments(cls, kwargs, name)  # (a null entry removes a default: no arguments)
     return entries
 
 
@@ -171,22 +212,51 @@ def _check_optimizer_arguments(name, kwargs: dict) -> None:
         except ValueError:
             raise ValueError(f"{name}.learning_rate must be a number, got the string "
                              f"{learning_rate!r}") from None
-    try:  # (no arguments: those are checked when it is built, which logs unused ones)
+    try:
         optimizer_cls, _ = cstorch.optim.configure_optimizer_params(name, {})
+    except ValueError as error:
+        raise ValueError(f"{name}: {error}") from None
+    # An unknown argument is an error here, not the warning configure_optimizer logs (a typo
+    # such as lrr would train with the default learning rate). Old names are left to
+    # configure_optimizer_params, which says what replaced them.
+    check_arguments(optimizer_cls, kwargs, name, passed=("params",), required=False,
+                    also=("learning_rate",), ignore=_old_names(OPTIMIZER_ALIASES))
+    try:
+        cstorch.optim.configure_optimizer_params(name, kwargs)
     except ValueError as error:
         raise ValueError(f"{name}: {error}") from None
     _check_numbers(optimizer_cls, kwargs, name)
 
 
+def _old_names(aliases: dict) -> list:
+    return [old for olds in aliases.values() for old in olds]
+
+
 def _check_scheduler_arguments(name, kwargs: dict) -> None:
     import cerebras.pytorch as cstorch
 
+    scheduler_cls = _scheduler_class(name)
+    if scheduler_cls is not None:  # (old names, lower-cased ones too, get their own message)
+        old = {*_old_names(SCHEDULER_ALIASES),
+               *(p.lower() for p in inspect.signature(scheduler_cls).parameters)}
+        check_arguments(scheduler_cls, kwargs, name, passed=("optimizer",), required=False,
+                        ignore=old)
     try:
         scheduler_cls, _ = cstorch.optim.configure_scheduler_params(
             {"scheduler": name, **kwargs})
     except ValueError as error:
         raise ValueError(f"{name}: {error}") from None
     _check_numbers(scheduler_cls, kwargs, name)
+    check_arguments(scheduler_cls, kwargs, name, passed=("optimizer",))
+
+
+def _scheduler_class(name):
+    import cerebras.pytorch as cstorch
+
+    try:
+        return cstorch.optim.configure_scheduler_params({"scheduler": name})[0]
+    except ValueError:
+        return None  # an unknown name: reported with the others below
 
 
 class InitConfig(_Strict):
@@ -205,6 +275,22 @@ class InitConfig(_Strict):
     callbacks: Optional[List[Union[str, Dict[str, Optional[Dict[str, Any]]]]]] = None
     loggers: Optional[List[Union[str, Dict[str, Optional[Dict[str, Any]]]]]] = None
     autorestart: Optional[Dict[str, Any]] = None
+
+    @field_validator("seed")
+    @classmethod
+    def _seed_in_range(cls, value):
+        try:
+            check_seed(value)
+        except ValueError as error:
+            raise ValueError(str(error).removeprefix("seed: ")) from None
+        return value
+
+    @field_validator("autorestart")
+    @classmethod
+    def _autorestart_arguments(cls, value):
+        if value is not None:
+            check_arguments(_callbacks.AutoRestart, value, "AutoRestart")
+        return value
 
     @field_validator("optimizer")
     @classmethod
@@ -265,15 +351,28 @@ class TrainerConfig(_Strict):
     validate_all: Optional[ValidateAllConfig] = None
 
 
+_SHAPE_ERRORS = {"list_type", "dict_type", "model_type", "model_attributes_type"}
+
+
 def _describe(error: pydantic.ValidationError, prefix: str) -> str:
-    lines = []
+    """One line per problem: ``trainer.init.x.y: message``. For a section that may be one
+    mapping or a list of them, only the errors of the shape that was given are kept (pydantic
+    reports both, under labels such as ``list[...]``)."""
+    items = []
     for item in error.errors():
-        where = ".".join(str(part) for part in (prefix, *item["loc"]))
+        loc = [str(part) for part in item["loc"] if "[" not in str(part)]  # union labels
+        items.append((".".join((prefix, *loc)), item))
+    lines = []
+    for where, item in items:
+        if item["type"] in _SHAPE_ERRORS and any(
+                other is not item and (w == where or w.startswith(where + "."))
+                for w, other in items):
+            continue
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             message = "unknown key (check its spelling and the section it is in)"
         lines.append(f"  {where}: {message}")
-    return "\n".join(lines)
+    return "\n".join(dict.fromkeys(lines))
 
 
 def validate_trainer_params(params) -> List[TrainerConfig]:

@@ -257,7 +257,10 @@ class Trainer:
                     # type (ValueError, TypeError, ...) so callers can tell them apart.
                     error.add_note(f"(raised by {where} while constructing the Trainer)")
                     raise
-                raise RuntimeError(f"Encountered error when calling {where}") from error
+                # (the cause's first line too: the last line of a traceback names the problem)
+                summary = str(error).strip().splitlines()[:1]
+                raise RuntimeError(f"Encountered error when calling {where}: "
+                                   f"{type(error).__name__}: {''.join(summary)}") from error
 
     @contextlib.contextmanager
     def on_exception(self, kind: str):
@@ -590,7 +593,8 @@ class Trainer:
         """Loads ``ckpt_path`` (``...``: the latest one, if autoloading) into every callback."""
         if not self.backend.is_e2e_execution:
             return
-        if ckpt_path is Ellipsis:
+        autoloaded = ckpt_path is Ellipsis
+        if autoloaded:
             ckpt_path = (self.checkpoint.get_latest_checkpoint(self)
                          if self.checkpoint.autoload_last_checkpoint else None)
         if not ckpt_path:
@@ -601,8 +605,22 @@ class Trainer:
         cstorch.storage.check_regular(ckpt_path, "checkpoint")  # not a FIFO, device, directory
         self.call("on_before_load_checkpoint", ckpt_path)
         state_dict = cstorch.load(str(ckpt_path))
-        self.call("preprocess_checkpoint", state_dict)
-        self.call("on_load_checkpoint", state_dict)
+        try:
+            self.call("preprocess_checkpoint", state_dict)
+            self.call("on_load_checkpoint", state_dict)
+        except RuntimeError as error:
+            if not autoloaded:
+                raise
+            # The user did not name this file: the newest one in model_dir was picked, most
+            # often left there by an earlier run of a different model.
+            cause = error.__cause__ or error
+            raise RuntimeError(
+                f"The newest checkpoint in model_dir, {ckpt_path}, does not fit this model; "
+                f"it was loaded automatically and is probably left from an earlier run of a "
+                f"different model. Either use a new model_dir for this model, or start from "
+                f"its initial weights with autoload_last_checkpoint: false (in the YAML's "
+                f"init.checkpoint; Checkpoint(autoload_last_checkpoint=False) in Python). "
+                f"Loading it failed with:\n{type(cause).__name__}: {cause}") from cause
 
 
 def _natural_order(path: str):

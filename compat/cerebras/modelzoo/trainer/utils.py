@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from typing import List
 
 import torch
@@ -240,9 +241,27 @@ def load_params(path) -> dict:
     with open(path) as f:
         try:
             params = yaml.safe_load(f)
+        except yaml.constructor.ConstructorError as error:
+            raise TrainerConfigError(_tag_refused(error) or f"{path} is not valid YAML: "
+                                                             f"{error}") from None
         except yaml.YAMLError as error:
             raise TrainerConfigError(f"{path} is not valid YAML: {error}") from None
     if not isinstance(params, dict):
         raise TrainerConfigError(f"{path} must hold a mapping (with a `trainer` key), got "
                                  f"{type(params).__name__}.")
     return params
+
+
+def _tag_refused(error) -> str | None:
+    """The message for a YAML tag ``safe_load`` has no constructor for (``!!python/...``,
+    which would build Python objects or call functions), or None for another error."""
+    found = re.search(r"constructor for the tag '([^']+)'", str(error.problem or ""))
+    if not found:
+        return None
+    tag = found.group(1).replace("tag:yaml.org,2002:", "!!")
+    mark = error.problem_mark
+    where = f", line {mark.line + 1}" if mark is not None else ""
+    return (f"YAML tags are not allowed (`{tag}`){where}: a params file is plain YAML "
+            "(mappings, lists, strings, numbers), read without building Python objects. Name "
+            "a model, data processor or callback by its import path instead, e.g. "
+            "`name: my_package.models:MyModel`.")

@@ -48,6 +48,11 @@ def run(model_fn: Callable, train_data_fn: Optional[DATA_FN_TYPE] = None,
                                   extra_args_parser_fn)
     if default_params_fn:
         params = default_params_fn(params) or params
+    try:  # a mistake in the params file is a command-line error: one line, exit status 2
+        RunConfigParamsValidator().validate(params["runconfig"])
+    except ValueError as error:
+        print(f"{os.path.basename(caller)}: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
     return run_with_params(params, model_fn, train_data_fn, eval_data_fn,
                            runner_cls=runner_cls)
 

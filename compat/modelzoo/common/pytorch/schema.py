@@ -91,3 +91,6 @@ def validate_runconfig(runconfig: dict) -> None:
         if not any(_is(value, kind) for kind in kinds):
             raise ValueError(f"runconfig.{key} must be of type {' or '.join(kinds)}, got "
                              f"{value!r} ({type(value).__name__}).")
+        if key == "seed" and not -2 ** 63 <= value <= 2 ** 64 - 1:  # torch.manual_seed's range
+            raise ValueError(f"runconfig.seed must be an integer from -2**63 to 2**64 - 1 (the "
+                             f"range of torch.manual_seed), got {value!r}.")
