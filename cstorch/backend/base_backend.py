@@ -74,6 +74,7 @@ class BaseBackend:
         # gradients without zeroing them is told apart from one zeroed between its calls.
         self.gradient_resets = 0
         self.data_executor_stack: list = []
+        self.last_step_outputs = None  # of the executor's current step: its progress's loss
         self._recorder = None  # closures recorded while tracing
         self._at_trace_exit: list = []  # callbacks that drop trace-time Python values
         self._models_in_trace = None

@@ -379,6 +379,8 @@ class TracedStep:
             outputs = self._call_compiled(impl, args, kwargs)
         # Outside a DataExecutor nothing else would run this step's closures.
         impl.run_closures_of_a_step_outside_executor(queued_before)
+        if impl.data_executor_stack:  # the executor's progress display shows the loss
+            impl.last_step_outputs = outputs
         return outputs
 
     def _program_for(self, impl, leaves, spec):

@@ -78,21 +78,28 @@ def test_progress_logger_writes_plain_lines_when_not_a_terminal(tmp_path):
     trainer = fit(tmp_path, [ProgressLogger(stream=out)], num_steps=4)
     lines = out.getvalue().splitlines()
     assert all("\r" not in line and "\033" not in line for line in lines)
-    assert lines[0] == "compiling the training step (capture and XLA compile)..."
-    assert re.fullmatch(r"compiled the training step in \d+\.\d s \(its first step\)", lines[1])
-    # the global step of the fit's total, with the loss; from the second step of a loop on,
-    # the steady rate (the first step, the compile, is not counted) and the time left
-    steps = [line for line in lines if line.startswith("train step")]
-    assert [line.split(" | ")[0] for line in steps] == [f"train step {i}/4" for i in (1, 2, 3, 4)]
-    assert re.fullmatch(r"train step 1/4 \| loss [\d.]+", steps[0])
-    assert re.fullmatch(r"train step 2/4 \| loss [\d.]+ \| [\d,.]+ samples/s \(steady\) \| "
-                        r"ETA \d+:\d\d", steps[1])
+    # the run header: the device, the precision, the model's size (ClassifierMLP: 8*16 + 16
+    # + 16*4 + 4 parameters), the fit's steps and the batch size
+    assert lines[0] == ("run: device CPU (1 x cpu) | precision float32 | 212 parameters | "
+                        "4 steps | batch 4")
+    assert lines[1] == "compiling the training step (capture and XLA compile)..."
+    # the global step of the fit's total, with the loss; the first step's time (the compile),
+    # then from the second step of a loop on the steady rate and the time left
+    steps = [line for line in lines if line.startswith("train ")]
+    assert [line.split(" | ")[0] for line in steps] == [f"train {i}/4" for i in (1, 2, 3, 4)]
+    assert re.fullmatch(r"train 1/4 \| loss \d\.\d{4} \| first step \d+\.\d s \(compiling\)",
+                        steps[0])
+    assert re.fullmatch(r"train 2/4 \| loss \d\.\d{4} \| [\d,]+\.\d samples/s \| ETA \d+:\d\d",
+                        steps[1])
+    assert re.fullmatch(r"train 4/4 \| loss \d\.\d{4} \| [\d,]+\.\d samples/s \| took \d+:\d\d",
+                        steps[3])
     assert "compiling the validation step (capture and XLA compile)..." in lines
     results = [line for line in lines if "validate_0/loss" in line and "done" not in line]
     assert [line.split(" | ")[0] for line in results] == ["step 2", "step 4"]
     summary = lines[-1]
     assert summary.startswith("fit done at global step 4 in ")
-    assert "compiling " in summary and "training " in summary and "samples/s (steady)" in summary
+    assert re.search(r"\| compiling \d+\.\d s \| training [\d,]+\.\d samples/s \| loss \d\.\d{4} "
+                     r"\| validate_0/loss \d\.\d{4} \|", summary), summary
     log_file = trainer.artifact_dir / "run.log"
     assert summary.endswith(f"log {log_file}")
     logged = log_file.read_text()
@@ -189,7 +196,7 @@ def test_progress_logger_draws_a_bar_on_a_terminal(tmp_path):
     bars = [f for f in frames if f.startswith("train [")]
     assert bars[0].startswith("train [" + "=" * 6 + " " * 18 + "] 1/4 | loss ")
     assert bars[-1].startswith("train [" + "=" * 24 + "] 4/4 | loss ")
-    assert "samples/s (steady)" in bars[-1] and "ETA" in bars[-2]
+    assert "samples/s" in bars[-1] and "took" in bars[-1]
     assert frames[-1].split("\n")[1].startswith("fit done at global step 4")  # below the bar
     assert frames[-1].endswith("\n")
 

@@ -127,8 +127,8 @@ class DataExecutor:
         self.profiler_activities = profiler_activities
         self.profiler = None
         self._artifact_dir = None
-        # The terminal progress bar of long runs (cstorch.utils.profiler); a caller that shows
-        # its own progress (the Model Zoo Trainer) turns it off.
+        # The progress display of long runs (cstorch.utils.progress); a caller that shows its
+        # own progress (the Model Zoo Trainer) turns it off.
         self.show_progress = True
 
     def __len__(self):
@@ -205,6 +205,8 @@ class DataExecutor:
                 for step in range(self.num_steps):
                     batch = next(batches)
                     self.run_context.step = step
+                    if step == 0:
+                        self.profiler.run_starts(batch)  # the run header
                     yield impl.on_batch_start(batch)
                     # The rates are computed before the step's closures, which may read them.
                     self.profiler.step(infer_batch_size(batch))
