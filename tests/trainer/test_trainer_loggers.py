@@ -6,6 +6,7 @@ import warnings
 
 import numpy as np
 import pytest
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import cerebras.pytorch as cstorch
@@ -215,3 +216,49 @@ def test_the_trainer_turns_off_the_executor_bar(tmp_path):
 
     fit(tmp_path, [], [Look()], num_steps=2)
     assert seen and not any(seen)
+
+
+def test_tensorboard_gets_lr_gradient_norm_and_throughput_by_default(tmp_path):
+    # A Trainer built in Python with no callbacks logs what the YAML path logs by default
+    # (and the HF Trainer always): read back from the event file, against eager torch.
+    from tests.trainer.common import batches, seeded_model
+
+    steps, lr = 4, 0.1
+    board = TensorBoardLogger()
+    trainer = Trainer(
+        device="CPU", model_dir=tmp_path, model=ClassifierMLP, seed=3,
+        optimizer=lambda m: cstorch.optim.SGD(m.parameters(), lr=lr),
+        schedulers=lambda o: cstorch.optim.lr_scheduler.LinearLR(
+            o, initial_learning_rate=lr, end_learning_rate=0.0, total_iters=steps),
+        loop=TrainingLoop(num_steps=steps), loggers=[board])
+    trainer.fit(cstorch.utils.data.DataLoader(torch_loader, steps))
+    board.finalize()
+    accumulator = EventAccumulator(str(trainer.summary_dir))
+    accumulator.Reload()
+    tags = set(accumulator.Tags()["scalars"])
+    assert {"loss", "lr/0", "model_wise_grad_norm", "avg_samples_per_sec"} <= tags, tags
+
+    # eager torch: the same model, batches and schedule; the global norm of each step's grads
+    model = seeded_model(3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    want_norms, want_lrs = [], []
+    for step, batch in enumerate(batches(steps)):
+        optimizer.param_groups[0]["lr"] = lr * (1 - step / steps)
+        want_lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.zero_grad()
+        model(batch).backward()
+        want_norms.append(torch.sqrt(sum((p.grad ** 2).sum() for p in model.parameters())).item())
+        optimizer.step()
+    norms = scalars(accumulator, "model_wise_grad_norm")
+    assert [s for s, _ in norms] == [1, 2, 3, 4]
+    np.testing.assert_allclose([v for _, v in norms], want_norms, rtol=1e-5)
+    np.testing.assert_allclose([v for _, v in scalars(accumulator, "lr/0")], want_lrs, rtol=1e-6)
+    # samples per second after the compiling first step: logged from the second step on
+    rates = scalars(accumulator, "avg_samples_per_sec")
+    assert [s for s, _ in rates] == [2, 3, 4] and all(v > 0 for _, v in rates)
+
+
+def test_callbacks_empty_logs_only_the_losses(tmp_path):
+    collect = Collect()
+    fit(tmp_path, [collect], [], num_steps=2)
+    assert {name for _, m in collect.logged for name in m} == {"loss", "validate_0/loss"}
