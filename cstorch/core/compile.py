@@ -726,5 +726,13 @@ def _aval(shape_dtype) -> str:
 
 
 def trace(step_fn: Callable) -> TracedStep:
-    """Compiles ``step_fn`` into a static-graph program on first call (see module docstring)."""
+    """Decorates a training or evaluation step: forward, ``loss.backward()``, optimizer and
+    scheduler steps in one function.
+
+    Its first call captures the whole step once (the body runs once, with tensors that have no
+    values: read them in a ``@cstorch.step_closure``) and compiles it with ``jax.jit``; every
+    later call with inputs of the same shapes and dtypes runs that program. New input shapes or
+    changed Python-number hyperparameters compile another program (with a warning; CSX
+    refuses). The decorated step also offers ``pure_function()``, ``pure_state()``,
+    ``jaxpr()``, ``stablehlo()`` and ``cost_analysis()`` (see the guide's JAX hand-off)."""
     return TracedStep(step_fn)
