@@ -139,6 +139,7 @@ class Profiler:
         self._executor = None
         self._op_profiler = None
         self._progress = None
+        self._impl = None
         self._step_start_ns = None
 
     def rate(self) -> float:
@@ -229,6 +230,8 @@ class Profiler:
         return self._progress.printing()
 
     def __exit__(self, *exc):
+        if self._impl is not None:
+            self._impl.last_step_outputs = None  # keeps no step's outputs alive after the run
         if self._progress is not None:
             self._progress.close()
             self._progress = None
