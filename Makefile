@@ -3,17 +3,22 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-fast test-compat gpu-check bench bench-gpu coverage zoo-check clean
+.PHONY: demo test test-fast test-compat docs gpu-check bench bench-gpu coverage zoo-check clean
 
 # torch first: one already in the venv inside pyproject's range is kept; with none, this CPU
 # build (lying on this machine's disk; a range would pull gigabytes of CUDA libraries).
 DEFAULT_TORCH := 2.13.0
 
 $(VENV)/.installed: pyproject.toml
+	@echo "== setting up $(VENV) (once; a few minutes: torch and JAX are large downloads)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "== upgrading pip"
 	$(PY) -m pip install --upgrade pip -q
+	@echo "== torch: keeping one in the supported range, else installing $(DEFAULT_TORCH) (CPU)"
 	$(PY) tools/ensure_torch.py $(DEFAULT_TORCH)
+	@echo "== installing this project with JAX, optax and the test tools"
 	$(PY) -m pip install -q -e '.[test]'
+	@echo "== $(VENV) is ready"
 	touch $@
 
 .venv: $(VENV)/.installed
@@ -25,10 +30,23 @@ demo: .venv
 test: .venv
 	$(PY) -m pytest -q tests --durations=25
 
-# The inner loop: everything but the tests listed in tests/slow_tests.txt (about 2 minutes on
-# 2 cores).
+# The inner loop: everything but the tests listed in tests/slow_tests.txt (about a minute on
+# an idle 2-core machine; two to three on a busy one).
 test-fast: .venv
 	$(PY) -m pytest -q tests -m "not slow"
+
+# The user's guide (docs/guide, mkdocs.yml) into site/, warnings as errors, in its own venv
+# (.venv-docs: MkDocs, Material, mkdocstrings; created when missing, with no torch or JAX:
+# the API reference is read from the source, not imported).
+DOCS_VENV := .venv-docs
+$(DOCS_VENV)/.installed: pyproject.toml
+	@echo "== setting up $(DOCS_VENV) (MkDocs, Material, mkdocstrings)"
+	test -x $(DOCS_VENV)/bin/python || $(PYTHON) -m venv $(DOCS_VENV)
+	$(DOCS_VENV)/bin/python -m pip install -q -r tools/docs_requirements.txt
+	touch $@
+
+docs: $(DOCS_VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict --quiet
 
 # The other end of the supported range (README "Versions"), in its own venv: the oldest torch
 # and JAX on Python 3.12 where one runs (else $(PYTHON)), on the engine, graph cache, export,
@@ -100,4 +118,4 @@ zoo-check: .venv
 		$(if $(REFERENCE_PYTHON),--reference-python $(REFERENCE_PYTHON))
 
 clean:
-	rm -rf artifacts cerebras_logs .pytest_cache
+	rm -rf artifacts cerebras_logs .pytest_cache site

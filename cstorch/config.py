@@ -33,12 +33,21 @@ engine = config.define(
     "engine", "jax", "Which engine runs traced steps when the backend does not say: jax "
     "(compile once) or eager (eager torch every step; cstorch/core/engine.py).",
     env_var="CSTORCH_ENGINE")
+progress = config.define(
+    "progress", "auto", "How runs show progress (cstorch/utils/progress.py): auto (a bar on a "
+    "terminal, plain lines elsewhere, for runs of at least progress_bar_min_steps steps), bar, "
+    "lines or off.", env_var="CSTORCH_PROGRESS", parse=lambda text: text.strip().lower())
 progress_bar = config.define(
-    "progress_bar", None, "Forces the data executor's progress bar on (1) or off (0); unset, it "
-    "shows for runs of at least progress_bar_min_steps steps on a terminal.",
-    env_var="CSTORCH_PROGRESS_BAR", parse=parse_bool)
+    "progress_bar", None, "The older switch: 1 is progress=bar, 0 is progress=off (used when "
+    "progress is auto).", env_var="CSTORCH_PROGRESS_BAR", parse=parse_bool)
 progress_bar_min_steps = config.define(
-    "progress_bar_min_steps", 50, "The fewest steps of a run that gets a progress bar.")
+    "progress_bar_min_steps", 50, "The fewest steps of a run that shows progress in auto mode.")
+progress_every = config.define(
+    "progress_every", None, "Steps between plain progress lines (default: a twentieth of the "
+    "run).", env_var="CSTORCH_PROGRESS_EVERY", parse=_positive_int)
+progress_seconds = config.define(
+    "progress_seconds", 30.0, "Seconds after which a plain progress line is printed even "
+    "before progress_every steps.", env_var="CSTORCH_PROGRESS_SECONDS", parse=float)
 max_programs = config.define(
     "max_programs", 16, "How many compiled programs one traced step keeps (least recently used "
     "are dropped, and compiled again if needed).")

@@ -78,7 +78,11 @@ def _python_blocks() -> list:
 def scratch(tmp_path_factory):
     """A working directory whose ``examples/`` holds the repository's examples (the YAML
     with fewer steps), so commands run as from the repository root but write here."""
-    directory = tmp_path_factory.mktemp("readme")
+    return make_scratch(tmp_path_factory.mktemp("readme"))
+
+
+def make_scratch(directory):
+    """Fills ``directory`` with ``examples/`` as ``scratch`` does (tests/test_guide.py too)."""
     examples = directory / "examples"
     examples.mkdir()
     for source in (ROOT / "examples").iterdir():
@@ -99,9 +103,9 @@ def _environment(directory) -> dict:
     return dict(os.environ, PYTHONPATH=path, CSTORCH_PROGRESS_BAR="0")
 
 
-def _run(argv, cwd, timeout=900):
-    result = subprocess.run(argv, cwd=cwd, env=_environment(cwd), capture_output=True,
-                            text=True, timeout=timeout)
+def _run(argv, cwd, env=None, timeout=900):
+    result = subprocess.run(argv, cwd=cwd, env={**_environment(cwd), **(env or {})},
+                            capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, (f"{' '.join(argv)} failed ({result.returncode}):\n"
                                     f"{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
     return result
@@ -133,11 +137,28 @@ def test_the_readme_keeps_its_two_set_up_commands():
     pytest.param(c, id=c, marks=[pytest.mark.slow] if any(s in c for s in SLOW) else [])
     for c in COMMANDS])
 def test_readme_command(command, scratch):
+    run_command(command, scratch)
+
+
+def run_command(command, scratch):
+    """Runs one documented shell command as the README's tests do (leading ``NAME=value``
+    words set the environment)."""
     words = shlex.split(command)
+    env = {}
+    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
+        name, _, value = words.pop(0).partition("=")
+        env[name] = value
     if words[0] == "make":
         recipe = subprocess.run(["make", "-n", *words[1:]], cwd=ROOT, capture_output=True,
                                 text=True, timeout=60)
         assert recipe.returncode == 0, recipe.stderr
+        if words[1:] == ["docs"]:  # its own venv (.venv-docs); CI runs `make docs` itself
+            assert "mkdocs build --strict" in recipe.stdout, recipe.stdout
+            mkdocs = ROOT / ".venv-docs" / "bin" / "mkdocs"
+            if not mkdocs.exists():
+                pytest.skip("no .venv-docs here: `make docs` creates it")
+            return _run([str(mkdocs), "build", "--strict", "--quiet", "-d",
+                         str(scratch / "site")], ROOT, {"NO_MKDOCS_2_WARNING": "1"})
         steps = [line for line in recipe.stdout.splitlines()
                  if line.startswith(".venv/bin/python")]
         assert steps, f"`{command}` would first (re)build .venv:\n{recipe.stdout}"
@@ -146,21 +167,24 @@ def test_readme_command(command, scratch):
             # make test runs this whole suite: options that only report (the slowest tests)
             # are fine, a selection is not
             assert target[3:5] == ["-q", "tests"]
-            assert all(a.startswith("--durations") for a in target[5:]), target
-            return
-        _run([sys.executable, *[str(ROOT / w) if w.startswith("examples/") else w
-                                for w in target[1:]], *_smaller(command)], scratch)
-        return
+            extra = target[5:]  # test-fast: the slow tests left out, nothing else
+            if extra[:2] == ["-m", "not slow"]:
+                extra = extra[2:]
+            assert all(a.startswith("--durations") for a in extra), target
+            return None
+        return _run([sys.executable, *[str(ROOT / w) if w.startswith("examples/") else w
+                                       for w in target[1:]], *_smaller(command)], scratch)
     if words[:4] == ["python", "-m", "pip", "install"]:
         result = _run([sys.executable, "-m", "pip", "install", "--dry-run",
                        "--no-build-isolation", *words[4:]], ROOT)
         assert "Would install cstorch-jax" in result.stdout
-        return
-    result = _run([_executable(words[0]), *words[1:], *_smaller(command)], scratch)
+        return result
+    result = _run([_executable(words[0]), *words[1:], *_smaller(command)], scratch, env)
     if "cstorch.parity" in command:
         assert "PARITY OK" in result.stdout
     if "gpt_adamw.py --backend CSX" in command:
         assert re.search(r"step\s+21\s+loss", result.stdout), result.stdout
+    return result
 
 
 QUICKSTART = next(text for text, heading in _python_blocks() if heading == "Quickstart")
@@ -186,4 +210,5 @@ def test_readme_python_snippet(index, scratch, tmp_path):
 def test_every_block_is_exercised():
     languages = {language for language, _, _ in _blocks()}
     assert languages <= {"shell", "python"}, languages
-    assert len(COMMANDS) >= 8 and len(_python_blocks()) >= 4
+    # the rest of the project's commands and snippets are in the guide (tests/test_guide.py)
+    assert len(COMMANDS) >= 4 and len(_python_blocks()) >= 1

@@ -43,6 +43,12 @@ def _f32(value):
 
 
 class GradScaler:
+    """Loss scaling for half-precision training: ``scaler.scale(loss).backward()``, then
+    ``cstorch.amp.optimizer_step(loss, optimizer, scaler)`` (or ``scaler.unscale_``,
+    ``scaler.step``, ``scaler.update``). ``loss_scale="dynamic"`` halves the scale and skips the
+    update on a step whose gradients overflow, inside the compiled step; a number is a static
+    scale."""
+
     def __init__(self, loss_scale: Union[str, float] = None, init_scale: float = None,
                  steps_per_increase: int = None, min_loss_scale: float = None,
                  max_loss_scale: float = None, overflow_tolerance: float = 0.0,

@@ -207,12 +207,14 @@ def current_backend_impl(raise_exception: bool = True):
 
 
 def current_torch_device() -> torch.device:
+    """The torch device of the current backend's tensors (``cpu`` when there is none)."""
     if _current is None:
         return torch.device("cpu")
     return _current.torch_device
 
 
 def use_cs() -> bool:
+    """Whether the current backend is the (modeled) Cerebras system, ``CSX``."""
     return _current is not None and _current.is_csx
 
 

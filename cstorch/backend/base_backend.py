@@ -74,6 +74,7 @@ class BaseBackend:
         self.gradient_resets = 0
         self.data_executor_stack: list = []
         self._steps_running = 0  # traced steps being called (their closures wait for the end)
+        self.last_step_outputs = None  # of the executor's current step: its progress's loss
         self._recorder = None  # closures recorded while tracing
         self._at_trace_exit: list = []  # callbacks that drop trace-time Python values
         self._models_in_trace = None

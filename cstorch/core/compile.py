@@ -389,6 +389,8 @@ class TracedStep:
                 outputs = self._call_compiled(impl, args, kwargs)
         # Outside a DataExecutor nothing else would run this step's closures.
         impl.run_closures_of_a_step_outside_executor(queued_before)
+        if impl.data_executor_stack:  # the executor's progress display shows the loss
+            impl.last_step_outputs = outputs
         return outputs
 
     def _program_for(self, impl, leaves, spec):
@@ -734,5 +736,13 @@ def _aval(shape_dtype) -> str:
 
 
 def trace(step_fn: Callable) -> TracedStep:
-    """Compiles ``step_fn`` into a static-graph program on first call (see module docstring)."""
+    """Decorates a training or evaluation step: forward, ``loss.backward()``, optimizer and
+    scheduler steps in one function.
+
+    Its first call captures the whole step once (the body runs once, with tensors that have no
+    values: read them in a ``@cstorch.step_closure``) and compiles it with ``jax.jit``; every
+    later call with inputs of the same shapes and dtypes runs that program. New input shapes or
+    changed Python-number hyperparameters compile another program (with a warning; CSX
+    refuses). The decorated step also offers ``pure_function()``, ``pure_state()``,
+    ``jaxpr()``, ``stablehlo()`` and ``cost_analysis()`` (see the guide's JAX hand-off)."""
     return TracedStep(step_fn)

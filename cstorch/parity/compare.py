@@ -64,6 +64,8 @@ class StateDifference:
 
 
 def compare_state(reference: dict, other: dict) -> StateDifference:
+    """The largest difference between two final states (name -> array) and the names only
+    one of them has."""
     worst, max_abs, max_rel, missing = "", 0.0, 0.0, []
     for name in sorted(set(reference) | set(other)):
         a, b = reference.get(name), other.get(name)

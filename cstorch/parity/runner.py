@@ -123,6 +123,9 @@ def _parse(argv):
 
 
 def main(argv=None) -> int:
+    """``python -m cstorch.parity SCRIPT [ARGS]``: runs the script once per engine and
+    compares what they recorded; returns the exit status (0 within tolerance, 1 past it, 2
+    when an engine failed)."""
     options = _parse(argv)
     runs, states, infos, warned = [], [], [], {}
     args = options.args if options.shared_workdir else absolute_path_arguments(options.args)

@@ -1,12 +1,11 @@
 """The data executor's profiler (``executor.profiler.rate_tracker``).
 
 Besides its activities, it drives two things around each executor run: the CSX op profiler
-(``cstorch.profiler.profile``) when one is active, and a progress bar (tqdm) for runs of at
-least ``PROGRESS_BAR_MIN_STEPS`` steps when standard output is a terminal: "compiling the
-step" until the first step ends, then that step's time and the steady-state rate (which
-leaves the first step out), with tqdm's step count and time left. The environment
-variable ``CSTORCH_PROGRESS_BAR`` set to 0 or 1 turns the bar off or on regardless, and an
-executor whose ``show_progress`` is False (the Model Zoo Trainer's) shows none.
+(``cstorch.profiler.profile``) when one is active, and the run's progress display
+(``cstorch.utils.progress``: a run header, then a bar on a terminal or a plain line every few
+steps elsewhere, with the loss the step returns, the steady-state rate and the time left).
+``CSTORCH_PROGRESS`` (auto, bar, lines, off) chooses the display; an executor whose
+``show_progress`` is False (the Model Zoo Trainer's, which shows its own) shows none.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ import sys
 import time
 
 from cstorch import config
+from cstorch.utils import progress as _progress
 from cstorch.utils.tracker import RateTracker
 
 PROGRESS_BAR_MIN_STEPS = config.progress_bar_min_steps.default
@@ -139,6 +139,7 @@ class Profiler:
         self._executor = None
         self._op_profiler = None
         self._progress = None
+        self._impl = None
         self._step_start_ns = None
 
     def rate(self) -> float:
@@ -170,9 +171,12 @@ class Profiler:
         if op_profiler is not None and num_steps is not None:
             if op_profiler.configure_profiler(impl.is_csx, num_steps) is not None:
                 self._op_profiler = op_profiler
-        self._progress = _progress_bar(num_steps) if getattr(
-            self._executor, "show_progress", True) else None
-        self._first_step_done = False
+        self._progress = (_progress.RunProgress(num_steps)
+                          if getattr(self._executor, "show_progress", True)
+                          and runtime_process_index() == 0 else None)
+        if self._progress is not None and not self._progress.active:
+            self._progress = None
+        self._impl = impl
         self._entered = True
         for activity in self.activities.values():
             activity.start()
@@ -189,17 +193,32 @@ class Profiler:
         if self._op_profiler is not None and user_step is not None:
             self._op_profiler.record_step(user_step, self._step_start_ns, now)
         if self._progress is not None:
-            tracker = self.activities.get("rate_tracker")
-            if not self._first_step_done:  # its time is the compile (and the loop's start)
-                self._first_step_done = True
-                self._progress.set_description("train", refresh=False)
-                self._progress.set_postfix_str(
-                    f"first step {(now - self._started_ns) / 1e9:.1f} s", refresh=False)
-            elif tracker is not None and tracker._global_rate:
-                self._progress.set_postfix_str(
-                    f"{tracker.global_rate:,.1f} samples/s (steady)", refresh=False)
-            self._progress.update(1)
+            self._show_step(batch_size)
         self._step_start_ns = now
+
+    def run_starts(self, batch) -> None:
+        """Before the first step: the run header, and why nothing moves yet."""
+        if self._progress is None:
+            return
+        from cstorch.utils.data.utils import infer_batch_size
+
+        parameters = sum(t.numel() for t in self._impl.state_view().parameters)
+        self._progress.write(_progress.run_header(self._impl, parameters, self._progress.total,
+                                                  infer_batch_size(batch)))
+        self._progress.show_status("compiling the step (capture and XLA compile)...")
+
+    def _show_step(self, batch_size):
+        done = self._executor.user_iteration if self._executor is not None else None
+        if done is None:
+            return
+        outputs = getattr(self._impl, "last_step_outputs", None)
+        self._impl.last_step_outputs = None
+        if not self._progress.due(done):
+            self._progress.step(done, batch_size or 0, shown=False)
+            return
+        # Shown: wait for the step's values, so that the clock measures finished steps.
+        loss = _wait_for(outputs)
+        self._progress.step(done, batch_size or 0, loss=loss, shown=True)
 
     def printing(self):
         """A context for code that may print (step closures): the bar is cleared first and
@@ -208,9 +227,11 @@ class Profiler:
             import contextlib
 
             return contextlib.nullcontext()
-        return self._progress.external_write_mode()
+        return self._progress.printing()
 
     def __exit__(self, *exc):
+        if self._impl is not None:
+            self._impl.last_step_outputs = None  # keeps no step's outputs alive after the run
         if self._progress is not None:
             self._progress.close()
             self._progress = None
@@ -233,18 +254,33 @@ class Profiler:
         return False
 
 
-def _progress_bar(num_steps):
-    """A tqdm bar on stdout for long runs on a terminal (see module docstring), else None."""
-    forced = config.progress_bar.value
-    if forced is not None:
-        show = forced
-    else:
-        show = (bool(num_steps) and num_steps >= config.progress_bar_min_steps.value
-                and sys.stdout.isatty())
-    if not show or not num_steps:
-        return None
-    from tqdm import tqdm
+def runtime_process_index() -> int:
+    from cstorch.distributed import runtime
 
-    # Until the first step ends, the bar says why nothing moves yet.
-    return tqdm(total=num_steps, file=sys.stdout, unit="step", dynamic_ncols=True,
-                desc="compiling the step")
+    return runtime.process_index()
+
+
+def _wait_for(outputs):
+    """Waits until a step's outputs exist; returns its loss as a float where the step returned
+    one (a scalar floating tensor, or the ``"loss"`` of a dict, or the first of a tuple) and
+    this process holds all of it, else None."""
+    import torch
+
+    if outputs is None:
+        return None
+    leaves = torch.utils._pytree.tree_leaves(outputs)
+    for leaf in leaves:
+        array = getattr(leaf, "jax_array", None)
+        if array is not None:
+            array.block_until_ready()
+    loss = outputs
+    if isinstance(outputs, dict):
+        loss = outputs.get("loss")
+    elif isinstance(outputs, (tuple, list)) and outputs:
+        loss = outputs[0]
+    if not (isinstance(loss, torch.Tensor) and loss.dim() == 0 and loss.is_floating_point()):
+        return None
+    array = getattr(loss, "jax_array", None)
+    if array is not None and not getattr(array, "is_fully_addressable", True):
+        return None
+    return float(loss.detach())

@@ -1,13 +1,10 @@
 """cstorch.utils.data beyond the executor: restartable dataloaders across checkpoints,
-SyntheticDataset, DistributedSampler, Schedule, compute_num_steps, the rate tracker and the
-progress bar (api_inventory §6, §14)."""
+SyntheticDataset, DistributedSampler, Schedule, compute_num_steps and the rate tracker
+(api_inventory §6, §14; the progress display: tests/cstorch/test_progress.py)."""
 
 from __future__ import annotations
 
 import collections
-import io
-import re
-import sys
 
 import pytest
 import torch
@@ -296,53 +293,3 @@ def test_rate_tracker_smooths_and_resets(monkeypatch):
     assert tracker.global_rate() == 0.0 and tracker.total_count == 0
     with pytest.raises(ValueError):
         RateTracker(smooth_factor=1.5)
-
-
-def test_progress_bar_only_on_a_terminal_for_long_runs(cpu_backend, monkeypatch):
-    from cstorch.utils import profiler
-
-    monkeypatch.delenv("CSTORCH_PROGRESS_BAR", raising=False)
-    assert profiler._progress_bar(1000) is None  # pytest captures stdout: not a terminal
-
-    class Terminal(io.StringIO):
-        def isatty(self):
-            return True
-
-    terminal = Terminal()
-    monkeypatch.setattr(sys, "stdout", terminal)
-    assert profiler._progress_bar(10) is None  # short run
-    for _ in DataExecutor(DataLoader(lambda: [torch.zeros(2, 1)]),
-                          num_steps=profiler.PROGRESS_BAR_MIN_STEPS):
-        pass
-    assert f"{profiler.PROGRESS_BAR_MIN_STEPS}/{profiler.PROGRESS_BAR_MIN_STEPS}" in \
-        terminal.getvalue()
-    monkeypatch.setenv("CSTORCH_PROGRESS_BAR", "0")
-    assert profiler._progress_bar(1000) is None
-
-
-def test_progress_bar_labels_the_compile_and_keeps_printed_lines_apart(cpu_backend, monkeypatch):
-    from cstorch.utils import profiler
-
-    class Terminal(io.StringIO):
-        def isatty(self):
-            return True
-
-    terminal = Terminal()
-    monkeypatch.setattr(sys, "stdout", terminal)
-    monkeypatch.setenv("CSTORCH_PROGRESS_BAR", "1")
-
-    @cstorch.step_closure
-    def report(i):
-        print(f"closure line {i}")
-
-    for i, _ in enumerate(DataExecutor(DataLoader(lambda: [torch.zeros(2, 1)] * 4),
-                                       num_steps=4)):
-        report(i)
-    text = terminal.getvalue()
-    assert "compiling the step:" in text  # until the first step ends
-    assert re.search(r"first step \d+\.\d s", text)
-    assert "samples/s (steady)" in text
-    for i in range(4):  # each printed line starts at the start of a line, not after the bar
-        before = text.split(f"closure line {i}")[0]
-        assert before.endswith("\r") or before.endswith("\n"), before[-80:]
-

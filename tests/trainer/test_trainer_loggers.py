@@ -6,6 +6,7 @@ import warnings
 
 import numpy as np
 import pytest
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import cerebras.pytorch as cstorch
@@ -78,21 +79,28 @@ def test_progress_logger_writes_plain_lines_when_not_a_terminal(tmp_path):
     trainer = fit(tmp_path, [ProgressLogger(stream=out)], num_steps=4)
     lines = out.getvalue().splitlines()
     assert all("\r" not in line and "\033" not in line for line in lines)
-    assert lines[0] == "compiling the training step (capture and XLA compile)..."
-    assert re.fullmatch(r"compiled the training step in \d+\.\d s \(its first step\)", lines[1])
-    # the global step of the fit's total, with the loss; from the second step of a loop on,
-    # the steady rate (the first step, the compile, is not counted) and the time left
-    steps = [line for line in lines if line.startswith("train step")]
-    assert [line.split(" | ")[0] for line in steps] == [f"train step {i}/4" for i in (1, 2, 3, 4)]
-    assert re.fullmatch(r"train step 1/4 \| loss [\d.]+", steps[0])
-    assert re.fullmatch(r"train step 2/4 \| loss [\d.]+ \| [\d,.]+ samples/s \(steady\) \| "
-                        r"ETA \d+:\d\d", steps[1])
+    # the run header: the device, the precision, the model's size (ClassifierMLP: 8*16 + 16
+    # + 16*4 + 4 parameters), the fit's steps and the batch size
+    assert lines[0] == ("run: device CPU (1 x cpu) | precision float32 | 212 parameters | "
+                        "4 steps | batch 4")
+    assert lines[1] == "compiling the training step (capture and XLA compile)..."
+    # the global step of the fit's total, with the loss; the first step's time (the compile),
+    # then from the second step of a loop on the steady rate and the time left
+    steps = [line for line in lines if line.startswith("train ")]
+    assert [line.split(" | ")[0] for line in steps] == [f"train {i}/4" for i in (1, 2, 3, 4)]
+    assert re.fullmatch(r"train 1/4 \| loss \d\.\d{4} \| first step \d+\.\d s \(compiling\)",
+                        steps[0])
+    assert re.fullmatch(r"train 2/4 \| loss \d\.\d{4} \| [\d,]+\.\d samples/s \| ETA \d+:\d\d",
+                        steps[1])
+    assert re.fullmatch(r"train 4/4 \| loss \d\.\d{4} \| [\d,]+\.\d samples/s \| took \d+:\d\d",
+                        steps[3])
     assert "compiling the validation step (capture and XLA compile)..." in lines
     results = [line for line in lines if "validate_0/loss" in line and "done" not in line]
     assert [line.split(" | ")[0] for line in results] == ["step 2", "step 4"]
     summary = lines[-1]
     assert summary.startswith("fit done at global step 4 in ")
-    assert "compiling " in summary and "training " in summary and "samples/s (steady)" in summary
+    assert re.search(r"\| compiling \d+\.\d s \| training [\d,]+\.\d samples/s \| loss \d\.\d{4} "
+                     r"\| validate_0/loss \d\.\d{4} \|", summary), summary
     log_file = trainer.artifact_dir / "run.log"
     assert summary.endswith(f"log {log_file}")
     logged = log_file.read_text()
@@ -189,7 +197,7 @@ def test_progress_logger_draws_a_bar_on_a_terminal(tmp_path):
     bars = [f for f in frames if f.startswith("train [")]
     assert bars[0].startswith("train [" + "=" * 6 + " " * 18 + "] 1/4 | loss ")
     assert bars[-1].startswith("train [" + "=" * 24 + "] 4/4 | loss ")
-    assert "samples/s (steady)" in bars[-1] and "ETA" in bars[-2]
+    assert "samples/s" in bars[-1] and "took" in bars[-1]
     assert frames[-1].split("\n")[1].startswith("fit done at global step 4")  # below the bar
     assert frames[-1].endswith("\n")
 
@@ -208,3 +216,49 @@ def test_the_trainer_turns_off_the_executor_bar(tmp_path):
 
     fit(tmp_path, [], [Look()], num_steps=2)
     assert seen and not any(seen)
+
+
+def test_tensorboard_gets_lr_gradient_norm_and_throughput_by_default(tmp_path):
+    # A Trainer built in Python with no callbacks logs what the YAML path logs by default
+    # (and the HF Trainer always): read back from the event file, against eager torch.
+    from tests.trainer.common import batches, seeded_model
+
+    steps, lr = 4, 0.1
+    board = TensorBoardLogger()
+    trainer = Trainer(
+        device="CPU", model_dir=tmp_path, model=ClassifierMLP, seed=3,
+        optimizer=lambda m: cstorch.optim.SGD(m.parameters(), lr=lr),
+        schedulers=lambda o: cstorch.optim.lr_scheduler.LinearLR(
+            o, initial_learning_rate=lr, end_learning_rate=0.0, total_iters=steps),
+        loop=TrainingLoop(num_steps=steps), loggers=[board])
+    trainer.fit(cstorch.utils.data.DataLoader(torch_loader, steps))
+    board.finalize()
+    accumulator = EventAccumulator(str(trainer.summary_dir))
+    accumulator.Reload()
+    tags = set(accumulator.Tags()["scalars"])
+    assert {"loss", "lr/0", "model_wise_grad_norm", "avg_samples_per_sec"} <= tags, tags
+
+    # eager torch: the same model, batches and schedule; the global norm of each step's grads
+    model = seeded_model(3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    want_norms, want_lrs = [], []
+    for step, batch in enumerate(batches(steps)):
+        optimizer.param_groups[0]["lr"] = lr * (1 - step / steps)
+        want_lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.zero_grad()
+        model(batch).backward()
+        want_norms.append(torch.sqrt(sum((p.grad ** 2).sum() for p in model.parameters())).item())
+        optimizer.step()
+    norms = scalars(accumulator, "model_wise_grad_norm")
+    assert [s for s, _ in norms] == [1, 2, 3, 4]
+    np.testing.assert_allclose([v for _, v in norms], want_norms, rtol=1e-5)
+    np.testing.assert_allclose([v for _, v in scalars(accumulator, "lr/0")], want_lrs, rtol=1e-6)
+    # samples per second after the compiling first step: logged from the second step on
+    rates = scalars(accumulator, "avg_samples_per_sec")
+    assert [s for s, _ in rates] == [2, 3, 4] and all(v > 0 for _, v in rates)
+
+
+def test_callbacks_empty_logs_only_the_losses(tmp_path):
+    collect = Collect()
+    fit(tmp_path, [collect], [], num_steps=2)
+    assert {name for _, m in collect.logged for name in m} == {"loss", "validate_0/loss"}

@@ -73,6 +73,15 @@ def _executor_index(impl) -> int:
 
 
 class DataExecutor:
+    """Feeds ``num_steps`` batches of ``dataloader`` to the loop body, one step each.
+
+    Iterate over it (``for batch in executor:``) and call a traced step in the body. It
+    numbers the steps, runs queued step closures after each, runs checkpoint closures on the
+    steps ``checkpoint_steps`` names (every N steps, and the last), cycles a dataloader
+    shorter than ``num_steps``, shows the run's progress and writes its artifacts under
+    ``<backend.artifact_dir>/executors/<NNNNNN>/``.
+    """
+
     def __init__(self, dataloader, num_steps=None, checkpoint_steps=None, activation_steps=None,
                  profiler_activities=None, *, cs_config=None, writer=None):
         impl = current_backend_impl()
@@ -127,8 +136,8 @@ class DataExecutor:
         self.profiler_activities = profiler_activities
         self.profiler = None
         self._artifact_dir = None
-        # The terminal progress bar of long runs (cstorch.utils.profiler); a caller that shows
-        # its own progress (the Model Zoo Trainer) turns it off.
+        # The progress display of long runs (cstorch.utils.progress); a caller that shows its
+        # own progress (the Model Zoo Trainer) turns it off.
         self.show_progress = True
 
     def __len__(self):
@@ -205,6 +214,8 @@ class DataExecutor:
                 for step in range(self.num_steps):
                     batch = next(batches)
                     self.run_context.step = step
+                    if step == 0:
+                        self.profiler.run_starts(batch)  # the run header
                     yield impl.on_batch_start(batch)
                     # The rates are computed before the step's closures, which may read them.
                     self.profiler.step(infer_batch_size(batch))
@@ -228,4 +239,5 @@ DataExecutor.__init__.__signature__ = inspect.signature(DataExecutor.__init__).r
 
 
 def current_executor() -> DataExecutor:
+    """The innermost running ``DataExecutor`` (raises if none is iterating)."""
     return current_backend_impl().data_executor

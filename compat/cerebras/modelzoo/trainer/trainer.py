@@ -117,6 +117,19 @@ def _running(trainer):
         _RUNNING.pop()
 
 
+def _default_callbacks() -> list:
+    """What a Trainer built in Python logs when given no callbacks, as the YAML path does by
+    default (and the HF Trainer always): the learning rate of every param group (``lr/<i>``),
+    the gradient and parameter norms (``model_wise_grad_norm``, ``model_wise_params_norm``)
+    and the steady throughput (``avg_samples_per_sec``, ``rate``). Pass ``callbacks=[]`` for
+    none (the Model Zoo's Python Trainer adds none)."""
+    from cerebras.modelzoo.trainer.callbacks.norm import ComputeNorm
+    from cerebras.modelzoo.trainer.callbacks.optimizer import LogOptimizerParamGroup
+    from cerebras.modelzoo.trainer.callbacks.profiler import RateProfiler
+
+    return [LogOptimizerParamGroup("lr"), ComputeNorm(), RateProfiler()]
+
+
 class Trainer:
     """``Trainer(device=None, backend=None, model_dir=..., model=..., optimizer=None,
     schedulers=None, precision=None, sparsity=None, loop=None, checkpoint=None, logging=None,
@@ -191,7 +204,7 @@ class Trainer:
             ("grad_accum", GradientAccumulationCallback()),
             ("checkpoint", checkpoint),
         ])
-        user_callbacks = list(callbacks or [])
+        user_callbacks = list(callbacks) if callbacks is not None else _default_callbacks()
         self.loggers = list(loggers or [])
         for logger in self.loggers:
             if not isinstance(logger, Logger):
