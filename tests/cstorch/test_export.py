@@ -437,6 +437,19 @@ def test_apply_refuses_a_training_step_and_unknown_parameters(tmp_path):
     with pytest.raises(exported.ExportError, match="forward-only step.*model0.weight"):
         step.apply(step.params(), step.buffers(), [x.numpy(), y.numpy()])
 
+    @cstorch.trace
+    def loss_step(x, y):
+        return torch.nn.functional.mse_loss(model(x), y)
+
+    forward = exported.load(cstorch.export(loss_step, (x, y), str(tmp_path / "forward")))
+    loss, buffers = forward.apply(forward.params(), forward.buffers(), [x.numpy(), y.numpy()])
+    with torch.no_grad():
+        expected = float(torch.nn.functional.mse_loss(model(x), y))
+    assert float(loss) == pytest.approx(expected)
+    with pytest.raises(exported.ExportError, match=r"does not have: \['weight'\].*model0"):
+        forward.apply({"weight": forward.params()["model0.weight"]}, buffers,
+                      [x.numpy(), y.numpy()])
+
 
 def test_torch_state_dict_names_and_dtypes():
     import jax.numpy as jnp
