@@ -127,6 +127,7 @@ def _convolution_gradient(forward, primal, grad_output):
 @lowers(aten.convolution_backward.default)
 def aten_convolution_backward(grad_output, x, weight, bias_sizes, stride, padding, dilation,
                               transposed, output_padding, groups, output_mask):
+    dtypes = (x.dtype, weight.dtype)  # the gradients take them (torch's are never mixed)
     x, weight = promote(x, weight)
     cotangent = grad_output.astype(x.dtype)
 
@@ -137,8 +138,10 @@ def aten_convolution_backward(grad_output, x, weight, bias_sizes, stride, paddin
     grad_x = grad_w = grad_b = None
     if output_mask[0]:
         grad_x = _convolution_gradient(lambda x_: forward(x_, weight), x, cotangent)
+        grad_x = grad_x.astype(dtypes[0])
     if output_mask[1]:
         grad_w = _convolution_gradient(lambda w_: forward(x, w_), weight, cotangent)
+        grad_w = grad_w.astype(dtypes[1])
     if output_mask[2]:
         axes = (0,) + tuple(range(2, grad_output.ndim))
         grad_b = jnp.sum(grad_output, axis=axes)
