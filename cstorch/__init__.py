@@ -43,7 +43,7 @@ from cstorch.core.name_scope import name_scope  # noqa: E402
 from cstorch.core.name_scope import set_debug_scope  # noqa: E402
 from cstorch.core.tensor import tensor  # noqa: E402
 from cstorch.decomp.registry import register_decomposition  # noqa: E402
-from cstorch.jax_export import export  # noqa: E402
+from cstorch.jax_export import export, torch_state_dict  # noqa: E402
 from cstorch.storage import load, save  # noqa: E402
 from cstorch.utils.constant import make_constant  # noqa: E402
 from cstorch.utils.data.data_executor import current_executor  # noqa: E402

@@ -6,12 +6,18 @@ optimizer and scheduler state), and writes a directory that a process with JAX b
 torch loads and continues from (see ``jax_backend.exported``): the same step, the same
 numbers. Python values in the step (hyperparameters that are plain numbers) are constants of
 the exported program, as they are of the compiled one.
+
+``cstorch.torch_state_dict(jax_state)`` is the way back: arrays named as the export names
+them (``model0.fc.weight``, e.g. parameters trained by optax on an exported forward step) as
+one model's torch ``state_dict``, for ``model.load_state_dict`` and ``cstorch.save``.
 """
 
 from __future__ import annotations
 
 import inspect
+import re
 
+import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
@@ -67,6 +73,53 @@ def export(step, example_batch, path: str, *, vjp_order: int = 0, platforms=None
         [names[i] for i in written_index], returned, single, closure_values,
         function=step.__name__, vjp_order=vjp_order,
         platforms=platforms if platforms is not None else [_platform(impl.jax_devices[0])])
+
+
+def torch_state_dict(state: dict, model=0) -> dict:
+    """The ``state_dict`` of ``model`` from arrays named as ``cstorch.export`` names its state
+    (``model0.fc.weight``, ``model0.bn.running_mean``): the prefix is dropped, every other name
+    is kept, and JAX or numpy arrays become CPU tensors of their own dtype. ``model`` is the
+    module compiled with ``cstorch.compile`` in this process, or its index (0: the first
+    compiled; the ``N`` of ``modelN.``). Names of other models, optimizers or schedulers are
+    left out. For ``model.load_state_dict(...)`` (which checks names and shapes) and
+    ``cstorch.save``."""
+    if not isinstance(state, dict):
+        raise TypeError(f"torch_state_dict expects a dict of arrays by state name, got "
+                        f"{type(state).__name__}.")
+    if isinstance(model, torch.nn.Module):
+        impl = current_backend_impl(raise_exception=False)
+        models = list(getattr(impl, "models", []))
+        index = next((i for i, m in enumerate(models) if m is model), None)
+        if index is None:
+            raise ValueError("torch_state_dict: this module was not compiled with "
+                             "cstorch.compile in this process; pass the index N of the "
+                             "exported names modelN. instead.")
+        model = index
+    prefix = f"model{model}."
+    result = {}
+    for name, array in state.items():
+        if isinstance(name, str) and name.startswith(prefix):
+            result[name[len(prefix):]] = _tensor(name, array)
+    if not result:
+        models = sorted({m.group(0) for n in state if isinstance(n, str)
+                         for m in [re.match(r"model\d+", n)] if m})
+        raise ValueError(
+            f"no state of model {model} (names starting with {prefix!r}) among "
+            f"{len(state)} arrays" + (f"; there are {', '.join(models)}" if models else
+                                      f" named like {str(next(iter(state), '-'))!r}")
+            + ". Pass the arrays of an exported step (step.state, step.params(), "
+            "step.buffers()) and the model's index.")
+    return result
+
+
+def _tensor(name: str, array) -> torch.Tensor:
+    """A CPU tensor of ``array``'s dtype (bfloat16, which numpy lacks, through float32)."""
+    host = np.asarray(array)
+    if host.dtype.name == "bfloat16":
+        return torch.from_numpy(host.astype(np.float32)).to(torch.bfloat16)
+    if host.dtype.kind not in "biufc":
+        raise TypeError(f"{name}: cannot make a tensor of an array of dtype {host.dtype}.")
+    return torch.from_numpy(np.array(host))  # a copy: the tensor owns writable memory
 
 
 def _platform(device) -> str:

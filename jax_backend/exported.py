@@ -11,7 +11,10 @@ This module imports only the standard library, numpy and JAX, so the artifact ru
 is not installed: ``sys.path.insert(0, artifact); import exported_step;
 step = exported_step.load(artifact)``; then ``loss = step(inputs, targets)`` runs one step and
 keeps the new state, and ``step.pure(state, inputs)`` is the same step as a pure function of
-a state dict (jit-able; differentiable when exported with ``vjp_order >= 1``).
+a state dict (jit-able; differentiable when exported with ``vjp_order >= 1``). A forward-only
+step (exported with ``vjp_order=1``) trains in a JAX loop through ``step.apply(params,
+buffers, inputs)``, which returns the loss with the new buffers (BatchNorm's running
+statistics), ready for ``jax.value_and_grad(step.apply, has_aux=True)``.
 
 Loading changes nothing in JAX's process-wide config: the loader uses 64-bit types (torch's
 int64/float64) only inside its own calls. A step whose inputs or state are 64-bit needs them
@@ -323,6 +326,37 @@ class ExportedStep:
         """The model parameters among the state (by state name, e.g. ``model0.fc.weight``)."""
         return {name: value for name, value in self.state.items()
                 if self.kinds[name] == "param"}
+
+    def buffers(self) -> dict:
+        """The rest of the state: buffers (BatchNorm's running statistics), and optimizer and
+        scheduler state if the step has them, by state name."""
+        return {name: value for name, value in self.state.items()
+                if self.kinds[name] != "param"}
+
+    def apply(self, params: dict, buffers: dict, inputs, seed=0):
+        """``(returned, new_buffers)``: a forward-only step as a pure function of its
+        parameters, for JAX training loops. ``returned`` is what the step returned (its loss);
+        ``new_buffers`` are ``buffers`` with the step's updates (BatchNorm's running
+        statistics in train mode), to pass to the next call. With ``has_aux=True``,
+        ``jax.value_and_grad(step.apply, has_aux=True)(params, buffers, inputs)`` gives
+        ``((loss, new_buffers), grads)``. (``pure(...)[1]`` alone would drop those updates.)
+
+        Steps that update their parameters themselves (a training step with an optimizer)
+        are refused: their new parameters would be lost; use ``pure`` or ``__call__``."""
+        updated = [n for n in self.manifest["written"] if self.kinds.get(n) == "param"]
+        if updated:
+            raise ExportError(
+                f"apply is for a forward-only step, but this step updates its parameters "
+                f"itself ({', '.join(updated[:3])}{' ...' if len(updated) > 3 else ''}): a "
+                "training step with its optimizer. Export a step that only computes the loss "
+                "(with vjp_order=1) to train it in JAX, or run this one with pure / step(...).")
+        unknown = sorted(set(params) - {n for n, k in self.kinds.items() if k == "param"})
+        if unknown:
+            raise ExportError(f"apply got parameters the step does not have: {unknown[:3]} "
+                              f"(its parameters are named like {next(iter(self.params()), '-')!r};"
+                              " start from step.params()).")
+        new_state, returned = self.pure({**self.state, **buffers, **params}, inputs, seed)
+        return returned, {name: new_state[name] for name in buffers}
 
 
 def load(path: str) -> ExportedStep:

@@ -13,8 +13,10 @@ The launcher owns its processes: SIGTERM or SIGHUP (what a scheduler or a closed
 sends) and Ctrl-C are forwarded to every process, which is killed if it has not stopped
 after ``min(--grace, 10)`` seconds (then 5 more after SIGTERM); the launcher then exits with
 128 + the signal's number. The processes also end when the launcher itself dies, even by
-SIGKILL: on Linux the kernel sends them SIGTERM (``PR_SET_PDEATHSIG``), elsewhere a thread of
-the runtime notices (``CSTORCH_LAUNCHER_PID``).
+SIGKILL: on Linux the kernel sends them SIGTERM (``PR_SET_PDEATHSIG``), and a thread of the
+runtime notices too (``CSTORCH_LAUNCHER_PID``; it sends SIGKILL 5 s after its SIGTERM if the
+process still runs). A process that joined the job gets SIGTERM's handler back from JAX's
+preemption notifier, which would otherwise swallow it (see ``runtime``).
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ joins the job when it is created (the GPU backend with ``enable_distributed=True
 ``CSTORCH_INIT_TIMEOUT``        seconds to wait for every process to join (default 60)
 ``CSTORCH_HEARTBEAT_TIMEOUT``   seconds without a heartbeat after which a process counts as
                                 dead and the job is stopped (default 20)
-``CSTORCH_LAUNCHER_PID``        set by the launcher: the process ends (SIGTERM) when the
-                                launcher is gone
+``CSTORCH_LAUNCHER_PID``        set by the launcher: the process ends (SIGTERM, then
+                                SIGKILL after 5 s) when the launcher is gone
 =============================== ============================================================
 
 ``python -m cstorch.distributed.launch`` sets them for local processes.
@@ -26,6 +26,13 @@ Failure behaviour (the knobs above bound it):
   status 1 instead of waiting for the job's shutdown barrier. A peer that stops without
   closing its connections (a frozen host) is declared dead by the coordinator after the
   heartbeat timeout, which ends every process with the runtime's "another task died" error.
+
+SIGTERM keeps its meaning after joining: ``jax.distributed.initialize`` installs a preemption
+notifier that catches SIGTERM and only logs it (``preemption_notifier.cc ... SIGTERM caught``),
+for JAX's preemption sync points, which cstorch does not use. A joined process would then
+outlive a scheduler's SIGTERM, the launcher's forwarded one, and the death signal the kernel
+sends when the launcher dies. ``join`` gives SIGTERM back its handler from before the join
+(the default, ending the process at once, even inside a collective).
 """
 
 from __future__ import annotations
@@ -180,6 +187,8 @@ def join(config: Optional[DistributedConfig] = None) -> bool:
 
     if jax.distributed.is_initialized():  # joined by the user's own jax.distributed call
         _joined = wanted
+        watch_launcher()
+        _take_back_sigterm(signal.SIG_DFL)
         return True
     from jax._src import xla_bridge
 
@@ -196,7 +205,9 @@ def join(config: Optional[DistributedConfig] = None) -> bool:
     # CPU collectives between processes go through gloo (TCP); GPUs use NCCL by default.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     atexit.register(_exit_after_failure)  # runs before JAX's own shutdown barrier
+    sigterm = signal.getsignal(signal.SIGTERM)
     error = _initialize_within(wanted)
+    _take_back_sigterm(sigterm)
     if error is not None:
         raise DistributedError(
             f"Process {wanted.process_id} could not join the job of {wanted.num_processes} "
@@ -279,11 +290,38 @@ def coordinator_port_in_use(coordinator_address: str, environ=None) -> Optional[
     return None
 
 
-def watch_launcher(environ=None, interval: float = 1.0) -> bool:
+def _take_back_sigterm(handler) -> None:
+    """Puts back SIGTERM's ``handler`` (Python's view from before the join; None, a handler
+    set outside Python, counts as the default) over the one JAX's preemption notifier
+    installed while joining. Python sets handlers from the main thread only; elsewhere the
+    default is set through libc, and a Python handler is left to the launcher watch's
+    SIGKILL."""
+    handler = signal.SIG_DFL if handler is None else handler
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
+    elif handler == signal.SIG_DFL:
+        import ctypes
+        import ctypes.util
+
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
+            libc.signal(int(signal.SIGTERM), ctypes.c_void_p(int(signal.SIG_DFL)))
+        except (OSError, AttributeError):
+            pass
+
+
+#: Seconds the watch waits after its SIGTERM before it sends SIGKILL (a handler that does not
+#: end the process, or one that cannot run while the main thread waits in native code).
+WATCH_KILL_AFTER = 5.0
+
+
+def watch_launcher(environ=None, interval: float = 1.0,
+                   kill_after: float = WATCH_KILL_AFTER) -> bool:
     """In a process started by the launcher (``CSTORCH_LAUNCHER_PID``), a daemon thread that
-    ends the process with SIGTERM once the launcher is gone. On Linux the launcher also asks
-    the kernel for that (``PR_SET_PDEATHSIG``); this covers other systems. Returns whether a
-    watch runs."""
+    ends the process once the launcher is gone: SIGTERM, then SIGKILL ``kill_after`` seconds
+    later if the process still runs. On Linux the kernel also sends SIGTERM at once
+    (``PR_SET_PDEATHSIG``, asked by the launcher); the thread covers other systems and a
+    SIGTERM that something caught. Returns whether a watch runs."""
     env = os.environ if environ is None else environ
     launcher = env.get(ENV_LAUNCHER_PID, "")
     if not launcher.isdigit() or os.getppid() != int(launcher):
@@ -295,6 +333,8 @@ def watch_launcher(environ=None, interval: float = 1.0) -> bool:
         while os.getppid() == int(launcher):
             time.sleep(interval)
         os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(kill_after)
+        os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="cstorch-launcher-watch", daemon=True).start()
     return True

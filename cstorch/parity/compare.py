@@ -61,12 +61,17 @@ class StateDifference:
     max_abs: float  # max |a - b| over all tensors
     max_rel: float  # the largest per-tensor max|a - b| / max|a| (inf for missing tensors)
     missing: list  # tensors recorded by one engine only, or with different shapes
+    relative: dict = dataclasses.field(default_factory=dict)  # that ratio, tensor by tensor
+
+    def beyond(self, rtol: float) -> list:
+        """The tensors whose relative difference exceeds ``rtol``."""
+        return sorted(name for name, rel in self.relative.items() if rel > rtol)
 
 
 def compare_state(reference: dict, other: dict) -> StateDifference:
-    """The largest difference between two final states (name -> array) and the names only
-    one of them has."""
-    worst, max_abs, max_rel, missing = "", 0.0, 0.0, []
+    """The largest difference between two final states (name -> array), each tensor's
+    relative difference, and the names only one of them has."""
+    worst, max_abs, max_rel, missing, relative = "", 0.0, 0.0, [], {}
     for name in sorted(set(reference) | set(other)):
         a, b = reference.get(name), other.get(name)
         if a is None or b is None or a.shape != b.shape:
@@ -77,10 +82,12 @@ def compare_state(reference: dict, other: dict) -> StateDifference:
         rel = 0.0 if diff == 0 else (diff / scale if scale else float("inf"))
         if np.isnan(diff):
             diff = rel = float("inf")
+        relative[name] = rel
         if rel > max_rel or not worst:
             worst, max_rel = name, max(rel, max_rel)
         max_abs = max(max_abs, diff)
-    return StateDifference(worst, max_abs, float("inf") if missing else max_rel, missing)
+    return StateDifference(worst, max_abs, float("inf") if missing else max_rel, missing,
+                           relative)
 
 
 def first_divergence(rows: list, engine: int):

@@ -5,6 +5,10 @@ script.py [args...]`` runs the script in this process (as ``__main__``) with the
 through ``CSTORCH_ENGINE``, records every value passed to a step or checkpoint closure (by
 step, closure and argument name) and, at the end, every model's and optimizer's state, and
 writes them to ``FILE`` (an ``.npz`` without pickles plus a JSON index inside it).
+
+``--perturb`` moves every floating-point parameter by about one rounding step
+(``PERTURBATION``) as its model is set up: the rerun that shows which final state the engine
+cannot reproduce itself (values that follow rounding noise, see ``runner``).
 """
 
 from __future__ import annotations
@@ -134,6 +138,32 @@ def install(recorder: Recorder) -> None:
     program_module.Program.__init__ = noting_init
 
 
+#: Relative size of ``--perturb``'s change: two fp32 rounding steps (2 * 2**-23), each
+#: parameter element moved up or down (a fixed pattern).
+PERTURBATION = 2.0 ** -22
+
+
+def perturb_parameters_on_setup() -> None:
+    """Every model's floating-point parameters move by ``PERTURBATION`` (relative, signs from
+    a fixed generator) as the backend sets the model up, before any step."""
+    import torch
+
+    from cstorch.backend.base_backend import BaseBackend
+
+    setup_model = BaseBackend.setup_model
+    signs = torch.Generator().manual_seed(12345)
+
+    def perturbed_setup(self, model, *args, **kwargs):
+        with torch.no_grad():
+            for parameter in model.parameters():
+                if parameter.is_floating_point():
+                    sign = torch.randint(0, 2, parameter.shape, generator=signs) * 2 - 1
+                    parameter.mul_(1 + PERTURBATION * sign.to(parameter.dtype))
+        return setup_model(self, model, *args, **kwargs)
+
+    BaseBackend.setup_model = perturbed_setup
+
+
 def random_op_names(graph) -> list:
     """The random ATen ops of a captured graph (``aten.native_dropout``, ``aten.rand``...)."""
     import operator
@@ -176,31 +206,41 @@ def force_engine(engine: str) -> None:
 
 
 def final_state() -> dict:
-    """Every registered model's state_dict and optimizer's state, as float64 arrays."""
+    """Every registered model's state_dict and optimizer's state, as float64 arrays (an
+    optimizer's ``state.<index>`` also under ``names``: the parameter it belongs to)."""
     import cstorch
 
     impl = cstorch.backend.current_backend_impl(raise_exception=False)
     if impl is None:
-        return {}
+        return {}, {}
     state = {}
+    parameter_names = {}
     for m, model in enumerate(impl.models):
         for key, tensor in model.state_dict().items():
             array = _numeric(tensor)
             if array is not None:
                 state[f"model{m}.{key}"] = array
+        for key, parameter in model.named_parameters():
+            parameter_names.setdefault(id(parameter), f"model{m}.{key}")
+    names = {}
     for o, optimizer in enumerate(impl.optimizer_registry):
+        # state_dict() numbers the parameters of every group in order.
+        ordered = [p for group in optimizer.param_groups for p in group["params"]]
         for index, entry in optimizer.state_dict()["state"].items():
+            if isinstance(index, int) and index < len(ordered) and \
+                    id(ordered[index]) in parameter_names:
+                names[f"optimizer{o}.state.{index}"] = parameter_names[id(ordered[index])]
             for key, tensor in entry.items():
                 array = _numeric(tensor)
                 if array is not None:
                     state[f"optimizer{o}.state.{index}.{key}"] = array
-    return state
+    return state, names
 
 
-def save(path: str, recorder: Recorder, state: dict) -> None:
+def save(path: str, recorder: Recorder, state: dict, names: dict | None = None) -> None:
     arrays = {}
     index = {"closures": [], "state": [], "dtypes": [], "random_ops": sorted(recorder.random_ops),
-             "precision": recorder.precision}
+             "precision": recorder.precision, "names": names or {}}
     for (step, name), value in recorder.values.items():
         index["closures"].append([step, name, f"v{len(arrays)}"])
         index["dtypes"].append(recorder.dtypes.get((step, name), "float32"))
@@ -230,7 +270,8 @@ def load_run(path: str):
     info = {"dtypes": {(step, name): dtype
                        for (step, name, _), dtype in zip(index["closures"], dtypes)},
             "random_ops": index.get("random_ops", []),
-            "precision": index.get("precision", "float32")}
+            "precision": index.get("precision", "float32"),
+            "names": index.get("names", {})}
     return closures, state, info
 
 
@@ -241,6 +282,8 @@ def main(argv=None) -> int:
     parser.add_argument("--platform", default="cpu", choices=["cpu", "gpu"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--perturb", action="store_true",
+                        help="move the parameters by about one rounding step at setup")
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     options = parser.parse_args(argv)
@@ -260,6 +303,8 @@ def main(argv=None) -> int:
         force_engine(options.engine)
     recorder = Recorder()
     install(recorder)
+    if options.perturb:
+        perturb_parameters_on_setup()
 
     script = os.path.abspath(options.script)
     sys.argv = [script] + list(options.args)
@@ -269,7 +314,7 @@ def main(argv=None) -> int:
     except SystemExit as exit_:
         if exit_.code not in (None, 0):
             raise
-    save(options.out, recorder, final_state())
+    save(options.out, recorder, *final_state())
     return 0
 
 

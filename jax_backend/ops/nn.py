@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -23,20 +24,31 @@ aten = torch.ops.aten
 
 
 # ------------------------------------------------------------------------------- convolution
-def _conv_forward(x, weight, stride, padding, dilation, transposed, output_padding, groups):
+def _conv_forward(x, weight, stride, padding, dilation, transposed, output_padding, groups,
+                  result_dtype=dot_result_dtype):
+    """The convolution in the operands' (promoted) dtype."""
+    out = _conv_accumulated(x, weight, stride, padding, dilation, transposed, output_padding,
+                            groups, result_dtype)
+    return out.astype(promote(x, weight)[0].dtype)
+
+
+def _conv_accumulated(x, weight, stride, padding, dilation, transposed, output_padding, groups,
+                      result_dtype=dot_result_dtype):
+    """The convolution in the dtype ``result_dtype`` asks of the platform (fp32 for half
+    operands on a CPU), before any rounding to the operands' dtype."""
     nd = weight.ndim - 2
     x, weight = promote(x, weight)
     spatial = "DHW"[-nd:] if nd <= 3 else None
     dimension_numbers = ("NC" + spatial, "OI" + spatial, "NC" + spatial)
     stride, padding, dilation = ntuple(stride, nd), ntuple(padding, nd), ntuple(dilation, nd)
     options = dict(precision=conv_precision(x, weight),
-                   preferred_element_type=dot_result_dtype(x.dtype))
+                   preferred_element_type=result_dtype(x.dtype))
     if not transposed:
         out = lax.conv_general_dilated(
             x, weight, window_strides=stride, padding=[(p, p) for p in padding],
             rhs_dilation=dilation, dimension_numbers=dimension_numbers,
             feature_group_count=groups, **options)
-        return out.astype(x.dtype)
+        return out
     # A transposed convolution is the input-gradient of a convolution: dilate the input by the
     # stride, pad by dilation*(k-1)-p, and convolve with the flipped, in/out-swapped kernel.
     output_padding = ntuple(output_padding, nd)
@@ -53,7 +65,7 @@ def _conv_forward(x, weight, stride, padding, dilation, transposed, output_paddi
         x, kernel, window_strides=(1,) * nd, padding=pads, lhs_dilation=stride,
         rhs_dilation=dilation, dimension_numbers=dimension_numbers,
         feature_group_count=groups, **options)
-    return out.astype(x.dtype)
+    return out
 
 
 @lowers(aten.convolution.default)
@@ -62,25 +74,78 @@ def aten_convolution(x, weight, bias, stride, padding, dilation, transposed, out
     unbatched = x.ndim == weight.ndim - 1
     if unbatched:
         x = x[None]
-    out = _conv_forward(x, weight, stride, padding, dilation, transposed, output_padding, groups)
+    # The bias joins the accumulated result and the sum is rounded once, as torch's CPU
+    # (oneDNN) half convolutions do; where the platform gives half results (a GPU), it is
+    # added to them, as torch's CUDA convolutions add it after cuDNN's.
+    out = _conv_accumulated(x, weight, stride, padding, dilation, transposed, output_padding,
+                            groups)
     if bias is not None:
         out = out + bias.astype(out.dtype).reshape((1, -1) + (1,) * (out.ndim - 2))
+    out = out.astype(promote(x, weight)[0].dtype)
     return out[0] if unbatched else out
+
+
+def _replayed(linear, accumulate, *args):
+    """``linear(*args)`` with each of its convolutions asking for ``accumulate`` results, then
+    rounded to the dtype it gave before (how the forward treats its own convolution)."""
+    closed = jax.make_jaxpr(linear)(*args)
+    env = dict(zip(closed.jaxpr.constvars, closed.consts))
+    env.update(zip(closed.jaxpr.invars, args))
+
+    def read(atom):
+        return atom.val if isinstance(atom, jax.extend.core.Literal) else env[atom]
+
+    for eqn in closed.jaxpr.eqns:
+        params = eqn.params
+        replay = eqn.primitive is lax.conv_general_dilated_p
+        if replay:
+            params = dict(params, preferred_element_type=np.dtype(accumulate))
+        outs = eqn.primitive.bind(*[read(v) for v in eqn.invars], **params)
+        outs = outs if eqn.primitive.multiple_results else [outs]
+        if replay:
+            outs = [o.astype(v.aval.dtype) for o, v in zip(outs, eqn.outvars)]
+        env.update(zip(eqn.outvars, outs))
+    return [read(v) for v in closed.jaxpr.outvars]
+
+
+def _convolution_gradient(forward, primal, grad_output):
+    """The gradient of ``forward`` (a convolution, linear in ``primal``, whose result has the
+    operands' dtype) at ``grad_output``, as autocast computes it: half operands give a half
+    gradient, accumulating in the dtype ``dot_result_dtype`` asks of the platform.
+
+    The transpose of the lowering's own forward would not do: on a CPU that forward asks for an
+    fp32 result and casts it, and JAX transposes a convolution in the cotangent's dtype, so
+    both gradient convolutions became fp32 ones. Here the transpose of the half forward is
+    traced and its convolutions replayed with the forward's accumulation request."""
+    transpose = jax.linear_transpose(forward, primal)
+    accumulate = dot_result_dtype(primal.dtype)
+    if accumulate is None:
+        return transpose(grad_output)[0]
+    return _replayed(transpose, accumulate, grad_output)[0]
 
 
 @lowers(aten.convolution_backward.default)
 def aten_convolution_backward(grad_output, x, weight, bias_sizes, stride, padding, dilation,
                               transposed, output_padding, groups, output_mask):
-    def forward(x_, w_):
-        return _conv_forward(x_, w_, stride, padding, dilation, transposed, output_padding, groups)
+    dtypes = (x.dtype, weight.dtype)  # the gradients take them (torch's are never mixed)
+    x, weight = promote(x, weight)
+    cotangent = grad_output.astype(x.dtype)
 
-    _, vjp = jax.vjp(forward, x, weight)
-    grad_x, grad_w = vjp(grad_output.astype(x.dtype))
-    grad_b = None
+    def forward(x_, w_):
+        return _conv_forward(x_, w_, stride, padding, dilation, transposed, output_padding, groups,
+                             result_dtype=lambda dtype: None)
+
+    grad_x = grad_w = grad_b = None
+    if output_mask[0]:
+        grad_x = _convolution_gradient(lambda x_: forward(x_, weight), x, cotangent)
+        grad_x = grad_x.astype(dtypes[0])
+    if output_mask[1]:
+        grad_w = _convolution_gradient(lambda w_: forward(x, w_), weight, cotangent)
+        grad_w = grad_w.astype(dtypes[1])
     if output_mask[2]:
         axes = (0,) + tuple(range(2, grad_output.ndim))
         grad_b = jnp.sum(grad_output, axis=axes)
-    return (grad_x if output_mask[0] else None, grad_w if output_mask[1] else None, grad_b)
+    return grad_x, grad_w, grad_b
 
 
 # -------------------------------------------------------------------------------- upsampling

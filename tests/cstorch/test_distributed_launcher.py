@@ -1,6 +1,9 @@
 """The launcher owns its processes (issue 23): a signal to the launcher stops every worker,
 workers end when the launcher dies, and a busy coordinator port is a clear error instead of
-the runtime's SIGSEGV. Every wait is bounded."""
+the runtime's SIGSEGV. Every wait is bounded.
+
+Issue 31: the same holds once the workers have joined a real JAX job and train (JAX's
+preemption notifier, installed by the join, used to swallow SIGTERM)."""
 
 from __future__ import annotations
 
@@ -127,6 +130,81 @@ def test_workers_die_with_a_killed_launcher(tmp_path):
         assert _wait(lambda: not any(_alive(pid) for pid in workers), 20)
     finally:
         _finish(launcher, workers)
+
+
+TRAINING = os.path.join(ROOT, "tests", "cstorch", "launched_training.py")
+
+
+def _progress(directory):
+    """``{process id: (pid, last step)}`` the training workers reported."""
+    found = {}
+    for name in ("0", "1"):
+        try:
+            pid, step = (directory / name).read_text().split()
+        except FileNotFoundError:
+            continue
+        found[name] = (int(pid), int(step))
+    return found
+
+
+def _start_job(tmp_path, mode, grace=30):
+    """A launched 2-process CSX job (one CPU device each) that trains; returns once both
+    workers have joined and done 5 steps. Their output goes to ``tmp_path/log``."""
+    progress = tmp_path / "progress"
+    progress.mkdir()
+    log = open(tmp_path / "log", "w")
+    launcher = subprocess.Popen(
+        [PYTHON, "-m", "cstorch.distributed.launch", "--num_processes", "2", "--grace",
+         str(grace), TRAINING, str(progress), mode], cwd=tmp_path,
+        env=_env(XLA_FLAGS="--xla_force_host_platform_device_count=1"), stdout=log,
+        stderr=subprocess.STDOUT)
+    log.close()
+    started = _wait(lambda: len(_progress(progress)) == 2
+                    and all(step >= 5 for _, step in _progress(progress).values()), 240)
+    workers = [pid for pid, _ in _progress(progress).values()]
+    if not started:
+        _finish(launcher, workers)
+        pytest.fail("the job did not reach step 5: " + (tmp_path / "log").read_text()[-3000:])
+    return launcher, workers
+
+
+def _time_to_death(workers, limit=10.0):
+    start = time.monotonic()
+    gone = _wait(lambda: not any(_alive(pid) for pid in workers), limit)
+    return time.monotonic() - start if gone else None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("mode", ["train", "block"])
+def test_joined_training_workers_die_with_a_killed_launcher(tmp_path, mode):
+    """SIGKILL of the launcher at step 5 or later: training workers (``train``), or one
+    waiting in a collective and one in user code that catches SIGTERM (``block``), are gone
+    within 10 s."""
+    launcher, workers = _start_job(tmp_path, mode)
+    try:
+        launcher.kill()
+        launcher.wait(timeout=30)
+        seconds = _time_to_death(workers)
+        print(f"{mode}: workers gone {seconds} s after the launcher's SIGKILL")
+        assert seconds is not None, "workers outlived their killed launcher by 10 s"
+    finally:
+        _finish(launcher, workers)
+
+
+def test_a_forwarded_sigterm_stops_joined_training_workers(tmp_path):
+    """The launcher's own escalation (SIGTERM again after min(grace, 10) s, SIGKILL 5 s
+    later) is not what stops them: the first SIGTERM does, and JAX does not catch it."""
+    launcher, workers = _start_job(tmp_path, "train", grace=30)
+    try:
+        launcher.send_signal(signal.SIGTERM)
+        seconds = _time_to_death(workers, limit=9.0)
+        print(f"workers gone {seconds} s after SIGTERM to the launcher")
+        assert seconds is not None, "workers outlived a forwarded SIGTERM by 9 s"
+        launcher.wait(timeout=30)
+    finally:
+        _finish(launcher, workers)
+    assert launcher.returncode == 128 + signal.SIGTERM
+    assert "SIGTERM caught" not in (tmp_path / "log").read_text()
 
 
 def test_the_runtime_watch_ends_a_worker_whose_launcher_died(tmp_path):

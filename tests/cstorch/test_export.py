@@ -352,3 +352,127 @@ def test_a_cpu_sparsity_step_with_host_topk_is_refused_clearly(tmp_path):
         cstorch.export(step, (x, y), str(tmp_path / "gmp"))
     assert not (tmp_path / "gmp").exists()
     assert os.listdir(tmp_path) == []  # no staging directory left either
+
+
+def _bn_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(),
+                               torch.nn.Linear(8, 3))
+
+
+def test_a_forward_export_trains_batchnorm_in_jax_and_comes_back_to_torch(tmp_path):
+    """Issue 31: ``apply`` returns the loss with the new buffers, so BatchNorm's running
+    statistics follow training in a JAX loop (the README's old ``pure(...)[1]`` left them at
+    their exported values), and ``cstorch.torch_state_dict`` brings the JAX-trained state back
+    into torch under its own names. Oracle: the same 3 SGD steps in eager torch."""
+    import copy
+
+    import jax
+    import optax
+
+    from jax_backend import exported
+
+    model = _bn_model()
+    reference = copy.deepcopy(model)
+    compiled = cstorch.compile(model, cstorch.backend("CPU"))
+
+    @cstorch.trace
+    def loss_step(x, y):  # forward only: the loss, no backward, no optimizer
+        return torch.nn.functional.mse_loss(compiled(x), y)
+
+    g = torch.Generator().manual_seed(3)
+    batches = [(torch.randn(5, 6, generator=g), torch.randn(5, 3, generator=g))
+               for _ in range(3)]
+    artifact = cstorch.export(loss_step, batches[0], str(tmp_path / "forward"), vjp_order=1)
+    step = exported.load(artifact)
+    params, buffers = step.params(), step.buffers()
+    assert set(buffers) == {"model0.1.running_mean", "model0.1.running_var",
+                            "model0.1.num_batches_tracked"}
+    tx = optax.sgd(0.1)
+    opt_state = tx.init(params)
+
+    def train(params, buffers, opt_state, x, y):
+        (loss, buffers), grads = jax.value_and_grad(step.apply, has_aux=True)(
+            params, buffers, [x, y])
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), buffers, opt_state, loss
+
+    losses = []
+    with jax.enable_x64(True):  # num_batches_tracked is int64
+        train = jax.jit(train)
+        for x, y in batches:
+            params, buffers, opt_state, loss = train(params, buffers, opt_state, x.numpy(),
+                                                     y.numpy())
+            losses.append(float(loss))
+
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    eager_losses = []
+    for x, y in batches:
+        loss = torch.nn.functional.mse_loss(reference(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        eager_losses.append(loss.item())
+    assert losses == pytest.approx(eager_losses, rel=1e-5)
+
+    restored = _bn_model()
+    restored.load_state_dict(cstorch.torch_state_dict({**params, **buffers}))  # strict names
+    expected = reference.state_dict()
+    for name, tensor in restored.state_dict().items():
+        assert tensor.dtype == expected[name].dtype, name
+        torch.testing.assert_close(tensor, expected[name], rtol=1e-5, atol=1e-6)
+    assert int(restored[1].num_batches_tracked) == 3
+    assert not torch.equal(restored[1].running_mean, model[1].running_mean)  # they moved
+    cstorch.save(restored.state_dict(), str(tmp_path / "from_jax.mdl"))
+    loaded = cstorch.load(str(tmp_path / "from_jax.mdl"))
+    torch.testing.assert_close(loaded["3.weight"], expected["3.weight"], rtol=1e-5, atol=1e-6)
+
+
+def test_apply_refuses_a_training_step_and_unknown_parameters(tmp_path):
+    from jax_backend import exported
+
+    model, training_step = _sgd_linear()
+    x, y = _xy(0)
+    step = exported.load(cstorch.export(training_step, (x, y), str(tmp_path / "train")))
+    with pytest.raises(exported.ExportError, match="forward-only step.*model0.weight"):
+        step.apply(step.params(), step.buffers(), [x.numpy(), y.numpy()])
+
+    @cstorch.trace
+    def loss_step(x, y):
+        return torch.nn.functional.mse_loss(model(x), y)
+
+    forward = exported.load(cstorch.export(loss_step, (x, y), str(tmp_path / "forward")))
+    loss, buffers = forward.apply(forward.params(), forward.buffers(), [x.numpy(), y.numpy()])
+    with torch.no_grad():
+        expected = float(torch.nn.functional.mse_loss(model(x), y))
+    assert float(loss) == pytest.approx(expected)
+    with pytest.raises(exported.ExportError, match=r"does not have: \['weight'\].*model0"):
+        forward.apply({"weight": forward.params()["model0.weight"]}, buffers,
+                      [x.numpy(), y.numpy()])
+
+
+def test_torch_state_dict_names_and_dtypes():
+    import jax.numpy as jnp
+
+    state = {"model0.fc.weight": jnp.ones((2, 3), jnp.bfloat16),
+             "model0.bn.num_batches_tracked": np.array(4, np.int64),
+             "model1.other.weight": np.zeros(2, np.float32),
+             "optimizer0.state.0.exp_avg": np.zeros((2, 3), np.float32)}
+    result = cstorch.torch_state_dict(state)
+    assert set(result) == {"fc.weight", "bn.num_batches_tracked"}
+    assert result["fc.weight"].dtype == torch.bfloat16 and result["fc.weight"].sum() == 6
+    assert result["bn.num_batches_tracked"].dtype == torch.int64
+    assert set(cstorch.torch_state_dict(state, model=1)) == {"other.weight"}
+    with pytest.raises(ValueError, match="no state of model 2.*model0, model1"):
+        cstorch.torch_state_dict(state, model=2)
+
+
+def test_torch_state_dict_finds_a_compiled_models_index(cpu_backend):
+    first, second = torch.nn.Linear(2, 2), torch.nn.Linear(3, 1)
+    cstorch.compile(first, cpu_backend)
+    cstorch.compile(second, cpu_backend)
+    state = {"model0.weight": np.zeros((2, 2), np.float32),
+             "model1.weight": np.ones((1, 3), np.float32)}
+    assert cstorch.torch_state_dict(state, second)["weight"].shape == (1, 3)
+    with pytest.raises(ValueError, match="not compiled with cstorch.compile"):
+        cstorch.torch_state_dict(state, torch.nn.Linear(3, 1))
