@@ -15,7 +15,9 @@ from jax_backend.registry import lowers
 aten = torch.ops.aten
 
 
-def _dot(a, b, contracting, batch=((), ())):
+def _dot(a, b, contracting, batch=((), ()), rounded=True):
+    """``a·b`` in torch's result dtype; ``rounded=False`` leaves the accumulator's dtype
+    (fp32 for half operands on the CPU), for a bias to join before the one rounding."""
     if a.dtype != b.dtype:  # torch's matrix products never promote (autocast casts first)
         raise OpInputError(
             f"expected both operands of a matrix product to have the same dtype, but got "
@@ -24,7 +26,7 @@ def _dot(a, b, contracting, batch=((), ())):
             "precision.")
     out = lax.dot_general(a, b, (contracting, batch), precision=dot_precision(a, b),
                           preferred_element_type=dot_result_dtype(a.dtype))
-    return out.astype(a.dtype)
+    return out.astype(a.dtype) if rounded else out
 
 
 def matmul_2d(a, b):
@@ -35,13 +37,17 @@ def matmul_batched(a, b):
     return _dot(a, b, ((2,), (1,)), ((0,), (0,)))
 
 
-def _scale_add(result, bias, beta, alpha):
+def _scale_add(result, bias, beta, alpha, dtype=None):
+    """``alpha·result + beta·bias``, rounded to ``dtype`` once at the end. With half operands
+    on the CPU ``result`` is still the fp32 accumulator, so the bias joins before the rounding,
+    as in torch's CPU GEMMs (and cuBLAS's bias epilogue, which XLA's GPU GEMMs use for the
+    same pattern): adding it after rounding rounds twice."""
     if alpha != 1:
         result = result * alpha
-    if beta == 0:
-        return result
-    bias = bias.astype(result.dtype)
-    return result + (bias if beta == 1 else bias * beta)
+    if beta != 0:
+        bias = bias.astype(result.dtype)
+        result = result + (bias if beta == 1 else bias * beta)
+    return result if dtype is None else result.astype(dtype)
 
 
 @lowers(aten.mm.default)
@@ -56,12 +62,13 @@ def aten_bmm(a, b):
 
 @lowers(aten.addmm.default)
 def aten_addmm(bias, a, b, *, beta=1, alpha=1):
-    return _scale_add(matmul_2d(a, b), bias, beta, alpha)
+    return _scale_add(_dot(a, b, ((1,), (0,)), rounded=False), bias, beta, alpha, a.dtype)
 
 
 @lowers(aten.baddbmm.default)
 def aten_baddbmm(bias, a, b, *, beta=1, alpha=1):
-    return _scale_add(matmul_batched(a, b), bias, beta, alpha)
+    product = _dot(a, b, ((2,), (1,)), ((0,), (0,)), rounded=False)
+    return _scale_add(product, bias, beta, alpha, a.dtype)
 
 
 @lowers(aten.addbmm.default)
@@ -76,7 +83,7 @@ def aten_mv(a, v):
 
 @lowers(aten.addmv.default)
 def aten_addmv(bias, a, v, *, beta=1, alpha=1):
-    return _scale_add(aten_mv(a, v), bias, beta, alpha)
+    return _scale_add(_dot(a, v, ((1,), (0,)), rounded=False), bias, beta, alpha, a.dtype)
 
 
 @lowers(aten.dot.default, aten.vdot.default)
