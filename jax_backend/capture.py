@@ -106,6 +106,7 @@ def _pointwise_product(kind: str):
 
 _ADDCMUL, _ADDCMUL_ = _pointwise_product("mul")
 _ADDCDIV, _ADDCDIV_ = _pointwise_product("div")
+_FOREACH_BY_SCALAR = {"maximum": torch.clamp_min, "minimum": torch.clamp_max}
 # Ops whose in-place and functional forms are spelled differently per tensor.
 _FOREACH_SPECIAL_INPLACE = {
     "zero": lambda t: t.zero_(),
@@ -132,9 +133,13 @@ def _foreach_decomposition(name: str, scalars_tensor: bool = False):
     def per_tensor(*args, **kwargs):
         if special is not None:
             return special(*args, **kwargs)
-        if inplace:
+        if inplace and hasattr(torch.Tensor, base + "_") and base not in _FOREACH_BY_SCALAR:
             return getattr(args[0], base + "_")(*args[1:], **kwargs)
-        return getattr(torch, base)(*args, **kwargs)
+        function = getattr(torch, base)
+        if base in _FOREACH_BY_SCALAR and not isinstance(args[1], torch.Tensor):
+            function = _FOREACH_BY_SCALAR[base]  # torch.maximum takes no scalar
+        result = function(*args, **kwargs)
+        return args[0].copy_(result) if inplace else result  # (maximum_ has no method)
 
     def decomposed(*args, **kwargs):
         count = next(len(a) for a in args if isinstance(a, (list, tuple)))

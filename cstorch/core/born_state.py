@@ -154,7 +154,11 @@ def leaked_fake_tensors(impl, allowed=()) -> list:
                 elif k != "_modules":
                     visit(v, f"{label}.{k}", vars(module), k, 1)
     for o, optimizer in enumerate(impl.optimizer_registry):
-        visit(optimizer.state, f"optimizer{o}.state", None, None, 0)
+        position = {id(p): i for i, p in enumerate(
+            p for group in optimizer.param_groups for p in group["params"])}
+        for param, state in list(optimizer.state.items()):
+            visit(state, f"optimizer{o}.state[{position.get(id(param), '?')}]",
+                  optimizer.state, param, 1)
         visit(optimizer.param_groups, f"optimizer{o}.param_groups", None, None, 1)
     for kind, objects in (("scheduler", impl.schedulers), ("metric", impl.metrics),
                           ("stateful", impl.stateful_objects)):

@@ -62,6 +62,8 @@ def adopt(impl, optimizer) -> None:
     """Registers a torch optimizer with the backend (module docstring)."""
     if optimizer in impl.optimizer_registry:
         return
+    for param, state in list(optimizer.state.items()):  # e.g. loaded: never another's tensors
+        optimizer.state[param] = _plain_copies(state)
     impl.register_optimizer(optimizer)
     backend = weakref.ref(impl)
 
