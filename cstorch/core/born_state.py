@@ -185,4 +185,5 @@ def check_no_leaks(impl, allowed=()) -> None:
         "carries between steps: that tensor has no value after the trace. Register it as a "
         "buffer in the module's __init__ (`self.register_buffer(name, tensor)`) and update it "
         "in place, or return it from the step (or pass it to a @cstorch.step_closure) to "
-        "read it.")
+        "read it. (The old torch.nn.utils.weight_norm/spectral_norm keep their weight this "
+        "way: use torch.nn.utils.parametrizations.weight_norm/spectral_norm.)")

@@ -338,3 +338,43 @@ def test_torch_scheduler_changing_lr_between_steps_is_not_silent():
             losses.append(float(step(x, y)))
             scheduler.step()
     torch.testing.assert_close(losses, eager_losses, **TOL)
+
+
+# --------------------------------------------------------------- several devices (CSX)
+def _multidevice_main():
+    """Run in a subprocess with four modeled CPU devices: data parallel and weight-server
+    layouts (state born in the first step reaches the devices through the host)."""
+    from cstorch.distributed import ClusterConfig
+
+    for name in ("AdamW", "SGD-momentum"):
+        make = OPTIMIZERS[name]
+        _, eager_optimizer, eager_losses = _eager(make, 4)
+        for config in (dict(num_csx=2), dict(num_csx=2, max_wgt_servers=1)):
+            cstorch.backend._reset_for_tests()
+            backend = cstorch.backend("CSX", cluster_config=ClusterConfig(**config))
+            cstorch.amp.enable_mixed_precision(False)
+            assert backend._impl.layout is not None
+            _, optimizer, step = _compiled(make, backend)
+            losses = [float(step(x, y)) for x, y in zip(XS[:4], YS[:4])]
+            torch.testing.assert_close(losses, eager_losses, **TOL)
+            _assert_state_equal(optimizer.state_dict(), eager_optimizer.state_dict())
+    print("RESULT ok")
+
+
+@pytest.mark.slow
+def test_torch_optimizers_on_several_csx_devices_match_eager():
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = os.pathsep.join([root, os.path.join(root, "compat"), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               PYTHONPATH=path)
+    out = subprocess.run([sys.executable, "-m", "tests.cstorch.test_torch_optimizers"],
+                         capture_output=True, text=True, cwd=root, env=env, timeout=600)
+    assert "RESULT ok" in out.stdout, out.stderr[-3000:]
+
+
+if __name__ == "__main__":
+    _multidevice_main()
