@@ -475,8 +475,7 @@ class TracedStep:
             outputs = self._run(impl, entry, leaves, view, *positions)
         except Exception as error:  # noqa: BLE001 - re-raised unless a cached graph failed
             if entry.born:  # the state it would have given birth to is not there: undo it
-                born_state.discard(impl, entry.born_before)
-                self._forget(entry.steady)
+                self._undo_first_step_program(impl, entry)
                 raise
             if entry.cache is None or not entry.cache.hit or entry.program.has_run:
                 raise
@@ -493,8 +492,14 @@ class TracedStep:
         running the program (compile-only runs)."""
         entry = self._program_for(impl, *pytree.tree_flatten((args, kwargs)))[0]
         if entry.born:  # the first run would give the born state its values: not run here
-            born_state.discard(impl, entry.born_before)
-            self._forget(entry.steady)  # the next call compiles both again
+            self._undo_first_step_program(impl, entry)
+
+    def _undo_first_step_program(self, impl, entry) -> None:
+        """Forgets a program that creates state in the first step, not run (compile-only,
+        export): the slots it would have filled are taken out, and the next call compiles
+        both programs again."""
+        born_state.discard(impl, entry.born_before)
+        self._forget(entry.steady)
 
     def _refile(self, entry, key, leaves, spec, impl, view) -> ProgramSignature:
         """Files a just-captured program under the signature as the capture left it, and

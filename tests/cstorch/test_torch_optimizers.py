@@ -340,6 +340,21 @@ def test_torch_scheduler_changing_lr_between_steps_is_not_silent():
     torch.testing.assert_close(losses, eager_losses, **TOL)
 
 
+def test_export_needs_the_first_step_to_have_run(tmp_path):
+    """The first step's program creates the optimizer state; export takes the program of
+    every later step, whose state exists only once the first step ran."""
+    make = OPTIMIZERS["AdamW"]
+    _, _, eager_losses = _eager(make, 3)
+    model, optimizer, step = _compiled(make, _backend("CPU"))
+    with pytest.raises(RuntimeError, match="Run the step once, then export"):
+        cstorch.export(step, (XS[0], YS[0]), str(tmp_path / "early"))
+    assert not optimizer.state  # nothing of the refused export is left
+    losses = [float(step(XS[0], YS[0]))]
+    cstorch.export(step, (XS[1], YS[1]), str(tmp_path / "step"))
+    losses += [float(step(x, y)) for x, y in zip(XS[1:3], YS[1:3])]
+    torch.testing.assert_close(losses, eager_losses, **TOL)
+
+
 # --------------------------------------------------------------- several devices (CSX)
 def _multidevice_main():
     """Run in a subprocess with four modeled CPU devices: data parallel and weight-server
