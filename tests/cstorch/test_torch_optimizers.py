@@ -340,6 +340,35 @@ def test_torch_scheduler_changing_lr_between_steps_is_not_silent():
     torch.testing.assert_close(losses, eager_losses, **TOL)
 
 
+class _Foreach(torch.nn.Module):
+    """Multi-tensor (``torch._foreach_*``) ops on buffers, as torch's foreach optimizers use."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("a", torch.linspace(-1, 1, 6))
+        self.register_buffer("b", torch.ones(2, 3))
+
+    def forward(self, x):
+        buffers = [self.a, self.b]
+        torch._foreach_mul_(buffers, 0.5)
+        torch._foreach_add_(buffers, [x.sum(), x.mean()], alpha=2.0)
+        torch._foreach_maximum_(buffers, 0.1)
+        torch._foreach_addcdiv_(buffers, [self.a, self.b], [self.a + 2, self.b + 2], 0.25)
+        roots = torch._foreach_sqrt(buffers)
+        norms = torch._foreach_norm(roots)
+        return torch.stack(norms).sum() + torch._foreach_lerp(roots, buffers, 0.3)[1].sum()
+
+
+def test_foreach_ops_are_decomposed_per_tensor_and_match_eager():
+    eager = _Foreach()
+    expected = [eager(x).item() for x in XS[:3]]
+    model = _Foreach()
+    compiled = cstorch.compile(model, _backend("CPU"))
+    step = cstorch.trace(lambda x: compiled(x))
+    torch.testing.assert_close([float(step(x)) for x in XS[:3]], expected, **TOL)
+    torch.testing.assert_close(model.b, eager.b, **TOL)
+
+
 def test_export_needs_the_first_step_to_have_run(tmp_path):
     """The first step's program creates the optimizer state; export takes the program of
     every later step, whose state exists only once the first step ran."""
