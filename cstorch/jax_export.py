@@ -58,6 +58,12 @@ def export(step, example_batch, path: str, *, vjp_order: int = 0, platforms=None
         raise TypeError("cstorch.export needs an example batch of tensors (a tensor, or a "
                         "tuple/list of the step's positional arguments).")
     entry, _, view, (used_index, written_index) = step._program_for(impl, leaves, spec)
+    if entry.born:  # its first step creates state (e.g. a torch optimizer's): not exportable
+        step._undo_first_step_program(impl, entry)
+        raise RuntimeError(
+            f"{step.__name__!r} creates state in its first step (e.g. a torch.optim "
+            "optimizer's exp_avg or momentum buffer, or a buffer registered in forward), "
+            "which has no value yet. Run the step once, then export it.")
     indices = list(dict.fromkeys(list(used_index) + list(written_index)))
     names = {}
     for i in indices:  # readable names; a (theoretical) clash gets the position appended
@@ -145,7 +151,7 @@ def _output_layout(entry):
     for is_tensor in captured.output_is_tensor:
         position.append(count if is_tensor else None)
         count += int(is_tensor)
-    user, payloads = pytree.tree_unflatten(list(range(len(position))), captured.output_spec)
+    user, payloads, _ = pytree.tree_unflatten(list(range(len(position))), captured.output_spec)
     returned = [position[i] for i in pytree.tree_leaves(user) if position[i] is not None]
     single = isinstance(user, int) and position[user] is not None
     closure_values = []

@@ -77,7 +77,105 @@ def core_decompositions() -> dict:
     # Lowered whole (as its backward is): its decomposition is the slowest of a transformer's
     # trace, ~35 ms per attention layer, for the same math the lowering emits.
     table.pop(aten._scaled_dot_product_flash_attention_for_cpu.default, None)
+    table.update(foreach_decompositions())
     return types.MappingProxyType(table)  # shared: callers extend a copy
+
+
+# ``_foreach_X`` ops whose per-tensor op is not ``torch.X`` / ``Tensor.X_``.
+_FOREACH_SPECIAL = {
+    "norm": lambda t, ord=2, dtype=None: torch.linalg.vector_norm(t, ord, dtype=dtype),
+    "max": lambda t: torch.amax(t),
+}
+
+
+def _pointwise_product(kind: str):
+    """``addcmul``/``addcdiv`` with ``value`` positional, as the foreach schemas pass it, and
+    possibly a 0-dim tensor (the ``.Tensor`` overloads' per-tensor scalars)."""
+    def functional(t, a, b, value=1):
+        if isinstance(value, torch.Tensor):
+            return t + (a * b if kind == "mul" else a / b) * value
+        return getattr(torch, f"addc{kind}")(t, a, b, value=value)
+
+    def inplace(t, a, b, value=1):
+        if isinstance(value, torch.Tensor):
+            return t.add_((a * b if kind == "mul" else a / b) * value)
+        return getattr(t, f"addc{kind}_")(a, b, value=value)
+
+    return functional, inplace
+
+
+_ADDCMUL, _ADDCMUL_ = _pointwise_product("mul")
+_ADDCDIV, _ADDCDIV_ = _pointwise_product("div")
+_FOREACH_BY_SCALAR = {"maximum": torch.clamp_min, "minimum": torch.clamp_max}
+# Ops whose in-place and functional forms are spelled differently per tensor.
+_FOREACH_SPECIAL_INPLACE = {
+    "zero": lambda t: t.zero_(),
+    "copy": lambda t, src, non_blocking=False: t.copy_(src, non_blocking),
+    "addcmul": _ADDCMUL_, "addcdiv": _ADDCDIV_,
+}
+_FOREACH_SPECIAL_FUNCTIONAL = {
+    "zero": torch.zeros_like,
+    "copy": lambda t, src, non_blocking=False: t.clone().copy_(src),
+    "addcmul": _ADDCMUL, "addcdiv": _ADDCDIV,
+}
+
+
+def _foreach_decomposition(name: str, scalars_tensor: bool = False):
+    """``aten._foreach_<op>[_]``: the per-tensor op on each element of its list arguments
+    (one list of scalars counts as one scalar per tensor), returning the list, or, in place,
+    nothing. torch's multi-tensor optimizer paths (``foreach=True``, and Adagrad's under a
+    compiler) are made of these; torch has no decomposition for them."""
+    inplace = name.endswith("_")
+    base = name[len("_foreach_"):].rstrip("_")
+    special = _FOREACH_SPECIAL.get(base) or (
+        _FOREACH_SPECIAL_INPLACE if inplace else _FOREACH_SPECIAL_FUNCTIONAL).get(base)
+
+    def per_tensor(*args, **kwargs):
+        if special is not None:
+            return special(*args, **kwargs)
+        if inplace and hasattr(torch.Tensor, base + "_") and base not in _FOREACH_BY_SCALAR:
+            return getattr(args[0], base + "_")(*args[1:], **kwargs)
+        function = getattr(torch, base)
+        if base in _FOREACH_BY_SCALAR and not isinstance(args[1], torch.Tensor):
+            function = _FOREACH_BY_SCALAR[base]  # torch.maximum takes no scalar
+        result = function(*args, **kwargs)
+        return args[0].copy_(result) if inplace else result  # (maximum_ has no method)
+
+    def decomposed(*args, **kwargs):
+        count = next(len(a) for a in args if isinstance(a, (list, tuple)))
+
+        def pick(value, i):
+            if isinstance(value, (list, tuple)):
+                return value[i]
+            if scalars_tensor and isinstance(value, torch.Tensor) and value.dim() == 1:
+                return value[i]  # one scalar per tensor, held in a tensor
+            return value
+
+        results = [per_tensor(*[pick(a, i) for a in args],
+                              **{k: pick(v, i) for k, v in kwargs.items()})
+                   for i in range(count)]
+        return None if inplace else results
+
+    return decomposed
+
+
+@functools.lru_cache(maxsize=1)
+def foreach_decompositions() -> dict:
+    """Every ``aten._foreach_*`` overload (but ``_out`` ones and ``_foreach_mm``) mapped to
+    its per-tensor decomposition (``_foreach_decomposition``)."""
+    names = sorted({s.name.split("::")[1] for s in torch._C._jit_get_all_schemas()
+                    if s.name.startswith("aten::_foreach_")})
+    table = {}
+    for name in names:
+        base = name[len("_foreach_"):].rstrip("_")
+        if base in ("mm", "powsum"):
+            continue
+        packet = getattr(aten, name)
+        for overload in packet.overloads():
+            if not overload.endswith("out"):
+                table[getattr(packet, overload)] = _foreach_decomposition(
+                    name, scalars_tensor=overload == "Tensor" and base in ("addcmul", "addcdiv"))
+    return table
 
 
 @dataclasses.dataclass(frozen=True)
@@ -423,7 +521,7 @@ def _functionalize_writes(graph: torch.fx.GraphModule, num_state: int, writes: d
                         and new.dtype == old.dtype)
                 value = node.args[1] if same else g.call_function(  # broadcasting or casting
                     aten.copy.default, (current, node.args[1]))
-        if value is not node.args[1]:
+        if functional is not None or value is not node.args[1]:  # (unary ops: one arg)
             value.meta["val"] = node.meta.get("val")
         node.replace_all_uses_with(value)
         g.erase_node(node)

@@ -30,6 +30,7 @@ from jax_backend.user_frames import warn
 from cstorch import config
 from cstorch.backend import (
     Backend, BackendType, backend as _backend_fn, current_backend_impl, implicit_cpu_backend)
+from cstorch.core import born_state, torch_optimizers
 from cstorch.core.capture_cache import CaptureCache
 from cstorch.errors import MultipleBackendsError
 from cstorch.core.state_names import state_name
@@ -127,6 +128,7 @@ def compile(model: torch.nn.Module, backend=None):  # noqa: A001 - the public na
         raise RuntimeError(
             f"The model was created for device {device} but the backend's device is "
             f"{impl.device}. Create the model under the current backend's device.")
+    _refuse_uninitialized_lazy_modules(model)
     impl.setup_model(model)
     for module in model.modules():
         module.apply = _ModuleMethod(_apply, module)
@@ -143,6 +145,22 @@ def compile(model: torch.nn.Module, backend=None):  # noqa: A001 - the public na
             setattr(compiled, name, attr)
     compiled.device = impl.torch_device
     return compiled
+
+
+def _refuse_uninitialized_lazy_modules(model: torch.nn.Module) -> None:
+    """A lazy module (``nn.LazyLinear``, ...) creates its parameters in its first forward
+    pass; a compiled step cannot create parameters (``born_state``)."""
+    lazy = [f"{name or 'the model'} ({type(module).__name__})"
+            for name, module in model.named_modules()
+            if isinstance(module, torch.nn.modules.lazy.LazyModuleMixin)
+            and module.has_uninitialized_params()]
+    if lazy:
+        raise ValueError(
+            f"cstorch.compile got a model with uninitialized lazy modules: {', '.join(lazy)}. "
+            "Their parameters are created by the first forward pass, which a compiled step "
+            "cannot do. Run one forward pass eagerly before compiling "
+            "(`model(example_batch)`, as torch asks before building an optimizer), or give "
+            "the layer its input size (e.g. `nn.Linear(in_features, out_features)`).")
 
 
 class _ModuleMethod:
@@ -222,6 +240,11 @@ class _CompiledStep:
     ties: dict  # slot path -> path of its tensor, for the slots of this program's state
     cache: CaptureCache | None = None  # until the first good run: where the graph goes/came
     leaves_gradients: bool = False  # computes gradients and does not zero them
+    # State born in the step (``born_state``): this program runs once, at the first call,
+    # and its last outputs are the born tensors' values; ``steady`` serves later calls.
+    born: list = dataclasses.field(default_factory=list)
+    steady: "_CompiledStep | None" = None
+    born_before: dict | None = None  # born_state.snapshot before the capture (to undo it)
     _resolved: tuple = (None, None, None)  # (view, used indices, written indices)
     _mismatch: tuple = (None, None)  # (view, why this program does not fit it)
 
@@ -395,7 +418,15 @@ class TracedStep:
 
     def _program_for(self, impl, leaves, spec):
         """The compiled step for these arguments and the current state, compiled now if
-        needed (without running it): ``(entry, key, view, positions)``."""
+        needed (without running it): ``(entry, key, view, positions)``. A torch optimizer
+        the capture meets for the first time is adopted and the step captured again."""
+        while True:
+            try:
+                return self._find_or_compile(impl, leaves, spec)
+            except torch_optimizers.Unadopted as found:
+                torch_optimizers.adopt(impl, found.optimizer)
+
+    def _find_or_compile(self, impl, leaves, spec):
         view = impl.state_view()
         key = _signature(leaves, spec, impl, view)
         hyperparameters = _hyperparameters(impl)
@@ -409,11 +440,44 @@ class TracedStep:
             reasons = [entry.mismatch(view) for entry in self._programs.get(key, ())]
             entry = self._compile(impl, key, leaves, spec, view,
                                   reason=next((r for r in reasons if r), None))
+            if entry.born:
+                return self._with_born_state(impl, entry, leaves, spec)
             key = self._refile(entry, key, leaves, spec, impl, view)
             positions = entry.resolve(view)
             self._evict_unused()
         self._last_key = key
         return entry, key, view, positions
+
+    def _with_born_state(self, impl, born_entry, leaves, spec):
+        """A first capture in which state was born (``born_state``): its tensors get real
+        slots, and the step is captured again for every later call; ``born_entry`` runs
+        this once."""
+        born_state.install(impl, born_entry.born)
+        view = impl.state_view()
+        key = _signature(leaves, spec, impl, view)
+        try:
+            steady = self._compile(impl, key, leaves, spec, view)
+        except BaseException:
+            born_state.discard(impl, born_entry.born_before)
+            raise
+        if steady.born:
+            self._forget(steady)
+            born_state.discard(impl, born_entry.born_before)
+            raise jax_backend.CaptureError(
+                f"{self.step_fn.__name__!r} creates new state ("
+                f"{state_name(steady.born[0].paths[0])}) in its second step too: state born "
+                "in a step is only supported in the first one (a lazily created optimizer "
+                "state or buffer). Create it before the first step.")
+        born_entry.steady = steady
+        self._last_key = self._refile(steady, key, leaves, spec, impl, view)
+        return born_entry, self._last_key, view, born_entry.resolve(view)
+
+    def _forget(self, entry) -> None:
+        for key, entries in list(self._programs.items()):
+            if entry in entries:
+                entries.remove(entry)
+                if not entries:
+                    del self._programs[key]
 
     def _call_compiled(self, impl, args, kwargs):
         leaves, spec = pytree.tree_flatten((args, kwargs))
@@ -422,6 +486,9 @@ class TracedStep:
         try:
             outputs = self._run(impl, entry, leaves, view, *positions)
         except Exception as error:  # noqa: BLE001 - re-raised unless a cached graph failed
+            if entry.born:  # the state it would have given birth to is not there: undo it
+                self._undo_first_step_program(impl, entry)
+                raise
             if entry.cache is None or not entry.cache.hit or entry.program.has_run:
                 raise
             entry = self._recapture(impl, key, leaves, spec, view, entry, error)
@@ -435,7 +502,16 @@ class TracedStep:
     def _compile_without_running(self, impl, args, kwargs) -> None:
         """Captures and compiles the step for ``args`` as its first call would, without
         running the program (compile-only runs)."""
-        self._program_for(impl, *pytree.tree_flatten((args, kwargs)))
+        entry = self._program_for(impl, *pytree.tree_flatten((args, kwargs)))[0]
+        if entry.born:  # the first run would give the born state its values: not run here
+            self._undo_first_step_program(impl, entry)
+
+    def _undo_first_step_program(self, impl, entry) -> None:
+        """Forgets a program that creates state in the first step, not run (compile-only,
+        export): the slots it would have filled are taken out, and the next call compiles
+        both programs again."""
+        born_state.discard(impl, entry.born_before)
+        self._forget(entry.steady)
 
     def _refile(self, entry, key, leaves, spec, impl, view) -> ProgramSignature:
         """Files a just-captured program under the signature as the capture left it, and
@@ -484,6 +560,9 @@ class TracedStep:
         passes = []  # one entry per time capture runs the step body
         counters_before = _step_counts(impl)
         leaves_gradients = []
+        born_before = born_state.snapshot(impl)
+        born_per_pass = []  # the state born in each pass (born_state.find)
+        known_paths, existing = set(view.named_by), set(map(id, view.tensors))
 
         def step(*tensors):
             passes.append(None)
@@ -492,11 +571,14 @@ class TracedStep:
                 rebuilt[i] = t
             args, kwargs = pytree.tree_unflatten(rebuilt, spec)
             resets = impl.gradient_resets
-            with impl.tracing(records):
+            with impl.tracing(records), torch_optimizers.capture_policy(impl), \
+                    born_state.ParameterWatch(impl):
                 outputs = self.step_fn(*args, **kwargs)
             leaves_gradients.append(impl.gradient_resets == resets and any(
                 p.grad is not None for model in impl.models for p in model.parameters()))
-            return outputs, [(r.args, r.kwargs) for r in records]
+            born_per_pass.append(born_state.find(impl, known_paths, existing))
+            return (outputs, [(r.args, r.kwargs) for r in records],
+                    [b.tensor for b in born_per_pass[-1]])
 
         policy = impl.precision_policy()
         twins = [_metadata_twin(leaves[i], impl.layout) for i in positions]
@@ -507,14 +589,25 @@ class TracedStep:
                              trace_hooks=bool(_trace_pre_hooks or _trace_post_hooks),
                              lookup=not retry)
         hit = cache.load()
+        born = []
         if hit is not None:  # the graph of an earlier run: nothing is traced
             captured, closures, counter_steps = hit
         else:
-            with _capture_scope(), cache.watching():
-                captured = capture_step(step, view.slots, twins, policy,
-                                        decompositions=decompositions)
+            try:
+                with _capture_scope(), cache.watching():
+                    captured = capture_step(step, view.slots, twins, policy,
+                                            decompositions=decompositions)
+                born = born_per_pass[-1] if born_per_pass else []
+                born_state.refuse_parameters(born)
+                born_state.check_no_leaks(impl, allowed=[id(b.tensor) for b in born])
+            except BaseException:
+                _undo_counting(counters_before, 0)  # a capture that stopped half-way
+                born_state.discard(impl, born_before)
+                raise
             counter_steps = _undo_counting(counters_before, len(passes))
             closures = [(r.kind, r.fn) for r in records]
+            if born:
+                cache.key = None  # runs once; its later calls are another capture's
             cache.prepare(captured, records, counter_steps)
         self.trace_count += 1
         program = Program(captured, policy=policy, layout=impl.layout,
@@ -529,8 +622,10 @@ class TracedStep:
         entry = _CompiledStep(captured, program, closures, python_leaves, used, written, avals,
                               _hyperparameters(impl), counter_steps, view.optimizer_params,
                               ties, cache if cache.key is not None else None,
-                              leaves_gradients=bool(leaves_gradients and leaves_gradients[-1]))
-        self._programs.setdefault(key, []).append(entry)
+                              leaves_gradients=bool(leaves_gradients and leaves_gradients[-1]),
+                              born=born, born_before=born_before)
+        if not entry.born:
+            self._programs.setdefault(key, []).append(entry)
         return entry
 
     def _evict_unused(self) -> None:
@@ -596,12 +691,26 @@ class TracedStep:
         flat = [LazyTensor(next(produced)) if is_tensor else constant
                 for is_tensor, constant in zip(captured.output_is_tensor,
                                                captured.output_constants)]
-        user_outputs, payloads = pytree.tree_unflatten(flat, captured.output_spec)
+        user_outputs, payloads, born = pytree.tree_unflatten(flat, captured.output_spec)
+        if entry.born:
+            self._give_birth(impl, entry, born)
         for (kind, fn), (args, kwargs) in zip(entry.closures, payloads):
             impl.add_step_closure(kind, fn, args, kwargs)
         for obj, increment in entry.counter_steps:
             obj._step_count += increment
         return user_outputs
+
+    @staticmethod
+    def _give_birth(impl, entry, values) -> None:
+        """The born tensors' end-of-step values become their device values (with a
+        multi-device layout they go through the host and are placed at the next upload)."""
+        tensors = [b.tensor for b in entry.born]
+        if impl.layout is None:
+            impl.device_state.update(tensors, [v.jax_array for v in values])
+            return
+        with torch.no_grad():
+            for tensor, value in zip(tensors, values):
+                tensor.copy_(value.materialize())
 
     # ----------------------------------------------------------------------- introspection
     def _latest(self) -> _CompiledStep:

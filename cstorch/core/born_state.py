@@ -1,0 +1,189 @@
+"""State born in a step: tensors a step creates in a place that outlives it.
+
+Eager torch creates some state lazily, inside the first step that needs it: a torch
+optimizer's ``exp_avg``/``step`` (or SGD's momentum buffer, a copy of the first gradient), a
+buffer a module registers in ``forward``. The first step runs the creation and the update;
+later steps only the update. A compiled step does the same with two programs, both compiled
+at the first call (so the CSX backend never recompiles): the capture that sees state being
+born returns its end-of-step values as outputs, and that program runs once; the slots then
+hold real tensors (``install``) whose device values are those outputs, and the step is
+captured again with them as ordinary state for every later call. No tensor of the trace is
+left in a slot.
+
+``leaked_fake_tensors`` is the check after every capture that no other tensor of the trace
+stayed where the user can reach it (a module attribute set in ``forward``, a Python value in
+optimizer state): such a tensor has no value, so the capture fails, naming the place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+
+from jax_backend.errors import CaptureError
+from jax_backend.user_frames import current_user_frame
+from cstorch.core.state_names import state_name
+
+
+@dataclasses.dataclass
+class Born:
+    """One tensor born in a step, and every slot that holds it."""
+
+    tensor: torch.Tensor  # the trace's tensor; after ``install`` the real one
+    paths: list
+    slots: list
+
+
+def find(impl, known_paths, existing) -> list:
+    """Inside the trace, after the step body: the tensors in slots that did not exist before
+    (``known_paths``) and that are not existing state (``existing``: ids of state tensors)."""
+    born = {}
+    for path, slot in impl.state_slots():
+        if path in known_paths:
+            continue
+        tensor = slot.get()
+        if not isinstance(tensor, torch.Tensor) or id(tensor) in existing:
+            continue
+        entry = born.setdefault(id(tensor), Born(tensor, [], []))
+        entry.paths.append(path)
+        entry.slots.append(slot)
+    return list(born.values())
+
+
+def install(impl, born: list) -> None:
+    """Puts a real tensor (zeros, with the traced tensor's shape and dtype) in every slot of
+    each born tensor, in place of the trace's."""
+    for entry in born:
+        fake = entry.tensor
+        real = torch.zeros(tuple(fake.shape), dtype=fake.dtype)
+        for slot in entry.slots:
+            slot.set(real)
+        entry.tensor = real
+    impl._invalidate_state_view()  # new slots: the cached view does not list them
+
+
+def snapshot(impl) -> dict:
+    """What ``discard`` needs to undo births: the slot paths and each optimizer's state keys."""
+    return {"paths": {path for path, _ in impl.state_slots()},
+            "optimizer_keys": [(o, set(map(id, o.state))) for o in impl.optimizer_registry]}
+
+
+def discard(impl, before: dict) -> None:
+    """Removes every slot born since ``before`` (a failed or abandoned capture, a first step
+    that failed), and the per-parameter state dicts an optimizer made for them, so the next
+    capture starts from the state as it was."""
+    for path, slot in reversed(impl.state_slots()):
+        if path not in before["paths"] and slot.key in slot.container:
+            del slot.container[slot.key]
+    for optimizer, keys in before["optimizer_keys"]:
+        for param in [p for p, state in optimizer.state.items()
+                      if id(p) not in keys and not state]:
+            del optimizer.state[param]
+    impl._invalidate_state_view()
+
+
+def refuse_parameters(born: list) -> None:
+    """A parameter created in the step would get its initial values from the compiled
+    step's random stream, and the optimizer would not know it: refused."""
+    for entry in born:
+        if isinstance(entry.tensor, torch.nn.Parameter):
+            raise CaptureError(
+                f"The step created the parameter {state_name(entry.paths[0])} (a parameter "
+                "registered in forward): a compiled step cannot create parameters. Create it "
+                "in the module's __init__, or run one forward pass eagerly before the first "
+                "step (`model(example_batch)`) so it exists before compiling.")
+
+
+class ParameterWatch:
+    """During a capture: a parameter registered in a compiled model (``register_parameter``,
+    a lazy module's materialisation) fails at once, naming the user's line."""
+
+    def __init__(self, impl):
+        self._impl = impl
+        self._handle = None
+
+    def __enter__(self):
+        def registered(module, name, param):
+            models = self._impl.models
+            if param is not None and any(module is m for model in models
+                                         for m in model.modules()):
+                where = current_user_frame()
+                raise CaptureError(
+                    f"The step registers the parameter {name!r} on a {type(module).__name__} "
+                    "of a compiled model: a compiled step cannot create parameters. Create it "
+                    "in the module's __init__, or run one forward pass eagerly before the "
+                    "first step (`model(example_batch)`)."
+                    + (f"\n{where}" if where else ""))
+
+        self._handle = torch.nn.modules.module.register_module_parameter_registration_hook(
+            registered)
+        return self
+
+    def __exit__(self, *exc):
+        self._handle.remove()
+
+
+# ------------------------------------------------------------------------- leaked tensors
+def leaked_fake_tensors(impl, allowed=()) -> list:
+    """``(where, container, key)`` of every tensor of a trace left in a registered model
+    (module attributes, parameters, buffers), optimizer (state, param groups) or other
+    stateful object, but the ids in ``allowed`` (born tensors about to be installed)."""
+    found = []
+    allowed = set(allowed)
+
+    def visit(value, where, container, key, depth):
+        if isinstance(value, FakeTensor):
+            if id(value) not in allowed:
+                found.append((where, container, key))
+        elif depth < 4 and isinstance(value, dict):
+            for k, v in list(value.items()):
+                visit(v, f"{where}[{k!r}]", value, k, depth + 1)
+        elif depth < 4 and isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                visit(v, f"{where}[{i}]", value, i, depth + 1)
+
+    for m, model in enumerate(impl.models):
+        for name, module in model.named_modules():
+            label = f"model{m}" + (f".{name}" if name else "")
+            for k, v in list(vars(module).items()):
+                if k in ("_parameters", "_buffers"):
+                    for n, t in list(v.items()):
+                        visit(t, f"{label}.{n}", v, n, 4)
+                elif k != "_modules":
+                    visit(v, f"{label}.{k}", vars(module), k, 1)
+    for o, optimizer in enumerate(impl.optimizer_registry):
+        position = {id(p): i for i, p in enumerate(
+            p for group in optimizer.param_groups for p in group["params"])}
+        for param, state in list(optimizer.state.items()):
+            visit(state, f"optimizer{o}.state[{position.get(id(param), '?')}]",
+                  optimizer.state, param, 1)
+        visit(optimizer.param_groups, f"optimizer{o}.param_groups", None, None, 1)
+    for kind, objects in (("scheduler", impl.schedulers), ("metric", impl.metrics),
+                          ("stateful", impl.stateful_objects)):
+        for i, obj in enumerate(objects):
+            for k, v in list(getattr(obj, "__dict__", {}).items()):
+                visit(v, f"{kind}{i}.{k}", vars(obj), k, 2)
+    return found
+
+
+def check_no_leaks(impl, allowed=()) -> None:
+    """Raises CaptureError if a tensor of the trace stayed in user-visible state; each one
+    found is taken out first (deleted, or set to None where it cannot be deleted)."""
+    leaks = leaked_fake_tensors(impl, allowed)
+    if not leaks:
+        return
+    for where, container, key in leaks:
+        if isinstance(container, dict):
+            del container[key]
+        elif isinstance(container, list):
+            container[key] = None
+    places = ", ".join(where for where, _, _ in leaks[:5])
+    raise CaptureError(
+        f"The step stored a tensor it computed in {places}, outside the state a compiled step "
+        "carries between steps: that tensor has no value after the trace. Register it as a "
+        "buffer in the module's __init__ (`self.register_buffer(name, tensor)`) and update it "
+        "in place, or return it from the step (or pass it to a @cstorch.step_closure) to "
+        "read it. (The old torch.nn.utils.weight_norm/spectral_norm keep their weight this "
+        "way: use torch.nn.utils.parametrizations.weight_norm/spectral_norm.)")
