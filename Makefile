@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-fast test-compat docs gpu-check bench bench-gpu coverage zoo-check clean
+.PHONY: demo lint test test-fast test-compat docs gpu-check bench bench-gpu coverage zoo-check clean
 
 # torch first: one already in the venv inside pyproject's range is kept; with none, this CPU
 # build (lying on this machine's disk; a range would pull gigabytes of CUDA libraries).
@@ -25,6 +25,10 @@ $(VENV)/.installed: pyproject.toml
 
 demo: .venv
 	$(PY) examples/mnist_mlp.py
+
+# Ruff with the rules in pyproject.toml ([tool.ruff]); CI runs it before the tests.
+lint: .venv
+	$(VENV)/bin/ruff check .
 
 # Everything (CI runs this), with the 25 slowest tests listed at the end.
 test: .venv

@@ -34,7 +34,7 @@ class DebugArgs(dict):
     merge key by key, lists are extended, any other value of ``other`` replaces this one's.
     """
 
-    def MergeFrom(self, other) -> None:  # noqa: N802 - the protobuf method name
+    def MergeFrom(self, other) -> None:  # the protobuf method name
         if not isinstance(other, dict):
             raise TypeError(f"DebugArgs.MergeFrom expects DebugArgs or a dict, got "
                             f"{type(other).__name__}.")

@@ -86,7 +86,7 @@ def _kind(mode: int) -> str:
 
 def _jax():
     import jax
-    import jax.export  # noqa: F401  (a submodule `import jax` loads only from JAX 0.8)
+    import jax.export  # a submodule `import jax` loads only from JAX 0.8
 
     return jax
 

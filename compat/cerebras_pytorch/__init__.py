@@ -28,7 +28,7 @@ class _AliasAllButExperimental(_AliasFinder):
 
 # The 1.8 API must be in sys.modules before any cstorch submodule is aliased: aliasing fills
 # in ``cerebras_pytorch.<name>`` for every loaded ``cstorch.<name>`` that is not yet present.
-from cerebras_pytorch import experimental  # noqa: E402
+from cerebras_pytorch import experimental as experimental  # noqa: E402
 
 _add_finder(_AliasAllButExperimental("cerebras_pytorch", "cstorch"))
 for _name, _module in list(_sys.modules.items()):

@@ -14,17 +14,17 @@ from cstorch.optim.adam import Adam, AdamW
 from cstorch.optim.adamax import Adamax
 from cstorch.optim.asgd import ASGD
 from cstorch.optim.config import (
-    configure_lr_scheduler,
-    configure_optimizer,
-    configure_optimizer_params,
-    configure_scheduler,
-    configure_scheduler_params,
+    configure_lr_scheduler as configure_lr_scheduler,
+    configure_optimizer as configure_optimizer,
+    configure_optimizer_params as configure_optimizer_params,
+    configure_scheduler as configure_scheduler,
+    configure_scheduler_params as configure_scheduler_params,
 )
 from cstorch.optim.lamb import Lamb
 from cstorch.optim.lion import Lion
 from cstorch.optim.muon import Muon
 from cstorch.optim.nadam import NAdam
-from cstorch.optim.optax import OptaxOptimizer, from_optax
+from cstorch.optim.optax import OptaxOptimizer as OptaxOptimizer, from_optax as from_optax
 from cstorch.optim.optimizer import Optimizer
 from cstorch.optim.radam import RAdam
 from cstorch.optim.rmsprop import RMSprop

@@ -25,7 +25,7 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict
 
 import torch
-from torch.optim.optimizer import ParamsT  # noqa: F401 - the params type hint, as in the reference
+from torch.optim.optimizer import ParamsT  # the params type hint, as in the reference
 from torch.utils.hooks import RemovableHandle
 
 from jax_backend.torch_ops import init_optimizer_state, optimizer_key, optimizer_state_layout

@@ -137,7 +137,7 @@ class LegacyTreeSpec:
 
     is_leaf_spec = False
 
-    def __init__(self, type=None, context=None, children_specs=None, *_):  # noqa: A002
+    def __init__(self, type=None, context=None, children_specs=None, *_):
         self.type, self.context, self.children_specs = type, context, list(children_specs or [])
 
     def __setstate__(self, state):

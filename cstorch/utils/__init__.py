@@ -5,10 +5,24 @@ package); ``cstorch.utils.CSConfig`` (2.0/2.1) is deprecated in favour of
 ``cstorch.distributed.ClusterConfig``.
 """
 
-from cstorch.utils import benchmark, data, nest, step_closures, tracker
-from cstorch.utils.constant import make_constant
-from cstorch.utils.data import DataExecutor, DataLoader, RestartableDataLoader, SyntheticDataset
-from cstorch.utils.step_closures import checkpoint_closure, step_closure
+from cstorch.utils import (
+    benchmark as benchmark,
+    data as data,
+    nest as nest,
+    step_closures as step_closures,
+    tracker as tracker,
+)
+from cstorch.utils.constant import make_constant as make_constant
+from cstorch.utils.data import (
+    DataExecutor as DataExecutor,
+    DataLoader,
+    RestartableDataLoader as RestartableDataLoader,
+    SyntheticDataset,
+)
+from cstorch.utils.step_closures import (
+    checkpoint_closure as checkpoint_closure,
+    step_closure as step_closure,
+)
 
 
 def __getattr__(name):

@@ -9,7 +9,7 @@ import warnings
 _NO_EQUIVALENT = ("debug_args", "precision_opt_level", "transfer_processes")
 
 
-def CSConfig(**kwargs):  # noqa: N802 - the historical class name
+def CSConfig(**kwargs):  # the historical class name
     """Builds the ``ClusterConfig`` that the 2.0/2.1 ``CSConfig(**kwargs)`` described.
 
     Pass it to ``cstorch.backend("CSX", cluster_config=...)``. Unknown keywords raise a

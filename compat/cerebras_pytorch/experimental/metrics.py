@@ -10,7 +10,7 @@ accepted and recorded only.
 from __future__ import annotations
 
 import cstorch.metrics as _metrics
-from cstorch.metrics import Metric, get_all_metrics  # noqa: F401
+from cstorch.metrics import Metric, get_all_metrics
 
 __all__ = ["Metric", "compute_all_metrics", "reset_all_metrics", "get_all_metrics"]
 

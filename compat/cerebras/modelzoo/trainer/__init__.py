@@ -4,7 +4,7 @@ This is a namespace portion: ``cerebras/modelzoo/`` has no ``__init__.py``, so a
 Cerebras Model Zoo (a regular ``cerebras.modelzoo`` package) takes precedence entirely.
 """
 
-from cerebras.modelzoo.trainer import callbacks, loggers  # noqa: F401
+from cerebras.modelzoo.trainer import callbacks, loggers
 from cerebras.modelzoo.trainer.trainer import Trainer
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 
-from cstorch.utils.data import *  # noqa: F401,F403
+from cstorch.utils.data import *  # noqa: F403
 from cstorch.utils.data import DataExecutor, compute_num_steps
 from cstorch.utils.data import DataLoader as _DataLoader
 
