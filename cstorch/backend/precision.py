@@ -24,6 +24,11 @@ class _AmpState:
     mixed_precision = False
 
 
+def amp_settings() -> list:
+    """``[half dtype name, mixed precision on]``: the process-wide settings a step reads."""
+    return [_AmpState.half_dtype_str, _AmpState.mixed_precision]
+
+
 def _reset() -> None:
     _AmpState.half_dtype_str = "float16"
     _AmpState.mixed_precision = False

@@ -66,7 +66,7 @@ _CHUNK_BYTES = 1 << 20
 # HDF5 refuses object-header attribute messages over 64 KiB unless the file allows v1.8
 # "dense" attribute storage; we switch to it only when a pickle needs it, since the earliest
 # format is what the reference writes.
-_COMPACT_ATTRIBUTE_LIMIT = 60_000
+COMPACT_ATTRIBUTE_LIMIT = 60_000
 
 
 class CheckpointFormatError(RuntimeError):

@@ -30,7 +30,7 @@ import torch
 from cstorch.distributed import runtime
 from cstorch.storage import constants as C
 from cstorch.storage import conversions, serializers, treespec
-from cstorch.storage.h5_format import _COMPACT_ATTRIBUTE_LIMIT, H5Writer
+from cstorch.storage.h5_format import COMPACT_ATTRIBUTE_LIMIT, H5Writer
 
 
 def save(state_dict, ckpt_path: str | os.PathLike, *, exist_ok: bool = True) -> None:
@@ -74,7 +74,7 @@ def save(state_dict, ckpt_path: str | os.PathLike, *, exist_ok: bool = True) -> 
     # Non-tensor leaves are encoded up front: their size decides the HDF5 attribute layout.
     encoded = {key: serializers.encode(value, key) for key, value in entries
                if not _is_array_like(value)}
-    dense = any(e.payload is not None and len(e.payload) > _COMPACT_ATTRIBUTE_LIMIT
+    dense = any(e.payload is not None and len(e.payload) > COMPACT_ATTRIBUTE_LIMIT
                 for e in encoded.values())
 
     writer = H5Writer(path, dense_attributes=dense, overwrite=exist_ok)
