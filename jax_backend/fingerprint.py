@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from jax_backend import torch_versions
+from jax_backend.errors import CstorchError
 
 #: Directories whose code is identified by its name; their versions are in the key.
 LIBRARY_DIRS = tuple(sorted({
@@ -73,7 +74,7 @@ _DESCRIPTORS = (types.MethodDescriptorType, types.WrapperDescriptorType,
 _CLASS_SKIP = {"_abc_impl"}  # (dunder attributes other than methods are skipped too)
 
 
-class NotCacheable(Exception):
+class NotCacheable(CstorchError):
     """The step depends on something the graph cache cannot fingerprint (the message says
     what and where); its graph is captured every time instead."""
 

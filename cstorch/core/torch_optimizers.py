@@ -28,7 +28,7 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
-from jax_backend.errors import CaptureError
+from jax_backend.errors import CaptureError, CstorchError
 from cstorch.backend import current_backend_impl
 from cstorch.optim.optimizer import Optimizer as CstorchOptimizer, plain_copies
 
@@ -44,7 +44,7 @@ _UNSUPPORTED = {
 }
 
 
-class Unadopted(Exception):
+class Unadopted(CstorchError):
     """A torch optimizer not yet registered with the backend was stepped in a capture: the
     capture stops, the optimizer is adopted and the step captured again."""
 
