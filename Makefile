@@ -28,7 +28,7 @@ demo: .venv
 
 # Ruff with the rules in pyproject.toml ([tool.ruff]); CI runs it before the tests.
 lint: .venv
-	$(VENV)/bin/ruff check .
+	$(PY) -m ruff check .
 
 # Everything (CI runs this), with the 25 slowest tests listed at the end.
 test: .venv
