@@ -16,6 +16,9 @@ _add_finder(_AliasFinder("cerebras_appliance", "cerebras.appliance"))
 
 __version__ = "2.1.1"  # the newest API generation that used this name
 
+# 1.6-1.9: the compile cache folder the zoo's runners default to (see CSConfig.py).
+from cerebras_appliance.CSConfig import DEFAULT_COMPILE_DIR  # noqa: E402,F401
+
 
 def __getattr__(name):
     return getattr(_appliance, name)

@@ -32,7 +32,8 @@ cstorch 2.10's ``experimental`` names (``Compression``, ``listener``, ...) are o
 import cstorch as _cstorch
 import cstorch.experimental as _experimental_2x
 
-from cstorch import backend, load, save  # noqa: F401  (backend: 1.9)
+from cstorch import load  # noqa: F401
+from cerebras_pytorch.experimental._backend19 import backend, save  # noqa: F401  (1.9)
 from cstorch.core.compile import trace as compile_step  # noqa: F401
 from cstorch.utils.step_closures import checkpoint_closure, step_closure  # noqa: F401
 
