@@ -109,6 +109,17 @@ def manual_seed(seed: int):
     return torch.manual_seed(seed)
 
 
+def name_scope(name: str, raw: bool = False):
+    """``cstorch.name_scope``; without a backend (a 1.x CPU run: the zoo's ``PyTorchRunner``
+    wraps its optimizer step in ``cbtorch.name_scope("optimizer")``) a no-op, as 1.x was off
+    the Cerebras stack."""
+    import contextlib
+
+    if _cstorch.backend() is None:
+        return contextlib.nullcontext()
+    return _cstorch.name_scope(name)
+
+
 def __getattr__(name):
     if hasattr(_cstorch, name):
         return getattr(_cstorch, name)
@@ -122,4 +133,4 @@ def __getattr__(name):
 def __dir__():
     from cerebras_pytorch.lazy import api as _lazy_api
 
-    return sorted(set(dir(_cstorch)) | {"experimental", "manual_seed"} | set(_lazy_api.__all__))
+    return sorted(set(dir(_cstorch)) | {"experimental", "manual_seed", "name_scope"} | set(_lazy_api.__all__))
