@@ -36,12 +36,16 @@ _OLDER_ONLY = {
     "cerebras_pytorch.pb.stack": "cerebras_appliance.pb.stack",
     "cerebras_pytorch.pb.stack.autogen_pb2": "cerebras_appliance.pb.stack.autogen_pb2",
 }
+# Packages of this directory: not aliased. ``amp`` is cstorch.amp plus the 1.x names (see
+# that package); its submodules are still cstorch's.
 _OWN = ("cerebras_pytorch.experimental", "cerebras_pytorch.lazy")
+_OWN_EXACT = ("cerebras_pytorch.amp",)
 
 
 class _AliasAllButExperimental(_AliasFinder):
     def _target_name(self, fullname):
-        if any(fullname == own or fullname.startswith(own + ".") for own in _OWN):
+        if fullname in _OWN_EXACT or any(fullname == own or fullname.startswith(own + ".")
+                                         for own in _OWN):
             return None
         return super()._target_name(fullname)
 
@@ -62,7 +66,7 @@ class _AliasAllButExperimental(_AliasFinder):
 
 # The 1.8 API must be in sys.modules before any cstorch submodule is aliased: aliasing fills
 # in ``cerebras_pytorch.<name>`` for every loaded ``cstorch.<name>`` that is not yet present.
-from cerebras_pytorch import experimental  # noqa: E402
+from cerebras_pytorch import amp, experimental  # noqa: E402
 
 _add_finder(_AliasAllButExperimental("cerebras_pytorch", "cstorch"))
 for _name, _module in list(_sys.modules.items()):
@@ -74,14 +78,18 @@ def _add_older_only_attributes():
     (``cbtorch.utils.extract_loss``, ``cbtorch.utils.utils.is_ltc_mlir_mode_enabled``, and
     ``from cerebras_pytorch.core import cb_model, modes``, which Python resolves on the
     shared ``cstorch.core`` module itself); added only where the module lacks the name."""
+    import cstorch.optim.lr_scheduler
     import cstorch.utils
     import cstorch.utils.utils
-    from cerebras_pytorch.lazy import api
+    from cerebras_pytorch.lazy import api, optim
 
     for module, name in ((cstorch.utils, "extract_loss"),
                          (cstorch.utils.utils, "is_ltc_mlir_mode_enabled")):
         if not hasattr(module, name):
             setattr(module, name, getattr(api, name))
+    for name, cls in optim.V1_SCHEDULERS.items():  # the 1.x cbtorch.optim.lr_scheduler names
+        if not hasattr(cstorch.optim.lr_scheduler, name):
+            setattr(cstorch.optim.lr_scheduler, name, cls)
     for alias, provider in _OLDER_ONLY.items():
         parent_alias, _, name = alias.rpartition(".")
         parent_real = "cstorch" + parent_alias[len("cerebras_pytorch"):]

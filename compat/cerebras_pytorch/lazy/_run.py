@@ -21,6 +21,7 @@ class Run:
     run_step: int = 0                     # steps the appliance ran (cm.get_run_step)
     state_names: dict = dataclasses.field(default_factory=dict)
     appliance_mode: object = None         # the ApplianceMode of the run, once created
+    dataloader: object = None             # the cbtorch.dataloader being iterated
 
 
 _current = Run()

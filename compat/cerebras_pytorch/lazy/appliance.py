@@ -1,5 +1,198 @@
-"""placeholder"""
+"""``cbtorch.core.appliance.ApplianceMode`` and ``cbtorch.state()``: running the 1.x
+appliance runner's traced iteration as one compiled cstorch step.
+
+The 1.x runner (``PyTorchCSAppliance``) calls its per-batch methods for real only on the
+first batch: ``optimizer_zero_grad``, ``train_forward``, ``backward``, ``optimizer_step``,
+``lr_scheduler_step`` (eval: ``eval_forward``). Then it asks the appliance to ``compile`` that
+iteration, to ``execute`` the run from the initial state it saved, and, for batch ``n``, to
+``receive_activations(n)`` and hand back the loss; on later batches its methods do nothing
+but fetch that loss.
+
+Here the first iteration runs eagerly (its effects are discarded: ``execute`` restores the
+initial state file, as the appliance started from it), and ``compile`` makes the runner's
+per-batch methods the body of one ``cstorch.trace`` step. The body is the same for every
+batch (the static-graph rule), so capturing it once is exact. ``receive_activations(n)``
+runs that step on batch ``n`` (the batch the runner's ``cbtorch.dataloader`` just handed
+out; the appliance's own copy of the input stream would yield the same batches) on the CSX
+backend, the modeled wafer, and keeps its loss. ``save_weights`` writes the current state
+into the checkpoint the runner announced.
+
+The runner is the object that creates the ``ApplianceMode`` (its ``self``): the 1.x class
+took no runner argument because the lazy tensors carried the graph; here the graph is
+re-traced from the runner's methods.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import time
+
+import torch
+
+import cstorch
+
+from cerebras_pytorch.lazy import _run
+
+_STEP_METHODS = ("optimizer_zero_grad", "train_forward", "backward", "optimizer_step",
+                 "lr_scheduler_step", "eval_forward")
 
 
-def run_state():
-    raise NotImplementedError
+class Tracker:
+    """1.x's timing tracker (``tracker_execute``): records named phases' wall times."""
+
+    def __init__(self):
+        self.times = {}
+        self._started = {}
+
+    def start(self, name):
+        self._started[name] = time.time()
+
+    def stop(self, name):
+        if name in self._started:
+            self.times[name] = time.time() - self._started.pop(name)
+
+    @contextlib.contextmanager
+    def entry(self, name):
+        self.start(name)
+        try:
+            yield
+        finally:
+            self.stop(name)
+
+
+class RunState:
+    """``cbtorch.state()``: what the 1.x runner records and reads during the run."""
+
+    def __init__(self):
+        self.init_tracker = Tracker()
+        self.progress_tracker = Tracker()
+        self.rate_tracker = None
+        self.full_config = None
+        self.outputs = []
+        self.num_csx = 1
+
+    def set_num_csx(self, num_csx) -> None:
+        if num_csx not in (None, 1):
+            raise ValueError(f"num_csx={num_csx}: this engine models one CS system; set "
+                             "num_csx to 1.")
+
+    def track_object(self, obj) -> None:
+        """The runner names the outputs it will fetch; the step's loss is the one the 1.x
+        runners fetch (``get_activation_for_output``)."""
+        self.outputs.append(obj)
+
+    def get_activation_for_output(self, tensor):
+        mode = _run.current().appliance_mode
+        if mode is None or mode.last_loss is None:
+            raise RuntimeError("No step has run on the appliance yet: call "
+                               "receive_activations(step) first.")
+        return mode.last_loss
+
+
+_state = RunState()
+
+
+def run_state() -> RunState:
+    return _state
+
+
+class ApplianceMode:
+    def __init__(self, *args, **kwargs):
+        runner = sys._getframe(1).f_locals.get("self")
+        if runner is None or not all(hasattr(runner, m) for m in _STEP_METHODS):
+            raise RuntimeError(
+                "ApplianceMode must be created by a Model Zoo 1.x appliance runner (its "
+                "per-batch methods are the step this engine compiles); create it from the "
+                "runner's __init__ as PyTorchCSAppliance does.")
+        if not _run.current().appliance:
+            raise RuntimeError("ApplianceMode needs cbtorch.initialize(appliance=True, ...) "
+                               "first.")
+        from cerebras_appliance.CSConfig import CSConfig
+
+        cs_config = kwargs.get("cs_config")
+        if cs_config is None:
+            cs_config = next((a for a in args if isinstance(a, CSConfig)), None)
+        self.cs_config = cs_config if cs_config is not None else CSConfig()
+        self._cs_config = self.cs_config
+        self.tracker_execute = Tracker()
+        self._runner = runner
+        self._step = None
+        self._steps_run = 0
+        self.last_loss = None
+        _run.current().appliance_mode = self
+
+    # ----------------------------------------------------------------- compile, execute
+    def compile(self, *args, **kwargs) -> None:
+        """Makes the runner's per-batch methods one compiled step (traced on first use)."""
+        runner = self._runner
+        training = runner._active_mode != "eval"
+
+        if training:
+            @cstorch.trace
+            def step(batch):
+                runner.optimizer_zero_grad()
+                loss = runner.train_forward(batch)
+                runner.backward(loss)
+                runner.optimizer_step()
+                runner.lr_scheduler_step()
+                return loss
+        else:
+            @cstorch.trace
+            @torch.no_grad()
+            def step(batch):
+                from cerebras_pytorch.lazy.api import extract_loss
+
+                return extract_loss(runner.eval_forward(batch))
+        self._step = step
+
+    def execute(self, *args, initial_checkpoint_file=None, **kwargs) -> None:
+        """Starts the run from the initial state the runner saved (the first, eager iteration
+        changed the model and optimizer; the appliance never saw that)."""
+        if self._step is None:
+            raise RuntimeError("execute() before compile().")
+        if initial_checkpoint_file is None:
+            initial_checkpoint_file = next(
+                (a for a in reversed(args) if isinstance(a, str) and os.path.isfile(a)), None)
+        if initial_checkpoint_file is None:
+            raise ValueError("execute() needs the initial state file the runner saved "
+                             "(initial_checkpoint_file).")
+        state = cstorch.load(initial_checkpoint_file)
+        self._runner._model.set_state(state)
+        self._steps_run = 0
+
+    def receive_activations(self, step_index: int, *args, **kwargs) -> None:
+        """Runs steps until ``step_index`` (0-based) has run; its loss is then available."""
+        while self._steps_run <= step_index:
+            loader = _run.current().dataloader
+            if loader is None or loader.current_batch is None:
+                raise RuntimeError("receive_activations: no batch was handed out by a "
+                                   "cbtorch.dataloader in this run.")
+            loss = self._step(loader.current_batch)
+            impl = cstorch.backend()._impl
+            self.last_loss = impl.to_cpu(loss).detach().clone()
+            self._steps_run += 1
+            _run.current().run_step += 1
+
+    # --------------------------------------------------------------------- checkpoints
+    def save_weights(self, state, file_name, iteration=None, duplicate_params_map=None,
+                     *args, **kwargs) -> None:
+        """Writes the current values of ``state`` (a state dict, or ``(key, value)`` pairs of
+        a flattened one) into ``file_name``, whose spec the runner saved."""
+        from cerebras_pytorch.saver.pt_h5_saver import PyTorchH5Saver
+
+        saver = PyTorchH5Saver()
+        items = saver.flatten_state_dict(state)[0].items() if isinstance(state, dict) else state
+        for key, value in items:
+            saver.save_tensor(file_name, key, value)
+
+    def build_worker_image(self, *args, **kwargs) -> None:
+        """No worker image: the modeled wafer runs in this process."""
+
+    def save_dataloader_checkpoint(self, *args, **kwargs) -> None:
+        """The runner's dataloader is iterated in this process; nothing to save remotely."""
+
+    def done(self, *args, **kwargs) -> None:
+        logging.debug("Appliance run done.")

@@ -216,6 +216,7 @@ class RateTracker:
     def __init__(self, smooth_factor=None):
         self._start = time.time()
         self._count = 0
+        self._partial_count = 0
 
     def add(self, count):
         self._count += count

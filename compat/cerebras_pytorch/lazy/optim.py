@@ -1,0 +1,99 @@
+"""``cbtorch.optimizer(opt)`` and the 1.x ``cbtorch.optim.lr_scheduler`` classes.
+
+``LazyOptimizer`` is the 1.x wrapper around the Model Zoo's own torch optimizer: an instance
+of ``cbtorch.optim.Optimizer`` (the zoo checks), whose parameters, state and methods are the
+wrapped optimizer's (``_optimizer``), registered with the backend so its state (momentum
+buffers, ...) is carried between compiled steps.
+
+The 1.x learning-rate classes (``Constant``, ``Polynomial``, ...) described a schedule the
+Cerebras stack computed on the device from the step; the zoo's own ``LambdaLR`` sets the
+Python learning rate on the host. A compiled step here replays the ops of the traced
+iteration, so a learning rate that changes between steps would be frozen at its traced
+value: ``Constant`` is provided, and every other 1.x schedule raises, naming the flow that
+schedules learning rates correctly (the cstorch API, ``runconfig.experimental_api: True``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+import cstorch
+from cstorch.optim import Optimizer as _CstorchOptimizer
+
+
+class LazyOptimizer(_CstorchOptimizer):
+    def __init__(self, optimizer: torch.optim.Optimizer):  # noqa: D107 - wraps, see module
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"cbtorch.optimizer expects a torch.optim.Optimizer, got "
+                            f"{type(optimizer).__name__}.")
+        self.__dict__["_optimizer"] = optimizer
+        self.backend = cstorch.backend()._impl
+        self._schedulers_registry = {}
+        self.main_lr_scheduler = None
+        self.backend.register_optimizer(optimizer)
+
+    # The wrapped optimizer's parameters and state are this optimizer's.
+    param_groups = property(lambda self: self._optimizer.param_groups)
+    state = property(lambda self: self._optimizer.state)
+    defaults = property(lambda self: self._optimizer.defaults)
+
+    def preinitialize(self):
+        """The wrapped optimizer created its state when it was built."""
+
+    def step(self, closure=None):
+        return self._optimizer.step(closure)
+
+    def zero_grad(self, set_to_none: bool = True):
+        return self._optimizer.zero_grad(set_to_none)
+
+    def state_dict(self, *args, **kwargs):
+        self.backend.materialize_state()
+        return self._optimizer.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict):
+        self._optimizer.load_state_dict(state_dict)
+        self.backend._invalidate_state_view()
+
+    def set_main_lr_scheduler(self, lr_scheduler) -> None:
+        self.main_lr_scheduler = lr_scheduler
+
+    def convert_state_dict_for_checkpoint(self, state_dict):
+        """1.x renamed device state for checkpoints; the state here is the torch state."""
+        return state_dict
+
+    def __getattr__(self, name):
+        if name == "_optimizer":
+            raise AttributeError(name)
+        return getattr(self._optimizer, name)
+
+    def __repr__(self):
+        return f"LazyOptimizer({self._optimizer!r})"
+
+
+class Constant:
+    """1.x constant learning rate on the device: the zoo's host schedule sets the same
+    value, so only the value is checked."""
+
+    def __init__(self, optimizer, val, decay_steps=None, disable_lr_steps_reset=False):
+        self.optimizer = optimizer
+        self.val = float(val)
+        self.decay_steps = decay_steps
+
+
+def _unsupported(name):
+    def __init__(self, *args, **kwargs):
+        raise NotImplementedError(
+            f"cbtorch.optim.lr_scheduler.{name}: a learning rate that changes between steps "
+            "is not modeled in the 1.x lazy appliance flow (its compiled step would keep the "
+            "first step's value). Use a constant learning rate here, or run the zoo's cstorch "
+            "flow (runconfig.experimental_api: True, releases 1.8/1.9), which schedules it.")
+
+    return type(name, (), {"__init__": __init__, "__doc__": f"1.x {name}: not modeled."})
+
+
+V1_SCHEDULERS = {"Constant": Constant}
+for _name in ("Polynomial", "Step", "MultiStep", "Lambda", "Exponential",
+              "InverseExponentialTimeDecay", "InverseSquareRootDecay", "CosineDecay",
+              "CosineAnnealing", "CosineAnnealingWarmRestarts", "Multiplicative", "OneCycleLR",
+              "CyclicLR", "ScalePerParamLR"):
+    V1_SCHEDULERS[_name] = _unsupported(_name)

@@ -1,0 +1,156 @@
+"""``PyTorchH5Saver``: the 1.x Model Zoo's interface to H5 checkpoints, on cstorch's format.
+
+The 1.x appliance runner writes a checkpoint in pieces: ``flatten_state_dict(state)`` gives
+``{dotted key: leaf}`` and a spec, ``save_spec(path, spec)`` announces what the file will
+hold, then ``save_tensor(path, key, value)`` (or the appliance's ``save_weights``) fills in
+each leaf. Files here are cstorch checkpoints (``cstorch.save``/``cstorch.load`` read and
+write them, so ``cbtorch.load`` and 2.x code read a 1.x run's checkpoints): the pieces are
+kept until the last leaf of the spec arrives, and the file is then written whole, at once
+(never half a checkpoint on disk). ``load_tensor``/``tensor_names`` read finished files.
+
+``PyTorchH5Saver(loaded_checkpoint=path).save(file, state)`` writes ``state`` with every leaf
+that ``path`` also holds taken from ``path``: how the 1.x runner turns the checkpoint it
+resumes from into the initial state of the run.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+import cstorch
+
+_SEP = "."
+
+
+def _flatten(tree, prefix=""):
+    if isinstance(tree, dict):
+        out = {}
+        for key, value in tree.items():
+            if not isinstance(key, (str, int)):
+                raise TypeError(f"Checkpoint keys must be str or int, got {key!r} "
+                                f"({type(key).__name__}) under {prefix or 'the root'!r}.")
+            out.update(_flatten(value, f"{prefix}{key}{_SEP}"))
+        if not tree and prefix:
+            out[prefix[:-1]] = {}
+        return out
+    if isinstance(tree, (list, tuple)):
+        out = {}
+        for index, value in enumerate(tree):
+            out.update(_flatten(value, f"{prefix}{index}{_SEP}"))
+        if not tree and prefix:
+            out[prefix[:-1]] = type(tree)()
+        return out
+    return {prefix[:-1]: tree}
+
+
+def _spec(tree):
+    """The structure of ``tree`` with its leaves left out (what ``_unflatten`` rebuilds)."""
+    if isinstance(tree, dict):
+        return ("dict", [(k, _spec(v)) for k, v in tree.items()])
+    if isinstance(tree, (list, tuple)):
+        return (type(tree).__name__, [_spec(v) for v in tree])
+    return ("leaf",)
+
+
+def _unflatten(spec, values: dict, prefix=""):
+    kind = spec[0]
+    if kind == "leaf":
+        return values[prefix[:-1]]
+    if kind == "dict":
+        return {k: _unflatten(s, values, f"{prefix}{k}{_SEP}") for k, s in spec[1]}
+    items = [_unflatten(s, values, f"{prefix}{i}{_SEP}") for i, s in enumerate(spec[1])]
+    return tuple(items) if kind == "tuple" else items
+
+
+def _leaf_keys(spec, prefix=""):
+    kind = spec[0]
+    if kind == "leaf":
+        return [prefix[:-1]]
+    if kind == "dict":
+        return [k for key, s in spec[1] for k in _leaf_keys(s, f"{prefix}{key}{_SEP}")]
+    return [k for i, s in enumerate(spec[1]) for k in _leaf_keys(s, f"{prefix}{i}{_SEP}")]
+
+
+def _host(value):
+    return value.detach().cpu() if isinstance(value, torch.Tensor) else value
+
+
+class PyTorchH5Saver:
+    _pending: dict = {}  # path -> (spec, {key: value}) of a checkpoint being written
+
+    def __init__(self, loaded_checkpoint: str | None = None):
+        self.loaded_checkpoint = loaded_checkpoint
+
+    # ------------------------------------------------------------------------ whole files
+    def save(self, path: str, state_dict: dict) -> None:
+        flat = {k: _host(v) for k, v in _flatten(state_dict).items()}
+        if self.loaded_checkpoint:
+            if not self.is_valid_checkpoint(self.loaded_checkpoint):
+                raise ValueError(f"loaded_checkpoint {self.loaded_checkpoint!r} is not a "
+                                 "complete H5 checkpoint.")
+            loaded = _flatten(cstorch.load(self.loaded_checkpoint))
+            flat.update({k: loaded[k] for k in flat if k in loaded})
+        cstorch.save(_unflatten(_spec(state_dict), flat), path)
+
+    @staticmethod
+    def flatten_state_dict(state_dict: dict):
+        return _flatten(state_dict), _spec(state_dict)
+
+    # -------------------------------------------------------------------- piece by piece
+    def save_spec(self, path: str, spec) -> None:
+        PyTorchH5Saver._pending[os.path.abspath(path)] = (spec, {})
+
+    def save_tensor(self, path: str, key: str, value: Any) -> None:
+        where = os.path.abspath(path)
+        if where not in PyTorchH5Saver._pending:
+            raise ValueError(f"save_tensor({path!r}, {key!r}): call save_spec for this file "
+                             "first (it says which tensors the checkpoint holds).")
+        spec, values = PyTorchH5Saver._pending[where]
+        keys = _leaf_keys(spec)
+        if key not in keys:
+            raise KeyError(f"{key!r} is not in the spec saved for {path!r}.")
+        values[key] = _host(value)
+        if len(values) == len(keys):  # complete: write the whole file at once
+            del PyTorchH5Saver._pending[where]
+            cstorch.save(_unflatten(spec, values), path)
+
+    # --------------------------------------------------------------------------- reading
+    @staticmethod
+    def is_valid_checkpoint(path: str) -> bool:
+        """Whether ``path`` is a complete H5 checkpoint (a torch pickle is not)."""
+        import h5py
+
+        if not path or not os.path.isfile(path) or not h5py.is_hdf5(path):
+            return False
+        with h5py.File(path, "r") as f:
+            return bool(f.attrs.get("__SUCCESS__", False))
+
+    @staticmethod
+    def tensor_names(path: str) -> list:
+        return list(_flatten(cstorch.load(path)))
+
+    @staticmethod
+    def load_tensor(path: str, key: str):
+        flat = _flatten(cstorch.load(path))
+        if key not in flat:
+            raise KeyError(f"{key!r} is not in checkpoint {path!r}; it holds "
+                           f"{sorted(flat)[:10]}{'...' if len(flat) > 10 else ''}.")
+        return flat[key]
+
+    @staticmethod
+    def load(path: str) -> dict:
+        return cstorch.load(path)
+
+
+class CerebrasStateDict(dict):
+    """The state dict of a checkpoint written piece by piece (1.x handed it to the runner's
+    post-transfer callback); the values are read from the finished file."""
+
+    @classmethod
+    def create(cls, spec, path: str) -> "CerebrasStateDict":
+        if PyTorchH5Saver.is_valid_checkpoint(path):
+            return cls(cstorch.load(path))
+        return cls()
