@@ -16,10 +16,11 @@ on the appliance (weight streaming), so CSX runs pass ``--appliance`` instead of
 2. the same with ``CSTORCH_ENGINE=eager``: the CPU losses must equal it at step 1 and stay
    within 1e-5 (relative) at every step;
 3. train 20 steps on CSX (the modeled wafer, mixed precision): within 2e-2 of CPU;
-4. eval on CPU from checkpoint 20: equal (1e-6) to an eager-torch forward of the zoo's model
-   with the checkpoint's weights on the same fake batch, computed here;
-5. resume on CPU from checkpoint 10 (alone in a fresh model_dir, autoloaded) to step 20: its
-   losses equal steps 11-20 of run 1 (1e-6).
+4. eval from checkpoint 20, on CPU from run 1's and on CSX from run 3's: equal (CPU 1e-6,
+   CSX mixed precision) to an eager-torch forward with the checkpoint's weights on the same
+   fake batch, computed here;
+5. resume from checkpoint 10 (alone in a fresh model_dir, autoloaded) to step 20, on CPU
+   and on CSX: its losses equal steps 11-20 of run 1 (CPU) or run 3 (CSX).
 
 Losses are read from the TensorBoard ``loss`` scalars the zoo writes. Prints one JSON row.
 """
@@ -145,7 +146,7 @@ def main():
             row["errors"][name] = first_error(log) or f"exit {rc}"
         return rc == 0
 
-    md = {k: os.path.join(work, k) for k in ("cpu", "eager", "csx", "resume")}
+    md = {k: os.path.join(work, k) for k in ("cpu", "eager", "csx")}
     go("cpu", "CPU", "train", md["cpu"])
     go("eager", "CPU", "train", md["eager"], env={"CSTORCH_ENGINE": "eager"})
     go("csx", "CSX", "train", md["csx"])
@@ -159,27 +160,33 @@ def main():
         row["vs_eager_max_rel"] = max(rel(cpu[s], eager[s]) for s in cpu)
     if cpu and csx and sorted(cpu) == sorted(csx):
         row["csx_max_rel"] = max(rel(csx[s], cpu[s]) for s in cpu)
-    ckpts = sorted(glob.glob(os.path.join(md["cpu"], "checkpoint_*.mdl")))
-    row["checkpoints"] = [os.path.basename(c) for c in ckpts]
-    last = os.path.join(md["cpu"], "checkpoint_20.mdl")
-    if os.path.exists(last):
-        eval_dir = os.path.join(work, "eval")
-        if go("eval", "CPU", "eval", eval_dir, args=("--checkpoint_path", last)):
-            text = open(os.path.join(work, "eval.log")).read()
-            found = re.findall(r"Avg Eval\.? Loss[:=]? *=? *([0-9.eE+-]+)", text)
-            if found:
-                row["eval_loss"] = float(found[-1])
-                row["eval_reference"] = reference_eval(last)
-                row["eval_rel"] = rel(row["eval_loss"], row["eval_reference"])
-    first = os.path.join(md["cpu"], "checkpoint_10.mdl")
-    if os.path.exists(first):
-        os.makedirs(md["resume"])
-        shutil.copy(first, md["resume"])
-        if go("resume", "CPU", "train", md["resume"]):
-            res = {s: v for (t, s), v in losses(md["resume"], "train").items() if t == "loss"}
-            row["resume_steps"] = sorted(res)
-            if res and all(s in cpu for s in res):
-                row["resume_max_rel"] = max(rel(res[s], cpu[s]) for s in res)
+    for device, train_dir, tol_name in (("CPU", md["cpu"], ""), ("CSX", md["csx"], "_csx")):
+        ckpts = sorted(glob.glob(os.path.join(train_dir, "checkpoint_*.mdl")))
+        row["checkpoints" + tol_name] = [os.path.basename(c) for c in ckpts]
+        curve = cpu if device == "CPU" else csx
+        last = os.path.join(train_dir, "checkpoint_20.mdl")
+        if os.path.exists(last):
+            name = "eval" + tol_name
+            if go(name, device, "eval", os.path.join(work, name),
+                  args=("--checkpoint_path", last)):
+                text = open(os.path.join(work, name + ".log")).read()
+                found = re.findall(r"Avg Eval\.? Loss[:=]? *=? *([0-9.eE+-]+)", text)
+                if found:
+                    row[name + "_loss"] = float(found[-1])
+                    row[name + "_reference"] = reference_eval(last)
+                    row[name + "_rel"] = rel(row[name + "_loss"], row[name + "_reference"])
+        first = os.path.join(train_dir, "checkpoint_10.mdl")
+        if os.path.exists(first):
+            name = "resume" + tol_name
+            resume_dir = os.path.join(work, name)
+            os.makedirs(resume_dir)
+            shutil.copy(first, resume_dir)
+            if go(name, device, "train", resume_dir):
+                res = {s: v for (t, s), v in losses(resume_dir, "train").items()
+                       if t == "loss"}
+                row[name + "_steps"] = sorted(res)
+                if res and all(s in curve for s in res):
+                    row[name + "_max_rel"] = max(rel(res[s], curve[s]) for s in res)
     print(json.dumps(row, indent=1))
 
 

@@ -30,7 +30,7 @@ class DataLoader:
         run.dataloader = self
         for batch in self._loader:
             _cm.mark_step()
-            batch = _widen_int32(batch)
+            batch = _widen(batch)
             self.current_batch = batch
             yield batch
         _cm.mark_step()
@@ -41,11 +41,15 @@ class DataLoader:
         return getattr(self._loader, name)
 
 
-def _widen_int32(data):
+def _widen(data):
     if isinstance(data, torch.Tensor):
-        return data.long() if data.dtype == torch.int32 else data
+        if data.dtype == torch.int32:
+            return data.long()
+        if data.dtype in (torch.float16, torch.bfloat16):
+            return data.float()
+        return data
     if isinstance(data, dict):
-        return type(data)((k, _widen_int32(v)) for k, v in data.items())
+        return type(data)((k, _widen(v)) for k, v in data.items())
     if isinstance(data, (list, tuple)):
-        return type(data)(_widen_int32(v) for v in data)
+        return type(data)(_widen(v) for v in data)
     return data
