@@ -68,7 +68,7 @@ class RunState:
 
     def __init__(self):
         self.init_tracker = Tracker()
-        self.progress_tracker = Tracker()
+        self.progress_tracker = None  # 1.9's initialization progress bar: none shown here
         self.rate_tracker = None
         self.full_config = None
         self.outputs = []
