@@ -9,7 +9,8 @@ are only read; every run is ``python modelzoo/fc_mnist/pytorch/run.py {CPU,CSX} 
 P --mode M --model_dir D [...]`` in that folder, with this project (its tree and ``compat``)
 and ``tests/zoo/stubs`` on PYTHONPATH. Runs, each a separate process:
 
-The 1.6/1.7 command line has no device word: CPU is the default and ``--appliance`` runs
+1.8's CSX command also names the execution strategy (``CSX weight_streaming``). The
+1.6/1.7 command line has no device word: CPU is the default and ``--appliance`` runs
 on the appliance (weight streaming), so CSX runs pass ``--appliance`` instead of ``CSX``.
 
 1. train 20 steps on CPU (checkpoints at 10 and 20);
@@ -19,7 +20,8 @@ on the appliance (weight streaming), so CSX runs pass ``--appliance`` instead of
 4. eval from checkpoint 20, on CPU from run 1's and on CSX from run 3's: equal (CPU 1e-6,
    CSX mixed precision) to an eager-torch forward with the checkpoint's weights on the same
    fake batch, computed here;
-5. resume from checkpoint 10 (alone in a fresh model_dir, autoloaded) to step 20, on CPU
+5. resume from checkpoint 10 (copied alone into a fresh model_dir, passed as
+   ``--checkpoint_path``: 1.8's cstorch flow does not autoload) to step 20, on CPU
    and on CSX: its losses equal steps 11-20 of run 1 (CPU) or run 3 (CSX).
 
 Losses are read from the TensorBoard ``loss`` scalars the zoo writes. Prints one JSON row.
@@ -48,7 +50,7 @@ model: {{name: fc_mnist, mixed_precision: false, depth: 2, hidden_size: 16, drop
   activation_fn: relu, to_float16: false}}
 optimizer: {{optimizer_type: SGD, learning_rate: 0.01, momentum: 0.9, loss_scaling_factor: 1.0}}
 runconfig: {{max_steps: 20, log_steps: 1, checkpoint_steps: 10, seed: 1, save_losses: true,
-  eval_steps: 5, experimental_api: {experimental}}}
+  eval_steps: 5, transfer_processes: null, experimental_api: {experimental}}}
 """
 
 
@@ -58,11 +60,22 @@ def run_zoo(zoo, python, device, mode, model_dir, params, log, env_extra=None, a
         [ROOT, os.path.join(ROOT, "compat"), os.path.join(ROOT, "tests", "zoo", "stubs")])
     env.update(env_extra or {})
     script = "modelzoo/fc_mnist/pytorch/run.py"
-    if "cli_pytorch" in open(os.path.join(zoo, script)).read():  # 1.8+: a device subcommand
+    cli = os.path.join(zoo, "modelzoo/common/run_utils/cli_parser.py")
+    if os.path.exists(cli):  # 1.8+: a device subcommand; 1.8's CSX also names the strategy
         where = [device]
+        if device == "CSX" and "ExecutionStrategy.weight_streaming" in open(cli).read():
+            where.append("weight_streaming")
     else:  # 1.6/1.7: CPU by default, --appliance for the weight-streaming appliance
         where = ["--appliance"] if device == "CSX" else []
-    cmd = [python, script, *where, "--params", params, "--mode", mode,
+    # 1.8's cstorch flow asserts its parameters are torch/XLA device tensors right after
+    # compiling for the wafer; the modeled wafer keeps them as host tensors, so that one
+    # check is skipped with -O (the zoo's code is unchanged; see GENERATIONS_1x.md).
+    flags = ["-O"] if device == "CSX" and "weight_streaming" in where else []
+    if flags and mode == "eval":
+        # 1.8's cstorch eval counts its steps like training (from the checkpoint's step up
+        # to max_steps): give it 5 steps beyond the checkpoint's 20.
+        args = (*args, "--max_steps", "25")
+    cmd = [python, *flags, script, *where, "--params", params, "--mode", mode,
            "--model_dir", model_dir, *args]
     start = time.time()
     with open(log, "w") as out:
@@ -181,7 +194,8 @@ def main():
             resume_dir = os.path.join(work, name)
             os.makedirs(resume_dir)
             shutil.copy(first, resume_dir)
-            if go(name, device, "train", resume_dir):
+            copied = os.path.join(resume_dir, os.path.basename(first))
+            if go(name, device, "train", resume_dir, args=("--checkpoint_path", copied)):
                 res = {s: v for (t, s), v in losses(resume_dir, "train").items()
                        if t == "loss"}
                 row[name + "_steps"] = sorted(res)
