@@ -18,6 +18,15 @@ _max_checkpoints: int | None = None
 _saved: list = []
 
 
+def _forget() -> None:
+    global _max_checkpoints
+    _max_checkpoints = None
+    _saved.clear()
+
+
+cstorch.config.config.on_reset(_forget)  # cstorch.config.reset()
+
+
 def backend(backend_type=None, *args, max_checkpoints=None, drop_data=False, **kwargs):
     global _max_checkpoints
     if backend_type is None:  # cstorch.backend(): the current one

@@ -22,6 +22,7 @@ class Run:
     state_names: dict = dataclasses.field(default_factory=dict)
     appliance_mode: object = None         # the ApplianceMode of the run, once created
     dataloader: object = None             # the cbtorch.dataloader being iterated
+    run_state: object = None              # cbtorch.state(), once asked for
 
 
 _current = Run()
@@ -32,6 +33,16 @@ def current() -> Run:
 
 
 def reset() -> None:
-    """Forgets the run (tests start each 1.x run from a fresh process state)."""
+    """Forgets the run (``cstorch.config.reset()`` calls it: tests start each 1.x run from
+    a fresh process state)."""
     global _current
     _current = Run()
+
+
+def _register_reset() -> None:
+    import cstorch
+
+    cstorch.config.config.on_reset(reset)
+
+
+_register_reset()

@@ -92,11 +92,48 @@ class RunState:
         return mode.last_loss
 
 
-_state = RunState()
-
-
 def run_state() -> RunState:
-    return _state
+    run = _run.current()
+    if run.run_state is None:
+        run.run_state = RunState()
+    return run.run_state
+
+
+def _require_constant_learning_rate(runner) -> None:
+    """The traced step keeps the learning rate its optimizer read when it was traced; the
+    zoo's host schedule (a ``LambdaLR``) cannot change it later. So a schedule must be
+    constant over the run, which is checked here, before anything runs."""
+    scheduler = getattr(runner, "_lr_scheduler", None)
+    lambdas = getattr(scheduler, "lr_lambdas", None) or []
+    total = int(getattr(runner, "_total_steps", None) or 1)
+    for group, fn in enumerate(lambdas):
+        values = {float(fn(step)) for step in sorted({0, 1, total // 2, total})}
+        if len(values) > 1:
+            raise NotImplementedError(
+                f"The learning rate of param group {group} changes during the run "
+                f"({sorted(values)}): a learning rate schedule is not modeled in the 1.x lazy "
+                "appliance flow (its compiled step keeps the first step's value). Use a "
+                "constant learning rate, or the cstorch flow (runconfig.experimental_api: "
+                "True in releases 1.8/1.9), which schedules it.")
+
+
+def _require_state_made_before_the_step() -> None:
+    """An optimizer that creates its state inside ``step()`` (torch's own, lazily) would
+    leave the traced step's placeholders in its state: the 1.x stack needed optimizers that
+    create their state beforehand (the zoo's ``CSOptimizer.preinitialize``), and so does
+    this flow. Checked after the first step, so it fails loudly instead of training wrong."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    for wrapper in _run.current().optimizers:
+        for state in wrapper.state.values():
+            for name, value in state.items():
+                if isinstance(value, FakeTensor):  # the trace's placeholder, left behind
+                    raise RuntimeError(
+                        f"{type(wrapper._optimizer).__name__} created its state {name!r} "
+                        "inside step(); the 1.x appliance flow needs the optimizer state "
+                        "created before the first step (as the Model Zoo's CSOptimizer does "
+                        "in preinitialize()). Use the zoo's optimizers, or create the state "
+                        "in the optimizer's constructor.")
 
 
 class ApplianceMode:
@@ -129,6 +166,8 @@ class ApplianceMode:
         """Makes the runner's per-batch methods one compiled step (traced on first use)."""
         runner = self._runner
         training = runner._active_mode != "eval"
+        if training:
+            _require_constant_learning_rate(runner)
 
         if training:
             @cstorch.trace
@@ -173,6 +212,8 @@ class ApplianceMode:
             loss = self._step(loader.current_batch)
             impl = cstorch.backend()._impl
             self.last_loss = impl.to_cpu(loss).detach().clone()
+            if self._steps_run == 0:
+                _require_state_made_before_the_step()
             self._steps_run += 1
             _run.current().run_step += 1
 

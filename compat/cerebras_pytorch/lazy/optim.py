@@ -9,8 +9,9 @@ The 1.x learning-rate classes (``Constant``, ``Polynomial``, ...) described a sc
 Cerebras stack computed on the device from the step; the zoo's own ``LambdaLR`` sets the
 Python learning rate on the host. A compiled step here replays the ops of the traced
 iteration, so a learning rate that changes between steps would be frozen at its traced
-value: ``Constant`` is provided, and every other 1.x schedule raises, naming the flow that
-schedules learning rates correctly (the cstorch API, ``runconfig.experimental_api: True``).
+value: the 1.x classes here only record their arguments, and the appliance refuses a run
+whose schedule is not constant (``appliance._require_constant_learning_rate``), naming the
+flow that schedules learning rates (the cstorch API, ``runconfig.experimental_api: True``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class LazyOptimizer(_CstorchOptimizer):
         return self._optimizer.step(closure)
 
     def zero_grad(self, set_to_none: bool = True):
+        self.backend.gradient_resets += 1  # the step zeroes its gradients (see cstorch.trace)
         return self._optimizer.zero_grad(set_to_none)
 
     def state_dict(self, *args, **kwargs):
@@ -70,30 +72,17 @@ class LazyOptimizer(_CstorchOptimizer):
         return f"LazyOptimizer({self._optimizer!r})"
 
 
-class Constant:
-    """1.x constant learning rate on the device: the zoo's host schedule sets the same
-    value, so only the value is checked."""
+class _Schedule1x:
+    """A 1.x device learning-rate schedule: its arguments, recorded (see the module doc)."""
 
-    def __init__(self, optimizer, val, decay_steps=None, disable_lr_steps_reset=False):
+    def __init__(self, optimizer, *args, **kwargs):
         self.optimizer = optimizer
-        self.val = float(val)
-        self.decay_steps = decay_steps
+        self.args = args
+        self.kwargs = kwargs
 
 
-def _unsupported(name):
-    def __init__(self, *args, **kwargs):
-        raise NotImplementedError(
-            f"cbtorch.optim.lr_scheduler.{name}: a learning rate that changes between steps "
-            "is not modeled in the 1.x lazy appliance flow (its compiled step would keep the "
-            "first step's value). Use a constant learning rate here, or run the zoo's cstorch "
-            "flow (runconfig.experimental_api: True, releases 1.8/1.9), which schedules it.")
-
-    return type(name, (), {"__init__": __init__, "__doc__": f"1.x {name}: not modeled."})
-
-
-V1_SCHEDULERS = {"Constant": Constant}
-for _name in ("Polynomial", "Step", "MultiStep", "Lambda", "Exponential",
-              "InverseExponentialTimeDecay", "InverseSquareRootDecay", "CosineDecay",
-              "CosineAnnealing", "CosineAnnealingWarmRestarts", "Multiplicative", "OneCycleLR",
-              "CyclicLR", "ScalePerParamLR"):
-    V1_SCHEDULERS[_name] = _unsupported(_name)
+V1_SCHEDULERS = {name: type(name, (_Schedule1x,), {"__doc__": f"1.x ``{name}`` (recorded)."})
+                 for name in ("Constant", "Polynomial", "Step", "MultiStep", "Lambda",
+                              "Exponential", "InverseExponentialTimeDecay",
+                              "InverseSquareRootDecay", "CosineDecay", "CosineAnnealing",
+                              "CosineAnnealingWarmRestarts", "Multiplicative")}
