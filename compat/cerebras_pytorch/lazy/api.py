@@ -15,7 +15,7 @@ import cstorch
 from cstorch.backend import get_or_create
 
 from cerebras_pytorch.lazy import _run
-from cerebras_pytorch.lazy import cb_model as _cm
+from cerebras_pytorch.lazy.outputs import extract_loss  # noqa: F401  (cbtorch.utils 1.x name)
 
 __all__ = ["initialize", "module", "optimizer", "dataloader", "state", "env", "Session",
            "data", "enable_debug_name_scope", "extract_loss"]
@@ -116,20 +116,6 @@ class Session:
 
 def enable_debug_name_scope(*args, **kwargs) -> None:
     """Debug names for the compiler: nothing to enable here."""
-
-
-def extract_loss(outputs):
-    """The loss among a forward's outputs (the tensor, ``outputs["loss"]`` or the first of a
-    tuple/list)."""
-    if isinstance(outputs, torch.Tensor):
-        return outputs
-    if isinstance(outputs, dict) and "loss" in outputs:
-        return outputs["loss"]
-    if isinstance(outputs, (list, tuple)) and outputs:
-        return outputs[0]
-    raise TypeError(f"Could not find the loss in the model's outputs "
-                    f"({type(outputs).__name__}): return a tensor, a dict with a 'loss' entry, "
-                    "or a tuple whose first element is the loss.")
 
 
 def is_ltc_mlir_mode_enabled() -> bool:

@@ -182,7 +182,7 @@ class ApplianceMode:
             @cstorch.trace
             @torch.no_grad()
             def step(batch):
-                from cerebras_pytorch.lazy.api import extract_loss
+                from cerebras_pytorch.lazy.outputs import extract_loss
 
                 return extract_loss(runner.eval_forward(batch))
         self._step = step
