@@ -80,13 +80,18 @@ def _add_older_only_attributes():
     shared ``cstorch.core`` module itself); added only where the module lacks the name."""
     import cstorch.optim.lr_scheduler
     import cstorch.utils
+    import cstorch.utils.nest
     import cstorch.utils.utils
     from cerebras_pytorch.lazy import api, optim
 
-    for module, name in ((cstorch.utils, "extract_loss"),
-                         (cstorch.utils.utils, "is_ltc_mlir_mode_enabled")):
+    for module, name, value in (
+            (cstorch.utils, "extract_loss", api.extract_loss),
+            (cstorch.utils.utils, "is_ltc_mlir_mode_enabled", api.is_ltc_mlir_mode_enabled),
+            # 1.6: the run's tensors were XLA tensors; here they are torch tensors.
+            (cstorch.utils.nest, "visit_xla_tensors", cstorch.utils.nest.visit_torch_tensors),
+            (cstorch.utils.nest, "map_xla_tensors", cstorch.utils.nest.map_torch_tensors)):
         if not hasattr(module, name):
-            setattr(module, name, getattr(api, name))
+            setattr(module, name, value)
     for name, cls in optim.V1_SCHEDULERS.items():  # the 1.x cbtorch.optim.lr_scheduler names
         if not hasattr(cstorch.optim.lr_scheduler, name):
             setattr(cstorch.optim.lr_scheduler, name, cls)

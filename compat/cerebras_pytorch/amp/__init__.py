@@ -6,6 +6,7 @@ such as ``cerebras_pytorch.amp.grad_scaler`` are cstorch's modules), except:
 * ``GradScaler`` is a subclass of cstorch's that also takes the 1.x keywords the 1.x Model
   Zoo passes: ``initial_loss_scale`` (2.x ``init_scale``) and ``mixed_precision`` (1.x's
   GradScaler scaled only in mixed precision: without it the scale is fixed at 1.0);
+* 1.6 called the scaler itself on the loss: ``scaler(loss)`` is ``scaler.scale(loss)``;
 * the 1.x module functions: ``get_init_params()`` (the keywords the last GradScaler was
   built with), ``state_dict()``/``load_state_dict()`` (the amp state the 1.x runner saves
   in checkpoints: the half dtype), ``use_bfloat16(flag)`` and ``_amp_state.half_dtype``.
@@ -46,6 +47,10 @@ class GradScaler(_amp.GradScaler):
                          steps_per_increase=steps_per_increase, min_loss_scale=min_loss_scale,
                          max_loss_scale=max_loss_scale, overflow_tolerance=overflow_tolerance,
                          max_gradient_norm=max_gradient_norm)
+
+
+    def __call__(self, loss):
+        return self.scale(loss)
 
 
 def get_init_params() -> dict:

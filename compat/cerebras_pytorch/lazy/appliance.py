@@ -37,7 +37,7 @@ import cstorch
 from cerebras_pytorch.lazy import _run
 
 _STEP_METHODS = ("optimizer_zero_grad", "train_forward", "backward", "optimizer_step",
-                 "lr_scheduler_step", "eval_forward")
+                 "eval_forward")  # and lr_scheduler_step from 1.7 on
 
 
 class Tracker:
@@ -73,6 +73,13 @@ class RunState:
         self.full_config = None
         self.outputs = []
         self.num_csx = 1
+        self.mixed_precision = False  # 1.6's eval reads it; amp state is not device state
+        self.metrics = []
+
+    @property
+    def modules(self):
+        """The modules registered with ``cbtorch.module`` (1.6's eval names their state)."""
+        return list(_run.current().modules)
 
     def set_num_csx(self, num_csx) -> None:
         if num_csx not in (None, 1):
@@ -117,6 +124,16 @@ def _require_constant_learning_rate(runner) -> None:
                 "True in releases 1.8/1.9), which schedules it.")
 
 
+class _SameName(dict):
+    """1.6's weight-name table: here a weight's tensor name is its own name."""
+
+    def get(self, name, default=None):
+        return name
+
+    def __getitem__(self, name):
+        return name
+
+
 def _require_state_made_before_the_step() -> None:
     """An optimizer that creates its state inside ``step()`` (torch's own, lazily) would
     leave the traced step's placeholders in its state: the 1.x stack needed optimizers that
@@ -153,6 +170,11 @@ class ApplianceMode:
         if cs_config is None:
             cs_config = next((a for a in args if isinstance(a, CSConfig)), None)
         self.cs_config = cs_config if cs_config is not None else CSConfig()
+        # 1.6: ApplianceMode(params, load_and_return_state): the runner hands over a function
+        # returning the initial state instead of an initial state file.
+        self._load_initial_state = next((a for a in args if callable(a)), None)
+        self.output_names = ["loss"]  # 1.6 reads the step's activations by these names
+        self.weight_names = _SameName()  # and maps weight names to tensor names through this
         self._cs_config = self.cs_config
         self.tracker_execute = Tracker()
         self._runner = runner
@@ -176,7 +198,8 @@ class ApplianceMode:
                 loss = runner.train_forward(batch)
                 runner.backward(loss)
                 runner.optimizer_step()
-                runner.lr_scheduler_step()
+                if hasattr(runner, "lr_scheduler_step"):  # 1.6 steps it in optimizer_step
+                    runner.lr_scheduler_step()
                 return loss
         else:
             @cstorch.trace
@@ -195,15 +218,21 @@ class ApplianceMode:
         if initial_checkpoint_file is None:
             initial_checkpoint_file = next(
                 (a for a in reversed(args) if isinstance(a, str) and os.path.isfile(a)), None)
-        if initial_checkpoint_file is None:
+        if initial_checkpoint_file is not None:
+            state = cstorch.load(initial_checkpoint_file)
+        elif self._load_initial_state is not None:  # 1.6
+            state = self._load_initial_state()
+            state.pop("metrics", None)
+        else:
             raise ValueError("execute() needs the initial state file the runner saved "
                              "(initial_checkpoint_file).")
-        state = cstorch.load(initial_checkpoint_file)
         self._runner._model.set_state(state)
         self._steps_run = 0
 
-    def receive_activations(self, step_index: int, *args, **kwargs) -> None:
-        """Runs steps until ``step_index`` (0-based) has run; its loss is then available."""
+    def receive_activations(self, step_index: int, *args, **kwargs) -> dict:
+        """Runs steps until ``step_index`` (0-based) has run; its loss is then available
+        (``cbtorch.state().get_activation_for_output``; 1.6 reads the returned
+        ``{output name: value}``)."""
         while self._steps_run <= step_index:
             loader = _run.current().dataloader
             if loader is None or loader.current_batch is None:
@@ -216,6 +245,16 @@ class ApplianceMode:
                 _require_state_made_before_the_step()
             self._steps_run += 1
             _run.current().run_step += 1
+        return {"loss": self.last_loss}
+
+    def receive_weights(self, state_dict, iteration=None, *args, **kwargs) -> dict:
+        """1.6: the current value of every tensor of ``state_dict`` by its dotted name below
+        the top level (what the runner looks up through ``weight_names``)."""
+        from cstorch.utils.nest import visit_torch_tensors
+
+        self._runner._model.get_state()  # materializes the engine's state
+        return {".".join(map(str, scope[1:])): tensor.detach().cpu()
+                for scope, tensor in visit_torch_tensors(state_dict)}
 
     # --------------------------------------------------------------------- checkpoints
     def save_weights(self, state, file_name, iteration=None, duplicate_params_map=None,

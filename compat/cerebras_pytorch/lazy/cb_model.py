@@ -193,11 +193,13 @@ def rendezvous(tag, payload=b"", replicas=None):
 
 
 def save(data, path, master_only=True, post_transfer_callback=None, **kwargs) -> None:
-    """Saves ``data`` (tensors brought to the host) with ``cstorch.save``."""
+    """Saves ``data`` with its tensors brought to the host, as ``torch.save`` does (1.x's
+    ``cm.save`` was PyTorch/XLA's save, a torch pickle: the 1.6 runner reads it back with
+    ``torch.load``)."""
     host = _map_tensors(data, to_cpu)
     if post_transfer_callback is not None:
         host = post_transfer_callback(host)
-    cstorch.save(host, path)
+    torch.save(host, path)
 
 
 def _map_tensors(data, fn):
