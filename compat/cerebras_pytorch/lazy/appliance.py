@@ -124,6 +124,27 @@ def _require_constant_learning_rate(runner) -> None:
                 "True in releases 1.8/1.9), which schedules it.")
 
 
+def _batch_size(batch) -> int:
+    from cstorch.utils.nest import visit_torch_tensors
+
+    for _, tensor in visit_torch_tensors(batch):
+        return int(tensor.shape[0]) if tensor.dim() else 1
+    return 0
+
+
+def _hyperparameters_as_constants() -> None:
+    """The 1.8/1.9 zoo optimizers turn their param groups' numbers into 0-d tensors (device
+    values on a CS system) and read some in Python (``if nesterov:``), which a lazy XLA
+    tensor allowed at a cost and a traced step here cannot. The learning rate and every
+    other hyperparameter are constant over a run in this flow (the appliance checks the
+    schedule), so they go back to Python numbers: constants of the compiled step."""
+    for wrapper in _run.current().optimizers:
+        for group in wrapper.param_groups:
+            for key, value in list(group.items()):
+                if key != "params" and isinstance(value, torch.Tensor) and value.dim() == 0:
+                    group[key] = value.item()
+
+
 class _SameName(dict):
     """1.6's weight-name table: here a weight's tensor name is its own name."""
 
@@ -178,6 +199,10 @@ class ApplianceMode:
         self._cs_config = self.cs_config
         self.tracker_execute = Tracker()
         self._runner = runner
+        from cerebras_pytorch.lazy.cb_model import RateTracker
+
+        self.throughput = RateTracker()  # samples/s of the steps run (cm._extract_tracker_details)
+        self.last_batch_size = 0
         self._step = None
         self._steps_run = 0
         self.last_loss = None
@@ -227,6 +252,7 @@ class ApplianceMode:
             raise ValueError("execute() needs the initial state file the runner saved "
                              "(initial_checkpoint_file).")
         self._runner._model.set_state(state)
+        _hyperparameters_as_constants()
         self._steps_run = 0
 
     def receive_activations(self, step_index: int, *args, **kwargs) -> dict:
@@ -239,6 +265,8 @@ class ApplianceMode:
                 raise RuntimeError("receive_activations: no batch was handed out by a "
                                    "cbtorch.dataloader in this run.")
             loss = self._step(loader.current_batch)
+            self.last_batch_size = _batch_size(loader.current_batch)
+            self.throughput.add(self.last_batch_size)
             impl = cstorch.backend()._impl
             self.last_loss = impl.to_cpu(loss).detach().clone()
             if self._steps_run == 0:
@@ -268,8 +296,11 @@ class ApplianceMode:
         for key, value in items:
             saver.save_tensor(file_name, key, value)
 
-    def build_worker_image(self, *args, **kwargs) -> None:
-        """No worker image: the modeled wafer runs in this process."""
+    @contextlib.contextmanager
+    def build_worker_image(self, *args, **kwargs):
+        """No worker image: the modeled wafer runs in this process (1.8/1.9 use it as a
+        context around compile and execute)."""
+        yield
 
     def save_dataloader_checkpoint(self, *args, **kwargs) -> None:
         """The runner's dataloader is iterated in this process; nothing to save remotely."""

@@ -230,6 +230,11 @@ class RateTracker:
         return self.rate()
 
 
-def _extract_tracker_details(rate_tracker):
-    return {"total_samples": rate_tracker._count,
-            "total_time": time.time() - rate_tracker._start}
+def _extract_tracker_details(step=None):
+    """1.8/1.9: ``(rate, global_rate, batch_size)`` of the appliance run so far (samples per
+    second; the batch size of the last step)."""
+    mode = _run.current().appliance_mode
+    tracker = getattr(mode, "throughput", None)
+    if tracker is None:
+        return 0.0, 0.0, 1
+    return tracker.rate(), tracker.global_rate(), max(mode.last_batch_size, 1)

@@ -10,7 +10,9 @@ kept until the last leaf of the spec arrives, and the file is then written whole
 
 ``PyTorchH5Saver(loaded_checkpoint=path).save(file, state)`` writes ``state`` with every leaf
 that ``path`` also holds taken from ``path``: how the 1.x runner turns the checkpoint it
-resumes from into the initial state of the run.
+resumes from into the initial state of the run. With ``is_pretrained_checkpoint=True``
+(1.8/1.9: fine-tuning from pretrained weights) only the model's leaves (``model.*``) are
+taken from it; the optimizer and step start fresh.
 """
 
 from __future__ import annotations
@@ -81,8 +83,10 @@ def _host(value):
 class PyTorchH5Saver:
     _pending: dict = {}  # path -> (spec, {key: value}) of a checkpoint being written
 
-    def __init__(self, loaded_checkpoint: str | None = None):
+    def __init__(self, loaded_checkpoint: str | None = None,
+                 is_pretrained_checkpoint: bool = False):
         self.loaded_checkpoint = loaded_checkpoint
+        self.is_pretrained_checkpoint = bool(is_pretrained_checkpoint)
 
     # ------------------------------------------------------------------------ whole files
     def save(self, path: str, state_dict: dict) -> None:
@@ -92,7 +96,8 @@ class PyTorchH5Saver:
                 raise ValueError(f"loaded_checkpoint {self.loaded_checkpoint!r} is not a "
                                  "complete H5 checkpoint.")
             loaded = _flatten(cstorch.load(self.loaded_checkpoint))
-            flat.update({k: loaded[k] for k in flat if k in loaded})
+            flat.update({k: loaded[k] for k in flat if k in loaded and (
+                not self.is_pretrained_checkpoint or k.startswith("model" + _SEP))})
         cstorch.save(_unflatten(_spec(state_dict), flat), path)
 
     @staticmethod
