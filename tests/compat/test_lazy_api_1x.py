@@ -251,3 +251,49 @@ def test_an_optimizer_making_its_state_inside_step_is_refused(tmp_path):
     runner._model.optimizer = cbtorch.optimizer(plain)
     with pytest.raises(RuntimeError, match="created its state 'momentum_buffer' inside step"):
         runner.train(_batches(), steps=3)
+
+
+class _TensorHyperparameterSGD(_PreinitializedSGD):
+    """The 1.8 zoo optimizers' habit: after loading a state dict the param groups' numbers
+    are 0-d tensors, and ``step`` reads one in Python."""
+
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict)
+        for group in self.param_groups:
+            for key in [k for k in group if k != "params"]:
+                if isinstance(group[key], (int, float)):
+                    group[key] = torch.tensor(group[key])
+
+    def step(self, closure=None):
+        for group in self.param_groups:
+            if group["nesterov"]:  # a Python read of a hyperparameter
+                raise AssertionError("nesterov is off")
+        return super().step(closure)
+
+
+def test_tensor_hyperparameters_become_constants_of_the_step(tmp_path):
+    import cerebras_pytorch as cbtorch
+
+    cbtorch.initialize(service_workdir=str(tmp_path), appliance=True)
+    runner = _ToyApplianceRunner(cbtorch, str(tmp_path))
+    inner = _TensorHyperparameterSGD(runner._model.model.parameters(), lr=0.1, momentum=0.9)
+    runner._model.optimizer = cbtorch.optimizer(inner)
+    runner.train(_batches(), steps=4)
+    expected, _ = _eager_losses(4)
+    assert [runner.losses[s] for s in range(1, 5)] == pytest.approx(expected, rel=2e-2)
+    assert inner.param_groups[0]["lr"] == pytest.approx(0.1)
+
+
+def test_saver_takes_only_model_leaves_from_a_pretrained_checkpoint(tmp_path):
+    from cerebras_pytorch.saver.pt_h5_saver import PyTorchH5Saver
+
+    source = str(tmp_path / "pretrained.mdl")
+    cstorch.save({"model": {"w": torch.ones(2)}, "optimizer": {"m": torch.ones(2)},
+                  "global_step": 50}, source)
+    out = str(tmp_path / "initial.hdf5")
+    PyTorchH5Saver(loaded_checkpoint=source, is_pretrained_checkpoint=True).save(
+        out, {"model": {"w": torch.zeros(2)}, "optimizer": {"m": torch.zeros(2)},
+              "global_step": 0})
+    state = cstorch.load(out)
+    assert state["model"]["w"].tolist() == [1.0, 1.0]
+    assert state["optimizer"]["m"].tolist() == [0.0, 0.0] and state["global_step"] == 0
