@@ -14,7 +14,10 @@ Releases 1.6 to 1.9 used this name too, for the lazy-tensor API their Model Zoo 
 (``cbtorch.initialize/module/optimizer/dataloader/state``, ``cbtorch.core.cb_model``,
 ``cbtorch.core.appliance``): those names live in ``cerebras_pytorch.lazy`` and are reached
 under their 1.x names (``_OLDER_ONLY`` below; top-level functions through ``__getattr__``).
-A 1.x name never hides a cstorch one: where cstorch has the module, the alias wins.
+A 1.x name never hides a cstorch one: where cstorch has the module, the alias wins. The one
+exception is only in force during a 1.x appliance run (``cbtorch.initialize(appliance=True)``,
+which 2.x code never calls): ``cbtorch.optim.lr_scheduler`` then offers the 1.x schedule
+classes, several of whose names cstorch uses for different 2.x classes.
 """
 
 import importlib as _importlib
@@ -78,11 +81,10 @@ def _add_older_only_attributes():
     (``cbtorch.utils.extract_loss``, ``cbtorch.utils.utils.is_ltc_mlir_mode_enabled``, and
     ``from cerebras_pytorch.core import cb_model, modes``, which Python resolves on the
     shared ``cstorch.core`` module itself); added only where the module lacks the name."""
-    import cstorch.optim.lr_scheduler
     import cstorch.utils
     import cstorch.utils.nest
     import cstorch.utils.utils
-    from cerebras_pytorch.lazy import api, optim
+    from cerebras_pytorch.lazy import api
 
     for module, name, value in (
             (cstorch.utils, "extract_loss", api.extract_loss),
@@ -92,9 +94,6 @@ def _add_older_only_attributes():
             (cstorch.utils.nest, "map_xla_tensors", cstorch.utils.nest.map_torch_tensors)):
         if not hasattr(module, name):
             setattr(module, name, value)
-    for name, cls in optim.V1_SCHEDULERS.items():  # the 1.x cbtorch.optim.lr_scheduler names
-        if not hasattr(cstorch.optim.lr_scheduler, name):
-            setattr(cstorch.optim.lr_scheduler, name, cls)
     for alias, provider in _OLDER_ONLY.items():
         parent_alias, _, name = alias.rpartition(".")
         parent_real = "cstorch" + parent_alias[len("cerebras_pytorch"):]
@@ -134,6 +133,13 @@ def name_scope(name: str, raw: bool = False):
 
 
 def __getattr__(name):
+    if name == "optim":
+        from cerebras_pytorch.lazy import _run
+
+        if _run.current().appliance:  # a 1.x appliance run: the 1.x schedule classes
+            from cerebras_pytorch.lazy.optim import optim_view
+
+            return optim_view()
     if hasattr(_cstorch, name):
         return getattr(_cstorch, name)
     from cerebras_pytorch.lazy import api as _lazy_api  # the 1.x names (initialize, module, ...)

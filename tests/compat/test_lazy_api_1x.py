@@ -168,11 +168,24 @@ def test_1x_names_resolve_as_the_zoo_imports_them():
     assert AP_DISABLED == 0 and locate_csperf_log(".") is None
     assert extract_loss({"loss": 3}) == 3
     assert not cm.use_cs() and cm.is_master_ordinal() and cm.num_streamers() == 1
-    assert isinstance(cbtorch.optim.lr_scheduler.Constant(None, 0.1), object)
     # 2.x names stay cstorch's: the 1.x additions never hide them.
     assert cbtorch.optim is cstorch.optim and issubclass(amp.GradScaler, cstorch.amp.GradScaler)
     with pytest.raises(ValueError, match="pipeline"):
         cbtorch.Session()
+
+
+def test_1x_schedule_names_only_during_an_appliance_run(tmp_path):
+    import cerebras_pytorch as cbtorch
+
+    # 2.x code sees cstorch's classes (ScalePerParamLR is a 2.x class there too) ...
+    assert cbtorch.optim.lr_scheduler.ScalePerParamLR is cstorch.optim.lr_scheduler.ScalePerParamLR
+    assert not hasattr(cstorch.optim.lr_scheduler, "Constant")
+    cbtorch.initialize(service_workdir=str(tmp_path), appliance=True)
+    # ... a 1.x appliance run the 1.x ones, with 1.9's four-argument ScalePerParamLR.
+    scaled = cbtorch.optim.lr_scheduler.ScalePerParamLR(None, object(), 100, False)
+    assert scaled.args[1:] == (100, False)
+    assert cbtorch.optim.Optimizer is cstorch.optim.Optimizer
+    assert cbtorch.optim.lr_scheduler.LRScheduler is cstorch.optim.lr_scheduler.LRScheduler
 
 
 def test_step_closure_runs_at_once_off_the_appliance_and_at_the_mark_on_it(tmp_path):
@@ -210,7 +223,8 @@ def test_appliance_runner_trains_like_eager_torch_and_checkpoints(tmp_path):
 def test_saver_writes_a_checkpoint_only_once_every_piece_arrived(tmp_path):
     from cerebras_pytorch.saver.pt_h5_saver import PyTorchH5Saver
 
-    state = {"model": {"w": torch.arange(3.0)}, "global_step": 7}
+    state = {"model": {"w": torch.arange(3.0)}, "global_step": 7,
+             "lr_scheduler": {"lr_lambdas": [{}]}}  # an empty container is a leaf too
     saver = PyTorchH5Saver()
     flat, spec = saver.flatten_state_dict(state)
     path = str(tmp_path / "c.mdl")
@@ -218,7 +232,9 @@ def test_saver_writes_a_checkpoint_only_once_every_piece_arrived(tmp_path):
     saver.save_tensor(path, "model.w", flat["model.w"])
     assert not PyTorchH5Saver.is_valid_checkpoint(path)  # not half a checkpoint on disk
     saver.save_tensor(path, "global_step", 7)
+    saver.save_tensor(path, "lr_scheduler.lr_lambdas.0", {})
     assert PyTorchH5Saver.is_valid_checkpoint(path)
+    assert cstorch.load(path)["lr_scheduler"] == {"lr_lambdas": [{}]}
     assert PyTorchH5Saver.load_tensor(path, "global_step") == 7
     with pytest.raises(KeyError, match="not in the spec"):
         saver.save_spec(path, spec)

@@ -114,7 +114,8 @@ def _require_constant_learning_rate(runner) -> None:
     lambdas = getattr(scheduler, "lr_lambdas", None) or []
     total = int(getattr(runner, "_total_steps", None) or 1)
     for group, fn in enumerate(lambdas):
-        values = {float(fn(step)) for step in sorted({0, 1, total // 2, total})}
+        # the zoo's functions take the step as a tensor on a system (1.9 reads its .device)
+        values = {float(fn(torch.tensor(step))) for step in sorted({0, 1, total // 2, total})}
         if len(values) > 1:
             raise NotImplementedError(
                 f"The learning rate of param group {group} changes during the run "

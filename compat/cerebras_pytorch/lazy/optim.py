@@ -9,12 +9,15 @@ The 1.x learning-rate classes (``Constant``, ``Polynomial``, ...) described a sc
 Cerebras stack computed on the device from the step; the zoo's own ``LambdaLR`` sets the
 Python learning rate on the host. A compiled step here replays the ops of the traced
 iteration, so a learning rate that changes between steps would be frozen at its traced
-value: the 1.x classes here only record their arguments, and the appliance refuses a run
+value: the 1.x classes here only record their arguments (``cbtorch.optim`` offers them
+during a 1.x appliance run, ``optim_view``), and the appliance refuses a run
 whose schedule is not constant (``appliance._require_constant_learning_rate``), naming the
 flow that schedules learning rates (the cstorch API, ``runconfig.experimental_api: True``).
 """
 
 from __future__ import annotations
+
+import types
 
 import torch
 
@@ -81,8 +84,38 @@ class _Schedule1x:
         self.kwargs = kwargs
 
 
+# Every cbtorch.optim.lr_scheduler name the 1.6-1.9 zoo builds on a Cerebras system.
 V1_SCHEDULERS = {name: type(name, (_Schedule1x,), {"__doc__": f"1.x ``{name}`` (recorded)."})
                  for name in ("Constant", "Polynomial", "Step", "MultiStep", "Lambda",
                               "Exponential", "InverseExponentialTimeDecay",
                               "InverseSquareRootDecay", "CosineDecay", "CosineAnnealing",
-                              "CosineAnnealingWarmRestarts", "Multiplicative")}
+                              "CosineAnnealingWarmRestarts", "Multiplicative", "OneCycleLR",
+                              "CyclicLR", "ScalePerParamLR")}
+
+
+class _View(types.ModuleType):
+    """A module reading as ``base`` except for the names in ``overrides``."""
+
+    def __init__(self, name, base, overrides):
+        super().__init__(name, base.__doc__)
+        self.__dict__.update(overrides)
+        self._base = base
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["_base"], name)
+
+
+_optim_view = None
+
+
+def optim_view():
+    """``cbtorch.optim`` during a 1.x appliance run: cstorch.optim (its ``Optimizer``, the
+    ``isinstance`` the zoo checks), with ``lr_scheduler`` offering the 1.x schedule classes
+    under the names they had (several of which cstorch has as different 2.x classes)."""
+    global _optim_view
+    if _optim_view is None:
+        import cstorch.optim.lr_scheduler as lr_2x
+
+        lr_view = _View("cerebras_pytorch.optim.lr_scheduler", lr_2x, V1_SCHEDULERS)
+        _optim_view = _View("cerebras_pytorch.optim", cstorch.optim, {"lr_scheduler": lr_view})
+    return _optim_view

@@ -48,12 +48,15 @@ def _flatten(tree, prefix=""):
     return {prefix[:-1]: tree}
 
 
-def _spec(tree):
-    """The structure of ``tree`` with its leaves left out (what ``_unflatten`` rebuilds)."""
+def _spec(tree, root=True):
+    """The structure of ``tree`` with its leaves left out (what ``_unflatten`` rebuilds). An
+    empty container below the root is a leaf, as ``_flatten`` keeps it."""
+    if isinstance(tree, (dict, list, tuple)) and not tree and not root:
+        return ("leaf",)
     if isinstance(tree, dict):
-        return ("dict", [(k, _spec(v)) for k, v in tree.items()])
+        return ("dict", [(k, _spec(v, False)) for k, v in tree.items()])
     if isinstance(tree, (list, tuple)):
-        return (type(tree).__name__, [_spec(v) for v in tree])
+        return (type(tree).__name__, [_spec(v, False) for v in tree])
     return ("leaf",)
 
 
