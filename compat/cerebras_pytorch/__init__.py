@@ -76,6 +76,7 @@ for _name, _module in list(_sys.modules.items()):
     if _name.startswith("cstorch.") and not _name.startswith("cstorch.experimental"):
         _sys.modules.setdefault("cerebras_pytorch" + _name[len("cstorch"):], _module)
 
+
 def _add_older_only_attributes():
     """1.x names the zoo reads as attributes of modules cstorch shares with this alias
     (``cbtorch.utils.extract_loss``, ``cbtorch.utils.utils.is_ltc_mlir_mode_enabled``, and
@@ -96,6 +97,8 @@ def _add_older_only_attributes():
             setattr(module, name, value)
     for alias, provider in _OLDER_ONLY.items():
         parent_alias, _, name = alias.rpartition(".")
+        if parent_alias == "cerebras_pytorch":  # a child of this module: the finder serves it
+            continue
         parent_real = "cstorch" + parent_alias[len("cerebras_pytorch"):]
         parent = _sys.modules.get(parent_real)
         if parent is None or hasattr(parent, name) or _target_exists(parent_real + "." + name):
@@ -152,4 +155,5 @@ def __getattr__(name):
 def __dir__():
     from cerebras_pytorch.lazy import api as _lazy_api
 
-    return sorted(set(dir(_cstorch)) | {"experimental", "manual_seed", "name_scope"} | set(_lazy_api.__all__))
+    return sorted(set(dir(_cstorch)) | {"experimental", "manual_seed", "name_scope"}
+                  | set(_lazy_api.__all__))
