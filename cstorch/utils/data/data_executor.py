@@ -72,10 +72,28 @@ def _executor_index(impl) -> int:
     return impl._executor_count
 
 
+def _old_keywords(listeners, micro_batch_size) -> None:
+    """The 2.2 keywords, which 2.3 moved elsewhere: ``listeners`` (tensor listeners of
+    ``cstorch.experimental.listener``; an empty list is what the 2.2 Model Zoo passes when
+    its config names none) and ``micro_batch_size`` (now the flag
+    ``cstorch.backends.csx.performance.micro_batch_size``, which a given value sets)."""
+    if listeners:
+        raise ValueError(
+            f"DataExecutor(listeners=...) got {len(listeners)} listener(s): tensor listeners "
+            "of cerebras-pytorch 2.2 are not supported here; register a traced-tensor hook "
+            "with cstorch.experimental.listener.register_traced_tensor_hook instead.")
+    if micro_batch_size is not None:
+        from cstorch.backends import backends
+
+        backends.csx.performance.micro_batch_size = micro_batch_size
+
+
 class DataExecutor:
     def __init__(self, dataloader, num_steps=None, checkpoint_steps=None, activation_steps=None,
-                 profiler_activities=None, *, cs_config=None, writer=None):
+                 profiler_activities=None, *, cs_config=None, writer=None, listeners=None,
+                 micro_batch_size=None):
         impl = current_backend_impl()
+        _old_keywords(listeners, micro_batch_size)
         if cs_config is not None:  # the 2.0/2.1 spelling: the cluster belongs to the backend
             warnings.warn(
                 "DataExecutor(cs_config=...) is deprecated (cerebras_pytorch 2.0/2.1) and has no "
@@ -130,6 +148,12 @@ class DataExecutor:
         # The terminal progress bar of long runs (cstorch.utils.profiler); a caller that shows
         # its own progress (the Model Zoo Trainer) turns it off.
         self.show_progress = True
+
+    @property
+    def writer(self):
+        """The SummaryWriter passed as ``writer=`` (2.0-2.2; their Model Zoo writes its
+        learning rates through it in step closures), or None."""
+        return self._writer
 
     def __len__(self):
         return self.num_steps
