@@ -14,6 +14,7 @@ on a real system where the flags are compiled into the run.
 
 import dataclasses
 import os
+import sys
 from typing import Any, List, Literal, Optional, Union
 
 from cstorch.utils import _flags as _flags_module
@@ -228,9 +229,12 @@ class _backends(_flags):
 
 
 def _refuse_changes_during_csx_run(group, name) -> None:
-    from cstorch.backend import current_backend_impl
-
-    impl = current_backend_impl(raise_exception=False)
+    # Read through sys.modules, not imported: cstorch.backend sets flags from its old
+    # keywords (cstorch.backend.old_keywords), and no backend exists before it is loaded.
+    backend_module = sys.modules.get("cstorch.backend")
+    if backend_module is None:
+        return
+    impl = backend_module.current_backend_impl(raise_exception=False)
     if impl is not None and impl.is_csx and impl.data_executor_stack:
         raise RuntimeError(
             f"Cannot change the backends flag `{name}` of {type(group).__name__.lstrip('_')} "

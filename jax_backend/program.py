@@ -58,14 +58,6 @@ def interrupts_held():
             signal.raise_signal(signal.SIGINT)
 
 
-def _compiler_options(platform: str) -> dict:
-    """XLA options of a step's program. On CPU, XLA computes half-precision ops in float32 and
-    by default skips the rounding back to half between ops ("excess precision"); eager torch
-    rounds every op's result, so a bfloat16 step would drift from it by an ulp at the first
-    step. Keeping every rounding makes a CPU step equal to eager torch's."""
-    return {"xla_allow_excess_precision": False} if platform == "cpu" else {}
-
-
 def _has_random_nodes(graph) -> bool:
     return any(node.op == "call_function" and node.target is not operator.getitem
                and lookup(node.target).random for node in graph.graph.nodes)
@@ -107,8 +99,7 @@ class Program:
         so after a change of target (the cuDNN fallback) JAX 0.7 reused the old trace."""
         def pure_step(donated, kept, inputs, seed):  # jit names the program after it
             return self.pure_step(donated, kept, inputs, seed)
-        return jax.jit(pure_step, donate_argnums=(0,), **self._shardings(),
-                       compiler_options=_compiler_options(self.target.platform))
+        return jax.jit(pure_step, donate_argnums=(0,), **self._shardings())
 
     def _shardings(self) -> dict:
         """jit shardings for a mesh layout: state as the layout places it, inputs split along

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import torch
@@ -37,12 +38,22 @@ class CpuBackendImpl(BaseBackend):
                 "cstorch.backend(\"CPU\", mixed_precision=...) is the 2.0-2.2 spelling; use "
                 "cstorch.amp.autocast() around the forward pass instead.", DeprecationWarning,
                 stacklevel=3)
+        # With the 2.0-2.2 keyword, precision is that generation's: the half dtype set with
+        # cstorch.amp.set_half_dtype (which their Model Zoo calls on every run) does not put
+        # the whole CPU step in half precision; only the forward is autocast, when True.
+        self.old_precision_keyword = mixed_precision is not _UNSPECIFIED
         self.autocast_forward = mixed_precision is True
         self.engine = resolve_engine(engine)  # validated first: a bad name changes nothing
         if cluster_config is not _UNSPECIFIED:
             warn_cluster_config_ignored("CPU", cluster_config)
         super().__init__(backend_type, CPUDevice(), artifact_dir or "./",
                          jax_devices=mesh.devices("cpu"))
+
+    def precision_policy(self):
+        policy = super().precision_policy()
+        if self.old_precision_keyword:
+            return dataclasses.replace(policy, compute_dtype=None)
+        return policy
 
     def forward(self, model, *args, **kwargs):
         if not self.autocast_forward:
