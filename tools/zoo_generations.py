@@ -3,7 +3,8 @@
     python tools/zoo_generations.py MODELZOO_SRC [--lines 2.3,2.2] [--zoo-python PY]
 
 ``MODELZOO_SRC`` is a Model Zoo git repository (a checkout's top folder, or a bare git dir);
-nothing is fetched. For each release line (``RELEASE_LINES``: one tag per line) the tag is
+nothing is fetched. A plain (non-git) checkout of one release is used as it is, with
+``--lines`` naming its line. For each release line (``RELEASE_LINES``: one tag per line) the tag is
 checked out into a temporary folder, and for its fc_mnist and one transformer (gpt2 where the
 release has it, else bert) the harness writes a tiny config from the shipped one (the zoo's
 own fake-data options, 20 steps, checkpoints at 10 and 20) and runs the release's own
@@ -96,7 +97,7 @@ def gpt2_params(params: dict, s: Settings) -> dict:
         for key in ("data_dir", "prefetch_factor", "persistent_workers"):
             inp.pop(key, None)
         inp.update(data_processor="DummyDataProcessor", batch_size=s.batch_size,
-                   shuffle=False, num_workers=0)
+                   shuffle=False, shuffle_seed=1, num_workers=0)
     model = params["model"]
     model.update(hidden_size=32, num_hidden_layers=2, num_heads=2, filter_size=64,
                  vocab_size=32000, max_position_embeddings=128, dropout_rate=0.0,
@@ -187,7 +188,10 @@ class ReleaseLine:
     cli: Callable = cli_2x
     losses: Callable = losses_2x
     checkpoints: Callable = checkpoints_2x
-    # --mode for the CPU run; "train_and_eval" evaluates the trained model in the same process
+    # --mode for the CPU run: "train_and_eval" evaluates the trained model in the same
+    # process; "train" where the release's CPU train_and_eval runs training and eval as
+    # separate processes (2.0/2.1: "sideband"), and the checkpoint's eval is then checked
+    # against the same eval on the eager engine
     cpu_mode: str = "train_and_eval"
 
 
@@ -204,18 +208,22 @@ _SRC_22 = "src/cerebras/modelzoo"
 RELEASE_LINES: list[ReleaseLine] = [
     ReleaseLine("2.3", "Release_2.3.1", _src_2x(_SRC_22, f"{_SRC_22}/models/nlp/gpt2")),
     ReleaseLine("2.2", "Release_2.2.1", _src_2x(_SRC_22, f"{_SRC_22}/models/nlp/gpt2")),
-    ReleaseLine("2.1", "Release_2.1.1", _src_2x("modelzoo", "modelzoo/transformers/pytorch/gpt2")),
-    ReleaseLine("2.0", "Release_2.0.3", _src_2x("modelzoo", "modelzoo/transformers/pytorch/gpt2")),
+    ReleaseLine("2.1", "Release_2.1.1", _src_2x("modelzoo", "modelzoo/transformers/pytorch/gpt2"),
+                cpu_mode="train"),
+    ReleaseLine("2.0", "Release_2.0.3", _src_2x("modelzoo", "modelzoo/transformers/pytorch/gpt2"),
+                cpu_mode="train"),
 ]
 
 
 # ---------------------------------------------------------------------------------------------
 # Checkout: a tag's files from a git repository, without a work tree.
 
-def git_dir(src: Path) -> Path:
+def git_dir(src: Path, required: bool = True) -> Path | None:
     for candidate in (src / ".git", src):
         if (candidate / "HEAD").is_file() and (candidate / "objects").is_dir():
             return candidate
+    if not required:
+        return None
     raise SystemExit(f"{src} is not a git repository (a Model Zoo clone or bare git dir): the "
                      "harness checks each release tag out of it.")
 
@@ -304,7 +312,7 @@ def run_one(zoo_python: str, checkout_dir: Path, work: Path, line: ReleaseLine, 
     params = work / ("params_csx.yaml" if device == "CSX" else "params.yaml")
     argv = line.cli(str(checkout_dir / model.run_py), device, mode, str(params), str(model_dir),
                     checkpoint)
-    env = zoo_environment(zoo_python, probe, "eager" if kind == "eager" else None)
+    env = zoo_environment(zoo_python, probe, "eager" if kind.endswith("eager") else None)
     start = time.monotonic()
     try:
         proc = subprocess.run([zoo_python] + argv, cwd=work, env=env, capture_output=True,
@@ -357,6 +365,8 @@ def judge(runs: dict[str, dict], settings: Settings) -> dict:
         verdict["csx"] = ("ok" if diff <= CSX_TOLERANCE else "FAIL") + f" {diff:.1e}"
     if ev is not None and ev["rc"] == 0 and ev["eval_loss"] is not None:
         reference = cpu["eval_loss"] if cpu else None
+        if reference is None and runs.get("eval_eager"):
+            reference = runs["eval_eager"]["eval_loss"]
         if reference is None:
             verdict["eval"] = f"ran {ev['eval_loss']:.5f} (no in-process eval to compare)"
         else:
@@ -408,6 +418,9 @@ def run_model(zoo_python: str, checkout_dir: Path, work: Path, line: ReleaseLine
         last = shutil.copy(checkpoints[max(checkpoints)], keep)
         runs["eval"] = run_one(zoo_python, checkout_dir, work, line, model, "eval", "CPU",
                                "eval", last)
+        if line.cpu_mode != "train_and_eval":
+            runs["eval_eager"] = run_one(zoo_python, checkout_dir, work, line, model,
+                                         "eval_eager", "CPU", "eval", last)
         first = checkpoints.get(settings.checkpoint_steps)
         if first:
             first = shutil.copy(first, keep)
@@ -447,7 +460,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "artifacts" / "zoo_generations.json")
     args = parser.parse_args(argv)
 
-    gitdir = git_dir(args.src.resolve())
+    gitdir = git_dir(args.src.resolve(), required=False)
     zoo_python = shutil.which(args.zoo_python) or args.zoo_python
     args.zoo_python = os.path.abspath(zoo_python)  # the runs change directory
     wanted = {x.strip() for x in args.lines.split(",") if x.strip()}
@@ -455,6 +468,10 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"unknown release line(s) {sorted(unknown)}; known: "
                      f"{[line.line for line in RELEASE_LINES]}")
+    if gitdir is None and len(wanted) != 1:
+        parser.error(f"{args.src} is not a git repository: give a Model Zoo clone (or bare git "
+                     "dir) holding the release tags, or a plain checkout of one release with "
+                     "--lines naming its line (e.g. --lines 2.3).")
     models = {x.strip() for x in args.models.split(",") if x.strip()}
     work_root = args.work_dir or Path(tempfile.mkdtemp(prefix="zoo_generations_"))
     settings = Settings()
@@ -464,7 +481,9 @@ def main(argv=None) -> int:
             continue
         checkout_dir = work_root / line.tag / "zoo"
         line_start = time.monotonic()
-        if not checkout_dir.exists():
+        if gitdir is None:  # a plain checkout of this one release, used as it is
+            checkout_dir = args.src.resolve()
+        elif not checkout_dir.exists():
             try:
                 missing = checkout(gitdir, line.tag, checkout_dir)
             except subprocess.CalledProcessError:
