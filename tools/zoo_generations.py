@@ -57,6 +57,9 @@ STEPS = 20
 FIRST_CHECKPOINT = 10
 EAGER_TOLERANCE = 1e-5
 CSX_TOLERANCE = 2e-2  # relative, CSX (half precision as shipped) against CPU
+# A resumed run whose zoo restarts the data from the first batch is compared with the
+# continuous run's curve (other batches, same weights) only this closely.
+RESTARTED_DATA_TOLERANCE = 1e-2
 RUN_TIMEOUT = 900
 
 
@@ -129,6 +132,9 @@ def cli_2x(run_py: str, device: str, mode: str, params: str, model_dir: str,
     return argv
 
 
+# The zoo's note that a checkpoint holds no dataloader state (a resumed run sees the first
+# batches again, as on the reference: only its restartable loaders are checkpointed).
+_DATA_RESTARTED = re.compile(r"yield samples from the beginning")
 _STEP_LOSS = re.compile(r"Step=(\d+), Loss=([-+0-9.eEnaif]+)")
 _EVAL_LOSS = re.compile(r"Avg Eval Loss: ([-+0-9.eEnaif]+)")
 
@@ -272,15 +278,18 @@ def checkout(gitdir: Path, tag: str, dest: Path) -> list[str]:
 # Running and judging.
 
 def first_error(log: str) -> str | None:
-    """The innermost ``file:line`` and the exception line of the last traceback in ``log``."""
-    at = log.rfind("Traceback (most recent call last)")
+    """The innermost ``file:line`` and the exception line of the first traceback in ``log``
+    (the root cause, where exceptions were chained)."""
+    at = log.find("Traceback (most recent call last)")
     if at < 0:
         return None
-    block = log[at:].splitlines()
-    frames = [line for line in block if line.strip().startswith('File "')]
-    message = next((line.strip() for line in block[1:]
-                    if line and not line.startswith(" ") and not line.startswith("Traceback")),
-                   block[-1].strip())
+    frames, message = [], ""
+    for line in log[at:].splitlines()[1:]:
+        if line.strip().startswith('File "'):
+            frames.append(line)
+        elif line and not line.startswith(" "):  # the exception line ends the traceback
+            message = line.strip()
+            break
     where = ""
     if frames:
         m = re.search(r'File "([^"]+)", line (\d+)', frames[-1])
@@ -325,6 +334,7 @@ def run_one(zoo_python: str, checkout_dir: Path, work: Path, line: ReleaseLine, 
     train, eval_loss = line.losses(model_dir, log)
     ran = json.loads(probe.read_text()) if probe.exists() else {}
     return dict(kind=kind, rc=rc, seconds=round(seconds, 1), losses=train, eval_loss=eval_loss,
+                data_restarted=bool(_DATA_RESTARTED.search(log)),
                 checkpoints=line.checkpoints(model_dir), error=first_error(log) if rc else None,
                 project_cstorch=bool(ran.get("project_cstorch")), engine=ran.get("engine"),
                 log=str(work / f"{kind}.log"))
@@ -380,6 +390,10 @@ def judge(runs: dict[str, dict], settings: Settings) -> dict:
         starts = min(res["losses"], default=None)
         if resumed is None or starts != settings.checkpoint_steps + 1:
             verdict["resume"] = f"FAIL (resumed steps {sorted(res['losses'])[:3]}...)"
+        elif resumed[0] > EAGER_TOLERANCE and res.get("data_restarted"):
+            # other batches than the continuous run's steps 11-20: only the curve's level
+            verdict["resume"] = ("ok" if resumed[0] <= RESTARTED_DATA_TOLERANCE else "FAIL") + \
+                f" {resumed[0]:.1e} (data restarts)"
         else:
             verdict["resume"] = ("ok" if resumed[0] <= EAGER_TOLERANCE else "FAIL") + \
                 f" {resumed[0]:.1e}"

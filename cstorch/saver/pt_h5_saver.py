@@ -9,8 +9,15 @@ the format here is written whole and published atomically.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointVersion:
+    ckpt_version: float
+    cstorch_version: str
 
 
 class PyTorchH5Saver:
@@ -27,14 +34,18 @@ class PyTorchH5Saver:
         return "__version__" in attributes and bool(attributes.get("__SUCCESS__", False))
 
     @classmethod
-    def extract_version(cls, path) -> str:
-        """The cstorch version that wrote the checkpoint at ``path`` ("" if it names none)."""
+    def extract_version(cls, path) -> "CheckpointVersion | None":
+        """The format and writer versions of the checkpoint at ``path`` (None when it is not
+        a complete H5 checkpoint of this format): ``.ckpt_version`` (float, 0.5 for the
+        files written here) and ``.cstorch_version`` (str)."""
         from cstorch.storage.h5_format import H5Reader
 
         if not cls.is_valid_checkpoint(path):
-            raise ValueError(f"{path!r} is not a complete H5 checkpoint of this format.")
-        version = H5Reader(path).root_attributes().get("__cstorch_version__", "")
-        return version.decode() if isinstance(version, bytes) else str(version)
+            return None
+        attributes = H5Reader(path).root_attributes()
+        writer = attributes.get("__cstorch_version__", "")
+        writer = writer.decode() if isinstance(writer, bytes) else str(writer)
+        return CheckpointVersion(float(attributes["__version__"]), writer)
 
     def save(self, checkpoint_file: str, state_dict: dict) -> None:
         from cstorch.storage import save

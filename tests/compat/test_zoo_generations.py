@@ -92,6 +92,7 @@ def test_release_2_2_run_flow_trains_like_eager_torch(tmp_path):
     with pytest.warns(DeprecationWarning):
         cs_config = cs.utils.CSConfig(num_csx=None, debug_args=debug_args,
                                       fabric_type_blacklist=None, disable_version_check=True)
+    cs_config.precision_opt_level = 2  # as the 2.2 flow sets it; the executor applies it
     cs.amp.set_half_dtype("float16")  # the 2.2 flow sets it on every run, float32 ones too
     with pytest.warns(DeprecationWarning, match="mixed_precision"):
         backend = cs.backend("CPU", artifact_dir=str(tmp_path), mixed_precision=False)
@@ -137,6 +138,7 @@ def test_release_2_2_run_flow_trains_like_eager_torch(tmp_path):
         for step, batch in enumerate(executor, start=1):
             record(training_step(batch), step)
     assert prof.op_profiler_json is None  # nothing was profiled on CPU
+    assert executor.cs_config is cs_config and cs.backends.csx.precision.optimization_level == 2
     # float32, as in 2.2 (set_half_dtype alone did not put a CPU step in half precision)
     _assert_close(losses, _eager_sgd_losses(4, 0.1, 0.01))
 
@@ -297,7 +299,9 @@ def test_release_2_0_and_2_1_names_and_run_flow(tmp_path):
     path = str(tmp_path / "checkpoint_4.mdl")
     assert PyTorchH5Saver.is_valid_checkpoint(path)
     assert not PyTorchH5Saver.is_valid_checkpoint(str(tmp_path / "nothing.mdl"))
-    assert cs.saver.PyTorchH5Saver.extract_version(path)
+    version = cs.saver.PyTorchH5Saver.extract_version(path)
+    assert version.ckpt_version == 0.5 and version.cstorch_version
+    assert PyTorchH5Saver.extract_version(str(tmp_path / "nothing.mdl")) is None
     state = PyTorchH5Saver().load(path)
     assert torch.equal(state["model"]["fc1.weight"], model.state_dict()["fc1.weight"])
     flat, _ = PyTorchH5Saver().flatten_state_dict(state)

@@ -68,7 +68,11 @@ def test_first_error_and_log_losses(tmp_path):
            "Traceback (most recent call last):\n"
            '  File "/x/zoo/run_cstorch_flow.py", line 69, in <module>\n'
            "    from cerebras.pytorch.core import modes\n"
-           "ImportError: cannot import name 'modes'\n")
+           "ImportError: cannot import name 'modes'\n\n"
+           "During handling of the above exception, another exception occurred:\n\n"
+           "Traceback (most recent call last):\n"
+           '  File "/x/zoo/run.py", line 3, in <module>\n'
+           "RuntimeError: later\n")
     assert tool.first_error(log) == "run_cstorch_flow.py:69: ImportError: cannot import name 'modes'"
     assert tool.first_error("all good") is None
     losses, eval_loss = tool.losses_2x(tmp_path, log)
@@ -91,5 +95,10 @@ def test_verdicts():
         ["ok"] * 5
     runs["eager"] = run({**curve, 1: 2.0 + 1e-6})
     assert "step 1 differs" in tool.judge(runs, s)["vs_eager"]
+    runs["resume"] = run({3: 1.8 * 1.001, 4: 1.7})
+    assert tool.judge(runs, s)["resume"].startswith("FAIL")
+    runs["resume"]["data_restarted"] = True  # other batches: the curve's level only
+    assert tool.judge(runs, s)["resume"].startswith("ok") and "data restarts" in \
+        tool.judge(runs, s)["resume"]
     runs["resume"] = run({1: 2.0, 2: 1.9, 3: 1.8, 4: 1.7})  # started over: not a resume
     assert tool.judge(runs, s)["resume"].startswith("FAIL")

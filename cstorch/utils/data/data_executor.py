@@ -88,6 +88,17 @@ def _old_keywords(listeners, micro_batch_size) -> None:
         backends.csx.performance.micro_batch_size = micro_batch_size
 
 
+def _old_cs_config(cs_config):
+    """The 2.0-2.2 ``cs_config``: its ``precision_opt_level`` (which their Model Zoo sets on
+    it) becomes ``cstorch.backends.csx.precision.optimization_level``."""
+    level = getattr(cs_config, "precision_opt_level", None)
+    if level is not None:
+        from cstorch.backends import backends
+
+        backends.csx.precision.optimization_level = level
+    return cs_config
+
+
 class DataExecutor:
     def __init__(self, dataloader, num_steps=None, checkpoint_steps=None, activation_steps=None,
                  profiler_activities=None, *, cs_config=None, writer=None, listeners=None,
@@ -106,6 +117,7 @@ class DataExecutor:
                 "rates to it (avg_samples_per_sec) at the end of the run.",
                 DeprecationWarning, stacklevel=2)
         self._writer = writer
+        self._cs_config = _old_cs_config(cs_config)
         if not impl.is_e2e_execution:
             if num_steps is not None and num_steps > 1:
                 warnings.warn("Compile-only/validate-only runs execute a single step; "
@@ -148,6 +160,19 @@ class DataExecutor:
         # The terminal progress bar of long runs (cstorch.utils.profiler); a caller that shows
         # its own progress (the Model Zoo Trainer) turns it off.
         self.show_progress = True
+
+    @property
+    def cs_config(self):
+        """The 2.0-2.2 cluster settings of this run: the ``cs_config`` passed (their Model
+        Zoo's models read ``current_executor().cs_config.precision_opt_level``), else one
+        holding the current precision optimization level."""
+        if self._cs_config is not None:
+            return self._cs_config
+        from types import SimpleNamespace
+
+        from cstorch.backends import backends
+
+        return SimpleNamespace(precision_opt_level=backends.csx.precision.optimization_level)
 
     @property
     def writer(self):
