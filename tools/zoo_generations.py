@@ -106,6 +106,13 @@ def gpt2_params(params: dict, s: Settings) -> dict:
                  vocab_size=32000, max_position_embeddings=128, dropout_rate=0.0,
                  attention_dropout_rate=0.0)
     model.pop("embedding_dropout_rate", None)
+    # Release_2.0's shipped gpt2_small schedule passes `alpha` to a Linear scheduler, which
+    # cerebras-pytorch's strict scheduler configs (2.1 on; 2.1's configs dropped the key)
+    # refuse; the tiny config leaves it out.
+    schedule = params.get("optimizer", {}).get("learning_rate")
+    for entry in schedule if isinstance(schedule, list) else [schedule]:
+        if isinstance(entry, dict) and str(entry.get("scheduler", "")).lower() == "linear":
+            entry.pop("alpha", None)
     _runconfig(params, s)
     return params
 
