@@ -25,7 +25,8 @@ class CSConfig:
             raise ValueError(f"num_csx={num_csx}: this engine models one CS system; set "
                              "num_csx to 1 (data-parallel runs over several systems are not "
                              "modeled).")
-        if debug_args is not None and not isinstance(debug_args, DebugArgs):
+        if debug_args is not None and not isinstance(debug_args, (DebugArgs, dict)):
+            # the 1.x message, or the dict-based DebugArgs get_debug_args reads from a file
             raise TypeError(f"debug_args must be a DebugArgs, got {type(debug_args).__name__}.")
         self.num_csx = num_csx
         self.max_wgt_servers = max_wgt_servers

@@ -40,8 +40,9 @@ _OLDER_ONLY = {
     "cerebras_pytorch.pb.stack.autogen_pb2": "cerebras_appliance.pb.stack.autogen_pb2",
 }
 # Packages of this directory: not aliased. ``amp`` is cstorch.amp plus the 1.x names (see
-# that package); its submodules are still cstorch's.
-_OWN = ("cerebras_pytorch.experimental", "cerebras_pytorch.lazy")
+# that package); its submodules are still cstorch's. ``saver`` is cstorch's saver plus the
+# 1.x appliance runner's piecewise checkpoint writing.
+_OWN = ("cerebras_pytorch.experimental", "cerebras_pytorch.lazy", "cerebras_pytorch.saver")
 _OWN_EXACT = ("cerebras_pytorch.amp",)
 
 
@@ -69,7 +70,7 @@ class _AliasAllButExperimental(_AliasFinder):
 
 # The 1.8 API must be in sys.modules before any cstorch submodule is aliased: aliasing fills
 # in ``cerebras_pytorch.<name>`` for every loaded ``cstorch.<name>`` that is not yet present.
-from cerebras_pytorch import amp, experimental  # noqa: E402
+from cerebras_pytorch import amp, experimental, saver  # noqa: E402
 
 _add_finder(_AliasAllButExperimental("cerebras_pytorch", "cstorch"))
 for _name, _module in list(_sys.modules.items()):

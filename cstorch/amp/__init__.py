@@ -9,6 +9,7 @@ from cstorch.backend.precision import (
     is_cbfloat16_tensor,
     mixed_precision,
     set_half_dtype,
+    use_bfloat16,
 )
 from cstorch.amp._compat import (
     disable_casts,

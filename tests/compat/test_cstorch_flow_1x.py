@@ -33,11 +33,15 @@ def test_appliance_config_types_are_plain_objects_with_protobuf_manners(tmp_path
         args.debug_inii = 1
     update_debug_args_with_autogen_policy(args, "medium")
     assert "AP_MEDIUM" in args.debug_ini.frozen_content
-    with pytest.raises(ValueError, match="no name 'AP_BOGUS'"):
+    with pytest.raises(ValueError, match="'bogus' is not one of"):
         update_debug_args_with_autogen_policy(args, "bogus")
     path = tmp_path / "dbg.json"
     path.write_text('{"debug_ini": {"frozen_content": "x: 1\\n"}}')
-    assert get_debug_args(str(path)).debug_ini.frozen_content == "x: 1\n"
+    from_file = get_debug_args(str(path))
+    assert from_file.debug_ini.frozen_content == "x: 1\n"
+    update_debug_args_with_autogen_policy(from_file, "disabled")  # either kind of DebugArgs
+    assert from_file.debug_ini.frozen_content == "x: 1\nautogen_policy: AP_DISABLED\n"
+    assert CSConfig(debug_args=from_file).debug_args is from_file
     path.write_text("debug_ini { frozen_content: 'x' }")
     with pytest.raises(ValueError, match="not protobuf text format"):
         get_debug_args(str(path))

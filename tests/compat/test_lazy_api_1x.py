@@ -232,10 +232,11 @@ def test_saver_writes_a_checkpoint_only_once_every_piece_arrived(tmp_path):
     saver.save_tensor(path, "model.w", flat["model.w"])
     assert not PyTorchH5Saver.is_valid_checkpoint(path)  # not half a checkpoint on disk
     saver.save_tensor(path, "global_step", 7)
-    saver.save_tensor(path, "lr_scheduler.lr_lambdas.0", {})
     assert PyTorchH5Saver.is_valid_checkpoint(path)
     assert cstorch.load(path)["lr_scheduler"] == {"lr_lambdas": [{}]}
-    assert PyTorchH5Saver.load_tensor(path, "global_step") == 7
+    assert saver.load_tensor(path, "global_step") == 7
+    with pytest.raises(NotImplementedError, match="cannot be added to an existing"):
+        PyTorchH5Saver().save_tensor(str(tmp_path / "other.mdl"), "model.w", 1)
     with pytest.raises(KeyError, match="not in the spec"):
         saver.save_spec(path, spec)
         saver.save_tensor(path, "model.v", 1)

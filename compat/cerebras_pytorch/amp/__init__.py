@@ -9,7 +9,8 @@ such as ``cerebras_pytorch.amp.grad_scaler`` are cstorch's modules), except:
 * 1.6 called the scaler itself on the loss: ``scaler(loss)`` is ``scaler.scale(loss)``;
 * the 1.x module functions: ``get_init_params()`` (the keywords the last GradScaler was
   built with), ``state_dict()``/``load_state_dict()`` (the amp state the 1.x runner saves
-  in checkpoints: the half dtype), ``use_bfloat16(flag)`` and ``_amp_state.half_dtype``.
+  in checkpoints: the half dtype) and ``_amp_state.half_dtype`` (``use_bfloat16`` is
+  cstorch's own, as 2.0 had it).
 
 It is this package rather than cstorch.amp itself because cstorch's GradScaler must keep its
 2.x signature (2.0/2.1 code gets the same object through this name and notices nothing).
@@ -55,10 +56,6 @@ class GradScaler(_amp.GradScaler):
 
 def get_init_params() -> dict:
     return dict(_init_params)
-
-
-def use_bfloat16(flag: bool) -> None:
-    _amp.set_half_dtype(torch.bfloat16 if flag else torch.float16)
 
 
 class _AmpState:

@@ -1,4 +1,6 @@
-"""``PyTorchH5Saver``: the 1.x Model Zoo's interface to H5 checkpoints, on cstorch's format.
+"""``PyTorchH5Saver`` under its 1.7-2.1 name: cstorch's (the 2.0-2.2 interface: ``save``,
+``load``, ``is_valid_checkpoint``, ``extract_version``, ``flatten_state_dict``, ...) plus what
+the 1.x Model Zoo's appliance runner also calls.
 
 The 1.x appliance runner writes a checkpoint in pieces: ``flatten_state_dict(state)`` gives
 ``{dotted key: leaf}`` and a spec, ``save_spec(path, spec)`` announces what the file will
@@ -23,8 +25,10 @@ from typing import Any
 import torch
 
 import cstorch
+from cstorch.saver.pt_h5_saver import PyTorchH5Saver as _PyTorchH5Saver2x
 
 _SEP = "."
+_SPECS: dict = {}  # id(2.x spec) -> (that spec, the structure _unflatten rebuilds)
 
 
 def _flatten(tree, prefix=""):
@@ -35,28 +39,22 @@ def _flatten(tree, prefix=""):
                 raise TypeError(f"Checkpoint keys must be str or int, got {key!r} "
                                 f"({type(key).__name__}) under {prefix or 'the root'!r}.")
             out.update(_flatten(value, f"{prefix}{key}{_SEP}"))
-        if not tree and prefix:
-            out[prefix[:-1]] = {}
         return out
     if isinstance(tree, (list, tuple)):
         out = {}
         for index, value in enumerate(tree):
             out.update(_flatten(value, f"{prefix}{index}{_SEP}"))
-        if not tree and prefix:
-            out[prefix[:-1]] = type(tree)()
         return out
     return {prefix[:-1]: tree}
 
 
-def _spec(tree, root=True):
-    """The structure of ``tree`` with its leaves left out (what ``_unflatten`` rebuilds). An
-    empty container below the root is a leaf, as ``_flatten`` keeps it."""
-    if isinstance(tree, (dict, list, tuple)) and not tree and not root:
-        return ("leaf",)
+def _spec(tree):
+    """The structure of ``tree`` with its leaves left out (what ``_unflatten`` rebuilds; an
+    empty container holds no leaf, as in cstorch's ``flatten_state_dict``)."""
     if isinstance(tree, dict):
-        return ("dict", [(k, _spec(v, False)) for k, v in tree.items()])
+        return ("dict", [(k, _spec(v)) for k, v in tree.items()])
     if isinstance(tree, (list, tuple)):
-        return (type(tree).__name__, [_spec(v, False) for v in tree])
+        return (type(tree).__name__, [_spec(v) for v in tree])
     return ("leaf",)
 
 
@@ -83,7 +81,7 @@ def _host(value):
     return value.detach().cpu() if isinstance(value, torch.Tensor) else value
 
 
-class PyTorchH5Saver:
+class PyTorchH5Saver(_PyTorchH5Saver2x):
     _pending: dict = {}  # path -> (spec, {key: value}) of a checkpoint being written
 
     def __init__(self, loaded_checkpoint: str | None = None,
@@ -103,19 +101,27 @@ class PyTorchH5Saver:
                 not self.is_pretrained_checkpoint or k.startswith("model" + _SEP))})
         cstorch.save(_unflatten(_spec(state_dict), flat), path)
 
-    @staticmethod
-    def flatten_state_dict(state_dict: dict):
-        return _flatten(state_dict), _spec(state_dict)
+    def flatten_state_dict(self, state_dict: dict):
+        """cstorch's ``(flat, spec)``; the spec is also remembered with the structure the
+        piecewise write rebuilds the checkpoint from (``save_spec``)."""
+        flat, spec = super().flatten_state_dict(state_dict)
+        _SPECS[id(spec)] = (spec, _spec(state_dict))
+        return flat, spec
 
     # -------------------------------------------------------------------- piece by piece
     def save_spec(self, path: str, spec) -> None:
-        PyTorchH5Saver._pending[os.path.abspath(path)] = (spec, {})
+        if id(spec) not in _SPECS or _SPECS[id(spec)][0] is not spec:
+            raise ValueError("save_spec takes the spec that flatten_state_dict returned.")
+        PyTorchH5Saver._pending[os.path.abspath(path)] = (_SPECS[id(spec)][1], {})
 
     def save_tensor(self, path: str, key: str, value: Any) -> None:
         where = os.path.abspath(path)
         if where not in PyTorchH5Saver._pending:
-            raise ValueError(f"save_tensor({path!r}, {key!r}): call save_spec for this file "
-                             "first (it says which tensors the checkpoint holds).")
+            raise NotImplementedError(
+                f"save_tensor({path!r}, {key!r}): tensors cannot be added to an existing "
+                "checkpoint (the format is written whole and published atomically). For a new "
+                "file, call save_spec with flatten_state_dict's spec first; otherwise build "
+                "the state dict and call cstorch.save.")
         spec, values = PyTorchH5Saver._pending[where]
         keys = _leaf_keys(spec)
         if key not in keys:
@@ -127,30 +133,9 @@ class PyTorchH5Saver:
 
     # --------------------------------------------------------------------------- reading
     @staticmethod
-    def is_valid_checkpoint(path: str) -> bool:
-        """Whether ``path`` is a complete H5 checkpoint (a torch pickle is not)."""
-        import h5py
-
-        if not path or not os.path.isfile(path) or not h5py.is_hdf5(path):
-            return False
-        with h5py.File(path, "r") as f:
-            return bool(f.attrs.get("__SUCCESS__", False))
-
-    @staticmethod
     def tensor_names(path: str) -> list:
         return list(_flatten(cstorch.load(path)))
 
-    @staticmethod
-    def load_tensor(path: str, key: str):
-        flat = _flatten(cstorch.load(path))
-        if key not in flat:
-            raise KeyError(f"{key!r} is not in checkpoint {path!r}; it holds "
-                           f"{sorted(flat)[:10]}{'...' if len(flat) > 10 else ''}.")
-        return flat[key]
-
-    @staticmethod
-    def load(path: str) -> dict:
-        return cstorch.load(path)
 
 
 class CerebrasStateDict(dict):

@@ -2,7 +2,9 @@
 
 ``ExecutionStrategy`` (``ES_WEIGHT_STREAMING``, ``ES_PIPELINE``) and ``DebugArgs`` (its
 ``debug_ini.frozen_content``, the text of the debug ini) are what the 1.x Model Zoo builds;
-the engine reads only the ini text (see ``cerebras_appliance.run_utils``'s 1.x helpers).
+the engine reads only the ini text (``cerebras_appliance.run_utils``'s 1.x helpers record
+in it). ``cerebras_appliance.run_utils.get_debug_args`` reads files into the dict-based
+``DebugArgs`` of later releases; both are accepted wherever the 1.x zoo passes one.
 """
 
 from cerebras_appliance.pb.messages import Enum, Message
