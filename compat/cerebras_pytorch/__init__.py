@@ -34,7 +34,6 @@ from cstorch.utils._import_alias import target_exists as _target_exists
 _OLDER_ONLY = {
     "cerebras_pytorch.core.cb_model": "cerebras_pytorch.lazy.cb_model",
     "cerebras_pytorch.core.appliance": "cerebras_pytorch.lazy.appliance",
-    "cerebras_pytorch.core.modes": "cerebras_pytorch.lazy.modes",
     "cerebras_pytorch.pb": "cerebras_appliance.pb",  # 1.6 imported the config types here
     "cerebras_pytorch.pb.stack": "cerebras_appliance.pb.stack",
     "cerebras_pytorch.pb.stack.autogen_pb2": "cerebras_appliance.pb.stack.autogen_pb2",

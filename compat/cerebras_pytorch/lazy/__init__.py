@@ -16,7 +16,6 @@ modeled wafer) for each batch of its own stream of the training data, from the i
 state the runner saved, and hands back each step's loss. Modules:
 
 * ``cb_model``: ``cbtorch.core.cb_model`` (``cm``): the process queries and step closures;
-* ``modes``: ``cbtorch.core.modes``;
 * ``api``: the top-level names (``initialize``, ``module``, ``optimizer``, ``dataloader``,
   ``state``, ``env``, ``Session``, ...);
 * ``appliance``: ``cbtorch.core.appliance.ApplianceMode``;
