@@ -314,3 +314,60 @@ def test_saver_takes_only_model_leaves_from_a_pretrained_checkpoint(tmp_path):
     state = cstorch.load(out)
     assert state["model"]["w"].tolist() == [1.0, 1.0]
     assert state["optimizer"]["m"].tolist() == [0.0, 0.0] and state["global_step"] == 0
+
+
+class _Toy16Runner(_ToyApplianceRunner):
+    """The 1.6 protocol: the appliance gets a function returning the initial state (1.6 read
+    ``checkpoint_0.mdl``, written with ``cm.save``), ``receive_activations`` returns the
+    outputs by name, and checkpoints are the values ``receive_weights`` hands back."""
+
+    def __init__(self, cbtorch, model_dir):
+        from cerebras_pytorch.core import cb_model as cm
+
+        self.cm, self.cbtorch, self.model_dir = cm, cbtorch, model_dir
+        self._model = _ToyModel(cbtorch)
+        self._active_mode = "train"
+        self._num_batches_processed = 0
+        self.losses = {}
+        self._initial = os.path.join(model_dir, "checkpoint_0.mdl")
+        cm.save(self._model.get_state(), self._initial)  # 1.x cm.save: a torch pickle
+        self._appliance = cbtorch.core.appliance.ApplianceMode(
+            {"runconfig": {}}, lambda: torch.load(self._initial))
+
+    def train_forward(self, data):
+        if self._num_batches_processed == 0:
+            return super().train_forward(data)
+        outputs = self._appliance.receive_activations(self._num_batches_processed)
+        return [outputs[name] for name in self._appliance.output_names][0]
+
+    def train(self, loader, steps):
+        for step, data in enumerate(self.cbtorch.dataloader(loader), start=1):
+            self.optimizer_zero_grad()
+            loss = self.train_forward(data)
+            self.backward(loss)
+            self.optimizer_step()
+            if self._num_batches_processed == 0:
+                self._appliance.compile(len(data[1]), None, False)
+                self._appliance.execute(None, 4, steps, 0)  # 1.6: no initial state file
+                loss = self._appliance.receive_activations(0)["loss"]
+            self.losses[step] = loss.item()
+            self._num_batches_processed += 1
+            if step == steps:
+                break
+        state = self._model.get_state()
+        weights = self._appliance.receive_weights(state, steps - 1)
+        names = self._appliance.weight_names
+        return {name: weights[names.get(name)] for name in state["model"]}
+
+
+def test_16_protocol_trains_like_eager_torch(tmp_path):
+    import cerebras_pytorch as cbtorch
+
+    cbtorch.initialize(service_workdir=str(tmp_path), appliance=True)
+    runner = _Toy16Runner(cbtorch, str(tmp_path))
+    weights = runner.train(_batches(), steps=5)
+    expected, eager_model = _eager_losses(5)
+    assert [runner.losses[s] for s in range(1, 6)] == pytest.approx(expected, rel=2e-2)
+    for name, value in eager_model.state_dict().items():
+        torch.testing.assert_close(weights[name], value, rtol=2e-2, atol=2e-3)
+    assert isinstance(torch.load(str(tmp_path / "checkpoint_0.mdl")), dict)
