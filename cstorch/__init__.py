@@ -24,6 +24,7 @@ from cstorch import mesh  # noqa: E402
 from cstorch import metrics  # noqa: E402
 from cstorch import nn  # noqa: E402
 from cstorch import profiler as profiler  # noqa: E402
+from cstorch import saver as saver  # noqa: E402  (2.0-2.2: cstorch.saver.PyTorchH5Saver)
 from cstorch import sparse as sparse  # noqa: E402
 from cstorch._cirh import cirh as cirh  # noqa: E402
 from cstorch.lib import cerebras_pytorch_lib as cerebras_pytorch_lib  # noqa: E402

@@ -9,6 +9,7 @@ from cstorch.backend.precision import (
     is_cbfloat16_tensor as is_cbfloat16_tensor,
     mixed_precision as mixed_precision,
     set_half_dtype as set_half_dtype,
+    use_bfloat16 as use_bfloat16,
 )
 from cstorch.amp._compat import (
     disable_casts as disable_casts,

@@ -65,6 +65,17 @@ def set_half_dtype(value) -> torch.dtype:
     return _HALF_DTYPES[value]
 
 
+def use_bfloat16(use: bool) -> torch.dtype:
+    """The 2.0 spelling of choosing the half dtype: bfloat16 when ``use``, else float16.
+    Unlike ``set_half_dtype`` it leaves mixed precision on or off as it was."""
+    if not isinstance(use, bool):
+        raise ValueError(f"use_bfloat16 expects a bool, got {use!r}.")
+    was_mixed = _AmpState.mixed_precision
+    dtype = set_half_dtype("bfloat16" if use else "float16")
+    _AmpState.mixed_precision = was_mixed
+    return dtype
+
+
 def get_half_dtype() -> torch.dtype:
     return _HALF_DTYPES[_AmpState.half_dtype_str]
 

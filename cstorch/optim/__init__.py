@@ -1,7 +1,7 @@
 """cstorch optimizers and schedulers.
 
 ``__all__`` lists what cerebras-pytorch 2.10 exports. The configuration helpers of the 1.x API
-(``configure_optimizer``, ``configure_lr_scheduler``, ``configure_scheduler``,
+(``configure_optimizer``, ``configure_lr_scheduler``, ``configure_scheduler``, ``configure_param_groups``,
 ``configure_optimizer_params``, ``configure_scheduler_params``; ``cstorch.optim.config``) are
 importable from here too, for older scripts.
 """
@@ -26,6 +26,7 @@ from cstorch.optim.muon import Muon
 from cstorch.optim.nadam import NAdam
 from cstorch.optim.optax import OptaxOptimizer as OptaxOptimizer, from_optax as from_optax
 from cstorch.optim.optimizer import Optimizer
+from cstorch.optim.param_groups import configure_param_groups as configure_param_groups
 from cstorch.optim.radam import RAdam
 from cstorch.optim.rmsprop import RMSprop
 from cstorch.optim.rprop import Rprop

@@ -102,6 +102,18 @@ def save(state_dict, ckpt_path: str | os.PathLike, *, exist_ok: bool = True) -> 
         if isinstance(error, OSError) and error.filename == path:
             raise error.with_traceback(None) from None  # the clear disk-space error
         raise
+    _saved(path)
+
+
+def _saved(path: str) -> None:
+    """Tells the backend a checkpoint was written (it may keep only the newest few: the
+    2.0/2.1 ``max_checkpoints``)."""
+    from cstorch.backend import current_backend_impl
+
+    impl = current_backend_impl(raise_exception=False)
+    keeper = getattr(impl, "checkpoint_keeper", None)
+    if keeper is not None:
+        keeper.saved_checkpoint(path)
 
 
 def _link_duplicates(keys: list[str], leaves: list) -> list[tuple[str, object]]:

@@ -152,6 +152,18 @@ class Profiler:
                     "executor.profiler.rate_tracker.global_rate")
         return self.activities["rate_tracker"].global_rate
 
+    def total_samples(self) -> int:
+        """Deprecated 2.0 spelling of ``profiler.rate_tracker.total_samples``."""
+        _deprecated("executor.profiler.total_samples()",
+                    "executor.profiler.rate_tracker.total_samples")
+        return self.activities["rate_tracker"].total_samples
+
+    def total_time(self) -> float:
+        """Deprecated 2.0 spelling of ``profiler.rate_tracker.total_time``."""
+        _deprecated("executor.profiler.total_time()",
+                    "executor.profiler.rate_tracker.total_time")
+        return self.activities["rate_tracker"].total_time
+
     def __getattr__(self, name):
         activities = self.__dict__.get("activities", {})
         if name in activities:
