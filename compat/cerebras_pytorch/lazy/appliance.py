@@ -156,25 +156,6 @@ class _SameName(dict):
         return name
 
 
-def _require_state_made_before_the_step() -> None:
-    """An optimizer that creates its state inside ``step()`` (torch's own, lazily) would
-    leave the traced step's placeholders in its state: the 1.x stack needed optimizers that
-    create their state beforehand (the zoo's ``CSOptimizer.preinitialize``), and so does
-    this flow. Checked after the first step, so it fails loudly instead of training wrong."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    for wrapper in _run.current().optimizers:
-        for state in wrapper.state.values():
-            for name, value in state.items():
-                if isinstance(value, FakeTensor):  # the trace's placeholder, left behind
-                    raise RuntimeError(
-                        f"{type(wrapper._optimizer).__name__} created its state {name!r} "
-                        "inside step(); the 1.x appliance flow needs the optimizer state "
-                        "created before the first step (as the Model Zoo's CSOptimizer does "
-                        "in preinitialize()). Use the zoo's optimizers, or create the state "
-                        "in the optimizer's constructor.")
-
-
 class ApplianceMode:
     def __init__(self, *args, **kwargs):
         runner = sys._getframe(1).f_locals.get("self")
@@ -270,8 +251,6 @@ class ApplianceMode:
             self.throughput.add(self.last_batch_size)
             impl = cstorch.backend()._impl
             self.last_loss = impl.to_cpu(loss).detach().clone()
-            if self._steps_run == 0:
-                _require_state_made_before_the_step()
             self._steps_run += 1
             _run.current().run_step += 1
         return {"loss": self.last_loss}
