@@ -362,6 +362,20 @@ def compare(a: dict[int, float], b: dict[int, float]) -> tuple[float, bool] | No
     return max(_relative(a[s], b[s]) for s in common), a.get(1) == b.get(1)
 
 
+def _same_batches(res: dict, cpu: dict, settings: Settings) -> float:
+    first = settings.checkpoint_steps
+    diff = compare({s - first: v for s, v in res["losses"].items()},
+                   {s: v for s, v in cpu["losses"].items() if s <= first})
+    return diff[0] if diff else math.inf
+
+
+def _restarted_data(res: dict, cpu: dict, settings: Settings, continuation: float) -> bool:
+    """Whether the resumed run saw the first batches again: the zoo says so (2.0-2.2), or
+    its losses are nearer the continuous run's on the first batches than on the later ones
+    (the 2.3 Trainer restarts a dataloader that is not restartable without a message)."""
+    return bool(res.get("data_restarted")) or _same_batches(res, cpu, settings) < continuation
+
+
 def judge(runs: dict[str, dict], settings: Settings) -> dict:
     cpu, eager, csx, ev, res = (runs.get(k) for k in ("cpu", "eager", "csx", "eval", "resume"))
     verdict = {}
@@ -397,13 +411,10 @@ def judge(runs: dict[str, dict], settings: Settings) -> dict:
         starts = min(res["losses"], default=None)
         if resumed is None or starts != settings.checkpoint_steps + 1:
             verdict["resume"] = f"FAIL (resumed steps {sorted(res['losses'])[:3]}...)"
-        elif resumed[0] > EAGER_TOLERANCE and res.get("data_restarted"):
+        elif resumed[0] > EAGER_TOLERANCE and _restarted_data(res, cpu, settings, resumed[0]):
             # Steps 11-20 of the resumed run see the batches of steps 1-10 again: compared
             # with those steps of the continuous run (10 steps less trained, same batches).
-            first = settings.checkpoint_steps
-            same_batches = compare({s - first: v for s, v in res["losses"].items()},
-                                   {s: v for s, v in cpu["losses"].items() if s <= first})
-            diff = same_batches[0] if same_batches else math.inf
+            diff = _same_batches(res, cpu, settings)
             verdict["resume"] = ("ok" if diff <= RESTARTED_DATA_TOLERANCE else "FAIL") + \
                 f" {diff:.1e} (data restarts)"
         else:
