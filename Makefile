@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-fast test-compat docs gpu-check bench bench-gpu coverage zoo-check clean
+.PHONY: demo lint test test-fast test-compat docs gpu-check bench bench-gpu coverage zoo-check zoo-generations clean
 
 # torch first: one already in the venv inside pyproject's range is kept; with none, this CPU
 # build (lying on this machine's disk; a range would pull gigabytes of CUDA libraries).
@@ -25,6 +25,10 @@ $(VENV)/.installed: pyproject.toml
 
 demo: .venv
 	$(PY) examples/mnist_mlp.py
+
+# Ruff with the rules in pyproject.toml ([tool.ruff]); CI runs it before the tests.
+lint: .venv
+	$(PY) -m ruff check .
 
 # Everything (CI runs this), with the 25 slowest tests listed at the end.
 test: .venv
@@ -116,6 +120,16 @@ zoo-check: .venv
 	MODELZOO_SRC=$(MODELZOO_SRC) ZOO_PYTHON=$(ZOO_PYTHON) $(PY) -m pytest -q tests/zoo
 	$(PY) tools/zoo_sweep.py $(MODELZOO_SRC) --zoo-python $(ZOO_PYTHON) --jobs $(ZOO_SWEEP_JOBS) \
 		$(if $(REFERENCE_PYTHON),--reference-python $(REFERENCE_PYTHON))
+
+# Every release line of the real Model Zoo, run unchanged through its own run.py
+# (tools/zoo_generations.py, tests/zoo/README.md). Fetches nothing: MODELZOO_SRC is a Model Zoo
+# git clone (or bare git dir) holding the release tags; ZOO_PYTHON a venv with the zoo's deps;
+# ZOO_LINES picks release lines (e.g. 2.3,2.2; default all).
+ZOO_LINES ?=
+zoo-generations: .venv
+	@test -n "$(MODELZOO_SRC)" || { echo "Set MODELZOO_SRC=/path/to/a/modelzoo/git/clone (see tests/zoo/README.md)"; exit 2; }
+	$(PY) tools/zoo_generations.py $(MODELZOO_SRC) --zoo-python $(ZOO_PYTHON) \
+		$(if $(ZOO_LINES),--lines $(ZOO_LINES))
 
 clean:
 	rm -rf artifacts cerebras_logs .pytest_cache site

@@ -30,7 +30,7 @@ from cstorch.distributed import ClusterConfig
 from jax_backend import mesh
 
 sys.path.insert(0, "examples")
-from gpt_adamw import GPT  # noqa: E402
+from gpt_adamw import GPT
 
 
 def measure(num_csx, weight_servers, args):

@@ -92,7 +92,7 @@ def main():
                               "--width", str(args.width), "--batch", str(args.batch),
                               "--steps", str(args.steps), "--freq", str(args.freq)],
                              capture_output=True, text=True, env=env, cwd=REPO)
-        line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT ")), None)
+        line = next((s for s in out.stdout.splitlines() if s.startswith("RESULT ")), None)
         if line is None:
             raise RuntimeError(f"{algorithm} failed:\n{out.stderr[-3000:]}")
         r = json.loads(line[len("RESULT "):])

@@ -341,7 +341,7 @@ def print_report(report):
     print(f"  {'op class':28s} {'ms/step':>9s} {'share':>6s}")
     for row in report["classes"]:
         print(f"  {row['class']:28s} {row['ms_per_step']:9.3f} {row['share'] * 100:5.1f}%")
-    print(f"  top ops:")
+    print("  top ops:")
     for row in report["top_ops"]:
         print(f"    {row['op'][:48]:48s} {row['class']:24s} {row['ms_per_step']:8.3f}")
 

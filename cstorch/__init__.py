@@ -9,7 +9,7 @@ system); settings are in ``cstorch.config``.
 import os as _os
 
 import jax_backend as _jax_backend
-from cstorch import config  # noqa: F401
+from cstorch import config
 
 # True only while documentation is generated from the docstrings (as in the reference).
 _generating_docs = config.generating_docs.value
@@ -17,42 +17,43 @@ _generating_docs = config.generating_docs.value
 _jax_backend.register_internal_dir(_os.path.dirname(__file__))
 _jax_backend.fingerprint.register_project_dir(_os.path.dirname(__file__))
 
-from cstorch import amp, backend as _backend_module, core, optim, utils  # noqa: E402,F401
-from cstorch import distributed  # noqa: E402
+from cstorch import amp, core as core, optim, utils  # noqa: E402
+from cstorch import distributed as distributed  # noqa: E402
 from cstorch import experimental  # noqa: E402
 from cstorch import mesh  # noqa: E402
 from cstorch import metrics  # noqa: E402
 from cstorch import nn  # noqa: E402
-from cstorch import profiler  # noqa: E402
-from cstorch import sparse  # noqa: E402
-from cstorch._cirh import cirh  # noqa: E402
-from cstorch.lib import cerebras_pytorch_lib  # noqa: E402
+from cstorch import profiler as profiler  # noqa: E402
+from cstorch import saver as saver  # noqa: E402  (2.0-2.2: cstorch.saver.PyTorchH5Saver)
+from cstorch import sparse as sparse  # noqa: E402
+from cstorch._cirh import cirh as cirh  # noqa: E402
+from cstorch.lib import cerebras_pytorch_lib as cerebras_pytorch_lib  # noqa: E402
 from cstorch.backend import (  # noqa: E402
     backend,
     current_backend,
-    current_backend_impl,
+    current_backend_impl as current_backend_impl,
     current_torch_device,
     use_cs,
 )
 from cstorch.backends import backends  # noqa: E402
-from cstorch.core.compile import compile, trace  # noqa: A004,E402
-from cstorch.core.device import device  # noqa: E402
-from cstorch.core.name_scope import add_debug_name  # noqa: E402
-from cstorch.core.name_scope import get_debug_name  # noqa: E402
-from cstorch.core.name_scope import name_scope  # noqa: E402
-from cstorch.core.name_scope import set_debug_scope  # noqa: E402
-from cstorch.core.tensor import tensor  # noqa: E402
+from cstorch.core.compile import compile, trace  # noqa: E402
+from cstorch.core.device import device as device  # noqa: E402
+from cstorch.core.name_scope import add_debug_name as add_debug_name  # noqa: E402
+from cstorch.core.name_scope import get_debug_name as get_debug_name  # noqa: E402
+from cstorch.core.name_scope import name_scope as name_scope  # noqa: E402
+from cstorch.core.name_scope import set_debug_scope as set_debug_scope  # noqa: E402
+from cstorch.core.tensor import tensor as tensor  # noqa: E402
 from cstorch.decomp.registry import register_decomposition  # noqa: E402
-from cstorch.jax_export import export, torch_state_dict  # noqa: E402
+from cstorch.jax_export import export as export, torch_state_dict as torch_state_dict  # noqa: E402
 from cstorch.storage import load, save  # noqa: E402
-from cstorch.utils.constant import make_constant  # noqa: E402
+from cstorch.utils.constant import make_constant as make_constant  # noqa: E402
 from cstorch.utils.data.data_executor import current_executor  # noqa: E402
 from cstorch.utils.data.utils import from_numpy, to_numpy  # noqa: E402
-from cstorch.utils.device_annotation import device_annotation  # noqa: E402
-from cstorch.utils.pol import current_pol, pol  # noqa: E402
+from cstorch.utils.device_annotation import device_annotation as device_annotation  # noqa: E402
+from cstorch.utils.pol import current_pol as current_pol, pol as pol  # noqa: E402
 from cstorch.utils.step_closures import checkpoint_closure, step_closure  # noqa: E402
 from cstorch.utils.tensor import full, full_like, ones, ones_like, zeros, zeros_like  # noqa: E402
-from cstorch.utils._removed import __getattr__  # noqa: E402,F401
+from cstorch.utils._removed import __getattr__ as __getattr__  # noqa: E402
 
 __version__ = "2.10.0"
 

@@ -14,6 +14,7 @@ on a real system where the flags are compiled into the run.
 
 import dataclasses
 import os
+import sys
 from typing import Any, List, Literal, Optional, Union
 
 from cstorch.utils import _flags as _flags_module
@@ -32,13 +33,43 @@ class DebugArgs(dict):
 
     ``MergeFrom(other)`` merges like the reference's protobuf message does: nested mappings
     merge key by key, lists are extended, any other value of ``other`` replaces this one's.
+
+    Fields are also attributes, as on the protobuf message the Model Zoo (2.0-2.3) writes
+    through: ``debug_args.debug_usr.worker_resource.memory_bytes = n``. Reading a sub-message
+    that is not set gives an empty one that joins its parent only when something is set in
+    it, so reading never adds fields.
     """
 
-    def MergeFrom(self, other) -> None:  # noqa: N802 - the protobuf method name
+    def MergeFrom(self, other) -> None:  # the protobuf method name
         if not isinstance(other, dict):
             raise TypeError(f"DebugArgs.MergeFrom expects DebugArgs or a dict, got "
                             f"{type(other).__name__}.")
         _merge_into(self, other)
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name not in self:
+            child = DebugArgs()
+            child.__dict__["_attach_to"] = (self, name)
+            return child
+        value = self[name]
+        if type(value) is dict:  # a sub-message read from a file: give it attributes too
+            value = DebugArgs(value)
+            dict.__setitem__(self, name, value)
+        return value
+
+    def __setattr__(self, name, value):
+        if name.startswith("_"):
+            raise AttributeError(f"DebugArgs has no field {name!r}")
+        self[name] = value
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        attach = self.__dict__.pop("_attach_to", None)
+        if attach is not None and attach[1] not in attach[0]:
+            parent, name = attach
+            parent[name] = self
 
 
 def _merge_into(target: dict, source: dict) -> None:
@@ -198,9 +229,12 @@ class _backends(_flags):
 
 
 def _refuse_changes_during_csx_run(group, name) -> None:
-    from cstorch.backend import current_backend_impl
-
-    impl = current_backend_impl(raise_exception=False)
+    # Read through sys.modules, not imported: cstorch.backend sets flags from its old
+    # keywords (cstorch.backend.old_keywords), and no backend exists before it is loaded.
+    backend_module = sys.modules.get("cstorch.backend")
+    if backend_module is None:
+        return
+    impl = backend_module.current_backend_impl(raise_exception=False)
     if impl is not None and impl.is_csx and impl.data_executor_stack:
         raise RuntimeError(
             f"Cannot change the backends flag `{name}` of {type(group).__name__.lstrip('_')} "

@@ -1,17 +1,22 @@
 """User-facing exception classes of cstorch (each message says what happened and the fix)."""
 
-from jax_backend.errors import LoweringNotFoundError, RecompilationError, ValueReadInTraceError
+from jax_backend.errors import (
+    CstorchError,
+    LoweringNotFoundError,
+    RecompilationError,
+    ValueReadInTraceError,
+)
 
 
-class MultipleBackendsError(RuntimeError):
+class MultipleBackendsError(CstorchError, RuntimeError):
     """A second backend was requested while one already exists."""
 
 
-class NoBackendError(RuntimeError):
+class NoBackendError(CstorchError, RuntimeError):
     """An API that needs a backend was used before ``cstorch.backend(...)``."""
 
 
 __all__ = [
-    "LoweringNotFoundError", "MultipleBackendsError", "NoBackendError", "RecompilationError",
-    "ValueReadInTraceError",
+    "CstorchError", "LoweringNotFoundError", "MultipleBackendsError", "NoBackendError",
+    "RecompilationError", "ValueReadInTraceError",
 ]

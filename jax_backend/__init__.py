@@ -32,17 +32,17 @@ user's programs), the environment and torch are as the user left them. The map o
 is docs/ARCHITECTURE.md.
 """
 
-from jax_backend import config, jax_settings  # noqa: F401
-from jax_backend import compilation_cache  # noqa: E402
-from jax_backend import dtypes, mesh, optimizers, precision, registry, schedules  # noqa: E402
-from jax_backend import target  # noqa: E402
-from jax_backend import ops  # noqa: E402  (registers every ATen lowering)
-from jax_backend import torch_ops  # noqa: E402  (registers the cstorch:: custom ops)
-from jax_backend import optax_ops  # noqa: E402  (cstorch::optax_update)
-from jax_backend import sparse_ops, sparsity  # noqa: E402  (sparsity mask ops)
-from jax_backend.capture import CapturedStep, Slot, capture_step  # noqa: E402
-from jax_backend import fingerprint, graph_cache  # noqa: E402
-from jax_backend.errors import (  # noqa: E402
+from jax_backend import config, jax_settings
+from jax_backend import compilation_cache
+from jax_backend import dtypes, mesh, optimizers, precision, registry, schedules
+from jax_backend import target
+from jax_backend import ops as ops  # registers every ATen lowering
+from jax_backend import torch_ops  # registers the cstorch:: custom ops
+from jax_backend import optax_ops as optax_ops  # cstorch::optax_update
+from jax_backend import sparse_ops, sparsity  # sparsity mask ops
+from jax_backend.capture import CapturedStep, Slot, capture_step
+from jax_backend import fingerprint, graph_cache
+from jax_backend.errors import (
     CaptureError,
     JaxBackendError,
     LoweringError,
@@ -50,12 +50,12 @@ from jax_backend.errors import (  # noqa: E402
     RecompilationError,
     ValueReadInTraceError,
 )
-from jax_backend.interpreter import GraphInterpreter  # noqa: E402
-from jax_backend.lazy import LazyTensor, materialize  # noqa: E402
-from jax_backend.precision import Policy  # noqa: E402
-from jax_backend.program import Program  # noqa: E402
-from jax_backend.state import DeviceState  # noqa: E402
-from jax_backend.user_frames import register_internal_dir  # noqa: E402
+from jax_backend.interpreter import GraphInterpreter
+from jax_backend.lazy import LazyTensor, materialize
+from jax_backend.precision import Policy
+from jax_backend.program import Program
+from jax_backend.state import DeviceState
+from jax_backend.user_frames import register_internal_dir
 
 __all__ = [
     "CaptureError", "CapturedStep", "DeviceState", "GraphInterpreter", "JaxBackendError",

@@ -582,7 +582,7 @@ def _trace(fn, slots, state, mode, fake_inputs, table, locator=None):
         with _state_faked(mode, state), mode, _values_unreadable(), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*non-writable tensors.*")
             graph = make_fx(traced, decomposition_table=table)(*state, *fake_inputs)
-    except Exception as err:  # noqa: BLE001 - translated below or re-raised unchanged
+    except Exception as err:  # translated below or re-raised unchanged
         translated = _translate_trace_errors(err)
         if translated is not None:
             raise translated.with_traceback(None) from None
@@ -694,7 +694,7 @@ def _finalize(graph: torch.fx.GraphModule, num_state: int, num_inputs: int,
     nodes.eliminate_dead_code()
 
     used = [i for i, n in enumerate(state_nodes) if n.users]
-    for i, node in enumerate(state_nodes):
+    for _i, node in enumerate(state_nodes):
         if not node.users:
             nodes.erase_node(node)
     graph.recompile()

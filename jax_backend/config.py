@@ -95,7 +95,7 @@ class Config:
 
     def update(self, name: str, value) -> None:
         """Sets ``name`` for this process; it wins over the environment until ``reset``."""
-        self[name]  # noqa: B018 - raises for an unknown name
+        self[name]  # raises for an unknown name
         self._overrides[name] = value
 
     def on_reset(self, hook: Callable[[], None]) -> Callable[[], None]:

@@ -23,6 +23,7 @@ import torch
 from jax_backend.jax_settings import in_engine_scope
 from jax_backend.mesh import host_value
 from jax_backend.shared_memory import note_own_memory
+from jax_backend.errors import CstorchError
 
 TORCH_TO_JAX = {
     torch.float32: jnp.float32,
@@ -44,7 +45,7 @@ TORCH_TO_JAX = {
 JAX_TO_TORCH = {np.dtype(v): k for k, v in TORCH_TO_JAX.items()}
 
 
-class UnsupportedDtypeError(TypeError):
+class UnsupportedDtypeError(CstorchError, TypeError):
     """A torch dtype that has no JAX counterpart was used in a step."""
 
 

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 
-class JaxBackendError(RuntimeError):
+class CstorchError(Exception):
+    """The root of every error the engine (``jax_backend``) and the API (``cstorch``) raise.
+
+    A mixin: each error also keeps its natural built-in base (``ValueError``, ``OSError``,
+    ...), so ``except CstorchError`` catches all of them and ``except ValueError`` still works.
+    """
+
+
+class JaxBackendError(CstorchError, RuntimeError):
     """Base class of the backend's errors."""
 
 
-class LoweringNotFoundError(NotImplementedError):
+class LoweringNotFoundError(CstorchError, NotImplementedError):
     """An ATen operator reached the lowering stage and no JAX lowering is registered for it."""
 
     def __init__(self, op, user_frame: str | None = None):
@@ -21,7 +29,7 @@ class LoweringNotFoundError(NotImplementedError):
         )
 
 
-class OpInputError(RuntimeError):
+class OpInputError(CstorchError, RuntimeError):
     """A lowering refused its inputs for the reason eager torch would (e.g. a float64 batch
     fed to a float32 matrix product): the user's input, not the lowering, is what to fix."""
 
@@ -53,7 +61,7 @@ class LoweringError(JaxBackendError):
         return LoweringError(self.op, self.node, self.inputs, self.cause, user_frame)
 
 
-class DuplicateLoweringError(RuntimeError):
+class DuplicateLoweringError(CstorchError, RuntimeError):
     """Two lowerings were registered for the same ATen overload."""
 
 
@@ -61,7 +69,7 @@ class CaptureError(JaxBackendError):
     """The step function could not be turned into a graph."""
 
 
-class ValueReadInTraceError(RuntimeError):
+class ValueReadInTraceError(CstorchError, RuntimeError):
     """A traced step tried to read a tensor's value (``.item()``, ``print``, ``if tensor:``)."""
 
     def __init__(self, what: str, user_frame: str | None = None):
@@ -77,7 +85,7 @@ class ValueReadInTraceError(RuntimeError):
         )
 
 
-class RecompilationError(RuntimeError):
+class RecompilationError(CstorchError, RuntimeError):
     """A step would need a new graph on a backend that cannot recompile."""
 
 

@@ -31,6 +31,8 @@ import zipfile
 
 import numpy as np
 
+from jax_backend.errors import CstorchError
+
 try:
     import fcntl
 except ImportError:  # Windows: no FIFOs to block on, no O_NONBLOCK to clear
@@ -44,7 +46,7 @@ MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 MAX_NPY_HEADER_BYTES = 1 << 16  # numpy writes headers of a few hundred bytes
 
 
-class ExportError(ValueError):
+class ExportError(CstorchError, ValueError):
     """An artifact that is missing, damaged or from an unknown format version."""
 
 
@@ -86,7 +88,7 @@ def _kind(mode: int) -> str:
 
 def _jax():
     import jax
-    import jax.export  # noqa: F401  (a submodule `import jax` loads only from JAX 0.8)
+    import jax.export  # a submodule `import jax` loads only from JAX 0.8
 
     return jax
 

@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from jax_backend import torch_versions
+from jax_backend.errors import CstorchError
 
 #: Directories whose code is identified by its name; their versions are in the key.
 LIBRARY_DIRS = tuple(sorted({
@@ -73,7 +74,7 @@ _DESCRIPTORS = (types.MethodDescriptorType, types.WrapperDescriptorType,
 _CLASS_SKIP = {"_abc_impl"}  # (dunder attributes other than methods are skipped too)
 
 
-class NotCacheable(Exception):
+class NotCacheable(CstorchError):
     """The step depends on something the graph cache cannot fingerprint (the message says
     what and where); its graph is captured every time instead."""
 
@@ -129,12 +130,12 @@ def _const_text(const) -> str:
     return f"{type(const).__qualname__}:{const!r}"
 
 
-def _global_names(code: types.CodeType) -> list:
+def global_names(code: types.CodeType) -> list:
     """Every name a code object (and the code nested in it) may load from its globals."""
     names = list(code.co_names)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            names += _global_names(const)
+            names += global_names(const)
     return list(dict.fromkeys(names))
 
 
@@ -465,7 +466,7 @@ class Fingerprinter:
         through submodules: ``config.lr`` after ``import config`` (set at run time, not in
         any file), ``getattr(config, "lr")``, and ``F.gelu`` / ``torch.nn.functional.gelu``
         as the object found there now (a library function replaced at run time)."""
-        names = _global_names(code)
+        names = global_names(code)
         attribute_names = _attribute_names(code)
         for name in names:
             if name not in namespace or name.startswith("__"):

@@ -97,6 +97,7 @@ import torch.fx
 from torch.utils import _pytree as pytree
 
 from jax_backend import fingerprint, optimizers, torch_ops, torch_versions
+from jax_backend.errors import CstorchError
 from jax_backend.capture import CapturedStep
 from jax_backend import config
 from jax_backend.config import graph_cache as _setting
@@ -136,7 +137,7 @@ class GraphCacheWarning(UserWarning):
     step is captured again and the entry replaced."""
 
 
-class CorruptEntry(ValueError):
+class CorruptEntry(CstorchError, ValueError):
     """An entry's content is not what this version writes."""
 
 

@@ -156,7 +156,7 @@ class GraphInterpreter:
                 random_index += 1
             try:
                 result = lowering.fn(*args, **kwargs)
-            except Exception as err:  # noqa: BLE001 - re-raised with the op and node named
+            except Exception as err:  # re-raised with the op and node named
                 raise LoweringError(node.target, node.name, _describe_inputs(node), err) from err
             env[node] = _conform(node, result, node.meta.get("val"), self.strict, emulation)
         raise JaxBackendError("graph has no output node")

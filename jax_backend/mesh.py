@@ -24,6 +24,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jax_backend.jax_settings import engine_scope, in_engine_scope
+from jax_backend.errors import CstorchError
 
 DATA_AXIS = "csx"  # data parallelism: the systems of the cluster
 STATE_AXIS = "ws"  # the devices of one system; sharded state is split over it
@@ -149,7 +150,7 @@ class Layout:
         return jax.make_array_from_process_local_data(self.input_sharding(shape), value, shape)
 
 
-class PeerFailureError(RuntimeError):
+class PeerFailureError(CstorchError, RuntimeError):
     """A step of a multi-process job failed, most likely because another process died."""
 
 

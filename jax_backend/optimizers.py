@@ -639,11 +639,11 @@ def muon(learning_rate=0.02, weight_decay=0.01, momentum=0.95, nesterov=True, ns
         d = g + buf * momentum if nesterov else buf
         if d.ndim == 4:
             d = d.reshape(d.shape[0], -1)
-        O = newton_schulz5(d, ns_steps).reshape(p.shape)
+        ortho = newton_schulz5(d, ns_steps).reshape(p.shape)
         A, B = p.shape[:2]
         adjusted_lr = learning_rate * (0.2 * max(A, B) ** 0.5)
         new_p = p * (1 - adjusted_lr * weight_decay)
-        step = (-adjusted_lr * O.astype(_F32)).astype(jnp.bfloat16)
+        step = (-adjusted_lr * ortho.astype(_F32)).astype(jnp.bfloat16)
         new_p = new_p + step.astype(new_p.dtype)
         new = {} if s["momentum_buffer"] is None else {"momentum_buffer": buf}
         return _delta(new_p, p), new

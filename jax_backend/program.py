@@ -147,7 +147,7 @@ class Program:
         with self._naming_user_line():
             try:
                 return self._jitted(donated, kept, list(inputs), np.int64(seed))
-            except Exception as error:  # noqa: BLE001 - re-raised unless cuDNN was the cause
+            except Exception as error:  # re-raised unless cuDNN was the cause
                 if not self._without_cudnn_after(error, donated):
                     raise
             return self._jitted(donated, kept, list(inputs), np.int64(seed))

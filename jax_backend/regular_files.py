@@ -18,8 +18,10 @@ import fcntl
 import os
 import stat
 
+from jax_backend.errors import CstorchError
 
-class NotARegularFileError(OSError):
+
+class NotARegularFileError(CstorchError, OSError):
     """A path a reader was given names a FIFO, socket, device or directory."""
 
 

@@ -56,9 +56,10 @@ from jax_backend import config, host_memory, shared_memory
 from jax_backend.errors import StepFailedError
 from jax_backend.state_guard import guard, guarded_by, no_guard, unguard
 from jax_backend.user_frames import warn
+from jax_backend.errors import CstorchError
 
 
-class SharedStateError(RuntimeError):
+class SharedStateError(CstorchError, RuntimeError):
     """A state tensor's memory is shared with an alias that cannot be kept current."""
 
 
@@ -67,7 +68,7 @@ class SharedStateWarning(UserWarning):
     into it right away (which waits for the step)."""
 
 
-class IllegalTransition(AssertionError):
+class IllegalTransition(CstorchError, AssertionError):
     """An entry's flags changed in a way ``TRANSITIONS`` does not allow (``debug_state``):
     a bug in the engine, not in the user's code."""
 

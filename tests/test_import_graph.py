@@ -19,7 +19,7 @@ PACKAGES = ("cstorch", "jax_backend")
 COMPAT_PACKAGES = ("cerebras", "cerebras_pytorch", "modelzoo")  # under compat/
 
 
-def _module_files() -> dict:
+def module_files() -> dict:
     modules = {}
     roots = [(ROOT, p) for p in PACKAGES] + [(ROOT / "compat", p) for p in COMPAT_PACKAGES]
     for base, package in roots:
@@ -51,7 +51,7 @@ def _imports(tree):
         stack.extend(ast.iter_child_nodes(node))
 
 
-def _resolve_base(module: str, path: pathlib.Path, node: ast.ImportFrom) -> str:
+def resolve_base(module: str, path: pathlib.Path, node: ast.ImportFrom) -> str:
     if not node.level:
         return node.module or ""
     package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
@@ -61,7 +61,7 @@ def _resolve_base(module: str, path: pathlib.Path, node: ast.ImportFrom) -> str:
 
 def import_graph() -> dict:
     """``{module: {imported module, ...}}`` over the modules of ``PACKAGES``."""
-    modules = _module_files()
+    modules = module_files()
 
     def known(name):  # the longest prefix of a dotted name that is one of our modules
         while name and name not in modules:
@@ -74,7 +74,7 @@ def import_graph() -> dict:
             if isinstance(node, ast.Import):
                 targets = [known(alias.name) for alias in node.names]
             else:
-                base = _resolve_base(name, path, node)
+                base = resolve_base(name, path, node)
                 targets = [known(f"{base}.{alias.name}") if f"{base}.{alias.name}" in modules
                            else known(base) for alias in node.names]
             graph[name].update(t for t in targets if t is not None and t != name)

@@ -561,7 +561,7 @@ def _counted(record) -> bool:
 def summarize(report: dict) -> dict:
     families = collections.OrderedDict()
     total = collections.Counter()
-    for name, entry in sorted(report["ops"].items()):
+    for _name, entry in sorted(report["ops"].items()):
         if entry["status"] != "included":
             continue
         fam = families.setdefault(entry["family"], collections.Counter())

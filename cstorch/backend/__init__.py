@@ -14,6 +14,7 @@ import warnings
 import torch
 
 from cstorch import config
+from cstorch.backend import old_keywords
 from cstorch.backend.backend_type import BackendType
 from cstorch.errors import MultipleBackendsError, NoBackendError
 
@@ -97,7 +98,9 @@ class Backend(metaclass=_OneBackend):
         if isinstance(backend_type, str):
             backend_type = BackendType.from_str(backend_type)
         self.backend_type = backend_type
+        kwargs, max_checkpoints = old_keywords.apply(backend_type, kwargs)
         self._impl = _impl_class(backend_type)(backend_type, *args, **kwargs)
+        self._impl.checkpoint_keeper = old_keywords.CheckpointKeeper(max_checkpoints)
         self._impl.hold_compilation_cache()  # once built: a failed backend holds nothing
         self._implicit_at = None  # where cstorch.compile created it, if it did (implicit_cpu)
         _current = self

@@ -11,7 +11,7 @@ import os
 from jax_backend import mesh
 
 from cstorch.backend.base_backend import BaseBackend, warn_cluster_config_ignored
-from cstorch.backend.cpu_backend import _UNSPECIFIED
+from cstorch.backend.cpu_backend import UNSPECIFIED
 from cstorch.core.device import GPUDevice
 from cstorch.distributed import runtime
 
@@ -19,8 +19,8 @@ from cstorch.distributed import runtime
 class GpuBackendImpl(BaseBackend):
     def __init__(self, backend_type, artifact_dir=None, enable_distributed=False,
                  main_process_id=0, dist_backend="nccl", init_method=None,
-                 sync_batchnorm=False, *, cluster_config=_UNSPECIFIED):
-        if cluster_config is not _UNSPECIFIED:
+                 sync_batchnorm=False, *, cluster_config=UNSPECIFIED):
+        if cluster_config is not UNSPECIFIED:
             warn_cluster_config_ignored("GPU", cluster_config)
         multi_process = False
         if enable_distributed:

@@ -24,6 +24,11 @@ class _AmpState:
     mixed_precision = False
 
 
+def amp_settings() -> list:
+    """``[half dtype name, mixed precision on]``: the process-wide settings a step reads."""
+    return [_AmpState.half_dtype_str, _AmpState.mixed_precision]
+
+
 def _reset() -> None:
     _AmpState.half_dtype_str = "float16"
     _AmpState.mixed_precision = False
@@ -58,6 +63,17 @@ def set_half_dtype(value) -> torch.dtype:
     _AmpState.half_dtype_str = value
     _AmpState.mixed_precision = True
     return _HALF_DTYPES[value]
+
+
+def use_bfloat16(use: bool) -> torch.dtype:
+    """The 2.0 spelling of choosing the half dtype: bfloat16 when ``use``, else float16.
+    Unlike ``set_half_dtype`` it leaves mixed precision on or off as it was."""
+    if not isinstance(use, bool):
+        raise ValueError(f"use_bfloat16 expects a bool, got {use!r}.")
+    was_mixed = _AmpState.mixed_precision
+    dtype = set_half_dtype("bfloat16" if use else "float16")
+    _AmpState.mixed_precision = was_mixed
+    return dtype
 
 
 def get_half_dtype() -> torch.dtype:

@@ -1,5 +1,5 @@
 """Core pieces: compile/trace and devices."""
 
-from cstorch.core import compile, device  # noqa: A004
+from cstorch.core import compile, device
 
 __all__ = ["compile", "device"]

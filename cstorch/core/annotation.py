@@ -26,6 +26,23 @@ def current_annotation(kind: str, default: Any = None) -> Any:
     return stack[-1] if stack else default
 
 
+def push_annotation(kind: str, value: Any) -> None:
+    """Puts ``value`` in effect for ``kind`` until the matching ``pop_annotation``."""
+    _active.setdefault(kind, []).append(value)
+
+
+def pop_annotation(kind: str) -> None:
+    """Ends the innermost ``kind`` annotation, if one is in effect."""
+    stack = _active.get(kind)
+    if stack:
+        stack.pop()
+
+
+def active_annotations() -> dict:
+    """``{kind: [values in effect, innermost last]}`` (a copy)."""
+    return {kind: list(stack) for kind, stack in _active.items()}
+
+
 def annotation(kind: str, value: Any, enable_fwd: bool = True,
                enable_bwd: bool = True) -> Callable:
     """A decorator that puts ``value`` in effect for ``kind`` while the function runs.

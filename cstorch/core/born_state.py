@@ -174,7 +174,7 @@ def check_no_leaks(impl, allowed=()) -> None:
     leaks = leaked_fake_tensors(impl, allowed)
     if not leaks:
         return
-    for where, container, key in leaks:
+    for _where, container, key in leaks:
         if isinstance(container, dict):
             del container[key]
         elif isinstance(container, list):

@@ -32,7 +32,7 @@ import warnings
 
 import torch
 
-from jax_backend import fingerprint, graph_cache
+from jax_backend import config as engine_config, fingerprint, graph_cache
 from jax_backend.config import graph_cache as graph_cache_setting
 from jax_backend.fingerprint import Fingerprinter, NotCacheable
 from cstorch import config
@@ -44,7 +44,7 @@ from cstorch.distributed import runtime
 from cstorch.experimental import listener
 from cstorch.utils import step_closures
 
-_NAMED_CODE = step_closures._named(lambda: None).__code__  # the runner every closure gets
+_NAMED_CODE = step_closures.named(lambda: None).__code__  # the runner every closure gets
 
 
 def _function(fn):
@@ -86,7 +86,7 @@ def _reachable(step_fn) -> list:
     for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
         with contextlib.suppress(ValueError):  # an unbound cell
             found.append(("freevar", name, cell.cell_contents))
-    for name in fingerprint._global_names(fn.__code__):
+    for name in fingerprint.global_names(fn.__code__):
         if name in fn.__globals__:
             found.append(("global", name, fn.__globals__[name]))
     return found
@@ -99,19 +99,19 @@ def process_settings() -> dict:
     both layers' config modules (also values set with ``config.update``, not only the
     environment)."""
     settings = {f"{layer.layer}.{s.name}": repr(s.value)
-                for layer in (config.config, config._engine_config.config)
+                for layer in (config.config, engine_config.config)
                 for s in layer.describe() if s is not graph_cache_setting}
     return {"settings": settings,
             "backends": backends.asdict(),
-            "amp": [precision._AmpState.half_dtype_str, precision._AmpState.mixed_precision],
+            "amp": precision.amp_settings(),
             "debug scope": name_scope.get_debug_scope(),
-            "annotations": {kind: list(stack) for kind, stack in annotation._active.items()}}
+            "annotations": annotation.active_annotations()}
 
 
 def _context_not_cacheable(trace_hooks: bool) -> str | None:
     if trace_hooks:
         return "trace hooks are registered"
-    if listener._hooks:
+    if listener.has_hooks():
         return "traced-tensor hooks are registered"
     if runtime.process_count() > 1:
         return "the job has several processes"
@@ -245,7 +245,7 @@ class CaptureCache:
         fn = fn.__wrapped__ if unwrap else fn
         if fingerprint.code_digest(_function(fn).__code__) != record["code"]:
             raise ValueError(f"{name!r} has other code")
-        return kind, step_closures._named(fn) if record["named"] else fn
+        return kind, step_closures.named(fn) if record["named"] else fn
 
     def _resolve_counter(self, record):
         registry, index, increment = record

@@ -92,7 +92,7 @@ def _capture_scope():
 
 
 # ---------------------------------------------------------------------------------- compile
-def compile(model: torch.nn.Module, backend=None):  # noqa: A001 - the public name
+def compile(model: torch.nn.Module, backend=None):  # the public name
     """Registers ``model`` with the backend and returns a function that runs it.
 
     The result is a plain function (not a Module) carrying the model's public bound methods
@@ -485,7 +485,7 @@ class TracedStep:
         self._check_gradients_are_zeroed(impl, entry)
         try:
             outputs = self._run(impl, entry, leaves, view, *positions)
-        except Exception as error:  # noqa: BLE001 - re-raised unless a cached graph failed
+        except Exception as error:  # re-raised unless a cached graph failed
             if entry.born:  # the state it would have given birth to is not there: undo it
                 self._undo_first_step_program(impl, entry)
                 raise

@@ -156,6 +156,14 @@ class LazyDevice(Device):
     def __init__(self):
         super().__init__("CSX")
 
+    @property
+    def config(self):
+        """The initialization settings (``lazy_initialization``, ``drop_data``, ...): the
+        2.0/2.1 ``backend.device.config``, now ``cstorch.backends.csx.debug``."""
+        from cstorch.backends import backends
+
+        return backends.csx.debug
+
 
 def device(backend_type, *args, **kwargs) -> Device:
     """Builds a bare device object (it does not create a backend)."""

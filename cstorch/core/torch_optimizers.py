@@ -28,9 +28,9 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
-from jax_backend.errors import CaptureError
+from jax_backend.errors import CaptureError, CstorchError
 from cstorch.backend import current_backend_impl
-from cstorch.optim.optimizer import Optimizer as CstorchOptimizer, _plain_copies
+from cstorch.optim.optimizer import Optimizer as CstorchOptimizer, plain_copies
 
 # Group settings while a torch optimizer step is captured (only where the group has the key).
 _CAPTURE_SETTINGS = {"capturable": True, "foreach": True, "fused": None}
@@ -44,7 +44,7 @@ _UNSUPPORTED = {
 }
 
 
-class Unadopted(Exception):
+class Unadopted(CstorchError):
     """A torch optimizer not yet registered with the backend was stepped in a capture: the
     capture stops, the optimizer is adopted and the step captured again."""
 
@@ -63,7 +63,7 @@ def adopt(impl, optimizer) -> None:
     if optimizer in impl.optimizer_registry:
         return
     for param, state in list(optimizer.state.items()):  # e.g. loaded: never another's tensors
-        optimizer.state[param] = _plain_copies(state)
+        optimizer.state[param] = plain_copies(state)
     impl.register_optimizer(optimizer)
     backend = weakref.ref(impl)
 
@@ -74,7 +74,7 @@ def adopt(impl, optimizer) -> None:
 
     def take_plain_copies(_optimizer, state_dict):
         state_dict = dict(state_dict)
-        state_dict["state"] = {k: _plain_copies(v) for k, v in state_dict["state"].items()}
+        state_dict["state"] = {k: plain_copies(v) for k, v in state_dict["state"].items()}
         return state_dict
 
     optimizer.register_state_dict_pre_hook(bring_state_back)

@@ -1,7 +1,7 @@
 """Cluster configuration, the multi-process job (``runtime``, ``launch``) and the
 rank/streaming helpers of a run."""
 
-from cstorch.distributed import cluster_resolver  # noqa: F401
+from cstorch.distributed import cluster_resolver as cluster_resolver
 from cstorch.distributed.cluster_config import ClusterConfig
 from cstorch.distributed.ranks import get_ordinal
 from cstorch.distributed.ranks import get_rank
@@ -17,7 +17,7 @@ from cstorch.distributed.ranks import num_receivers
 from cstorch.distributed.ranks import num_streamers
 from cstorch.distributed.ranks import num_tasks
 from cstorch.distributed.ranks import service_resolver
-from cstorch.distributed.ranks import WORKER_CACHE_ROOT  # noqa: F401
+from cstorch.distributed.ranks import WORKER_CACHE_ROOT as WORKER_CACHE_ROOT
 from cstorch.distributed.runtime import DistributedConfig
 from cstorch.distributed.runtime import DistributedError
 from cstorch.distributed.runtime import join

@@ -33,6 +33,7 @@ import time
 
 from cstorch import config
 from cstorch.distributed import runtime
+from jax_backend.errors import CstorchError
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -107,7 +108,7 @@ def _death_signal_setter(launcher_pid: int):
     return set_death_signal
 
 
-class _Signalled(Exception):
+class _Signalled(CstorchError):
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum

@@ -50,6 +50,7 @@ import time
 from typing import Optional
 
 from cstorch import config
+from jax_backend.errors import CstorchError
 
 ENV_COORDINATOR = config.coordinator_address.env_var
 ENV_NUM_PROCESSES = config.num_processes.env_var
@@ -61,7 +62,7 @@ ENV_LAUNCHER_PID = config.launcher_pid.env_var
 _ADDRESS = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[^\s:\[\]]+):\d{1,5}$")
 
 
-class DistributedError(RuntimeError):
+class DistributedError(CstorchError, RuntimeError):
     """A multi-process job could not be formed or was misconfigured."""
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import List
 
-from cstorch.distributed.cluster_resolver import (  # noqa: F401 - re-exported names
+from cstorch.distributed.cluster_resolver import (  # re-exported names
     ClusterResolver,
     ClusterSpec,
     TaskRole,

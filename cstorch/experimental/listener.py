@@ -70,3 +70,8 @@ class _Listener(TorchFunctionMode):
 def listening():
     """The context a step is captured in: a listener while any hook is registered."""
     return _Listener() if _hooks else contextlib.nullcontext()
+
+
+def has_hooks() -> bool:
+    """Whether a traced-tensor hook is registered."""
+    return bool(_hooks)

@@ -4,4 +4,4 @@ This implementation has no native extension; ``cerebras_pytorch_lib`` is a small
 offering the calls that user and Model Zoo code make on it (see that module).
 """
 
-from cstorch.lib import cerebras_pytorch_lib  # noqa: F401
+from cstorch.lib import cerebras_pytorch_lib as cerebras_pytorch_lib

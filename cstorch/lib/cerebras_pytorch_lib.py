@@ -31,13 +31,11 @@ def get_attributes(tensor) -> dict:
 
 
 def enable_annotation(name: str, value) -> None:
-    _annotation._active.setdefault(name, []).append(value)
+    _annotation.push_annotation(name, value)
 
 
 def disable_annotation(name: str) -> None:
-    stack = _annotation._active.get(name)
-    if stack:
-        stack.pop()
+    _annotation.pop_annotation(name)
 
 
 def __getattr__(name):

@@ -5,8 +5,8 @@ from cstorch.mesh.api import all_slice
 from cstorch.mesh.api import d2d_transfer
 from cstorch.mesh.api import distribute_tensor
 from cstorch.mesh.api import m2m_transfer
-from cstorch.mesh.api import replicate
-from cstorch.mesh.api import shard
+from cstorch.mesh.api import replicate as replicate
+from cstorch.mesh.api import shard as shard
 from cstorch.mesh.api import sharding_spec
 from cstorch.mesh.placement import Box
 from cstorch.mesh.placement import BoxDeviceType

@@ -1,8 +1,10 @@
 """Evaluation metrics that accumulate inside compiled steps (see ``metric.py``).
 
 cerebras-pytorch 2.10 lists a ``compute_all_metrics`` in ``__all__`` that does not exist, so
-``from cerebras.pytorch.metrics import *`` raises AttributeError there. It is left out here so
-that the star import works; ``get_all_metrics()`` is the helper that exists.
+``from cerebras.pytorch.metrics import *`` raises AttributeError there. Here it exists (the
+2.0/2.1 helper, ``{name: value}`` of every metric, which their Model Zoo calls after an eval
+run) but stays out of ``__all__`` as in 2.10's working names; ``get_all_metrics()`` yields the
+metric objects.
 """
 
 from cstorch.metrics.accuracy import AccuracyMetric
@@ -13,7 +15,7 @@ from cstorch.metrics.confusion_metrics import MeanIOUMetric
 from cstorch.metrics.mean import MeanMetric
 from cstorch.metrics.mean_per_class_accuracy import MeanPerClassAccuracyMetric
 from cstorch.metrics.metric import Metric
-from cstorch.metrics.metric import get_all_metrics
+from cstorch.metrics.metric import compute_all_metrics as compute_all_metrics, get_all_metrics
 from cstorch.metrics.perplexity import PerplexityMetric
 from cstorch.metrics.at_k import PrecisionAtKMetric
 from cstorch.metrics.at_k import RecallAtKMetric

@@ -229,3 +229,9 @@ def get_all_metrics():
     for name, metrics in Metric.registry.items():
         for i, metric in enumerate(metrics):
             yield (f"{name}.{i}" if len(metrics) > 1 else name), metric
+
+
+def compute_all_metrics() -> dict:
+    """``{name: value}`` of every metric created (names as ``get_all_metrics``): the 2.0/2.1
+    helper their Model Zoo logs evaluation metrics with after an eval run."""
+    return {name: metric.compute() for name, metric in get_all_metrics()}

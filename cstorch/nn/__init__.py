@@ -25,7 +25,7 @@ from cstorch.nn.losses import TripletMarginWithDistanceLoss
 from cstorch.nn.parameter import Buffer
 from cstorch.nn.parameter import Parameter
 from cstorch.nn.scope import Scope
-from cstorch.nn.selective_grad import SelectiveGrad
+from cstorch.nn.selective_grad import SelectiveGrad as SelectiveGrad
 
 __all__ = [
     "Buffer", "Scope", "Parameter", "functional",

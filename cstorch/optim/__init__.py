@@ -1,7 +1,7 @@
 """cstorch optimizers and schedulers.
 
 ``__all__`` lists what cerebras-pytorch 2.10 exports. The configuration helpers of the 1.x API
-(``configure_optimizer``, ``configure_lr_scheduler``, ``configure_scheduler``,
+(``configure_optimizer``, ``configure_lr_scheduler``, ``configure_scheduler``, ``configure_param_groups``,
 ``configure_optimizer_params``, ``configure_scheduler_params``; ``cstorch.optim.config``) are
 importable from here too, for older scripts.
 """
@@ -14,18 +14,19 @@ from cstorch.optim.adam import Adam, AdamW
 from cstorch.optim.adamax import Adamax
 from cstorch.optim.asgd import ASGD
 from cstorch.optim.config import (
-    configure_lr_scheduler,
-    configure_optimizer,
-    configure_optimizer_params,
-    configure_scheduler,
-    configure_scheduler_params,
+    configure_lr_scheduler as configure_lr_scheduler,
+    configure_optimizer as configure_optimizer,
+    configure_optimizer_params as configure_optimizer_params,
+    configure_scheduler as configure_scheduler,
+    configure_scheduler_params as configure_scheduler_params,
 )
 from cstorch.optim.lamb import Lamb
 from cstorch.optim.lion import Lion
 from cstorch.optim.muon import Muon
 from cstorch.optim.nadam import NAdam
-from cstorch.optim.optax import OptaxOptimizer, from_optax
+from cstorch.optim.optax import OptaxOptimizer as OptaxOptimizer, from_optax as from_optax
 from cstorch.optim.optimizer import Optimizer
+from cstorch.optim.param_groups import configure_param_groups as configure_param_groups
 from cstorch.optim.radam import RAdam
 from cstorch.optim.rmsprop import RMSprop
 from cstorch.optim.rprop import Rprop

@@ -9,7 +9,7 @@ from typing import List, Optional
 import torch
 
 from cstorch.optim import scheduler as _s
-from cstorch.optim.scheduler import Tags, _alias, _inherit_docs
+from cstorch.optim.scheduler import Tags, _alias, inherit_docs
 
 
 class LRScheduler(_s.Scheduler, torch.optim.lr_scheduler._LRScheduler):
@@ -219,7 +219,7 @@ class ScalePerParamLR(LRScheduler, _s.ScalePerParamScheduler):
         super().__init__(optimizer, scheduler=scheduler, param_group_tags=param_group_tags)
 
 
-_inherit_docs(globals(), LRScheduler)
+inherit_docs(globals(), LRScheduler)
 
 __all__ = [
     "LRScheduler", "ConstantLR", "PolynomialLR", "LinearLR", "ExponentialLR",

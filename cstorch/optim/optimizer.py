@@ -25,7 +25,7 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict
 
 import torch
-from torch.optim.optimizer import ParamsT  # noqa: F401 - the params type hint, as in the reference
+from torch.optim.optimizer import ParamsT  # the params type hint, as in the reference
 from torch.utils.hooks import RemovableHandle
 
 from jax_backend.torch_ops import init_optimizer_state, optimizer_key, optimizer_state_layout
@@ -119,8 +119,8 @@ class Optimizer(torch.optim.Optimizer, ABC):
 
     def load_state_dict(self, state_dict):
         state_dict = dict(state_dict)
-        state_dict["state"] = {k: _plain_copies(v) for k, v in state_dict["state"].items()}
-        state_dict["param_groups"] = [_plain_copies(g) for g in state_dict["param_groups"]]
+        state_dict["state"] = {k: plain_copies(v) for k, v in state_dict["state"].items()}
+        state_dict["param_groups"] = [plain_copies(g) for g in state_dict["param_groups"]]
         self._check_state_shapes(state_dict)
         with self.backend.device:
             super().load_state_dict(state_dict)
@@ -269,7 +269,7 @@ def _shape(size) -> str:
     return str(tuple(size))
 
 
-def _plain_copies(value):
+def plain_copies(value):
     """``value`` with every tensor replaced by a plain, unshared copy (dicts/lists/tuples
     are rebuilt; other values are kept)."""
     if isinstance(value, torch.Tensor):
@@ -278,9 +278,9 @@ def _plain_copies(value):
             copy.copy_(value)
         return copy
     if isinstance(value, dict):
-        return {k: _plain_copies(v) for k, v in value.items()}
+        return {k: plain_copies(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
-        return type(value)(_plain_copies(v) for v in value)
+        return type(value)(plain_copies(v) for v in value)
     return value
 
 

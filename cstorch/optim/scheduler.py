@@ -303,7 +303,7 @@ def _alias(name):
                     lambda self, value: setattr(self, name, value))
 
 
-def _inherit_docs(module_globals, base):
+def inherit_docs(module_globals, base):
     """Gives each class without a docstring the docstring of its generic scheduler."""
     for cls in list(module_globals.values()):
         if isinstance(cls, type) and issubclass(cls, base) and cls.__doc__ is None:

@@ -9,7 +9,7 @@ from typing import List
 import torch
 
 from cstorch.optim import scheduler as _s
-from cstorch.optim.scheduler import Tags, _inherit_docs
+from cstorch.optim.scheduler import Tags, inherit_docs
 
 
 class WeightDecayScheduler(_s.Scheduler):
@@ -101,7 +101,7 @@ class ScalePerParamWD(WeightDecayScheduler, _s.ScalePerParamScheduler):
     pass
 
 
-_inherit_docs(globals(), WeightDecayScheduler)
+inherit_docs(globals(), WeightDecayScheduler)
 
 __all__ = [
     "WeightDecayScheduler", "ConstantWD", "PolynomialWD", "LinearWD", "ExponentialWD",

@@ -133,6 +133,15 @@ class profile:
             self.on_trace_ready(self)
 
     # ------------------------------------------------------------------ results
+    @property
+    def op_profiler_json(self) -> Optional[dict]:
+        """The profile as the Chrome-trace JSON object, or None when no step was profiled
+        (releases 2.0-2.2 exposed the appliance's profile here; their Model Zoo prints the
+        summary only when it is set)."""
+        if not self.trace_events:
+            return None
+        return {"traceEvents": list(self.trace_events)}
+
     def get_summary(self) -> Optional[str]:
         """A table of the profiled steps and their times (None before any was recorded)."""
         if not self.trace_events:

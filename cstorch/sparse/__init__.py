@@ -9,7 +9,7 @@ mask maths is ``jax_backend.sparsity`` (pure JAX, usable directly).
 """
 
 from cstorch.sparse import init, utils
-from cstorch.sparse.base import SparseParameter, SparsityAlgorithm  # noqa: F401
+from cstorch.sparse.base import SparseParameter as SparseParameter, SparsityAlgorithm
 from cstorch.sparse.configure import configure, map_sparsity_algorithm
 from cstorch.sparse.dynamic import DynamicSparsityAlgorithm
 from cstorch.sparse.gmp import GMP

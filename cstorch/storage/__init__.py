@@ -25,12 +25,15 @@ loading never unpickles arbitrary objects unless called with ``unsafe_allow_pick
 never opens a FIFO, socket or device (``NotARegularFileError``: it could block forever).
 """
 
-from cstorch.storage import serializers, utils
+from cstorch.storage import serializers, utils as utils
 from cstorch.storage.load import load
 from cstorch.storage.safe_pickle import UnsafePickleError
 from cstorch.storage.save import save
 from cstorch.storage.utils import to_deferred
 # Readers refuse FIFOs, sockets and devices before opening them (one check for every layer).
-from jax_backend.regular_files import NotARegularFileError, check_regular
+from jax_backend.regular_files import (
+    NotARegularFileError as NotARegularFileError,
+    check_regular as check_regular,
+)
 
 __all__ = ["UnsafePickleError", "load", "save", "serializers", "to_deferred"]

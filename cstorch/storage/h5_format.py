@@ -61,19 +61,20 @@ try:
 except ImportError:  # optional: without it, checkpoints are written uncompressed
     pass
 from jax_backend.regular_files import check_regular, open_regular
+from jax_backend.errors import CstorchError
 
 _CHUNK_BYTES = 1 << 20
 # HDF5 refuses object-header attribute messages over 64 KiB unless the file allows v1.8
 # "dense" attribute storage; we switch to it only when a pickle needs it, since the earliest
 # format is what the reference writes.
-_COMPACT_ATTRIBUTE_LIMIT = 60_000
+COMPACT_ATTRIBUTE_LIMIT = 60_000
 
 
-class CheckpointFormatError(RuntimeError):
+class CheckpointFormatError(CstorchError, RuntimeError):
     """A file is HDF5 but not a readable cerebras checkpoint (corrupt, truncated or foreign)."""
 
 
-class UntrustedCheckpointError(RuntimeError):
+class UntrustedCheckpointError(CstorchError, RuntimeError):
     """A checkpoint asks the loader to do something only a trusted file may: read other files
     (external links, external raw storage, virtual datasets, links to other checkpoints) or
     allocate far more memory than it stores."""

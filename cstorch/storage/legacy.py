@@ -28,7 +28,6 @@ files (``DeferredFileTensor``) and JIT-graph tensors need the Cerebras runtime a
 from __future__ import annotations
 
 import os
-import warnings
 from collections import OrderedDict
 from urllib.parse import quote
 

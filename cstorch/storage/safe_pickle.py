@@ -27,6 +27,8 @@ import re
 import numpy as np
 import torch
 
+from jax_backend.errors import CstorchError
+
 try:  # dill is what the reference uses; it is optional here.
     import dill as _dill
 except ImportError:  # pragma: no cover - depends on the environment
@@ -35,7 +37,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 OPT_IN = "unsafe_allow_pickle=True"
 
 
-class UnsafePickleError(pickle.UnpicklingError):
+class UnsafePickleError(CstorchError, pickle.UnpicklingError):
     """A pickled value in a checkpoint names a Python global outside the safe allow-list.
 
     Unpickling it could run arbitrary code. If the checkpoint comes from a source you trust,
@@ -137,7 +139,7 @@ class LegacyTreeSpec:
 
     is_leaf_spec = False
 
-    def __init__(self, type=None, context=None, children_specs=None, *_):  # noqa: A002
+    def __init__(self, type=None, context=None, children_specs=None, *_):
         self.type, self.context, self.children_specs = type, context, list(children_specs or [])
 
     def __setstate__(self, state):

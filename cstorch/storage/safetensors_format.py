@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from jax_backend.regular_files import open_regular_file
+from jax_backend.errors import CstorchError
 
 _DTYPES = {
     torch.bool: "BOOL", torch.uint8: "U8", torch.int8: "I8", torch.int16: "I16",
@@ -28,7 +29,7 @@ _FROM_NAME = {name: dtype for dtype, name in _DTYPES.items()}
 _MAX_HEADER = 100 * 1024 * 1024  # the limit the safetensors library enforces too
 
 
-class SafetensorsError(RuntimeError):
+class SafetensorsError(CstorchError, RuntimeError):
     """A file that claims to be safetensors is malformed."""
 
 

@@ -30,7 +30,7 @@ import torch
 from cstorch.distributed import runtime
 from cstorch.storage import constants as C
 from cstorch.storage import conversions, serializers, treespec
-from cstorch.storage.h5_format import _COMPACT_ATTRIBUTE_LIMIT, H5Writer
+from cstorch.storage.h5_format import COMPACT_ATTRIBUTE_LIMIT, H5Writer
 
 
 def save(state_dict, ckpt_path: str | os.PathLike, *, exist_ok: bool = True) -> None:
@@ -74,7 +74,7 @@ def save(state_dict, ckpt_path: str | os.PathLike, *, exist_ok: bool = True) -> 
     # Non-tensor leaves are encoded up front: their size decides the HDF5 attribute layout.
     encoded = {key: serializers.encode(value, key) for key, value in entries
                if not _is_array_like(value)}
-    dense = any(e.payload is not None and len(e.payload) > _COMPACT_ATTRIBUTE_LIMIT
+    dense = any(e.payload is not None and len(e.payload) > COMPACT_ATTRIBUTE_LIMIT
                 for e in encoded.values())
 
     writer = H5Writer(path, dense_attributes=dense, overwrite=exist_ok)
@@ -102,6 +102,18 @@ def save(state_dict, ckpt_path: str | os.PathLike, *, exist_ok: bool = True) -> 
         if isinstance(error, OSError) and error.filename == path:
             raise error.with_traceback(None) from None  # the clear disk-space error
         raise
+    _saved(path)
+
+
+def _saved(path: str) -> None:
+    """Tells the backend a checkpoint was written (it may keep only the newest few: the
+    2.0/2.1 ``max_checkpoints``)."""
+    from cstorch.backend import current_backend_impl
+
+    impl = current_backend_impl(raise_exception=False)
+    keeper = getattr(impl, "checkpoint_keeper", None)
+    if keeper is not None:
+        keeper.saved_checkpoint(path)
 
 
 def _link_duplicates(keys: list[str], leaves: list) -> list[tuple[str, object]]:

@@ -37,7 +37,7 @@ import torch
 
 from cstorch.storage import constants as C
 from cstorch.storage import conversions, safe_pickle
-from cstorch.storage.deferred import (  # noqa: F401  (public re-exports)
+from cstorch.storage.deferred import (  # public re-exports
     BooleanContext,
     DeferredFileTensor,
     DeferredFullTensor,

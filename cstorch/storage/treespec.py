@@ -40,6 +40,7 @@ import torch
 import torch.utils._pytree as _torch_pytree
 
 from jax_backend.user_frames import warn
+from jax_backend.errors import CstorchError
 
 PROTOCOL = 1
 LEAF_JSON = {"type": None, "context": None, "children_spec": []}
@@ -62,7 +63,7 @@ _SAFE_FACTORIES.update({("collections", "OrderedDict"): OrderedDict,
                         ("collections", "defaultdict"): defaultdict})
 
 
-class TreeSpecError(ValueError):
+class TreeSpecError(CstorchError, ValueError):
     """The structure of a state dict cannot be written, or a stored structure cannot be read."""
 
 

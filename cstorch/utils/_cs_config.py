@@ -1,15 +1,17 @@
-"""``cstorch.utils.CSConfig``: the 2.0/2.1 cluster settings, kept as a deprecated spelling of
+"""``cstorch.utils.CSConfig``: the 2.0-2.2 cluster settings, kept as a deprecated spelling of
 ``cstorch.distributed.ClusterConfig`` (which replaced it in 2.3)."""
 
 from __future__ import annotations
 
 import warnings
 
-# 2.0/2.1 settings that ClusterConfig has no field for: the engine has no use for them.
-_NO_EQUIVALENT = ("debug_args", "precision_opt_level", "transfer_processes")
+# 2.0-2.2 settings that ClusterConfig has no field for: the engine has no use for them
+# (``fabric_type_blacklist``, 2.2: fabric types the cluster must not schedule the job on).
+_NO_EQUIVALENT = ("debug_args", "fabric_type_blacklist", "precision_opt_level",
+                  "transfer_processes")
 
 
-def CSConfig(**kwargs):  # noqa: N802 - the historical class name
+def CSConfig(**kwargs):  # the historical class name
     """Builds the ``ClusterConfig`` that the 2.0/2.1 ``CSConfig(**kwargs)`` described.
 
     Pass it to ``cstorch.backend("CSX", cluster_config=...)``. Unknown keywords raise a

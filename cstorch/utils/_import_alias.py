@@ -40,7 +40,7 @@ class AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         real = self._target_name(fullname)
         if real is None:
             return None
-        if importlib.util.find_spec(real) is None:
+        if not target_exists(real):
             return None
         return importlib.util.spec_from_loader(fullname, self)
 
@@ -52,6 +52,15 @@ class AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module):
         module.__spec__ = self._original_spec  # keep the real module's identity intact
+
+
+def target_exists(name: str) -> bool:
+    """Whether module ``name`` can be imported; false also where a parent package is missing
+    (``find_spec`` raises then), so the alias's own directory is searched instead."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def add_finder(finder: AliasFinder) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 
 from cstorch import config
@@ -152,6 +151,18 @@ class Profiler:
         _deprecated("executor.profiler.global_rate()",
                     "executor.profiler.rate_tracker.global_rate")
         return self.activities["rate_tracker"].global_rate
+
+    def total_samples(self) -> int:
+        """Deprecated 2.0 spelling of ``profiler.rate_tracker.total_samples``."""
+        _deprecated("executor.profiler.total_samples()",
+                    "executor.profiler.rate_tracker.total_samples")
+        return self.activities["rate_tracker"].total_samples
+
+    def total_time(self) -> float:
+        """Deprecated 2.0 spelling of ``profiler.rate_tracker.total_time``."""
+        _deprecated("executor.profiler.total_time()",
+                    "executor.profiler.rate_tracker.total_time")
+        return self.activities["rate_tracker"].total_time
 
     def __getattr__(self, name):
         activities = self.__dict__.get("activities", {})

@@ -39,7 +39,7 @@ def step_closure(closure):
         if impl is None:
             closure(*args, **kwargs)
             return None
-        impl.add_step_closure("step", _named(closure), args, kwargs)
+        impl.add_step_closure("step", named(closure), args, kwargs)
         return None
 
     wrapper.is_step_closure = True
@@ -52,14 +52,14 @@ def checkpoint_closure(closure):
     @functools.wraps(closure)
     def wrapper(*args, **kwargs):
         impl = current_backend_impl()
-        impl.add_step_closure("checkpoint", _named(closure), args, kwargs)
+        impl.add_step_closure("checkpoint", named(closure), args, kwargs)
         return None
 
     wrapper.is_step_closure = True
     return wrapper
 
 
-def _named(closure):
+def named(closure):
     @functools.wraps(closure)
     def run(*args, **kwargs):
         StepClosureContext.step_closure_stack.append(closure.__name__)

@@ -9,11 +9,12 @@ from jax import lax
 
 from jax_backend.ops._common import canon_dim
 from jax_backend.registry import lowers
+from jax_backend.errors import CstorchError
 
 aten = torch.ops.aten
 
 
-class DataDependentIndexError(NotImplementedError):
+class DataDependentIndexError(CstorchError, NotImplementedError):
     """A boolean mask index whose result shape depends on tensor values."""
 
 

@@ -28,8 +28,20 @@ def test_backend_argument_errors():
         cstorch.backend.BackendType.from_str("tpu")
     assert cstorch.backend.BackendType.from_str("cPu") is cstorch.backend.BackendType.CPU
     with pytest.raises(ValueError, match="set_half_dtype"):
-        cstorch.backend("cpu", mixed_precision=True)
+        cstorch.backend("cpu", mixed_precision="bfloat16")  # 2.0-2.2 took a bool only
     assert cstorch.backend() is None  # a failed construction leaves no backend behind
+
+
+@pytest.mark.parametrize("flag, dtype", [(True, torch.bfloat16), (False, torch.float32)])
+def test_cpu_backend_mixed_precision_of_releases_2_0_to_2_2(flag, dtype):
+    """cstorch.backend("CPU", mixed_precision=True), as the 2.0-2.2 Model Zoo passes it, runs
+    the compiled model's forward under autocast (bfloat16, which the zoo sets as the half
+    dtype on CPU); False leaves it in float32."""
+    cstorch.amp.set_half_dtype(torch.bfloat16)
+    with pytest.warns(DeprecationWarning, match="autocast"):
+        backend = cstorch.backend("cpu", mixed_precision=flag)
+    model = cstorch.compile(torch.nn.Linear(3, 2), backend)
+    assert model(torch.ones(1, 3)).dtype == dtype
 
 
 def test_gpu_backend_without_gpu_raises():

@@ -48,7 +48,7 @@ def _launch(args, cwd, devices_per_process=2):
 
 
 def _result(stdout):
-    lines = [l for l in stdout.splitlines() if l.startswith("RESULT ")]
+    lines = [s for s in stdout.splitlines() if s.startswith("RESULT ")]
     assert len(lines) == 1, stdout[-3000:]  # printed by process 0 only
     return json.loads(lines[0][7:])
 

@@ -205,9 +205,9 @@ def test_utils_module_attributes():
     import sys
 
     if "cstorch.utils.tensorboard" not in sys.modules:
+        # 2.10 raises here; the 2.0-2.2 Model Zoo reads the attribute without importing it
         with pytest.warns(UserWarning, match="must be imported"):
-            with pytest.raises(AttributeError):
-                cstorch.utils.tensorboard
+            assert cstorch.utils.tensorboard is sys.modules["cstorch.utils.tensorboard"]
     import cerebras.pytorch.utils.tensorboard  # noqa: F401
 
     assert cstorch.utils.tensorboard.SummaryWriter

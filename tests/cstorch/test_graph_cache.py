@@ -142,7 +142,7 @@ def _run(tmp_path, cache, *, width=16, batch=4, lr=0.1, precision="fp32", closur
     out = subprocess.run([sys.executable, "train.py", *argv], env=env, capture_output=True,
                          text=True, timeout=600, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
-    line = next(l for l in out.stdout.splitlines() if l.startswith("RESULT "))
+    line = next(s for s in out.stdout.splitlines() if s.startswith("RESULT "))
     result = json.loads(line[7:])
     result["stderr"] = out.stderr
     return result

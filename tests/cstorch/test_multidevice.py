@@ -19,7 +19,7 @@ def test_data_parallel_and_weight_servers_match_one_device():
     out = subprocess.run([sys.executable, "-m", "tests.cstorch.multidevice_run",
                           json.dumps(configs)], capture_output=True, text=True, cwd=ROOT,
                          env=env, timeout=600)
-    line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT ")), None)
+    line = next((s for s in out.stdout.splitlines() if s.startswith("RESULT ")), None)
     assert line is not None, out.stderr[-3000:]
     results = json.loads(line[7:])
     single = results["1:0"]

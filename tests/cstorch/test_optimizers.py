@@ -18,9 +18,9 @@ import torch
 import cstorch
 from cstorch.optim import lr_scheduler, weight_decay_scheduler
 
-from tests.jit_cache import xla_compilations  # noqa: E402
-from tests.reference_data import OPTIMIZER_TRAJECTORIES as TRAJECTORIES  # noqa: E402
-from tests.reference_data import optimizer_problem as _problem  # noqa: E402
+from tests.jit_cache import xla_compilations
+from tests.reference_data import OPTIMIZER_TRAJECTORIES as TRAJECTORIES
+from tests.reference_data import optimizer_problem as _problem
 
 W, B, X, T = _problem()
 

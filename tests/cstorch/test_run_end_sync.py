@@ -89,7 +89,7 @@ def test_run_end_copies_no_released_state_and_reads_are_newest(release_all, copi
 def test_state_dict_after_a_run_is_the_newest(release_all):
     _, model, _, _ = _run(5)
     eager_model, _ = _eager(5)
-    for (name, value), (_, expected) in zip(model.state_dict().items(),
+    for (_name, value), (_, expected) in zip(model.state_dict().items(),
                                             eager_model.state_dict().items()):
         _close(value, expected)
 

@@ -22,8 +22,8 @@ from cstorch.optim import lr_scheduler as L
 from cstorch.optim import scheduler as S
 from cstorch.optim import weight_decay_scheduler as WD
 
-from tests.jit_cache import xla_compilations  # noqa: E402
-from tests.reference_data import REFERENCE  # noqa: E402
+from tests.jit_cache import xla_compilations
+from tests.reference_data import REFERENCE
 
 FIXTURES = REFERENCE
 VALUES = json.loads((FIXTURES / "scheduler_values.json").read_text())["values"]

@@ -155,7 +155,7 @@ def results(tmp_path_factory):
     out = subprocess.run([sys.executable, str(script), str(tmp / "work")], capture_output=True,
                          text=True, env=env, timeout=900, cwd=tmp)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    line = next(l for l in out.stdout.splitlines() if l.startswith("RESULT "))
+    line = next(s for s in out.stdout.splitlines() if s.startswith("RESULT "))
     return json.loads(line[7:])
 
 

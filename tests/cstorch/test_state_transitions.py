@@ -145,7 +145,7 @@ def _train(engine):
     seen, views = [], None
     for run in range(2):
         batches = list(zip(XS[4 * run:4 * run + 3], YS[4 * run:4 * run + 3]))
-        loader = cstorch.utils.data.DataLoader(lambda: batches)
+        loader = cstorch.utils.data.DataLoader(lambda: batches)  # noqa: B023 - used in this pass
         runs = cstorch.utils.data.DataExecutor(loader) if engine == "cstorch" else batches
         for i, (x, y) in enumerate(runs):
             step(x, y)

@@ -16,7 +16,7 @@ import torch
 import cstorch.storage as storage
 from cstorch.storage.serializers import DeferredTorchTensor
 
-from tests.reference_data import REFERENCE  # noqa: E402
+from tests.reference_data import REFERENCE
 
 KINDS = str(REFERENCE / "kinds.mdl")
 ADAMW = str(REFERENCE / "adamw_step1.mdl")

@@ -19,7 +19,7 @@ import cstorch.storage as storage
 
 
 class _TreeSpec:
-    def __init__(self, type, context, children_specs):  # noqa: A002
+    def __init__(self, type, context, children_specs):
         self.type, self.context, self.children_specs = type, context, children_specs
 
 

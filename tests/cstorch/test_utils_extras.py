@@ -92,7 +92,7 @@ def test_summary_writer_from_a_step_closure(cpu_backend, tmp_path):
         log(loss, 0)
         return loss
 
-    for i, x in enumerate(DataExecutor(DataLoader(lambda: [torch.ones(2) * k for k in range(3)]),
+    for _i, x in enumerate(DataExecutor(DataLoader(lambda: [torch.ones(2) * k for k in range(3)]),
                                        num_steps=3)):
         step_fn(x)
     writer.close()

@@ -240,11 +240,11 @@ def test_constructor_annotations_match_the_reference(name):
                  "LRScheduler": cstorch.optim.lr_scheduler.LRScheduler}
     for param, (pname, annotation, default) in zip(params, reference):
         if annotation is not None:
-            assert param.annotation == eval(annotation, namespace), pname  # noqa: S307
+            assert param.annotation == eval(annotation, namespace), pname
         if default is None:
             assert param.default is inspect.Parameter.empty, pname
         else:
-            assert param.default == eval(default), pname  # noqa: S307 - fixture literal
+            assert param.default == eval(default), pname  # fixture literal
 
 
 def test_pydantic_config_from_an_optimizer_signature(cpu_backend):

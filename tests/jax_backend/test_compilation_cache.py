@@ -65,7 +65,7 @@ def _run(cache_dir, tmp_path, width, batch, scale):
     out = subprocess.run([sys.executable, str(script), str(width), str(batch), str(scale)],
                          env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
-    line = next(l for l in out.stdout.splitlines() if l.startswith("RESULT "))
+    line = next(s for s in out.stdout.splitlines() if s.startswith("RESULT "))
     result = json.loads(line[7:])
     assert result["loss"] == pytest.approx(result["eager"], rel=1e-6)
     return result

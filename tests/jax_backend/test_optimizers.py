@@ -19,8 +19,8 @@ import torch
 
 from jax_backend import optimizers, schedules
 
-from tests.reference_data import OPTIMIZER_TRAJECTORIES as TRAJECTORIES  # noqa: E402
-from tests.reference_data import optimizer_problem as _problem  # noqa: E402
+from tests.reference_data import OPTIMIZER_TRAJECTORIES as TRAJECTORIES
+from tests.reference_data import optimizer_problem as _problem
 
 _W, _B, _X, _T = _problem()
 _XJ, _TJ = jnp.asarray(_X.numpy()), jnp.asarray(_T.numpy())
@@ -116,7 +116,7 @@ def test_state_fields_and_layout(name, kwargs, fields):
     for key in fields:
         value = getattr(state, key)
         assert isinstance(value, list) and len(value) == len(params), key
-        for p, v in zip(params, value):
+        for _p, v in zip(params, value):
             if v is None:  # only Adafactor mixes keys across parameters
                 assert name == "adafactor"
             elif key in SCALAR_KEYS:

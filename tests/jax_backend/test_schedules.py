@@ -23,7 +23,7 @@ import torch
 
 from jax_backend import schedules
 
-from tests.reference_data import REFERENCE  # noqa: E402
+from tests.reference_data import REFERENCE
 
 FIXTURES = REFERENCE
 VALUES = json.loads((FIXTURES / "scheduler_values.json").read_text())["values"]

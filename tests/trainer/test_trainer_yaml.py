@@ -93,7 +93,7 @@ def test_run_trainer_in_process_with_registered_names(tmp_path):
     assert trainer.get_callback(CheckLoss) is None  # a default removed with a null entry
     assert trainer.get_callback(RateProfiler) is not None  # the other defaults stay
     assert trainer.get_callback(KeepNCheckpoints).n == 1
-    assert [type(l) for l in trainer.loggers] == [TensorBoardLogger]
+    assert [type(logger) for logger in trainer.loggers] == [TensorBoardLogger]
     assert [p.name for p in (tmp_path / "run").glob("*.mdl")] == ["checkpoint_4.mdl"]
     want, _, _ = eager_reference(SEED, batches(4))
     np.testing.assert_allclose([v for _, v in logged(tmp_path / "run", "loss")], want,

@@ -15,8 +15,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import synthetic_data as sd  # noqa: E402
-import zoo_sweep  # noqa: E402
+import synthetic_data as sd
+import zoo_sweep
 
 
 def test_t5_target_length_is_the_shipped_pairing():

@@ -32,13 +32,14 @@ cstorch 2.10's ``experimental`` names (``Compression``, ``listener``, ...) are o
 import cstorch as _cstorch
 import cstorch.experimental as _experimental_2x
 
-from cstorch import backend, load, save  # noqa: F401  (backend: 1.9)
-from cstorch.core.compile import trace as compile_step  # noqa: F401
-from cstorch.utils.step_closures import checkpoint_closure, step_closure  # noqa: F401
+from cstorch import load as load
+from cerebras_pytorch.experimental._backend19 import backend as backend, save as save  # (1.9)
+from cstorch.core.compile import trace as compile_step
+from cstorch.utils.step_closures import checkpoint_closure as checkpoint_closure, step_closure as step_closure
 
-from cerebras_pytorch.experimental import amp, metrics, optim, utils  # noqa: F401
-from cerebras_pytorch.experimental._configure import compile, configure  # noqa: F401,A004
-from cerebras_pytorch.experimental.summaries import (  # noqa: F401
+from cerebras_pytorch.experimental import amp, metrics, optim, utils
+from cerebras_pytorch.experimental._configure import compile, configure
+from cerebras_pytorch.experimental.summaries import (
     save_summaries,
     scalar_summary,
     summarize_scalar,

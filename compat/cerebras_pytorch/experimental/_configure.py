@@ -126,7 +126,7 @@ def get_backend(name):
     return get_or_create(wanted, mismatch=mismatch, artifact_dir=artifact_dir)
 
 
-def compile(model: torch.nn.Module, backend="WSE_WS"):  # noqa: A001 - the 1.8 name
+def compile(model: torch.nn.Module, backend="WSE_WS"):  # the 1.8 name
     """Registers ``model`` with the backend named ``backend`` and returns the compiled model
     (call it inside a ``@compile_step`` function)."""
     if not isinstance(backend, str):  # 1.9: a backend object

@@ -1,6 +1,6 @@
 """1.8/1.9 ``cstorch.amp``: loss scaling, ``optimizer_step`` and ``use_bfloat16``."""
 
-from cstorch.amp import *  # noqa: F401,F403
+from cstorch.amp import *  # noqa: F403
 from cstorch.amp import GradScaler, optimizer_step, set_half_dtype  # noqa: F401
 
 

@@ -10,7 +10,7 @@ accepted and recorded only.
 from __future__ import annotations
 
 import cstorch.metrics as _metrics
-from cstorch.metrics import Metric, get_all_metrics  # noqa: F401
+from cstorch.metrics import Metric, get_all_metrics
 
 __all__ = ["Metric", "compute_all_metrics", "reset_all_metrics", "get_all_metrics"]
 
@@ -34,13 +34,24 @@ for _name in _metrics.__all__:
         __all__.append(_name)
 
 
-def compute_all_metrics():
-    """Yields ``(name, value)`` for every metric (as 1.8's eval loop reads them)."""
+class MetricValues(dict):
+    """``{name: value}`` of every metric, read as both releases read it: 1.9 calls
+    ``.items()``, 1.8 iterates it directly for ``(name, value)`` pairs (so iteration yields
+    pairs here; ``keys()``, ``dict(...)`` and indexing are a dict's)."""
+
+    def __iter__(self):
+        return iter(self.items())
+
+
+def compute_all_metrics() -> MetricValues:
+    """The value of every metric by name (see ``MetricValues``)."""
+    values = MetricValues()
     for name, metric in get_all_metrics():
         value = metric.compute()
         if hasattr(value, "item") and getattr(value, "numel", lambda: 0)() == 1:
             value = value.item()
-        yield name, value
+        values[name] = value
+    return values
 
 
 def reset_all_metrics():

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import inspect
 
-from cstorch.optim import *  # noqa: F401,F403 - the 1.8 namespace is cstorch.optim's
+from cstorch.optim import *  # noqa: F403 - the 1.8 namespace is cstorch.optim's
 from cstorch.optim import Optimizer, lr_scheduler  # noqa: F401
 from cstorch.optim import config as _config
 

@@ -72,6 +72,33 @@ def _executor_index(impl) -> int:
     return impl._executor_count
 
 
+def _old_keywords(listeners, micro_batch_size) -> None:
+    """The 2.2 keywords, which 2.3 moved elsewhere: ``listeners`` (tensor listeners of
+    ``cstorch.experimental.listener``; an empty list is what the 2.2 Model Zoo passes when
+    its config names none) and ``micro_batch_size`` (now the flag
+    ``cstorch.backends.csx.performance.micro_batch_size``, which a given value sets)."""
+    if listeners:
+        raise ValueError(
+            f"DataExecutor(listeners=...) got {len(listeners)} listener(s): tensor listeners "
+            "of cerebras-pytorch 2.2 are not supported here; register a traced-tensor hook "
+            "with cstorch.experimental.listener.register_traced_tensor_hook instead.")
+    if micro_batch_size is not None:
+        from cstorch.backends import backends
+
+        backends.csx.performance.micro_batch_size = micro_batch_size
+
+
+def _old_cs_config(cs_config):
+    """The 2.0-2.2 ``cs_config``: its ``precision_opt_level`` (which their Model Zoo sets on
+    it) becomes ``cstorch.backends.csx.precision.optimization_level``."""
+    level = getattr(cs_config, "precision_opt_level", None)
+    if level is not None:
+        from cstorch.backends import backends
+
+        backends.csx.precision.optimization_level = level
+    return cs_config
+
+
 class DataExecutor:
     """Feeds ``num_steps`` batches of ``dataloader`` to the loop body, one step each.
 
@@ -83,8 +110,10 @@ class DataExecutor:
     """
 
     def __init__(self, dataloader, num_steps=None, checkpoint_steps=None, activation_steps=None,
-                 profiler_activities=None, *, cs_config=None, writer=None):
+                 profiler_activities=None, *, cs_config=None, writer=None, listeners=None,
+                 micro_batch_size=None):
         impl = current_backend_impl()
+        _old_keywords(listeners, micro_batch_size)
         if cs_config is not None:  # the 2.0/2.1 spelling: the cluster belongs to the backend
             warnings.warn(
                 "DataExecutor(cs_config=...) is deprecated (cerebras_pytorch 2.0/2.1) and has no "
@@ -97,6 +126,7 @@ class DataExecutor:
                 "rates to it (avg_samples_per_sec) at the end of the run.",
                 DeprecationWarning, stacklevel=2)
         self._writer = writer
+        self._cs_config = _old_cs_config(cs_config)
         if not impl.is_e2e_execution:
             if num_steps is not None and num_steps > 1:
                 warnings.warn("Compile-only/validate-only runs execute a single step; "
@@ -139,6 +169,25 @@ class DataExecutor:
         # The progress display of long runs (cstorch.utils.progress); a caller that shows its
         # own progress (the Model Zoo Trainer) turns it off.
         self.show_progress = True
+
+    @property
+    def cs_config(self):
+        """The 2.0-2.2 cluster settings of this run: the ``cs_config`` passed (their Model
+        Zoo's models read ``current_executor().cs_config.precision_opt_level``), else one
+        holding the current precision optimization level."""
+        if self._cs_config is not None:
+            return self._cs_config
+        from types import SimpleNamespace
+
+        from cstorch.backends import backends
+
+        return SimpleNamespace(precision_opt_level=backends.csx.precision.optimization_level)
+
+    @property
+    def writer(self):
+        """The SummaryWriter passed as ``writer=`` (2.0-2.2; their Model Zoo writes its
+        learning rates through it in step closures), or None."""
+        return self._writer
 
     def __len__(self):
         return self.num_steps

@@ -75,7 +75,7 @@ def _declared_return(function):
         return None  # builtins (os.system) and other callables declare nothing checkable
     try:
         annotation = inspect.signature(function, eval_str=True).return_annotation
-    except Exception:  # an annotation that does not resolve declares nothing
+    except Exception:  # noqa: BLE001 - an annotation that does not resolve declares nothing
         return None
     return None if annotation is inspect.Signature.empty else annotation
 

@@ -98,7 +98,7 @@ class _ContinuingStream:
 _RUNNING: list = []  # weak references to trainers inside fit/validate, innermost last
 
 
-def _running_trainer():
+def running_trainer():
     """The Trainer whose fit/validate is running (None outside them)."""
     while _RUNNING:
         trainer = _RUNNING[-1]()

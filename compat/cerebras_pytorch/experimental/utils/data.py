@@ -16,15 +16,31 @@ none of the step keywords it is the 1.9 loader, which a ``DataExecutor`` iterate
 steps, and the input's batches repeat as often as that needs (a 20-batch loader with
 ``num_steps=30`` gives 30 batches in one pass, so a script that iterates the loader once
 reaches every step, checkpoint and evaluation it asked for).
+
+``compute_num_steps`` is 2.x's, except that ``num_steps`` and ``num_epochs`` may both be
+given, as 1.9's evaluation passes them (``num_steps=eval_steps, num_epochs=1``): the run
+stops at whichever limit comes first (2.x refuses the pair).
 """
 
 from __future__ import annotations
 
 import math
 
-from cstorch.utils.data import *  # noqa: F401,F403
-from cstorch.utils.data import DataExecutor, compute_num_steps
+from cstorch.utils.data import *  # noqa: F403
+from cstorch.utils.data import DataExecutor as DataExecutor
+from cstorch.utils.data import compute_num_steps as _compute_num_steps_2x
 from cstorch.utils.data import DataLoader as _DataLoader
+
+def compute_num_steps(dataloader, initial_step: int = 0, num_steps=None, max_steps=None,
+                      num_epochs=None, steps_per_epoch=None, grad_accum_steps: int = 1) -> int:
+    common = dict(initial_step=initial_step, max_steps=max_steps,
+                  steps_per_epoch=steps_per_epoch, grad_accum_steps=grad_accum_steps)
+    if num_steps is not None and num_epochs is not None:
+        return min(_compute_num_steps_2x(dataloader, num_steps=num_steps, **common),
+                   _compute_num_steps_2x(dataloader, num_epochs=num_epochs, **common))
+    return _compute_num_steps_2x(dataloader, num_steps=num_steps, num_epochs=num_epochs,
+                                 **common)
+
 
 _STEP_KEYS = ("num_steps", "num_epochs", "steps_per_epoch", "max_steps")
 

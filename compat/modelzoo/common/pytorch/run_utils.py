@@ -27,11 +27,11 @@ import torch
 import yaml
 
 from modelzoo.common.pytorch import modes
-from modelzoo.common.pytorch.half_dtype import half_dtype_instance  # noqa: F401
+from modelzoo.common.pytorch.half_dtype import half_dtype_instance
 from modelzoo.common.pytorch.pytorch_base_runner import PyTorchBaseRunner
 from modelzoo.common.pytorch.utils import RunConfigParamsValidator, setup_logging
 from modelzoo.common.run_utils.cli_parser import get_params_from_args
-from modelzoo.common.run_utils.utils import DeviceType  # noqa: F401  (1.x re-export)
+from modelzoo.common.run_utils.utils import DeviceType  # 1.x re-export
 
 DATA_FN_TYPE = Callable[[dict], torch.utils.data.DataLoader]
 

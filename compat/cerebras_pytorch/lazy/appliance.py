@@ -1,0 +1,289 @@
+"""``cbtorch.core.appliance.ApplianceMode`` and ``cbtorch.state()``: running the 1.x
+appliance runner's traced iteration as one compiled cstorch step.
+
+The 1.x runner (``PyTorchCSAppliance``) calls its per-batch methods for real only on the
+first batch: ``optimizer_zero_grad``, ``train_forward``, ``backward``, ``optimizer_step``,
+``lr_scheduler_step`` (eval: ``eval_forward``). Then it asks the appliance to ``compile`` that
+iteration, to ``execute`` the run from the initial state it saved, and, for batch ``n``, to
+``receive_activations(n)`` and hand back the loss; on later batches its methods do nothing
+but fetch that loss.
+
+Here the first iteration runs eagerly (its effects are discarded: ``execute`` restores the
+initial state file, as the appliance started from it), and ``compile`` makes the runner's
+per-batch methods the body of one ``cstorch.trace`` step. The body is the same for every
+batch (the static-graph rule), so capturing it once is exact. ``receive_activations(n)``
+runs that step on batch ``n`` (the batch the runner's ``cbtorch.dataloader`` just handed
+out; the appliance's own copy of the input stream would yield the same batches) on the CSX
+backend, the modeled wafer, and keeps its loss. ``save_weights`` writes the current state
+into the checkpoint the runner announced.
+
+The runner is the object that creates the ``ApplianceMode`` (its ``self``): the 1.x class
+took no runner argument because the lazy tensors carried the graph; here the graph is
+re-traced from the runner's methods.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import time
+
+import torch
+
+import cstorch
+
+from cerebras_pytorch.lazy import _run
+
+_STEP_METHODS = ("optimizer_zero_grad", "train_forward", "backward", "optimizer_step",
+                 "eval_forward")  # and lr_scheduler_step from 1.7 on
+
+
+class Tracker:
+    """1.x's timing tracker (``tracker_execute``): records named phases' wall times."""
+
+    def __init__(self):
+        self.times = {}
+        self._started = {}
+
+    def start(self, name):
+        self._started[name] = time.time()
+
+    def stop(self, name):
+        if name in self._started:
+            self.times[name] = time.time() - self._started.pop(name)
+
+    @contextlib.contextmanager
+    def entry(self, name):
+        self.start(name)
+        try:
+            yield
+        finally:
+            self.stop(name)
+
+
+class RunState:
+    """``cbtorch.state()``: what the 1.x runner records and reads during the run."""
+
+    def __init__(self):
+        self.init_tracker = Tracker()
+        self.progress_tracker = None  # 1.9's initialization progress bar: none shown here
+        self.rate_tracker = None
+        self.full_config = None
+        self.outputs = []
+        self.num_csx = 1
+        self.mixed_precision = False  # 1.6's eval reads it; amp state is not device state
+        self.metrics = []
+
+    @property
+    def modules(self):
+        """The modules registered with ``cbtorch.module`` (1.6's eval names their state)."""
+        return list(_run.current().modules)
+
+    def set_num_csx(self, num_csx) -> None:
+        if num_csx not in (None, 1):
+            raise ValueError(f"num_csx={num_csx}: this engine models one CS system; set "
+                             "num_csx to 1.")
+
+    def track_object(self, obj) -> None:
+        """The runner names the outputs it will fetch; the step's loss is the one the 1.x
+        runners fetch (``get_activation_for_output``)."""
+        self.outputs.append(obj)
+
+    def get_activation_for_output(self, tensor):
+        mode = _run.current().appliance_mode
+        if mode is None or mode.last_loss is None:
+            raise RuntimeError("No step has run on the appliance yet: call "
+                               "receive_activations(step) first.")
+        return mode.last_loss
+
+
+def run_state() -> RunState:
+    run = _run.current()
+    if run.run_state is None:
+        run.run_state = RunState()
+    return run.run_state
+
+
+def _require_constant_learning_rate(runner) -> None:
+    """The traced step keeps the learning rate its optimizer read when it was traced; the
+    zoo's host schedule (a ``LambdaLR``) cannot change it later. So a schedule must be
+    constant over the run, which is checked here, before anything runs."""
+    scheduler = getattr(runner, "_lr_scheduler", None)
+    lambdas = getattr(scheduler, "lr_lambdas", None) or []
+    total = int(getattr(runner, "_total_steps", None) or 1)
+    for group, fn in enumerate(lambdas):
+        # the zoo's functions take the step as a tensor on a system (1.9 reads its .device)
+        values = {float(fn(torch.tensor(step))) for step in sorted({0, 1, total // 2, total})}
+        if len(values) > 1:
+            raise NotImplementedError(
+                f"The learning rate of param group {group} changes during the run "
+                f"({sorted(values)}): a learning rate schedule is not modeled in the 1.x lazy "
+                "appliance flow (its compiled step keeps the first step's value). Use a "
+                "constant learning rate, or the cstorch flow (runconfig.experimental_api: "
+                "True in releases 1.8/1.9), which schedules it.")
+
+
+def _batch_size(batch) -> int:
+    from cstorch.utils.nest import visit_torch_tensors
+
+    for _, tensor in visit_torch_tensors(batch):
+        return int(tensor.shape[0]) if tensor.dim() else 1
+    return 0
+
+
+def _hyperparameters_as_constants() -> None:
+    """The 1.8/1.9 zoo optimizers turn their param groups' numbers into 0-d tensors (device
+    values on a CS system) and read some in Python (``if nesterov:``), which a lazy XLA
+    tensor allowed at a cost and a traced step here cannot. The learning rate and every
+    other hyperparameter are constant over a run in this flow (the appliance checks the
+    schedule), so they go back to Python numbers: constants of the compiled step."""
+    for wrapper in _run.current().optimizers:
+        for group in wrapper.param_groups:
+            for key, value in list(group.items()):
+                if key != "params" and isinstance(value, torch.Tensor) and value.dim() == 0:
+                    group[key] = value.item()
+
+
+class _SameName(dict):
+    """1.6's weight-name table: here a weight's tensor name is its own name."""
+
+    def get(self, name, default=None):
+        return name
+
+    def __getitem__(self, name):
+        return name
+
+
+class ApplianceMode:
+    def __init__(self, *args, **kwargs):
+        runner = sys._getframe(1).f_locals.get("self")
+        if runner is None or not all(hasattr(runner, m) for m in _STEP_METHODS):
+            raise RuntimeError(
+                "ApplianceMode must be created by a Model Zoo 1.x appliance runner (its "
+                "per-batch methods are the step this engine compiles); create it from the "
+                "runner's __init__ as PyTorchCSAppliance does.")
+        if not _run.current().appliance:
+            raise RuntimeError("ApplianceMode needs cbtorch.initialize(appliance=True, ...) "
+                               "first.")
+        from cerebras_appliance.CSConfig import CSConfig
+
+        cs_config = kwargs.get("cs_config")
+        if cs_config is None:
+            cs_config = next((a for a in args if isinstance(a, CSConfig)), None)
+        self.cs_config = cs_config if cs_config is not None else CSConfig()
+        # 1.6: ApplianceMode(params, load_and_return_state): the runner hands over a function
+        # returning the initial state instead of an initial state file.
+        self._load_initial_state = next((a for a in args if callable(a)), None)
+        self.output_names = ["loss"]  # 1.6 reads the step's activations by these names
+        self.weight_names = _SameName()  # and maps weight names to tensor names through this
+        self._cs_config = self.cs_config
+        self.tracker_execute = Tracker()
+        self._runner = runner
+        from cerebras_pytorch.lazy.cb_model import RateTracker
+
+        self.throughput = RateTracker()  # samples/s of the steps run (cm._extract_tracker_details)
+        self.last_batch_size = 0
+        self._step = None
+        self._steps_run = 0
+        self.last_loss = None
+        _run.current().appliance_mode = self
+
+    # ----------------------------------------------------------------- compile, execute
+    def compile(self, *args, **kwargs) -> None:
+        """Makes the runner's per-batch methods one compiled step (traced on first use)."""
+        runner = self._runner
+        training = runner._active_mode != "eval"
+        if training:
+            _require_constant_learning_rate(runner)
+
+        if training:
+            @cstorch.trace
+            def step(batch):
+                runner.optimizer_zero_grad()
+                loss = runner.train_forward(batch)
+                runner.backward(loss)
+                runner.optimizer_step()
+                if hasattr(runner, "lr_scheduler_step"):  # 1.6 steps it in optimizer_step
+                    runner.lr_scheduler_step()
+                return loss
+        else:
+            @cstorch.trace
+            @torch.no_grad()
+            def step(batch):
+                from cerebras_pytorch.lazy.outputs import extract_loss
+
+                return extract_loss(runner.eval_forward(batch))
+        self._step = step
+
+    def execute(self, *args, initial_checkpoint_file=None, **kwargs) -> None:
+        """Starts the run from the initial state the runner saved (the first, eager iteration
+        changed the model and optimizer; the appliance never saw that)."""
+        if self._step is None:
+            raise RuntimeError("execute() before compile().")
+        if initial_checkpoint_file is None:
+            initial_checkpoint_file = next(
+                (a for a in reversed(args) if isinstance(a, str) and os.path.isfile(a)), None)
+        if initial_checkpoint_file is not None:
+            state = cstorch.load(initial_checkpoint_file)
+        elif self._load_initial_state is not None:  # 1.6
+            state = self._load_initial_state()
+            state.pop("metrics", None)
+        else:
+            raise ValueError("execute() needs the initial state file the runner saved "
+                             "(initial_checkpoint_file).")
+        self._runner._model.set_state(state)
+        _hyperparameters_as_constants()
+        self._steps_run = 0
+
+    def receive_activations(self, step_index: int, *args, **kwargs) -> dict:
+        """Runs steps until ``step_index`` (0-based) has run; its loss is then available
+        (``cbtorch.state().get_activation_for_output``; 1.6 reads the returned
+        ``{output name: value}``)."""
+        while self._steps_run <= step_index:
+            loader = _run.current().dataloader
+            if loader is None or loader.current_batch is None:
+                raise RuntimeError("receive_activations: no batch was handed out by a "
+                                   "cbtorch.dataloader in this run.")
+            loss = self._step(loader.current_batch)
+            self.last_batch_size = _batch_size(loader.current_batch)
+            self.throughput.add(self.last_batch_size)
+            impl = cstorch.backend()._impl
+            self.last_loss = impl.to_cpu(loss).detach().clone()
+            self._steps_run += 1
+            _run.current().run_step += 1
+        return {"loss": self.last_loss}
+
+    def receive_weights(self, state_dict, iteration=None, *args, **kwargs) -> dict:
+        """1.6: the current value of every tensor of ``state_dict`` by its dotted name below
+        the top level (what the runner looks up through ``weight_names``)."""
+        from cstorch.utils.nest import visit_torch_tensors
+
+        self._runner._model.get_state()  # materializes the engine's state
+        return {".".join(map(str, scope[1:])): tensor.detach().cpu()
+                for scope, tensor in visit_torch_tensors(state_dict)}
+
+    # --------------------------------------------------------------------- checkpoints
+    def save_weights(self, state, file_name, iteration=None, duplicate_params_map=None,
+                     *args, **kwargs) -> None:
+        """Writes the current values of ``state`` (a state dict, or ``(key, value)`` pairs of
+        a flattened one) into ``file_name``, whose spec the runner saved."""
+        from cerebras_pytorch.saver.pt_h5_saver import PyTorchH5Saver
+
+        saver = PyTorchH5Saver()
+        items = saver.flatten_state_dict(state)[0].items() if isinstance(state, dict) else state
+        for key, value in items:
+            saver.save_tensor(file_name, key, value)
+
+    @contextlib.contextmanager
+    def build_worker_image(self, *args, **kwargs):
+        """No worker image: the modeled wafer runs in this process (1.8/1.9 use it as a
+        context around compile and execute)."""
+        yield
+
+    def save_dataloader_checkpoint(self, *args, **kwargs) -> None:
+        """The runner's dataloader is iterated in this process; nothing to save remotely."""
+
+    def done(self, *args, **kwargs) -> None:
+        logging.debug("Appliance run done.")

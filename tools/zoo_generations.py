@@ -1,0 +1,568 @@
+"""Every generation of the real Cerebras Model Zoo, run unchanged on this project.
+
+    python tools/zoo_generations.py MODELZOO_SRC [--lines 2.3,2.2] [--zoo-python PY]
+
+``MODELZOO_SRC`` is a Model Zoo git repository (a checkout's top folder, or a bare git dir);
+nothing is fetched. A plain (non-git) checkout of one release is used as it is, with
+``--lines`` naming its line. For each release line (``RELEASE_LINES``: one tag per line) the tag is
+checked out into a temporary folder, and for its fc_mnist and one transformer (gpt2 where the
+release has it, else bert) the harness writes a tiny config from the shipped one (the zoo's
+own fake-data options, 20 steps, checkpoints at 10 and 20) and runs the release's own
+``run.py`` with its own command line, as a user of that release would:
+
+* ``cpu``: train on CPU (and evaluate the trained model in the same process, where the
+  release's command line can: ``--mode train_and_eval``);
+* ``eager``: the same with ``CSTORCH_ENGINE=eager`` (every op as eager torch);
+* ``csx``: train on CSX (this project's modeled wafer);
+* ``eval``: evaluate from the last checkpoint of the ``cpu`` run;
+* ``resume``: train from the first checkpoint of the ``cpu`` run to the end.
+
+It prints one row per tag and model and writes the rows to ``artifacts/zoo_generations.json``.
+The checks: CPU equals eager (step 1 exactly, every step within 1e-5 relative), CSX tracks
+CPU within mixed-precision tolerance, eval from the checkpoint gives the in-process eval loss,
+the resumed run continues the CPU run's curve (within 1e-5). Whether this project's cstorch
+ran is recorded by ``tools/zoo_generations_site/sitecustomize.py`` (put first on the zoo
+process's path; it notes which ``cerebras.pytorch``/``cstorch`` modules the process loaded).
+
+A release line is an entry of ``RELEASE_LINES``: its tag, its models (where run.py and the
+shipped config are, and how to make the config tiny) and its command line (``cli``). Lines
+whose command line or logs differ (the 1.x runners) plug in their own ``cli`` and ``losses``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import glob
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SITE = ROOT / "tools" / "zoo_generations_site"
+STUBS = ROOT / "tests" / "zoo" / "stubs"
+
+STEPS = 20
+FIRST_CHECKPOINT = 10
+EAGER_TOLERANCE = 1e-5
+CSX_TOLERANCE = 2e-2  # relative, CSX (half precision as shipped) against CPU
+# A resumed run whose zoo restarts the data from the first batch is compared with the
+# continuous run's first steps (same batches, weights 10 steps less trained) this closely.
+RESTARTED_DATA_TOLERANCE = 1e-2
+RUN_TIMEOUT = 900
+
+
+@dataclasses.dataclass
+class Settings:
+    steps: int = STEPS
+    checkpoint_steps: int = FIRST_CHECKPOINT
+    batch_size: int = 4
+    eval_steps: int = 5
+
+
+# ---------------------------------------------------------------------------------------------
+# Config builders: the shipped params, made tiny, with the zoo's own fake-data options.
+
+def _runconfig(params: dict, s: Settings) -> None:
+    rc = params.setdefault("runconfig", {})
+    rc.update(max_steps=s.steps, log_steps=1, checkpoint_steps=s.checkpoint_steps,
+              save_initial_checkpoint=False, eval_steps=s.eval_steps, seed=1,
+              eval_frequency=s.steps)
+    rc.pop("num_epochs", None)
+    rc.pop("steps", None)
+
+
+def fc_mnist_params(params: dict, s: Settings) -> dict:
+    params = copy.deepcopy(params)
+    for section in ("train_input", "eval_input"):
+        params[section].update(use_fake_data=True, batch_size=s.batch_size)
+    _runconfig(params, s)
+    return params
+
+
+def gpt2_params(params: dict, s: Settings) -> dict:
+    """Two layers of width 32 on the zoo's DummyDataProcessor (128 tokens from a 32000-word
+    vocabulary); dropout off so that engines with different random streams compare."""
+    params = copy.deepcopy(params)
+    for section in ("train_input", "eval_input"):
+        inp = params[section]
+        for key in ("data_dir", "prefetch_factor", "persistent_workers"):
+            inp.pop(key, None)
+        inp.update(data_processor="DummyDataProcessor", batch_size=s.batch_size,
+                   shuffle=False, shuffle_seed=1, num_workers=0)
+    model = params["model"]
+    model.update(hidden_size=32, num_hidden_layers=2, num_heads=2, filter_size=64,
+                 vocab_size=32000, max_position_embeddings=128, dropout_rate=0.0,
+                 attention_dropout_rate=0.0)
+    model.pop("embedding_dropout_rate", None)
+    # Release_2.0's shipped gpt2_small schedule passes `alpha` to a Linear scheduler, which
+    # cerebras-pytorch's strict scheduler configs (2.1 on; 2.1's configs dropped the key)
+    # refuse; the tiny config leaves it out.
+    schedule = params.get("optimizer", {}).get("learning_rate")
+    for entry in schedule if isinstance(schedule, list) else [schedule]:
+        if isinstance(entry, dict) and str(entry.get("scheduler", "")).lower() == "linear":
+            entry.pop("alpha", None)
+    _runconfig(params, s)
+    return params
+
+
+def float32(params: dict) -> dict:
+    """The CPU runs' config: float32 (the CSX run keeps the shipped precision). The CPU
+    engines are compared to 1e-5, which only float32 resolves: in bfloat16 eager torch's
+    oneDNN kernels and XLA's may round a sum one unit apart."""
+    params = copy.deepcopy(params)
+    params["model"]["mixed_precision"] = False
+    params["model"].pop("fp16_type", None)
+    return params
+
+
+# ---------------------------------------------------------------------------------------------
+# Command lines.
+
+def cli_2x(run_py: str, device: str, mode: str, params: str, model_dir: str,
+           checkpoint: str | None) -> list[str]:
+    """2.0 to 2.10: ``python run.py {CPU,CSX} --mode M --params P --model_dir D``."""
+    argv = [run_py, device, "--mode", mode, "--params", params, "--model_dir", model_dir]
+    if checkpoint:
+        argv += ["--checkpoint_path", checkpoint]
+    return argv
+
+
+# The zoo's note that a checkpoint holds no dataloader state (a resumed run sees the first
+# batches again, as on the reference: only its restartable loaders are checkpointed).
+_DATA_RESTARTED = re.compile(r"yield samples from the beginning")
+_STEP_LOSS = re.compile(r"Step=(\d+), Loss=([-+0-9.eEnaif]+)")
+_EVAL_LOSS = re.compile(r"Avg Eval Loss: ([-+0-9.eEnaif]+)")
+
+
+def losses_2x(model_dir: Path, log: str) -> tuple[dict[int, float], float | None]:
+    """Train losses by step and the final eval loss: the zoo's TensorBoard events (float32
+    values) where it wrote them, else its log lines (5 decimals)."""
+    train, evals = {}, []
+    try:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    except ImportError:  # read the logs instead
+        EventAccumulator = None
+    if EventAccumulator is not None:
+        for path in sorted(glob.glob(str(model_dir / "**" / "events.out.tfevents*"),
+                                     recursive=True)):
+            acc = EventAccumulator(path, size_guidance={"scalars": 0})
+            acc.Reload()
+            for tag in acc.Tags().get("scalars", []):
+                events = acc.Scalars(tag)
+                if tag in ("loss", "train/loss"):
+                    train.update({e.step: e.value for e in events})
+                elif tag.endswith("loss"):  # eval/loss, validate_0/loss, ...
+                    evals += [e.value for e in events]
+    if not train:
+        train = {int(m[1]): float(m[2]) for m in _STEP_LOSS.finditer(log)
+                 if "Eval" not in log[max(0, m.start() - 40):m.start()]}
+    if not evals:
+        evals = [float(m[1]) for m in _EVAL_LOSS.finditer(log)]
+    return train, (evals[-1] if evals else None)
+
+
+def checkpoints_2x(model_dir: Path) -> dict[int, str]:
+    found = {}
+    for path in glob.glob(str(model_dir / "checkpoint_*.mdl")):
+        m = re.search(r"checkpoint_(\d+)\.mdl$", path)
+        if m:
+            found[int(m[1])] = path
+    return dict(sorted(found.items()))
+
+
+# ---------------------------------------------------------------------------------------------
+# The table of release lines.
+
+@dataclasses.dataclass
+class Model:
+    name: str
+    run_py: str   # relative to the checkout
+    config: str   # the shipped config it starts from, relative to the checkout
+    build: Callable[[dict, Settings], dict]
+
+
+@dataclasses.dataclass
+class ReleaseLine:
+    line: str
+    tag: str
+    models: list[Model]
+    cli: Callable = cli_2x
+    losses: Callable = losses_2x
+    checkpoints: Callable = checkpoints_2x
+    # --mode for the CPU run: "train_and_eval" evaluates the trained model in the same
+    # process; "train" where the release's CPU train_and_eval runs training and eval as
+    # separate processes (2.0/2.1: "sideband"), and the checkpoint's eval is then checked
+    # against the same eval on the eager engine
+    cpu_mode: str = "train_and_eval"
+
+
+def _src_2x(prefix: str, gpt2_dir: str) -> list[Model]:
+    return [
+        Model("fc_mnist", f"{prefix}/fc_mnist/pytorch/run.py",
+              f"{prefix}/fc_mnist/pytorch/configs/params.yaml", fc_mnist_params),
+        Model("gpt2", f"{gpt2_dir}/run.py", f"{gpt2_dir}/configs/params_gpt2_small.yaml",
+              gpt2_params),
+    ]
+
+
+_SRC_22 = "src/cerebras/modelzoo"
+RELEASE_LINES: list[ReleaseLine] = [
+    ReleaseLine("2.3", "Release_2.3.1", _src_2x(_SRC_22, f"{_SRC_22}/models/nlp/gpt2")),
+    ReleaseLine("2.2", "Release_2.2.1", _src_2x(_SRC_22, f"{_SRC_22}/models/nlp/gpt2")),
+    ReleaseLine("2.1", "Release_2.1.1", _src_2x("modelzoo", "modelzoo/transformers/pytorch/gpt2"),
+                cpu_mode="train"),
+    ReleaseLine("2.0", "Release_2.0.3", _src_2x("modelzoo", "modelzoo/transformers/pytorch/gpt2"),
+                cpu_mode="train"),
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkout: a tag's files from a git repository, without a work tree.
+
+def git_dir(src: Path, required: bool = True) -> Path | None:
+    for candidate in (src / ".git", src):
+        if (candidate / "HEAD").is_file() and (candidate / "objects").is_dir():
+            return candidate
+    if not required:
+        return None
+    raise SystemExit(f"{src} is not a git repository (a Model Zoo clone or bare git dir): the "
+                     "harness checks each release tag out of it.")
+
+
+def checkout(gitdir: Path, tag: str, dest: Path) -> list[str]:
+    """Writes the files of ``tag`` under ``dest``; returns the paths whose content the
+    repository lacks (a partial mirror: large data files), which are skipped."""
+    listing = subprocess.run(["git", "--git-dir", str(gitdir), "ls-tree", "-r", "-z", tag],
+                             capture_output=True, check=True).stdout.split(b"\0")
+    blobs = []
+    for entry in filter(None, listing):
+        meta, path = entry.split(b"\t", 1)
+        mode, kind, sha = meta.split()
+        if kind == b"blob":
+            blobs.append((mode, sha, os.fsdecode(path)))
+    missing = []
+    cat = subprocess.Popen(["git", "--git-dir", str(gitdir), "cat-file", "--batch"],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        for mode, sha, path in blobs:
+            if ".." in Path(path).parts or Path(path).is_absolute():
+                raise SystemExit(f"refusing path {path!r} in {tag}")
+            cat.stdin.write(sha + b"\n")
+            cat.stdin.flush()
+            header = cat.stdout.readline().split()
+            if header[-1] == b"missing":
+                missing.append(path)
+                continue
+            data = cat.stdout.read(int(header[2]))
+            cat.stdout.read(1)
+            target = dest / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if mode == b"120000":
+                os.symlink(os.fsdecode(data), target)
+            else:
+                target.write_bytes(data)
+                if mode == b"100755":
+                    target.chmod(0o755)
+    finally:
+        cat.stdin.close()
+        cat.wait()
+    return missing
+
+
+# ---------------------------------------------------------------------------------------------
+# Running and judging.
+
+def first_error(log: str) -> str | None:
+    """The innermost ``file:line`` and the exception line of the first traceback in ``log``
+    (the root cause, where exceptions were chained)."""
+    at = log.find("Traceback (most recent call last)")
+    if at < 0:
+        return None
+    frames, message = [], ""
+    for line in log[at:].splitlines()[1:]:
+        if line.strip().startswith('File "'):
+            frames.append(line)
+        elif line and not line.startswith(" "):  # the exception line ends the traceback
+            message = line.strip()
+            break
+    where = ""
+    if frames:
+        m = re.search(r'File "([^"]+)", line (\d+)', frames[-1])
+        if m:
+            where = f"{Path(m[1]).name}:{m[2]}: "
+    return (where + message)[:300]
+
+
+def zoo_environment(zoo_python: str, probe: Path, engine: str | None) -> dict:
+    paths = [str(SITE), str(ROOT), str(ROOT / "compat")]
+    has_torchvision = subprocess.run(
+        [zoo_python, "-c", "import torchvision"], capture_output=True).returncode == 0
+    if not has_torchvision:
+        paths.append(str(STUBS))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths),
+           "ZOO_GENERATIONS_PROBE": str(probe)}
+    env.pop("CSTORCH_ENGINE", None)
+    if engine:
+        env["CSTORCH_ENGINE"] = engine
+    return env
+
+
+def run_one(zoo_python: str, checkout_dir: Path, work: Path, line: ReleaseLine, model: Model,
+            kind: str, device: str, mode: str, checkpoint: str | None) -> dict:
+    model_dir = work / f"model_dir_{kind}"
+    shutil.rmtree(model_dir, ignore_errors=True)
+    probe = work / f"probe_{kind}.json"
+    probe.unlink(missing_ok=True)
+    params = work / ("params_csx.yaml" if device == "CSX" else "params.yaml")
+    argv = line.cli(str(checkout_dir / model.run_py), device, mode, str(params), str(model_dir),
+                    checkpoint)
+    env = zoo_environment(zoo_python, probe, "eager" if kind.endswith("eager") else None)
+    start = time.monotonic()
+    try:
+        proc = subprocess.run([zoo_python] + argv, cwd=work, env=env, capture_output=True,
+                              text=True, timeout=RUN_TIMEOUT)
+        log, rc = proc.stdout + proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as exc:
+        log, rc = f"{exc.stdout or ''}{exc.stderr or ''}\ntimed out after {RUN_TIMEOUT}s", -1
+    seconds = time.monotonic() - start
+    (work / f"{kind}.log").write_text(log)
+    train, eval_loss = line.losses(model_dir, log)
+    ran = json.loads(probe.read_text()) if probe.exists() else {}
+    return dict(kind=kind, rc=rc, seconds=round(seconds, 1), losses=train, eval_loss=eval_loss,
+                data_restarted=bool(_DATA_RESTARTED.search(log)),
+                checkpoints=line.checkpoints(model_dir), error=first_error(log) if rc else None,
+                project_cstorch=bool(ran.get("project_cstorch")), engine=ran.get("engine"),
+                log=str(work / f"{kind}.log"))
+
+
+def _relative(a: float, b: float) -> float:
+    if math.isnan(a) or math.isnan(b):
+        return math.inf
+    return abs(a - b) / max(abs(b), 1e-12)
+
+
+def compare(a: dict[int, float], b: dict[int, float]) -> tuple[float, bool] | None:
+    """Largest relative difference over the steps both have, and whether step 1's
+    losses are identical; None where they share no step."""
+    common = sorted(set(a) & set(b))
+    if not common:
+        return None
+    return max(_relative(a[s], b[s]) for s in common), a.get(1) == b.get(1)
+
+
+def _same_batches(res: dict, cpu: dict, settings: Settings) -> float:
+    first = settings.checkpoint_steps
+    diff = compare({s - first: v for s, v in res["losses"].items()},
+                   {s: v for s, v in cpu["losses"].items() if s <= first})
+    return diff[0] if diff else math.inf
+
+
+def _restarted_data(res: dict, cpu: dict, settings: Settings, continuation: float) -> bool:
+    """Whether the resumed run saw the first batches again: the zoo says so (2.0-2.2), or
+    its losses are nearer the continuous run's on the first batches than on the later ones
+    (the 2.3 Trainer restarts a dataloader that is not restartable without a message)."""
+    return bool(res.get("data_restarted")) or _same_batches(res, cpu, settings) < continuation
+
+
+def judge(runs: dict[str, dict], settings: Settings) -> dict:
+    cpu, eager, csx, ev, res = (runs.get(k) for k in ("cpu", "eager", "csx", "eval", "resume"))
+    verdict = {}
+
+    def ok_train(run):
+        return run is not None and run["rc"] == 0 and len(run["losses"]) >= settings.steps
+
+    verdict["cpu"] = "ok" if ok_train(cpu) else "FAIL"
+    verdict["csx"] = "ok" if ok_train(csx) else "FAIL"
+    if ok_train(cpu) and ok_train(eager):
+        diff, first_same = compare(cpu["losses"], eager["losses"])
+        verdict["vs_eager"] = ("ok" if first_same and diff <= EAGER_TOLERANCE else "FAIL") + \
+            f" {diff:.1e}" + ("" if first_same else " (step 1 differs)")
+    else:
+        verdict["vs_eager"] = "FAIL"
+    if ok_train(cpu) and ok_train(csx):
+        diff, _ = compare(csx["losses"], cpu["losses"])
+        verdict["csx"] = ("ok" if diff <= CSX_TOLERANCE else "FAIL") + f" {diff:.1e}"
+    if ev is not None and ev["rc"] == 0 and ev["eval_loss"] is not None:
+        reference = cpu["eval_loss"] if cpu else None
+        if reference is None and runs.get("eval_eager"):
+            reference = runs["eval_eager"]["eval_loss"]
+        if reference is None:
+            verdict["eval"] = f"ran {ev['eval_loss']:.5f} (no in-process eval to compare)"
+        else:
+            d = _relative(ev["eval_loss"], reference)
+            verdict["eval"] = ("ok" if d <= EAGER_TOLERANCE else "FAIL") + f" {d:.1e}"
+    else:
+        verdict["eval"] = "FAIL"
+    if res is not None and res["rc"] == 0 and ok_train(cpu):
+        later = {s: v for s, v in cpu["losses"].items() if s > settings.checkpoint_steps}
+        resumed = compare(res["losses"], later)
+        starts = min(res["losses"], default=None)
+        if resumed is None or starts != settings.checkpoint_steps + 1:
+            verdict["resume"] = f"FAIL (resumed steps {sorted(res['losses'])[:3]}...)"
+        elif resumed[0] > EAGER_TOLERANCE and _restarted_data(res, cpu, settings, resumed[0]):
+            # Steps 11-20 of the resumed run see the batches of steps 1-10 again: compared
+            # with those steps of the continuous run (10 steps less trained, same batches).
+            diff = _same_batches(res, cpu, settings)
+            verdict["resume"] = ("ok" if diff <= RESTARTED_DATA_TOLERANCE else "FAIL") + \
+                f" {diff:.1e} (data restarts)"
+        else:
+            verdict["resume"] = ("ok" if resumed[0] <= EAGER_TOLERANCE else "FAIL") + \
+                f" {resumed[0]:.1e}"
+    else:
+        verdict["resume"] = "FAIL"
+    verdict["project_cstorch"] = all(r["project_cstorch"] for r in runs.values() if r)
+    errors = [f"{k}: {r['error']}" for k, r in runs.items() if r and r["error"]]
+    verdict["first_error"] = errors[0] if errors else ""
+    return verdict
+
+
+def run_model(zoo_python: str, checkout_dir: Path, work: Path, line: ReleaseLine, model: Model,
+              settings: Settings) -> dict:
+    work.mkdir(parents=True, exist_ok=True)
+    shipped = checkout_dir / model.config
+    if not (checkout_dir / model.run_py).exists() or not shipped.exists():
+        return dict(model=model.name, missing=f"{model.run_py} or {model.config} not in "
+                    f"{line.tag}")
+    params = model.build(yaml.safe_load(shipped.read_text()), settings)
+    (work / "params_csx.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    (work / "params.yaml").write_text(yaml.safe_dump(float32(params), sort_keys=False))
+    runs = {}
+    start = time.monotonic()
+    runs["cpu"] = run_one(zoo_python, checkout_dir, work, line, model, "cpu", "CPU",
+                          line.cpu_mode, None)
+    runs["eager"] = run_one(zoo_python, checkout_dir, work, line, model, "eager", "CPU",
+                            line.cpu_mode, None)
+    runs["csx"] = run_one(zoo_python, checkout_dir, work, line, model, "csx", "CSX", "train",
+                          None)
+    checkpoints = runs["cpu"]["checkpoints"]
+    if checkpoints:
+        # Evaluation and resumption read the CPU run's checkpoints: copy them first, as the
+        # runs start from clean model directories.
+        keep = work / "checkpoints"
+        keep.mkdir(exist_ok=True)
+        last = shutil.copy(checkpoints[max(checkpoints)], keep)
+        runs["eval"] = run_one(zoo_python, checkout_dir, work, line, model, "eval", "CPU",
+                               "eval", last)
+        if line.cpu_mode != "train_and_eval":
+            runs["eval_eager"] = run_one(zoo_python, checkout_dir, work, line, model,
+                                         "eval_eager", "CPU", "eval", last)
+        first = checkpoints.get(settings.checkpoint_steps)
+        if first:
+            first = shutil.copy(first, keep)
+            runs["resume"] = run_one(zoo_python, checkout_dir, work, line, model, "resume",
+                                     "CPU", "train", first)
+    verdict = judge(runs, settings)
+    return dict(model=model.name, seconds=round(time.monotonic() - start, 1),
+                verdict=verdict, runs=runs, work=str(work))
+
+
+def _cell(row: dict, key: str) -> str:
+    if "missing" in row:
+        return "-"
+    return str(row["verdict"].get(key, ""))
+
+
+def print_table(rows: list[dict]) -> None:
+    columns = ("cpu", "csx", "eval", "resume", "vs_eager", "project_cstorch")
+    header = ["line", "tag", "model", *columns, "s", "first error"]
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for row in rows:
+        cells = [row["line"], row["tag"], row["model"], *(_cell(row, c) for c in columns),
+                 str(row.get("seconds", "")),
+                 row.get("missing") or row.get("verdict", {}).get("first_error", "")]
+        print("| " + " | ".join(c.replace("|", "/") for c in cells) + " |", flush=True)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("src", type=Path, nargs="?", help="a Model Zoo git clone or bare git dir")
+    parser.add_argument("--lines", default="", help="release lines, e.g. 2.3,2.2 (default all)")
+    parser.add_argument("--models", default="", help="e.g. fc_mnist (default all)")
+    parser.add_argument("--zoo-python", default=os.environ.get("ZOO_PYTHON", sys.executable))
+    parser.add_argument("--work-dir", type=Path, default=None,
+                        help="where checkouts and runs go (default: a new temporary folder)")
+    parser.add_argument("--out", type=Path, default=ROOT / "artifacts" / "zoo_generations.json")
+    parser.add_argument("--rejudge", type=Path, nargs="*", default=None,
+                        help="judge the rows of earlier runs' JSON files again and print them")
+    args = parser.parse_args(argv)
+    if args.rejudge is not None:
+        rows = []
+        for path in args.rejudge:
+            for row in json.loads(path.read_text()):
+                if "runs" in row:
+                    runs = {k: dict(r, losses={int(s): v for s, v in r["losses"].items()})
+                            for k, r in row["runs"].items()}
+                    row["verdict"] = judge(runs, Settings())
+                rows.append(row)
+        print_table(rows)
+        return 0
+
+    if args.src is None:
+        parser.error("give MODELZOO_SRC (a Model Zoo git clone or bare git dir)")
+    gitdir = git_dir(args.src.resolve(), required=False)
+    zoo_python = shutil.which(args.zoo_python) or args.zoo_python
+    args.zoo_python = os.path.abspath(zoo_python)  # the runs change directory
+    wanted = {x.strip() for x in args.lines.split(",") if x.strip()}
+    unknown = wanted - {line.line for line in RELEASE_LINES}
+    if unknown:
+        parser.error(f"unknown release line(s) {sorted(unknown)}; known: "
+                     f"{[line.line for line in RELEASE_LINES]}")
+    if gitdir is None and len(wanted) != 1:
+        parser.error(f"{args.src} is not a git repository: give a Model Zoo clone (or bare git "
+                     "dir) holding the release tags, or a plain checkout of one release with "
+                     "--lines naming its line (e.g. --lines 2.3).")
+    models = {x.strip() for x in args.models.split(",") if x.strip()}
+    work_root = args.work_dir or Path(tempfile.mkdtemp(prefix="zoo_generations_"))
+    settings = Settings()
+    rows = []
+    for line in RELEASE_LINES:
+        if wanted and line.line not in wanted:
+            continue
+        checkout_dir = work_root / line.tag / "zoo"
+        line_start = time.monotonic()
+        if gitdir is None:  # a plain checkout of this one release, used as it is
+            checkout_dir = args.src.resolve()
+        elif not checkout_dir.exists():
+            try:
+                missing = checkout(gitdir, line.tag, checkout_dir)
+            except subprocess.CalledProcessError:
+                rows.append(dict(line=line.line, tag=line.tag, model="*",
+                                 missing=f"tag {line.tag} not in {gitdir}"))
+                continue
+            if missing:
+                print(f"{line.tag}: {len(missing)} file(s) absent from the repository, skipped "
+                      f"(e.g. {missing[0]})", file=sys.stderr)
+        for model in line.models:
+            if models and model.name not in models:
+                continue
+            row = run_model(args.zoo_python, checkout_dir, work_root / line.tag / model.name,
+                            line, model, settings)
+            rows.append(dict(line=line.line, tag=line.tag, **row))
+            print_table(rows[-1:])
+        print(f"{line.tag}: {time.monotonic() - line_start:.0f} s", file=sys.stderr)
+    print()
+    print_table(rows)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(rows, indent=1, default=str))
+    print(f"\nrows: {args.out}; runs under {work_root}")
+    failed = any("missing" not in r and any(str(r["verdict"][c]).startswith("FAIL")
+                                            for c in ("cpu", "csx", "eval", "resume",
+                                                      "vs_eager")) for r in rows)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
