@@ -31,7 +31,12 @@ import zipfile
 
 import numpy as np
 
-from jax_backend.errors import CstorchError
+try:  # in the project, every error derives from the one root
+    from jax_backend.errors import CstorchError
+except ImportError:  # this file is also the standalone loader, exported_step.py: JAX and numpy only
+
+    class CstorchError(Exception):
+        """The standalone loader's stand-in for the project's root error."""
 
 try:
     import fcntl
