@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-fast test-compat gpu-check bench bench-gpu coverage zoo-check clean
+.PHONY: demo test test-fast test-compat test-newest gpu-check bench bench-gpu coverage zoo-check clean
 
 # torch first: one already in the venv inside pyproject's range is kept; with none, this CPU
 # build (lying on this machine's disk; a range would pull gigabytes of CUDA libraries).
@@ -62,6 +62,38 @@ test-compat: $(COMPAT_VENV)/.installed
 	$(COMPAT_PY) -c "import sys, torch, jax; print('compat stack: Python', \
 		sys.version.split()[0], 'torch', torch.__version__, 'JAX', jax.__version__)"
 	$(COMPAT_PY) -m pytest -q $(COMPAT_TESTS)
+
+# The newest end of the supported range, in its own venv: Python 3.13 where one runs (else 3.12,
+# else $(PYTHON)) with the newest torch, JAX and the rest that pyproject's ranges allow on the
+# index (`pip install -U`: torch 2.15 comes as its CUDA build, ~4.6 GB, about 3 minutes here).
+# NEWEST_TORCH=2.14.1 (or NEWEST_JAX=...) pins a release instead. The venv's own constraints
+# file takes the place of any in pip's configuration (a machine's cap on torch would hold the
+# leg back), every other pip setting (index, certificate) is kept. It runs the compat leg's
+# tests plus the op-coverage gate, the demo and the parity tool, with every deprecation
+# warning attributed to the project's code an error (tests/conftest.py).
+NEWEST_VENV := .venv-newest
+NEWEST_PYTHON ?= $(or $(shell for p in python3.13 $(HOME)/.pyenv/versions/3.13*/bin/python3.13 \
+	python3.12 $(HOME)/.pyenv/versions/3.12*/bin/python3.12; \
+	do $$p -c '' 2>/dev/null && { echo $$p; break; }; done),$(PYTHON))
+NEWEST_PY := $(NEWEST_VENV)/bin/python
+NEWEST_TORCH ?=
+NEWEST_JAX ?=
+NEWEST_TESTS := $(COMPAT_TESTS) tests/test_versions.py
+
+$(NEWEST_VENV)/.installed: pyproject.toml Makefile
+	test -x $(NEWEST_PY) || $(NEWEST_PYTHON) -m venv $(NEWEST_VENV)
+	$(NEWEST_PY) -m pip install --upgrade pip -q
+	printf '# the newest leg: pins given to make, nothing else\n$(if $(NEWEST_TORCH),torch==$(NEWEST_TORCH)\n)$(if $(NEWEST_JAX),jax==$(NEWEST_JAX)\njaxlib==$(NEWEST_JAX)\n)' \
+		> $(NEWEST_VENV)/constraints.txt
+	PIP_CONSTRAINT=$(NEWEST_VENV)/constraints.txt $(NEWEST_PY) -m pip install -q -U -e '.[test]'
+	touch $@
+
+test-newest: $(NEWEST_VENV)/.installed
+	$(NEWEST_PY) -c "import sys, torch, jax, numpy; print('newest stack: Python', \
+		sys.version.split()[0], 'torch', torch.__version__, 'JAX', jax.__version__, \
+		'numpy', numpy.__version__)"
+	$(NEWEST_PY) tools/jax_names.py
+	CSTORCH_TEST_DEPRECATIONS=error $(NEWEST_PY) -m pytest -q $(NEWEST_TESTS)
 
 # Parity of the examples (eager vs JAX on the GPU, or on the CPU without one) and the GPU
 # benchmark, as JSON in GPU_CHECK_OUT. Needs no venv: on a GPU machine it runs the source

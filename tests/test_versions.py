@@ -72,13 +72,33 @@ def test_distributed_timeouts_follow_what_initialize_accepts():
 
 
 def test_the_declared_torch_range():
-    assert ensure_torch.supported_range() == ">=2.9,<2.15"
+    assert ensure_torch.supported_range() == ">=2.9,<2.16"
     assert ensure_torch.in_range(torch.__version__, ensure_torch.supported_range())
     for version, ok in [("2.9.0", True), ("2.9.1+cu128", True), ("2.13.0+cpu", True),
-                        ("2.14.1", True), ("2.8.0", False), ("2.15.0", False),
-                        ("2.15.0.dev20260101+cpu", False), ("3.0", False)]:
-        assert ensure_torch.in_range(version, ">=2.9,<2.15") is ok, version
-    assert ensure_torch.release("2.13.0+cpu") == (2, 13, 0)
+                        ("2.14.1", True), ("2.15.0", True), ("2.15.0+cu132", True),
+                        ("2.15.1rc1", True), ("2.8.0", False), ("2.16.0", False),
+                        ("2.16.0.dev20270101+cpu", False), ("3.0", False)]:
+        assert ensure_torch.in_range(version, ">=2.9,<2.16") is ok, version
+    # packaging's PEP 440 rules, not a prefix of release numbers: 2.9.0.post1 is in, and a
+    # version string that is not one is an error, never a silent "in range".
+    assert ensure_torch.in_range("2.9.0.post1", ">=2.9,<2.16")
+    with pytest.raises(ValueError):
+        ensure_torch.in_range("not-a-version", ">=2.9,<2.16")
+
+
+def test_the_declared_ranges_cover_the_newest_tested_stack():
+    """The range pip sees: torch 2.15 and JAX 0.12 (the newest leg, ``make test-newest``) and
+    torch 2.9 / JAX 0.7 (``make test-compat``) are inside it, so ``pip install -e .`` keeps
+    them; numpy 1.26 and 2.x too."""
+    import declared_range
+
+    for package, inside, outside in [
+            ("torch", ["2.9.0", "2.15.0+cu132"], ["2.8.0", "2.16.0"]),
+            ("jax", ["0.7.0", "0.12.0.1"], ["0.6.2", "0.13.0"]),
+            ("numpy", ["1.26.4", "2.5.5"], ["1.25.2", "3.0.0"])]:
+        spec = declared_range.declared_range(package)
+        assert all(declared_range.allows(spec, v) for v in inside), (package, spec)
+        assert not any(declared_range.allows(spec, v) for v in outside), (package, spec)
 
 
 @pytest.mark.parametrize("installed, status, installs", [
