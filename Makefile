@@ -31,14 +31,15 @@ test-fast: .venv
 	$(PY) -m pytest -q tests -m "not slow"
 
 # The other end of the supported range (README "Versions"), in its own venv: the oldest torch
-# and JAX on Python 3.12 where one runs (else $(PYTHON)), on the engine, graph cache, export,
-# nest, checkpoint and distributed tests.
+# and JAX, and numpy 1.26, on Python 3.12 where one runs (else $(PYTHON)), on the engine, graph
+# cache, export, nest, checkpoint and distributed tests.
 COMPAT_VENV := .venv-compat
 COMPAT_PYTHON ?= $(or $(shell for p in python3.12 $(HOME)/.pyenv/versions/3.12*/bin/python3.12; \
 	do $$p -c '' 2>/dev/null && { echo $$p; break; }; done),$(PYTHON))
 COMPAT_PY := $(COMPAT_VENV)/bin/python
 COMPAT_TORCH ?= 2.9.1
 COMPAT_JAX ?= 0.7.0
+COMPAT_NUMPY ?= 1.26.4
 COMPAT_TESTS := tests/jax_backend tests/test_import_graph.py tests/cstorch/test_graph_cache.py \
 	tests/cstorch/test_export.py tests/cstorch/test_utils_extras.py \
 	tests/cstorch/test_engine_parity.py tests/cstorch/test_parity.py \
@@ -52,15 +53,16 @@ COMPAT_TESTS := tests/jax_backend tests/test_import_graph.py tests/cstorch/test_
 $(COMPAT_VENV)/.installed: pyproject.toml Makefile
 	test -x $(COMPAT_PY) || $(COMPAT_PYTHON) -m venv $(COMPAT_VENV)
 	$(COMPAT_PY) -m pip install --upgrade pip -q
-	printf 'torch==$(COMPAT_TORCH)\njax==$(COMPAT_JAX)\njaxlib==$(COMPAT_JAX)\n' \
+	printf 'torch==$(COMPAT_TORCH)\njax==$(COMPAT_JAX)\njaxlib==$(COMPAT_JAX)\nnumpy==$(COMPAT_NUMPY)\n' \
 		> $(COMPAT_VENV)/constraints.txt
 	$(COMPAT_PY) -m pip install -q -c $(COMPAT_VENV)/constraints.txt torch==$(COMPAT_TORCH)
 	$(COMPAT_PY) -m pip install -q -c $(COMPAT_VENV)/constraints.txt -e '.[test]'
 	touch $@
 
 test-compat: $(COMPAT_VENV)/.installed
-	$(COMPAT_PY) -c "import sys, torch, jax; print('compat stack: Python', \
-		sys.version.split()[0], 'torch', torch.__version__, 'JAX', jax.__version__)"
+	$(COMPAT_PY) -c "import sys, torch, jax, numpy; print('compat stack: Python', \
+		sys.version.split()[0], 'torch', torch.__version__, 'JAX', jax.__version__, \
+		'numpy', numpy.__version__)"
 	$(COMPAT_PY) -m pytest -q $(COMPAT_TESTS)
 
 # The newest end of the supported range, in its own venv: Python 3.13 where one runs (else 3.12,
