@@ -136,6 +136,34 @@ def test_every_jax_name_the_project_uses_exists_in_this_jax():
     assert guarded == {"jax.lax.no_such_op"}
     assert not jax_names.resolves("jax.numpy.no_such_function")
     assert jax_names.resolves("jax.lax.top_k")
+    # ... and none the project needs is deprecated in this JAX (JAX 0.12 moved jax.core and
+    # pxla names to jax.extend: reaching the old ones warns).
+    deprecated = sorted(n for n in names if n not in optional and jax_names.deprecation(n))
+    assert not deprecated
+
+
+def test_jax_names_sees_a_deprecated_name(monkeypatch):
+    """A module that warns on an attribute, as JAX's deprecation ``__getattr__`` does."""
+    import types
+
+    import jax_names
+
+    module = types.ModuleType("jax.i33_stand_in")
+
+    def __getattr__(name):
+        if name == "old":
+            warnings.warn("jax.i33_stand_in.old is deprecated; use jax.extend.new",
+                          DeprecationWarning, stacklevel=2)
+            return 1
+        raise AttributeError(name)
+
+    module.__getattr__ = __getattr__
+    module.new = 2
+    monkeypatch.setitem(sys.modules, "jax.i33_stand_in", module)
+    assert jax_names.resolves("jax.i33_stand_in.old")
+    assert "use jax.extend.new" in jax_names.deprecation("jax.i33_stand_in.old")
+    assert jax_names.deprecation("jax.i33_stand_in.new") is None
+    assert jax_names.deprecation("jax.i33_stand_in.missing") is None
 
 
 def test_source_torch_generates_in_a_temporary_directory_is_torchs(monkeypatch, tmp_path):

@@ -368,8 +368,8 @@ def test_a_step_exported_by_jax_0_7_runs_or_names_the_versions_that_cannot_read_
 
     with open(os.path.join(OLD_ARTIFACT, "expected.json")) as f:
         expected = json.load(f)["losses"]
-    expiring = "jax_export_deserialize_expired_versions" in jax.config.values
-    if expiring:  # JAX 0.12 and later
+    flag = "jax_export_deserialize_expired_versions"  # JAX 0.12 and later
+    if flag in jax.config.values:
         with pytest.raises(exported.ExportVersionError) as info:
             exported.load(OLD_ARTIFACT)
         message = str(info.value)
@@ -378,13 +378,13 @@ def test_a_step_exported_by_jax_0_7_runs_or_names_the_versions_that_cannot_read_
                       "pip install 'jax==0.7.0' 'jaxlib==0.7.0'",
                       "JAX_EXPORT_DESERIALIZE_EXPIRED_VERSIONS=1"):
             assert words in message, (words, message)
-        previous = jax.config.jax_export_deserialize_expired_versions
-        jax.config.update("jax_export_deserialize_expired_versions", True)
+        previous = jax.config.values[flag]
+        jax.config.update(flag, True)
         try:
             with pytest.warns(DeprecationWarning, match="compatibility window"):
                 step = exported.load(OLD_ARTIFACT)
         finally:
-            jax.config.update("jax_export_deserialize_expired_versions", previous)
+            jax.config.update(flag, previous)
     else:
         step = exported.load(OLD_ARTIFACT)
     losses = [float(step(*_old_batch(i))) for i in range(3)]
