@@ -70,9 +70,10 @@ test-compat: $(COMPAT_VENV)/.installed
 # index (`pip install -U`: torch 2.15 comes as its CUDA build, ~4.6 GB, about 3 minutes here).
 # NEWEST_TORCH=2.14.1 (or NEWEST_JAX=...) pins a release instead. The venv's own constraints
 # file takes the place of any in pip's configuration (a machine's cap on torch would hold the
-# leg back), every other pip setting (index, certificate) is kept. It runs the compat leg's
-# tests plus the op-coverage gate, the demo and the parity tool, with every deprecation
-# warning attributed to the project's code an error (tests/conftest.py).
+# leg back), every other pip setting (index, certificate) is kept. It checks the JAX names, runs
+# the demo, then the compat leg's tests (the op-coverage gate and the parity tool's among them)
+# and tests/test_versions.py, with every deprecation warning attributed to the project's code
+# an error (tests/conftest.py).
 NEWEST_VENV := .venv-newest
 NEWEST_PYTHON ?= $(or $(shell for p in python3.13 $(HOME)/.pyenv/versions/3.13*/bin/python3.13 \
 	python3.12 $(HOME)/.pyenv/versions/3.12*/bin/python3.12; \
@@ -95,6 +96,7 @@ test-newest: $(NEWEST_VENV)/.installed
 		sys.version.split()[0], 'torch', torch.__version__, 'JAX', jax.__version__, \
 		'numpy', numpy.__version__)"
 	$(NEWEST_PY) tools/jax_names.py
+	$(NEWEST_PY) examples/mnist_mlp.py
 	CSTORCH_TEST_DEPRECATIONS=error $(NEWEST_PY) -m pytest -q $(NEWEST_TESTS)
 
 # Parity of the examples (eager vs JAX on the GPU, or on the CPU without one) and the GPU
