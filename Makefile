@@ -67,7 +67,7 @@ test-compat: $(COMPAT_VENV)/.installed
 
 # The newest end of the supported range, in its own venv: Python 3.13 where one runs (else 3.12,
 # else $(PYTHON)) with the newest torch, JAX and the rest that pyproject's ranges allow on the
-# index (`pip install -U`: torch 2.15 comes as its CUDA build, ~4.6 GB, about 3 minutes here).
+# index (`pip install -U`: torch 2.15 comes as its CUDA build, ~4.6 GB, 3 to 12 minutes here).
 # NEWEST_TORCH=2.14.1 (or NEWEST_JAX=...) pins a release instead. The venv's own constraints
 # file takes the place of any in pip's configuration (a machine's cap on torch would hold the
 # leg back), every other pip setting (index, certificate) is kept. It checks the JAX names, runs
