@@ -182,3 +182,21 @@ def test_source_torch_generates_in_a_temporary_directory_is_torchs(monkeypatch, 
     assert torch_versions.generated_source_dirs() == (str(tmp_path) + os.sep,)
     assert fingerprint.is_library_file(generated)
     assert not fingerprint.is_library_file(str(tmp_path) + "-other/user.py")
+
+
+@pytest.mark.skipif(os.environ.get("CSTORCH_TEST_DEPRECATIONS") != "error",
+                    reason="the newest leg (make test-newest) turns deprecations into errors")
+def test_a_deprecation_in_the_projects_code_fails_the_newest_leg():
+    """What JAX's own CI does: a DeprecationWarning (or FutureWarning) raised from the
+    project's modules is an error; one from torch, JAX or a test is not."""
+    def warn_from(module, category):
+        exec("import warnings\nwarnings.warn('old API', category)",
+             {"__name__": module, "category": category})
+
+    for module in ("jax_backend.export", "cstorch.nn", "cerebras.modelzoo.trainer"):
+        for category in (DeprecationWarning, FutureWarning):
+            with pytest.raises(category, match="old API"):
+                warn_from(module, category)
+    with warnings.catch_warnings(record=True):
+        for module in ("torch.nn", "jax.numpy", "tests.cstorch.test_export", "cstorchy"):
+            warn_from(module, DeprecationWarning)
