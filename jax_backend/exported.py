@@ -21,6 +21,7 @@ True)``, or ``with jax.enable_x64(True):`` around the jit call); ``pure`` says s
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import stat
@@ -211,9 +212,8 @@ def _unreadable_program(path: str, manifest: dict, error: Exception) -> ExportEr
     another JAX wrote it (or JAX says the version is the reason), else damage."""
     jax = _jax()
     try:
-        import jaxlib
-        here = f"JAX {jax.__version__} (jaxlib {jaxlib.__version__})"
-    except (ImportError, AttributeError):
+        here = f"JAX {jax.__version__} (jaxlib {importlib.metadata.version('jaxlib')})"
+    except importlib.metadata.PackageNotFoundError:
         here = f"JAX {jax.__version__}"
     writer = written_by(manifest)
     made_by = manifest.get("made_by") if isinstance(manifest.get("made_by"), dict) else {}
