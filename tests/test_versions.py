@@ -1,8 +1,9 @@
 """The supported torch/JAX range (issue 25): differences between releases are found by
 feature, and ``make`` keeps a user's torch inside the range.
 
-The oldest and newest releases themselves run the suite in CI (``make test`` and ``make
-test-compat``); these tests pin the decisions with stand-ins for the other releases."""
+The oldest and newest releases themselves run the suite in CI (``make test-compat``,
+``make test-newest``, beside ``make test``); these tests pin the decisions with stand-ins for
+the other releases."""
 
 from __future__ import annotations
 
