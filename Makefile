@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo lint test test-fast test-compat docs gpu-check bench bench-gpu coverage zoo-check zoo-generations clean
+.PHONY: demo lint test test-fast test-compat test-newest docs gpu-check bench bench-gpu coverage zoo-check zoo-generations clean
 
 # torch first: one already in the venv inside pyproject's range is kept; with none, this CPU
 # build (lying on this machine's disk; a range would pull gigabytes of CUDA libraries).
@@ -53,14 +53,15 @@ docs: $(DOCS_VENV)/.installed
 	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict --quiet
 
 # The other end of the supported range (README "Versions"), in its own venv: the oldest torch
-# and JAX on Python 3.12 where one runs (else $(PYTHON)), on the engine, graph cache, export,
-# nest, checkpoint and distributed tests.
+# and JAX, and numpy 1.26, on Python 3.12 where one runs (else $(PYTHON)), on the engine, graph
+# cache, export, nest, checkpoint and distributed tests.
 COMPAT_VENV := .venv-compat
 COMPAT_PYTHON ?= $(or $(shell for p in python3.12 $(HOME)/.pyenv/versions/3.12*/bin/python3.12; \
 	do $$p -c '' 2>/dev/null && { echo $$p; break; }; done),$(PYTHON))
 COMPAT_PY := $(COMPAT_VENV)/bin/python
 COMPAT_TORCH ?= 2.9.1
 COMPAT_JAX ?= 0.7.0
+COMPAT_NUMPY ?= 1.26.4
 COMPAT_TESTS := tests/jax_backend tests/test_import_graph.py tests/cstorch/test_graph_cache.py \
 	tests/cstorch/test_export.py tests/cstorch/test_utils_extras.py \
 	tests/cstorch/test_engine_parity.py tests/cstorch/test_parity.py \
@@ -74,16 +75,51 @@ COMPAT_TESTS := tests/jax_backend tests/test_import_graph.py tests/cstorch/test_
 $(COMPAT_VENV)/.installed: pyproject.toml Makefile
 	test -x $(COMPAT_PY) || $(COMPAT_PYTHON) -m venv $(COMPAT_VENV)
 	$(COMPAT_PY) -m pip install --upgrade pip -q
-	printf 'torch==$(COMPAT_TORCH)\njax==$(COMPAT_JAX)\njaxlib==$(COMPAT_JAX)\n' \
+	printf 'torch==$(COMPAT_TORCH)\njax==$(COMPAT_JAX)\njaxlib==$(COMPAT_JAX)\nnumpy==$(COMPAT_NUMPY)\n' \
 		> $(COMPAT_VENV)/constraints.txt
 	$(COMPAT_PY) -m pip install -q -c $(COMPAT_VENV)/constraints.txt torch==$(COMPAT_TORCH)
 	$(COMPAT_PY) -m pip install -q -c $(COMPAT_VENV)/constraints.txt -e '.[test]'
 	touch $@
 
 test-compat: $(COMPAT_VENV)/.installed
-	$(COMPAT_PY) -c "import sys, torch, jax; print('compat stack: Python', \
-		sys.version.split()[0], 'torch', torch.__version__, 'JAX', jax.__version__)"
+	$(COMPAT_PY) -c "import sys, torch, jax, numpy; print('compat stack: Python', \
+		sys.version.split()[0], 'torch', torch.__version__, 'JAX', jax.__version__, \
+		'numpy', numpy.__version__)"
 	$(COMPAT_PY) -m pytest -q $(COMPAT_TESTS)
+
+# The newest end of the supported range, in its own venv: Python 3.13 where one runs (else 3.12,
+# else $(PYTHON)) with the newest torch, JAX and the rest that pyproject's ranges allow on the
+# index (`pip install -U`: torch 2.15 comes as its CUDA build, ~4.6 GB, 3 to 12 minutes here).
+# NEWEST_TORCH=2.14.1 (or NEWEST_JAX=...) pins a release instead. The venv's own constraints
+# file takes the place of any in pip's configuration (a machine's cap on torch would hold the
+# leg back), every other pip setting (index, certificate) is kept. It checks the JAX names, runs
+# the demo, then the compat leg's tests (the op-coverage gate and the parity tool's among them)
+# and tests/test_versions.py, with every deprecation warning attributed to the project's code
+# an error (tests/conftest.py).
+NEWEST_VENV := .venv-newest
+NEWEST_PYTHON ?= $(or $(shell for p in python3.13 $(HOME)/.pyenv/versions/3.13*/bin/python3.13 \
+	python3.12 $(HOME)/.pyenv/versions/3.12*/bin/python3.12; \
+	do $$p -c '' 2>/dev/null && { echo $$p; break; }; done),$(PYTHON))
+NEWEST_PY := $(NEWEST_VENV)/bin/python
+NEWEST_TORCH ?=
+NEWEST_JAX ?=
+NEWEST_TESTS := $(COMPAT_TESTS) tests/test_versions.py
+
+$(NEWEST_VENV)/.installed: pyproject.toml Makefile
+	test -x $(NEWEST_PY) || $(NEWEST_PYTHON) -m venv $(NEWEST_VENV)
+	$(NEWEST_PY) -m pip install --upgrade pip -q
+	printf '# the newest leg: pins given to make, nothing else\n$(if $(NEWEST_TORCH),torch==$(NEWEST_TORCH)\n)$(if $(NEWEST_JAX),jax==$(NEWEST_JAX)\njaxlib==$(NEWEST_JAX)\n)' \
+		> $(NEWEST_VENV)/constraints.txt
+	PIP_CONSTRAINT=$(NEWEST_VENV)/constraints.txt $(NEWEST_PY) -m pip install -q -U -e '.[test]'
+	touch $@
+
+test-newest: $(NEWEST_VENV)/.installed
+	$(NEWEST_PY) -c "import sys, torch, jax, numpy; print('newest stack: Python', \
+		sys.version.split()[0], 'torch', torch.__version__, 'JAX', jax.__version__, \
+		'numpy', numpy.__version__)"
+	$(NEWEST_PY) tools/jax_names.py
+	$(NEWEST_PY) examples/mnist_mlp.py
+	CSTORCH_TEST_DEPRECATIONS=error $(NEWEST_PY) -m pytest -q $(NEWEST_TESTS)
 
 # Parity of the examples (eager vs JAX on the GPU, or on the CPU without one) and the GPU
 # benchmark, as JSON in GPU_CHECK_OUT. Needs no venv: on a GPU machine it runs the source

@@ -134,8 +134,12 @@ def read_dumped_hlo(dump_dir: str, module_hint: str = "pure_step") -> str:
 
 def profile_events(trace_dir: str, module_hint: str = "pure_step"):
     """[(hlo_op, duration_ns, place)] of every profiled event of the step's HLO module."""
+    import jax
     from jax.profiler import ProfileData
 
+    if not hasattr(ProfileData, "from_file"):  # JAX 0.7 has the name, without a reader
+        raise SystemExit(f"reading the profile needs jax.profiler.ProfileData.from_file, which "
+                         f"JAX {jax.__version__} lacks (JAX 0.10 has it); upgrade JAX.")
     paths = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
     events = []
     for path in paths:

@@ -7,10 +7,13 @@ with a manifest naming them, so a process with JAX but without torch can keep tr
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
 import json
 import os
 import shutil
 import tempfile
+import tomllib
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +23,63 @@ from jax import export as jax_export  # a submodule `import jax` loads only from
 from jax_backend import exported
 from jax_backend.jax_settings import in_engine_scope
 from jax_backend.program import Program
+
+
+def made_by(exp) -> dict:
+    """What wrote an artifact: the versions a later JAX needs to say whether it can still read
+    it (``jax.export`` reads a serialization only within its compatibility window), and the
+    loader's error names when it cannot."""
+    return {
+        "jax": jax.__version__, "jaxlib": _distribution_version("jaxlib"),
+        # the flatbuffer schema of jax.export (JAX stores a placeholder in the file itself
+        # before 0.11: only the manifest has the real number)
+        "jax_export_serialization_version": _jax_export_serialization_version(),
+        "calling_convention_version": int(exp.calling_convention_version),
+        "stablehlo_version": _stablehlo_target_version(),
+        "cstorch_jax": project_version(),
+    }
+
+
+def _distribution_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _jax_export_serialization_version() -> int | None:
+    try:  # JAX keeps it private; None where a release moves it
+        module = importlib.import_module("jax._src.export.serialization")
+    except ImportError:
+        return None
+    version = getattr(module, "_SERIALIZATION_VERSION", None)
+    return version if isinstance(version, int) else None
+
+
+def _stablehlo_target_version() -> str | None:
+    """The StableHLO version ``jax.export`` writes the module in (four weeks old, JAX's
+    choice), or None where this JAX does not say."""
+    try:
+        from jax.extend.mlir.dialects import stablehlo
+        return str(stablehlo.get_version_from_compatibility_requirement(
+            stablehlo.StablehloCompatibilityRequirement.WEEK_4))
+    except (ImportError, AttributeError):
+        return None
+
+
+def project_version() -> str:
+    """This project's version: the installed distribution's, else pyproject.toml's (a source
+    tree on ``PYTHONPATH``)."""
+    version = _distribution_version("cstorch-jax")
+    if version is not None:
+        return version
+    pyproject = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                             "pyproject.toml")
+    try:
+        with open(pyproject, "rb") as f:
+            return str(tomllib.load(f)["project"]["version"])
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return "unknown"
 
 
 @in_engine_scope
@@ -80,6 +140,7 @@ def export_program(program: Program, path: str, state: dict, state_info: list, u
         "returned": list(returned), "single": bool(single), "closure_values": closure_values,
         "uses_rng": bool(program.uses_rng), "platforms": list(exp.platforms),
         "vjp_order": vjp_order, "jax_version": jax.__version__,
+        "made_by": made_by(exp),
     }
     # Written to a sibling directory first, so a failed export leaves an older one intact.
     path = os.path.abspath(path)

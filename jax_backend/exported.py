@@ -24,6 +24,7 @@ True)``, or ``with jax.enable_x64(True):`` around the jit call); ``pure`` says s
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import stat
@@ -53,6 +54,12 @@ MAX_NPY_HEADER_BYTES = 1 << 16  # numpy writes headers of a few hundred bytes
 
 class ExportError(CstorchError, ValueError):
     """An artifact that is missing, damaged or from an unknown format version."""
+
+
+class ExportVersionError(ExportError):
+    """An artifact whose program the installed JAX cannot read: ``jax.export`` reads a
+    serialization only within its compatibility window (about six months), and only one
+    written by a JAX it knows of."""
 
 
 def _open_regular(path: str, what: str):
@@ -209,6 +216,50 @@ def _read_manifest(path: str) -> dict:
     return manifest
 
 
+def written_by(manifest: dict) -> str:
+    """The versions that wrote an artifact, in words (its manifest's ``made_by``; artifacts
+    written before the manifest had one name only their JAX)."""
+    made_by = manifest.get("made_by")
+    if not isinstance(made_by, dict):
+        return f"JAX {manifest.get('jax_version', 'of unknown version')}"
+    parts = [f"jaxlib {made_by.get('jaxlib')}",
+             f"jax.export serialization version {made_by.get('jax_export_serialization_version')}",
+             f"calling convention {made_by.get('calling_convention_version')}",
+             f"StableHLO {made_by.get('stablehlo_version')}"]
+    return (f"JAX {made_by.get('jax')} ({', '.join(parts)}) for cstorch-jax "
+            f"{made_by.get('cstorch_jax')}")
+
+
+def _unreadable_program(path: str, manifest: dict, error: Exception) -> ExportError:
+    """The error for a ``step.jaxexport`` this JAX does not deserialize: a version error when
+    another JAX wrote it (or JAX says the version is the reason), else damage."""
+    jax = _jax()
+    try:
+        here = f"JAX {jax.__version__} (jaxlib {importlib.metadata.version('jaxlib')})"
+    except importlib.metadata.PackageNotFoundError:
+        here = f"JAX {jax.__version__}"
+    writer = written_by(manifest)
+    made_by = manifest.get("made_by") if isinstance(manifest.get("made_by"), dict) else {}
+    writer_jax = made_by.get("jax", manifest.get("jax_version"))
+    reason = f"{type(error).__name__}: {str(error)[:500]}"
+    about_versions = "version" in str(error) or "window" in str(error)
+    if not isinstance(writer_jax, str) or (writer_jax == jax.__version__
+                                           and not about_versions):
+        return ExportError(f"{PROGRAM} of {path!r} is damaged ({reason}); export the step "
+                           "again.")
+    pin = f"pip install 'jax=={writer_jax}' 'jaxlib=={made_by.get('jaxlib') or writer_jax}'"
+    expired = ("jax_export_deserialize_expired_versions" in getattr(jax.config, "values", {})
+               and "window" in str(error))
+    return ExportVersionError(
+        f"{PROGRAM} of {path!r} was written by {writer}; the installed {here} cannot read it "
+        f"({reason}). jax.export reads a program only within its compatibility window (about "
+        f"six months). Export the step again under this JAX: run the script that made it "
+        f"(its checkpoint restores the state) up to cstorch.export(step, example_batch, path); "
+        f"or run this artifact under the JAX that wrote it ({pin})."
+        + (" JAX_EXPORT_DESERIALIZE_EXPIRED_VERSIONS=1 makes this JAX read it anyway, without "
+           "its guarantees." if expired else ""))
+
+
 class ExportedStep:
     """An exported training (or evaluation) step with its state."""
 
@@ -227,9 +278,8 @@ class ExportedStep:
             raise
         except OSError as error:
             raise ExportError(f"cannot read {PROGRAM} of {path!r}: {error}") from None
-        except Exception as error:  # noqa: BLE001 - any decoding failure means damage
-            raise ExportError(f"{PROGRAM} of {path!r} is damaged ({type(error).__name__}: "
-                              f"{error}); export the step again.") from None
+        except Exception as error:  # noqa: BLE001 - an unreadable program: age or damage
+            raise _unreadable_program(path, manifest, error) from None
         for entry in manifest["state"]:
             if not (isinstance(entry, dict) and isinstance(entry.get("name"), str)
                     and isinstance(entry.get("shape"), list)

@@ -61,6 +61,13 @@ _PROJECT_DIRS = [os.path.dirname(os.path.abspath(__file__)) + os.sep]
 
 #: Bounds of one fingerprint: objects visited, bytes of tensor/array values hashed.
 MAX_OBJECTS = 200_000
+#: Environment variables the libraries set themselves the first time a step is traced (torch
+#: 2.9 its inductor cache's location, JAX 0.7 its backend's log level and TPU metadata switch):
+#: left out wherever the environment is fingerprinted (``os.environ`` read by a step, the
+#: graph cache's process inputs), or a key taken after the first trace would differ from the
+#: one taken before it. None changes what a step computes.
+LIBRARY_SET_ENVIRONMENT = frozenset({"TORCHINDUCTOR_CACHE_DIR", "TF_CPP_MIN_LOG_LEVEL",
+                                     "TPU_SKIP_MDS_QUERY"})
 MAX_VALUE_BYTES = 64 * 1024 * 1024
 
 _ATOMS = (type(None), bool, int, float, complex, str, bytes)
@@ -300,7 +307,11 @@ class Fingerprinter:
         self._describe_object(value)
 
     def _describe_object(self, value) -> None:  # noqa: C901 - one branch per kind of value
-        if isinstance(value, torch.Tensor):
+        if value is os.environ:
+            self._emit("environ")
+            self._mapping({k: v for k, v in sorted(os.environ.items())
+                           if k not in LIBRARY_SET_ENVIRONMENT})
+        elif isinstance(value, torch.Tensor):
             self._tensor(value)
         elif isinstance(value, jax.Array):
             self._fail("a JAX array (its value would be baked into the graph)")

@@ -112,10 +112,12 @@ SECRET = ".hmac-secret"
 SECRET_BYTES = 32
 
 #: Environment variables left out of the key: they differ between terminal or SSH sessions
-#: and say nothing a step could compute with (and the cache's own location).
+#: and say nothing a step could compute with (and the cache's own location), and those the
+#: libraries set themselves during a first trace (``fingerprint.LIBRARY_SET_ENVIRONMENT``).
 IGNORED_ENVIRONMENT = frozenset({
     ENV_VAR, "_", "OLDPWD", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK",
-    "XDG_SESSION_ID", "TERM_SESSION_ID", "WINDOWID", "TMUX_PANE"})
+    "XDG_SESSION_ID", "TERM_SESSION_ID", "WINDOWID", "TMUX_PANE"}) \
+    | fingerprint.LIBRARY_SET_ENVIRONMENT
 
 #: Bounds on what is read back: larger or stranger entries are refused as corrupt.
 MAX_FILE_BYTES = 512 * 1024 * 1024

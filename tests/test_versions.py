@@ -1,8 +1,9 @@
 """The supported torch/JAX range (issue 25): differences between releases are found by
 feature, and ``make`` keeps a user's torch inside the range.
 
-The oldest and newest releases themselves run the suite in CI (``make test`` and ``make
-test-compat``); these tests pin the decisions with stand-ins for the other releases."""
+The oldest and newest releases themselves run the suite in CI (``make test-compat``,
+``make test-newest``, beside ``make test``); these tests pin the decisions with stand-ins for
+the other releases."""
 
 from __future__ import annotations
 
@@ -72,13 +73,33 @@ def test_distributed_timeouts_follow_what_initialize_accepts():
 
 
 def test_the_declared_torch_range():
-    assert ensure_torch.supported_range() == ">=2.9,<2.15"
+    assert ensure_torch.supported_range() == ">=2.9,<2.16"
     assert ensure_torch.in_range(torch.__version__, ensure_torch.supported_range())
     for version, ok in [("2.9.0", True), ("2.9.1+cu128", True), ("2.13.0+cpu", True),
-                        ("2.14.1", True), ("2.8.0", False), ("2.15.0", False),
-                        ("2.15.0.dev20260101+cpu", False), ("3.0", False)]:
-        assert ensure_torch.in_range(version, ">=2.9,<2.15") is ok, version
-    assert ensure_torch.release("2.13.0+cpu") == (2, 13, 0)
+                        ("2.14.1", True), ("2.15.0", True), ("2.15.0+cu132", True),
+                        ("2.15.1rc1", True), ("2.8.0", False), ("2.16.0", False),
+                        ("2.16.0.dev20270101+cpu", False), ("3.0", False)]:
+        assert ensure_torch.in_range(version, ">=2.9,<2.16") is ok, version
+    # packaging's PEP 440 rules, not a prefix of release numbers: 2.9.0.post1 is in, and a
+    # version string that is not one is an error, never a silent "in range".
+    assert ensure_torch.in_range("2.9.0.post1", ">=2.9,<2.16")
+    with pytest.raises(ValueError):
+        ensure_torch.in_range("not-a-version", ">=2.9,<2.16")
+
+
+def test_the_declared_ranges_cover_the_newest_tested_stack():
+    """The range pip sees: torch 2.15 and JAX 0.12 (the newest leg, ``make test-newest``) and
+    torch 2.9 / JAX 0.7 (``make test-compat``) are inside it, so ``pip install -e .`` keeps
+    them; numpy 1.26 and 2.x too."""
+    import declared_range
+
+    for package, inside, outside in [
+            ("torch", ["2.9.0", "2.15.0+cu132"], ["2.8.0", "2.16.0"]),
+            ("jax", ["0.7.0", "0.12.0.1"], ["0.6.2", "0.13.0"]),
+            ("numpy", ["1.26.4", "2.5.5"], ["1.25.2", "3.0.0"])]:
+        spec = declared_range.declared_range(package)
+        assert all(declared_range.allows(spec, v) for v in inside), (package, spec)
+        assert not any(declared_range.allows(spec, v) for v in outside), (package, spec)
 
 
 @pytest.mark.parametrize("installed, status, installs", [
@@ -116,6 +137,34 @@ def test_every_jax_name_the_project_uses_exists_in_this_jax():
     assert guarded == {"jax.lax.no_such_op"}
     assert not jax_names.resolves("jax.numpy.no_such_function")
     assert jax_names.resolves("jax.lax.top_k")
+    # ... and none the project needs is deprecated in this JAX (JAX 0.12 moved jax.core and
+    # pxla names to jax.extend: reaching the old ones warns).
+    deprecated = sorted(n for n in names if n not in optional and jax_names.deprecation(n))
+    assert not deprecated
+
+
+def test_jax_names_sees_a_deprecated_name(monkeypatch):
+    """A module that warns on an attribute, as JAX's deprecation ``__getattr__`` does."""
+    import types
+
+    import jax_names
+
+    module = types.ModuleType("jax.i33_stand_in")
+
+    def __getattr__(name):
+        if name == "old":
+            warnings.warn("jax.i33_stand_in.old is deprecated; use jax.extend.new",
+                          DeprecationWarning, stacklevel=2)
+            return 1
+        raise AttributeError(name)
+
+    module.__getattr__ = __getattr__
+    module.new = 2
+    monkeypatch.setitem(sys.modules, "jax.i33_stand_in", module)
+    assert jax_names.resolves("jax.i33_stand_in.old")
+    assert "use jax.extend.new" in jax_names.deprecation("jax.i33_stand_in.old")
+    assert jax_names.deprecation("jax.i33_stand_in.new") is None
+    assert jax_names.deprecation("jax.i33_stand_in.missing") is None
 
 
 def test_source_torch_generates_in_a_temporary_directory_is_torchs(monkeypatch, tmp_path):
@@ -134,3 +183,21 @@ def test_source_torch_generates_in_a_temporary_directory_is_torchs(monkeypatch, 
     assert torch_versions.generated_source_dirs() == (str(tmp_path) + os.sep,)
     assert fingerprint.is_library_file(generated)
     assert not fingerprint.is_library_file(str(tmp_path) + "-other/user.py")
+
+
+@pytest.mark.skipif(os.environ.get("CSTORCH_TEST_DEPRECATIONS") != "error",
+                    reason="the newest leg (make test-newest) turns deprecations into errors")
+def test_a_deprecation_in_the_projects_code_fails_the_newest_leg():
+    """What JAX's own CI does: a DeprecationWarning (or FutureWarning) raised from the
+    project's modules is an error; one from torch, JAX or a test is not."""
+    def warn_from(module, category):
+        exec("import warnings\nwarnings.warn('old API', category)",
+             {"__name__": module, "category": category})
+
+    for module in ("jax_backend.export", "cstorch.nn", "cerebras.modelzoo.trainer"):
+        for category in (DeprecationWarning, FutureWarning):
+            with pytest.raises(category, match="old API"):
+                warn_from(module, category)
+    with warnings.catch_warnings(record=True):
+        for module in ("torch.nn", "jax.numpy", "tests.cstorch.test_export", "cstorchy"):
+            warn_from(module, DeprecationWarning)

@@ -7,60 +7,31 @@ none. Run by ``make`` before ``pip install -e .`` (``python tools/ensure_torch.p
   this machine's disk; a range would let pip pick a CUDA build of several GB);
 * torch outside the range: exit status 2 and a message; nothing is changed.
 
-It reads the range from ``pyproject.toml`` and does not import torch.
+It reads the range from ``pyproject.toml`` (``declared_range``: ``packaging``'s specifiers)
+and does not import torch.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
-import os
-import re
 import subprocess
 import sys
-import tomllib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def supported_range(pyproject: str = os.path.join(ROOT, "pyproject.toml")) -> str:
-    """The specifier of torch in the project's dependencies, e.g. ``">=2.9,<2.15"``."""
-    with open(pyproject, "rb") as f:
-        dependencies = tomllib.load(f)["project"]["dependencies"]
-    for requirement in dependencies:
-        match = re.fullmatch(r"\s*torch\s*([<>=!~][^;]*)", requirement)
-        if match:
-            return match.group(1).replace(" ", "")
-    raise SystemExit("pyproject.toml names no torch range")
+from declared_range import allows, declared_range
 
 
-def release(version: str) -> tuple:
-    """``"2.13.0+cpu"`` -> ``(2, 13, 0)``: the release numbers, without local or pre-release
-    parts."""
-    match = re.match(r"\d+(\.\d+)*", version)
-    if match is None:
-        raise ValueError(f"not a version: {version!r}")
-    return tuple(int(part) for part in match.group(0).split("."))
-
-
-def _pad(a: tuple, b: tuple) -> tuple:
-    width = max(len(a), len(b))
-    return a + (0,) * (width - len(a)), b + (0,) * (width - len(b))
+def supported_range() -> str:
+    """The specifier of torch in the project's dependencies, e.g. ``">=2.9,<2.16"``."""
+    clauses = sorted(declared_range("torch"), key=lambda c: (not c.operator.startswith(">"),
+                                                             c.version))
+    return ",".join(str(c) for c in clauses)
 
 
 def in_range(version: str, specifier: str) -> bool:
-    """Whether ``version`` satisfies every clause of ``specifier`` (``>=``, ``>``, ``<=``,
-    ``<``, ``==``, ``!=``, comma-separated), comparing release numbers."""
-    for clause in filter(None, specifier.split(",")):
-        match = re.fullmatch(r"(>=|<=|==|!=|>|<)([\d.]+)", clause)
-        if match is None:
-            raise ValueError(f"unsupported version clause {clause!r}")
-        op, bound = match.groups()
-        have, want = _pad(release(version), release(bound))
-        ok = {">=": have >= want, "<=": have <= want, ">": have > want, "<": have < want,
-              "==": have == want, "!=": have != want}[op]
-        if not ok:
-            return False
-    return True
+    """Whether ``version`` satisfies ``specifier`` as pip decides it (PEP 440: a local part
+    such as ``+cpu`` is ignored; ``2.16.0.dev1``, a pre-release of the excluded bound, is
+    outside ``<2.16``)."""
+    return allows(specifier, version)
 
 
 def installed_torch():

@@ -6,7 +6,10 @@ imported JAX modules (``jnp.where``, ``jax.lax.top_k``), and the options given t
 ``jax.config.update`` -- and resolves each in the JAX of this Python. It prints the missing
 ones and exits 1 if there are any, except names the code itself checks for first
 (``hasattr(jax.scipy.special, "erfcx")``), which are listed as optional. Run it under another JAX to check that release without
-running the test suite there (README "Versions").
+running the test suite there (README "Versions"). It also says whether that JAX lies in
+pyproject's declared range (``packaging``'s specifiers), and fails on names the installed JAX
+deprecates (reaching them warns: JAX 0.12 moved ``jax.core`` and ``pxla`` names to
+``jax.extend``), except, again, names the code checks for first.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ import copy
 import importlib
 import pathlib
 import sys
+import warnings
+
+from declared_range import allows, declared_range
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SOURCES = ("cstorch", "jax_backend", "compat", "tools", "benchmarks", "examples", "tests")
@@ -125,12 +131,31 @@ def project_names() -> tuple:
 
 def resolves(name: str) -> bool:
     """Whether ``name`` exists in the installed JAX (a module, or attributes below one)."""
+    return _look_up(name)[0]
+
+
+def deprecation(name: str) -> str | None:
+    """The deprecation warning the installed JAX gives when ``name`` is reached, or None."""
+    return _look_up(name)[1]
+
+
+def _look_up(name: str) -> tuple:
+    """``(exists, deprecation message or None)``."""
     if name.startswith("jax.config:"):
         import jax
 
         option = name.split(":", 1)[1]
-        return option in getattr(jax.config, "values", {}) or hasattr(jax.config, option)
+        return option in getattr(jax.config, "values", {}) or hasattr(jax.config, option), None
     parts = name.split(".")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        exists = _resolve(parts)
+    messages = [str(w.message) for w in caught
+                if issubclass(w.category, (DeprecationWarning, FutureWarning))]
+    return exists, (messages[0] if exists and messages else None)
+
+
+def _resolve(parts: list) -> bool:
     for cut in range(len(parts), 0, -1):
         try:
             obj = importlib.import_module(".".join(parts[:cut]))
@@ -150,14 +175,26 @@ def main() -> int:
     names, optional = project_names()
     absent = {n: files for n, files in sorted(names.items()) if not resolves(n)}
     missing = {n: files for n, files in absent.items() if n not in optional}
+    deprecated = {n: deprecation(n) for n in sorted(names) if n not in absent}
+    deprecated = {n: message for n, message in deprecated.items() if message}
+    failing = {n: message for n, message in deprecated.items() if n not in optional}
     private = sorted(n for n in names if "._src" in n or n.startswith("jaxlib"))
-    print(f"JAX {jax.__version__}: {len(names)} names used by the project, "
-          f"{len(missing)} missing; private ones used: {', '.join(private) or 'none'}")
+    supported = declared_range("jax")
+    inside = allows(supported, jax.__version__)
+    print(f"JAX {jax.__version__} ({'inside' if inside else 'OUTSIDE'} the declared range "
+          f"jax{supported}): {len(names)} names used by the project, {len(missing)} missing, "
+          f"{len(failing)} deprecated; private ones used: {', '.join(private) or 'none'}")
     for name in sorted(set(absent) - set(missing)):
         print(f"  absent, but the code checks for it first: {name}")
+    for name in sorted(set(deprecated) - set(failing)):
+        print(f"  deprecated, but the code checks for it first: {name}")
     for name, files in missing.items():
         print(f"  missing: {name}  ({', '.join(files[:3])}{' ...' if len(files) > 3 else ''})")
-    return 1 if missing else 0
+    for name, message in failing.items():
+        files = names[name]
+        print(f"  deprecated: {name}  ({', '.join(files[:3])}{' ...' if len(files) > 3 else ''})"
+              f": {message[:200]}")
+    return 1 if missing or failing else 0
 
 
 if __name__ == "__main__":

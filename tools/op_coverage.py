@@ -11,7 +11,10 @@ Forward outputs are compared, and so are the gradients of the outputs (with rand
 ``grad_outputs``) with respect to the sample's floating-point inputs; the backward is captured
 in the same graph as the forward (``torch.autograd.grad`` inside the traced function), exactly
 as a training step is. Tolerances are rtol 1e-5 / atol 1e-6 unless ``TOLERANCES`` lists the op
-with a looser pair and a one-line reason.
+with a looser pair and a one-line reason. A value that misses eager float32 still passes when
+it is within tolerance of eager float64 (the same inputs widened) and no farther from it than
+eager float32 is: the two float32 results round differently and torch's is not the better one
+(the record's ``float64_judged`` says so, with both distances).
 
 Denominator ("ops that decompose to core ATen"), decided per sample:
 
@@ -404,13 +407,31 @@ def run_sample(op, raw_sample, rtol, atol, values_defined=True) -> dict:
                                     gouts, allow_unused=True)
         return out, [grads[j] for j in grad_sel]
 
+    float64 = []
+
+    def reference():
+        if not float64:
+            float64.append(_eager_float64(op, sample, grad_outputs, diff_in, diff_out, grad_sel))
+        return float64[0]
+
+    def strays(what, actual, eager, expected64) -> bool:
+        """Whether eager float32 itself is off the float64 result while the engine is not (a
+        mismatch that is torch's rounding); noted in the record."""
+        try:
+            judged = _judge_by_float64(actual, eager, expected64(), rtol, atol)
+        except Exception:  # noqa: BLE001 - no float64 run: the mismatch stands
+            return False
+        if judged is not None:
+            record.setdefault("float64_judged", []).append(f"{what}: {judged}")
+        return judged is not None
+
     def check_forward(engine, result):
         if engine.random or not values_defined:
             record["random" if engine.random else "undefined_values"] = True
         errors = []
         for k, (a, e) in enumerate(zip(result, outs)):
             problem = _compare(a, e, rtol, atol, values=values_defined and not engine.random)
-            if problem:
+            if problem and not strays(f"output {k}", a, e, lambda: reference()[0][k]):
                 errors.append(f"output {k}: {problem}")
         if len(result) < len(outs):
             errors.append(f"{len(result)} outputs, torch has {len(outs)}")
@@ -436,7 +457,7 @@ def run_sample(op, raw_sample, rtol, atol, values_defined=True) -> dict:
             bwd_problems = []
             for j, (a, e) in enumerate(zip(result[n_out:], eager_grads)):
                 problem = _compare(a, e, rtol, atol, values=values_defined and not engine.random)
-                if problem:
+                if problem and not strays(f"grad {j}", a, e, lambda: reference()[1][j]):
                     bwd_problems.append(f"grad {j}: {problem}")
             record["backward"] = "mismatch" if bwd_problems else "pass"
             bwd_error = "; ".join(bwd_problems) or None
@@ -469,6 +490,51 @@ def run_sample(op, raw_sample, rtol, atol, values_defined=True) -> dict:
             record["excluded"] = reasons[0]
     record["forward_error"], record["backward_error"] = fwd_error, bwd_error
     return record
+
+
+def _eager_float64(op, sample: _Sample, grad_outputs, diff_in, diff_out, grad_sel) -> tuple:
+    """``(outputs, gradients)`` of eager torch on the sample's values widened to float64 (and
+    the same ``grad_outputs``): the reference a float32 mismatch is judged against when eager
+    float32 is itself off."""
+    leaves = []
+    for x in sample.leaves:
+        y = x.detach().clone().contiguous()
+        y = y.double() if y.dtype == torch.float32 else y
+        if x.requires_grad and _is_diff(y):
+            y.requires_grad_(True)
+        leaves.append(y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        outs = _tensor_leaves(_call(op, sample, leaves))
+        grads = []
+        if grad_sel:
+            every = torch.autograd.grad([outs[k] for k in diff_out], [leaves[i] for i in diff_in],
+                                        [g.double() for g in grad_outputs], allow_unused=True)
+            grads = [every[j] for j in grad_sel]
+    return [o.detach() for o in outs], grads
+
+
+def _judge_by_float64(actual, eager: torch.Tensor, expected64: torch.Tensor, rtol,
+                      atol) -> str | None:
+    """A note when the engine's float32 ``actual``, though off eager float32, is within
+    tolerance of eager float64 and no farther from it than eager float32 is: the two float32
+    results round differently and torch's is not the closer one (torch 2.15's fused CPU
+    attention backward gives +-5e-6 where the exact gradient is 0, the engine -+6e-6). None
+    otherwise: the mismatch stands."""
+    if eager.dtype != torch.float32 or expected64.dtype != torch.float64:
+        return None
+    actual = _to_tensor(actual).double()
+    eager, expected64 = eager.detach().double(), expected64.detach()
+    if actual.shape != expected64.shape or not actual.numel():
+        return None
+    if not torch.isclose(actual, expected64, rtol=rtol, atol=atol, equal_nan=True).all():
+        return None
+    ours = float(torch.nan_to_num(actual - expected64).abs().max())
+    theirs = float(torch.nan_to_num(eager - expected64).abs().max())
+    if ours > theirs:
+        return None
+    return (f"eager float32 is {theirs:.3g} from float64, the engine {ours:.3g}: within "
+            "tolerance of float64")
 
 
 def _note_exclusion(record, err, fn, inputs):

@@ -7,6 +7,7 @@ becomes the apply function of a flax ``TrainState`` whose optax training lowers 
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -320,6 +321,114 @@ def test_loader_checks_artifact_and_inputs(tmp_path):
     (tmp_path / "a" / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(exported.ExportError, match="version 99"):
         exported.load(path)
+
+
+# ------------------------------------------------------------------- what made a step
+OLD_ARTIFACT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data",
+                            "export_jax_0_7_0")  # written by tests/data/make_old_export.py
+
+
+def test_the_manifest_says_what_made_the_step(tmp_path):
+    import importlib.metadata
+    import tomllib
+
+    import jax
+
+    _, training_step = _sgd_linear()
+    path = cstorch.export(training_step, _xy(0), str(tmp_path / "step"))
+    made_by = json.loads((tmp_path / "step" / "manifest.json").read_text())["made_by"]
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]["version"]
+    assert made_by["jax"] == jax.__version__
+    assert made_by["jaxlib"] == importlib.metadata.version("jaxlib")
+    assert made_by["cstorch_jax"] == project
+    from jax_backend import exported
+    loaded = exported.load(path)
+    assert made_by["calling_convention_version"] == loaded.exported.calling_convention_version
+    assert isinstance(made_by["jax_export_serialization_version"], int)
+    assert made_by["jax_export_serialization_version"] >= 2
+    assert isinstance(made_by["stablehlo_version"], str)
+    assert made_by["stablehlo_version"].count(".") == 2
+
+
+def _old_batch(i):
+    g = torch.Generator().manual_seed(i)
+    return torch.randn(4, 3, generator=g).numpy(), torch.randn(4, 2, generator=g).numpy()
+
+
+def test_a_step_exported_by_jax_0_7_runs_or_names_the_versions_that_cannot_read_it():
+    """JAX 0.7.0 wrote this artifact (jax.export serialization version 2). JAX up to 0.11
+    reads it and trains on with the losses cstorch had; JAX 0.12 refuses it unless its
+    ``jax_export_deserialize_expired_versions`` flag is on: the loader then says which JAX
+    wrote it, which cannot read it, and how to export again."""
+    import jax
+
+    from jax_backend import exported
+
+    with open(os.path.join(OLD_ARTIFACT, "expected.json")) as f:
+        expected = json.load(f)["losses"]
+    flag = "jax_export_deserialize_expired_versions"  # JAX 0.12 and later
+    if flag in jax.config.values:
+        with pytest.raises(exported.ExportVersionError) as info:
+            exported.load(OLD_ARTIFACT)
+        message = str(info.value)
+        for words in ("JAX 0.7.0", "jaxlib 0.7.0", "serialization version 2",
+                      f"the installed JAX {jax.__version__}", "cstorch.export(",
+                      "pip install 'jax==0.7.0' 'jaxlib==0.7.0'",
+                      "JAX_EXPORT_DESERIALIZE_EXPIRED_VERSIONS=1"):
+            assert words in message, (words, message)
+        previous = jax.config.values[flag]
+        jax.config.update(flag, True)
+        try:
+            with pytest.warns(DeprecationWarning, match="compatibility window"):
+                step = exported.load(OLD_ARTIFACT)
+        finally:
+            jax.config.update(flag, previous)
+    else:
+        step = exported.load(OLD_ARTIFACT)
+    losses = [float(step(*_old_batch(i))) for i in range(3)]
+    np.testing.assert_allclose(losses, expected, rtol=1e-6)
+
+
+def test_an_unreadable_program_error_names_both_versions(tmp_path, monkeypatch):
+    """On any JAX: a program JAX refuses for its version is an ExportVersionError naming the
+    writer (from the manifest, or only its JAX for artifacts older than ``made_by``); a
+    program the same JAX wrote and cannot decode is damage."""
+    import shutil
+
+    import jax
+
+    from jax_backend import exported
+
+    artifact = tmp_path / "old"
+    shutil.copytree(OLD_ARTIFACT, artifact)
+
+    def refuse(blob):
+        raise ValueError("Exported being deserialized seems to be older than the 6-month "
+                         "backward-compatibility window")
+
+    monkeypatch.setattr(jax.export, "deserialize", refuse)
+    with pytest.raises(exported.ExportVersionError, match=r"written by JAX 0\.7\.0 \(jaxlib "
+                       r"0\.7\.0, jax\.export serialization version 2, calling convention "
+                       r"\d+, StableHLO [\d.]+\) for cstorch-jax"):
+        exported.load(str(artifact))
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    del manifest["made_by"]  # as cstorch wrote it before it recorded more than its JAX
+    (artifact / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(exported.ExportVersionError, match=r"written by JAX 0\.7\.0; the "
+                       rf"installed JAX {re.escape(jax.__version__)}"):
+        exported.load(str(artifact))
+    manifest["jax_version"] = jax.__version__  # this very JAX wrote it: damage, not age
+
+    def garbled(blob):
+        raise IndexError("unpack_from requires a buffer of at least 4 bytes")
+
+    (artifact / "manifest.json").write_text(json.dumps(manifest))
+    monkeypatch.setattr(jax.export, "deserialize", garbled)
+    with pytest.raises(exported.ExportError, match="damaged") as info:
+        exported.load(str(artifact))
+    assert not isinstance(info.value, exported.ExportVersionError)
 
 
 def test_a_cpu_sparsity_step_with_host_topk_is_refused_clearly(tmp_path):

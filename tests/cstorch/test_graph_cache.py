@@ -431,3 +431,44 @@ def test_a_constant_edited_in_a_stored_entry_runs_nothing(tmp_path):
     assert tampered["traces"] == 1 and tampered["losses"] == cold["losses"]
     assert _matches_eager(tampered)
     assert "HMAC" in tampered["stderr"]
+
+
+def test_variables_the_libraries_set_during_a_first_trace_leave_the_key_alone(monkeypatch):
+    """torch 2.9 sets TORCHINDUCTOR_CACHE_DIR, and JAX 0.7 TF_CPP_MIN_LOG_LEVEL and
+    TPU_SKIP_MDS_QUERY, while a first step is traced: the key taken after the trace must equal
+    the one taken before, or no step is ever stored on those releases (the compat leg). A
+    variable a user sets still counts."""
+    from jax_backend import graph_cache
+
+    for name in ("TORCHINDUCTOR_CACHE_DIR", "TF_CPP_MIN_LOG_LEVEL", "TPU_SKIP_MDS_QUERY",
+                 "CSTORCH_TEST_USER_SETTING"):
+        monkeypatch.delenv(name, raising=False)
+    before = graph_cache.process_inputs()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_someone")
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "1")
+    monkeypatch.setenv("TPU_SKIP_MDS_QUERY", "1")
+    assert graph_cache.process_inputs() == before
+    monkeypatch.setenv("CSTORCH_TEST_USER_SETTING", "1")
+    assert graph_cache.process_inputs() != before
+
+
+def test_os_environ_read_by_a_step_leaves_out_what_the_libraries_set(monkeypatch):
+    """A step that reads ``os.environ[...]`` has the environment in its fingerprint: the
+    variables torch and JAX set during a first trace are left out there too; a user's count."""
+    from jax_backend import fingerprint
+
+    def digest():
+        f = fingerprint.Fingerprinter()
+        f.add("step", {"environ": os.environ})
+        return f.hexdigest()
+
+    for name in ("TORCHINDUCTOR_CACHE_DIR", "TF_CPP_MIN_LOG_LEVEL", "TPU_SKIP_MDS_QUERY",
+                 "CSTORCH_TEST_USER_SETTING"):
+        monkeypatch.delenv(name, raising=False)
+    before = digest()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_someone")
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "1")
+    monkeypatch.setenv("TPU_SKIP_MDS_QUERY", "1")
+    assert digest() == before
+    monkeypatch.setenv("CSTORCH_TEST_USER_SETTING", "1")
+    assert digest() != before

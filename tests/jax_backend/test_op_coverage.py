@@ -95,3 +95,26 @@ def test_harness_classifies_a_missing_lowering(monkeypatch):
     assert sample["forward"] == "no_lowering"
     assert "aten.erfinv.default" in sample["forward_error"]
     assert report["failures"][0]["category"] == "no_lowering"
+
+
+def test_a_float32_mismatch_is_judged_against_float64_only_where_torch_is_no_closer():
+    """torch 2.15's fused CPU attention backward (OpInfo sdpa sample 0, with enable_gqa) gives
+    +-5e-6 where the exact gradient is 0; the engine gives -+6e-6: 1.2e-5 apart, past the
+    1e-5 tolerance, though both are within it of float64. Such a value passes, noted; a value
+    off float64, or farther from it than eager float32, still fails."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    try:
+        import op_coverage
+    finally:
+        sys.path.pop(0)
+    exact = torch.tensor([0.0, 24.4, -3.0], dtype=torch.float64)
+    eager = torch.tensor([5.8e-6, 24.4 + 2.5e-5, -3.0])
+    engine = torch.tensor([-6.5e-6, 24.4 + 6e-6, -3.0])
+    assert op_coverage._compare(engine, eager, 1e-5, 1e-5) is not None  # the mismatch
+    note = op_coverage._judge_by_float64(engine, eager, exact, 1e-5, 1e-5)
+    assert note is not None and "within tolerance of float64" in note
+    wrong = torch.tensor([-2e-5, 24.4, -3.0])  # 2e-5 off the exact 0: past the tolerance
+    assert op_coverage._judge_by_float64(wrong, eager, exact, 1e-5, 1e-5) is None
+    farther = torch.tensor([-9e-6, 24.4 + 3e-5, -3.0])  # within tolerance, farther than torch
+    assert op_coverage._judge_by_float64(farther, eager, exact, 1e-5, 1e-5) is None
+    assert op_coverage._judge_by_float64(engine, eager, exact.float(), 1e-5, 1e-5) is None
