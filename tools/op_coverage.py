@@ -353,7 +353,7 @@ class _Engine:
 
 # ------------------------------------------------------------------------------ one sample
 @in_engine_scope  # the engine's JAX settings (64-bit types), as a compiled step has them
-def run_sample(op, raw_sample, rtol, atol, values_defined=True) -> dict:
+def run_sample(op, raw_sample, rtol, atol, values_defined=True) -> dict:  # noqa: C901 (one sample's whole judgement, step by step)
     """Runs one sample through eager torch and the engine; returns its record."""
     record = {"forward": None, "backward": None, "forward_error": None, "backward_error": None,
               "ops": []}
@@ -431,7 +431,7 @@ def run_sample(op, raw_sample, rtol, atol, values_defined=True) -> dict:
         errors = []
         for k, (a, e) in enumerate(zip(result, outs)):
             problem = _compare(a, e, rtol, atol, values=values_defined and not engine.random)
-            if problem and not strays(f"output {k}", a, e, lambda: reference()[0][k]):
+            if problem and not strays(f"output {k}", a, e, lambda k=k: reference()[0][k]):
                 errors.append(f"output {k}: {problem}")
         if len(result) < len(outs):
             errors.append(f"{len(result)} outputs, torch has {len(outs)}")
@@ -457,7 +457,7 @@ def run_sample(op, raw_sample, rtol, atol, values_defined=True) -> dict:
             bwd_problems = []
             for j, (a, e) in enumerate(zip(result[n_out:], eager_grads)):
                 problem = _compare(a, e, rtol, atol, values=values_defined and not engine.random)
-                if problem and not strays(f"grad {j}", a, e, lambda: reference()[1][j]):
+                if problem and not strays(f"grad {j}", a, e, lambda j=j: reference()[1][j]):
                     bwd_problems.append(f"grad {j}: {problem}")
             record["backward"] = "mismatch" if bwd_problems else "pass"
             bwd_error = "; ".join(bwd_problems) or None
