@@ -92,6 +92,17 @@ def _reachable(step_fn) -> list:
     return found
 
 
+def _plain(value):
+    """``value`` with every mapping a plain dict and every sequence a list: the flags hold
+    ``DebugArgs``, whose attribute reads make sub-messages on demand (protobuf manners), and
+    the fingerprint must see data, not an object it could walk without end."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
 def process_settings() -> dict:
     """cstorch's process-wide settings a step (or cstorch code it calls, whose globals the
     fingerprint does not walk) can read while it is traced: the ``cstorch.backends`` flags,
@@ -102,7 +113,7 @@ def process_settings() -> dict:
                 for layer in (config.config, engine_config.config)
                 for s in layer.describe() if s is not graph_cache_setting}
     return {"settings": settings,
-            "backends": backends.asdict(),
+            "backends": _plain(backends.asdict()),
             "amp": precision.amp_settings(),
             "debug scope": name_scope.get_debug_scope(),
             "annotations": annotation.active_annotations()}
