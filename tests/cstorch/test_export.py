@@ -507,7 +507,13 @@ def test_a_forward_export_trains_batchnorm_in_jax_and_comes_back_to_torch(tmp_pa
         return optax.apply_updates(params, updates), buffers, opt_state, loss
 
     losses = []
-    with jax.enable_x64(True):  # num_batches_tracked is int64
+    if hasattr(jax, "enable_x64"):  # JAX >= 0.8
+        x64 = jax.enable_x64(True)
+    else:  # JAX 0.7, the compat leg
+        from jax.experimental import enable_x64
+
+        x64 = enable_x64(True)
+    with x64:  # num_batches_tracked is int64
         train = jax.jit(train)
         for x, y in batches:
             params, buffers, opt_state, loss = train(params, buffers, opt_state, x.numpy(),
