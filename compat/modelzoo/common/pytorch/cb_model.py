@@ -14,6 +14,17 @@ import torch
 import cstorch
 from cstorch.utils.constant import make_constant  # noqa: F401
 from cstorch.utils.step_closures import step_closure  # noqa: F401
+# One process is master, streamer and receiver at once: the 1.x lazy API's answers.
+from cerebras_pytorch.lazy.cb_model import (  # noqa: F401
+    get_ordinal,
+    get_streaming_rank,
+    is_master_ordinal,
+    is_receiver,
+    is_streamer,
+    num_receivers,
+    num_streamers,
+    num_tasks,
+)
 
 
 def _on_wafer() -> bool:
@@ -30,38 +41,6 @@ def is_appliance() -> bool:
 
 def is_wse_device() -> bool:
     return _on_wafer()
-
-
-def is_master_ordinal() -> bool:
-    return True
-
-
-def is_streamer() -> bool:
-    return True
-
-
-def is_receiver() -> bool:
-    return True
-
-
-def get_streaming_rank() -> int:
-    return 0
-
-
-def get_ordinal() -> int:
-    return 0
-
-
-def num_tasks() -> int:
-    return 1
-
-
-def num_streamers() -> int:
-    return 1
-
-
-def num_receivers() -> int:
-    return 1
 
 
 def set_rng_state(seed) -> None:

@@ -1,15 +1,9 @@
-"""Run modes of the 1.x runners."""
+"""Run modes of the 1.x runners: cstorch's (``cerebras.pytorch.core.modes``), listed in
+the 1.x order."""
 
-TRAIN = "train"
-EVAL = "eval"
-TRAIN_AND_EVAL = "train_and_eval"
-EVAL_ALL = "eval_all"
-INFERENCE = "inference"
+from cstorch.core.modes import (  # noqa: F401
+    EVAL, EVAL_ALL, INFERENCE, TRAIN, TRAIN_AND_EVAL, is_valid)
 
 
 def get_modes():
     return (TRAIN, EVAL, TRAIN_AND_EVAL, INFERENCE, EVAL_ALL)
-
-
-def is_valid(mode) -> bool:
-    return mode in get_modes()
