@@ -44,20 +44,7 @@ from modelzoo.common.pytorch import modes
 from modelzoo.common.pytorch.metrics import compute_all_metrics, reset_all_metrics
 from modelzoo.common.pytorch.PyTorchBaseModel import PyTorchBaseModel
 from modelzoo.common.pytorch.utils import get_checkpoints, visit_structure
-
-
-def extract_loss(outputs):
-    """The loss among a forward's outputs: the tensor itself, ``outputs["loss"]``, or the
-    first element of a tuple/list."""
-    if isinstance(outputs, torch.Tensor):
-        return outputs
-    if isinstance(outputs, dict) and "loss" in outputs:
-        return outputs["loss"]
-    if isinstance(outputs, (list, tuple)) and outputs:
-        return outputs[0]
-    raise TypeError(f"Could not find the loss in the model's outputs ({type(outputs).__name__})"
-                    ": return a tensor, a dict with a 'loss' entry, or a tuple whose first "
-                    "element is the loss.")
+from cerebras_pytorch.lazy.outputs import extract_loss
 
 
 class _MicroBatchGroups:
