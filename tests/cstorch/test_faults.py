@@ -253,15 +253,20 @@ _STRESS = textwrap.dedent("""
 
     x = torch.randn(4, 16)
     step(x).item()  # compile before the interrupts start
-    saved = threading.Event()
+    caught, saved = threading.Event(), threading.Event()
     stop = threading.Event()
     rng = random.Random(0)
 
     def interrupter():
         for _ in range(rounds):
             stop.wait(rng.uniform(0.0, 0.02))
+            caught.clear()
             saved.clear()
             os.kill(os.getpid(), signal.SIGINT)
+            # Python drops a KeyboardInterrupt that lands in a finalizer or weakref callback
+            # ("Exception ignored in ..."), in eager torch too; press Ctrl-C again, as a user would.
+            while not caught.wait(5.0):
+                os.kill(os.getpid(), signal.SIGINT)
             saved.wait()
 
     threading.Thread(target=interrupter, daemon=True).start()
@@ -274,6 +279,7 @@ _STRESS = textwrap.dedent("""
                 if steps % 16 == 0:
                     loss.item()
         except KeyboardInterrupt:
+            caught.set()
             path = os.path.join(out, f"interrupt_{i}.mdl")
             cstorch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                           "steps": steps}, path)
