@@ -48,8 +48,12 @@ def round_to_cbfloat16(x):
     rounded = jnp.where(rounded > jnp.uint32(_MAX_BITS), jnp.uint32(0x7F800000), rounded)
     normal = lax.bitcast_convert_type(sign | rounded, jnp.float32)
     # Below the smallest normal the grid is evenly spaced: scaling by a power of two is exact.
-    subnormal = jnp.round(x * np.float32(1 / SUBNORMAL_STEP)) * np.float32(SUBNORMAL_STEP)
+    # Only the small values are scaled: XLA folds ``(b * c1) * 2**39`` into ``b * (c1 * 2**39)``,
+    # and where the user's ``c1`` is huge (a mask's ``finfo.min``) that constant is inf, so a
+    # zero ``b`` would give NaN, which the select below then picks (zero is "small").
     small = jnp.abs(x) < np.float32(2.0 ** MIN_NORMAL_EXPONENT)
+    tiny = jnp.where(small, x, np.float32(0))
+    subnormal = jnp.round(tiny * np.float32(1 / SUBNORMAL_STEP)) * np.float32(SUBNORMAL_STEP)
     out = jnp.where(small, subnormal, normal)
     return jnp.where(jnp.isfinite(x), out, x)  # inf and NaN stay as they are
 

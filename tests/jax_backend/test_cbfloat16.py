@@ -63,6 +63,19 @@ def test_rounding_keeps_inf_nan_and_signed_zero():
     assert _bits(got[3]) == 0 and _bits(got[4]) == 0x80000000
 
 
+def test_rounding_inside_jit_after_a_huge_constant_multiply():
+    """A mask times ``finfo(float32).min`` (the Model Zoo 2.2 GPT-2's attention mask), rounded
+    inside a jitted program: XLA folds the two constant multiplies into one whose constant is
+    inf, which once turned the mask's zeros into NaN (a NaN loss at the first step on CSX)."""
+    import jax
+
+    mask = np.array([0.0, 1.0, 0.5, 0.0], np.float32)
+    huge = np.float32(np.finfo(np.float32).min)
+    got = np.asarray(jax.jit(lambda b: cbfloat16.round_to_cbfloat16(b * huge))(mask))
+    want = reference_round(mask * huge)  # numpy: -0 where the mask is 0, else past MAX: -inf
+    assert _bits(got).tolist() == _bits(want).tolist(), got
+
+
 def test_the_format():
     assert cbfloat16.MAX == 4290772992.0
     assert cbfloat16.round_to_cbfloat16(np.float32(2.0**31)) == 2.0**31  # the initial scale
