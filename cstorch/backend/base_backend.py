@@ -285,9 +285,11 @@ class BaseBackend:
                               ("metric", self.metrics), ("stateful", self.stateful_objects)):
             for i, obj in enumerate(objects):
                 entries += [((kind, i, slot.key), slot) for slot in obj._cstorch_state_slots()]
-        # Named by path, so capture errors say which state they are about.
-        return [(path, dataclasses.replace(slot, name="/".join(map(str, path))))
-                for path, slot in entries]
+        # Named as everywhere else (``cstorch.core.state_names``), so capture errors say which
+        # state they are about in the spelling of recompile reasons and the export manifest.
+        from cstorch.core.state_names import state_name  # cstorch.core imports this module
+
+        return [(path, dataclasses.replace(slot, name=state_name(path))) for path, slot in entries]
 
     def _invalidate_state_view(self, *args, **kwargs):
         self._state_epoch += 1
