@@ -40,6 +40,7 @@ from cstorch.backend import Backend, precision
 from cstorch.backend.base_backend import BaseBackend
 from cstorch.backends import backends
 from cstorch.core import annotation, name_scope
+from cstorch.core.programs import ProgramSignature, persistent_signature
 from cstorch.distributed import runtime
 from cstorch.experimental import listener
 from cstorch.utils import step_closures
@@ -133,7 +134,8 @@ class CaptureCache:
     """The cache's view of one compilation of a traced step: ``load`` on the way in, then
     ``prepare`` after a capture and ``store`` after the program's first good run."""
 
-    def __init__(self, impl, step_fn, leaves, spec, view, inputs, policy, decompositions, *,
+    def __init__(self, impl, step_fn, leaves, key: ProgramSignature, view, inputs,
+                 decompositions, *,
                  traced_step_type: type, trace_hooks: bool, lookup: bool = True):
         self.impl, self.step_fn, self.view = impl, step_fn, view
         self.key = None
@@ -151,16 +153,17 @@ class CaptureCache:
                        ("schedulers", impl.schedulers), ("grad scalers", impl.grad_scalers),
                        ("metrics", impl.metrics), ("stateful", impl.stateful_objects),
                        ("sparsity", impl.sparsity_registry)]
-        self._key_args = (inputs, policy, decompositions, _stand_in(traced_step_type))
+        self._key_args = (inputs, decompositions, _stand_in(traced_step_type))
         why = _context_not_cacheable(trace_hooks)
         with self._guarded():
             if why is not None:
                 raise NotCacheable(why)
+            # What selects the program in memory selects its graph on disk: the same
+            # signature, rendered field by field (programs.persistent_signature).
+            self._selection = persistent_signature(key)
             self._extra = json.dumps({
                 "backend": str(impl.backend_type), "engine": impl.engine, "csx": impl.is_csx,
-                "layout": _layout(impl.layout), "structure": repr(spec),
-                "tensor arguments": [isinstance(x, torch.Tensor) for x in leaves],
-                "modes": impl.module_modes()})
+                "layout": _layout(impl.layout)})
             self.key, self.files, self._before = self._compute_key()
 
     @contextlib.contextmanager
@@ -178,13 +181,13 @@ class CaptureCache:
             self._give_up(repr(err))
 
     def _compute_key(self, consumable=None):
-        inputs, policy, decompositions, stand_in = self._key_args
+        inputs, decompositions, stand_in = self._key_args
         fp = Fingerprinter(self.view.tensors, hook=stand_in, consumable=consumable)
         for label, root in self._roots:
             fp.add(label, root)
         fp.add("cstorch settings", process_settings())  # read now: before and after a trace
-        key = graph_cache.step_key(fp, self.view.slots, inputs, policy, decompositions,
-                                   self._extra)
+        key = graph_cache.step_key(fp, self.view.slots, inputs, self._selection,
+                                   decompositions, self._extra)
         fp.release()
         return key, sorted(fp.files), fp
 
