@@ -8,6 +8,9 @@ The backend stores and checks entries; this module supplies what only cstorch kn
   with the backend itself standing in as an opaque name, plus the backend type and layout
   and cstorch's process-wide settings (``process_settings``: the ``cstorch.backends``
   flags, the half dtype, ...), which cstorch code reads where the fingerprint does not look;
+* **what selects the program**: the call's ``ProgramSignature`` as
+  ``programs.persistent_signature`` renders it, the one definition the program table
+  selects programs by (so a new signature field cannot be left out of the key);
 * **what ``_compile`` derives from a trace** besides the graph, so a hit can rebuild it:
   each recorded step closure as a path from the step function (one of its free variables or
   globals, by identity, and its code digest) or a method of a registered metric, and the
