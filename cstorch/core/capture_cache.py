@@ -123,6 +123,22 @@ def process_settings() -> dict:
             "annotations": annotation.active_annotations()}
 
 
+def _parameter_hook_functions(view) -> list:
+    """``[index, register_hook functions, post-accumulate functions]`` per model parameter
+    with hooks, as they are when the key is taken. The signature names these hooks by
+    position and handle only, and a parameter is state, which the fingerprint names by its
+    place without walking it: without this a hook replaced by another would find the old
+    graph. (A snapshot: hooks the capture itself registers, as sparsity does, are the
+    graph's own.)"""
+    hooks = []
+    with torch._C.DisableTorchFunctionSubclass():  # no state guard: nothing is read
+        for i, p in enumerate(view.parameters):
+            before, after = p._backward_hooks, p._post_accumulate_grad_hooks
+            if before or after:
+                hooks.append([i, list((before or {}).values()), list((after or {}).values())])
+    return hooks
+
+
 def _context_not_cacheable(trace_hooks: bool) -> str | None:
     if trace_hooks:
         return "trace hooks are registered"
@@ -155,7 +171,8 @@ class CaptureCache:
                        ("models", impl.models), ("optimizers", impl.optimizer_registry),
                        ("schedulers", impl.schedulers), ("grad scalers", impl.grad_scalers),
                        ("metrics", impl.metrics), ("stateful", impl.stateful_objects),
-                       ("sparsity", impl.sparsity_registry)]
+                       ("sparsity", impl.sparsity_registry),
+                       ("parameter hooks", _parameter_hook_functions(view))]
         self._key_args = (inputs, decompositions, _stand_in(traced_step_type))
         why = _context_not_cacheable(trace_hooks)
         with self._guarded():

@@ -98,7 +98,8 @@ def test_hooks_render_by_rank_so_another_history_keys_alike():
 def test_a_parameter_hook_changes_the_cache_key_of_a_real_step(cpu_backend, tmp_path,
                                                                monkeypatch):
     """A hook on a parameter changes the gradient, but a parameter is state, which the
-    fingerprint names by its place only: the signature's rendering is what keys the hook."""
+    fingerprint names by its place only: the signature's rendering keys the hook's presence,
+    the fingerprint of the parameters' hook functions which hook it is."""
     os.chmod(tmp_path, 0o700)
     monkeypatch.setenv("CSTORCH_GRAPH_CACHE", str(tmp_path))
     model = torch.nn.Linear(2, 1)
@@ -126,6 +127,10 @@ def test_a_parameter_hook_changes_the_cache_key_of_a_real_step(cpu_backend, tmp_
     before = cache_key()
     assert before is not None  # the step is cacheable
     handle = model.weight.register_hook(lambda grad: grad * 0)
-    assert cache_key() not in (None, before)
+    frozen = cache_key()
+    assert frozen not in (None, before)
     handle.remove()
     assert cache_key() == before
+    handle = model.weight.register_hook(lambda grad: grad * 2)  # the same place, another hook
+    assert cache_key() not in (None, before, frozen)
+    handle.remove()
