@@ -65,7 +65,7 @@ def _cpu_timers() -> dict:
     """Process CPU seconds (all threads) spent in capture, in lowering (the interpreter under
     jit's trace), in uploading state and in the first run's state backup: on a shared
     machine these are steadier than wall time."""
-    import cstorch.core.compile as compile_module
+    import cstorch.core.step_capture as step_capture
     from jax_backend import DeviceState, Program
 
     seconds = collections.Counter()
@@ -79,7 +79,7 @@ def _cpu_timers() -> dict:
                 seconds[phase] += time.process_time() - t0
         return wrapper
 
-    compile_module.capture_step = timed("capture", compile_module.capture_step)
+    step_capture.capture_step = timed("capture", step_capture.capture_step)
     Program.pure_step = timed("lowering", Program.pure_step)
     DeviceState.arrays = timed("state_upload", DeviceState.arrays)
     DeviceState.hold_in_torch = timed("first_run_backup", DeviceState.hold_in_torch)

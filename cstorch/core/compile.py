@@ -6,41 +6,37 @@ call with the same input signature is a single call of that program. The step bo
 run again, as on a Cerebras system. A new signature (shapes, dtypes, structure, train/eval
 mode) compiles a new program, with a warning; the CSX backend refuses (the wafer cannot
 recompile).
+
+``TracedStep`` is a facade over three rooms: the program table that decides which program
+serves a call (``programs``), the capture and build of a new one (``step_capture``), and
+looking inside one (``step_introspection``); it runs the program itself.
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import functools
 from typing import Callable
 
 import torch
 from torch.utils import _pytree as pytree
-from torch.utils.hooks import RemovableHandle
 
 import jax_backend
-from jax_backend import LazyTensor, Program, capture_step
+from jax_backend import LazyTensor
 from jax_backend.dtypes import tensor_to_host
 from jax_backend.user_frames import warn
 from cstorch.backend import (
     Backend, BackendType, backend as _backend_fn, current_backend_impl, implicit_cpu_backend)
-from cstorch.core import born_state, step_introspection, torch_optimizers
-from cstorch.core.capture_cache import CaptureCache
+from cstorch.core import born_state, step_capture, step_introspection, torch_optimizers
 from cstorch.errors import MultipleBackendsError
 from cstorch.core.state_names import state_name
 from cstorch.core.engine import run_eagerly
 from cstorch.core.programs import (
     MAX_PROGRAMS as MAX_PROGRAMS, CompiledStep, ProgramSignature as ProgramSignature,
     ProgramTable, RecompilationWarning as RecompilationWarning, hyperparameters, signature)
+from cstorch.core.step_capture import (
+    register_trace_fn_post_hook as register_trace_fn_post_hook,
+    register_trace_fn_pre_hook as register_trace_fn_pre_hook)
 from cstorch.core.step_introspection import PureState as PureState
-from cstorch.decomp.registry import decompositions_for
-from cstorch.experimental import listener
-
-# User hooks run around every capture. OrderedDicts: RemovableHandle keeps a weak reference
-# to its dict (a plain dict has none).
-_trace_pre_hooks: dict = collections.OrderedDict()
-_trace_post_hooks: dict = collections.OrderedDict()
 
 
 class FrozenValueWarning(UserWarning):
@@ -50,36 +46,6 @@ class FrozenValueWarning(UserWarning):
 class GradientAccumulationWarning(UserWarning):
     """A traced step computes gradients that nothing zeroes: eager torch would accumulate
     them across steps, a compiled step starts every step from zero gradients."""
-
-
-def register_trace_fn_pre_hook(hook) -> RemovableHandle:
-    """Calls ``hook()`` before every capture of a traced step."""
-    handle = RemovableHandle(_trace_pre_hooks)
-    _trace_pre_hooks[handle.id] = hook
-    return handle
-
-
-def register_trace_fn_post_hook(hook) -> RemovableHandle:
-    """Calls ``hook()`` after every capture of a traced step, also one that failed."""
-    handle = RemovableHandle(_trace_post_hooks)
-    _trace_post_hooks[handle.id] = hook
-    return handle
-
-
-@contextlib.contextmanager
-def _capture_scope():
-    """Everything that holds only while a step is captured, set up and torn down in one
-    place: the user's pre/post hooks and the traced-tensor listener. The exit always runs,
-    so a failed trace leaves nothing half-applied. (Per-body state, such as recorded closures
-    and the metrics' and grad scalers' traced values, is scoped by ``impl.tracing``.)"""
-    for hook in list(_trace_pre_hooks.values()):
-        hook()
-    try:
-        with listener.listening():
-            yield
-    finally:
-        for hook in list(_trace_post_hooks.values()):
-            hook()
 
 
 # ---------------------------------------------------------------------------------- compile
@@ -197,41 +163,10 @@ def _zero_grad(module: torch.nn.Module, set_to_none: bool = True) -> None:
 
 
 # ------------------------------------------------------------------------------------ trace
-def _step_counts(impl) -> list:
-    """(object, _step_count) of every optimizer and scheduler of the backend."""
-    return [(obj, obj._step_count) for obj in [*impl.optimizer_registry, *impl.schedulers]
-            if isinstance(getattr(obj, "_step_count", None), int)]
-
-
-def _undo_counting(before: list, passes: int) -> list:
-    """Python counters (``_step_count``) go up while the step body is traced, possibly more
-    than once. Put them back and return what one step adds to each, so every run of the
-    compiled program can add it, as every call of an eager step would."""
-    steps = []
-    for obj, count in before:
-        added = obj._step_count - count
-        obj._step_count = count
-        if added and passes:
-            steps.append((obj, added // passes))
-    return steps
-
-
 def _input_array(tensor):
     if isinstance(tensor, LazyTensor):
         return tensor.jax_array
     return tensor_to_host(tensor)
-
-
-def _metadata_twin(tensor, layout=None):
-    """A plain tensor with the same metadata, for tracing (lazy outputs fed back in). Across
-    processes a batch input is traced with its global shape (see ``mesh.Layout``)."""
-    if isinstance(tensor, LazyTensor):
-        return torch.empty(tuple(tensor.shape), dtype=tensor.dtype)
-    if layout is not None:
-        shape = layout.global_input_shape(tensor.shape)
-        if shape != tuple(tensor.shape):
-            return torch.empty(shape, dtype=tensor.dtype)
-    return tensor
 
 
 class TracedStep:
@@ -390,75 +325,10 @@ class TracedStep:
         builds its program and files it in the table (unless it gives birth to state)."""
         if not retry:
             self._table.announce_recompile(key, reason, impl.is_csx)
-        positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
-        records = []
-        passes = []  # one entry per time capture runs the step body
-        counters_before = _step_counts(impl)
-        leaves_gradients = []
-        born_before = born_state.snapshot(impl)
-        born_per_pass = []  # the state born in each pass (born_state.find)
-        known_paths, existing = set(view.named_by), set(map(id, view.tensors))
-
-        def step(*tensors):
-            passes.append(None)
-            rebuilt = list(leaves)
-            for i, t in zip(positions, tensors):
-                rebuilt[i] = t
-            args, kwargs = pytree.tree_unflatten(rebuilt, spec)
-            resets = impl.gradient_resets
-            with impl.tracing(records), torch_optimizers.capture_policy(impl), \
-                    born_state.ParameterWatch(impl):
-                outputs = self.step_fn(*args, **kwargs)
-            leaves_gradients.append(impl.gradient_resets == resets and any(
-                p.grad is not None for model in impl.models for p in model.parameters()))
-            born_per_pass.append(born_state.find(impl, known_paths, existing))
-            return (outputs, [(r.args, r.kwargs) for r in records],
-                    [b.tensor for b in born_per_pass[-1]])
-
-        policy = impl.precision_policy()
-        twins = [_metadata_twin(leaves[i], impl.layout) for i in positions]
-        impl.initialize_sparsity()  # masks get their values before the step first reads them
-        decompositions = decompositions_for("CSX" if impl.is_csx else "CPU")
-        cache = CaptureCache(impl, self.step_fn, leaves, key, view, twins, decompositions,
-                             traced_step_type=TracedStep,
-                             trace_hooks=bool(_trace_pre_hooks or _trace_post_hooks),
-                             lookup=not retry)
-        hit = cache.load()
-        born = []
-        if hit is not None:  # the graph of an earlier run: nothing is traced
-            captured, closures, counter_steps = hit
-        else:
-            try:
-                with _capture_scope(), cache.watching():
-                    captured = capture_step(step, view.slots, twins, policy,
-                                            decompositions=decompositions)
-                born = born_per_pass[-1] if born_per_pass else []
-                born_state.refuse_parameters(born)
-                born_state.check_no_leaks(impl, allowed=[id(b.tensor) for b in born])
-            except BaseException:
-                _undo_counting(counters_before, 0)  # a capture that stopped half-way
-                born_state.discard(impl, born_before)
-                raise
-            counter_steps = _undo_counting(counters_before, len(passes))
-            closures = [(r.kind, r.fn) for r in records]
-            if born:
-                cache.key = None  # runs once; its later calls are another capture's
-            cache.prepare(captured, records, counter_steps)
+        done = step_capture.capture(self.step_fn, impl, key, leaves, spec, view, retry=retry,
+                                    traced_step_type=TracedStep)
         self.trace_count += 1
-        program = Program(captured, policy=policy, layout=impl.layout,
-                          platform=jax_backend.target.platform_of(impl.jax_devices[0]))
-        python_leaves = tuple(None if isinstance(x, torch.Tensor) else x for x in leaves)
-        used = [view.paths[i] for i in captured.used_state]
-        written = [view.paths[i] for i in captured.written_state]
-        avals = {view.paths[i]: view.aval(i)
-                 for i in captured.used_state + captured.written_state}
-        mine = set(used + written)
-        ties = {slot: named for slot, named in view.named_by.items() if named in mine}
-        entry = CompiledStep(captured, program, closures, python_leaves, used, written, avals,
-                             hyperparameters(impl), counter_steps, view.optimizer_params,
-                             ties, cache if cache.key is not None else None,
-                             leaves_gradients=bool(leaves_gradients and leaves_gradients[-1]),
-                             born=born, born_before=born_before)
+        entry = step_capture.build(impl, done, leaves, view)
         if not entry.born:
             self._table.add(key, entry)
         return entry

@@ -28,14 +28,14 @@ jax.monitoring.register_event_listener(
     lambda e, **_: events.update([e.rsplit("/", 1)[-1]]) if "graph_cache" in e else None)
 import torch
 import cerebras.pytorch as cstorch
-import cstorch.core.compile
+import cstorch.core.step_capture
 
 traces = []  # one entry per capture of a step: proves whether capture ran
-_capture_step = cstorch.core.compile.capture_step
+_capture_step = cstorch.core.step_capture.capture_step
 def counting_capture_step(*args, **kwargs):
     traces.append(1)
     return _capture_step(*args, **kwargs)
-cstorch.core.compile.capture_step = counting_capture_step
+cstorch.core.step_capture.capture_step = counting_capture_step
 
 def report(**values):
     print("RESULT " + json.dumps(dict(values, traces=len(traces), events=dict(events))))
