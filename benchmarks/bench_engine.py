@@ -137,12 +137,12 @@ class _FirstStepSplit:
     def __init__(self):
         import jax.monitoring
 
-        import cstorch.core.compile as compile_module
+        import cstorch.core.step_capture as step_capture
         from jax_backend.program import Program
 
         self.seconds = {"capture": 0.0, "lowering": 0.0, "mlir": 0.0, "xla_compile": 0.0}
         jax.monitoring.register_event_duration_secs_listener(self._on_event)
-        compile_module.capture_step = _timed(self.seconds, "capture", compile_module.capture_step)
+        step_capture.capture_step = _timed(self.seconds, "capture", step_capture.capture_step)
         Program.pure_step = _timed(self.seconds, "lowering", Program.pure_step)
 
     def _on_event(self, event, duration, **_):

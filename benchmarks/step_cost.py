@@ -65,7 +65,7 @@ def _cpu_timers() -> dict:
     """Process CPU seconds (all threads) spent in capture, in lowering (the interpreter under
     jit's trace), in uploading state and in the first run's state backup: on a shared
     machine these are steadier than wall time."""
-    import cstorch.core.compile as compile_module
+    import cstorch.core.step_capture as step_capture
     from jax_backend import DeviceState, Program
 
     seconds = collections.Counter()
@@ -79,7 +79,7 @@ def _cpu_timers() -> dict:
                 seconds[phase] += time.process_time() - t0
         return wrapper
 
-    compile_module.capture_step = timed("capture", compile_module.capture_step)
+    step_capture.capture_step = timed("capture", step_capture.capture_step)
     Program.pure_step = timed("lowering", Program.pure_step)
     DeviceState.arrays = timed("state_upload", DeviceState.arrays)
     DeviceState.hold_in_torch = timed("first_run_backup", DeviceState.hold_in_torch)
@@ -107,13 +107,10 @@ def main(argv=None):
 
     import jax
     import jax.numpy as jnp
-    from torch.utils import _pytree as pytree
 
     _allow_missing_hdf5plugin()
     import cerebras.pytorch as cstorch
-    import cstorch.core.compile as compile_module
     from bench_engine import _FirstStepSplit
-    from cstorch.backend import current_backend_impl
 
     jnp.zeros(()).block_until_ready()
     split = _FirstStepSplit()
@@ -141,11 +138,8 @@ def main(argv=None):
         report["phases_s"] = {k: round(v, 2) for k, v in split.seconds.items()}
         report["cpu_s"] = {k: round(v, 2) for k, v in cpu.items()}
     else:  # capture and compile only (a GPT-2-size step takes minutes on a CPU)
-        impl = current_backend_impl()
-        leaves, tree = pytree.tree_flatten(((x, y), {}))
-        view = impl.state_view()
-        key = compile_module._signature(leaves, tree, impl)
-        program = step._compile(impl, key, leaves, tree, view).program
+        step.compile_only(x, y)
+        program = step.programs[-1]
     used, inputs = _state_specs(program), program.input_specs()
     lowered = program.lower(used, inputs)
     stablehlo = lowered.as_text()

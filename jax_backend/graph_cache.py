@@ -44,10 +44,11 @@ and every value reachable from it, see ``fingerprint.py``), the process's inputs
 (``sys.argv``, the environment but ``IGNORED_ENVIRONMENT``, the working directory), user
 code installed in library modules (``fingerprint.replaced_library_attributes``), the
 decompositions, the state layout (each slot's name, shape, dtype, ``requires_grad`` and
-which slots share a tensor), the inputs (shape, stride, dtype), the precision policy,
-torch's global modes and module hooks (an active torch function/dispatch mode makes a step
-not cacheable), the caller's ``extra`` string, and the torch, jax, jaxlib, Python and
-project versions.
+which slots share a tensor), the inputs (shape, stride, dtype), the caller's ``selection``
+(plain data: what selects a program in the caller, for cstorch its ``ProgramSignature``
+rendered field by field, which holds the precision policy), torch's global modes and module
+hooks (an active torch function/dispatch mode makes a step not cacheable), the caller's
+``extra`` string, and the torch, jax, jaxlib, Python and project versions.
 
 **The files** are checked on load: every loaded module outside torch, jax, jaxlib and the
 standard library is listed in the entry with the sha256 of its bytes (installed packages
@@ -279,9 +280,10 @@ def _tensor_signature(t: torch.Tensor) -> list:
             plain_type(t).__name__]
 
 
-def step_key(fingerprinter: fingerprint.Fingerprinter, slots, inputs, policy, decompositions,
-             extra: str) -> str:
-    """The cache key of capturing a step over ``slots`` and ``inputs`` (see module docstring).
+def step_key(fingerprinter: fingerprint.Fingerprinter, slots, inputs, selection,
+             decompositions, extra: str) -> str:
+    """The cache key of capturing a step over ``slots`` and ``inputs`` (see module docstring);
+    ``selection`` is plain data (JSON), the caller's rendering of what selects a program.
     Raises ``fingerprint.NotCacheable`` if some part cannot be fingerprinted."""
     fingerprinter.add("decompositions", {str(op): fn for op, fn in (decompositions or {}).items()})
     fingerprinter.add("torch's global module hooks", fingerprint.torch_global_hooks())
@@ -294,7 +296,7 @@ def step_key(fingerprinter: fingerprint.Fingerprinter, slots, inputs, policy, de
         unique = index_of.setdefault(id(tensor), len(index_of))
         layout.append([slot.name or repr(slot.key), unique] + _tensor_signature(tensor))
     parts = [versions(), fingerprinter.hexdigest(), layout,
-             [_tensor_signature(t) for t in inputs], repr(policy), _torch_modes(), extra]
+             [_tensor_signature(t) for t in inputs], selection, _torch_modes(), extra]
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 

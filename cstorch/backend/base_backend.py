@@ -172,7 +172,9 @@ class BaseBackend:
         ``module_modes``, in another order) and ``hooks``, which names every
         forward and backward hook of every registered module, and torch's global module
         hooks, by handle id (ids are never reused): a hook registered or removed between
-        steps changes what eager torch computes, so it selects another program."""
+        steps changes what eager torch computes, so it selects another program. Each entry
+        is positions (atoms) then tuples of handle ids (``programs.persistent_signature``
+        ranks the ids)."""
         modes, hooks = [], []
         for m, model in enumerate(self.models):
             flags = []
@@ -192,7 +194,8 @@ class BaseBackend:
                 if children:
                     stack.extend(child for child in children.values() if child is not None)
             modes.append(tuple(flags))
-        hooks.extend(tuple(table) for table in _global_module_hooks() if table)
+        hooks.extend(("torch global", k, tuple(table))
+                     for k, table in enumerate(_global_module_hooks()) if table)
         return tuple(modes), tuple(hooks)
 
     @staticmethod

@@ -8,6 +8,9 @@ The backend stores and checks entries; this module supplies what only cstorch kn
   with the backend itself standing in as an opaque name, plus the backend type and layout
   and cstorch's process-wide settings (``process_settings``: the ``cstorch.backends``
   flags, the half dtype, ...), which cstorch code reads where the fingerprint does not look;
+* **what selects the program**: the call's ``ProgramSignature`` as
+  ``programs.persistent_signature`` renders it, the one definition the program table
+  selects programs by (so a new signature field cannot be left out of the key);
 * **what ``_compile`` derives from a trace** besides the graph, so a hit can rebuild it:
   each recorded step closure as a path from the step function (one of its free variables or
   globals, by identity, and its code digest) or a method of a registered metric, and the
@@ -40,6 +43,7 @@ from cstorch.backend import Backend, precision
 from cstorch.backend.base_backend import BaseBackend
 from cstorch.backends import backends
 from cstorch.core import annotation, name_scope
+from cstorch.core.programs import ProgramSignature, persistent_signature
 from cstorch.distributed import runtime
 from cstorch.experimental import listener
 from cstorch.utils import step_closures
@@ -119,6 +123,22 @@ def process_settings() -> dict:
             "annotations": annotation.active_annotations()}
 
 
+def _parameter_hook_functions(view) -> list:
+    """``[index, register_hook functions, post-accumulate functions]`` per model parameter
+    with hooks, as they are when the key is taken. The signature names these hooks by
+    position and handle only, and a parameter is state, which the fingerprint names by its
+    place without walking it: without this a hook replaced by another would find the old
+    graph. (A snapshot: hooks the capture itself registers, as sparsity does, are the
+    graph's own.)"""
+    hooks = []
+    with torch._C.DisableTorchFunctionSubclass():  # no state guard: nothing is read
+        for i, p in enumerate(view.parameters):
+            before, after = p._backward_hooks, p._post_accumulate_grad_hooks
+            if before or after:
+                hooks.append([i, list((before or {}).values()), list((after or {}).values())])
+    return hooks
+
+
 def _context_not_cacheable(trace_hooks: bool) -> str | None:
     if trace_hooks:
         return "trace hooks are registered"
@@ -133,7 +153,8 @@ class CaptureCache:
     """The cache's view of one compilation of a traced step: ``load`` on the way in, then
     ``prepare`` after a capture and ``store`` after the program's first good run."""
 
-    def __init__(self, impl, step_fn, leaves, spec, view, inputs, policy, decompositions, *,
+    def __init__(self, impl, step_fn, leaves, key: ProgramSignature, view, inputs,
+                 decompositions, *,
                  traced_step_type: type, trace_hooks: bool, lookup: bool = True):
         self.impl, self.step_fn, self.view = impl, step_fn, view
         self.key = None
@@ -150,17 +171,19 @@ class CaptureCache:
                        ("models", impl.models), ("optimizers", impl.optimizer_registry),
                        ("schedulers", impl.schedulers), ("grad scalers", impl.grad_scalers),
                        ("metrics", impl.metrics), ("stateful", impl.stateful_objects),
-                       ("sparsity", impl.sparsity_registry)]
-        self._key_args = (inputs, policy, decompositions, _stand_in(traced_step_type))
+                       ("sparsity", impl.sparsity_registry),
+                       ("parameter hooks", _parameter_hook_functions(view))]
+        self._key_args = (inputs, decompositions, _stand_in(traced_step_type))
         why = _context_not_cacheable(trace_hooks)
         with self._guarded():
             if why is not None:
                 raise NotCacheable(why)
+            # What selects the program in memory selects its graph on disk: the same
+            # signature, rendered field by field (programs.persistent_signature).
+            self._selection = persistent_signature(key)
             self._extra = json.dumps({
                 "backend": str(impl.backend_type), "engine": impl.engine, "csx": impl.is_csx,
-                "layout": _layout(impl.layout), "structure": repr(spec),
-                "tensor arguments": [isinstance(x, torch.Tensor) for x in leaves],
-                "modes": impl.module_modes()})
+                "layout": _layout(impl.layout)})
             self.key, self.files, self._before = self._compute_key()
 
     @contextlib.contextmanager
@@ -178,13 +201,13 @@ class CaptureCache:
             self._give_up(repr(err))
 
     def _compute_key(self, consumable=None):
-        inputs, policy, decompositions, stand_in = self._key_args
+        inputs, decompositions, stand_in = self._key_args
         fp = Fingerprinter(self.view.tensors, hook=stand_in, consumable=consumable)
         for label, root in self._roots:
             fp.add(label, root)
         fp.add("cstorch settings", process_settings())  # read now: before and after a trace
-        key = graph_cache.step_key(fp, self.view.slots, inputs, policy, decompositions,
-                                   self._extra)
+        key = graph_cache.step_key(fp, self.view.slots, inputs, self._selection,
+                                   decompositions, self._extra)
         fp.release()
         return key, sorted(fp.files), fp
 

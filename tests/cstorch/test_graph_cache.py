@@ -28,14 +28,14 @@ jax.monitoring.register_event_listener(
     lambda e, **_: events.update([e.rsplit("/", 1)[-1]]) if "graph_cache" in e else None)
 import torch
 import cerebras.pytorch as cstorch
-import cstorch.core.compile
+import cstorch.core.step_capture
 
 traces = []  # one entry per capture of a step: proves whether capture ran
-_capture_step = cstorch.core.compile.capture_step
+_capture_step = cstorch.core.step_capture.capture_step
 def counting_capture_step(*args, **kwargs):
     traces.append(1)
     return _capture_step(*args, **kwargs)
-cstorch.core.compile.capture_step = counting_capture_step
+cstorch.core.step_capture.capture_step = counting_capture_step
 
 def report(**values):
     print("RESULT " + json.dumps(dict(values, traces=len(traces), events=dict(events))))
@@ -316,8 +316,9 @@ def test_the_cache_is_off_by_default(tmp_path):
 # Everything the step reads besides its objects: an environment variable, the command line,
 # a file opened while it is traced, a user module's attribute read with getattr (set from a
 # file read before the step, which the trace never sees), a cstorch flag read by cstorch
-# code (cstorch.current_pol), and torch.nn.functional.gelu replaced by user code (called by
-# nn.GELU inside torch).
+# code (cstorch.current_pol), torch.nn.functional.gelu replaced by user code (called by
+# nn.GELU inside torch), and which gradient hook is on a parameter (registered outside the
+# step; a parameter is state, which the fingerprint names by its place only).
 DEPENDENCIES = PRELUDE + textwrap.dedent("""
     import json, os
     import settings
@@ -328,6 +329,11 @@ DEPENDENCIES = PRELUDE + textwrap.dedent("""
     cstorch.backends.csx.precision.optimization_level = config["pol"]
     if config["patch_gelu"]:
         torch.nn.functional.gelu = lambda x, approximate="none": x * 0.5
+
+    GRAD_HOOKS = {"keep": lambda grad: grad, "halve": lambda grad: grad * 0.5}
+
+    def hook_parameters(net):  # one hook either way: the same handle ids follow it
+        net.fc.weight.register_hook(GRAD_HOOKS[config["grad_hook"]])
 
     STEPS = 2
 
@@ -351,6 +357,7 @@ DEPENDENCIES = PRELUDE + textwrap.dedent("""
         x, y = torch.randn(4, 8, generator=g), torch.randint(0, 3, (4,), generator=g)
         torch.manual_seed(0)
         reference = Net()
+        hook_parameters(reference)
         sgd = torch.optim.SGD(reference.parameters(), lr=0.1)
         eager = []
         for _ in range(STEPS):
@@ -364,6 +371,7 @@ DEPENDENCIES = PRELUDE + textwrap.dedent("""
         torch.manual_seed(0)
         model = Net()
         compiled = cstorch.compile(model, backend)
+        hook_parameters(model)
         optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
 
         @cstorch.trace
@@ -382,7 +390,8 @@ DEPENDENCIES = PRELUDE + textwrap.dedent("""
     main()
 """)
 
-BASE = {"env": "1.0", "argv": "1.0", "file": "1.0", "scale": 1.0, "pol": 1, "patch_gelu": False}
+BASE = {"env": "1.0", "argv": "1.0", "file": "1.0", "scale": 1.0, "pol": 1, "patch_gelu": False,
+        "grad_hook": "keep"}
 
 
 def _run_dependencies(tmp_path, cache, **changes):
@@ -390,7 +399,7 @@ def _run_dependencies(tmp_path, cache, **changes):
     (tmp_path / "settings.py").write_text("scale = 1.0\n")
     (tmp_path / "weight.txt").write_text(values["file"])
     (tmp_path / "config.json").write_text(json.dumps(
-        {k: values[k] for k in ("scale", "pol", "patch_gelu")}))
+        {k: values[k] for k in ("scale", "pol", "patch_gelu", "grad_hook")}))
     result = _run(tmp_path, cache, script=DEPENDENCIES, args=[values["argv"]],
                   env={"STEP_SCALE": values["env"]})
     np.testing.assert_allclose(result["losses"], result["eager"], rtol=1e-6, atol=1e-6)
@@ -406,8 +415,11 @@ def test_every_value_the_step_reads_from_outside_its_objects_is_in_the_key(tmp_p
     warm = _run_dependencies(tmp_path, cache)
     assert warm["traces"] == 0 and warm["events"] == {"hit": 1}
     assert warm["losses"] == cold["losses"]
-    for change in ({"env": "2.0"}, {"argv": "3.0"}, {"file": "0.5"}, {"scale": 4.0},
-                   {"pol": 2}, {"patch_gelu": True}):
+    # First the changes whose run would find the cold run's entry if the key missed them (a
+    # changed file read by the trace is a miss by the entry's file list, and its run's entry
+    # replaces the cold one under the same key).
+    for change in ({"grad_hook": "halve"}, {"env": "2.0"}, {"argv": "3.0"}, {"file": "0.5"},
+                   {"scale": 4.0}, {"pol": 2}, {"patch_gelu": True}):
         result = _run_dependencies(tmp_path, cache, **change)
         assert result["traces"] == 1 and "hit" not in result["events"], change
         assert result["losses"] != cold["losses"], change  # the change matters

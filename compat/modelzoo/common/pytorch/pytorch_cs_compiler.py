@@ -13,15 +13,8 @@ import json
 import logging
 import os
 
-from cstorch.backend import current_backend_impl
 from modelzoo.common.pytorch import modes
 from modelzoo.common.pytorch.pytorch_base_cs_runner import PyTorchBaseCSRunner
-
-
-def compile_without_running(traced, *args) -> None:
-    """Captures and compiles ``traced`` for ``args`` as its first call would, without
-    executing the program (so no state changes)."""
-    traced._compile_without_running(current_backend_impl(), args, {})
 
 
 class PyTorchCSCompiler(PyTorchBaseCSRunner):
@@ -53,12 +46,12 @@ class PyTorchCSCompiler(PyTorchBaseCSRunner):
             group = [self.on_train_batch_start(data)
                      for data, _ in zip(dataloader, range(self._grad_accum_steps))]
             traced = self._get_train_step()
-            compile_without_running(traced, group)
+            traced.compile_only(group)  # captured and compiled, not run
         else:
             self._set_training(False)
             data = self.on_eval_batch_start(next(iter(dataloader)))
             traced = self._get_eval_step()
-            compile_without_running(traced, data)
+            traced.compile_only(data)
         self._write_artifacts(mode, traced)
 
     def _write_artifacts(self, mode, traced):

@@ -1,0 +1,79 @@
+"""Looking inside a traced step's compiled program: its jaxpr, StableHLO, cost analysis, and
+the program as a pure JAX function with the state it takes (``TracedStep.jaxpr()``,
+``stablehlo()``, ``cost_analysis()``, ``pure_function()``, ``pure_state()`` call these with
+the program that served the step's last call, ``ProgramTable.latest``)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from jax_backend.jax_settings import in_engine_scope
+from cstorch.backend import current_backend_impl
+from cstorch.core.programs import CompiledStep
+from cstorch.core.state_names import state_name
+
+
+def example_arguments(entry: CompiledStep) -> tuple:
+    """``(state arrays, input specs, seed)`` the program can be lowered with, from the
+    current state."""
+    impl = current_backend_impl()
+    view = impl.state_view()
+    positions = entry.resolve(view)
+    if positions is None:
+        raise RuntimeError("The state this program was compiled for no longer exists.")
+    used = impl.device_state.arrays([view.tensors[i] for i in positions[0]])
+    return used, entry.program.input_specs(), 0
+
+
+def jaxpr(entry: CompiledStep):
+    return entry.program.jaxpr(*example_arguments(entry))
+
+
+def stablehlo(entry: CompiledStep) -> str:
+    return entry.program.stablehlo(*example_arguments(entry))
+
+
+def cost_analysis(entry: CompiledStep):
+    return entry.program.cost_analysis(*example_arguments(entry))
+
+
+def pure_function(entry: CompiledStep):
+    """The program as a pure JAX function, run in the engine's JAX settings when called
+    directly (see ``TracedStep.pure_function``)."""
+    return in_engine_scope(entry.program.pure_step)
+
+
+def pure_state(entry: CompiledStep) -> "PureState":
+    """The current state arrays of ``entry``'s program, named (see ``TracedStep.pure_state``)."""
+    impl = current_backend_impl()
+    view = impl.state_view()
+    positions = entry.resolve(view)
+    if positions is None:
+        raise RuntimeError("The state this program was compiled for no longer exists; "
+                           "call the step once more.")
+    used_index, written_index = positions
+    arrays = impl.device_state.arrays([view.tensors[i] for i in used_index])
+    names = [state_name(view.paths[i]) for i in used_index]
+    program = entry.program
+    donated, kept = program.split_state(arrays)
+    donated_names, kept_names = program.split_state(names)
+    return PureState(donated, kept, donated_names, kept_names,
+                     [state_name(view.paths[i]) for i in written_index])
+
+
+class PureState(NamedTuple):
+    """The state a traced step's pure function takes (``TracedStep.pure_state``)."""
+
+    donated: list  # arrays the step overwrites, in the order the pure function takes them
+    kept: list  # arrays it only reads
+    donated_names: list
+    kept_names: list
+    written_names: list  # the names of ``new_state``'s arrays, in its order
+
+    def advance(self, new_state) -> "PureState":
+        """The state for the next step, given the ``new_state`` the pure function returned."""
+        if len(new_state) != len(self.written_names):
+            raise ValueError(f"new_state has {len(new_state)} arrays; the step writes "
+                             f"{len(self.written_names)}.")
+        written = dict(zip(self.written_names, new_state))
+        return self._replace(donated=[written[name] for name in self.donated_names])
