@@ -26,7 +26,12 @@ process's path; it notes which ``cerebras.pytorch``/``cstorch`` modules the proc
 
 A release line is an entry of ``RELEASE_LINES``: its tag, its models (where run.py and the
 shipped config are, and how to make the config tiny) and its command line (``cli``). Lines
-whose command line or logs differ (the 1.x runners) plug in their own ``cli`` and ``losses``.
+whose command line or logs differ plug in their own ``cli`` and ``losses``: the 1.x lines
+(1.6 to 1.9) have their own command lines, and 1.8/1.9 two flows each (``1.9``: the cstorch
+flow, ``runconfig.experimental_api``; ``1.9-runner``: the 1.x ``PyTorchBaseRunner``, on CSX
+the appliance runner over the 1.x lazy API). Their CPU runs train only; fc_mnist's eval
+from the checkpoint is checked against an eager-torch forward written here, gpt2's against
+the eager engine's eval of the same checkpoint.
 """
 
 from __future__ import annotations
@@ -127,6 +132,95 @@ def float32(params: dict) -> dict:
     return params
 
 
+# The 1.x lines (1.6 to 1.9): the same shipped configs, with what their runners need besides.
+
+def fc_mnist_params_1x(params: dict, s: Settings) -> dict:
+    """fc_mnist of 1.6-1.9 (depth 10, lr 0.001 as shipped) made to learn visibly in 20
+    steps: 2 hidden layers of 16, batch 8, SGD lr 0.01 momentum 0.9, unshuffled fake data."""
+    params = fc_mnist_params(params, s)
+    for section in ("train_input", "eval_input"):
+        params[section].update(batch_size=8, shuffle=False, to_float16=False)
+    params["model"].update(depth=2, hidden_size=16, dropout=0.0, to_float16=False)
+    params["optimizer"].update(optimizer_type="SGD", learning_rate=0.01, momentum=0.9)
+    return params
+
+
+def gpt2_params_1x(params: dict, s: Settings) -> dict:
+    """gpt2 of 1.9 on its DummyDataProcessor. One loader worker: the 1.x data processors
+    pass ``prefetch_factor=2`` even with no workers, which torch 2 refuses."""
+    params = gpt2_params(params, s)
+    for section in ("train_input", "eval_input"):
+        params[section]["num_workers"] = 1
+    return params
+
+
+def gpt2_params_hdf5(params: dict, s: Settings) -> dict:
+    """gpt2 of 1.6-1.8, which ship no fake data: their GptHDF5DataProcessor on small HDF5
+    files the harness writes (``gpt2_hdf5_data``), 64 tokens from a 1024-word vocabulary."""
+    params = gpt2_params_1x(params, s)
+    for section in ("train_input", "eval_input"):
+        params[section].update(data_processor="GptHDF5DataProcessor", max_sequence_length=64)
+    params["model"].update(vocab_size=1024, max_position_embeddings=64)
+    return params
+
+
+def gpt2_hdf5_data(work: Path, params: dict) -> dict:
+    """Writes the train and eval HDF5 files under ``work`` and points the config at them:
+    enough examples for every step (the processor's iterable ends with its files)."""
+    sys.path.insert(0, str(ROOT / "tests" / "zoo"))
+    import synthetic_data
+
+    params = copy.deepcopy(params)
+    seq = params["train_input"]["max_sequence_length"]
+    vocab = params["model"]["vocab_size"]
+    for section, seed, batches in (("train_input", 0, Settings.steps),
+                                   ("eval_input", 1, Settings.eval_steps)):
+        examples = params[section]["batch_size"] * batches * 2
+        params[section]["data_dir"] = synthetic_data.write_gpt_hdf5(
+            work / "data" / section, vocab, seq, examples=examples, seed=seed)
+    return params
+
+
+def float32_1x(params: dict) -> dict:
+    """The CPU config of a 1.x transformer: float32, and bfloat16 off (the 1.9 gpt2 defaults
+    ``use_bfloat16`` to True, which half-rounds even a float32 run's activations)."""
+    params = float32(params)
+    params["model"]["use_bfloat16"] = False
+    return params
+
+
+def flow(experimental_api: bool) -> Callable[[dict], dict]:
+    """The runconfig of a 1.8/1.9 flow: ``experimental_api`` picks the cstorch flow
+    (``run_cstorch_flow``) over the ``PyTorchBaseRunner`` one. 1.8's cstorch flow reads
+    ``transfer_processes``, which neither its command line nor its shipped configs set."""
+    def runconfig(params: dict) -> dict:
+        params = copy.deepcopy(params)
+        params["runconfig"].update(experimental_api=experimental_api, transfer_processes=None)
+        return params
+    return runconfig
+
+
+def fc_mnist_reference_eval(checkpoint: str, params: dict) -> float:
+    """The eval loss of a 1.x fc_mnist checkpoint, from eager torch written here: linear and
+    relu per hidden layer, a last linear, log-softmax and NLL on one fake eval batch (the
+    1.x fake data is zeros with label 0, every batch the same)."""
+    sys.path[0:0] = [str(ROOT), str(ROOT / "compat")]
+    import torch
+
+    import cstorch
+
+    state = cstorch.load(checkpoint)["model"]
+    state = {k.removeprefix("model."): torch.as_tensor(v) for k, v in state.items()}
+    x = torch.zeros(params["eval_input"]["batch_size"], 784)
+    layer = 0
+    while f"fc_layers.{layer}.weight" in state:
+        x = torch.relu(x @ state[f"fc_layers.{layer}.weight"].T
+                       + state[f"fc_layers.{layer}.bias"])
+        layer += 1
+    logits = x @ state["last_layer.weight"].T + state["last_layer.bias"]
+    return float(-torch.log_softmax(logits.double(), dim=1)[:, 0].mean())
+
+
 # ---------------------------------------------------------------------------------------------
 # Command lines.
 
@@ -134,6 +228,28 @@ def cli_2x(run_py: str, device: str, mode: str, params: str, model_dir: str,
            checkpoint: str | None) -> list[str]:
     """2.0 to 2.10: ``python run.py {CPU,CSX} --mode M --params P --model_dir D``."""
     argv = [run_py, device, "--mode", mode, "--params", params, "--model_dir", model_dir]
+    if checkpoint:
+        argv += ["--checkpoint_path", checkpoint]
+    return argv
+
+
+def cli_18(run_py: str, device: str, mode: str, params: str, model_dir: str,
+           checkpoint: str | None) -> list[str]:
+    """1.8: as 2.x, but CSX also names the execution strategy (``CSX weight_streaming``), and
+    runs with ``python -O``: 1.8's cstorch flow asserts its parameters are XLA device tensors
+    right after compiling, which the modeled wafer's host tensors are not."""
+    argv = cli_2x(run_py, device, mode, params, model_dir, checkpoint)
+    if device == "CSX":
+        argv = ["-O", argv[0], "CSX", "weight_streaming", *argv[2:]]
+    return argv
+
+
+def cli_17(run_py: str, device: str, mode: str, params: str, model_dir: str,
+           checkpoint: str | None) -> list[str]:
+    """1.6 and 1.7: no device word: CPU by default, ``--appliance`` for the appliance (weight
+    streaming on CSX)."""
+    argv = [run_py, *(["--appliance"] if device == "CSX" else []), "--params", params,
+            "--mode", mode, "--model_dir", model_dir]
     if checkpoint:
         argv += ["--checkpoint_path", checkpoint]
     return argv
@@ -191,6 +307,11 @@ class Model:
     run_py: str   # relative to the checkout
     config: str   # the shipped config it starts from, relative to the checkout
     build: Callable[[dict, Settings], dict]
+    cpu_params: Callable[[dict], dict] = float32  # the CPU runs' precision
+    # writes the data the config reads under the run's folder, where the zoo has no fake data
+    data: Callable[[Path, dict], dict] | None = None
+    # an independent eval loss of a checkpoint (eager torch written here), where there is one
+    reference_eval: Callable[[str, dict], float] | None = None
 
 
 @dataclasses.dataclass
@@ -206,6 +327,7 @@ class ReleaseLine:
     # separate processes (2.0/2.1: "sideband"), and the checkpoint's eval is then checked
     # against the same eval on the eager engine
     cpu_mode: str = "train_and_eval"
+    runconfig: Callable[[dict], dict] | None = None  # the line's own runconfig keys (1.x flows)
 
 
 def _src_2x(prefix: str, gpt2_dir: str) -> list[Model]:
@@ -217,6 +339,19 @@ def _src_2x(prefix: str, gpt2_dir: str) -> list[Model]:
     ]
 
 
+def _src_1x(fake_gpt2_data: bool) -> list[Model]:
+    """fc_mnist and gpt2 of a 1.x line; gpt2 on the zoo's DummyDataProcessor (1.9) or on
+    HDF5 files the harness writes (1.6-1.8)."""
+    gpt2_dir = "modelzoo/transformers/pytorch/gpt2"
+    gpt2 = Model("gpt2", f"{gpt2_dir}/run.py", f"{gpt2_dir}/configs/params_gpt2_small.yaml",
+                 gpt2_params_1x, cpu_params=float32_1x)
+    if not fake_gpt2_data:
+        gpt2 = dataclasses.replace(gpt2, build=gpt2_params_hdf5, data=gpt2_hdf5_data)
+    return [Model("fc_mnist", "modelzoo/fc_mnist/pytorch/run.py",
+                  "modelzoo/fc_mnist/pytorch/configs/params.yaml", fc_mnist_params_1x,
+                  reference_eval=fc_mnist_reference_eval), gpt2]
+
+
 _SRC_22 = "src/cerebras/modelzoo"
 RELEASE_LINES: list[ReleaseLine] = [
     ReleaseLine("2.3", "Release_2.3.1", _src_2x(_SRC_22, f"{_SRC_22}/models/nlp/gpt2")),
@@ -225,6 +360,19 @@ RELEASE_LINES: list[ReleaseLine] = [
                 cpu_mode="train"),
     ReleaseLine("2.0", "Release_2.0.3", _src_2x("modelzoo", "modelzoo/transformers/pytorch/gpt2"),
                 cpu_mode="train"),
+    # 1.8 and 1.9 have two flows: cstorch (``runconfig.experimental_api``) and the
+    # PyTorchBaseRunner (on CSX the appliance runner over the 1.x lazy API); 1.6 and 1.7 have
+    # only the runner. Their CPU runs train only (eval from the checkpoint is checked against
+    # eager torch).
+    ReleaseLine("1.9", "Release_1.9.1", _src_1x(True), cpu_mode="train", runconfig=flow(True)),
+    ReleaseLine("1.9-runner", "Release_1.9.1", _src_1x(True), cpu_mode="train",
+                runconfig=flow(False)),
+    ReleaseLine("1.8", "Release_1.8.0", _src_1x(False), cli=cli_18, cpu_mode="train",
+                runconfig=flow(True)),
+    ReleaseLine("1.8-runner", "Release_1.8.0", _src_1x(False), cli=cli_18, cpu_mode="train",
+                runconfig=flow(False)),
+    ReleaseLine("1.7", "R_1.7.1", _src_1x(False), cli=cli_17, cpu_mode="train"),
+    ReleaseLine("1.6", "R_1.6.1", _src_1x(False), cli=cli_17, cpu_mode="train"),
 ]
 
 
@@ -395,7 +543,9 @@ def judge(runs: dict[str, dict], settings: Settings) -> dict:
         diff, _ = compare(csx["losses"], cpu["losses"])
         verdict["csx"] = ("ok" if diff <= CSX_TOLERANCE else "FAIL") + f" {diff:.1e}"
     if ev is not None and ev["rc"] == 0 and ev["eval_loss"] is not None:
-        reference = cpu["eval_loss"] if cpu else None
+        reference = ev.get("reference")
+        if reference is None and cpu:
+            reference = cpu["eval_loss"]
         if reference is None and runs.get("eval_eager"):
             reference = runs["eval_eager"]["eval_loss"]
         if reference is None:
@@ -436,8 +586,13 @@ def run_model(zoo_python: str, checkout_dir: Path, work: Path, line: ReleaseLine
         return dict(model=model.name, missing=f"{model.run_py} or {model.config} not in "
                     f"{line.tag}")
     params = model.build(yaml.safe_load(shipped.read_text()), settings)
+    if line.runconfig:
+        params = line.runconfig(params)
+    if model.data:
+        params = model.data(work, params)
     (work / "params_csx.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    (work / "params.yaml").write_text(yaml.safe_dump(float32(params), sort_keys=False))
+    cpu_params = model.cpu_params(params)
+    (work / "params.yaml").write_text(yaml.safe_dump(cpu_params, sort_keys=False))
     runs = {}
     start = time.monotonic()
     runs["cpu"] = run_one(zoo_python, checkout_dir, work, line, model, "cpu", "CPU",
@@ -455,7 +610,9 @@ def run_model(zoo_python: str, checkout_dir: Path, work: Path, line: ReleaseLine
         last = shutil.copy(checkpoints[max(checkpoints)], keep)
         runs["eval"] = run_one(zoo_python, checkout_dir, work, line, model, "eval", "CPU",
                                "eval", last)
-        if line.cpu_mode != "train_and_eval":
+        if model.reference_eval:
+            runs["eval"]["reference"] = model.reference_eval(last, cpu_params)
+        if line.cpu_mode != "train_and_eval" and not model.reference_eval:
             runs["eval_eager"] = run_one(zoo_python, checkout_dir, work, line, model,
                                          "eval_eager", "CPU", "eval", last)
         first = checkpoints.get(settings.checkpoint_steps)
@@ -548,7 +705,7 @@ def main(argv=None) -> int:
         for model in line.models:
             if models and model.name not in models:
                 continue
-            row = run_model(args.zoo_python, checkout_dir, work_root / line.tag / model.name,
+            row = run_model(args.zoo_python, checkout_dir, work_root / line.line / model.name,
                             line, model, settings)
             rows.append(dict(line=line.line, tag=line.tag, **row))
             print_table(rows[-1:])
