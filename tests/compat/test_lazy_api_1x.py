@@ -174,6 +174,23 @@ def test_1x_names_resolve_as_the_zoo_imports_them():
         cbtorch.Session()
 
 
+def test_run_state_takes_the_compiler_hints_the_1x_transformers_set(tmp_path):
+    """1.6-1.8's gpt2/t5/bert write stack hints on ``cbtorch.state().full_config`` when they
+    build for a CS system; a field no release sets is refused with the known names."""
+    import cerebras_pytorch as cbtorch
+    from cerebras_appliance.pb.stack.autogen_pb2 import AP_DISABLED
+
+    cbtorch.initialize(service_workdir=str(tmp_path), appliance=True)
+    config = cbtorch.state().full_config
+    config.matching.kernel.inc_pwt_estimate = True
+    config.matching.kernel.enable_pipelined_mlm_loss = True
+    config.matching.autogen_policy = AP_DISABLED
+    assert config.matching.kernel.inc_pwt_estimate is True
+    assert config.matching.kernel.no_dcache_spill_splits is False  # the default, unset
+    with pytest.raises(AttributeError, match="inc_pwt_estimate"):
+        config.matching.kernel.made_up_hint = True
+
+
 def test_1x_schedule_names_only_during_an_appliance_run(tmp_path):
     import cerebras_pytorch as cbtorch
 

@@ -34,6 +34,7 @@ import torch
 
 import cstorch
 
+from cerebras_appliance.pb.stack.full_pb2 import FullConfig
 from cerebras_pytorch.lazy import _run
 
 _STEP_METHODS = ("optimizer_zero_grad", "train_forward", "backward", "optimizer_step",
@@ -70,7 +71,9 @@ class RunState:
         self.init_tracker = Tracker()
         self.progress_tracker = None  # 1.9's initialization progress bar: none shown here
         self.rate_tracker = None
-        self.full_config = None
+        # the stack's configuration: the zoo's models set compiler hints on it (read by
+        # nothing here), so it is a message to write to, as on a Cerebras install
+        self.full_config = FullConfig()
         self.outputs = []
         self.num_csx = 1
         self.mixed_precision = False  # 1.6's eval reads it; amp state is not device state
