@@ -289,6 +289,19 @@ def losses_2x(model_dir: Path, log: str) -> tuple[dict[int, float], float | None
     return train, (evals[-1] if evals else None)
 
 
+# 1.8's runner ends its eval with "Avg Eval. Loss = <value>" (1.6, 1.7 and 1.9 as 2.x does).
+_EVAL_LOSS_1X = re.compile(r"Avg Eval\.? Loss(?::| =) ([-+0-9.eEnaif]+)")
+
+
+def losses_1x(model_dir: Path, log: str) -> tuple[dict[int, float], float | None]:
+    """As ``losses_2x``, reading also the 1.x runners' forms of the eval summary line."""
+    train, eval_loss = losses_2x(model_dir, log)
+    if eval_loss is None:
+        found = _EVAL_LOSS_1X.findall(log)
+        eval_loss = float(found[-1]) if found else None
+    return train, eval_loss
+
+
 def checkpoints_2x(model_dir: Path) -> dict[int, str]:
     found = {}
     for path in glob.glob(str(model_dir / "checkpoint_*.mdl")):
@@ -364,15 +377,18 @@ RELEASE_LINES: list[ReleaseLine] = [
     # PyTorchBaseRunner (on CSX the appliance runner over the 1.x lazy API); 1.6 and 1.7 have
     # only the runner. Their CPU runs train only (eval from the checkpoint is checked against
     # eager torch).
-    ReleaseLine("1.9", "Release_1.9.1", _src_1x(True), cpu_mode="train", runconfig=flow(True)),
-    ReleaseLine("1.9-runner", "Release_1.9.1", _src_1x(True), cpu_mode="train",
-                runconfig=flow(False)),
-    ReleaseLine("1.8", "Release_1.8.0", _src_1x(False), cli=cli_18, cpu_mode="train",
+    ReleaseLine("1.9", "Release_1.9.1", _src_1x(True), losses=losses_1x, cpu_mode="train",
                 runconfig=flow(True)),
-    ReleaseLine("1.8-runner", "Release_1.8.0", _src_1x(False), cli=cli_18, cpu_mode="train",
-                runconfig=flow(False)),
-    ReleaseLine("1.7", "R_1.7.1", _src_1x(False), cli=cli_17, cpu_mode="train"),
-    ReleaseLine("1.6", "R_1.6.1", _src_1x(False), cli=cli_17, cpu_mode="train"),
+    ReleaseLine("1.9-runner", "Release_1.9.1", _src_1x(True), losses=losses_1x,
+                cpu_mode="train", runconfig=flow(False)),
+    ReleaseLine("1.8", "Release_1.8.0", _src_1x(False), cli=cli_18, losses=losses_1x,
+                cpu_mode="train", runconfig=flow(True)),
+    ReleaseLine("1.8-runner", "Release_1.8.0", _src_1x(False), cli=cli_18, losses=losses_1x,
+                cpu_mode="train", runconfig=flow(False)),
+    ReleaseLine("1.7", "R_1.7.1", _src_1x(False), cli=cli_17, losses=losses_1x,
+                cpu_mode="train"),
+    ReleaseLine("1.6", "R_1.6.1", _src_1x(False), cli=cli_17, losses=losses_1x,
+                cpu_mode="train"),
 ]
 
 

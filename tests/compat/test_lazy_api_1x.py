@@ -191,6 +191,26 @@ def test_run_state_takes_the_compiler_hints_the_1x_transformers_set(tmp_path):
         config.matching.kernel.made_up_hint = True
 
 
+def test_run_state_knows_when_the_execution_loop_runs(tmp_path):
+    """The 1.x metrics (``CBMetric``) refuse to be created inside the execution loop: the
+    loop is the run's ``cbtorch.dataloader`` handing out batches, until it ends or stops."""
+    import cerebras_pytorch as cbtorch
+
+    cbtorch.initialize(service_workdir=str(tmp_path), appliance=True)
+    state = cbtorch.state()
+    loader = cbtorch.dataloader([torch.zeros(2), torch.ones(2)])
+    assert not state.is_inside_execution_loop
+    seen = []
+    for _ in loader:
+        seen.append(state.is_inside_execution_loop)
+    assert seen == [True, True] and not state.is_inside_execution_loop
+    for _ in loader:
+        break  # a runner leaving the loop early
+    import gc
+    gc.collect()
+    assert not state.is_inside_execution_loop
+
+
 def test_1x_schedule_names_only_during_an_appliance_run(tmp_path):
     import cerebras_pytorch as cbtorch
 

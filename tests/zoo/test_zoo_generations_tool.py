@@ -143,8 +143,14 @@ def test_1x_log_losses(tmp_path):
            "2026-11-27 08:47:21,327 INFO:   | Eval Device=cpu, Step=1, Loss=1.05230, "
            "Time=08:47:21\n"
            "2026-11-27 08:47:21,379 INFO:   Avg Eval Loss: 1.0522966384887695\n")
-    losses, eval_loss = tool.losses_2x(tmp_path, log)
-    assert losses == {1: 2.53246, 2: 2.51953} and eval_loss == 1.0522966384887695
+    lines = {line.line: line for line in tool.RELEASE_LINES}
+    for name in ("1.9", "1.9-runner", "1.8", "1.8-runner", "1.7", "1.6"):
+        losses, eval_loss = lines[name].losses(tmp_path, log)
+        assert losses == {1: 2.53246, 2: 2.51953} and eval_loss == 1.0522966384887695
+    # 1.8's runner writes its eval summary its own way
+    summary = "2026-11-27 11:30:22,896 INFO:   Avg Eval. Loss = 1.0522966384887695\n"
+    assert lines["1.8"].losses(tmp_path, summary) == ({}, 1.0522966384887695)
+    assert tool.losses_2x(tmp_path, summary) == ({}, None)
 
 
 def test_1x_configs(tmp_path):

@@ -80,6 +80,12 @@ class RunState:
         self.metrics = []
 
     @property
+    def is_inside_execution_loop(self) -> bool:
+        """Whether the run's ``cbtorch.dataloader`` is handing out batches (the 1.x metrics
+        must be created before)."""
+        return _run.current().in_execution_loop
+
+    @property
     def modules(self):
         """The modules registered with ``cbtorch.module`` (1.6's eval names their state)."""
         return list(_run.current().modules)

@@ -28,12 +28,16 @@ class DataLoader:
     def __iter__(self):
         run = _run.current()
         run.dataloader = self
-        for batch in self._loader:
+        run.in_execution_loop = True
+        try:
+            for batch in self._loader:
+                _cm.mark_step()
+                batch = _widen(batch)
+                self.current_batch = batch
+                yield batch
             _cm.mark_step()
-            batch = _widen(batch)
-            self.current_batch = batch
-            yield batch
-        _cm.mark_step()
+        finally:
+            run.in_execution_loop = False
 
     def __getattr__(self, name):
         if name == "_loader":
