@@ -284,15 +284,67 @@ def test_saver_writes_a_checkpoint_only_once_every_piece_arrived(tmp_path):
     assert cstorch.load(out)["model"]["w"].tolist() == [0.0, 1.0, 2.0]
 
 
-def test_a_changing_learning_rate_is_refused_before_anything_runs(tmp_path):
+class _ZooStyleSchedule(torch.optim.lr_scheduler.LambdaLR):
+    """Modelled on the 1.x Model Zoo's schedulers on a CS system: ``lr_function`` gives the
+    learning rate itself from a step tensor (the device's formula), and ``step()`` only
+    counts, leaving the host optimizer's value alone."""
+
+    def __init__(self, optimizer, rates):
+        self.rates = rates
+        super().__init__(optimizer, lr_lambda=self.lr_function)
+
+    def lr_function(self, step):
+        return torch.tensor(self.rates)[torch.clamp(torch.as_tensor(step), max=len(self.rates) - 1)]
+
+    def get_lr(self):
+        return [group["lr"] for group in self.optimizer.param_groups]
+
+
+def _eager_losses_scheduled(rates):
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    out = []
+    for step, (x, y) in enumerate(_batches(len(rates))):
+        opt.param_groups[0]["lr"] = rates[step]
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y.long())
+        loss.backward()
+        opt.step()
+        out.append(loss.item())
+    return out
+
+
+@pytest.mark.parametrize("kind", ["zoo", "lambda"])
+def test_a_learning_rate_schedule_is_followed_step_by_step(tmp_path, kind):
+    """The compiled step replays the traced iteration; the learning rate of every step
+    comes from the schedule (the zoo's ``lr_function``, or ``base_lr * lambda`` of a torch
+    LambdaLR), as in eager torch with that schedule."""
+    import cerebras_pytorch as cbtorch
+
+    rates = [0.3, 0.2, 0.1, 0.05, 0.0, 0.1]
+    cbtorch.initialize(service_workdir=str(tmp_path), appliance=True)
+    runner = _ToyApplianceRunner(cbtorch, str(tmp_path))
+    torch_opt = runner._model.optimizer._optimizer
+    if kind == "zoo":
+        runner._lr_scheduler = _ZooStyleSchedule(torch_opt, rates)
+    else:  # base lr 0.1
+        runner._lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
+            torch_opt, lambda step: rates[min(step, len(rates) - 1)] / 0.1)
+    runner.train(_batches(len(rates)), len(rates))
+    got = [runner.losses[s] for s in sorted(runner.losses)]
+    assert got == pytest.approx(_eager_losses_scheduled(rates), rel=2e-2, abs=1e-3)
+    # a constant rate would give other losses from step 2 on: the schedule mattered
+    assert got[4:] != pytest.approx(_eager_losses(len(rates))[0][4:], rel=2e-2)
+
+
+def test_a_scheduler_the_flow_cannot_follow_is_refused_before_anything_runs(tmp_path):
     import cerebras_pytorch as cbtorch
 
     cbtorch.initialize(service_workdir=str(tmp_path), appliance=True)
     runner = _ToyApplianceRunner(cbtorch, str(tmp_path))
-    runner._lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
-        runner._model.optimizer._optimizer, lambda step: 1.0 / (1 + step))
-    runner._total_steps = 10
-    with pytest.raises(NotImplementedError, match="learning rate schedule is not modeled"):
+    runner._lr_scheduler = torch.optim.lr_scheduler.StepLR(
+        runner._model.optimizer._optimizer, step_size=2)
+    with pytest.raises(NotImplementedError, match="StepLR is not one"):
         runner._appliance.compile(4, False)
 
 

@@ -115,23 +115,65 @@ def run_state() -> RunState:
     return run.run_state
 
 
-def _require_constant_learning_rate(runner) -> None:
-    """The traced step keeps the learning rate its optimizer read when it was traced; the
-    zoo's host schedule (a ``LambdaLR``) cannot change it later. So a schedule must be
-    constant over the run, which is checked here, before anything runs."""
-    scheduler = getattr(runner, "_lr_scheduler", None)
-    lambdas = getattr(scheduler, "lr_lambdas", None) or []
-    total = int(getattr(runner, "_total_steps", None) or 1)
-    for group, fn in enumerate(lambdas):
-        # the zoo's functions take the step as a tensor on a system (1.9 reads its .device)
-        values = {float(fn(torch.tensor(step))) for step in sorted({0, 1, total // 2, total})}
-        if len(values) > 1:
+class _LearningRates:
+    """The run's learning-rate schedule, fed to the compiled step as an input.
+
+    On a CS system the 1.x stack computed each step's learning rate on the device from the
+    step counter (the ``cbtorch.optim.lr_scheduler`` classes the zoo configures), and the
+    zoo's host scheduler leaves the optimizer's value alone. Here the compiled step takes
+    each param group's learning rate as an input, computed on the host per step by the
+    zoo's own schedule function (``lr_function``: the device schedule's formula, torch ops
+    on a step tensor; a torch ``LambdaLR``: ``base_lr * lambda(step)``), at the run's
+    global step: the step counter the scheduler holds when the run starts (0, or the
+    resumed checkpoint's step) plus the steps run since, as on the CPU."""
+
+    def __init__(self, runner):
+        self.scheduler = getattr(runner, "_lr_scheduler", None)
+        self.functions = []
+        if self.scheduler is None:
+            return
+        groups = self.scheduler.optimizer.param_groups
+        if callable(getattr(self.scheduler, "lr_function", None)):  # the zoo's schedulers
+            self.functions = [self.scheduler.lr_function] * len(groups)
+        elif isinstance(self.scheduler, torch.optim.lr_scheduler.LambdaLR):
+            self.functions = [lambda step, f=f, base=base: base * f(step)
+                              for f, base in zip(self.scheduler.lr_lambdas,
+                                                 self.scheduler.base_lrs)]
+        else:
             raise NotImplementedError(
-                f"The learning rate of param group {group} changes during the run "
-                f"({sorted(values)}): a learning rate schedule is not modeled in the 1.x lazy "
-                "appliance flow (its compiled step keeps the first step's value). Use a "
-                "constant learning rate, or the cstorch flow (runconfig.experimental_api: "
-                "True in releases 1.8/1.9), which schedules it.")
+                f"The learning-rate scheduler {type(self.scheduler).__name__} is not one the "
+                "1.x lazy appliance flow can follow (the Model Zoo's schedulers, with their "
+                "lr_function, or a torch LambdaLR). Use one of those, or the cstorch flow "
+                "(runconfig.experimental_api: True in releases 1.8/1.9).")
+        self.start = 0
+
+    def begin(self) -> None:
+        """The run starts: its first step takes the schedule at the scheduler's step."""
+        if self.functions:
+            self.start = max(int(self.scheduler.last_epoch), 0)
+
+    def at(self, steps_run: int):
+        """Each param group's learning rate for the run's ``steps_run``-th step (0-based)."""
+        if not self.functions:
+            return None
+        step = torch.tensor(self.start + steps_run)
+        return torch.tensor([float(f(step)) for f in self.functions], dtype=torch.float32)
+
+    def apply(self, rates) -> list:
+        """Inside the traced step: the param groups read ``rates``; returns the values to
+        put back once traced (the host keeps its Python numbers)."""
+        if rates is None:
+            return []
+        groups = self.scheduler.optimizer.param_groups
+        before = [group["lr"] for group in groups]
+        for i, group in enumerate(groups):
+            group["lr"] = rates[i]
+        return before
+
+    def restore(self, before) -> None:
+        for group, value in zip(self.scheduler.optimizer.param_groups if before else [],
+                                before):
+            group["lr"] = value
 
 
 def _batch_size(batch) -> int:
@@ -145,9 +187,9 @@ def _batch_size(batch) -> int:
 def _hyperparameters_as_constants() -> None:
     """The 1.8/1.9 zoo optimizers turn their param groups' numbers into 0-d tensors (device
     values on a CS system) and read some in Python (``if nesterov:``), which a lazy XLA
-    tensor allowed at a cost and a traced step here cannot. The learning rate and every
-    other hyperparameter are constant over a run in this flow (the appliance checks the
-    schedule), so they go back to Python numbers: constants of the compiled step."""
+    tensor allowed at a cost and a traced step here cannot. Every hyperparameter is
+    constant over a run in this flow but the learning rate, which the step takes as an input
+    where it is scheduled (``_LearningRates``), so they go back to Python numbers."""
     for wrapper in _run.current().optimizers:
         for group in wrapper.param_groups:
             for key, value in list(group.items()):
@@ -195,6 +237,7 @@ class ApplianceMode:
         self.throughput = RateTracker()  # samples/s of the steps run (cm._extract_tracker_details)
         self.last_batch_size = 0
         self._step = None
+        self._rates = None  # the training run's learning-rate schedule (compile)
         self._steps_run = 0
         self.last_loss = None
         _run.current().appliance_mode = self
@@ -204,23 +247,26 @@ class ApplianceMode:
         """Makes the runner's per-batch methods one compiled step (traced on first use)."""
         runner = self._runner
         training = runner._active_mode != "eval"
-        if training:
-            _require_constant_learning_rate(runner)
+        self._rates = _LearningRates(runner) if training else None
 
         if training:
+            rates_of_run = self._rates
+
             @cstorch.trace
-            def step(batch):
+            def step(batch, rates=None):
                 runner.optimizer_zero_grad()
                 loss = runner.train_forward(batch)
                 runner.backward(loss)
+                before = rates_of_run.apply(rates)
                 runner.optimizer_step()
                 if hasattr(runner, "lr_scheduler_step"):  # 1.6 steps it in optimizer_step
                     runner.lr_scheduler_step()
+                rates_of_run.restore(before)
                 return loss
         else:
             @cstorch.trace
             @torch.no_grad()
-            def step(batch):
+            def step(batch, rates=None):
                 from cerebras_pytorch.lazy.outputs import extract_loss
 
                 return extract_loss(runner.eval_forward(batch))
@@ -244,6 +290,8 @@ class ApplianceMode:
                              "(initial_checkpoint_file).")
         self._runner._model.set_state(state)
         _hyperparameters_as_constants()
+        if self._rates is not None:
+            self._rates.begin()
         self._steps_run = 0
 
     def receive_activations(self, step_index: int, *args, **kwargs) -> dict:
@@ -255,7 +303,8 @@ class ApplianceMode:
             if loader is None or loader.current_batch is None:
                 raise RuntimeError("receive_activations: no batch was handed out by a "
                                    "cbtorch.dataloader in this run.")
-            loss = self._step(loader.current_batch)
+            rates = self._rates.at(self._steps_run) if self._rates is not None else None
+            loss = self._step(loader.current_batch, rates)
             self.last_batch_size = _batch_size(loader.current_batch)
             self.throughput.add(self.last_batch_size)
             impl = cstorch.backend()._impl
