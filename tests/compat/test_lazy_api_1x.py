@@ -191,6 +191,24 @@ def test_run_state_takes_the_compiler_hints_the_1x_transformers_set(tmp_path):
         config.matching.kernel.made_up_hint = True
 
 
+def test_cm_device_is_a_torch_device_tensors_can_be_made_on(tmp_path, caplog):
+    """1.x's ``cm.device()`` was ``xm.xla_device()``, a torch device: the zoo's metrics make
+    their state with ``torch.tensor(0, device=cm.device())``. The log still names CSX."""
+    import logging
+
+    import cerebras_pytorch as cbtorch
+    from cerebras_pytorch.core import cb_model as cm
+
+    cbtorch.initialize(service_workdir=str(tmp_path), appliance=True)  # a CSX backend
+    assert cstorch.backend().device.type == "CSX"
+    assert isinstance(cm.device(), torch.device)
+    total = torch.tensor(0, dtype=torch.float32, device=cm.device())
+    assert float(total + torch.ones(()).to(cm.device())) == 1.0
+    with caplog.at_level(logging.INFO):
+        cm.print_update(cm.device(), 3, 0.5, "train")
+    assert "| Train Device=CSX, Step=3, Loss=0.50000" in caplog.text
+
+
 def test_run_state_knows_when_the_execution_loop_runs(tmp_path):
     """The 1.x metrics (``CBMetric``) refuse to be created inside the execution loop: the
     loop is the run's ``cbtorch.dataloader`` handing out batches, until it ends or stops."""
