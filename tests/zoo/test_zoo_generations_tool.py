@@ -212,3 +212,26 @@ def test_fc_mnist_reference_eval_is_the_models_loss(tmp_path):
     got = tool.fc_mnist_reference_eval(str(tmp_path / "checkpoint_20.mdl"),
                                        {"eval_input": {"batch_size": 8}})
     assert got == pytest.approx(float(expected), rel=1e-6)
+
+
+def test_verdicts_when_only_csx_runs():
+    """Where the CPU run cannot run (1.6's fc_mnist needs torchvision and MNIST), eval and
+    resume read the CSX run's checkpoints: eval is judged at CSX tolerance against the
+    reference forward, resume against the CSX curve."""
+    tool = _tool()
+    s = tool.Settings(steps=4, checkpoint_steps=2)
+    curve = {1: 2.0, 2: 1.9, 3: 1.8, 4: 1.7}
+
+    def run(losses, eval_loss=None, rc=0, **extra):
+        return dict(rc=rc, losses=losses, eval_loss=eval_loss, error=None,
+                    project_cstorch=True, **extra)
+
+    runs = {"cpu": run({}, rc=1), "eager": run({}, rc=1), "csx": run(curve),
+            "eval": run({}, 1.6 * (1 + 5e-4), reference=1.6, **{"from": "csx"}),
+            "resume": run({3: 1.8, 4: 1.7}, **{"from": "csx"})}
+    verdict = tool.judge(runs, s)
+    assert verdict["cpu"] == "FAIL" and verdict["csx"] == "ok"
+    assert verdict["eval"] == "ok 5.0e-04 (CSX)"
+    assert verdict["resume"] == "ok 0.0e+00 (CSX)"
+    runs["eval"]["eval_loss"] = 1.6 * 1.05
+    assert tool.judge(runs, s)["eval"].startswith("FAIL")
