@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import functools
 import glob
 import json
 import math
@@ -166,9 +167,10 @@ def gpt2_params_hdf5(params: dict, s: Settings) -> dict:
     return params
 
 
-def gpt2_hdf5_data(work: Path, params: dict) -> dict:
+def gpt2_hdf5_data(work: Path, params: dict, per_example: bool = False) -> dict:
     """Writes the train and eval HDF5 files under ``work`` and points the config at them:
-    enough examples for every step (the processor's iterable ends with its files)."""
+    enough examples for every step (the processor's iterable ends with its files).
+    ``per_example``: 1.6's layout (one dataset per example)."""
     sys.path.insert(0, str(ROOT / "tests" / "zoo"))
     import synthetic_data
 
@@ -179,7 +181,8 @@ def gpt2_hdf5_data(work: Path, params: dict) -> dict:
                                    ("eval_input", 1, Settings.eval_steps)):
         examples = params[section]["batch_size"] * batches * 2
         params[section]["data_dir"] = synthetic_data.write_gpt_hdf5(
-            work / "data" / section, vocab, seq, examples=examples, seed=seed)
+            work / "data" / section, vocab, seq, examples=examples, seed=seed,
+            per_example=per_example)
     return params
 
 
@@ -354,14 +357,16 @@ def _src_2x(prefix: str, gpt2_dir: str) -> list[Model]:
     ]
 
 
-def _src_1x(fake_gpt2_data: bool) -> list[Model]:
+def _src_1x(fake_gpt2_data: bool, hdf5_per_example: bool = False) -> list[Model]:
     """fc_mnist and gpt2 of a 1.x line; gpt2 on the zoo's DummyDataProcessor (1.9) or on
-    HDF5 files the harness writes (1.6-1.8)."""
+    HDF5 files the harness writes (1.6-1.8; 1.6 reads one dataset per example)."""
     gpt2_dir = "modelzoo/transformers/pytorch/gpt2"
     gpt2 = Model("gpt2", f"{gpt2_dir}/run.py", f"{gpt2_dir}/configs/params_gpt2_small.yaml",
                  gpt2_params_1x, cpu_params=float32_1x)
     if not fake_gpt2_data:
-        gpt2 = dataclasses.replace(gpt2, build=gpt2_params_hdf5, data=gpt2_hdf5_data)
+        gpt2 = dataclasses.replace(
+            gpt2, build=gpt2_params_hdf5,
+            data=functools.partial(gpt2_hdf5_data, per_example=hdf5_per_example))
     return [Model("fc_mnist", "modelzoo/fc_mnist/pytorch/run.py",
                   "modelzoo/fc_mnist/pytorch/configs/params.yaml", fc_mnist_params_1x,
                   reference_eval=fc_mnist_reference_eval), gpt2]
@@ -389,7 +394,7 @@ RELEASE_LINES: list[ReleaseLine] = [
                 cpu_mode="train", runconfig=flow(False)),
     ReleaseLine("1.7", "R_1.7.1", _src_1x(False), cli=cli_17, losses=losses_1x,
                 cpu_mode="train"),
-    ReleaseLine("1.6", "R_1.6.1", _src_1x(False), cli=cli_17, losses=losses_1x,
+    ReleaseLine("1.6", "R_1.6.1", _src_1x(False, hdf5_per_example=True), cli=cli_17, losses=losses_1x,
                 cpu_mode="train"),
 ]
 

@@ -229,6 +229,19 @@ def test_run_state_knows_when_the_execution_loop_runs(tmp_path):
     assert not state.is_inside_execution_loop
 
 
+def test_16_metrics_register_with_the_run(tmp_path):
+    """1.6's ``CBMetric`` reads ``cbtorch.env().appliance`` and registers itself with
+    ``cbtorch.state()`` when built for a CS system."""
+    import cerebras_pytorch as cbtorch
+
+    assert cbtorch.env().appliance is False
+    cbtorch.initialize(service_workdir=str(tmp_path), appliance=True)
+    assert cbtorch.env().appliance is True
+    metric = object()
+    cbtorch.state().register_metric(metric)
+    assert cbtorch.state().metrics == [metric]
+
+
 def test_1x_schedule_names_only_during_an_appliance_run(tmp_path):
     import cerebras_pytorch as cbtorch
 

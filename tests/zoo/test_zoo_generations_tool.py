@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -184,6 +185,16 @@ def test_1x_configs(tmp_path):
             assert data.shape[1:] == (3, inp["max_sequence_length"])
             assert 0 <= data[:, 0].min() and data[:, 0].max() < hdf5["model"]["vocab_size"]
             assert (data[:, 0, 1:] == data[:, 2, :-1]).all()
+    # 1.6 reads one dataset per example: the same examples
+    lines = {line.line: line for line in tool.RELEASE_LINES}
+    gpt2_16 = next(m for m in lines["1.6"].models if m.name == "gpt2")
+    old = gpt2_16.data(tmp_path / "16", tool.gpt2_params_hdf5(shipped, tool.Settings()))
+    with h5py.File(next(Path(old["train_input"]["data_dir"]).glob("*.h5"))) as f:
+        assert f.attrs["n_examples"] == len(data_train := [f[f"example_{i}"][:]
+                                                          for i in range(f.attrs["n_examples"])])
+        assert data_train[0].shape == (3, 64)
+    with h5py.File(next(Path(hdf5["train_input"]["data_dir"]).glob("*.h5"))) as f:
+        assert (f["data"][:] == np.stack(data_train)).all()
 
 
 def test_fc_mnist_reference_eval_is_the_models_loss(tmp_path):

@@ -90,6 +90,10 @@ class RunState:
         """The modules registered with ``cbtorch.module`` (1.6's eval names their state)."""
         return list(_run.current().modules)
 
+    def register_metric(self, metric) -> None:
+        """1.6's metrics register themselves with the run when built for a CS system."""
+        self.metrics.append(metric)
+
     def set_num_csx(self, num_csx) -> None:
         if num_csx not in (None, 1):
             raise ValueError(f"num_csx={num_csx}: this engine models one CS system; set "
