@@ -53,8 +53,8 @@ class _PreinitializedSGD(torch.optim.SGD):
 class _ToyModel:
     """What the zoo's PyTorchBaseModel offers the runner: the module, optimizer, state."""
 
-    def __init__(self, cbtorch):
-        self.model = cbtorch.module(_model())
+    def __init__(self, cbtorch, make=None):
+        self.model = cbtorch.module((make or _model)())
         self.optimizer = cbtorch.optimizer(
             _PreinitializedSGD(self.model.parameters(), lr=0.1, momentum=0.9))
 
@@ -70,11 +70,11 @@ class _ToyApplianceRunner:
     """The 1.7 PyTorchCSAppliance pattern, reduced: every per-batch method acts only on the
     first batch; afterwards ``train_forward`` returns the appliance's loss."""
 
-    def __init__(self, cbtorch, model_dir):
+    def __init__(self, cbtorch, model_dir, make=None):
         from cerebras_pytorch.core import cb_model as cm
 
         self.cm, self.cbtorch, self.model_dir = cm, cbtorch, model_dir
-        self._model = _ToyModel(cbtorch)
+        self._model = _ToyModel(cbtorch, make)
         self._active_mode = "train"
         self._num_batches_processed = 0
         self._initial_state_file = None
@@ -366,6 +366,40 @@ def test_a_learning_rate_schedule_is_followed_step_by_step(tmp_path, kind):
     assert got == pytest.approx(_eager_losses_scheduled(rates), rel=2e-2, abs=1e-3)
     # a constant rate would give other losses from step 2 on: the schedule mattered
     assert got[4:] != pytest.approx(_eager_losses(len(rates))[0][4:], rel=2e-2)
+
+
+class _ScratchMaskModel(torch.nn.Module):
+    """Keeps a tensor it computes in ``forward`` as a plain attribute, as 1.6's gpt2 keeps
+    its causal mask (``self.auto_regressive_mask``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = _model()
+
+    def forward(self, x):
+        self.scale = torch.ones(x.shape[1]).cumsum(0) / x.shape[1]
+        return self.net(x * self.scale)
+
+
+def test_a_tensor_the_model_keeps_from_forward_is_scratch_of_the_step(tmp_path):
+    import cerebras_pytorch as cbtorch
+
+    cbtorch.initialize(service_workdir=str(tmp_path), appliance=True)
+    runner = _ToyApplianceRunner(cbtorch, str(tmp_path), make=_ScratchMaskModel)
+    runner.train(_batches(4), 4)
+    eager = _ScratchMaskModel()
+    opt = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
+    expected = []
+    for x, y in _batches(4):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(eager(x), y.long())
+        loss.backward()
+        opt.step()
+        expected.append(loss.item())
+    got = [runner.losses[s] for s in sorted(runner.losses)]
+    assert got == pytest.approx(expected, rel=2e-2, abs=1e-3)
+    # the attribute holds the first, eager iteration's value, a real tensor
+    assert torch.equal(runner._model.model.scale, torch.arange(1, 7) / 6)
 
 
 def test_a_scheduler_the_flow_cannot_follow_is_refused_before_anything_runs(tmp_path):

@@ -180,6 +180,29 @@ class _LearningRates:
             group["lr"] = value
 
 
+@contextlib.contextmanager
+def _scratch_tensor_attributes():
+    """A model that keeps a tensor it computes in ``forward`` as a plain attribute (1.6's
+    gpt2: ``self.auto_regressive_mask``) leaves a tensor of the trace on the module, which
+    has no value after it. On the 1.x stack that was a lazy tensor, recomputed every step
+    and read by nothing else: the step's scratch. The attributes a step sets are put back
+    to what they were (or removed) once the step is traced; parameters, buffers and
+    attributes that are not tensors are left alone."""
+    modules = [m for model in _run.current().modules for m in model.modules()]
+    before = [{k: v for k, v in vars(m).items() if isinstance(v, torch.Tensor)}
+              for m in modules]
+    try:
+        yield
+    finally:
+        for module, kept in zip(modules, before):
+            for key, value in list(vars(module).items()):
+                if isinstance(value, torch.Tensor) and kept.get(key) is not value:
+                    if key in kept:
+                        object.__setattr__(module, key, kept[key])
+                    else:
+                        delattr(module, key)
+
+
 def _batch_size(batch) -> int:
     from cstorch.utils.nest import visit_torch_tensors
 
@@ -258,14 +281,15 @@ class ApplianceMode:
 
             @cstorch.trace
             def step(batch, rates=None):
-                runner.optimizer_zero_grad()
-                loss = runner.train_forward(batch)
-                runner.backward(loss)
-                before = rates_of_run.apply(rates)
-                runner.optimizer_step()
-                if hasattr(runner, "lr_scheduler_step"):  # 1.6 steps it in optimizer_step
-                    runner.lr_scheduler_step()
-                rates_of_run.restore(before)
+                with _scratch_tensor_attributes():
+                    runner.optimizer_zero_grad()
+                    loss = runner.train_forward(batch)
+                    runner.backward(loss)
+                    before = rates_of_run.apply(rates)
+                    runner.optimizer_step()
+                    if hasattr(runner, "lr_scheduler_step"):  # 1.6: in optimizer_step
+                        runner.lr_scheduler_step()
+                    rates_of_run.restore(before)
                 return loss
         else:
             @cstorch.trace
@@ -273,7 +297,8 @@ class ApplianceMode:
             def step(batch, rates=None):
                 from cerebras_pytorch.lazy.outputs import extract_loss
 
-                return extract_loss(runner.eval_forward(batch))
+                with _scratch_tensor_attributes():
+                    return extract_loss(runner.eval_forward(batch))
         self._step = step
 
     def execute(self, *args, initial_checkpoint_file=None, **kwargs) -> None:
