@@ -229,6 +229,25 @@ def test_run_state_knows_when_the_execution_loop_runs(tmp_path):
     assert not state.is_inside_execution_loop
 
 
+def test_batches_keep_int32_and_losses_take_int32_targets_while_out(tmp_path):
+    """The 1.x zoo hands the device int32 ids and labels (1.9's gpt2 asserts int32); the 1.x
+    stack's losses took int32 targets. While a batch is out, nll_loss/cross_entropy widen an
+    int32 target; outside the loop torch's own rule holds."""
+    import cerebras_pytorch as cbtorch
+
+    cbtorch.initialize(service_workdir=str(tmp_path), appliance=True)
+    logits = torch.randn(4, 3)
+    labels = torch.tensor([0, 2, 1, 0], dtype=torch.int32)
+    expected = torch.nn.functional.cross_entropy(logits, labels.long())
+    for batch in cbtorch.dataloader([{"labels": labels, "x": torch.ones(2, dtype=torch.half)}]):
+        assert batch["labels"].dtype == torch.int32 and batch["x"].dtype == torch.float32
+        assert torch.equal(torch.nn.functional.cross_entropy(logits, batch["labels"]), expected)
+        assert torch.equal(torch.nn.NLLLoss()(logits.log_softmax(1), target=batch["labels"]),
+                           torch.nn.functional.nll_loss(logits.log_softmax(1), labels.long()))
+    with pytest.raises(RuntimeError, match="Long"):
+        torch.nn.functional.cross_entropy(logits, labels)
+
+
 def test_16_metrics_register_with_the_run(tmp_path):
     """1.6's ``CBMetric`` reads ``cbtorch.env().appliance`` and registers itself with
     ``cbtorch.state()`` when built for a CS system."""

@@ -3,11 +3,19 @@
 Before each batch is handed out (and once after the last), the step just traced is over:
 ``cm.mark_step()`` runs the step closures queued during it. The batch handed out is also
 what the appliance runs the compiled step on (``current_batch``).
+
+The 1.x zoo hands the device int32 labels and token ids (gpt2 asserts they are int32); the
+stack's losses took int32 targets, torch's CPU kernels insist on int64. So the batches keep
+their int32, and while a batch is out (the runner's eager first iteration and the traced
+step included) the classification losses widen an int32 target themselves
+(``Int32Targets``). Half-precision inputs are widened to float32.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from cerebras_pytorch.lazy import _run
 from cerebras_pytorch.lazy import cb_model as _cm
@@ -34,7 +42,8 @@ class DataLoader:
                 _cm.mark_step()
                 batch = _widen(batch)
                 self.current_batch = batch
-                yield batch
+                with Int32Targets():
+                    yield batch
             _cm.mark_step()
         finally:
             run.in_execution_loop = False
@@ -45,10 +54,29 @@ class DataLoader:
         return getattr(self._loader, name)
 
 
+class Int32Targets(TorchFunctionMode):
+    """``nll_loss``/``cross_entropy`` (and their modules) with an int32 target widen it to
+    int64, as the 1.x stack's losses accepted int32 targets."""
+
+    LOSSES = (F.nll_loss, F.cross_entropy)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func in self.LOSSES:
+            args = list(args)
+            if len(args) > 1 and _is_int32(args[1]):
+                args[1] = args[1].long()
+            if _is_int32(kwargs.get("target")):
+                kwargs["target"] = kwargs["target"].long()
+        return func(*args, **kwargs)
+
+
+def _is_int32(value) -> bool:
+    return isinstance(value, torch.Tensor) and value.dtype == torch.int32
+
+
 def _widen(data):
     if isinstance(data, torch.Tensor):
-        if data.dtype == torch.int32:
-            return data.long()
         if data.dtype in (torch.float16, torch.bfloat16):
             return data.float()
         return data
