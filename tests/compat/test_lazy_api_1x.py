@@ -478,6 +478,24 @@ def test_tensor_hyperparameters_become_constants_of_the_step(tmp_path):
     assert inner.param_groups[0]["lr"] == pytest.approx(0.1)
 
 
+def test_tensor_hyperparameters_in_a_tuple_become_numbers_too(tmp_path):
+    """1.8's AdamW keeps ``betas`` as a pair of 0-d tensors after loading its state (values
+    of the initial-state file, which a traced step must not read): numbers as well."""
+    import cerebras_pytorch as cbtorch
+    from cerebras_pytorch.lazy import appliance
+
+    cbtorch.initialize(service_workdir=str(tmp_path), appliance=True)
+    model = cbtorch.module(_model())
+    inner = torch.optim.AdamW(model.parameters(), lr=0.1)
+    cbtorch.optimizer(inner)
+    inner.param_groups[0].update(betas=(torch.tensor(0.5), torch.tensor(0.25)),
+                                 eps=torch.tensor(1e-8), name="decay")
+    appliance._hyperparameters_as_constants()
+    group = inner.param_groups[0]
+    assert group["betas"] == (0.5, 0.25) and type(group["betas"][0]) is float
+    assert group["eps"] == pytest.approx(1e-8) and group["name"] == "decay"
+
+
 def test_saver_takes_only_model_leaves_from_a_pretrained_checkpoint(tmp_path):
     from cerebras_pytorch.saver.pt_h5_saver import PyTorchH5Saver
 

@@ -217,11 +217,18 @@ def _hyperparameters_as_constants() -> None:
     tensor allowed at a cost and a traced step here cannot. Every hyperparameter is
     constant over a run in this flow but the learning rate, which the step takes as an input
     where it is scheduled (``_LearningRates``), so they go back to Python numbers."""
+    def as_number(value):
+        if isinstance(value, torch.Tensor) and value.dim() == 0:
+            return value.item()
+        if isinstance(value, (tuple, list)):  # AdamW's betas: a pair of 0-d tensors
+            return type(value)(as_number(v) for v in value)
+        return value
+
     for wrapper in _run.current().optimizers:
         for group in wrapper.param_groups:
             for key, value in list(group.items()):
-                if key != "params" and isinstance(value, torch.Tensor) and value.dim() == 0:
-                    group[key] = value.item()
+                if key != "params":
+                    group[key] = as_number(value)
 
 
 class _SameName(dict):

@@ -8,14 +8,16 @@ The 1.x zoo hands the device int32 labels and token ids (gpt2 asserts they are i
 stack's losses took int32 targets, torch's CPU kernels insist on int64. So the batches keep
 their int32, and while a batch is out (the runner's eager first iteration and the traced
 step included) the classification losses widen an int32 target themselves
-(``Int32Targets``). Half-precision inputs are widened to float32.
+(``int32_targets``). Half-precision inputs are widened to float32.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
 from cerebras_pytorch.lazy import _run
 from cerebras_pytorch.lazy import cb_model as _cm
@@ -42,7 +44,7 @@ class DataLoader:
                 _cm.mark_step()
                 batch = _widen(batch)
                 self.current_batch = batch
-                with Int32Targets():
+                with int32_targets():
                     yield batch
             _cm.mark_step()
         finally:
@@ -54,21 +56,28 @@ class DataLoader:
         return getattr(self._loader, name)
 
 
-class Int32Targets(TorchFunctionMode):
-    """``nll_loss``/``cross_entropy`` (and their modules) with an int32 target widen it to
-    int64, as the 1.x stack's losses accepted int32 targets."""
+@contextlib.contextmanager
+def int32_targets():
+    """``torch.nn.functional.nll_loss``/``cross_entropy`` (which ``nn.NLLLoss`` and
+    ``nn.CrossEntropyLoss`` call) widen an int32 target to int64, as the 1.x stack's losses
+    accepted int32 targets. (A torch function mode would see every op of the engine's
+    capture too; these two names are all that changes.)"""
+    originals = {name: getattr(F, name) for name in ("nll_loss", "cross_entropy")}
 
-    LOSSES = (F.nll_loss, F.cross_entropy)
+    def widening(loss):
+        @functools.wraps(loss)
+        def with_int32_target(input, target, *args, **kwargs):
+            return loss(input, target.long() if _is_int32(target) else target, *args,
+                        **kwargs)
+        return with_int32_target
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = dict(kwargs or {})
-        if func in self.LOSSES:
-            args = list(args)
-            if len(args) > 1 and _is_int32(args[1]):
-                args[1] = args[1].long()
-            if _is_int32(kwargs.get("target")):
-                kwargs["target"] = kwargs["target"].long()
-        return func(*args, **kwargs)
+    for name, loss in originals.items():
+        setattr(F, name, widening(loss))
+    try:
+        yield
+    finally:
+        for name, loss in originals.items():
+            setattr(F, name, loss)
 
 
 def _is_int32(value) -> bool:
