@@ -160,7 +160,8 @@ zoo-check: .venv
 # Every release line of the real Model Zoo, run unchanged through its own run.py
 # (tools/zoo_generations.py, tests/zoo/README.md). Fetches nothing: MODELZOO_SRC is a Model Zoo
 # git clone (or bare git dir) holding the release tags; ZOO_PYTHON a venv with the zoo's deps;
-# ZOO_LINES picks release lines (e.g. 2.3,2.2; default all).
+# ZOO_LINES picks release lines (e.g. 2.3,2.2; 1.9,1.9-runner,1.8,1.8-runner,1.7,1.6 for the
+# 1.x lines, tests/zoo/GENERATIONS_1x.md; default all).
 ZOO_LINES ?=
 zoo-generations: .venv
 	@test -n "$(MODELZOO_SRC)" || { echo "Set MODELZOO_SRC=/path/to/a/modelzoo/git/clone (see tests/zoo/README.md)"; exit 2; }

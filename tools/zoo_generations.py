@@ -26,7 +26,12 @@ process's path; it notes which ``cerebras.pytorch``/``cstorch`` modules the proc
 
 A release line is an entry of ``RELEASE_LINES``: its tag, its models (where run.py and the
 shipped config are, and how to make the config tiny) and its command line (``cli``). Lines
-whose command line or logs differ (the 1.x runners) plug in their own ``cli`` and ``losses``.
+whose command line or logs differ plug in their own ``cli`` and ``losses``: the 1.x lines
+(1.6 to 1.9) have their own command lines, and 1.8/1.9 two flows each (``1.9``: the cstorch
+flow, ``runconfig.experimental_api``; ``1.9-runner``: the 1.x ``PyTorchBaseRunner``, on CSX
+the appliance runner over the 1.x lazy API). Their CPU runs train only; fc_mnist's eval
+from the checkpoint is checked against an eager-torch forward written here, gpt2's against
+the eager engine's eval of the same checkpoint.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import functools
 import glob
 import json
 import math
@@ -127,6 +133,99 @@ def float32(params: dict) -> dict:
     return params
 
 
+# The 1.x lines (1.6 to 1.9): the same shipped configs, with what their runners need besides.
+
+def fc_mnist_params_1x(params: dict, s: Settings) -> dict:
+    """fc_mnist of 1.6-1.9 (depth 10, lr 0.001 as shipped) made to learn visibly in 20
+    steps: 2 hidden layers of 16, batch 8, SGD lr 0.01 momentum 0.9, unshuffled fake data."""
+    params = fc_mnist_params(params, s)
+    for section in ("train_input", "eval_input"):
+        params[section].update(batch_size=8, shuffle=False, to_float16=False)
+    params["model"].update(depth=2, hidden_size=16, dropout=0.0, to_float16=False)
+    params["optimizer"].update(optimizer_type="SGD", learning_rate=0.01, momentum=0.9)
+    return params
+
+
+def gpt2_params_1x(params: dict, s: Settings) -> dict:
+    """gpt2 of 1.9 on its DummyDataProcessor. One loader worker: the 1.x data processors
+    pass ``prefetch_factor=2`` even with no workers, which torch 2 refuses."""
+    params = gpt2_params(params, s)
+    for section in ("train_input", "eval_input"):
+        params[section]["num_workers"] = 1
+    return params
+
+
+def gpt2_params_hdf5(params: dict, s: Settings) -> dict:
+    """gpt2 of 1.6-1.8, which ship no fake data: their GptHDF5DataProcessor on small HDF5
+    files the harness writes (``gpt2_hdf5_data``), 64 tokens from a 1024-word vocabulary."""
+    params = gpt2_params_1x(params, s)
+    for section in ("train_input", "eval_input"):
+        params[section].update(data_processor="GptHDF5DataProcessor", max_sequence_length=64)
+        if "vocab_size" in params[section]:  # 1.6 names it in its input sections too
+            params[section]["vocab_size"] = 1024
+    params["model"].update(vocab_size=1024, max_position_embeddings=64)
+    return params
+
+
+def gpt2_hdf5_data(work: Path, params: dict, per_example: bool = False) -> dict:
+    """Writes the train and eval HDF5 files under ``work`` and points the config at them:
+    enough examples for every step (the processor's iterable ends with its files).
+    ``per_example``: 1.6's layout (one dataset per example)."""
+    sys.path.insert(0, str(ROOT / "tests" / "zoo"))
+    import synthetic_data
+
+    params = copy.deepcopy(params)
+    seq = params["train_input"]["max_sequence_length"]
+    vocab = params["model"]["vocab_size"]
+    for section, seed, batches in (("train_input", 0, Settings.steps),
+                                   ("eval_input", 1, Settings.eval_steps)):
+        examples = params[section]["batch_size"] * batches * 2
+        params[section]["data_dir"] = synthetic_data.write_gpt_hdf5(
+            work / "data" / section, vocab, seq, examples=examples, seed=seed,
+            per_example=per_example)
+    return params
+
+
+def float32_1x(params: dict) -> dict:
+    """The CPU config of a 1.x transformer: float32, and bfloat16 off (the 1.9 gpt2 defaults
+    ``use_bfloat16`` to True, which half-rounds even a float32 run's activations)."""
+    params = float32(params)
+    params["model"]["use_bfloat16"] = False
+    return params
+
+
+def flow(experimental_api: bool) -> Callable[[dict], dict]:
+    """The runconfig of a 1.8/1.9 flow: ``experimental_api`` picks the cstorch flow
+    (``run_cstorch_flow``) over the ``PyTorchBaseRunner`` one. 1.8's cstorch flow reads
+    ``transfer_processes``, which neither its command line nor its shipped configs set."""
+    def runconfig(params: dict) -> dict:
+        params = copy.deepcopy(params)
+        params["runconfig"].update(experimental_api=experimental_api, transfer_processes=None)
+        return params
+    return runconfig
+
+
+def fc_mnist_reference_eval(checkpoint: str, params: dict) -> float:
+    """The eval loss of a 1.x fc_mnist checkpoint, from eager torch written here: linear and
+    relu per hidden layer, a last linear, log-softmax and NLL on one fake eval batch (the
+    1.x fake data is zeros with label 0, every batch the same)."""
+    sys.path[0:0] = [str(ROOT), str(ROOT / "compat")]
+    import torch
+
+    import cstorch
+
+    state = cstorch.load(checkpoint)["model"]
+    state = {k.removeprefix("model."): torch.as_tensor(v) for k, v in state.items()}
+    x = torch.zeros(params["eval_input"]["batch_size"], 784)
+    layer = 0
+    while f"fc_layers.{layer}.weight" in state:
+        x = torch.relu(x @ state[f"fc_layers.{layer}.weight"].T
+                       + state[f"fc_layers.{layer}.bias"])
+        layer += 1
+    logits = x @ state["last_layer.weight"].T + state["last_layer.bias"]
+    return float(-torch.log_softmax(logits.double(), dim=1)[:, 0].mean())
+
+
 # ---------------------------------------------------------------------------------------------
 # Command lines.
 
@@ -134,6 +233,28 @@ def cli_2x(run_py: str, device: str, mode: str, params: str, model_dir: str,
            checkpoint: str | None) -> list[str]:
     """2.0 to 2.10: ``python run.py {CPU,CSX} --mode M --params P --model_dir D``."""
     argv = [run_py, device, "--mode", mode, "--params", params, "--model_dir", model_dir]
+    if checkpoint:
+        argv += ["--checkpoint_path", checkpoint]
+    return argv
+
+
+def cli_18(run_py: str, device: str, mode: str, params: str, model_dir: str,
+           checkpoint: str | None) -> list[str]:
+    """1.8: as 2.x, but CSX also names the execution strategy (``CSX weight_streaming``), and
+    runs with ``python -O``: 1.8's cstorch flow asserts its parameters are XLA device tensors
+    right after compiling, which the modeled wafer's host tensors are not."""
+    argv = cli_2x(run_py, device, mode, params, model_dir, checkpoint)
+    if device == "CSX":
+        argv = ["-O", argv[0], "CSX", "weight_streaming", *argv[2:]]
+    return argv
+
+
+def cli_17(run_py: str, device: str, mode: str, params: str, model_dir: str,
+           checkpoint: str | None) -> list[str]:
+    """1.6 and 1.7: no device word: CPU by default, ``--appliance`` for the appliance (weight
+    streaming on CSX)."""
+    argv = [run_py, *(["--appliance"] if device == "CSX" else []), "--params", params,
+            "--mode", mode, "--model_dir", model_dir]
     if checkpoint:
         argv += ["--checkpoint_path", checkpoint]
     return argv
@@ -173,6 +294,19 @@ def losses_2x(model_dir: Path, log: str) -> tuple[dict[int, float], float | None
     return train, (evals[-1] if evals else None)
 
 
+# 1.8's runner ends its eval with "Avg Eval. Loss = <value>" (1.6, 1.7 and 1.9 as 2.x does).
+_EVAL_LOSS_1X = re.compile(r"Avg Eval\.? Loss(?::| =) ([-+0-9.eEnaif]+)")
+
+
+def losses_1x(model_dir: Path, log: str) -> tuple[dict[int, float], float | None]:
+    """As ``losses_2x``, reading also the 1.x runners' forms of the eval summary line."""
+    train, eval_loss = losses_2x(model_dir, log)
+    if eval_loss is None:
+        found = _EVAL_LOSS_1X.findall(log)
+        eval_loss = float(found[-1]) if found else None
+    return train, eval_loss
+
+
 def checkpoints_2x(model_dir: Path) -> dict[int, str]:
     found = {}
     for path in glob.glob(str(model_dir / "checkpoint_*.mdl")):
@@ -191,6 +325,11 @@ class Model:
     run_py: str   # relative to the checkout
     config: str   # the shipped config it starts from, relative to the checkout
     build: Callable[[dict, Settings], dict]
+    cpu_params: Callable[[dict], dict] = float32  # the CPU runs' precision
+    # writes the data the config reads under the run's folder, where the zoo has no fake data
+    data: Callable[[Path, dict], dict] | None = None
+    # an independent eval loss of a checkpoint (eager torch written here), where there is one
+    reference_eval: Callable[[str, dict], float] | None = None
 
 
 @dataclasses.dataclass
@@ -206,6 +345,7 @@ class ReleaseLine:
     # separate processes (2.0/2.1: "sideband"), and the checkpoint's eval is then checked
     # against the same eval on the eager engine
     cpu_mode: str = "train_and_eval"
+    runconfig: Callable[[dict], dict] | None = None  # the line's own runconfig keys (1.x flows)
 
 
 def _src_2x(prefix: str, gpt2_dir: str) -> list[Model]:
@@ -217,6 +357,21 @@ def _src_2x(prefix: str, gpt2_dir: str) -> list[Model]:
     ]
 
 
+def _src_1x(fake_gpt2_data: bool, hdf5_per_example: bool = False) -> list[Model]:
+    """fc_mnist and gpt2 of a 1.x line; gpt2 on the zoo's DummyDataProcessor (1.9) or on
+    HDF5 files the harness writes (1.6-1.8; 1.6 reads one dataset per example)."""
+    gpt2_dir = "modelzoo/transformers/pytorch/gpt2"
+    gpt2 = Model("gpt2", f"{gpt2_dir}/run.py", f"{gpt2_dir}/configs/params_gpt2_small.yaml",
+                 gpt2_params_1x, cpu_params=float32_1x)
+    if not fake_gpt2_data:
+        gpt2 = dataclasses.replace(
+            gpt2, build=gpt2_params_hdf5,
+            data=functools.partial(gpt2_hdf5_data, per_example=hdf5_per_example))
+    return [Model("fc_mnist", "modelzoo/fc_mnist/pytorch/run.py",
+                  "modelzoo/fc_mnist/pytorch/configs/params.yaml", fc_mnist_params_1x,
+                  reference_eval=fc_mnist_reference_eval), gpt2]
+
+
 _SRC_22 = "src/cerebras/modelzoo"
 RELEASE_LINES: list[ReleaseLine] = [
     ReleaseLine("2.3", "Release_2.3.1", _src_2x(_SRC_22, f"{_SRC_22}/models/nlp/gpt2")),
@@ -224,6 +379,22 @@ RELEASE_LINES: list[ReleaseLine] = [
     ReleaseLine("2.1", "Release_2.1.1", _src_2x("modelzoo", "modelzoo/transformers/pytorch/gpt2"),
                 cpu_mode="train"),
     ReleaseLine("2.0", "Release_2.0.3", _src_2x("modelzoo", "modelzoo/transformers/pytorch/gpt2"),
+                cpu_mode="train"),
+    # 1.8 and 1.9 have two flows: cstorch (``runconfig.experimental_api``) and the
+    # PyTorchBaseRunner (on CSX the appliance runner over the 1.x lazy API); 1.6 and 1.7 have
+    # only the runner. Their CPU runs train only (eval from the checkpoint is checked against
+    # eager torch).
+    ReleaseLine("1.9", "Release_1.9.1", _src_1x(True), losses=losses_1x, cpu_mode="train",
+                runconfig=flow(True)),
+    ReleaseLine("1.9-runner", "Release_1.9.1", _src_1x(True), losses=losses_1x,
+                cpu_mode="train", runconfig=flow(False)),
+    ReleaseLine("1.8", "Release_1.8.0", _src_1x(False), cli=cli_18, losses=losses_1x,
+                cpu_mode="train", runconfig=flow(True)),
+    ReleaseLine("1.8-runner", "Release_1.8.0", _src_1x(False), cli=cli_18, losses=losses_1x,
+                cpu_mode="train", runconfig=flow(False)),
+    ReleaseLine("1.7", "R_1.7.1", _src_1x(False), cli=cli_17, losses=losses_1x,
+                cpu_mode="train"),
+    ReleaseLine("1.6", "R_1.6.1", _src_1x(False, hdf5_per_example=True), cli=cli_17, losses=losses_1x,
                 cpu_mode="train"),
 ]
 
@@ -395,17 +566,23 @@ def judge(runs: dict[str, dict], settings: Settings) -> dict:
         diff, _ = compare(csx["losses"], cpu["losses"])
         verdict["csx"] = ("ok" if diff <= CSX_TOLERANCE else "FAIL") + f" {diff:.1e}"
     if ev is not None and ev["rc"] == 0 and ev["eval_loss"] is not None:
-        reference = cpu["eval_loss"] if cpu else None
+        reference = ev.get("reference")
+        if reference is None and cpu:
+            reference = cpu["eval_loss"]
         if reference is None and runs.get("eval_eager"):
             reference = runs["eval_eager"]["eval_loss"]
         if reference is None:
             verdict["eval"] = f"ran {ev['eval_loss']:.5f} (no in-process eval to compare)"
         else:
             d = _relative(ev["eval_loss"], reference)
-            verdict["eval"] = ("ok" if d <= EAGER_TOLERANCE else "FAIL") + f" {d:.1e}"
+            on_csx = ev.get("from") == "csx"  # mixed precision against the float64 forward
+            verdict["eval"] = ("ok" if d <= (CSX_TOLERANCE if on_csx else EAGER_TOLERANCE)
+                               else "FAIL") + f" {d:.1e}" + (" (CSX)" if on_csx else "")
     else:
         verdict["eval"] = "FAIL"
-    if res is not None and res["rc"] == 0 and ok_train(cpu):
+    base = runs.get(res.get("from", "cpu")) if res else None  # the run it resumes
+    if res is not None and res["rc"] == 0 and ok_train(base):
+        cpu = base
         later = {s: v for s, v in cpu["losses"].items() if s > settings.checkpoint_steps}
         resumed = compare(res["losses"], later)
         starts = min(res["losses"], default=None)
@@ -419,7 +596,7 @@ def judge(runs: dict[str, dict], settings: Settings) -> dict:
                 f" {diff:.1e} (data restarts)"
         else:
             verdict["resume"] = ("ok" if resumed[0] <= EAGER_TOLERANCE else "FAIL") + \
-                f" {resumed[0]:.1e}"
+                f" {resumed[0]:.1e}" + (" (CSX)" if base is csx else "")
     else:
         verdict["resume"] = "FAIL"
     verdict["project_cstorch"] = all(r["project_cstorch"] for r in runs.values() if r)
@@ -436,8 +613,13 @@ def run_model(zoo_python: str, checkout_dir: Path, work: Path, line: ReleaseLine
         return dict(model=model.name, missing=f"{model.run_py} or {model.config} not in "
                     f"{line.tag}")
     params = model.build(yaml.safe_load(shipped.read_text()), settings)
+    if line.runconfig:
+        params = line.runconfig(params)
+    if model.data:
+        params = model.data(work, params)
     (work / "params_csx.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    (work / "params.yaml").write_text(yaml.safe_dump(float32(params), sort_keys=False))
+    cpu_params = model.cpu_params(params)
+    (work / "params.yaml").write_text(yaml.safe_dump(cpu_params, sort_keys=False))
     runs = {}
     start = time.monotonic()
     runs["cpu"] = run_one(zoo_python, checkout_dir, work, line, model, "cpu", "CPU",
@@ -446,23 +628,32 @@ def run_model(zoo_python: str, checkout_dir: Path, work: Path, line: ReleaseLine
                             line.cpu_mode, None)
     runs["csx"] = run_one(zoo_python, checkout_dir, work, line, model, "csx", "CSX", "train",
                           None)
-    checkpoints = runs["cpu"]["checkpoints"]
+    # Evaluation and resumption read the CPU run's checkpoints; where the CPU run cannot
+    # run at all (1.6's fc_mnist: outside the project), the CSX run's, on CSX.
+    source, device = "cpu", "CPU"
+    if not runs["cpu"]["checkpoints"] and runs["csx"]["checkpoints"]:
+        source, device = "csx", "CSX"
+    checkpoints = runs[source]["checkpoints"]
     if checkpoints:
-        # Evaluation and resumption read the CPU run's checkpoints: copy them first, as the
-        # runs start from clean model directories.
+        # copied first, as the runs start from clean model directories
         keep = work / "checkpoints"
         keep.mkdir(exist_ok=True)
         last = shutil.copy(checkpoints[max(checkpoints)], keep)
-        runs["eval"] = run_one(zoo_python, checkout_dir, work, line, model, "eval", "CPU",
+        runs["eval"] = run_one(zoo_python, checkout_dir, work, line, model, "eval", device,
                                "eval", last)
-        if line.cpu_mode != "train_and_eval":
+        runs["eval"]["from"] = source
+        if model.reference_eval:
+            runs["eval"]["reference"] = model.reference_eval(
+                last, cpu_params if source == "cpu" else params)
+        if line.cpu_mode != "train_and_eval" and not model.reference_eval:
             runs["eval_eager"] = run_one(zoo_python, checkout_dir, work, line, model,
                                          "eval_eager", "CPU", "eval", last)
         first = checkpoints.get(settings.checkpoint_steps)
         if first:
             first = shutil.copy(first, keep)
             runs["resume"] = run_one(zoo_python, checkout_dir, work, line, model, "resume",
-                                     "CPU", "train", first)
+                                     device, "train", first)
+            runs["resume"]["from"] = source
     verdict = judge(runs, settings)
     return dict(model=model.name, seconds=round(time.monotonic() - start, 1),
                 verdict=verdict, runs=runs, work=str(work))
@@ -548,7 +739,7 @@ def main(argv=None) -> int:
         for model in line.models:
             if models and model.name not in models:
                 continue
-            row = run_model(args.zoo_python, checkout_dir, work_root / line.tag / model.name,
+            row = run_model(args.zoo_python, checkout_dir, work_root / line.line / model.name,
                             line, model, settings)
             rows.append(dict(line=line.line, tag=line.tag, **row))
             print_table(rows[-1:])

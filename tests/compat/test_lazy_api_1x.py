@@ -53,8 +53,8 @@ class _PreinitializedSGD(torch.optim.SGD):
 class _ToyModel:
     """What the zoo's PyTorchBaseModel offers the runner: the module, optimizer, state."""
 
-    def __init__(self, cbtorch):
-        self.model = cbtorch.module(_model())
+    def __init__(self, cbtorch, make=None):
+        self.model = cbtorch.module((make or _model)())
         self.optimizer = cbtorch.optimizer(
             _PreinitializedSGD(self.model.parameters(), lr=0.1, momentum=0.9))
 
@@ -70,11 +70,11 @@ class _ToyApplianceRunner:
     """The 1.7 PyTorchCSAppliance pattern, reduced: every per-batch method acts only on the
     first batch; afterwards ``train_forward`` returns the appliance's loss."""
 
-    def __init__(self, cbtorch, model_dir):
+    def __init__(self, cbtorch, model_dir, make=None):
         from cerebras_pytorch.core import cb_model as cm
 
         self.cm, self.cbtorch, self.model_dir = cm, cbtorch, model_dir
-        self._model = _ToyModel(cbtorch)
+        self._model = _ToyModel(cbtorch, make)
         self._active_mode = "train"
         self._num_batches_processed = 0
         self._initial_state_file = None
@@ -174,6 +174,93 @@ def test_1x_names_resolve_as_the_zoo_imports_them():
         cbtorch.Session()
 
 
+def test_run_state_takes_the_compiler_hints_the_1x_transformers_set(tmp_path):
+    """1.6-1.8's gpt2/t5/bert write stack hints on ``cbtorch.state().full_config`` when they
+    build for a CS system; a field no release sets is refused with the known names."""
+    import cerebras_pytorch as cbtorch
+    from cerebras_appliance.pb.stack.autogen_pb2 import AP_DISABLED
+
+    cbtorch.initialize(service_workdir=str(tmp_path), appliance=True)
+    config = cbtorch.state().full_config
+    config.matching.kernel.inc_pwt_estimate = True
+    config.matching.kernel.enable_pipelined_mlm_loss = True
+    config.matching.autogen_policy = AP_DISABLED
+    assert config.matching.kernel.inc_pwt_estimate is True
+    assert config.matching.kernel.no_dcache_spill_splits is False  # the default, unset
+    with pytest.raises(AttributeError, match="inc_pwt_estimate"):
+        config.matching.kernel.made_up_hint = True
+
+
+def test_cm_device_is_a_torch_device_tensors_can_be_made_on(tmp_path, caplog):
+    """1.x's ``cm.device()`` was ``xm.xla_device()``, a torch device: the zoo's metrics make
+    their state with ``torch.tensor(0, device=cm.device())``. The log still names CSX."""
+    import logging
+
+    import cerebras_pytorch as cbtorch
+    from cerebras_pytorch.core import cb_model as cm
+
+    cbtorch.initialize(service_workdir=str(tmp_path), appliance=True)  # a CSX backend
+    assert cstorch.backend().device.type == "CSX"
+    assert isinstance(cm.device(), torch.device)
+    total = torch.tensor(0, dtype=torch.float32, device=cm.device())
+    assert float(total + torch.ones(()).to(cm.device())) == 1.0
+    with caplog.at_level(logging.INFO):
+        cm.print_update(cm.device(), 3, 0.5, "train")
+    assert "| Train Device=CSX, Step=3, Loss=0.50000" in caplog.text
+
+
+def test_run_state_knows_when_the_execution_loop_runs(tmp_path):
+    """The 1.x metrics (``CBMetric``) refuse to be created inside the execution loop: the
+    loop is the run's ``cbtorch.dataloader`` handing out batches, until it ends or stops."""
+    import cerebras_pytorch as cbtorch
+
+    cbtorch.initialize(service_workdir=str(tmp_path), appliance=True)
+    state = cbtorch.state()
+    loader = cbtorch.dataloader([torch.zeros(2), torch.ones(2)])
+    assert not state.is_inside_execution_loop
+    seen = []
+    for _ in loader:
+        seen.append(state.is_inside_execution_loop)
+    assert seen == [True, True] and not state.is_inside_execution_loop
+    for _ in loader:
+        break  # a runner leaving the loop early
+    import gc
+    gc.collect()
+    assert not state.is_inside_execution_loop
+
+
+def test_batches_keep_int32_and_losses_take_int32_targets_while_out(tmp_path):
+    """The 1.x zoo hands the device int32 ids and labels (1.9's gpt2 asserts int32); the 1.x
+    stack's losses took int32 targets. While a batch is out, nll_loss/cross_entropy widen an
+    int32 target; outside the loop torch's own rule holds."""
+    import cerebras_pytorch as cbtorch
+
+    cbtorch.initialize(service_workdir=str(tmp_path), appliance=True)
+    logits = torch.randn(4, 3)
+    labels = torch.tensor([0, 2, 1, 0], dtype=torch.int32)
+    expected = torch.nn.functional.cross_entropy(logits, labels.long())
+    for batch in cbtorch.dataloader([{"labels": labels, "x": torch.ones(2, dtype=torch.half)}]):
+        assert batch["labels"].dtype == torch.int32 and batch["x"].dtype == torch.float32
+        assert torch.equal(torch.nn.functional.cross_entropy(logits, batch["labels"]), expected)
+        assert torch.equal(torch.nn.NLLLoss()(logits.log_softmax(1), target=batch["labels"]),
+                           torch.nn.functional.nll_loss(logits.log_softmax(1), labels.long()))
+    with pytest.raises(RuntimeError, match="Long"):
+        torch.nn.functional.cross_entropy(logits, labels)
+
+
+def test_16_metrics_register_with_the_run(tmp_path):
+    """1.6's ``CBMetric`` reads ``cbtorch.env().appliance`` and registers itself with
+    ``cbtorch.state()`` when built for a CS system."""
+    import cerebras_pytorch as cbtorch
+
+    assert cbtorch.env().appliance is False
+    cbtorch.initialize(service_workdir=str(tmp_path), appliance=True)
+    assert cbtorch.env().appliance is True
+    metric = object()
+    cbtorch.state().register_metric(metric)
+    assert cbtorch.state().metrics == [metric]
+
+
 def test_1x_schedule_names_only_during_an_appliance_run(tmp_path):
     import cerebras_pytorch as cbtorch
 
@@ -247,15 +334,101 @@ def test_saver_writes_a_checkpoint_only_once_every_piece_arrived(tmp_path):
     assert cstorch.load(out)["model"]["w"].tolist() == [0.0, 1.0, 2.0]
 
 
-def test_a_changing_learning_rate_is_refused_before_anything_runs(tmp_path):
+class _ZooStyleSchedule(torch.optim.lr_scheduler.LambdaLR):
+    """Modelled on the 1.x Model Zoo's schedulers on a CS system: ``lr_function`` gives the
+    learning rate itself from a step tensor (the device's formula), and ``step()`` only
+    counts, leaving the host optimizer's value alone."""
+
+    def __init__(self, optimizer, rates):
+        self.rates = rates
+        super().__init__(optimizer, lr_lambda=self.lr_function)
+
+    def lr_function(self, step):
+        return torch.tensor(self.rates)[torch.clamp(torch.as_tensor(step), max=len(self.rates) - 1)]
+
+    def get_lr(self):
+        return [group["lr"] for group in self.optimizer.param_groups]
+
+
+def _eager_losses_scheduled(rates):
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    out = []
+    for step, (x, y) in enumerate(_batches(len(rates))):
+        opt.param_groups[0]["lr"] = rates[step]
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y.long())
+        loss.backward()
+        opt.step()
+        out.append(loss.item())
+    return out
+
+
+@pytest.mark.parametrize("kind", ["zoo", "lambda"])
+def test_a_learning_rate_schedule_is_followed_step_by_step(tmp_path, kind):
+    """The compiled step replays the traced iteration; the learning rate of every step
+    comes from the schedule (the zoo's ``lr_function``, or ``base_lr * lambda`` of a torch
+    LambdaLR), as in eager torch with that schedule."""
+    import cerebras_pytorch as cbtorch
+
+    rates = [0.3, 0.2, 0.1, 0.05, 0.0, 0.1]
+    cbtorch.initialize(service_workdir=str(tmp_path), appliance=True)
+    runner = _ToyApplianceRunner(cbtorch, str(tmp_path))
+    torch_opt = runner._model.optimizer._optimizer
+    if kind == "zoo":
+        runner._lr_scheduler = _ZooStyleSchedule(torch_opt, rates)
+    else:  # base lr 0.1
+        runner._lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
+            torch_opt, lambda step: rates[min(step, len(rates) - 1)] / 0.1)
+    runner.train(_batches(len(rates)), len(rates))
+    got = [runner.losses[s] for s in sorted(runner.losses)]
+    assert got == pytest.approx(_eager_losses_scheduled(rates), rel=2e-2, abs=1e-3)
+    # a constant rate would give other losses from step 2 on: the schedule mattered
+    assert got[4:] != pytest.approx(_eager_losses(len(rates))[0][4:], rel=2e-2)
+
+
+class _ScratchMaskModel(torch.nn.Module):
+    """Keeps a tensor it computes in ``forward`` as a plain attribute, as 1.6's gpt2 keeps
+    its causal mask (``self.auto_regressive_mask``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = _model()
+
+    def forward(self, x):
+        self.scale = torch.ones(x.shape[1]).cumsum(0) / x.shape[1]
+        return self.net(x * self.scale)
+
+
+def test_a_tensor_the_model_keeps_from_forward_is_scratch_of_the_step(tmp_path):
+    import cerebras_pytorch as cbtorch
+
+    cbtorch.initialize(service_workdir=str(tmp_path), appliance=True)
+    runner = _ToyApplianceRunner(cbtorch, str(tmp_path), make=_ScratchMaskModel)
+    runner.train(_batches(4), 4)
+    eager = _ScratchMaskModel()
+    opt = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
+    expected = []
+    for x, y in _batches(4):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(eager(x), y.long())
+        loss.backward()
+        opt.step()
+        expected.append(loss.item())
+    got = [runner.losses[s] for s in sorted(runner.losses)]
+    assert got == pytest.approx(expected, rel=2e-2, abs=1e-3)
+    # the attribute holds the first, eager iteration's value, a real tensor
+    assert torch.equal(runner._model.model.scale, torch.arange(1, 7) / 6)
+
+
+def test_a_scheduler_the_flow_cannot_follow_is_refused_before_anything_runs(tmp_path):
     import cerebras_pytorch as cbtorch
 
     cbtorch.initialize(service_workdir=str(tmp_path), appliance=True)
     runner = _ToyApplianceRunner(cbtorch, str(tmp_path))
-    runner._lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
-        runner._model.optimizer._optimizer, lambda step: 1.0 / (1 + step))
-    runner._total_steps = 10
-    with pytest.raises(NotImplementedError, match="learning rate schedule is not modeled"):
+    runner._lr_scheduler = torch.optim.lr_scheduler.StepLR(
+        runner._model.optimizer._optimizer, step_size=2)
+    with pytest.raises(NotImplementedError, match="StepLR is not one"):
         runner._appliance.compile(4, False)
 
 
@@ -303,6 +476,24 @@ def test_tensor_hyperparameters_become_constants_of_the_step(tmp_path):
     expected, _ = _eager_losses(4)
     assert [runner.losses[s] for s in range(1, 5)] == pytest.approx(expected, rel=2e-2)
     assert inner.param_groups[0]["lr"] == pytest.approx(0.1)
+
+
+def test_tensor_hyperparameters_in_a_tuple_become_numbers_too(tmp_path):
+    """1.8's AdamW keeps ``betas`` as a pair of 0-d tensors after loading its state (values
+    of the initial-state file, which a traced step must not read): numbers as well."""
+    import cerebras_pytorch as cbtorch
+    from cerebras_pytorch.lazy import appliance
+
+    cbtorch.initialize(service_workdir=str(tmp_path), appliance=True)
+    model = cbtorch.module(_model())
+    inner = torch.optim.AdamW(model.parameters(), lr=0.1)
+    cbtorch.optimizer(inner)
+    inner.param_groups[0].update(betas=(torch.tensor(0.5), torch.tensor(0.25)),
+                                 eps=torch.tensor(1e-8), name="decay")
+    appliance._hyperparameters_as_constants()
+    group = inner.param_groups[0]
+    assert group["betas"] == (0.5, 0.25) and type(group["betas"][0]) is float
+    assert group["eps"] == pytest.approx(1e-8) and group["name"] == "decay"
 
 
 def test_saver_takes_only_model_leaves_from_a_pretrained_checkpoint(tmp_path):

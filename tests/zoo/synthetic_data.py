@@ -202,6 +202,21 @@ def _lm_sample(rng, vocab: int, seq: int, n: int, pad_tail=True):
     return tokens[:, :-1], mask, tokens[:, 1:]
 
 
+def write_gpt_hdf5(folder, vocab: int, seq: int, examples=16, seed=0,
+                   per_example=False) -> str:
+    """GptHDF5DataProcessor input (Model Zoo 1.7 and later): ``data`` ``[N, 3, seq]`` (input
+    ids, attention mask, labels), ``n_examples`` attribute. ``per_example``: the 1.6 layout,
+    one ``example_<i>`` dataset ``[3, seq]`` per example."""
+    folder = _folder(folder)
+    rng = np.random.default_rng(seed)
+    data = np.stack(_lm_sample(rng, vocab, seq, examples), axis=1)
+    if per_example:
+        _h5(folder / "data-0.h5", examples, **{f"example_{i}": row for i, row in enumerate(data)})
+    else:
+        _h5(folder / "data-0.h5", examples, data=data)
+    return str(folder)
+
+
 def write_dpo_hdf5(folder, vocab: int, seq: int, examples=16, seed=0) -> str:
     """DpoHDF5DataProcessor input: ``data`` ``[N, 6, seq]`` (chosen ids, mask, labels,
     rejected ids, mask, labels), ``n_examples`` attribute."""

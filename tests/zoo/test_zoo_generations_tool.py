@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,3 +106,143 @@ def test_verdicts():
     assert tool.judge(runs, s)["resume"] == "ok 1.0e-03 (data restarts)"
     runs["resume"] = run({1: 2.0, 2: 1.9, 3: 1.8, 4: 1.7})  # started over: not a resume
     assert tool.judge(runs, s)["resume"].startswith("FAIL")
+
+
+def test_1x_command_lines():
+    tool = _tool()
+    lines = {line.line: line for line in tool.RELEASE_LINES}
+    args = ("run.py", "CSX", "train", "p.yaml", "md", None)
+    # 1.9: the 2.x command; 1.8: CSX names the strategy and runs with -O; 1.6/1.7: --appliance
+    assert lines["1.9"].cli(*args) == ["run.py", "CSX", "--mode", "train", "--params", "p.yaml",
+                                       "--model_dir", "md"]
+    assert lines["1.8"].cli(*args) == ["-O", "run.py", "CSX", "weight_streaming", "--mode",
+                                       "train", "--params", "p.yaml", "--model_dir", "md"]
+    assert lines["1.8"].cli("run.py", "CPU", "eval", "p.yaml", "md", "c.mdl") == \
+        ["run.py", "CPU", "--mode", "eval", "--params", "p.yaml", "--model_dir", "md",
+         "--checkpoint_path", "c.mdl"]
+    for name in ("1.7", "1.6"):
+        assert lines[name].cli(*args) == ["run.py", "--appliance", "--params", "p.yaml",
+                                          "--mode", "train", "--model_dir", "md"]
+        assert lines[name].cli("run.py", "CPU", "eval", "p.yaml", "md", "c.mdl") == \
+            ["run.py", "--params", "p.yaml", "--mode", "eval", "--model_dir", "md",
+             "--checkpoint_path", "c.mdl"]
+    # the 1.8/1.9 flows are picked by the runconfig; 1.6/1.7 have only the runner
+    rc = {"runconfig": {}}
+    assert lines["1.9"].runconfig(rc)["runconfig"]["experimental_api"] is True
+    assert lines["1.8-runner"].runconfig(rc)["runconfig"] == {"experimental_api": False,
+                                                              "transfer_processes": None}
+    assert lines["1.7"].runconfig is None and rc == {"runconfig": {}}
+
+
+def test_1x_log_losses(tmp_path):
+    """The 1.x runners' log lines (lower-case device, ``Time=``; ``INFO:`` without a date on
+    the appliance) and their eval summary."""
+    tool = _tool()
+    log = ("2026-11-27 08:51:02,451 INFO:   | Train Device=cpu, Step=1, Loss=2.53246, "
+           "Time=08:51:02\n"
+           "INFO:   | Train Device=CSX, Step=2, Loss=2.51953, Time=08:52:23\n"
+           "2026-11-27 08:47:21,327 INFO:   | Eval Device=cpu, Step=1, Loss=1.05230, "
+           "Time=08:47:21\n"
+           "2026-11-27 08:47:21,379 INFO:   Avg Eval Loss: 1.0522966384887695\n")
+    lines = {line.line: line for line in tool.RELEASE_LINES}
+    for name in ("1.9", "1.9-runner", "1.8", "1.8-runner", "1.7", "1.6"):
+        losses, eval_loss = lines[name].losses(tmp_path, log)
+        assert losses == {1: 2.53246, 2: 2.51953} and eval_loss == 1.0522966384887695
+    # 1.8's runner writes its eval summary its own way
+    summary = "2026-11-27 11:30:22,896 INFO:   Avg Eval. Loss = 1.0522966384887695\n"
+    assert lines["1.8"].losses(tmp_path, summary) == ({}, 1.0522966384887695)
+    assert tool.losses_2x(tmp_path, summary) == ({}, None)
+
+
+def test_1x_configs(tmp_path):
+    tool = _tool()
+    shipped = {"train_input": {"data_dir": "x", "batch_size": 112, "shuffle": True,
+                               "num_workers": 8, "prefetch_factor": 10},
+               "eval_input": {"data_dir": "y", "batch_size": 112, "num_workers": 8},
+               "model": {"hidden_size": 768, "num_hidden_layers": 12, "mixed_precision": True},
+               "optimizer": {"learning_rate": [{"scheduler": "Linear", "alpha": 0.1}]},
+               "runconfig": {"max_steps": 151600}}
+    dummy = tool.gpt2_params_1x(shipped, tool.Settings())
+    # torch 2 refuses the 1.x processors' prefetch_factor without workers: one worker
+    assert dummy["train_input"]["num_workers"] == 1 == dummy["eval_input"]["num_workers"]
+    assert dummy["train_input"]["data_processor"] == "DummyDataProcessor"
+    cpu = tool.float32_1x(dummy)
+    assert cpu["model"]["use_bfloat16"] is False and cpu["model"]["mixed_precision"] is False
+    assert "use_bfloat16" not in dummy["model"]
+
+    hdf5 = tool.gpt2_params_hdf5(shipped, tool.Settings())
+    hdf5 = tool.gpt2_hdf5_data(tmp_path, hdf5)
+    import h5py
+    for section, batches in (("train_input", 20), ("eval_input", 5)):
+        inp = hdf5[section]
+        assert inp["data_processor"] == "GptHDF5DataProcessor"
+        files = sorted(Path(inp["data_dir"]).glob("*.h5"))
+        assert len(files) == 1
+        with h5py.File(files[0]) as f:
+            data = f["data"][:]
+            # every step's batch is there; ids inside the model's vocabulary, labels = next ids
+            assert f.attrs["n_examples"] == len(data) >= inp["batch_size"] * batches
+            assert data.shape[1:] == (3, inp["max_sequence_length"])
+            assert 0 <= data[:, 0].min() and data[:, 0].max() < hdf5["model"]["vocab_size"]
+            assert (data[:, 0, 1:] == data[:, 2, :-1]).all()
+    # 1.6 reads one dataset per example: the same examples
+    lines = {line.line: line for line in tool.RELEASE_LINES}
+    gpt2_16 = next(m for m in lines["1.6"].models if m.name == "gpt2")
+    old = gpt2_16.data(tmp_path / "16", tool.gpt2_params_hdf5(shipped, tool.Settings()))
+    with h5py.File(next(Path(old["train_input"]["data_dir"]).glob("*.h5"))) as f:
+        assert f.attrs["n_examples"] == len(data_train := [f[f"example_{i}"][:]
+                                                          for i in range(f.attrs["n_examples"])])
+        assert data_train[0].shape == (3, 64)
+    with h5py.File(next(Path(hdf5["train_input"]["data_dir"]).glob("*.h5"))) as f:
+        assert (f["data"][:] == np.stack(data_train)).all()
+
+
+def test_fc_mnist_reference_eval_is_the_models_loss(tmp_path):
+    """The eager forward written in the harness equals torch's own modules on the fake
+    batch (zeros, label 0), from a checkpoint in cstorch's format."""
+    sys.path[0:0] = [str(ROOT), str(ROOT / "compat")]
+    import torch
+
+    import cstorch
+
+    tool = _tool()
+    torch.manual_seed(0)
+    hidden = [torch.nn.Linear(784, 16), torch.nn.Linear(16, 16)]
+    last = torch.nn.Linear(16, 10)
+    for layer in [*hidden, last]:
+        torch.nn.init.normal_(layer.bias)  # zeros in, so the biases carry the loss
+    state = {f"model.fc_layers.{i}.{k}": v for i, layer in enumerate(hidden)
+             for k, v in layer.state_dict().items()}
+    state.update({f"model.last_layer.{k}": v for k, v in last.state_dict().items()})
+    cstorch.save({"model": state}, str(tmp_path / "checkpoint_20.mdl"))
+    with torch.no_grad():
+        x = torch.zeros(8, 784)
+        for layer in hidden:
+            x = torch.relu(layer(x))
+        expected = torch.nn.functional.cross_entropy(last(x), torch.zeros(8, dtype=torch.long))
+    got = tool.fc_mnist_reference_eval(str(tmp_path / "checkpoint_20.mdl"),
+                                       {"eval_input": {"batch_size": 8}})
+    assert got == pytest.approx(float(expected), rel=1e-6)
+
+
+def test_verdicts_when_only_csx_runs():
+    """Where the CPU run cannot run (1.6's fc_mnist needs torchvision and MNIST), eval and
+    resume read the CSX run's checkpoints: eval is judged at CSX tolerance against the
+    reference forward, resume against the CSX curve."""
+    tool = _tool()
+    s = tool.Settings(steps=4, checkpoint_steps=2)
+    curve = {1: 2.0, 2: 1.9, 3: 1.8, 4: 1.7}
+
+    def run(losses, eval_loss=None, rc=0, **extra):
+        return dict(rc=rc, losses=losses, eval_loss=eval_loss, error=None,
+                    project_cstorch=True, **extra)
+
+    runs = {"cpu": run({}, rc=1), "eager": run({}, rc=1), "csx": run(curve),
+            "eval": run({}, 1.6 * (1 + 5e-4), reference=1.6, **{"from": "csx"}),
+            "resume": run({3: 1.8, 4: 1.7}, **{"from": "csx"})}
+    verdict = tool.judge(runs, s)
+    assert verdict["cpu"] == "FAIL" and verdict["csx"] == "ok"
+    assert verdict["eval"] == "ok 5.0e-04 (CSX)"
+    assert verdict["resume"] == "ok 0.0e+00 (CSX)"
+    runs["eval"]["eval_loss"] = 1.6 * 1.05
+    assert tool.judge(runs, s)["eval"].startswith("FAIL")

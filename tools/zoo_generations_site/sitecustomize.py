@@ -6,7 +6,12 @@ leads ``PYTHONPATH``); the zoo's own code and command line are untouched.
   no Cerebras software falls back to plain torch in some releases).
 * numpy 2 removed ``np.cast``, which the zoo's dummy GPT data calls (``np.cast["int32"]``);
   it is given back (numpy 2 is what JAX requires).
+* ``importlib.util`` is imported: the 1.7/1.8 zoo's ``modelzoo/__init__.py`` calls
+  ``importlib.util.find_spec`` after only ``import importlib``, which works only where
+  something imported ``importlib.util`` earlier at startup (tests/zoo/GENERATIONS_1x.md).
 """
+
+import importlib.util  # noqa: F401 (see the module doc)
 
 import atexit
 import json

@@ -22,6 +22,7 @@ class Run:
     state_names: dict = dataclasses.field(default_factory=dict)
     appliance_mode: object = None         # the ApplianceMode of the run, once created
     dataloader: object = None             # the cbtorch.dataloader being iterated
+    in_execution_loop: bool = False       # while that loader hands out batches
     run_state: object = None              # cbtorch.state(), once asked for
 
 

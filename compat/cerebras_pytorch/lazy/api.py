@@ -30,6 +30,12 @@ class _Env:
         self.compile_only = False
 
     @property
+    def appliance(self) -> bool:
+        """Whether the run is on the appliance (``initialize(appliance=True)``; 1.6's
+        metrics read it)."""
+        return _run.current().appliance
+
+    @property
     def weight_streaming_mode(self) -> bool:
         return _run.current().weight_streaming
 

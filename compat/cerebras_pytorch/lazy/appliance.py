@@ -34,6 +34,7 @@ import torch
 
 import cstorch
 
+from cerebras_appliance.pb.stack.full_pb2 import FullConfig
 from cerebras_pytorch.lazy import _run
 
 _STEP_METHODS = ("optimizer_zero_grad", "train_forward", "backward", "optimizer_step",
@@ -70,16 +71,28 @@ class RunState:
         self.init_tracker = Tracker()
         self.progress_tracker = None  # 1.9's initialization progress bar: none shown here
         self.rate_tracker = None
-        self.full_config = None
+        # the stack's configuration: the zoo's models set compiler hints on it (read by
+        # nothing here), so it is a message to write to, as on a Cerebras install
+        self.full_config = FullConfig()
         self.outputs = []
         self.num_csx = 1
         self.mixed_precision = False  # 1.6's eval reads it; amp state is not device state
         self.metrics = []
 
     @property
+    def is_inside_execution_loop(self) -> bool:
+        """Whether the run's ``cbtorch.dataloader`` is handing out batches (the 1.x metrics
+        must be created before)."""
+        return _run.current().in_execution_loop
+
+    @property
     def modules(self):
         """The modules registered with ``cbtorch.module`` (1.6's eval names their state)."""
         return list(_run.current().modules)
+
+    def register_metric(self, metric) -> None:
+        """1.6's metrics register themselves with the run when built for a CS system."""
+        self.metrics.append(metric)
 
     def set_num_csx(self, num_csx) -> None:
         if num_csx not in (None, 1):
@@ -106,23 +119,88 @@ def run_state() -> RunState:
     return run.run_state
 
 
-def _require_constant_learning_rate(runner) -> None:
-    """The traced step keeps the learning rate its optimizer read when it was traced; the
-    zoo's host schedule (a ``LambdaLR``) cannot change it later. So a schedule must be
-    constant over the run, which is checked here, before anything runs."""
-    scheduler = getattr(runner, "_lr_scheduler", None)
-    lambdas = getattr(scheduler, "lr_lambdas", None) or []
-    total = int(getattr(runner, "_total_steps", None) or 1)
-    for group, fn in enumerate(lambdas):
-        # the zoo's functions take the step as a tensor on a system (1.9 reads its .device)
-        values = {float(fn(torch.tensor(step))) for step in sorted({0, 1, total // 2, total})}
-        if len(values) > 1:
+class _LearningRates:
+    """The run's learning-rate schedule, fed to the compiled step as an input.
+
+    On a CS system the 1.x stack computed each step's learning rate on the device from the
+    step counter (the ``cbtorch.optim.lr_scheduler`` classes the zoo configures), and the
+    zoo's host scheduler leaves the optimizer's value alone. Here the compiled step takes
+    each param group's learning rate as an input, computed on the host per step by the
+    zoo's own schedule function (``lr_function``: the device schedule's formula, torch ops
+    on a step tensor; a torch ``LambdaLR``: ``base_lr * lambda(step)``), at the run's
+    global step: the step counter the scheduler holds when the run starts (0, or the
+    resumed checkpoint's step) plus the steps run since, as on the CPU."""
+
+    def __init__(self, runner):
+        self.scheduler = getattr(runner, "_lr_scheduler", None)
+        self.functions = []
+        if self.scheduler is None:
+            return
+        groups = self.scheduler.optimizer.param_groups
+        if callable(getattr(self.scheduler, "lr_function", None)):  # the zoo's schedulers
+            self.functions = [self.scheduler.lr_function] * len(groups)
+        elif isinstance(self.scheduler, torch.optim.lr_scheduler.LambdaLR):
+            self.functions = [lambda step, f=f, base=base: base * f(step)
+                              for f, base in zip(self.scheduler.lr_lambdas,
+                                                 self.scheduler.base_lrs)]
+        else:
             raise NotImplementedError(
-                f"The learning rate of param group {group} changes during the run "
-                f"({sorted(values)}): a learning rate schedule is not modeled in the 1.x lazy "
-                "appliance flow (its compiled step keeps the first step's value). Use a "
-                "constant learning rate, or the cstorch flow (runconfig.experimental_api: "
-                "True in releases 1.8/1.9), which schedules it.")
+                f"The learning-rate scheduler {type(self.scheduler).__name__} is not one the "
+                "1.x lazy appliance flow can follow (the Model Zoo's schedulers, with their "
+                "lr_function, or a torch LambdaLR). Use one of those, or the cstorch flow "
+                "(runconfig.experimental_api: True in releases 1.8/1.9).")
+        self.start = 0
+
+    def begin(self) -> None:
+        """The run starts: its first step takes the schedule at the scheduler's step."""
+        if self.functions:
+            self.start = max(int(self.scheduler.last_epoch), 0)
+
+    def at(self, steps_run: int):
+        """Each param group's learning rate for the run's ``steps_run``-th step (0-based)."""
+        if not self.functions:
+            return None
+        step = torch.tensor(self.start + steps_run)
+        return torch.tensor([float(f(step)) for f in self.functions], dtype=torch.float32)
+
+    def apply(self, rates) -> list:
+        """Inside the traced step: the param groups read ``rates``; returns the values to
+        put back once traced (the host keeps its Python numbers)."""
+        if rates is None:
+            return []
+        groups = self.scheduler.optimizer.param_groups
+        before = [group["lr"] for group in groups]
+        for i, group in enumerate(groups):
+            group["lr"] = rates[i]
+        return before
+
+    def restore(self, before) -> None:
+        for group, value in zip(self.scheduler.optimizer.param_groups if before else [],
+                                before):
+            group["lr"] = value
+
+
+@contextlib.contextmanager
+def _scratch_tensor_attributes():
+    """A model that keeps a tensor it computes in ``forward`` as a plain attribute (1.6's
+    gpt2: ``self.auto_regressive_mask``) leaves a tensor of the trace on the module, which
+    has no value after it. On the 1.x stack that was a lazy tensor, recomputed every step
+    and read by nothing else: the step's scratch. The attributes a step sets are put back
+    to what they were (or removed) once the step is traced; parameters, buffers and
+    attributes that are not tensors are left alone."""
+    modules = [m for model in _run.current().modules for m in model.modules()]
+    before = [{k: v for k, v in vars(m).items() if isinstance(v, torch.Tensor)}
+              for m in modules]
+    try:
+        yield
+    finally:
+        for module, kept in zip(modules, before):
+            for key, value in list(vars(module).items()):
+                if isinstance(value, torch.Tensor) and kept.get(key) is not value:
+                    if key in kept:
+                        object.__setattr__(module, key, kept[key])
+                    else:
+                        delattr(module, key)
 
 
 def _batch_size(batch) -> int:
@@ -136,14 +214,21 @@ def _batch_size(batch) -> int:
 def _hyperparameters_as_constants() -> None:
     """The 1.8/1.9 zoo optimizers turn their param groups' numbers into 0-d tensors (device
     values on a CS system) and read some in Python (``if nesterov:``), which a lazy XLA
-    tensor allowed at a cost and a traced step here cannot. The learning rate and every
-    other hyperparameter are constant over a run in this flow (the appliance checks the
-    schedule), so they go back to Python numbers: constants of the compiled step."""
+    tensor allowed at a cost and a traced step here cannot. Every hyperparameter is
+    constant over a run in this flow but the learning rate, which the step takes as an input
+    where it is scheduled (``_LearningRates``), so they go back to Python numbers."""
+    def as_number(value):
+        if isinstance(value, torch.Tensor) and value.dim() == 0:
+            return value.item()
+        if isinstance(value, (tuple, list)):  # AdamW's betas: a pair of 0-d tensors
+            return type(value)(as_number(v) for v in value)
+        return value
+
     for wrapper in _run.current().optimizers:
         for group in wrapper.param_groups:
             for key, value in list(group.items()):
-                if key != "params" and isinstance(value, torch.Tensor) and value.dim() == 0:
-                    group[key] = value.item()
+                if key != "params":
+                    group[key] = as_number(value)
 
 
 class _SameName(dict):
@@ -186,6 +271,7 @@ class ApplianceMode:
         self.throughput = RateTracker()  # samples/s of the steps run (cm._extract_tracker_details)
         self.last_batch_size = 0
         self._step = None
+        self._rates = None  # the training run's learning-rate schedule (compile)
         self._steps_run = 0
         self.last_loss = None
         _run.current().appliance_mode = self
@@ -195,26 +281,31 @@ class ApplianceMode:
         """Makes the runner's per-batch methods one compiled step (traced on first use)."""
         runner = self._runner
         training = runner._active_mode != "eval"
-        if training:
-            _require_constant_learning_rate(runner)
+        self._rates = _LearningRates(runner) if training else None
 
         if training:
+            rates_of_run = self._rates
+
             @cstorch.trace
-            def step(batch):
-                runner.optimizer_zero_grad()
-                loss = runner.train_forward(batch)
-                runner.backward(loss)
-                runner.optimizer_step()
-                if hasattr(runner, "lr_scheduler_step"):  # 1.6 steps it in optimizer_step
-                    runner.lr_scheduler_step()
+            def step(batch, rates=None):
+                with _scratch_tensor_attributes():
+                    runner.optimizer_zero_grad()
+                    loss = runner.train_forward(batch)
+                    runner.backward(loss)
+                    before = rates_of_run.apply(rates)
+                    runner.optimizer_step()
+                    if hasattr(runner, "lr_scheduler_step"):  # 1.6: in optimizer_step
+                        runner.lr_scheduler_step()
+                    rates_of_run.restore(before)
                 return loss
         else:
             @cstorch.trace
             @torch.no_grad()
-            def step(batch):
+            def step(batch, rates=None):
                 from cerebras_pytorch.lazy.outputs import extract_loss
 
-                return extract_loss(runner.eval_forward(batch))
+                with _scratch_tensor_attributes():
+                    return extract_loss(runner.eval_forward(batch))
         self._step = step
 
     def execute(self, *args, initial_checkpoint_file=None, **kwargs) -> None:
@@ -235,6 +326,8 @@ class ApplianceMode:
                              "(initial_checkpoint_file).")
         self._runner._model.set_state(state)
         _hyperparameters_as_constants()
+        if self._rates is not None:
+            self._rates.begin()
         self._steps_run = 0
 
     def receive_activations(self, step_index: int, *args, **kwargs) -> dict:
@@ -246,7 +339,8 @@ class ApplianceMode:
             if loader is None or loader.current_batch is None:
                 raise RuntimeError("receive_activations: no batch was handed out by a "
                                    "cbtorch.dataloader in this run.")
-            loss = self._step(loader.current_batch)
+            rates = self._rates.at(self._steps_run) if self._rates is not None else None
+            loss = self._step(loader.current_batch, rates)
             self.last_batch_size = _batch_size(loader.current_batch)
             self.throughput.add(self.last_batch_size)
             impl = cstorch.backend()._impl

@@ -91,9 +91,11 @@ def set_rng_state(seed) -> None:
 
 
 def device():
-    """The device tensors of the run live on: the modeled wafer's (host memory)."""
+    """The torch device the run's tensors live on, as 1.x's ``xm.xla_device()`` was a torch
+    device: the zoo creates tensors on it (``torch.tensor(0, device=cm.device())`` in its
+    metrics). The modeled wafer keeps its tensors in host memory: the CPU."""
     backend = cstorch.backend()
-    return backend.device if backend is not None else torch.device("cpu")
+    return backend.device.torch_device if backend is not None else torch.device("cpu")
 
 
 def to_cpu(tensor):
@@ -162,6 +164,8 @@ def mark_step() -> None:
 
 # ------------------------------------------------------------------ logging, summaries
 def print_update(device, step, loss, mode, summary_writer=None, **kwargs) -> None:
+    if _run.current().appliance:  # the device is the host's; the run is the wafer's
+        device = "CSX"
     logging.info(f"| {mode.capitalize()} Device={device}, Step={step}, Loss={loss:.5f}, "
                  f"Time={time.strftime('%H:%M:%S')}")
     if summary_writer is not None:

@@ -6,13 +6,11 @@ wrapped optimizer's (``_optimizer``), registered with the backend so its state (
 buffers, ...) is carried between compiled steps.
 
 The 1.x learning-rate classes (``Constant``, ``Polynomial``, ...) described a schedule the
-Cerebras stack computed on the device from the step; the zoo's own ``LambdaLR`` sets the
-Python learning rate on the host. A compiled step here replays the ops of the traced
-iteration, so a learning rate that changes between steps would be frozen at its traced
-value: the 1.x classes here only record their arguments (``cbtorch.optim`` offers them
-during a 1.x appliance run, ``optim_view``), and the appliance refuses a run
-whose schedule is not constant (``appliance._require_constant_learning_rate``), naming the
-flow that schedules learning rates (the cstorch API, ``runconfig.experimental_api: True``).
+Cerebras stack computed on the device from the step; the zoo's own scheduler leaves the
+host's learning rate alone there. The classes here only record their arguments
+(``cbtorch.optim`` offers them during a 1.x appliance run, ``optim_view``): the appliance
+feeds the compiled step each step's learning rate from the zoo's own schedule function
+(``appliance._LearningRates``).
 """
 
 from __future__ import annotations
