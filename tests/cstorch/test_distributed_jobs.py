@@ -17,6 +17,8 @@ import pytest
 
 from cstorch.distributed import launch
 
+pytestmark = [pytest.mark.slow, pytest.mark.core]  # multi-process jobs
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PYTHON = sys.executable
 DRIVER = os.path.join(ROOT, "tests", "cstorch", "distributed_run.py")

@@ -18,6 +18,8 @@ import pytest
 
 from tests.graph_cache_entries import first_node, rewrite_entry
 
+pytestmark = [pytest.mark.slow, pytest.mark.core]  # fresh Python processes
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 PRELUDE = """

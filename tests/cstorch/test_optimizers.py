@@ -173,6 +173,7 @@ def _muon_reference(params, grads_seq, lr, weight_decay, momentum, nesterov, ns_
     return [np.asarray(p) for p in ps]
 
 
+@pytest.mark.slow
 def test_muon_traced_matches_the_pure_rule_and_survives_a_checkpoint(cpu_backend, tmp_path):
     model = Affine(with_bias=False)
     optimizer = cstorch.optim.Muon(model.parameters(), lr=0.02, momentum=0.9, ns_steps=3)
@@ -510,6 +511,7 @@ class HalvingLR(lr_scheduler.LRScheduler):
         return torch.pow(0.5, halvings) * self.initial_learning_rate
 
 
+@pytest.mark.slow
 def test_user_optimizer_and_scheduler_traced_match_eager(cpu_backend):
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)
@@ -564,6 +566,7 @@ def test_optimizer_needs_preinitialize_and_step():
 
 
 # ------------------------------------------------------------------ with schedulers
+@pytest.mark.slow
 def test_scheduled_training_survives_a_checkpoint(cpu_backend, tmp_path):
     """AdamW with a scheduled lr (warm-up then cosine) and a scheduled weight decay: the state
     of model, optimizer and both schedulers restores into fresh objects, and training goes on

@@ -20,6 +20,8 @@ from cstorch.parity.compare import (compare_closures, compare_state, first_diver
                                     relative_difference, within)
 from tests import eager_reference as ref
 
+pytestmark = pytest.mark.core
+
 FIXTURE = os.path.join(os.path.dirname(__file__), "..", "data", "parity", "tiny_train.py")
 
 
@@ -69,6 +71,7 @@ def _eager_torch_reference(batches, lr=1e-2):
     return losses, model.state_dict()
 
 
+@pytest.mark.slow
 def test_eager_engine_is_eager_torch():
     losses, params, step, batches = _train("eager")
     assert step.trace_count == 0  # nothing was captured or compiled
@@ -78,6 +81,7 @@ def test_eager_engine_is_eager_torch():
         torch.testing.assert_close(params[name], value, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_eager_and_jax_engines_agree():
     eager_losses, eager_params, _, _ = _train("eager")
     cstorch.backend._reset_for_tests()
@@ -212,6 +216,7 @@ def _parity(*args):
                            FIXTURE, *args], capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_parity_command_passes_on_agreeing_engines():
     result = _parity("--steps", "5")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -224,6 +229,7 @@ def test_parity_command_passes_on_agreeing_engines():
         assert float(rel) <= 1e-4
 
 
+@pytest.mark.slow
 def test_parity_command_names_first_diverging_step():
     result = _parity("--steps", "5", "--perturb-step", "3")
     assert result.returncode == 1, result.stdout + result.stderr
@@ -231,6 +237,7 @@ def test_parity_command_names_first_diverging_step():
     assert "PARITY FAILED" in result.stdout
 
 
+@pytest.mark.slow
 def test_parity_command_reports_a_failing_engine(tmp_path):
     script = tmp_path / "broken.py"
     script.write_text("raise RuntimeError('boom in the script')\n")
@@ -240,6 +247,7 @@ def test_parity_command_reports_a_failing_engine(tmp_path):
     assert "the eager run failed" in result.stderr and "boom in the script" in result.stderr
 
 
+@pytest.mark.slow
 def test_a_script_saving_to_a_fixed_path_runs_twice_and_under_parity(tmp_path):
     # cstorch.save overwrites like torch.save, and each engine gets its own working directory
     # (the second engine must not find, resume from or collide with the first one's files).
@@ -260,6 +268,7 @@ def test_a_script_saving_to_a_fixed_path_runs_twice_and_under_parity(tmp_path):
     assert "RuntimeWarning" not in result.stderr  # (runpy's, about cstorch.parity.record)
 
 
+@pytest.mark.slow
 def test_parity_names_random_ops_and_unzeroed_gradients():
     result = _parity("--steps", "3", "--dropout", "0.5", "--no-zero-grad")
     assert result.returncode == 1, result.stdout + result.stderr
@@ -270,6 +279,7 @@ def test_parity_names_random_ops_and_unzeroed_gradients():
     assert "likely cause: the step does not zero its gradients" in out
 
 
+@pytest.mark.slow
 def test_parity_tolerances_follow_the_precision():
     result = _parity("--steps", "3", "--precision", "bfloat16")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -346,6 +356,7 @@ def _parity_of_the_cnn(*args):
                            CNN, *args], capture_output=True, text=True, timeout=900, env=env)
 
 
+@pytest.mark.slow
 def test_parity_passes_a_cnn_whose_bias_before_batchnorm_follows_rounding_noise():
     """A conv bias before BatchNorm has a zero gradient in exact arithmetic: Adam turns its
     rounding noise into full-size moments that no engine reproduces (eager vs eager with one
@@ -363,6 +374,7 @@ def test_parity_passes_a_cnn_whose_bias_before_batchnorm_follows_rounding_noise(
     assert len(losses) == 8 and all(float(line[4]) <= 1e-6 for line in losses)
 
 
+@pytest.mark.slow
 def test_parity_still_fails_a_wrong_lowering_in_that_cnn():
     result = _parity_of_the_cnn("--wrong-lowering")
     out = result.stdout

@@ -137,6 +137,7 @@ def test_torch_optimizer_matches_eager_step_by_step(name, backend_kind):
 
 
 @pytest.mark.parametrize("name", ["SGD-momentum", "AdamW", "Adagrad", "RMSprop"])
+@pytest.mark.slow
 def test_checkpoint_and_resume_equal_eager(name, tmp_path):
     """Two compiled steps, ``cstorch.save`` of model and optimizer, a fresh backend that
     loads them and runs two more: eager torch's four steps."""
@@ -369,6 +370,7 @@ def test_foreach_ops_are_decomposed_per_tensor_and_match_eager():
     torch.testing.assert_close(model.b, eager.b, **TOL)
 
 
+@pytest.mark.slow
 def test_export_needs_the_first_step_to_have_run(tmp_path):
     """The first step's program creates the optimizer state; export takes the program of
     every later step, whose state exists only once the first step ran."""
@@ -405,6 +407,7 @@ def _multidevice_main():
     print("RESULT ok")
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_torch_optimizers_on_several_csx_devices_match_eager():
     import os

@@ -197,6 +197,7 @@ ONE_PER_OPTIMIZER = list({name: (name, kwargs) for name, kwargs in reversed(ALL_
 
 
 @pytest.mark.parametrize("name,kwargs", ONE_PER_OPTIMIZER, ids=map(_case_id, ONE_PER_OPTIMIZER))
+@pytest.mark.slow
 def test_inject_hyperparams_with_scheduled_learning_rate(name, kwargs):
     lr0 = kwargs["learning_rate"]
     sched = schedules.linear(lr0, lr0 / 10, total_iters=3)
@@ -365,6 +366,7 @@ def _torch_muon(params, grads_seq, lr, weight_decay, momentum, nesterov, ns_step
 
 
 @pytest.mark.parametrize("nesterov,ns_steps", [(True, 5), (False, 3)])
+@pytest.mark.slow
 def test_muon_against_reference_formula(nesterov, ns_steps):
     rs = np.random.RandomState(0)
     shapes = [(4, 3), (6, 9), (2, 3, 2, 2), (3, 4, 5)]
@@ -386,6 +388,7 @@ def test_muon_against_reference_formula(nesterov, ns_steps):
         np.testing.assert_allclose(np.asarray(b), w, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_newton_schulz_orthogonalises():
     g = jax.random.normal(jax.random.PRNGKey(0), (16, 8))
     o = np.asarray(jax.jit(optimizers.newton_schulz5)(g), np.float32)

@@ -214,6 +214,7 @@ def test_polynomial_cycle_follows_keras(power):
         np.testing.assert_allclose([float(linear(int(k))) for k in t], got, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_lambda_applies_initial_once():
     t = np.arange(20)
     default = schedules.lambda_schedule(0.5, "default")
