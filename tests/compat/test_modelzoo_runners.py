@@ -13,6 +13,7 @@ from cstorch.core.compile import RecompilationWarning
 from modelzoo.common.pytorch.pytorch_runner import PyTorchRunner
 from modelzoo.common.pytorch.run_utils import run, run_with_params
 from tests.compat import toy_zoo
+from tests.lanes import marked_cases
 
 HOST_HOOKS = [
     "on_train_start", "on_train_end", "on_eval_start", "on_eval_end", "on_train_epoch_start",
@@ -87,8 +88,9 @@ HOOK_ORDER_CASES = [
 ]
 
 
-@pytest.mark.parametrize("mode,runconfig,expected", HOOK_ORDER_CASES,
-                         ids=[f"{c[0]}-{i}" for i, c in enumerate(HOOK_ORDER_CASES)])
+@pytest.mark.parametrize("mode,runconfig,expected", marked_cases(
+    HOOK_ORDER_CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(HOOK_ORDER_CASES)],
+    slow={"train-0"}))
 def test_hook_order(tmp_path, mode, runconfig, expected):
     params = toy_zoo.make_params(tmp_path, mode=mode, **runconfig)
     with warnings.catch_warnings():  # switching between train and eval reuses each program

@@ -90,6 +90,7 @@ def test_key_order_table_covers_the_fixture():
 
 # ------------------------------------------------------------------ fixture trajectories
 @pytest.mark.parametrize("case", sorted(TRAJECTORIES))
+@pytest.mark.slow
 def test_fixture_trajectory_traced_and_checkpoint_continuation(case, cpu_backend, tmp_path):
     """The fixture's 6 steps through the cstorch class in a traced step; a checkpoint taken
     after step 3 restores into fresh objects that repeat steps 4-6 bit-identically."""
@@ -141,6 +142,7 @@ def test_fixture_trajectory_traced_and_checkpoint_continuation(case, cpu_backend
 
 
 @pytest.mark.parametrize("case", ["SGD_nesterov", "Adam_l2", "Adafactor", "NAdam", "Rprop"])
+@pytest.mark.slow
 def test_fixture_trajectory_eager(case, cpu_backend):
     """The same classes outside a traced step (the op's eager implementation)."""
     entry = TRAJECTORIES[case]

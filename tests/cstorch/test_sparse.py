@@ -92,6 +92,7 @@ def _train(make_sparsity, steps=12, kind="CPU"):
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.slow
 def test_reference_trajectories(case):
     want = FIXTURE[case]
     record, sparsity, step = _train(CASES[case])

@@ -23,6 +23,8 @@ import cerebras.pytorch as cstorch
 from cstorch.core.compile import GradientAccumulationWarning, RecompilationWarning
 from jax_backend.errors import CaptureError
 
+from tests.lanes import marked_cases
+
 XS = [torch.randn(8, 4, generator=torch.Generator().manual_seed(i)) for i in range(6)]
 YS = [torch.randn(8, 2, generator=torch.Generator().manual_seed(100 + i)) for i in range(6)]
 
@@ -116,7 +118,8 @@ def _assert_no_fakes(*values):
 
 
 @pytest.mark.parametrize("backend_kind", ["CPU", "CSX"])
-@pytest.mark.parametrize("name", list(OPTIMIZERS))
+@pytest.mark.parametrize("name", marked_cases(OPTIMIZERS, ids=OPTIMIZERS,
+                                              slow={"Adam-amsgrad", "NAdam", "RAdam"}))
 def test_torch_optimizer_matches_eager_step_by_step(name, backend_kind):
     make = OPTIMIZERS[name]
     eager_model, eager_optimizer, eager_losses = _eager(make, 4)

@@ -10,6 +10,8 @@ import pytest
 
 from jax_backend import sparsity
 
+from tests.lanes import marked_cases
+
 
 def _numpy_topk(score, k):
     """Keeps the k largest of each row (ties: lower index first)."""
@@ -19,7 +21,8 @@ def _numpy_topk(score, k):
     return mask
 
 
-@pytest.mark.parametrize("level", [0.0, 0.3, 0.5, 0.7, 0.99, 1.0])
+@pytest.mark.parametrize("level", marked_cases(LEVELS := [0.0, 0.3, 0.5, 0.7, 0.99, 1.0],
+                                               ids=map(str, LEVELS), slow={"0.0", "0.3"}))
 def test_topk_sparsity_counts_and_positions(level):
     score = np.random.default_rng(0).normal(size=(7, 13)).astype(np.float32)
     got = np.asarray(sparsity.mask_topk_sparsity(jnp.asarray(score), level))
