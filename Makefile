@@ -58,8 +58,10 @@ docs: $(DOCS_VENV)/.installed
 # The other end of the supported range (README "Versions"), in its own venv: the oldest torch
 # and JAX, and numpy 1.26, on Python 3.12 where one runs (else $(PYTHON)), on the tests marked
 # `core` (CORE_TESTS): the engine (every test of tests/jax_backend), export, graph cache,
-# parity, storage round trip, distributed basics, faults, the version checks. The marker is
-# set at the module (`pytestmark`); the slowest of those modules' tests run in `make test` only.
+# parity, storage round trip, distributed basics, faults, the version checks. `core` is set at
+# the module (`pytestmark`; tests/jax_backend/conftest.py for the engine); the tests there
+# marked `heavy` (many seconds each: several processes, long runs, repeating on every stack
+# what a cheaper neighbour checks) run in `make test` only, keeping each leg to a few minutes.
 COMPAT_VENV := .venv-compat
 COMPAT_PYTHON ?= $(or $(shell for p in python3.12 $(HOME)/.pyenv/versions/3.12*/bin/python3.12; \
 	do $$p -c '' 2>/dev/null && { echo $$p; break; }; done),$(PYTHON))
@@ -67,7 +69,7 @@ COMPAT_PY := $(COMPAT_VENV)/bin/python
 COMPAT_TORCH ?= 2.9.1
 COMPAT_JAX ?= 0.7.0
 COMPAT_NUMPY ?= 1.26.4
-CORE_TESTS := tests -m core
+CORE_TESTS := tests -m "core and not heavy"
 
 $(COMPAT_VENV)/.installed: pyproject.toml Makefile
 	test -x $(COMPAT_PY) || $(COMPAT_PYTHON) -m venv $(COMPAT_VENV)

@@ -88,6 +88,13 @@ def cpu_backend(tmp_path):
 _BUDGET = float(os.environ.get("CSTORCH_TEST_BUDGET", "5"))
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m selects
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.get_closest_marker("heavy"):  # the legs' kind of slow (pyproject's markers)
+            item.add_marker(pytest.mark.slow)
+
+
 def _fast_lane(config) -> bool:
     return "not slow" in (config.getoption("markexpr") or "") and _BUDGET > 0
 

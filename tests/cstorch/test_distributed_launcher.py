@@ -112,6 +112,7 @@ def test_sigterm_to_the_launcher_stops_every_worker(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_workers_ignoring_sighup_are_killed_after_the_grace(tmp_path):
     launcher, workers = _start_launcher(tmp_path, mode="stubborn", grace=1)
     try:
@@ -182,6 +183,7 @@ def _time_to_death(workers, limit=10.0):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 @pytest.mark.parametrize("mode", ["train", "block"])
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_joined_training_workers_die_with_a_killed_launcher(tmp_path, mode):
     """SIGKILL of the launcher at step 5 or later: training workers (``train``), or one
     waiting in a collective and one in user code that catches SIGTERM (``block``), are gone
@@ -198,6 +200,7 @@ def test_joined_training_workers_die_with_a_killed_launcher(tmp_path, mode):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_a_forwarded_sigterm_stops_joined_training_workers(tmp_path):
     """The launcher's own escalation (SIGTERM again after min(grace, 10) s, SIGKILL 5 s
     later) is not what stops them: the first SIGTERM does, and JAX does not catch it."""

@@ -494,6 +494,7 @@ def test_concurrent_exclusive_saves_to_one_path_never_replace_each_other(tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_two_processes_overwriting_one_path_while_a_reader_loads(tmp_path):
     # The default save replaces the file atomically: whatever a reader opens is one writer's
     # whole checkpoint (its payload all one value, matching its tag), never a mix or a torn file.

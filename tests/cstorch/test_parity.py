@@ -230,6 +230,7 @@ def test_parity_command_passes_on_agreeing_engines():
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_parity_command_names_first_diverging_step():
     result = _parity("--steps", "5", "--perturb-step", "3")
     assert result.returncode == 1, result.stdout + result.stderr
@@ -248,6 +249,7 @@ def test_parity_command_reports_a_failing_engine(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_a_script_saving_to_a_fixed_path_runs_twice_and_under_parity(tmp_path):
     # cstorch.save overwrites like torch.save, and each engine gets its own working directory
     # (the second engine must not find, resume from or collide with the first one's files).
@@ -269,6 +271,7 @@ def test_a_script_saving_to_a_fixed_path_runs_twice_and_under_parity(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_parity_names_random_ops_and_unzeroed_gradients():
     result = _parity("--steps", "3", "--dropout", "0.5", "--no-zero-grad")
     assert result.returncode == 1, result.stdout + result.stderr
@@ -280,6 +283,7 @@ def test_parity_names_random_ops_and_unzeroed_gradients():
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_parity_tolerances_follow_the_precision():
     result = _parity("--steps", "3", "--precision", "bfloat16")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -357,6 +361,7 @@ def _parity_of_the_cnn(*args):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_parity_passes_a_cnn_whose_bias_before_batchnorm_follows_rounding_noise():
     """A conv bias before BatchNorm has a zero gradient in exact arithmetic: Adam turns its
     rounding noise into full-size moments that no engine reproduces (eager vs eager with one
@@ -375,6 +380,7 @@ def test_parity_passes_a_cnn_whose_bias_before_batchnorm_follows_rounding_noise(
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_parity_still_fails_a_wrong_lowering_in_that_cnn():
     result = _parity_of_the_cnn("--wrong-lowering")
     out = result.stdout

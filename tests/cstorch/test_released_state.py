@@ -580,6 +580,7 @@ def _steady_rss(mode) -> float:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_releasing_lowers_resident_memory_by_the_torch_copy():
     kept, released = _steady_rss("kept"), _steady_rss("released")
     # 96 MiB of state has a torch copy when kept; ask for half of it back (allocator slack).

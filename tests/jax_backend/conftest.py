@@ -13,6 +13,7 @@ from jax_backend.jax_settings import engine_scope
 _HERE = Path(__file__).resolve().parent
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m selects
 def pytest_collection_modifyitems(items):
     for item in items:
         if item.path.is_relative_to(_HERE):
