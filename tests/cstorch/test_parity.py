@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 import cerebras.pytorch as cstorch
 from cstorch.core.engine import resolve_engine
+from cstorch.parity import runner
 from cstorch.parity.compare import (compare_closures, compare_state, first_divergence,
                                     relative_difference, within)
 from tests import eager_reference as ref
@@ -196,7 +197,6 @@ def test_recording_forces_the_engine_under_comparison(monkeypatch):
 
 
 def test_gpu_engine_only_where_jax_sees_a_gpu(monkeypatch):
-    from cstorch.parity import runner
     from jax_backend import mesh
 
     monkeypatch.setattr(mesh, "devices", lambda platform=None: [])
@@ -211,14 +211,23 @@ def test_gpu_engine_only_where_jax_sees_a_gpu(monkeypatch):
 
 
 # ------------------------------------------------------------------------------ the command
-def _parity(*args):
-    return subprocess.run([sys.executable, "-m", "cstorch.parity", "--engines", "eager,jax-cpu",
-                           FIXTURE, *args], capture_output=True, text=True, timeout=600)
+def _command(capsys, argv):
+    """``python -m cstorch.parity ARGV`` by its ``main`` in this process: the engines still run
+    in their own processes, one interpreter start less per call (the test of a script saving
+    to a fixed path runs the module itself)."""
+    capsys.readouterr()
+    status = runner.main(argv)
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(argv, status, out, err)
+
+
+def _parity(capsys, *args):
+    return _command(capsys, ["--engines", "eager,jax-cpu", FIXTURE, *args])
 
 
 @pytest.mark.slow
-def test_parity_command_passes_on_agreeing_engines():
-    result = _parity("--steps", "5")
+def test_parity_command_passes_on_agreeing_engines(capsys):
+    result = _parity(capsys, "--steps", "5")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "PARITY OK" in result.stdout
     lines = [line.split() for line in result.stdout.splitlines()]
@@ -231,19 +240,18 @@ def test_parity_command_passes_on_agreeing_engines():
 
 @pytest.mark.slow
 @pytest.mark.heavy
-def test_parity_command_names_first_diverging_step():
-    result = _parity("--steps", "5", "--perturb-step", "3")
+def test_parity_command_names_first_diverging_step(capsys):
+    result = _parity(capsys, "--steps", "5", "--perturb-step", "3")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "FIRST DIVERGENCE at step 3: log.loss" in result.stdout
     assert "PARITY FAILED" in result.stdout
 
 
 @pytest.mark.slow
-def test_parity_command_reports_a_failing_engine(tmp_path):
+def test_parity_command_reports_a_failing_engine(tmp_path, capsys):
     script = tmp_path / "broken.py"
     script.write_text("raise RuntimeError('boom in the script')\n")
-    result = subprocess.run([sys.executable, "-m", "cstorch.parity", str(script)],
-                            capture_output=True, text=True, timeout=300)
+    result = _command(capsys, [str(script)])
     assert result.returncode == 2
     assert "the eager run failed" in result.stderr and "boom in the script" in result.stderr
 
@@ -272,8 +280,8 @@ def test_a_script_saving_to_a_fixed_path_runs_twice_and_under_parity(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.heavy
-def test_parity_names_random_ops_and_unzeroed_gradients():
-    result = _parity("--steps", "3", "--dropout", "0.5", "--no-zero-grad")
+def test_parity_names_random_ops_and_unzeroed_gradients(capsys):
+    result = _parity(capsys, "--steps", "3", "--dropout", "0.5", "--no-zero-grad")
     assert result.returncode == 1, result.stdout + result.stderr
     out = result.stdout
     assert "FIRST DIVERGENCE at step 1" in out
@@ -284,14 +292,12 @@ def test_parity_names_random_ops_and_unzeroed_gradients():
 
 @pytest.mark.slow
 @pytest.mark.heavy
-def test_parity_tolerances_follow_the_precision():
-    result = _parity("--steps", "3", "--precision", "bfloat16")
+def test_parity_tolerances_follow_the_precision(capsys):
+    result = _parity(capsys, "--steps", "3", "--precision", "bfloat16")
     assert result.returncode == 0, result.stdout + result.stderr
     assert ("tolerances: this run computes in bfloat16 (mixed precision); closure values rtol "
             "by precision (float32 0.0001, float16 0.002, bfloat16 0.01): 0.01 here") in result.stdout
-    result = subprocess.run([sys.executable, "-m", "cstorch.parity", "--engines", "eager,jax-cpu",
-                             "--rtol", "1e-9", FIXTURE, "--steps", "3", "--precision",
-                             "bfloat16"], capture_output=True, text=True, timeout=600)
+    result = _parity(capsys, "--rtol", "1e-9", "--steps", "3", "--precision", "bfloat16")
     assert result.returncode == 1 and "rtol=1e-09 (--rtol)" in result.stdout
 
 
@@ -354,20 +360,20 @@ CNN = os.path.join(os.path.dirname(__file__), "..", "data", "parity", "cnn_train
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _parity_of_the_cnn(*args):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "compat")]))
-    return subprocess.run([sys.executable, "-m", "cstorch.parity", "--engines", "eager,jax-cpu",
-                           CNN, *args], capture_output=True, text=True, timeout=900, env=env)
+def _parity_of_the_cnn(capsys, monkeypatch, *args):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([ROOT, os.path.join(ROOT, "compat")]))
+    return _command(capsys, ["--engines", "eager,jax-cpu", CNN, *args])
 
 
 @pytest.mark.slow
 @pytest.mark.heavy
-def test_parity_passes_a_cnn_whose_bias_before_batchnorm_follows_rounding_noise():
+def test_parity_passes_a_cnn_whose_bias_before_batchnorm_follows_rounding_noise(capsys,
+                                                                                  monkeypatch):
     """A conv bias before BatchNorm has a zero gradient in exact arithmetic: Adam turns its
     rounding noise into full-size moments that no engine reproduces (eager vs eager with one
     rounding step of difference changes them as much). The tool used to fail this ordinary
     fp32 CNN on them; it names them and their cause instead."""
-    result = _parity_of_the_cnn()
+    result = _parity_of_the_cnn(capsys, monkeypatch)
     out = result.stdout
     assert result.returncode == 0, out + result.stderr
     assert "PARITY OK" in out
@@ -381,8 +387,8 @@ def test_parity_passes_a_cnn_whose_bias_before_batchnorm_follows_rounding_noise(
 
 @pytest.mark.slow
 @pytest.mark.heavy
-def test_parity_still_fails_a_wrong_lowering_in_that_cnn():
-    result = _parity_of_the_cnn("--wrong-lowering")
+def test_parity_still_fails_a_wrong_lowering_in_that_cnn(capsys, monkeypatch):
+    result = _parity_of_the_cnn(capsys, monkeypatch, "--wrong-lowering")
     out = result.stdout
     assert result.returncode == 1, out + result.stderr
     assert "PARITY FAILED" in out and "FIRST DIVERGENCE at step" in out
