@@ -1,5 +1,6 @@
 """Test-wide settings: caches in a temporary directory, strict dtype promotion, deterministic
-torch, checked state transitions.
+torch, checked state transitions, a fresh cstorch state per test, and the lanes (the fast
+lane's CPU budget; ``slow``, ``core`` and ``heavy`` in pyproject's markers).
 
 JAX's 64-bit types stay off, as in a user's process: the engine turns them on for its own
 work only (``jax_backend.jax_settings``), and the suite checks that it does so everywhere.
@@ -14,7 +15,11 @@ import tempfile
 from pathlib import Path
 
 _TESTS = Path(__file__).resolve().parent
-_cache_home = os.path.join(tempfile.gettempdir(), f"cstorch-jax-tests-{os.getuid()}")
+# Under pytest-xdist (`pytest -n N`) each worker has its own: JAX writes a persistent cache
+# entry in place, and a worker must not read one another is still writing.
+_worker = os.environ.get("PYTEST_XDIST_WORKER")
+_cache_home = os.path.join(tempfile.gettempdir(), f"cstorch-jax-tests-{os.getuid()}"
+                           + (f"-{_worker}" if _worker else ""))
 os.makedirs(_cache_home, exist_ok=True)
 os.environ["XDG_CACHE_HOME"] = _cache_home  # subprocesses of tests inherit it
 os.environ.pop("CSTORCH_COMPILATION_CACHE", None)  # the default: under XDG_CACHE_HOME
