@@ -297,7 +297,8 @@ def test_parity_tolerances_follow_the_precision(capsys):
     assert result.returncode == 0, result.stdout + result.stderr
     assert ("tolerances: this run computes in bfloat16 (mixed precision); closure values rtol "
             "by precision (float32 0.0001, float16 0.002, bfloat16 0.01): 0.01 here") in result.stdout
-    result = _parity(capsys, "--rtol", "1e-9", "--steps", "3", "--precision", "bfloat16")
+    result = _command(capsys, ["--engines", "eager,jax-cpu", "--rtol", "1e-9", FIXTURE,
+                               "--steps", "3", "--precision", "bfloat16"])
     assert result.returncode == 1 and "rtol=1e-09 (--rtol)" in result.stdout
 
 
