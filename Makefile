@@ -92,9 +92,9 @@ test-compat: $(COMPAT_VENV)/.installed
 # NEWEST_TORCH=2.14.1 (or NEWEST_JAX=...) pins a release instead. The venv's own constraints
 # file takes the place of any in pip's configuration (a machine's cap on torch would hold the
 # leg back), every other pip setting (index, certificate) is kept. It checks the JAX names, runs
-# the demo, then the compat leg's tests (`core`: the op-coverage gate, the parity tool's and
-# tests/test_versions.py among them), with every deprecation warning attributed to the
-# project's code an error (tests/conftest.py).
+# the demo, then the compat leg's tests (`core and not heavy`: the lowerings, the parity
+# tool's and tests/test_versions.py among them), with every deprecation warning attributed to
+# the project's code an error (tests/conftest.py).
 NEWEST_VENV := .venv-newest
 NEWEST_PYTHON ?= $(or $(shell for p in python3.13 $(HOME)/.pyenv/versions/3.13*/bin/python3.13 \
 	python3.12 $(HOME)/.pyenv/versions/3.12*/bin/python3.12; \

@@ -25,6 +25,7 @@ BASELINE = os.path.join(os.path.dirname(__file__), "data", "op_coverage_baseline
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # a minute or two of compilations: `make test` only (the legs run test_ops)
 def test_no_regression_on_recorded_passing_samples(tmp_path):
     with open(BASELINE) as f:
         baseline = json.load(f)
