@@ -15,11 +15,7 @@ import tempfile
 from pathlib import Path
 
 _TESTS = Path(__file__).resolve().parent
-# Under pytest-xdist (`pytest -n N`) each worker has its own: JAX writes a persistent cache
-# entry in place, and a worker must not read one another is still writing.
-_worker = os.environ.get("PYTEST_XDIST_WORKER")
-_cache_home = os.path.join(tempfile.gettempdir(), f"cstorch-jax-tests-{os.getuid()}"
-                           + (f"-{_worker}" if _worker else ""))
+_cache_home = os.path.join(tempfile.gettempdir(), f"cstorch-jax-tests-{os.getuid()}")
 os.makedirs(_cache_home, exist_ok=True)
 os.environ["XDG_CACHE_HOME"] = _cache_home  # subprocesses of tests inherit it
 os.environ.pop("CSTORCH_COMPILATION_CACHE", None)  # the default: under XDG_CACHE_HOME
