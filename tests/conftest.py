@@ -1,5 +1,6 @@
 """Test-wide settings: caches in a temporary directory, strict dtype promotion, deterministic
-torch, checked state transitions.
+torch, checked state transitions, a fresh cstorch state per test, and the lanes (the fast
+lane's CPU budget; ``slow``, ``core`` and ``heavy`` in pyproject's markers).
 
 JAX's 64-bit types stay off, as in a user's process: the engine turns them on for its own
 work only (``jax_backend.jax_settings``), and the suite checks that it does so everywhere.
@@ -11,7 +12,9 @@ Tests never write to ``~/.cache``: the persistent caches, and anything else that
 
 import os
 import tempfile
+from pathlib import Path
 
+_TESTS = Path(__file__).resolve().parent
 _cache_home = os.path.join(tempfile.gettempdir(), f"cstorch-jax-tests-{os.getuid()}")
 os.makedirs(_cache_home, exist_ok=True)
 os.environ["XDG_CACHE_HOME"] = _cache_home  # subprocesses of tests inherit it
@@ -42,13 +45,87 @@ def _seed():
     yield
 
 
+# ------------------------------------------------------------- a fresh cstorch state per test
+# The backend, mixed precision, metrics and the 1.8 API's once-per-process ``configure`` are
+# process singletons (``cstorch.config.reset``); backends put their artifacts in the working
+# directory. Every test of the API, the Trainer and the compatibility layer starts from a reset
+# state in its own directory; the engine's (tests/jax_backend) and the repository-wide ones
+# (tests/*.py) need neither.
+_FRESH_STATE_DIRECTORIES = ("cstorch", "trainer", "compat")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cstorch_state(request):
+    if not any(request.path.is_relative_to(_TESTS / d) for d in _FRESH_STATE_DIRECTORIES):
+        yield
+        return
+    import cstorch
+
+    if request.path.is_relative_to(_TESTS / "compat"):
+        import cerebras_pytorch.experimental  # noqa: F401  (registers its reset hooks)
+    request.getfixturevalue("monkeypatch").chdir(request.getfixturevalue("tmp_path"))
+    cstorch.config.reset()
+    yield
+    cstorch.config.reset()
+
+
+@pytest.fixture
+def cpu_backend(tmp_path):
+    import cstorch
+
+    return cstorch.backend("CPU", artifact_dir=str(tmp_path))
+
+
 # ---------------------------------------------------------------------------- the fast lane
-_SLOW_LIST = os.path.join(os.path.dirname(__file__), "slow_tests.txt")
+# `make test-fast` (``-m "not slow"``) leaves out the tests marked ``slow`` where they are
+# written: ``@pytest.mark.slow`` on a test (or ``pytest.param(..., marks=...)`` on one case),
+# ``pytestmark = pytest.mark.slow`` on a module whose every test starts processes or trains.
+# The lane keeps itself: in it, an unmarked test whose setup and call spend more than
+# CSTORCH_TEST_BUDGET seconds of CPU (default 5; 0 turns the check off) fails, naming the
+# marker. CPU time (this process's threads plus the subprocesses it waited for), not wall
+# time: a busy machine stretches wall time, not the work a test does, so the check does not
+# depend on the machine's load; the budget is five times the "about a second" rule for marking
+# a test slow, so a slower machine still passes. `make test` runs everything and never checks.
+_BUDGET = float(os.environ.get("CSTORCH_TEST_BUDGET", "5"))
 
 
-def _slow_ids() -> set:
-    with open(_SLOW_LIST) as f:
-        return {line.strip() for line in f if line.strip() and not line.startswith("#")}
+@pytest.hookimpl(tryfirst=True)  # before -m selects
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.get_closest_marker("heavy"):  # the legs' kind of slow (pyproject's markers)
+            item.add_marker(pytest.mark.slow)
+
+
+def _fast_lane(config) -> bool:
+    return "not slow" in (config.getoption("markexpr") or "") and _BUDGET > 0
+
+
+def _cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
+_CPU_AT_SETUP = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    item.stash[_CPU_AT_SETUP] = _cpu_seconds()
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    result = yield
+    start = item.stash.get(_CPU_AT_SETUP, None)
+    if start is not None and _fast_lane(item.config) and item.get_closest_marker("slow") is None:
+        spent = _cpu_seconds() - start
+        if spent > _BUDGET:
+            pytest.fail(
+                f"{item.nodeid} spent {spent:.1f} s of CPU in the fast lane (budget "
+                f"{_BUDGET:g} s, CSTORCH_TEST_BUDGET): mark it @pytest.mark.slow, or make it "
+                f"cheaper", pytrace=False)
+    return result
 
 
 # The project's own packages: a deprecation warning attributed to one of them (its code calls
@@ -59,20 +136,6 @@ PROJECT_MODULES = r"(cstorch|jax_backend|cerebras|cerebras_pytorch|modelzoo)(\.|
 
 
 def pytest_configure(config):
-    config.addinivalue_line(
-        "markers", "slow: left out by `make test-fast` (listed in tests/slow_tests.txt)")
     if os.environ.get("CSTORCH_TEST_DEPRECATIONS") == "error":
         for category in ("DeprecationWarning", "FutureWarning"):
             config.addinivalue_line("filterwarnings", f"error::{category}:{PROJECT_MODULES}")
-
-
-def pytest_collection_modifyitems(config, items):
-    slow = _slow_ids()
-    root = str(config.rootpath)
-    for item in items:
-        nodeid = os.path.relpath(str(item.path), root).replace(os.sep, "/")
-        nodeid = nodeid + item.nodeid[item.nodeid.index("::"):] if "::" in item.nodeid else nodeid
-        file_id, _, rest = nodeid.partition("::")
-        if ({nodeid, nodeid.split("[")[0], file_id} & slow
-                or any(f"{file_id}::{cls}" in slow for cls in rest.split("::")[:1])):
-            item.add_marker(pytest.mark.slow)

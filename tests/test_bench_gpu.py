@@ -17,6 +17,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import bench_gpu  # noqa: E402
 
 
+@pytest.mark.slow
 def test_smoke_run_writes_every_measurement(tmp_path):
     out = tmp_path / "bench.json"
     env = {k: v for k, v in os.environ.items() if k != "CSTORCH_ENGINE"}

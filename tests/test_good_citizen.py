@@ -11,6 +11,8 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.slow  # fresh Python processes
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Run in a fresh interpreter: this test process has imported everything already.

@@ -14,6 +14,10 @@ from __future__ import annotations
 import ast
 import pathlib
 
+import pytest
+
+pytestmark = pytest.mark.core
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = ("cstorch", "jax_backend")
 COMPAT_PACKAGES = ("cerebras", "cerebras_pytorch", "modelzoo")  # under compat/
@@ -122,6 +126,7 @@ def strongly_connected_components(graph: dict) -> list:
     return components
 
 
+@pytest.mark.slow
 def test_the_graph_sees_function_level_imports():
     graph = import_graph()
     assert "cstorch.backend" in graph["cstorch.core.compile"]  # module level
@@ -135,6 +140,7 @@ def test_the_cycle_finder_finds_cycles():
     assert [c for c in strongly_connected_components(toy) if len(c) > 1] == [["a", "b", "c"]]
 
 
+@pytest.mark.slow
 def test_no_import_cycles():
     cycles = [c for c in strongly_connected_components(import_graph()) if len(c) > 1]
     assert not cycles, (
@@ -143,6 +149,7 @@ def test_no_import_cycles():
         + "\n".join(f"  {len(c)} modules: {', '.join(c)}" for c in cycles))
 
 
+@pytest.mark.slow
 def test_the_runners_of_the_1x_api_import_downwards_only():
     """The base runner knows none of the runners built on it, nor the factory that picks one
     (it was a 7-module import circle)."""
@@ -160,6 +167,7 @@ def test_the_runners_of_the_1x_api_import_downwards_only():
     assert not below & runners, sorted(below & runners)
 
 
+@pytest.mark.slow
 def test_the_api_never_imports_compat():
     edges = [f"{module} -> {target}" for module, targets in import_graph().items()
              if module.split(".")[0] in PACKAGES
@@ -167,6 +175,7 @@ def test_the_api_never_imports_compat():
     assert not edges, "cstorch and jax_backend must not import compat/:\n  " + "\n  ".join(edges)
 
 
+@pytest.mark.slow
 def test_the_engine_never_imports_the_api():
     edges = [f"{module} -> {target}" for module, targets in import_graph().items()
              if module.split(".")[0] == "jax_backend"

@@ -56,6 +56,7 @@ def _python(code, env, cwd, timeout=300):
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_the_blocker_hides_the_packages_and_the_source_tree_is_used(gpu_like_env, tmp_path):
     out = _python("""
         import importlib, json
@@ -74,6 +75,7 @@ def test_the_blocker_hides_the_packages_and_the_source_tree_is_used(gpu_like_env
     assert result["cstorch"].startswith(os.path.join(ROOT, "cstorch"))
 
 
+@pytest.mark.slow
 def test_checkpoints_without_hdf5plugin_are_uncompressed_with_one_warning(gpu_like_env,
                                                                           tmp_path):
     out = _python("""
@@ -106,6 +108,7 @@ def test_checkpoints_without_hdf5plugin_are_uncompressed_with_one_warning(gpu_li
         np.testing.assert_array_equal(weight[()], torch.nn.Linear(64, 32).weight.detach())
 
 
+@pytest.mark.slow
 def test_reading_lz4_without_hdf5plugin_names_the_package(gpu_like_env, tmp_path):
     # Written here, where hdf5plugin is installed: zeros compress, so HDF5 must decompress.
     compressible = {"w": torch.zeros(256, 64)}
@@ -126,6 +129,7 @@ def test_reading_lz4_without_hdf5plugin_names_the_package(gpu_like_env, tmp_path
     assert "LZ4-compressed" in out.stdout and "pip install hdf5plugin" in out.stdout
 
 
+@pytest.mark.slow
 def test_yaml_validation_without_pydantic_is_a_clear_error(gpu_like_env, tmp_path):
     out = _python("""
         from cerebras.modelzoo.trainer import Trainer  # the Python API needs no pydantic
@@ -150,6 +154,7 @@ BENCH_STUB = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_gpu_check_in_its_smallest_setting(gpu_like_env, tmp_path):
     """``tools/gpu_check.py --quick`` on this CPU, without the optional packages: every parity
     case passes (JAX on the CPU, said so), the benchmark's JSON is kept, all in one file."""

@@ -136,6 +136,7 @@ def test_the_readme_keeps_its_two_set_up_commands():
 @pytest.mark.parametrize("command", [
     pytest.param(c, id=c, marks=[pytest.mark.slow] if any(s in c for s in SLOW) else [])
     for c in COMMANDS])
+@pytest.mark.slow
 def test_readme_command(command, scratch):
     run_command(command, scratch)
 
@@ -193,6 +194,7 @@ CONTINUES = "# continues the quickstart"
 
 @pytest.mark.parametrize("index", range(len(_python_blocks())),
                          ids=[f"{i}-{h}" for i, (_, h) in enumerate(_python_blocks())])
+@pytest.mark.slow
 def test_readme_python_snippet(index, scratch, tmp_path):
     text, heading = _python_blocks()[index]
     if text.startswith(CONTINUES):  # fewer steps for the part it builds on

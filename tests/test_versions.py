@@ -23,6 +23,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import ensure_torch  # noqa: E402
 
+pytestmark = pytest.mark.core
+
 
 class _Torch29Spec:
     """A ``TreeSpec`` as torch 2.9 has it: the ``children_specs`` field, no ``children()``."""
@@ -118,6 +120,7 @@ def test_make_keeps_a_torch_in_range_and_never_replaces_one(monkeypatch, capsys,
         assert "outside the supported range" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_every_jax_name_the_project_uses_exists_in_this_jax():
     import ast
 

@@ -89,6 +89,7 @@ def _eager_losses(steps, initial_state):
     return out
 
 
+@pytest.mark.slow
 def test_19_training_flow_equals_eager_torch_and_keeps_max_checkpoints(tmp_path):
     # The 1.9 zoo's imports at the top of its runner and run_cstorch_flow.
     import cerebras_pytorch as cbtorch

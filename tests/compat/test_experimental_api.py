@@ -41,6 +41,7 @@ def _max_rel_err(a, b):
     return max(abs(x - y) / abs(y) for x, y in zip(a, b))
 
 
+@pytest.mark.slow
 def test_porting_guide_script_matches_eager_torch_in_fp32(tmp_path):
     result = porting_guide_18.main(str(tmp_path), backend="CPU", num_steps=12)
     expected, eager_model = _eager_losses(12)
@@ -60,6 +61,7 @@ def test_porting_guide_script_matches_eager_torch_in_fp32(tmp_path):
     assert result["metrics"]["accuracy"] == pytest.approx(correct / (16 * len(batches)))
 
 
+@pytest.mark.slow
 def test_porting_guide_script_on_the_modeled_wafer(tmp_path):
     """backend="wse_ws" runs on the CSX backend (always mixed precision): the losses follow
     eager fp32 torch to half-precision accuracy."""
@@ -91,6 +93,7 @@ def test_compile_backend_names(tmp_path):
         legacy.compile(torch.nn.Linear(2, 2), backend="wse_ws")
 
 
+@pytest.mark.slow
 def test_legacy_optimizer_and_scheduler_names_are_translated():
     import cerebras_pytorch.experimental as legacy
 
@@ -123,6 +126,7 @@ def test_amp_use_bfloat16_sets_the_half_dtype():
     assert cstorch.amp.get_half_dtype_str() == "float16"
 
 
+@pytest.mark.slow
 def test_summaries_are_written_after_the_step(tmp_path):
     import cerebras_pytorch.experimental as legacy
     from cstorch.utils.tensorboard import SummaryWriter
@@ -211,6 +215,7 @@ def test_deprecated_2_0_names(tmp_path):
         cstorch20.manual_seed(3)
 
 
+@pytest.mark.slow
 def test_1_9_executor_checkpoint_closure_and_summarize_scalar(tmp_path):
     import cerebras_pytorch.experimental as legacy
 

@@ -291,6 +291,7 @@ def test_step_closure_runs_at_once_off_the_appliance_and_at_the_mark_on_it(tmp_p
     assert seen == [1, 2]
 
 
+@pytest.mark.slow
 def test_appliance_runner_trains_like_eager_torch_and_checkpoints(tmp_path):
     import cerebras_pytorch as cbtorch
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 
 import cstorch
 
@@ -104,6 +105,7 @@ def _python(args, cwd, extra_path=()):
                           text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_user_model_tree_runs_unchanged(tmp_path):
     model_dir = _user_tree(tmp_path)
     result = _python(["run.py", "CPU", "--params", "configs/params.yaml", "--mode", "train"],

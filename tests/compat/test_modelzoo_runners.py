@@ -13,6 +13,7 @@ from cstorch.core.compile import RecompilationWarning
 from modelzoo.common.pytorch.pytorch_runner import PyTorchRunner
 from modelzoo.common.pytorch.run_utils import run, run_with_params
 from tests.compat import toy_zoo
+from tests.lanes import marked_cases
 
 HOST_HOOKS = [
     "on_train_start", "on_train_end", "on_eval_start", "on_eval_end", "on_train_epoch_start",
@@ -87,8 +88,9 @@ HOOK_ORDER_CASES = [
 ]
 
 
-@pytest.mark.parametrize("mode,runconfig,expected", HOOK_ORDER_CASES,
-                         ids=[f"{c[0]}-{i}" for i, c in enumerate(HOOK_ORDER_CASES)])
+@pytest.mark.parametrize("mode,runconfig,expected", marked_cases(
+    HOOK_ORDER_CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(HOOK_ORDER_CASES)],
+    slow={"train-0"}))
 def test_hook_order(tmp_path, mode, runconfig, expected):
     params = toy_zoo.make_params(tmp_path, mode=mode, **runconfig)
     with warnings.catch_warnings():  # switching between train and eval reuses each program
@@ -97,6 +99,7 @@ def test_hook_order(tmp_path, mode, runconfig, expected):
     assert runner.calls == expected
 
 
+@pytest.mark.slow
 def test_grad_accumulation_calls_batch_start_per_micro_batch(tmp_path):
     params = toy_zoo.make_params(tmp_path, max_steps=2)
     params["optimizer"]["grad_accum_steps"] = 3
@@ -126,6 +129,7 @@ PARITY_CASES = [
 
 
 @pytest.mark.parametrize("name,optimizer,lr_fn", PARITY_CASES, ids=[c[0] for c in PARITY_CASES])
+@pytest.mark.slow
 def test_per_step_losses_match_eager_torch(tmp_path, name, optimizer, lr_fn):
     params = toy_zoo.make_params(tmp_path, max_steps=9)
     params["optimizer"].update(optimizer)
@@ -135,6 +139,7 @@ def test_per_step_losses_match_eager_torch(tmp_path, name, optimizer, lr_fn):
     assert _rel_err(runner.losses, expected) < 1e-4
 
 
+@pytest.mark.slow
 def test_checkpoints_autoload_resume_and_eval_all(tmp_path):
     params = toy_zoo.make_params(tmp_path, max_steps=4, checkpoint_steps=2)
     first = _run(params)
@@ -175,6 +180,7 @@ def test_checkpoints_autoload_resume_and_eval_all(tmp_path):
     assert list(results.values())[-1] == pytest.approx(sum(eval_losses) / 3, rel=1e-4)
 
 
+@pytest.mark.slow
 def test_checkpoint_path_and_pretrained(tmp_path):
     params = toy_zoo.make_params(tmp_path / "a", max_steps=2, checkpoint_steps=2)
     _run(params)
@@ -247,6 +253,7 @@ def _run_cli(argv, runner_cls=RecordingRunner):
     return created[0]
 
 
+@pytest.mark.slow
 def test_both_command_lines_and_cli_overrides(tmp_path):
     yaml_path = _write_params(tmp_path / "p.yaml", checkpoint_steps=4)
     model_dir = tmp_path / "model_dir"
@@ -288,6 +295,7 @@ def test_yaml_settings_of_another_device_are_dropped(tmp_path):
     assert rc["model_dir"] == os.path.join(str(tmp_path), "model_dir")
 
 
+@pytest.mark.slow
 def test_compile_only_writes_artifacts_and_trains_nothing(tmp_path):
     params = toy_zoo.make_params(tmp_path, target_device="CSX", compile_only=True,
                                  checkpoint_steps=1)
@@ -334,6 +342,7 @@ def test_custom_runner_must_fit_the_target(tmp_path):
         _run(params, PyTorchCSAppliance)
 
 
+@pytest.mark.slow
 def test_experimental_api_flow_matches_eager_torch(tmp_path):
     from modelzoo.common.pytorch.run_cstorch_flow import run_cstorch_flow
 
@@ -346,6 +355,7 @@ def test_experimental_api_flow_matches_eager_torch(tmp_path):
     assert run_cstorch_flow  # the flow the params route to
 
 
+@pytest.mark.slow
 def test_nan_loss_is_reported(tmp_path):
     params = toy_zoo.make_params(tmp_path, max_steps=3)
     params["optimizer"]["learning_rate"] = 1e30
@@ -358,6 +368,7 @@ def _uneven_train_data(params):
     return data[:3] + [(data[3][0][:5], data[3][1][:5])]  # a smaller last batch
 
 
+@pytest.mark.slow
 def test_changing_graph_is_refused_on_csx_and_allowed_on_cpu(tmp_path):
     params = toy_zoo.make_params(tmp_path / "cpu", max_steps=4)
     with pytest.warns(UserWarning, match="Batch size changed"), \

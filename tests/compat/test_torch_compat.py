@@ -50,12 +50,14 @@ def _torch_needs_it() -> bool:
     return _needs_tolerance(TreeSpec)
 
 
+@pytest.mark.slow
 def test_the_zoo_call_works_once_the_zoo_facing_package_is_imported():
     result = _run("import cerebras.appliance.utils.classes\n")
     assert result == {"ok": {"init": {"betas": [0.9, 0.95], "loop": {"num_steps": 3}},
                              "fit": [{"shape": [2, [3, 4]]}, None]}}
 
 
+@pytest.mark.slow
 def test_import_cstorch_changes_nothing_in_torch():
     if not _torch_needs_it():
         pytest.skip("this torch's TreeSpec takes its field names already")
@@ -63,6 +65,7 @@ def test_import_cstorch_changes_nothing_in_torch():
     assert "_context" in result["error"]
 
 
+@pytest.mark.slow
 def test_treespec_keeps_its_own_constructor_and_equality():
     script = textwrap.dedent("""
         import dataclasses

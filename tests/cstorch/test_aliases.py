@@ -22,6 +22,8 @@ import cerebras.pytorch as cstorch
 from jax_backend import DeviceState
 from tests.training import compiled_sgd_step, squared_error_step
 
+pytestmark = pytest.mark.core
+
 STEPS = 5
 EDIT_AFTER = 2  # the edit lands between steps EDIT_AFTER and EDIT_AFTER + 1
 XS = [torch.randn(8, 128, generator=torch.Generator().manual_seed(i)) for i in range(STEPS)]

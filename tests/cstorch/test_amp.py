@@ -76,6 +76,7 @@ def _all_equations(jaxpr):
                 yield from _all_equations(inner)
 
 
+@pytest.mark.slow
 def test_lowered_bf16_step_has_bf16_dots_and_an_fp32_update():
     cstorch.amp.set_half_dtype("bfloat16")
     backend = cstorch.backend("CPU")
@@ -160,6 +161,7 @@ def _gpt_losses(precision, steps=50, dynamic_scaling=False, overflow_at=None):
 
 
 @pytest.mark.parametrize("precision,dynamic", [("bfloat16", False), ("float16", True)])
+@pytest.mark.slow
 def test_half_precision_gpt_ends_within_two_percent_of_fp32(precision, dynamic):
     reference, *_ = _gpt_losses("float32")
     losses, scales, skipped, _ = _gpt_losses(precision, dynamic_scaling=dynamic)
@@ -170,6 +172,7 @@ def test_half_precision_gpt_ends_within_two_percent_of_fp32(precision, dynamic):
         assert skipped[-1] == 0 and scales[-1] == 2.0**15
 
 
+@pytest.mark.slow
 def test_cbfloat16_trains_from_the_reference_initial_loss_scale():
     """cbfloat16 with dynamic loss scaling starts at the reference's scale for it, 2**31,
     which its 6-bit exponent holds (float16's would overflow every step and skip them all):
@@ -181,6 +184,7 @@ def test_cbfloat16_trains_from_the_reference_initial_loss_scale():
     assert losses[-1] < losses[0] - 0.3  # it learned (fp32: 4.87 -> 4.40)
 
 
+@pytest.mark.slow
 def test_overflow_skips_the_update_halves_the_scale_and_recovers():
     steps, overflow_at = 12, 5
     losses, scales, skipped, snapshots = _gpt_losses(
@@ -198,6 +202,7 @@ def test_overflow_skips_the_update_halves_the_scale_and_recovers():
     assert losses[-1] < losses[overflow_at + 1]
 
 
+@pytest.mark.slow
 def test_schedulers_do_not_advance_on_skipped_steps():
     cstorch.amp.set_half_dtype("bfloat16")  # wide range: only the injected step overflows
     backend = cstorch.backend("CPU")

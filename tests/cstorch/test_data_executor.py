@@ -281,6 +281,7 @@ def test_closures_called_from_a_loop_without_an_executor_run_at_once(tmp_path, e
     assert cstorch.backend()._impl.step_closures == []
 
 
+@pytest.mark.slow
 def test_a_checkpoint_closure_called_before_the_loop_saves_at_once(tmp_path):
     script = tmp_path / "initial.py"
     script.write_text(

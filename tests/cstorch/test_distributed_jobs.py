@@ -17,6 +17,8 @@ import pytest
 
 from cstorch.distributed import launch
 
+pytestmark = [pytest.mark.slow, pytest.mark.core]  # multi-process jobs
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PYTHON = sys.executable
 DRIVER = os.path.join(ROOT, "tests", "cstorch", "distributed_run.py")
@@ -57,6 +59,7 @@ def _losses(stdout):
     return [float(x) for x in re.findall(r"^step +\d+ +loss (\S+)", stdout, re.M)]
 
 
+@pytest.mark.heavy
 def test_gpt_example_on_two_processes_matches_one_device(tmp_path):
     args = [EXAMPLE, "--backend", "CSX", "--layers", "1", "--d-model", "32", "--seq-len", "16",
             "--batch-size", "8", "--steps", "4", "--log-every", "1",
@@ -76,6 +79,7 @@ def reference(tmp_path_factory):
     return dict(run, ckpt=str(cwd / "step3.mdl"))
 
 
+@pytest.mark.heavy
 def test_checkpoints_move_between_one_process_and_a_two_dimensional_job(tmp_path,
                                                                          reference):
     """One process → 2 processes (a 2 × 2 mesh, state split four ways) → one process."""
@@ -118,6 +122,7 @@ def _job_env(process_id, port, **extra):
 
 
 @pytest.mark.parametrize("victim", [1, 0])
+@pytest.mark.heavy
 def test_killing_one_process_makes_the_other_fail_within_60_s(tmp_path, victim):
     """Process 1 dying: the survivor's next step raises PeerFailureError and it exits with
     status 1. Process 0 (which hosts the coordinator) dying: that, or the runtime stops the
@@ -148,6 +153,7 @@ def test_killing_one_process_makes_the_other_fail_within_60_s(tmp_path, victim):
         assert ours or "another task died" in stderr, stderr[-3000:]
 
 
+@pytest.mark.heavy
 def test_a_process_that_never_joins_is_a_clear_error_in_bounded_time(tmp_path):
     start = time.monotonic()
     out = subprocess.run([PYTHON, DRIVER, json.dumps({"num_csx": 2, "steps": 1})],

@@ -20,6 +20,8 @@ import pytest
 
 from cstorch.distributed import runtime
 
+pytestmark = pytest.mark.core
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PYTHON = sys.executable
 
@@ -96,6 +98,7 @@ def _finish(launcher, workers):
     return launcher.communicate()
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_launcher_stops_every_worker(tmp_path):
     launcher, workers = _start_launcher(tmp_path, grace=30)
     try:
@@ -108,6 +111,8 @@ def test_sigterm_to_the_launcher_stops_every_worker(tmp_path):
     assert "SIGTERM: stopping the processes" in stderr
 
 
+@pytest.mark.slow
+@pytest.mark.heavy
 def test_workers_ignoring_sighup_are_killed_after_the_grace(tmp_path):
     launcher, workers = _start_launcher(tmp_path, mode="stubborn", grace=1)
     try:
@@ -122,6 +127,7 @@ def test_workers_ignoring_sighup_are_killed_after_the_grace(tmp_path):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.slow
 def test_workers_die_with_a_killed_launcher(tmp_path):
     launcher, workers = _start_launcher(tmp_path)
     try:
@@ -176,6 +182,8 @@ def _time_to_death(workers, limit=10.0):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 @pytest.mark.parametrize("mode", ["train", "block"])
+@pytest.mark.slow
+@pytest.mark.heavy
 def test_joined_training_workers_die_with_a_killed_launcher(tmp_path, mode):
     """SIGKILL of the launcher at step 5 or later: training workers (``train``), or one
     waiting in a collective and one in user code that catches SIGTERM (``block``), are gone
@@ -191,6 +199,8 @@ def test_joined_training_workers_die_with_a_killed_launcher(tmp_path, mode):
         _finish(launcher, workers)
 
 
+@pytest.mark.slow
+@pytest.mark.heavy
 def test_a_forwarded_sigterm_stops_joined_training_workers(tmp_path):
     """The launcher's own escalation (SIGTERM again after min(grace, 10) s, SIGKILL 5 s
     later) is not what stops them: the first SIGTERM does, and JAX does not catch it."""
@@ -207,6 +217,7 @@ def test_a_forwarded_sigterm_stops_joined_training_workers(tmp_path):
     assert "SIGTERM caught" not in (tmp_path / "log").read_text()
 
 
+@pytest.mark.slow
 def test_the_runtime_watch_ends_a_worker_whose_launcher_died(tmp_path):
     """Where the kernel cannot be asked (not Linux), the runtime's thread notices: a parent
     starts a child without PR_SET_PDEATHSIG, the child runs the watch, the parent is killed."""
@@ -242,6 +253,7 @@ def busy_port():
         yield server.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_a_busy_coordinator_port_is_a_clear_error_not_a_crash(tmp_path, busy_port):
     assert "cannot listen on port" in runtime.coordinator_port_in_use(f"127.0.0.1:{busy_port}")
     driver = os.path.join(ROOT, "tests", "cstorch", "distributed_run.py")
@@ -257,6 +269,7 @@ def test_a_busy_coordinator_port_is_a_clear_error_not_a_crash(tmp_path, busy_por
     assert time.monotonic() - start < 60  # before the init timeout: JAX never started
 
 
+@pytest.mark.slow
 def test_the_launcher_refuses_a_busy_port_before_starting_anything(tmp_path, busy_port):
     script = tmp_path / "never.py"
     script.write_text("raise SystemExit('started')\n")

@@ -13,6 +13,8 @@ import cerebras.pytorch as cstorch
 from cerebras.pytorch.distributed import ClusterConfig
 from cerebras.pytorch import mesh
 
+pytestmark = pytest.mark.core
+
 
 # ------------------------------------------------------------------------ ClusterConfig
 def test_cluster_config_defaults_and_signature():

@@ -13,6 +13,8 @@ from cstorch.distributed import ClusterConfig, DistributedConfig, DistributedErr
 from cstorch.distributed import runtime
 from jax_backend import mesh
 
+pytestmark = pytest.mark.core
+
 
 @pytest.fixture
 def job_env(monkeypatch):

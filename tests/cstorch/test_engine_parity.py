@@ -16,6 +16,8 @@ from tests import eager_reference as ref
 from tests.jit_cache import xla_compilations
 from tests.models import MLP, SmallCNN, TinyGPT, lm_loss
 
+pytestmark = pytest.mark.core
+
 STEPS = 30
 RTOL = 1e-4
 
@@ -88,6 +90,7 @@ def _mnist_batch(g):
     return x, (x.flatten(1) @ _TEACHER).argmax(1)
 
 
+@pytest.mark.slow
 def test_mnist_mlp_matches_eager_torch():
     model = MLP((784, 128, 64, 10))
     eager_model = copy.deepcopy(model)
@@ -103,6 +106,7 @@ def _image_batch(g):
     return x, (x.flatten(1) @ _TEACHER[:256]).argmax(1)
 
 
+@pytest.mark.slow
 def test_cnn_with_batchnorm_matches_eager_torch():
     model = SmallCNN()
     eager_model = copy.deepcopy(model)
@@ -117,6 +121,7 @@ def test_cnn_with_batchnorm_matches_eager_torch():
     assert int(state["bn1.num_batches_tracked"]) == STEPS
 
 
+@pytest.mark.slow
 def test_cnn_eval_mode_uses_running_stats():
     model = SmallCNN()
     eager_model = copy.deepcopy(model)
@@ -148,6 +153,7 @@ def _gpt_schedule(t, warmup=5, peak=3e-3, end=3e-4, decay=25):
     return ref.cosine_decay_lr(t - warmup, peak, end, decay)
 
 
+@pytest.mark.slow
 def test_gpt_adamw_warmup_cosine_clipping_matches_eager_torch():
     model = TinyGPT()
     eager_model = copy.deepcopy(model)
@@ -199,6 +205,7 @@ def test_gpt_adamw_warmup_cosine_clipping_matches_eager_torch():
     assert lr.item() == pytest.approx(_gpt_schedule(STEPS), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_step_body_runs_once_and_parameters_live_in_jax():
     model = MLP((784, 64, 10))
     batches = _batches(_mnist_batch, 50)

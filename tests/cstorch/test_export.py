@@ -19,6 +19,8 @@ import torch
 import cerebras.pytorch as cstorch
 from tests.models import TinyGPT, lm_loss
 
+pytestmark = pytest.mark.core
+
 VOCAB, SEQ, BATCH = 32, 8, 4
 
 # Prepended to every subprocess script: torch (and the torch-facing packages) cannot load.
@@ -88,6 +90,7 @@ def _run(step, batches):
         step(inputs, targets)
 
 
+@pytest.mark.slow
 def test_exported_gpt_step_trains_without_torch(tmp_path):
     torch.manual_seed(0)
     training_step, losses = _gpt_training(TinyGPT(VOCAB, 32, 2, 2, SEQ))
@@ -112,6 +115,7 @@ def test_exported_gpt_step_trains_without_torch(tmp_path):
     np.testing.assert_allclose(losses_there, expected, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_flax_train_state_continues_from_exported_forward(tmp_path):
     """The exported forward (with its VJP) as a flax TrainState's apply function: optax AdamW
     keeps lowering the loss from where cstorch left it; orbax saves and restores the state."""
@@ -469,6 +473,7 @@ def _bn_model():
                                torch.nn.Linear(8, 3))
 
 
+@pytest.mark.slow
 def test_a_forward_export_trains_batchnorm_in_jax_and_comes_back_to_torch(tmp_path):
     """Issue 31: ``apply`` returns the loss with the new buffers, so BatchNorm's running
     statistics follow training in a JAX loop (the README's old ``pure(...)[1]`` left them at

@@ -126,6 +126,7 @@ def _first_state_shape(manifest):
     return manifest["state"][0]["shape"]
 
 
+@pytest.mark.slow
 def test_a_deflated_bomb_is_refused_unread(artifact, bomb, tmp_path):
     hostile = _hostile(artifact, tmp_path, state_npz=bomb)
     result = _load_in_fresh_process(artifact, hostile, tmp_path)
@@ -143,6 +144,7 @@ def test_a_deflated_member_is_refused_even_where_the_manifest_agrees(artifact, b
     assert result["error"] and "compressed" in result["error"], result
 
 
+@pytest.mark.slow
 def test_a_header_promising_more_than_its_member_holds_is_refused(artifact, tmp_path):
     """Uncompressed, but the header says 2**28 elements in a member of a few bytes; and a
     member whose header disagrees with the manifest's shape."""

@@ -23,6 +23,9 @@ import torch
 import cerebras.pytorch as cstorch
 from jax_backend import Program
 from jax_backend.errors import StepFailedError
+from tests.lanes import marked_cases
+
+pytestmark = pytest.mark.core
 
 XS = [torch.randn(8, 4, generator=torch.Generator().manual_seed(i)) for i in range(8)]
 
@@ -69,7 +72,8 @@ def _through_load_state_dict(change):
     return edit
 
 
-@pytest.mark.parametrize("name", ["noop_add", "clamp", "data_mul", "data_assign"])
+@pytest.mark.parametrize("name", marked_cases(
+    EDITS := ["noop_add", "clamp", "data_mul", "data_assign"], ids=EDITS, slow={"noop_add"}))
 def test_in_place_edits_between_steps_apply_to_the_newest_value(name):
     clip = 0.05
 
@@ -177,6 +181,7 @@ def _fail_first_run_with_batch(monkeypatch, batch):
     monkeypatch.setattr(Program, "__call__", call)
 
 
+@pytest.mark.slow
 def test_failed_step_keeps_the_last_good_state_and_training_continues(monkeypatch):
     """One oversized batch fails while it runs (after its state was donated): the state of
     the last good step stays readable and usable, and later steps match a run without it."""
@@ -288,6 +293,7 @@ _STRESS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_stress_interrupts_then_save_in_the_except_handler(tmp_path):
     """Ctrl-C at random moments of a fast training loop, 32 times; every time the except
     handler saves model and optimizer, and every checkpoint is complete and consistent."""
@@ -390,6 +396,7 @@ def test_hdf5_features_that_read_other_files_are_refused(tmp_path, secret, kind)
         assert torch.equal(torch.as_tensor(trusted) + 0, torch.arange(6.0))
 
 
+@pytest.mark.slow
 def test_links_to_files_outside_the_checkpoint_directory_are_refused(tmp_path, secret):
     from tests.cstorch.test_storage_fixtures import write_csx_style
 
@@ -435,6 +442,7 @@ _DISK_FULL = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_disk_full_during_save_raises_one_clear_oserror(tmp_path):
     result = subprocess.run([sys.executable, "-c", _DISK_FULL, str(tmp_path)],
                             capture_output=True, text=True, timeout=120)
@@ -485,6 +493,8 @@ def test_concurrent_exclusive_saves_to_one_path_never_replace_each_other(tmp_pat
     assert [p for p in os.listdir(tmp_path) if p.endswith(".tmp")] == []
 
 
+@pytest.mark.slow
+@pytest.mark.heavy
 def test_two_processes_overwriting_one_path_while_a_reader_loads(tmp_path):
     # The default save replaces the file atomically: whatever a reader opens is one writer's
     # whole checkpoint (its payload all one value, matching its tag), never a mix or a torn file.
@@ -580,6 +590,7 @@ def test_rng_state_restores_from_a_loaded_checkpoint(tmp_path):
     assert torch.equal(torch.rand(4), expected)
 
 
+@pytest.mark.slow
 def test_add_param_group_mid_run_keeps_existing_moments(cpu_backend):
     torch.manual_seed(0)
     first, second = torch.nn.Linear(3, 2), torch.nn.Linear(2, 1, bias=False)
@@ -612,6 +623,7 @@ def test_add_param_group_mid_run_keeps_existing_moments(cpu_backend):
     assert not torch.equal(optimizer.state_dict()["state"][2]["exp_avg"], torch.zeros(1, 2))
 
 
+@pytest.mark.slow
 def test_program_cache_is_bounded(cpu_backend):
     from cstorch.core import compile as compile_module
 

@@ -13,6 +13,8 @@ import torch
 
 import cerebras.pytorch as cstorch
 
+pytestmark = pytest.mark.slow  # trains the example end to end
+
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "gigagpt_style.py")
 
 

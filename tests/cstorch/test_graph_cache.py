@@ -18,6 +18,8 @@ import pytest
 
 from tests.graph_cache_entries import first_node, rewrite_entry
 
+pytestmark = [pytest.mark.slow, pytest.mark.core]  # fresh Python processes
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 PRELUDE = """
@@ -156,6 +158,7 @@ def _matches_eager(result, precision="fp32"):
     return True
 
 
+@pytest.mark.heavy
 def test_second_run_reuses_the_graph_and_every_change_captures_again(tmp_path):
     cache = tmp_path / "graphs"
     cold = _run(tmp_path, cache)
@@ -181,6 +184,7 @@ def test_second_run_reuses_the_graph_and_every_change_captures_again(tmp_path):
         assert _matches_eager(result, change.get("precision", "fp32")), what
 
 
+@pytest.mark.heavy
 def test_a_damaged_entry_is_captured_again_and_runs_nothing(tmp_path):
     cache = tmp_path / "graphs"
     cold = _run(tmp_path, cache)
@@ -210,6 +214,7 @@ def test_a_damaged_entry_is_captured_again_and_runs_nothing(tmp_path):
     assert _run(tmp_path, cache)["traces"] == 0  # and the rewritten entry serves again
 
 
+@pytest.mark.heavy
 def test_a_closure_the_cache_cannot_find_is_captured_every_time(tmp_path):
     cache = tmp_path / "graphs"
     for _ in range(2):
@@ -305,6 +310,7 @@ def test_a_gigagpt_style_script_hits(tmp_path):
     assert warm["checkpoints"] == ["c2.mdl", "c4.mdl"]
 
 
+@pytest.mark.heavy
 def test_the_cache_is_off_by_default(tmp_path):
     for _ in range(2):
         result = _run(tmp_path, None)
@@ -406,6 +412,7 @@ def _run_dependencies(tmp_path, cache, **changes):
     return result
 
 
+@pytest.mark.heavy
 def test_every_value_the_step_reads_from_outside_its_objects_is_in_the_key(tmp_path):
     """The stale-cache runs: with the cache on, change one value the step reads and run
     again in a new process; each run captures again and matches eager torch."""
@@ -425,6 +432,7 @@ def test_every_value_the_step_reads_from_outside_its_objects_is_in_the_key(tmp_p
         assert result["losses"] != cold["losses"], change  # the change matters
 
 
+@pytest.mark.heavy
 def test_a_constant_edited_in_a_stored_entry_runs_nothing(tmp_path):
     """``loss * 2.0`` made ``* 200.0`` in the entry, re-zipped with its key field intact:
     the next run refuses it (HMAC), captures again and matches eager torch."""

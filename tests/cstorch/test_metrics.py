@@ -237,6 +237,7 @@ def test_roc_auc_riemann_sum_approaches_the_exact_area():
     assert metric.compute() == pytest.approx(np_roc_auc_exact(labels, scores), abs=2e-3)
 
 
+@pytest.mark.slow
 def test_metrics_accumulate_inside_a_compiled_eval_step(cpu_backend):
     """All metrics updated in one traced step over several executor steps give the numpy
     values of all batches; compute() in the loop body sees each step's totals."""

@@ -24,6 +24,8 @@ from jax_backend.errors import RecompilationError
 from tests.cstorch.test_aliases import XS, YS, build
 from tests.training import compiled_sgd_step
 
+pytestmark = pytest.mark.core
+
 STEPS = 5
 CHANGE_AFTER = 2
 

@@ -58,6 +58,7 @@ def _losses(engine, precision, steps=6):
     return np.array(losses)
 
 
+@pytest.mark.slow
 def test_bf16_steps_follow_eager_autocast_within_bf16_rounding():
     eager32 = _losses("eager", "float32")
     eager16 = _losses("eager", "bfloat16")
@@ -122,6 +123,7 @@ def _cnn_run(engine, precision, steps=8):
     return np.array(losses), weights
 
 
+@pytest.mark.slow
 def test_bf16_cnn_follows_eager_autocast_much_closer_than_fp32():
     """Issue 31: a convolution's bias used to be added after the bf16 rounding (torch's CPU
     convolutions add it before their one rounding): a bf16 CNN then ended as far from eager

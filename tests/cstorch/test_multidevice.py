@@ -9,9 +9,12 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.core
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.mark.slow
 def test_data_parallel_and_weight_servers_match_one_device():
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
                PYTHONPATH=ROOT)

@@ -66,6 +66,7 @@ PAIRS = {
 
 
 @pytest.mark.parametrize("name", sorted(PAIRS))
+@pytest.mark.slow
 def test_from_optax_matches_builtin_trajectory(name):
     make_optax, make_builtin = PAIRS[name]
     expected_losses, expected_params, _ = _train(make_builtin)
@@ -76,6 +77,7 @@ def test_from_optax_matches_builtin_trajectory(name):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_from_optax_on_the_eager_engine_matches_the_compiled_step():
     make = PAIRS["adamw"][0]
     compiled_losses, compiled_params, _ = _train(make)
@@ -110,6 +112,7 @@ def test_from_optax_rejects_bad_arguments():
         cstorch.optim.from_optax(optax.sgd(0.1), [{"params": list(model.parameters())}])
 
 
+@pytest.mark.slow
 def test_builtin_optimizer_and_schedule_used_from_jax_directly():
     """The README's recipe: jax_backend's AdamW with a cstorch cosine schedule through
     optax.inject_hyperparams, on a JAX model, follows cstorch AdamW + CosineDecayLR."""

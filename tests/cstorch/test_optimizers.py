@@ -90,6 +90,7 @@ def test_key_order_table_covers_the_fixture():
 
 # ------------------------------------------------------------------ fixture trajectories
 @pytest.mark.parametrize("case", sorted(TRAJECTORIES))
+@pytest.mark.slow
 def test_fixture_trajectory_traced_and_checkpoint_continuation(case, cpu_backend, tmp_path):
     """The fixture's 6 steps through the cstorch class in a traced step; a checkpoint taken
     after step 3 restores into fresh objects that repeat steps 4-6 bit-identically."""
@@ -141,6 +142,7 @@ def test_fixture_trajectory_traced_and_checkpoint_continuation(case, cpu_backend
 
 
 @pytest.mark.parametrize("case", ["SGD_nesterov", "Adam_l2", "Adafactor", "NAdam", "Rprop"])
+@pytest.mark.slow
 def test_fixture_trajectory_eager(case, cpu_backend):
     """The same classes outside a traced step (the op's eager implementation)."""
     entry = TRAJECTORIES[case]
@@ -173,6 +175,7 @@ def _muon_reference(params, grads_seq, lr, weight_decay, momentum, nesterov, ns_
     return [np.asarray(p) for p in ps]
 
 
+@pytest.mark.slow
 def test_muon_traced_matches_the_pure_rule_and_survives_a_checkpoint(cpu_backend, tmp_path):
     model = Affine(with_bias=False)
     optimizer = cstorch.optim.Muon(model.parameters(), lr=0.02, momentum=0.9, ns_steps=3)
@@ -510,6 +513,7 @@ class HalvingLR(lr_scheduler.LRScheduler):
         return torch.pow(0.5, halvings) * self.initial_learning_rate
 
 
+@pytest.mark.slow
 def test_user_optimizer_and_scheduler_traced_match_eager(cpu_backend):
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)
@@ -564,6 +568,7 @@ def test_optimizer_needs_preinitialize_and_step():
 
 
 # ------------------------------------------------------------------ with schedulers
+@pytest.mark.slow
 def test_scheduled_training_survives_a_checkpoint(cpu_backend, tmp_path):
     """AdamW with a scheduled lr (warm-up then cosine) and a scheduled weight decay: the state
     of model, optimizer and both schedulers restores into fresh objects, and training goes on

@@ -16,9 +16,12 @@ import torch.nn.functional as F
 
 import cerebras.pytorch as cstorch
 from cstorch.core.engine import resolve_engine
+from cstorch.parity import runner
 from cstorch.parity.compare import (compare_closures, compare_state, first_divergence,
                                     relative_difference, within)
 from tests import eager_reference as ref
+
+pytestmark = pytest.mark.core
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "..", "data", "parity", "tiny_train.py")
 
@@ -69,6 +72,7 @@ def _eager_torch_reference(batches, lr=1e-2):
     return losses, model.state_dict()
 
 
+@pytest.mark.slow
 def test_eager_engine_is_eager_torch():
     losses, params, step, batches = _train("eager")
     assert step.trace_count == 0  # nothing was captured or compiled
@@ -78,6 +82,7 @@ def test_eager_engine_is_eager_torch():
         torch.testing.assert_close(params[name], value, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_eager_and_jax_engines_agree():
     eager_losses, eager_params, _, _ = _train("eager")
     cstorch.backend._reset_for_tests()
@@ -192,7 +197,6 @@ def test_recording_forces_the_engine_under_comparison(monkeypatch):
 
 
 def test_gpu_engine_only_where_jax_sees_a_gpu(monkeypatch):
-    from cstorch.parity import runner
     from jax_backend import mesh
 
     monkeypatch.setattr(mesh, "devices", lambda platform=None: [])
@@ -207,13 +211,23 @@ def test_gpu_engine_only_where_jax_sees_a_gpu(monkeypatch):
 
 
 # ------------------------------------------------------------------------------ the command
-def _parity(*args):
-    return subprocess.run([sys.executable, "-m", "cstorch.parity", "--engines", "eager,jax-cpu",
-                           FIXTURE, *args], capture_output=True, text=True, timeout=600)
+def _command(capsys, argv):
+    """``python -m cstorch.parity ARGV`` by its ``main`` in this process: the engines still run
+    in their own processes, one interpreter start less per call (the test of a script saving
+    to a fixed path runs the module itself)."""
+    capsys.readouterr()
+    status = runner.main(argv)
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(argv, status, out, err)
 
 
-def test_parity_command_passes_on_agreeing_engines():
-    result = _parity("--steps", "5")
+def _parity(capsys, *args):
+    return _command(capsys, ["--engines", "eager,jax-cpu", FIXTURE, *args])
+
+
+@pytest.mark.slow
+def test_parity_command_passes_on_agreeing_engines(capsys):
+    result = _parity(capsys, "--steps", "5")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "PARITY OK" in result.stdout
     lines = [line.split() for line in result.stdout.splitlines()]
@@ -224,22 +238,26 @@ def test_parity_command_passes_on_agreeing_engines():
         assert float(rel) <= 1e-4
 
 
-def test_parity_command_names_first_diverging_step():
-    result = _parity("--steps", "5", "--perturb-step", "3")
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_parity_command_names_first_diverging_step(capsys):
+    result = _parity(capsys, "--steps", "5", "--perturb-step", "3")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "FIRST DIVERGENCE at step 3: log.loss" in result.stdout
     assert "PARITY FAILED" in result.stdout
 
 
-def test_parity_command_reports_a_failing_engine(tmp_path):
+@pytest.mark.slow
+def test_parity_command_reports_a_failing_engine(tmp_path, capsys):
     script = tmp_path / "broken.py"
     script.write_text("raise RuntimeError('boom in the script')\n")
-    result = subprocess.run([sys.executable, "-m", "cstorch.parity", str(script)],
-                            capture_output=True, text=True, timeout=300)
+    result = _command(capsys, [str(script)])
     assert result.returncode == 2
     assert "the eager run failed" in result.stderr and "boom in the script" in result.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.heavy
 def test_a_script_saving_to_a_fixed_path_runs_twice_and_under_parity(tmp_path):
     # cstorch.save overwrites like torch.save, and each engine gets its own working directory
     # (the second engine must not find, resume from or collide with the first one's files).
@@ -260,8 +278,10 @@ def test_a_script_saving_to_a_fixed_path_runs_twice_and_under_parity(tmp_path):
     assert "RuntimeWarning" not in result.stderr  # (runpy's, about cstorch.parity.record)
 
 
-def test_parity_names_random_ops_and_unzeroed_gradients():
-    result = _parity("--steps", "3", "--dropout", "0.5", "--no-zero-grad")
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_parity_names_random_ops_and_unzeroed_gradients(capsys):
+    result = _parity(capsys, "--steps", "3", "--dropout", "0.5", "--no-zero-grad")
     assert result.returncode == 1, result.stdout + result.stderr
     out = result.stdout
     assert "FIRST DIVERGENCE at step 1" in out
@@ -270,14 +290,15 @@ def test_parity_names_random_ops_and_unzeroed_gradients():
     assert "likely cause: the step does not zero its gradients" in out
 
 
-def test_parity_tolerances_follow_the_precision():
-    result = _parity("--steps", "3", "--precision", "bfloat16")
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_parity_tolerances_follow_the_precision(capsys):
+    result = _parity(capsys, "--steps", "3", "--precision", "bfloat16")
     assert result.returncode == 0, result.stdout + result.stderr
     assert ("tolerances: this run computes in bfloat16 (mixed precision); closure values rtol "
             "by precision (float32 0.0001, float16 0.002, bfloat16 0.01): 0.01 here") in result.stdout
-    result = subprocess.run([sys.executable, "-m", "cstorch.parity", "--engines", "eager,jax-cpu",
-                             "--rtol", "1e-9", FIXTURE, "--steps", "3", "--precision",
-                             "bfloat16"], capture_output=True, text=True, timeout=600)
+    result = _command(capsys, ["--engines", "eager,jax-cpu", "--rtol", "1e-9", FIXTURE,
+                               "--steps", "3", "--precision", "bfloat16"])
     assert result.returncode == 1 and "rtol=1e-09 (--rtol)" in result.stdout
 
 
@@ -340,18 +361,20 @@ CNN = os.path.join(os.path.dirname(__file__), "..", "data", "parity", "cnn_train
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _parity_of_the_cnn(*args):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "compat")]))
-    return subprocess.run([sys.executable, "-m", "cstorch.parity", "--engines", "eager,jax-cpu",
-                           CNN, *args], capture_output=True, text=True, timeout=900, env=env)
+def _parity_of_the_cnn(capsys, monkeypatch, *args):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([ROOT, os.path.join(ROOT, "compat")]))
+    return _command(capsys, ["--engines", "eager,jax-cpu", CNN, *args])
 
 
-def test_parity_passes_a_cnn_whose_bias_before_batchnorm_follows_rounding_noise():
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_parity_passes_a_cnn_whose_bias_before_batchnorm_follows_rounding_noise(capsys,
+                                                                                  monkeypatch):
     """A conv bias before BatchNorm has a zero gradient in exact arithmetic: Adam turns its
     rounding noise into full-size moments that no engine reproduces (eager vs eager with one
     rounding step of difference changes them as much). The tool used to fail this ordinary
     fp32 CNN on them; it names them and their cause instead."""
-    result = _parity_of_the_cnn()
+    result = _parity_of_the_cnn(capsys, monkeypatch)
     out = result.stdout
     assert result.returncode == 0, out + result.stderr
     assert "PARITY OK" in out
@@ -363,8 +386,10 @@ def test_parity_passes_a_cnn_whose_bias_before_batchnorm_follows_rounding_noise(
     assert len(losses) == 8 and all(float(line[4]) <= 1e-6 for line in losses)
 
 
-def test_parity_still_fails_a_wrong_lowering_in_that_cnn():
-    result = _parity_of_the_cnn("--wrong-lowering")
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_parity_still_fails_a_wrong_lowering_in_that_cnn(capsys, monkeypatch):
+    result = _parity_of_the_cnn(capsys, monkeypatch, "--wrong-lowering")
     out = result.stdout
     assert result.returncode == 1, out + result.stderr
     assert "PARITY FAILED" in out and "FIRST DIVERGENCE at step" in out

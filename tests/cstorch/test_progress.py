@@ -8,12 +8,9 @@ times are exact: no test here depends on how fast the machine is.
 from __future__ import annotations
 
 import io
-import os
 import re
-import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,8 +18,6 @@ import torch
 import cerebras.pytorch as cstorch
 from cstorch.utils import progress
 from cstorch.utils.data import DataExecutor, DataLoader
-
-ROOT = Path(__file__).resolve().parents[2]
 
 # A 200-step loop whose first step "takes" 3 s (the compile) and every later one 0.25 s on a
 # fake clock; the step returns its loss, batches are 64 samples.
@@ -66,24 +61,25 @@ LOOP = textwrap.dedent("""
 """)
 
 
-def _run_piped(tmp_path, **env):
-    script = tmp_path / "loop.py"
-    script.write_text(LOOP)
-    environment = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "compat")]),
-                       **env)
+def _run_piped(monkeypatch, capsys, **env):
+    """The loop as a script whose output is not a terminal (captured), with ``env`` and none
+    of the other switches set; in this process, as a fresh one would run it (the backend is
+    reset per test, the fake clock put back afterwards)."""
     for name in ("CSTORCH_PROGRESS", "CSTORCH_PROGRESS_BAR", "CSTORCH_PROGRESS_EVERY"):
-        if name not in env:
-            environment.pop(name, None)
-    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=environment,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(progress, "time", progress.time)  # the loop replaces it
+    cstorch.config.reset()
+    capsys.readouterr()
+    exec(compile(LOOP, "loop.py", "exec"), {"__name__": "__main__"})
+    return capsys.readouterr().out
 
 
 @pytest.mark.slow
-def test_a_piped_200_step_loop_prints_lines_with_the_steady_rate_and_a_correct_eta(tmp_path):
-    out = _run_piped(tmp_path)
+def test_a_piped_200_step_loop_prints_lines_with_the_steady_rate_and_a_correct_eta(monkeypatch,
+                                                                                    capsys):
+    out = _run_piped(monkeypatch, capsys)
     assert "\r" not in out and "\033" not in out
     lines = out.splitlines()
     assert lines[0] == ("run: device CPU (1 x cpu) | precision float32 | 5 parameters | "
@@ -108,15 +104,16 @@ def test_a_piped_200_step_loop_prints_lines_with_the_steady_rate_and_a_correct_e
 
 
 @pytest.mark.slow
-def test_lines_come_every_30_seconds_when_steps_are_sparse_and_can_be_turned_off(tmp_path):
-    out = _run_piped(tmp_path, CSTORCH_PROGRESS_EVERY="1000")
+def test_lines_come_every_30_seconds_when_steps_are_sparse_and_can_be_turned_off(monkeypatch,
+                                                                                capsys):
+    out = _run_piped(monkeypatch, capsys, CSTORCH_PROGRESS_EVERY="1000")
     shown = [int(line.split()[1].split("/")[0]) for line in out.splitlines()
              if line.startswith("train ")]
     # step 1 ends at 103 s; 30 s later (120 steps of 0.25 s) is step 121; then the last
     assert shown == [1, 121, 200]
-    out = _run_piped(tmp_path, CSTORCH_PROGRESS="off")
+    out = _run_piped(monkeypatch, capsys, CSTORCH_PROGRESS="off")
     assert out.splitlines()[0].startswith("LOSSES")
-    out = _run_piped(tmp_path, CSTORCH_PROGRESS_BAR="0")  # the older switch
+    out = _run_piped(monkeypatch, capsys, CSTORCH_PROGRESS_BAR="0")  # the older switch
     assert out.splitlines()[0].startswith("LOSSES")
 
 

@@ -29,6 +29,8 @@ from jax_backend.errors import StepFailedError
 from tests.models import TinyGPT, lm_loss
 from tests.training import compiled_sgd_step
 
+pytestmark = pytest.mark.core
+
 XS = [torch.randn(8, 6, generator=torch.Generator().manual_seed(i)) for i in range(8)]
 YS = [torch.randn(8, 3, generator=torch.Generator().manual_seed(100 + i)) for i in range(8)]
 NEVER = 1 << 62
@@ -105,6 +107,7 @@ def _assert_matches_eager(edit=None, eager_edit=None, steps=(3, 3)):
 
 
 # ------------------------------------------------------------------ releasing
+@pytest.mark.slow
 def test_parameters_and_optimizer_state_are_released_between_steps(release_all):
     state, model, optimizer, step = _cstorch_run()
     for i in range(3):
@@ -121,6 +124,7 @@ def test_parameters_and_optimizer_state_are_released_between_steps(release_all):
     assert all(_storage_bytes(t) == 0 for t in tensors)
 
 
+@pytest.mark.slow
 def test_only_tensors_worth_it_are_released_by_default():
     backend = cstorch.backend("CPU")
     model = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.Tanh(),
@@ -156,6 +160,7 @@ def test_training_matches_eager_torch_and_an_unreleased_run_bit_for_bit(release_
         assert torch.equal(a, b)
 
 
+@pytest.mark.slow
 def test_tied_weights_are_one_released_tensor(release_all, monkeypatch):
     def run():
         backend = cstorch.backend("CPU")
@@ -276,6 +281,7 @@ def test_grad_of_a_released_parameter_is_untouched(release_all):
     assert torch.equal(weight.grad, torch.ones(16, 6))
 
 
+@pytest.mark.slow
 def test_eager_graph_across_a_step_raises_like_eager_torch_instead_of_reading_freed_memory():
     """A graph built eagerly before a step saved the parameter; the step changed it (and
     released its storage): backward must refuse, as eager torch does after optimizer.step()."""
@@ -370,6 +376,7 @@ def test_state_dict_deepcopy_and_pickle_of_released_state(release_all, tmp_path)
     assert torch.equal(torch.load(tmp_path / "weight.pt"), reference["0.weight"])
 
 
+@pytest.mark.slow
 def test_checkpoint_saved_and_loaded_mid_run(release_all, tmp_path):
     path = tmp_path / "mid.mdl"
 
@@ -462,6 +469,7 @@ def _failing_once(when):
         yield
 
 
+@pytest.mark.slow
 def test_failed_first_run_of_a_new_program_restores_released_state(release_all):
     def oversized(model, optimizer, step):
         state = cstorch.backend()._impl.device_state
@@ -571,6 +579,8 @@ def _steady_rss(mode) -> float:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+@pytest.mark.slow
+@pytest.mark.heavy
 def test_releasing_lowers_resident_memory_by_the_torch_copy():
     kept, released = _steady_rss("kept"), _steady_rss("released")
     # 96 MiB of state has a torch copy when kept; ask for half of it back (allocator slack).

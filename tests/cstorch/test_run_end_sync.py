@@ -17,6 +17,8 @@ import jax_backend.state
 from jax_backend import DeviceState
 from tests.training import compiled_sgd_step
 
+pytestmark = pytest.mark.core
+
 XS = [torch.randn(8, 6, generator=torch.Generator().manual_seed(i)) for i in range(6)]
 YS = [torch.randn(8, 3, generator=torch.Generator().manual_seed(100 + i)) for i in range(6)]
 

@@ -276,6 +276,7 @@ def test_polynomial_cycle_restarts(cpu_backend):
     assert "Differs from cerebras-pytorch" in " ".join(L.PolynomialLR.__doc__.split())
 
 
+@pytest.mark.slow
 def test_lambda_schedulers(cpu_backend):
     optimizer = _optimizer()
     default = L.LambdaLR(optimizer, 0.5)
@@ -460,6 +461,7 @@ def test_scheduled_values_stay_tensors_when_loading_plain_numbers(cpu_backend):
         cstorch.trace(lambda: (optimizer.step(), scheduler.step()))()
 
 
+@pytest.mark.slow
 def test_eager_steps_after_traced_steps_start_from_the_newest_state(cpu_backend):
     model = torch.nn.Linear(2, 1)
     compiled = cstorch.compile(model, cpu_backend)

@@ -92,6 +92,7 @@ def _train(make_sparsity, steps=12, kind="CPU"):
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.slow
 def test_reference_trajectories(case):
     want = FIXTURE[case]
     record, sparsity, step = _train(CASES[case])
@@ -121,6 +122,7 @@ def test_reference_trajectories(case):
     assert keys == want["state_dict_keys"]
 
 
+@pytest.mark.slow
 def test_gmp_on_csx_keeps_one_program_and_the_reference_counts():
     record, _, step = _train(CASES["gmp_linear"], steps=8, kind="CSX")
     assert step.trace_count == 1
@@ -130,6 +132,7 @@ def test_gmp_on_csx_keeps_one_program_and_the_reference_counts():
 
 
 @pytest.mark.parametrize("case", ["rigl_topk", "set_topk"])
+@pytest.mark.slow
 def test_checkpoint_resume_is_bit_identical(case, tmp_path):
     model, optimizer, sparsity, step, x, y = _setup(CASES[case])
     path = tmp_path / "sparse.mdl"
@@ -161,6 +164,7 @@ def test_checkpoint_resume_is_bit_identical(case, tmp_path):
         assert torch.equal(restored_state["step"], final_state["step"])
 
 
+@pytest.mark.slow
 def test_masks_are_buffers_under_the_reference_keys(cpu_backend):
     model, optimizer, sparsity, step, x, y = _setup(CASES["configure_dict"])
     keys = list(model.state_dict())
@@ -175,6 +179,7 @@ def test_masks_are_buffers_under_the_reference_keys(cpu_backend):
     assert not model.state_dict()["0.weight"][~mask].any()
 
 
+@pytest.mark.slow
 def test_gradients_and_optimizer_state_are_pruned(cpu_backend):
     model, optimizer, sparsity, step, x, y = _setup(CASES["static_topk_0.5"])
     step(x, y)
@@ -194,6 +199,7 @@ def test_eager_forward_prunes_with_the_initialised_mask(cpu_backend):
     assert not model[0].weight.detach()[~mask].any()
 
 
+@pytest.mark.slow
 def test_computed_and_target_sparsity_hooks_run_in_the_step(cpu_backend):
     model, optimizer, sparsity, step, x, y = _setup(CASES["gmp_linear"])
     targets = []
@@ -368,6 +374,7 @@ def test_init_methods(cpu_backend):
 
 
 @pytest.mark.parametrize("balance", ["out", "in"])
+@pytest.mark.slow
 def test_balanced_rigl_masks_stay_balanced(balance, cpu_backend):
     model, _, _ = _problem()
     compiled = cstorch.compile(model, cstorch.backend())
@@ -399,6 +406,7 @@ def test_balanced_rigl_masks_stay_balanced(balance, cpu_backend):
     assert step.trace_count == 1
 
 
+@pytest.mark.slow
 def test_gmp_regrowth_on_a_falling_schedule_matches_the_reference():
     """GMP on a cosine schedule that rises to 0.6 and falls again: where sparsity decreases,
     masks regrow among the pruned (zero-valued) weights exactly as the reference chooses.

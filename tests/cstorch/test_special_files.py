@@ -20,6 +20,8 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every test reads the results of one subprocess (module fixture)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KINDS = ("fifo", "directory", "device", "socket")
 WORDS = {"fifo": "FIFO", "directory": "directory", "device": "device", "socket": "socket"}

@@ -2,6 +2,7 @@
 
 import copy
 
+import pytest
 import torch
 
 import cerebras.pytorch as cstorch
@@ -27,6 +28,7 @@ def _setup():
     return model, optimizer, step
 
 
+@pytest.mark.slow
 def test_load_state_dict_between_steps_resumes_exactly():
     model, optimizer, step = _setup()
     xs = [torch.randn(2, 4, generator=torch.Generator().manual_seed(i)) for i in range(6)]
@@ -41,6 +43,7 @@ def test_load_state_dict_between_steps_resumes_exactly():
     assert step.trace_count == 1 and xla_compilations(step) == 1
 
 
+@pytest.mark.slow
 def test_in_place_torch_edits_between_steps_are_uploaded():
     model, _, step = _setup()
     x = torch.ones(1, 4)

@@ -23,6 +23,8 @@ from jax_backend.state import TRANSITIONS, IllegalTransition, _Entry
 from jax_backend.state_guard import no_guard
 from tests.training import squared_error_step
 
+pytestmark = pytest.mark.core
+
 XS = [torch.randn(8, 128, generator=torch.Generator().manual_seed(i)) for i in range(8)]
 YS = [torch.randn(8, 4, generator=torch.Generator().manual_seed(100 + i)) for i in range(8)]
 

@@ -61,6 +61,7 @@ def test_convert_to_torch_pickle_keeps_ties(checkpoint, tmp_path):
     assert type(loaded["tied"]) is torch.Tensor
 
 
+@pytest.mark.slow
 def test_module_entry_point(checkpoint):
     path, _ = checkpoint
     env = dict(os.environ, PYTHONPATH=REPO)

@@ -13,6 +13,8 @@ import torch
 
 import cstorch.storage as storage
 
+pytestmark = pytest.mark.slow  # writers killed in subprocesses
+
 WRITER = textwrap.dedent("""
     import sys, torch
     import cstorch.storage as storage

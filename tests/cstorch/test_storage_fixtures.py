@@ -184,6 +184,7 @@ def test_csx_nested_entries(tmp_path):
     assert torch.equal(out["link"], torch.arange(4.0).reshape(2, 2))
 
 
+@pytest.mark.slow
 def test_model_and_optimizer_restored_from_the_reference_checkpoint_continue_training(tmp_path):
     """adamw_step1.mdl (written by cerebras-pytorch 2.10 after one AdamW step) restores into a
     model and a cstorch AdamW, and the next steps match an eager AdamW started from the same

@@ -18,6 +18,8 @@ from cstorch.storage import safe_pickle, serializers
 from cstorch.storage.h5_format import H5Reader
 from cstorch.storage.serializers import DeferredTorchTensor
 
+pytestmark = pytest.mark.core
+
 Point = collections.namedtuple("Point", "x y")
 
 

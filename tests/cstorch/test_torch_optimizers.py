@@ -23,6 +23,8 @@ import cerebras.pytorch as cstorch
 from cstorch.core.compile import GradientAccumulationWarning, RecompilationWarning
 from jax_backend.errors import CaptureError
 
+from tests.lanes import marked_cases
+
 XS = [torch.randn(8, 4, generator=torch.Generator().manual_seed(i)) for i in range(6)]
 YS = [torch.randn(8, 2, generator=torch.Generator().manual_seed(100 + i)) for i in range(6)]
 
@@ -116,7 +118,8 @@ def _assert_no_fakes(*values):
 
 
 @pytest.mark.parametrize("backend_kind", ["CPU", "CSX"])
-@pytest.mark.parametrize("name", list(OPTIMIZERS))
+@pytest.mark.parametrize("name", marked_cases(OPTIMIZERS, ids=OPTIMIZERS,
+                                              slow={"Adam-amsgrad", "NAdam", "RAdam"}))
 def test_torch_optimizer_matches_eager_step_by_step(name, backend_kind):
     make = OPTIMIZERS[name]
     eager_model, eager_optimizer, eager_losses = _eager(make, 4)
@@ -137,6 +140,7 @@ def test_torch_optimizer_matches_eager_step_by_step(name, backend_kind):
 
 
 @pytest.mark.parametrize("name", ["SGD-momentum", "AdamW", "Adagrad", "RMSprop"])
+@pytest.mark.slow
 def test_checkpoint_and_resume_equal_eager(name, tmp_path):
     """Two compiled steps, ``cstorch.save`` of model and optimizer, a fresh backend that
     loads them and runs two more: eager torch's four steps."""
@@ -369,6 +373,7 @@ def test_foreach_ops_are_decomposed_per_tensor_and_match_eager():
     torch.testing.assert_close(model.b, eager.b, **TOL)
 
 
+@pytest.mark.slow
 def test_export_needs_the_first_step_to_have_run(tmp_path):
     """The first step's program creates the optimizer state; export takes the program of
     every later step, whose state exists only once the first step ran."""
@@ -405,6 +410,7 @@ def _multidevice_main():
     print("RESULT ok")
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_torch_optimizers_on_several_csx_devices_match_eager():
     import os

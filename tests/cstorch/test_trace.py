@@ -87,6 +87,7 @@ def test_new_signature_raises_on_csx():
         step(torch.randn(5, 4))
 
 
+@pytest.mark.slow
 def test_train_eval_mode_is_part_of_the_signature():
     torch.manual_seed(0)
     backend = cstorch.backend("CPU")
@@ -138,6 +139,7 @@ def test_submodule_train_and_eval_select_their_own_program():
     assert forward.trace_count == 2 and cstorch.backend()._impl.mode == "train"
 
 
+@pytest.mark.slow
 def test_dropout_is_reproducible_from_torch_manual_seed():
     backend = cstorch.backend("CPU")
     model = torch.nn.Dropout(0.5)
@@ -177,6 +179,7 @@ def test_outputs_are_lazy_tensors_that_behave_like_tensors():
     assert "tensor(" in repr(result["sum"])
 
 
+@pytest.mark.slow
 def test_lazy_outputs_feed_the_next_step_without_a_host_copy():
     _, compiled, _ = _setup()
 
@@ -294,6 +297,7 @@ def test_new_stateful_objects_do_not_recompile_existing_steps(kind):
     assert second < first  # the step still updates the same parameters
 
 
+@pytest.mark.slow
 def test_changing_a_python_number_hyperparameter_recompiles():
     model, compiled, optimizer = _setup("CPU")
     train_step = _train_step(compiled, optimizer)

@@ -14,6 +14,7 @@ from cstorch.core.compile import RecompilationWarning
 
 
 @pytest.mark.parametrize("device", ["CPU", "CSX"])
+@pytest.mark.slow
 def test_switching_between_train_and_eval_reuses_each_mode_program(device):
     cstorch.backend(device)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5))
@@ -47,6 +48,7 @@ def test_switching_between_train_and_eval_reuses_each_mode_program(device):
         torch.testing.assert_close(evaluated, model(x))
 
 
+@pytest.mark.slow
 def test_a_train_step_called_in_the_other_mode_still_recompiles():
     cstorch.backend("CPU")
     model = torch.nn.Dropout(0.5)
@@ -68,6 +70,7 @@ def _run(code, *paths):
                           env=env, timeout=300)
 
 
+@pytest.mark.slow
 def test_modelzoo_is_a_namespace_portion_that_a_real_install_shadows(tmp_path):
     result = _run("import cerebras.modelzoo as m, cerebras.modelzoo.trainer as t; "
                   "print(getattr(m, '__file__', None), t.Trainer.__module__)")

@@ -10,6 +10,8 @@ import cerebras.pytorch as cstorch
 from tests import eager_reference as ref
 from tests.jit_cache import xla_compilations
 
+pytestmark = pytest.mark.slow  # compiles whole transformers models
+
 transformers = pytest.importorskip("transformers")
 
 VOCAB = 97

@@ -18,6 +18,8 @@ from cstorch.utils import nest
 from cstorch.utils.data import DataExecutor, DataLoader
 from cstorch.utils.tensorboard.event_file import crc32c, masked_crc32c, read_records
 
+pytestmark = pytest.mark.core
+
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
 
 
@@ -255,6 +257,7 @@ def test_traced_tensor_hook_names_the_step_tensors(cpu_backend):
 
 
 # ------------------------------------------------------------------------ example
+@pytest.mark.slow
 def test_eval_example_runs_and_prints_the_accuracy(capsys, tmp_path):
     spec = importlib.util.spec_from_file_location("eval_accuracy",
                                                   os.path.join(EXAMPLES, "eval_accuracy.py"))

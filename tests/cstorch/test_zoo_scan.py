@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 SOURCE = '''
@@ -30,6 +32,7 @@ def g():
 '''
 
 
+@pytest.mark.slow
 def test_zoo_scan_counts_and_resolves_uses(tmp_path):
     package = tmp_path / "cerebras" / "modelzoo"
     package.mkdir(parents=True)

@@ -44,6 +44,7 @@ def _edge_values():
     return np.concatenate([values, -values]).astype(np.float32)
 
 
+@pytest.mark.slow
 def test_rounding_is_bitwise_the_reference():
     rng = np.random.default_rng(0)
     patterns = rng.integers(0, 2**32, size=400_000, dtype=np.uint64).astype(np.uint32)

@@ -10,6 +10,8 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.slow  # fresh Python processes
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SCRIPT = textwrap.dedent("""
@@ -71,6 +73,7 @@ def _run(cache_dir, tmp_path, width, batch, scale):
     return result
 
 
+@pytest.mark.heavy
 def test_second_run_compiles_nothing_and_changes_miss(tmp_path):
     cache = tmp_path / "cache"
     cold = _run(cache, tmp_path, width=16, batch=4, scale=1)

@@ -87,6 +87,7 @@ def test_half_matmul_gives_half_result_accumulated_in_fp32(platform):
     torch.testing.assert_close(ours, a @ b, rtol=8e-3, atol=0)
 
 
+@pytest.mark.slow
 def test_bf16_step_dots_write_bf16_on_a_gpu_except_attention_scores():
     # A GPU without cuDNN (attention by XLA): every GEMM writes bf16.
     program, _, _ = _gpt_program(Policy("bfloat16"), "rocm")
@@ -191,6 +192,7 @@ def test_cuda_fp32_program_keeps_xla_attention(cudnn_as_on_a_gpu):
     assert "__cudnn" not in _lowered_text(program, ("cuda",))
 
 
+@pytest.mark.slow
 def test_without_cudnn_a_cuda_program_falls_back_to_the_same_numbers():
     """A program lowered for "cuda" where cuDNN cannot be loaded (here: a CPU) runs XLA's
     attention, with a warning, and gives what a GPU program without cuDNN gives."""
@@ -205,6 +207,7 @@ def test_without_cudnn_a_cuda_program_falls_back_to_the_same_numbers():
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
 
 
+@pytest.mark.slow
 def test_attention_backward_without_its_forward_recomputes_it():
     """The backward op on its own (its forward not in the same graph run) is still right."""
     torch.manual_seed(0)
@@ -243,6 +246,7 @@ def test_attention_gradients_match_eager_torch(dtype):
         torch.testing.assert_close(dtypes.array_to_tensor(g), e.detach(), **tol)
 
 
+@pytest.mark.slow
 def test_a_cudnn_program_that_fails_to_compile_is_rebuilt_with_xla_attention(cudnn_as_on_a_gpu):
     """Here cuDNN's kernels have no CPU lowering, as a cuDNN refusing the call at compile time
     would fail: the program is compiled again with XLA's attention, before anything ran."""

@@ -69,6 +69,7 @@ def stored(tmp_path):
     return tmp_path, captured, state, inputs
 
 
+@pytest.mark.slow
 def test_a_stored_step_loads_as_the_same_program(stored):
     directory, captured, state, inputs = stored
     # no temporary file left behind
@@ -459,6 +460,7 @@ print("refused")
 """
 
 
+@pytest.mark.slow
 def test_a_fifo_in_place_of_an_entry_is_refused_without_blocking(tmp_path):
     directory = tmp_path / "cache"
     directory.mkdir(mode=0o700)

@@ -49,6 +49,7 @@ def _assert_torchs_rounding(ours, eager):
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.slow
 def test_bf16_convolution_and_its_gradients_match_torch_on_cpu(variant):
     x_shape, w_shape, *args = VARIANTS[variant]
     torch.manual_seed(0)

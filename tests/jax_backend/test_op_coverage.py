@@ -24,6 +24,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 BASELINE = os.path.join(os.path.dirname(__file__), "data", "op_coverage_baseline.json")
 
 
+@pytest.mark.slow
+@pytest.mark.heavy  # a minute or two of compilations: `make test` only (the legs run test_ops)
 def test_no_regression_on_recorded_passing_samples(tmp_path):
     with open(BASELINE) as f:
         baseline = json.load(f)
@@ -83,6 +85,7 @@ def test_missing_lowering_names_op_and_user_line(monkeypatch):
     assert "torch.special.erfinv(y)" in message
 
 
+@pytest.mark.slow
 def test_harness_classifies_a_missing_lowering(monkeypatch):
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     try:

@@ -23,6 +23,8 @@ from torch.utils import _pytree as pytree
 from jax_backend import GraphInterpreter, Program, Slot, capture_step, dtypes
 from jax_backend.registry import has_lowering
 
+from tests.lanes import marked_cases
+
 aten = torch.ops.aten
 
 
@@ -311,13 +313,25 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+# Cases of a second or more (convolutions, pooling, norms: long compilations).
+SLOW_CASES = {
+    "adaptive_max_pool2d", "batch_norm_train_no_stats", "conv1d_depthwise",
+    "conv2d_groups_dilation_stride", "conv2d_padding_same", "conv2d_unbatched", "conv3d",
+    "conv_transpose1d", "conv_transpose2d_output_padding_groups", "cross_entropy_label_smoothing",
+    "group_norm", "interpolate_bilinear_align", "interpolate_nearest", "layer_norm", "max_pool1d",
+    "max_pool2d_ceil_pad_dilation", "max_pool2d_indices", "max_pool3d_ceil", "median_kthvalue",
+    "sdpa_bool_mask", "sdpa_causal", "softmax_log_softmax",
+}
+
+
+@pytest.mark.parametrize("case", marked_cases(CASES, ids=[c.name for c in CASES], slow=SLOW_CASES))
 def test_lowering_matches_eager(case):
     check(case)
 
 
 # --------------------------------------------------------------- batch norm running stats
-@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("training", marked_cases([True, False], ids=["True", "False"],
+                                                  slow={"True"}))
 def test_batch_norm_running_stats(training):
     torch.manual_seed(0)
     eager = torch.nn.BatchNorm2d(3, momentum=0.2)

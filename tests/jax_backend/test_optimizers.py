@@ -19,6 +19,7 @@ import torch
 
 from jax_backend import optimizers, schedules
 
+from tests.lanes import marked_cases
 from tests.reference_data import OPTIMIZER_TRAJECTORIES as TRAJECTORIES
 from tests.reference_data import optimizer_problem as _problem
 
@@ -50,7 +51,8 @@ def _rel_err(got, want):
 
 
 # ------------------------------------------------------------------ fixture trajectories
-@pytest.mark.parametrize("case", sorted(TRAJECTORIES))
+@pytest.mark.parametrize("case", marked_cases(sorted(TRAJECTORIES), ids=sorted(TRAJECTORIES),
+                                              slow={"ASGD", "Adafactor"}))
 def test_fixture_trajectory(case):
     entry = TRAJECTORIES[case]
     tx = optimizers.OPTIMIZERS[entry["class"].lower()](**_factory_kwargs(entry["kwargs"]))
@@ -173,7 +175,12 @@ def _case_id(case):
     return case[0] + "-" + "-".join(f"{k}" for k in case[1] if k != "learning_rate")
 
 
-@pytest.mark.parametrize("name,kwargs", ALL_OPTIONS, ids=map(_case_id, ALL_OPTIONS))
+@pytest.mark.parametrize("name,kwargs", marked_cases(
+    ALL_OPTIONS, ids=map(_case_id, ALL_OPTIONS), slow={
+        "adadelta-weight_decay-maximize", "adafactor-beta1-scale_parameter",
+        "adafactor-weight_decay", "adam-weight_decay-amsgrad", "adamw-weight_decay",
+        "lamb-weight_decay", "muon-", "nadam-weight_decay", "radam-weight_decay",
+        "sgd-momentum-dampening-weight_decay-maximize"}))
 def test_jitted_update_does_not_recompile(name, kwargs):
     tx = optimizers.build(name, kwargs)
     traces = []
@@ -197,6 +204,7 @@ ONE_PER_OPTIMIZER = list({name: (name, kwargs) for name, kwargs in reversed(ALL_
 
 
 @pytest.mark.parametrize("name,kwargs", ONE_PER_OPTIMIZER, ids=map(_case_id, ONE_PER_OPTIMIZER))
+@pytest.mark.slow
 def test_inject_hyperparams_with_scheduled_learning_rate(name, kwargs):
     lr0 = kwargs["learning_rate"]
     sched = schedules.linear(lr0, lr0 / 10, total_iters=3)
@@ -221,7 +229,8 @@ def test_inject_hyperparams_with_scheduled_learning_rate(name, kwargs):
         np.testing.assert_allclose(np.asarray(p), np.asarray(r), rtol=2e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("name,kwargs", ALL_OPTIONS, ids=map(_case_id, ALL_OPTIONS))
+@pytest.mark.parametrize("name,kwargs", marked_cases(
+    ALL_OPTIONS, ids=map(_case_id, ALL_OPTIONS), slow={"muon-"}))
 def test_array_hyperparameters_and_apply(name, kwargs):
     """Scheduled lr / weight decay arrive as 0-dim arrays, betas as lists (JSON), and
     ``apply`` runs on flat state leaves."""
@@ -365,6 +374,7 @@ def _torch_muon(params, grads_seq, lr, weight_decay, momentum, nesterov, ns_step
 
 
 @pytest.mark.parametrize("nesterov,ns_steps", [(True, 5), (False, 3)])
+@pytest.mark.slow
 def test_muon_against_reference_formula(nesterov, ns_steps):
     rs = np.random.RandomState(0)
     shapes = [(4, 3), (6, 9), (2, 3, 2, 2), (3, 4, 5)]
@@ -386,6 +396,7 @@ def test_muon_against_reference_formula(nesterov, ns_steps):
         np.testing.assert_allclose(np.asarray(b), w, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_newton_schulz_orthogonalises():
     g = jax.random.normal(jax.random.PRNGKey(0), (16, 8))
     o = np.asarray(jax.jit(optimizers.newton_schulz5)(g), np.float32)
@@ -417,7 +428,8 @@ def test_module_doctests():
     assert result.failed == 0 and result.attempted > 0
 
 
-@pytest.mark.parametrize("name,kwargs", ONE_PER_OPTIMIZER, ids=map(_case_id, ONE_PER_OPTIMIZER))
+@pytest.mark.parametrize("name,kwargs", marked_cases(
+    ONE_PER_OPTIMIZER, ids=map(_case_id, ONE_PER_OPTIMIZER), slow={"muon-"}))
 def test_a_flax_style_dict_of_params_trains_as_the_list_does(name, kwargs):
     # optax transformations take any pytree of parameters; so do these.
     leaves = _generic_params(name)

@@ -53,6 +53,7 @@ def chi_square_ok(counts, expected):
 
 
 # ------------------------------------------------------------------------ keys and streams
+@pytest.mark.slow
 def test_same_seed_reproduces_and_different_seeds_differ():
     program = compile_step(lambda x: torch.rand(1000) + x, torch.zeros(()))
     x = torch.zeros(())
@@ -63,6 +64,7 @@ def test_same_seed_reproduces_and_different_seeds_differ():
     assert not np.array_equal(a[0], c[0])
 
 
+@pytest.mark.slow
 def test_consecutive_seeds_give_unrelated_streams():
     program = compile_step(lambda x: torch.randn(1000) + x, torch.zeros(()))
     x = torch.zeros(())
@@ -70,12 +72,14 @@ def test_consecutive_seeds_give_unrelated_streams():
     assert abs(np.corrcoef(first[0], second[0])[0, 1]) < 0.15
 
 
+@pytest.mark.slow
 def test_two_random_ops_in_one_step_are_independent():
     a, b = draw(lambda x: (torch.rand(1000) + x, torch.rand(1000) + x), torch.zeros(()))
     assert not np.array_equal(a, b)
     assert abs(np.corrcoef(a, b)[0, 1]) < 0.15
 
 
+@pytest.mark.slow
 def test_no_fixed_key_in_lowerings():
     """Every random lowering takes its key from the program: draws follow the seed."""
     def step(x):
@@ -98,16 +102,19 @@ def test_rand_uniform_moments_and_range():
     assert_mean_var(sample, 0.5, 1.0 / 12.0)
 
 
+@pytest.mark.slow
 def test_randn_moments():
     (sample,) = draw(lambda x: torch.randn(N) + x, torch.zeros(()))
     assert_mean_var(sample, 0.0, 1.0)
 
 
+@pytest.mark.slow
 def test_randn_like_keeps_dtype_and_shape():
     (sample,) = draw(lambda x: torch.randn_like(x), torch.zeros(4, 5, dtype=torch.float64))
     assert sample.shape == (4, 5) and sample.dtype == np.float64
 
 
+@pytest.mark.slow
 def test_uniform_and_normal_in_place_parameters():
     def step(x):
         return torch.empty(N).uniform_(-2.0, 4.0) + x, torch.empty(N).normal_(3.0, 0.5) + x
@@ -117,6 +124,7 @@ def test_uniform_and_normal_in_place_parameters():
     assert_mean_var(normal, 3.0, 0.25)
 
 
+@pytest.mark.slow
 def test_exponential_moments():
     (sample,) = draw(lambda x: torch.empty(N).exponential_(2.0) + x, torch.zeros(()))
     assert sample.min() >= 0.0
@@ -124,12 +132,14 @@ def test_exponential_moments():
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+@pytest.mark.slow
 def test_bernoulli_rate(p):
     (sample,) = draw(lambda probs: torch.bernoulli(probs), torch.full((N,), p))
     assert set(np.unique(sample)) <= {0.0, 1.0}
     assert_mean_var(sample, p, p * (1 - p))
 
 
+@pytest.mark.slow
 def test_bernoulli_per_element_probabilities():
     probs = torch.tensor([0.0, 1.0, 0.25]).repeat(N // 3)
     (sample,) = draw(lambda q: torch.bernoulli(q), probs)
@@ -139,6 +149,7 @@ def test_bernoulli_per_element_probabilities():
 
 
 @pytest.mark.parametrize("p", [0.2, 0.5])
+@pytest.mark.slow
 def test_dropout_keep_rate_and_scaling(p):
     x = torch.ones(N)
     (out,) = draw(lambda t: torch.nn.functional.dropout(t, p, training=True), x)
@@ -155,6 +166,7 @@ def test_dropout_eval_is_identity():
     np.testing.assert_array_equal(np.asarray(outputs[0]), x.numpy())
 
 
+@pytest.mark.slow
 def test_dropout_backward_uses_the_forward_mask():
     x = torch.randn(10_000, requires_grad=True)
 
@@ -169,6 +181,7 @@ def test_dropout_backward_uses_the_forward_mask():
     assert np.all(grad[~kept] == 0)
 
 
+@pytest.mark.slow
 def test_randint_range_and_uniformity():
     low, high = -3, 7
     (sample,) = draw(lambda x: torch.randint(low, high, (N,)) + x, torch.zeros((), dtype=torch.int64))
@@ -179,12 +192,14 @@ def test_randint_range_and_uniformity():
     assert ok, stat
 
 
+@pytest.mark.slow
 def test_randint_dtype_argument():
     (sample,) = draw(lambda x: torch.randint(0, 5, (1000,), dtype=torch.int32) + x,
                      torch.zeros((), dtype=torch.int32))
     assert sample.dtype == np.int32 and sample.min() >= 0 and sample.max() < 5
 
 
+@pytest.mark.slow
 def test_log_normal_and_cauchy_and_geometric():
     def step(x):
         return (torch.empty(N).log_normal_(0.5, 0.25) + x, torch.empty(N).cauchy_(1.0, 2.0) + x,
@@ -198,6 +213,7 @@ def test_log_normal_and_cauchy_and_geometric():
     assert_mean_var(geometric, 4.0, 0.75 / 0.0625)
 
 
+@pytest.mark.slow
 def test_randperm_is_a_permutation():
     program = compile_step(lambda x: torch.randperm(50) + x, torch.zeros((), dtype=torch.int64))
     perms = [run(program, torch.zeros((), dtype=torch.int64), seed=s)[0] for s in range(5)]
@@ -207,6 +223,7 @@ def test_randperm_is_a_permutation():
     assert len({tuple(p) for p in perms}) == 5
 
 
+@pytest.mark.slow
 def test_randperm_positions_are_uniform():
     n, reps = 5, 4000
     program = compile_step(lambda x: torch.stack([torch.randperm(n) for _ in range(40)]) + x,
@@ -219,6 +236,7 @@ def test_randperm_positions_are_uniform():
     assert ok, stat
 
 
+@pytest.mark.slow
 def test_multinomial_with_replacement_frequencies():
     probs = torch.tensor([0.1, 0.2, 0.3, 0.4])
     (sample,) = draw(lambda p: torch.multinomial(p, N, replacement=True), probs)
@@ -227,6 +245,7 @@ def test_multinomial_with_replacement_frequencies():
     assert ok, stat
 
 
+@pytest.mark.slow
 def test_multinomial_unnormalised_weights_and_batches():
     weights = torch.tensor([[1.0, 0.0, 3.0], [0.0, 5.0, 5.0]])
     (sample,) = draw(lambda w: torch.multinomial(w, 20_000, replacement=True), weights)
@@ -236,6 +255,7 @@ def test_multinomial_unnormalised_weights_and_batches():
     assert ok, stat
 
 
+@pytest.mark.slow
 def test_multinomial_without_replacement():
     probs = torch.tensor([0.1, 0.2, 0.3, 0.4]).repeat(20_000, 1)
     (sample,) = draw(lambda p: torch.multinomial(p, 2, replacement=False), probs)
@@ -252,6 +272,7 @@ def test_multinomial_without_replacement():
     assert ok, stat
 
 
+@pytest.mark.slow
 def test_multinomial_all_categories_is_a_permutation():
     (sample,) = draw(lambda p: torch.multinomial(p, 6), torch.rand(100, 6) + 0.1)
     np.testing.assert_array_equal(np.sort(sample, axis=1), np.tile(np.arange(6), (100, 1)))

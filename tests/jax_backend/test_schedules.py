@@ -23,6 +23,7 @@ import torch
 
 from jax_backend import schedules
 
+from tests.lanes import marked_cases
 from tests.reference_data import REFERENCE
 
 FIXTURES = REFERENCE
@@ -89,7 +90,8 @@ def test_every_fixture_series_has_a_config():
     assert set(FIXTURE_CONFIGS) == set(VALUES)
 
 
-@pytest.mark.parametrize("name", sorted(VALUES))
+@pytest.mark.parametrize("name", marked_cases(sorted(VALUES), ids=sorted(VALUES),
+                                              slow={"ChainedScheduler"}))
 def test_fixture_values(name):
     want = np.asarray(VALUES[name], np.float64)
     schedule = schedules.from_config(FIXTURE_CONFIGS[name])
@@ -145,7 +147,8 @@ def test_kind_examples_cover_every_kind():
     assert set(KIND_EXAMPLES) == set(schedules.KINDS)
 
 
-@pytest.mark.parametrize("kind", sorted(KIND_EXAMPLES))
+@pytest.mark.parametrize("kind", marked_cases(sorted(KIND_EXAMPLES), ids=sorted(KIND_EXAMPLES),
+                                              slow={"chained"}))
 def test_every_kind_in_jit_with_traced_int64_count(kind):
     schedule = schedules.from_config({"kind": kind, **KIND_EXAMPLES[kind]})
     counts = jnp.arange(25, dtype=jnp.int64)
@@ -214,6 +217,7 @@ def test_polynomial_cycle_follows_keras(power):
         np.testing.assert_allclose([float(linear(int(k))) for k in t], got, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_lambda_applies_initial_once():
     t = np.arange(20)
     default = schedules.lambda_schedule(0.5, "default")

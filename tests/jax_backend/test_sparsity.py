@@ -10,6 +10,8 @@ import pytest
 
 from jax_backend import sparsity
 
+from tests.lanes import marked_cases
+
 
 def _numpy_topk(score, k):
     """Keeps the k largest of each row (ties: lower index first)."""
@@ -19,7 +21,8 @@ def _numpy_topk(score, k):
     return mask
 
 
-@pytest.mark.parametrize("level", [0.0, 0.3, 0.5, 0.7, 0.99, 1.0])
+@pytest.mark.parametrize("level", marked_cases(LEVELS := [0.0, 0.3, 0.5, 0.7, 0.99, 1.0],
+                                               ids=map(str, LEVELS), slow={"0.0", "0.3"}))
 def test_topk_sparsity_counts_and_positions(level):
     score = np.random.default_rng(0).normal(size=(7, 13)).astype(np.float32)
     got = np.asarray(sparsity.mask_topk_sparsity(jnp.asarray(score), level))
@@ -27,6 +30,7 @@ def test_topk_sparsity_counts_and_positions(level):
     np.testing.assert_array_equal(got.reshape(-1), _numpy_topk(score.reshape(1, -1), k)[0])
 
 
+@pytest.mark.slow
 def test_ties_keep_the_lower_index():
     got = sparsity.topk_rows(jnp.array([[1.0, 2.0, 2.0, 2.0, 0.0]]), 2)
     assert np.asarray(got).tolist() == [[False, True, True, False, False]]
@@ -44,6 +48,7 @@ def test_topk_with_ties_signed_zeros_and_infinities(dtype):
         np.testing.assert_array_equal(np.asarray(topk(jnp.asarray(score), k)), want)
 
 
+@pytest.mark.slow
 def test_reference_documentation_examples():
     score = jnp.array([[1.0, 2.0], [0.0, -1.0]])
     assert np.asarray(sparsity.mask_topk_sparsity(score, 0.25)).tolist() == [[True, True],
@@ -59,6 +64,7 @@ def test_reference_documentation_examples():
         [False, True], [True, False]]
 
 
+@pytest.mark.slow
 def test_one_program_for_every_sparsity_level():
     traces = []
 
@@ -72,6 +78,7 @@ def test_one_program_for_every_sparsity_level():
     assert counts == [18, 10, 2] and len(traces) == 1
 
 
+@pytest.mark.slow
 def test_drop_and_grow_against_numpy():
     rng = np.random.default_rng(1)
     weight = rng.normal(size=(8, 6)).astype(np.float32)
@@ -92,6 +99,7 @@ def test_drop_and_grow_against_numpy():
     np.testing.assert_array_equal(sparsity.mask_grow_maximum(grow_score, full, 0.5), full)
 
 
+@pytest.mark.slow
 def test_balanced_rigl_update_keeps_every_group_balanced():
     rng = np.random.default_rng(2)
     weight = jnp.asarray(rng.normal(size=(8, 6)).astype(np.float32))
@@ -108,6 +116,7 @@ def test_balanced_rigl_update_keeps_every_group_balanced():
         np.testing.assert_array_equal(np.asarray(same), np.asarray(mask))
 
 
+@pytest.mark.slow
 def test_gmp_update_and_pruning_helpers():
     weight = jnp.array([[0.1, -3.0], [2.0, 0.5]])
     mask = jnp.ones((2, 2), bool)

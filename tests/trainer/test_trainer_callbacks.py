@@ -45,6 +45,7 @@ class WithAccuracy(ClassifierMLP):
         return torch.nn.functional.cross_entropy(logits, y)
 
 
+@pytest.mark.slow
 def test_model_eval_metrics_logs_the_accuracy_of_the_validation(tmp_path):
     collect = Collect()
     trainer = make(tmp_path, model=WithAccuracy, callbacks=[ModelEvalMetrics()],
@@ -57,6 +58,7 @@ def test_model_eval_metrics_logs_the_accuracy_of_the_validation(tmp_path):
     assert collect.logged["validate_0/accuracy"] == pytest.approx(torch.cat(hits).mean().item())
 
 
+@pytest.mark.slow
 def test_check_loss_stops_a_diverging_run(tmp_path):
     class Diverging(ClassifierMLP):
         def forward(self, batch):
@@ -67,6 +69,7 @@ def test_check_loss_stops_a_diverging_run(tmp_path):
         trainer.fit(cstorch.utils.data.DataLoader(torch_loader, 2))
 
 
+@pytest.mark.slow
 def test_scoped_train_flags_hold_only_while_training(tmp_path):
     seen = []
 
@@ -93,6 +96,7 @@ def test_global_flags_are_set_at_construction_and_checked(tmp_path):
         make(tmp_path / "b", callbacks=[GlobalFlags(**{"csx.precision.no_such_flag": 1})])
 
 
+@pytest.mark.slow
 def test_selective_grad_freezes_the_masked_weights(tmp_path):
     frozen = SelectiveGrad({"param_filter": "fc1.weight",
                             "init_method": lambda p: torch.zeros_like(p, dtype=torch.bool)})
@@ -113,6 +117,7 @@ def test_count_params(tmp_path):
     assert [(name, count) for name, _, count in counter.table] == [("fc1", 144), ("fc2", 68)]
 
 
+@pytest.mark.slow
 def test_load_checkpoint_states_restores_only_the_named_states(tmp_path):
     make(tmp_path / "run", steps=3, checkpoint=Checkpoint(steps=3)).fit(
         cstorch.utils.data.DataLoader(torch_loader, 3))
@@ -131,6 +136,7 @@ def test_load_checkpoint_states_restores_only_the_named_states(tmp_path):
                                    atol=1e-6)
 
 
+@pytest.mark.slow
 def test_log_input_summaries_logs_each_steps_batch(tmp_path):
     class Steps(Logger):
         def __init__(self):

@@ -203,6 +203,7 @@ def test_gradient_accumulation_is_refused_on_cpu(tmp_path):
         build(tmp_path, device="CPU", loop=TrainingLoop(num_steps=4, grad_accum_steps=2))
 
 
+@pytest.mark.slow
 def test_an_autoloaded_checkpoint_of_another_model_names_the_file_and_the_ways_out(tmp_path):
     """A model_dir reused for a different model: the Trainer autoloads the old run's newest
     checkpoint. The error names that file, the shapes and both ways out, instead of

@@ -48,6 +48,7 @@ def make_trainer(model_dir, loop, recorder, checkpoint=None, device="CPU"):
         seed=SEED)
 
 
+@pytest.mark.slow
 def test_fit_matches_eager_torch_and_writes_checkpoints(tmp_path):
     recorder = Recorder()
     trainer = make_trainer(tmp_path / "run", TrainingLoop(num_steps=24, eval_frequency=12,
@@ -73,6 +74,7 @@ def test_fit_matches_eager_torch_and_writes_checkpoints(tmp_path):
     assert set(saved) >= {"model", "optimizer", "schedulers", "global_step"}
 
 
+@pytest.mark.slow
 def test_a_second_trainer_resumes_from_a_checkpoint(tmp_path):
     first = Recorder()
     make_trainer(tmp_path / "run", TrainingLoop(num_steps=24, eval_frequency=None),
@@ -97,6 +99,7 @@ def test_a_second_trainer_resumes_from_a_checkpoint(tmp_path):
     assert (tmp_path / "run" / "checkpoint_26.mdl").exists()
 
 
+@pytest.mark.slow
 def test_validate_and_validate_all_report_the_eager_validation_loss(tmp_path):
     recorder = Recorder()
     trainer = make_trainer(tmp_path / "run", TrainingLoop(num_steps=24, eval_frequency=None),
@@ -124,6 +127,7 @@ def test_validate_and_validate_all_report_the_eager_validation_loss(tmp_path):
         trainer.validate_all(val_loader, ckpt_paths=str(tmp_path / "nothing_*.mdl"))
 
 
+@pytest.mark.slow
 def test_fit_with_validation_on_csx_compiles_each_step_once(tmp_path):
     recorder = Recorder()
     trainer = make_trainer(tmp_path / "run", TrainingLoop(num_steps=8, eval_frequency=4,
@@ -139,6 +143,7 @@ def test_fit_with_validation_on_csx_compiles_each_step_once(tmp_path):
     np.testing.assert_allclose(recorder.train_losses, want, rtol=1e-3)
 
 
+@pytest.mark.slow
 def test_training_loops_continue_the_data_stream_across_epochs(tmp_path):
     # 4 batches per epoch, validation every 4 steps: each training loop ends exactly at the
     # end of an epoch, and the next one starts the next epoch.
@@ -200,6 +205,7 @@ class RestartableBatches:
         return aggregated_state_dict
 
 
+@pytest.mark.slow
 def test_a_restartable_dataloader_resumes_where_the_checkpoint_was_taken(tmp_path):
     first = Recorder()
     make_trainer(tmp_path / "run", TrainingLoop(num_steps=8, eval_frequency=None), first,
@@ -214,6 +220,7 @@ def test_a_restartable_dataloader_resumes_where_the_checkpoint_was_taken(tmp_pat
     np.testing.assert_allclose(resumed.train_losses, first.train_losses[4:], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_checkpoints_of_another_version_are_refused_unless_not_strict(tmp_path):
     make_trainer(tmp_path / "run", TrainingLoop(num_steps=2, eval_frequency=None),
                  Recorder()).fit(cstorch.utils.data.DataLoader(torch_loader, 2))
@@ -234,6 +241,7 @@ def test_checkpoints_of_another_version_are_refused_unless_not_strict(tmp_path):
     assert lenient.global_step == 3
 
 
+@pytest.mark.slow
 def test_a_compile_only_run_takes_one_step_and_saves_nothing(tmp_path):
     recorder = Recorder()
     trainer = Trainer(backend=cstorch.backend("CSX", compile_only=True), model_dir=tmp_path,

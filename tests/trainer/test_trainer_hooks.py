@@ -48,6 +48,7 @@ def make(tmp_path):
     return trainer, recorder
 
 
+@pytest.mark.slow
 def test_hook_order_of_construction_fit_validate_and_validate_all(tmp_path):
     trainer, recorder = make(tmp_path)
     assert recorder.calls == ["pre_setup", "setup", "post_setup"]

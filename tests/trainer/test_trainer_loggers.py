@@ -44,6 +44,7 @@ def scalars(accumulator, tag):
     return [(event.step, event.value) for event in accumulator.Scalars(tag)]
 
 
+@pytest.mark.slow
 def test_tensorboard_event_files_hold_the_logged_scalars(tmp_path):
     collect, board = Collect(), TensorBoardLogger()
     trainer = fit(tmp_path, [collect, board])
@@ -60,6 +61,7 @@ def test_tensorboard_event_files_hold_the_logged_scalars(tmp_path):
         np.testing.assert_allclose([v for _, v in got], [v for _, v in want], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_log_steps_and_metrics_from_inside_the_step(tmp_path):
     collect = Collect()
     fit(tmp_path, [collect], [LogOptimizerParamGroup("lr"), ComputeNorm()], log_steps=2)

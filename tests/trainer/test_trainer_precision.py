@@ -52,6 +52,7 @@ def eager(clip_norm=None, clip_value=None, steps=6):
 
 
 @pytest.mark.parametrize("clip", [{"max_gradient_norm": 0.1}, {"max_gradient_value": 0.01}])
+@pytest.mark.slow
 def test_gradient_clipping_matches_eager_torch(tmp_path, clip):
     _, losses = fit(tmp_path, MixedPrecision(enabled=False, **clip))
     want = eager(clip_norm=clip.get("max_gradient_norm"),
@@ -60,6 +61,7 @@ def test_gradient_clipping_matches_eager_torch(tmp_path, clip):
     assert not np.allclose(losses, eager(), rtol=1e-3)  # clipping changed the trajectory
 
 
+@pytest.mark.slow
 def test_bfloat16_on_cpu_stays_close_to_fp32(tmp_path):
     with pytest.warns(UserWarning, match="only bfloat16"):
         trainer, losses = fit(tmp_path, MixedPrecision(fp16_type="float16"))
@@ -68,6 +70,7 @@ def test_bfloat16_on_cpu_stays_close_to_fp32(tmp_path):
     np.testing.assert_allclose(losses, eager(), rtol=3e-2)
 
 
+@pytest.mark.slow
 def test_float16_on_csx_uses_a_dynamic_loss_scaler_saved_in_checkpoints(tmp_path):
     trainer, losses = fit(tmp_path, MixedPrecision(fp16_type="float16",
                                                    loss_scaling_factor="dynamic"),

@@ -1,6 +1,7 @@
 """``Trainer(sparsity=...)`` and ``LogSparsity``: a static top-k algorithm prunes inside the
 compiled step exactly as a hand-written eager torch loop with fixed masks does."""
 
+import pytest
 import torch
 
 import cerebras.pytorch as cstorch
@@ -57,6 +58,7 @@ def _eager(train):
     return losses, masks, model.state_dict()
 
 
+@pytest.mark.slow
 def test_static_sparsity_matches_eager_masking_and_is_logged_and_checkpointed(tmp_path):
     collect = Collect()
     trainer = Trainer(

@@ -62,6 +62,7 @@ def run_cli(tmp_path, config, *args):
 
 
 @pytest.mark.parametrize("device, rtol", [("CPU", 1e-4), ("CSX", 1e-3)])
+@pytest.mark.slow
 def test_the_command_line_fits_like_eager_torch(tmp_path, device, rtol):
     model_dir = tmp_path / "model_dir"
     result = run_cli(tmp_path, params(model_dir), "--device", device)
@@ -78,6 +79,7 @@ def test_the_command_line_fits_like_eager_torch(tmp_path, device, rtol):
                                                           "checkpoint_24.mdl"}
 
 
+@pytest.mark.slow
 def test_run_trainer_in_process_with_registered_names(tmp_path):
     register_model("TinyMLP")(ClassifierMLP)
     register_data_processor("TinyData")(torch_loader)
@@ -212,6 +214,7 @@ def test_legacy_params_convert_to_the_trainer_config():
 
 
 
+@pytest.mark.slow
 def test_a_list_of_phases_runs_in_order_on_one_backend(tmp_path):
     first, second = params(tmp_path / "phase1")["trainer"], params(tmp_path / "phase2")["trainer"]
     for phase, steps in ((first, 4), (second, 2)):
@@ -225,6 +228,7 @@ def test_a_list_of_phases_runs_in_order_on_one_backend(tmp_path):
     assert (tmp_path / "phase2" / "checkpoint_6.mdl").exists()
 
 
+@pytest.mark.slow
 def test_cli_overrides_and_errors_in_process(tmp_path):
     from cerebras.modelzoo.trainer.cli import main
 
@@ -293,6 +297,7 @@ def test_a_missing_mode_section_says_what_to_add(tmp_path, capsys):
     assert "Mode 'validate' needs a `validate` section" in err and "val_dataloader:" in err
 
 
+@pytest.mark.slow
 def test_the_console_script_resolves_import_paths_from_the_working_directory(tmp_path):
     """``cszoo fit params.yaml`` finds ``module:Name`` in the working directory, as
     ``python -m cerebras.modelzoo.trainer fit`` does (a console script's sys.path starts at
@@ -376,6 +381,7 @@ def test_a_yaml_tag_is_refused_with_the_reason(tmp_path, capsys):
     assert not (tmp_path / "MARKER").exists()
 
 
+@pytest.mark.slow
 def test_data_processors_and_models_of_the_right_kind_still_run(tmp_path):
     """The checks accept what configs legitimately name: a Module subclass, a function
     annotated to return a DataLoader, and registered factories of any kind."""
