@@ -23,6 +23,8 @@ from cstorch.core.compile import TracedStep
 from cstorch.core.programs import ProgramSignature, persistent_signature
 from cstorch.decomp.registry import decompositions_for
 
+pytestmark = pytest.mark.core  # the cache key's tie to the signature: every stack
+
 _, SPEC = pytree.tree_flatten(((torch.ones(2, 3),), {}))
 _, OTHER_SPEC = pytree.tree_flatten(((torch.ones(2, 3),), {"mask": torch.ones(2, 3)}))
 
