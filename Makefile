@@ -70,6 +70,8 @@ COMPAT_TORCH ?= 2.9.1
 COMPAT_JAX ?= 0.7.0
 COMPAT_NUMPY ?= 1.26.4
 CORE_TESTS := tests -m "core and not heavy"
+# The newest leg adds the core tests marked `newest` (the op-coverage gate: about 1.5 minutes).
+NEWEST_CORE_TESTS := tests -m "core and (not heavy or newest)"
 
 $(COMPAT_VENV)/.installed: pyproject.toml Makefile
 	test -x $(COMPAT_PY) || $(COMPAT_PYTHON) -m venv $(COMPAT_VENV)
@@ -93,7 +95,7 @@ test-compat: $(COMPAT_VENV)/.installed
 # file takes the place of any in pip's configuration (a machine's cap on torch would hold the
 # leg back), every other pip setting (index, certificate) is kept. It checks the JAX names, runs
 # the demo, then the compat leg's tests (`core and not heavy`: the lowerings, the parity
-# tool's and tests/test_versions.py among them), with every deprecation warning attributed to
+# tool's and tests/test_versions.py among them) and the op-coverage gate (`newest`), with every deprecation warning attributed to
 # the project's code an error (tests/conftest.py).
 NEWEST_VENV := .venv-newest
 NEWEST_PYTHON ?= $(or $(shell for p in python3.13 $(HOME)/.pyenv/versions/3.13*/bin/python3.13 \
@@ -117,7 +119,7 @@ test-newest: $(NEWEST_VENV)/.installed
 		'numpy', numpy.__version__)"
 	$(NEWEST_PY) tools/jax_names.py
 	$(NEWEST_PY) examples/mnist_mlp.py
-	CSTORCH_TEST_DEPRECATIONS=error $(NEWEST_PY) -m pytest -q $(CORE_TESTS)
+	CSTORCH_TEST_DEPRECATIONS=error $(NEWEST_PY) -m pytest -q $(NEWEST_CORE_TESTS)
 
 # Parity of the examples (eager vs JAX on the GPU, or on the CPU without one) and the GPU
 # benchmark, as JSON in GPU_CHECK_OUT. Needs no venv: on a GPU machine it runs the source
