@@ -18,6 +18,7 @@ import torch
 
 import cerebras.pytorch as cstorch
 from tests.models import TinyGPT, lm_loss
+from tests.training import sgd_linear_mse_step
 
 pytestmark = pytest.mark.core
 
@@ -185,23 +186,6 @@ def test_flax_train_state_continues_from_exported_forward(tmp_path):
     assert rest[-1] < 0.8 * first
 
 
-def _sgd_linear():
-    torch.manual_seed(0)
-    model = torch.nn.Linear(3, 2)
-    compiled = cstorch.compile(model, cstorch.backend("CPU"))
-    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-
-    @cstorch.trace
-    def training_step(x, y):
-        loss = torch.nn.functional.mse_loss(compiled(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    return model, training_step
-
-
 def _xy(i):
     g = torch.Generator().manual_seed(i)
     return torch.randn(4, 3, generator=g), torch.randn(4, 2, generator=g)
@@ -210,7 +194,7 @@ def _xy(i):
 def test_export_before_the_first_step_takes_the_state_as_it_is(tmp_path):
     # No step has run: export compiles the step without running it, so the exported state is
     # the initial one and the exported step's losses are the cstorch step's, from the start.
-    model, training_step = _sgd_linear()
+    model, training_step = sgd_linear_mse_step()
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     artifact = cstorch.export(training_step, _xy(0), str(tmp_path / "step"))
     assert all(torch.equal(v, initial[k]) for k, v in model.state_dict().items())
@@ -241,7 +225,7 @@ def test_export_before_the_first_step_takes_the_state_as_it_is(tmp_path):
 def test_pure_function_comes_with_its_state(tmp_path):
     import jax
 
-    _, training_step = _sgd_linear()
+    _, training_step = sgd_linear_mse_step()
     training_step(*_xy(0))
     state = training_step.pure_state()
     assert "model0.weight" in state.donated_names
@@ -338,7 +322,7 @@ def test_the_manifest_says_what_made_the_step(tmp_path):
 
     import jax
 
-    _, training_step = _sgd_linear()
+    _, training_step = sgd_linear_mse_step()
     path = cstorch.export(training_step, _xy(0), str(tmp_path / "step"))
     made_by = json.loads((tmp_path / "step" / "manifest.json").read_text())["made_by"]
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -551,7 +535,7 @@ def test_a_forward_export_trains_batchnorm_in_jax_and_comes_back_to_torch(tmp_pa
 def test_apply_refuses_a_training_step_and_unknown_parameters(tmp_path):
     from jax_backend import exported
 
-    model, training_step = _sgd_linear()
+    model, training_step = sgd_linear_mse_step()
     x, y = _xy(0)
     step = exported.load(cstorch.export(training_step, (x, y), str(tmp_path / "train")))
     with pytest.raises(exported.ExportError, match="forward-only step.*model0.weight"):

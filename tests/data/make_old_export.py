@@ -23,6 +23,7 @@ import jax
 import torch
 
 import cerebras.pytorch as cstorch
+from tests.training import sgd_linear_mse_step
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, f"export_jax_{jax.__version__.replace('.', '_')}")
@@ -34,19 +35,7 @@ def batch(i):
 
 
 def main():
-    torch.manual_seed(0)
-    model = torch.nn.Linear(3, 2)
-    compiled = cstorch.compile(model, cstorch.backend("CPU"))
-    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-
-    @cstorch.trace
-    def training_step(x, y):
-        loss = torch.nn.functional.mse_loss(compiled(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss
-
+    _, training_step = sgd_linear_mse_step()
     path = cstorch.export(training_step, batch(0), OUT)
     os.remove(os.path.join(path, "exported_step.py"))
     losses = [float(training_step(*batch(i))) for i in range(3)]
