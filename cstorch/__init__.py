@@ -15,7 +15,7 @@ from cstorch import config
 _generating_docs = config.generating_docs.value
 
 _jax_backend.register_internal_dir(_os.path.dirname(__file__))
-_jax_backend.fingerprint.register_project_dir(_os.path.dirname(__file__))
+_jax_backend.graph_cache.fingerprint.register_project_dir(_os.path.dirname(__file__))
 
 from cstorch import amp, core as core, optim, utils  # noqa: E402
 from cstorch import distributed as distributed  # noqa: E402

@@ -19,8 +19,8 @@ This package knows nothing of the cstorch API. Its public surface:
 * ``target``: what a step is lowered for (platform, float32 matmul precision, attention).
 * ``compilation_cache``: JAX's persistent compilation cache for the engine's programs
   (``acquire``/``release``, see its docstring).
-* ``graph_cache`` / ``fingerprint``: a persistent cache of captured steps, stored as
-  authenticated data and keyed by what the capture depends on (off unless
+* ``graph_cache``: a persistent cache of captured steps, stored as authenticated data and
+  keyed by what the capture depends on (its ``fingerprint``) (off unless
   ``CSTORCH_GRAPH_CACHE`` asks for it, see its docstring).
 * ``regular_files``: opening a path for reading only if it is a regular file (no FIFO,
   device or directory), for every reader of untrusted files.
@@ -41,7 +41,7 @@ from jax_backend import torch_ops  # registers the cstorch:: custom ops
 from jax_backend import optax_ops as optax_ops  # cstorch::optax_update
 from jax_backend import sparse_ops, sparsity  # sparsity mask ops
 from jax_backend.capture import CapturedStep, Slot, capture_step
-from jax_backend import fingerprint, graph_cache
+from jax_backend import graph_cache
 from jax_backend.errors import (
     CaptureError,
     JaxBackendError,
@@ -61,7 +61,7 @@ __all__ = [
     "CaptureError", "CapturedStep", "DeviceState", "GraphInterpreter", "JaxBackendError",
     "LazyTensor", "LoweringError", "LoweringNotFoundError", "Policy", "Program",
     "RecompilationError", "Slot", "ValueReadInTraceError", "capture_step",
-    "compilation_cache", "config", "dtypes", "fingerprint", "graph_cache", "jax_settings",
+    "compilation_cache", "config", "dtypes", "graph_cache", "jax_settings",
     "materialize", "mesh", "optimizers", "precision", "register_internal_dir", "registry",
     "schedules", "sparse_ops", "sparsity", "target", "torch_ops",
 ]

@@ -125,7 +125,7 @@ compilation_cache = config.define(
     "<cache_home>/cstorch-jax/xla.", env_var="CSTORCH_COMPILATION_CACHE",
     parse=parse_directory)
 graph_cache = config.define(
-    "graph_cache", None, "Where captured step graphs are cached (jax_backend/graph_cache.py): "
+    "graph_cache", None, "Where captured step graphs are cached (jax_backend/graph_cache/): "
     "a directory, on (<cache_home>/cstorch-jax/graphs) or off. Off by default: see the "
     "README for what the key covers.", env_var="CSTORCH_GRAPH_CACHE", parse=parse_directory)
 attention = config.define(

@@ -13,6 +13,7 @@ import os
 import numpy as np
 
 from jax_backend import graph_cache
+from jax_backend.graph_cache import storage
 
 _HEAD = len(graph_cache.MAGIC) + 32
 
@@ -26,7 +27,7 @@ def rewrite_payload(path, edit, sign=False):
         directory = os.path.dirname(path)
         secret = open(os.path.join(directory, graph_cache.SECRET), "rb").read()
         key = os.path.basename(path).removesuffix(".npz")
-        head = graph_cache.MAGIC + graph_cache._mac(secret, key, payload)
+        head = graph_cache.MAGIC + storage.mac(secret, key, payload)
     with open(path, "wb") as f:
         f.write(head + payload)
 

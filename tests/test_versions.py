@@ -176,7 +176,7 @@ def test_source_torch_generates_in_a_temporary_directory_is_torchs(monkeypatch, 
     that appeared (which made every second run miss)."""
     import types
 
-    from jax_backend import fingerprint
+    from jax_backend.graph_cache import fingerprint
 
     generated = str(tmp_path / "_remote_module_non_scriptable.py")
     assert not fingerprint.is_library_file(generated)

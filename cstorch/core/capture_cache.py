@@ -35,9 +35,10 @@ import warnings
 
 import torch
 
-from jax_backend import config as engine_config, fingerprint, graph_cache
+from jax_backend import config as engine_config, graph_cache
 from jax_backend.config import graph_cache as graph_cache_setting
-from jax_backend.fingerprint import Fingerprinter, NotCacheable
+from jax_backend.graph_cache import fingerprint
+from jax_backend.graph_cache.fingerprint import Fingerprinter, NotCacheable
 from cstorch import config
 from cstorch.backend import Backend, precision
 from cstorch.backend.base_backend import BaseBackend

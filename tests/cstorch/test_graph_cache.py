@@ -475,7 +475,7 @@ def test_variables_the_libraries_set_during_a_first_trace_leave_the_key_alone(mo
 def test_os_environ_read_by_a_step_leaves_out_what_the_libraries_set(monkeypatch):
     """A step that reads ``os.environ[...]`` has the environment in its fingerprint: the
     variables torch and JAX set during a first trace are left out there too; a user's count."""
-    from jax_backend import fingerprint
+    from jax_backend.graph_cache import fingerprint
 
     def digest():
         f = fingerprint.Fingerprinter()

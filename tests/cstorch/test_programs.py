@@ -16,7 +16,7 @@ from torch.utils import _pytree as pytree
 import cstorch
 import jax_backend
 from jax_backend import graph_cache
-from jax_backend.fingerprint import Fingerprinter
+from jax_backend.graph_cache.fingerprint import Fingerprinter
 from cstorch.core import programs
 from cstorch.core.capture_cache import CaptureCache
 from cstorch.core.compile import TracedStep

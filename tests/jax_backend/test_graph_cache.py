@@ -20,8 +20,9 @@ import numpy as np
 import pytest
 import torch
 
-from jax_backend import Program, Slot, capture_step, dtypes, fingerprint, graph_cache
-from jax_backend.fingerprint import Fingerprinter, NotCacheable
+from jax_backend import Program, Slot, capture_step, dtypes, graph_cache
+from jax_backend.graph_cache import codec, fingerprint, sources, storage
+from jax_backend.graph_cache.fingerprint import Fingerprinter, NotCacheable
 from tests.graph_cache_entries import first_node as _first, rewrite_entry, rewrite_payload
 
 KEY = "ab" * 32
@@ -210,7 +211,7 @@ def test_a_damaged_entry_is_a_miss_with_one_warning(stored, corrupt, monkeypatch
 
 def test_an_oversized_entry_is_refused_unread(stored, monkeypatch):
     directory, _, state, inputs = stored
-    monkeypatch.setattr(graph_cache, "MAX_FILE_BYTES", 100)
+    monkeypatch.setattr(codec, "MAX_FILE_BYTES", 100)
     with pytest.warns(graph_cache.GraphCacheWarning, match="more than the limit"):
         assert _load(directory, state, inputs) is None
 
@@ -225,7 +226,7 @@ def test_a_changed_or_new_source_file_is_a_miss(stored, tmp_path, monkeypatch):
     assert _load(directory, state, inputs, extra_files=[str(source)]) is None
     other = tmp_path / "other.py"
     other.write_text("")
-    monkeypatch.setattr(graph_cache, "loaded_source_files",
+    monkeypatch.setattr(sources, "loaded_source_files",
                         lambda: {str(other)})  # a module the entry never saw is loaded now
     assert _load(directory, state, inputs) is None
 
@@ -431,7 +432,7 @@ def test_an_entry_of_another_user_is_refused(tmp_path, monkeypatch):
     if os.geteuid() == 0:
         os.chown(entry, 65534, 65534)  # nobody
     else:  # the directory was accepted already: only the entry's owner now differs
-        monkeypatch.setattr(graph_cache, "_user", lambda: os.geteuid() + 1)
+        monkeypatch.setattr(storage, "_user", lambda: os.geteuid() + 1)
     with pytest.warns(graph_cache.GraphCacheWarning, match="owned by user id") as warned:
         assert _load(tmp_path, state, inputs) is None
     assert len(warned) == 1

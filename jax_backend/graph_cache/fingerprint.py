@@ -57,7 +57,8 @@ LIBRARY_DIRS = tuple(sorted({
     os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep,
     os.path.abspath(sysconfig.get_paths()["platstdlib"]) + os.sep,
 }))
-_PROJECT_DIRS = [os.path.dirname(os.path.abspath(__file__)) + os.sep]
+# jax_backend/ (this file is jax_backend/graph_cache/fingerprint.py)
+_PROJECT_DIRS = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep]
 
 #: Bounds of one fingerprint: objects visited, bytes of tensor/array values hashed.
 MAX_OBJECTS = 200_000
