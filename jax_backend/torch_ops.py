@@ -6,8 +6,11 @@ graph node. Their lowering calls ``jax_backend.optimizers`` / ``jax_backend.sche
 directly, and their eager implementation (used outside a traced step) runs the very same JAX
 code on copies of the tensors, so there is a single definition of the maths.
 
-The optimizer op carries a short key (``optimizer_key``) naming the rule and its constant
-hyperparameters; the state layout for a key and parameter shapes is computed once
+Each op carries its own description in the graph, as a canonical JSON string: the schedule
+op its config (``schedule_config``), the optimizer op its spec (``optimizer_config``: the
+rule, its constant hyperparameters and the names of those passed as tensors). So a graph
+means the same in any process (the graph cache stores it as it is), with no registry to
+fill first. The state layout for a spec and parameter shapes is computed once
 (``state_layout``) and shared by the torch side, which orders the state tensors by it, and
 the lowering, which rebuilds the state from them.
 """
@@ -15,7 +18,6 @@ the lowering, which rebuilds the state from them.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 from typing import List, NamedTuple
 
@@ -51,36 +53,38 @@ class StateLayout(NamedTuple):
     treedef: object  # the state's pytree structure (``jax.tree.structure``)
 
 
-_SPECS: dict = {}  # key -> OptimizerSpec; keys are content hashes, so stable across runs
-
-
-def optimizer_key(name: str, static_hyperparams: dict, dynamic_names) -> str:
-    """The key ``cstorch::optimizer_step`` carries for this rule and hyperparameters
-    (``"<rule>:<hash>"``), registering the spec it stands for."""
-    spec = OptimizerSpec(name, json.dumps(static_hyperparams, sort_keys=True),
-                         tuple(dynamic_names))
-    digest = hashlib.sha256(repr(tuple(spec)).encode()).hexdigest()[:16]
-    key = f"{name}:{digest}"
-    _SPECS.setdefault(key, spec)
-    return key
-
-
-def optimizer_spec(key: str) -> OptimizerSpec:
-    try:
-        return _SPECS[key]
-    except KeyError:
-        raise KeyError(f"unknown optimizer key {key!r}: keys are made by optimizer_key() in "
-                       "this process") from None
+def optimizer_config(name: str, static_hyperparams: dict, dynamic_names) -> str:
+    """The spec ``cstorch::optimizer_step`` carries for this rule and hyperparameters:
+    canonical JSON of ``{"rule", "static", "dynamic"}`` (``optimizer_spec`` reads it)."""
+    return json.dumps({"rule": name, "static": static_hyperparams,
+                       "dynamic": list(dynamic_names)}, sort_keys=True)
 
 
 @functools.lru_cache(maxsize=1024)
-def state_layout(key: str, shapes: tuple) -> StateLayout:
-    """The state layout of the rule ``key`` for parameters of ``shapes`` (``((shape,
-    jax dtype name), ...)``), computed once per (rule, static hyperparameters, shapes).
+def optimizer_spec(config: str) -> OptimizerSpec:
+    """The spec an ``optimizer_config`` string describes. Raises ValueError for one that is
+    not of that form (a graph from elsewhere is checked with it)."""
+    try:
+        spec = json.loads(config) if isinstance(config, str) else None
+    except ValueError:
+        spec = None
+    if not (isinstance(spec, dict) and sorted(spec) == ["dynamic", "rule", "static"]
+            and spec["rule"] in optimizers.OPTIMIZERS and isinstance(spec["static"], dict)
+            and isinstance(spec["dynamic"], list)
+            and all(isinstance(d, str) for d in spec["dynamic"])):
+        raise ValueError(f"not an optimizer spec made by optimizer_config(): {config!r:.200}")
+    return OptimizerSpec(spec["rule"], json.dumps(spec["static"], sort_keys=True),
+                         tuple(spec["dynamic"]))
+
+
+@functools.lru_cache(maxsize=1024)
+def state_layout(config: str, shapes: tuple) -> StateLayout:
+    """The state layout of the rule ``config`` describes for parameters of ``shapes``
+    (``((shape, jax dtype name), ...)``), computed once per (spec, shapes).
 
     A hyperparameter passed as a tensor counts as non-zero here (as it does under ``jit``),
     so optional state it switches on is expected."""
-    spec = optimizer_spec(key)
+    spec = optimizer_spec(config)
     hyper = spec.hyperparameters([1.0] * len(spec.dynamic))
     structs = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in shapes]
     state = jax.eval_shape(optimizers.build(spec.name, hyper).init, structs)
@@ -96,9 +100,9 @@ def _shapes(arrays) -> tuple:
 
 
 @in_engine_scope
-def optimizer_state_layout(key: str, params) -> StateLayout:
+def optimizer_state_layout(config: str, params) -> StateLayout:
     """``state_layout`` for torch ``params`` (only their shapes and dtypes matter)."""
-    return state_layout(key, _shapes(params))
+    return state_layout(config, _shapes(params))
 
 
 @in_engine_scope
@@ -114,30 +118,30 @@ def init_optimizer_state(name: str, hyperparams: dict, params) -> dict:
             for key, arrays in state.items()}
 
 
-def _optimizer_step_jax(key, params, grads, state, dynamic_values):
-    spec = optimizer_spec(key)
+def _optimizer_step_jax(config, params, grads, state, dynamic_values):
+    spec = optimizer_spec(config)
     hyper = spec.hyperparameters([jnp.asarray(v) for v in dynamic_values])
-    treedef = state_layout(key, _shapes(params)).treedef
+    treedef = state_layout(config, _shapes(params)).treedef
     new_params, new_state = optimizers.apply(spec.name, hyper, params, grads, state,
                                              treedef=treedef)
     return list(new_params) + list(new_state)
 
 
 @torch.library.custom_op("cstorch::optimizer_step", mutates_args=())
-def optimizer_step(key: str, params: List[torch.Tensor], grads: List[torch.Tensor],
+def optimizer_step(config: str, params: List[torch.Tensor], grads: List[torch.Tensor],
                    state: List[torch.Tensor], dynamic_values: List[torch.Tensor]
                    ) -> List[torch.Tensor]:
-    """New parameters followed by new state leaves (see ``optimizers.apply``); ``key``
-    comes from ``optimizer_key``."""
+    """New parameters followed by new state leaves (see ``optimizers.apply``); ``config``
+    comes from ``optimizer_config``."""
     to_jax = lambda ts: [tensor_to_array(t) for t in ts]  # noqa: E731
     with engine_scope():
-        outs = _optimizer_step_jax(key, to_jax(params), to_jax(grads), to_jax(state),
+        outs = _optimizer_step_jax(config, to_jax(params), to_jax(grads), to_jax(state),
                                    to_jax(dynamic_values))
     return [array_to_tensor(o) for o in outs]
 
 
 @optimizer_step.register_fake
-def _optimizer_step_fake(key, params, grads, state, dynamic_values):
+def _optimizer_step_fake(config, params, grads, state, dynamic_values):
     return [torch.empty_like(t) for t in list(params) + list(state)]
 
 

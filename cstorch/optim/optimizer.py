@@ -28,7 +28,7 @@ import torch
 from torch.optim.optimizer import ParamsT  # the params type hint, as in the reference
 from torch.utils.hooks import RemovableHandle
 
-from jax_backend.torch_ops import init_optimizer_state, optimizer_key, optimizer_state_layout
+from jax_backend.torch_ops import init_optimizer_state, optimizer_config, optimizer_state_layout
 from cstorch.backend import current_backend_impl
 
 
@@ -325,8 +325,8 @@ class BuiltinOptimizer(Optimizer):
     def _check_group(self, group, params):
         """Raises for a param group the rule cannot update (subclass hook)."""
 
-    def _state_leaves(self, params, key):
-        layout = optimizer_state_layout(key, params)
+    def _state_leaves(self, params, spec):
+        layout = optimizer_state_layout(spec, params)
         leaves = []
         for field in layout.fields:
             for index, (p, keys) in enumerate(zip(params, layout.keys_per_param)):
@@ -356,10 +356,10 @@ class BuiltinOptimizer(Optimizer):
                         f"{type(self).__name__} does not support sparse gradients.")
             self._check_group(group, params)
             static, dynamic = self._rule_arguments(group)
-            key = optimizer_key(self.rule, static, list(dynamic))
-            state = self._state_leaves(params, key)
+            spec = optimizer_config(self.rule, static, list(dynamic))
+            state = self._state_leaves(params, spec)
             outputs = torch.ops.cstorch.optimizer_step(
-                key, params, [p.grad for p in params], state, list(dynamic.values()))
+                spec, params, [p.grad for p in params], state, list(dynamic.values()))
             for target, value in zip(params + state, outputs):
                 target.copy_(value)
         return loss

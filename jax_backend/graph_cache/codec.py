@@ -8,8 +8,8 @@ version, the key, the graph's nodes (op kind; target as the name of an ATen/cust
 memory formats, tuples, lists and node references; each node's result shape, stride and
 dtype), the state and output layout, the output structure (tuples, lists, dicts and
 ``None`` only), non-tensor outputs (JSON scalars only), the caller's ``extras`` (plain JSON),
-the specs of the ``cstorch::optimizer_step`` nodes (whose key is a hash of the spec,
-checked), and the files the entry depends on.
+and the files the entry depends on. A ``cstorch::optimizer_step`` node carries its spec as
+its first argument (a string, checked with ``torch_ops.optimizer_spec`` on decoding).
 
 Node metadata comes back as meta tensors (shape, stride, dtype: all the lowering reads).
 A graph holding a ``cstorch::optax_update`` (a user's Python object) is not stored.
@@ -31,7 +31,7 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from jax_backend import optimizers, torch_ops, torch_versions
+from jax_backend import torch_ops, torch_versions
 from jax_backend.capture import CapturedStep
 from jax_backend.errors import CstorchError
 from jax_backend.graph_cache import fingerprint
@@ -73,7 +73,6 @@ class _Encoder:
         self.gm = gm
         self.index: dict = {}
         self.constants: list = []
-        self.optimizer_specs: dict = {}
 
     def value(self, v):
         if isinstance(v, torch.fx.Node):
@@ -123,10 +122,6 @@ class _Encoder:
             raise fingerprint.NotCacheable("an optax transformation (a Python object)")
         elif n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
             target = _op_name(n.target)
-            if n.target is _OPTIMIZER_STEP:  # its key names a spec registered in-process
-                spec = torch_ops.optimizer_spec(n.args[0])
-                self.optimizer_specs[n.args[0]] = [spec.name, spec.static_json,
-                                                   list(spec.dynamic)]
         else:
             raise fingerprint.NotCacheable(f"a graph node {n.op} {n.target}")
         encoded = [n.op, target, self.value(list(n.args)),
@@ -173,7 +168,6 @@ def encode(captured: CapturedStep, extras: dict, files: dict, key: str):
         "num_inputs": captured.num_inputs, "output_spec": spec,
         "output_is_tensor": captured.output_is_tensor,
         "output_constants": captured.output_constants, "extras": extras,
-        "optimizer_specs": encoder.optimizer_specs,
     }
     text = json.dumps(document, separators=(",", ":"), allow_nan=True)
     return text.encode(), encoder.constants
@@ -317,19 +311,13 @@ def _read_constants(doc, arrays) -> list:
     return constants
 
 
-def _register_optimizer_specs(specs) -> set:
-    """Registers the optimizer specs the graph's ``optimizer_step`` nodes name; each key is
-    the content hash of its spec, so a spec that does not hash to its key is refused."""
-    check(isinstance(specs, dict), "malformed optimizer specs")
-    for key, spec in specs.items():
-        check(isinstance(spec, list) and len(spec) == 3 and spec[0] in optimizers.OPTIMIZERS
-              and isinstance(spec[1], str) and isinstance(spec[2], list)
-              and all(isinstance(d, str) for d in spec[2]), "a malformed optimizer spec")
-        static = json.loads(spec[1])
-        check(isinstance(static, dict), "a malformed optimizer spec")
-        check(torch_ops.optimizer_key(spec[0], static, spec[2]) == key,
-              "an optimizer spec that does not match its key")
-    return set(specs)
+def _is_optimizer_spec(config) -> bool:
+    """Whether an optimizer step's first argument is a spec ``optimizer_config`` makes."""
+    try:
+        torch_ops.optimizer_spec(config)
+    except ValueError:
+        return False
+    return True
 
 
 def decode(doc: dict, arrays: list, state: list, inputs: list):
@@ -338,7 +326,6 @@ def decode(doc: dict, arrays: list, state: list, inputs: list):
     have). Raises CorruptEntry."""
     num_state = len(state)
     check(isinstance(doc, dict), "not a JSON object")
-    optimizer_keys = _register_optimizer_specs(doc["optimizer_specs"])
     nodes = doc["nodes"]
     check(isinstance(nodes, list) and 2 <= len(nodes) <= MAX_NODES, "a bad node count")
     decoder = _Decoder(_read_constants(doc, arrays))
@@ -363,8 +350,9 @@ def decode(doc: dict, arrays: list, state: list, inputs: list):
             check(all(isinstance(k, str) and _NAME.match(k) for k in kwargs), "a bad keyword")
             op = _resolve_op(target)
             check(op is not _OPTAX_UPDATE, "an optax update")
-            check(op is not _OPTIMIZER_STEP or (args and args[0] in optimizer_keys),
-                  "an optimizer step without its spec")
+            check(op is not _OPTIMIZER_STEP
+                  or (args and isinstance(args[0], str) and _is_optimizer_spec(args[0])),
+                  "an optimizer step without a valid spec")
             node = graph.call_function(op, tuple(decoder.value(a) for a in args),
                                        {k: decoder.value(v) for k, v in kwargs.items()})
         elif op == "output":

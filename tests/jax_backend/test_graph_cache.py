@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from jax_backend import Program, Slot, capture_step, dtypes, graph_cache
+from jax_backend import Program, Slot, capture_step, dtypes, graph_cache, torch_ops
 from jax_backend.graph_cache import codec, fingerprint, sources, storage
 from jax_backend.graph_cache.fingerprint import Fingerprinter, NotCacheable
 from tests.graph_cache_entries import first_node as _first, rewrite_entry, rewrite_payload
@@ -207,6 +207,64 @@ def test_a_damaged_entry_is_a_miss_with_one_warning(stored, corrupt, monkeypatch
         assert _load(directory, state, inputs) is None
     assert len(warned) == 1 and "\n" not in str(warned[0].message)
     assert not os.path.exists(directory / "PWNED")
+
+
+# An optimizer step carries its spec in the graph: written here as another process would
+# write it (JSON text, registered nowhere), it runs, and it is stored and loaded as it is.
+SGD_SPEC = '{"dynamic": ["learning_rate"], "rule": "sgd", "static": {"momentum": 0.9}}'
+
+
+def _sgd_captured():
+    state = {"w": torch.tensor([1.0, -2.0, 3.0]), "buf": torch.zeros(3)}
+
+    def step(grad, lr):
+        new_w, new_buf = torch.ops.cstorch.optimizer_step(SGD_SPEC, [state["w"]], [grad],
+                                                          [state["buf"]], [lr])
+        state["w"].copy_(new_w)
+        state["buf"].copy_(new_buf)
+        return new_w
+
+    slots = [Slot(state, "w", "w"), Slot(state, "buf", "buf")]
+    inputs = (torch.tensor([0.5, 0.25, -1.0]), torch.tensor(0.1))
+    return capture_step(step, slots, list(inputs)), state, inputs
+
+
+def test_an_optimizer_step_carries_its_spec_through_the_cache(tmp_path):
+    captured, state, inputs = _sgd_captured()
+    assert graph_cache.store(str(tmp_path), KEY, captured, {})
+    entry = graph_cache.load(str(tmp_path), KEY, [state["w"], state["buf"]], list(inputs))
+    assert entry is not None
+    (node,) = [n for n in entry.captured.graph.graph.nodes
+               if n.target is torch.ops.cstorch.optimizer_step.default]
+    assert node.args[0] == SGD_SPEC
+    program = Program(entry.captured)
+    arrays = [dtypes.tensor_to_array(state[k]) for k in ("w", "buf")]
+    new_state, _ = program([arrays[i] for i in entry.captured.used_state],
+                           [dtypes.tensor_to_array(t) for t in inputs])
+    grad, lr = inputs[0].numpy(), 0.1
+    written = {("w", "buf")[i]: np.asarray(a)
+               for i, a in zip(entry.captured.written_state, new_state)}
+    buf = 0.9 * 0.0 + grad  # torch's SGD with momentum, first step: buf = grad
+    np.testing.assert_allclose(written["buf"], buf, rtol=1e-6)
+    np.testing.assert_allclose(written["w"], np.array([1.0, -2.0, 3.0]) - lr * buf, rtol=1e-6)
+
+
+@pytest.mark.parametrize("spec", [
+    "not json", '{"rule": "sgd"}', '["sgd", {}, []]',
+    '{"dynamic": [], "rule": "os.system", "static": {}}',
+    '{"dynamic": [1], "rule": "sgd", "static": {}}',
+    '{"dynamic": [], "rule": "sgd", "static": [], "more": 1}'])
+def test_an_optimizer_step_with_a_malformed_spec_is_a_miss(tmp_path, spec):
+    captured, state, inputs = _sgd_captured()
+    assert graph_cache.store(str(tmp_path), KEY, captured, {})
+    rewrite_entry(tmp_path / f"{KEY}.npz",
+                  lambda doc: _first(doc, "cstorch::optimizer_step")[2].__setitem__(0, spec),
+                  sign=True)
+    with pytest.warns(graph_cache.GraphCacheWarning, match="optimizer step without a valid"):
+        assert graph_cache.load(str(tmp_path), KEY, [state["w"], state["buf"]],
+                                list(inputs)) is None
+    with pytest.raises(ValueError, match="not an optimizer spec"):
+        torch_ops.optimizer_spec(spec)
 
 
 def test_an_oversized_entry_is_refused_unread(stored, monkeypatch):
