@@ -12,7 +12,6 @@ import importlib.metadata
 import json
 import os
 import shutil
-import tempfile
 import tomllib
 
 import jax
@@ -21,6 +20,7 @@ import numpy as np
 from jax import export as jax_export  # a submodule `import jax` loads only from JAX 0.8
 
 from jax_backend import exported
+from jax_backend.atomic_files import staged_directory
 from jax_backend.jax_settings import in_engine_scope
 from jax_backend.program import Program
 
@@ -144,13 +144,8 @@ def export_program(program: Program, path: str, state: dict, state_info: list, u
     }
     # Written to a sibling directory first, so a failed export leaves an older one intact.
     path = os.path.abspath(path)
-    parent = os.path.dirname(path)
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".export-", dir=parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0700 would hide the artifact from others
-    try:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with staged_directory(path, prefix=".export-") as staging:
         with open(os.path.join(staging, exported.PROGRAM), "wb") as f:
             f.write(blob)
         with open(os.path.join(staging, exported.STATE), "wb") as f:
@@ -163,8 +158,4 @@ def export_program(program: Program, path: str, state: dict, state_info: list, u
                 raise FileExistsError(
                     f"{path!r} exists and is not an exported step; choose a new directory.")
             shutil.rmtree(path)
-        os.replace(staging, path)
-    finally:
-        if os.path.isdir(staging):
-            shutil.rmtree(staging)
     return path

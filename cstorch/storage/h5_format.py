@@ -45,7 +45,6 @@ import io
 import os
 import struct
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -60,6 +59,7 @@ try:
     import hdf5plugin  # noqa: F401  (registers the LZ4 filter with HDF5)
 except ImportError:  # optional: without it, checkpoints are written uncompressed
     pass
+from jax_backend.atomic_files import AtomicFile
 from jax_backend.regular_files import check_regular, open_regular
 from jax_backend.errors import CstorchError
 
@@ -280,19 +280,6 @@ def _rename_noreplace(source: str, target: str) -> bool:
     raise OSError(code, os.strerror(code), target)
 
 
-def _fsync_directory(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 class H5Writer:
     """Writes one checkpoint into a temporary file and publishes it atomically on :meth:`commit`."""
 
@@ -313,10 +300,10 @@ class H5Writer:
             raise FileNotFoundError(
                 f"Cannot save checkpoint to '{self.path}': directory '{directory}' does not exist.")
         remove_stray_temp_files(self.path)
-        self.temp_path = f"{self.path}.{uuid.uuid4().hex[:8]}.tmp"
-        self._fd = os.open(self.temp_path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        fcntl.flock(self._fd, fcntl.LOCK_EX)  # tells later saves this file is not a leftover
-        self._raw = _FailSoftFile(self._fd)
+        self._new = AtomicFile(self.path, mode=0o644)  # named as _temp_paths expects
+        self.temp_path = self._new.temp_path
+        fcntl.flock(self._new.fd, fcntl.LOCK_EX)  # tells later saves this file is not a leftover
+        self._raw = _FailSoftFile(self._new.fd)
         libver = ("v108", "latest") if dense_attributes else ("earliest", "latest")
         try:
             self._file = h5py.File(self._raw, "w", libver=libver)
@@ -370,47 +357,40 @@ class H5Writer:
         """Closes and syncs the file and publishes it at ``path`` in one atomic step."""
         self._file.close()
         self._raise_write_error()
-        os.fsync(self._fd)
         # Once published, the file is a checkpoint that readers open (HDF5 takes a shared
         # lock); a shared lock still tells later saves the file is not a killed save's.
-        fcntl.flock(self._fd, fcntl.LOCK_SH)
-        try:
-            self._publish()
-        finally:
-            self._close_fd()
-        _fsync_directory(os.path.dirname(os.path.abspath(self.path)))
+        fcntl.flock(self._new.fd, fcntl.LOCK_SH)
+        # Atomic on POSIX: readers see the old file or the new one. A symlink at ``path``
+        # is replaced itself; the file it pointed to is left as it was.
+        self._new.publish(os.replace if self.overwrite else self._publish_new, durable=True)
 
-    def _publish(self) -> None:
-        if self.overwrite:
-            # Atomic on POSIX: readers see the old file or the new one. A symlink at ``path``
-            # is replaced itself; the file it pointed to is left as it was.
-            os.replace(self.temp_path, self.path)
-            return
+    def _publish_new(self, temp_path: str, path: str) -> None:
+        """Publishes ``temp_path`` at ``path`` unless a file appeared there meanwhile."""
         try:
-            os.link(self.temp_path, self.path)
+            os.link(temp_path, path)
         except FileExistsError:
             raise FileExistsError(
-                f"Checkpoint at '{self.path}' already exists (it appeared while saving). The new "
-                f"checkpoint is kept at '{self.temp_path}'.") from None
+                f"Checkpoint at '{path}' already exists (it appeared while saving). The new "
+                f"checkpoint is kept at '{temp_path}'.") from None
         except OSError as e:
             if e.errno not in (errno.EPERM, errno.EXDEV, errno.ENOTSUP, errno.EOPNOTSUPP,
                                errno.EMLINK):
                 raise
         else:
-            os.unlink(self.temp_path)
+            os.unlink(temp_path)
             return
         # No hard links on this filesystem: an atomic rename that refuses to replace.
         try:
-            if _rename_noreplace(self.temp_path, self.path):
+            if _rename_noreplace(temp_path, path):
                 return
         except FileExistsError:
-            raise FileExistsError(f"Checkpoint at '{self.path}' already exists.") from None
+            raise FileExistsError(f"Checkpoint at '{path}' already exists.") from None
         # Last resort: reserve the name exclusively, then move the file over our reservation.
         try:
-            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
         except FileExistsError:
-            raise FileExistsError(f"Checkpoint at '{self.path}' already exists.") from None
-        os.replace(self.temp_path, self.path)
+            raise FileExistsError(f"Checkpoint at '{path}' already exists.") from None
+        os.replace(temp_path, path)
 
     def _raise_write_error(self) -> None:
         error = self._raw.error
@@ -430,17 +410,8 @@ class H5Writer:
             "was removed; free some space (or raise the limit) and save again.",
             self.path)
 
-    def _close_fd(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # releases the lock
-            self._fd = None
-
     def _remove_temp(self) -> None:
-        try:
-            if os.path.exists(self.temp_path):
-                os.unlink(self.temp_path)
-        finally:
-            self._close_fd()
+        self._new.discard()  # closing it releases the lock
 
     def abort(self) -> None:
         """Closes and deletes the temporary file after a failed save."""

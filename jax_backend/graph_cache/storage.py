@@ -44,6 +44,7 @@ from jax_backend.config import graph_cache as setting
 from jax_backend.graph_cache import codec, fingerprint
 from jax_backend.graph_cache.codec import check
 from jax_backend.graph_cache.sources import source_files, stale_file
+from jax_backend.atomic_files import write_file
 from jax_backend.regular_files import open_regular
 
 ENV_VAR = setting.env_var
@@ -237,15 +238,9 @@ def store(directory: str, key: str, captured: CapturedStep, extras: dict,
     except fingerprint.NotCacheable as err:
         logger.debug("graph cache: not storing %s: %s", key, err)
         return False
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=where.path)
-        try:
-            with os.fdopen(fd, "wb") as f:  # mkstemp: 0600, this user's
-                f.write(MAGIC + mac(where.secret, key, payload) + payload)
-            os.replace(tmp, _entry_path(where.path, key))
-        except BaseException:
-            os.unlink(tmp)
-            raise
+    try:  # 0600: this user's alone
+        write_file(_entry_path(where.path, key), MAGIC + mac(where.secret, key, payload) + payload,
+                   mode=0o600)
     except OSError as err:
         logger.debug("graph cache: cannot write %s: %s", where.path, err)
         return False

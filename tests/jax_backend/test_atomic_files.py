@@ -1,0 +1,86 @@
+"""The one temp-then-rename writer (``jax_backend.atomic_files``): a failure before the
+rename leaves the old file (or directory) and no temporary; a publish replaces it whole."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from jax_backend import atomic_files
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_a_failure_mid_write_leaves_the_old_file_and_no_temporary(tmp_path):
+    path = tmp_path / "data.bin"
+    path.write_bytes(b"old contents")
+    with pytest.raises(Interrupted), atomic_files.AtomicFile(path) as new:
+        os.write(new.fd, b"half of the new")
+        assert os.path.exists(new.temp_path)
+        raise Interrupted
+    assert path.read_bytes() == b"old contents"
+    assert sorted(os.listdir(tmp_path)) == ["data.bin"]
+
+
+def test_write_file_replaces_the_file_whole_with_the_mode_asked_for(tmp_path):
+    path = tmp_path / "data.bin"
+    path.write_bytes(b"old contents")
+    atomic_files.write_file(path, b"new", mode=0o600)
+    assert path.read_bytes() == b"new"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert sorted(os.listdir(tmp_path)) == ["data.bin"]
+
+
+def test_a_failing_rename_in_write_file_removes_the_temporary(tmp_path):
+    path = tmp_path / "data.bin"
+    path.mkdir()  # a directory: os.replace of a file onto it fails
+    with pytest.raises(IsADirectoryError):
+        atomic_files.write_file(path, b"new")
+    assert sorted(os.listdir(tmp_path)) == ["data.bin"] and path.is_dir()
+
+
+def test_racing_writers_each_publish_a_whole_file(tmp_path):
+    path = tmp_path / "data.bin"
+    first, second = atomic_files.AtomicFile(path), atomic_files.AtomicFile(path)
+    assert first.temp_path != second.temp_path
+    os.write(first.fd, b"first " * 1000)
+    os.write(second.fd, b"second " * 1000)
+    second.publish()
+    assert path.read_bytes() == b"second " * 1000
+    first.publish(durable=True)
+    assert path.read_bytes() == b"first " * 1000
+    assert sorted(os.listdir(tmp_path)) == ["data.bin"]
+
+
+def test_a_rename_that_refuses_keeps_the_temporary_for_the_caller(tmp_path):
+    path = tmp_path / "data.bin"
+    new = atomic_files.AtomicFile(path, mode=0o644)
+    os.write(new.fd, b"new")
+
+    def refuse(source, target):
+        raise FileExistsError(target)
+
+    with pytest.raises(FileExistsError):
+        new.publish(refuse)
+    assert new.fd is None and open(new.temp_path, "rb").read() == b"new"
+    new.discard()
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_failed_staged_directory_leaves_the_old_one_and_no_staging(tmp_path):
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "old.txt").write_text("old")
+    with pytest.raises(Interrupted), atomic_files.staged_directory(target) as staging:
+        (open(os.path.join(staging, "new.txt"), "w")).close()
+        raise Interrupted
+    assert sorted(os.listdir(tmp_path)) == ["out"] and os.listdir(target) == ["old.txt"]
+    with atomic_files.staged_directory(tmp_path / "fresh") as staging:
+        with open(os.path.join(staging, "new.txt"), "w") as f:
+            f.write("new")
+    assert (tmp_path / "fresh" / "new.txt").read_text() == "new"
+    assert sorted(os.listdir(tmp_path)) == ["fresh", "out"]
