@@ -370,8 +370,9 @@ class H5Writer:
             os.link(temp_path, path)
         except FileExistsError:
             raise FileExistsError(
-                f"Checkpoint at '{path}' already exists (it appeared while saving). The new "
-                f"checkpoint is kept at '{temp_path}'.") from None
+                f"Checkpoint at '{path}' already exists (it appeared while saving); it was left "
+                "as it is and the new checkpoint was not kept. Save again under another name, "
+                "or pass exist_ok=True to replace it.") from None
         except OSError as e:
             if e.errno not in (errno.EPERM, errno.EXDEV, errno.ENOTSUP, errno.EOPNOTSUPP,
                                errno.EMLINK):

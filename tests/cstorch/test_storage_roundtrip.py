@@ -362,6 +362,24 @@ def test_exist_ok_false_keeps_the_reference_refusal(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["x.mdl"]
 
 
+def test_exist_ok_false_losing_a_race_says_what_was_kept(tmp_path, monkeypatch):
+    # Another writer publishes the path between our check and our publish: the other file
+    # stays, ours is not kept (no temporary file left), and the error says so truthfully.
+    from cstorch.storage.h5_format import H5Writer
+    path = tmp_path / "x.mdl"
+    commit = H5Writer.commit
+
+    def racing_commit(self):
+        path.write_bytes(b"the other writer's checkpoint")
+        commit(self)
+
+    monkeypatch.setattr(H5Writer, "commit", racing_commit)
+    with pytest.raises(FileExistsError, match="appeared while saving.*was not kept.*exist_ok"):
+        storage.save({"a": torch.zeros(1)}, path, exist_ok=False)
+    assert path.read_bytes() == b"the other writer's checkpoint"
+    assert sorted(os.listdir(tmp_path)) == ["x.mdl"]
+
+
 def test_overwrite_replaces_a_symlink_not_its_target(tmp_path):
     target = tmp_path / "step_10.mdl"
     storage.save({"a": torch.ones(1)}, target)
