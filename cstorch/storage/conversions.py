@@ -76,19 +76,33 @@ def tensor_to_array(tensor: torch.Tensor, key: str) -> tuple[np.ndarray, torch.d
     if dtype is torch.bfloat16:
         plain = plain.view(torch.int16)
     try:
-        return plain.numpy(), dtype
+        return numpy_view(plain), dtype
     except (RuntimeError, TypeError) as e:
         raise ValueError(f"Cannot read the data of tensor {key!r} ({type(tensor).__name__}): {e}") from e
 
 
+def numpy_view(plain: torch.Tensor) -> np.ndarray:
+    """A numpy view of a CPU tensor that leaves its storage resizable. ``Tensor.numpy()`` marks
+    the storage not resizable for good, which is how the engine recognises memory a numpy array
+    may own (``jax_backend.shared_memory``): saving a model before compiling it would make every
+    later step write its state through to torch. A DLPack view does not mark it."""
+    try:
+        return np.from_dlpack(plain)
+    except (BufferError, RuntimeError, TypeError, ValueError):  # a dtype numpy's DLPack lacks
+        return plain.numpy()
+
+
 def array_to_tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    """A stored array as a torch tensor of ``dtype`` (bf16 from int16 bits); no copy if possible."""
+    """A stored array as a torch tensor of ``dtype`` (bf16 from int16 bits) in torch's own,
+    resizable memory: one copy, made through a DLPack view. ``torch.from_numpy`` memory cannot
+    be resized, which is how the engine recognises memory a numpy array may own
+    (``jax_backend.shared_memory``): state loaded that way would be written through to torch
+    after every step."""
     np_dtype = C.TORCH_TO_NUMPY[dtype]
-    if array.dtype != np_dtype:
-        array = array.astype(np_dtype)
-    if not array.flags.writeable:
-        array = array.copy()
-    tensor = torch.from_numpy(array)
+    storage_dtype = torch.int16 if dtype is torch.bfloat16 else dtype
+    tensor = torch.empty(array.shape, dtype=storage_dtype)
+    np.copyto(np.from_dlpack(tensor), array, casting="unsafe" if array.dtype != np_dtype
+              else "no")
     return tensor.view(torch.bfloat16) if dtype is torch.bfloat16 else tensor
 
 

@@ -16,6 +16,7 @@ import struct
 import numpy as np
 import torch
 
+from cstorch.storage.conversions import numpy_view
 from jax_backend.regular_files import open_regular_file
 from jax_backend.errors import CstorchError
 
@@ -110,7 +111,7 @@ def write(path: str | os.PathLike, tensors: dict[str, torch.Tensor],
         plain = tensor.detach().cpu().contiguous()
         if plain.dtype is torch.bfloat16:
             plain = plain.view(torch.int16)
-        array = plain.numpy()
+        array = numpy_view(plain)  # leaves the storage resizable (conversions.numpy_view)
         header[name] = {"dtype": _DTYPES[tensor.dtype], "shape": list(tensor.shape),
                         "data_offsets": [offset, offset + array.nbytes]}
         arrays.append(array)

@@ -314,6 +314,31 @@ def test_a_loop_without_aliases_writes_nothing_through_and_warns_nothing():
     assert state.is_released(_big(model))  # large state keeps being released
 
 
+@pytest.mark.parametrize("fmt", ["h5", "safetensors"])
+def test_a_checkpoint_saved_before_compiling_leaves_no_alias(tmp_path, fmt):
+    # The 1.x runners save the initial state before the first step. Saving reads each tensor
+    # through numpy; ``Tensor.numpy()`` would mark its storage as numpy's for good, and every
+    # later step would then write its state through to torch (and warn).
+    import warnings
+
+    model = _model("mlp")
+    if fmt == "h5":
+        cstorch.save({"model": model.state_dict()}, tmp_path / "initial.mdl")
+    else:
+        from cstorch.storage import safetensors_format
+        safetensors_format.write(tmp_path / "initial.safetensors", model.state_dict())
+    assert _big(model).untyped_storage().resizable()
+    model, opt, step = build("cstorch", model=model)
+    state = cstorch.backend()._impl.device_state
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a SharedStateWarning would fail here
+        losses = [step(XS[i], YS[i]).item() for i in range(3)]
+    assert state.is_released(_big(model))
+    eager_model, _, eager_step = build("eager")
+    assert losses == pytest.approx([eager_step(XS[i], YS[i]).item() for i in range(3)],
+                                   rel=1e-5)
+
+
 def test_the_shared_state_warning_names_the_tensor_once():
     import warnings
 

@@ -41,6 +41,19 @@ _STEP_METHODS = ("optimizer_zero_grad", "train_forward", "backward", "optimizer_
                  "eval_forward")  # and lr_scheduler_step from 1.7 on
 
 
+
+def _in_torch_memory(state):
+    """``state`` with each tensor whose memory torch cannot resize (``torch.load`` reads into
+    such memory) copied into torch's own. The optimizer keeps loaded tensors themselves, and the
+    engine cannot tell such memory from a numpy array's (``torch.from_numpy``), so it would
+    write every step's state through to them; the loaded dict is dropped after the restore."""
+    def own(value):
+        if (type(value) is torch.Tensor and value.device.type == "cpu"
+                and value.layout == torch.strided and not value.untyped_storage().resizable()):
+            return value.clone()
+        return value
+    return torch.utils._pytree.tree_map(own, state)
+
 class Tracker:
     """1.x's timing tracker (``tracker_execute``): records named phases' wall times."""
 
@@ -324,7 +337,7 @@ class ApplianceMode:
         else:
             raise ValueError("execute() needs the initial state file the runner saved "
                              "(initial_checkpoint_file).")
-        self._runner._model.set_state(state)
+        self._runner._model.set_state(_in_torch_memory(state))
         _hyperparameters_as_constants()
         if self._rates is not None:
             self._rates.begin()
