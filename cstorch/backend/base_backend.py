@@ -222,7 +222,21 @@ class BaseBackend:
         self.optimizer_registry.append(optimizer)
         # load_state_dict replaces the optimizer's state dicts wholesale.
         optimizer.register_load_state_dict_post_hook(
-            BackendHook(self, "_invalidate_state_view"))
+            BackendHook(self, "_optimizer_state_loaded"))
+        self._invalidate_state_view()
+
+    def _optimizer_state_loaded(self, optimizer) -> None:
+        """torch's ``load_state_dict`` keeps the loaded tensors themselves as the state; those
+        of ``cstorch.load`` are deferred tensors (read from the file on use), which the state
+        guard cannot watch, so every step would write its state through to them. Each is
+        read now into a tensor of its own, as the reference's CSX backend moves loaded state
+        to its device."""
+        from cstorch.storage.deferred import DeferredTensor
+
+        for state in optimizer.state.values():
+            for key, value in state.items():
+                if isinstance(value, DeferredTensor):
+                    state[key] = value._materialize(cache_override=False).detach().clone()
         self._invalidate_state_view()
 
     def setup_scheduler(self, scheduler) -> None:

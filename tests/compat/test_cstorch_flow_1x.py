@@ -97,7 +97,8 @@ def test_19_training_flow_equals_eager_torch_and_keeps_max_checkpoints(tmp_path)
     from cerebras_pytorch.core import cb_model, modes  # noqa: F401
 
     assert cbtorch.utils.utils.is_ltc_mlir_mode_enabled() is False
-    cs_config = cstorch.utils.CSConfig(num_csx=1)
+    with pytest.warns(DeprecationWarning, match="CSConfig is deprecated"):
+        cs_config = cstorch.utils.CSConfig(num_csx=1)
     backend = cstorch.backend("CPU", max_checkpoints=2)
     with backend.device:
         model = _WithLoss()
@@ -129,8 +130,9 @@ def test_19_training_flow_equals_eager_torch_and_keeps_max_checkpoints(tmp_path)
 
     dataloader = cstorch.utils.data.DataLoader(_input_fn, {})
     num_steps = cstorch.utils.data.compute_num_steps(dataloader, initial_step=0, max_steps=6)
-    executor = cstorch.utils.data.DataExecutor(dataloader, num_steps=num_steps,
-                                               checkpoint_steps=2, cs_config=cs_config)
+    with pytest.warns(DeprecationWarning, match="cs_config=.... is deprecated"):
+        executor = cstorch.utils.data.DataExecutor(dataloader, num_steps=num_steps,
+                                                   checkpoint_steps=2, cs_config=cs_config)
     global_step = 0
     for batch in executor:
         loss = training_step(batch)

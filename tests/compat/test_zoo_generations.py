@@ -89,7 +89,8 @@ def test_release_2_2_run_flow_trains_like_eager_torch(tmp_path):
     set_ini(debug_args, ws_opt=True)
     assert debug_args == {"debug_usr": {"compile_coord_resource": {"memory_bytes": 3 << 30}},
                           "debug_mgr": {"task_spec": "x"}, "ini": {"ws_opt": True}}
-    with pytest.warns(DeprecationWarning):
+    with pytest.warns(DeprecationWarning), \
+            pytest.warns(UserWarning, match="have no effect on this engine and were dropped"):
         cs_config = cs.utils.CSConfig(num_csx=None, debug_args=debug_args,
                                       fabric_type_blacklist=None, disable_version_check=True)
     cs_config.precision_opt_level = 2  # as the 2.2 flow sets it; the executor applies it

@@ -22,7 +22,9 @@ import cerebras.pytorch as cstorch
 from jax_backend import DeviceState
 from tests.training import compiled_sgd_step, squared_error_step
 
-pytestmark = pytest.mark.core
+# Every case here holds an alias, so the engine warns (SharedStateWarning) in each; the warning
+# itself is asserted by test_the_shared_state_warning_names_the_tensor_once.
+pytestmark = [pytest.mark.core, pytest.mark.filterwarnings("ignore::jax_backend.state.SharedStateWarning")]
 
 STEPS = 5
 EDIT_AFTER = 2  # the edit lands between steps EDIT_AFTER and EDIT_AFTER + 1
@@ -336,6 +338,35 @@ def test_a_checkpoint_saved_before_compiling_leaves_no_alias(tmp_path, fmt):
     assert state.is_released(_big(model))
     eager_model, _, eager_step = build("eager")
     assert losses == pytest.approx([eager_step(XS[i], YS[i]).item() for i in range(3)],
+                                   rel=1e-5)
+
+
+def test_torch_optimizer_state_resumed_from_cstorch_load_is_no_alias(tmp_path):
+    # torch's Optimizer.load_state_dict keeps the loaded tensors themselves; cstorch.load's
+    # are deferred (read on use), which the state guard cannot watch: every step wrote them
+    # through (and warned). The resumed run must also continue as eager torch's does.
+    import warnings
+
+    eager, eager_opt, eager_step = build("eager")
+    for i in range(2):
+        eager_step(XS[i], YS[i])
+    cstorch.save({"model": eager.state_dict(), "optimizer": eager_opt.state_dict()},
+                 tmp_path / "c.mdl")
+    resumed = _model("mlp")
+    compiled = cstorch.compile(resumed, cstorch.backend("CPU"))
+    resumed_opt = _optimizer("eager", "sgd", resumed.parameters())  # torch SGD, state made
+    resumed_step = cstorch.trace(squared_error_step(compiled, resumed_opt))
+    resumed_step(XS[0], YS[0])  # a running job loads a checkpoint
+    state = cstorch.load(tmp_path / "c.mdl")
+    resumed.load_state_dict(state["model"])
+    resumed_opt.load_state_dict(state["optimizer"])
+    del state
+    device_state = cstorch.backend()._impl.device_state
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a SharedStateWarning would fail here
+        losses = [resumed_step(XS[i], YS[i]).item() for i in range(2, STEPS)]
+    assert device_state.is_released(_big(resumed))
+    assert losses == pytest.approx([eager_step(XS[i], YS[i]).item() for i in range(2, STEPS)],
                                    rel=1e-5)
 
 

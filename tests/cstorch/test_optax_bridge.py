@@ -125,7 +125,7 @@ def test_builtin_optimizer_and_schedule_used_from_jax_directly():
     x, y = torch.randn(16, 5, generator=g), torch.randn(16, 2, generator=g)
     torch.manual_seed(0)
     model = torch.nn.Linear(5, 2)
-    start = [p.detach().numpy().copy() for p in model.parameters()]
+    start = [p.detach().clone().numpy() for p in model.parameters()]  # numpy() marks memory
 
     backend = cstorch.backend("CPU")
     compiled = cstorch.compile(model, backend)

@@ -197,6 +197,7 @@ def test_muon_traced_matches_the_pure_rule_and_survives_a_checkpoint(cpu_backend
 
     path = tmp_path / "muon.mdl"
     cstorch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
+    del got, buffer  # kept across the step, they would be aliases the step writes through
     step(X, T)
     restored = Affine(with_bias=False)
     restored_optimizer = cstorch.optim.Muon(restored.parameters(), lr=0.02, momentum=0.9,

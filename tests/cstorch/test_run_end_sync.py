@@ -15,6 +15,7 @@ import torch
 import cerebras.pytorch as cstorch
 import jax_backend.state
 from jax_backend import DeviceState
+from jax_backend.state import SharedStateWarning
 from tests.training import compiled_sgd_step
 
 pytestmark = pytest.mark.core
@@ -99,7 +100,8 @@ def test_state_dict_after_a_run_is_the_newest(release_all):
 def test_a_view_made_before_the_run_sees_the_newest_value_after_it(release_all):
     """A view reads the storage without the guard: its base is never released, and the run's
     end brings it up to date, as eager torch's in-place updates would have."""
-    state, model, _, view = _run(3, before_run=lambda m: m[0].weight.detach()[:2])
+    with pytest.warns(SharedStateWarning, match="0.weight"):
+        state, model, _, view = _run(3, before_run=lambda m: m[0].weight.detach()[:2])
     eager_model, _ = _eager(3)
     assert not state.is_released(model[0].weight)
     with torch._C.DisableTorchFunctionSubclass():  # read as a user holding the view would

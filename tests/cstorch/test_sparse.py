@@ -88,6 +88,7 @@ def _train(make_sparsity, steps=12, kind="CPU"):
                                 if k.endswith("_mask")})
         record["weights"].append({k: v.clone() for k, v in state.items()
                                   if not k.endswith("_mask")})
+        del state  # kept across the next step, it would be an alias the step writes through
     return record, sparsity, step
 
 

@@ -167,6 +167,7 @@ def _train(engine):
     return seen, final, backend
 
 
+@pytest.mark.filterwarnings("ignore::jax_backend.state.SharedStateWarning")  # the views it holds are the point
 def test_a_training_run_makes_only_legal_transitions_and_trains_as_eager_torch(monkeypatch):
     config.update("debug_state", True)
     monkeypatch.setattr(DeviceState, "release_min_bytes", 1 << 16)
