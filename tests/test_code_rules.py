@@ -9,11 +9,14 @@
   elsewhere gets a public spelling in its home module instead.
 - Every example in ``examples/`` and tool in ``tools/`` is named in the docs (``README.md``
   or a file under ``docs/``), so none is an orphan that nobody knows to run or to keep working.
+- The table of a state tensor's legal changes in ``docs/ARCHITECTURE.md`` is the engine's
+  (``jax_backend.state._TABLE``), row for row.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 
 from tests.test_import_graph import ROOT, module_files, resolve_base
 
@@ -134,6 +137,54 @@ def test_every_example_and_tool_is_named_in_the_docs():
     assert len(files) >= 10
     orphans = [str(p.relative_to(ROOT)) for p in files if p.name not in docs]
     assert not orphans, f"not named in README.md or docs/: {orphans}"
+
+
+def _documented_transitions(text: str) -> set:
+    """(event, from, to) rows of ARCHITECTURE's "legal changes" table. A row may name several
+    events; a change annotated ``(event)`` belongs to that one, the others to the first.
+    ``a, b -> c`` is two changes; ``a -> b or c`` too."""
+    section = text[text.index("| event | when | legal changes |"):]
+    rows = set()
+    for line in section.splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        events_cell, _, changes_cell = (c.strip() for c in line.strip("|").split("|"))
+        events = [e.strip() for e in events_cell.split(",")]
+        pending = []
+        for item in re.split(r"[,;] ", changes_cell.replace("\\*", "*")):
+            if "→" not in item:
+                pending.append(item.strip())
+                continue
+            source, target = (part.strip() for part in item.split("→"))
+            event = events[0]
+            annotated = re.fullmatch(r"(.*?)\s*\((\w+)\)", target)
+            if annotated:
+                target, event = annotated.group(1), annotated.group(2)
+            for origin in [*pending, source]:
+                for destination in target.split(" or "):
+                    rows.add((event, origin, destination.strip()))
+            pending = []
+    return rows
+
+
+def test_the_documented_state_transitions_are_the_engines():
+    from jax_backend.state import _TABLE
+
+    documented = _documented_transitions((ROOT / "docs" / "ARCHITECTURE.md").read_text())
+    code = {(event, before, after) for before, event, after in _TABLE}
+    assert len(code) >= 20
+    assert documented == code, (f"only in the docs: {sorted(documented - code)}; "
+                                f"only in jax_backend/state.py: {sorted(code - documented)}")
+
+
+def test_the_transition_reader_sees_a_wrong_row():
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    wrong = text.replace("| share | after a step: memory handed out is still held | "
+                         "stale+lent → stale+shared |",
+                         "| share | after a step: memory handed out is still held | "
+                         "stale+lent → synced+shared |")
+    assert wrong != text
+    assert ("share", "stale+lent", "synced+shared") in _documented_transitions(wrong)
 
 
 if __name__ == "__main__":
