@@ -5,17 +5,23 @@ import torch
 import cerebras.pytorch as cstorch
 
 
-def squared_error_step(forward, optimizer):
-    """step(x, y) training ``forward`` (a module, compiled or eager) with ``optimizer``."""
+def minimizing(loss_of, optimizer):
+    """step(*inputs): one training step of ``optimizer`` on the loss ``loss_of(*inputs)``
+    (zero_grad, backward, step); returns the loss. Trace it with ``cstorch.trace``."""
 
-    def step(x, y):
-        loss = (forward(x) - y).pow(2).mean()
+    def step(*inputs):
+        loss = loss_of(*inputs)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         return loss
 
     return step
+
+
+def squared_error_step(forward, optimizer):
+    """step(x, y) training ``forward`` (a module, compiled or eager) with ``optimizer``."""
+    return minimizing(lambda x, y: (forward(x) - y).pow(2).mean(), optimizer)
 
 
 def compiled_sgd_step(model, backend, lr=0.1, momentum=0.9):
@@ -43,3 +49,9 @@ def sgd_linear_mse_step():
         return loss
 
     return model, training_step
+
+
+def linear_mse_batch(i):
+    """Batch ``i`` (inputs (4, 3), targets (4, 2)) of ``sgd_linear_mse_step``'s data, seeded."""
+    g = torch.Generator().manual_seed(i)
+    return torch.randn(4, 3, generator=g), torch.randn(4, 2, generator=g)

@@ -18,7 +18,7 @@ import torch
 
 import cerebras.pytorch as cstorch
 from tests.models import TinyGPT, lm_loss
-from tests.training import sgd_linear_mse_step
+from tests.training import linear_mse_batch, sgd_linear_mse_step
 
 pytestmark = pytest.mark.core
 
@@ -186,20 +186,15 @@ def test_flax_train_state_continues_from_exported_forward(tmp_path):
     assert rest[-1] < 0.8 * first
 
 
-def _xy(i):
-    g = torch.Generator().manual_seed(i)
-    return torch.randn(4, 3, generator=g), torch.randn(4, 2, generator=g)
-
-
 def test_export_before_the_first_step_takes_the_state_as_it_is(tmp_path):
     # No step has run: export compiles the step without running it, so the exported state is
     # the initial one and the exported step's losses are the cstorch step's, from the start.
     model, training_step = sgd_linear_mse_step()
     initial = {k: v.clone() for k, v in model.state_dict().items()}
-    artifact = cstorch.export(training_step, _xy(0), str(tmp_path / "step"))
+    artifact = cstorch.export(training_step, linear_mse_batch(0), str(tmp_path / "step"))
     assert all(torch.equal(v, initial[k]) for k, v in model.state_dict().items())
     assert training_step.trace_count == 1
-    cstorch_losses = [float(training_step(*_xy(i))) for i in range(3)]
+    cstorch_losses = [float(training_step(*linear_mse_batch(i))) for i in range(3)]
     assert training_step.trace_count == 1  # the export's program is the one that ran
 
     sys.path.insert(0, artifact)
@@ -212,13 +207,13 @@ def test_export_before_the_first_step_takes_the_state_as_it_is(tmp_path):
     np.testing.assert_array_equal(np.asarray(step.state["model0.weight"]),
                                   initial["weight"].numpy())
     state0 = step.state
-    x, y = (t.numpy() for t in _xy(0))
+    x, y = (t.numpy() for t in linear_mse_batch(0))
     loss = step(x, y)  # one training step; step.state holds the new state
     new_state, same_loss = step.pure(state0, [x, y])  # the same step as a pure function
     assert float(loss) == float(same_loss) == pytest.approx(cstorch_losses[0], rel=1e-6)
     for name in new_state:
         np.testing.assert_array_equal(np.asarray(new_state[name]), np.asarray(step.state[name]))
-    more = [float(step(*(t.numpy() for t in _xy(i)))) for i in (1, 2)]
+    more = [float(step(*(t.numpy() for t in linear_mse_batch(i)))) for i in (1, 2)]
     np.testing.assert_allclose(more, cstorch_losses[1:], rtol=1e-6)
 
 
@@ -226,18 +221,18 @@ def test_pure_function_comes_with_its_state(tmp_path):
     import jax
 
     _, training_step = sgd_linear_mse_step()
-    training_step(*_xy(0))
+    training_step(*linear_mse_batch(0))
     state = training_step.pure_state()
     assert "model0.weight" in state.donated_names
     assert any(n.startswith("optimizer0.state.") for n in state.donated_names)
     f = jax.jit(training_step.pure_function())
     pure_losses = []
     for i in (1, 2, 3):
-        new_state, outputs = f(state.donated, state.kept, [t.numpy() for t in _xy(i)], 0)
+        new_state, outputs = f(state.donated, state.kept, [t.numpy() for t in linear_mse_batch(i)], 0)
         state = state.advance(new_state)
         pure_losses.append(float(outputs[0]))
     # The pure loop left cstorch's state alone: the same steps in cstorch give the same losses.
-    cstorch_losses = [float(training_step(*_xy(i))) for i in (1, 2, 3)]
+    cstorch_losses = [float(training_step(*linear_mse_batch(i))) for i in (1, 2, 3)]
     np.testing.assert_allclose(pure_losses, cstorch_losses, rtol=1e-6)
     with pytest.raises(ValueError, match="new_state has 1 arrays"):
         state.advance([new_state[0]])
@@ -323,7 +318,7 @@ def test_the_manifest_says_what_made_the_step(tmp_path):
     import jax
 
     _, training_step = sgd_linear_mse_step()
-    path = cstorch.export(training_step, _xy(0), str(tmp_path / "step"))
+    path = cstorch.export(training_step, linear_mse_batch(0), str(tmp_path / "step"))
     made_by = json.loads((tmp_path / "step" / "manifest.json").read_text())["made_by"]
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     with open(os.path.join(root, "pyproject.toml"), "rb") as f:
@@ -536,7 +531,7 @@ def test_apply_refuses_a_training_step_and_unknown_parameters(tmp_path):
     from jax_backend import exported
 
     model, training_step = sgd_linear_mse_step()
-    x, y = _xy(0)
+    x, y = linear_mse_batch(0)
     step = exported.load(cstorch.export(training_step, (x, y), str(tmp_path / "train")))
     with pytest.raises(exported.ExportError, match="forward-only step.*model0.weight"):
         step.apply(step.params(), step.buffers(), [x.numpy(), y.numpy()])

@@ -17,6 +17,7 @@ import cstorch
 import jax_backend
 from jax_backend import graph_cache
 from jax_backend.graph_cache.fingerprint import Fingerprinter
+from tests.training import minimizing
 from cstorch.core import programs
 from cstorch.core.capture_cache import CaptureCache
 from cstorch.core.compile import TracedStep
@@ -108,12 +109,7 @@ def test_a_parameter_hook_changes_the_cache_key_of_a_real_step(cpu_backend, tmp_
     compiled = cstorch.compile(model, cpu_backend)
     optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
 
-    def step(x):
-        loss = compiled(x).sum()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss
+    step = minimizing(lambda x: compiled(x).sum(), optimizer)
 
     impl = cpu_backend._impl
     x = torch.ones(4, 2)

@@ -28,7 +28,7 @@ from jax_backend import DeviceState, Program
 from jax_backend.errors import StepFailedError
 from jax_backend.state import SharedStateWarning
 from tests.models import TinyGPT, lm_loss
-from tests.training import compiled_sgd_step
+from tests.training import compiled_sgd_step, minimizing
 
 pytestmark = pytest.mark.core
 
@@ -133,13 +133,7 @@ def test_only_tensors_worth_it_are_released_by_default():
     compiled = cstorch.compile(model, backend)
     optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
-    @cstorch.trace
-    def step(x):
-        loss = compiled(x).pow(2).mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss
+    step = cstorch.trace(minimizing(lambda x: compiled(x).pow(2).mean(), optimizer))
 
     for _ in range(2):
         step(torch.randn(4, 128))
@@ -170,13 +164,8 @@ def test_tied_weights_are_one_released_tensor(release_all, monkeypatch):
         compiled = cstorch.compile(model, backend)
         optimizer = cstorch.optim.AdamW(model.parameters(), lr=1e-2)
 
-        @cstorch.trace
-        def step(tokens):
-            loss = lm_loss(compiled(tokens[:, :-1]), tokens[:, 1:])
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            return loss
+        step = cstorch.trace(minimizing(
+            lambda tokens: lm_loss(compiled(tokens[:, :-1]), tokens[:, 1:]), optimizer))
 
         tokens = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(0))
         losses = [float(step(tokens)) for _ in range(3)]

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import cerebras.pytorch as cstorch
+from tests.training import minimizing
 
 from tests.jit_cache import xla_compilations
 
@@ -17,13 +18,7 @@ def _setup():
     compiled = cstorch.compile(model, backend)
     optimizer = cstorch.optim.AdamW(model.parameters(), lr=0.1)
 
-    @cstorch.trace
-    def step(x):
-        loss = compiled(x).pow(2).sum()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss
+    step = cstorch.trace(minimizing(lambda x: compiled(x).pow(2).sum(), optimizer))
 
     return model, optimizer, step
 

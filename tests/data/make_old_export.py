@@ -23,22 +23,17 @@ import jax
 import torch
 
 import cerebras.pytorch as cstorch
-from tests.training import sgd_linear_mse_step
+from tests.training import linear_mse_batch, sgd_linear_mse_step
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, f"export_jax_{jax.__version__.replace('.', '_')}")
 
 
-def batch(i):
-    g = torch.Generator().manual_seed(i)
-    return torch.randn(4, 3, generator=g), torch.randn(4, 2, generator=g)
-
-
 def main():
     _, training_step = sgd_linear_mse_step()
-    path = cstorch.export(training_step, batch(0), OUT)
+    path = cstorch.export(training_step, linear_mse_batch(0), OUT)
     os.remove(os.path.join(path, "exported_step.py"))
-    losses = [float(training_step(*batch(i))) for i in range(3)]
+    losses = [float(training_step(*linear_mse_batch(i))) for i in range(3)]
     with open(os.path.join(path, "expected.json"), "w") as f:
         json.dump({"losses": losses, "jax": jax.__version__, "torch": torch.__version__}, f,
                   indent=1)
