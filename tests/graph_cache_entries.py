@@ -11,6 +11,7 @@ import json
 import os
 
 import numpy as np
+from pathlib import Path
 
 from jax_backend import graph_cache
 from jax_backend.graph_cache import storage
@@ -21,11 +22,11 @@ _HEAD = len(graph_cache.MAGIC) + 32
 def rewrite_payload(path, edit, sign=False):
     """Replaces an entry's payload (the zip) with ``edit(payload bytes)``."""
     path = os.fspath(path)
-    data = open(path, "rb").read()
+    data = Path(path).read_bytes()
     head, payload = data[:_HEAD], edit(data[_HEAD:])
     if sign:
         directory = os.path.dirname(path)
-        secret = open(os.path.join(directory, graph_cache.SECRET), "rb").read()
+        secret = (Path(directory) / graph_cache.SECRET).read_bytes()
         key = os.path.basename(path).removesuffix(".npz")
         head = graph_cache.MAGIC + storage.mac(secret, key, payload)
     with open(path, "wb") as f:

@@ -13,6 +13,7 @@ import textwrap
 import types
 
 import pytest
+from pathlib import Path
 
 from tests import conftest
 
@@ -40,7 +41,7 @@ LANES = ("test", "test-fast", "test-compat", "test-newest")
 
 def _lane_commands() -> dict:
     """The pytest command line of each of the Makefile's test lanes, variables expanded."""
-    text = open(os.path.join(ROOT, "Makefile")).read().replace("\\\n", " ")
+    text = (Path(ROOT) / "Makefile").read_text().replace("\\\n", " ")
     variables = dict(re.findall(r"^([A-Z_]+) :?= (.*)$", text, re.M))
     commands = {}
     for target, recipe in re.findall(r"^([a-z-]+):[^\n]*\n((?:\t.*\n)+)", text, re.M):
@@ -84,7 +85,7 @@ def test_the_fast_lane_fails_an_unmarked_test_over_its_cpu_budget(tmp_path):
     # tests/conftest.py beside three tests that spend a fixed amount of CPU (not of wall time,
     # so a slow or busy machine changes nothing): the unmarked one over the budget fails and
     # names the marker, the marked one is left out, the cheap one passes.
-    (tmp_path / "conftest.py").write_text(open(os.path.join(ROOT, "tests", "conftest.py")).read())
+    (tmp_path / "conftest.py").write_text((Path(ROOT) / "tests" / "conftest.py").read_text())
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: slow\n")
     (tmp_path / "test_lane.py").write_text(textwrap.dedent("""
         import time

@@ -449,6 +449,7 @@ def checkout(gitdir: Path, tag: str, dest: Path) -> list[str]:
     finally:
         cat.stdin.close()
         cat.wait()
+        cat.stdout.close()
     return missing
 
 

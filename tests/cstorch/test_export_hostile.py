@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -186,7 +187,7 @@ def test_the_intact_artifact_still_loads_and_runs(artifact):
 
     step = exported.load(artifact)
     state = np.load(os.path.join(artifact, "state.npz"))
-    manifest = json.loads(open(os.path.join(artifact, "manifest.json")).read())
+    manifest = json.loads(Path(artifact, "manifest.json").read_text())
     for i, entry in enumerate(manifest["state"]):
         np.testing.assert_array_equal(np.asarray(step.state[entry["name"]]), state[f"s{i}"])
     assert np.isfinite(float(step(np.ones((3, 4), np.float32))))

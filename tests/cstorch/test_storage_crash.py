@@ -48,6 +48,7 @@ def test_sigkill_mid_save_leaves_no_checkpoint(tmp_path):
         time.sleep(0.002)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    proc.stdout.close()
     if proc.returncode == 0:
         pytest.skip("the save finished before it could be killed (machine too fast)")
     assert not target.exists()
@@ -63,6 +64,7 @@ def test_uninterrupted_writer_publishes_complete_checkpoint(tmp_path):
     proc = _start_writer(target)
     assert proc.stdout.readline().strip() == "done"
     assert proc.wait() == 0
+    proc.stdout.close()
     assert glob.glob(f"{target}.*.tmp") == []
     out = storage.load(target)
     torch.manual_seed(0)

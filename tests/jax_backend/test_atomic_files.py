@@ -7,6 +7,7 @@ import os
 import stat
 
 import pytest
+from pathlib import Path
 
 from jax_backend import atomic_files
 
@@ -66,7 +67,7 @@ def test_a_rename_that_refuses_keeps_the_temporary_for_the_caller(tmp_path):
 
     with pytest.raises(FileExistsError):
         new.publish(refuse)
-    assert new.fd is None and open(new.temp_path, "rb").read() == b"new"
+    assert new.fd is None and Path(new.temp_path).read_bytes() == b"new"
     new.discard()
     assert os.listdir(tmp_path) == []
 

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -107,12 +108,12 @@ PAYLOAD = "__import__('os').system('touch PWNED')"
 
 
 def _truncate(path):
-    data = open(path, "rb").read()
-    open(path, "wb").write(data[:len(data) // 2])
+    data = Path(path).read_bytes()
+    Path(path).write_bytes(data[:len(data) // 2])
 
 
 def _garbage(path):
-    open(path, "wb").write(os.urandom(4096))
+    Path(path).write_bytes(os.urandom(4096))
 
 
 def _rewrite(path, edit):  # signed again: these test the decoder behind the HMAC
@@ -375,9 +376,10 @@ def test_the_fingerprint_follows_code_closures_globals_and_constant_values(monke
 
 
 def test_the_fingerprint_refuses_what_it_cannot_describe():
-    for value in (threading.Lock(), open(os.devnull), torch.Generator(), _started_generator()):
-        with pytest.raises(NotCacheable):
-            _digest({"held": value})
+    with open(os.devnull) as file:
+        for value in (threading.Lock(), file, torch.Generator(), _started_generator()):
+            with pytest.raises(NotCacheable):
+                _digest({"held": value})
 
 
 def _started_generator():
@@ -508,6 +510,7 @@ def test_a_symlinked_entry_is_refused(tmp_path):
 
 FIFO_PROBE = """
 import os, sys, warnings
+from pathlib import Path
 from jax_backend import graph_cache
 directory = sys.argv[1]
 os.mkfifo(os.path.join(directory, "KEY.npz"))

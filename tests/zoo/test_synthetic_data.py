@@ -74,5 +74,5 @@ def test_imagenet_folder_has_the_meta_file_torchvision_reads(tmp_path):
     wnid_to_classes, val_wnids = torch.load(root / "meta.bin", weights_only=True)
     folders = sorted(p.name for p in (root / "train").iterdir())
     assert sorted(wnid_to_classes) == folders and len(folders) == 3 and val_wnids == []
-    image = Image.open(next((root / "train" / folders[0]).iterdir()))
-    assert image.mode == "RGB" and 20 <= image.size[0] <= 28 and 24 <= image.size[1] <= 32
+    with Image.open(next((root / "train" / folders[0]).iterdir())) as image:
+        assert image.mode == "RGB" and 20 <= image.size[0] <= 28 and 24 <= image.size[1] <= 32
