@@ -133,6 +133,72 @@ def float32(params: dict) -> dict:
     return params
 
 
+# Release 2.4: its run.py takes the Trainer's YAML (``trainer: {init, fit, validate, ...}``);
+# it ships no gpt2 config, so gpt2 starts from gpt3's Cerebras-GPT 111M (the same model
+# class: 2.4's GPT3ModelConfig is GPT2ModelConfig under another name). Its fake-data
+# processors cannot be named in that YAML (DummyDataProcessor and DummyIterableDataProcessor
+# take GenericDataProcessorConfig, whose ``data_processor`` must read "GenericDataProcessor"),
+# so gpt2 reads small HDF5 files the harness writes, through the shipped GptHDF5DataProcessor.
+
+def gpt2_trainer_params(params: dict, s: Settings) -> dict:
+    """The Trainer config of a tiny gpt2: the model of ``gpt2_params`` (2 layers of width 32,
+    no dropout, 128 tokens from a 32000-word vocabulary); the shipped AdamW, gradient
+    clipping and precision; the shipped two-phase linear schedule over 10 + 10 steps
+    (warm-up, decay), so that the learning rate moves within the run. The loaders' data_dir
+    is set by ``gpt2_trainer_data``."""
+    params = copy.deepcopy(params)
+    trainer = params["trainer"]
+    init = trainer["init"]
+    model = init["model"]
+    model.update(name="gpt2", hidden_size=32, num_hidden_layers=2, num_heads=2, filter_size=64,
+                 vocab_size=32000, max_position_embeddings=128, dropout_rate=0.0,
+                 attention_dropout_rate=0.0, loss_weight=1 / 128)
+    for key in ("embedding_dropout_rate", "mixed_precision", "fp16_type"):  # deprecated
+        model.pop(key, None)
+    for entry in init.get("schedulers", []):
+        for phase in next(iter(entry.values())).get("schedulers", []):
+            next(iter(phase.values()))["total_iters"] = s.steps // 2
+    init.update(seed=1, loop=dict(max_steps=s.steps, eval_frequency=s.steps,
+                                  eval_steps=s.eval_steps),
+                checkpoint=dict(steps=s.checkpoint_steps, save_initial_checkpoint=False),
+                logging=dict(log_steps=1))
+    loader = dict(data_processor="GptHDF5DataProcessor", data_dir=None,
+                  max_sequence_length=128, batch_size=s.batch_size, shuffle=False,
+                  shuffle_seed=1, num_workers=0)
+    trainer["fit"] = dict(train_dataloader=dict(loader), val_dataloader=dict(loader))
+    trainer["validate"] = dict(val_dataloader=dict(loader))
+    trainer["validate_all"] = dict(val_dataloaders=dict(loader))
+    return params
+
+
+def gpt2_trainer_data(work: Path, params: dict) -> dict:
+    """Writes the train and eval HDF5 files under ``work`` (enough examples for every step)
+    and points the Trainer config's loaders at them."""
+    sys.path.insert(0, str(ROOT / "tests" / "zoo"))
+    import synthetic_data
+
+    params = copy.deepcopy(params)
+    trainer = params["trainer"]
+    loader = trainer["fit"]["train_dataloader"]
+    seq, vocab = loader["max_sequence_length"], trainer["init"]["model"]["vocab_size"]
+    train, evals = (synthetic_data.write_gpt_hdf5(
+        work / "data" / name, vocab, seq, examples=loader["batch_size"] * batches * 2,
+        seed=seed) for name, seed, batches in (("train", 0, Settings.steps),
+                                               ("eval", 1, Settings.eval_steps)))
+    trainer["fit"]["train_dataloader"]["data_dir"] = train
+    for section in (trainer["fit"]["val_dataloader"], trainer["validate"]["val_dataloader"],
+                    trainer["validate_all"]["val_dataloaders"]):
+        section["data_dir"] = evals
+    return params
+
+
+def float32_trainer(params: dict) -> dict:
+    """``float32`` for a Trainer config: mixed precision off (gradient clipping kept)."""
+    params = copy.deepcopy(params)
+    params["trainer"]["init"].setdefault("precision", {})["enabled"] = False
+    return params
+
+
 # The 1.x lines (1.6 to 1.9): the same shipped configs, with what their runners need besides.
 
 def fc_mnist_params_1x(params: dict, s: Settings) -> dict:
@@ -374,6 +440,11 @@ def _src_1x(fake_gpt2_data: bool, hdf5_per_example: bool = False) -> list[Model]
 
 _SRC_22 = "src/cerebras/modelzoo"
 RELEASE_LINES: list[ReleaseLine] = [
+    # 2.4 ships no fc_mnist and no gpt2 config: gpt2 from gpt3's 111M Trainer config
+    ReleaseLine("2.4", "Release_2.4.3", [
+        Model("gpt2", f"{_SRC_22}/models/nlp/gpt2/run.py",
+              f"{_SRC_22}/models/nlp/gpt3/configs/Cerebras_GPT/111m.yaml",
+              gpt2_trainer_params, cpu_params=float32_trainer, data=gpt2_trainer_data)]),
     ReleaseLine("2.3", "Release_2.3.1", _src_2x(_SRC_22, f"{_SRC_22}/models/nlp/gpt2")),
     ReleaseLine("2.2", "Release_2.2.1", _src_2x(_SRC_22, f"{_SRC_22}/models/nlp/gpt2")),
     ReleaseLine("2.1", "Release_2.1.1", _src_2x("modelzoo", "modelzoo/transformers/pytorch/gpt2"),
