@@ -78,6 +78,11 @@ class RunState:
         self.num_csx = 1
         self.mixed_precision = False  # 1.6's eval reads it; amp state is not device state
         self.metrics = []
+        # the 1.7-1.9 metrics on the appliance: device outputs and host callbacks of the
+        # iteration being traced, and the device state of each (id -> (tensor, initial))
+        self.device_outputs = []
+        self.activation_callbacks = []
+        self.metric_state = {}
 
     @property
     def is_inside_execution_loop(self) -> bool:
@@ -99,17 +104,56 @@ class RunState:
             raise ValueError(f"num_csx={num_csx}: this engine models one CS system; set "
                              "num_csx to 1.")
 
-    def track_object(self, obj) -> None:
-        """The runner names the outputs it will fetch; the step's loss is the one the 1.x
-        runners fetch (``get_activation_for_output``)."""
+    def track_object(self, obj, force: bool = False) -> None:
+        """The runner and the metrics name the outputs the host will fetch. The step's loss
+        is the one the 1.x runners fetch; a metric's device outputs (``{"cb_metric": {name:
+        [args, kwargs]}}``) become outputs of the compiled step, fetched after every step
+        for the metric's activation callbacks."""
         self.outputs.append(obj)
+        if isinstance(obj, dict) and isinstance(obj.get("cb_metric"), dict):
+            from cstorch.utils.nest import visit_torch_tensors
+
+            self.device_outputs += [t for _, t in visit_torch_tensors(obj["cb_metric"])]
+
+    def register_activation_callback(self, callback) -> None:
+        """A metric's host part: called after every step, once the step's outputs arrived
+        (it reads them with ``get_activation_for_output``)."""
+        self.activation_callbacks.append(callback)
+
+    def name_metric_state(self, state_dict: dict, name: str) -> None:
+        """``cm.set_metric_state_names``: a weight-streaming metric's state tensors live on
+        the device, updated in place by every step. They become backend state (carried from
+        step to step), and their values now, before the metric first updates them, are the
+        values the run starts from (the first, eager iteration's update is discarded, as
+        the appliance started from the initial state file holding these values)."""
+        from cstorch.backend import current_backend_impl
+        from cstorch.utils.nest import visit_torch_tensors
+
+        impl = current_backend_impl(raise_exception=False)
+        if impl is None or impl.is_tracing:  # the trace meets the state registered before
+            return
+        for _, tensor in visit_torch_tensors(state_dict):
+            if id(tensor) in self.metric_state:
+                continue
+            if not tensor.untyped_storage().resizable():
+                # The runner wrote it into the initial state file through numpy, which marks
+                # its memory as possibly shared with an array; as state it gets memory of
+                # its own (the same value), so steps need not write through to that array.
+                tensor.data = tensor.detach().clone()
+            self.metric_state[id(tensor)] = (cstorch.tensor(tensor), tensor.detach().clone())
+
+    def restore_metric_state(self) -> None:
+        """Puts every metric state tensor back to the value it had when first named."""
+        with torch.no_grad():
+            for tensor, initial in self.metric_state.values():
+                tensor.copy_(initial)
 
     def get_activation_for_output(self, tensor):
         mode = _run.current().appliance_mode
         if mode is None or mode.last_loss is None:
             raise RuntimeError("No step has run on the appliance yet: call "
                                "receive_activations(step) first.")
-        return mode.last_loss
+        return mode.activation(tensor)
 
 
 def run_state() -> RunState:
@@ -274,6 +318,8 @@ class ApplianceMode:
         self._rates = None  # the training run's learning-rate schedule (compile)
         self._steps_run = 0
         self.last_loss = None
+        # the traced iteration's metric outputs and callbacks, and the last step's values
+        self._output_tensors, self._callbacks, self._activations = [], [], []
         _run.current().appliance_mode = self
 
     # ----------------------------------------------------------------- compile, execute
@@ -288,7 +334,7 @@ class ApplianceMode:
 
             @cstorch.trace
             def step(batch, rates=None):
-                with _scratch_tensor_attributes():
+                def iteration():
                     runner.optimizer_zero_grad()
                     loss = runner.train_forward(batch)
                     runner.backward(loss)
@@ -297,16 +343,37 @@ class ApplianceMode:
                     if hasattr(runner, "lr_scheduler_step"):  # 1.6: in optimizer_step
                         runner.lr_scheduler_step()
                     rates_of_run.restore(before)
-                return loss
+                    return loss
+
+                return self._traced(iteration)
         else:
             @cstorch.trace
             @torch.no_grad()
             def step(batch, rates=None):
                 from cerebras_pytorch.lazy.outputs import extract_loss
 
-                with _scratch_tensor_attributes():
-                    return extract_loss(runner.eval_forward(batch))
+                return self._traced(lambda: extract_loss(runner.eval_forward(batch)))
         self._step = step
+
+    def _traced(self, iteration):
+        """Runs the runner's iteration inside the step being traced; returns its loss and the
+        device outputs the metrics tracked during it, whose callbacks (registered during it)
+        are the ones run after every step (those of the first, eager iteration are not)."""
+        state = run_state()
+        state.device_outputs, state.activation_callbacks = [], []
+        with _scratch_tensor_attributes():
+            loss = iteration()
+        self._output_tensors = list(state.device_outputs)
+        self._callbacks = list(state.activation_callbacks)
+        return loss, self._output_tensors
+
+    def activation(self, tensor):
+        """The last step's value of an output of the traced iteration (the loss for any
+        other tensor: what the 1.x runners fetch)."""
+        for traced, value in zip(self._output_tensors, self._activations):
+            if traced is tensor:
+                return value
+        return self.last_loss
 
     def execute(self, *args, initial_checkpoint_file=None, **kwargs) -> None:
         """Starts the run from the initial state the runner saved (the first, eager iteration
@@ -325,6 +392,7 @@ class ApplianceMode:
             raise ValueError("execute() needs the initial state file the runner saved "
                              "(initial_checkpoint_file).")
         self._runner._model.set_state(state)
+        run_state().restore_metric_state()
         _hyperparameters_as_constants()
         if self._rates is not None:
             self._rates.begin()
@@ -340,13 +408,16 @@ class ApplianceMode:
                 raise RuntimeError("receive_activations: no batch was handed out by a "
                                    "cbtorch.dataloader in this run.")
             rates = self._rates.at(self._steps_run) if self._rates is not None else None
-            loss = self._step(loader.current_batch, rates)
+            loss, outputs = self._step(loader.current_batch, rates)
             self.last_batch_size = _batch_size(loader.current_batch)
             self.throughput.add(self.last_batch_size)
             impl = cstorch.backend()._impl
             self.last_loss = impl.to_cpu(loss).detach().clone()
+            self._activations = [impl.to_cpu(v).detach().clone() for v in outputs]
             self._steps_run += 1
             _run.current().run_step += 1
+            for callback in self._callbacks:  # the metrics' host parts, once per step
+                callback()
         return {"loss": self.last_loss}
 
     def receive_weights(self, state_dict, iteration=None, *args, **kwargs) -> dict:
