@@ -131,7 +131,7 @@ def set_metric_state_names(state_dict, name=None, *args, **kwargs) -> None:
     on the appliance it becomes state the steps carry (``RunState.name_metric_state``)."""
     _run.current().state_names.setdefault("metrics", {})[name] = state_dict
     if _run.current().appliance:
-        from cerebras_pytorch.lazy.appliance import run_state
+        from cerebras_pytorch.lazy.run_state import run_state
 
         run_state().name_metric_state(state_dict, name)
 
