@@ -693,3 +693,109 @@ def test_eval_with_device_metrics_matches_eager_torch(tmp_path):
     assert [runner.losses[s] for s in range(1, 5)] == pytest.approx(expected, rel=2e-2)
     assert runner.metric.num_updates == 4  # once per step (not for the eager iteration)
     assert runner.metric.result == pytest.approx(sum(expected) / 4, rel=2e-2)
+
+
+class _WSMeanLoss16:
+    """A 1.6 weight-streaming metric: registered with the run when built, device state named
+    with ``set_metric_state`` each call, its device result handed to a step closure of its
+    own (the host part); 1.6's runner reads that result as one more named output of the
+    appliance."""
+
+    def __init__(self, cbtorch, cm, name):
+        self.cbtorch, self.cm, self.name = cbtorch, cm, name
+        self.num_updates, self.result = 0, None
+        cbtorch.state().register_metric(self)
+        self.total = torch.tensor(0, dtype=torch.float32, device=cm.device())
+        self.count = torch.tensor(0, dtype=torch.float32, device=cm.device())
+        self.state_dict = {"total": self.total, "count": self.count}
+
+        @cm.step_closure
+        def update_on_host_closure(metric, args, kwargs):
+            metric.result = float(args[0])
+            metric.num_updates += 1
+
+        self._update_on_host_closure = update_on_host_closure
+
+    def __call__(self, loss):
+        self.cbtorch.state().track_object(self.state_dict)
+        self.cm.set_metric_state_names(self.state_dict, self.name)
+        self.total.add_(loss.detach())
+        self.count.add_(1.0)
+        self._update_on_host_closure(self, [self.total / self.count], {})
+
+
+class _Toy16EvalRunner(_Toy16Runner):
+    """1.6's appliance eval: the appliance gets a function returning the initial state, each
+    step's activations come back by ``output_names`` (the loss first, then one per metric)."""
+
+    def __init__(self, cbtorch, model_dir, checkpoint):
+        from cerebras_pytorch.core import cb_model as cm
+
+        self.cm, self.cbtorch, self.model_dir = cm, cbtorch, model_dir
+        self._model = _ToyModel(cbtorch)
+        self._model.set_state(cstorch.load(checkpoint))
+        self.metric = _WSMeanLoss16(cbtorch, cm, "eval/mean_loss")
+        self._active_mode = "eval"
+        self._num_batches_processed = 0
+        self.losses, self.activations = {}, None
+        self._initial = os.path.join(model_dir, "checkpoint_0.mdl")
+        cm.save(self._model.get_state(), self._initial)
+        self._appliance = cbtorch.core.appliance.ApplianceMode(
+            {"runconfig": {}}, lambda: torch.load(self._initial))
+
+    def receive(self):
+        out = self._appliance.receive_activations(self._num_batches_processed)
+        self.activations = [out[name] for name in self._appliance.output_names]
+        return self.activations[0]
+
+    def eval_forward(self, data):
+        if self._num_batches_processed == 0:
+            x, y = data
+            loss = torch.nn.functional.cross_entropy(self._model.model(x), y)
+            self.metric(loss)
+            return loss
+        return self.receive()
+
+    def evaluate(self, loader, steps):
+        with torch.no_grad():
+            for step, data in enumerate(self.cbtorch.dataloader(loader), start=1):
+                loss = self.eval_forward(data)
+                if self._num_batches_processed == 0:
+                    self._appliance.compile(len(data[1]), None, True)
+                    self._appliance.execute(None, 4, steps, checkpoint_steps=0)
+                    loss = self.receive()
+                self.losses[step] = loss.item()
+                self._num_batches_processed += 1
+                if step == steps:
+                    break
+        self.cm.run_step_closures()
+        # 1.6's compute_eval_metrics: the activations after the loss, one per metric
+        assert len(self.cbtorch.state().metrics) == len(self.activations) - 1
+        return dict(zip([m.name for m in self.cbtorch.state().metrics],
+                        map(float, self.activations[1:])))
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("error:The memory of state tensor")
+def test_16_eval_with_device_metrics_matches_eager_torch(tmp_path):
+    """1.6's protocol for the same: the metric's device result is a named activation of the
+    appliance and reaches its step closure with each step's value."""
+    import cerebras_pytorch as cbtorch
+
+    cbtorch.initialize(service_workdir=str(tmp_path), appliance=True)
+    _, eager_model = _eager_losses(3)
+    checkpoint = str(tmp_path / "trained.mdl")
+    cstorch.save({"model": eager_model.state_dict(),
+                  "optimizer": _ToyModel(cbtorch).optimizer.state_dict()}, checkpoint)
+    batches = _batches(4)
+    runner = _Toy16EvalRunner(cbtorch, str(tmp_path), checkpoint)
+    metrics = runner.evaluate(batches, steps=4)
+    with torch.no_grad():
+        expected = [float(torch.nn.functional.cross_entropy(eager_model(x), y.long()))
+                    for x, y in batches]
+    assert [runner.losses[s] for s in range(1, 5)] == pytest.approx(expected, rel=2e-2)
+    assert runner._appliance.output_names == ["loss", "eval/mean_loss"]
+    assert metrics["eval/mean_loss"] == pytest.approx(sum(expected) / 4, rel=2e-2)
+    # the host part ran once per step of the run (and once for the eager iteration, whose
+    # closure 1.6 queues before the appliance exists), the last time with the last step's value
+    assert runner.metric.num_updates == 5 and runner.metric.result == metrics["eval/mean_loss"]

@@ -39,6 +39,7 @@ import sys
 import torch
 
 import cstorch
+from cstorch.utils.nest import map_torch_tensors, visit_torch_tensors
 
 from cerebras_pytorch.lazy import _run
 from cerebras_pytorch.lazy.run_state import Tracker, run_state
@@ -132,8 +133,6 @@ def _scratch_tensor_attributes():
 
 
 def _batch_size(batch) -> int:
-    from cstorch.utils.nest import visit_torch_tensors
-
     for _, tensor in visit_torch_tensors(batch):
         return int(tensor.shape[0]) if tensor.dim() else 1
     return 0
@@ -204,6 +203,8 @@ class ApplianceMode:
         self.last_loss = None
         # the traced iteration's metric outputs and callbacks, and the last step's values
         self._output_tensors, self._callbacks, self._activations = [], [], []
+        self._metric_closures = []  # 1.6: (fn, args, kwargs) queued by the traced iteration
+        self._named_outputs = []  # 1.6: (name, traced tensor) of the metrics' outputs
         _run.current().appliance_mode = self
 
     # ----------------------------------------------------------------- compile, execute
@@ -241,13 +242,35 @@ class ApplianceMode:
 
     def _traced(self, iteration):
         """Runs the runner's iteration inside the step being traced; returns its loss and the
-        device outputs the metrics tracked during it, whose callbacks (registered during it)
-        are the ones run after every step (those of the first, eager iteration are not)."""
-        state = run_state()
+        device outputs its metrics hand to the host, which become outputs of the step:
+
+        * 1.7-1.9: the outputs tracked with ``track_object({"cb_metric": ...})``, read by the
+          activation callbacks registered during the trace, run after every step (those of
+          the first, eager iteration are not);
+        * 1.6: a metric (registered with ``register_metric``) passes its outputs to a step
+          closure of its own; that closure is queued again after every step with the step's
+          values, and the outputs are also named activations (``output_names[1:]``, one per
+          metric in registration order, as 1.6's runner reads them)."""
+        state, run = run_state(), _run.current()
         state.device_outputs, state.activation_callbacks = [], []
+        queued = len(run.closures)
         with _scratch_tensor_attributes():
             loss = iteration()
-        self._output_tensors = list(state.device_outputs)
+        new = run.closures[queued:]
+        self._metric_closures = [c for c in new
+                                 if c[1] and any(c[1][0] is m for m in state.metrics)]
+        run.closures[queued:] = [c for c in new
+                                 if not any(c is m for m in self._metric_closures)]
+        named = []
+        for metric in state.metrics:
+            for _, args, kwargs in self._metric_closures:
+                if args[0] is metric:
+                    tensors = [t for _, t in visit_torch_tensors((args[1:], kwargs))]
+                    named += [(metric.name if len(tensors) == 1 else f"{metric.name}_{i}", t)
+                              for i, t in enumerate(tensors)]
+        self._named_outputs = named
+        self.output_names = ["loss"] + [name for name, _ in named]
+        self._output_tensors = list(state.device_outputs) + [t for _, t in named]
         self._callbacks = list(state.activation_callbacks)
         return loss, self._output_tensors
 
@@ -302,13 +325,16 @@ class ApplianceMode:
             _run.current().run_step += 1
             for callback in self._callbacks:  # the metrics' host parts, once per step
                 callback()
-        return {"loss": self.last_loss}
+            for fn, args, kwargs in self._metric_closures:  # 1.6's, at the next step mark
+                run_args, run_kwargs = map_torch_tensors(
+                    lambda _, t: self.activation(t), (args, kwargs))
+                _run.current().closures.append((fn, run_args, run_kwargs))
+        return {"loss": self.last_loss,
+                **{name: self.activation(t) for name, t in self._named_outputs}}
 
     def receive_weights(self, state_dict, iteration=None, *args, **kwargs) -> dict:
         """1.6: the current value of every tensor of ``state_dict`` by its dotted name below
         the top level (what the runner looks up through ``weight_names``)."""
-        from cstorch.utils.nest import visit_torch_tensors
-
         self._runner._model.get_state()  # materializes the engine's state
         return {".".join(map(str, scope[1:])): tensor.detach().cpu()
                 for scope, tensor in visit_torch_tensors(state_dict)}
