@@ -75,6 +75,7 @@ class Settings:
     checkpoint_steps: int = FIRST_CHECKPOINT
     batch_size: int = 4
     eval_steps: int = 5
+    csx_eval: bool = False  # also evaluate the CSX run's last checkpoint on CSX (--csx-eval)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -670,10 +671,44 @@ def judge(runs: dict[str, dict], settings: Settings) -> dict:
                 f" {resumed[0]:.1e}" + (" (CSX)" if base is csx else "")
     else:
         verdict["resume"] = "FAIL"
+    if "eval_csx" in runs:
+        verdict["csx_eval"] = _judge_csx_eval(runs["eval_csx"], runs.get("eval_csx_reference"))
     verdict["project_cstorch"] = all(r["project_cstorch"] for r in runs.values() if r)
     errors = [f"{k}: {r['error']}" for k, r in runs.items() if r and r["error"]]
     verdict["first_error"] = errors[0] if errors else ""
     return verdict
+
+
+def _judge_csx_eval(ev: dict, reference: dict | None) -> str:
+    """Eval on CSX of the CSX run's checkpoint against the CPU eval of the same checkpoint
+    (or an eager-torch forward written here), at CSX tolerance."""
+    if ev["rc"] != 0 or ev["eval_loss"] is None:
+        return "FAIL"
+    ref = None if reference is None else reference.get("eval_loss", reference.get("value"))
+    if ref is None:
+        return f"ran {ev['eval_loss']:.5f} (nothing to compare)"
+    d = _relative(ev["eval_loss"], ref)
+    return ("ok" if d <= CSX_TOLERANCE else "FAIL") + f" {d:.1e}"
+
+
+def _csx_eval(zoo_python: str, checkout_dir: Path, work: Path, line: ReleaseLine, model: Model,
+              runs: dict, params: dict, cpu_params: dict) -> None:
+    """``--csx-eval``: the CSX run's last checkpoint evaluated on CSX (``eval_csx``) and, as
+    the reference, on CPU (``eval_csx_reference``; fc_mnist of 1.x: the eager forward)."""
+    checkpoints = runs["csx"]["checkpoints"]
+    if not checkpoints:
+        return
+    keep = work / "checkpoints_csx"
+    keep.mkdir(exist_ok=True)
+    last = shutil.copy(checkpoints[max(checkpoints)], keep)
+    runs["eval_csx"] = run_one(zoo_python, checkout_dir, work, line, model, "eval_csx", "CSX",
+                               "eval", last)
+    if model.reference_eval:
+        runs["eval_csx_reference"] = dict(value=model.reference_eval(last, params), rc=0,
+                                          losses={}, project_cstorch=True, error=None)
+    else:
+        runs["eval_csx_reference"] = run_one(zoo_python, checkout_dir, work, line, model,
+                                             "eval_csx_reference", "CPU", "eval", last)
 
 
 def run_model(zoo_python: str, checkout_dir: Path, work: Path, line: ReleaseLine, model: Model,
@@ -725,6 +760,8 @@ def run_model(zoo_python: str, checkout_dir: Path, work: Path, line: ReleaseLine
             runs["resume"] = run_one(zoo_python, checkout_dir, work, line, model, "resume",
                                      device, "train", first)
             runs["resume"]["from"] = source
+    if settings.csx_eval:
+        _csx_eval(zoo_python, checkout_dir, work, line, model, runs, params, cpu_params)
     verdict = judge(runs, settings)
     return dict(model=model.name, seconds=round(time.monotonic() - start, 1),
                 verdict=verdict, runs=runs, work=str(work))
@@ -738,6 +775,8 @@ def _cell(row: dict, key: str) -> str:
 
 def print_table(rows: list[dict]) -> None:
     columns = ("cpu", "csx", "eval", "resume", "vs_eager", "project_cstorch")
+    if any("csx_eval" in row.get("verdict", {}) for row in rows):
+        columns = columns[:3] + ("csx_eval",) + columns[3:]
     header = ["line", "tag", "model", *columns, "s", "first error"]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
@@ -757,6 +796,9 @@ def main(argv=None) -> int:
     parser.add_argument("--work-dir", type=Path, default=None,
                         help="where checkouts and runs go (default: a new temporary folder)")
     parser.add_argument("--out", type=Path, default=ROOT / "artifacts" / "zoo_generations.json")
+    parser.add_argument("--csx-eval", action="store_true",
+                        help="also evaluate the CSX run's last checkpoint on CSX, against "
+                        "the CPU eval of the same checkpoint")
     parser.add_argument("--rejudge", type=Path, nargs="*", default=None,
                         help="judge the rows of earlier runs' JSON files again and print them")
     args = parser.parse_args(argv)
@@ -788,7 +830,7 @@ def main(argv=None) -> int:
                      "--lines naming its line (e.g. --lines 2.3).")
     models = {x.strip() for x in args.models.split(",") if x.strip()}
     work_root = args.work_dir or Path(tempfile.mkdtemp(prefix="zoo_generations_"))
-    settings = Settings()
+    settings = Settings(csx_eval=args.csx_eval)
     rows = []
     for line in RELEASE_LINES:
         if wanted and line.line not in wanted:
@@ -820,9 +862,9 @@ def main(argv=None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(rows, indent=1, default=str))
     print(f"\nrows: {args.out}; runs under {work_root}")
-    failed = any("missing" not in r and any(str(r["verdict"][c]).startswith("FAIL")
+    failed = any("missing" not in r and any(str(r["verdict"].get(c, "")).startswith("FAIL")
                                             for c in ("cpu", "csx", "eval", "resume",
-                                                      "vs_eager")) for r in rows)
+                                                      "vs_eager", "csx_eval")) for r in rows)
     return 1 if failed else 0
 
 

@@ -108,6 +108,25 @@ def test_verdicts():
     assert tool.judge(runs, s)["resume"].startswith("FAIL")
 
 
+def test_csx_eval_verdict():
+    """``--csx-eval``: the CSX checkpoint's eval on CSX against its CPU eval (or the eager
+    forward's value), at CSX tolerance; absent unless asked for."""
+    tool = _tool()
+    s = tool.Settings(steps=2, checkpoint_steps=1)
+
+    def run(eval_loss, rc=0):
+        return dict(rc=rc, losses={}, eval_loss=eval_loss, error=None, project_cstorch=True)
+
+    runs = {"cpu": run(None), "eval_csx": run(0.3223), "eval_csx_reference": run(0.3218)}
+    assert tool.judge(runs, s)["csx_eval"] == "ok 1.6e-03"
+    runs["eval_csx_reference"] = dict(value=0.25, rc=0, losses={}, project_cstorch=True,
+                                      error=None)
+    assert tool.judge(runs, s)["csx_eval"].startswith("FAIL")
+    runs["eval_csx"] = run(None, rc=1)
+    assert tool.judge(runs, s)["csx_eval"] == "FAIL"
+    assert "csx_eval" not in tool.judge({"cpu": run(None)}, s)
+
+
 def test_1x_command_lines():
     tool = _tool()
     lines = {line.line: line for line in tool.RELEASE_LINES}
