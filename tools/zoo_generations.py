@@ -313,6 +313,10 @@ def cli_18(run_py: str, device: str, mode: str, params: str, model_dir: str,
     argv = cli_2x(run_py, device, mode, params, model_dir, checkpoint)
     if device == "CSX":
         argv = ["-O", argv[0], "CSX", "weight_streaming", *argv[2:]]
+        if mode == "eval":
+            # 1.8's cstorch flow evaluates from the checkpoint's step up to max_steps (the
+            # training run's): an eval of the last checkpoint needs max_steps beyond it
+            argv += ["--max_steps", str(Settings.steps + Settings.eval_steps)]
     return argv
 
 

@@ -139,6 +139,9 @@ def test_1x_command_lines():
     assert lines["1.8"].cli("run.py", "CPU", "eval", "p.yaml", "md", "c.mdl") == \
         ["run.py", "CPU", "--mode", "eval", "--params", "p.yaml", "--model_dir", "md",
          "--checkpoint_path", "c.mdl"]
+    # 1.8's cstorch flow evaluates up to max_steps from the checkpoint's step: beyond step 20
+    assert lines["1.8"].cli("run.py", "CSX", "eval", "p.yaml", "md", "c.mdl")[-2:] == \
+        ["--max_steps", "25"]
     for name in ("1.7", "1.6"):
         assert lines[name].cli(*args) == ["run.py", "--appliance", "--params", "p.yaml",
                                           "--mode", "train", "--model_dir", "md"]
