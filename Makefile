@@ -166,7 +166,7 @@ ZOO_LINES ?=
 zoo-generations: .venv
 	@test -n "$(MODELZOO_SRC)" || { echo "Set MODELZOO_SRC=/path/to/a/modelzoo/git/clone (see tests/zoo/README.md)"; exit 2; }
 	$(PY) tools/zoo_generations.py $(MODELZOO_SRC) --zoo-python $(ZOO_PYTHON) \
-		$(if $(ZOO_LINES),--lines $(ZOO_LINES))
+		$(if $(ZOO_LINES),--lines $(ZOO_LINES)) $(if $(ZOO_CSX_EVAL),--csx-eval)
 
 clean:
 	rm -rf artifacts cerebras_logs .pytest_cache site

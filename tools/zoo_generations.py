@@ -75,6 +75,7 @@ class Settings:
     checkpoint_steps: int = FIRST_CHECKPOINT
     batch_size: int = 4
     eval_steps: int = 5
+    csx_eval: bool = False  # also evaluate the CSX run's last checkpoint on CSX (--csx-eval)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -130,6 +131,72 @@ def float32(params: dict) -> dict:
     params = copy.deepcopy(params)
     params["model"]["mixed_precision"] = False
     params["model"].pop("fp16_type", None)
+    return params
+
+
+# Release 2.4: its run.py takes the Trainer's YAML (``trainer: {init, fit, validate, ...}``);
+# it ships no gpt2 config, so gpt2 starts from gpt3's Cerebras-GPT 111M (the same model
+# class: 2.4's GPT3ModelConfig is GPT2ModelConfig under another name). Its fake-data
+# processors cannot be named in that YAML (DummyDataProcessor and DummyIterableDataProcessor
+# take GenericDataProcessorConfig, whose ``data_processor`` must read "GenericDataProcessor"),
+# so gpt2 reads small HDF5 files the harness writes, through the shipped GptHDF5DataProcessor.
+
+def gpt2_trainer_params(params: dict, s: Settings) -> dict:
+    """The Trainer config of a tiny gpt2: the model of ``gpt2_params`` (2 layers of width 32,
+    no dropout, 128 tokens from a 32000-word vocabulary); the shipped AdamW, gradient
+    clipping and precision; the shipped two-phase linear schedule over 10 + 10 steps
+    (warm-up, decay), so that the learning rate moves within the run. The loaders' data_dir
+    is set by ``gpt2_trainer_data``."""
+    params = copy.deepcopy(params)
+    trainer = params["trainer"]
+    init = trainer["init"]
+    model = init["model"]
+    model.update(name="gpt2", hidden_size=32, num_hidden_layers=2, num_heads=2, filter_size=64,
+                 vocab_size=32000, max_position_embeddings=128, dropout_rate=0.0,
+                 attention_dropout_rate=0.0, loss_weight=1 / 128)
+    for key in ("embedding_dropout_rate", "mixed_precision", "fp16_type"):  # deprecated
+        model.pop(key, None)
+    for entry in init.get("schedulers", []):
+        for phase in next(iter(entry.values())).get("schedulers", []):
+            next(iter(phase.values()))["total_iters"] = s.steps // 2
+    init.update(seed=1, loop=dict(max_steps=s.steps, eval_frequency=s.steps,
+                                  eval_steps=s.eval_steps),
+                checkpoint=dict(steps=s.checkpoint_steps, save_initial_checkpoint=False),
+                logging=dict(log_steps=1))
+    loader = dict(data_processor="GptHDF5DataProcessor", data_dir=None,
+                  max_sequence_length=128, batch_size=s.batch_size, shuffle=False,
+                  shuffle_seed=1, num_workers=0)
+    trainer["fit"] = dict(train_dataloader=dict(loader), val_dataloader=dict(loader))
+    trainer["validate"] = dict(val_dataloader=dict(loader))
+    trainer["validate_all"] = dict(val_dataloaders=dict(loader))
+    return params
+
+
+def gpt2_trainer_data(work: Path, params: dict) -> dict:
+    """Writes the train and eval HDF5 files under ``work`` (enough examples for every step)
+    and points the Trainer config's loaders at them."""
+    sys.path.insert(0, str(ROOT / "tests" / "zoo"))
+    import synthetic_data
+
+    params = copy.deepcopy(params)
+    trainer = params["trainer"]
+    loader = trainer["fit"]["train_dataloader"]
+    seq, vocab = loader["max_sequence_length"], trainer["init"]["model"]["vocab_size"]
+    train, evals = (synthetic_data.write_gpt_hdf5(
+        work / "data" / name, vocab, seq, examples=loader["batch_size"] * batches * 2,
+        seed=seed) for name, seed, batches in (("train", 0, Settings.steps),
+                                               ("eval", 1, Settings.eval_steps)))
+    trainer["fit"]["train_dataloader"]["data_dir"] = train
+    for section in (trainer["fit"]["val_dataloader"], trainer["validate"]["val_dataloader"],
+                    trainer["validate_all"]["val_dataloaders"]):
+        section["data_dir"] = evals
+    return params
+
+
+def float32_trainer(params: dict) -> dict:
+    """``float32`` for a Trainer config: mixed precision off (gradient clipping kept)."""
+    params = copy.deepcopy(params)
+    params["trainer"]["init"].setdefault("precision", {})["enabled"] = False
     return params
 
 
@@ -246,6 +313,10 @@ def cli_18(run_py: str, device: str, mode: str, params: str, model_dir: str,
     argv = cli_2x(run_py, device, mode, params, model_dir, checkpoint)
     if device == "CSX":
         argv = ["-O", argv[0], "CSX", "weight_streaming", *argv[2:]]
+        if mode == "eval":
+            # 1.8's cstorch flow evaluates from the checkpoint's step up to max_steps (the
+            # training run's): an eval of the last checkpoint needs max_steps beyond it
+            argv += ["--max_steps", str(Settings.steps + Settings.eval_steps)]
     return argv
 
 
@@ -374,6 +445,11 @@ def _src_1x(fake_gpt2_data: bool, hdf5_per_example: bool = False) -> list[Model]
 
 _SRC_22 = "src/cerebras/modelzoo"
 RELEASE_LINES: list[ReleaseLine] = [
+    # 2.4 ships no fc_mnist and no gpt2 config: gpt2 from gpt3's 111M Trainer config
+    ReleaseLine("2.4", "Release_2.4.3", [
+        Model("gpt2", f"{_SRC_22}/models/nlp/gpt2/run.py",
+              f"{_SRC_22}/models/nlp/gpt3/configs/Cerebras_GPT/111m.yaml",
+              gpt2_trainer_params, cpu_params=float32_trainer, data=gpt2_trainer_data)]),
     ReleaseLine("2.3", "Release_2.3.1", _src_2x(_SRC_22, f"{_SRC_22}/models/nlp/gpt2")),
     ReleaseLine("2.2", "Release_2.2.1", _src_2x(_SRC_22, f"{_SRC_22}/models/nlp/gpt2")),
     ReleaseLine("2.1", "Release_2.1.1", _src_2x("modelzoo", "modelzoo/transformers/pytorch/gpt2"),
@@ -600,10 +676,44 @@ def judge(runs: dict[str, dict], settings: Settings) -> dict:
                 f" {resumed[0]:.1e}" + (" (CSX)" if base is csx else "")
     else:
         verdict["resume"] = "FAIL"
+    if "eval_csx" in runs:
+        verdict["csx_eval"] = _judge_csx_eval(runs["eval_csx"], runs.get("eval_csx_reference"))
     verdict["project_cstorch"] = all(r["project_cstorch"] for r in runs.values() if r)
     errors = [f"{k}: {r['error']}" for k, r in runs.items() if r and r["error"]]
     verdict["first_error"] = errors[0] if errors else ""
     return verdict
+
+
+def _judge_csx_eval(ev: dict, reference: dict | None) -> str:
+    """Eval on CSX of the CSX run's checkpoint against the CPU eval of the same checkpoint
+    (or an eager-torch forward written here), at CSX tolerance."""
+    if ev["rc"] != 0 or ev["eval_loss"] is None:
+        return "FAIL"
+    ref = None if reference is None else reference.get("eval_loss", reference.get("value"))
+    if ref is None:
+        return f"ran {ev['eval_loss']:.5f} (nothing to compare)"
+    d = _relative(ev["eval_loss"], ref)
+    return ("ok" if d <= CSX_TOLERANCE else "FAIL") + f" {d:.1e}"
+
+
+def _csx_eval(zoo_python: str, checkout_dir: Path, work: Path, line: ReleaseLine, model: Model,
+              runs: dict, params: dict, cpu_params: dict) -> None:
+    """``--csx-eval``: the CSX run's last checkpoint evaluated on CSX (``eval_csx``) and, as
+    the reference, on CPU (``eval_csx_reference``; fc_mnist of 1.x: the eager forward)."""
+    checkpoints = runs["csx"]["checkpoints"]
+    if not checkpoints:
+        return
+    keep = work / "checkpoints_csx"
+    keep.mkdir(exist_ok=True)
+    last = shutil.copy(checkpoints[max(checkpoints)], keep)
+    runs["eval_csx"] = run_one(zoo_python, checkout_dir, work, line, model, "eval_csx", "CSX",
+                               "eval", last)
+    if model.reference_eval:
+        runs["eval_csx_reference"] = dict(value=model.reference_eval(last, params), rc=0,
+                                          losses={}, project_cstorch=True, error=None)
+    else:
+        runs["eval_csx_reference"] = run_one(zoo_python, checkout_dir, work, line, model,
+                                             "eval_csx_reference", "CPU", "eval", last)
 
 
 def run_model(zoo_python: str, checkout_dir: Path, work: Path, line: ReleaseLine, model: Model,
@@ -655,6 +765,8 @@ def run_model(zoo_python: str, checkout_dir: Path, work: Path, line: ReleaseLine
             runs["resume"] = run_one(zoo_python, checkout_dir, work, line, model, "resume",
                                      device, "train", first)
             runs["resume"]["from"] = source
+    if settings.csx_eval:
+        _csx_eval(zoo_python, checkout_dir, work, line, model, runs, params, cpu_params)
     verdict = judge(runs, settings)
     return dict(model=model.name, seconds=round(time.monotonic() - start, 1),
                 verdict=verdict, runs=runs, work=str(work))
@@ -668,6 +780,8 @@ def _cell(row: dict, key: str) -> str:
 
 def print_table(rows: list[dict]) -> None:
     columns = ("cpu", "csx", "eval", "resume", "vs_eager", "project_cstorch")
+    if any("csx_eval" in row.get("verdict", {}) for row in rows):
+        columns = columns[:3] + ("csx_eval",) + columns[3:]
     header = ["line", "tag", "model", *columns, "s", "first error"]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
@@ -687,6 +801,9 @@ def main(argv=None) -> int:
     parser.add_argument("--work-dir", type=Path, default=None,
                         help="where checkouts and runs go (default: a new temporary folder)")
     parser.add_argument("--out", type=Path, default=ROOT / "artifacts" / "zoo_generations.json")
+    parser.add_argument("--csx-eval", action="store_true",
+                        help="also evaluate the CSX run's last checkpoint on CSX, against "
+                        "the CPU eval of the same checkpoint")
     parser.add_argument("--rejudge", type=Path, nargs="*", default=None,
                         help="judge the rows of earlier runs' JSON files again and print them")
     args = parser.parse_args(argv)
@@ -718,7 +835,7 @@ def main(argv=None) -> int:
                      "--lines naming its line (e.g. --lines 2.3).")
     models = {x.strip() for x in args.models.split(",") if x.strip()}
     work_root = args.work_dir or Path(tempfile.mkdtemp(prefix="zoo_generations_"))
-    settings = Settings()
+    settings = Settings(csx_eval=args.csx_eval)
     rows = []
     for line in RELEASE_LINES:
         if wanted and line.line not in wanted:
@@ -750,9 +867,9 @@ def main(argv=None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(rows, indent=1, default=str))
     print(f"\nrows: {args.out}; runs under {work_root}")
-    failed = any("missing" not in r and any(str(r["verdict"][c]).startswith("FAIL")
+    failed = any("missing" not in r and any(str(r["verdict"].get(c, "")).startswith("FAIL")
                                             for c in ("cpu", "csx", "eval", "resume",
-                                                      "vs_eager")) for r in rows)
+                                                      "vs_eager", "csx_eval")) for r in rows)
     return 1 if failed else 0
 
 

@@ -6,11 +6,13 @@ computed numbers; they are validated, and the innermost active one is readable w
 decorated function runs (``current_annotation``), which is how ``cstorch.current_pol``
 works.
 ``AnnotationMode`` and ``create_annotation`` build such decorators from a config dataclass
-(the form the Model Zoo and ``cstorch.utils.kernel`` / ``num_kv_groups`` use).
+(the form the Model Zoo and ``cstorch.utils.kernel`` / ``num_kv_groups`` use); ``annotate``
+applies an ``AnnotationMode`` instance (the 2.1-2.4 form, which the 2.4 Model Zoo imports).
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import functools
 from typing import Any, Callable, Optional
@@ -74,14 +76,20 @@ def annotation(kind: str, value: Any, enable_fwd: bool = True,
     return decorator
 
 
-class AnnotationMode:
-    """The vocabulary of config-driven annotations (``create_annotation``).
+class AnnotationMode(abc.ABC):
+    """The vocabulary of config-driven annotations (``create_annotation``, ``annotate``).
 
     An annotation is described by a ``Config`` dataclass (subclass ``AnnotationMode.Config``,
     adding its own fields) and a function ``get_attribute(config, is_backward)`` returning the
     ``AnnotationMode.Attribute(name, value)`` that tags the traced operations. Here the attribute
     becomes the innermost value of ``current_annotation(name)`` while the decorated function runs;
     an attribute whose value is None tags nothing.
+
+    The older form (cerebras-pytorch 2.1 to 2.4; the 2.4 Model Zoo's ``named_matmul``): a
+    subclass defines a class-wide ``config`` property and the method ``get_attribute``, an
+    instance is made with its config, and ``annotate(instance)`` applies it. Entering an
+    instance makes its config the class-wide one (nested annotations see the innermost) and
+    puts its attribute in effect (None where ``enable_fwd`` is off); leaving restores both.
     """
 
     @dataclasses.dataclass
@@ -93,6 +101,71 @@ class AnnotationMode:
     class Attribute:
         name: str
         value: Optional[Any]
+
+    def __init__(self, config: "AnnotationMode.Config"):
+        if not isinstance(config, AnnotationMode.Config):
+            raise TypeError(f"{type(self).__name__} takes an AnnotationMode.Config instance, "
+                            f"got {type(config).__name__}.")
+        self.local_config = config
+        self._entered: list = []  # per nesting level: (the config before, attribute name)
+
+    @property
+    @abc.abstractmethod
+    def config(self) -> Optional["AnnotationMode.Config"]:
+        """The class-wide config in effect (None outside every annotation of this kind)."""
+
+    @config.setter
+    @abc.abstractmethod
+    def config(self, config: Optional["AnnotationMode.Config"]) -> None:
+        ...
+
+    @abc.abstractmethod
+    def get_attribute(self, config: "AnnotationMode.Config",
+                      is_backward: bool) -> "AnnotationMode.Attribute":
+        """The attribute ``config`` tags operations with."""
+
+    def __enter__(self):
+        previous = self.config
+        self.config = self.local_config
+        attribute = self.get_attribute(self.local_config, is_backward=False)
+        if not isinstance(attribute, AnnotationMode.Attribute):
+            self.config = previous
+            raise TypeError(f"{type(self).__name__}.get_attribute must return an "
+                            f"AnnotationMode.Attribute, got {type(attribute).__name__}.")
+        push_annotation(attribute.name,
+                        attribute.value if self.local_config.enable_fwd else None)
+        self._entered.append((previous, attribute.name))
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        previous, name = self._entered.pop()
+        pop_annotation(name)
+        self.config = previous
+
+
+def annotate(annotation_mode: AnnotationMode) -> Callable:
+    """A decorator running the decorated function inside ``annotation_mode`` (the 2.1-2.4
+    form of ``create_annotation``). As in the reference it needs a backend, and warns that
+    the annotation has no effect off the CSX backend."""
+    from cstorch.backend import current_backend_impl
+
+    if not isinstance(annotation_mode, AnnotationMode):
+        raise TypeError(f"annotate takes an AnnotationMode instance, got "
+                        f"{type(annotation_mode).__name__}.")
+    impl = current_backend_impl()
+    if not impl.is_csx:
+        warn(f"Setting {type(annotation_mode).__name__} for device {impl.torch_device} "
+             "doesn't have any effect.")
+
+    def decorator(fn):
+        @functools.wraps(fn)
+        def annotated(*args, **kwargs):
+            with annotation_mode:
+                return fn(*args, **kwargs)
+
+        return annotated
+
+    return decorator
 
 
 def create_annotation(annotation_config: type, get_attribute_fn: Callable, **kwargs) -> Callable:

@@ -567,3 +567,235 @@ def test_16_protocol_trains_like_eager_torch(tmp_path):
     for name, value in eager_model.state_dict().items():
         torch.testing.assert_close(weights[name], value, rtol=2e-2, atol=2e-3)
     assert isinstance(torch.load(str(tmp_path / "checkpoint_0.mdl")), dict)
+
+
+class _WSMeanLoss:
+    """A 1.7-1.9 weight-streaming metric, as the zoo's CBMetric drives one on the appliance:
+    its state lives on the device (two 0-d tensors, tracked and named each call, updated in
+    place inside the step); its running result is a device output the host fetches through
+    an activation callback after every step."""
+
+    def __init__(self, cbtorch, cm, name):
+        self.cbtorch, self.cm, self.name = cbtorch, cm, name
+        self.num_updates = 0
+        self.reset()
+
+    def reset(self):
+        self.total = torch.tensor(0, dtype=torch.float32).to(self.cm.device())
+        self.count = torch.tensor(0, dtype=torch.float32).to(self.cm.device())
+        self.result = None
+
+    def on_device_state_dict(self):
+        return {"total": self.total, "count": self.count}
+
+    def __call__(self, loss):
+        state = self.cbtorch.state()
+        tracked = self.on_device_state_dict()
+        state.track_object(tracked)
+        self.cm.set_metric_state_names(tracked, self.name)
+        self.total.add_(loss.detach())
+        self.count.add_(1.0)
+        result = self.total / self.count
+        state.track_object({"cb_metric": {self.name: [[result], {}]}}, force=True)
+
+        def on_activations_received():
+            self.result = float(state.get_activation_for_output(result))
+            self.num_updates += 1
+
+        state.register_activation_callback(on_activations_received)
+
+
+class _ToyEvalRunner(_ToyApplianceRunner):
+    """The 1.7-1.9 appliance runner's eval: ``eval_forward`` runs the model and its metrics
+    for real on the first batch only; the initial state file holds the metrics' device state
+    (``metrics/<name>``) besides the model's."""
+
+    def __init__(self, cbtorch, model_dir, checkpoint):
+        from cerebras_pytorch.core import cb_model as cm
+
+        self.cm, self.cbtorch, self.model_dir = cm, cbtorch, model_dir
+        self._model = _ToyModel(cbtorch)
+        self._model.set_state(cstorch.load(checkpoint))
+        self.metric = _WSMeanLoss(cbtorch, cm, "eval/mean_loss")
+        self._active_mode = "eval"
+        self._num_batches_processed = 0
+        self._initial_state_file = None
+        self._loss_tensor = None
+        self.losses = {}
+        self._save_initial_state()
+        self._appliance = cbtorch.core.appliance.ApplianceMode({"runconfig": {}})
+
+    def _save_initial_state(self):
+        @self.cm.step_closure
+        def save():
+            from cerebras_pytorch.saver.pt_h5_saver import PyTorchH5Saver
+
+            self._initial_state_file = os.path.join(self.model_dir, "initial_state.hdf5")
+            state = self._model.get_state()
+            state["metrics"] = {self.metric.name.replace("/", "_"):
+                                self.metric.on_device_state_dict()}
+            PyTorchH5Saver().save(self._initial_state_file, state)
+
+        save()
+
+    def eval_forward(self, data):
+        if self._num_batches_processed == 0:
+            x, y = data
+            loss = torch.nn.functional.cross_entropy(self._model.model(x), y)
+            self.metric(loss)
+            self._loss_tensor = loss
+            self.cbtorch.state().track_object({"loss": loss})
+            return loss
+        self._appliance.receive_activations(self._num_batches_processed)
+        return self.cbtorch.state().get_activation_for_output(self._loss_tensor)
+
+    def evaluate(self, loader, steps):
+        @self.cm.step_closure
+        def record(loss, step):
+            self.losses[step] = loss.item()
+
+        self.metric.reset()  # the runner's reset_all_metrics, before the loop
+        with torch.no_grad():
+            for step, data in enumerate(self.cbtorch.dataloader(loader), start=1):
+                loss = self.eval_forward(data)
+                if self._num_batches_processed == 0:
+                    self._appliance.compile(len(data[1]), True)
+                    self._appliance.execute(None, 4, steps, 0, "eval",
+                                            initial_checkpoint_file=self._initial_state_file)
+                    self._appliance.receive_activations(0)
+                    loss = self.cbtorch.state().get_activation_for_output(self._loss_tensor)
+                record(loss, step)
+                self._num_batches_processed += 1
+                if step == steps:
+                    break
+        self.cm.run_step_closures()
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("error:The memory of state tensor")  # no write-through either
+def test_eval_with_device_metrics_matches_eager_torch(tmp_path):
+    """The 1.x zoo's gpt2 eval on CSX: the metrics' device state is carried from step to
+    step (from the initial state file's values: the first, eager iteration is discarded),
+    and each step's device output reaches the host callbacks once per step."""
+    import cerebras_pytorch as cbtorch
+
+    cbtorch.initialize(service_workdir=str(tmp_path), appliance=True)
+    _, eager_model = _eager_losses(3)  # a trained model, checkpointed
+    checkpoint = str(tmp_path / "trained.mdl")
+    cstorch.save({"model": eager_model.state_dict(),
+                  "optimizer": _ToyModel(cbtorch).optimizer.state_dict()}, checkpoint)
+    batches = _batches(4)
+    runner = _ToyEvalRunner(cbtorch, str(tmp_path), checkpoint)
+    runner.evaluate(batches, steps=4)
+    with torch.no_grad():
+        expected = [float(torch.nn.functional.cross_entropy(eager_model(x), y.long()))
+                    for x, y in batches]
+    assert [runner.losses[s] for s in range(1, 5)] == pytest.approx(expected, rel=2e-2)
+    assert runner.metric.num_updates == 4  # once per step (not for the eager iteration)
+    assert runner.metric.result == pytest.approx(sum(expected) / 4, rel=2e-2)
+
+
+class _WSMeanLoss16:
+    """A 1.6 weight-streaming metric: registered with the run when built, device state named
+    with ``set_metric_state`` each call, its device result handed to a step closure of its
+    own (the host part); 1.6's runner reads that result as one more named output of the
+    appliance."""
+
+    def __init__(self, cbtorch, cm, name):
+        self.cbtorch, self.cm, self.name = cbtorch, cm, name
+        self.num_updates, self.result = 0, None
+        cbtorch.state().register_metric(self)
+        self.total = torch.tensor(0, dtype=torch.float32, device=cm.device())
+        self.count = torch.tensor(0, dtype=torch.float32, device=cm.device())
+        self.state_dict = {"total": self.total, "count": self.count}
+
+        @cm.step_closure
+        def update_on_host_closure(metric, args, kwargs):
+            metric.result = float(args[0])
+            metric.num_updates += 1
+
+        self._update_on_host_closure = update_on_host_closure
+
+    def __call__(self, loss):
+        self.cbtorch.state().track_object(self.state_dict)
+        self.cm.set_metric_state_names(self.state_dict, self.name)
+        self.total.add_(loss.detach())
+        self.count.add_(1.0)
+        self._update_on_host_closure(self, [self.total / self.count], {})
+
+
+class _Toy16EvalRunner(_Toy16Runner):
+    """1.6's appliance eval: the appliance gets a function returning the initial state, each
+    step's activations come back by ``output_names`` (the loss first, then one per metric)."""
+
+    def __init__(self, cbtorch, model_dir, checkpoint):
+        from cerebras_pytorch.core import cb_model as cm
+
+        self.cm, self.cbtorch, self.model_dir = cm, cbtorch, model_dir
+        self._model = _ToyModel(cbtorch)
+        self._model.set_state(cstorch.load(checkpoint))
+        self.metric = _WSMeanLoss16(cbtorch, cm, "eval/mean_loss")
+        self._active_mode = "eval"
+        self._num_batches_processed = 0
+        self.losses, self.activations = {}, None
+        self._initial = os.path.join(model_dir, "checkpoint_0.mdl")
+        cm.save(self._model.get_state(), self._initial)
+        self._appliance = cbtorch.core.appliance.ApplianceMode(
+            {"runconfig": {}}, lambda: torch.load(self._initial))
+
+    def receive(self):
+        out = self._appliance.receive_activations(self._num_batches_processed)
+        self.activations = [out[name] for name in self._appliance.output_names]
+        return self.activations[0]
+
+    def eval_forward(self, data):
+        if self._num_batches_processed == 0:
+            x, y = data
+            loss = torch.nn.functional.cross_entropy(self._model.model(x), y)
+            self.metric(loss)
+            return loss
+        return self.receive()
+
+    def evaluate(self, loader, steps):
+        with torch.no_grad():
+            for step, data in enumerate(self.cbtorch.dataloader(loader), start=1):
+                loss = self.eval_forward(data)
+                if self._num_batches_processed == 0:
+                    self._appliance.compile(len(data[1]), None, True)
+                    self._appliance.execute(None, 4, steps, checkpoint_steps=0)
+                    loss = self.receive()
+                self.losses[step] = loss.item()
+                self._num_batches_processed += 1
+                if step == steps:
+                    break
+        self.cm.run_step_closures()
+        # 1.6's compute_eval_metrics: the activations after the loss, one per metric
+        assert len(self.cbtorch.state().metrics) == len(self.activations) - 1
+        return dict(zip([m.name for m in self.cbtorch.state().metrics],
+                        map(float, self.activations[1:])))
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("error:The memory of state tensor")
+def test_16_eval_with_device_metrics_matches_eager_torch(tmp_path):
+    """1.6's protocol for the same: the metric's device result is a named activation of the
+    appliance and reaches its step closure with each step's value."""
+    import cerebras_pytorch as cbtorch
+
+    cbtorch.initialize(service_workdir=str(tmp_path), appliance=True)
+    _, eager_model = _eager_losses(3)
+    checkpoint = str(tmp_path / "trained.mdl")
+    cstorch.save({"model": eager_model.state_dict(),
+                  "optimizer": _ToyModel(cbtorch).optimizer.state_dict()}, checkpoint)
+    batches = _batches(4)
+    runner = _Toy16EvalRunner(cbtorch, str(tmp_path), checkpoint)
+    metrics = runner.evaluate(batches, steps=4)
+    with torch.no_grad():
+        expected = [float(torch.nn.functional.cross_entropy(eager_model(x), y.long()))
+                    for x, y in batches]
+    assert [runner.losses[s] for s in range(1, 5)] == pytest.approx(expected, rel=2e-2)
+    assert runner._appliance.output_names == ["loss", "eval/mean_loss"]
+    assert metrics["eval/mean_loss"] == pytest.approx(sum(expected) / 4, rel=2e-2)
+    # the host part ran once per step of the run (and once for the eager iteration, whose
+    # closure 1.6 queues before the appliance exists), the last time with the last step's value
+    assert runner.metric.num_updates == 5 and runner.metric.result == metrics["eval/mean_loss"]

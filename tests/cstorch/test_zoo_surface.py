@@ -107,6 +107,68 @@ def test_annotation_configs_create_decorators(cpu_backend):
     assert identity(len) is len
 
 
+def test_annotation_modes_apply_with_annotate(cpu_backend):
+    """The 2.1-2.4 form the 2.4 Model Zoo's ``named_matmul`` uses: an AnnotationMode
+    subclass with a class-wide config, instantiated with its config, applied by annotate."""
+    from cerebras.pytorch.core.annotation import AnnotationMode, annotate, current_annotation
+
+    class Named(AnnotationMode):
+        @dataclasses.dataclass
+        class NamedConfig(AnnotationMode.Config):
+            name: typing.Optional[str]
+
+        _named = None
+
+        @property
+        def config(self):
+            return Named._named
+
+        @config.setter
+        def config(self, config):
+            Named._named = config
+
+        def get_attribute(self, config, is_backward):
+            return AnnotationMode.Attribute("named", f"{config.name}.fwd")
+
+    def named(name, enable_fwd=True):
+        return annotate(Named(Named.NamedConfig(name=name, enable_fwd=enable_fwd,
+                                                enable_bwd=True)))
+
+    seen = []
+
+    def look():
+        seen.append((current_annotation("named"), Named._named and Named._named.name))
+
+    with pytest.warns(UserWarning, match="Named .*doesn't have any effect"):  # off CSX
+        outer, inner, off = named("outer"), named("inner"), named("off", enable_fwd=False)
+    run = outer(lambda: (look(), inner(look)(), off(look)(), look()))
+    run()
+    assert seen == [("outer.fwd", "outer"), ("inner.fwd", "inner"), (None, "off"),
+                    ("outer.fwd", "outer")]
+    assert current_annotation("named") is None and Named._named is None  # all restored
+    with pytest.raises(TypeError, match="AnnotationMode instance"):
+        annotate(Named.NamedConfig(name="x", enable_fwd=True, enable_bwd=True))
+    with pytest.raises(TypeError, match="Config instance"):
+        Named({"name": "x"})
+    with pytest.raises(TypeError):  # the abstract base is not an annotation by itself
+        AnnotationMode(Named.NamedConfig(name="x", enable_fwd=True, enable_bwd=True))
+
+
+def test_annotate_needs_a_backend():
+    from cerebras.pytorch.backend import current_backend_impl
+    from cerebras.pytorch.core.annotation import AnnotationMode, annotate
+
+    class Plain(AnnotationMode):
+        config = None
+
+        def get_attribute(self, config, is_backward):
+            return AnnotationMode.Attribute("plain", 1)
+
+    assert current_backend_impl(raise_exception=False) is None
+    with pytest.raises(RuntimeError, match="No active Cerebras backend"):
+        annotate(Plain(AnnotationMode.Config(enable_fwd=True, enable_bwd=True)))
+
+
 def test_kernel_and_kv_group_annotaters():
     from cerebras.pytorch.utils.kernel import KernelConfig, kernel_annotater
     from cerebras.pytorch.utils.num_kv_groups import GroupsConfig, groups_annotater

@@ -108,6 +108,25 @@ def test_verdicts():
     assert tool.judge(runs, s)["resume"].startswith("FAIL")
 
 
+def test_csx_eval_verdict():
+    """``--csx-eval``: the CSX checkpoint's eval on CSX against its CPU eval (or the eager
+    forward's value), at CSX tolerance; absent unless asked for."""
+    tool = _tool()
+    s = tool.Settings(steps=2, checkpoint_steps=1)
+
+    def run(eval_loss, rc=0):
+        return dict(rc=rc, losses={}, eval_loss=eval_loss, error=None, project_cstorch=True)
+
+    runs = {"cpu": run(None), "eval_csx": run(0.3223), "eval_csx_reference": run(0.3218)}
+    assert tool.judge(runs, s)["csx_eval"] == "ok 1.6e-03"
+    runs["eval_csx_reference"] = dict(value=0.25, rc=0, losses={}, project_cstorch=True,
+                                      error=None)
+    assert tool.judge(runs, s)["csx_eval"].startswith("FAIL")
+    runs["eval_csx"] = run(None, rc=1)
+    assert tool.judge(runs, s)["csx_eval"] == "FAIL"
+    assert "csx_eval" not in tool.judge({"cpu": run(None)}, s)
+
+
 def test_1x_command_lines():
     tool = _tool()
     lines = {line.line: line for line in tool.RELEASE_LINES}
@@ -120,6 +139,9 @@ def test_1x_command_lines():
     assert lines["1.8"].cli("run.py", "CPU", "eval", "p.yaml", "md", "c.mdl") == \
         ["run.py", "CPU", "--mode", "eval", "--params", "p.yaml", "--model_dir", "md",
          "--checkpoint_path", "c.mdl"]
+    # 1.8's cstorch flow evaluates up to max_steps from the checkpoint's step: beyond step 20
+    assert lines["1.8"].cli("run.py", "CSX", "eval", "p.yaml", "md", "c.mdl")[-2:] == \
+        ["--max_steps", "25"]
     for name in ("1.7", "1.6"):
         assert lines[name].cli(*args) == ["run.py", "--appliance", "--params", "p.yaml",
                                           "--mode", "train", "--model_dir", "md"]
@@ -246,3 +268,56 @@ def test_verdicts_when_only_csx_runs():
     assert verdict["resume"] == "ok 0.0e+00 (CSX)"
     runs["eval"]["eval_loss"] = 1.6 * 1.05
     assert tool.judge(runs, s)["eval"].startswith("FAIL")
+
+
+def test_24_trainer_config(tmp_path):
+    """2.4's gpt2 from gpt3's Trainer YAML (the shape of 2.4's Cerebras_GPT/111m.yaml):
+    tiny, the schedule over the run, HDF5 data written for every loader, CPU float32."""
+    tool = _tool()
+    loader = {"data_processor": "GptHDF5DataProcessor", "data_dir": "./pile", "batch_size": 120,
+              "shuffle": True, "num_workers": 1, "prefetch_factor": 10}
+    shipped = {"trainer": {
+        "init": {"backend": {"backend_type": "CSX"},
+                 "model": {"name": "gpt3", "hidden_size": 768, "num_hidden_layers": 10,
+                           "vocab_size": 50257, "dropout_rate": 0.1, "mixed_precision": True,
+                           "fp16_type": "bfloat16", "loss_weight": 1 / 2048},
+                 "optimizer": {"AdamW": {"betas": [0.9, 0.95]}},
+                 "schedulers": [{"SequentialLR": {"schedulers": [
+                     {"LinearLR": {"initial_learning_rate": 0.0, "end_learning_rate": 6e-4,
+                                   "total_iters": 1525}},
+                     {"LinearLR": {"initial_learning_rate": 6e-4, "end_learning_rate": 6e-5,
+                                   "total_iters": 7512}}]}}],
+                 "precision": {"enabled": True, "fp16_type": "bfloat16",
+                               "max_gradient_norm": 1.0},
+                 "loop": {"max_steps": 9037, "eval_frequency": 903, "eval_steps": 1546},
+                 "checkpoint": {"steps": 903}},
+        "fit": {"train_dataloader": dict(loader), "val_dataloader": dict(loader)},
+        "validate": {"val_dataloader": dict(loader)},
+        "validate_all": {"val_dataloaders": dict(loader)}}}
+    lines = {line.line: line for line in tool.RELEASE_LINES}
+    (gpt2,) = lines["2.4"].models
+    assert "gpt2/run.py" in gpt2.run_py and "gpt3/configs" in gpt2.config
+    params = gpt2.data(tmp_path, gpt2.build(shipped, tool.Settings()))
+    init = params["trainer"]["init"]
+    assert init["model"]["name"] == "gpt2" and init["model"]["num_hidden_layers"] == 2
+    assert "mixed_precision" not in init["model"] and init["model"]["dropout_rate"] == 0
+    assert init["model"]["loss_weight"] == 1 / 128  # 1 / the sequence length
+    assert init["loop"] == {"max_steps": 20, "eval_frequency": 20, "eval_steps": 5}
+    assert init["checkpoint"]["steps"] == 10
+    phases = init["schedulers"][0]["SequentialLR"]["schedulers"]
+    assert [p["LinearLR"]["total_iters"] for p in phases] == [10, 10]
+    assert init["precision"]["enabled"] is True  # CSX: the shipped precision
+    assert shipped["trainer"]["init"]["loop"]["max_steps"] == 9037  # the shipped one unchanged
+    trainer = params["trainer"]
+    train = trainer["fit"]["train_dataloader"]["data_dir"]
+    evals = {trainer["fit"]["val_dataloader"]["data_dir"],
+             trainer["validate"]["val_dataloader"]["data_dir"],
+             trainer["validate_all"]["val_dataloaders"]["data_dir"]}
+    assert len(evals) == 1 and train not in evals
+    import h5py
+    with h5py.File(next(Path(train).glob("*.h5"))) as f:
+        assert f["data"].shape == (4 * 20 * 2, 3, 128)
+        assert f["data"][:, 0].max() < init["model"]["vocab_size"]
+    cpu = gpt2.cpu_params(params)
+    assert cpu["trainer"]["init"]["precision"] == {"enabled": False, "fp16_type": "bfloat16",
+                                                   "max_gradient_norm": 1.0}

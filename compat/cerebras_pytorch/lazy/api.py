@@ -106,7 +106,7 @@ def dataloader(loader, use_parallel_loader=False, **kwargs):
 
 
 def state():
-    from cerebras_pytorch.lazy.appliance import run_state
+    from cerebras_pytorch.lazy.run_state import run_state
 
     return run_state()
 

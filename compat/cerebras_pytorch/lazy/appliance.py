@@ -17,6 +17,13 @@ out; the appliance's own copy of the input stream would yield the same batches) 
 backend, the modeled wafer, and keeps its loss. ``save_weights`` writes the current state
 into the checkpoint the runner announced.
 
+The zoo's weight-streaming metrics (1.7-1.9 ``CBMetric``, e.g. gpt2's accuracy and
+perplexity in eval) keep state on the device, updated in place by the step: named with
+``cm.set_metric_state_names``, it becomes backend state, started from its value before the
+first, eager iteration. Their device outputs (``track_object({"cb_metric": ...})``) are outputs
+of the compiled step, and the activation callbacks registered while the step was traced run
+after every step, reading those outputs (``run_state.py``).
+
 The runner is the object that creates the ``ApplianceMode`` (its ``self``): the 1.x class
 took no runner argument because the lazy tensors carried the graph; here the graph is
 re-traced from the runner's methods.
@@ -28,18 +35,17 @@ import contextlib
 import logging
 import os
 import sys
-import time
 
 import torch
 
 import cstorch
+from cstorch.utils.nest import map_torch_tensors, visit_torch_tensors
 
-from cerebras_appliance.pb.stack.full_pb2 import FullConfig
 from cerebras_pytorch.lazy import _run
+from cerebras_pytorch.lazy.run_state import Tracker, run_state
 
 _STEP_METHODS = ("optimizer_zero_grad", "train_forward", "backward", "optimizer_step",
                  "eval_forward")  # and lr_scheduler_step from 1.7 on
-
 
 
 def _in_torch_memory(state):
@@ -53,83 +59,6 @@ def _in_torch_memory(state):
             return value.clone()
         return value
     return torch.utils._pytree.tree_map(own, state)
-
-class Tracker:
-    """1.x's timing tracker (``tracker_execute``): records named phases' wall times."""
-
-    def __init__(self):
-        self.times = {}
-        self._started = {}
-
-    def start(self, name):
-        self._started[name] = time.time()
-
-    def stop(self, name):
-        if name in self._started:
-            self.times[name] = time.time() - self._started.pop(name)
-
-    @contextlib.contextmanager
-    def entry(self, name):
-        self.start(name)
-        try:
-            yield
-        finally:
-            self.stop(name)
-
-
-class RunState:
-    """``cbtorch.state()``: what the 1.x runner records and reads during the run."""
-
-    def __init__(self):
-        self.init_tracker = Tracker()
-        self.progress_tracker = None  # 1.9's initialization progress bar: none shown here
-        self.rate_tracker = None
-        # the stack's configuration: the zoo's models set compiler hints on it (read by
-        # nothing here), so it is a message to write to, as on a Cerebras install
-        self.full_config = FullConfig()
-        self.outputs = []
-        self.num_csx = 1
-        self.mixed_precision = False  # 1.6's eval reads it; amp state is not device state
-        self.metrics = []
-
-    @property
-    def is_inside_execution_loop(self) -> bool:
-        """Whether the run's ``cbtorch.dataloader`` is handing out batches (the 1.x metrics
-        must be created before)."""
-        return _run.current().in_execution_loop
-
-    @property
-    def modules(self):
-        """The modules registered with ``cbtorch.module`` (1.6's eval names their state)."""
-        return list(_run.current().modules)
-
-    def register_metric(self, metric) -> None:
-        """1.6's metrics register themselves with the run when built for a CS system."""
-        self.metrics.append(metric)
-
-    def set_num_csx(self, num_csx) -> None:
-        if num_csx not in (None, 1):
-            raise ValueError(f"num_csx={num_csx}: this engine models one CS system; set "
-                             "num_csx to 1.")
-
-    def track_object(self, obj) -> None:
-        """The runner names the outputs it will fetch; the step's loss is the one the 1.x
-        runners fetch (``get_activation_for_output``)."""
-        self.outputs.append(obj)
-
-    def get_activation_for_output(self, tensor):
-        mode = _run.current().appliance_mode
-        if mode is None or mode.last_loss is None:
-            raise RuntimeError("No step has run on the appliance yet: call "
-                               "receive_activations(step) first.")
-        return mode.last_loss
-
-
-def run_state() -> RunState:
-    run = _run.current()
-    if run.run_state is None:
-        run.run_state = RunState()
-    return run.run_state
 
 
 class _LearningRates:
@@ -217,8 +146,6 @@ def _scratch_tensor_attributes():
 
 
 def _batch_size(batch) -> int:
-    from cstorch.utils.nest import visit_torch_tensors
-
     for _, tensor in visit_torch_tensors(batch):
         return int(tensor.shape[0]) if tensor.dim() else 1
     return 0
@@ -287,6 +214,10 @@ class ApplianceMode:
         self._rates = None  # the training run's learning-rate schedule (compile)
         self._steps_run = 0
         self.last_loss = None
+        # the traced iteration's metric outputs and callbacks, and the last step's values
+        self._output_tensors, self._callbacks, self._activations = [], [], []
+        self._metric_closures = []  # 1.6: (fn, args, kwargs) queued by the traced iteration
+        self._named_outputs = []  # 1.6: (name, traced tensor) of the metrics' outputs
         _run.current().appliance_mode = self
 
     # ----------------------------------------------------------------- compile, execute
@@ -301,7 +232,7 @@ class ApplianceMode:
 
             @cstorch.trace
             def step(batch, rates=None):
-                with _scratch_tensor_attributes():
+                def iteration():
                     runner.optimizer_zero_grad()
                     loss = runner.train_forward(batch)
                     runner.backward(loss)
@@ -310,16 +241,59 @@ class ApplianceMode:
                     if hasattr(runner, "lr_scheduler_step"):  # 1.6: in optimizer_step
                         runner.lr_scheduler_step()
                     rates_of_run.restore(before)
-                return loss
+                    return loss
+
+                return self._traced(iteration)
         else:
             @cstorch.trace
             @torch.no_grad()
             def step(batch, rates=None):
                 from cerebras_pytorch.lazy.outputs import extract_loss
 
-                with _scratch_tensor_attributes():
-                    return extract_loss(runner.eval_forward(batch))
+                return self._traced(lambda: extract_loss(runner.eval_forward(batch)))
         self._step = step
+
+    def _traced(self, iteration):
+        """Runs the runner's iteration inside the step being traced; returns its loss and the
+        device outputs its metrics hand to the host, which become outputs of the step:
+
+        * 1.7-1.9: the outputs tracked with ``track_object({"cb_metric": ...})``, read by the
+          activation callbacks registered during the trace, run after every step (those of
+          the first, eager iteration are not);
+        * 1.6: a metric (registered with ``register_metric``) passes its outputs to a step
+          closure of its own; that closure is queued again after every step with the step's
+          values, and the outputs are also named activations (``output_names[1:]``, one per
+          metric in registration order, as 1.6's runner reads them)."""
+        state, run = run_state(), _run.current()
+        state.device_outputs, state.activation_callbacks = [], []
+        queued = len(run.closures)
+        with _scratch_tensor_attributes():
+            loss = iteration()
+        new = run.closures[queued:]
+        self._metric_closures = [c for c in new
+                                 if c[1] and any(c[1][0] is m for m in state.metrics)]
+        run.closures[queued:] = [c for c in new
+                                 if not any(c is m for m in self._metric_closures)]
+        named = []
+        for metric in state.metrics:
+            for _, args, kwargs in self._metric_closures:
+                if args[0] is metric:
+                    tensors = [t for _, t in visit_torch_tensors((args[1:], kwargs))]
+                    named += [(metric.name if len(tensors) == 1 else f"{metric.name}_{i}", t)
+                              for i, t in enumerate(tensors)]
+        self._named_outputs = named
+        self.output_names = ["loss"] + [name for name, _ in named]
+        self._output_tensors = list(state.device_outputs) + [t for _, t in named]
+        self._callbacks = list(state.activation_callbacks)
+        return loss, self._output_tensors
+
+    def activation(self, tensor):
+        """The last step's value of an output of the traced iteration (the loss for any
+        other tensor: what the 1.x runners fetch)."""
+        for traced, value in zip(self._output_tensors, self._activations):
+            if traced is tensor:
+                return value
+        return self.last_loss
 
     def execute(self, *args, initial_checkpoint_file=None, **kwargs) -> None:
         """Starts the run from the initial state the runner saved (the first, eager iteration
@@ -338,6 +312,7 @@ class ApplianceMode:
             raise ValueError("execute() needs the initial state file the runner saved "
                              "(initial_checkpoint_file).")
         self._runner._model.set_state(_in_torch_memory(state))
+        run_state().restore_metric_state()
         _hyperparameters_as_constants()
         if self._rates is not None:
             self._rates.begin()
@@ -353,20 +328,26 @@ class ApplianceMode:
                 raise RuntimeError("receive_activations: no batch was handed out by a "
                                    "cbtorch.dataloader in this run.")
             rates = self._rates.at(self._steps_run) if self._rates is not None else None
-            loss = self._step(loader.current_batch, rates)
+            loss, outputs = self._step(loader.current_batch, rates)
             self.last_batch_size = _batch_size(loader.current_batch)
             self.throughput.add(self.last_batch_size)
             impl = cstorch.backend()._impl
             self.last_loss = impl.to_cpu(loss).detach().clone()
+            self._activations = [impl.to_cpu(v).detach().clone() for v in outputs]
             self._steps_run += 1
             _run.current().run_step += 1
-        return {"loss": self.last_loss}
+            for callback in self._callbacks:  # the metrics' host parts, once per step
+                callback()
+            for fn, args, kwargs in self._metric_closures:  # 1.6's, at the next step mark
+                run_args, run_kwargs = map_torch_tensors(
+                    lambda _, t: self.activation(t), (args, kwargs))
+                _run.current().closures.append((fn, run_args, run_kwargs))
+        return {"loss": self.last_loss,
+                **{name: self.activation(t) for name, t in self._named_outputs}}
 
     def receive_weights(self, state_dict, iteration=None, *args, **kwargs) -> dict:
         """1.6: the current value of every tensor of ``state_dict`` by its dotted name below
         the top level (what the runner looks up through ``weight_names``)."""
-        from cstorch.utils.nest import visit_torch_tensors
-
         self._runner._model.get_state()  # materializes the engine's state
         return {".".join(map(str, scope[1:])): tensor.detach().cpu()
                 for scope, tensor in visit_torch_tensors(state_dict)}

@@ -126,8 +126,14 @@ def set_state_names(state_dict) -> None:
     _run.current().state_names["state"] = state_dict
 
 
-def set_metric_state_names(*args, **kwargs) -> None:
-    _run.current().state_names["metrics"] = (args, kwargs)
+def set_metric_state_names(state_dict, name=None, *args, **kwargs) -> None:
+    """A metric names its device state (the 1.7-1.9 weight-streaming metrics, each call):
+    on the appliance it becomes state the steps carry (``RunState.name_metric_state``)."""
+    _run.current().state_names.setdefault("metrics", {})[name] = state_dict
+    if _run.current().appliance:
+        from cerebras_pytorch.lazy.run_state import run_state
+
+        run_state().name_metric_state(state_dict, name)
 
 
 def set_attribute(tensor, name, value) -> None:
