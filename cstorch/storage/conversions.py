@@ -94,15 +94,15 @@ def numpy_view(plain: torch.Tensor) -> np.ndarray:
 
 def array_to_tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     """A stored array as a torch tensor of ``dtype`` (bf16 from int16 bits) in torch's own,
-    resizable memory: one copy, made through a DLPack view. ``torch.from_numpy`` memory cannot
-    be resized, which is how the engine recognises memory a numpy array may own
-    (``jax_backend.shared_memory``): state loaded that way would be written through to torch
-    after every step."""
+    resizable memory (one copy). ``torch.from_numpy`` memory cannot be resized, which is how
+    the engine recognises memory a numpy array may own (``jax_backend.shared_memory``): state
+    loaded into it would be written through to torch after every step."""
     np_dtype = C.TORCH_TO_NUMPY[dtype]
-    storage_dtype = torch.int16 if dtype is torch.bfloat16 else dtype
-    tensor = torch.empty(array.shape, dtype=storage_dtype)
-    np.copyto(np.from_dlpack(tensor), array, casting="unsafe" if array.dtype != np_dtype
-              else "no")
+    if array.dtype != np_dtype:
+        array = array.astype(np_dtype)
+    if not array.flags.writeable:  # torch.from_numpy warns on a read-only array
+        array = array.copy()
+    tensor = torch.from_numpy(array).clone()
     return tensor.view(torch.bfloat16) if dtype is torch.bfloat16 else tensor
 
 
