@@ -79,6 +79,7 @@ class _ToyApplianceRunner:
         self._num_batches_processed = 0
         self._initial_state_file = None
         self.losses = {}
+        cm.set_state_names(self._model.get_state())  # as the 1.7-1.9 runners do, then keep going
         self._save_initial_state()  # a step closure: runs at the first step mark
         self._appliance = cbtorch.core.appliance.ApplianceMode({"runconfig": {}})
 

@@ -21,6 +21,7 @@ import torch
 
 import cstorch
 from cstorch.utils.constant import make_constant  # noqa: F401
+from cstorch.utils.nest import visit_torch_tensors
 
 from cerebras_pytorch.lazy import _run
 
@@ -122,8 +123,10 @@ def get_run_step() -> int:
 
 def set_state_names(state_dict) -> None:
     """1.x named the graph's state tensors from the runner's state dict; the engine names its
-    state by path itself, so the names are only recorded."""
-    _run.current().state_names["state"] = state_dict
+    state by path itself, so the names are only recorded. Not the dict: its values share the
+    weights' memory, and an alias kept for the whole run makes the engine write every step's
+    state through to torch (``SharedStateWarning``)."""
+    _run.current().state_names["state"] = [scope for scope, _ in visit_torch_tensors(state_dict)]
 
 
 def set_metric_state_names(state_dict, name=None, *args, **kwargs) -> None:
