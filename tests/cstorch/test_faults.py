@@ -259,11 +259,12 @@ _STRESS = textwrap.dedent("""
     x = torch.randn(4, 16)
     step(x).item()  # compile before the interrupts start
     caught, saved = threading.Event(), threading.Event()
-    stop = threading.Event()
+    running, stop = threading.Event(), threading.Event()
     rng = random.Random(0)
 
     def interrupter():
         for _ in range(rounds):
+            running.wait()  # Ctrl-C only inside the try: not while a handler finishes
             stop.wait(rng.uniform(0.0, 0.02))
             caught.clear()
             saved.clear()
@@ -278,12 +279,14 @@ _STRESS = textwrap.dedent("""
     steps = 0
     for i in range(rounds):
         try:
+            running.set()
             while True:
                 loss = step(x)
                 steps += 1
                 if steps % 16 == 0:
                     loss.item()
         except KeyboardInterrupt:
+            running.clear()
             caught.set()
             path = os.path.join(out, f"interrupt_{i}.mdl")
             cstorch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
