@@ -235,8 +235,8 @@ class BaseBackend:
 
         for state in optimizer.state.values():
             for key, value in state.items():
-                if isinstance(value, DeferredTensor):
-                    state[key] = value._materialize(cache_override=False).detach().clone()
+                if isinstance(value, DeferredTensor):  # copy_ reads it (torch dispatch)
+                    state[key] = torch.empty(value.shape, dtype=value.dtype).copy_(value)
         self._invalidate_state_view()
 
     def setup_scheduler(self, scheduler) -> None:
