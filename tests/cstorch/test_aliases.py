@@ -343,8 +343,10 @@ def test_a_checkpoint_saved_before_compiling_leaves_no_alias(tmp_path, fmt):
 
 def test_torch_optimizer_state_resumed_from_cstorch_load_is_no_alias(tmp_path):
     # torch's Optimizer.load_state_dict keeps the loaded tensors themselves; cstorch.load's
-    # are deferred (read on use), which the state guard cannot watch: every step wrote them
-    # through (and warned). The resumed run must also continue as eager torch's does.
+    # are deferred (read on use), which the state guard cannot watch. A torch optimizer in a
+    # compiled step loads copies (see the README); this checks that a mid-run resume so
+    # leaves no alias and continues as eager torch does. (The 1.x ``cbtorch.optimizer`` path,
+    # which kept the deferred tensors, is tests/compat/test_lazy_api_1x.py.)
     import warnings
 
     eager, eager_opt, eager_step = build("eager")
