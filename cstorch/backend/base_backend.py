@@ -23,6 +23,7 @@ import jax_backend
 from jax_backend import DeviceState, LazyTensor, Slot, materialize, shared_memory
 from cstorch.backend import precision
 from cstorch.distributed import runtime
+from cstorch.storage.deferred import DeferredTensor
 from cstorch.utils.stage_tracker import StageTracker
 
 
@@ -222,21 +223,7 @@ class BaseBackend:
         self.optimizer_registry.append(optimizer)
         # load_state_dict replaces the optimizer's state dicts wholesale.
         optimizer.register_load_state_dict_post_hook(
-            BackendHook(self, "_optimizer_state_loaded"))
-        self._invalidate_state_view()
-
-    def _optimizer_state_loaded(self, optimizer) -> None:
-        """torch's ``load_state_dict`` keeps the loaded tensors themselves as the state; those
-        of ``cstorch.load`` are deferred tensors (read from the file on use), which the state
-        guard cannot watch, so every step would write its state through to them. Each is
-        read now into a tensor of its own, as the reference's CSX backend moves loaded state
-        to its device."""
-        from cstorch.storage.deferred import DeferredTensor
-
-        for state in optimizer.state.values():
-            for key, value in state.items():
-                if isinstance(value, DeferredTensor):  # copy_ reads it (torch dispatch)
-                    state[key] = torch.empty(value.shape, dtype=value.dtype).copy_(value)
+            BackendHook(self, "_invalidate_state_view"))
         self._invalidate_state_view()
 
     def setup_scheduler(self, scheduler) -> None:
@@ -319,7 +306,9 @@ class BaseBackend:
         view = self._state_view
         if view is None or view.epoch != self._state_epoch or not view.still_holds():
             self._state_view = None  # it holds the old tensors: retain may let them go
-            view = StateView(self._state_epoch, self.state_slots())
+            entries = self.state_slots()
+            _read_deferred_state(entries)
+            view = StateView(self._state_epoch, entries)
             view.optimizer_params = self._optimizer_links(view)
             shared_memory.note_resizable(view.tensors)
             self.device_state.retain(view.tensors)
@@ -515,6 +504,18 @@ class BaseBackend:
             return jax_backend.compilation_cache.enabled_directory()
         self._holds_compilation_cache = True
         return jax_backend.compilation_cache.acquire()
+
+
+def _read_deferred_state(entries) -> None:
+    """Reads each deferred tensor (``cstorch.load``'s, read from the file on use) that became
+    state into a tensor of its own, in its slot. torch's ``load_state_dict`` keeps the loaded
+    tensors themselves, and ``clone()`` of an unmodified deferred tensor is deferred too; the
+    state guard cannot watch one, so every step would write its state through to it. The
+    reference's CSX backend likewise moves loaded state to its device."""
+    for _, slot in entries:
+        value = slot.get()
+        if isinstance(value, DeferredTensor):  # copy_ reads it (torch dispatch)
+            slot.set(torch.empty(value.shape, dtype=value.dtype).copy_(value))
 
 
 class BackendHook:

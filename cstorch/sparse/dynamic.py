@@ -161,9 +161,7 @@ class DynamicSparsityAlgorithm(SparsityAlgorithm):
                 f"The state_dict of {type(self).__name__} needs a 'step' entry; got keys "
                 f"{sorted(state_dict)}.")
         step = torch.as_tensor(state_dict.pop("step"))
-        # A tensor of its own: ``clone()`` of cstorch.load's deferred tensor stays deferred,
-        # which the engine could not guard (it would write it through every step).
-        self.step = torch.empty(step.shape, dtype=torch.int64).copy_(step)
+        self.step = step.to(torch.int64).clone()
         saved = state_dict.get("sparsity") or {}
         for name, schedule in self._unique_schedules():
             if name in saved:

@@ -196,8 +196,7 @@ class Cycling(HyperParameterSchedule):
 
     def load_state_dict(self, state):
         index = state["index"]
-        index = torch.as_tensor(index)
-        self.index = torch.empty(index.shape, dtype=torch.int64).copy_(index)  # see dynamic.py
+        self.index = torch.as_tensor(index, dtype=torch.int64).clone()
 
     def _cstorch_state_slots(self):
         from jax_backend import Slot
