@@ -97,12 +97,7 @@ def array_to_tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     resizable memory (one copy). ``torch.from_numpy`` memory cannot be resized, which is how
     the engine recognises memory a numpy array may own (``jax_backend.shared_memory``): state
     loaded into it would be written through to torch after every step."""
-    np_dtype = C.TORCH_TO_NUMPY[dtype]
-    if array.dtype != np_dtype:
-        array = array.astype(np_dtype)
-    if not array.flags.writeable:  # torch.from_numpy warns on a read-only array
-        array = array.copy()
-    tensor = torch.from_numpy(array).clone()
+    tensor = torch.tensor(array.astype(C.TORCH_TO_NUMPY[dtype], copy=False))  # read-only ok
     return tensor.view(torch.bfloat16) if dtype is torch.bfloat16 else tensor
 
 
