@@ -606,20 +606,27 @@ class _WSMeanLoss:
         state.register_activation_callback(on_activations_received)
 
 
+def _start_eval(runner, cbtorch, model_dir, checkpoint):
+    """What the 1.x eval runners share: the model restored from ``checkpoint``, eval mode, no
+    batch processed yet. Returns ``cm``."""
+    from cerebras_pytorch.core import cb_model as cm
+
+    runner.cm, runner.cbtorch, runner.model_dir = cm, cbtorch, model_dir
+    runner._model = _ToyModel(cbtorch)
+    runner._model.set_state(cstorch.load(checkpoint))
+    runner._active_mode = "eval"
+    runner._num_batches_processed = 0
+    return cm
+
+
 class _ToyEvalRunner(_ToyApplianceRunner):
     """The 1.7-1.9 appliance runner's eval: ``eval_forward`` runs the model and its metrics
     for real on the first batch only; the initial state file holds the metrics' device state
     (``metrics/<name>``) besides the model's."""
 
     def __init__(self, cbtorch, model_dir, checkpoint):
-        from cerebras_pytorch.core import cb_model as cm
-
-        self.cm, self.cbtorch, self.model_dir = cm, cbtorch, model_dir
-        self._model = _ToyModel(cbtorch)
-        self._model.set_state(cstorch.load(checkpoint))
+        cm = _start_eval(self, cbtorch, model_dir, checkpoint)
         self.metric = _WSMeanLoss(cbtorch, cm, "eval/mean_loss")
-        self._active_mode = "eval"
-        self._num_batches_processed = 0
         self._initial_state_file = None
         self._loss_tensor = None
         self.losses = {}
@@ -730,14 +737,8 @@ class _Toy16EvalRunner(_Toy16Runner):
     step's activations come back by ``output_names`` (the loss first, then one per metric)."""
 
     def __init__(self, cbtorch, model_dir, checkpoint):
-        from cerebras_pytorch.core import cb_model as cm
-
-        self.cm, self.cbtorch, self.model_dir = cm, cbtorch, model_dir
-        self._model = _ToyModel(cbtorch)
-        self._model.set_state(cstorch.load(checkpoint))
+        cm = _start_eval(self, cbtorch, model_dir, checkpoint)
         self.metric = _WSMeanLoss16(cbtorch, cm, "eval/mean_loss")
-        self._active_mode = "eval"
-        self._num_batches_processed = 0
         self.losses, self.activations = {}, None
         self._initial = os.path.join(model_dir, "checkpoint_0.mdl")
         cm.save(self._model.get_state(), self._initial)
