@@ -53,12 +53,12 @@ def _in_torch_memory(state):
     such memory) copied into torch's own. The optimizer keeps loaded tensors themselves, and the
     engine cannot tell such memory from a numpy array's (``torch.from_numpy``), so it would
     write every step's state through to them; the loaded dict is dropped after the restore."""
-    def own(value):
+    def own(_, value):
         if (type(value) is torch.Tensor and value.device.type == "cpu"
                 and value.layout == torch.strided and not value.untyped_storage().resizable()):
             return value.clone()
         return value
-    return torch.utils._pytree.tree_map(own, state)
+    return map_torch_tensors(own, state)
 
 
 class _LearningRates:
