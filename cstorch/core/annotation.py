@@ -127,11 +127,13 @@ class AnnotationMode(abc.ABC):
     def __enter__(self):
         previous = self.config
         self.config = self.local_config
-        attribute = self.get_attribute(self.local_config, is_backward=False)
-        if not isinstance(attribute, AnnotationMode.Attribute):
+        try:
+            attribute = _checked_attribute(
+                self.get_attribute(self.local_config, is_backward=False),
+                f"{type(self).__name__}.get_attribute")
+        except TypeError:
             self.config = previous
-            raise TypeError(f"{type(self).__name__}.get_attribute must return an "
-                            f"AnnotationMode.Attribute, got {type(attribute).__name__}.")
+            raise
         push_annotation(attribute.name,
                         attribute.value if self.local_config.enable_fwd else None)
         self._entered.append((previous, attribute.name))
@@ -168,6 +170,13 @@ def annotate(annotation_mode: AnnotationMode) -> Callable:
     return decorator
 
 
+def _checked_attribute(attribute, source: str) -> "AnnotationMode.Attribute":
+    if not isinstance(attribute, AnnotationMode.Attribute):
+        raise TypeError(f"{source} must return an AnnotationMode.Attribute, got "
+                        f"{type(attribute).__name__}.")
+    return attribute
+
+
 def create_annotation(annotation_config: type, get_attribute_fn: Callable, **kwargs) -> Callable:
     """A decorator tagging what the decorated function computes with the attribute that
     ``get_attribute_fn(annotation_config(**kwargs), is_backward=False)`` names.
@@ -181,10 +190,8 @@ def create_annotation(annotation_config: type, get_attribute_fn: Callable, **kwa
         raise TypeError(f"annotation_config must be a subclass of AnnotationMode.Config, got "
                         f"{annotation_config!r}.")
     config = annotation_config(**kwargs)
-    attribute = get_attribute_fn(config, is_backward=False)
-    if not isinstance(attribute, AnnotationMode.Attribute):
-        raise TypeError(f"get_attribute_fn must return an AnnotationMode.Attribute, got "
-                        f"{type(attribute).__name__}.")
+    attribute = _checked_attribute(get_attribute_fn(config, is_backward=False),
+                                   "get_attribute_fn")
     if attribute.value is None or not (config.enable_fwd or config.enable_bwd):
         return lambda fn: fn
     return annotation(attribute.name, attribute.value, enable_fwd=config.enable_fwd,
