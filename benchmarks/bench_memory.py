@@ -7,7 +7,10 @@ steady steps, and a synchronisation (``state_dict()`` of model and optimizer, as
 takes) followed by ``--steps`` more steps. Peaks are the kernel's high-water mark (VmHWM),
 reset between phases through ``/proc/self/clear_refs``, so this runs on Linux only. RSS
 counts mapped library pages too, which the page cache may evict under memory pressure;
-``anon`` (RssAnon at the end) is the part that scales with the model.
+``anon`` (RssAnon at the end) is the part that scales with the model. ``own/eager`` compares
+each engine's own part, its peak less its RSS after the imports (JAX's runtime is not the
+workload's). Every run is a cold start, as in ``bench_engine``: the graph and XLA caches are
+off, so the first step's peak includes XLA's compile.
 
     python benchmarks/bench_memory.py [--only mlp,transformer,gpt2-small] [--steps 5]
         [--rounds 1] [--json out.json]
@@ -82,8 +85,11 @@ def _child(engine: str, name: str, steps: int) -> dict:
 
 
 def _measure(engine: str, name: str, steps: int) -> dict | None:
+    from benchmarks.bench_engine import COLD
+
     cmd = [sys.executable, __file__, "--child", f"{engine}:{name}:{steps}"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600,
+                         env={**os.environ, **COLD})
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
@@ -105,7 +111,7 @@ def main():
         return
     results = {}
     header = f"{'workload':12s} {'engine':8s}" + "".join(f"{p:>11s}" for p in PHASES)
-    print(header + f"{'peak/eager':>11s}")
+    print(header + f"{'peak/eager':>11s}{'own/eager':>10s}")
     for name in args.only.split(","):
         results[name] = {}
         for engine in ("eager", "cstorch"):
@@ -118,8 +124,10 @@ def main():
             results[name][engine] = row
             eager = results[name].get("eager")
             ratio = row["peak"] / eager["peak"] if eager else float("nan")
+            own = ((row["peak"] - row["imports"]) / (eager["peak"] - eager["imports"])
+                   if eager else float("nan"))
             print(f"{name:12s} {engine:8s}" + "".join(f"{row[p]:11.0f}" for p in PHASES)
-                  + f"{ratio:11.2f}", flush=True)
+                  + f"{ratio:11.2f}{own:10.2f}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -31,6 +31,12 @@ def freed(nbytes: int) -> None:
     """Tells that ``nbytes`` of host memory were just freed; returns them to the system when
     that is worth it (see the module docstring)."""
     if nbytes >= TRIM_MIN_BYTES:
-        trim = _malloc_trim()
-        if trim is not None:
-            trim(0)
+        trim()
+
+
+def trim() -> None:
+    """Returns the C heap's free memory to the system now (after XLA compiles a step, whose
+    working memory is freed by then but would stay resident through the first run)."""
+    malloc_trim = _malloc_trim()
+    if malloc_trim is not None:
+        malloc_trim(0)
