@@ -17,7 +17,6 @@ import contextlib
 import os
 import secrets
 import shutil
-import tempfile
 
 
 def temp_name(path: str) -> str:
@@ -126,10 +125,17 @@ def staged_directory(path, *, prefix: str = ".staging-"):
     or an empty directory: a block that replaces an old one removes it last) and removed
     with all it holds when the block raises."""
     path = os.path.abspath(os.fspath(path))
-    staging = tempfile.mkdtemp(prefix=prefix, dir=os.path.dirname(path))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0700 would hide the result from others
+    parent = os.path.dirname(path)
+    for attempt in range(100):
+        # mkdir applies the umask itself; reading it would mean setting it, process-wide,
+        # for a moment (another thread's files made then would get mode 0666/0777).
+        staging = os.path.join(parent, f"{prefix}{secrets.token_hex(8)}")
+        try:
+            os.mkdir(staging, 0o777)
+            break
+        except FileExistsError:  # another writer drew the same name
+            if attempt == 99:
+                raise
     try:
         yield staging
         os.replace(staging, path)

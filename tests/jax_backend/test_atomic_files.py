@@ -85,3 +85,20 @@ def test_a_failed_staged_directory_leaves_the_old_one_and_no_staging(tmp_path):
             f.write("new")
     assert (tmp_path / "fresh" / "new.txt").read_text() == "new"
     assert sorted(os.listdir(tmp_path)) == ["fresh", "out"]
+
+
+def test_a_staged_directory_has_mkdirs_mode_and_leaves_the_umask_alone(tmp_path, monkeypatch):
+    """Mode 0777 less the umask, as ``mkdir`` gives, without ever changing the process's
+    umask (a moment at 0 would give another thread's new files mode 0666)."""
+    previous = os.umask(0o027)
+    try:
+        def no_umask(mask):
+            raise AssertionError(f"os.umask({mask:o}) was called")
+
+        monkeypatch.setattr(os, "umask", no_umask)
+        with atomic_files.staged_directory(tmp_path / "out") as staging:
+            assert os.stat(staging).st_mode & 0o777 == 0o750
+        assert os.stat(tmp_path / "out").st_mode & 0o777 == 0o750
+        monkeypatch.undo()
+    finally:
+        os.umask(previous)
