@@ -5,7 +5,8 @@ for reuse, so freeing the torch copy of a model's state (``DeviceState`` release
 steps) may not lower the process's resident memory at all: the blocks stay mapped, and the
 step's own allocations, made on other threads (other arenas), cannot reuse them.
 ``malloc_trim`` hands them back. It walks every heap, so it is called only after large frees
-(releases follow a synchronisation, not every step). Other C libraries (musl, macOS) have no
+(releases follow a synchronisation, not every step) and once per program, between XLA's
+compile of the step and its first run (``Program``). Other C libraries (musl, macOS) have no
 such function: nothing is done there.
 """
 
