@@ -25,6 +25,19 @@ def temp_name(path: str) -> str:
     return f"{path}.{secrets.token_hex(4)}.tmp"
 
 
+def _create_fresh(new_name, create):
+    """``(name, create(name))`` for the first of up to 100 fresh names ``new_name()`` that
+    ``create`` (an exclusive create) does not find taken: another writer may draw the same."""
+    for _ in range(99):
+        name = new_name()
+        try:
+            return name, create(name)
+        except FileExistsError:
+            pass
+    name = new_name()
+    return name, create(name)  # the last try: its FileExistsError goes to the caller
+
+
 def fsync_directory(directory: str) -> None:
     """Makes a rename in ``directory`` durable, where the filesystem allows it."""
     try:
@@ -48,14 +61,8 @@ class AtomicFile:
     def __init__(self, path, *, mode: int = 0o600):
         self.path = os.fspath(path)
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-        for attempt in range(100):
-            self.temp_path = temp_name(self.path)
-            try:
-                self.fd = os.open(self.temp_path, flags, mode)
-                break
-            except FileExistsError:  # another writer drew the same name
-                if attempt == 99:
-                    raise
+        self.temp_path, self.fd = _create_fresh(lambda: temp_name(self.path),
+                                                lambda name: os.open(name, flags, mode))
         self.published = False
 
     def publish(self, rename=os.replace, *, durable: bool = False) -> None:
@@ -126,16 +133,10 @@ def staged_directory(path, *, prefix: str = ".staging-"):
     with all it holds when the block raises."""
     path = os.path.abspath(os.fspath(path))
     parent = os.path.dirname(path)
-    for attempt in range(100):
-        # mkdir applies the umask itself; reading it would mean setting it, process-wide,
-        # for a moment (another thread's files made then would get mode 0666/0777).
-        staging = os.path.join(parent, f"{prefix}{secrets.token_hex(8)}")
-        try:
-            os.mkdir(staging, 0o777)
-            break
-        except FileExistsError:  # another writer drew the same name
-            if attempt == 99:
-                raise
+    # mkdir applies the umask itself; reading it would mean setting it, process-wide, for a
+    # moment (another thread's files made then would get mode 0666/0777).
+    staging, _ = _create_fresh(lambda: os.path.join(parent, f"{prefix}{secrets.token_hex(8)}"),
+                               lambda name: os.mkdir(name, 0o777))
     try:
         yield staging
         os.replace(staging, path)

@@ -102,3 +102,22 @@ def test_a_staged_directory_has_mkdirs_mode_and_leaves_the_umask_alone(tmp_path,
         monkeypatch.undo()
     finally:
         os.umask(previous)
+
+
+def test_a_temporary_name_already_taken_is_drawn_again(tmp_path, monkeypatch):
+    """Both writers create their temporary exclusively and draw a new name when another
+    writer holds the one drawn; a file or directory already there is never touched."""
+    draws = iter(["aaaaaaaa", "bbbbbbbb", "aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb"])
+    monkeypatch.setattr(atomic_files.secrets, "token_hex", lambda n: next(draws))
+    taken_file = tmp_path / "out.bin.aaaaaaaa.tmp"
+    taken_file.write_bytes(b"another writer's")
+    atomic_files.write_file(tmp_path / "out.bin", b"ours")
+    assert (tmp_path / "out.bin").read_bytes() == b"ours"
+    assert taken_file.read_bytes() == b"another writer's"
+
+    taken_dir = tmp_path / ".staging-aaaaaaaaaaaaaaaa"
+    taken_dir.mkdir()
+    (taken_dir / "theirs.txt").write_text("theirs")
+    with atomic_files.staged_directory(tmp_path / "dir") as staging:
+        assert os.path.basename(staging) == ".staging-bbbbbbbbbbbbbbbb"
+    assert os.listdir(tmp_path / "dir") == [] and os.listdir(taken_dir) == ["theirs.txt"]
