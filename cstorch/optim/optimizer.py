@@ -325,8 +325,8 @@ class BuiltinOptimizer(Optimizer):
     def _check_group(self, group, params):
         """Raises for a param group the rule cannot update (subclass hook)."""
 
-    def _state_leaves(self, params, spec):
-        layout = optimizer_state_layout(spec, params)
+    def _state_leaves(self, params, config):
+        layout = optimizer_state_layout(config, params)
         leaves = []
         for field in layout.fields:
             for index, (p, keys) in enumerate(zip(params, layout.keys_per_param)):
@@ -356,10 +356,10 @@ class BuiltinOptimizer(Optimizer):
                         f"{type(self).__name__} does not support sparse gradients.")
             self._check_group(group, params)
             static, dynamic = self._rule_arguments(group)
-            spec = optimizer_config(self.rule, static, list(dynamic))
-            state = self._state_leaves(params, spec)
+            config = optimizer_config(self.rule, static, list(dynamic))
+            state = self._state_leaves(params, config)
             outputs = torch.ops.cstorch.optimizer_step(
-                spec, params, [p.grad for p in params], state, list(dynamic.values()))
+                config, params, [p.grad for p in params], state, list(dynamic.values()))
             for target, value in zip(params + state, outputs):
                 target.copy_(value)
         return loss
