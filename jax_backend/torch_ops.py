@@ -112,8 +112,17 @@ def init_optimizer_state(name: str, hyperparams: dict, params) -> dict:
 
     Initial states depend on shapes and hyperparameters only, so the parameters' values are
     not copied to the device for this."""
-    shaped = [jnp.zeros(tuple(p.shape), to_jax_dtype(p.dtype)) for p in params]
-    state = optimizers.init_state(name, hyperparams, shaped)
+    shapes = [(tuple(p.shape), to_jax_dtype(p.dtype)) for p in params]
+
+    # One small program for all of them: run op by op, every distinct shape compiled a program
+    # of its own (time and resident compiler memory at setup).
+    # (The NamedTuple keeps the keys' order; jit would return a dict with its keys sorted.)
+    @jax.jit
+    def initial():
+        return optimizers.build(name, hyperparams).init([jnp.zeros(*s) for s in shapes])
+
+    state = initial()
+    state = {key: getattr(state, key) for key in optimizers.state_keys(state)}
     return {key: [None if a is None else initial_tensor(a) for a in arrays]
             for key, arrays in state.items()}
 
