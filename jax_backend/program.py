@@ -100,7 +100,9 @@ class Program:
         def pure_step(donated, kept, inputs, seed):  # jit names the program after it
             return self.pure_step(donated, kept, inputs, seed)
         self._compiled_ahead = False  # see _call_jitted
-        return jax.jit(pure_step, donate_argnums=(0,), **self._shardings())
+        options = host_memory.step_compiler_options(self.target.platform)
+        return jax.jit(pure_step, donate_argnums=(0,), compiler_options=options or None,
+                       **self._shardings())
 
     def _shardings(self) -> dict:
         """jit shardings for a mesh layout: state as the layout places it, inputs split along
