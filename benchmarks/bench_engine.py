@@ -106,13 +106,30 @@ def run_eager(name, steps, compiled=False, layers=None):
     step(x, y).item()
     result = {"first": time.perf_counter() - t0}
     times = []
+    usage = _KernelUsage()
     for _ in range(steps):
         t0 = time.perf_counter()
         step(x, y).item()
         times.append(time.perf_counter() - t0)
+    result.update(usage.per_step(steps))
     result["median"] = statistics.median(times) if times else None
     result["import_rss_mib"] = import_rss
     return result
+
+
+class _KernelUsage:
+    """Page faults and kernel CPU time per step, from the process's rusage: a step whose
+    working memory is mapped afresh each run pays both (cpu_results.md)."""
+
+    def __init__(self):
+        self.start = resource.getrusage(resource.RUSAGE_SELF)
+
+    def per_step(self, steps):
+        if not steps:
+            return {}
+        end = resource.getrusage(resource.RUSAGE_SELF)
+        return {"faults_per_step": (end.ru_minflt - self.start.ru_minflt) / steps,
+                "sys_ms_per_step": (end.ru_stime - self.start.ru_stime) * 1e3 / steps}
 
 
 def _timed(seconds, phase, fn):
@@ -191,12 +208,14 @@ def run_cstorch(name, steps, precision="fp32", window=None, layers=None):
     result = {"first": time.perf_counter() - t0, "first_split": dict(split.seconds)}
     times = []
     window = window or max(1, min(5, steps // 3))
+    usage = _KernelUsage()
     for _ in range(steps // window):
         t0 = time.perf_counter()
         for _ in range(window):
             loss = step(x, y)
         loss.jax_array.block_until_ready()
         times.append((time.perf_counter() - t0) / window)
+    result.update(usage.per_step(steps // window * window))
     assert step.trace_count == 1
     result["median"] = statistics.median(times) if times else None
     result["import_rss_mib"] = import_rss
@@ -348,7 +367,14 @@ def _runners(args):
     if not args.no_compile:
         runners.append(("torch.compile", "compile", "fp32"))
     runners += [(f"cstorch-jax {p}", "cstorch", p) for p in args.precision.split(",")]
+    if args.reuse_cpu_step_memory:
+        runners.append(("cstorch-jax reuse", "cstorch", "fp32"))
     return runners
+
+
+# The environment a runner adds to a cold start: "cstorch-jax reuse" is fp32 with the engine's
+# reuse_cpu_step_memory setting on (faster steps, more resident memory: cpu_results.md).
+RUNNER_ENV = {"cstorch-jax reuse": {"CSTORCH_REUSE_CPU_STEP_MEMORY": "1"}}
 
 
 # Steady-state steps per workload (GPT-2-small steps take seconds on a CPU).
@@ -365,7 +391,8 @@ def bench_workloads(args):
         for r in range(args.rounds):
             for label, engine, precision in _runners(args):
                 print(f"  round {r + 1}/{args.rounds}: {name} {label}", file=sys.stderr, flush=True)
-                per_runner[label].append(_measure(engine, name, steps, precision))
+                env = {**COLD, **RUNNER_ENV.get(label, {})}
+                per_runner[label].append(_measure(engine, name, steps, precision, env=env))
         results[name] = per_runner
     return results
 
@@ -417,7 +444,8 @@ def print_table(results, peak_gflops=None):
     can step faster than that, so a target below it is out of reach on this machine."""
     header = (f"{'workload':12s} {'runner':19s} {'median step ms (min-max)':>26s} {'vs eager':>8s} "
               f"{'first step s':>12s} {'capture':>7s} {'lower':>6s} {'mlir':>5s} {'xla':>5s} "
-              f"{'peak RSS MiB':>12s} {'vs eager':>8s} {'own RSS MiB':>11s} {'vs eager':>8s}")
+              f"{'peak RSS MiB':>12s} {'vs eager':>8s} {'own RSS MiB':>11s} {'vs eager':>8s} "
+              f"{'sys ms/step':>11s} {'faults/step':>11s}")
     print(header)
     print("-" * len(header))
     for name, per_runner in results.items():
@@ -442,9 +470,15 @@ def print_table(results, peak_gflops=None):
             ratio = step["median"] / eager_step["median"] if eager_step else float("nan")
             rss_ratio = rss["median"] / eager_rss["median"] if eager_rss else float("nan")
             own_ratio = own["median"] / eager_own["median"] if eager_own else float("nan")
+            kernel = "".join(
+                f" {statistics.median(v):11.{d}f}" if v else f" {'-':>11s}"
+                for v, d in (([r["sys_ms_per_step"] for r in runs if r and "sys_ms_per_step" in r],
+                              1),
+                             ([r["faults_per_step"] for r in runs if r and "faults_per_step" in r],
+                              0)))
             print(f"{name:12s} {label:19s} {step_ms:>26s} {ratio:8.2f} {first['median']:12.2f}"
                   f"{phases} {rss['median']:12.0f} {rss_ratio:8.2f} {own['median']:11.0f}"
-                  f" {own_ratio:8.2f}")
+                  f" {own_ratio:8.2f}{kernel}")
         flops = [r["flops"] for runs in per_runner.values() for r in runs
                  if r and r.get("flops")]
         if flops and peak_gflops and eager_step:
@@ -500,6 +534,8 @@ def main():
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--precision", default="fp32", help="cstorch precisions, e.g. fp32,bf16")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    parser.add_argument("--reuse-cpu-step-memory", action="store_true",
+                        help="also cstorch fp32 with CSTORCH_REUSE_CPU_STEP_MEMORY=1")
     parser.add_argument("--depth-sweep", action="store_true")
     parser.add_argument("--interference", action="store_true",
                         help="eager torch's speed in a process where JAX runs")

@@ -138,10 +138,11 @@ backup_first_run = config.define(
     "first-step memory peak like any other step's.")
 reuse_cpu_step_memory = config.define(
     "reuse_cpu_step_memory", False, "Whether a CPU step keeps its working memory between runs "
-    "(jax_backend/host_memory.py, step_compiler_options): about 7-14% faster steps on "
-    "bench_engine's transformer and GPT-2 small, for about 20-25% more peak resident memory. "
-    "Off by default; read when a program is built.", env_var="CSTORCH_REUSE_CPU_STEP_MEMORY",
-    parse=parse_bool)
+    "(jax_backend/host_memory.py, step_compiler_options): on 2 cores, bench_engine's "
+    "transformer steps 8% faster and GPT-2 small's 1.5%, for a third to a half more of the "
+    "workload's own memory, possibly more with more cores (each thread that runs steps keeps "
+    "its own copy). Off by default; read when a program is built.",
+    env_var="CSTORCH_REUSE_CPU_STEP_MEMORY", parse=parse_bool)
 debug_state = config.define(
     "debug_state", False, "Whether each state tensor's entry in a DeviceState checks every "
     "change of its flags against the table of legal transitions (jax_backend/state.py, "

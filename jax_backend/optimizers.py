@@ -864,5 +864,9 @@ def apply(name: str, hyperparams: dict, params, grads, state_leaves, treedef=Non
 def init_state(name: str, hyperparams: dict, params) -> dict:
     """Initial state as ``{torch_key: [one array per param]}`` (``None`` entries where a key
     does not apply to a parameter, see ``param_state_keys``)."""
-    state = build(name, hyperparams).init(list(params))
+    return state_dict(build(name, hyperparams).init(list(params)))
+
+
+def state_dict(state) -> dict:
+    """A state NamedTuple as ``{torch_key: [one array per param]}`` (see ``init_state``)."""
     return {key: getattr(state, key) for key in state_keys(state)}

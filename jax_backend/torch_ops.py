@@ -115,14 +115,13 @@ def init_optimizer_state(name: str, hyperparams: dict, params) -> dict:
     shapes = [(tuple(p.shape), to_jax_dtype(p.dtype)) for p in params]
 
     # One small program for all of them: run op by op, every distinct shape compiled a program
-    # of its own (time and resident compiler memory at setup).
-    # (The NamedTuple keeps the keys' order; jit would return a dict with its keys sorted.)
+    # of its own (time and resident compiler memory at setup). It returns the state NamedTuple,
+    # whose keys keep their order (a dict's would come back sorted).
     @jax.jit
     def initial():
         return optimizers.build(name, hyperparams).init([jnp.zeros(*s) for s in shapes])
 
-    state = initial()
-    state = {key: getattr(state, key) for key in optimizers.state_keys(state)}
+    state = optimizers.state_dict(initial())
     return {key: [None if a is None else initial_tensor(a) for a in arrays]
             for key, arrays in state.items()}
 
