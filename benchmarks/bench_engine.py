@@ -367,14 +367,19 @@ def _runners(args):
     if not args.no_compile:
         runners.append(("torch.compile", "compile", "fp32"))
     runners += [(f"cstorch-jax {p}", "cstorch", p) for p in args.precision.split(",")]
-    if args.reuse_cpu_step_memory:
-        runners.append(("cstorch-jax reuse", "cstorch", "fp32"))
+    runners += [(f"cstorch-jax {choice}", "cstorch", "fp32")
+                for choice in args.step_memory.split(",") if choice]
     return runners
 
 
-# The environment a runner adds to a cold start: "cstorch-jax reuse" is fp32 with the engine's
-# reuse_cpu_step_memory setting on (faster steps, more resident memory: cpu_results.md).
-RUNNER_ENV = {"cstorch-jax reuse": {"CSTORCH_REUSE_CPU_STEP_MEMORY": "1"}}
+def _runner_env(label) -> dict:
+    """What a runner adds to a cold start's environment: "cstorch-jax xla" and "cstorch-jax
+    reuse" are fp32 with the engine's cpu_step_memory setting at that choice (the plain fp32
+    row has the default, lean: cpu_results.md)."""
+    choice = label.split()[-1]
+    if label.startswith("cstorch-jax ") and choice not in ("fp32", "bf16"):
+        return {"CSTORCH_CPU_STEP_MEMORY": choice}
+    return {}
 
 
 # Steady-state steps per workload (GPT-2-small steps take seconds on a CPU).
@@ -391,7 +396,7 @@ def bench_workloads(args):
         for r in range(args.rounds):
             for label, engine, precision in _runners(args):
                 print(f"  round {r + 1}/{args.rounds}: {name} {label}", file=sys.stderr, flush=True)
-                env = {**COLD, **RUNNER_ENV.get(label, {})}
+                env = {**COLD, **_runner_env(label)}
                 per_runner[label].append(_measure(engine, name, steps, precision, env=env))
         results[name] = per_runner
     return results
@@ -534,8 +539,9 @@ def main():
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--precision", default="fp32", help="cstorch precisions, e.g. fp32,bf16")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
-    parser.add_argument("--reuse-cpu-step-memory", action="store_true",
-                        help="also cstorch fp32 with CSTORCH_REUSE_CPU_STEP_MEMORY=1")
+    parser.add_argument("--step-memory", default="",
+                        help="also cstorch fp32 with these CSTORCH_CPU_STEP_MEMORY choices, "
+                             "e.g. xla,reuse (the fp32 row has the default, lean)")
     parser.add_argument("--depth-sweep", action="store_true")
     parser.add_argument("--interference", action="store_true",
                         help="eager torch's speed in a process where JAX runs")

@@ -1,4 +1,5 @@
-"""Giving freed host memory back to the operating system.
+"""Host memory: giving freed memory back to the operating system, and how a CPU step's
+working memory is laid out.
 
 glibc keeps freed blocks smaller than its mmap threshold (adaptive, up to 32 MiB) in its heaps
 for reuse, so freeing the torch copy of a model's state (``DeviceState`` releases it between
@@ -9,15 +10,18 @@ step's own allocations, made on other threads (other arenas), cannot reuse them.
 compile of the step and its first run (``Program``). Other C libraries (musl, macOS) have no
 such function: nothing is done there.
 
-The other way round, ``step_compiler_options``: XLA's CPU runtime allocates a step's
-temporaries as one block per run (146 MiB on ``bench_engine``'s transformer) and frees it
-after. glibc maps any block over 32 MiB (the ceiling of its mmap threshold) afresh each time,
-so every run faults its whole working set in again: ~40 000 page faults and ~60 ms of kernel
-time per transformer step. Asking XLA for heaps under that ceiling
-(``xla_multiheap_size_constraint_per_heap``) lets glibc keep them for the next run, but in
-the heap of the thread that freed them, and XLA runs steps on more than one thread: up to a
-copy per thread stays resident. So it is a setting, off by default (``config``,
-``reuse_cpu_step_memory``).
+How a CPU step's own working memory is laid out is the setting ``cpu_step_memory``
+(``config``), turned into XLA options by ``step_compiler_options``. XLA's CPU runtime
+allocates a step's temporaries as one block per run and frees it after; glibc maps any block
+over 32 MiB (the ceiling of its mmap threshold) afresh each time, so every run faults its whole
+working set in again (~40 000 page faults and ~60 ms of kernel time per ``bench_engine``
+transformer step). ``lean``, the default, schedules the step for memory, as the XLA of JAX
+0.7 did (the XLA of JAX 0.10 and 0.12 schedules for concurrency by default): 12-14% less
+working memory, and as many fewer faults, at the same speed on the benchmarks here.
+``reuse`` asks XLA for heaps under glibc's ceiling (``xla_multiheap_size_constraint_per_heap``),
+which malloc keeps for the next run, but in the arena of the thread that freed them, and XLA
+runs steps on more than one thread: up to a copy per thread stays resident, so it is not the
+default (``benchmarks/cpu_results.md``).
 """
 
 from __future__ import annotations
@@ -26,11 +30,25 @@ import ctypes
 import ctypes.util
 import functools
 
+import jax
+import numpy as np
+
 from jax_backend import config
 
 # Under glibc's largest mmap threshold (32 MiB on 64-bit), with room for its chunk header and
 # XLA's alignment: a heap this size is kept by malloc when freed, not unmapped.
 STEP_HEAP_BYTES = 31 << 20
+
+# cpu_step_memory's choices and their XLA options (module docstring). XLA's memory-optimized
+# schedule is an enum option where it exists (JAX 0.10, 0.12); older XLA (JAX 0.7) has only the
+# bool, which newer XLA still accepts as a compile option but ignores.
+_MEMORY_SCHEDULE = ("xla_cpu_scheduler_type", "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED")
+_MEMORY_SCHEDULE_BEFORE = ("xla_cpu_enable_concurrency_optimized_scheduler", False)
+STEP_MEMORY = {
+    "lean": dict([_MEMORY_SCHEDULE]),
+    "xla": {},
+    "reuse": {"xla_multiheap_size_constraint_per_heap": STEP_HEAP_BYTES},
+}
 
 # A trim takes ~10-60 ms on a GPT-2-small run; smaller frees are not worth it.
 TRIM_MIN_BYTES = 16 << 20
@@ -60,9 +78,29 @@ def trim() -> None:
 
 
 def step_compiler_options(platform: str) -> dict:
-    """XLA options for a step compiled for ``platform``: on the CPU with glibc and
-    ``reuse_cpu_step_memory`` on, temporaries in heaps malloc keeps between runs (module
-    docstring); else none."""
-    if platform != "cpu" or not config.reuse_cpu_step_memory.value or _malloc_trim() is None:
+    """XLA options for a step compiled for ``platform``: ``cpu_step_memory``'s on the CPU
+    (``reuse`` only with glibc, whose heaps it relies on); none elsewhere."""
+    if platform != "cpu":
         return {}
-    return {"xla_multiheap_size_constraint_per_heap": STEP_HEAP_BYTES}
+    choice = config.cpu_step_memory.value
+    if choice not in STEP_MEMORY:
+        raise ValueError(f"cpu_step_memory (CSTORCH_CPU_STEP_MEMORY) is {choice!r}; it must be "
+                         f"one of {', '.join(STEP_MEMORY)}.")
+    if choice == "reuse" and _malloc_trim() is None:
+        return {}
+    if choice == "lean" and not _xla_has_option(*_MEMORY_SCHEDULE):
+        return dict([_MEMORY_SCHEDULE_BEFORE])
+    return dict(STEP_MEMORY[choice])
+
+
+@functools.lru_cache(maxsize=None)
+def _xla_has_option(name: str, value) -> bool:
+    """Whether this jaxlib's XLA knows the compile option ``name`` (a trivial compile, once)."""
+    try:
+        with jax.default_device(jax.devices("cpu")[0]):
+            jax.jit(lambda x: x, compiler_options={name: value}).lower(np.float32(0)).compile()
+    except Exception as error:  # XLA raises its own status type
+        if "no such compile option" in str(error).lower():
+            return False
+        raise
+    return True
