@@ -100,6 +100,7 @@ class Program:
         def pure_step(donated, kept, inputs, seed):  # jit names the program after it
             return self.pure_step(donated, kept, inputs, seed)
         self._compiled_ahead = False  # see _call_jitted
+        # How a CPU step's working memory is laid out (cpu_step_memory); nothing elsewhere.
         options = host_memory.step_compiler_options(self.target.platform)
         return jax.jit(pure_step, donate_argnums=(0,), compiler_options=options or None,
                        **self._shardings())
