@@ -216,11 +216,12 @@ def profile_cstorch(workload, precision, steps, top):
     for _ in range(2):
         loss = run()
     wait(loss)
-    t0 = time.perf_counter()
+    t0, usage = time.perf_counter(), _kernel_usage()
     for _ in range(steps):
         loss = run()
     wait(loss)
     unprofiled = (time.perf_counter() - t0) / steps
+    kernel = _kernel_per_step(usage, steps)
     trace_dir = tempfile.mkdtemp(prefix="cstorch_trace_")
     with jax.profiler.trace(trace_dir):
         for _ in range(steps):
@@ -231,7 +232,7 @@ def profile_cstorch(workload, precision, steps, top):
     report.update(engine="cstorch", platform=jax.devices()[0].platform,
                   device=str(getattr(jax.devices()[0], "device_kind", "")),
                   first_step_s=first, wall_ms_per_step=unprofiled * 1e3,
-                  hlo_instructions=len(instructions))
+                  hlo_instructions=len(instructions), **kernel)
     return report
 
 
@@ -309,10 +310,11 @@ def profile_eager(workload, precision, steps, top):
                 return step_fn(x, y)
     for _ in range(3):
         step()
-    t0 = time.perf_counter()
+    t0, usage = time.perf_counter(), _kernel_usage()
     for _ in range(steps):
         step().item()
     wall = (time.perf_counter() - t0) / steps
+    kernel = _kernel_per_step(usage, steps)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     with profile(activities=activities) as prof:
         for _ in range(steps):
@@ -330,7 +332,7 @@ def profile_eager(workload, precision, steps, top):
         by_class[label] += us
         by_op[event.key] += us
     total = sum(by_class.values()) or 1.0
-    return {"engine": "eager", "platform": device, "wall_ms_per_step": wall * 1e3,
+    return {"engine": "eager", "platform": device, "wall_ms_per_step": wall * 1e3, **kernel,
             "total_ms_per_step": total / 1e3 / steps,
             "classes": [{"class": c, "ms_per_step": us / 1e3 / steps, "share": us / total}
                         for c, us in by_class.most_common()],
@@ -338,10 +340,27 @@ def profile_eager(workload, precision, steps, top):
                          "ms_per_step": us / 1e3 / steps} for o, us in by_op.most_common(top)]}
 
 
+def _kernel_usage():
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF)
+
+
+def _kernel_per_step(start, steps) -> dict:
+    """Page faults and kernel CPU time per unprofiled step: the cost of memory mapped afresh,
+    which the op profile spreads over whichever op first touches a page (cpu_results.md)."""
+    end = _kernel_usage()
+    return {"faults_per_step": (end.ru_minflt - start.ru_minflt) / steps,
+            "kernel_ms_per_step": (end.ru_stime - start.ru_stime) * 1e3 / steps}
+
+
 def print_report(report):
     print(f"{report['engine']} on {report['platform']} {report.get('device', '')}: "
           f"{report['wall_ms_per_step']:.2f} ms/step unprofiled, "
           f"{report['total_ms_per_step']:.2f} ms/step of profiled op time")
+    print(f"  kernel (page faults, mapping): {report['kernel_ms_per_step']:.1f} ms/step of CPU, "
+          f"{report['faults_per_step']:.0f} page faults/step (unprofiled steps; inside the op "
+          "times of whichever ops first touch fresh pages)")
     print(f"  {'op class':28s} {'ms/step':>9s} {'share':>6s}")
     for row in report["classes"]:
         print(f"  {row['class']:28s} {row['ms_per_step']:9.3f} {row['share'] * 100:5.1f}%")
