@@ -97,7 +97,7 @@ def step_compiler_options(platform: str) -> dict:
 def _xla_has_option(name: str, value) -> bool:
     """Whether this jaxlib's XLA knows the compile option ``name`` (a trivial compile, once)."""
     try:
-        with jax.default_device(jax.devices("cpu")[0]):
+        with jax.default_device(jax.local_devices(backend="cpu")[0]):
             jax.jit(lambda x: x, compiler_options={name: value}).lower(np.float32(0)).compile()
     except Exception as error:  # XLA raises its own status type
         if "no such compile option" in str(error).lower():
