@@ -170,14 +170,9 @@ class _FirstStepSplit:
 
 def _step_flops(step) -> float | None:
     """XLA's count of floating-point operations in one compiled step."""
-    import jax
-
     program = step.programs[0]
-    placeholders = [n for n in program.captured.graph.graph.nodes if n.op == "placeholder"]
-    used = [jax.ShapeDtypeStruct(tuple(n.meta["val"].shape), jax.numpy.dtype(
-        str(n.meta["val"].dtype).replace("torch.", "")))
-            for n in placeholders[:len(program.captured.used_state)]]
-    analysis = program.lower(used, program.input_specs()).compile().cost_analysis()
+    analysis = program.lower(program.state_specs(), program.input_specs()).compile() \
+        .cost_analysis()
     analysis = analysis[0] if isinstance(analysis, list) else analysis
     return analysis.get("flops")
 

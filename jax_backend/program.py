@@ -233,9 +233,17 @@ class Program:
     @in_engine_scope
     def input_specs(self) -> list:
         """Shapes and dtypes of the step's (non-state) inputs, as ``jax.ShapeDtypeStruct``."""
+        return self._placeholder_specs()[len(self.captured.used_state):]
+
+    @in_engine_scope
+    def state_specs(self) -> list:
+        """Shapes and dtypes of the state the step reads (``used_state``), in its order."""
+        return self._placeholder_specs()[:len(self.captured.used_state)]
+
+    def _placeholder_specs(self) -> list:
         placeholders = [n for n in self.captured.graph.graph.nodes if n.op == "placeholder"]
         return [jax.ShapeDtypeStruct(tuple(n.meta["val"].shape), to_jax_dtype(n.meta["val"].dtype))
-                for n in placeholders[len(self.captured.used_state):]]
+                for n in placeholders]
 
     @in_engine_scope
     def lower(self, used_arrays: Sequence, inputs: Sequence, seed=0):

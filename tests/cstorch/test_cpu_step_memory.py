@@ -5,7 +5,6 @@ runs). Each must reach XLA for CPU programs only, and none may change a number: 
 buffer placement only. Their speed and memory are measured by ``benchmarks/bench_engine.py``
 (``benchmarks/cpu_results.md``); here, the smaller working memory of ``lean``."""
 
-import jax
 import jax._src.compiler as jax_compiler  # patched to see the options the step compiles with
 import pytest
 import torch
@@ -13,7 +12,7 @@ import torch
 import cerebras.pytorch as cstorch
 from jax_backend import config, host_memory
 from tests.models import TinyGPT, lm_loss
-from tests.training import squared_error_step
+from tests.training import minimizing, squared_error_step
 
 # core: the options differ between XLA versions (the compat and newest legs run it too)
 pytestmark = pytest.mark.core
@@ -77,11 +76,7 @@ def _eager_losses(steps=4):
 
 def _temp_bytes(program) -> int:
     """XLA's working memory for one run of ``program``'s step, as compiled now."""
-    placeholders = [n for n in program.captured.graph.graph.nodes if n.op == "placeholder"]
-    structs = [jax.ShapeDtypeStruct(tuple(n.meta["val"].shape),
-                                    jax.numpy.dtype(str(n.meta["val"].dtype)[len("torch."):]))
-               for n in placeholders[:len(program.captured.used_state)]]
-    compiled = program.lower(structs, program.input_specs()).compile()
+    compiled = program.lower(program.state_specs(), program.input_specs()).compile()
     return compiled.memory_analysis().temp_size_in_bytes
 
 
@@ -92,15 +87,7 @@ def _gpt_step_temp_bytes(backend) -> int:
     tokens = torch.randint(0, 128, (8, 33), generator=torch.Generator().manual_seed(0))
     compiled = cstorch.compile(model, backend)
     optimizer = cstorch.optim.AdamW(model.parameters(), lr=1e-3)
-
-    @cstorch.trace
-    def step(x, y):
-        loss = lm_loss(compiled(x), y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        return loss
-
+    step = cstorch.trace(minimizing(lambda x, y: lm_loss(compiled(x), y), optimizer))
     step(tokens[:, :-1], tokens[:, 1:]).item()
     return _temp_bytes(step.programs[0])
 

@@ -29,12 +29,6 @@ from tests.models import TinyGPT, lm_loss
 aten = torch.ops.aten
 
 
-def _state_specs(captured):
-    placeholders = [n for n in captured.graph.graph.nodes if n.op == "placeholder"]
-    return [jax.ShapeDtypeStruct(tuple(n.meta["val"].shape), dtypes.to_jax_dtype(n.meta["val"].dtype))
-            for n in placeholders[:len(captured.used_state)]]
-
-
 def _gpt_program(policy, platform, layers=2, heads=2, d=64, seq=16):
     """A forward+backward step of a small GPT, captured under ``policy``."""
     torch.manual_seed(0)
@@ -53,7 +47,7 @@ def _gpt_program(policy, platform, layers=2, heads=2, d=64, seq=16):
 
 
 def _lowered_text(program, platforms=None):
-    donated, kept = program.split_state(_state_specs(program.captured))
+    donated, kept = program.split_state(program.state_specs())
     traced = program._jitted.trace(donated, kept, program.input_specs(), np.int64(0))
     if platforms is None:
         return traced.lower().as_text()
