@@ -58,8 +58,8 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _run(cache_dir, tmp_path, width, batch, scale):
-    env = dict(os.environ, CSTORCH_COMPILATION_CACHE=str(cache_dir),
+def _run(cache_dir, tmp_path, width, batch, scale, **env_vars):
+    env = dict(os.environ, CSTORCH_COMPILATION_CACHE=str(cache_dir), **env_vars,
                PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "compat"),
                                            os.environ.get("PYTHONPATH", "")]))
     script = tmp_path / "script.py"
@@ -88,6 +88,20 @@ def test_second_run_compiles_nothing_and_changes_miss(tmp_path):
     assert _run(cache, tmp_path, width=16, batch=4, scale=2)["misses"] >= 1      # step function
     assert _run(cache, tmp_path, width=24, batch=4, scale=1)["misses"] >= 1      # model
     assert _run(cache, tmp_path, width=16, batch=6, scale=1)["misses"] >= 1      # input shape
+
+
+def test_a_changed_cpu_step_memory_compiles_afresh(tmp_path):
+    """The layout's XLA options are part of the cache key: a process with another
+    CSTORCH_CPU_STEP_MEMORY never runs the program another choice compiled."""
+    cache = tmp_path / "cache"
+    lean = _run(cache, tmp_path, 16, 4, 1, CSTORCH_CPU_STEP_MEMORY="lean")
+    assert lean["misses"] >= 1 and lean["hits"] == 0
+    for choice in ("xla", "reuse"):
+        other = _run(cache, tmp_path, 16, 4, 1, CSTORCH_CPU_STEP_MEMORY=choice)
+        assert other["misses"] >= 1, choice  # the step compiled again, under its own key
+        assert other["loss"] == lean["loss"]
+    again = _run(cache, tmp_path, 16, 4, 1, CSTORCH_CPU_STEP_MEMORY="lean")
+    assert again["misses"] == 0 and again["hits"] >= 1
 
 
 def test_cache_can_be_switched_off(tmp_path, monkeypatch):
