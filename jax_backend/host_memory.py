@@ -21,7 +21,9 @@ working memory, and as many fewer faults, at the same speed on the benchmarks he
 ``reuse`` asks XLA for heaps under glibc's ceiling (``xla_multiheap_size_constraint_per_heap``),
 which malloc keeps for the next run, but in the arena of the thread that freed them, and XLA
 runs steps on more than one thread: up to a copy per thread stays resident, so it is not the
-default (``benchmarks/cpu_results.md``).
+default (``benchmarks/cpu_results.md``). XLA cannot serialize an executable with more than one
+temp heap, so a ``reuse`` step is never written to the persistent compilation cache
+(``cacheable``): JAX would warn on every compile that the write failed.
 """
 
 from __future__ import annotations
@@ -44,10 +46,11 @@ STEP_HEAP_BYTES = 31 << 20
 # bool, which newer XLA still accepts as a compile option but ignores.
 _MEMORY_SCHEDULE = ("xla_cpu_scheduler_type", "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED")
 _MEMORY_SCHEDULE_BEFORE = ("xla_cpu_enable_concurrency_optimized_scheduler", False)
+_HEAPS_OPTION = "xla_multiheap_size_constraint_per_heap"
 STEP_MEMORY = {
     "lean": dict([_MEMORY_SCHEDULE]),
     "xla": {},
-    "reuse": {"xla_multiheap_size_constraint_per_heap": STEP_HEAP_BYTES},
+    "reuse": {_HEAPS_OPTION: STEP_HEAP_BYTES},
 }
 
 # A trim takes ~10-60 ms on a GPT-2-small run; smaller frees are not worth it.
@@ -91,6 +94,13 @@ def step_compiler_options(platform: str) -> dict:
     if choice == "lean" and not _xla_has_option(*_MEMORY_SCHEDULE):
         return dict([_MEMORY_SCHEDULE_BEFORE])
     return dict(STEP_MEMORY[choice])
+
+
+def cacheable(options: dict) -> bool:
+    """Whether a step compiled with ``options`` may go to JAX's persistent compilation cache.
+    Not with XLA's per-heap limit: a step whose temporaries exceed it gets several temp heaps,
+    and XLA's CPU executable then refuses to serialize ("Multiple temp buffer allocations")."""
+    return _HEAPS_OPTION not in options
 
 
 @functools.lru_cache(maxsize=None)

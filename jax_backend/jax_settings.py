@@ -61,6 +61,19 @@ def engine_scope():
             yield
 
 
+@contextlib.contextmanager
+def no_cache_writes():
+    """Programs compiled in the block are not written to JAX's persistent compilation cache
+    (they may still be read from it), on this thread only; for executables XLA cannot
+    serialize (``host_memory.cacheable``)."""
+    if not _CACHE_THRESHOLDS:
+        yield
+        return
+    min_compile_time, _ = _CACHE_THRESHOLDS[0]
+    with min_compile_time(float("inf")):  # no compile takes that long: nothing is written
+        yield
+
+
 def in_engine_scope(function):
     """Decorates ``function`` to run inside ``engine_scope()``."""
     @functools.wraps(function)

@@ -30,6 +30,7 @@ from jax_backend.dtypes import to_jax_dtype
 from jax_backend.errors import LoweringError, StepFailedError
 from jax_backend import config
 from jax_backend.interpreter import GraphInterpreter
+from jax_backend import jax_settings
 from jax_backend.jax_settings import in_engine_scope
 from jax_backend.mesh import Layout
 from jax_backend.ops import attention
@@ -102,6 +103,8 @@ class Program:
         self._compiled_ahead = False  # see _call_jitted
         # How a CPU step's working memory is laid out (cpu_step_memory); nothing elsewhere.
         options = host_memory.step_compiler_options(self.target.platform)
+        self._cache_writes = (contextlib.nullcontext if host_memory.cacheable(options)
+                              else jax_settings.no_cache_writes)
         return jax.jit(pure_step, donate_argnums=(0,), compiler_options=options or None,
                        **self._shardings())
 
@@ -164,7 +167,8 @@ class Program:
         resident through the first run, whose peak it raised by ~110 MiB of ~860 on
         ``bench_engine``'s transformer."""
         if not self._compiled_ahead:
-            self._jitted.lower(*args).compile()
+            with self._cache_writes():
+                self._jitted.lower(*args).compile()
             host_memory.trim()
             self._compiled_ahead = True
         return self._jitted(*args)
@@ -262,7 +266,8 @@ class Program:
 
     @in_engine_scope
     def cost_analysis(self, used_arrays: Sequence, inputs: Sequence, seed=0):
-        return self.lower(used_arrays, inputs, seed).compile().cost_analysis()
+        with self._cache_writes():
+            return self.lower(used_arrays, inputs, seed).compile().cost_analysis()
 
 
 def _first_line(error: BaseException) -> str:
