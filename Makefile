@@ -139,7 +139,7 @@ gpu-check:
 BENCH_ROUNDS ?= 3
 bench: .venv
 	mkdir -p artifacts
-	$(PY) benchmarks/bench_engine.py --rounds $(BENCH_ROUNDS) --precision fp32,bf16 --step-memory xla,reuse --depth-sweep --interference --json artifacts/bench_engine.json
+	$(PY) benchmarks/bench_engine.py --rounds $(BENCH_ROUNDS) --precision fp32,bf16 --step-memory xla,reuse --executor-runs --depth-sweep --interference --json artifacts/bench_engine.json
 
 # The GPU benchmark (benchmarks/bench_gpu.py) runs from the source tree with GPU_PYTHON (above:
 # a GPU machine's own torch and JAX; no venv, nothing installed).

@@ -22,10 +22,13 @@ own part of it (peak less the RSS after imports). Each workload also gets a floo
 in windows with one synchronisation at the end (dispatch is asynchronous); eager torch is
 synchronous. The table gives, per runner, the median over rounds with the min-max range and the
 ratio of medians to eager torch. `--depth-sweep` measures cstorch's first step at 2/4/8/12
-blocks of the transformer and fits the per-block cost. `--json PATH` writes everything.
+blocks of the transformer and fits the per-block cost. `--executor-runs` times whole training
+runs as a script makes them (cstorch through a `DataExecutor`, its end of run included; eager
+torch the same loop): 10-step runs and a long run, per step. `--json PATH` writes everything.
 
     python benchmarks/bench_engine.py [--only mlp,transformer,gpt2-small] [--rounds 3]
-        [--steps 20] [--precision fp32,bf16] [--no-compile] [--depth-sweep] [--interference]
+        [--steps 20] [--precision fp32,bf16] [--no-compile] [--executor-runs] [--depth-sweep]
+        [--interference]
         [--json out.json]
 """
 
@@ -219,6 +222,85 @@ def run_cstorch(name, steps, precision="fp32", window=None, layers=None):
     return result
 
 
+# Executor runs (``--executor-runs``): the way a cstorch script trains, a ``DataExecutor`` run
+# over a data loader, timed whole (the end of the run, which brings the state back, included).
+RUN_STEPS = 10      # a short run, as the issue's independent harness timed them
+LONG_RUN_STEPS = {"mlp": 100, "transformer": 30}
+SHORT_RUNS = 5      # short runs per process, after one run that compiles
+
+
+def run_executor_runs(engine, name):
+    """Per-step time of whole runs, in one process: ``SHORT_RUNS`` runs of ``RUN_STEPS`` steps
+    (the median) and one long run, each from its first batch to its last loss read back
+    (``.item()``). cstorch runs go through ``DataExecutor`` (so its end of run is inside the
+    time); eager torch runs the same loop over the same batches. The first run (compile, warm
+    up) is reported apart."""
+    import torch
+
+    model, batch, loss_fn, kind = _workload(name)
+    if engine == "cstorch":
+        import cerebras.pytorch as cstorch
+
+        compiled = cstorch.compile(model, cstorch.backend("CPU", artifact_dir="/tmp/cstorch_bench"))
+        step = cstorch.trace(training_step(compiled, loss_fn,
+                                           _optimizer(cstorch.optim, kind, model)))
+
+        def batches(n):
+            return cstorch.utils.data.DataExecutor(
+                cstorch.utils.data.DataLoader(lambda: [batch] * n), num_steps=n)
+    else:
+        step = training_step(model, loss_fn, _optimizer(torch.optim, kind, model))
+
+        def batches(n):
+            return [batch] * n
+
+    def timed_run(n):
+        t0 = time.perf_counter()
+        loss = None
+        for x, y in batches(n):
+            loss = step(x, y)
+        loss.item()
+        return (time.perf_counter() - t0) / n
+
+    first = timed_run(RUN_STEPS)
+    short = [timed_run(RUN_STEPS) for _ in range(SHORT_RUNS)]
+    long = timed_run(LONG_RUN_STEPS[name])
+    return {"first_run_per_step": first, "short_run_per_step": statistics.median(short),
+            "short_runs": short, "long_run_per_step": long}
+
+
+def executor_runs(args):
+    """Eager torch and cstorch in whole runs, alternately, each round in fresh processes;
+    prints the table and returns {workload: {engine: [results]}}."""
+    results = {}
+    for name in [n for n in args.only.split(",") if n in LONG_RUN_STEPS]:
+        results[name] = {"eager": [], "cstorch": []}
+        for r in range(args.rounds):
+            for engine in ("eager", "cstorch"):
+                print(f"  round {r + 1}/{args.rounds}: {name} {engine}, executor runs",
+                      file=sys.stderr, flush=True)
+                results[name][engine].append(_measure(f"runs-{engine}", name, 0))
+    print(f"\n{'executor runs':14s} {'engine':8s} {f'{RUN_STEPS}-step runs ms/step (min-max)':>33s}"
+          f" {'vs eager':>8s} {'long run ms/step':>16s} {'vs eager':>8s} {'first run ms/step':>17s}")
+    for name, per_engine in results.items():
+        eager_short = _summary([r and r["short_run_per_step"] for r in per_engine["eager"]])
+        eager_long = _summary([r and r["long_run_per_step"] for r in per_engine["eager"]])
+        for engine, runs in per_engine.items():
+            short = _summary([r and r["short_run_per_step"] for r in runs])
+            long = _summary([r and r["long_run_per_step"] for r in runs])
+            first = _summary([r and r["first_run_per_step"] for r in runs])
+            if not (short and long and first):
+                print(f"{name:14s} {engine:8s} failed")
+                continue
+            spread = (f"{short['median'] * 1e3:.1f} ({short['min'] * 1e3:.1f}-"
+                      f"{short['max'] * 1e3:.1f})")
+            print(f"{name:14s} {engine:8s} {spread:>33s}"
+                  f" {short['median'] / eager_short['median']:8.2f}"
+                  f" {long['median'] * 1e3:16.1f} {long['median'] / eager_long['median']:8.2f}"
+                  f" {first['median'] * 1e3:17.1f}")
+    return results
+
+
 def _rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -318,6 +400,9 @@ def _child(spec):
         return
     if engine == "interference":
         print("RESULT " + json.dumps(run_interference(name)))
+        return
+    if engine.startswith("runs-"):
+        print("RESULT " + json.dumps(run_executor_runs(engine[len("runs-"):], name)))
         return
     if engine == "eager":
         result = run_eager(name, steps, layers=layers)
@@ -537,6 +622,9 @@ def main():
     parser.add_argument("--step-memory", default="",
                         help="also cstorch fp32 with these CSTORCH_CPU_STEP_MEMORY choices, "
                              "e.g. xla,reuse (the fp32 row has the default, lean)")
+    parser.add_argument("--executor-runs", action="store_true",
+                        help=f"also time whole {RUN_STEPS}-step and long DataExecutor runs "
+                             "(mlp, transformer)")
     parser.add_argument("--depth-sweep", action="store_true")
     parser.add_argument("--interference", action="store_true",
                         help="eager torch's speed in a process where JAX runs")
@@ -556,6 +644,8 @@ def main():
         report["workloads"] = bench_workloads(args)
         print_table(report["workloads"], report["matmul_gflops"])
         report["warm_starts"] = warm_starts(args)
+    if args.executor_runs:
+        report["executor_runs"] = executor_runs(args)
     if args.depth_sweep:
         report["depth_sweep"] = depth_sweep(args)
     if args.interference:
