@@ -57,6 +57,21 @@ _DROPPED_TARGETS = {
 }
 
 
+def _core_aten_table() -> dict:
+    """torch's core-ATen decompositions without the entries for CompositeImplicitAutograd ops.
+
+    ``core_aten_decompositions()`` (torch.export's table) adds an ``op.decompose`` entry for
+    every CIA op, ~500 of them, found by walking the dispatcher: 0.1-0.2 s per process, the
+    largest fixed cost of a first capture. ``make_fx`` below autograd does not need them: a
+    CIA op is decomposed by its autograd kernel before it is traced, and one that still
+    reaches the tracer (inside another decomposition) is decomposed by the tracer's own
+    fallback, ``op.decompose``, which is what those entries call. The smaller table is that
+    of the same function before the CIA entries are added (checked in
+    ``tests/jax_backend/test_core_decompositions.py``)."""
+    post_autograd = getattr(torch._decomp, "_core_aten_decompositions_post_autograd", None)
+    return dict(post_autograd() if post_autograd is not None else core_aten_decompositions())
+
+
 @functools.lru_cache(maxsize=1)
 def core_decompositions() -> dict:
     """Core-ATen decompositions plus the batch-norm family, less CPU flash attention.
@@ -67,7 +82,7 @@ def core_decompositions() -> dict:
     """
     from torch._decomp import decomposition_table
 
-    table = dict(core_aten_decompositions())
+    table = _core_aten_table()
     for op in (aten.native_batch_norm.default, aten._native_batch_norm_legit.default,
                aten._native_batch_norm_legit.no_stats,
                aten._native_batch_norm_legit_functional.default,
