@@ -19,6 +19,23 @@ def minimizing(loss_of, optimizer):
     return step
 
 
+def descending(loss_of, parameters, lr=0.1):
+    """step(*inputs): the loss ``loss_of(*inputs)``, its backward, and plain gradient descent
+    in place on the tensors ``parameters()`` gives (their grads cleared after); returns the
+    loss. No optimizer object: for steps captured below cstorch (``capture_step``)."""
+
+    def step(*inputs):
+        loss = loss_of(*inputs)
+        loss.backward()
+        with torch.no_grad():
+            for p in parameters():
+                p.sub_(lr * p.grad)
+                p.grad = None
+        return loss
+
+    return step
+
+
 def squared_error_step(forward, optimizer):
     """step(x, y) training ``forward`` (a module, compiled or eager) with ``optimizer``."""
     return minimizing(lambda x, y: (forward(x) - y).pow(2).mean(), optimizer)

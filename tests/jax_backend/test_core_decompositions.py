@@ -16,6 +16,7 @@ from torch._decomp import core_aten_decompositions
 
 import jax_backend.capture as capture
 from jax_backend import Program, Slot, capture_step, dtypes
+from tests.training import descending
 
 pytestmark = pytest.mark.core  # the CIA set changes with torch: every leg runs it
 
@@ -63,15 +64,7 @@ def _slots(model):
 
 
 def _sgd(model):
-    def step(x, y):
-        loss = model(x, y)
-        loss.backward()
-        with torch.no_grad():
-            for p in model.parameters():
-                p.sub_(0.1 * p.grad)
-                p.grad = None
-        return loss
-    return step
+    return descending(model, model.parameters)
 
 
 def _cia_entries() -> dict:

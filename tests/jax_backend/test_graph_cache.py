@@ -25,6 +25,7 @@ from jax_backend import Program, Slot, capture_step, dtypes, graph_cache, torch_
 from jax_backend.graph_cache import codec, fingerprint, sources, storage
 from jax_backend.graph_cache.fingerprint import Fingerprinter, NotCacheable
 from tests.graph_cache_entries import first_node as _first, rewrite_entry, rewrite_payload
+from tests.training import descending
 
 KEY = "ab" * 32
 
@@ -436,15 +437,9 @@ def _doubling():
     torch.manual_seed(0)
     state = {"w": torch.randn(3, 4, requires_grad=True), "b": torch.zeros(3, requires_grad=True)}
 
-    def step(x, y):
-        loss = torch.nn.functional.linear(x, state["w"], state["b"]).square().mean() * 2.0
-        loss.backward()
-        with torch.no_grad():
-            for p in state.values():
-                p.sub_(0.1 * p.grad)
-                p.grad = None
-        return loss
-
+    step = descending(
+        lambda x, y: torch.nn.functional.linear(x, state["w"], state["b"]).square().mean() * 2.0,
+        state.values)
     slots = [Slot(state, "w", "w"), Slot(state, "b", "b")]
     x, y = torch.randn(5, 4), torch.tensor([0, 2, 1, 1, 0])
     return capture_step(step, slots, [x, y]), state, (x, y)
