@@ -235,20 +235,18 @@ def run_executor_runs(engine, name):
     (``.item()``). cstorch runs go through ``DataExecutor`` (so its end of run is inside the
     time); eager torch runs the same loop over the same batches. The first run (compile, warm
     up) is reported apart."""
-    import torch
-
-    model, batch, loss_fn, kind = _workload(name)
     if engine == "cstorch":
         import cerebras.pytorch as cstorch
 
-        compiled = cstorch.compile(model, cstorch.backend("CPU", artifact_dir="/tmp/cstorch_bench"))
-        step = cstorch.trace(training_step(compiled, loss_fn,
-                                           _optimizer(cstorch.optim, kind, model)))
+        step, batch = _cstorch_step(name)
 
         def batches(n):
             return cstorch.utils.data.DataExecutor(
                 cstorch.utils.data.DataLoader(lambda: [batch] * n), num_steps=n)
     else:
+        import torch
+
+        model, batch, loss_fn, kind = _workload(name)
         step = training_step(model, loss_fn, _optimizer(torch.optim, kind, model))
 
         def batches(n):
@@ -294,10 +292,10 @@ def executor_runs(args):
                 continue
             spread = (f"{short['median'] * 1e3:.1f} ({short['min'] * 1e3:.1f}-"
                       f"{short['max'] * 1e3:.1f})")
-            print(f"{name:14s} {engine:8s} {spread:>33s}"
-                  f" {short['median'] / eager_short['median']:8.2f}"
-                  f" {long['median'] * 1e3:16.1f} {long['median'] / eager_long['median']:8.2f}"
-                  f" {first['median'] * 1e3:17.1f}")
+            short_ratio = short["median"] / eager_short["median"] if eager_short else float("nan")
+            long_ratio = long["median"] / eager_long["median"] if eager_long else float("nan")
+            print(f"{name:14s} {engine:8s} {spread:>33s} {short_ratio:8.2f}"
+                  f" {long['median'] * 1e3:16.1f} {long_ratio:8.2f} {first['median'] * 1e3:17.1f}")
     return results
 
 

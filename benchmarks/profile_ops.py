@@ -221,7 +221,7 @@ def profile_cstorch(workload, precision, steps, top):
         loss = run()
     wait(loss)
     unprofiled = (time.perf_counter() - t0) / steps
-    kernel = _kernel_per_step(usage, steps)
+    kernel = usage.per_step(steps)
     trace_dir = tempfile.mkdtemp(prefix="cstorch_trace_")
     with jax.profiler.trace(trace_dir):
         for _ in range(steps):
@@ -314,7 +314,7 @@ def profile_eager(workload, precision, steps, top):
     for _ in range(steps):
         step().item()
     wall = (time.perf_counter() - t0) / steps
-    kernel = _kernel_per_step(usage, steps)
+    kernel = usage.per_step(steps)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     with profile(activities=activities) as prof:
         for _ in range(steps):
@@ -341,24 +341,19 @@ def profile_eager(workload, precision, steps, top):
 
 
 def _kernel_usage():
-    import resource
+    """Page faults and kernel CPU time from here on (``per_step(steps)``): the cost of memory
+    mapped afresh, which the op profile spreads over whichever op first touches a page
+    (cpu_results.md); bench_engine.py measures it the same way."""
+    from bench_engine import _KernelUsage
 
-    return resource.getrusage(resource.RUSAGE_SELF)
-
-
-def _kernel_per_step(start, steps) -> dict:
-    """Page faults and kernel CPU time per unprofiled step: the cost of memory mapped afresh,
-    which the op profile spreads over whichever op first touches a page (cpu_results.md)."""
-    end = _kernel_usage()
-    return {"faults_per_step": (end.ru_minflt - start.ru_minflt) / steps,
-            "kernel_ms_per_step": (end.ru_stime - start.ru_stime) * 1e3 / steps}
+    return _KernelUsage()
 
 
 def print_report(report):
     print(f"{report['engine']} on {report['platform']} {report.get('device', '')}: "
           f"{report['wall_ms_per_step']:.2f} ms/step unprofiled, "
           f"{report['total_ms_per_step']:.2f} ms/step of profiled op time")
-    print(f"  kernel (page faults, mapping): {report['kernel_ms_per_step']:.1f} ms/step of CPU, "
+    print(f"  kernel (page faults, mapping): {report['sys_ms_per_step']:.1f} ms/step of CPU, "
           f"{report['faults_per_step']:.0f} page faults/step (unprofiled steps; inside the op "
           "times of whichever ops first touch fresh pages)")
     print(f"  {'op class':28s} {'ms/step':>9s} {'share':>6s}")
