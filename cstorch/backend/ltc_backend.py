@@ -1,8 +1,10 @@
 """The CSX backend: a modeled Cerebras wafer on JAX devices.
 
 The wafer's programming model is kept: the step is compiled once and may never change
-(a new input signature raises instead of recompiling) and training always runs in mixed
-precision. ``cluster_config.num_csx`` systems become the data-parallel axis of a
+(a new input signature raises instead of recompiling) and training runs in mixed precision
+by default (float16, the reference's default half dtype): ``cstorch.amp.set_half_dtype``
+chooses another, ``cstorch.amp.enable_mixed_precision(False)`` float32, called before or
+after the backend is created (``cstorch.backend.precision``). ``cluster_config.num_csx`` systems become the data-parallel axis of a
 ``(csx, ws)`` device mesh, and weight servers (``max_wgt_servers > 0``) shard parameters and
 optimizer state over it (see ``jax_backend.mesh``). With ``cluster_config.distributed`` (or
 the environment, see ``cstorch.distributed.runtime``) the backend first joins a multi-process
@@ -82,7 +84,7 @@ class PyTorchLtcBackendImpl(BaseBackend):
                                        shard_state=weight_servers > 0)
         super().__init__(backend_type, LazyDevice(), artifact_dir or "./cerebras_logs",
                          jax_devices=devices, layout=layout)
-        precision.enable_mixed_precision(True)
+        precision.set_backend_default(True)  # unless the user chose (before or after)
         self.cluster = ClusterManager(cluster_config)
         self.appliance = None  # set by the first run: the (local) appliance of this run
         self.appliance_tracker.stop("Initialization")
@@ -104,6 +106,10 @@ class PyTorchLtcBackendImpl(BaseBackend):
     @property
     def is_e2e_execution(self) -> bool:
         return not (self.compile_only or self.validate_only)
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        precision.set_backend_default(False)
 
     @property
     def num_csx(self) -> int:

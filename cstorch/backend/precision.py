@@ -1,6 +1,11 @@
 """The process-wide half-precision setting (``cstorch.amp.set_half_dtype``,
 ``mixed_precision``, ...) and the engine policy it implies (``current_policy``).
 
+Whether a run is in mixed precision is the user's choice where the user made one
+(``enable_mixed_precision``, ``set_half_dtype``), before or after the backend is created;
+otherwise the backend's default: off, except on CSX (the wafer trains in mixed precision, in
+float16 unless another half dtype is set), which says so with ``set_backend_default``.
+
 It lives with the backend, which reads it to compile each step, rather than in ``cstorch.amp``,
 which builds on the backend: a leaf module keeps the imports flowing one way."""
 
@@ -21,24 +26,35 @@ _HALF_DTYPES = {
 
 class _AmpState:
     half_dtype_str = "float16"
-    mixed_precision = False
+    mixed_precision = None  # the user's choice; None: none made, the backend's default holds
+    backend_default = False  # the current backend's default (CSX: on)
 
 
 def amp_settings() -> list:
     """``[half dtype name, mixed precision on]``: the process-wide settings a step reads."""
-    return [_AmpState.half_dtype_str, _AmpState.mixed_precision]
+    return [_AmpState.half_dtype_str, mixed_precision()]
 
 
 def _reset() -> None:
     _AmpState.half_dtype_str = "float16"
-    _AmpState.mixed_precision = False
+    _AmpState.mixed_precision = None
+    _AmpState.backend_default = False
 
 
 config.config.on_reset(_reset)
 
 
 def mixed_precision() -> bool:
+    """Whether steps run in mixed precision: the user's choice, else the backend's default."""
+    if _AmpState.mixed_precision is None:
+        return _AmpState.backend_default
     return _AmpState.mixed_precision
+
+
+def set_backend_default(mixed: bool) -> None:
+    """The backend's default, which holds unless the user chose (before or after the backend
+    was created): the CSX backend sets True while it lives, False when torn down."""
+    _AmpState.backend_default = bool(mixed)
 
 
 def enable_mixed_precision(enable: bool = True) -> bool:
@@ -67,7 +83,8 @@ def set_half_dtype(value) -> torch.dtype:
 
 def use_bfloat16(use: bool) -> torch.dtype:
     """The 2.0 spelling of choosing the half dtype: bfloat16 when ``use``, else float16.
-    Unlike ``set_half_dtype`` it leaves mixed precision on or off as it was."""
+    Unlike ``set_half_dtype`` it leaves mixed precision on or off as it was (or to the
+    backend's default, when no choice was made)."""
     if not isinstance(use, bool):
         raise ValueError(f"use_bfloat16 expects a bool, got {use!r}.")
     was_mixed = _AmpState.mixed_precision
