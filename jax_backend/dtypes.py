@@ -43,6 +43,12 @@ TORCH_TO_JAX = {
     torch.complex128: jnp.complex128,
 }
 JAX_TO_TORCH = {np.dtype(v): k for k, v in TORCH_TO_JAX.items()}
+# The numpy dtypes, converted once here: ``np.dtype(jnp.float32)`` calls a Python property
+# of JAX's scalar types (``__numpy_dtype__``), and numpy loses or garbles an exception raised
+# inside it, so a Ctrl-C landing there came out as a SystemError, or not at all. A step's
+# uploads convert every input's and state tensor's dtype, so the lookups stay in C.
+_NUMPY_DTYPES = {k: np.dtype(v) for k, v in TORCH_TO_JAX.items()}
+_BY_SCALAR_TYPE = {v: k for k, v in TORCH_TO_JAX.items()}
 
 
 class UnsupportedDtypeError(CstorchError, TypeError):
@@ -51,7 +57,7 @@ class UnsupportedDtypeError(CstorchError, TypeError):
 
 def to_jax_dtype(dtype: torch.dtype) -> np.dtype:
     try:
-        return np.dtype(TORCH_TO_JAX[dtype])
+        return _NUMPY_DTYPES[dtype]
     except KeyError:
         raise UnsupportedDtypeError(
             f"torch dtype {dtype} has no JAX equivalent; supported dtypes are "
@@ -61,6 +67,10 @@ def to_jax_dtype(dtype: torch.dtype) -> np.dtype:
 
 def to_torch_dtype(dtype) -> torch.dtype:
     try:
+        if isinstance(dtype, np.dtype):
+            return JAX_TO_TORCH[dtype]
+        if dtype in _BY_SCALAR_TYPE:  # jnp.float32 and the like (see _NUMPY_DTYPES)
+            return _BY_SCALAR_TYPE[dtype]
         return JAX_TO_TORCH[np.dtype(dtype)]
     except KeyError:
         raise UnsupportedDtypeError(f"JAX dtype {dtype} has no torch equivalent.") from None
@@ -224,6 +234,9 @@ def _operand_kind(x):
         return ("wrapped", torch.get_default_dtype())
     if isinstance(x, complex):
         return ("wrapped", torch.complex64)
+    if getattr(getattr(x, "aval", None), "weak_type", False) and np.ndim(x) == 0:
+        # A step's runtime scalar (jax_backend.scalars): a Python number, traced weakly typed
+        return _operand_kind({"b": False, "i": 0, "u": 0, "f": 0.0, "c": 0j}[x.dtype.kind])
     dtype = to_torch_dtype(x.dtype)
     return ("dim" if np.ndim(x) > 0 else "zero", dtype)
 

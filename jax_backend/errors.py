@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import reprlib
+
 
 class CstorchError(Exception):
     """The root of every error the engine (``jax_backend``) and the API (``cstorch``) raise.
@@ -91,3 +93,34 @@ class RecompilationError(CstorchError, RuntimeError):
 
 class StepFailedError(JaxBackendError):
     """A compiled step failed while it ran; the message says what became of the state."""
+
+
+def interrupt_behind(error: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C a ``SystemError`` stands for, or None.
+
+    When the interrupt lands in Python code that C code called (a property numpy reads, a
+    callback), some C code reports "... returned a result with an exception set", a
+    SystemError whose cause is the KeyboardInterrupt. A step's entry points re-raise that
+    interrupt (``raise interrupt from None``), so the user's ``except KeyboardInterrupt`` runs."""
+    seen = 0
+    while isinstance(error, SystemError) and seen < 8:
+        error, seen = error.__cause__ or error.__context__, seen + 1
+        if isinstance(error, KeyboardInterrupt):
+            return error
+    return None
+
+
+def quoted(value, limit: int = 60) -> str:
+    """``repr`` of a value from an untrusted file (a checkpoint, an export's manifest, a
+    config), kept to about ``limit`` characters, so a message quoting it stays short whatever
+    the file holds: ``'abcabc...' (50000000 characters)``; lists and dicts are abbreviated as
+    ``reprlib`` does."""
+    if isinstance(value, str):
+        if len(value) <= limit:
+            return repr(value)
+        return f"{value[:limit]!r}... ({len(value)} characters)"
+    short = reprlib.Repr()
+    short.maxstring = short.maxother = limit
+    short.maxlevel, short.maxlist, short.maxdict = 3, 6, 6
+    text = short.repr(value)
+    return text if len(text) <= 2 * limit else text[:2 * limit] + "..."

@@ -8,8 +8,11 @@ training run without the fault, or the same edit made through ``load_state_dict`
 
 from __future__ import annotations
 
+import _thread
 import copy
+import gc
 import json
+import math
 import os
 import signal
 import subprocess
@@ -166,6 +169,102 @@ def test_keyboard_interrupt_raised_inside_dispatch_leaves_readable_state(monkeyp
         optimizer.state_dict()
 
     _run(interrupted, steps_before=3, steps_after=2)
+
+
+def _interrupted_at_call(step, x, k) -> tuple:
+    """``step(x)`` with Ctrl-C arriving at the ``k``-th Python function call inside it (as
+    the signal does: the main thread's handler runs at its next check). Returns what the
+    caller saw: "interrupt" (its handler ran), "unraisable" (Python itself dropped it, in a
+    finalizer: eager torch too), "none" (the step had fewer calls) or the error's repr; and
+    the number of calls made."""
+    calls, dropped = [0], []
+
+    def tracer(frame, event, arg):
+        calls[0] += 1
+        if calls[0] == k:
+            _thread.interrupt_main()
+
+    previous_trace, previous_hook = sys.gettrace(), sys.unraisablehook
+    sys.unraisablehook = lambda info: dropped.append(info.exc_type)
+    try:
+        sys.settrace(tracer)
+        step(x)
+        sys.settrace(previous_trace)
+        outcome = "none"
+    except KeyboardInterrupt:
+        outcome = "interrupt"
+    except Exception as error:  # noqa: BLE001 - the outcome under test
+        outcome = repr(error)[:300]
+    finally:
+        sys.settrace(previous_trace)
+        sys.unraisablehook = previous_hook
+    if outcome == "none" and KeyboardInterrupt in dropped:
+        outcome = "unraisable"
+    return outcome, calls[0]
+
+
+@pytest.mark.slow  # (about 5 s of CPU: hundreds of traced steps and two compilations)
+def test_ctrl_c_at_every_call_of_a_step_reaches_the_handler_and_the_state_stays_whole():
+    """Ctrl-C at each Python call of a step that uploads state (issue 49, item 7): the
+    user's ``except KeyboardInterrupt`` always runs (it used to get a SystemError from
+    numpy's dtype conversion in the upload, or nothing at all), and the state is that of a
+    run without interrupts with as many steps as the interrupted ones counted."""
+    outcomes = {}
+
+    def interrupt_everywhere(model, optimizer, step):
+        gc.disable()  # no finalizer runs inside a step: each call index is the same point
+        try:
+            with torch.no_grad():
+                model.weight.add_(0.0)  # edited on the torch side: uploaded by the step
+            _, calls = _interrupted_at_call(step, XS[3], 0)  # how many calls a step makes
+            for k in range(1, calls + 1):
+                with torch.no_grad():
+                    model.weight.add_(0.0)
+                outcomes[k] = _interrupted_at_call(step, XS[3], k)[0]
+        finally:
+            gc.enable()
+
+    state, optimizer_state, _ = _run(interrupt_everywhere, steps_after=1)
+    assert len(outcomes) > 100  # (a step makes hundreds of calls: the sweep did run)
+    wrong = {k: v for k, v in outcomes.items() if v not in ("interrupt", "unraisable")}
+    assert not wrong, f"Ctrl-C did not reach the handler at calls {wrong}"
+    powers = {float(s["beta1_power"]) for s in optimizer_state["state"].values()}
+    assert len(powers) == 1  # every parameter's state went through the same steps
+    steps = round(math.log(powers.pop()) / math.log(0.9)) - 1
+    counted = steps - 3 - 1  # in the sweep: all but the 3 steps before and the one after
+
+    def clean(model, optimizer, step):
+        for _ in range(counted):
+            step(XS[3])
+
+    reference = _run(clean, steps_after=1)
+    for key in state:
+        torch.testing.assert_close(state[key], reference[0][key], rtol=0, atol=0)
+
+
+def test_an_interrupt_reported_as_a_system_error_in_the_upload_is_a_keyboard_interrupt(
+        monkeypatch):
+    """C code that called Python when Ctrl-C landed reports a SystemError with the interrupt
+    as its cause; the upload re-raises the interrupt, and the state is as before the step."""
+    import jax_backend.state
+
+    def interrupted(model, optimizer, step):
+        def c_code_reporting(*args, **kwargs):
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt as interrupt:
+                raise SystemError("<function f> returned a result with an exception set") \
+                    from interrupt
+
+        with torch.no_grad():
+            model.weight.add_(0.0)  # uploaded by the next step
+        for name in ("tensor_to_array", "state_to_host"):
+            monkeypatch.setattr(jax_backend.state, name, c_code_reporting)
+        with pytest.raises(KeyboardInterrupt):
+            step(XS[3])
+        monkeypatch.undo()
+
+    _assert_same(_run(interrupted), _run())
 
 
 # ------------------------------------------------------------------ execution errors
