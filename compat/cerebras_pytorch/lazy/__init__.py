@@ -19,5 +19,8 @@ state the runner saved, and hands back each step's loss. Modules:
 * ``api``: the top-level names (``initialize``, ``module``, ``optimizer``, ``dataloader``,
   ``state``, ``env``, ``Session``, ...);
 * ``appliance``: ``cbtorch.core.appliance.ApplianceMode``;
-* ``_run``: the one per-process record of the 1.x run these share.
+* ``_run``: the one per-process record of the 1.x run these share;
+* ``xla_pieces``: the two PyTorch/XLA pieces the 1.6 zoo imports on a CS system
+  (``torch_xla.utils.utils.SampleGenerator``, ``torch_xla._XLAC._xla_set_parameter_name``),
+  importable only from ``initialize(appliance=True)`` until the run is reset.
 """

@@ -77,6 +77,11 @@ def initialize(service_workdir=".", compile_dir=None, compile_only=False, applia
     _env.compile_dir = compile_dir
     get_or_create("CSX", artifact_dir=f"{service_workdir}/cerebras_logs",
                   compile_dir=compile_dir or "cached_compile")
+    # 1.6's zoo imports two pieces of PyTorch/XLA on a CS system: importable from now on,
+    # until the run is reset (see xla_pieces: never visible outside a 1.x appliance run)
+    from cerebras_pytorch.lazy import xla_pieces
+
+    xla_pieces.serve()
 
 
 def module(model: torch.nn.Module, device=None) -> torch.nn.Module:
