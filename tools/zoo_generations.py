@@ -309,10 +309,20 @@ def cli_18(run_py: str, device: str, mode: str, params: str, model_dir: str,
            checkpoint: str | None) -> list[str]:
     """1.8: as 2.x, but CSX also names the execution strategy (``CSX weight_streaming``), and
     runs with ``python -O``: 1.8's cstorch flow asserts its parameters are XLA device tensors
-    right after compiling, which the modeled wafer's host tensors are not."""
+    right after compiling (``p.device.type == "xla"``); the modeled wafer's are host tensors
+    (``cpu``), and reporting "xla" would be false for every other torch check (measured:
+    tests/zoo/GENERATIONS_1x.md). Only the cstorch flow asserts it: the runner flow is
+    ``cli_18_runner``, without ``-O``."""
+    argv = cli_18_runner(run_py, device, mode, params, model_dir, checkpoint)
+    return ["-O", *argv] if device == "CSX" else argv
+
+
+def cli_18_runner(run_py: str, device: str, mode: str, params: str, model_dir: str,
+                  checkpoint: str | None) -> list[str]:
+    """1.8 through its runner (``PyTorchBaseRunner``): the 1.8 command line, plain ``python``."""
     argv = cli_2x(run_py, device, mode, params, model_dir, checkpoint)
     if device == "CSX":
-        argv = ["-O", argv[0], "CSX", "weight_streaming", *argv[2:]]
+        argv = [argv[0], "CSX", "weight_streaming", *argv[2:]]
         if mode == "eval":
             # 1.8's cstorch flow evaluates from the checkpoint's step up to max_steps (the
             # training run's): an eval of the last checkpoint needs max_steps beyond it
@@ -466,12 +476,16 @@ RELEASE_LINES: list[ReleaseLine] = [
                 cpu_mode="train", runconfig=flow(False)),
     ReleaseLine("1.8", "Release_1.8.0", _src_1x(False), cli=cli_18, losses=losses_1x,
                 cpu_mode="train", runconfig=flow(True)),
-    ReleaseLine("1.8-runner", "Release_1.8.0", _src_1x(False), cli=cli_18, losses=losses_1x,
+    ReleaseLine("1.8-runner", "Release_1.8.0", _src_1x(False), cli=cli_18_runner, losses=losses_1x,
                 cpu_mode="train", runconfig=flow(False)),
     ReleaseLine("1.7", "R_1.7.1", _src_1x(False), cli=cli_17, losses=losses_1x,
                 cpu_mode="train"),
     ReleaseLine("1.6", "R_1.6.1", _src_1x(False, hdf5_per_example=True), cli=cli_17, losses=losses_1x,
                 cpu_mode="train"),
+    # 1.6's first release too: both 1.6 releases import PyTorch/XLA pieces on a CS system,
+    # which the 1.x lazy API serves during the run (cerebras_pytorch.lazy.xla_pieces)
+    ReleaseLine("1.6.0", "R_1.6.0", _src_1x(False, hdf5_per_example=True), cli=cli_17,
+                losses=losses_1x, cpu_mode="train"),
 ]
 
 
@@ -592,6 +606,7 @@ def run_one(zoo_python: str, checkout_dir: Path, work: Path, line: ReleaseLine, 
                 data_restarted=bool(_DATA_RESTARTED.search(log)),
                 checkpoints=line.checkpoints(model_dir), error=first_error(log) if rc else None,
                 project_cstorch=bool(ran.get("project_cstorch")), engine=ran.get("engine"),
+                from_tests=ran.get("from_tests"), torch_xla=ran.get("torch_xla"),
                 log=str(work / f"{kind}.log"))
 
 
@@ -679,9 +694,24 @@ def judge(runs: dict[str, dict], settings: Settings) -> dict:
     if "eval_csx" in runs:
         verdict["csx_eval"] = _judge_csx_eval(runs["eval_csx"], runs.get("eval_csx_reference"))
     verdict["project_cstorch"] = all(r["project_cstorch"] for r in runs.values() if r)
+    verdict["stand_ins"] = _stand_ins(runs)
+    xla = sorted({str(r["torch_xla"]) for r in runs.values() if r and r.get("torch_xla")})
+    if xla:
+        verdict["torch_xla"] = ", ".join(xla)
     errors = [f"{k}: {r['error']}" for k, r in runs.items() if r and r["error"]]
     verdict["first_error"] = errors[0] if errors else ""
     return verdict
+
+
+def _stand_ins(runs: dict) -> str:
+    """The packages of this project's ``tests/`` folder the zoo's processes loaded (the
+    ``tests/zoo/stubs`` stand-ins): "none", or "?" for runs recorded before the probe
+    reported them."""
+    probed = [r["from_tests"] for r in runs.values() if r and r.get("from_tests") is not None]
+    if not probed:
+        return "?"
+    names = sorted({name.split(".")[0] for found in probed for name in found})
+    return ", ".join(names) or "none"
 
 
 def _judge_csx_eval(ev: dict, reference: dict | None) -> str:
@@ -779,9 +809,11 @@ def _cell(row: dict, key: str) -> str:
 
 
 def print_table(rows: list[dict]) -> None:
-    columns = ("cpu", "csx", "eval", "resume", "vs_eager", "project_cstorch")
+    columns = ("cpu", "csx", "eval", "resume", "vs_eager", "project_cstorch", "stand_ins")
     if any("csx_eval" in row.get("verdict", {}) for row in rows):
         columns = columns[:3] + ("csx_eval",) + columns[3:]
+    if any("torch_xla" in row.get("verdict", {}) for row in rows):
+        columns += ("torch_xla",)
     header = ["line", "tag", "model", *columns, "s", "first error"]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))

@@ -108,6 +108,25 @@ def test_verdicts():
     assert tool.judge(runs, s)["resume"].startswith("FAIL")
 
 
+def test_stand_ins_the_zoo_loaded_from_the_tests_folder():
+    """The probe's list of modules loaded from tests/ (the stubs) becomes the row's
+    ``stand_ins``: "none", the packages, or "?" for runs recorded before the probe said."""
+    tool = _tool()
+    s = tool.Settings(steps=2, checkpoint_steps=1)
+
+    def run(from_tests, torch_xla=None):
+        return dict(rc=0, losses={}, eval_loss=None, error=None, project_cstorch=True,
+                    from_tests=from_tests, torch_xla=torch_xla)
+
+    verdict = tool.judge({"cpu": run([]), "csx": run([], "cerebras_pytorch.lazy.xla_pieces")}, s)
+    assert verdict["stand_ins"] == "none"
+    assert verdict["torch_xla"] == "cerebras_pytorch.lazy.xla_pieces"
+    verdict = tool.judge({"cpu": run(["torchvision", "torchvision.datasets"]),
+                          "csx": run(["lm_eval"])}, s)
+    assert verdict["stand_ins"] == "lm_eval, torchvision" and "torch_xla" not in verdict
+    assert tool.judge({"cpu": run(None)}, s)["stand_ins"] == "?"
+
+
 def test_csx_eval_verdict():
     """``--csx-eval``: the CSX checkpoint's eval on CSX against its CPU eval (or the eager
     forward's value), at CSX tolerance; absent unless asked for."""
@@ -142,7 +161,9 @@ def test_1x_command_lines():
     # 1.8's cstorch flow evaluates up to max_steps from the checkpoint's step: beyond step 20
     assert lines["1.8"].cli("run.py", "CSX", "eval", "p.yaml", "md", "c.mdl")[-2:] == \
         ["--max_steps", "25"]
-    for name in ("1.7", "1.6"):
+    # -O only for the cstorch flow's assert (GENERATIONS_1x.md): the runner runs as it is
+    assert lines["1.8-runner"].cli(*args) == lines["1.8"].cli(*args)[1:]
+    for name in ("1.7", "1.6", "1.6.0"):
         assert lines[name].cli(*args) == ["run.py", "--appliance", "--params", "p.yaml",
                                           "--mode", "train", "--model_dir", "md"]
         assert lines[name].cli("run.py", "CPU", "eval", "p.yaml", "md", "c.mdl") == \

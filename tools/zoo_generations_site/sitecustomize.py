@@ -3,7 +3,8 @@ leads ``PYTHONPATH``); the zoo's own code and command line are untouched.
 
 * At exit it writes to ``$ZOO_GENERATIONS_PROBE`` which Cerebras modules the process loaded
   and from where, so the table can say whether this project's cstorch ran (a zoo that finds
-  no Cerebras software falls back to plain torch in some releases).
+  no Cerebras software falls back to plain torch in some releases); also which modules came
+  from this project's ``tests/`` folder (stand-ins) and where ``torch_xla`` came from.
 * numpy 2 removed ``np.cast``, which the zoo's dummy GPT data calls (``np.cast["int32"]``);
   it is given back (numpy 2 is what JAX requires).
 * ``importlib.util`` is imported: the 1.7/1.8 zoo's ``modelzoo/__init__.py`` calls
@@ -44,6 +45,16 @@ def _report():
     where = report["cstorch"]
     report["project_cstorch"] = bool(where) and str(where).startswith(_PROJECT)
     report["engine"] = engine
+    # what the process loaded from this project's tests/ folder (tests/zoo/stubs: the
+    # stand-ins put on the path only where the zoo's Python lacks a package), and where the
+    # torch_xla pieces the 1.6 zoo imports came from (cerebras_pytorch.lazy.xla_pieces)
+    tests = os.path.join(_PROJECT, "tests") + os.sep
+    report["from_tests"] = sorted(
+        name for name, module in list(sys.modules.items())
+        if str(getattr(module, "__file__", None) or "").startswith(tests))
+    xla = sys.modules.get("torch_xla")
+    report["torch_xla"] = None if xla is None else (
+        getattr(xla, "__file__", None) or getattr(xla.__spec__, "origin", None))
     with open(_PROBE, "w") as f:
         json.dump(report, f, indent=1)
 

@@ -1,1 +1,0 @@
-from . import utils  # noqa: F401
