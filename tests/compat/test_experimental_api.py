@@ -93,6 +93,22 @@ def test_compile_backend_names(tmp_path):
         legacy.compile(torch.nn.Linear(2, 2), backend="wse_ws")
 
 
+def test_wse_compiled_parameters_say_where_they_are(tmp_path):
+    """On the modeled wafer the parameters stay host tensors, and say so (``cpu``), so
+    tensors made "where the model is" work. (1.8's zoo asserts ``"xla"`` here, true on
+    PyTorch/XLA; reporting it would break that idiom: tests/zoo/GENERATIONS_1x.md.)"""
+    import cerebras_pytorch.experimental as legacy
+
+    legacy.configure(model_dir=str(tmp_path))
+    model = torch.nn.Linear(2, 2)
+    compiled = legacy.compile(model, backend="WSE_WS")
+    assert compiled.backend.is_wse()
+    assert cstorch.backend().torch_device.type == "cpu"  # the modeled wafer's memory
+    assert {p.device.type for p in model.parameters()} == {"cpu"}
+    inputs = torch.ones(1, 2).to(next(model.parameters()).device)
+    assert model(inputs).shape == (1, 2)
+
+
 @pytest.mark.slow
 def test_legacy_optimizer_and_scheduler_names_are_translated():
     import cerebras_pytorch.experimental as legacy
