@@ -7,6 +7,12 @@ default. ``config.reset()`` forgets every ``update`` and runs the reset hooks of
 keep process-wide state (tests call it between tests instead of editing private globals).
 ``config.describe()`` lists every setting; ``cstorch.config`` declares the API's own.
 
+Each setting is checked where it is declared: ``check`` (a type and range, or ``choices``)
+validates a value given to ``update`` when it is given, and a value from the environment
+(after ``parse``) when it is read, so a wrong value is refused before any step runs, with one
+message that names the setting, the value, where it came from and what it must be
+(``SettingError``).
+
 Nothing here changes anything outside the engine: JAX's own config, the environment and
 torch are left as the user set them (docs/ARCHITECTURE.md, "A good citizen").
 """
@@ -14,11 +20,83 @@ torch are left as the user set them (docs/ARCHITECTURE.md, "A good citizen").
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from typing import Any, Callable
 
+from jax_backend.errors import CstorchError, quoted
+
 _OFF = {"", "0", "off", "false", "no"}
 _ON = {"1", "on", "true", "yes"}
+
+
+class SettingError(CstorchError, ValueError):
+    """A setting was given a value it cannot take (from ``update`` or the environment)."""
+
+
+# -------------------------------------------------------------------- checks of a value
+# Each takes a Python value and returns it (normalised), or raises TypeError/ValueError
+# with what the value must be; ``Setting`` turns that into a SettingError naming the setting.
+def boolean(value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError("must be True or False")
+    return value
+
+
+def _not_a_string(value) -> str:
+    return " (a number, not a string)" if isinstance(value, str) else ""
+
+
+def positive_int(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"must be a positive integer{_not_a_string(value)}")
+    return value
+
+
+def non_negative_int(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"must be an integer >= 0{_not_a_string(value)}")
+    return value
+
+
+def non_negative_number(value) -> float:
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value)
+            or value < 0):
+        raise ValueError(f"must be a number >= 0{_not_a_string(value)}")
+    return value
+
+
+def text(value) -> str:
+    if not isinstance(value, str):
+        raise TypeError("must be a string")
+    return value
+
+
+def path(value) -> str:
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError("must be a path (a str or os.PathLike)")
+    return os.path.expanduser(os.fspath(value))
+
+
+def cache_location(value) -> str | None:
+    """A cache's place: a directory, ``"default"`` or None (off); a string is read as the
+    environment variable's text is (``on``, ``off``, a path)."""
+    if value is None:
+        return None
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str):
+        raise TypeError("must be a directory, \"default\" (on) or None (off)")
+    return parse_directory(value)
+
+
+def optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``check``, or None (the setting's "not set")."""
+    def check_optional(value):
+        return None if value is None else check(value)
+
+    check_optional.__name__ = f"optional_{check.__name__}"
+    return check_optional
 
 
 def parse_bool(text: str) -> bool:
@@ -36,18 +114,44 @@ def parse_directory(text: str) -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
-    """One setting. ``value`` is read afresh each time (see the module docstring)."""
+    """One setting. ``value`` is read afresh each time (see the module docstring).
+
+    ``parse`` turns the environment variable's text into a value; ``check`` validates (and
+    may normalise) a value, whether given to ``update`` or parsed from the environment;
+    ``choices``: the words the setting takes (strings are compared stripped and lower-cased)."""
 
     name: str
     default: Any
     help: str
     env_var: str | None = None
     parse: Callable[[str], Any] = str
+    check: Callable[[Any], Any] | None = None
+    choices: tuple | None = None
     owner: "Config" = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def value(self):
         return self.owner.value(self)
+
+    def checked(self, value, source: str, given=None):
+        """``value`` validated (and normalised) for this setting; ``source`` says where it came
+        from and ``given`` what it said (the environment's text), for the message. Raises
+        SettingError."""
+        try:
+            if self.choices is not None and value is not None:
+                word = value.strip().lower() if isinstance(value, str) else value
+                if word not in self.choices:
+                    raise ValueError(f"must be one of {', '.join(map(str, self.choices))}")
+                value = word
+            return value if self.check is None else self.check(value)
+        except (TypeError, ValueError) as error:
+            raise self._invalid(value if given is None else given, source, error) from None
+
+    def _invalid(self, value, source: str, reason) -> SettingError:
+        """The one form of the message: the setting, the value, its source and the rule."""
+        return SettingError(f"Invalid {self.owner.layer} setting {self.name}={quoted(value)} "
+                            f"(from {source}): {reason}. "
+                            f"{self.help.split('. ')[0].rstrip('.')}.")
 
     def from_environment(self, environ=None):
         """The value the environment (``os.environ`` or ``environ``) asks for, else the default;
@@ -56,11 +160,12 @@ class Setting:
         text = environ.get(self.env_var) if self.env_var else None
         if text is None:
             return self.default
+        source = f"the environment variable {self.env_var}"
         try:
-            return self.parse(text)
+            value = self.parse(text)
         except (TypeError, ValueError) as error:
-            raise ValueError(f"Invalid value {text!r} for the environment variable "
-                             f"{self.env_var} ({self.help.split('.')[0]}): {error}") from None
+            raise self._invalid(text, source, error) from None
+        return self.checked(value, source, given=text)
 
 
 class Config:
@@ -73,10 +178,12 @@ class Config:
         self._reset_hooks: list[Callable[[], None]] = []
 
     def define(self, name: str, default, help: str, env_var: str | None = None,
-               parse: Callable[[str], Any] = str) -> Setting:
+               parse: Callable[[str], Any] = str, check: Callable[[Any], Any] | None = None,
+               choices: tuple | None = None) -> Setting:
         if name in self._settings:
             raise ValueError(f"{self.layer} setting {name!r} is declared twice.")
-        setting = Setting(name, default, help, env_var, parse, self)
+        setting = Setting(name, default, help, env_var, parse, check, choices, self)
+        setting.checked(default, "its default")  # (a declaration mistake fails at import)
         self._settings[name] = setting
         return setting
 
@@ -94,9 +201,9 @@ class Config:
         return setting.from_environment()
 
     def update(self, name: str, value) -> None:
-        """Sets ``name`` for this process; it wins over the environment until ``reset``."""
-        self[name]  # raises for an unknown name
-        self._overrides[name] = value
+        """Sets ``name`` for this process; it wins over the environment until ``reset``. A
+        value the setting cannot take raises SettingError now, before it is used."""
+        self._overrides[name] = self[name].checked(value, "config.update")
 
     def on_reset(self, hook: Callable[[], None]) -> Callable[[], None]:
         """Registers ``hook()`` to run on ``reset`` (a module's process-wide state)."""
@@ -118,24 +225,26 @@ config = Config("jax_backend")
 cache_home = config.define(
     "cache_home", None, "The base directory of the persistent caches (the XDG standard): "
     "caches live in <cache_home>/cstorch-jax/. Default ~/.cache.", env_var="XDG_CACHE_HOME",
-    parse=os.path.expanduser)
+    parse=os.path.expanduser, check=optional(path))
 compilation_cache = config.define(
     "compilation_cache", "default", "Where XLA executables of the engine's programs are cached "
     "(jax_backend/compilation_cache.py): a directory, or off. Default "
     "<cache_home>/cstorch-jax/xla.", env_var="CSTORCH_COMPILATION_CACHE",
-    parse=parse_directory)
+    parse=parse_directory, check=cache_location)
 graph_cache = config.define(
     "graph_cache", None, "Where captured step graphs are cached (jax_backend/graph_cache/): "
     "a directory, on (<cache_home>/cstorch-jax/graphs) or off. Off by default: see the "
-    "README for what the key covers.", env_var="CSTORCH_GRAPH_CACHE", parse=parse_directory)
+    "README for what the key covers.", env_var="CSTORCH_GRAPH_CACHE", parse=parse_directory,
+    check=cache_location)
 attention = config.define(
     "attention", "auto", "Which attention kernel a step's lowering may use "
     "(jax_backend/target.py: Target.attention, one of its ATTENTION names).",
-    env_var="CSTORCH_ATTENTION", parse=lambda text: text.strip().lower() or "auto")
+    env_var="CSTORCH_ATTENTION", parse=lambda text: text.strip().lower() or "auto",
+    choices=("auto", "xla", "cudnn"))
 backup_first_run = config.define(
     "backup_first_run", True, "Whether the first run of a program keeps the state it donates "
     "until it succeeded (jax_backend/program.py); False trades that protection for a "
-    "first-step memory peak like any other step's.")
+    "first-step memory peak like any other step's.", check=boolean)
 cpu_step_memory = config.define(
     "cpu_step_memory", "lean", "How a CPU step's working memory is laid out "
     "(jax_backend/host_memory.py, STEP_MEMORY): lean (default: XLA's memory-optimized schedule, "
@@ -143,13 +252,14 @@ cpu_step_memory = config.define(
     "default), or reuse (heaps malloc keeps between runs: on 2 cores, bench_engine's "
     "transformer steps 8% faster and GPT-2 small's 1.5%, for a third to a half more of the "
     "workload's own memory, more with more cores). Read when a program is built.",
-    env_var="CSTORCH_CPU_STEP_MEMORY", parse=lambda text: text.strip().lower())
+    env_var="CSTORCH_CPU_STEP_MEMORY", parse=lambda text: text.strip().lower(),
+    choices=("lean", "xla", "reuse"))
 debug_state = config.define(
     "debug_state", False, "Whether each state tensor's entry in a DeviceState checks every "
     "change of its flags against the table of legal transitions (jax_backend/state.py, "
     "TRANSITIONS) and raises IllegalTransition on any other; read when a backend's state is "
     "created. Off by default (for tests and debugging).", env_var="CSTORCH_DEBUG_STATE",
-    parse=parse_bool)
+    parse=parse_bool, check=boolean)
 
 
 def cache_directory(setting: Setting, name: str) -> str | None:

@@ -74,8 +74,6 @@ def mode(num_steps: int | None, stream, *, any_length: bool = False) -> str:
     forced_bar = config.progress_bar.value
     if chosen == "auto" and forced_bar is not None:
         chosen = "bar" if forced_bar else "off"
-    if chosen not in ("auto", "bar", "lines", "off"):
-        raise ValueError(f"CSTORCH_PROGRESS must be auto, bar, lines or off, got {chosen!r}.")
     if chosen != "auto":
         return chosen
     if not any_length and (not num_steps or num_steps < config.progress_bar_min_steps.value):

@@ -236,3 +236,42 @@ def test_register_decomposition_applies_inside_traces_only(cpu_backend):
         assert float(torch.tanh(torch.tensor(2.0))) == pytest.approx(np.tanh(2.0))
     finally:
         remove_decomposition(torch.ops.aten.tanh.default, "CPU")
+
+
+# ------------------------------------------------------------------------ settings
+def test_every_setting_is_checked_where_it_is_declared():
+    """Each setting of both layers (``cstorch.config``, ``jax_backend.config``) refuses a
+    value of the wrong kind when it is given, in one form naming the setting, the value, its
+    source and the rule, and takes its default (issue 49, item 3)."""
+    from cstorch import config
+    from jax_backend import config as engine_config, host_memory
+    from jax_backend.target import ATTENTION
+
+    for layer in (config.config, engine_config.config):
+        for setting in layer.describe():
+            assert setting.check is not None or setting.choices is not None, setting.name
+            with pytest.raises(config.SettingError, match=(
+                    rf"^Invalid {layer.layer} setting {setting.name}=<object object at \w+> "
+                    r"\(from config.update\): must be .+\. \S.*\.$")):
+                layer.update(setting.name, object())
+            layer.update(setting.name, setting.default)
+    assert tuple(host_memory.STEP_MEMORY) == engine_config.cpu_step_memory.choices
+    assert ATTENTION == engine_config.attention.choices
+
+
+@pytest.mark.parametrize("variable, text, rule", [
+    ("CSTORCH_PROGRESS_SECONDS", "soon", "could not convert string to float"),
+    ("CSTORCH_CPU_STEP_MEMORY", "smallest", "must be one of lean, xla, reuse"),
+    ("CSTORCH_INIT_TIMEOUT", "0", "must be a positive integer"),
+    ("CSTORCH_NUM_PROCESSES", "two", "must be an integer"),
+    ("TORCH_NUM_THREADS", "-4", "must be a positive integer"),
+])
+def test_an_environment_value_is_checked_as_an_update_is(monkeypatch, variable, text, rule):
+    from cstorch import config
+
+    (setting,) = [s for s in config.describe() if s.env_var == variable]
+    monkeypatch.setenv(variable, text)
+    with pytest.raises(config.SettingError, match=(
+            rf"^Invalid \w+ setting {setting.name}='{text}' \(from the environment variable "
+            rf"{variable}\): {rule}")):
+        setting.value  # noqa: B018 - reading it checks it

@@ -136,7 +136,9 @@ def test_the_display_depends_on_the_output_and_the_switches(monkeypatch):
     monkeypatch.setenv("CSTORCH_PROGRESS", "lines")  # wins over the older switch
     assert progress.mode(1000, Terminal()) == "lines"
     monkeypatch.setenv("CSTORCH_PROGRESS", "sometimes")
-    with pytest.raises(ValueError, match="CSTORCH_PROGRESS must be auto, bar, lines or off"):
+    with pytest.raises(ValueError, match=r"Invalid cstorch setting progress='sometimes' \(from "
+                       r"the environment variable CSTORCH_PROGRESS\): must be one of auto, bar, "
+                       r"lines, off\."):
         progress.mode(1000, Terminal())
 
 
@@ -189,3 +191,38 @@ def test_a_short_run_shows_nothing_unless_asked(cpu_backend, monkeypatch, capsys
     assert out[0].startswith("run: device CPU") and out[0].endswith("| 3 steps | batch 2")
     assert [line.split(" |")[0] for line in out[2:]] == ["train 1/3", "train 2/3", "train 3/3"]
     assert re.search(r"took \d+:\d\d$", out[-1])
+
+
+@pytest.mark.parametrize("name, value, rule", [
+    ("progress_every", 0, "must be a positive integer"),
+    ("progress_every", "10", r"must be a positive integer \(a number, not a string\)"),
+    ("progress_seconds", "30", r"must be a number >= 0 \(a number, not a string\)"),
+    ("progress_seconds", float("nan"), "must be a number >= 0"),
+    ("progress", "sometimes", "must be one of auto, bar, lines, off"),
+    ("progress_bar", "yes", "must be True or False"),
+    ("progress_bar_min_steps", -1, "must be an integer >= 0"),
+])
+def test_a_progress_value_given_through_config_is_refused_when_given(monkeypatch, name, value,
+                                                                     rule):
+    """``cstorch.config.config.update`` is the other spelling of the environment switches:
+    a value the display cannot use is refused there, in the one form naming the setting (it
+    used to end a run after its first step with ZeroDivisionError or TypeError from inside
+    the display) (issue 49, item 3)."""
+    from cstorch import config
+
+    monkeypatch.delenv(config.config[name].env_var or "-", raising=False)
+    with pytest.raises(config.SettingError, match=rf"^Invalid cstorch setting {name}=.* \(from "
+                                                  rf"config.update\): {rule}\. \S"):
+        config.config.update(name, value)
+    assert config.config.value(name) == config.config[name].default  # nothing was stored
+
+
+def test_progress_values_given_through_config_are_used(monkeypatch):
+    from cstorch import config
+
+    config.config.update("progress", " LINES ")
+    config.config.update("progress_every", 7)
+    config.config.update("progress_seconds", 0)  # a line on every step's time
+    assert progress.mode(1000, Terminal()) == "lines"
+    assert progress.line_every(1000) == 7
+    assert progress.RunProgress(10, stream=io.StringIO()).seconds == 0
