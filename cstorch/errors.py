@@ -5,6 +5,7 @@ from jax_backend.errors import (
     LoweringNotFoundError,
     RecompilationError,
     ValueReadInTraceError,
+    quoted,  # a message's quote of a string from an untrusted file, kept short
 )
 
 
@@ -18,5 +19,5 @@ class NoBackendError(CstorchError, RuntimeError):
 
 __all__ = [
     "CstorchError", "LoweringNotFoundError", "MultipleBackendsError", "NoBackendError",
-    "RecompilationError", "ValueReadInTraceError",
+    "RecompilationError", "ValueReadInTraceError", "quoted",
 ]

@@ -155,10 +155,33 @@ def test_training_loop_arguments(kwargs, message):
     ({"steps": -1}, "non-negative integer"),
     ({"checkpoint_name": "ckpt.mdl"}, "exactly once"),
     ({"checkpoint_name": "ckpt_{step}_{epoch}.mdl"}, "exactly once"),
+    ({"checkpoint_name": "ckpt_{step:6d}.mdl"}, "which names step 0 'ckpt_     0.mdl'"),
+    ({"checkpoint_name": "ckpt_{step:x}.mdl"}, "which names step 12 'ckpt_c.mdl'"),
+    ({"checkpoint_name": "ckpt_{step:,}.mdl"}, "which names step 1000 'ckpt_1,000.mdl'"),
+    ({"checkpoint_name": "run/ckpt_{step}.mdl"}, "which names step 0 'run/ckpt_0.mdl'"),
+    ({"checkpoint_name": "ckpt_{step!r}.mdl"}, "exactly once"),
+    ({"checkpoint_name": "ckpt_{step"}, "exactly once"),
 ])
 def test_checkpoint_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         Checkpoint(**kwargs)
+
+
+@pytest.mark.slow
+def test_a_checkpoint_name_with_a_padded_step_saves_and_resumes(tmp_path):
+    """``checkpoint_name: ckpt_{step:06d}.mdl`` names ckpt_000002.mdl, and the next fit finds
+    it (every fit used to fail at the lookup with "not enough values to unpack") (issue 49,
+    item 2)."""
+    sgd = lambda m: cstorch.optim.SGD(m.parameters(), lr=0.1)  # noqa: E731
+    for total in (2, 4):
+        trainer = build(tmp_path, device="CPU", optimizer=sgd, loop=TrainingLoop(num_steps=2),
+                        checkpoint=Checkpoint(steps=2, checkpoint_name="ckpt_{step:06d}.mdl"))
+        trainer.fit(cstorch.utils.data.DataLoader(torch_loader, 2))
+        assert trainer.global_step == total  # the second fit resumed from step 2
+    assert sorted(p.name for p in tmp_path.glob("*.mdl")) == ["ckpt_000002.mdl",
+                                                              "ckpt_000004.mdl"]
+    assert [p.name for p in trainer.checkpoint.get_all_checkpoints()] == [
+        "ckpt_000002.mdl", "ckpt_000004.mdl"]
 
 
 @pytest.mark.parametrize("kwargs, message", [

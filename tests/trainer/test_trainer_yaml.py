@@ -419,6 +419,9 @@ def test_data_processors_and_models_of_the_right_kind_still_run(tmp_path):
      "trainer.init.callbacks: KeepNCheckpoints: unknown argument 'm'; accepted: n"),
     (lambda c: c["init"].update(seed=2 ** 70),
      "trainer.init.seed: must be an integer from -2**63 to 2**64 - 1"),
+    (lambda c: c["init"]["checkpoint"].update(checkpoint_name="ckpt_{step:6d}.mdl"),
+     "trainer.init.checkpoint.checkpoint_name: checkpoint_name must be a file name with the "
+     "field {step} exactly once, written as digits"),
 ])
 def test_every_yaml_argument_is_checked_against_its_signature_before_building(
         tmp_path, capsys, edit, expected):

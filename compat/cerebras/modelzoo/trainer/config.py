@@ -31,6 +31,7 @@ from cstorch.optim.config import (  # the old parameter names, which have their 
 
 from cerebras.modelzoo.trainer import callbacks as _callbacks
 from cerebras.modelzoo.trainer import loggers as _loggers
+from cerebras.modelzoo.trainer.callbacks.checkpoint import checkpoint_name_parts
 from cerebras.modelzoo.trainer.callbacks.reproducibility import check_seed
 from cerebras.modelzoo.trainer.registry import (
     check_arguments, get_data_processor, get_model, import_object)
@@ -69,6 +70,12 @@ class CheckpointConfig(_Strict):
     checkpoint_root: Optional[str] = None
     checkpoint_name: str = "checkpoint_{step}.mdl"
     strict_version: bool = True
+
+    @field_validator("checkpoint_name")
+    @classmethod
+    def _a_checkpoint_name(cls, value):
+        checkpoint_name_parts(value)  # one {step} field that reads back from the file name
+        return value
 
 
 class LoggingConfig(_Strict):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import string
 import time
@@ -12,6 +13,45 @@ import cerebras.pytorch as cstorch
 
 from cerebras.modelzoo.trainer.callbacks.callback import Callback, CoreCallback
 from cstorch.utils.checkpoint_files import find_checkpoints
+from cstorch.errors import quoted
+
+
+_SAMPLE_STEPS = (0, 7, 12, 1000, 123456789)
+
+
+def checkpoint_name_parts(checkpoint_name) -> tuple:
+    """``(before, spec, after)`` of a checkpoint name: the text around its one ``{step}``
+    field (``{step:06d}`` too) and that field's format. Raises ValueError unless every step
+    gives a file name (no directory) whose step reads back from it, which is what finding
+    the latest checkpoint needs: ``{step:6d}`` (spaces), ``{step:x}``, a second field or a
+    ``/`` are refused here, before anything is built or saved."""
+    rule = ("checkpoint_name must be a file name with the field {step} exactly once, written "
+            "as digits (checkpoint_{step}.mdl, ckpt_{step:06d}.mdl), and no other field")
+    if not isinstance(checkpoint_name, str):
+        raise ValueError(f"{rule}; got {type(checkpoint_name).__name__} {quoted(checkpoint_name)}.")
+    try:
+        parsed = list(string.Formatter().parse(checkpoint_name))
+    except ValueError as error:  # unbalanced braces
+        raise ValueError(f"{rule}; got {quoted(checkpoint_name)} ({error}).") from None
+    fields = [(field, conversion, spec) for _, field, spec, conversion in parsed
+              if field is not None]
+    if [field for field, _, _ in fields] != ["step"] or fields[0][1] is not None:
+        raise ValueError(f"{rule}; got {quoted(checkpoint_name)}.")
+    index = next(i for i, (_, field, _, _) in enumerate(parsed) if field is not None)
+    before = "".join(literal for literal, *_ in parsed[:index + 1])
+    after = "".join(literal for literal, *_ in parsed[index + 1:])
+    spec = fields[0][2] or ""
+    for step in _SAMPLE_STEPS:
+        try:
+            name = checkpoint_name.format(step=step)
+        except (ValueError, TypeError) as error:
+            raise ValueError(f"{rule}; got {quoted(checkpoint_name)} ({error}).") from None
+        middle = name[len(before):len(name) - len(after)]
+        if (os.sep in name or (os.altsep and os.altsep in name) or name in (".", "..")
+                or not middle.isdigit() or int(middle) != step):
+            raise ValueError(f"{rule}; got {quoted(checkpoint_name)}, which names step {step} "
+                             f"{name!r}.")
+    return before, spec, after
 
 
 class Checkpoint(CoreCallback):
@@ -33,11 +73,7 @@ class Checkpoint(CoreCallback):
                                   or steps < 0):
             raise ValueError(f"Checkpoint steps must be None or a non-negative integer, got "
                              f"{steps!r}.")
-        fields = [f for _, f, _, _ in string.Formatter().parse(checkpoint_name) if f is not None]
-        if fields != ["step"]:
-            raise ValueError(
-                f"checkpoint_name must contain the field {{step}} exactly once (and no other "
-                f"field), got {checkpoint_name!r}.")
+        checkpoint_name_parts(checkpoint_name)
         self.steps = steps
         self.autoload_last_checkpoint = autoload_last_checkpoint
         self.disable_strict_checkpoint_loading = disable_strict_checkpoint_loading
@@ -92,7 +128,7 @@ class Checkpoint(CoreCallback):
     # ------------------------------------------------------------------------------ loading
     @property
     def checkpoint_regex(self) -> re.Pattern:
-        before, after = self.checkpoint_name.split("{step}")
+        before, _, after = checkpoint_name_parts(self.checkpoint_name)
         stem, ext = after.rsplit(".", 1) if "." in after else (after, None)
         ext = "" if ext is None else "." + ext
         return re.compile(re.escape(before) + r"(?P<step>\d+)" + re.escape(stem)
