@@ -308,13 +308,13 @@ def cli_2x(run_py: str, device: str, mode: str, params: str, model_dir: str,
 def cli_18(run_py: str, device: str, mode: str, params: str, model_dir: str,
            checkpoint: str | None) -> list[str]:
     """1.8: as 2.x, but CSX also names the execution strategy (``CSX weight_streaming``), and
-    runs with ``python -O``: 1.8's cstorch flow asserts its parameters are XLA device tensors
+    trains with ``python -O``: 1.8's cstorch flow asserts its parameters are XLA device tensors
     right after compiling (``p.device.type == "xla"``); the modeled wafer's are host tensors
     (``cpu``), and reporting "xla" would be false for every other torch check (measured:
-    tests/zoo/GENERATIONS_1x.md). Only the cstorch flow asserts it: the runner flow is
-    ``cli_18_runner``, without ``-O``."""
+    tests/zoo/GENERATIONS_1x.md). Only the cstorch flow's training asserts it: its eval, and
+    the runner flow (``cli_18_runner``), run without ``-O``."""
     argv = cli_18_runner(run_py, device, mode, params, model_dir, checkpoint)
-    return ["-O", *argv] if device == "CSX" else argv
+    return ["-O", *argv] if device == "CSX" and mode == "train" else argv
 
 
 def cli_18_runner(run_py: str, device: str, mode: str, params: str, model_dir: str,

@@ -159,9 +159,10 @@ def test_1x_command_lines():
         ["run.py", "CPU", "--mode", "eval", "--params", "p.yaml", "--model_dir", "md",
          "--checkpoint_path", "c.mdl"]
     # 1.8's cstorch flow evaluates up to max_steps from the checkpoint's step: beyond step 20
-    assert lines["1.8"].cli("run.py", "CSX", "eval", "p.yaml", "md", "c.mdl")[-2:] == \
-        ["--max_steps", "25"]
-    # -O only for the cstorch flow's assert (GENERATIONS_1x.md): the runner runs as it is
+    csx_eval = lines["1.8"].cli("run.py", "CSX", "eval", "p.yaml", "md", "c.mdl")
+    assert csx_eval[0] == "run.py" and csx_eval[-2:] == ["--max_steps", "25"]
+    # -O only for the cstorch flow's training assert (GENERATIONS_1x.md): the runner and
+    # the eval run as they are
     assert lines["1.8-runner"].cli(*args) == lines["1.8"].cli(*args)[1:]
     for name in ("1.7", "1.6", "1.6.0"):
         assert lines[name].cli(*args) == ["run.py", "--appliance", "--params", "p.yaml",
