@@ -369,6 +369,83 @@ def test_a_yaml_import_path_runs_nothing_but_what_its_key_names(tmp_path, capsys
     assert not (tmp_path / "model_dir").exists()  # refused before anything was built
 
 
+@pytest.mark.parametrize("path, refused", [
+    ("venv.__main__:X", "'venv.__main__' is a command line (a __main__ module), which "
+                        "importing would run"),
+    ("this:X", "'this' is part of the Python installation"),
+    ("antigravity:X", "'antigravity' is part of the Python installation"),
+    ("idlelib.idle_test:X", "'idlelib' is part of the Python installation"),
+])
+@pytest.mark.parametrize("where", ["callbacks", "loggers", "model", "data"])
+def test_a_yaml_import_path_never_imports_what_a_config_may_not_name(
+        tmp_path, capsys, monkeypatch, where, path, refused):
+    """Importing a module runs it: an import path is located first and only a module a config
+    may name is imported (issue 49, item 1). ``venv.__main__`` made a virtualenv in the
+    working directory, ``this`` printed the Zen of Python, before anything was checked; now
+    nothing runs and the one line names the key, the path and the rule."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["cszoo", "--help"])  # (what venv's main would read)
+    monkeypatch.setenv("BROWSER", "true")  # (what antigravity would open)
+    config = params(tmp_path / "model_dir")
+    init, fit = config["trainer"]["init"], config["trainer"]["fit"]
+    key = {"callbacks": "trainer.init.callbacks", "loggers": "trainer.init.loggers",
+           "model": "trainer.init.model.name",
+           "data": "trainer.fit.train_dataloader.data_processor"}[where]
+    if where in ("callbacks", "loggers"):
+        init[where] = [path]
+    elif where == "model":
+        init["model"] = {"name": path}
+    else:
+        fit["train_dataloader"] = {"data_processor": path}
+    module = path.partition(":")[0]
+    already = {name for name in sys.modules if name.split(".")[0] == module.split(".")[0]}
+    status, err = _cli(tmp_path, capsys, config)
+    assert status == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert f"Invalid trainer config: {key}: '{path}': {refused}" in lines[0], err
+    assert "never a __main__ module" in lines[0] and "--import" in lines[0]
+    assert capsys.readouterr().out == ""  # nothing printed by the named module
+    assert sorted(os.listdir(tmp_path)) == ["params.yaml"]  # nothing made
+    assert {name for name in sys.modules if name.split(".")[0] == module.split(".")[0]} \
+        == already  # not even the packages above it were imported
+
+
+def test_a_package_is_not_imported_to_find_a_main_module_inside_it(tmp_path, capsys,
+                                                                   monkeypatch):
+    """The run's own package is allowed, but its ``__main__`` is not, and refusing it runs
+    not even the package's ``__init__`` (``importlib.util.find_spec`` would import it)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    package = tmp_path / "shared_models"
+    package.mkdir()
+    (package / "__init__.py").write_text("open('INIT_RAN', 'w').close()\n")
+    (package / "__main__.py").write_text("open('MAIN_RAN', 'w').close()\n")
+    config = params(tmp_path / "model_dir")
+    config["trainer"]["init"]["callbacks"] = ["shared_models.__main__:X"]
+    status, err = _cli(tmp_path, capsys, config)
+    assert status == 2 and "'shared_models.__main__' is a command line" in err, err
+    assert not (tmp_path / "INIT_RAN").exists() and not (tmp_path / "MAIN_RAN").exists()
+    assert "shared_models" not in sys.modules
+
+
+def test_a_module_given_with_import_may_be_named(tmp_path, capsys):
+    """``cszoo --import MODULE`` (``registry.allow_imports``) is how a run lets its config
+    name an installed module that is not imported yet."""
+    from cerebras.modelzoo.trainer.registry import allow_imports, import_object
+
+    assert "this" not in sys.modules
+    try:
+        with pytest.raises(ValueError, match="'this' is part of the Python installation"):
+            import_object("this:s")
+        assert "this" not in sys.modules and capsys.readouterr().out == ""
+        allow_imports("this")
+        assert isinstance(import_object("this:s"), str)  # imported: it printed its poem
+        assert "The Zen of Python" in capsys.readouterr().out
+    finally:
+        sys.modules.pop("this", None)
+
+
 def test_a_yaml_tag_is_refused_with_the_reason(tmp_path, capsys):
     from cerebras.modelzoo.trainer.cli import main
 

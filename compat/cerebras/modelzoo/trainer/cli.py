@@ -2,7 +2,8 @@
 
 ``cszoo fit|validate|validate_all params.yaml [--device CPU] [--model_dir DIR]
 [--import MODULE ...]``: the legacy modes train, eval, train_and_eval and eval_all are also
-accepted. ``--import`` imports modules that register models and data processors.
+accepted. ``--import`` imports modules that register models and data processors, and lets
+the config's import paths name them (``registry.IMPORT_RULE``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 from cerebras.modelzoo.trainer.legacy import (
     convert_legacy_params_to_trainer_params, is_legacy_params)
 from cerebras.modelzoo.trainer.config import TrainerConfigError
+from cerebras.modelzoo.trainer.registry import allow_imports
 from cerebras.modelzoo.trainer.utils import MODES, load_params, run_trainer
 
 
@@ -41,13 +43,15 @@ def main(argv=None) -> int:
     parser.add_argument("--model_dir", help="overrides init.model_dir")
     parser.add_argument("--import", dest="imports", action="append", default=[],
                         metavar="MODULE", help="import MODULE first (it may register models "
-                                               "and data processors); repeatable")
+                                               "and data processors) and let the config's "
+                                               "import paths name it; repeatable")
     args = parser.parse_args(argv)
     # Import paths in the YAML (``examples.trainer_mnist:Model``) resolve from the working
     # directory, as under ``python -m``; a console script's sys.path lacks it.
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    for module in args.imports:
+    for module in args.imports:  # (the user's own choice: configs may then name it too)
+        allow_imports(module)
         importlib.import_module(module)
     try:
         params = load_params(args.params)

@@ -26,6 +26,7 @@ except ImportError as error:
 from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator,
                       model_validator)
 
+from cstorch.errors import CstorchError
 from cstorch.optim.config import (  # the old parameter names, which have their own errors
     _OPTIMIZER_ALIASES as OPTIMIZER_ALIASES, _SCHEDULER_ALIASES as SCHEDULER_ALIASES)
 
@@ -37,7 +38,7 @@ from cerebras.modelzoo.trainer.registry import (
     check_arguments, get_data_processor, get_model, import_object)
 
 
-class TrainerConfigError(ValueError):
+class TrainerConfigError(CstorchError, ValueError):
     """The trainer config is invalid; the message lists every problem with its location."""
 
 
@@ -405,5 +406,8 @@ def validate_trainer_params(params) -> List[TrainerConfig]:
         except pydantic.ValidationError as error:
             problems.append(_describe(error, prefix))
     if problems:
-        raise TrainerConfigError("Invalid trainer config:\n" + "\n".join(problems))
+        lines = "\n".join(problems).splitlines()
+        if len(lines) == 1:  # one problem: one line, naming its key
+            raise TrainerConfigError(f"Invalid trainer config: {lines[0].strip()}")
+        raise TrainerConfigError("Invalid trainer config:\n" + "\n".join(lines))
     return validated

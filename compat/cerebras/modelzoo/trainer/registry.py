@@ -11,16 +11,35 @@ processor a class that builds a dataloader (``create_dataloader``, a ``DataLoade
 (``def data(...) -> torch.utils.data.DataLoader``). Otherwise ``model: {name: os:system}``
 would run a shell command. Registered names are trusted as they are: the code that
 registered them already ran.
+
+Importing a module runs its top level, so the module an import path names is located first
+(``import_object``: the import system's finders, asked without importing any package above
+it) and imported only if a config may name it (``IMPORT_RULE``): a module already imported
+(importing it again runs nothing); a module given with ``cszoo --import MODULE`` or
+``allow_imports(MODULE)``, or inside one; or a module of the run's own code, found on the
+import path outside the Python installation (the standard library, ``site-packages`` and
+the other install directories; the working directory and ``PYTHONPATH`` are the run's own),
+with every package above it that is not imported yet. Never a ``__main__`` module (a command
+line, which importing runs). So ``callbacks: [this:X]`` or ``venv.__main__:X`` is refused
+with nothing run; ``--import this`` would allow the first.
 """
 
 from __future__ import annotations
 
 import collections.abc
 import importlib
+import importlib.machinery
 import inspect
+import os
+import site
+import sys
+import sysconfig
 import typing
 
 import torch
+
+from cstorch import config as cstorch_config
+from cstorch.errors import quoted
 
 _MODELS: dict = {}
 _DATA_PROCESSORS: dict = {}
@@ -47,23 +66,141 @@ def register_data_processor(name: str = None):
     return _register(_DATA_PROCESSORS, "data processor", name)
 
 
+# ------------------------------------------------------------------- which modules a config may import
+IMPORT_RULE = ("a config may name only modules already imported, modules given with --import "
+               "(or registry.allow_imports), or the run's own code (outside the standard "
+               "library and installed packages), never a __main__ module")
+
+_ALLOWED_IMPORTS: set = set()  # module names (with their submodules) a config may import
+
+
+def allow_imports(*module_names: str) -> None:
+    """Lets configs name ``module_names`` and the modules inside them (``cszoo --import``)."""
+    for name in module_names:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"allow_imports takes module names, got {name!r}.")
+        _ALLOWED_IMPORTS.add(name)
+
+
+cstorch_config.config.on_reset(_ALLOWED_IMPORTS.clear)
+
+
+def _allowed(name: str) -> bool:
+    return any(name == allowed or name.startswith(allowed + ".")
+               for allowed in _ALLOWED_IMPORTS)
+
+
+def _installation() -> list:
+    """The directories of the Python installation: the standard library, site-packages (the
+    environment's, the base interpreter's, the user's) and the standard library's zip."""
+    roots = set()
+    bases = {None: None, "base": {"base": sys.base_prefix, "platbase": sys.base_exec_prefix}}
+    for variables in bases.values():
+        paths = sysconfig.get_paths(vars=variables) if variables else sysconfig.get_paths()
+        roots.update(paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")
+                     if paths.get(key))
+    roots.update(getattr(site, "getsitepackages", lambda: [])())
+    roots.add(site.getusersitepackages())
+    version = f"python{sys.version_info.major}{sys.version_info.minor}.zip"
+    for prefix in {sys.prefix, sys.base_prefix}:
+        roots.update((os.path.join(prefix, "lib", version), os.path.join(prefix, version)))
+    return [os.path.realpath(root) for root in roots if root]
+
+
+def _inside(path: str, roots) -> bool:
+    path = os.path.realpath(path)
+    return any(path == root or path.startswith(root.rstrip(os.sep) + os.sep) for root in roots)
+
+
+def _find_spec(name: str, search_path):
+    """The import system's spec for ``name`` (in the package whose ``__path__`` is
+    ``search_path``), asked of ``sys.meta_path``'s finders as ``import`` does, without
+    importing anything (``importlib.util.find_spec`` imports the packages above ``name``)."""
+    for finder in sys.meta_path:
+        find_spec = getattr(finder, "find_spec", None)
+        if find_spec is None:
+            continue
+        spec = find_spec(name, search_path, None)
+        if spec is not None:
+            return spec
+    return None
+
+
+def _refusal(path: str, name: str, spec) -> str | None:
+    """Why a config may not import ``name`` (not imported yet, ``spec`` located), or None."""
+    if _allowed(name):
+        return None
+    if spec.origin in ("built-in", "frozen"):
+        return f"{name!r} is a {spec.origin} module of Python, not imported"
+    locations = list(spec.submodule_search_locations or [])
+    if spec.origin is None or spec.origin == "namespace":
+        if locations or spec.loader is None or isinstance(
+                spec.loader, importlib.machinery.NamespaceLoader):
+            return None  # a namespace package: no code of its own
+        return f"{name!r} has no file to check (its loader is {type(spec.loader).__name__})"
+    if _inside(spec.origin, _installation()):
+        return (f"{name!r} is part of the Python installation (the standard library or an "
+                "installed package), not imported")
+    return None
+
+
+def check_importable(path: str, module_name: str) -> None:
+    """Raises ValueError (one line: the import path, the module, the reason, the rule) unless
+    importing ``module_name`` is allowed (see the module docstring); imports nothing."""
+    parts = module_name.split(".")
+    if "__main__" in parts and module_name not in sys.modules:
+        main = ".".join(parts[:parts.index("__main__") + 1])
+        raise ValueError(f"{quoted(path)}: {main!r} is a command line (a __main__ module), "
+                         f"which importing would run; {IMPORT_RULE}.")
+    search_path = None
+    for index in range(len(parts)):
+        name = ".".join(parts[:index + 1])
+        module = sys.modules.get(name)
+        if module is not None:
+            search_path = getattr(module, "__path__", None)
+        else:
+            try:
+                spec = _find_spec(name, search_path)
+            except (ImportError, ValueError):  # a finder's own refusal: not found
+                spec = None
+            if spec is None:
+                raise ValueError(
+                    f"Cannot import module {quoted(module_name)} for {quoted(path)}: no module "
+                    f"named {quoted(name)}. Check the name and that its directory is on "
+                    "PYTHONPATH (or is the working directory).")
+            reason = _refusal(path, name, spec)
+            if reason is not None:
+                raise ValueError(f"{quoted(path)}: {reason}; {IMPORT_RULE}.")
+            search_path = spec.submodule_search_locations
+        if index + 1 < len(parts) and search_path is None:
+            raise ValueError(f"Cannot import module {quoted(module_name)} for {quoted(path)}: "
+                             f"{name!r} is not a package.")
+
+
 def import_object(path: str):
-    """``"package.module:Attr"`` or ``"package.module.Attr"`` -> the object."""
+    """``"package.module:Attr"`` or ``"package.module.Attr"`` -> the object. The module is
+    imported only if a config may import it (``check_importable``)."""
+    if not isinstance(path, str):
+        raise ValueError(f"An import path is a string, got {type(path).__name__}.")
     module_name, sep, attribute = path.partition(":")
     if not sep:
         module_name, _, attribute = path.rpartition(".")
-    if not module_name or not attribute:
-        raise ValueError(f"{path!r} is not an import path; write it as package.module:Name.")
+    if (not attribute or not module_name
+            or not all(part.isidentifier() for part in module_name.split("."))):
+        raise ValueError(f"{quoted(path)} is not an import path; write it as "
+                         "package.module:Name.")
+    check_importable(path, module_name)
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise ValueError(f"Cannot import module {module_name!r} for {path!r}: {error}. Check "
-                         "the name and that its directory is on PYTHONPATH.") from error
+        raise ValueError(f"Cannot import module {quoted(module_name)} for {quoted(path)}: "
+                         f"{error}. Check the name and that its directory is on "
+                         "PYTHONPATH.") from error
     obj = module
     for part in attribute.split("."):
         if not hasattr(obj, part):
-            raise ValueError(f"Module {module_name!r} has no attribute {attribute!r} (from "
-                             f"{path!r}).")
+            raise ValueError(f"Module {quoted(module_name)} has no attribute "
+                             f"{quoted(attribute)} (from {quoted(path)}).")
         obj = getattr(obj, part)
     return obj
 
