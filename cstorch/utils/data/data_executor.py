@@ -19,6 +19,7 @@ import warnings
 from typing import Dict, Literal, Union
 
 from cstorch.backend import current_backend_impl
+from cstorch.utils.data import interrupts
 from cstorch.utils.data.dataloader import DataLoader
 from cstorch.utils.data.utils import checkpoint_schedule, infer_batch_size
 from cstorch.utils.profiler import Profiler
@@ -251,33 +252,47 @@ class DataExecutor:
             self.dataloader.restart()
             restarted = True
 
+    def _stop_if_interrupted(self) -> None:
+        """Between two steps: a Ctrl-C held since the last boundary stops the run here
+        (``interrupts``); the dataloader's ``state_dict`` then gives this position."""
+        if interrupts.take_held():
+            self.dataloader.interrupted_run = self.run_context
+            raise KeyboardInterrupt
+
     def __iter__(self):
         impl = current_backend_impl()
         self._artifact_dir = self._make_artifact_dir(impl)
         self.profiler = Profiler(self._artifact_dir, self.profiler_activities)
+        self.dataloader.interrupted_run = None
         impl.data_executor_stack.append(self)
         try:
-            impl.on_run_start()
-            with self.profiler:
-                batches = self._batches()
-                for step in range(self.num_steps):
-                    batch = next(batches)
-                    self.run_context.step = step
-                    if step == 0:
-                        self.profiler.run_starts(batch)  # the run header
-                    yield impl.on_batch_start(batch)
-                    # The rates are computed before the step's closures, which may read them.
-                    self.profiler.step(infer_batch_size(batch))
-                    with self.profiler.printing():  # closures print on lines of their own
-                        impl.on_batch_end()
-            impl.on_run_end()
-            if self._writer is not None:
-                tracker = self.profiler.rate_tracker
-                self._writer.add_scalar("avg_samples_per_sec", tracker.global_rate,
-                                        self.run_context.user_iteration)
-            impl.appliance_tracker.flush(self._artifact_dir / "track.json")
+            with interrupts.deferred_to_step_boundaries():
+                yield from self._run(impl)
         finally:
             impl.data_executor_stack.remove(self)
+
+    def _run(self, impl):
+        impl.on_run_start()
+        with self.profiler:
+            batches = self._batches()
+            for step in range(self.num_steps):
+                self._stop_if_interrupted()  # before the next batch is drawn
+                batch = next(batches)
+                self.run_context.step = step
+                if step == 0:
+                    self.profiler.run_starts(batch)  # the run header
+                yield impl.on_batch_start(batch)
+                # The rates are computed before the step's closures, which may read them.
+                self.profiler.step(infer_batch_size(batch))
+                with self.profiler.printing():  # closures print on lines of their own
+                    impl.on_batch_end()
+            self._stop_if_interrupted()
+        impl.on_run_end()
+        if self._writer is not None:
+            tracker = self.profiler.rate_tracker
+            self._writer.add_scalar("avg_samples_per_sec", tracker.global_rate,
+                                    self.run_context.user_iteration)
+        impl.appliance_tracker.flush(self._artifact_dir / "track.json")
 
 
 # The 2.0/2.1 keywords cs_config and writer are accepted (deprecated) but are not part of

@@ -66,6 +66,10 @@ class DataLoader:
 
     STATE_UNKNOWN = object()
     STATE_UNAVAILABLE = object()
+    #: The run context of this loader's last run when Ctrl-C stopped it between two steps
+    #: (``cstorch.utils.data.interrupts``), else None: ``state_dict`` then gives the position
+    #: after that run's last step, in the loop's ``except KeyboardInterrupt``.
+    interrupted_run = None
 
     def __init__(self, input_fn, *args, **kwargs):
         if not callable(input_fn):
@@ -150,11 +154,14 @@ class DataLoader:
         from cstorch.backend import current_backend_impl
 
         context = current_backend_impl().run_context
-        if context is None or not (context.is_checkpoint_step or context.is_pre_initial_step
-                                   or context.is_final_step):
+        if context is None and self.interrupted_run is not None:
+            context = self.interrupted_run  # stopped by Ctrl-C after its last whole step
+        elif context is None or not (context.is_checkpoint_step or context.is_pre_initial_step
+                                     or context.is_final_step):
             raise RuntimeError(
                 "DataLoader state can only be requested at a checkpoint step (inside a "
-                "checkpoint closure), before the first step, or at the final step.")
+                "checkpoint closure), before the first step, at the final step, or after "
+                "Ctrl-C stopped the run (in its `except KeyboardInterrupt`).")
         loader = self.dataloader
         self._configure_worker_state(context.user_iteration)
         state = copy.deepcopy(loader.aggregate_state_dict([loader.state_dict()]))
