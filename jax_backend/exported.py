@@ -33,11 +33,21 @@ import zipfile
 import numpy as np
 
 try:  # in the project, every error derives from the one root
-    from jax_backend.errors import CstorchError
+    from jax_backend.errors import CstorchError, quoted
 except ImportError:  # this file is also the standalone loader, exported_step.py: JAX and numpy only
 
     class CstorchError(Exception):
         """The standalone loader's stand-in for the project's root error."""
+
+    def quoted(value, limit: int = 60) -> str:
+        """A short quote of a manifest's value (a copy of ``jax_backend.errors.quoted``, for
+        strings; anything else is cut after its repr)."""
+        if isinstance(value, str):
+            if len(value) <= limit:
+                return repr(value)
+            return f"{value[:limit]!r}... ({len(value)} characters)"
+        text = repr(value)
+        return text if len(text) <= 2 * limit else text[:2 * limit] + "..."
 
 try:
     import fcntl
@@ -134,7 +144,7 @@ def stored_dtype(name: str):
     """The dtype ``encode_array`` stores an array of dtype ``name`` as."""
     dtype = _jax().numpy.dtype(name)
     if dtype.hasobject or dtype.kind not in "biufcV":
-        raise ExportError(f"state of dtype {name!r} is not numeric")
+        raise ExportError(f"state of dtype {quoted(name)} is not numeric")
     if dtype.kind in "biufc" and dtype.names is None and name != "bfloat16":
         return dtype
     return np.dtype(f"uint{dtype.itemsize * 8}")
@@ -145,37 +155,38 @@ def _read_state_array(archive: zipfile.ZipFile, key: str, entry: dict, path: str
     ``.npy`` header agree with the manifest's shape and dtype: a member must be stored
     uncompressed (as ``cstorch.export`` writes it) and hold exactly that many bytes, so a
     small file cannot make the loader allocate more than the file holds."""
-    name, shape = entry["name"], tuple(entry["shape"])
+    name, shape = quoted(entry["name"]), tuple(entry["shape"])  # (name: for messages)
     try:
         member = archive.getinfo(f"{key}.npy")
     except KeyError:
-        raise ExportError(f"{STATE} of {path!r} lacks {name!r}.") from None
+        raise ExportError(f"{STATE} of {path!r} lacks {name}.") from None
     dtype = stored_dtype(entry["dtype"])
     nbytes = dtype.itemsize
     for d in shape:
         nbytes *= d
     if member.compress_type != zipfile.ZIP_STORED:
-        raise ExportError(f"{name!r} is compressed in {STATE} of {path!r}; cstorch.export "
+        raise ExportError(f"{name} is compressed in {STATE} of {path!r}; cstorch.export "
                           "stores state uncompressed, so this file was not written by it.")
     if not nbytes <= member.file_size <= nbytes + MAX_NPY_HEADER_BYTES \
             or member.compress_size != member.file_size:
-        raise ExportError(f"{name!r} takes {member.file_size} bytes in {STATE} of {path!r}, but "
-                          f"its manifest shape {shape} and dtype {entry['dtype']} need {nbytes}.")
+        raise ExportError(f"{name} takes {member.file_size} bytes in {STATE} of {path!r}, but "
+                          f"its manifest shape {shape} and dtype {quoted(entry['dtype'])} need "
+                          f"{nbytes}.")
     with archive.open(member) as f:
         version = np.lib.format.read_magic(f)
         if version not in ((1, 0), (2, 0)):
-            raise ExportError(f"{name!r} in {STATE} of {path!r} has .npy version {version}.")
+            raise ExportError(f"{name} in {STATE} of {path!r} has .npy version {version}.")
         read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
                        else np.lib.format.read_array_header_2_0)
         stored_shape, fortran_order, stored = read_header(f)
         if tuple(stored_shape) != shape or stored != dtype:
-            raise ExportError(f"{name!r} has shape {tuple(stored_shape)} and dtype {stored} in "
+            raise ExportError(f"{name} has shape {tuple(stored_shape)} and dtype {stored} in "
                               f"{STATE} but {shape} and {dtype} in the manifest of {path!r}.")
         if member.file_size - f.tell() != nbytes:
-            raise ExportError(f"{name!r} in {STATE} of {path!r} does not hold {nbytes} bytes.")
+            raise ExportError(f"{name} in {STATE} of {path!r} does not hold {nbytes} bytes.")
         data = f.read(nbytes)
     if len(data) != nbytes:
-        raise ExportError(f"{name!r} in {STATE} of {path!r} is truncated.")
+        raise ExportError(f"{name} in {STATE} of {path!r} is truncated.")
     return np.frombuffer(data, dtype).reshape(shape, order="F" if fortran_order else "C")
 
 
@@ -185,7 +196,7 @@ def decode_array(array: np.ndarray, name: str):
     if array.dtype == dtype:
         return array
     if array.dtype.itemsize != dtype.itemsize or array.dtype.kind != "u":
-        raise ExportError(f"state array stored as {array.dtype} cannot hold {name}")
+        raise ExportError(f"state array stored as {array.dtype} cannot hold {quoted(name)}")
     return array.view(dtype)
 
 
@@ -208,7 +219,7 @@ def _read_manifest(path: str) -> dict:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ExportError(f"{path!r} holds no {FORMAT} manifest.")
     if manifest.get("version") != VERSION:
-        raise ExportError(f"{path!r} is format version {manifest.get('version')!r}; this "
+        raise ExportError(f"{path!r} is format version {quoted(manifest.get('version'))}; this "
                           f"loader reads version {VERSION}. Export it again.")
     for key in ("state", "used", "written", "inputs", "returned", "closure_values"):
         if not isinstance(manifest.get(key), list):
@@ -221,13 +232,23 @@ def written_by(manifest: dict) -> str:
     written before the manifest had one name only their JAX)."""
     made_by = manifest.get("made_by")
     if not isinstance(made_by, dict):
-        return f"JAX {manifest.get('jax_version', 'of unknown version')}"
-    parts = [f"jaxlib {made_by.get('jaxlib')}",
-             f"jax.export serialization version {made_by.get('jax_export_serialization_version')}",
-             f"calling convention {made_by.get('calling_convention_version')}",
-             f"StableHLO {made_by.get('stablehlo_version')}"]
-    return (f"JAX {made_by.get('jax')} ({', '.join(parts)}) for cstorch-jax "
-            f"{made_by.get('cstorch_jax')}")
+        return f"JAX {_version(manifest.get('jax_version', 'of unknown version'))}"
+    parts = [f"jaxlib {_version(made_by.get('jaxlib'))}",
+             "jax.export serialization version "
+             f"{_version(made_by.get('jax_export_serialization_version'))}",
+             f"calling convention {_version(made_by.get('calling_convention_version'))}",
+             f"StableHLO {_version(made_by.get('stablehlo_version'))}"]
+    return (f"JAX {_version(made_by.get('jax'))} ({', '.join(parts)}) for cstorch-jax "
+            f"{_version(made_by.get('cstorch_jax'))}")
+
+
+def _version(value) -> str:
+    """A version from a manifest, as written there, or a short quote of anything longer or
+    odder than a version (the manifest is a foreign file)."""
+    text = str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else None
+    if text is not None and len(text) <= 40 and text.isprintable() and " " not in text:
+        return text
+    return quoted(value, 40)
 
 
 def _unreadable_program(path: str, manifest: dict, error: Exception) -> ExportError:
@@ -247,7 +268,8 @@ def _unreadable_program(path: str, manifest: dict, error: Exception) -> ExportEr
                                            and not about_versions):
         return ExportError(f"{PROGRAM} of {path!r} is damaged ({reason}); export the step "
                            "again.")
-    pin = f"pip install 'jax=={writer_jax}' 'jaxlib=={made_by.get('jaxlib') or writer_jax}'"
+    pin = (f"pip install 'jax=={_version(writer_jax)}' "
+           f"'jaxlib=={_version(made_by.get('jaxlib') or writer_jax)}'")
     expired = ("jax_export_deserialize_expired_versions" in getattr(jax.config, "values", {})
                and "window" in str(error))
     return ExportVersionError(
@@ -298,11 +320,12 @@ class ExportedStep:
         except ExportError:
             raise
         except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as error:
-            raise ExportError(f"{STATE} of {path!r} cannot be read ({error}); export the "
+            raise ExportError(f"{STATE} of {path!r} cannot be read ({str(error)[:300]}); export the "
                               "step again.") from None
         missing = [n for n in manifest["used"] + manifest["written"] if n not in state]
         if missing:
-            raise ExportError(f"the manifest of {path!r} names unknown state {missing[:3]}.")
+            raise ExportError(f"the manifest of {path!r} names unknown state "
+                              f"{', '.join(map(quoted, missing[:3]))}.")
         self.state = state
         self.steps_run = 0
         self._call = jax.jit(self.pure)
@@ -367,10 +390,14 @@ class ExportedStep:
         arrays = []
         for i, (value, spec) in enumerate(zip(inputs, specs)):
             array = np.asarray(value)
-            dtype = _jax().numpy.dtype(spec["dtype"])
-            if list(array.shape) != list(spec["shape"]):
+            try:
+                dtype, shape = _jax().numpy.dtype(spec["dtype"]), list(spec["shape"])
+            except (TypeError, ValueError, KeyError):
+                raise ExportError(f"the manifest of {self.path!r} has a malformed input entry "
+                                  f"{quoted(spec)}.") from None
+            if list(array.shape) != shape:
                 raise ValueError(f"input {i} has shape {array.shape}; the step was exported "
-                                 f"for {tuple(spec['shape'])}. Export it again for this shape.")
+                                 f"for {quoted(tuple(shape))}. Export it again for this shape.")
             if array.dtype != dtype:
                 if not np.can_cast(array.dtype, dtype, "same_kind"):
                     raise TypeError(f"input {i} has dtype {array.dtype}; the step takes "
@@ -404,13 +431,15 @@ class ExportedStep:
         if updated:
             raise ExportError(
                 f"apply is for a forward-only step, but this step updates its parameters "
-                f"itself ({', '.join(updated[:3])}{' ...' if len(updated) > 3 else ''}): a "
+                f"itself ({', '.join(map(quoted, updated[:3]))}"
+                f"{' ...' if len(updated) > 3 else ''}): a "
                 "training step with its optimizer. Export a step that only computes the loss "
                 "(with vjp_order=1) to train it in JAX, or run this one with pure / step(...).")
         unknown = sorted(set(params) - {n for n, k in self.kinds.items() if k == "param"})
         if unknown:
             raise ExportError(f"apply got parameters the step does not have: {unknown[:3]} "
-                              f"(its parameters are named like {next(iter(self.params()), '-')!r};"
+                              f"(its parameters are named like "
+                              f"{quoted(next(iter(self.params()), '-'))};"
                               " start from step.params()).")
         new_state, returned = self.pure({**self.state, **buffers, **params}, inputs, seed)
         return returned, {name: new_state[name] for name in buffers}

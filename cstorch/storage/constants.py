@@ -6,6 +6,8 @@ Every string here is read or written verbatim by cerebras-pytorch 2.10, so none 
 import numpy as np
 import torch
 
+from jax_backend.errors import quoted
+
 # Root attributes.
 __SPEC__ = "__spec__"
 __METADATA__ = "__metadata__"
@@ -92,5 +94,5 @@ def torch_dtype_from_name(name: str) -> torch.dtype:
     module, _, attr = str(name).partition(".")
     dtype = getattr(torch, attr, None) if module == "torch" else None
     if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown torch dtype name {name!r} in checkpoint metadata")
+        raise ValueError(f"unknown torch dtype name {quoted(name)} in checkpoint metadata")
     return dtype

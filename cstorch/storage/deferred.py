@@ -37,6 +37,8 @@ import torch
 from torch.utils._pytree import tree_map
 from torch.utils.hooks import RemovableHandle
 
+from jax_backend.errors import quoted
+
 from cstorch.storage import conversions
 
 
@@ -259,7 +261,7 @@ class DeferredTorchTensor(DeferredTensor):
         return _checked_read(self.deferred, self.shape, self.dtype)
 
     def _clone(self) -> "DeferredTorchTensor":
-        self.deferred.check_unchanged(f"clone deferred tensor with key {self.deferred.key!r}")
+        self.deferred.check_unchanged(f"clone deferred tensor with key {quoted(self.deferred.key)}")
         cloned = DeferredTorchTensor(self.deferred, self.shape, self.dtype)
         cloned._cache_tensor = self._cache_tensor
         return cloned
@@ -299,7 +301,7 @@ class DeferredSafeTensor(DeferredTensor):
 
         table = safetensors_format.entries(path)
         if key not in table:
-            raise KeyError(f"safetensors file '{path}' has no tensor {key!r}.")
+            raise KeyError(f"safetensors file '{path}' has no tensor {quoted(key)}.")
         dtype, shape, _ = table[key]
         return DeferredTensor._make(cls, shape, dtype)
 
@@ -440,10 +442,10 @@ class DeferredObject:
 
 
 def _checked_read(deferred: DeferredObject, shape, dtype) -> torch.Tensor:
-    deferred.check_unchanged(f"materialize deferred tensor with key {deferred.key!r}")
+    deferred.check_unchanged(f"materialize deferred tensor with key {quoted(deferred.key)}")
     value = deferred.read_tensor(dtype)
     if tuple(value.shape) != tuple(shape):
         raise RuntimeError(
-            f"Key {deferred.key!r} of checkpoint '{deferred.path}' holds shape "
+            f"Key {quoted(deferred.key)} of checkpoint '{deferred.path}' holds shape "
             f"{tuple(value.shape)} but its metadata says {tuple(shape)}: corrupt file.")
     return value

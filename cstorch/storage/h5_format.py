@@ -61,7 +61,7 @@ except ImportError:  # optional: without it, checkpoints are written uncompresse
     pass
 from jax_backend.atomic_files import AtomicFile
 from jax_backend.regular_files import check_regular, open_regular
-from jax_backend.errors import CstorchError
+from jax_backend.errors import CstorchError, quoted
 
 _CHUNK_BYTES = 1 << 20
 # HDF5 refuses object-header attribute messages over 64 KiB unless the file allows v1.8
@@ -525,19 +525,19 @@ class H5Reader:
                 raise KeyError(key)
             if not self.trusted and not isinstance(link, h5py.HardLink):
                 raise UntrustedCheckpointError(
-                    f"Key {key!r} of checkpoint '{self.path}' is an HDF5 {type(link).__name__} "
-                    f"(to {getattr(link, 'filename', '')!s}{getattr(link, 'path', '')!s}), "
+                    f"Key {quoted(key)} of checkpoint '{self.path}' is an HDF5 {type(link).__name__} "
+                    f"(to {quoted(getattr(link, 'filename', '') + getattr(link, 'path', ''))}), "
                     f"which could make the loader read another file. {TRUST_HINT}")
             dset = self._file[key]
         except KeyError:
             raise CheckpointFormatError(
-                f"Checkpoint '{self.path}' has no dataset for key {key!r}: the file is "
+                f"Checkpoint '{self.path}' has no dataset for key {quoted(key)}: the file is "
                 "incomplete or was not written by cstorch.save.") from None
         if not self.trusted and isinstance(dset, h5py.Dataset):
             if dset.is_virtual or dset.external:
                 what = "a virtual dataset" if dset.is_virtual else "external raw storage"
                 raise UntrustedCheckpointError(
-                    f"Key {key!r} of checkpoint '{self.path}' uses {what}, which reads other "
+                    f"Key {quoted(key)} of checkpoint '{self.path}' uses {what}, which reads other "
                     f"files by path. {TRUST_HINT}")
         return dset
 
@@ -549,7 +549,7 @@ class H5Reader:
         stored = dset.id.get_storage_size()
         if declared > _MAX_EXPANSION * stored + _EXPANSION_ALLOWANCE:
             raise UntrustedCheckpointError(
-                f"Key {key!r} of checkpoint '{self.path}' declares {declared} bytes of data but "
+                f"Key {quoted(key)} of checkpoint '{self.path}' declares {declared} bytes of data but "
                 f"stores only {stored}; reading it would allocate memory the file does not "
                 f"hold (a corrupt or crafted file). {TRUST_HINT}")
 
@@ -569,12 +569,12 @@ class H5Reader:
         except OSError as e:
             if _uses_lz4(dset) and not lz4_available():
                 raise CheckpointFormatError(
-                    f"Key {key!r} of checkpoint '{self.path}' is LZ4-compressed, and this "
+                    f"Key {quoted(key)} of checkpoint '{self.path}' is LZ4-compressed, and this "
                     "Python cannot decompress it: install the hdf5plugin package (`pip install "
                     "hdf5plugin`), which provides HDF5's LZ4 filter.") from None
             raise CheckpointFormatError(
-                f"Cannot read key {key!r} from checkpoint '{self.path}' (corrupt data): "
-                f"{e}") from e
+                f"Cannot read key {quoted(key)} from checkpoint '{self.path}' (corrupt data): "
+                f"{str(e)[:300]}") from e
         return out
 
     def _read_stored_bytes(self, dset, out: np.ndarray) -> bool:

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from jax_backend.user_frames import warn
+from jax_backend.errors import quoted
 from cstorch.storage import constants as C
 from cstorch.storage import safe_pickle, treespec
 from cstorch.storage.deferred import (
@@ -116,7 +117,7 @@ def _to_node(spec, path: str) -> treespec.Node:
         node.build = lambda values, cls=context: cls(*values)  # namedtuple: context is the class
     else:
         raise CheckpointFormatError(
-            f"Legacy checkpoint '{path}' uses container type {kind!r}, which this reader does "
+            f"Legacy checkpoint '{path}' uses container type {quoted(kind)}, which this reader does "
             "not know how to rebuild.")
     return node
 
@@ -133,7 +134,7 @@ def _torch_dtype(np_dtype, name: str) -> torch.dtype:
     for dtype, stored in C.TORCH_TO_NUMPY.items():
         if stored == np_dtype and dtype is not torch.bfloat16:
             return dtype
-    raise CheckpointFormatError(f"legacy dataset {name!r} has unsupported dtype {np_dtype}")
+    raise CheckpointFormatError(f"legacy dataset {quoted(name)} has unsupported dtype {np_dtype}")
 
 
 def _full(reader: H5Reader, name: str) -> DeferredFullTensor:
@@ -161,7 +162,7 @@ def _load_value(reader: H5Reader, name: str, version: float, unsafe_allow_pickle
         return None
     if kind == "ObjectH5Type":
         return safe_pickle.loads(bytes.fromhex(python_value(attrs["object_value"])),
-                                 what=f"key {name!r} of legacy checkpoint '{reader.path}'",
+                                 what=f"key {quoted(name)} of legacy checkpoint '{reader.path}'",
                                  unsafe_allow_pickle=unsafe_allow_pickle)
     if kind in ("DeferredH5Tensor", "StoredTensorH5Type"):
         key = python_value(attrs["key"])
@@ -170,7 +171,7 @@ def _load_value(reader: H5Reader, name: str, version: float, unsafe_allow_pickle
         target = python_value(attrs["filepath"])
         if not linked_file_allowed(reader.path, target, unsafe_allow_pickle):
             raise UntrustedCheckpointError(
-                f"Key {name!r} of legacy checkpoint '{reader.path}' reads its data from a file "
+                f"Key {quoted(name)} of legacy checkpoint '{reader.path}' reads its data from a file "
                 f"outside its directory ('{target}'). {TRUST_HINT}")
         target = os.path.join(os.path.dirname(reader.path), target)  # as linked_file_allowed
         return _tensor(H5Reader(target, trusted=unsafe_allow_pickle), key)
@@ -178,13 +179,13 @@ def _load_value(reader: H5Reader, name: str, version: float, unsafe_allow_pickle
         return _full(reader, name)
     if kind is not None:
         raise NotImplementedError(
-            f"Key {name!r} of legacy checkpoint '{reader.path}' has type {kind!r}, which needs "
+            f"Key {quoted(name)} of legacy checkpoint '{reader.path}' has type {quoted(kind)}, which needs "
             "the Cerebras runtime or external files; load and re-save it with cerebras-pytorch.")
     # Releases <= 1.8 wrote no __H5_TYPE__.
     if attrs.get("filepath") is not None:
         raise NotImplementedError(
-            f"Key {name!r} of legacy checkpoint '{reader.path}' lives in an external file "
-            f"({python_value(attrs['filepath'])!r}); this reader does not follow it.")
+            f"Key {quoted(name)} of legacy checkpoint '{reader.path}' lives in an external file "
+            f"({quoted(python_value(attrs['filepath']))}); this reader does not follow it.")
     if attrs.get("is_constructible", False):
         return _full(reader, name)
     if attrs.get("is_none", False):

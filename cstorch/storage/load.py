@@ -42,6 +42,7 @@ from cstorch.storage.h5_format import (
     linked_file_allowed,
 )
 from cstorch.storage.serializers import LinkedObject, LoadOptions, Stored
+from jax_backend.errors import quoted
 from jax_backend.regular_files import check_regular
 
 
@@ -151,20 +152,21 @@ def _leaf_structure(attributes: dict, key: str, path: str, unsafe_allow_pickle: 
     """The per-key metadata, unflattened into Stored entries / metadata dicts / NestedObjects."""
     raw = attributes.get(f"{key}.{C.__METADATA__}")
     if raw is None:
-        raise CheckpointFormatError(f"Checkpoint '{path}' has no metadata for key {key!r}: corrupt file.")
+        raise CheckpointFormatError(f"Checkpoint '{path}' has no metadata for key {quoted(key)}: corrupt file.")
     try:
         metadata = json.loads(raw)
         leaf_spec = _spec_string(metadata[C.__SPEC__], path, repr(key))
         objects = set(metadata[C.__OBJECTS__])
     except (TypeError, ValueError, KeyError) as e:
-        raise CheckpointFormatError(f"Checkpoint '{path}' has malformed metadata for key {key!r}: {e}") from e
+        raise CheckpointFormatError(f"Checkpoint '{path}' has malformed metadata for key {quoted(key)}: "
+                                    f"{str(e)[:200]}") from e
 
     def entry(sub_key: str):
         try:
             sub_metadata = metadata[f"{sub_key}.{C.__METADATA__}"]
         except KeyError:
             raise CheckpointFormatError(
-                f"Checkpoint '{path}' lacks the metadata of {sub_key!r}: corrupt file.") from None
+                f"Checkpoint '{path}' lacks the metadata of {quoted(sub_key)}: corrupt file.") from None
         return Stored(sub_key, sub_metadata) if sub_key in objects else sub_metadata
 
     if leaf_spec == treespec.leaf_spec_string(key):  # the common case: no parsing needed
@@ -174,7 +176,7 @@ def _leaf_structure(attributes: dict, key: str, path: str, unsafe_allow_pickle: 
     try:
         return structure[key]
     except (KeyError, TypeError):
-        raise CheckpointFormatError(f"Checkpoint '{path}': the metadata of {key!r} describes "
+        raise CheckpointFormatError(f"Checkpoint '{path}': the metadata of {quoted(key)} describes "
                                     "another key.") from None
 
 
@@ -184,7 +186,7 @@ def _spec_string(spec_entry, path: str, where: str) -> str:
         return value[1]
     except (TypeError, ValueError, IndexError, KeyError) as e:
         raise CheckpointFormatError(
-            f"Checkpoint '{path}' has no readable __spec__ for {where}: {e}") from e
+            f"Checkpoint '{path}' has no readable __spec__ for {where}: {str(e)[:200]}") from e
 
 
 def _resolve_link(value, first: dict, path: str):
@@ -192,7 +194,7 @@ def _resolve_link(value, first: dict, path: str):
     while isinstance(value, LinkedObject):
         if value.key in seen or value.key not in first:
             raise CheckpointFormatError(
-                f"Checkpoint '{path}' links to key {value.key!r}, which it does not contain.")
+                f"Checkpoint '{path}' links to key {quoted(value.key)}, which it does not contain.")
         seen.add(value.key)
         value = first[value.key]
     return value

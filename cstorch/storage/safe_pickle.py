@@ -27,7 +27,7 @@ import re
 import numpy as np
 import torch
 
-from jax_backend.errors import CstorchError
+from jax_backend.errors import CstorchError, quoted
 
 try:  # dill is what the reference uses; it is optional here.
     import dill as _dill
@@ -94,7 +94,7 @@ def _dill_load_type(name):
         return _DILL_TYPE_NAMES[name]
     except KeyError:
         raise UnsafePickleError(
-            f"dill type {name!r} is not on the safe allow-list; pass {OPT_IN} to load it") from None
+            f"dill type {quoted(name)} is not on the safe allow-list; pass {OPT_IN} to load it") from None
 
 
 def _dill_eval_repr(text):
@@ -171,7 +171,8 @@ class _RestrictedUnpickler(pickle.Unpickler):
             return super().find_class(module, name)
         if found is None:
             raise UnsafePickleError(
-                f"Refusing to unpickle the global '{module}.{name}' in {self._what}: it is not on "
+                f"Refusing to unpickle the global {quoted(f'{module}.{name}')} in {self._what}: it "
+                "is not on "
                 "the allow-list of plain data types, and unpickling arbitrary classes can execute "
                 f"code from the file. If you trust this checkpoint, pass {OPT_IN} to "
                 "cstorch.load (or --unsafe-allow-pickle to the CLI).")

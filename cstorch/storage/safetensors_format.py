@@ -18,7 +18,7 @@ import torch
 
 from cstorch.storage.conversions import numpy_view
 from jax_backend.regular_files import open_regular_file
-from jax_backend.errors import CstorchError
+from jax_backend.errors import CstorchError, quoted
 
 _DTYPES = {
     torch.bool: "BOOL", torch.uint8: "U8", torch.int8: "I8", torch.int16: "I16",
@@ -59,11 +59,11 @@ def entries(path: str | os.PathLike) -> dict[str, tuple]:
             shape = [int(s) for s in info["shape"]]
             begin, end = (int(o) for o in info["data_offsets"])
         except (KeyError, TypeError, ValueError) as e:
-            raise SafetensorsError(f"safetensors file '{path}': bad entry for {name!r}: {info!r}") from e
+            raise SafetensorsError(f"safetensors file '{path}': bad entry for {quoted(name)}: {quoted(info)}") from e
         itemsize = torch.empty(0, dtype=dtype).element_size()
         count = int(np.prod(shape, dtype=np.int64))
         if end - begin != count * itemsize or begin < 0 or data_start + end > size:
-            raise SafetensorsError(f"safetensors file '{path}': data of {name!r} is out of bounds.")
+            raise SafetensorsError(f"safetensors file '{path}': data of {quoted(name)} is out of bounds.")
         out[name] = (dtype, shape, data_start + begin)
     return out
 
@@ -88,7 +88,7 @@ def read_tensor(path: str | os.PathLike, name: str) -> torch.Tensor:
     """Reads one tensor (and nothing else) of a safetensors file."""
     table = entries(path)
     if name not in table:
-        raise KeyError(f"safetensors file '{path}' has no tensor {name!r}; it has "
+        raise KeyError(f"safetensors file '{path}' has no tensor {quoted(name)}; it has "
                        f"{sorted(table)[:20]}.")
     return _read_entry(path, name, table[name])
 

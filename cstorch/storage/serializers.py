@@ -35,6 +35,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from jax_backend.errors import quoted
 from cstorch.storage import constants as C
 from cstorch.storage import conversions, safe_pickle
 from cstorch.storage.deferred import (  # public re-exports
@@ -154,13 +155,13 @@ def deserialize(value: Any, reader, options: LoadOptions) -> Any:
         return type(value)((k, deserialize(v, reader, options)) for k, v in value.items())
     if isinstance(value, (list, tuple)):
         return type(value)(deserialize(v, reader, options) for v in value)
-    raise _corrupt(options, f"unexpected metadata entry {value!r}")
+    raise _corrupt(options, f"unexpected metadata entry {quoted(value)}")
 
 
 def _decode_stored(key: str, metadata: dict, reader, options: LoadOptions) -> Any:
     kind = metadata.get(C.__TYPE__)
     if kind is None:
-        raise _corrupt(options, f"metadata of key {key!r} has no __TYPE__: {metadata}")
+        raise _corrupt(options, f"metadata of key {quoted(key)} has no __TYPE__: {quoted(metadata)}")
     if metadata.get(C.NONE_FLAG):
         value = _decode_inline(kind, key, metadata, options)
     else:  # __NUMPY__ or __BYTES__: the value is in the dataset named ``key``
@@ -186,8 +187,9 @@ def _decode_inline(kind: str, key: str, metadata: dict, options: LoadOptions) ->
         return _external_link(key, metadata, options)
     if kind in ("DeferredSafeTensor", "DeferredFileTensor"):
         raise NotImplementedError(
-            f"Key {key!r} of checkpoint '{options.path}' refers to a tensor in another file "
-            f"({kind}, {metadata.get('path') or metadata.get('filepath')!r}); this reader does not "
+            f"Key {quoted(key)} of checkpoint '{options.path}' refers to a tensor in another file "
+            f"({kind}, {quoted(metadata.get('path') or metadata.get('filepath'))}); this reader "
+            "does not "
             "follow such references. Load that file directly instead.")
     raise _unknown(kind, key, options)
 
@@ -202,7 +204,7 @@ def _decode_dataset(kind: str, key: str, metadata: dict, reader, options: LoadOp
             array = array.view(C.BF16_NUMPY)
         return array
     if kind == C.OBJECT:
-        return safe_pickle.loads(stored.read_bytes(), what=f"key {key!r} of checkpoint '{options.path}'",
+        return safe_pickle.loads(stored.read_bytes(), what=f"key {quoted(key)} of checkpoint '{options.path}'",
                                  unsafe_allow_pickle=options.unsafe_allow_pickle)
     if kind in (C.TORCH_TENSOR, "DeferredTorchTensor"):
         return stored
@@ -240,15 +242,15 @@ def _as_tensor(value: Any, metadata: dict, options: LoadOptions) -> torch.Tensor
 def _external_link(key: str, metadata: dict, options: LoadOptions) -> DeferredObject:
     path = metadata.get("path")
     if options.open_reader is None or not path:
-        raise _corrupt(options, f"external link at {key!r} without a target")
+        raise _corrupt(options, f"external link at {quoted(key)} without a target")
     target = path if os.path.isabs(path) else os.path.join(os.path.dirname(options.path), path)
     return DeferredObject(options.open_reader(target), metadata["key"], metadata.get("metadata") or {})
 
 
 def _unknown(kind: str, key: str, options: LoadOptions) -> Exception:
     return NotImplementedError(
-        f"Key {key!r} of checkpoint '{options.path}' was written by an unknown serializer "
-        f"{kind!r}; this reader knows {C.TORCH_TENSOR}, {C.SCALAR}, {C.STRING}, {C.NONE}, "
+        f"Key {quoted(key)} of checkpoint '{options.path}' was written by an unknown serializer "
+        f"{quoted(kind)}; this reader knows {C.TORCH_TENSOR}, {C.SCALAR}, {C.STRING}, {C.NONE}, "
         f"{C.NUMPY_ARRAY}, {C.OBJECT}, {C.LINKED} and the CSX deferred-tensor entries.")
 
 

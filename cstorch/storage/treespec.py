@@ -40,7 +40,7 @@ import torch
 import torch.utils._pytree as _torch_pytree
 
 from jax_backend.user_frames import warn
-from jax_backend.errors import CstorchError
+from jax_backend.errors import CstorchError, quoted
 
 PROTOCOL = 1
 LEAF_JSON = {"type": None, "context": None, "children_spec": []}
@@ -269,7 +269,7 @@ def loads(spec: str, *, allow_imports: bool = False) -> Node:
     except (TypeError, ValueError) as e:
         raise TreeSpecError(f"the stored treespec is not protocol-1 JSON: {str(spec)[:200]!r}") from e
     if protocol != PROTOCOL:
-        raise TreeSpecError(f"unsupported treespec protocol {protocol!r} (only {PROTOCOL} is known)")
+        raise TreeSpecError(f"unsupported treespec protocol {quoted(protocol)} (only {PROTOCOL} is known)")
     return _parse(root, allow_imports)
 
 
@@ -294,7 +294,7 @@ def _parse(obj: dict, allow_imports: bool) -> Node:
         node.build = lambda values, kind=kind, keys=keys: kind(zip(keys, values))
     elif type_name == "collections.defaultdict":
         if not isinstance(context, dict) or "dict_context" not in context:
-            raise TreeSpecError(f"malformed defaultdict context {context!r}")
+            raise TreeSpecError(f"malformed defaultdict context {quoted(context)}")
         keys = list(context["dict_context"])
         factory = _resolve_factory(context, allow_imports)
         node.child_keys = [str(k) for k in keys]
@@ -320,9 +320,10 @@ def _json_list(context: Any, type_name: str, count: int) -> list:
     try:
         keys = json.loads(context) if isinstance(context, str) else context
     except ValueError as e:
-        raise TreeSpecError(f"malformed {type_name} context {context!r}") from e
+        raise TreeSpecError(f"malformed {quoted(type_name)} context {quoted(context)}") from e
     if not isinstance(keys, list) or len(keys) != count:
-        raise TreeSpecError(f"{type_name} context {context!r} does not list {count} keys")
+        raise TreeSpecError(f"{quoted(type_name)} context {quoted(context)} does not list {count} "
+                            "keys")
     return keys
 
 
@@ -332,7 +333,7 @@ def _parse_registered(node: Node, allow_imports: bool) -> None:
     node_def = _torch_pytree.SUPPORTED_NODES.get(kind) if kind is not None else None
     if node_def is None:
         raise TreeSpecError(
-            f"The checkpoint contains a container of type {node.type_name!r}, which is not "
+            f"The checkpoint contains a container of type {quoted(node.type_name)}, which is not "
             "registered in this process. Import the module that registers it with "
             "torch.utils._pytree (serialized_type_name=...) before loading.")
     serialize_def = _torch_pytree.SUPPORTED_SERIALIZED_TYPES[kind]
@@ -354,13 +355,15 @@ def _resolve_factory(context: dict, allow_imports: bool):
         # Any importable callable could be named here (e.g. posix.abort), and it runs on the
         # first missing key: only trusted files may name one.
         raise TreeSpecError(
-            f"The checkpoint names {module}.{name} as a defaultdict factory; only builtins and "
+            f"The checkpoint names {quoted(f'{module}.{name}')} as a defaultdict factory; only "
+            "builtins and "
             "collections types are accepted from untrusted files. If you trust this file, "
             "load it with cstorch.load(path, unsafe_allow_pickle=True).")
     found = _lookup(module, name, allow_imports)
     if found is None:
         warn(
-            f"defaultdict factory {module}.{name} is not a builtin and its module is not imported; "
+            f"defaultdict factory {quoted(f'{module}.{name}')} is not a builtin and its module is "
+            "not imported; "
             "the defaultdict is restored without a default factory. Import the module first, or "
             "pass unsafe_allow_pickle=True to let the loader import it.")
     return found
@@ -377,7 +380,7 @@ def _resolve_namedtuple(name: str, allow_imports: bool):
     if cls is not None and _torch_pytree.is_namedtuple_class(cls):
         return cls
     warn(
-        f"namedtuple type {name!r} is neither registered with torch.utils._pytree nor defined in "
+        f"namedtuple type {quoted(name)} is neither registered with torch.utils._pytree nor defined in "
         "an imported module; it is restored as a plain tuple. Import its module before loading, "
         "or pass unsafe_allow_pickle=True to let the loader import it.")
     return None

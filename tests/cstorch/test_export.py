@@ -414,6 +414,58 @@ def test_an_unreadable_program_error_names_both_versions(tmp_path, monkeypatch):
     assert not isinstance(info.value, exported.ExportVersionError)
 
 
+@pytest.mark.parametrize("field", ["jax", "jaxlib", "stablehlo_version"])
+def test_a_manifest_cannot_make_a_long_version_error(tmp_path, monkeypatch, field):
+    """The manifest is a foreign file: its ``made_by`` strings are quoted by a short prefix,
+    so a 50 MB string there makes an error of a few hundred characters (it was repeated in
+    full, twice: a 100-million-character message) (issue 49, item 4)."""
+    import shutil
+
+    import jax
+
+    from jax_backend import exported
+
+    artifact = tmp_path / "old"
+    shutil.copytree(OLD_ARTIFACT, artifact)
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    manifest["made_by"][field] = "9" + "x" * 50_000_000
+    (artifact / "manifest.json").write_text(json.dumps(manifest))
+
+    def refuse(blob):
+        raise ValueError("Exported being deserialized seems to be older than the 6-month "
+                         "backward-compatibility window")
+
+    monkeypatch.setattr(jax.export, "deserialize", refuse)
+    with pytest.raises(exported.ExportVersionError) as info:
+        exported.load(str(artifact))
+    message = str(info.value)
+    assert len(message) < 1500, len(message)
+    assert "'9xxxxxxxx" in message and "... (50000001 characters)" in message
+
+
+@pytest.mark.parametrize("edit", ["name", "dtype", "missing"])
+def test_state_names_from_a_manifest_are_quoted_short(tmp_path, edit):
+    """A state entry's name or dtype, as long as the manifest makes it, appears in the load's
+    error by a short prefix."""
+    from jax_backend import exported
+
+    _, training_step = sgd_linear_mse_step()
+    path = cstorch.export(training_step, linear_mse_batch(0), str(tmp_path / "step"))
+    manifest = json.loads((tmp_path / "step" / "manifest.json").read_text())
+    long = "w" * 5_000_000
+    if edit == "name":  # the name of a member that is not in state.npz
+        manifest["state"].append({**manifest["state"][0], "name": long})
+    elif edit == "dtype":
+        manifest["state"][0]["dtype"] = long
+    else:
+        manifest["used"].append(long)
+    (tmp_path / "step" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(exported.ExportError) as info:
+        exported.load(path)
+    assert len(str(info.value)) < 1000, str(info.value)[:300]
+    assert "'wwwww" in str(info.value)
+
+
 def test_a_cpu_sparsity_step_with_host_topk_is_refused_clearly(tmp_path):
     """On CPU, GMP's mask updates call torch.topk on the host (the reference's tie order),
     which jax.export cannot serialize: the export says so and what to do, and leaves

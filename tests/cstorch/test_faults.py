@@ -475,6 +475,35 @@ def test_defaultdict_factory_from_a_module_is_refused(tmp_path):
         cstorch.load(path)
 
 
+@pytest.mark.parametrize("where", ["factory", "external_link"])
+def test_names_from_a_checkpoint_are_quoted_short_in_its_errors(tmp_path, where):
+    """A checkpoint is a foreign file: a name it holds (a defaultdict factory's module, an
+    HDF5 link's target) is quoted by a short prefix, whatever its length (issue 49)."""
+    import collections
+
+    import h5py
+
+    long = "m" * (5_000_000 if where == "factory" else 50_000)  # (HDF5's longest link)
+    if where == "factory":
+        path = _checkpoint(tmp_path, d=collections.defaultdict(list, {"a": torch.ones(1)}))
+        with h5py.File(path, "r+") as f:
+            human, spec = json.loads(f.attrs["__spec__"])
+            spec = spec.replace('"default_factory_module": "builtins"',
+                                f'"default_factory_module": "{long}"')
+            f.attrs["__spec__"] = json.dumps([human, spec])
+        expected = TreeSpecError
+    else:
+        path = _checkpoint(tmp_path)
+        _replace_dataset(path, "w", lambda f, key: f.__setitem__(
+            key, h5py.ExternalLink(long, "data")))
+        expected = UntrustedCheckpointError
+    with pytest.raises(expected) as info:
+        torch.as_tensor(cstorch.load(path)["w"]) + 0
+    message = str(info.value)
+    assert len(message) < 1000, message[:300]
+    assert "'mmmmm" in message and " characters)" in message
+
+
 @pytest.mark.parametrize("kind", ["external_raw", "virtual", "external_link"])
 def test_hdf5_features_that_read_other_files_are_refused(tmp_path, secret, kind):
     import h5py
