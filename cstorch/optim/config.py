@@ -21,6 +21,7 @@ import inspect
 import logging
 from itertools import accumulate
 
+from cstorch.errors import quoted
 from cstorch.optim import lr_scheduler, scheduler
 from cstorch.optim.optimizer import BuiltinOptimizer, Optimizer
 
@@ -94,7 +95,7 @@ def configure_optimizer_params(optimizer_type: str, kwargs: dict):
     classes = _optimizer_classes()
     if not isinstance(optimizer_type, str) or optimizer_type.lower() not in classes:
         raise ValueError(f"Invalid optimizer type. Expected one of {sorted(classes)}. Got: "
-                         f"{optimizer_type!r}")
+                         f"{quoted(optimizer_type)}")
     cls = classes[optimizer_type.lower()]
     kwargs = dict(kwargs)
     learning_rate = kwargs.pop("learning_rate", None)
@@ -154,17 +155,17 @@ def configure_scheduler_params(learning_rate: dict):
     ``milestones``) raise ``ValueError`` naming the parameter to use.
     """
     if not isinstance(learning_rate, dict):
-        raise ValueError(f"A scheduler config must be a dict, got {learning_rate!r}")
+        raise ValueError(f"A scheduler config must be a dict, got {quoted(learning_rate)}")
     params = dict(learning_rate)
     classes = {c.__name__.lower(): c for c in _subclasses(lr_scheduler.LRScheduler)}
     if "scheduler" not in params:
         raise ValueError(f"A learning-rate scheduler config needs a 'scheduler' key naming one "
-                         f"of {sorted(classes)}; got keys {sorted(params)}")
+                         f"of {sorted(classes)}; got keys {quoted(sorted(params))}")
     name = str(params.pop("scheduler")).lower()
     cls = classes.get(name) or classes.get(f"{name}lr")
     if cls is None:
         raise ValueError(f"Invalid lr_scheduler type. Expected one of {sorted(classes)}. Got: "
-                         f"{name!r}")
+                         f"{quoted(name)}")
     signature = inspect.signature(cls.__init__)
     names = list(signature.parameters)
     if len(names) < 2 or names[1] != "optimizer":
@@ -189,7 +190,8 @@ def configure_scheduler_params(learning_rate: dict):
         raise _deprecation_error(cls, deprecated)
     if params and not any_kwargs:
         raise ValueError(
-            f"{cls.__name__} got {len(params)} unexpected parameters: {sorted(params)}.\n"
+            f"{cls.__name__} got {len(params)} unexpected parameters: "
+            f"{quoted(sorted(params))}.\n"
             f"Please ensure that you specified the correct parameters:\n"
             f"{_signature_with_values(cls, signature, 'optimizer', cls_kwargs)}\n")
     return cls, cls_kwargs
@@ -234,7 +236,7 @@ def configure_lr_scheduler(optimizer, learning_rate, adjust_learning_rate=None):
         configs = list(learning_rate)
     else:
         raise ValueError(f"Unsupported LR scheduler type. Expected one of "
-                         f"float/str/dict/list/tuple. Got: {learning_rate!r}")
+                         f"float/str/dict/list/tuple. Got: {quoted(learning_rate)}")
 
     # Every entry is validated before any scheduler is built: building one reaches the
     # optimizer (and its backend), and a bad name must be reported as such, not as whatever
@@ -243,7 +245,7 @@ def configure_lr_scheduler(optimizer, learning_rate, adjust_learning_rate=None):
     for config in configs:
         if not isinstance(config, dict):
             raise ValueError(f"Each entry of a learning-rate schedule list must be a dict, got "
-                             f"{config!r}")
+                             f"{quoted(config)}")
         config = dict(config)
         chosen = config.pop("main_scheduler", None)
         if chosen:

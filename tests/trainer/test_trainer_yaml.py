@@ -446,6 +446,29 @@ def test_a_module_given_with_import_may_be_named(tmp_path, capsys):
         sys.modules.pop("this", None)
 
 
+LONG = "q" * 100_000
+
+
+@pytest.mark.parametrize("edit", [
+    lambda t: t["init"].update(callbacks=[LONG]),
+    lambda t: t["init"].update(callbacks=[{"KeepNCheckpoints": {LONG: 1}}]),
+    lambda t: t["init"]["loop"].update({LONG: 1}),
+    lambda t: t["init"].update(optimizer={LONG: {"lr": 0.1}}),
+    lambda t: t["init"]["optimizer"]["SGD"].update(lr=LONG),
+    lambda t: t["init"].update(model={"name": LONG}),
+    lambda t: t["init"].update(model={"name": f"x.{LONG}:Net"}),
+    lambda t: t["init"].update(schedulers=[{LONG: {}}]),
+], ids=["callback", "argument", "key", "optimizer", "value", "model", "module", "scheduler"])
+def test_a_long_string_in_the_yaml_makes_a_short_error(tmp_path, capsys, edit):
+    """The YAML is a foreign file: what the error quotes of it is a short prefix (issue 49)."""
+    config = params(tmp_path / "model_dir")
+    edit(config["trainer"])
+    status, err = _cli(tmp_path, capsys, config)
+    assert status == 2, err[:500]
+    assert len(err) < 2000, err[:500]
+    assert "qqqq" in err and "characters" in err, err[:500]
+
+
 def test_a_yaml_tag_is_refused_with_the_reason(tmp_path, capsys):
     from cerebras.modelzoo.trainer.cli import main
 

@@ -26,7 +26,7 @@ except ImportError as error:
 from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator,
                       model_validator)
 
-from cstorch.errors import CstorchError
+from cstorch.errors import CstorchError, quoted
 from cstorch.optim.config import (  # the old parameter names, which have their own errors
     _OPTIMIZER_ALIASES as OPTIMIZER_ALIASES, _SCHEDULER_ALIASES as SCHEDULER_ALIASES)
 
@@ -35,7 +35,7 @@ from cerebras.modelzoo.trainer import loggers as _loggers
 from cerebras.modelzoo.trainer.callbacks.checkpoint import checkpoint_name_parts
 from cerebras.modelzoo.trainer.callbacks.reproducibility import check_seed
 from cerebras.modelzoo.trainer.registry import (
-    check_arguments, get_data_processor, get_model, import_object)
+    check_arguments, get_data_processor, get_model, import_object, shown)
 
 
 class TrainerConfigError(CstorchError, ValueError):
@@ -144,10 +144,11 @@ def _display_name(target, name: str) -> str:
 def _single_key(entry, what):
     if not isinstance(entry, dict) or len(entry) != 1:
         raise ValueError(f"each {what} must be a dict with exactly one key (its class name), "
-                         f"e.g. {{SGD: {{lr: 0.1}}}}; got {entry!r}")
+                         f"e.g. {{SGD: {{lr: 0.1}}}}; got {quoted(entry)}")
     (name, kwargs), = entry.items()
     if kwargs is not None and not isinstance(kwargs, dict):
-        raise ValueError(f"the arguments of {what} {name!r} must be a mapping, got {kwargs!r}")
+        raise ValueError(f"the arguments of {what} {quoted(name)} must be a mapping, got "
+                         f"{quoted(kwargs)}")
     return name, kwargs or {}
 
 
@@ -170,9 +171,9 @@ def callback_class(name: str):
         obj = import_object(name)  # (checked before anything is called)
         if isinstance(obj, type) and issubclass(obj, _callbacks.Callback):
             return obj
-        raise ValueError(f"{name!r} is not a Callback class; a config may only name "
+        raise ValueError(f"{quoted(name)} is not a Callback class; a config may only name "
                          "Callback or Logger classes here")
-    raise ValueError(f"unknown callback or logger {name!r}; known: {', '.join(sorted(known))} "
+    raise ValueError(f"unknown callback or logger {quoted(name)}; known: {', '.join(sorted(known))} "
                      "(or give an import path, package.module:MyCallback)")
 
 
@@ -207,7 +208,8 @@ def _check_numbers(cls, kwargs: dict, label: str) -> None:
             hint = " (YAML reads a number without a dot, such as 1e-3, as a string: write 1.0e-3)"
         except ValueError:
             hint = ""
-        raise ValueError(f"{label}.{key} must be a number, got the string {value!r}{hint}")
+        raise ValueError(f"{shown(label)}.{key} must be a number, got the string "
+                         f"{quoted(value)}{hint}")
 
 
 def _check_optimizer_arguments(name, kwargs: dict) -> None:
@@ -218,12 +220,12 @@ def _check_optimizer_arguments(name, kwargs: dict) -> None:
         try:
             float(learning_rate)
         except ValueError:
-            raise ValueError(f"{name}.learning_rate must be a number, got the string "
-                             f"{learning_rate!r}") from None
+            raise ValueError(f"{shown(name)}.learning_rate must be a number, got the string "
+                             f"{quoted(learning_rate)}") from None
     try:
         optimizer_cls, _ = cstorch.optim.configure_optimizer_params(name, {})
     except ValueError as error:
-        raise ValueError(f"{name}: {error}") from None
+        raise ValueError(f"{shown(name)}: {error}") from None
     # An unknown argument is an error here, not the warning configure_optimizer logs (a typo
     # such as lrr would train with the default learning rate). Old names are left to
     # configure_optimizer_params, which says what replaced them.
@@ -232,7 +234,7 @@ def _check_optimizer_arguments(name, kwargs: dict) -> None:
     try:
         cstorch.optim.configure_optimizer_params(name, kwargs)
     except ValueError as error:
-        raise ValueError(f"{name}: {error}") from None
+        raise ValueError(f"{shown(name)}: {error}") from None
     _check_numbers(optimizer_cls, kwargs, name)
 
 
@@ -253,7 +255,7 @@ def _check_scheduler_arguments(name, kwargs: dict) -> None:
         scheduler_cls, _ = cstorch.optim.configure_scheduler_params(
             {"scheduler": name, **kwargs})
     except ValueError as error:
-        raise ValueError(f"{name}: {error}") from None
+        raise ValueError(f"{shown(name)}: {error}") from None
     _check_numbers(scheduler_cls, kwargs, name)
     check_arguments(scheduler_cls, kwargs, name, passed=("optimizer",))
 
@@ -368,7 +370,8 @@ def _describe(error: pydantic.ValidationError, prefix: str) -> str:
     reports both, under labels such as ``list[...]``)."""
     items = []
     for item in error.errors():
-        loc = [str(part) for part in item["loc"] if "[" not in str(part)]  # union labels
+        loc = [shown(str(part)) for part in item["loc"]
+               if "[" not in str(part)]  # (union labels; keys from the file, shown short)
         items.append((".".join((prefix, *loc)), item))
     lines = []
     for where, item in items:
@@ -391,7 +394,7 @@ def validate_trainer_params(params) -> List[TrainerConfig]:
                                  "convert_legacy_params_to_trainer_params).")
     extra = sorted(set(params) - {"trainer"})
     if extra:
-        raise TrainerConfigError(f"Unknown top-level keys {extra}: everything goes under "
+        raise TrainerConfigError(f"Unknown top-level keys {quoted(extra)}: everything goes under "
                                  "`trainer`.")
     phases = params["trainer"]
     single = isinstance(phases, dict)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import copy
 
+from cstorch.errors import quoted
+
 _LOOP_KEYS = ("num_steps", "max_steps", "num_epochs", "steps_per_epoch", "eval_frequency",
               "eval_steps")
 _CHECKPOINT_KEYS = {"checkpoint_steps": "steps",
@@ -41,7 +43,7 @@ def _scheduler_entries(learning_rate):
     for entry in entries:
         if not isinstance(entry, dict) or "scheduler" not in entry:
             raise ValueError(f"optimizer.learning_rate entries need a `scheduler` key, got "
-                             f"{entry!r}.")
+                             f"{quoted(entry)}.")
         entry = dict(entry)
         name = str(entry.pop("scheduler"))
         schedulers.append({name if name.endswith("LR") else f"{name}LR": entry})
@@ -58,7 +60,8 @@ def convert_legacy_params_to_trainer_params(params: dict) -> dict:
     eval_input = params.pop("eval_input", None)
     params.pop("sparsity", None)
     if params:
-        raise ValueError(f"Unknown top-level sections {sorted(params)} in legacy params.")
+        raise ValueError(f"Unknown top-level sections {quoted(sorted(params))} in legacy "
+                         "params.")
 
     init = {"model_dir": runconfig.pop("model_dir", "./model_dir")}
     if "seed" in runconfig:

@@ -85,6 +85,14 @@ def allow_imports(*module_names: str) -> None:
 cstorch_config.config.on_reset(_ALLOWED_IMPORTS.clear)
 
 
+def shown(name) -> str:
+    """A name from a config as a message shows it: as written when it is a short line of
+    text, else a short quote (a config is a foreign file: ``quoted``)."""
+    if isinstance(name, str) and len(name) <= 80 and name.isprintable():
+        return name
+    return quoted(name)
+
+
 def _allowed(name: str) -> bool:
     return any(name == allowed or name.startswith(allowed + ".")
                for allowed in _ALLOWED_IMPORTS)
@@ -254,7 +262,8 @@ _KINDS = {
 
 def _resolve(table, kind, name):
     if not isinstance(name, str) or not name:
-        raise ValueError(f"Expected the {kind} name to be a non-empty string, got {name!r}.")
+        raise ValueError(f"Expected the {kind} name to be a non-empty string, got "
+                         f"{quoted(name)}.")
     if name in table:
         return table[name]
     if ":" in name or "." in name:
@@ -262,14 +271,14 @@ def _resolve(table, kind, name):
         accepts, what, function = _KINDS[kind]
         if not accepts(obj):
             raise ValueError(
-                f"{name!r} is not {what}, nor {function}; a config may only name those, so "
+                f"{quoted(name)} is not {what}, nor {function}; a config may only name those, so "
                 f"that loading it cannot run other code. Name the right object, or register "
                 f"it with @register_{kind.replace(' ', '_')}.")
         return obj
     known = ", ".join(sorted(table)) or "none registered"
     raise ValueError(
-        f"Unknown {kind} {name!r} (registered: {known}). Register it with "
-        f"@register_{kind.replace(' ', '_')}({name!r}) in a module the run imports, or give "
+        f"Unknown {kind} {quoted(name)} (registered: {known}). Register it with "
+        f"@register_{kind.replace(' ', '_')}({quoted(name)}) in a module the run imports, or give "
         "an import path such as my_package.models:MyModel.")
 
 
@@ -301,13 +310,13 @@ def check_arguments(target, kwargs: dict, label: str, *, passed=(), ignore=(), a
         unknown = [key for key in kwargs if key not in accepted and key not in ignore]
         if unknown:
             plural = "s" if len(unknown) > 1 else ""
-            raise ValueError(f"{label}: unknown argument{plural} "
-                             f"{', '.join(map(repr, unknown))}; accepted: "
+            raise ValueError(f"{shown(label)}: unknown argument{plural} "
+                             f"{', '.join(map(quoted, unknown[:5]))}; accepted: "
                              f"{', '.join(accepted) or 'none'}")
     if required:
         missing = [p.name for p in parameters if p.kind in named
                    and p.default is inspect.Parameter.empty and p.name not in kwargs]
         if missing:
             plural = "s" if len(missing) > 1 else ""
-            raise ValueError(f"{label}: missing argument{plural} "
+            raise ValueError(f"{shown(label)}: missing argument{plural} "
                              f"{', '.join(map(repr, missing))}")

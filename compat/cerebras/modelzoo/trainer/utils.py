@@ -24,7 +24,8 @@ from cerebras.modelzoo.trainer.config import (
     TrainerConfig, TrainerConfigError, callback_class, validate_trainer_params)
 from cerebras.modelzoo.trainer.legacy import (
     convert_legacy_params_to_trainer_params, is_legacy_params)
-from cerebras.modelzoo.trainer.registry import get_data_processor, get_model
+from cerebras.modelzoo.trainer.registry import get_data_processor, get_model, shown
+from cstorch.errors import quoted
 from cerebras.modelzoo.trainer.trainer import Trainer
 
 DEFAULT_CALLBACKS = {"CheckLoss": {}, "LogOptimizerParamGroup": {"keys": "lr"},
@@ -89,7 +90,7 @@ def _backend(init):
     allowed = set(cstorch.backend.get_backend_args(backend_type)) - {"self", "backend_type"}
     unknown = sorted(set(kwargs) - allowed)
     if unknown:
-        raise TrainerConfigError(f"Unknown init.backend keys {unknown} for {backend_type}; "
+        raise TrainerConfigError(f"Unknown init.backend keys {quoted(unknown)} for {backend_type}; "
                                  f"accepted: {sorted(allowed)}.")
     return get_or_create(backend_type, mismatch=lambda existing: TrainerConfigError(
         f"This process already runs a {existing.backend_type.name} backend; all trainer "
@@ -153,7 +154,8 @@ def _instances(entries, defaults):
         try:
             objects.append(cls(**(kwargs or {})))
         except TypeError as error:
-            raise TrainerConfigError(f"Cannot build {name} from {kwargs}: {error}") from error
+            raise TrainerConfigError(f"Cannot build {name} from {quoted(kwargs)}: "
+                                     f"{str(error)[:300]}") from error
     return objects
 
 
@@ -261,7 +263,7 @@ def _tag_refused(error) -> str | None:
     tag = found.group(1).replace("tag:yaml.org,2002:", "!!")
     mark = error.problem_mark
     where = f", line {mark.line + 1}" if mark is not None else ""
-    return (f"YAML tags are not allowed (`{tag}`){where}: a params file is plain YAML "
+    return (f"YAML tags are not allowed (`{shown(tag)}`){where}: a params file is plain YAML "
             "(mappings, lists, strings, numbers), read without building Python objects. Name "
             "a model, data processor or callback by its import path instead, e.g. "
             "`name: my_package.models:MyModel`.")
