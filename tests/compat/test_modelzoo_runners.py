@@ -231,6 +231,29 @@ def test_a_params_mistake_on_the_command_line_exits_2_naming_the_key(tmp_path, c
     assert not (tmp_path / "md" / "train").exists()
 
 
+def test_a_yaml_tag_in_a_params_file_is_refused_with_the_reason(tmp_path, capsys):
+    """A 1.x params file is plain YAML: a tag (``!!python/...``) is refused saying so, in
+    one line, with nothing run or built (it was yaml's ConstructorError traceback)
+    (issue 49, item 5)."""
+    from modelzoo.common.pytorch.utils import read_params_file
+
+    marker = tmp_path / "MARKER"
+    path = tmp_path / "p.yaml"
+    path.write_text(f"runconfig: {{max_steps: 4}}\n"
+                    f"train_input: !!python/object/apply:os.system ['touch {marker}']\n")
+    reason = (r"YAML tags are not allowed \(`!!python/object/apply:os.system`\), line 2: a "
+              r"params file is plain YAML")
+    with pytest.raises(ValueError, match=rf"^Params file {path}: {reason}"):
+        read_params_file(str(path))
+    with pytest.raises(SystemExit) as info:
+        _run_cli(["CPU", "--params", str(path), "--mode", "train", "-o", str(tmp_path / "md")])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: Params file {path}: YAML tags are not allowed" in err, err
+    assert "Traceback" not in err and not marker.exists()
+    assert not (tmp_path / "md").exists()
+
+
 def _write_params(path, **runconfig):
     import yaml
 

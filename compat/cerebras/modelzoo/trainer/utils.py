@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import os
-import re
 from typing import List
 
 import torch
@@ -24,8 +23,9 @@ from cerebras.modelzoo.trainer.config import (
     TrainerConfig, TrainerConfigError, callback_class, validate_trainer_params)
 from cerebras.modelzoo.trainer.legacy import (
     convert_legacy_params_to_trainer_params, is_legacy_params)
-from cerebras.modelzoo.trainer.registry import get_data_processor, get_model, shown
+from cerebras.modelzoo.trainer.registry import get_data_processor, get_model
 from cstorch.errors import quoted
+from cstorch.utils.yaml_files import YAMLFileError, load_yaml
 from cerebras.modelzoo.trainer.trainer import Trainer
 
 DEFAULT_CALLBACKS = {"CheckLoss": {}, "LogOptimizerParamGroup": {"keys": "lr"},
@@ -236,34 +236,14 @@ def run_trainer(mode: str, params: dict) -> List[Trainer]:
 
 def load_params(path) -> dict:
     """Reads a YAML params file (plain YAML: no Python objects are constructed)."""
-    import yaml
-
     if not os.path.isfile(path):
         raise FileNotFoundError(f"Params file {path} does not exist.")
     with open(path) as f:
         try:
-            params = yaml.safe_load(f)
-        except yaml.constructor.ConstructorError as error:
-            raise TrainerConfigError(_tag_refused(error) or f"{path} is not valid YAML: "
-                                                             f"{error}") from None
-        except yaml.YAMLError as error:
-            raise TrainerConfigError(f"{path} is not valid YAML: {error}") from None
+            params = load_yaml(f, path)
+        except YAMLFileError as error:
+            raise TrainerConfigError(str(error)) from None
     if not isinstance(params, dict):
         raise TrainerConfigError(f"{path} must hold a mapping (with a `trainer` key), got "
                                  f"{type(params).__name__}.")
     return params
-
-
-def _tag_refused(error) -> str | None:
-    """The message for a YAML tag ``safe_load`` has no constructor for (``!!python/...``,
-    which would build Python objects or call functions), or None for another error."""
-    found = re.search(r"constructor for the tag '([^']+)'", str(error.problem or ""))
-    if not found:
-        return None
-    tag = found.group(1).replace("tag:yaml.org,2002:", "!!")
-    mark = error.problem_mark
-    where = f", line {mark.line + 1}" if mark is not None else ""
-    return (f"YAML tags are not allowed (`{shown(tag)}`){where}: a params file is plain YAML "
-            "(mappings, lists, strings, numbers), read without building Python objects. Name "
-            "a model, data processor or callback by its import path instead, e.g. "
-            "`name: my_package.models:MyModel`.")

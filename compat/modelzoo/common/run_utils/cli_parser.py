@@ -26,9 +26,8 @@ import os
 import sys
 from typing import Callable, List, Optional
 
-import yaml
-
 from cstorch import config as cstorch_config
+from cstorch.utils.yaml_files import YAMLFileError, load_yaml
 from modelzoo.common.run_utils.utils import DeviceType, ExecutionStrategy
 
 MODES = ["train", "eval", "train_and_eval", "eval_all"]
@@ -50,7 +49,10 @@ def read_params_file(params_file: str) -> dict:
         raise FileNotFoundError(f"Params file {params_file!r} not found; pass the YAML with "
                                 "-p/--params.")
     with open(params_file) as stream:
-        params = yaml.safe_load(stream)
+        try:
+            params = load_yaml(stream, params_file)
+        except YAMLFileError as error:  # a tag (!!python/...) or not YAML: said in one line
+            raise YAMLFileError(f"Params file {params_file}: {error}") from None
     if not isinstance(params, dict):
         raise ValueError(f"{params_file} must hold a mapping of sections (train_input, model, "
                          f"optimizer, runconfig, ...), got {type(params).__name__}.")
@@ -263,7 +265,10 @@ def get_params_from_args(run_dir: Optional[str] = None, argv: Optional[List[str]
     legacy = is_legacy_command_line(argv)
     parser = (get_legacy_parser if legacy else get_parser)(run_dir, extra_args_parser_fn)
     args = vars(parser.parse_args(argv))
-    params = get_params(args["params"], args.get("config"))
+    try:
+        params = get_params(args["params"], args.get("config"))
+    except YAMLFileError as error:  # a command-line error, as argparse's: exit status 2
+        parser.error(str(error))
     runconfig = params["runconfig"]
     sysadmin_file = cstorch_config.cluster_defaults.value
     sysadmin = (read_params_file(sysadmin_file).get("runconfig") or {}) if sysadmin_file \
