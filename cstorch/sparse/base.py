@@ -79,6 +79,18 @@ class SparsityAlgorithm(ABC):
 
     _sparsity_algorithm_count = defaultdict(int)
 
+    @classmethod
+    def check_arguments(cls, **kwargs) -> None:
+        """Raises ValueError for argument values the constructor would refuse, building
+        nothing (``configure.check_config`` checks a config before a backend exists). The
+        names are checked by the caller, against the constructors' signatures."""
+        if kwargs.get("sparsity") is not None and not (
+                isinstance(kwargs["sparsity"], dict)
+                and any(isinstance(k, torch.Tensor) for k in kwargs["sparsity"])):
+            make_hyperparam_schedule(kwargs["sparsity"])
+        if "init_method" in kwargs:
+            make_init_method(kwargs["init_method"])
+
     def __init__(self, sparsity: Union[float, HyperParameterSchedule, None],
                  init_method: InitMethodType = "random"):
         count = SparsityAlgorithm._sparsity_algorithm_count[self.__class__]

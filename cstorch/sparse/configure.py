@@ -14,6 +14,7 @@ from typing import Callable, Dict, List, Union
 
 import torch
 
+from cstorch.errors import quoted
 from cstorch.sparse.base import SparsityAlgorithm
 from cstorch.sparse.group import Group
 
@@ -67,9 +68,71 @@ def map_sparsity_algorithm(algorithm: str):
     known = _algorithms()
     cls = known.get(str(algorithm).lower())
     if cls is None:
+        name = algorithm if len(str(algorithm)) <= 60 else quoted(str(algorithm))
         raise ValueError(
-            f"Unsupported sparsity algorithm: {algorithm}. Supported types: {sorted(known)}")
+            f"Unsupported sparsity algorithm: {name}. Supported types: {sorted(known)}")
     return cls
+
+
+def _accepted_arguments(cls) -> set:
+    """The keyword arguments ``cls(...)`` takes: its constructor's, and its bases' while each
+    passes ``**kwargs`` on."""
+    names = set()
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass) or klass is object:
+            continue
+        parameters = list(inspect.signature(vars(klass)["__init__"]).parameters.values())[1:]
+        names.update(p.name for p in parameters if p.kind in (
+            inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY))
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+            break
+    return names
+
+
+def check_config(config: Union[float, dict, List[dict]]) -> None:
+    """Raises ValueError or TypeError for a config ``configure`` would refuse (an unknown
+    algorithm or argument, a sparsity level, schedule, update or init method its algorithm
+    refuses, a wrong ``param_filter``), building nothing: no backend is needed, so a YAML
+    ``sparsity:`` section is checked before anything of the run exists."""
+    config = flatten_sparsity_params(config)
+    if isinstance(config, bool):
+        raise TypeError(f"A sparsity config cannot be a bool, got {config!r}.")
+    if isinstance(config, (int, float)):
+        return check_config({"sparsity": config})
+    if isinstance(config, (list, tuple)):
+        for item in config:
+            check_config(item)
+        return None
+    if not isinstance(config, dict):
+        raise TypeError(
+            f"A sparsity config is a float, a dict or a list of dicts, got {type(config)}.")
+    config = dict(config)
+    if "algorithm" not in config and "type" in config:
+        config["algorithm"] = config.pop("type")  # (configure warns that the name is old)
+    sparsity_cls = map_sparsity_algorithm(config.pop("algorithm", "static"))
+    param_filter = config.pop("param_filter", None)
+    if param_filter is not None and not (
+            isinstance(param_filter, str) or (isinstance(param_filter, (list, tuple))
+                                              and all(isinstance(p, str) for p in param_filter))):
+        raise TypeError(f"filter must be a string or list of strings, got {type(param_filter)}")
+    if "schedule" in config:
+        if "sparsity" in config:
+            raise ValueError("Cannot specify both 'sparsity' and 'schedule' in the same config")
+        config["sparsity"] = config.pop("schedule")
+    if config.get("sparsity") is None:
+        return None
+    unknown = sorted(set(config) - _accepted_arguments(sparsity_cls))
+    if unknown:
+        raise ValueError(f"Invalid sparsity config for {sparsity_cls.__name__}: unknown "
+                         f"argument{'s' if len(unknown) > 1 else ''} "
+                         f"{', '.join(quoted(k) for k in unknown[:5])}; accepted: "
+                         f"{', '.join(sorted(_accepted_arguments(sparsity_cls)))}")
+    try:
+        sparsity_cls.check_arguments(**config)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"Invalid sparsity config for {sparsity_cls.__name__}: "
+                         f"{str(err)[:300]}") from None
+    return None
 
 
 def configure(config: Union[float, dict, List[dict]]) -> Group:
@@ -81,7 +144,11 @@ def configure(config: Union[float, dict, List[dict]]) -> Group:
       ``param_filter`` (glob pattern(s); default: the default filter), ``sparsity`` (or its
       alias ``schedule``) and the algorithm's other arguments;
     * a list of dicts: one group per entry (the first matching entry wins).
+
+    The config is checked whole first (``check_config``), so a mistake anywhere in it is
+    refused before any algorithm is built.
     """
+    check_config(config)
     config = flatten_sparsity_params(config)
     if isinstance(config, bool):
         raise TypeError(f"A sparsity config cannot be a bool, got {config!r}.")

@@ -18,7 +18,8 @@ from typing import Optional, Union
 import torch
 
 from cstorch.sparse.base import SparseParameter, SparsityAlgorithm
-from cstorch.sparse.utils import UpdateScheduleType, make_update_schedule
+from cstorch.sparse.utils import (UpdateScheduleType, make_hyperparam_schedule,
+                                  make_update_schedule)
 
 
 class DynamicSparsityAlgorithm(SparsityAlgorithm):
@@ -27,6 +28,15 @@ class DynamicSparsityAlgorithm(SparsityAlgorithm):
     ``update`` is None (every step), ``{"freq": f, "start": s, "stop": e}``,
     ``{"steps": [...]}`` or a function of the step tensor. If step 0 is not an update step,
     training starts dense."""
+
+    @classmethod
+    def check_arguments(cls, **kwargs) -> None:
+        super().check_arguments(**kwargs)
+        if "update" in kwargs:
+            make_update_schedule(kwargs["update"])
+        for name in ("drop_fraction",):  # (SET's and RigL's schedule)
+            if name in kwargs:
+                make_hyperparam_schedule(kwargs[name])
 
     def __init__(self, sparsity: Union[float, dict, None] = None,
                  update: Optional[UpdateScheduleType] = None, **kwargs):

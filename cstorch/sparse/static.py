@@ -12,12 +12,18 @@ from cstorch.sparse.base import SparseParameter, SparsityAlgorithm
 class Static(SparsityAlgorithm):
     """Constant sparsity ``0 <= sparsity < 1``; the mask never changes."""
 
-    def __init__(self, sparsity: Optional[float] = None, **kwargs):
+    @classmethod
+    def check_arguments(cls, **kwargs) -> None:
+        sparsity = kwargs.get("sparsity")
         if sparsity is not None:
             if not isinstance(sparsity, float):
                 raise ValueError("Static sparsity algorithm only supports constant sparsity")
             if not 0.0 <= sparsity < 1.0:
                 raise ValueError(f"Invalid sparsity level {sparsity}. Must be 0.0 <= s < 1.0")
+        super().check_arguments(**kwargs)
+
+    def __init__(self, sparsity: Optional[float] = None, **kwargs):
+        type(self).check_arguments(sparsity=sparsity)
         self.sparsity_level = sparsity
         super().__init__(sparsity, **kwargs)
 

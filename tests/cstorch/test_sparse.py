@@ -259,6 +259,54 @@ def test_apply_checks(cpu_backend):
         optimizer.step()
 
 
+CONFIGS = [  # (config, what configure and check_config refuse it with; None: accepted)
+    (0.3, None),
+    ({"algorithm": "gmp", "schedule": {"type": "linear", "init": 0.0, "slope": 0.1}}, None),
+    ([{"param_filter": "0.*", "sparsity": 0.5},
+      {"param_filter": ["2.weight"], "algorithm": "set", "sparsity": 0.25,
+       "drop_fraction": {"type": "cosine", "init": 0.3, "half_period": 10}}], None),
+    ({"sparsity": 1.5}, "Invalid sparsity level 1.5"),
+    ({"algorithm": "magic", "sparsity": 0.3}, "Unsupported sparsity algorithm: magic"),
+    ({"algorithm": "set", "sparsity": 0.3, "drop_fracton": 0.1},
+     "Invalid sparsity config for SET: unknown argument 'drop_fracton'"),
+    ({"algorithm": "gmp", "sparsity": 0.3}, "Configured with constant sparsity 0.3"),
+    ({"algorithm": "gmp", "sparsity": {"type": "lnear"}}, "Unknown schedule type 'lnear'"),
+    ({"algorithm": "rigl", "sparsity": 0.3, "update": {"freq": 0}},
+     "The update `freq` must be a positive int"),
+    ({"sparsity": 0.3, "init_method": "bogus"}, "Unknown `init_method`: 'bogus'"),
+    ({"sparsity": 0.3, "param_filter": 3}, "filter must be"),
+    ({"sparsity": 0.3, "schedule": 0.3}, "both 'sparsity' and 'schedule'"),
+]
+
+
+@pytest.mark.parametrize("config, refused", CONFIGS)
+def test_a_sparsity_config_is_checked_without_a_backend(config, refused):
+    """``configure.check_config`` refuses what ``configure`` refuses, with its message, and
+    builds nothing: no backend exists before or after (issue 49, item 5)."""
+    from cstorch.backend import current_backend_impl
+    from cstorch.errors import NoBackendError
+    from cstorch.sparse.configure import check_config
+
+    with pytest.raises(NoBackendError):  # (an algorithm cannot be built: none is)
+        current_backend_impl()
+    if refused is None:
+        check_config(config)
+    else:
+        with pytest.raises((ValueError, TypeError), match=refused):
+            check_config(config)
+    with pytest.raises(NoBackendError):
+        current_backend_impl()
+
+
+def test_configure_refuses_what_check_config_refuses_with_its_message(cpu_backend):
+    for config, refused in CONFIGS:
+        if refused is None:
+            assert sparse.configure(config) is not None
+        else:
+            with pytest.raises((ValueError, TypeError), match=refused):
+                sparse.configure(config)
+
+
 def test_configure_forms(cpu_backend):
     group = sparse.configure(0.3)
     assert isinstance(group, sparse.Group) and isinstance(group[0], sparse.Static)

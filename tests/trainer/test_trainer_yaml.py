@@ -519,6 +519,15 @@ def test_data_processors_and_models_of_the_right_kind_still_run(tmp_path):
      "trainer.init.callbacks: KeepNCheckpoints: unknown argument 'm'; accepted: n"),
     (lambda c: c["init"].update(seed=2 ** 70),
      "trainer.init.seed: must be an integer from -2**63 to 2**64 - 1"),
+    (lambda c: c["init"].update(sparsity={"algorithm": "statc", "sparsity": 0.3}),
+     "trainer.init.sparsity: Unsupported sparsity algorithm: statc. Supported types: "),
+    (lambda c: c["init"].update(sparsity={"algorithm": "set", "sparsity": 0.3,
+                                          "drop_fracton": 0.1}),
+     "trainer.init.sparsity: Invalid sparsity config for SET: unknown argument 'drop_fracton'; "
+     "accepted: drop_fraction, init_method, sparsity, update"),
+    (lambda c: c["init"].update(sparsity=[{"param_filter": "fc*", "sparsity": 0.3},
+                                          {"sparsity": 1.5}]),
+     "trainer.init.sparsity: Invalid sparsity config for Static: Invalid sparsity level 1.5"),
     (lambda c: c["init"]["checkpoint"].update(checkpoint_name="ckpt_{step:6d}.mdl"),
      "trainer.init.checkpoint.checkpoint_name: checkpoint_name must be a file name with the "
      "field {step} exactly once, written as digits"),

@@ -27,6 +27,7 @@ from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt,
                       model_validator)
 
 from cstorch.errors import CstorchError, quoted
+from cstorch.sparse.configure import check_config
 from cstorch.optim.config import (  # the old parameter names, which have their own errors
     _OPTIMIZER_ALIASES as OPTIMIZER_ALIASES, _SCHEDULER_ALIASES as SCHEDULER_ALIASES)
 
@@ -293,6 +294,13 @@ class InitConfig(_Strict):
             check_seed(value)
         except ValueError as error:
             raise ValueError(str(error).removeprefix("seed: ")) from None
+        return value
+
+    @field_validator("sparsity")
+    @classmethod
+    def _a_sparsity_config(cls, value):
+        if value is not None:
+            check_config(value)  # the algorithm, its arguments and their values; builds nothing
         return value
 
     @field_validator("autorestart")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 import cerebras.pytorch as cstorch
+from cstorch.sparse.configure import check_config
 
 from cerebras.modelzoo.trainer.callbacks.callback import Callback, CoreCallback
 
@@ -33,6 +34,8 @@ class SparsityCallback(CoreCallback):
     (gradients are masked and the optimizer state pruned inside the compiled step)."""
 
     def __init__(self, sparsity=None):
+        if isinstance(sparsity, (int, float, dict, list)):  # a config: checked before building
+            check_config(sparsity)
         self.sparsity = sparsity
 
     def setup(self, trainer):
