@@ -151,7 +151,7 @@ def _output_layout(entry):
     for is_tensor in captured.output_is_tensor:
         position.append(count if is_tensor else None)
         count += int(is_tensor)
-    user, payloads, _ = pytree.tree_unflatten(list(range(len(position))), captured.output_spec)
+    user, payloads, *_ = pytree.tree_unflatten(list(range(len(position))), captured.output_spec)
     returned = [position[i] for i in pytree.tree_leaves(user) if position[i] is not None]
     single = isinstance(user, int) and position[user] is not None
     closure_values = []

@@ -38,6 +38,7 @@ from torch.utils import _pytree as pytree
 
 from jax_backend.errors import CaptureError, ValueReadInTraceError
 from jax_backend.errors import LoweringNotFoundError
+from jax_backend import scalars
 from jax_backend.precision import Policy
 from jax_backend.registry import has_lowering
 from jax_backend.user_frames import (
@@ -231,10 +232,13 @@ class CapturedStep:
     output_is_tensor: list  # per output leaf: True if a graph output, else a constant
     output_constants: list  # non-tensor output leaves (None where the leaf is a tensor)
     locate: Callable | None = None  # op -> the user's line that calls it (for error messages)
-
-    @property
-    def num_tensor_outputs(self):
-        return sum(self.output_is_tensor)
+    # Scalars (``jax_backend.scalars``): the positions, in the ``scalars`` given to
+    # ``capture_step``, of those the graph reads (its placeholders after the inputs), what
+    # of each one's value the graph depends on (position -> SIGN or VALUE), and which output
+    # leaves are Python numbers computed from them.
+    used_scalars: list = dataclasses.field(default_factory=list)
+    scalar_kinds: dict = dataclasses.field(default_factory=dict)
+    scalar_outputs: list = dataclasses.field(default_factory=list)
 
 
 def _exchange_contents(a: torch.Tensor, b: torch.Tensor) -> None:
@@ -353,22 +357,30 @@ def _translate_trace_errors(err: BaseException) -> BaseException | None:
 
 
 def _flat_outputs(outputs):
+    """(graph outputs, structure, per leaf whether it is a graph output, constants, the
+    positions of the leaves that are Python numbers computed from symbolic scalars)."""
     leaves, spec = pytree.tree_flatten(outputs)
-    is_tensor = [isinstance(x, torch.Tensor) for x in leaves]
+    is_tensor = [isinstance(x, torch.Tensor) or scalars.is_symbolic(x) for x in leaves]
     constants = [None if t else x for x, t in zip(leaves, is_tensor)]
-    return [x for x in leaves if isinstance(x, torch.Tensor)], spec, is_tensor, constants
+    numbers = [i for i, x in enumerate(leaves) if scalars.is_symbolic(x)]
+    return [x for x, t in zip(leaves, is_tensor) if t], spec, is_tensor, constants, numbers
 
 
 def capture_step(fn: Callable, slots: Sequence[Slot], inputs: Sequence[torch.Tensor],
                  policy: Policy | None = None,
-                 decompositions: Mapping | None = None) -> CapturedStep:
+                 decompositions: Mapping | None = None,
+                 scalar_slots: Sequence[scalars.ScalarSlot] = (),
+                 symbolic: Sequence[int] | None = None) -> CapturedStep:
     """Traces ``fn(*inputs)`` once, treating the tensors held by ``slots`` as state.
 
     ``fn`` may read and update state in place or rebind slots; it returns any pytree whose
     tensor leaves become graph outputs and whose other leaves are frozen constants. A mixed
     ``policy`` traces ``fn`` under autocast (see ``jax_backend.precision``).
     ``decompositions`` (``{OpOverload: fn}``) are used in this capture on top of the built-in
-    table (``core_decompositions``), which they override.
+    table (``core_decompositions``), which they override. The floats held by
+    ``scalar_slots`` (those at the positions ``symbolic``, default all) are symbolic during
+    the trace: the graph takes those it reads as inputs after ``inputs``, and says what of
+    their values it depends on (``jax_backend.scalars``).
     """
     if policy is not None and policy.is_mixed:
         fn = _under(policy.capture_context, fn)
@@ -376,9 +388,14 @@ def capture_step(fn: Callable, slots: Sequence[Slot], inputs: Sequence[torch.Ten
     if decompositions:
         table = {**table, **decompositions}
     state = _unique_state(slots)
+    positions = list(range(len(scalar_slots)) if symbolic is None else symbolic)
+    symbols = scalars.Symbols([scalar_slots[i].get() for i in positions]) if positions \
+        else None
+    installed = list(zip([scalar_slots[i] for i in positions],
+                         symbols.values if symbols is not None else []))
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fake_inputs = [mode.from_tensor(x) for x in inputs]
-    graph, info = _trace(fn, slots, state, mode, fake_inputs, table)
+    graph, info = _trace(fn, slots, state, mode, fake_inputs, table, installed=installed)
     rebound_state = _rebound_state_indices(slots, state, info["rebound"])
     _check_constants(graph)
 
@@ -390,9 +407,12 @@ def capture_step(fn: Callable, slots: Sequence[Slot], inputs: Sequence[torch.Ten
         plain = [_fake_like(mode, t).detach() for t in state] + fake_inputs
         with mode:
             functional = make_fx(torch.func.functionalize(graph, remove="mutations"),
-                                 decomposition_table=table)(*plain)
+                                 decomposition_table=table)(*plain, *[s for _, s in installed])
     captured = _finalize(functional, len(state), len(inputs), rebound_state, info,
-                         _state_names(slots, state))
+                         _state_names(slots, state), scalar_positions=positions)
+    if symbols is not None:
+        kinds = symbols.guards_by_slot()
+        captured.scalar_kinds = {positions[i]: kind for i, kind in kinds.items()}
     captured.locate = _op_locator(fn, slots, inputs, table)
     missing = _first_missing_lowering(captured.graph)
     if missing is not None:
@@ -578,25 +598,29 @@ def _under(context_factory, fn):
     return wrapped
 
 
-def _trace(fn, slots, state, mode, fake_inputs, table, locator=None):
-    """Pass 1: make_fx over the step with state faked in place; returns (graph, info)."""
+def _trace(fn, slots, state, mode, fake_inputs, table, locator=None, installed=()):
+    """Pass 1: make_fx over the step with state faked in place, and each ``(ScalarSlot,
+    symbol)`` of ``installed`` holding its symbol; returns (graph, info)."""
     originals = [slot.get() for slot in slots]
     info = {}
+    first_scalar = len(state) + len(fake_inputs)
 
     def traced(*flat):
-        with locator if locator is not None else contextlib.nullcontext():
-            outputs = fn(*flat[len(state):])
-        leaves, spec, is_tensor, constants = _flat_outputs(outputs)
+        with locator if locator is not None else contextlib.nullcontext(), \
+                _scalars_installed(installed, flat[first_scalar:]):
+            outputs = fn(*flat[len(state):first_scalar])
+        leaves, spec, is_tensor, constants, numbers = _flat_outputs(outputs)
         rebound = [(i, slot.get()) for i, (slot, original) in enumerate(zip(slots, originals))
                    if slot.get() is not original]
-        info.update(spec=spec, is_tensor=is_tensor, constants=constants,
+        info.update(spec=spec, is_tensor=is_tensor, constants=constants, numbers=numbers,
                     rebound=[i for i, _ in rebound])
         return [v for _, v in rebound] + leaves
 
     try:
         with _state_faked(mode, state), mode, _values_unreadable(), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*non-writable tensors.*")
-            graph = make_fx(traced, decomposition_table=table)(*state, *fake_inputs)
+            graph = make_fx(traced, decomposition_table=table)(
+                *state, *fake_inputs, *[symbol for _, symbol in installed])
     except Exception as err:  # translated below or re-raised unchanged
         translated = _translate_trace_errors(err)
         if translated is not None:
@@ -607,6 +631,31 @@ def _trace(fn, slots, state, mode, fake_inputs, table, locator=None):
             if slot.get() is not original:
                 slot.set(original)
     return graph, info
+
+
+@contextlib.contextmanager
+def _scalars_installed(installed, symbols):
+    """Each scalar slot of ``installed`` holds its symbol (the trace's placeholder for it)
+    while the step body runs; then its value again. A step that rebinds one itself would
+    change it only in this one trace, so it is refused."""
+    values = [slot.get() for slot, _ in installed]
+    for (slot, _), symbol in zip(installed, symbols):
+        slot.set(symbol)
+    changed = []
+    try:
+        yield
+        changed = [slot for (slot, _), symbol in zip(installed, symbols)
+                   if slot.get() is not symbol]
+    finally:
+        for (slot, _), value in zip(installed, values):
+            slot.set(value)
+    if changed:
+        raise CaptureError(
+            f"The step sets {changed[0].name or changed[0].key!r} in Python. A compiled step "
+            "runs its Python once, when it is traced, so the new value would be set once, "
+            "not at every step. Set it between steps (before calling the step: it is read "
+            "at every call), or let a scheduler set it (torch.optim.lr_scheduler's "
+            "scheduler.step() may be called in the step).")
 
 
 def _first_missing_lowering(graph: torch.fx.GraphModule):
@@ -665,7 +714,8 @@ def _check_constants(graph: torch.fx.GraphModule) -> None:
 
 
 def _finalize(graph: torch.fx.GraphModule, num_state: int, num_inputs: int,
-              rebound_state: list, info: dict, state_names: list) -> CapturedStep:
+              rebound_state: list, info: dict, state_names: list,
+              scalar_positions: Sequence[int] = ()) -> CapturedStep:
     nodes = graph.graph
     placeholders = [n for n in nodes.nodes if n.op == "placeholder"]
     state_nodes = placeholders[:num_state]
@@ -709,14 +759,30 @@ def _finalize(graph: torch.fx.GraphModule, num_state: int, num_inputs: int,
     nodes.eliminate_dead_code()
 
     used = [i for i, n in enumerate(state_nodes) if n.users]
-    for _i, node in enumerate(state_nodes):
+    scalar_nodes = placeholders[num_state + num_inputs:]
+    used_scalars = [p for p, n in zip(scalar_positions, scalar_nodes) if n.users]
+    for node in state_nodes + scalar_nodes:
         if not node.users:
             nodes.erase_node(node)
+    _forget_symbols(nodes)
     graph.recompile()
     return CapturedStep(
         graph=graph, used_state=used, written_state=written, num_inputs=num_inputs,
         output_spec=info["spec"], output_is_tensor=info["is_tensor"],
-        output_constants=info["constants"])
+        output_constants=info["constants"], used_scalars=used_scalars,
+        scalar_outputs=info["numbers"])
+
+
+def _forget_symbols(graph: torch.fx.Graph) -> None:
+    """Replaces the symbolic Python numbers in node metadata with ``ScalarMeta`` (the trace's
+    shape environment is not kept, and the graph cache stores plain data)."""
+    kinds = {torch.SymFloat: "float", torch.SymInt: "int", torch.SymBool: "bool"}
+    for node in graph.nodes:
+        value = node.meta.get("val")
+        if scalars.is_symbolic(value):
+            node.meta["val"] = scalars.ScalarMeta(kinds[type(value)])
+        for key in ("example_value", "unbacked_bindings"):
+            node.meta.pop(key, None)
 
 
 def _check_rebinding(placeholder, value, name):

@@ -22,6 +22,7 @@ import warnings
 from typing import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jax_backend import cbfloat16, host_memory, target
@@ -36,6 +37,7 @@ from jax_backend.mesh import Layout
 from jax_backend.ops import attention
 from jax_backend.precision import Policy
 from jax_backend.registry import lookup
+from jax_backend.scalars import ScalarMeta
 
 
 @contextlib.contextmanager
@@ -116,7 +118,8 @@ class Program:
         placeholders = [n for n in self.captured.graph.graph.nodes if n.op == "placeholder"]
         used = placeholders[:len(self.captured.used_state)]
         state = [self.layout.state_sharding(n.meta["val"].shape) for n in used]
-        inputs = [self.layout.input_sharding(n.meta["val"].shape)
+        inputs = [self.layout.replicated() if isinstance(n.meta["val"], ScalarMeta)
+                  else self.layout.input_sharding(n.meta["val"].shape)
                   for n in placeholders[len(used):]]
         outputs = next(n for n in self.captured.graph.graph.nodes if n.op == "output").args[0]
         written = [self.layout.state_sharding(o.meta["val"].shape)
@@ -150,7 +153,8 @@ class Program:
     def __call__(self, used_arrays: Sequence, inputs: Sequence, seed=0):
         donated, kept = self.split_state(used_arrays)
         if self.layout is not None:  # across processes: each feeds its slice of the batch
-            inputs = [self.layout.input_array(x) for x in inputs]
+            inputs = [x if isinstance(x, float) else self.layout.input_array(x)
+                      for x in inputs]
         args = (donated, kept, list(inputs), np.int64(seed))
         with self._naming_user_line():
             try:
@@ -246,7 +250,9 @@ class Program:
 
     def _placeholder_specs(self) -> list:
         placeholders = [n for n in self.captured.graph.graph.nodes if n.op == "placeholder"]
-        return [jax.ShapeDtypeStruct(tuple(n.meta["val"].shape), to_jax_dtype(n.meta["val"].dtype))
+        return [_scalar_spec(n.meta["val"]) if isinstance(n.meta["val"], ScalarMeta)
+                else jax.ShapeDtypeStruct(tuple(n.meta["val"].shape),
+                                          to_jax_dtype(n.meta["val"].dtype))
                 for n in placeholders]
 
     @in_engine_scope
@@ -268,6 +274,13 @@ class Program:
     def cost_analysis(self, used_arrays: Sequence, inputs: Sequence, seed=0):
         with self._cache_writes():
             return self.lower(used_arrays, inputs, seed).compile().cost_analysis()
+
+
+def _scalar_spec(meta: ScalarMeta) -> jax.ShapeDtypeStruct:
+    """A runtime scalar input (``jax_backend.scalars``): what ``jax.jit`` makes of a Python
+    number argument, a weakly typed scalar (64-bit in the engine's settings)."""
+    dtype = {"float": jnp.float64, "int": jnp.int64, "bool": jnp.bool_}[meta.kind]
+    return jax.ShapeDtypeStruct((), dtype, weak_type=True)
 
 
 def _first_line(error: BaseException) -> str:

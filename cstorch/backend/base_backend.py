@@ -73,6 +73,11 @@ class BaseBackend:
         # zero_grad calls of any optimizer or compiled module: a traced step that computes
         # gradients without zeroing them is told apart from one zeroed between its calls.
         self.gradient_resets = 0
+        # ids of the parameters whose .grad eager torch would hold (a tensor, not None)
+        # between steps: a compiled step's gradients are not kept, but a parameter that has
+        # one starts the next step with a zero gradient, so that a parameter frozen after
+        # zero_grad(set_to_none=False) is still stepped (momentum, weight decay), as in eager.
+        self.gradients_held: frozenset = frozenset()
         self.data_executor_stack: list = []
         self._steps_running = 0  # traced steps being called (their closures wait for the end)
         self.last_step_outputs = None  # of the executor's current step: its progress's loss
@@ -199,19 +204,32 @@ class BaseBackend:
                      for k, table in enumerate(_global_module_hooks()) if table)
         return tuple(modes), tuple(hooks)
 
-    @staticmethod
-    def parameter_autograd(view: "StateView") -> tuple:
-        """``(requires_grad of each model parameter, hooks on them)``: freezing a layer or
-        registering a tensor hook between steps changes what eager torch computes, so it
-        selects another program. Read without the state guard (no value is touched)."""
+    def parameter_autograd(self, view: "StateView") -> tuple:
+        """``(requires_grad of each model parameter, hooks on them, whether it is frozen and
+        holds a gradient)``: freezing a layer, registering a tensor hook or setting a frozen
+        layer's gradients to None between steps changes what eager torch computes, so it
+        selects another program. (Whether a trainable parameter starts with a zero gradient
+        or none changes nothing: backward gives it one.) Read without the state guard (no
+        value is touched)."""
         hooks = []
+        held = self.gradients_held
         with torch._C.DisableTorchFunctionSubclass():
             flags = tuple(p.requires_grad for p in view.parameters)
+            holding = tuple(not p.requires_grad and (id(p) in held or p.grad is not None)
+                            for p in view.parameters)
             for i, p in enumerate(view.parameters):
                 before, after = p._backward_hooks, p._post_accumulate_grad_hooks
                 if before or after:
                     hooks.append((i, tuple(before or ()), tuple(after or ())))
-        return flags, tuple(hooks)
+        return flags, tuple(hooks), holding
+
+    def gradients_reset(self, parameters, set_to_none: bool) -> None:
+        """A ``zero_grad`` of an optimizer or compiled module over ``parameters``: counted
+        (``GradientAccumulationWarning``); between steps with ``set_to_none``, those
+        parameters hold no gradient any more (``gradients_held``)."""
+        self.gradient_resets += 1
+        if set_to_none and not self.is_tracing and self.gradients_held:
+            self.gradients_held = self.gradients_held - {id(p) for p in parameters}
 
     def _state_dict_pre_hook(self, module, prefix, keep_vars):
         self.materialize_state()
@@ -304,16 +322,25 @@ class BaseBackend:
         The cached view stays valid while no stateful object was registered or loaded (the
         epoch) and every slot still holds the tensor it held (catches rebinding)."""
         view = self._state_view
-        if view is None or view.epoch != self._state_epoch or not view.still_holds():
+        groups = self._param_group_sizes()
+        if view is None or view.epoch != self._state_epoch or view.group_sizes != groups \
+                or not view.still_holds():
             self._state_view = None  # it holds the old tensors: retain may let them go
             entries = self.state_slots()
             _read_deferred_state(entries)
             view = StateView(self._state_epoch, entries)
             view.optimizer_params = self._optimizer_links(view)
+            view.group_sizes = groups
             shared_memory.note_resizable(view.tensors)
             self.device_state.retain(view.tensors)
             self._state_view = view
         return view
+
+    def _param_group_sizes(self) -> tuple:
+        """How many parameters each param group of each optimizer has: ``add_param_group``
+        (which no hook reports) changes the state a step updates."""
+        return tuple(tuple(len(group["params"]) for group in optimizer.param_groups)
+                     for optimizer in self.optimizer_registry)
 
     def _optimizer_links(self, view) -> tuple:
         """Per optimizer, per group: the state path of each parameter it updates (None for
@@ -574,6 +601,7 @@ class StateView:
         first = dict(zip(map(id, tensors), paths))
         self.named_by = {path: first[id(tensor)] for (path, _), tensor in zip(entries, self.held)}
         self.optimizer_params: tuple = ()  # set by the backend (optimizer_links)
+        self.group_sizes: tuple = ()  # set by the backend (_param_group_sizes)
 
     def path_of(self, tensor):
         """The path naming ``tensor`` (its first slot), or None if it is not state here."""

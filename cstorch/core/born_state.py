@@ -10,8 +10,13 @@ hold real tensors (``install``) whose device values are those outputs, and the s
 captured again with them as ordinary state for every later call. No tensor of the trace is
 left in a slot.
 
+A tensor the step stores as a plain attribute of a compiled model's module (torch's old
+``weight_norm`` recomputes ``weight`` so before every forward; a loss module keeps its last
+input) is an output of the program instead (``stored_attributes``): after every call the
+attribute holds that step's value, as in eager torch.
+
 ``leaked_fake_tensors`` is the check after every capture that no other tensor of the trace
-stayed where the user can reach it (a module attribute set in ``forward``, a Python value in
+stayed where the user can reach it (a tensor in a list on a module, a Python value in
 optimizer state): such a tensor has no value, so the capture fails, naming the place.
 """
 
@@ -125,6 +130,50 @@ class ParameterWatch:
         self._handle.remove()
 
 
+# ---------------------------------------------------------------- module attributes
+def module_attributes(impl) -> dict:
+    """Before the step body: each compiled module's plain attributes (to put back those the
+    step replaces with its own tensors, ``restore_attributes``)."""
+    return {id(module): dict(vars(module)) for model in impl.models
+            for module in model.modules()}
+
+
+def stored_attributes(impl, allowed=()) -> list:
+    """After the step body: ``((model index, module name, attribute), tensor)`` of every
+    plain attribute of a compiled model's module holding a tensor of the trace (not a
+    parameter or buffer, not one of ``allowed``: born state)."""
+    allowed = set(allowed)
+    found = []
+    for m, model in enumerate(impl.models):
+        for name, module in model.named_modules():
+            for key, value in vars(module).items():
+                if isinstance(value, FakeTensor) and id(value) not in allowed:
+                    found.append(((m, name, key), value))
+    return found
+
+
+def restore_attributes(impl, before: dict) -> None:
+    """After a capture, also one that stopped half-way: each plain module attribute the step
+    body set to a tensor of the trace holds what it held before the body (``before``:
+    ``module_attributes``), or is gone again; a program's run gives it its value."""
+    for model in impl.models:
+        for module in model.modules():
+            earlier = before.get(id(module))
+            if earlier is None:
+                continue
+            attributes = vars(module)
+            for key in [k for k, v in attributes.items() if isinstance(v, FakeTensor)]:
+                if key in earlier:
+                    attributes[key] = earlier[key]
+                else:
+                    del attributes[key]
+
+
+def attribute_holders(impl, paths: list) -> list:
+    """``(module __dict__, attribute)`` of each path of ``stored_attributes``."""
+    return [(vars(impl.models[m].get_submodule(name)), key) for m, name, key in paths]
+
+
 # ------------------------------------------------------------------------- leaked tensors
 def leaked_fake_tensors(impl, allowed=()) -> list:
     """``(where, container, key)`` of every tensor of a trace left in a registered model
@@ -185,5 +234,5 @@ def check_no_leaks(impl, allowed=()) -> None:
         "carries between steps: that tensor has no value after the trace. Register it as a "
         "buffer in the module's __init__ (`self.register_buffer(name, tensor)`) and update it "
         "in place, or return it from the step (or pass it to a @cstorch.step_closure) to "
-        "read it. (The old torch.nn.utils.weight_norm/spectral_norm keep their weight this "
-        "way: use torch.nn.utils.parametrizations.weight_norm/spectral_norm.)")
+        "read it. (A tensor kept as a plain attribute of a compiled model's module is "
+        "supported: it holds each step's value.)")

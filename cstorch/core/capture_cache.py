@@ -219,7 +219,8 @@ class CaptureCache:
 
     # -------------------------------------------------------------------------------- hit
     def load(self):
-        """``(captured, closures, counter_steps)`` from the cache, or None."""
+        """``(captured, closures, counter_steps, traced)`` from the cache, or None;
+        ``traced`` as ``prepare`` was given it."""
         hit = None
         with self._guarded():
             if self.key is not None and self._lookup:
@@ -236,6 +237,7 @@ class CaptureCache:
             closures = [self._resolve_closure(c) for c in extras["closures"]]
             counters = [self._resolve_counter(c) for c in extras["counters"]]
             consumed = [self._resolve_generator(path) for path in extras["consumed"]]
+            traced = self._resolve_traced(extras["traced"])
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
             warnings.warn(f"Ignoring graph cache entry {self.key} (its step closures or "
                           f"counters do not resolve: {err}); the step is captured again.",
@@ -245,7 +247,7 @@ class CaptureCache:
             for _ in generator:
                 pass
         self.hit = True
-        return entry.captured, closures, counters
+        return entry.captured, closures, counters, traced
 
     def discard(self) -> None:
         """Removes the entry a hit came from (its program failed to build or run)."""
@@ -282,6 +284,40 @@ class CaptureCache:
             raise ValueError(f"{name!r} has other code")
         return kind, step_closures.named(fn) if record["named"] else fn
 
+    def _resolve_traced(self, record) -> dict:
+        """``prepare``'s ``traced`` from its description (``_describe_traced``)."""
+        stepped = record["stepped"]
+        if not all(type(i) is int and 0 <= i < len(self.impl.optimizer_registry)
+                   for i in stepped):
+            raise ValueError("a malformed optimizer index")
+        calls = []
+        for phase, path, args in record["host_calls"]:
+            if phase not in ("before", "after") or not isinstance(args, list):
+                raise ValueError("a malformed scheduler step")
+            calls.append((phase, self._find(*path), tuple(args), {}))
+        constants = [tuple(tuple(p) if isinstance(p, list) else p for p in path)
+                     for path in record["constant_paths"]]
+        held, stored = record["gradients_held"], record["stored"]
+        if not all(type(h) is bool for h in held):
+            raise ValueError("malformed gradient flags")
+        for m, name, attribute in stored:  # each must name a module of a registered model
+            self.impl.models[m].get_submodule(name)
+            if not isinstance(attribute, str):
+                raise ValueError("a malformed attribute name")
+        return {"stepped": stepped, "host_calls": calls, "constant_paths": set(constants),
+                "gradients_held": held, "stored": stored}
+
+    def _describe_traced(self, traced: dict) -> dict:
+        calls = []
+        for phase, scheduler, args, kwargs in traced["host_calls"]:
+            if kwargs or not all(type(a) in (int, float, bool, type(None)) for a in args):
+                raise NotCacheable("a scheduler step with arguments other than numbers")
+            calls.append([phase, self._path_of(scheduler, "an LR scheduler the step steps"),
+                          list(args)])
+        return {"stepped": traced["stepped"], "host_calls": calls,
+                "constant_paths": [list(p) for p in traced["constant_paths"]],
+                "gradients_held": traced["gradients_held"], "stored": traced["stored"]}
+
     def _resolve_counter(self, record):
         registry, index, increment = record
         objects = {"optimizer": self.impl.optimizer_registry,
@@ -313,9 +349,11 @@ class CaptureCache:
         elif self._files_read.problem:
             self._give_up(self._files_read.problem)
 
-    def prepare(self, captured, records, counter_steps) -> None:
+    def prepare(self, captured, records, counter_steps, traced: dict) -> None:
         """After a capture: checks the trace left the fingerprinted Python values as they
-        were, and describes its closures and counters for a later hit."""
+        were, and describes its closures, counters and what else it ``traced`` (the
+        optimizers it stepped, the scheduler steps it defers, the torch optimizer floats it
+        took as constants) for a later hit."""
         if self.key is None:
             return
         with self._guarded():
@@ -323,7 +361,8 @@ class CaptureCache:
             extras = {"closures": [self._describe_closure(r) for r in records],
                       "counters": [self._describe_counter(obj, n) for obj, n in counter_steps],
                       "consumed": [self._path_of(g, "a generator the trace consumed")
-                                   for g in after.consumed]}
+                                   for g in after.consumed],
+                      "traced": self._describe_traced(traced)}
             if key != self.key:
                 changed = next((label for (label, a), (_, b) in zip(self._before.roots,
                                                                     after.roots) if a != b),

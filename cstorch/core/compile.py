@@ -32,7 +32,7 @@ from cstorch.core.state_names import state_name
 from cstorch.core.engine import run_eagerly
 from cstorch.core.programs import (
     MAX_PROGRAMS as MAX_PROGRAMS, CompiledStep, ProgramSignature as ProgramSignature,
-    ProgramTable, RecompilationWarning as RecompilationWarning, hyperparameters, signature)
+    ProgramTable, RecompilationWarning as RecompilationWarning)
 from cstorch.core.step_capture import (
     register_trace_fn_post_hook as register_trace_fn_post_hook,
     register_trace_fn_pre_hook as register_trace_fn_pre_hook)
@@ -158,7 +158,7 @@ def _zero_grad(module: torch.nn.Module, set_to_none: bool = True) -> None:
     """``Module.zero_grad`` that the backend counts (see ``GradientAccumulationWarning``)."""
     impl = current_backend_impl(raise_exception=False)
     if impl is not None:
-        impl.gradient_resets += 1
+        impl.gradients_reset(list(module.parameters()), set_to_none)
     torch.nn.Module.zero_grad(module, set_to_none)
 
 
@@ -178,6 +178,9 @@ class TracedStep:
         self.step_fn = step_fn
         self.trace_count = 0
         self._table = ProgramTable(step_fn)
+        # torch optimizer floats whose exact value the step's Python code depends on: traced
+        # as constants (step_capture.Respecialize)
+        self._constant_scalars: set = set()
         self._warned_frozen = False
         self._resets_after_call = None  # backend.gradient_resets after the previous call
         functools.update_wrapper(self, step_fn)
@@ -238,20 +241,22 @@ class TracedStep:
                 return self._find_or_compile(impl, leaves, spec)
             except torch_optimizers.Unadopted as found:
                 torch_optimizers.adopt(impl, found.optimizer)
+            except step_capture.Respecialize as found:
+                self._constant_scalars.update(found.paths)
 
     def _find_or_compile(self, impl, leaves, spec):
         table = self._table
         view = impl.state_view()
-        key = signature(leaves, spec, impl, view)
-        found = table.find(key, view, hyperparameters(impl))
+        key = self._table.signature(leaves, spec, impl, view)
+        found = table.find(key, view, impl)
         if found is not None:
             entry, positions = found
             self._check_frozen(entry, leaves)
             return entry, key, view, positions
-        entry = self._compile(impl, key, leaves, spec, view, reason=table.mismatch(key, view))
+        entry = self._compile(impl, key, leaves, spec, view, reason=table.mismatch(key, view, impl))
         if entry.born:
             return self._with_born_state(impl, entry, leaves, spec)
-        key = table.refile(entry, key, signature(leaves, spec, impl, view))
+        key = table.refile(entry, key, self._table.signature(leaves, spec, impl, view))
         positions = entry.resolve(view)
         table.evict()
         return entry, key, view, positions
@@ -262,9 +267,9 @@ class TracedStep:
         this once."""
         born_state.install(impl, born_entry.born)
         view = impl.state_view()
-        key = signature(leaves, spec, impl, view)
-        try:
-            steady = self._compile(impl, key, leaves, spec, view)
+        key = self._table.signature(leaves, spec, impl, view)
+        try:  # announced with the first: one compilation of the call
+            steady = self._compile(impl, key, leaves, spec, view, announce=False)
         except BaseException:
             born_state.discard(impl, born_entry.born_before)
             raise
@@ -277,7 +282,7 @@ class TracedStep:
                 "in a step is only supported in the first one (a lazily created optimizer "
                 "state or buffer). Create it before the first step.")
         born_entry.steady = steady
-        key = self._table.refile(steady, key, signature(leaves, spec, impl, view))
+        key = self._table.refile(steady, key, self._table.signature(leaves, spec, impl, view))
         return born_entry, key, view, born_entry.resolve(view)
 
     def _undo_first_step_program(self, impl, entry) -> None:
@@ -301,7 +306,7 @@ class TracedStep:
             if entry.cache is None or not entry.cache.hit or entry.program.has_run:
                 raise
             entry = self._recapture(impl, key, leaves, spec, view, entry, error)
-            self._table.refile(entry, key, signature(leaves, spec, impl, view))
+            self._table.refile(entry, key, self._table.signature(leaves, spec, impl, view))
             outputs = self._run(impl, entry, leaves, view, *entry.resolve(view))
         if entry.cache is not None:  # the first good run: keep the graph for later runs
             entry.cache, cache = None, entry.cache
@@ -320,14 +325,17 @@ class TracedStep:
 
     # ----------------------------------------------------------------- capture and build
     def _compile(self, impl, key, leaves, spec, view, retry=False,
-                 reason=None) -> CompiledStep:
+                 reason=None, announce=True) -> CompiledStep:
         """Captures the step for ``key`` (or loads its graph from the persistent cache),
         builds its program and files it in the table (unless it gives birth to state)."""
-        if not retry:
+        if announce and not retry:
             self._table.announce_recompile(key, reason, impl.is_csx)
         done = step_capture.capture(self.step_fn, impl, key, leaves, spec, view, retry=retry,
-                                    traced_step_type=TracedStep)
+                                    traced_step_type=TracedStep,
+                                    constant_paths=frozenset(self._constant_scalars))
         self.trace_count += 1
+        if done.held_gradients_unread:
+            self._table.held_gradients_unread = True
         entry = step_capture.build(impl, done, leaves, view)
         if not entry.born:
             self._table.add(key, entry)
@@ -370,18 +378,27 @@ class TracedStep:
     # -------------------------------------------------------------------------------- run
     def _run(self, impl, entry: CompiledStep, leaves, view, used_index, written_index):
         captured, program = entry.captured, entry.program
+        torch_optimizers.run_scheduler_steps(entry.host_calls, "before")
         inputs = [_input_array(x) for x in leaves if isinstance(x, torch.Tensor)]
+        inputs += [torch_optimizers.read_scalar(impl, path) for path in entry.scalar_paths]
         seed = impl.draw_seed() if program.uses_rng else 0
         outputs = program.run(impl.device_state, [view.tensors[i] for i in used_index],
                               [view.tensors[i] for i in written_index], inputs, seed)
+        torch_optimizers.run_scheduler_steps(entry.host_calls, "after")
+        impl.gradients_held = frozenset(
+            id(p) for p, held in zip(view.parameters, entry.gradients_held) if held)
 
         produced = iter(outputs)
         flat = [LazyTensor(next(produced)) if is_tensor else constant
                 for is_tensor, constant in zip(captured.output_is_tensor,
                                                captured.output_constants)]
-        user_outputs, payloads, born = pytree.tree_unflatten(flat, captured.output_spec)
+        for i in captured.scalar_outputs:  # a Python number computed from a runtime float
+            flat[i] = flat[i].item()
+        user_outputs, payloads, born, stored = pytree.tree_unflatten(flat, captured.output_spec)
         if entry.born:
             self._give_birth(impl, entry, born)
+        for (attributes, name), value in zip(entry.stored_attributes, stored):
+            attributes[name] = value  # a tensor the step keeps on a module (born_state)
         for (kind, fn), (args, kwargs) in zip(entry.closures, payloads):
             impl.add_step_closure(kind, fn, args, kwargs)
         for obj, increment in entry.counter_steps:

@@ -27,9 +27,10 @@ import torch
 from torch.utils import _pytree as pytree
 
 import jax_backend
-from jax_backend import Program
+from jax_backend import Program, scalars
 from jax_backend.user_frames import warn
 from cstorch import config
+from cstorch.core import torch_optimizers
 from cstorch.core.state_names import state_name
 
 #: How many compiled programs one traced step keeps (``cstorch.config``: max_programs).
@@ -52,6 +53,7 @@ class ProgramSignature(NamedTuple):
     requires_grad: tuple  # of every model parameter
     parameter_hooks: tuple  # register_hook / post-accumulate hooks on parameters, by handle
     module_hooks: tuple  # forward/backward hooks of modules and torch's global ones
+    gradients_held: tuple  # of every model parameter: frozen, it starts with a (zero) grad
 
 
 def signature(leaves, spec, impl, view) -> ProgramSignature:
@@ -59,10 +61,10 @@ def signature(leaves, spec, impl, view) -> ProgramSignature:
     tensors = tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else None
                     for x in leaves)
     modes, module_hooks = impl.module_modes_and_hooks()
-    requires_grad, parameter_hooks = impl.parameter_autograd(view)
+    requires_grad, parameter_hooks, held = impl.parameter_autograd(view)
     return ProgramSignature(spec, tensors, modes, torch.is_grad_enabled(),
                             impl.precision_policy(), requires_grad, parameter_hooks,
-                            module_hooks)
+                            module_hooks, held)
 
 
 def _nested_lists(value):
@@ -95,6 +97,7 @@ _RENDERINGS = {
     "requires_grad": list,
     "parameter_hooks": _hooks_by_rank,
     "module_hooks": _hooks_by_rank,
+    "gradients_held": list,
 }
 
 
@@ -113,7 +116,9 @@ _FIELD_NAMES = {"input_shapes_dtypes": "input shapes/dtypes",
                 "requires_grad": "requires_grad of a parameter (e.g. a layer frozen with "
                                  "requires_grad_(False))",
                 "parameter_hooks": "hooks on parameters (register_hook)",
-                "module_hooks": "module hooks (register_forward_hook and the like)"}
+                "module_hooks": "module hooks (register_forward_hook and the like)",
+                "gradients_held": "which frozen parameters hold a gradient (zero_grad "
+                                  "with set_to_none)"}
 
 
 def describe_change(old: ProgramSignature, new: ProgramSignature, step_fn=None,
@@ -130,9 +135,10 @@ def describe_change(old: ProgramSignature, new: ProgramSignature, step_fn=None,
     if reason:
         changed.append(reason)
     return ", ".join(changed) or (
-        "an optimizer hyperparameter that is a Python number changed, or the state the step "
-        "uses changed shape or dtype; schedule hyperparameters with a cstorch scheduler (or "
-        "store them as tensors) to change them without recompiling")
+        "a cstorch optimizer's hyperparameter that is a Python number changed, or the state "
+        "the step uses changed shape or dtype; schedule a cstorch optimizer's hyperparameters "
+        "with a cstorch scheduler (or store them as tensors) to change them without "
+        "recompiling")
 
 
 def _describe_inputs(old: ProgramSignature, new: ProgramSignature, step_fn) -> str:
@@ -164,24 +170,29 @@ def _aval(shape_dtype) -> str:
 
 
 # --------------------------------------------------------------------------- hyperparameters
-def _frozen(value):
-    """A comparable stand-in for a param-group value (tensors only count as "a tensor")."""
+def _frozen(value, runtime_floats: bool):
+    """A comparable stand-in for a param-group value (tensors only count as "a tensor"; a
+    torch optimizer's floats as "a float": the program reads their values at every call)."""
     if isinstance(value, torch.Tensor):
         return "<tensor>"
+    if runtime_floats and scalars.is_runtime_scalar(value):
+        return "<float>"
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (list, tuple)):
-        return tuple(_frozen(v) for v in value)
+        return tuple(_frozen(v, runtime_floats) for v in value)
     if isinstance(value, (set, frozenset)):
-        return frozenset(_frozen(v) for v in value)
+        return frozenset(_frozen(v, runtime_floats) for v in value)
     return repr(value)  # e.g. numpy arrays, whose == is elementwise
 
 
 def hyperparameters(impl) -> list:
-    """The param-group values (tensors marked as such) of every registered optimizer."""
-    return [tuple(tuple((k, _frozen(v)) for k, v in group.items() if k != "params")
+    """Per registered optimizer, its param-group values as they select a program (see
+    ``_frozen``): what a program that steps the optimizer was traced with."""
+    return [tuple(tuple((k, _frozen(v, runtime)) for k, v in group.items() if k != "params")
                   for group in optimizer.param_groups)
-            for optimizer in impl.optimizer_registry]
+            for optimizer, runtime in ((o, torch_optimizers.is_torch_optimizer(o))
+                                       for o in impl.optimizer_registry)]
 
 
 # ------------------------------------------------------------------------------ one program
@@ -196,7 +207,7 @@ class CompiledStep:
     used_paths: list  # state paths of the program's state inputs
     written_paths: list  # state paths of the program's state outputs
     state_avals: dict  # path -> (shape, dtype) the program was compiled for
-    hyperparameters: list  # per optimizer that existed at compile time: its group values
+    hyperparameters: dict  # optimizer index -> its group values, for those the step uses
     counter_steps: list  # (optimizer or scheduler, how much one step adds to its _step_count)
     optimizer_params: tuple  # per optimizer at compile time: the state paths it updates
     ties: dict  # slot path -> path of its tensor, for the slots of this program's state
@@ -207,13 +218,39 @@ class CompiledStep:
     born: list = dataclasses.field(default_factory=list)
     steady: "CompiledStep | None" = None
     born_before: dict | None = None  # born_state.snapshot before the capture (to undo it)
+    # The torch optimizers' floats the program reads at every call (their paths, in input
+    # order) and what it was traced for of some of them: (path, SIGN or VALUE, condition).
+    scalar_paths: list = dataclasses.field(default_factory=list)
+    scalar_conditions: list = dataclasses.field(default_factory=list)
+    # Host calls a traced step made that run at every call instead: torch LR schedulers'
+    # step(), as (phase "before" or "after" the program, function, args, kwargs).
+    host_calls: list = dataclasses.field(default_factory=list)
+    gradients_held: tuple = ()  # per model parameter: whether it holds a gradient after
+    stored_attributes: list = dataclasses.field(default_factory=list)  # (module dict, name)
     _resolved: tuple = (None, None, None)  # (view, used indices, written indices)
     _mismatch: tuple = (None, None)  # (view, why this program does not fit it)
 
-    def matches_hyperparameters(self, current: list) -> bool:
-        """Python-number hyperparameters are constants of the graph: a program only serves
-        optimizers whose param groups hold the values (or tensor-ness) it was traced with."""
-        return current[:len(self.hyperparameters)] == self.hyperparameters
+    def hyperparameter_mismatch(self, current: list, impl) -> str | None:
+        """Why this program cannot serve the optimizers' param groups as they are, or None.
+        It serves groups that hold what it was traced with: the same keys, the same
+        non-float values (Python numbers that are not a torch optimizer's floats are
+        constants of the graph), tensors where there were tensors, and for the floats it
+        reads, values that meet its conditions (``jax_backend.scalars``)."""
+        for o, values in self.hyperparameters.items():
+            if o >= len(current) or current[o] != values:
+                return (f"a hyperparameter of optimizer {o} that is a constant of the "
+                        "compiled step changed (a cstorch optimizer's number, a torch "
+                        "optimizer's flag or int, a tensor set or removed, a param group)")
+        for path, kind, traced in self.scalar_conditions:
+            value = torch_optimizers.read_scalar(impl, path)
+            if value is None or scalars.condition(kind, value) != traced:
+                what = "the sign of" if kind == scalars.SIGN else "the value of"
+                return (f"{what} {state_name(path)} changed (the step's Python code "
+                        "depends on it, e.g. `if weight_decay != 0`)")
+        for path in self.scalar_paths:
+            if torch_optimizers.read_scalar(impl, path) is None:
+                return f"{state_name(path)} is no longer a float"
+        return None
 
     def resolve(self, view):
         """Positions of this program's state in ``view``; None if the state it was compiled
@@ -268,28 +305,46 @@ class ProgramTable:
         self._programs: collections.OrderedDict = collections.OrderedDict()  # key -> [entry]
         self.last_key: ProgramSignature | None = None  # of the program that served last
         self._warned_evicted = False
+        # Learned from a capture in which a frozen parameter held a gradient: the step sets
+        # it to None before any optimizer reads it, so whether one is held selects nothing.
+        self.held_gradients_unread = False
 
     def __bool__(self) -> bool:
         return bool(self._programs)
+
+    def signature(self, leaves, spec, impl, view) -> ProgramSignature:
+        """The signature of a call (``signature``), as this step's programs are filed."""
+        key = signature(leaves, spec, impl, view)
+        if self.held_gradients_unread and any(key.gradients_held):
+            key = key._replace(gradients_held=(False,) * len(key.gradients_held))
+        return key
 
     @property
     def programs(self) -> list:
         return [entry.program for entries in self._programs.values() for entry in entries]
 
-    def find(self, key: ProgramSignature, view, current_hyperparameters: list):
+    def find(self, key: ProgramSignature, view, impl):
         """``(entry, positions)`` of the program that serves ``key`` on the state of
-        ``view`` with these hyperparameters (it becomes the most recently used), or None."""
+        ``view`` with the optimizers' current hyperparameters (it becomes the most recently
+        used), or None."""
+        current = None
         for entry in self._programs.get(key, ()):
             positions = entry.resolve(view)
-            if positions is not None and entry.matches_hyperparameters(current_hyperparameters):
+            if positions is None:
+                continue
+            current = hyperparameters(impl) if current is None else current
+            if entry.hyperparameter_mismatch(current, impl) is None:
                 self._programs.move_to_end(key)
                 self.last_key = key
                 return entry, positions
         return None
 
-    def mismatch(self, key: ProgramSignature, view) -> str | None:
-        """Why the programs filed under ``key`` (if any) do not fit the state of ``view``."""
-        reasons = [entry.mismatch(view) for entry in self._programs.get(key, ())]
+    def mismatch(self, key: ProgramSignature, view, impl) -> str | None:
+        """Why the programs filed under ``key`` (if any) do not fit the state of ``view`` or
+        the optimizers' hyperparameters."""
+        current = hyperparameters(impl)
+        reasons = [entry.mismatch(view) or entry.hyperparameter_mismatch(current, impl)
+                   for entry in self._programs.get(key, ())]
         return next((r for r in reasons if r), None)
 
     def announce_recompile(self, key: ProgramSignature, reason: str | None,

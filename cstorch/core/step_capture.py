@@ -16,10 +16,12 @@ import dataclasses
 
 import torch
 from torch.utils import _pytree as pytree
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.hooks import RemovableHandle
 
 import jax_backend
-from jax_backend import LazyTensor, Program, capture_step
+from jax_backend import LazyTensor, Program, capture_step, scalars
+from jax_backend.errors import CstorchError
 from cstorch.core import born_state, torch_optimizers
 from cstorch.core.capture_cache import CaptureCache
 from cstorch.core.programs import CompiledStep, ProgramSignature, hyperparameters
@@ -62,6 +64,16 @@ def _capture_scope():
             hook()
 
 
+@contextlib.contextmanager
+def _optimizer_step_pre_hook(hook):
+    """``hook(optimizer, args, kwargs)`` before every optimizer step in the block."""
+    handle = register_optimizer_step_pre_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 def _step_counts(impl) -> list:
     """(object, _step_count) of every optimizer and scheduler of the backend."""
     return [(obj, obj._step_count) for obj in [*impl.optimizer_registry, *impl.schedulers]
@@ -93,6 +105,16 @@ def _metadata_twin(tensor, layout=None):
     return tensor
 
 
+class Respecialize(CstorchError):
+    """The step's Python code depends on the exact value of some torch optimizer floats
+    (``jax_backend.scalars``: VALUE): the capture stops, and the step is captured again with
+    those floats as constants of the graph (``paths``)."""
+
+    def __init__(self, paths):
+        super().__init__(f"the step depends on the values of {paths}")
+        self.paths = paths
+
+
 @dataclasses.dataclass
 class Capture:
     """What ``capture`` gives ``build``."""
@@ -105,39 +127,114 @@ class Capture:
     leaves_gradients: bool  # computes gradients and does not zero them
     born: list  # the state born in the step
     born_before: dict  # born_state.snapshot before the capture (to undo it)
+    stepped: list  # indices of the optimizers the step body stepped
+    scalar_paths: list  # the torch optimizer floats the program takes, in input order
+    scalar_conditions: list  # (path, SIGN or VALUE, condition) it was traced for
+    host_calls: list  # torch LR scheduler steps to run at every call (torch_optimizers)
+    gradients_held: tuple  # per model parameter: whether it holds a gradient after the step
+    held_gradients_unread: bool  # frozen parameters held gradients no optimizer step read
+    stored: list  # (model, module name, attribute) of the tensors it stores on modules
+
+
+def _scalar_plan(scalar_entries, constant_paths, captured, born) -> tuple:
+    """``(scalar_paths, scalar_conditions)`` of a capture over ``scalar_entries``, those at
+    ``constant_paths`` traced as constants. Raises ``Respecialize`` when the graph depends on
+    the exact value of a symbolic float (unless it runs once: state was born)."""
+    paths = [path for path, _ in scalar_entries]
+    exact = [paths[i] for i, kind in captured.scalar_kinds.items() if kind == scalars.VALUE]
+    if exact and not born:
+        raise Respecialize(exact)
+    conditions = [(paths[i], kind, scalars.condition(kind, slot.get()))
+                  for i, kind in sorted(captured.scalar_kinds.items())
+                  for slot in [scalar_entries[i][1]]]
+    conditions += [(path, scalars.VALUE, slot.get()) for path, slot in scalar_entries
+                   if path in constant_paths]
+    return [paths[i] for i in captured.used_scalars], conditions
+
+
+class _Body:
+    """The step body as the engine traces it (a call per pass) and what its last pass
+    left: the closures it recorded, the optimizers it stepped, the scheduler steps it
+    deferred, the state it gave birth to, the tensors it stored on modules, the gradients
+    it left."""
+
+    def __init__(self, step_fn, impl, key: ProgramSignature, leaves, spec, view):
+        self.step_fn, self.impl, self.key, self.view = step_fn, impl, key, view
+        self.leaves, self.spec = leaves, spec
+        self.positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+        self.records, self.passes = [], 0
+        self.stepped, self.host_calls = [], []
+        self.born, self.stored = [], []
+        self.attributes_before: dict = {}
+        self.leaves_gradients = False  # computes gradients and does not zero them
+        self.gradients_held = ()  # per parameter: holds a gradient after the body
+        self.held_read = None  # an optimizer step read a frozen parameter's held gradient
+        self._known_paths, self._existing = set(view.named_by), set(map(id, view.tensors))
+
+    def __call__(self, *tensors):
+        impl, view = self.impl, self.view
+        self.passes += 1
+        self.records.clear()
+        self.stepped.clear()
+        self.host_calls.clear()
+        rebuilt = list(self.leaves)
+        for i, t in zip(self.positions, tensors):
+            rebuilt[i] = t
+        args, kwargs = pytree.tree_unflatten(rebuilt, self.spec)
+        resets = impl.gradient_resets
+        seeded = self._seed_held_gradients()
+        self.held_read = None
+
+        def first_optimizer_step(optimizer, args, kwargs):
+            if self.held_read is None:
+                self.held_read = any(p.grad is grad for p, grad in seeded)
+
+        self.attributes_before = born_state.module_attributes(impl)
+        with impl.tracing(self.records), torch_optimizers.capture_policy(impl, self.stepped), \
+                torch_optimizers.deferred_scheduler_steps(self.stepped, self.host_calls), \
+                born_state.ParameterWatch(impl), _optimizer_step_pre_hook(first_optimizer_step):
+            outputs = self.step_fn(*args, **kwargs)
+        self.held_read = bool(self.held_read) if seeded else None
+        self.gradients_held = tuple(p.grad is not None for p in view.parameters)
+        self.leaves_gradients = impl.gradient_resets == resets and any(
+            p.grad is not None for model in impl.models for p in model.parameters())
+        self.born = born_state.find(impl, self._known_paths, self._existing)
+        self.stored = born_state.stored_attributes(impl, [id(b.tensor) for b in self.born])
+        return (outputs, [(r.args, r.kwargs) for r in self.records],
+                [b.tensor for b in self.born], [tensor for _, tensor in self.stored])
+
+    def _seed_held_gradients(self) -> list:
+        """The frozen parameters whose gradient eager torch would hold get a zero one (its
+        value is not kept between steps): ``(parameter, gradient)``."""
+        seeded = []
+        with torch.no_grad():
+            for p, held in zip(self.view.parameters, self.key.gradients_held):
+                if held:
+                    p.grad = torch.zeros_like(p)
+                    seeded.append((p, p.grad))
+        return seeded
+
+    def traced(self) -> dict:
+        """What a graph cache entry keeps of the trace besides closures and counters."""
+        impl = self.impl
+        return {"stepped": [i for i, o in enumerate(impl.optimizer_registry)
+                            if any(o is s for s in self.stepped)],
+                "host_calls": list(self.host_calls),
+                "gradients_held": list(self.gradients_held),
+                "stored": [list(path) for path, _ in self.stored]}
 
 
 def capture(step_fn, impl, key: ProgramSignature, leaves, spec, view, *, retry: bool,
-            traced_step_type: type) -> Capture:
+            traced_step_type: type, constant_paths=frozenset()) -> Capture:
     """Captures ``step_fn`` for these flattened arguments on the state of ``view`` (or loads
-    its graph from the graph cache, unless ``retry``: its cached graph failed)."""
-    positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
-    records = []
-    passes = []  # one entry per time capture runs the step body
+    its graph from the graph cache, unless ``retry``: its cached graph failed). The torch
+    optimizers' floats are runtime inputs, but those at ``constant_paths``."""
+    body = _Body(step_fn, impl, key, leaves, spec, view)
     counters_before = _step_counts(impl)
-    leaves_gradients = []
     born_before = born_state.snapshot(impl)
-    born_per_pass = []  # the state born in each pass (born_state.find)
-    known_paths, existing = set(view.named_by), set(map(id, view.tensors))
-
-    def step(*tensors):
-        passes.append(None)
-        rebuilt = list(leaves)
-        for i, t in zip(positions, tensors):
-            rebuilt[i] = t
-        args, kwargs = pytree.tree_unflatten(rebuilt, spec)
-        resets = impl.gradient_resets
-        with impl.tracing(records), torch_optimizers.capture_policy(impl), \
-                born_state.ParameterWatch(impl):
-            outputs = step_fn(*args, **kwargs)
-        leaves_gradients.append(impl.gradient_resets == resets and any(
-            p.grad is not None for model in impl.models for p in model.parameters()))
-        born_per_pass.append(born_state.find(impl, known_paths, existing))
-        return (outputs, [(r.args, r.kwargs) for r in records],
-                [b.tensor for b in born_per_pass[-1]])
-
+    scalar_entries = torch_optimizers.scalar_slots(impl)
     policy = impl.precision_policy()
-    twins = [_metadata_twin(leaves[i], impl.layout) for i in positions]
+    twins = [_metadata_twin(leaves[i], impl.layout) for i in body.positions]
     impl.initialize_sparsity()  # masks get their values before the step first reads them
     decompositions = decompositions_for("CSX" if impl.is_csx else "CPU")
     cache = CaptureCache(impl, step_fn, leaves, key, view, twins, decompositions,
@@ -145,29 +242,43 @@ def capture(step_fn, impl, key: ProgramSignature, leaves, spec, view, *, retry: 
                          trace_hooks=bool(_trace_pre_hooks or _trace_post_hooks),
                          lookup=not retry)
     hit = cache.load()
-    born = []
+    born, unread = [], False
     if hit is not None:  # the graph of an earlier run: nothing is traced
-        captured, closures, counter_steps = hit
+        captured, closures, counter_steps, traced = hit
+        constant_paths = traced["constant_paths"]
     else:
+        symbolic = [i for i, (path, _) in enumerate(scalar_entries)
+                    if path not in constant_paths]
         try:
             with _capture_scope(), cache.watching():
-                captured = capture_step(step, view.slots, twins, policy,
-                                        decompositions=decompositions)
-            born = born_per_pass[-1] if born_per_pass else []
+                captured = capture_step(body, view.slots, twins, policy,
+                                        decompositions=decompositions,
+                                        scalar_slots=[slot for _, slot in scalar_entries],
+                                        symbolic=symbolic)
+            born_state.restore_attributes(impl, body.attributes_before)
+            born = body.born
             born_state.refuse_parameters(born)
             born_state.check_no_leaks(impl, allowed=[id(b.tensor) for b in born])
+            _scalar_plan(scalar_entries, constant_paths, captured, born)  # may respecialize
         except BaseException:
+            born_state.restore_attributes(impl, body.attributes_before)
             _undo_counting(counters_before, 0)  # a capture that stopped half-way
             born_state.discard(impl, born_before)
             raise
-        counter_steps = _undo_counting(counters_before, len(passes))
-        closures = [(r.kind, r.fn) for r in records]
+        counter_steps = _undo_counting(counters_before, body.passes)
+        closures = [(r.kind, r.fn) for r in body.records]
+        traced = dict(body.traced(), constant_paths={p for p, _ in scalar_entries
+                                                     if p in constant_paths})
+        unread = body.held_read is False
         if born:
             cache.key = None  # runs once; its later calls are another capture's
-        cache.prepare(captured, records, counter_steps)
+        cache.prepare(captured, body.records, counter_steps, traced)
+    scalar_paths, conditions = _scalar_plan(scalar_entries, constant_paths, captured, born)
     return Capture(captured, closures, counter_steps, policy,
-                   cache if cache.key is not None else None,
-                   bool(leaves_gradients and leaves_gradients[-1]), born, born_before)
+                   cache if cache.key is not None else None, body.leaves_gradients, born,
+                   born_before, traced["stepped"], scalar_paths, conditions,
+                   traced["host_calls"], tuple(traced["gradients_held"]), unread,
+                   [tuple(path) for path in traced["stored"]])
 
 
 def build(impl, done: Capture, leaves, view) -> CompiledStep:
@@ -184,7 +295,13 @@ def build(impl, done: Capture, leaves, view) -> CompiledStep:
              for i in captured.used_state + captured.written_state}
     mine = set(used + written)
     ties = {slot: named for slot, named in view.named_by.items() if named in mine}
+    current = hyperparameters(impl)
+    uses = set(done.stepped) | {path[1] for path in done.scalar_paths}
     return CompiledStep(captured, program, done.closures, python_leaves, used, written, avals,
-                        hyperparameters(impl), done.counter_steps, view.optimizer_params,
-                        ties, done.cache, leaves_gradients=done.leaves_gradients,
-                        born=done.born, born_before=done.born_before)
+                        {o: current[o] for o in sorted(uses)}, done.counter_steps,
+                        view.optimizer_params, ties, done.cache,
+                        leaves_gradients=done.leaves_gradients, born=done.born,
+                        born_before=done.born_before, scalar_paths=done.scalar_paths,
+                        scalar_conditions=done.scalar_conditions,
+                        host_calls=done.host_calls, gradients_held=done.gradients_held,
+                        stored_attributes=born_state.attribute_holders(impl, done.stored))

@@ -14,6 +14,14 @@ multi-tensor (``foreach``) code, which the capture decomposes into per-tensor op
 fused kernel. The group values are put back after the step, so checkpoints and
 ``state_dict()`` keep the user's settings. State torch creates lazily in the first step is
 state born in the step (``cstorch.core.born_state``).
+
+The floats of an adopted optimizer's param groups (``lr``, ``betas``, ``weight_decay``, ...)
+are runtime inputs of the compiled step (``scalar_slots``, ``jax_backend.scalars``): read at
+every call, so a learning rate set by hand or by a torch scheduler between steps needs no new
+program. A torch LR scheduler's ``step()`` called in the step body is not traced: it runs on
+the host at every call of the compiled step (``deferred_scheduler_steps``), before the
+program if the body called it before its optimizer's step, else after it, as eager torch
+would run it.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
+from jax_backend import scalars
 from jax_backend.errors import CaptureError, CstorchError
 from cstorch.backend import current_backend_impl
 from cstorch.optim.optimizer import Optimizer as CstorchOptimizer, plain_copies
@@ -83,21 +92,67 @@ def adopt(impl, optimizer) -> None:
 
 
 def _counted_zero_grad(optimizer, *args, **kwargs):
-    """``zero_grad`` of an adopted torch optimizer: counted as the backend counts cstorch's
-    (``GradientAccumulationWarning``), then torch's own."""
+    """``zero_grad`` of an adopted torch optimizer: told to the backend as cstorch's are
+    (``BaseBackend.gradients_reset``), then torch's own."""
     impl = current_backend_impl(raise_exception=False)
     if impl is not None:
-        impl.gradient_resets += 1
+        set_to_none = kwargs.get("set_to_none", args[0] if args else True)
+        impl.gradients_reset([p for group in optimizer.param_groups for p in group["params"]],
+                             set_to_none)
     return type(optimizer).zero_grad(optimizer, *args, **kwargs)
 
 
+# ----------------------------------------------------------------------- runtime floats
+def scalar_slots(impl) -> list:
+    """``(path, ScalarSlot)`` of every float in the param groups of the adopted torch
+    optimizers, and of every float element of a tuple or list there (``betas``): the values
+    a compiled step takes as inputs. Paths as state paths: ``("optimizer", o, "group", g,
+    key)``, with the element's index last for a tuple's."""
+    from cstorch.core.state_names import state_name
+
+    entries = []
+    for o, optimizer in enumerate(impl.optimizer_registry):
+        if not is_torch_optimizer(optimizer):
+            continue
+        for g, group in enumerate(optimizer.param_groups):
+            for key, value in group.items():
+                if key == "params":
+                    continue
+                path = ("optimizer", o, "group", g, key)
+                if scalars.is_runtime_scalar(value):
+                    entries.append((path, scalars.ScalarSlot(group, key,
+                                                             name=state_name(path))))
+                elif isinstance(value, (tuple, list)):
+                    entries += [(path + (i,), scalars.ScalarSlot(
+                                    group, key, i, name=state_name(path + (i,))))
+                                for i, item in enumerate(value)
+                                if scalars.is_runtime_scalar(item)]
+    return entries
+
+
+def read_scalar(impl, path):
+    """The float at ``path`` (``scalar_slots``) now, or None if it is no longer there."""
+    _, o, _, g, key, *index = path
+    try:
+        value = impl.optimizer_registry[o].param_groups[g][key]
+        if index:
+            value = value[index[0]] if isinstance(value, (tuple, list)) else None
+    except (IndexError, KeyError, TypeError):
+        return None
+    return value if scalars.is_runtime_scalar(value) else None
+
+
+# ---------------------------------------------------------------- during the capture
 @contextlib.contextmanager
-def capture_policy(impl):
+def capture_policy(impl, stepped: list | None = None):
     """Around the step body while it is captured: torch optimizers not yet adopted stop the
-    capture (``Unadopted``); adopted ones step on their compiler path (module docstring)."""
+    capture (``Unadopted``); adopted ones step on their compiler path (module docstring).
+    Every optimizer stepped is appended to ``stepped``."""
     changed = []  # (optimizer, [saved group values], saved compiling flag), innermost last
 
     def before_step(optimizer, args, kwargs):
+        if stepped is not None and optimizer not in stepped:
+            stepped.append(optimizer)
         if not is_torch_optimizer(optimizer):
             return None
         name = type(optimizer).__name__
@@ -135,3 +190,59 @@ def _restore(optimizer, saved, compiling) -> None:
     for group, values in zip(optimizer.param_groups, saved):
         group.update(values)
     torch.compiler._is_compiling_flag = compiling
+
+
+# ------------------------------------------------------------------ torch LR schedulers
+def _scheduler_step_owners() -> list:
+    """torch's LR scheduler classes (and their subclasses, the user's included) that define
+    their own ``step``."""
+    from torch.optim.lr_scheduler import LRScheduler
+
+    found, pending = [], [LRScheduler]
+    while pending:
+        cls = pending.pop()
+        if "step" in cls.__dict__:
+            found.append(cls)
+        pending.extend(cls.__subclasses__())
+    return found
+
+
+@contextlib.contextmanager
+def deferred_scheduler_steps(stepped: list, calls: list):
+    """While the step body is captured: a torch LR scheduler's ``step()`` is not run but
+    recorded in ``calls`` as ``(phase, scheduler, args, kwargs)``, to run on the host at
+    every call of the compiled step: "before" its program if the body had not stepped the
+    scheduler's optimizer yet (``stepped``), else "after" (module docstring).
+    ``ReduceLROnPlateau`` reads the metric it is given: it runs, and reading the traced
+    value fails with the error that says so."""
+    from torch.optim.lr_scheduler import ReduceLROnPlateau
+
+    owners = _scheduler_step_owners()
+    originals = {cls: cls.__dict__["step"] for cls in owners}
+
+    def deferring(original):
+        @functools.wraps(original)
+        def step(scheduler, *args, **kwargs):
+            if isinstance(scheduler, ReduceLROnPlateau):
+                return original(scheduler, *args, **kwargs)
+            optimizer = getattr(scheduler, "optimizer", None)
+            phase = "after" if any(optimizer is o for o in stepped) else "before"
+            calls.append((phase, scheduler, args, kwargs))
+            return None
+
+        return step
+
+    for cls, original in originals.items():
+        cls.step = deferring(original)
+    try:
+        yield
+    finally:
+        for cls, original in originals.items():
+            cls.step = original
+
+
+def run_scheduler_steps(calls: list, phase: str) -> None:
+    """Runs the recorded scheduler steps of ``phase`` (``deferred_scheduler_steps``)."""
+    for when, scheduler, args, kwargs in calls:
+        if when == phase:
+            scheduler.step(*args, **kwargs)

@@ -197,8 +197,9 @@ class Optimizer(torch.optim.Optimizer, ABC):
                         f"The zero_grad pre hook {hook!r} must return None or a tuple "
                         f"(new_args, new_kwargs), but returned {result!r}.")
                 args, kwargs = result
-        self.backend.gradient_resets += 1
         set_to_none = kwargs.get("set_to_none", args[0] if args else True)
+        self.backend.gradients_reset(
+            [p for group in self.param_groups for p in group["params"]], set_to_none)
         if not set_to_none:
             warnings.warn(
                 "zero_grad(set_to_none=False) keeps zero-filled gradient tensors alive; prefer "

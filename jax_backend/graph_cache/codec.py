@@ -31,7 +31,7 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from jax_backend import torch_ops, torch_versions
+from jax_backend import scalars, torch_ops, torch_versions
 from jax_backend.capture import CapturedStep
 from jax_backend.errors import CstorchError
 from jax_backend.graph_cache import fingerprint
@@ -109,6 +109,8 @@ class _Encoder:
             return {"tuple" if isinstance(v, tuple) else "list": [self.meta(x) for x in v]}
         if type(v) in (type(None), bool, int, float):
             return v
+        if isinstance(v, scalars.ScalarMeta):
+            return {"scalar": [v.kind]}
         raise fingerprint.NotCacheable(f"node metadata of type {type(v).__name__}")
 
     def node(self, n: torch.fx.Node) -> list:
@@ -118,6 +120,8 @@ class _Encoder:
             target = self.constant(getattr(self.gm, n.target))
         elif n.op == "call_function" and n.target is operator.getitem:
             target = "getitem"
+        elif n.op == "call_function" and n.target in scalars.NAME_OF:
+            target = "scalar::" + scalars.NAME_OF[n.target]
         elif n.op == "call_function" and n.target is _OPTAX_UPDATE:
             raise fingerprint.NotCacheable("an optax transformation (a Python object)")
         elif n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
@@ -168,6 +172,9 @@ def encode(captured: CapturedStep, extras: dict, files: dict, key: str):
         "num_inputs": captured.num_inputs, "output_spec": spec,
         "output_is_tensor": captured.output_is_tensor,
         "output_constants": captured.output_constants, "extras": extras,
+        "used_scalars": captured.used_scalars,
+        "scalar_kinds": [[i, kind] for i, kind in sorted(captured.scalar_kinds.items())],
+        "scalar_outputs": captured.scalar_outputs,
     }
     text = json.dumps(document, separators=(",", ":"), allow_nan=True)
     return text.encode(), encoder.constants
@@ -204,6 +211,10 @@ def _int_list(v, what, limit) -> list:
 def _resolve_op(name):
     if name == "getitem":
         return operator.getitem
+    if isinstance(name, str) and name.startswith("scalar::"):
+        function = name[len("scalar::"):]
+        check(function in scalars.FUNCTIONS, f"unknown scalar function {name[:80]!r}")
+        return scalars.FUNCTIONS[function][0]
     check(isinstance(name, str) and len(name) < 300, "an op name is not a string")
     namespace, _, rest = name.partition("::")
     op_name, _, overload = rest.partition(".")
@@ -265,6 +276,9 @@ class _Decoder:
         if tag in ("tuple", "list"):
             items = [self.meta(y, depth + 1) for y in x]
             return tuple(items) if tag == "tuple" else items
+        if tag == "scalar":
+            check(x in (["float"], ["int"], ["bool"]), "malformed scalar metadata")
+            return scalars.ScalarMeta(x[0])
         raise CorruptEntry("metadata of unknown form")
 
 
@@ -323,7 +337,7 @@ def _is_optimizer_spec(config) -> bool:
 def decode(doc: dict, arrays: list, state: list, inputs: list):
     """(CapturedStep, extras) from an entry's JSON and constant arrays, for a step over the
     unique ``state`` tensors and ``inputs`` (whose shapes and dtypes its placeholders must
-    have). Raises CorruptEntry."""
+    have), then runtime scalars. Raises CorruptEntry."""
     num_state = len(state)
     check(isinstance(doc, dict), "not a JSON object")
     nodes = doc["nodes"]
@@ -373,12 +387,22 @@ def decode(doc: dict, arrays: list, state: list, inputs: list):
         check(isinstance(indices, list) and len(set(indices)) == len(indices)
               and all(type(i) is int and 0 <= i < num_state for i in indices),
               f"bad {name} state indices")
-    check(type(num_inputs) is int and placeholders == len(used) + num_inputs
+    used_scalars, kinds = doc["used_scalars"], doc["scalar_kinds"]
+    numbers = doc["scalar_outputs"]
+    check(isinstance(used_scalars, list) and len(set(used_scalars)) == len(used_scalars)
+          and all(type(i) is int and 0 <= i < MAX_NODES for i in used_scalars),
+          "bad scalar indices")
+    check(isinstance(kinds, list) and all(
+        isinstance(k, list) and len(k) == 2 and type(k[0]) is int and 0 <= k[0] < MAX_NODES
+        and k[1] in (scalars.SIGN, scalars.VALUE) for k in kinds), "bad scalar kinds")
+    check(type(num_inputs) is int and placeholders == len(used) + num_inputs + len(used_scalars)
           and num_inputs == len(inputs), "placeholders do not match the state and inputs")
     for node, tensor in zip(decoder.nodes, [state[i] for i in used] + list(inputs)):
         val = node.meta["val"]
         check(isinstance(val, torch.Tensor) and val.shape == tensor.shape
               and val.dtype == tensor.dtype, "a placeholder of another shape or dtype")
+    check(all(isinstance(node.meta["val"], scalars.ScalarMeta) for node in
+              decoder.nodes[len(used) + num_inputs:placeholders]), "a bad scalar placeholder")
     check(isinstance(is_tensor, list) and all(type(b) is bool for b in is_tensor)
           and isinstance(constants, list) and len(constants) == len(is_tensor)
           and all(type(c) in _SCALARS and (c is None or not t)
@@ -388,10 +412,14 @@ def decode(doc: dict, arrays: list, state: list, inputs: list):
           and all(isinstance(o, torch.fx.Node) for o in outputs), "bad graph outputs")
     spec = _decode_spec(doc["output_spec"])
     check(spec.num_leaves == len(is_tensor), "the output structure does not match")
+    check(isinstance(numbers, list) and all(type(i) is int and 0 <= i < len(is_tensor)
+                                             and is_tensor[i] for i in numbers),
+          "bad scalar outputs")
     captured = CapturedStep(
         graph=torch.fx.GraphModule(attrs, graph), used_state=used, written_state=written,
         num_inputs=num_inputs, output_spec=spec, output_is_tensor=is_tensor,
-        output_constants=constants)
+        output_constants=constants, used_scalars=used_scalars,
+        scalar_kinds={i: kind for i, kind in kinds}, scalar_outputs=numbers)
     return captured, doc["extras"]
 
 

@@ -29,7 +29,7 @@ from jax_backend.graph_cache import fingerprint
 from jax_backend.state_guard import plain_type
 
 #: The entry format; part of ``versions``, so an entry of another format is another key.
-FORMAT = 3  # 3: an optimizer step carries its spec (2 named one registered in-process)
+FORMAT = 4  # 4: runtime scalars (3: an optimizer step carries its spec)
 
 #: Environment variables left out of the key: they differ between terminal or SSH sessions
 #: and say nothing a step could compute with (and the cache's own location), and those the

@@ -12,6 +12,7 @@ from jax_backend.ops import (  # noqa: F401  (imported for registration)
     pooling,
     random,
     reduction,
+    scalar,
     shape,
     special,
 )

@@ -210,7 +210,9 @@ def aten_imag(x):
 
 # -------------------------------------------------------------------------------- arithmetic
 def _scaled(other, alpha):
-    return other if alpha is None or alpha == 1 else other * alpha
+    # alpha may be a runtime scalar (jax_backend.scalars): only a Python 1 is skipped
+    return other if alpha is None or (isinstance(alpha, (int, float)) and alpha == 1) \
+        else other * alpha
 
 
 @lowers(aten.add.Tensor, aten.add.Scalar)

@@ -38,6 +38,7 @@ BASE = ProgramSignature(
     requires_grad=(True, True),
     parameter_hooks=((0, (12,), ()),),
     module_hooks=((0, 1, (), (40,), (), ()), ("torch global", 1, (41,))),
+    gradients_held=(False, False),
 )
 
 # One change per field, each a change that selects another program in memory.
@@ -54,6 +55,7 @@ VARIANTS = {
                      ((0, 2, (), (40,), (), ()), ("torch global", 1, (41,))),
                      ((0, 1, (40,), (), (), ()), ("torch global", 1, (41,))),
                      ((0, 1, (), (40,), (), ()), ("torch global", 2, (41,)))],
+    "gradients_held": [(False, True)],
 }
 
 

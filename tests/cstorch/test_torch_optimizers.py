@@ -6,8 +6,9 @@ optimizer's ``state_dict`` step by step. The optimizer's state is created lazily
 the first step (``cstorch.core.born_state``); checkpoints and ``load_state_dict`` must carry
 it as they do for cstorch's optimizers. Also: state born in a step elsewhere (a buffer
 registered in ``forward``), what a compiled step refuses (lazy modules, parameters created in
-``forward``, tensors left on a module, LBFGS), and that no tensor of a trace is ever left in
-user-visible state.
+``forward``, tensors left in a list on a module, LBFGS), that a tensor kept as a module's
+attribute holds each step's value, and that no tensor of a trace is ever left in
+user-visible state. (Hyperparameters and optimizer edits: test_torch_hyperparameters.py.)
 """
 
 from __future__ import annotations
@@ -265,19 +266,48 @@ def test_parameter_created_in_forward_is_refused_naming_the_line():
 class _KeepsActivations(torch.nn.Module):
     def __init__(self):
         super().__init__()
+        torch.manual_seed(0)
         self.fc = torch.nn.Linear(4, 2)
+        self.history = []
 
     def forward(self, x):
         out = self.fc(x)
-        self.last_output = out  # a traced tensor kept on the module
+        self.last_output = out  # a tensor of the step kept on the module
         return out
 
 
-def test_tensor_left_on_a_module_is_refused_and_taken_out():
+class _KeepsHistory(_KeepsActivations):
+    def forward(self, x):
+        out = self.fc(x)
+        self.history.append(out)  # grows by one each step: no program can keep that
+        return out
+
+
+@pytest.mark.parametrize("backend_kind", ["CPU", "CSX"])
+def test_a_tensor_kept_on_a_module_holds_each_steps_value(backend_kind):
+    """As in eager torch, after each step the attribute holds that step's tensor (an output
+    of the program), and the training is eager's."""
+    make = OPTIMIZERS["AdamW"]
+    eager = _KeepsActivations()
+    optimizer = make(eager.parameters())
+    model, _, step = _compiled(make, _backend(backend_kind), model=_KeepsActivations())
+    for x, y in zip(XS[:3], YS[:3]):
+        loss = step(x, y)
+        optimizer.zero_grad()
+        expected = _loss(eager(x), y)
+        expected.backward()
+        optimizer.step()
+        torch.testing.assert_close(loss.item(), expected.item(), **TOL)
+        torch.testing.assert_close(model.last_output, eager.last_output.detach(), **TOL)
+    assert step.trace_count == 2  # the first step's program (AdamW's state born) and the next
+
+
+def test_tensors_kept_in_a_list_on_a_module_are_refused_and_taken_out():
     model, optimizer, step = _compiled(OPTIMIZERS["AdamW"], _backend("CPU"),
-                                       model=_KeepsActivations())
-    with pytest.raises(CaptureError, match=r"model0\.last_output.*register_buffer"):
+                                       model=_KeepsHistory())
+    with pytest.raises(CaptureError, match=r"model0\.history\[0\].*register_buffer"):
         step(XS[0], YS[0])
+    assert model.history and all(h is None for h in model.history)  # taken out
     assert not hasattr(model, "last_output")
     _assert_no_fakes(optimizer.state_dict(), model.state_dict())
     assert not optimizer.state  # the failed capture's optimizer state is gone too
@@ -318,30 +348,6 @@ def test_lbfgs_is_refused_with_the_reason():
 
     with pytest.raises(CaptureError, match="LBFGS cannot run in a compiled step"):
         lbfgs_step(XS[0], YS[0])
-
-
-def test_torch_scheduler_changing_lr_between_steps_is_not_silent():
-    """A torch LR scheduler stepped outside the traced step changes a Python float lr:
-    the program is recompiled with a warning on CPU (never silently the old lr)."""
-    make = OPTIMIZERS["SGD-momentum"]
-    eager_model, eager_optimizer, _ = _eager(make, 0)
-    eager_scheduler = torch.optim.lr_scheduler.StepLR(eager_optimizer, 1, gamma=0.5)
-    eager_losses = []
-    for x, y in zip(XS[:3], YS[:3]):
-        eager_optimizer.zero_grad()
-        loss = _loss(eager_model(x), y)
-        loss.backward()
-        eager_optimizer.step()
-        eager_scheduler.step()
-        eager_losses.append(loss.item())
-    model, optimizer, step = _compiled(make, _backend("CPU"))
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.5)
-    losses = []
-    with pytest.warns(RecompilationWarning):
-        for x, y in zip(XS[:3], YS[:3]):
-            losses.append(float(step(x, y)))
-            scheduler.step()
-    torch.testing.assert_close(losses, eager_losses, **TOL)
 
 
 class _Foreach(torch.nn.Module):

@@ -46,7 +46,8 @@ class LazyOptimizer(_CstorchOptimizer):
         return self._optimizer.step(closure)
 
     def zero_grad(self, set_to_none: bool = True):
-        self.backend.gradient_resets += 1  # the step zeroes its gradients (see cstorch.trace)
+        self.backend.gradients_reset(  # the step zeroes its gradients (see cstorch.trace)
+            [p for group in self.param_groups for p in group["params"]], set_to_none)
         return self._optimizer.zero_grad(set_to_none)
 
     def state_dict(self, *args, **kwargs):
