@@ -38,6 +38,12 @@ engine = config.define(
     "(compile once) or eager (eager torch every step; cstorch/core/engine.py).",
     env_var="CSTORCH_ENGINE", parse=lambda text: text.strip().lower() or "jax",
     choices=("jax", "eager"))
+serve_backend = config.define(
+    "serve_backend", None, "For tools that run a script unchanged on another backend (python "
+    "-m cstorch.parity): cpu, gpu or csx, the type of backend that serves every "
+    "cstorch.backend(...) of the process, whatever type the script names. Of the script's "
+    "backend arguments only artifact_dir is kept; the engine comes from the engine setting.",
+    choices=("cpu", "gpu", "csx"))
 progress = config.define(
     "progress", "auto", "How runs show progress (cstorch/utils/progress.py): auto (a bar on a "
     "terminal, plain lines elsewhere, for runs of at least progress_bar_min_steps steps), bar, "

@@ -50,6 +50,8 @@ def _adopt(backend_type, args, kwargs) -> "Backend":
 
     if isinstance(backend_type, str):
         backend_type = BackendType.from_str(backend_type)
+    if served_type(backend_type) != backend_type:  # a tool serves it (config.serve_backend)
+        backend_type, args, kwargs = served_type(backend_type), (), {}
     where = _current._implicit_at
     fix = ("A process has one backend: call cstorch.backend(...) before the first "
            "cstorch.compile, or pass the backend to it: cstorch.compile(model, backend).")
@@ -76,6 +78,28 @@ def _adopt(backend_type, args, kwargs) -> "Backend":
     return _current
 
 
+def served_type(backend_type: BackendType) -> BackendType:
+    """The type of backend that serves a request for ``backend_type``: itself, unless a tool
+    chose one for every request (``cstorch.config.serve_backend``)."""
+    served = config.serve_backend.value
+    return backend_type if served is None else BackendType.from_str(served)
+
+
+def _serving(backend_type: BackendType, args, kwargs):
+    """``(type, args, kwargs)`` of the backend that serves a request: the request itself, or
+    the type ``config.serve_backend`` names with only the request's ``artifact_dir`` (the
+    other settings belong to the type the script named)."""
+    served = served_type(backend_type)
+    if served == backend_type and config.serve_backend.value is None:
+        return backend_type, args, kwargs
+    try:
+        settings = inspect.signature(_impl_class(backend_type).__init__).bind(
+            None, backend_type, *args, **kwargs).arguments
+    except TypeError as error:
+        raise TypeError(f"cstorch.backend({backend_type.name!r}, ...): {error}") from None
+    return served, (), {k: v for k, v in settings.items() if k == "artifact_dir"}
+
+
 def _impl_class(backend_type: BackendType):
     if backend_type.is_cpu:
         from cstorch.backend.cpu_backend import CpuBackendImpl
@@ -97,8 +121,9 @@ class Backend(metaclass=_OneBackend):
         global _current
         if isinstance(backend_type, str):
             backend_type = BackendType.from_str(backend_type)
-        self.backend_type = backend_type
         kwargs, max_checkpoints = old_keywords.apply(backend_type, kwargs)
+        backend_type, args, kwargs = _serving(backend_type, args, kwargs)
+        self.backend_type = backend_type
         self._impl = _impl_class(backend_type)(backend_type, *args, **kwargs)
         self._impl.checkpoint_keeper = old_keywords.CheckpointKeeper(max_checkpoints)
         self._impl.hold_compilation_cache()  # once built: a failed backend holds nothing
@@ -241,7 +266,7 @@ def get_or_create(backend_type, *args, mismatch=None, **kwargs) -> Backend:
         backend_type = BackendType.from_str(backend_type)
     if _current is None:
         return backend(backend_type, *args, **kwargs)
-    if _current.backend_type != backend_type:
+    if _current.backend_type != served_type(backend_type):
         if mismatch is not None:
             raise mismatch(_current)
         raise RuntimeError(

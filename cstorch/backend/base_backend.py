@@ -21,7 +21,7 @@ from torch.nn.modules import module as _torch_module
 
 import jax_backend
 from jax_backend import DeviceState, LazyTensor, Slot, materialize, shared_memory
-from cstorch.backend import precision
+from cstorch.backend import precision, run_hooks
 from cstorch.distributed import runtime
 from cstorch.storage.deferred import DeferredTensor
 from cstorch.utils.stage_tracker import StageTracker
@@ -151,6 +151,7 @@ class BaseBackend:
             model.register_load_state_dict_post_hook(
                 BackendHook(self, "_invalidate_state_view"))
             self._invalidate_state_view()
+            run_hooks.model_registered(model)
         try:  # as the reference: compiled models know their device
             model.device = self.torch_device
         except AttributeError:
@@ -451,6 +452,8 @@ class BaseBackend:
         has no checkpoint schedule outside an executor: it raises, as 2.10 does when such a
         closure is finally run. (Closures called outside any step and executor run when
         they are called, see ``add_step_closure``: none wait from before the step.)"""
+        if not self.data_executor_stack:
+            run_hooks.step_ended()  # (in an executor: at the end of its batch)
         if self.data_executor_stack or len(self.step_closures) <= first:
             return
         queued = self.step_closures[first:]

@@ -13,9 +13,16 @@ Differences from the JAX engine are those of eager torch: tensors in the step ha
 steps unless the step zeroes them (as in the reference on CPU). ``cstorch.export`` and the
 program introspection (``jaxpr()``, ...) need the JAX engine. Built-in optimizers and schedules run the same pure update rules in both
 engines (``jax_backend.torch_ops``), so a parity run compares forward and backward passes.
+A ``torch.optim`` optimizer stepped in the step joins the backend's optimizers at its first
+step, as the JAX engine adopts it at the first capture, so both engines list (and a parity
+run records) the same optimizers in the same order.
 """
 
 from __future__ import annotations
+
+import contextlib
+
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from cstorch import config
 
@@ -40,5 +47,20 @@ def run_eagerly(step_fn, impl, args, kwargs):
     """One call of ``step_fn`` as eager torch, under the precision policy the JAX engine
     would capture it with (autocast for mixed precision)."""
     impl.materialize_state()  # no-op unless state was last written on the JAX side
-    with impl.precision_policy().capture_context():
+    with impl.precision_policy().capture_context(), _registering_optimizers(impl):
         return step_fn(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _registering_optimizers(impl):
+    """While the step body runs: an optimizer stepped in it that the backend does not know
+    (a ``torch.optim`` one; cstorch's register when built) is registered before it steps."""
+    def register(optimizer, args, kwargs):
+        if not any(optimizer is known for known in impl.optimizer_registry):
+            impl.register_optimizer(optimizer)
+
+    handle = register_optimizer_step_pre_hook(register)
+    try:
+        yield
+    finally:
+        handle.remove()

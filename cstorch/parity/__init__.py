@@ -3,8 +3,11 @@
 ``python -m cstorch.parity [options] script.py [script args...]`` runs the script once per
 engine, each in its own process (JAX's thread pools would slow eager torch sharing a process):
 eager torch (the reference's own CPU behaviour, ``engine="eager"``), JAX on CPU, and JAX on
-GPU when JAX sees one. Every value passed to a step or checkpoint closure is recorded by step,
-as is every model's and optimizer's final state. The tool prints the per-step values side by
+GPU when JAX sees one; ``--engines eager,csx`` compares the modeled wafer (run in float32
+unless ``--csx-mixed-precision``). Each engine's backend serves every ``cstorch.backend(...)``
+of the script (``cstorch.config``'s ``serve_backend``). Every value passed to a step or
+checkpoint closure is recorded by step, as is every model's and optimizer's final state
+(``torch.optim`` ones included), through public hooks (``cstorch.backend.run_hooks``). The tool prints the per-step values side by
 side with their relative differences, the first step past tolerance and the largest final
 state difference, and exits 1 past tolerance (2 if an engine failed), so it can gate CI.
 

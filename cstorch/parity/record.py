@@ -1,14 +1,18 @@
 """One engine's side of a parity run: runs an unchanged cstorch script and records it.
 
-``python -m cstorch.parity.record --engine eager|jax --platform cpu|gpu --out FILE
-script.py [args...]`` runs the script in this process (as ``__main__``) with the engine chosen
-through ``CSTORCH_ENGINE``, records every value passed to a step or checkpoint closure (by
-step, closure and argument name) and, at the end, every model's and optimizer's state, and
-writes them to ``FILE`` (an ``.npz`` without pickles plus a JSON index inside it).
+``python -m cstorch.parity.record --engine eager|jax --backend cpu|gpu|csx [--float32]
+--out FILE script.py [args...]`` runs the script in this process (as ``__main__``): every
+``cstorch.backend(...)`` it creates is served by that backend with that engine
+(``cstorch.config``'s ``serve_backend`` and ``engine``), in float32 with ``--float32`` unless
+the script chooses a precision. It records every value passed to a step or checkpoint closure
+(by step, closure and argument name) and, at the end, every model's and optimizer's state
+(torch's own optimizers included: both engines register them), and writes them to ``FILE``
+(an ``.npz`` without pickles plus a JSON index inside it). It watches the run through public
+hooks only (``cstorch.backend.run_hooks``, the traced-tensor listener).
 
 ``--perturb`` moves every floating-point parameter by about one rounding step
-(``PERTURBATION``) as its model is set up: the rerun that shows which final state the engine
-cannot reproduce itself (values that follow rounding noise, see ``runner``).
+(``PERTURBATION``) as its model is registered: the rerun that shows which final state the
+engine cannot reproduce itself (values that follow rounding noise, see ``runner``).
 """
 
 from __future__ import annotations
@@ -33,8 +37,12 @@ class Recorder:
         self.step = 0
         self.values: dict = {}
         self.dtypes: dict = {}
-        self.random_ops: set = set()  # random ATen ops in the compiled steps (JAX engine)
+        self.random_ops: set = set()  # random torch functions in captured steps (JAX engine)
         self.precision = "float32"  # the compute dtype of the run (mixed precision: half)
+
+    def note_precision(self, impl) -> None:
+        if impl is not None:
+            self.precision = impl.precision_policy().compute_dtype or "float32"
 
     def wrap(self, fn):
         recorder = self
@@ -102,40 +110,46 @@ def _dtype_name(value) -> str:
     return "python"
 
 
-def install(recorder: Recorder) -> None:
-    """Wraps every closure the backend runs, counts steps, and notes the random ops of the
-    compiled programs and the run's precision."""
-    from cstorch.backend.base_backend import BaseBackend
-    from jax_backend import program as program_module
+def install(recorder: Recorder) -> list:
+    """Records every closure's values by step, and the run's precision and random ops, through
+    the backend's public hooks (``cstorch.backend.run_hooks``) and the traced-tensor listener
+    (``cstorch.experimental.listener``). Returns their handles."""
+    from cstorch.backend import current_backend_impl, run_hooks
+    from cstorch.experimental.listener import register_traced_tensor_hook
 
-    run_closures, on_batch_end = BaseBackend._run_closures, BaseBackend.on_batch_end
-    run_outside = BaseBackend.run_closures_of_a_step_outside_executor
-
-    def recording_run_closures(self, queued):
-        recorder.precision = self.precision_policy().compute_dtype or "float32"
-        for closure in queued:
-            closure.fn = recorder.wrap(closure.fn)
-        return run_closures(self, queued)
-
-    def counting_on_batch_end(self):
+    def at_step_end():
         recorder.step += 1
-        return on_batch_end(self)
+        recorder.note_precision(current_backend_impl(raise_exception=False))
 
-    def counting_run_outside(self, first):
-        if not self.data_executor_stack:  # a step called outside an executor is a step too
-            recorder.step += 1
-        return run_outside(self, first)
+    def before_closure(closure, args, kwargs):
+        recorder.note_precision(current_backend_impl(raise_exception=False))
+        try:
+            signature = inspect.signature(closure)
+        except (TypeError, ValueError):
+            signature = None
+        recorder.record(getattr(closure, "__name__", "closure"), signature, args, kwargs)
 
-    original_init = program_module.Program.__init__
+    def note_random(tensor, name):
+        function = name.rsplit(".", 1)[0] if name.rsplit(".", 1)[-1].isdigit() else name
+        function = function.rsplit(".", 1)[-1]  # without the debug scope
+        if is_random_function(function):
+            recorder.random_ops.add(function)
 
-    def noting_init(self, captured, *args, **kwargs):
-        original_init(self, captured, *args, **kwargs)
-        recorder.random_ops.update(random_op_names(captured.graph))
+    return [run_hooks.register_step_end_hook(at_step_end),
+            run_hooks.register_closure_hook(before_closure),
+            register_traced_tensor_hook(note_random)]
 
-    BaseBackend._run_closures = recording_run_closures
-    BaseBackend.on_batch_end = counting_on_batch_end
-    BaseBackend.run_closures_of_a_step_outside_executor = counting_run_outside
-    program_module.Program.__init__ = noting_init
+
+#: torch functions that draw random numbers (names as the traced-tensor listener reports
+#: them, without a trailing underscore); any ``*dropout*`` function too.
+RANDOM_FUNCTIONS = frozenset({
+    "rand", "randn", "rand_like", "randn_like", "randint", "randint_like", "randperm",
+    "bernoulli", "multinomial", "normal", "uniform", "exponential", "geometric", "cauchy",
+    "log_normal", "random", "poisson", "rrelu", "gumbel_softmax"})
+
+
+def is_random_function(name: str) -> bool:
+    return "dropout" in name or name.rstrip("_") in RANDOM_FUNCTIONS
 
 
 #: Relative size of ``--perturb``'s change: two fp32 rounding steps (2 * 2**-23), each
@@ -143,66 +157,36 @@ def install(recorder: Recorder) -> None:
 PERTURBATION = 2.0 ** -22
 
 
-def perturb_parameters_on_setup() -> None:
+def perturb_parameters_on_setup():
     """Every model's floating-point parameters move by ``PERTURBATION`` (relative, signs from
-    a fixed generator) as the backend sets the model up, before any step."""
+    a fixed generator) as the model is registered with the backend, before any step.
+    Returns the hook's handle."""
     import torch
 
-    from cstorch.backend.base_backend import BaseBackend
+    from cstorch.backend import run_hooks
 
-    setup_model = BaseBackend.setup_model
     signs = torch.Generator().manual_seed(12345)
 
-    def perturbed_setup(self, model, *args, **kwargs):
+    def perturb(model):
         with torch.no_grad():
             for parameter in model.parameters():
                 if parameter.is_floating_point():
                     sign = torch.randint(0, 2, parameter.shape, generator=signs) * 2 - 1
                     parameter.mul_(1 + PERTURBATION * sign.to(parameter.dtype))
-        return setup_model(self, model, *args, **kwargs)
 
-    BaseBackend.setup_model = perturbed_setup
-
-
-def random_op_names(graph) -> list:
-    """The random ATen ops of a captured graph (``aten.native_dropout``, ``aten.rand``...)."""
-    import operator
-
-    from jax_backend.registry import lookup
-
-    names = set()
-    for node in graph.graph.nodes:
-        if node.op == "call_function" and node.target is not operator.getitem:
-            try:
-                if lookup(node.target).random:
-                    names.add(str(node.target).rsplit(".", 1)[0])
-            except Exception:  # noqa: BLE001 - an op without a lowering is no random op
-                continue
-    return sorted(names)
+    return run_hooks.register_model_hook(perturb)
 
 
-def use_gpu_for_cpu_backend() -> None:
-    """Scripts ask for ``cstorch.backend("CPU")``; the GPU engine serves it with JAX on GPU."""
-    from cstorch.backend.gpu_backend import GpuBackendImpl
+def serve_every_backend(engine: str, backend: str, float32: bool) -> None:
+    """Whatever backend the script asks for, this engine's serves it (``cstorch.config``'s
+    ``serve_backend`` and ``engine``); ``float32``: the run is in float32 unless the script
+    chooses a precision itself (CSX's default is float16 mixed precision)."""
+    import cstorch
 
-    backend_module = sys.modules["cstorch.backend"]  # (cstorch.backend is also a function)
-
-    class GpuForCpu(GpuBackendImpl):
-        """Takes the CPU backend's arguments (the CPU-only ones have no meaning here)."""
-
-        def __init__(self, backend_type, artifact_dir=None, mixed_precision=None, *,
-                     engine="auto"):
-            super().__init__(backend_type, artifact_dir)
-
-    original = backend_module._impl_class
-    backend_module._impl_class = lambda t: GpuForCpu if t.is_cpu else original(t)
-
-
-def force_engine(engine: str) -> None:
-    """The engine under comparison, even where the script names one explicitly."""
-    from cstorch.backend import cpu_backend
-
-    cpu_backend.resolve_engine = lambda requested="auto": engine
+    cstorch.config.config.update("engine", engine)
+    cstorch.config.config.update("serve_backend", backend)
+    if float32:
+        cstorch.amp.enable_mixed_precision(False)
 
 
 def final_state() -> dict:
@@ -279,7 +263,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cstorch.parity.record",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--engine", required=True, choices=["eager", "jax"])
-    parser.add_argument("--platform", default="cpu", choices=["cpu", "gpu"])
+    parser.add_argument("--backend", default="cpu", choices=["cpu", "gpu", "csx"])
+    parser.add_argument("--float32", action="store_true",
+                        help="float32 unless the script chooses a precision itself")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True)
     parser.add_argument("--perturb", action="store_true",
@@ -291,16 +277,13 @@ def main(argv=None) -> int:
     os.environ["CSTORCH_ENGINE"] = options.engine
     import torch
 
-    import cstorch  # noqa: F401  (the engine module reads CSTORCH_ENGINE at backend creation)
+    import cstorch
 
     # The same seeds on every engine, before the script seeds (or forgets to).
     random.seed(options.seed)
     np.random.seed(options.seed)
     torch.manual_seed(options.seed)
-    if options.platform == "gpu":
-        use_gpu_for_cpu_backend()
-    else:
-        force_engine(options.engine)
+    serve_every_backend(options.engine, options.backend, options.float32)
     recorder = Recorder()
     install(recorder)
     if options.perturb:
@@ -314,6 +297,7 @@ def main(argv=None) -> int:
     except SystemExit as exit_:
         if exit_.code not in (None, 0):
             raise
+    recorder.note_precision(cstorch.backend.current_backend_impl(raise_exception=False))
     save(options.out, recorder, *final_state())
     return 0
 

@@ -14,12 +14,16 @@ from cstorch import config
 from cstorch.parity import record
 from cstorch.parity.compare import compare_closures, compare_state, first_divergence, table
 
-# name -> (engine, platform) of cstorch.parity.record
-ENGINES = {"eager": ("eager", "cpu"), "jax-cpu": ("jax", "cpu"), "jax-gpu": ("jax", "gpu")}
+# name -> (engine, backend) of cstorch.parity.record: the backend that serves every
+# cstorch.backend(...) of the script, with that engine. "csx" is the modeled wafer (on JAX's
+# CPU devices), in float32 unless --csx-mixed-precision.
+ENGINES = {"eager": ("eager", "cpu"), "jax-cpu": ("jax", "cpu"), "jax-gpu": ("jax", "gpu"),
+           "csx": ("jax", "csx")}
 
 
 def available_engines() -> list:
-    """eager and JAX on CPU; JAX on GPU too when JAX sees a GPU."""
+    """The default engines: eager and JAX on CPU; JAX on GPU too when JAX sees a GPU (CSX is
+    compared when asked for: ``--engines eager,csx``)."""
     from jax_backend import mesh
 
     return ["eager", "jax-cpu"] + (["jax-gpu"] if mesh.devices("gpu") else [])
@@ -54,14 +58,18 @@ def precision_of(dtype: str, run_precision: str) -> str:
 
 
 def run_engine(name: str, script: str, args, out: str, seed: int = 0, verbose: bool = False,
-               timeout: float | None = None, cwd: str | None = None, perturb: bool = False
-               ) -> subprocess.CompletedProcess:
+               timeout: float | None = None, cwd: str | None = None, perturb: bool = False,
+               csx_mixed_precision: bool = False) -> subprocess.CompletedProcess:
     """Runs ``script args`` on one engine in a fresh Python process, recording into ``out``;
     ``cwd`` is its working directory (default: this process's); ``perturb`` moves the
-    parameters by about one rounding step as they are set up (``record.PERTURBATION``)."""
-    engine, platform = ENGINES[name]
+    parameters by about one rounding step as they are set up (``record.PERTURBATION``). The
+    csx engine runs in float32 (unless the script chooses a precision) without
+    ``csx_mixed_precision``."""
+    engine, backend = ENGINES[name]
+    float32 = backend == "csx" and not csx_mixed_precision
     command = [sys.executable, "-m", "cstorch.parity.record", "--engine", engine,
-               "--platform", platform, "--seed", str(seed), "--out", out,
+               "--backend", backend, *(["--float32"] if float32 else []),
+               "--seed", str(seed), "--out", out,
                *(["--perturb"] if perturb else []), os.path.abspath(script), *args]
     # Imports that work from here (python -m puts the working directory first) work there.
     path = os.pathsep.join(p for p in [os.getcwd(), os.environ.get("PYTHONPATH")] if p)
@@ -98,7 +106,14 @@ def _parse(argv):
     parser.add_argument("--engines", default=None,
                         help=f"comma-separated, the first is the reference; of "
                              f"{', '.join(ENGINES)} (default: eager,jax-cpu, plus jax-gpu "
-                             "when JAX sees a GPU)")
+                             "when JAX sees a GPU). Each engine's backend serves every "
+                             "cstorch.backend(...) of the script, whatever type it names; "
+                             "csx is the modeled wafer, run in float32 (see "
+                             "--csx-mixed-precision)")
+    parser.add_argument("--csx-mixed-precision", action="store_true",
+                        help="run csx in its default float16 mixed precision (compared at "
+                             "float16's tolerance) instead of float32; a script that chooses "
+                             "a precision itself keeps it on every engine")
     parser.add_argument("--rtol", type=float, default=None,
                         help="relative tolerance per closure value (default: by precision, "
                              + ", ".join(f"{k} {v:g}" for k, v in RTOL_BY_PRECISION.items())
@@ -174,7 +189,8 @@ def _record(name, options, args, tmp, perturb=False):
           + ("" if workdir is None else " (in its own working directory)"), flush=True)
     try:
         result = run_engine(name, options.script, args, out, options.seed,
-                            options.verbose, options.timeout, cwd=workdir, perturb=perturb)
+                            options.verbose, options.timeout, cwd=workdir, perturb=perturb,
+                            csx_mixed_precision=options.csx_mixed_precision)
     except subprocess.TimeoutExpired:
         print(f"error: the {label} run took longer than {options.timeout} s",
               file=sys.stderr)
@@ -207,7 +223,8 @@ def _report(options, runs, states, infos, warned, args, tmp) -> int:
     print()
     print(table(rows, options.engines))
     print()
-    print(_tolerance_line(options, run_precision, rtols, state_rtol))
+    print(_tolerance_line(options, run_precision, rtols, state_rtol,
+                          [info["precision"] for info in infos]))
     for name, lines in warned.items():
         for line in lines:
             print(f"warning from the {name} run: {line}")
@@ -343,7 +360,8 @@ def _write_json(path: str, document: dict) -> None:
         json.dump(clean(document), f, indent=1)
 
 
-def _tolerance_line(options, run_precision: str, rtols: dict, state_rtol: float) -> str:
+def _tolerance_line(options, run_precision: str, rtols: dict, state_rtol: float,
+                    precisions=()) -> str:
     if options.rtol is not None:
         closure = f"rtol={options.rtol:g} (--rtol)"
     else:
@@ -353,6 +371,12 @@ def _tolerance_line(options, run_precision: str, rtols: dict, state_rtol: float)
             + " / ".join(f"{v:g}" for v in used) + " here")
     computed = "float32" if run_precision == "float32" else \
         f"{run_precision} (mixed precision)"
+    if len(set(precisions)) > 1:  # e.g. csx in its own mixed precision against eager float32
+        computed += " on " + ", ".join(
+            f"{name}" for name, p in zip(options.engines, precisions) if p == run_precision)
+        computed += ", " + ", ".join(
+            f"{p} on {name}" for name, p in zip(options.engines, precisions)
+            if p != run_precision) + " (compared at the coarser precision's tolerance)"
     return (f"tolerances: this run computes in {computed}; closure values {closure}, "
             f"atol={options.atol:g}; final state {state_rtol:g}")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 
-from cstorch.backend import current_backend_impl
+from cstorch.backend import current_backend_impl, run_hooks
 
 
 class RepeatStepClosure:
@@ -62,6 +62,7 @@ def checkpoint_closure(closure):
 def named(closure):
     @functools.wraps(closure)
     def run(*args, **kwargs):
+        run_hooks.closure_running(closure, args, kwargs)
         StepClosureContext.step_closure_stack.append(closure.__name__)
         try:
             return closure(*args, **kwargs)

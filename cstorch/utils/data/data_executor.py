@@ -18,7 +18,7 @@ import pathlib
 import warnings
 from typing import Dict, Literal, Union
 
-from cstorch.backend import current_backend_impl
+from cstorch.backend import current_backend_impl, run_hooks
 from cstorch.utils.data import interrupts
 from cstorch.utils.data.dataloader import DataLoader
 from cstorch.utils.data.utils import checkpoint_schedule, infer_batch_size
@@ -284,6 +284,7 @@ class DataExecutor:
                 yield impl.on_batch_start(batch)
                 # The rates are computed before the step's closures, which may read them.
                 self.profiler.step(infer_batch_size(batch))
+                run_hooks.step_ended()
                 with self.profiler.printing():  # closures print on lines of their own
                     impl.on_batch_end()
             self._stop_if_interrupted()

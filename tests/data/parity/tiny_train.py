@@ -4,7 +4,8 @@
 deliberately diverging run whose first bad step is K. ``--dropout P`` adds dropout (random
 ops), ``--no-zero-grad`` leaves out ``optimizer.zero_grad()``, ``--precision bfloat16`` trains
 in mixed precision, ``--save`` saves a checkpoint to the fixed path ``checkpoint.mdl`` (in the
-working directory) after every step.
+working directory) after every step, ``--torch-optimizer`` steps torch's own
+``torch.optim.AdamW`` (no schedule) instead of cstorch's AdamW and its warmup.
 """
 
 import argparse
@@ -23,6 +24,7 @@ def main():
     parser.add_argument("--no-zero-grad", action="store_true")
     parser.add_argument("--precision", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--save", action="store_true")
+    parser.add_argument("--torch-optimizer", action="store_true")
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -33,9 +35,13 @@ def main():
                                 torch.nn.Dropout(args.dropout) if args.dropout else
                                 torch.nn.Identity(), torch.nn.Linear(16, 4))
     compiled = cstorch.compile(model, backend)
-    optimizer = cstorch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
-    scheduler = cstorch.optim.lr_scheduler.LinearLR(
-        optimizer, initial_learning_rate=1e-3, end_learning_rate=1e-2, total_iters=4)
+    if args.torch_optimizer:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+        scheduler = None
+    else:
+        optimizer = cstorch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+        scheduler = cstorch.optim.lr_scheduler.LinearLR(
+            optimizer, initial_learning_rate=1e-3, end_learning_rate=1e-2, total_iters=4)
 
     @cstorch.trace
     def training_step(inputs, targets):
@@ -44,12 +50,13 @@ def main():
             optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        scheduler.step()
+        if scheduler is not None:
+            scheduler.step()
         return loss
 
     @cstorch.step_closure
     def log(loss, lr):
-        print(f"loss {loss.item():.6f} lr {lr.item():.3e}")
+        print(f"loss {loss.item():.6f} lr {float(lr):.3e}")
 
     @cstorch.checkpoint_closure
     def save(path):
