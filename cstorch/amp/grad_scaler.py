@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import warnings
+import weakref
 from types import SimpleNamespace
 from typing import Union
 
@@ -87,6 +88,10 @@ class GradScaler:
         self._squared_norms = []  # per-step: squared grad norms gathered while unscaling
         self.isfinite = None if self.dynamic else True
         self.global_norm = None
+        # Optimizers unscaled or stepped through this scaler, registered with the backend or
+        # not yet (a torch optimizer is adopted when the capture meets its step, which ends
+        # that capture half way: its bookkeeping is reset with the registered ones').
+        self._seen_optimizers = weakref.WeakSet()
         self.backend.setup_grad_scaler(self)
         for optimizer in self.backend.optimizer_registry:
             setup_optimizer(optimizer)
@@ -154,6 +159,7 @@ class GradScaler:
     def unscale_(self, optimizer):
         """Divides the optimizer's gradients by the scale, in place."""
         setup_optimizer(optimizer)
+        self._seen_optimizers.add(optimizer)
         state = optimizer._amp_stash.state
         if state == OptState.UNSCALED:
             return
@@ -195,6 +201,7 @@ class GradScaler:
     def step(self, optimizer, *args, **kwargs):
         """Unscales (if needed) and steps; with dynamic scaling only if the grads are finite."""
         setup_optimizer(optimizer)
+        self._seen_optimizers.add(optimizer)
         if optimizer._amp_stash.state == OptState.STEPPED:
             raise RuntimeError("step() has already been called since the last update().")
         for other in self._optimizers():
@@ -262,6 +269,8 @@ class GradScaler:
         self._squared_norms = []
         self.isfinite = None if self.dynamic else True
         self.global_norm = None
-        for optimizer in self._optimizers():
+        optimizers = self._optimizers()
+        for optimizer in [*optimizers, *(o for o in self._seen_optimizers
+                                         if not any(o is r for r in optimizers))]:
             optimizer._amp_stash.isfinite = None
             optimizer._amp_stash.state = OptState.READY

@@ -236,3 +236,38 @@ def test_schedulers_do_not_advance_on_skipped_steps():
     assert epochs == [1, 2, 2, 3, 4, 5]
     lr = scheduler.get_last_lr()[0].item()
     assert lr == pytest.approx(0.05)  # five counted steps: past the milestone
+
+
+def test_grad_scaler_with_a_torch_optimizer_trains_as_eager_torch(cpu_backend):
+    """The capture that meets a torch optimizer's step for the first time stops there (the
+    optimizer is adopted, the step captured again): the scaler's bookkeeping of that
+    optimizer, half way through (unscaled), is reset with the others'. The second capture
+    used to raise "Optimizer parameter gradients already scaled"."""
+    xs = [torch.randn(8, 4, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+
+    def model_and_optimizer():
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    model, optimizer = model_and_optimizer()
+    expected = []
+    for x in xs:  # eager torch, unscaled (a power-of-two scale unscales exactly)
+        loss = model(x).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        expected.append(loss.item())
+
+    model, optimizer = model_and_optimizer()
+    compiled = cstorch.compile(model, cpu_backend)
+    scaler = cstorch.amp.GradScaler(loss_scale=128.0)
+
+    @cstorch.trace
+    def step(x):
+        loss = compiled(x).square().mean()
+        cstorch.amp.optimizer_step(loss, optimizer, scaler)
+        return loss
+
+    losses = [step(x).item() for x in xs]
+    np.testing.assert_allclose(losses, expected, rtol=1e-6)
