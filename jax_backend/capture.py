@@ -41,6 +41,7 @@ from jax_backend.errors import LoweringNotFoundError
 from jax_backend import scalars
 from jax_backend.precision import Policy
 from jax_backend.registry import has_lowering
+from jax_backend.remat import recomputation_marked
 from jax_backend.user_frames import (
     PACKAGE_DIR,
     TORCH_DIR,
@@ -617,7 +618,8 @@ def _trace(fn, slots, state, mode, fake_inputs, table, locator=None, installed=(
         return [v for _, v in rebound] + leaves
 
     try:
-        with _state_faked(mode, state), mode, _values_unreadable(), warnings.catch_warnings():
+        with _state_faked(mode, state), mode, _values_unreadable(), warnings.catch_warnings(), \
+                recomputation_marked():  # checkpointed regions: jax_backend/remat.py
             warnings.filterwarnings("ignore", message=".*non-writable tensors.*")
             graph = make_fx(traced, decomposition_table=table)(
                 *state, *fake_inputs, *[symbol for _, symbol in installed])
