@@ -274,4 +274,4 @@ def test_an_environment_value_is_checked_as_an_update_is(monkeypatch, variable, 
     with pytest.raises(config.SettingError, match=(
             rf"^Invalid \w+ setting {setting.name}='{text}' \(from the environment variable "
             rf"{variable}\): {rule}")):
-        setting.value  # noqa: B018 - reading it checks it
+        setting.value  # (reading it checks it)
