@@ -422,3 +422,17 @@ def test_replaced_create_with_the_documented_signature_runs_the_custom_runner(
     assert len(created) == 1
     expected, _ = toy_zoo.eager_losses(params, 3)
     assert _rel_err(created[0].losses, expected) < 1e-4
+
+
+def test_choosing_the_1x_half_dtype_before_the_backend_keeps_the_wafers_mixed_precision():
+    """The 1.x ``use_bfloat16`` picks the half dtype only: set before ``cstorch.backend("CSX")``
+    it must not turn the wafer's default mixed precision off (it read the flag and wrote it
+    back, which made a choice of float32)."""
+    from cstorch.backend import precision
+    from cstorch.distributed import ClusterConfig
+    from modelzoo.common.pytorch.half_dtype import half_dtype_instance as instance
+
+    instance.use_bfloat16 = True
+    cstorch.backend("CSX", cluster_config=ClusterConfig(num_csx=1))
+    assert precision.mixed_precision() and precision.get_half_dtype_str() == "bfloat16"
+    assert instance.half_dtype is torch.bfloat16

@@ -20,9 +20,8 @@ class HalfDtype:
     def use_bfloat16(self, value: bool) -> None:
         if bool(value) == self.use_bfloat16:
             return  # cbfloat16 stays cbfloat16 (a float16 format) when asked for no bfloat16
-        mixed = precision.mixed_precision()
-        precision.set_half_dtype("bfloat16" if value else "float16")
-        precision.enable_mixed_precision(mixed)
+        # chooses the dtype only: mixed precision stays as it was, or the backend's default
+        precision.use_bfloat16(bool(value))
 
     @property
     def half_dtype(self) -> torch.dtype:
