@@ -184,6 +184,60 @@ def test_second_run_reuses_the_graph_and_every_change_captures_again(tmp_path):
         assert _matches_eager(result, change.get("precision", "fp32")), what
 
 
+# A torch optimizer whose state is born in the first step, its floats read at every call,
+# and a torch scheduler stepped in the step (run on the host after each call).
+TRAIN_TORCH_OPTIMIZER = PRELUDE + """
+from model_def import Net
+
+STEPS = 5
+
+def losses_of(model, optimizer, scheduler, step, x, y):
+    losses = []
+    for i in range(STEPS):
+        losses.append(float(step(x[i], y[i])))
+    return losses, scheduler.get_last_lr()
+
+def build(compiled):
+    torch.manual_seed(0)
+    model = Net(16)
+    forward = cstorch.compile(model, cstorch.backend("CPU")) if compiled else model
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+
+    def training_step(x, y):
+        loss = torch.nn.functional.cross_entropy(forward(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        return loss
+
+    return model, optimizer, scheduler, cstorch.trace(training_step) if compiled else training_step
+
+g = torch.Generator().manual_seed(1)
+x, y = torch.randn(STEPS, 4, 8, generator=g), torch.randint(0, 3, (STEPS, 4), generator=g)
+eager, eager_lr = losses_of(*build(False), x, y)
+losses, lr = losses_of(*build(True), x, y)
+report(losses=losses, logged=[], eager=eager, lr=lr, eager_lr=eager_lr)
+"""
+
+
+@pytest.mark.heavy
+def test_a_torch_optimizer_step_with_a_scheduler_in_it_hits_and_trains_as_eager(tmp_path):
+    """The cached graph keeps what the trace found: the optimizer floats it takes at every
+    call, the scheduler step it runs after each call."""
+    cache = tmp_path / "graphs"
+    cold = _run(tmp_path, cache, script=TRAIN_TORCH_OPTIMIZER, args=[])
+    # traces: the one that meets the torch optimizer (it stops, the optimizer is adopted),
+    # the first step's program (the momentum buffers are born in it: never stored), the next
+    assert cold["traces"] == 3 and cold["events"] == {"miss": 3, "store": 1}
+    np.testing.assert_allclose(cold["losses"], cold["eager"], rtol=1e-6, atol=1e-6)
+    assert cold["lr"] == cold["eager_lr"]
+    warm = _run(tmp_path, cache, script=TRAIN_TORCH_OPTIMIZER, args=[])
+    assert warm["traces"] == 2 and warm["events"] == {"miss": 2, "hit": 1}
+    assert warm["losses"] == cold["losses"] and warm["lr"] == cold["eager_lr"]
+
+
 @pytest.mark.heavy
 def test_a_damaged_entry_is_captured_again_and_runs_nothing(tmp_path):
     cache = tmp_path / "graphs"
