@@ -528,6 +528,8 @@ def test_data_processors_and_models_of_the_right_kind_still_run(tmp_path):
     (lambda c: c["init"].update(sparsity=[{"param_filter": "fc*", "sparsity": 0.3},
                                           {"sparsity": 1.5}]),
      "trainer.init.sparsity: Invalid sparsity config for Static: Invalid sparsity level 1.5"),
+    (lambda c: c["init"].pop("optimizer"),
+     "trainer.init.optimizer: mode 'fit' trains, and trainer phase 0 names no optimizer"),
     (lambda c: c["init"]["checkpoint"].update(checkpoint_name="ckpt_{step:6d}.mdl"),
      "trainer.init.checkpoint.checkpoint_name: checkpoint_name must be a file name with the "
      "field {step} exactly once, written as digits"),

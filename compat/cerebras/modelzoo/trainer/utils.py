@@ -189,6 +189,27 @@ def _ckpt_path(value):
     return ... if value is None else value
 
 
+def _mode_section(phase, index: int, mode: str):
+    """The section of ``phase`` that ``mode`` runs; TrainerConfigError (before any phase is
+    built) when it is missing, or when a fit has no optimizer to train with."""
+    action = MODES[mode]
+    section = {"fit": phase.fit, "validate": phase.validate_,
+               "validate_all": phase.validate_all}[action]
+    if section is None:
+        example = {"fit": "fit:\n  train_dataloader: {data_processor: ...}",
+                   "validate": "validate:\n  val_dataloader: {data_processor: ...}",
+                   "validate_all": "validate_all:\n  val_dataloaders: "
+                                   "{data_processor: ...}"}[action]
+        raise TrainerConfigError(
+            f"Mode {mode!r} needs a `{action}` section in trainer phase {index}, next to "
+            f"`init`, e.g.\n{example}")
+    if action == "fit" and phase.init.optimizer is None:
+        raise TrainerConfigError(
+            f"trainer.init.optimizer: mode {mode!r} trains, and trainer phase {index} names no "
+            "optimizer; add one, e.g. `optimizer: {SGD: {lr: 0.01}}`.")
+    return section
+
+
 def run_trainer(mode: str, params: dict) -> List[Trainer]:
     """Runs every phase of ``params`` in ``mode`` (fit, validate, validate_all, or the legacy
     train, eval, train_and_eval, eval_all). Returns the trainers."""
@@ -199,18 +220,9 @@ def run_trainer(mode: str, params: dict) -> List[Trainer]:
         params = convert_legacy_params_to_trainer_params(params)
     phases = validate_trainer_params(params)
     action = MODES[mode]
+    sections = [_mode_section(phase, index, mode) for index, phase in enumerate(phases)]
     trainers = []
-    for index, phase in enumerate(phases):
-        section = {"fit": phase.fit, "validate": phase.validate_,
-                   "validate_all": phase.validate_all}[action]
-        if section is None:
-            example = {"fit": "fit:\n  train_dataloader: {data_processor: ...}",
-                       "validate": "validate:\n  val_dataloader: {data_processor: ...}",
-                       "validate_all": "validate_all:\n  val_dataloaders: "
-                                       "{data_processor: ...}"}[action]
-            raise TrainerConfigError(
-                f"Mode {mode!r} needs a `{action}` section in trainer phase {index}, next to "
-                f"`init`, e.g.\n{example}")
+    for phase, section in zip(phases, sections):
         trainer = configure_trainer_from_config(phase)
         if action == "fit":
             val = _dataloaders(section.val_dataloader)
