@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo lint test test-fast test-compat test-newest docs gpu-check bench bench-gpu coverage zoo-check zoo-generations clean
+.PHONY: demo lint test test-fast test-compat test-newest docs gpu-check bench bench-remat bench-gpu coverage zoo-check zoo-generations clean
 
 # torch first: one already in the venv inside pyproject's range is kept; with none, this CPU
 # build (lying on this machine's disk; a range would pull gigabytes of CUDA libraries).
@@ -140,6 +140,12 @@ BENCH_ROUNDS ?= 3
 bench: .venv
 	mkdir -p artifacts
 	$(PY) benchmarks/bench_engine.py --rounds $(BENCH_ROUNDS) --precision fp32,bf16 --step-memory xla,reuse --executor-runs --depth-sweep --interference --json artifacts/bench_engine.json
+
+# Activation checkpointing's memory (issue 44): eager torch vs cstorch, each block plain or in
+# torch.utils.checkpoint, each in its own process (about 10 minutes on 2 cores; not in `bench`).
+bench-remat: .venv
+	mkdir -p artifacts
+	$(PY) benchmarks/bench_remat.py --step-memory lean,xla --json artifacts/bench_remat.json
 
 # The GPU benchmark (benchmarks/bench_gpu.py) runs from the source tree with GPU_PYTHON (above:
 # a GPU machine's own torch and JAX; no venv, nothing installed).
