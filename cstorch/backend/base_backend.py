@@ -73,6 +73,7 @@ class BaseBackend:
         # zero_grad calls of any optimizer or compiled module: a traced step that computes
         # gradients without zeroing them is told apart from one zeroed between its calls.
         self.gradient_resets = 0
+        self.compilations = 0  # programs compiled (progress says whether a run's first step did)
         # ids of the parameters whose .grad eager torch would hold (a tensor, not None)
         # between steps: a compiled step's gradients are not kept, but a parameter that has
         # one starts the next step with a zero gradient, so that a parameter frozen after

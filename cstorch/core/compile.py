@@ -334,6 +334,7 @@ class TracedStep:
                                     traced_step_type=TracedStep,
                                     constant_paths=frozenset(self._constant_scalars))
         self.trace_count += 1
+        impl.compilations += 1
         if done.held_gradients_unread:
             self._table.held_gradients_unread = True
         entry = step_capture.build(impl, done, leaves, view)

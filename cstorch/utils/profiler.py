@@ -188,6 +188,7 @@ class Profiler:
         if self._progress is not None and not self._progress.active:
             self._progress = None
         self._impl = impl
+        self._compilations = impl.compilations if impl is not None else 0
         self._entered = True
         for activity in self.activities.values():
             activity.start()
@@ -216,7 +217,10 @@ class Profiler:
         parameters = sum(t.numel() for t in self._impl.state_view().parameters)
         self._progress.write(_progress.run_header(self._impl, parameters, self._progress.total,
                                                   infer_batch_size(batch)))
-        self._progress.show_status("compiling the step (capture and XLA compile)...")
+        self._compilations = self._impl.compilations
+        # A later run's steps were compiled by an earlier one, unless they are new.
+        self._progress.show_status("compiling the step (capture and XLA compile)..."
+                                   if not self._compilations else "first step...")
 
     def _show_step(self, batch_size):
         done = self._executor.user_iteration if self._executor is not None else None
@@ -224,6 +228,8 @@ class Profiler:
             return
         outputs = getattr(self._impl, "last_step_outputs", None)
         self._impl.last_step_outputs = None
+        if self._progress.first_step_seconds is None:  # whether this run's first step compiled
+            self._progress.compiles = self._impl.compilations > self._compilations
         if not self._progress.due(done):
             self._progress.step(done, batch_size or 0, shown=False)
             return
