@@ -110,6 +110,22 @@ def interrupt_behind(error: BaseException) -> KeyboardInterrupt | None:
     return None
 
 
+def raise_interrupt_behind(error: BaseException) -> None:
+    """Raises the Ctrl-C ``error`` stands for (``interrupt_behind``), if it does. The
+    SystemError stays the interrupt's context, but without its traceback and its links back
+    to the interrupt: a cycle of exceptions lives until the garbage collector runs, and with
+    it every frame of the interrupt's traceback (the step's tensors, the user's locals)."""
+    interrupt = interrupt_behind(error)
+    if interrupt is None:
+        return
+    error.with_traceback(None)
+    error.__cause__ = error.__context__ = None
+    try:
+        raise interrupt from None
+    finally:  # nor a cycle through this frame
+        del interrupt, error
+
+
 def quoted(value, limit: int = 60) -> str:
     """``repr`` of a value from an untrusted file (a checkpoint, an export's manifest, a
     config), kept to about ``limit`` characters, so a message quoting it stays short whatever

@@ -28,7 +28,7 @@ import numpy as np
 from jax_backend import cbfloat16, host_memory, target
 from jax_backend.capture import CapturedStep
 from jax_backend.dtypes import to_jax_dtype
-from jax_backend.errors import LoweringError, StepFailedError
+from jax_backend.errors import LoweringError, StepFailedError, raise_interrupt_behind
 from jax_backend import config
 from jax_backend.interpreter import GraphInterpreter
 from jax_backend import jax_settings
@@ -220,10 +220,12 @@ class Program:
                 new_state, outputs = self(arrays, inputs, seed)
                 if backed_up:
                     jax.block_until_ready((new_state, outputs))
-            except BaseException as error:
+            except BaseException as error:  # (no other name may keep it: it holds the frames)
                 if not any(a.is_deleted() for a in donated_arrays):
+                    raise_interrupt_behind(error)
                     raise  # it failed before running (e.g. while compiling): state untouched
                 what = state.recover(donated_tensors, donated_arrays, backed_up)
+                raise_interrupt_behind(error)
                 if not isinstance(error, Exception):  # KeyboardInterrupt, SystemExit
                     raise
                 raise StepFailedError(

@@ -53,7 +53,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from jax_backend.dtypes import array_to_numpy, copy_into, state_to_host, tensor_to_array
 from jax_backend import config, host_memory, shared_memory
-from jax_backend.errors import StepFailedError, interrupt_behind
+from jax_backend.errors import StepFailedError, raise_interrupt_behind
 from jax_backend.state_guard import guard, guarded_by, no_guard, unguard
 from jax_backend.user_frames import warn
 from jax_backend.errors import CstorchError
@@ -315,10 +315,8 @@ class DeviceState:
                     try:
                         entry = self._upload(tensor)
                     except SystemError as error:  # Ctrl-C inside C code's Python callback
-                        interrupt = interrupt_behind(error)
-                        if interrupt is None:
-                            raise
-                        raise interrupt from None  # (the tensors uploaded so far are whole)
+                        raise_interrupt_behind(error)  # (the tensors uploaded so far are whole)
+                        raise
                 result.append(entry.array)
         return result
 

@@ -23,6 +23,7 @@ from typing import List, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 
 from jax_backend import optimizers, schedules
@@ -95,8 +96,9 @@ def state_layout(config: str, shapes: tuple) -> StateLayout:
 
 def _shapes(arrays) -> tuple:
     """``state_layout``'s key for torch tensors or JAX arrays."""
-    return tuple((tuple(a.shape), jnp.dtype(to_jax_dtype(a.dtype) if isinstance(a, torch.Tensor)
-                                            else a.dtype).name) for a in arrays)
+    # (numpy dtypes, not jnp.dtype: a Ctrl-C inside JAX's dtype property comes out garbled)
+    return tuple((tuple(a.shape), (to_jax_dtype(a.dtype) if isinstance(a, torch.Tensor)
+                                   else np.dtype(a.dtype)).name) for a in arrays)
 
 
 @in_engine_scope

@@ -14,6 +14,7 @@ looking inside one (``step_introspection``); it runs the program itself.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Callable
 
@@ -23,6 +24,7 @@ from torch.utils import _pytree as pytree
 import jax_backend
 from jax_backend import LazyTensor
 from jax_backend.dtypes import tensor_to_host
+from jax_backend.errors import raise_interrupt_behind
 from jax_backend.user_frames import warn
 from cstorch.backend import (
     Backend, BackendType, backend as _backend_fn, current_backend_impl, implicit_cpu_backend)
@@ -163,6 +165,18 @@ def _zero_grad(module: torch.nn.Module, set_to_none: bool = True) -> None:
 
 
 # ------------------------------------------------------------------------------------ trace
+@contextlib.contextmanager
+def _interrupts_unwrapped():
+    """A Ctrl-C that lands in Python code called from C code (a property numpy reads, a
+    callback) comes out as a SystemError: the user's ``except KeyboardInterrupt`` gets the
+    interrupt itself."""
+    try:
+        yield
+    except SystemError as error:
+        raise_interrupt_behind(error)
+        raise
+
+
 def _input_array(tensor):
     if isinstance(tensor, LazyTensor):
         return tensor.jax_array
@@ -211,7 +225,7 @@ class TracedStep:
         if impl.is_tracing:  # a traced step called from inside another: inline it
             return self.step_fn(*args, **kwargs)
         queued_before = len(impl.step_closures)
-        with impl.running_step():  # closures called in the step wait for its end
+        with impl.running_step(), _interrupts_unwrapped():  # (closures wait for its end)
             if impl.engine == "eager":  # plain eager torch every step (cstorch.core.engine)
                 outputs = run_eagerly(self.step_fn, impl, args, kwargs)
             else:

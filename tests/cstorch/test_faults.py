@@ -130,6 +130,12 @@ def _interrupt_as_the_call_returns(monkeypatch, how):
         if len(calls) == 1:
             if how == "signal":
                 signal.raise_signal(signal.SIGINT)
+            elif how == "garbled":  # as C code reports an interrupt in a callback it made
+                try:
+                    raise KeyboardInterrupt
+                except KeyboardInterrupt as interrupt:
+                    raise SystemError("<function f> returned a result with an exception "
+                                      "set") from interrupt
             else:
                 raise KeyboardInterrupt
         return out
@@ -167,6 +173,24 @@ def test_keyboard_interrupt_raised_inside_dispatch_leaves_readable_state(monkeyp
         for key in state:
             torch.testing.assert_close(state[key], after_three[key], rtol=0, atol=0)
         optimizer.state_dict()
+
+    _run(interrupted, steps_before=3, steps_after=2)
+
+
+def test_an_interrupt_garbled_into_a_system_error_by_c_code_reaches_the_user(monkeypatch):
+    """A Ctrl-C landing in Python code that C code called (JAX's dtype property read by numpy,
+    a callback) surfaces as a SystemError; the step gives the user the KeyboardInterrupt,
+    with the state as for a plain interrupt."""
+    def interrupted(model, optimizer, step):
+        model.state_dict()
+        after_three = copy.deepcopy(model.state_dict())
+        _interrupt_as_the_call_returns(monkeypatch, "garbled")
+        with pytest.raises(KeyboardInterrupt):
+            step(XS[3])
+        monkeypatch.undo()
+        state = model.state_dict()
+        for key in state:
+            torch.testing.assert_close(state[key], after_three[key], rtol=0, atol=0)
 
     _run(interrupted, steps_before=3, steps_after=2)
 
