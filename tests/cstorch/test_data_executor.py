@@ -16,8 +16,11 @@ def _batches(n, size=4):
 
 
 def test_dataloader_validates_and_deep_copies_its_arguments():
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="got int\\.$"):
         DataLoader(5)
+    torch_loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(4)))
+    with pytest.raises(TypeError, match=r"DataLoader\(lambda: loader\)"):
+        DataLoader(torch_loader)  # a porter's first try
     config = {"n": 2}
 
     def input_fn(config):
@@ -61,7 +64,7 @@ def test_executor_errors(cpu_backend):
         DataExecutor(DataLoader(lambda: _batches(2)), checkpoint_steps="x")
     with pytest.raises(RuntimeError):
         DataExecutor(DataLoader(lambda: _batches(2)), activation_steps=0)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"DataLoader\(lambda: loader\)"):
         DataExecutor(_batches(2), num_steps=2)
     empty = DataExecutor(DataLoader(lambda: []), num_steps=2)
     with pytest.raises(RuntimeError, match="no batches"):

@@ -36,7 +36,9 @@ class RunContext:
         if not isinstance(dataloader, DataLoader):
             raise TypeError(
                 f"Expected a cstorch.utils.data.DataLoader, got {type(dataloader).__name__}. "
-                "Wrap your input function: cstorch.utils.data.DataLoader(input_fn, ...).")
+                "Wrap your input function: cstorch.utils.data.DataLoader(input_fn, ...)"
+                + (", or a loader you already made: cstorch.utils.data.DataLoader(lambda: "
+                   "loader)." if hasattr(dataloader, "__iter__") else "."))
         self.dataloader = dataloader
         self.num_steps = num_steps
         self.checkpoint_schedule = checkpoint_schedule_

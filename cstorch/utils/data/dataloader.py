@@ -30,6 +30,12 @@ class RestartableDataLoader(Protocol):
     def deaggregate_state_dict(self, aggregated_state_dict, strict=True) -> dict: ...
 
 
+def _argument_name(value) -> str:
+    """How a message calls the object given: ``loader`` for a torch DataLoader, else
+    ``batches``."""
+    return "loader" if isinstance(value, torch.utils.data.DataLoader) else "batches"
+
+
 @dataclasses.dataclass
 class DataLoaderCheckpoint:
     """A worker's position in the run, handed to a restartable dataloader's ``state_dict``
@@ -73,7 +79,12 @@ class DataLoader:
 
     def __init__(self, input_fn, *args, **kwargs):
         if not callable(input_fn):
-            raise TypeError(f"Expected input_fn to be callable, got {type(input_fn).__name__}.")
+            hint = (" To use a loader or dataset you already made, pass a function that returns "
+                    f"it: cstorch.utils.data.DataLoader(lambda: {_argument_name(input_fn)})."
+                    if hasattr(input_fn, "__iter__") else "")
+            raise TypeError(f"Expected input_fn to be callable (a function that builds the "
+                            f"loader or iterable of batches), got {type(input_fn).__name__}."
+                            + hint)
         self.id = next(_ids)
         self.input_fn = input_fn
         self.input_fn_params = (copy.deepcopy(args), copy.deepcopy(kwargs))
