@@ -5,7 +5,10 @@ into for batches like ``example_batch`` and the state as it is now (parameters, 
 optimizer and scheduler state), and writes a directory that a process with JAX but without
 torch loads and continues from (see ``jax_backend.exported``): the same step, the same
 numbers. Python values in the step (hyperparameters that are plain numbers) are constants of
-the exported program, as they are of the compiled one.
+the exported program, as they are of the compiled one; a torch optimizer's floats (``lr``,
+``betas``, ...), which the compiled step reads at every call, are in the exported state (kind
+"hyperparameter", e.g. ``optimizer0.group.0.lr``), fed to the program at every call of the
+exported step: set them there to schedule them from JAX.
 
 ``cstorch.torch_state_dict(jax_state)`` is the way back: arrays named as the export names
 them (``model0.fc.weight``, e.g. parameters trained by optax on an exported forward step) as
@@ -24,6 +27,7 @@ from torch.utils import _pytree as pytree
 from jax_backend.export import export_program
 from cstorch.backend import current_backend_impl
 from cstorch.core.state_names import state_name
+from cstorch.core.torch_optimizers import read_scalar
 
 
 def export(step, example_batch, path: str, *, vjp_order: int = 0, platforms=None) -> str:
@@ -73,11 +77,16 @@ def export(step, example_batch, path: str, *, vjp_order: int = 0, platforms=None
     state = {names[i]: array for i, array in zip(indices, arrays)}
     state_info = [{"name": names[i], "kind": _state_kind(view.paths[i]),
                    "path": [str(p) for p in view.paths[i]]} for i in indices]
+    hyperparameters = [state_name(p) for p in entry.scalar_paths]
+    for name, scalar_path in zip(hyperparameters, entry.scalar_paths):
+        state[name] = np.float64(read_scalar(impl, scalar_path))
+        state_info.append({"name": name, "kind": "hyperparameter",
+                           "path": [str(p) for p in scalar_path]})
     returned, single, closure_values = _output_layout(entry)
     return export_program(
         entry.program, path, state, state_info, [names[i] for i in used_index],
         [names[i] for i in written_index], returned, single, closure_values,
-        function=step.__name__, vjp_order=vjp_order,
+        hyperparameters=hyperparameters, function=step.__name__, vjp_order=vjp_order,
         platforms=platforms if platforms is not None else [_platform(impl.jax_devices[0])])
 
 

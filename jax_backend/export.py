@@ -85,13 +85,16 @@ def project_version() -> str:
 @in_engine_scope
 def export_program(program: Program, path: str, state: dict, state_info: list, used: list,
                    written: list, returned: list, single: bool, closure_values: list,
-                   function: str = "step", vjp_order: int = 0, platforms=None) -> str:
+                   hyperparameters: list = (), function: str = "step", vjp_order: int = 0,
+                   platforms=None) -> str:
     """Writes the artifact directory ``path`` (replacing an earlier export there).
 
     ``state``: name -> array, for every name in ``used`` and ``written`` (the program's state
-    inputs and outputs, in order); ``state_info``: ``[{"name", "kind"}]`` in the order to
-    store them; ``returned``: indices of the outputs the step returns (``single``: it returned
-    one tensor); ``closure_values``: ``[{"name", "index"}]`` of outputs passed to closures.
+    inputs and outputs, in order) and ``hyperparameters`` (the names of its runtime scalars,
+    ``jax_backend.scalars``, in input order: the exported step feeds them from its state);
+    ``state_info``: ``[{"name", "kind"}]`` in the order to store them; ``returned``: indices of
+    the outputs the step returns (``single``: it returned one tensor); ``closure_values``:
+    ``[{"name", "index"}]`` of outputs passed to closures.
     """
     if program.layout is not None:
         raise NotImplementedError(
@@ -109,7 +112,8 @@ def export_program(program: Program, path: str, state: dict, state_info: list, u
 
     used_specs = [jax.ShapeDtypeStruct(np.shape(state[n]), jnp.asarray(state[n]).dtype)
                   for n in used]
-    input_specs = program.input_specs()
+    input_specs = program.input_specs()  # the batch's, then the runtime scalars'
+    batch_specs = input_specs[:len(input_specs) - len(hyperparameters)]
     seed_spec = jax.ShapeDtypeStruct((), jnp.int64)
     try:
         exp = jax_export.export(jax.jit(step), platforms=platforms)(used_specs, input_specs,
@@ -134,7 +138,8 @@ def export_program(program: Program, path: str, state: dict, state_info: list, u
     manifest = {
         "format": exported.FORMAT, "version": exported.VERSION, "function": function,
         "state": manifest_state, "used": list(used), "written": list(written),
-        "inputs": [{"shape": list(s.shape), "dtype": str(s.dtype)} for s in input_specs],
+        "inputs": [{"shape": list(s.shape), "dtype": str(s.dtype)} for s in batch_specs],
+        "hyperparameters": list(hyperparameters),
         "outputs": [{"shape": list(a.shape), "dtype": str(a.dtype)}
                     for a in exp.out_avals[len(written):]],
         "returned": list(returned), "single": bool(single), "closure_values": closure_values,

@@ -322,7 +322,11 @@ class ExportedStep:
         except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as error:
             raise ExportError(f"{STATE} of {path!r} cannot be read ({str(error)[:300]}); export the "
                               "step again.") from None
-        missing = [n for n in manifest["used"] + manifest["written"] if n not in state]
+        hyperparameters = manifest.get("hyperparameters", [])
+        if not isinstance(hyperparameters, list):
+            raise ExportError(f"the manifest of {path!r} has malformed hyperparameters.")
+        missing = [n for n in manifest["used"] + manifest["written"] + hyperparameters
+                   if not isinstance(n, str) or n not in state]
         if missing:
             raise ExportError(f"the manifest of {path!r} names unknown state "
                               f"{', '.join(map(quoted, missing[:3]))}.")
@@ -355,7 +359,11 @@ class ExportedStep:
     def _pure(self, state: dict, inputs, seed):
         jnp = _jax().numpy
         used = [state[name] for name in self.manifest["used"]]
-        written, outputs = self.exported.call(used, list(inputs), jnp.asarray(seed, jnp.int64))
+        # A torch optimizer's floats (lr, betas, ...) follow the batch: read from the state
+        hyperparameters = [jnp.asarray(state[name], jnp.float64)
+                           for name in self.manifest.get("hyperparameters", [])]
+        written, outputs = self.exported.call(used, list(inputs) + hyperparameters,
+                                              jnp.asarray(seed, jnp.int64))
         new_state = dict(state)
         new_state.update(zip(self.manifest["written"], written))
         return new_state, self._returned(outputs)

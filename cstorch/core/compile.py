@@ -456,7 +456,11 @@ class TracedStep:
         ``(donated_state, kept_state, inputs, seed) -> (new_state, outputs)``, lists of arrays
         in the program's order; ``seed`` is the int64 scalar its random ops are keyed from
         (see ``jax_backend.Program.pure_step``). :meth:`pure_state` gives the state it takes;
-        ``new_state`` is the state the step writes, which ``PureState.advance`` puts back::
+        ``new_state`` is the state the step writes, which ``PureState.advance`` puts back.
+        A step with a torch optimizer reads its floats (lr, betas, ...) at every call: they
+        follow the batch in ``inputs`` (``state.hyperparameters``, named by
+        ``state.hyperparameter_names``); given the batch alone, it uses their values at the
+        time ``pure_function()`` was called::
 
             f, state = jax.jit(step.pure_function()), step.pure_state()
             with jax.enable_x64(True):  # int64/float64 state keeps its dtypes

@@ -11,6 +11,7 @@ from jax_backend.jax_settings import in_engine_scope
 from cstorch.backend import current_backend_impl
 from cstorch.core.programs import CompiledStep
 from cstorch.core.state_names import state_name
+from cstorch.core.torch_optimizers import read_scalar
 
 
 def example_arguments(entry: CompiledStep) -> tuple:
@@ -39,8 +40,19 @@ def cost_analysis(entry: CompiledStep):
 
 def pure_function(entry: CompiledStep):
     """The program as a pure JAX function, run in the engine's JAX settings when called
-    directly (see ``TracedStep.pure_function``)."""
-    return in_engine_scope(entry.program.pure_step)
+    directly (see ``TracedStep.pure_function``). A torch optimizer's floats the program reads
+    at every call follow the batch in ``inputs``; a batch alone gets their values of now."""
+    program = entry.program
+    impl = current_backend_impl()
+    now = [read_scalar(impl, path) for path in entry.scalar_paths]
+    batch = len(program.input_specs()) - len(now)
+
+    def pure(donated, kept, inputs, seed):
+        inputs = list(inputs)
+        return program.pure_step(donated, kept, inputs + now if len(inputs) == batch
+                                 else inputs, seed)
+
+    return in_engine_scope(pure)
 
 
 def pure_state(entry: CompiledStep) -> "PureState":
@@ -58,7 +70,9 @@ def pure_state(entry: CompiledStep) -> "PureState":
     donated, kept = program.split_state(arrays)
     donated_names, kept_names = program.split_state(names)
     return PureState(donated, kept, donated_names, kept_names,
-                     [state_name(view.paths[i]) for i in written_index])
+                     [state_name(view.paths[i]) for i in written_index],
+                     [read_scalar(impl, path) for path in entry.scalar_paths],
+                     [state_name(path) for path in entry.scalar_paths])
 
 
 class PureState(NamedTuple):
@@ -69,6 +83,10 @@ class PureState(NamedTuple):
     donated_names: list
     kept_names: list
     written_names: list  # the names of ``new_state``'s arrays, in its order
+    # A torch optimizer's floats the step reads at every call (lr, betas, ...): their values
+    # now and names (``optimizer0.group.0.lr``); they follow the batch in the inputs.
+    hyperparameters: list = []
+    hyperparameter_names: list = []
 
     def advance(self, new_state) -> "PureState":
         """The state for the next step, given the ``new_state`` the pure function returned."""

@@ -238,6 +238,72 @@ def test_pure_function_comes_with_its_state(tmp_path):
         state.advance([new_state[0]])
 
 
+def _torch_momentum_step():
+    """A linear model trained by torch's SGD (momentum): (model, optimizer, traced step)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    compiled = cstorch.compile(model, cstorch.backend("CPU"))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    @cstorch.trace
+    def training_step(x, y):
+        loss = torch.nn.functional.mse_loss(compiled(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return model, optimizer, training_step
+
+
+def test_a_torch_optimizers_learning_rate_is_exported_state_set_from_jax(tmp_path):
+    """The floats a compiled step reads at every call (a torch optimizer's lr) are exported
+    state: the exported step reads them from its state at every call, so JAX code schedules
+    them there, with the cstorch step's numbers."""
+    _, optimizer, training_step = _torch_momentum_step()
+    training_step(*linear_mse_batch(0))  # its momentum buffers exist
+    artifact = cstorch.export(training_step, linear_mse_batch(1), str(tmp_path / "step"))
+    sys.path.insert(0, artifact)
+    try:
+        import exported_step
+        step = exported_step.load(artifact)
+    finally:
+        sys.path.remove(artifact)
+        sys.modules.pop("exported_step", None)
+    assert step.kinds["optimizer0.group.0.lr"] == "hyperparameter"
+    assert float(step.state["optimizer0.group.0.lr"]) == 0.1
+    exported, compiled = [], []
+    for i, lr in zip((1, 2, 3), (0.1, 0.05, 0.02)):
+        step.state["optimizer0.group.0.lr"] = np.float64(lr)
+        exported.append(float(step(*(t.numpy() for t in linear_mse_batch(i)))))
+        optimizer.param_groups[0]["lr"] = lr
+        compiled.append(float(training_step(*linear_mse_batch(i))))
+    np.testing.assert_allclose(exported, compiled, rtol=1e-6)
+
+
+def test_pure_function_takes_a_torch_optimizers_floats_after_the_batch():
+    import jax
+
+    model, optimizer, training_step = _torch_momentum_step()
+    training_step(*linear_mse_batch(0))
+    state = training_step.pure_state()
+    assert state.hyperparameter_names == ["optimizer0.group.0.lr",
+                                          "optimizer0.group.0.momentum"]
+    assert state.hyperparameters == [0.1, 0.9]
+    f = jax.jit(training_step.pure_function())
+    batch = [t.numpy() for t in linear_mse_batch(1)]
+    weight = state.donated_names.index("model0.weight")
+    new = {}
+    with jax.enable_x64(True):
+        for lr, inputs in ((0.1, batch), (0.05, batch + [0.05, 0.9])):  # now's values, given
+            new_state, _ = f(state.donated, state.kept, inputs, 0)
+            new[lr] = np.asarray(state.advance(new_state).donated[weight])
+    assert not np.allclose(new[0.1], new[0.05])
+    optimizer.param_groups[0]["lr"] = 0.05
+    training_step(*linear_mse_batch(1))
+    np.testing.assert_allclose(new[0.05], model.weight.detach().numpy(), rtol=1e-6)
+
+
 # ------------------------------------------------------------------------------ errors
 def test_export_errors(tmp_path):
     cstorch.backend("CPU")
