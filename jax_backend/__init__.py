@@ -25,7 +25,8 @@ This package knows nothing of the cstorch API. Its public surface:
 * ``regular_files``: opening a path for reading only if it is a regular file (no FIFO,
   device or directory), for every reader of untrusted files.
 * ``atomic_files``: writing a file (or a directory) under a temporary name and publishing it
-  in one rename, for every writer whose output others read (checkpoints, cache, export).
+  in one rename (or without replacing an existing one), for every writer whose output others
+  read (checkpoints, cache, export); temporary names and the removal of dead writers' ones.
 * ``jax_settings``: the JAX settings (64-bit types) the engine's own work runs under.
 * ``config``: every environment variable and process-wide setting of the engine.
 

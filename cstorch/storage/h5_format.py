@@ -1,4 +1,4 @@
-"""The HDF5 container of a version-0.5 checkpoint: atomic file writes and lazy reads.
+"""The HDF5 container of a version-0.5 checkpoint: its layout, writes and lazy reads.
 
 Layout (spec §12.2), all at the root group ``/``:
 
@@ -18,16 +18,14 @@ and rows that are contiguous in memory let the filter pipeline stream without re
 (measured here: 2-3 GiB/s read, ~2 GiB/s write, versus ~1 GiB/s for h5py's default 64 KiB
 tiles). Readers do not care about the chunk shape.
 
-Files are written to ``"<path>.<8 hex>.tmp"``, synced to disk, and published at ``path`` only
-after the file is complete and closed, so ``path`` is always absent, the previous whole
-checkpoint, or the new whole checkpoint -- never half a file. By default the publish is
-``os.replace``, as ``torch.save`` overwrites: concurrent writers to one path each publish a
-complete file and the last one wins; a reader that has the old file open keeps reading it.
-With ``overwrite=False`` the publish never replaces an existing ``path``, even against a
-concurrent writer: ``os.link`` (fails if the name exists), else
-``renameat2(RENAME_NOREPLACE)``, else an exclusive reservation of the name. The writer holds a
-lock on its temporary file; a later save to the same path removes temporary files whose writer
-died (killed saves).
+Files are written through ``jax_backend.atomic_files`` (a locked temporary file, synced to
+disk and published at ``path`` only after the file is complete and closed), so ``path`` is
+always absent, the previous whole checkpoint, or the new whole checkpoint -- never half a file.
+By default the publish is ``os.replace``, as ``torch.save`` overwrites: concurrent writers to
+one path each publish a complete file and the last one wins; a reader that has the old file
+open keeps reading it. With ``overwrite=False`` the publish never replaces an existing
+``path``, even against a concurrent writer (``atomic_files.rename_no_replace``). A save first
+removes the temporary files of earlier saves to the same path whose writer died (killed saves).
 
 HDF5 must never see a failed write: after one, it crashes the process when the file's objects
 are closed. So HDF5 writes through :class:`_FailSoftFile`, which records the first ``OSError``
@@ -37,14 +35,9 @@ are closed. So HDF5 writes through :class:`_FailSoftFile`, which records the fir
 
 from __future__ import annotations
 
-import ctypes
-import errno
-import fcntl
-import glob
 import io
 import os
 import struct
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -59,8 +52,8 @@ try:
     import hdf5plugin  # noqa: F401  (registers the LZ4 filter with HDF5)
 except ImportError:  # optional: without it, checkpoints are written uncompressed
     pass
-from jax_backend.atomic_files import AtomicFile
-from jax_backend.regular_files import check_regular, open_regular
+from jax_backend.atomic_files import AtomicFile, remove_stray_temp_files, rename_no_replace
+from jax_backend.regular_files import check_regular
 from jax_backend.errors import CstorchError, quoted
 
 _CHUNK_BYTES = 1 << 20
@@ -215,71 +208,6 @@ class _FailSoftFile(io.RawIOBase):
         pass
 
 
-def _temp_paths(path: str) -> list:
-    return glob.glob(f"{glob.escape(path)}.{'[0-9a-f]' * 8}.tmp")
-
-
-#: A temporary file younger than this may belong to a writer that has created it but not
-#: locked it yet; it is never removed.
-STRAY_MIN_AGE_SECONDS = 10.0
-
-
-def remove_stray_temp_files(path: str) -> list:
-    """Deletes temporary files of saves to ``path`` whose writer is gone (its lock is free
-    and the file is older than ``STRAY_MIN_AGE_SECONDS``)."""
-    removed = []
-    for temp in _temp_paths(path):
-        try:
-            if time.time() - os.stat(temp).st_mtime < STRAY_MIN_AGE_SECONDS:
-                continue
-            # not os.open(temp): a FIFO planted under that name would block the save
-            fd = open_regular(temp, "temporary checkpoint file", follow_symlinks=False)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            continue  # a live writer holds it
-        else:
-            try:
-                os.unlink(temp)
-                removed.append(temp)
-            except OSError:
-                pass
-        finally:
-            os.close(fd)
-    return removed
-
-
-def is_temp_file(path: str) -> bool:
-    """Whether ``path`` is named like the temporary file of a save (``<ckpt>.<8 hex>.tmp``)."""
-    name = os.path.basename(path)
-    stem, _, suffix = name.rpartition(".")
-    tag = stem.rpartition(".")[2]
-    return suffix == "tmp" and len(tag) == 8 and all(c in "0123456789abcdef" for c in tag)
-
-
-_RENAME_NOREPLACE = 1
-_AT_FDCWD = -100
-
-
-def _rename_noreplace(source: str, target: str) -> bool:
-    """``renameat2(..., RENAME_NOREPLACE)``; False where the system does not offer it."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        renameat2 = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    result = renameat2(_AT_FDCWD, os.fsencode(source), _AT_FDCWD, os.fsencode(target),
-                       _RENAME_NOREPLACE)
-    if result == 0:
-        return True
-    code = ctypes.get_errno()
-    if code in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
-        return False
-    raise OSError(code, os.strerror(code), target)
-
-
 class H5Writer:
     """Writes one checkpoint into a temporary file and publishes it atomically on :meth:`commit`."""
 
@@ -300,9 +228,9 @@ class H5Writer:
             raise FileNotFoundError(
                 f"Cannot save checkpoint to '{self.path}': directory '{directory}' does not exist.")
         remove_stray_temp_files(self.path)
-        self._new = AtomicFile(self.path, mode=0o644)  # named as _temp_paths expects
+        # locked: tells later saves this file is not a killed save's leftover
+        self._new = AtomicFile(self.path, mode=0o644, lock=True)
         self.temp_path = self._new.temp_path
-        fcntl.flock(self._new.fd, fcntl.LOCK_EX)  # tells later saves this file is not a leftover
         self._raw = _FailSoftFile(self._new.fd)
         libver = ("v108", "latest") if dense_attributes else ("earliest", "latest")
         try:
@@ -357,9 +285,6 @@ class H5Writer:
         """Closes and syncs the file and publishes it at ``path`` in one atomic step."""
         self._file.close()
         self._raise_write_error()
-        # Once published, the file is a checkpoint that readers open (HDF5 takes a shared
-        # lock); a shared lock still tells later saves the file is not a killed save's.
-        fcntl.flock(self._new.fd, fcntl.LOCK_SH)
         # Atomic on POSIX: readers see the old file or the new one. A symlink at ``path``
         # is replaced itself; the file it pointed to is left as it was.
         self._new.publish(os.replace if self.overwrite else self._publish_new, durable=True)
@@ -367,31 +292,12 @@ class H5Writer:
     def _publish_new(self, temp_path: str, path: str) -> None:
         """Publishes ``temp_path`` at ``path`` unless a file appeared there meanwhile."""
         try:
-            os.link(temp_path, path)
+            rename_no_replace(temp_path, path)
         except FileExistsError:
             raise FileExistsError(
                 f"Checkpoint at '{path}' already exists (it appeared while saving); it was left "
                 "as it is and the new checkpoint was not kept. Save again under another name, "
                 "or pass exist_ok=True to replace it.") from None
-        except OSError as e:
-            if e.errno not in (errno.EPERM, errno.EXDEV, errno.ENOTSUP, errno.EOPNOTSUPP,
-                               errno.EMLINK):
-                raise
-        else:
-            os.unlink(temp_path)
-            return
-        # No hard links on this filesystem: an atomic rename that refuses to replace.
-        try:
-            if _rename_noreplace(temp_path, path):
-                return
-        except FileExistsError:
-            raise FileExistsError(f"Checkpoint at '{path}' already exists.") from None
-        # Last resort: reserve the name exclusively, then move the file over our reservation.
-        try:
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-        except FileExistsError:
-            raise FileExistsError(f"Checkpoint at '{path}' already exists.") from None
-        os.replace(temp_path, path)
 
     def _raise_write_error(self) -> None:
         error = self._raw.error

@@ -38,10 +38,10 @@ from cstorch.storage.h5_format import (
     CheckpointFormatError,
     H5Reader,
     UntrustedCheckpointError,
-    is_temp_file,
     linked_file_allowed,
 )
 from cstorch.storage.serializers import LinkedObject, LoadOptions, Stored
+from jax_backend.atomic_files import is_temp_name
 from jax_backend.errors import quoted
 from jax_backend.regular_files import check_regular
 
@@ -81,7 +81,7 @@ def load(ckpt_path, map_location=None, *, unsafe_allow_pickle: bool = False, **k
         raise IsADirectoryError(f"Cannot load checkpoint '{path}': it is a directory, not a file.")
     # A FIFO, socket or device: refused before any reader opens it (it could block forever).
     check_regular(path, "checkpoint")
-    if is_temp_file(path) and not _is_complete_h5(path):
+    if is_temp_name(path) and not _is_complete_h5(path):
         raise RuntimeError(
             f"Cannot load '{path}': it is the temporary file of a cstorch.save that did not "
             "finish (the process was stopped while saving), so it is incomplete. Load the "

@@ -31,7 +31,6 @@ import hmac
 import logging
 import os
 import stat
-import tempfile
 import threading
 import warnings
 
@@ -128,16 +127,9 @@ def _secret(directory: str) -> bytes:
         try:
             fd = open_regular(path, "the graph cache's secret", follow_symlinks=False)
         except FileNotFoundError:
-            fd_new, temporary = tempfile.mkstemp(prefix=".secret.", dir=directory)  # 0600
-            try:
-                with os.fdopen(fd_new, "wb") as f:
-                    f.write(os.urandom(SECRET_BYTES))
-                    f.flush()
-                    os.fsync(f.fileno())
-                with contextlib.suppress(FileExistsError):  # another process made it first
-                    os.link(temporary, path)
-            finally:
-                os.unlink(temporary)
+            with contextlib.suppress(FileExistsError):  # another process made it first
+                write_file(path, os.urandom(SECRET_BYTES), mode=0o600, durable=True,
+                           replace=False)
             continue
         with os.fdopen(fd, "rb") as f:
             st = os.fstat(f.fileno())

@@ -618,14 +618,14 @@ def test_concurrent_exclusive_saves_to_one_path_never_replace_each_other(tmp_pat
     import errno
     import threading
 
-    from cstorch.storage import h5_format
+    from jax_backend import atomic_files
 
     if publish != "link":
         def no_link(*args):
             raise OSError(errno.EPERM, "no hard links here")
-        monkeypatch.setattr(h5_format.os, "link", no_link)
+        monkeypatch.setattr(atomic_files.os, "link", no_link)
     if publish == "reserve":
-        monkeypatch.setattr(h5_format, "_rename_noreplace", lambda *args: False)
+        monkeypatch.setattr(atomic_files, "_rename_noreplace", lambda *args: False)
     path = tmp_path / "shared.mdl"
     barrier = threading.Barrier(6)
     results = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 
 import pytest
 from pathlib import Path
@@ -121,3 +122,47 @@ def test_a_temporary_name_already_taken_is_drawn_again(tmp_path, monkeypatch):
     with atomic_files.staged_directory(tmp_path / "dir") as staging:
         assert os.path.basename(staging) == ".staging-bbbbbbbbbbbbbbbb"
     assert os.listdir(tmp_path / "dir") == [] and os.listdir(taken_dir) == ["theirs.txt"]
+
+
+@pytest.mark.parametrize("publish", ["link", "renameat2", "reserve"])
+def test_write_file_without_replacing_refuses_an_existing_path(tmp_path, monkeypatch, publish):
+    """Each of the three no-replace publishes keeps a file already there (FileExistsError,
+    no temporary left) and publishes where the path is free."""
+    import errno
+
+    if publish != "link":
+        def no_link(*args):
+            raise OSError(errno.EPERM, "no hard links here")
+        monkeypatch.setattr(atomic_files.os, "link", no_link)
+    if publish == "reserve":
+        monkeypatch.setattr(atomic_files, "_rename_noreplace", lambda *args: False)
+    path = tmp_path / "secret"
+    path.write_bytes(b"first")
+    with pytest.raises(FileExistsError):
+        atomic_files.write_file(path, b"second", replace=False)
+    assert path.read_bytes() == b"first" and os.listdir(tmp_path) == ["secret"]
+    atomic_files.write_file(tmp_path / "fresh", b"new", replace=False, durable=True)
+    assert (tmp_path / "fresh").read_bytes() == b"new"
+    assert sorted(os.listdir(tmp_path)) == ["fresh", "secret"]
+
+
+def test_temporary_names_are_recognised_and_only_dead_writers_ones_removed(tmp_path):
+    path = str(tmp_path / "ckpt.mdl")
+    name = atomic_files.temp_name(path)
+    assert atomic_files.is_temp_name(name) and not atomic_files.is_temp_name(path)
+    assert not atomic_files.is_temp_name(path + ".0123abcg.tmp")  # not hex
+    live = atomic_files.AtomicFile(path, lock=True)  # a writer still writing
+    dead = atomic_files.AtomicFile(path, lock=True)
+    dead.close()  # killed: its lock is gone, its file stays
+    young = atomic_files.AtomicFile(path)
+    young.close()  # unlocked but new: may be a writer that has not locked it yet
+    old = time.time() - 2 * atomic_files.STRAY_MIN_AGE_SECONDS
+    for temp in (live.temp_path, dead.temp_path):
+        os.utime(temp, (old, old))
+    assert sorted(atomic_files.temp_files(path)) == sorted(
+        [live.temp_path, dead.temp_path, young.temp_path])
+    assert atomic_files.remove_stray_temp_files(path) == [dead.temp_path]
+    assert sorted(atomic_files.temp_files(path)) == sorted([live.temp_path, young.temp_path])
+    live.publish()
+    young.discard()
+    assert os.listdir(tmp_path) == ["ckpt.mdl"]
