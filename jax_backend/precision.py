@@ -4,7 +4,7 @@ The policy is applied when the step is *captured*: the step runs under torch's a
 the graph itself holds the casts — parameters are cast to the half dtype at their use,
 matmuls and convolutions run in it, precision-sensitive ops (softmax, normalisation, losses)
 stay in fp32 per torch's autocast lists, and gradients of fp32 parameters come back in fp32,
-so the optimizer update is fp32. (DESIGN §3 places the policy in the lowering; capturing it
+so the optimizer update is fp32. (A first design placed the policy in the lowering; capturing it
 instead keeps torch's well-tested op lists and makes the graph's dtypes true, so the lowering
 needs no second opinion.) Matmuls, convolutions and attention take half operands and give half
 results, as autocast's kernels do, accumulating in fp32 inside: XLA upcasts half dots to fp32 on

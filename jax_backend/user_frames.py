@@ -1,9 +1,14 @@
 """Which stack frames are the user's: errors name them and warnings point at them.
 
-A frame is internal when its file lies in torch, in this package, in ``contextlib`` or in a
+A frame is internal when its file lies in torch, JAX, this package, ``contextlib`` or a
 directory registered with ``register_internal_dir`` (cstorch registers itself). The user's
 frame is the innermost frame that is not internal: the line in the user's step or script
-that led to the error or warning, however deep inside the libraries it was raised.
+that led to the error or warning, however deep inside the libraries it was raised (a lowering
+runs inside JAX's tracing, itself inside the engine).
+
+Every warning of the project that is about the user's code goes through ``warn`` here rather
+than ``warnings.warn(..., stacklevel=N)``: a literal frame count breaks as soon as a call path
+through the library changes (``tests/test_code_rules.py`` refuses one above 2).
 """
 
 from __future__ import annotations
@@ -14,11 +19,13 @@ import sys
 import traceback
 import warnings
 
+import jax
 import torch
 
 TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_INTERNAL_DIRS = [TORCH_DIR, PACKAGE_DIR, os.path.dirname(contextlib.__file__) + os.sep]
+_INTERNAL_DIRS = [TORCH_DIR, PACKAGE_DIR, os.path.dirname(contextlib.__file__) + os.sep,
+                  os.path.dirname(jax.__file__) + os.sep]
 
 
 def register_internal_dir(path: str) -> None:

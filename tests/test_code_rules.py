@@ -11,11 +11,19 @@
   or a file under ``docs/``), so none is an orphan that nobody knows to run or to keep working.
 - The table of a state tensor's legal changes in ``docs/ARCHITECTURE.md`` is the engine's
   (``jax_backend.state._TABLE``), row for row.
+- No warning counts library frames (``warnings.warn(..., stacklevel=N)``, N > 2) to reach the
+  user's line: ``jax_backend.user_frames.warn`` finds it.
+- No reference to a document that is not in the repository (the design and spec documents the
+  project was first written against, a ``.md`` file, a folder beside the repository, a
+  Markdown link that leads nowhere).
 """
 
 from __future__ import annotations
 
 import ast
+import functools
+import os
+import pathlib
 import re
 
 from tests.test_import_graph import ROOT, module_files, resolve_base
@@ -185,6 +193,207 @@ def test_the_transition_reader_sees_a_wrong_row():
                          "stale+lent → synced+shared |")
     assert wrong != text
     assert ("share", "stale+lent", "synced+shared") in _documented_transitions(wrong)
+
+
+# ------------------------------------------------------------------ warnings and stacklevel
+# Literal stacklevels above 2 left in files that other work of issue 46 is rewriting now (the
+# step's call, the backend's parts, the cache key): "module.function" -> why it still stands.
+# Each goes to jax_backend.user_frames.warn when its file is next edited; the test says when an
+# entry is stale.
+_BACKEND_SPLIT = "cstorch/backend/ is being split into single-job parts (issue 46, item 2)"
+_CACHE_KEY = "the graph cache's key is being reworked (issue 46, item 3)"
+ALLOWED_STACKLEVELS = {
+    "cstorch.backend.base_backend.warn_cluster_config_ignored": _BACKEND_SPLIT,
+    "cstorch.backend.cpu_backend.__init__": _BACKEND_SPLIT,
+    "cstorch.backend.old_keywords.saved_checkpoint": _BACKEND_SPLIT,
+    "cstorch.core.capture_cache._guarded": _CACHE_KEY,
+    "cstorch.core.capture_cache._load": _CACHE_KEY,
+    "jax_backend.program._without_cudnn_after": "the program is being reshaped (issue 46, item 1)",
+}
+
+
+def _warnings_warn_names(tree) -> tuple:
+    """The spellings of ``warnings.warn`` in a module: (module aliases, bare names)."""
+    modules, names = {"warnings"}, set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules |= {a.asname for a in node.names if a.name == "warnings" and a.asname}
+        elif isinstance(node, ast.ImportFrom) and node.module == "warnings":
+            names |= {a.asname or a.name for a in node.names if a.name == "warn"}
+    return modules, names
+
+
+def literal_stacklevels(max_level: int = 2) -> list:
+    """``(module.function, level)`` of every ``warnings.warn(..., stacklevel=N)`` with a
+    literal ``N > max_level``; ``function`` is the innermost enclosing def (``<module>``)."""
+    found = []
+    for name, path in module_files().items():
+        tree = ast.parse(path.read_text(), str(path))
+        spellings = _warnings_warn_names(tree)
+        found += [(f"{name}.{where}", level) for where, level in _stacklevels(tree, spellings)
+                  if level > max_level]
+    return sorted(found)
+
+
+def _stacklevels(node, spellings: tuple, where: str = "<module>"):
+    """``(function, level)`` of the ``warnings.warn`` calls under ``node`` with a literal
+    integer ``stacklevel``."""
+    for child in ast.iter_child_nodes(node):
+        inner = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else where
+        if isinstance(child, ast.Call) and _is_warn(child.func, *spellings):
+            for keyword in child.keywords:
+                value = keyword.value
+                if (keyword.arg == "stacklevel" and isinstance(value, ast.Constant)
+                        and isinstance(value.value, int)):
+                    yield where, value.value
+        yield from _stacklevels(child, spellings, inner)
+
+
+def _is_warn(func, modules: set, names: set) -> bool:
+    if isinstance(func, ast.Name):
+        return func.id in names
+    return (isinstance(func, ast.Attribute) and func.attr == "warn"
+            and isinstance(func.value, ast.Name) and func.value.id in modules)
+
+
+def test_the_stacklevel_rule_sees_every_spelling(tmp_path, monkeypatch):
+    (tmp_path / "cstorch").mkdir()
+    (tmp_path / "cstorch" / "__init__.py").write_text("")
+    (tmp_path / "cstorch" / "a.py").write_text(
+        "import warnings\nimport warnings as w\nfrom warnings import warn as say\n"
+        "def f():\n    warnings.warn('x', stacklevel=3)\n"
+        "    def g():\n        w.warn('y', UserWarning, stacklevel=5)\n"
+        "say('z', stacklevel=4)\nwarnings.warn('fine', stacklevel=2)\n"
+        "warnings.warn('fine too')\nlevel = 3\nwarnings.warn('not literal', stacklevel=level)\n")
+    import tests.test_import_graph as graph
+    monkeypatch.setattr(graph, "ROOT", tmp_path)
+    monkeypatch.setattr(graph, "COMPAT_PACKAGES", ())
+    monkeypatch.setattr(graph, "PACKAGES", ("cstorch",))
+    assert literal_stacklevels() == [("cstorch.a.<module>", 4), ("cstorch.a.f", 3),
+                                     ("cstorch.a.g", 5)]
+
+
+def test_no_warning_counts_library_frames_to_reach_the_users_line():
+    """A warning about the user's code names the user's line through
+    ``jax_backend.user_frames.warn`` (it skips the frames of torch, JAX, the engine and the
+    API, however many lie between), never through ``warnings.warn(..., stacklevel=N)`` with
+    N > 2: such a count is right only until a call path through the library changes, and then
+    points at a library line. ``stacklevel=2`` (the direct caller of a public function) stays
+    allowed."""
+    found = literal_stacklevels()
+    places = {where for where, _ in found}
+    unexpected = [f"{where}: stacklevel={level}" for where, level in found
+                  if where not in ALLOWED_STACKLEVELS]
+    assert not unexpected, (
+        "warnings.warn with a literal stacklevel above 2 (use jax_backend.user_frames.warn):"
+        "\n  " + "\n  ".join(unexpected))
+    stale = sorted(set(ALLOWED_STACKLEVELS) - places)
+    assert not stale, f"allow-listed stacklevels that no longer exist (remove them): {stale}"
+
+
+# ------------------------------------------------------------------ references to documents
+# Where the project's text may be; tests/data holds the reference's fixtures, quoted as they are.
+TEXT_FOLDERS = (".ci", "benchmarks", "compat", "cstorch", "docs", "examples", "jax_backend",
+                "tests", "tools")
+TEXT_FILES = ("README.md", "Makefile", "mkdocs.yml", "pyproject.toml")
+TEXT_SUFFIXES = (".py", ".md", ".yml", ".yaml", ".toml", ".sh", ".cfg", ".txt")
+# Folders beside the repository where the design and the spec once lived: a path into one
+# reads as a path of the repository, and is not one.
+OUTSIDE_FOLDERS = ("shared", "spec")
+# References left in files that other work of issue 46 is rewriting now: "path: reference"
+# -> why it still stands.
+ALLOWED_OUTSIDE_REFERENCES = {
+    "jax_backend/capture.py: DESIGN §": "capture.py is being reworked (issue 46, item 1)",
+}
+
+
+def text_files(root) -> list:
+    files = [root / name for name in TEXT_FILES if (root / name).is_file()]
+    this = pathlib.Path(__file__).resolve()  # the rules' own examples
+    for folder in TEXT_FOLDERS:
+        for path in sorted((root / folder).rglob("*")):
+            relative = path.relative_to(root).as_posix()
+            if (path.is_file() and path.suffix in TEXT_SUFFIXES and "__pycache__" not in relative
+                    and not relative.startswith("tests/data/") and path.resolve() != this):
+                files.append(path)
+    return files
+
+
+_SECTION = re.compile(r"(?P<before>[^\s(]*)\s*§[\w.-]*(?:,\s*§[\w.-]*)*")
+_MARKDOWN_NAME = re.compile(r"(?<![\w/.-])((?:\.\./|[\w.-]+/)*[\w.-]+\.md)\b")
+_OUTSIDE_PATH = re.compile(r"(?<![\w/.-])((?:\.\./)+[\w./-]+|(?:%s)/[\w./-]+)"
+                           % "|".join(OUTSIDE_FOLDERS))
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def outside_references(root) -> list:
+    """``"path: reference"`` for every reference in the project's text to a document that
+    is not in the repository: a section sign ``§`` not right after the name of one of its
+    documents (``DESIGN §10``, ``spec §12``), a ``.md`` file it does not hold, a path into
+    a folder beside it (``../shared/spec/DESIGN.md``, ``spec/api_names.json``), and a
+    relative Markdown link that leads nowhere."""
+    files = text_files(root)
+    documents = [p.relative_to(root).as_posix() for p in files if p.suffix == ".md"]
+    stems = {os.path.basename(d)[:-3].lower() for d in documents}
+    found = []
+    for path in files:
+        relative = path.relative_to(root).as_posix()
+        text = path.read_text(errors="replace")
+        exists = functools.partial(_names_a_file, root, path, documents)
+        for match in _SECTION.finditer(text):
+            before = match.group("before").strip("`'\"*")
+            name = os.path.basename(before)
+            if name.lower().removesuffix(".md") not in stems:
+                found.append(f"{relative}: {before or '(nothing)'} §")
+        for match in _MARKDOWN_NAME.finditer(text):
+            if not exists(match.group(1)):
+                found.append(f"{relative}: {match.group(1)}")
+        for match in _OUTSIDE_PATH.finditer(text):
+            name = match.group(1).rstrip(".")
+            if not ((root / name).exists() or (path.parent / name).exists()):
+                found.append(f"{relative}: {name}")
+        if path.suffix == ".md":
+            for match in _LINK.finditer(text):
+                target = match.group(1).split("#")[0]
+                if target and not re.match(r"[a-z]+:", target) and not exists(target):
+                    found.append(f"{relative}: link {target}")
+    return sorted(set(found))
+
+
+def _names_a_file(root, path, documents: list, name: str) -> bool:
+    """Whether ``name``, met in the file at ``path``, is a path from the root or from that
+    file's folder, or the end of the path of one of the ``documents``."""
+    return ((root / name).exists() or (path.parent / name).exists()
+            or any(d == name or d.endswith("/" + name) for d in documents))
+
+
+def test_the_reference_rule_sees_each_kind(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "ARCHITECTURE.md").write_text(
+        "See ARCHITECTURE §2 and [the readme](../README.md); a [lost page](gone.md#top).\n")
+    (tmp_path / "README.md").write_text("The map: docs/ARCHITECTURE.md.\n")
+    (tmp_path / "cstorch").mkdir()
+    (tmp_path / "cstorch" / "a.py").write_text(
+        '"""Two passes (DESIGN §10); the format (spec ``api_inventory.md`` §12, §13).\n'
+        'Read ../shared/spec/DESIGN.md and spec/api_names.json, not ARCHITECTURE.md."""\n')
+    assert outside_references(tmp_path) == [
+        "cstorch/a.py: ../shared/spec/DESIGN.md", "cstorch/a.py: DESIGN §",
+        "cstorch/a.py: api_inventory.md", "cstorch/a.py: api_inventory.md §",
+        "cstorch/a.py: spec/api_names.json",
+        "docs/ARCHITECTURE.md: gone.md", "docs/ARCHITECTURE.md: link gone.md"]
+
+
+def test_no_reference_to_a_document_outside_the_repository():
+    """The design and spec documents the project was first written against are not in the
+    repository: a reader cannot follow ``DESIGN §10`` or ``spec §12.2``. Code and docs point
+    to a document of the repository (``docs/ARCHITECTURE.md``, the guide, a README) or say
+    what they mean in place."""
+    found = outside_references(ROOT)
+    unexpected = [f for f in found if f not in ALLOWED_OUTSIDE_REFERENCES]
+    assert not unexpected, ("references to documents that are not in the repository:\n  "
+                            + "\n  ".join(unexpected))
+    stale = sorted(set(ALLOWED_OUTSIDE_REFERENCES) - set(found))
+    assert not stale, f"allow-listed references that no longer exist (remove them): {stale}"
 
 
 if __name__ == "__main__":

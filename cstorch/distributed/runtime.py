@@ -51,6 +51,7 @@ from typing import Optional
 
 from cstorch import config
 from jax_backend.errors import CstorchError
+from jax_backend.user_frames import warn
 
 ENV_COORDINATOR = config.coordinator_address.env_var
 ENV_NUM_PROCESSES = config.num_processes.env_var
@@ -352,11 +353,9 @@ def _runtime_timeouts(initialize, wanted: DistributedConfig) -> dict:
                 "shutdown_timeout_seconds": max(wanted.heartbeat_timeout, 10)}
     if "heartbeat_timeout_seconds" not in accepted and wanted.heartbeat_timeout != \
             DistributedConfig.heartbeat_timeout:
-        import warnings
-
-        warnings.warn(f"This JAX ({_jax_version()}) cannot set the heartbeat timeout: a frozen "
-                      "process is declared dead after the runtime's default (about 100 s), "
-                      f"not after {wanted.heartbeat_timeout} s.", stacklevel=3)
+        warn(f"This JAX ({_jax_version()}) cannot set the heartbeat timeout: a frozen "
+             "process is declared dead after the runtime's default (about 100 s), "
+             f"not after {wanted.heartbeat_timeout} s.")
     return {name: value for name, value in timeouts.items() if name in accepted}
 
 

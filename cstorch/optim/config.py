@@ -1,7 +1,7 @@
 """Building optimizers and schedulers from configuration dicts (the cstorch 1.x helpers).
 
-cerebras-pytorch 2.10 no longer ships these; they follow the contract of the earlier releases
-(spec §8.5): names are matched against the ``Optimizer`` / ``Scheduler`` subclasses (user
+cerebras-pytorch 2.10 no longer ships these; they follow the contract of the earlier releases:
+names are matched against the ``Optimizer`` / ``Scheduler`` subclasses (user
 subclasses included), the class signature decides which config keys are used, and keys that
 were renamed raise ``ValueError`` naming the parameter to use instead.
 

@@ -11,7 +11,7 @@ and are captured like any other torch code.
 Differences from cerebras-pytorch 2.10 (on purpose):
 
 * ``register_zero_grad_post_hook`` hooks run *after* the grads are zeroed (the reference put
-  them among the pre hooks, spec §17).
+  them among the pre hooks).
 * ``load_state_dict`` copies every incoming tensor into a plain tensor, so the loaded state
   never aliases the tensors of the given dict (torch keeps ``step`` tensors shared) and
   lazily loaded checkpoint tensors become ordinary state.
@@ -183,7 +183,7 @@ class Optimizer(torch.optim.Optimizer, ABC):
         """Registers ``hook(optimizer, args, kwargs)`` to run after the grads are zeroed.
 
         Differs from cerebras-pytorch 2.10, whose registrar put post hooks among the pre hooks
-        so they ran before zeroing (spec §17)."""
+        so they ran before zeroing."""
         handle = RemovableHandle(self._zero_grad_post_hooks)
         self._zero_grad_post_hooks[handle.id] = hook
         return handle

@@ -2,7 +2,7 @@
 the Model Zoo's YAML ``sparsity:`` section gives them.
 
 Differences from cerebras-pytorch 2.10 (on purpose): an unknown algorithm name raises
-ValueError listing the known ones (the reference raised NameError, spec §17).
+ValueError listing the known ones (the reference raised NameError).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 A checkpoint is one HDF5 file: each tensor, numpy array or pickled leaf of the state dict is a
 dataset named by its dotted key (``model.fc.weight``); scalars, strings and None live only in
 metadata; the container structure and every leaf's metadata are JSON root attributes. Files
-written here load in cerebras-pytorch 2.10 and the reverse (spec ``api_inventory.md`` §12).
+written here load in cerebras-pytorch 2.10 and the reverse (``tests/data/reference-2.10/``
+holds checkpoints 2.10 wrote).
 
 Modules, one concept each:
 

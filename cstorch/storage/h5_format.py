@@ -1,6 +1,6 @@
 """The HDF5 container of a version-0.5 checkpoint: its layout, writes and lazy reads.
 
-Layout (spec §12.2), all at the root group ``/``:
+Layout (cerebras-pytorch 2.10's), all at the root group ``/``:
 
 * one dataset per array-valued leaf, named by its dotted key. Non-scalar datasets are chunked and
   LZ4-compressed (hdf5plugin filter 32004, options ``(0,)``); 0-d and empty ones are contiguous.

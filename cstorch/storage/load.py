@@ -1,6 +1,6 @@
 """``cstorch.load``: read a checkpoint lazily, without running code from the file.
 
-Dispatch (spec §12.3):
+Dispatch:
 
 * a file object -> ``torch.load(f, weights_only=True)``;
 * an HDF5 file -> format 0.5 (below) or, if ``__version__ < 0.5``, :mod:`cstorch.storage.legacy`;

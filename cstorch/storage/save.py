@@ -1,6 +1,6 @@
 """``cstorch.save``: write a state dict as a cerebras-pytorch H5 checkpoint (format 0.5).
 
-Steps (spec §12.1), as in the reference:
+Steps, as in the reference:
 
 1. flatten the state dict; leaves get dotted keys (:mod:`cstorch.storage.treespec`);
 2. a leaf seen before (same ``id()``, which also catches interned ints and strings, ``None``,

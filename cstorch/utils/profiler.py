@@ -17,6 +17,7 @@ import time
 from cstorch import config
 from cstorch.utils import progress as _progress
 from cstorch.utils.tracker import RateTracker
+from jax_backend.user_frames import warn
 
 PROGRESS_BAR_MIN_STEPS = config.progress_bar_min_steps.default
 
@@ -114,10 +115,8 @@ class RateTrackerActivity(Activity):
 
 
 def _deprecated(old: str, new: str) -> None:
-    import warnings
-
-    warnings.warn(f"{old} is deprecated (cerebras_pytorch 2.0/2.1); use {new} instead.",
-                  DeprecationWarning, stacklevel=3)
+    warn(f"{old} is deprecated (cerebras_pytorch 2.0/2.1); use {new} instead.",
+         DeprecationWarning)
 
 
 class Profiler:

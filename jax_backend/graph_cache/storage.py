@@ -45,6 +45,7 @@ from jax_backend.graph_cache.codec import check
 from jax_backend.graph_cache.sources import source_files, stale_file
 from jax_backend.atomic_files import write_file
 from jax_backend.regular_files import open_regular
+from jax_backend.user_frames import warn
 
 ENV_VAR = setting.env_var
 MAGIC = b"cstorch-graph-cache 2\n"
@@ -95,7 +96,7 @@ def _open_directory(directory: str) -> _Directory | None:
             try:
                 _directories[directory] = _prepare(directory)
             except OSError as err:
-                warnings.warn(f"The graph cache is off: {err}", GraphCacheWarning, stacklevel=3)
+                warn(f"The graph cache is off: {err}", GraphCacheWarning)
                 _directories[directory] = None
         return _directories[directory]
 

@@ -41,6 +41,7 @@ import torch
 from jax_backend import target as target_module
 from jax_backend.interpreter import run_scratch
 from jax_backend.ops._common import dot_precision, dot_result_dtype
+from jax_backend.user_frames import warn
 from jax_backend.registry import lowers
 
 aten = torch.ops.aten
@@ -177,8 +178,8 @@ def _vjp(q, k, v, attn_mask, is_causal, scale):
         if implementation is xla_attention:
             raise
         # cuDNN's own checks refused (its version, the GPU's generation): XLA computes it.
-        warnings.warn(f"cuDNN attention is not available here ({error}); XLA computes it.",
-                      AttentionFallbackWarning, stacklevel=3)
+        warn(f"cuDNN attention is not available here ({error}); XLA computes it.",
+             AttentionFallbackWarning)
     return jax.vjp(lambda q_, k_, v_: xla_attention(q_, k_, v_, attn_mask, is_causal, scale),
                    q, k, v)
 

@@ -1,5 +1,5 @@
 """Mixed precision: the half-dtype policy, the lowered program's dtypes, bf16/fp16 training
-and dynamic loss scaling inside the compiled step (api_inventory §9, issue 5)."""
+and dynamic loss scaling inside the compiled step (issue 5)."""
 
 import copy
 

@@ -1,4 +1,4 @@
-"""The backend singleton and the compile() contract (api_inventory §1-3, §16.1-7)."""
+"""The backend singleton and the compile() contract."""
 
 import sys
 

@@ -1,4 +1,4 @@
-"""Every public name of cerebras-pytorch 2.10 (spec/api_names.json) resolves from
+"""Every public name of cerebras-pytorch 2.10 (tests/data/api_names.json) resolves from
 ``cerebras.pytorch`` with the same parameters (names, kinds, order, default values).
 
 A dotted name resolves by importing its longest importable module prefix and reading the

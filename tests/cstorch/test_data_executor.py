@@ -1,4 +1,4 @@
-"""DataLoader, DataExecutor and step/checkpoint closures (api_inventory §5, §6, §16.8-16)."""
+"""DataLoader, DataExecutor and step/checkpoint closures."""
 
 import json
 import os

@@ -1,5 +1,4 @@
-"""cstorch.distributed (ClusterConfig, single-host ranks) and cstorch.mesh (api_inventory §2.3,
-§13, §14, §16.41-42)."""
+"""cstorch.distributed (ClusterConfig, single-host ranks) and cstorch.mesh."""
 
 from __future__ import annotations
 

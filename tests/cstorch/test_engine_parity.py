@@ -1,4 +1,4 @@
-"""Unchanged cstorch training scripts vs the same model in eager torch (DESIGN §9).
+"""Unchanged cstorch training scripts vs the same model in eager torch.
 
 Each test runs a script in the style of the Cerebras docs through cstorch (one compiled JAX
 program per step) and the same model, seed and data eagerly in torch, and compares the loss

@@ -1,5 +1,4 @@
-"""cstorch.backends flags and the small top-level helpers (api_inventory §1, §2.4,
-§16.40, §16.43)."""
+"""cstorch.backends flags and the small top-level helpers."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """cstorch.metrics against independent numpy references, eagerly and inside compiled eval
-steps (api_inventory §10, §16.33-35)."""
+steps."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The modeled wafer on several devices: num_csx data parallelism and weight-server sharding
-give the numbers of the single-device run (DESIGN §4; run in a subprocess so XLA can model
+give the numbers of the single-device run (run in a subprocess so XLA can model
 four CPU devices)."""
 
 import json

@@ -1,5 +1,5 @@
 """cstorch.nn: losses, custom losses, functional fallbacks, Parameter/Buffer, Scope and
-SelectiveGrad (api_inventory §11)."""
+SelectiveGrad."""
 
 from __future__ import annotations
 

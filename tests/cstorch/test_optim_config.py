@@ -1,4 +1,4 @@
-"""The cstorch 1.x configuration helpers of ``cstorch.optim`` (spec §8.5)."""
+"""The cstorch 1.x configuration helpers of ``cstorch.optim``."""
 
 from __future__ import annotations
 

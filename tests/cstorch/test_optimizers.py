@@ -445,7 +445,7 @@ def test_zero_grad_hooks(cpu_backend):
                optimizer.register_zero_grad_post_hook(post)]
     p.grad = torch.ones(2)
     optimizer.zero_grad()
-    # the post hook runs after the grads are zeroed (the reference ran it before: spec §17)
+    # the post hook runs after the grads are zeroed (the reference ran it before)
     assert events == [("pre", True), ("post", False, {"set_to_none": True})]
     for handle in handles:
         handle.remove()

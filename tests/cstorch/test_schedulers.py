@@ -1,5 +1,5 @@
 """cstorch.optim schedulers: every series of the 2.10 fixture through the scheduler classes,
-eagerly and in a traced step, plus the observable behaviours of spec §16.23-28.
+eagerly and in a traced step, plus the reference's observable behaviours.
 
 ``tests/data/reference-2.10/scheduler_values.json`` holds ``lr`` of param group 0
 right after construction and after each ``optimizer.step(); scheduler.step()``. The fixture
@@ -117,7 +117,7 @@ def test_values_recorded_by_a_step_closure(cpu_backend):
     np.testing.assert_allclose(recorded, VALUES["OneCycleLR"][1:11], rtol=0, atol=1e-7)
 
 
-# ------------------------------------------------------------------ §16.23-28
+# ------------------------------------------------------------------ the reference's behaviours
 def test_lr_is_a_tensor_and_last_epoch_an_int64_tensor(cpu_backend):
     optimizer = _optimizer()
     scheduler = L.LinearLR(optimizer, initial_learning_rate=1.0, end_learning_rate=0.0,
@@ -251,7 +251,7 @@ def test_cosine_annealing_warm_restarts_restarts_every_period(cpu_backend):
         scheduler.step()
     want = [(1 + math.cos(math.pi * (t % 4) / 4)) / 2 for t in range(14)]
     assert values == pytest.approx(want, abs=1e-6)
-    # the reference's values (constant after the first period) are not reproduced: spec §16.28
+    # the reference's values (constant after the first period) are not reproduced
     buggy = [1, .854, .5, .146, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1]
     assert values[:4] == pytest.approx(buggy[:4], abs=1e-3)
     assert values[5] == pytest.approx(0.854, abs=1e-3) and values[5] != pytest.approx(1.0)

@@ -1,5 +1,5 @@
 """cstorch.utils.tensorboard, utils.nest, utils.benchmark, cstorch.profiler and
-cstorch.experimental (api_inventory §14, §16.44) and the eval example."""
+cstorch.experimental and the eval example."""
 
 from __future__ import annotations
 

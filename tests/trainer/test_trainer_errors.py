@@ -1,4 +1,4 @@
-"""Every argument error of the Trainer (Model Zoo spec §1.1-1.3) and of its core callbacks."""
+"""Every argument error of the Trainer and of its core callbacks."""
 
 import pytest
 import torch

@@ -13,6 +13,7 @@ from typing import Any, Dict, Protocol, runtime_checkable
 import torch
 
 from cstorch.utils.data.utils import infer_batch_size
+from jax_backend.user_frames import warn
 
 _ids = itertools.count(1)
 
@@ -102,12 +103,11 @@ class DataLoader:
             if workers > 0:
                 # Worker processes forked from a process running JAX (multithreaded) can
                 # deadlock; the reference also feeds batches from the main process on CPU.
-                warnings.warn(
-                    f"The torch DataLoader returned by "
-                    f"{getattr(self.input_fn, '__name__', 'input_fn')} asks for "
-                    f"num_workers={workers}; cstorch loads its batches in the main process "
-                    "(num_workers=0), as cerebras-pytorch does off the wafer. Make batches "
-                    "cheap to produce, or prepare them ahead of time.", stacklevel=3)
+                warn(f"The torch DataLoader returned by "
+                     f"{getattr(self.input_fn, '__name__', 'input_fn')} asks for "
+                     f"num_workers={workers}; cstorch loads its batches in the main process "
+                     "(num_workers=0), as cerebras-pytorch does off the wafer. Make batches "
+                     "cheap to produce, or prepare them ahead of time.")
                 if loader.worker_init_fn is not None:
                     loader.worker_init_fn(0)
         return loader

@@ -1,8 +1,8 @@
 """``SummaryWriter`` and ``SummaryReader``: TensorBoard summaries plus Cerebras tensor
 summaries.
 
-The writer is a subclass of ``torch.utils.tensorboard.SummaryWriter`` (as in cerebras-pytorch,
-spec §14), so every ``add_*`` method of torch's writer is there; it adds whole-tensor summaries
+The writer is a subclass of ``torch.utils.tensorboard.SummaryWriter`` (as in cerebras-pytorch),
+so every ``add_*`` method of torch's writer is there; it adds whole-tensor summaries
 (``add_tensor``), saved with ``torch.save`` under the sibling directory
 ``events.out.csevents.*`` of the event file. The reader is self-contained (``event_file``
 parses the TFRecord event files), so reading summaries does not need TensorBoard.
