@@ -82,8 +82,3 @@ def in_engine_scope(function):
             return function(*args, **kwargs)
 
     return scoped
-
-
-def x64_enabled() -> bool:
-    """Whether 64-bit types are on here (JAX's setting, global or scoped)."""
-    return bool(jax.config.jax_enable_x64)

@@ -24,11 +24,6 @@ from jax_backend.jax_settings import engine_scope
 from jax_backend.registry import lowers
 
 
-def shaper_spec(shaper) -> str:
-    """The string form of a ``jax_backend.sparsity`` shaper tuple (or None)."""
-    return "" if shaper is None else f"{shaper[0]}:{int(shaper[1])}"
-
-
 def _shaper(spec: str):
     if not spec:
         return None

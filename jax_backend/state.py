@@ -593,10 +593,6 @@ class DeviceState:
                              storage=_storage_key(entry.tensor))
         return None
 
-    def forget(self, tensors: Iterable[torch.Tensor]) -> None:
-        """Drops the entries of ``tensors`` (each keeps its newest value, see ``_drop``)."""
-        self._drop([self._entries[id(t)] for t in tensors if id(t) in self._entries])
-
     def retain(self, tensors: Iterable[torch.Tensor]) -> None:
         """Drops entries of tensors that are no longer state (e.g. replaced optimizer state)."""
         keep = {id(t) for t in tensors}

@@ -252,10 +252,6 @@ class _JobTimer:
     def remaining(self) -> float:
         return max(0.0, self.seconds - (time.monotonic() - self.start))
 
-    @property
-    def is_expired(self) -> bool:
-        return self.remaining == 0.0
-
 
 def _field_default(field):
     if field.default_factory is not dataclasses.MISSING:

@@ -27,7 +27,6 @@ This module also re-exports the public deferred-tensor classes and context flags
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -256,7 +255,3 @@ def _unknown(kind: str, key: str, options: LoadOptions) -> Exception:
 
 def _corrupt(options: LoadOptions, what: str) -> Exception:
     return RuntimeError(f"Checkpoint '{options.path}' is corrupt: {what}")
-
-
-def metadata_json(metadata: dict) -> str:
-    return json.dumps(metadata, indent=4)

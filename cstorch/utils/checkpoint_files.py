@@ -26,9 +26,3 @@ def find_checkpoints(directory, pattern: re.Pattern) -> list[Path]:
             stamp = match.groupdict().get("stamp") or ""
             found.append((int(match["step"]), stamp, entry.name))
     return [directory / name for _, _, name in sorted(found)]
-
-
-def latest_checkpoint(directory, pattern: re.Pattern) -> Path | None:
-    """The newest of ``find_checkpoints(directory, pattern)``, or None."""
-    found = find_checkpoints(directory, pattern)
-    return found[-1] if found else None
