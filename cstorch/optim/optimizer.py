@@ -271,8 +271,10 @@ def _shape(size) -> str:
 
 
 def plain_copies(value):
-    """``value`` with every tensor replaced by a plain, unshared copy (dicts/lists/tuples
-    are rebuilt; other values are kept)."""
+    """``value`` with every tensor (a lazily loaded checkpoint tensor, another object's state)
+    replaced by a plain, unshared copy, at any depth of dicts, lists and tuples, which are
+    rebuilt (so the caller's containers are not shared either); other values are kept. What
+    ``load_state_dict`` of the optimizers and schedulers keeps of the dict it is given."""
     if isinstance(value, torch.Tensor):
         copy = torch.empty(tuple(value.shape), dtype=value.dtype)
         with torch.no_grad():
@@ -280,8 +282,10 @@ def plain_copies(value):
         return copy
     if isinstance(value, dict):
         return {k: plain_copies(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+    if isinstance(value, list) or type(value) is tuple:
         return type(value)(plain_copies(v) for v in value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return type(value)(*(plain_copies(v) for v in value))
     return value
 
 

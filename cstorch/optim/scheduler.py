@@ -30,6 +30,7 @@ import jax_backend
 from jax_backend import Slot
 from jax_backend.torch_ops import schedule_config
 from cstorch.backend import current_backend_impl
+from cstorch.optim.optimizer import plain_copies
 
 Tags = Optional[Union[str, List[Optional[str]]]]
 
@@ -70,18 +71,6 @@ def _number(value):
         else:
             return value  # left for jax_backend.schedules to reject with a clear message
     return value if isinstance(value, (int, float)) else float(value)
-
-
-def _plain(value):
-    """Tensors (e.g. lazily loaded checkpoint tensors) as plain, unshared copies."""
-    if isinstance(value, torch.Tensor):
-        copy = torch.empty(tuple(value.shape), dtype=value.dtype)
-        with torch.no_grad():
-            copy.copy_(value)
-        return copy
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
 
 
 class Scheduler(ABC):
@@ -266,7 +255,7 @@ class Scheduler(ABC):
 
     def load_state_dict(self, state_dict):
         """Restores attributes (``_step_count`` excepted) and re-registers with the backend."""
-        state_dict = {k: _plain(v) for k, v in state_dict.items() if k != "_step_count"}
+        state_dict = {k: plain_copies(v) for k, v in state_dict.items() if k != "_step_count"}
         self.__dict__.update(state_dict)
         self._validate_tags_apply()
         current_backend_impl().setup_scheduler(self)

@@ -207,6 +207,28 @@ def test_load_state_dict_restores_the_count(cpu_backend):
     assert other.get_last_lr()[0].item() == pytest.approx(0.125)
 
 
+def test_loaded_state_shares_nothing_with_the_dict_it_came_from():
+    """``load_state_dict`` (of schedulers and optimizers) keeps plain copies: every tensor at
+    any depth copied, every dict, list and tuple rebuilt, a namedtuple kept as its type."""
+    import collections
+
+    from cstorch.optim.optimizer import plain_copies
+
+    Pair = collections.namedtuple("Pair", "first second")
+    tensor = torch.arange(3.0)
+    given = {"lrs": [tensor, 0.5], "nested": {"t": (tensor, 2)}, "pair": Pair(tensor, 1),
+             "size": torch.Size([2, 3]), "floats": [0.1, 0.2]}
+    kept = plain_copies(given)
+    assert kept["lrs"] is not given["lrs"] and kept["floats"] is not given["floats"]
+    assert kept["floats"] == given["floats"] and kept["lrs"][1] == 0.5
+    tensors = [kept["lrs"][0], kept["nested"]["t"][0], kept["pair"].first]
+    assert all(t is not tensor and torch.equal(t, tensor) for t in tensors)
+    assert type(kept["pair"]) is Pair and kept["pair"].second == 1
+    assert kept["size"] == torch.Size([2, 3]) and type(kept["size"]) is torch.Size
+    kept["lrs"][0].add_(1.0)
+    assert torch.equal(tensor, torch.arange(3.0))
+
+
 def test_sequential_errors_and_switch(cpu_backend):
     optimizer = _optimizer()
     first = L.ConstantLR(optimizer, 0.1)
