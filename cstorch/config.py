@@ -24,6 +24,20 @@ from jax_backend.config import (Config, SettingError as SettingError, boolean, n
 config = Config("cstorch")
 
 
+def named_check(check):
+    """One of ``jax_backend.config``'s value checks (``positive_int``, ...) as
+    ``validate(name, value)`` for a field checked where it is declared outside a setting (a
+    ``cstorch.backends`` flag, a ``DistributedConfig`` field): a ValueError naming the field
+    and the value given."""
+    def validate(name: str, value):
+        try:
+            return check(value)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{name} {error}, got {value!r}.") from None
+
+    return validate
+
+
 def _integer(text: str) -> int | None:
     """An environment variable's integer; empty is unset (None), as the launchers read it."""
     if not text.strip():

@@ -50,6 +50,7 @@ import time
 from typing import Optional
 
 from cstorch import config
+from jax_backend.config import non_negative_int, positive_int
 from jax_backend.errors import CstorchError
 from jax_backend.user_frames import warn
 
@@ -67,14 +68,7 @@ class DistributedError(CstorchError, RuntimeError):
     """A multi-process job could not be formed or was misconfigured."""
 
 
-def _positive_int(name, value, minimum=1):
-    if isinstance(value, str):
-        if not value.strip().isdigit():
-            raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
-        value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
-    return value
+_POSITIVE, _NON_NEGATIVE = config.named_check(positive_int), config.named_check(non_negative_int)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,13 +87,16 @@ class DistributedConfig:
                 or not _ADDRESS.match(self.coordinator_address)):
             raise ValueError(f"coordinator_address must look like 'host:port', got "
                              f"{self.coordinator_address!r}.")
-        checked = {"initialization_timeout": 1, "heartbeat_timeout": 1}
+        checked = {"initialization_timeout": _POSITIVE, "heartbeat_timeout": _POSITIVE}
         if self.num_processes is not None:
-            checked["num_processes"] = 1
+            checked["num_processes"] = _POSITIVE
         if self.process_id is not None:
-            checked["process_id"] = 0
-        for name, minimum in checked.items():
-            object.__setattr__(self, name, _positive_int(name, getattr(self, name), minimum))
+            checked["process_id"] = _NON_NEGATIVE
+        for name, validate in checked.items():
+            value = getattr(self, name)
+            if isinstance(value, str) and value.strip().isdigit():  # from the environment
+                value = int(value)
+            object.__setattr__(self, name, validate(name, value))
 
     @classmethod
     def from_env(cls, environ=None) -> "DistributedConfig":
