@@ -53,8 +53,6 @@ ALLOWED = {
     "cstorch/storage/h5_format.py: readinto": "io.RawIOBase's, which h5py reads through",
     "cstorch/storage/h5_format.py: truncate": "io.RawIOBase's, which h5py truncates through",
     # dead, in a file other work of issue 46 is rewriting now (it goes with that work)
-    "cstorch/utils/tensorboard/event_file.py: encode_record":
-        "event_file.py gives way to tensorboard's own reader and writer (issue 46, item 5)",
     "cstorch/backend/base_backend.py: module_modes":
         "cstorch/backend/ is being split into single-job parts (issue 46, item 2)",
 }

@@ -16,7 +16,8 @@ import cerebras.pytorch as cstorch
 import cerebras.pytorch.utils.tensorboard as tensorboard
 from cstorch.utils import nest
 from cstorch.utils.data import DataExecutor, DataLoader
-from cstorch.utils.tensorboard.event_file import crc32c, masked_crc32c, read_records
+from cstorch.utils.tensorboard.event_file import read_events, read_records
+from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import crc32c, masked_crc32c
 
 pytestmark = pytest.mark.core
 
@@ -25,8 +26,39 @@ EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
 
 # ------------------------------------------------------------------------ tensorboard
 def test_crc32c_known_answers():
+    """The checksum the reader checks records with (tensorboard's) is CRC-32C."""
     assert crc32c(b"123456789") == 0xE3069283  # the CRC-32C check value
     assert crc32c(b"") == 0 and crc32c(bytes(32)) == 0x8A9136AA  # RFC 3720 B.4
+
+
+def test_event_files_read_to_a_truncated_tail_and_refuse_a_corrupt_record(tmp_path):
+    """Scalars as torch writes them, as ``simple_value`` or as a one-float tensor, read back;
+    a file cut short (still being written) reads up to its last whole record; a record whose
+    checksum or content is wrong raises."""
+    with tensorboard.SummaryWriter(log_dir=str(tmp_path / "run")) as writer:
+        writer.add_scalar("plain", 0.5, 1)
+        writer.add_scalar("tensor", 0.25, 2, new_style=True)
+    (path,) = (tmp_path / "run").glob("events.out.tfevents.*")
+    reader = tensorboard.SummaryReader(str(tmp_path / "run"))
+    assert [(s.step, s.value) for s in reader.read_scalar("plain")] == [(1, 0.5)]
+    assert [(s.step, s.value) for s in reader.read_scalar("tensor")] == [(2, 0.25)]
+    events = list(read_events(str(path)))
+    assert events[0].file_version.startswith("brain.Event") and len(events) == 3
+    raw = path.read_bytes()
+    cut = tmp_path / "cut" / path.name
+    cut.parent.mkdir()
+    cut.write_bytes(raw[:-3])
+    assert len(list(read_records(str(cut)))) == 2
+    corrupt = tmp_path / "corrupt"
+    corrupt.write_bytes(raw[:-5] + bytes([raw[-5] ^ 1]) + raw[-4:])
+    with pytest.raises(ValueError, match="Corrupt record data"):
+        list(read_records(str(corrupt)))
+    data = b"\xff" * 3  # not a protobuf message
+    framed = (struct.pack("<Q", 3) + struct.pack("<I", masked_crc32c(struct.pack("<Q", 3)))
+              + data + struct.pack("<I", masked_crc32c(data)))
+    (tmp_path / "garbage").write_bytes(framed)
+    with pytest.raises(ValueError, match="Corrupt event"):
+        list(read_events(str(tmp_path / "garbage")))
 
 
 def test_summary_writer_writes_tfrecords_and_cs_summaries(tmp_path):

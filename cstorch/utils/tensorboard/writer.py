@@ -4,8 +4,8 @@ summaries.
 The writer is a subclass of ``torch.utils.tensorboard.SummaryWriter`` (as in cerebras-pytorch),
 so every ``add_*`` method of torch's writer is there; it adds whole-tensor summaries
 (``add_tensor``), saved with ``torch.save`` under the sibling directory
-``events.out.csevents.*`` of the event file. The reader is self-contained (``event_file``
-parses the TFRecord event files), so reading summaries does not need TensorBoard.
+``events.out.csevents.*`` of the event file. The reader reads the event files with
+tensorboard's own message types (``event_file``).
 
 Summaries are meant to be written from step closures, where tensors have values.
 """
@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Union
 import torch
 from torch.utils import tensorboard as _torch_tensorboard
 
-from cstorch.utils.tensorboard.event_file import Event, read_records
+from cstorch.utils.tensorboard.event_file import read_events
 
 _METADATA = "__metadata__"
 _VERSION_KEY = "__version__"
@@ -89,6 +89,16 @@ class SummaryWriter(_torch_tensorboard.SummaryWriter):
         torch.save(descriptor.to_dict(), str(directory / f"{step}.{stamp}.pt"))
 
 
+def _scalar(value) -> float | None:
+    """A ``Summary.Value``'s scalar: its ``simple_value``, or the first float of its tensor
+    (torch writes both kinds)."""
+    if value.HasField("simple_value"):
+        return value.simple_value
+    if value.HasField("tensor") and value.tensor.float_val:
+        return value.tensor.float_val[0]
+    return None
+
+
 class SummaryReader:
     """Reads the summaries written under ``log_dirs`` (event files and tensor summaries).
 
@@ -137,15 +147,15 @@ class SummaryReader:
         for run, directory in self.event_file_dirs.items():
             scalars, texts = defaultdict(list), defaultdict(list)
             for path in sorted(Path(directory).glob("events.out.tfevents.*")):
-                for record in read_records(str(path)):
-                    event = Event.decode(record)
-                    for value in event.values:
-                        if value.strings is not None and value.tag.endswith(_TEXT_SUFFIX):
+                for event in read_events(str(path)):
+                    for value in event.summary.value:
+                        scalar = _scalar(value)
+                        if value.HasField("tensor") and value.tag.endswith(_TEXT_SUFFIX):
                             texts[value.tag].append((event.wall_time, event.step,
-                                                     [s.decode() for s in value.strings]))
-                        elif value.simple_value is not None:
+                                                     [s.decode() for s in value.tensor.string_val]))
+                        elif scalar is not None:
                             scalars[value.tag].append(
-                                ScalarEvent(event.wall_time, event.step, value.simple_value))
+                                ScalarEvent(event.wall_time, event.step, scalar))
             runs[run] = {"scalars": dict(scalars), "text": dict(texts)}
         self._runs = runs
 
