@@ -19,6 +19,8 @@ from __future__ import annotations
 import ast
 import json
 
+import pytest
+
 from tests.test_import_graph import ROOT
 
 DEFINING = ("cstorch", "jax_backend")
@@ -155,6 +157,7 @@ def test_the_check_finds_a_function_nothing_calls(tmp_path, monkeypatch):
                                                   "cstorch/a.py: dead_property"]
 
 
+@pytest.mark.slow  # reads every Python file of the repository: about 3 s
 def test_no_function_method_or_class_is_dead():
     found = unused_definitions(_reference_api())
     unexpected = [f for f in found if f not in ALLOWED]
