@@ -27,6 +27,7 @@ from torch.utils import _pytree as pytree
 from jax_backend.export import export_program
 from cstorch.backend import current_backend_impl
 from cstorch.core.state_names import state_name
+from cstorch.core.step_call import StepCall
 from cstorch.core.torch_optimizers import read_scalar
 
 
@@ -57,17 +58,17 @@ def export(step, example_batch, path: str, *, vjp_order: int = 0, platforms=None
             f"runs the {impl.engine!r} engine. Create the backend with engine=\"jax\" (and "
             "unset CSTORCH_ENGINE).")
     args = tuple(example_batch) if isinstance(example_batch, (tuple, list)) else (example_batch,)
-    leaves, spec = pytree.tree_flatten((args, {}))
-    if not any(isinstance(x, torch.Tensor) for x in leaves):
+    if not any(isinstance(x, torch.Tensor) for x in pytree.tree_leaves(args)):
         raise TypeError("cstorch.export needs an example batch of tensors (a tensor, or a "
                         "tuple/list of the step's positional arguments).")
-    entry, _, view, (used_index, written_index) = step._program_for(impl, leaves, spec)
-    if entry.born:  # its first step creates state (e.g. a torch optimizer's): not exportable
-        step._undo_first_step_program(impl, entry)
+    entry, call = step.program_for(StepCall.of(impl, args, {}))
+    if entry is None:  # its first step creates state (e.g. a torch optimizer's): not exportable
         raise RuntimeError(
             f"{step.__name__!r} creates state in its first step (e.g. a torch.optim "
             "optimizer's exp_avg or momentum buffer, or a buffer registered in forward), "
             "which has no value yet. Run the step once, then export it.")
+    view = call.view
+    used_index, written_index = entry.resolve(view)
     indices = list(dict.fromkeys(list(used_index) + list(written_index)))
     names = {}
     for i in indices:  # readable names; a (theoretical) clash gets the position appended

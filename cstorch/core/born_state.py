@@ -8,7 +8,8 @@ at the first call (so the CSX backend never recompiles): the capture that sees s
 born returns its end-of-step values as outputs, and that program runs once; the slots then
 hold real tensors (``install``) whose device values are those outputs, and the step is
 captured again with them as ordinary state for every later call. No tensor of the trace is
-left in a slot.
+left in a slot. ``FirstAndSteady`` is that pair of programs, filed in the step's program
+table like any one program.
 
 A tensor the step stores as a plain attribute of a compiled model's module (torch's old
 ``weight_norm`` recomputes ``weight`` so before every forward; a loss module keeps its last
@@ -87,6 +88,58 @@ def discard(impl, before: dict) -> None:
                       if id(p) not in keys and not state]:
             del optimizer.state[param]
     impl._invalidate_state_view()
+
+
+class FirstAndSteady:
+    """The two programs of a step whose first call gives birth to state: ``first`` runs once,
+    at that call, and its last outputs are the born tensors' values; ``steady`` takes them as
+    state and serves every later call. The program table files the pair like any entry and
+    selects it as its steady program (``programs.ProgramEntry``)."""
+
+    def __init__(self, first, steady, born: list, before: dict):
+        self.first, self.steady = first, steady
+        self.born = born  # Born, installed: their slots hold real tensors
+        self.before = before  # snapshot from before the first capture (to undo the births)
+
+    @property
+    def program(self):
+        return self.steady.program
+
+    def resolve(self, view):
+        return self.steady.resolve(view)
+
+    def mismatch(self, view) -> str | None:
+        return self.steady.mismatch(view)
+
+    def hyperparameter_mismatch(self, current: list, backend) -> str | None:
+        return self.steady.hyperparameter_mismatch(current, backend)
+
+    def next_program(self):
+        """``first`` until it has run (``gave_birth``), then ``steady``."""
+        return self.steady if self.first is None else self.first
+
+    @property
+    def gives_birth(self) -> bool:
+        """Whether the next call runs ``first``."""
+        return self.first is not None
+
+    def gave_birth(self, backend, values: list) -> None:
+        """After ``first`` ran: the born tensors' end-of-step ``values`` (lazy tensors)
+        become their device values (with a multi-device layout they go through the host and
+        are placed at the next upload); the pair serves as ``steady`` from now on."""
+        tensors = [b.tensor for b in self.born]
+        if backend.layout is None:
+            backend.device_state.update(tensors, [v.jax_array for v in values])
+        else:
+            with torch.no_grad():
+                for tensor, value in zip(tensors, values):
+                    tensor.copy_(value.materialize())
+        self.first, self.born, self.before = None, [], None
+
+    def undo(self, backend) -> None:
+        """``first`` did not run (it failed, or the call only compiled): the slots it would
+        have filled are taken out, so that the next call captures both programs again."""
+        discard(backend, self.before)
 
 
 def refuse_parameters(born: list) -> None:

@@ -7,34 +7,35 @@ run again, as on a Cerebras system. A new signature (shapes, dtypes, structure, 
 mode) compiles a new program, with a warning; the CSX backend refuses (the wafer cannot
 recompile).
 
-``TracedStep`` is a facade over three rooms: the program table that decides which program
-serves a call (``programs``), the capture and build of a new one (``step_capture``), and
-looking inside one (``step_introspection``); it runs the program itself.
+``TracedStep`` is a facade over four rooms: the program table that decides which program
+serves a call (``programs``), the capture and build of a new one (``step_capture``), the
+run of one (``step_run``) and looking inside one (``step_introspection``). Each call is one
+``StepCall`` (``step_call``), built once, that all of them take.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import weakref
 from typing import Callable
 
 import torch
-from torch.utils import _pytree as pytree
 
 import jax_backend
-from jax_backend import LazyTensor
-from jax_backend.dtypes import tensor_to_host
 from jax_backend.errors import raise_interrupt_behind
 from jax_backend.user_frames import warn
 from cstorch.backend import (
     Backend, BackendType, backend as _backend_fn, current_backend_impl, implicit_cpu_backend)
-from cstorch.core import born_state, step_capture, step_introspection, torch_optimizers
+from cstorch.core import (
+    born_state, step_capture, step_introspection, step_run, torch_optimizers)
 from cstorch.errors import MultipleBackendsError
 from cstorch.core.state_names import state_name
 from cstorch.core.engine import run_eagerly
 from cstorch.core.programs import (
-    MAX_PROGRAMS as MAX_PROGRAMS, CompiledStep, ProgramSignature as ProgramSignature,
+    MAX_PROGRAMS as MAX_PROGRAMS, ProgramEntry, ProgramSignature as ProgramSignature,
     ProgramTable, RecompilationWarning as RecompilationWarning)
+from cstorch.core.step_call import StepCall
 from cstorch.core.step_capture import (
     register_trace_fn_post_hook as register_trace_fn_post_hook,
     register_trace_fn_pre_hook as register_trace_fn_pre_hook)
@@ -177,25 +178,17 @@ def _interrupts_unwrapped():
         raise
 
 
-def _input_array(tensor):
-    if isinstance(tensor, LazyTensor):
-        return tensor.jax_array
-    return tensor_to_host(tensor)
-
-
 class TracedStep:
     """A step function compiled into one program per input signature: a call finds its
     program in the step's ``ProgramTable`` (``cstorch.core.programs``), captures and builds
-    one on a miss, and runs it."""
+    one on a miss (``step_capture``), and runs it (``step_run``)."""
 
     def __init__(self, step_fn: Callable):
         self.step_fn = step_fn
         self.trace_count = 0
         self._table = ProgramTable(step_fn)
-        # torch optimizer floats whose exact value the step's Python code depends on: traced
-        # as constants (step_capture.Respecialize)
-        self._constant_scalars: set = set()
         self._warned_frozen = False
+        self._warned_accumulation = weakref.WeakSet()  # programs that warned (once each)
         self._resets_after_call = None  # backend.gradient_resets after the previous call
         functools.update_wrapper(self, step_fn)
 
@@ -229,7 +222,7 @@ class TracedStep:
             if impl.engine == "eager":  # plain eager torch every step (cstorch.core.engine)
                 outputs = run_eagerly(self.step_fn, impl, args, kwargs)
             else:
-                outputs = self._call_compiled(impl, args, kwargs)
+                outputs = self._call_compiled(StepCall.of(impl, args, kwargs))
         # Outside a DataExecutor nothing else would run this step's closures.
         impl.run_closures_of_a_step_outside_executor(queued_before)
         if impl.data_executor_stack:  # the executor's progress display shows the loss
@@ -240,129 +233,128 @@ class TracedStep:
         """Captures and compiles the step for these arguments as its first call would,
         without running the program (no state changes): compile-only runs, whose
         artifacts ``jaxpr()``, ``stablehlo()`` and ``cost_analysis()`` then describe."""
-        impl = current_backend_impl()
-        entry = self._program_for(impl, *pytree.tree_flatten((args, kwargs)))[0]
-        if entry.born:  # the first run would give the born state its values: not run here
-            self._undo_first_step_program(impl, entry)
+        self.program_for(StepCall.of(current_backend_impl(), args, kwargs))
+
+    def program_for(self, call: StepCall):
+        """``(entry, call)``: the program that serves ``call``, compiled now if needed but not
+        run (compile-only runs, ``cstorch.export``), and the call on the state it runs on.
+        The entry is None for a first call that would give birth to state: that program
+        makes the state's first values by running, so it is undone (the next call compiles
+        it again)."""
+        entry, call = self._serve(call)
+        if entry.gives_birth:
+            self._undo_first_step(call.backend, entry)
+            return None, call
+        return entry.next_program(), call
 
     # ------------------------------------------------------------------------------- find
-    def _program_for(self, impl, leaves, spec):
-        """The compiled step for these arguments and the current state, compiled now if
-        needed (without running it): ``(entry, key, view, positions)``. A torch optimizer
-        the capture meets for the first time is adopted and the step captured again."""
+    def _serve(self, call: StepCall):
+        """``(entry, call)``: the table's entry for ``call``, compiled now if there is none
+        (not run), and the call on the state it runs on. A torch optimizer the capture meets
+        for the first time is adopted and the step captured again."""
         while True:
             try:
-                return self._find_or_compile(impl, leaves, spec)
+                entry = self._table.lookup(call)
+                if entry is not None:
+                    self._check_frozen(entry.next_program(), call)
+                    return entry, call
+                self._table.announce_recompile(call)
+                return self._compile(call)
             except torch_optimizers.Unadopted as found:
-                torch_optimizers.adopt(impl, found.optimizer)
+                torch_optimizers.adopt(call.backend, found.optimizer)
             except step_capture.Respecialize as found:
-                self._constant_scalars.update(found.paths)
+                self._table.learn(constant_scalars=found.paths)
+            call = call.with_current_state()
 
-    def _find_or_compile(self, impl, leaves, spec):
-        table = self._table
-        view = impl.state_view()
-        key = self._table.signature(leaves, spec, impl, view)
-        found = table.find(key, view, impl)
-        if found is not None:
-            entry, positions = found
-            self._check_frozen(entry, leaves)
-            return entry, key, view, positions
-        entry = self._compile(impl, key, leaves, spec, view, reason=table.mismatch(key, view, impl))
-        if entry.born:
-            return self._with_born_state(impl, entry, leaves, spec)
-        key = table.refile(entry, key, self._table.signature(leaves, spec, impl, view))
-        positions = entry.resolve(view)
-        table.evict()
-        return entry, key, view, positions
+    def _compile(self, call: StepCall, *, retry: bool = False):
+        """Captures the step for ``call`` (or loads its graph from the graph cache, unless
+        ``retry``), builds its program and files it: ``(entry, call)`` as ``_serve``."""
+        result = self._capture(call, retry=retry)
+        entry = step_capture.build(call, result)
+        if result.born:
+            entry, call = self._with_born_state(call, entry, result)
+        self._table.file(call, entry)
+        return entry, call
 
-    def _with_born_state(self, impl, born_entry, leaves, spec):
+    def _capture(self, call: StepCall, *, retry: bool = False) -> step_capture.CaptureResult:
+        result = step_capture.capture(self.step_fn, call, retry=retry, table=self._table,
+                                      traced_step_type=TracedStep)
+        self.trace_count += 1
+        call.backend.compilations += 1
+        self._table.learn(held_gradients_unread=result.held_gradients_unread)
+        return result
+
+    def _with_born_state(self, call: StepCall, first, result):
         """A first capture in which state was born (``born_state``): its tensors get real
-        slots, and the step is captured again for every later call; ``born_entry`` runs
-        this once."""
-        born_state.install(impl, born_entry.born)
-        view = impl.state_view()
-        key = self._table.signature(leaves, spec, impl, view)
-        try:  # announced with the first: one compilation of the call
-            steady = self._compile(impl, key, leaves, spec, view, announce=False)
+        slots, and the step is captured again for every later call. The pair of programs,
+        and the call on the state with the born tensors."""
+        born_state.install(call.backend, result.born)
+        call = call.with_current_state()
+        try:
+            steady = self._capture(call)
+            if steady.born:
+                raise jax_backend.CaptureError(
+                    f"{self.step_fn.__name__!r} creates new state ("
+                    f"{state_name(steady.born[0].paths[0])}) in its second step too: state "
+                    "born in a step is only supported in the first one (a lazily created "
+                    "optimizer state or buffer). Create it before the first step.")
         except BaseException:
-            born_state.discard(impl, born_entry.born_before)
+            born_state.discard(call.backend, result.born_before)
             raise
-        if steady.born:
-            self._table.forget(steady)
-            born_state.discard(impl, born_entry.born_before)
-            raise jax_backend.CaptureError(
-                f"{self.step_fn.__name__!r} creates new state ("
-                f"{state_name(steady.born[0].paths[0])}) in its second step too: state born "
-                "in a step is only supported in the first one (a lazily created optimizer "
-                "state or buffer). Create it before the first step.")
-        born_entry.steady = steady
-        key = self._table.refile(steady, key, self._table.signature(leaves, spec, impl, view))
-        return born_entry, key, view, born_entry.resolve(view)
+        steady = step_capture.build(call, steady)
+        return born_state.FirstAndSteady(first, steady, result.born, result.born_before), call
 
-    def _undo_first_step_program(self, impl, entry) -> None:
-        """Forgets a program that creates state in the first step, not run (compile-only,
-        export): the slots it would have filled are taken out, and the next call compiles
+    def _undo_first_step(self, backend, entry) -> None:
+        """Forgets a pair of programs whose first did not run (it failed, or the call only
+        compiled): the slots it would have filled are taken out, and the next call compiles
         both programs again."""
-        born_state.discard(impl, entry.born_before)
-        self._table.forget(entry.steady)
+        entry.undo(backend)
+        self._table.forget(entry)
 
     # -------------------------------------------------------------------------------- call
-    def _call_compiled(self, impl, args, kwargs):
-        leaves, spec = pytree.tree_flatten((args, kwargs))
-        entry, key, view, positions = self._program_for(impl, leaves, spec)
-        self._check_gradients_are_zeroed(impl, entry)
+    def _call_compiled(self, call: StepCall):
+        entry, call = self._serve(call)
+        program = entry.next_program()
+        self._check_gradients_are_zeroed(call.backend, program)
         try:
-            outputs = self._run(impl, entry, leaves, view, *positions)
+            outputs = self._run(call, entry, program)
         except Exception as error:  # re-raised unless a cached graph failed
-            if entry.born:  # the state it would have given birth to is not there: undo it
-                self._undo_first_step_program(impl, entry)
+            if entry.gives_birth:  # the state it would have given birth to is not there
+                self._undo_first_step(call.backend, entry)
                 raise
-            if entry.cache is None or not entry.cache.hit or entry.program.has_run:
+            if not program.graph.from_cache or program.program.has_run:
                 raise
-            entry = self._recapture(impl, key, leaves, spec, view, entry, error)
-            self._table.refile(entry, key, self._table.signature(leaves, spec, impl, view))
-            outputs = self._run(impl, entry, leaves, view, *entry.resolve(view))
-        if entry.cache is not None:  # the first good run: keep the graph for later runs
-            entry.cache, cache = None, entry.cache
-            cache.store()
+            entry, call = self._recapture(call, entry, program, error)
+            program = entry.next_program()
+            outputs = self._run(call, entry, program)
+        program.graph.ran()  # the first good run: keep the graph for later runs
         return outputs
 
-    def _recapture(self, impl, key, leaves, spec, view, entry, error) -> CompiledStep:
+    def _run(self, call: StepCall, entry, program):
+        outputs, born = step_run.run(call, program)
+        if entry.gives_birth:
+            entry.gave_birth(call.backend, born)
+        return outputs
+
+    def _recapture(self, call: StepCall, entry, program, error):
         """A graph from the cache whose program failed before it ever ran (state is left as
         it was): drop it and capture the step again (whose graph then replaces it)."""
-        entry.cache.discard()
-        self._table.discard(key, entry)
+        program.graph.failed()
+        self._table.forget(entry)
         warn(f"The cached graph of {self.step_fn.__name__!r} failed ({type(error).__name__}: "
              f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}); it is "
              "captured again.", jax_backend.graph_cache.GraphCacheWarning)
-        return self._compile(impl, key, leaves, spec, view, retry=True)
-
-    # ----------------------------------------------------------------- capture and build
-    def _compile(self, impl, key, leaves, spec, view, retry=False,
-                 reason=None, announce=True) -> CompiledStep:
-        """Captures the step for ``key`` (or loads its graph from the persistent cache),
-        builds its program and files it in the table (unless it gives birth to state)."""
-        if announce and not retry:
-            self._table.announce_recompile(key, reason, impl.is_csx)
-        done = step_capture.capture(self.step_fn, impl, key, leaves, spec, view, retry=retry,
-                                    traced_step_type=TracedStep,
-                                    constant_paths=frozenset(self._constant_scalars))
-        self.trace_count += 1
-        impl.compilations += 1
-        if done.held_gradients_unread:
-            self._table.held_gradients_unread = True
-        entry = step_capture.build(impl, done, leaves, view)
-        if not entry.born:
-            self._table.add(key, entry)
-        return entry
+        return self._compile(call, retry=True)
 
     # ------------------------------------------------------------------- checks of a call
-    def _check_gradients_are_zeroed(self, impl, entry) -> None:
-        """Warns once when a step that leaves its gradients un-zeroed is called again with
-        no zero_grad in between: eager torch would add the new gradients to the old ones."""
-        previous, self._resets_after_call = self._resets_after_call, impl.gradient_resets
-        if entry.leaves_gradients and previous == impl.gradient_resets and previous is not None:
-            entry.leaves_gradients = False  # once
+    def _check_gradients_are_zeroed(self, backend, program) -> None:
+        """Warns once per program when a step that leaves its gradients un-zeroed is called
+        again with no zero_grad in between: eager torch would add the new gradients to the
+        old ones."""
+        previous, self._resets_after_call = self._resets_after_call, backend.gradient_resets
+        if (program.leaves_gradients and previous == backend.gradient_resets
+                and previous is not None and program not in self._warned_accumulation):
+            self._warned_accumulation.add(program)
             warn(f"{self.step_fn.__name__!r} computes gradients (backward) but neither the "
                  "step nor the code between its calls zeroes them (optimizer.zero_grad()). "
                  "Eager torch would add each step's gradients to the previous step's; a "
@@ -371,70 +363,20 @@ class TracedStep:
                  "optimizer.zero_grad() in the step, before backward; to accumulate gradients "
                  "on purpose, use a larger batch.", GradientAccumulationWarning)
 
-    def _check_frozen(self, entry, leaves):
+    def _check_frozen(self, program, call: StepCall) -> None:
         if self._warned_frozen:
             return
-        for old, new in zip(entry.python_leaves, leaves):
-            if isinstance(new, torch.Tensor):
-                continue
-            try:
-                same = old == new
-                same = bool(same)
-            except Exception:  # noqa: BLE001 - incomparable objects count as unchanged
-                same = True
-            if not same:
-                self._warned_frozen = True
-                warn(f"A non-tensor argument of {self.step_fn.__name__!r} changed from {old!r} "
-                     f"to {new!r}, but the compiled step keeps the value it was traced with "
-                     "(Python values are constants of the graph). Pass values that change "
-                     "between steps as tensors.", FrozenValueWarning)
-                return
-
-    # -------------------------------------------------------------------------------- run
-    def _run(self, impl, entry: CompiledStep, leaves, view, used_index, written_index):
-        captured, program = entry.captured, entry.program
-        torch_optimizers.run_scheduler_steps(entry.host_calls, "before")
-        inputs = [_input_array(x) for x in leaves if isinstance(x, torch.Tensor)]
-        inputs += [torch_optimizers.read_scalar(impl, path) for path in entry.scalar_paths]
-        seed = impl.draw_seed() if program.uses_rng else 0
-        outputs = program.run(impl.device_state, [view.tensors[i] for i in used_index],
-                              [view.tensors[i] for i in written_index], inputs, seed)
-        torch_optimizers.run_scheduler_steps(entry.host_calls, "after")
-        impl.gradients_held = frozenset(
-            id(p) for p, held in zip(view.parameters, entry.gradients_held) if held)
-
-        produced = iter(outputs)
-        flat = [LazyTensor(next(produced)) if is_tensor else constant
-                for is_tensor, constant in zip(captured.output_is_tensor,
-                                               captured.output_constants)]
-        for i in captured.scalar_outputs:  # a Python number computed from a runtime float
-            flat[i] = flat[i].item()
-        user_outputs, payloads, born, stored = pytree.tree_unflatten(flat, captured.output_spec)
-        if entry.born:
-            self._give_birth(impl, entry, born)
-        for (attributes, name), value in zip(entry.stored_attributes, stored):
-            attributes[name] = value  # a tensor the step keeps on a module (born_state)
-        for (kind, fn), (args, kwargs) in zip(entry.closures, payloads):
-            impl.add_step_closure(kind, fn, args, kwargs)
-        for obj, increment in entry.counter_steps:
-            obj._step_count += increment
-        return user_outputs
-
-    @staticmethod
-    def _give_birth(impl, entry, values) -> None:
-        """The born tensors' end-of-step values become their device values (with a
-        multi-device layout they go through the host and are placed at the next upload)."""
-        tensors = [b.tensor for b in entry.born]
-        if impl.layout is None:
-            impl.device_state.update(tensors, [v.jax_array for v in values])
-            return
-        with torch.no_grad():
-            for tensor, value in zip(tensors, values):
-                tensor.copy_(value.materialize())
+        changed = program.changed_argument(call)
+        if changed is not None:
+            self._warned_frozen = True
+            warn(f"A non-tensor argument of {self.step_fn.__name__!r} changed from "
+                 f"{changed[0]!r} to {changed[1]!r}, but the compiled step keeps the value it "
+                 "was traced with (Python values are constants of the graph). Pass values "
+                 "that change between steps as tensors.", FrozenValueWarning)
 
     # ----------------------------------------------------------------------- introspection
     # (cstorch.core.step_introspection, on the program that served the last call)
-    def _latest(self) -> CompiledStep:
+    def _latest(self) -> ProgramEntry:
         return self._table.latest()
 
     def _example_arguments(self, entry):

@@ -3,11 +3,13 @@
 A traced step keeps one program per *signature* (``ProgramSignature``: the inputs' structure,
 shapes and dtypes, the modules' train/eval modes, grad mode, precision policy, parameters'
 ``requires_grad`` and hooks) and, under one signature, one per state layout (the state a
-program uses must still fit: ``CompiledStep.resolve``) and per set of Python-number
-hyperparameters. ``ProgramTable`` alone decides: it finds a program for a call, files new
-ones (and refiles them when the capture itself changed the signature), forgets and evicts
-them (``cstorch.config``: max_programs), and says why a call needs a new one (the
-recompile reason of ``RecompilationWarning``).
+program uses must still fit: ``ProgramEntry.resolve``) and per set of Python-number
+hyperparameters. ``ProgramTable`` alone decides: it derives a call's signature
+(``StepCall``), finds the program for it (``lookup``), files new ones under the signature the
+capture left (``file``), forgets and evicts them (``cstorch.config``: max_programs), and says
+why a call needs a new one (the recompile reason of ``RecompilationWarning``). An entry is a
+``ProgramEntry`` or a ``born_state.FirstAndSteady`` (the two programs of a step whose first
+call gives birth to state), selected alike.
 
 The persistent graph cache (``cstorch.core.capture_cache``) keys its entries by
 ``persistent_signature``, a rendering of every field of the same signature as plain data,
@@ -20,7 +22,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import inspect
-import warnings
 from typing import NamedTuple
 
 import torch
@@ -32,6 +33,7 @@ from jax_backend.user_frames import warn
 from cstorch import config
 from cstorch.core import torch_optimizers
 from cstorch.core.state_names import state_name
+from cstorch.core.step_call import StepCall
 
 #: How many compiled programs one traced step keeps (``cstorch.config``: max_programs).
 MAX_PROGRAMS = config.max_programs
@@ -56,14 +58,15 @@ class ProgramSignature(NamedTuple):
     gradients_held: tuple  # of every model parameter: frozen, it starts with a (zero) grad
 
 
-def signature(leaves, spec, impl, view) -> ProgramSignature:
-    """The signature of a call with these flattened arguments, now."""
+def signature(call: StepCall) -> ProgramSignature:
+    """The signature of ``call``, now."""
     tensors = tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else None
-                    for x in leaves)
-    modes, module_hooks = impl.module_modes_and_hooks()
-    requires_grad, parameter_hooks, held = impl.parameter_autograd(view)
-    return ProgramSignature(spec, tensors, modes, torch.is_grad_enabled(),
-                            impl.precision_policy(), requires_grad, parameter_hooks,
+                    for x in call.leaves)
+    backend = call.backend
+    modes, module_hooks = backend.module_modes_and_hooks()
+    requires_grad, parameter_hooks, held = backend.parameter_autograd(call.view)
+    return ProgramSignature(call.spec, tensors, modes, torch.is_grad_enabled(),
+                            backend.precision_policy(), requires_grad, parameter_hooks,
                             module_hooks, held)
 
 
@@ -101,13 +104,14 @@ _RENDERINGS = {
 }
 
 
-def persistent_signature(key: ProgramSignature) -> dict:
-    """Every field of ``key`` as plain data (JSON), for the persistent graph cache's key."""
+def persistent_signature(signature: ProgramSignature) -> dict:
+    """Every field of ``signature`` as plain data (JSON), for the graph cache's key."""
     missing = [field for field in ProgramSignature._fields if field not in _RENDERINGS]
     if missing:
         raise TypeError(f"ProgramSignature fields without a persistent rendering: {missing}; "
                         "add one to cstorch.core.programs._RENDERINGS.")
-    return {field: _RENDERINGS[field](value) for field, value in zip(key._fields, key)}
+    return {field: _RENDERINGS[field](value)
+            for field, value in zip(signature._fields, signature)}
 
 
 # ------------------------------------------------------------------------ recompile reasons
@@ -196,9 +200,10 @@ def hyperparameters(impl) -> list:
 
 
 # ------------------------------------------------------------------------------ one program
-@dataclasses.dataclass
-class CompiledStep:
-    """One program of a traced step and what it was compiled for."""
+@dataclasses.dataclass(frozen=True, eq=False)
+class ProgramEntry:
+    """One compiled program of a traced step and what it was compiled for: a record, built
+    once (``step_capture.build``)."""
 
     captured: jax_backend.CapturedStep
     program: Program
@@ -211,26 +216,44 @@ class CompiledStep:
     counter_steps: list  # (optimizer or scheduler, how much one step adds to its _step_count)
     optimizer_params: tuple  # per optimizer at compile time: the state paths it updates
     ties: dict  # slot path -> path of its tensor, for the slots of this program's state
-    cache: object | None = None  # until the first good run: its capture_cache.CaptureCache
-    leaves_gradients: bool = False  # computes gradients and does not zero them
-    # State born in the step (``born_state``): this program runs once, at the first call,
-    # and its last outputs are the born tensors' values; ``steady`` serves later calls.
-    born: list = dataclasses.field(default_factory=list)
-    steady: "CompiledStep | None" = None
-    born_before: dict | None = None  # born_state.snapshot before the capture (to undo it)
+    graph: object  # step_capture.PendingGraph: stored in the graph cache after a good run
+    leaves_gradients: bool  # computes gradients and does not zero them
     # The torch optimizers' floats the program reads at every call (their paths, in input
     # order) and what it was traced for of some of them: (path, SIGN or VALUE, condition).
-    scalar_paths: list = dataclasses.field(default_factory=list)
-    scalar_conditions: list = dataclasses.field(default_factory=list)
+    scalar_paths: list
+    scalar_conditions: list
     # Host calls a traced step made that run at every call instead: torch LR schedulers'
     # step(), as (phase "before" or "after" the program, function, args, kwargs).
-    host_calls: list = dataclasses.field(default_factory=list)
-    gradients_held: tuple = ()  # per model parameter: whether it holds a gradient after
-    stored_attributes: list = dataclasses.field(default_factory=list)  # (module dict, name)
-    _resolved: tuple = (None, None, None)  # (view, used indices, written indices)
-    _mismatch: tuple = (None, None)  # (view, why this program does not fit it)
+    host_calls: list
+    gradients_held: tuple  # per model parameter: whether it holds a gradient after
+    stored_attributes: list  # (module __dict__, name) of the tensors it stores on modules
+    _memo: dict = dataclasses.field(default_factory=dict, repr=False)  # answers per view
 
-    def hyperparameter_mismatch(self, current: list, impl) -> str | None:
+    def next_program(self) -> ProgramEntry:
+        """The program the next call it serves runs: this one (see
+        ``born_state.FirstAndSteady`` for an entry of two programs)."""
+        return self
+
+    @property
+    def gives_birth(self) -> bool:
+        """Whether that program gives birth to state: never for an entry of one program."""
+        return False
+
+    def changed_argument(self, call: StepCall) -> tuple | None:
+        """``(traced, now)`` of the first non-tensor argument of ``call`` that differs from
+        the value the graph was traced with (a constant of the graph), or None."""
+        for old, new in zip(self.python_leaves, call.leaves):
+            if isinstance(new, torch.Tensor):
+                continue
+            try:
+                same = bool(old == new)
+            except Exception:  # noqa: BLE001 - incomparable objects count as unchanged
+                same = True
+            if not same:
+                return old, new
+        return None
+
+    def hyperparameter_mismatch(self, current: list, backend) -> str | None:
         """Why this program cannot serve the optimizers' param groups as they are, or None.
         It serves groups that hold what it was traced with: the same keys, the same
         non-float values (Python numbers that are not a torch optimizer's floats are
@@ -242,36 +265,39 @@ class CompiledStep:
                         "compiled step changed (a cstorch optimizer's number, a torch "
                         "optimizer's flag or int, a tensor set or removed, a param group)")
         for path, kind, traced in self.scalar_conditions:
-            value = torch_optimizers.read_scalar(impl, path)
+            value = torch_optimizers.read_scalar(backend, path)
             if value is None or scalars.condition(kind, value) != traced:
                 what = "the sign of" if kind == scalars.SIGN else "the value of"
                 return (f"{what} {state_name(path)} changed (the step's Python code "
                         "depends on it, e.g. `if weight_decay != 0`)")
         for path in self.scalar_paths:
-            if torch_optimizers.read_scalar(impl, path) is None:
+            if torch_optimizers.read_scalar(backend, path) is None:
                 return f"{state_name(path)} is no longer a float"
         return None
 
     def resolve(self, view):
-        """Positions of this program's state in ``view``; None if the state it was compiled
-        for does not fit the view any more (``mismatch``). Cached per view."""
-        if self._resolved[0] is view:
-            return self._resolved[1:]
+        """Positions of this program's state in ``view`` (``(used, written)``); None if the
+        state it was compiled for does not fit the view any more (``mismatch``). Cached per
+        view."""
+        resolved = self._memo.get("resolved")
+        if resolved is not None and resolved[0] is view:
+            return resolved[1]
         if self.mismatch(view) is not None:
             return None
-        used = [view.index_of[p] for p in self.used_paths]
-        written = [view.index_of[p] for p in self.written_paths]
-        self._resolved = (view, used, written)
-        return used, written
+        positions = ([view.index_of[p] for p in self.used_paths],
+                     [view.index_of[p] for p in self.written_paths])
+        self._memo["resolved"] = (view, positions)
+        return positions
 
     def mismatch(self, view) -> str | None:
         """Why this program cannot run on the state of ``view``, or None if it can: state it
         uses is gone, changed shape or dtype, is no longer the tensor its optimizer updates
         (a parameter replaced), or is tied differently."""
-        if self._mismatch[0] is view:
-            return self._mismatch[1]
+        known = self._memo.get("mismatch")
+        if known is not None and known[0] is view:
+            return known[1]
         reason = self._find_mismatch(view)
-        self._mismatch = (view, reason)
+        self._memo["mismatch"] = (view, reason)
         return reason
 
     def _find_mismatch(self, view) -> str | None:
@@ -302,60 +328,70 @@ class ProgramTable:
 
     def __init__(self, step_fn):
         self.step_fn = step_fn
-        self._programs: collections.OrderedDict = collections.OrderedDict()  # key -> [entry]
-        self.last_key: ProgramSignature | None = None  # of the program that served last
+        self._entries: collections.OrderedDict = collections.OrderedDict()  # sig -> [entry]
+        self.last_signature: ProgramSignature | None = None  # of the entry that served last
         self._warned_evicted = False
-        # Learned from a capture in which a frozen parameter held a gradient: the step sets
-        # it to None before any optimizer reads it, so whether one is held selects nothing.
-        self.held_gradients_unread = False
+        # Learned from captures (``learn``): a frozen parameter's held gradient is set to
+        # None by the step before any optimizer reads it, so whether one is held selects
+        # nothing; the torch optimizer floats whose exact value the step's Python code
+        # depends on (``step_capture.Respecialize``) are traced as constants.
+        self._held_gradients_unread = False
+        self._constant_scalars: set = set()
 
     def __bool__(self) -> bool:
-        return bool(self._programs)
-
-    def signature(self, leaves, spec, impl, view) -> ProgramSignature:
-        """The signature of a call (``signature``), as this step's programs are filed."""
-        key = signature(leaves, spec, impl, view)
-        if self.held_gradients_unread and any(key.gradients_held):
-            key = key._replace(gradients_held=(False,) * len(key.gradients_held))
-        return key
+        return bool(self._entries)
 
     @property
     def programs(self) -> list:
-        return [entry.program for entries in self._programs.values() for entry in entries]
+        return [entry.program for entries in self._entries.values() for entry in entries]
 
-    def find(self, key: ProgramSignature, view, impl):
-        """``(entry, positions)`` of the program that serves ``key`` on the state of
-        ``view`` with the optimizers' current hyperparameters (it becomes the most recently
-        used), or None."""
+    @property
+    def constant_scalars(self) -> frozenset:
+        """Paths of the torch optimizer floats this step's captures trace as constants."""
+        return frozenset(self._constant_scalars)
+
+    def learn(self, *, held_gradients_unread: bool = False, constant_scalars=()) -> None:
+        """What a capture found out about the step (see ``__init__``), for its later
+        signatures and captures."""
+        self._held_gradients_unread |= held_gradients_unread
+        self._constant_scalars.update(constant_scalars)
+
+    def signature(self, call: StepCall) -> ProgramSignature:
+        """The signature of ``call`` (``signature``), as this step's programs are filed."""
+        found = signature(call)
+        if self._held_gradients_unread and any(found.gradients_held):
+            found = found._replace(gradients_held=(False,) * len(found.gradients_held))
+        return found
+
+    def lookup(self, call: StepCall):
+        """The entry that serves ``call`` on its state with the optimizers' current
+        hyperparameters (it becomes the most recently used), or None."""
+        signature = self.signature(call)
         current = None
-        for entry in self._programs.get(key, ()):
-            positions = entry.resolve(view)
-            if positions is None:
+        for entry in self._entries.get(signature, ()):
+            if entry.resolve(call.view) is None:
                 continue
-            current = hyperparameters(impl) if current is None else current
-            if entry.hyperparameter_mismatch(current, impl) is None:
-                self._programs.move_to_end(key)
-                self.last_key = key
-                return entry, positions
+            current = hyperparameters(call.backend) if current is None else current
+            if entry.hyperparameter_mismatch(current, call.backend) is None:
+                self._entries.move_to_end(signature)
+                self.last_signature = signature
+                return entry
         return None
 
-    def mismatch(self, key: ProgramSignature, view, impl) -> str | None:
-        """Why the programs filed under ``key`` (if any) do not fit the state of ``view`` or
-        the optimizers' hyperparameters."""
-        current = hyperparameters(impl)
-        reasons = [entry.mismatch(view) or entry.hyperparameter_mismatch(current, impl)
-                   for entry in self._programs.get(key, ())]
-        return next((r for r in reasons if r), None)
-
-    def announce_recompile(self, key: ProgramSignature, reason: str | None,
-                           is_csx: bool) -> None:
-        """Before compiling a program for ``key`` while others exist: warns with what
+    def announce_recompile(self, call: StepCall) -> None:
+        """Before compiling a program for ``call`` while others exist: warns with what
         changed since the last call, or raises on CSX (a wafer cannot recompile)."""
-        if not self._programs:
+        if not self._entries:
             return
+        signature = self.signature(call)
+        current = hyperparameters(call.backend)
+        reasons = (entry.mismatch(call.view) or
+                   entry.hyperparameter_mismatch(current, call.backend)
+                   for entry in self._entries.get(signature, ()))
+        changed = describe_change(self.last_signature, signature, self.step_fn,
+                                  next((r for r in reasons if r), None))
         name = self.step_fn.__name__
-        changed = describe_change(self.last_key, key, self.step_fn, reason)
-        if is_csx:
+        if call.backend.is_csx:
             raise jax_backend.RecompilationError(
                 f"The step function {name!r} was called with a new "
                 f"signature ({changed}) after it was compiled. The CSX backend cannot "
@@ -368,58 +404,44 @@ class ProgramTable:
              f"({changed}). Each new signature costs a trace and a compilation.",
              RecompilationWarning)
 
-    def add(self, key: ProgramSignature, entry: CompiledStep) -> None:
-        self._programs.setdefault(key, []).append(entry)
+    def file(self, call: StepCall, entry) -> None:
+        """Files a new ``entry`` under the signature of ``call`` as its capture left it: the
+        step body may change what selects a program, e.g. register a gradient hook on a
+        parameter in a forward hook (as sparsity does, again in every capture), and the next
+        call must find this program, not capture again. It served last."""
+        signature = self.signature(call)
+        self._entries.setdefault(signature, []).append(entry)
+        self.last_signature = signature
+        self._evict()
 
-    def refile(self, entry: CompiledStep, key: ProgramSignature,
-               after: ProgramSignature) -> ProgramSignature:
-        """Files a just-captured program under ``after``, the signature as the capture left
-        it, and returns that (now the last key). The step body may change what selects a
-        program, e.g. register a gradient hook on a parameter in a forward hook (as sparsity
-        does, again in every capture): the next call must find this program, not capture
-        again."""
-        if after != key:
-            self._remove(key, entry)
-            self.add(after, entry)
-        self.last_key = after
-        return after
-
-    def discard(self, key: ProgramSignature, entry: CompiledStep) -> None:
-        """Forgets ``entry``, filed under ``key``."""
-        self._remove(key, entry)
-
-    def forget(self, entry: CompiledStep | None) -> None:
+    def forget(self, entry) -> None:
         """Forgets ``entry`` wherever it is filed (nothing if it is not)."""
-        for key, entries in list(self._programs.items()):
+        for signature, entries in list(self._entries.items()):
             if entry in entries:
-                self._remove(key, entry)
+                entries.remove(entry)
+                if not entries:
+                    del self._entries[signature]
 
-    def _remove(self, key, entry) -> None:
-        self._programs[key].remove(entry)
-        if not self._programs[key]:
-            del self._programs[key]
-
-    def evict(self) -> None:
+    def _evict(self) -> None:
         """Keeps at most MAX_PROGRAMS programs (each holds megabytes of compiled code): a
         step fed ever-changing shapes would otherwise grow without bound."""
         limit = MAX_PROGRAMS.value
-        while sum(len(entries) for entries in self._programs.values()) > limit:
-            oldest = next(iter(self._programs))
-            self._programs[oldest].pop(0)
-            if not self._programs[oldest]:
-                del self._programs[oldest]
+        while sum(len(entries) for entries in self._entries.values()) > limit:
+            oldest = next(iter(self._entries))
+            self._entries[oldest].pop(0)
+            if not self._entries[oldest]:
+                del self._entries[oldest]
             if not self._warned_evicted:
                 self._warned_evicted = True
-                warnings.warn(  # attributed as before the table had a module of its own
-                    f"{self.step_fn.__name__!r} has been compiled for more than {limit} "
-                    "signatures; the least recently used programs are dropped and will be "
-                    "compiled again if needed. Keep input shapes fixed (e.g. drop_last=True, "
-                    "padding to a few bucket sizes) to avoid recompiling.",
-                    RecompilationWarning, stacklevel=4)
+                warn(f"{self.step_fn.__name__!r} has been compiled for more than {limit} "
+                     "signatures; the least recently used programs are dropped and will be "
+                     "compiled again if needed. Keep input shapes fixed (e.g. drop_last=True, "
+                     "padding to a few bucket sizes) to avoid recompiling.",
+                     RecompilationWarning)
 
-    def latest(self) -> CompiledStep:
+    def latest(self) -> ProgramEntry:
         """The program that served the last call (for introspection)."""
-        if not self._programs:
+        if not self._entries:
             raise RuntimeError(
                 f"{self.step_fn.__name__!r} has not been compiled yet; call it once first.")
-        return self._programs[self.last_key][-1]
+        return self._entries[self.last_signature][-1].next_program()

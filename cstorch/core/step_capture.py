@@ -1,11 +1,12 @@
 """Capturing a traced step and building its program: what ``TracedStep`` does when its
 program table has no program for a call.
 
-``capture`` runs the step body once under the engine's capture (``jax_backend.capture_step``)
-or loads its graph from the persistent graph cache (``capture_cache``), with the user's trace
-hooks around it; the Python counters the body advanced are put back and recorded as what
-one step adds, and state born in the step (``born_state``) is found. ``build`` makes the
-``programs.CompiledStep``: the jitted ``Program`` and what it was compiled for.
+``capture`` runs the step body once for a ``StepCall`` under the engine's capture
+(``jax_backend.capture_step``) or loads its graph from the persistent graph cache
+(``capture_cache``), with the user's trace hooks around it; the Python counters the body
+advanced are put back and recorded as what one step adds, and state born in the step
+(``born_state``) is found: its ``CaptureResult``. ``build`` makes the
+``programs.ProgramEntry``: the jitted ``Program`` and what it was compiled for.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import contextlib
 import dataclasses
 
 import torch
-from torch.utils import _pytree as pytree
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.hooks import RemovableHandle
 
@@ -24,7 +24,8 @@ from jax_backend import LazyTensor, Program, capture_step, scalars
 from jax_backend.errors import CstorchError
 from cstorch.core import born_state, torch_optimizers
 from cstorch.core.capture_cache import CaptureCache
-from cstorch.core.programs import CompiledStep, ProgramSignature, hyperparameters
+from cstorch.core.programs import ProgramEntry, ProgramSignature, hyperparameters
+from cstorch.core.step_call import StepCall
 from cstorch.decomp.registry import decompositions_for
 from cstorch.experimental import listener
 
@@ -115,15 +116,15 @@ class Respecialize(CstorchError):
         self.paths = paths
 
 
-@dataclasses.dataclass
-class Capture:
+@dataclasses.dataclass(frozen=True)
+class CaptureResult:
     """What ``capture`` gives ``build``."""
 
     captured: jax_backend.CapturedStep
     closures: list  # (kind, fn) per closure recorded during the trace
     counter_steps: list  # (optimizer or scheduler, how much one step adds to its _step_count)
     policy: jax_backend.Policy
-    cache: CaptureCache | None  # where the graph goes after the first good run, if anywhere
+    graph: PendingGraph  # where the graph goes after the first good run, if anywhere
     leaves_gradients: bool  # computes gradients and does not zero them
     born: list  # the state born in the step
     born_before: dict  # born_state.snapshot before the capture (to undo it)
@@ -134,6 +135,33 @@ class Capture:
     gradients_held: tuple  # per model parameter: whether it holds a gradient after the step
     held_gradients_unread: bool  # frozen parameters held gradients no optimizer step read
     stored: list  # (model, module name, attribute) of the tensors it stores on modules
+
+
+class PendingGraph:
+    """The graph cache's side of a new program: the captured graph is stored after the
+    program's first good run (a graph the cache gave has nothing to store), and a cached graph
+    whose program failed before it ever ran is discarded. Either way the cache is let go then
+    (it holds the state of the call it was made for)."""
+
+    def __init__(self, cache: CaptureCache | None):
+        self._cache = cache
+
+    @property
+    def from_cache(self) -> bool:
+        """The program's graph came from the cache and is not yet confirmed by a run."""
+        return self._cache is not None and self._cache.hit
+
+    def ran(self) -> None:
+        """The program ran well: its graph is stored (once)."""
+        cache, self._cache = self._cache, None
+        if cache is not None:
+            cache.store()
+
+    def failed(self) -> None:
+        """The program of a cached graph failed before it ever ran: the entry is removed."""
+        cache, self._cache = self._cache, None
+        if cache is not None:
+            cache.discard()
 
 
 def _scalar_plan(scalar_entries, constant_paths, captured, born) -> tuple:
@@ -158,10 +186,8 @@ class _Body:
     deferred, the state it gave birth to, the tensors it stored on modules, the gradients
     it left."""
 
-    def __init__(self, step_fn, impl, key: ProgramSignature, leaves, spec, view):
-        self.step_fn, self.impl, self.key, self.view = step_fn, impl, key, view
-        self.leaves, self.spec = leaves, spec
-        self.positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+    def __init__(self, step_fn, call: StepCall, signature: ProgramSignature):
+        self.step_fn, self.call, self.signature = step_fn, call, signature
         self.records, self.passes = [], 0
         self.stepped, self.host_calls = [], []
         self.born, self.stored = [], []
@@ -169,18 +195,16 @@ class _Body:
         self.leaves_gradients = False  # computes gradients and does not zero them
         self.gradients_held = ()  # per parameter: holds a gradient after the body
         self.held_read = None  # an optimizer step read a frozen parameter's held gradient
+        view = call.view
         self._known_paths, self._existing = set(view.named_by), set(map(id, view.tensors))
 
     def __call__(self, *tensors):
-        impl, view = self.impl, self.view
+        impl, view = self.call.backend, self.call.view
         self.passes += 1
         self.records.clear()
         self.stepped.clear()
         self.host_calls.clear()
-        rebuilt = list(self.leaves)
-        for i, t in zip(self.positions, tensors):
-            rebuilt[i] = t
-        args, kwargs = pytree.tree_unflatten(rebuilt, self.spec)
+        args, kwargs = self.call.arguments(tensors)
         resets = impl.gradient_resets
         seeded = self._seed_held_gradients()
         self.held_read = None
@@ -208,7 +232,7 @@ class _Body:
         value is not kept between steps): ``(parameter, gradient)``."""
         seeded = []
         with torch.no_grad():
-            for p, held in zip(self.view.parameters, self.key.gradients_held):
+            for p, held in zip(self.call.view.parameters, self.signature.gradients_held):
                 if held:
                     p.grad = torch.zeros_like(p)
                     seeded.append((p, p.grad))
@@ -216,7 +240,7 @@ class _Body:
 
     def traced(self) -> dict:
         """What a graph cache entry keeps of the trace besides closures and counters."""
-        impl = self.impl
+        impl = self.call.backend
         return {"stepped": [i for i, o in enumerate(impl.optimizer_registry)
                             if any(o is s for s in self.stepped)],
                 "host_calls": list(self.host_calls),
@@ -224,20 +248,24 @@ class _Body:
                 "stored": [list(path) for path, _ in self.stored]}
 
 
-def capture(step_fn, impl, key: ProgramSignature, leaves, spec, view, *, retry: bool,
-            traced_step_type: type, constant_paths=frozenset()) -> Capture:
-    """Captures ``step_fn`` for these flattened arguments on the state of ``view`` (or loads
-    its graph from the graph cache, unless ``retry``: its cached graph failed). The torch
-    optimizers' floats are runtime inputs, but those at ``constant_paths``."""
-    body = _Body(step_fn, impl, key, leaves, spec, view)
+def capture(step_fn, call: StepCall, *, retry: bool, table,
+            traced_step_type: type) -> CaptureResult:
+    """Captures ``step_fn`` for ``call`` on its state (or loads its graph from the graph
+    cache, unless ``retry``: its cached graph failed). ``table``, the step's
+    ``programs.ProgramTable``, gives the call's signature and the torch optimizer floats traced
+    as constants (the others are runtime inputs); the cache names a ``traced_step_type``
+    reachable from the step function by its function."""
+    impl, view = call.backend, call.view
+    signature, constant_paths = table.signature(call), table.constant_scalars
+    body = _Body(step_fn, call, signature)
     counters_before = _step_counts(impl)
     born_before = born_state.snapshot(impl)
     scalar_entries = torch_optimizers.scalar_slots(impl)
     policy = impl.precision_policy()
-    twins = [_metadata_twin(leaves[i], impl.layout) for i in body.positions]
+    twins = [_metadata_twin(call.leaves[i], impl.layout) for i in call.tensor_positions]
     impl.initialize_sparsity()  # masks get their values before the step first reads them
     decompositions = decompositions_for("CSX" if impl.is_csx else "CPU")
-    cache = CaptureCache(impl, step_fn, leaves, key, view, twins, decompositions,
+    cache = CaptureCache(impl, step_fn, call.leaves, signature, view, twins, decompositions,
                          traced_step_type=traced_step_type,
                          trace_hooks=bool(_trace_pre_hooks or _trace_post_hooks),
                          lookup=not retry)
@@ -270,38 +298,40 @@ def capture(step_fn, impl, key: ProgramSignature, leaves, spec, view, *, retry: 
         traced = dict(body.traced(), constant_paths={p for p, _ in scalar_entries
                                                      if p in constant_paths})
         unread = body.held_read is False
-        if born:
-            cache.key = None  # runs once; its later calls are another capture's
-        cache.prepare(captured, body.records, counter_steps, traced)
+        if born:  # runs once: its later calls are another capture's
+            cache = None
+        else:
+            cache.prepare(captured, body.records, counter_steps, traced)
     scalar_paths, conditions = _scalar_plan(scalar_entries, constant_paths, captured, born)
-    return Capture(captured, closures, counter_steps, policy,
-                   cache if cache.key is not None else None, body.leaves_gradients, born,
-                   born_before, traced["stepped"], scalar_paths, conditions,
-                   traced["host_calls"], tuple(traced["gradients_held"]), unread,
-                   [tuple(path) for path in traced["stored"]])
+    cacheable = cache is not None and cache.key is not None
+    return CaptureResult(captured, closures, counter_steps, policy,
+                         PendingGraph(cache if cacheable else None), body.leaves_gradients,
+                         born, born_before, traced["stepped"], scalar_paths, conditions,
+                         traced["host_calls"], tuple(traced["gradients_held"]), unread,
+                         [tuple(path) for path in traced["stored"]])
 
 
-def build(impl, done: Capture, leaves, view) -> CompiledStep:
-    """The program of a capture, and what it was compiled for (the state's paths, shapes,
-    dtypes and ties, the optimizers' hyperparameters and parameters, the non-tensor
-    arguments)."""
-    captured = done.captured
-    program = Program(captured, policy=done.policy, layout=impl.layout,
+def build(call: StepCall, result: CaptureResult) -> ProgramEntry:
+    """The program of a capture for ``call``, and what it was compiled for (the state's
+    paths, shapes, dtypes and ties, the optimizers' hyperparameters and parameters, the
+    non-tensor arguments)."""
+    impl, view, captured = call.backend, call.view, result.captured
+    program = Program(captured, policy=result.policy, layout=impl.layout,
                       platform=jax_backend.target.platform_of(impl.jax_devices[0]))
-    python_leaves = tuple(None if isinstance(x, torch.Tensor) else x for x in leaves)
     used = [view.paths[i] for i in captured.used_state]
     written = [view.paths[i] for i in captured.written_state]
     avals = {view.paths[i]: view.aval(i)
              for i in captured.used_state + captured.written_state}
     mine = set(used + written)
-    ties = {slot: named for slot, named in view.named_by.items() if named in mine}
     current = hyperparameters(impl)
-    uses = set(done.stepped) | {path[1] for path in done.scalar_paths}
-    return CompiledStep(captured, program, done.closures, python_leaves, used, written, avals,
-                        {o: current[o] for o in sorted(uses)}, done.counter_steps,
-                        view.optimizer_params, ties, done.cache,
-                        leaves_gradients=done.leaves_gradients, born=done.born,
-                        born_before=done.born_before, scalar_paths=done.scalar_paths,
-                        scalar_conditions=done.scalar_conditions,
-                        host_calls=done.host_calls, gradients_held=done.gradients_held,
-                        stored_attributes=born_state.attribute_holders(impl, done.stored))
+    uses = set(result.stepped) | {path[1] for path in result.scalar_paths}
+    return ProgramEntry(
+        captured=captured, program=program, closures=result.closures,
+        python_leaves=call.python_leaves, used_paths=used, written_paths=written,
+        state_avals=avals, hyperparameters={o: current[o] for o in sorted(uses)},
+        counter_steps=result.counter_steps, optimizer_params=view.optimizer_params,
+        ties={slot: named for slot, named in view.named_by.items() if named in mine},
+        graph=result.graph, leaves_gradients=result.leaves_gradients,
+        scalar_paths=result.scalar_paths, scalar_conditions=result.scalar_conditions,
+        host_calls=result.host_calls, gradients_held=result.gradients_held,
+        stored_attributes=born_state.attribute_holders(impl, result.stored))

@@ -9,12 +9,12 @@ from typing import NamedTuple
 
 from jax_backend.jax_settings import in_engine_scope
 from cstorch.backend import current_backend_impl
-from cstorch.core.programs import CompiledStep
+from cstorch.core.programs import ProgramEntry
 from cstorch.core.state_names import state_name
 from cstorch.core.torch_optimizers import read_scalar
 
 
-def example_arguments(entry: CompiledStep) -> tuple:
+def example_arguments(entry: ProgramEntry) -> tuple:
     """``(state arrays, input specs, seed)`` the program can be lowered with, from the
     current state."""
     impl = current_backend_impl()
@@ -26,19 +26,19 @@ def example_arguments(entry: CompiledStep) -> tuple:
     return used, entry.program.input_specs(), 0
 
 
-def jaxpr(entry: CompiledStep):
+def jaxpr(entry: ProgramEntry):
     return entry.program.jaxpr(*example_arguments(entry))
 
 
-def stablehlo(entry: CompiledStep) -> str:
+def stablehlo(entry: ProgramEntry) -> str:
     return entry.program.stablehlo(*example_arguments(entry))
 
 
-def cost_analysis(entry: CompiledStep):
+def cost_analysis(entry: ProgramEntry):
     return entry.program.cost_analysis(*example_arguments(entry))
 
 
-def pure_function(entry: CompiledStep):
+def pure_function(entry: ProgramEntry):
     """The program as a pure JAX function, run in the engine's JAX settings when called
     directly (see ``TracedStep.pure_function``). A torch optimizer's floats the program reads
     at every call follow the batch in ``inputs``; a batch alone gets their values of now."""
@@ -55,7 +55,7 @@ def pure_function(entry: CompiledStep):
     return in_engine_scope(pure)
 
 
-def pure_state(entry: CompiledStep) -> "PureState":
+def pure_state(entry: ProgramEntry) -> "PureState":
     """The current state arrays of ``entry``'s program, named (see ``TracedStep.pure_state``)."""
     impl = current_backend_impl()
     view = impl.state_view()

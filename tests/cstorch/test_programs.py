@@ -22,6 +22,7 @@ from cstorch.core import programs
 from cstorch.core.capture_cache import CaptureCache
 from cstorch.core.compile import TracedStep
 from cstorch.core.programs import ProgramSignature, persistent_signature
+from cstorch.core.step_call import StepCall
 from cstorch.decomp.registry import decompositions_for
 
 pytestmark = pytest.mark.core  # the cache key's tie to the signature: every stack
@@ -119,8 +120,9 @@ def test_a_parameter_hook_changes_the_cache_key_of_a_real_step(cpu_backend, tmp_
     def cache_key():
         leaves, spec = pytree.tree_flatten(((x,), {}))
         view = impl.state_view()
-        cache = CaptureCache(impl, step, leaves, programs.signature(leaves, spec, impl, view),
-                             view, [x], decompositions_for("CPU"), traced_step_type=TracedStep,
+        call = StepCall(impl, tuple(leaves), spec, view)
+        cache = CaptureCache(impl, step, leaves, programs.signature(call), view, [x],
+                             decompositions_for("CPU"), traced_step_type=TracedStep,
                              trace_hooks=False)
         return cache.key
 
