@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import weakref
 from typing import Callable
 
 import torch
@@ -31,6 +30,9 @@ from cstorch.core import (
     born_state, step_capture, step_introspection, step_run, torch_optimizers)
 from cstorch.errors import MultipleBackendsError
 from cstorch.core.state_names import state_name
+from cstorch.core.call_checks import (
+    CallChecks, FrozenValueWarning as FrozenValueWarning,
+    GradientAccumulationWarning as GradientAccumulationWarning)
 from cstorch.core.engine import run_eagerly
 from cstorch.core.programs import (
     MAX_PROGRAMS as MAX_PROGRAMS, ProgramEntry, ProgramSignature as ProgramSignature,
@@ -40,15 +42,6 @@ from cstorch.core.step_capture import (
     register_trace_fn_post_hook as register_trace_fn_post_hook,
     register_trace_fn_pre_hook as register_trace_fn_pre_hook)
 from cstorch.core.step_introspection import PureState as PureState
-
-
-class FrozenValueWarning(UserWarning):
-    """A Python (non-tensor) argument of a traced step changed after compilation."""
-
-
-class GradientAccumulationWarning(UserWarning):
-    """A traced step computes gradients that nothing zeroes: eager torch would accumulate
-    them across steps, a compiled step starts every step from zero gradients."""
 
 
 # ---------------------------------------------------------------------------------- compile
@@ -178,18 +171,18 @@ def _interrupts_unwrapped():
         raise
 
 
-class TracedStep:
+class TracedStep(step_introspection.Introspection):
     """A step function compiled into one program per input signature: a call finds its
     program in the step's ``ProgramTable`` (``cstorch.core.programs``), captures and builds
-    one on a miss (``step_capture``), and runs it (``step_run``)."""
+    one on a miss (``step_capture``), and runs it (``step_run``). ``jaxpr()``,
+    ``stablehlo()``, ``cost_analysis()``, ``pure_function()`` and ``pure_state()`` look inside
+    the program that served the last call (``step_introspection``)."""
 
     def __init__(self, step_fn: Callable):
         self.step_fn = step_fn
         self.trace_count = 0
         self._table = ProgramTable(step_fn)
-        self._warned_frozen = False
-        self._warned_accumulation = weakref.WeakSet()  # programs that warned (once each)
-        self._resets_after_call = None  # backend.gradient_resets after the previous call
+        self._checks = CallChecks(step_fn)
         functools.update_wrapper(self, step_fn)
 
     @property
@@ -256,7 +249,7 @@ class TracedStep:
             try:
                 entry = self._table.lookup(call)
                 if entry is not None:
-                    self._check_frozen(entry.next_program(), call)
+                    self._checks.arguments(entry.next_program(), call)
                     return entry, call
                 self._table.announce_recompile(call)
                 return self._compile(call)
@@ -291,17 +284,17 @@ class TracedStep:
         born_state.install(call.backend, result.born)
         call = call.with_current_state()
         try:
-            steady = self._capture(call)
-            if steady.born:
+            again = self._capture(call)
+            if again.born:
                 raise jax_backend.CaptureError(
                     f"{self.step_fn.__name__!r} creates new state ("
-                    f"{state_name(steady.born[0].paths[0])}) in its second step too: state "
+                    f"{state_name(again.born[0].paths[0])}) in its second step too: state "
                     "born in a step is only supported in the first one (a lazily created "
                     "optimizer state or buffer). Create it before the first step.")
         except BaseException:
             born_state.discard(call.backend, result.born_before)
             raise
-        steady = step_capture.build(call, steady)
+        steady = step_capture.build(call, again)
         return born_state.FirstAndSteady(first, steady, result.born, result.born_before), call
 
     def _undo_first_step(self, backend, entry) -> None:
@@ -315,7 +308,7 @@ class TracedStep:
     def _call_compiled(self, call: StepCall):
         entry, call = self._serve(call)
         program = entry.next_program()
-        self._check_gradients_are_zeroed(call.backend, program)
+        self._checks.gradients_zeroed(call.backend, program)
         try:
             outputs = self._run(call, entry, program)
         except Exception as error:  # re-raised unless a cached graph failed
@@ -346,81 +339,12 @@ class TracedStep:
              "captured again.", jax_backend.graph_cache.GraphCacheWarning)
         return self._compile(call, retry=True)
 
-    # ------------------------------------------------------------------- checks of a call
-    def _check_gradients_are_zeroed(self, backend, program) -> None:
-        """Warns once per program when a step that leaves its gradients un-zeroed is called
-        again with no zero_grad in between: eager torch would add the new gradients to the
-        old ones."""
-        previous, self._resets_after_call = self._resets_after_call, backend.gradient_resets
-        if (program.leaves_gradients and previous == backend.gradient_resets
-                and previous is not None and program not in self._warned_accumulation):
-            self._warned_accumulation.add(program)
-            warn(f"{self.step_fn.__name__!r} computes gradients (backward) but neither the "
-                 "step nor the code between its calls zeroes them (optimizer.zero_grad()). "
-                 "Eager torch would add each step's gradients to the previous step's; a "
-                 "compiled step starts every step from zero gradients (they do not persist "
-                 "between steps), so the numbers differ from eager torch's. Call "
-                 "optimizer.zero_grad() in the step, before backward; to accumulate gradients "
-                 "on purpose, use a larger batch.", GradientAccumulationWarning)
-
-    def _check_frozen(self, program, call: StepCall) -> None:
-        if self._warned_frozen:
-            return
-        changed = program.changed_argument(call)
-        if changed is not None:
-            self._warned_frozen = True
-            warn(f"A non-tensor argument of {self.step_fn.__name__!r} changed from "
-                 f"{changed[0]!r} to {changed[1]!r}, but the compiled step keeps the value it "
-                 "was traced with (Python values are constants of the graph). Pass values "
-                 "that change between steps as tensors.", FrozenValueWarning)
-
     # ----------------------------------------------------------------------- introspection
-    # (cstorch.core.step_introspection, on the program that served the last call)
-    def _latest(self) -> ProgramEntry:
+    def _latest(self) -> ProgramEntry:  # what step_introspection.Introspection looks inside
         return self._table.latest()
 
     def _example_arguments(self, entry):
         return step_introspection.example_arguments(entry)
-
-    def jaxpr(self):
-        """The jaxpr of the most recently compiled program."""
-        return step_introspection.jaxpr(self._latest())
-
-    def stablehlo(self) -> str:
-        """The StableHLO text of the most recently compiled program."""
-        return step_introspection.stablehlo(self._latest())
-
-    def cost_analysis(self):
-        return step_introspection.cost_analysis(self._latest())
-
-    def pure_function(self):
-        """The most recent program as a pure JAX function (not jitted):
-        ``(donated_state, kept_state, inputs, seed) -> (new_state, outputs)``, lists of arrays
-        in the program's order; ``seed`` is the int64 scalar its random ops are keyed from
-        (see ``jax_backend.Program.pure_step``). :meth:`pure_state` gives the state it takes;
-        ``new_state`` is the state the step writes, which ``PureState.advance`` puts back.
-        A step with a torch optimizer reads its floats (lr, betas, ...) at every call: they
-        follow the batch in ``inputs`` (``state.hyperparameters``, named by
-        ``state.hyperparameter_names``); given the batch alone, it uses their values at the
-        time ``pure_function()`` was called::
-
-            f, state = jax.jit(step.pure_function()), step.pure_state()
-            with jax.enable_x64(True):  # int64/float64 state keeps its dtypes
-                new_state, outputs = f(state.donated, state.kept, [x, y], 0)
-            state = state.advance(new_state)
-
-        Called directly it runs in the engine's JAX settings (64-bit types,
-        ``jax_backend.jax_settings``); inside your own ``jax.jit``, turn 64-bit types on for
-        the call as above (JAX narrows int64/float64 arguments otherwise).
-        """
-        return step_introspection.pure_function(self._latest())
-
-    def pure_state(self) -> PureState:
-        """The current state arrays of the most recent program, in the order
-        :meth:`pure_function` takes them, with their names (``model0.fc.weight``,
-        ``optimizer0.state.0.exp_avg``, ...). These are the live arrays: a later call of the
-        cstorch step donates (deletes) those in ``donated``; copy them to keep them."""
-        return step_introspection.pure_state(self._latest())
 
 
 def trace(step_fn: Callable) -> TracedStep:

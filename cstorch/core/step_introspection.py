@@ -1,7 +1,8 @@
 """Looking inside a traced step's compiled program: its jaxpr, StableHLO, cost analysis, and
-the program as a pure JAX function with the state it takes (``TracedStep.jaxpr()``,
-``stablehlo()``, ``cost_analysis()``, ``pure_function()``, ``pure_state()`` call these with
-the program that served the step's last call, ``ProgramTable.latest``)."""
+the program as a pure JAX function with the state it takes. ``Introspection`` gives
+``TracedStep`` these as methods (``jaxpr()``, ``stablehlo()``, ``cost_analysis()``,
+``pure_function()``, ``pure_state()``), on the program that served the step's last call
+(``ProgramTable.latest``)."""
 
 from __future__ import annotations
 
@@ -95,3 +96,51 @@ class PureState(NamedTuple):
                              f"{len(self.written_names)}.")
         written = dict(zip(self.written_names, new_state))
         return self._replace(donated=[written[name] for name in self.donated_names])
+
+
+class Introspection:
+    """The methods of ``TracedStep`` that look inside the program that served its last call,
+    which the class that mixes them in gives as ``_latest()``."""
+
+    def _latest(self) -> ProgramEntry:
+        raise NotImplementedError
+
+    def jaxpr(self):
+        """The jaxpr of the most recently compiled program."""
+        return jaxpr(self._latest())
+
+    def stablehlo(self) -> str:
+        """The StableHLO text of the most recently compiled program."""
+        return stablehlo(self._latest())
+
+    def cost_analysis(self):
+        return cost_analysis(self._latest())
+
+    def pure_function(self):
+        """The most recent program as a pure JAX function (not jitted):
+        ``(donated_state, kept_state, inputs, seed) -> (new_state, outputs)``, lists of arrays
+        in the program's order; ``seed`` is the int64 scalar its random ops are keyed from
+        (see ``jax_backend.Program.pure_step``). :meth:`pure_state` gives the state it takes;
+        ``new_state`` is the state the step writes, which ``PureState.advance`` puts back.
+        A step with a torch optimizer reads its floats (lr, betas, ...) at every call: they
+        follow the batch in ``inputs`` (``state.hyperparameters``, named by
+        ``state.hyperparameter_names``); given the batch alone, it uses their values at the
+        time ``pure_function()`` was called::
+
+            f, state = jax.jit(step.pure_function()), step.pure_state()
+            with jax.enable_x64(True):  # int64/float64 state keeps its dtypes
+                new_state, outputs = f(state.donated, state.kept, [x, y], 0)
+            state = state.advance(new_state)
+
+        Called directly it runs in the engine's JAX settings (64-bit types,
+        ``jax_backend.jax_settings``); inside your own ``jax.jit``, turn 64-bit types on for
+        the call as above (JAX narrows int64/float64 arguments otherwise).
+        """
+        return pure_function(self._latest())
+
+    def pure_state(self) -> PureState:
+        """The current state arrays of the most recent program, in the order
+        :meth:`pure_function` takes them, with their names (``model0.fc.weight``,
+        ``optimizer0.state.0.exp_avg``, ...). These are the live arrays: a later call of the
+        cstorch step donates (deletes) those in ``donated``; copy them to keep them."""
+        return pure_state(self._latest())
