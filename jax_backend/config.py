@@ -7,6 +7,14 @@ default. ``config.reset()`` forgets every ``update`` and runs the reset hooks of
 keep process-wide state (tests call it between tests instead of editing private globals).
 ``config.describe()`` lists every setting; ``cstorch.config`` declares the API's own.
 
+**The graph cache's key** (``jax_backend/graph_cache/key.py``) takes every process-wide value
+a trace can read that the step's objects do not hold, and each declares itself where it is
+defined, as JAX's ``include_in_jit_key`` does: a setting with ``include_in_graph_key=True``,
+and a module's own state with ``config.include_in_graph_key(name, read)`` beside it (the
+``cstorch.backends`` flags, the half dtype, ...). Each is one named part of the key
+(``graph_key_values``), so a miss can say which one changed. A setting that only changes how
+a captured graph is compiled or run (``attention``, ``cpu_step_memory``) does not declare it.
+
 Each setting is checked where it is declared: ``check`` (a type and range, or ``choices``)
 validates a value given to ``update`` when it is given, and a value from the environment
 (after ``parse``) when it is read, so a wrong value is refused before any step runs, with one
@@ -22,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import weakref
 from typing import Any, Callable
 
 from jax_backend.errors import CstorchError, quoted
@@ -118,7 +127,9 @@ class Setting:
 
     ``parse`` turns the environment variable's text into a value; ``check`` validates (and
     may normalise) a value, whether given to ``update`` or parsed from the environment;
-    ``choices``: the words the setting takes (strings are compared stripped and lower-cased)."""
+    ``choices``: the words the setting takes (strings are compared stripped and lower-cased);
+    ``include_in_graph_key``: whether a step traced under another value may capture another
+    graph (its value is then a part of the graph cache's key, as JAX's ``include_in_jit_key``)."""
 
     name: str
     default: Any
@@ -127,6 +138,7 @@ class Setting:
     parse: Callable[[str], Any] = str
     check: Callable[[Any], Any] | None = None
     choices: tuple | None = None
+    include_in_graph_key: bool = False
     owner: "Config" = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
@@ -168,6 +180,14 @@ class Setting:
         return self.checked(value, source, given=text)
 
 
+_layers: list = []  # weak references to every Config, in the order they were made
+
+
+def layers() -> list:
+    """Every layer's ``Config`` (the engine's first), for code that reads them all."""
+    return [layer for layer in (ref() for ref in _layers) if layer is not None]
+
+
 class Config:
     """A layer's settings (``jax_backend.config.config``, ``cstorch.config.config``)."""
 
@@ -176,13 +196,16 @@ class Config:
         self._settings: dict[str, Setting] = {}
         self._overrides: dict[str, Any] = {}
         self._reset_hooks: list[Callable[[], None]] = []
+        self._graph_key_reads: dict[str, Callable[[], Any]] = {}
+        _layers.append(weakref.ref(self))
 
     def define(self, name: str, default, help: str, env_var: str | None = None,
                parse: Callable[[str], Any] = str, check: Callable[[Any], Any] | None = None,
-               choices: tuple | None = None) -> Setting:
+               choices: tuple | None = None, include_in_graph_key: bool = False) -> Setting:
         if name in self._settings:
             raise ValueError(f"{self.layer} setting {name!r} is declared twice.")
-        setting = Setting(name, default, help, env_var, parse, check, choices, self)
+        setting = Setting(name, default, help, env_var, parse, check, choices,
+                          include_in_graph_key, self)
         setting.checked(default, "its default")  # (a declaration mistake fails at import)
         self._settings[name] = setting
         return setting
@@ -216,6 +239,26 @@ class Config:
         for hook in list(self._reset_hooks):
             hook()
 
+    def include_in_graph_key(self, name: str, read: Callable[[], Any]) -> Callable[[], Any]:
+        """Declares process-wide state a traced step can read that no setting holds (a
+        module's flags, a mode): ``read()`` (plain data or objects the graph cache's
+        fingerprint can describe) is the part ``name`` of the graph cache's key, read each
+        time a key is taken. Declaring the same ``read`` again under its name is a no-op."""
+        if self._graph_key_reads.get(name, read) is not read:
+            raise ValueError(f"{self.layer}: {name!r} is declared twice for the graph key.")
+        self._graph_key_reads[name] = read
+        return read
+
+    def graph_key_values(self) -> list:
+        """``[(part name, value)]``: what this layer puts in the graph cache's key, read now:
+        its settings declared ``include_in_graph_key`` (``setting <layer>.<name>``) and the
+        values modules declared with ``include_in_graph_key``, by name (not by the order
+        the modules were imported in)."""
+        values = [(f"setting {self.layer}.{s.name}", s.value)
+                  for s in self._settings.values() if s.include_in_graph_key]
+        values += [(name, read()) for name, read in self._graph_key_reads.items()]
+        return sorted(values, key=lambda item: item[0])
+
     def describe(self) -> list[Setting]:
         return list(self._settings.values())
 
@@ -236,6 +279,12 @@ graph_cache = config.define(
     "a directory, on (<cache_home>/cstorch-jax/graphs) or off. Off by default: see the "
     "README for what the key covers.", env_var="CSTORCH_GRAPH_CACHE", parse=parse_directory,
     check=cache_location)
+graph_cache_explain = config.define(
+    "graph_cache_explain", False, "Whether the graph cache says, as a warning of the "
+    "jax_backend.graph_cache logger, why a step is captured again (which parts of its key "
+    "differ from the step's stored entries, or which file changed) or why it is not cached; "
+    "off, the same lines are debug messages. Not part of any key.",
+    env_var="CSTORCH_GRAPH_CACHE_EXPLAIN", parse=parse_bool, check=boolean)
 attention = config.define(
     "attention", "auto", "Which attention kernel a step's lowering may use "
     "(jax_backend/target.py: Target.attention, one of its ATTENTION names).",
@@ -254,6 +303,15 @@ cpu_step_memory = config.define(
     "workload's own memory, more with more cores). Read when a program is built.",
     env_var="CSTORCH_CPU_STEP_MEMORY", parse=lambda text: text.strip().lower(),
     choices=("lean", "xla", "reuse"))
+cpu_convolutions = config.define(
+    "cpu_convolutions", "torch", "Which kernels the convolutions of a CPU step run on "
+    "(jax_backend/ops/torch_kernels.py): torch (default: torch's own CPU kernels, called from "
+    "the compiled step on the host: eager torch's numbers, and on pytorch/examples' MNIST "
+    "network a step several times faster than XLA's; such a step is never written to the "
+    "persistent compilation cache) or xla (XLA's convolutions). One CPU device only; exports "
+    "and other platforms always use XLA's. Read when a program is built.",
+    env_var="CSTORCH_CPU_CONVOLUTIONS", parse=lambda text: text.strip().lower(),
+    choices=("torch", "xla"))
 debug_state = config.define(
     "debug_state", False, "Whether each state tensor's entry in a DeviceState checks every "
     "change of its flags against the table of legal transitions (jax_backend/state.py, "
