@@ -9,7 +9,9 @@ have an effect here: ``csx.precision.optimization_level`` (read by ``cstorch.cur
 (the ``AWS_PROFILE`` environment variable).
 
 On the CSX backend a flag may not change while a data executor is running (RuntimeError), as
-on a real system where the flags are compiled into the run.
+on a real system where the flags are compiled into the run. Code a traced step calls reads
+the flags (``cstorch.current_pol``), so they are a part of the graph cache's key
+(``flag_values``).
 """
 
 import dataclasses
@@ -17,6 +19,7 @@ import os
 import sys
 from typing import Any, List, Literal, Optional, Union
 
+from cstorch import config
 from cstorch.utils import _flags as _flags_module
 from cstorch.utils._flags import DEFAULT, _flags, flag
 
@@ -245,5 +248,22 @@ def _refuse_changes_during_csx_run(group, name) -> None:
 _flags_module.change_guard = _refuse_changes_during_csx_run
 
 backends: _backends = _backends()
+
+
+def flag_values() -> dict:
+    """The flags as plain data, every mapping a dict and every sequence a list (``DebugArgs``
+    makes sub-messages on attribute reads, protobuf manners, which a fingerprint would walk
+    without end): the graph cache's key part ``cstorch.backends``."""
+    def plain(value):
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        return value
+
+    return plain(backends.asdict())
+
+
+config.config.include_in_graph_key("cstorch.backends", flag_values)
 
 __all__ = ["backends", "DEFAULT"]

@@ -18,6 +18,7 @@ import functools
 from typing import Any, Callable, Optional
 
 from jax_backend.user_frames import warn
+from cstorch import config as cstorch_config
 
 _active: dict = {}  # annotation kind -> stack of values in effect
 
@@ -43,6 +44,10 @@ def pop_annotation(kind: str) -> None:
 def active_annotations() -> dict:
     """``{kind: [values in effect, innermost last]}`` (a copy)."""
     return {kind: list(stack) for kind, stack in _active.items()}
+
+
+# Read while a step is traced (``cstorch.current_pol``): a part of the graph cache's key.
+cstorch_config.config.include_in_graph_key("cstorch annotations", active_annotations)
 
 
 def annotation(kind: str, value: Any, enable_fwd: bool = True,

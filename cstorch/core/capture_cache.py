@@ -2,19 +2,23 @@
 
 The backend stores and checks entries; this module supplies what only cstorch knows:
 
-* **the key's roots**: the user's step function, its non-tensor arguments, and every
-  registered model, optimizer, scheduler, grad scaler, metric and stateful object (their
-  types, attributes, hooks, param groups, step counters, sparsity settings), fingerprinted
-  with the backend itself standing in as an opaque name, plus the backend type and layout
-  and cstorch's process-wide settings (``process_settings``: the ``cstorch.backends``
-  flags, the half dtype, ...), which cstorch code reads where the fingerprint does not look;
+* **the key's parts**: every registered model, optimizer, scheduler, grad scaler, metric
+  and stateful object (their types, attributes, hooks, param groups, step counters,
+  sparsity settings), the step's non-tensor arguments, and the user's step function (each
+  of its free variables and globals a part of its own, then its code), fingerprinted with
+  the backend itself standing in as an opaque name, plus the backend type, engine and
+  layout. cstorch's process-wide state that cstorch code reads where the fingerprint does
+  not look (the ``cstorch.backends`` flags, the half dtype, ...) is declared for the key
+  where it is defined (``config.include_in_graph_key``) and the engine adds it. The step's
+  name for the cache's miss diagnostics is its function's qualified name and file;
 * **what selects the program**: the call's ``ProgramSignature`` as
   ``programs.persistent_signature`` renders it, the one definition the program table
   selects programs by (so a new signature field cannot be left out of the key);
 * **what ``_compile`` derives from a trace** besides the graph, so a hit can rebuild it:
   each recorded step closure as a path from the step function (one of its free variables or
-  globals, by identity, and its code digest) or a method of a registered metric, and the
-  step-counter increments as (registry, index, increment);
+  globals, by identity, and its code digest) or a registered metric's closure by its public
+  name (``metrics.metric.step_closures``), and the step-counter increments as (registry,
+  index, increment);
 * **when not to cache**: trace hooks or traced-tensor listeners are registered (they must
   see a capture), the job has several processes, the capture issued warnings (a hit would
   not repeat them), the trace changed Python values the key covers (a hit would not repeat
@@ -35,21 +39,24 @@ import warnings
 
 import torch
 
-from jax_backend import config as engine_config, graph_cache
-from jax_backend.config import graph_cache as graph_cache_setting
+from jax_backend import graph_cache
 from jax_backend.graph_cache import fingerprint
 from jax_backend.graph_cache.fingerprint import Fingerprinter, NotCacheable
 from cstorch import config
 from cstorch.backend import Backend, precision
 from cstorch.backend.base_backend import BaseBackend
-from cstorch.backends import backends
-from cstorch.core import annotation, name_scope
 from cstorch.core.programs import ProgramSignature, persistent_signature
 from cstorch.distributed import runtime
 from cstorch.experimental import listener
+from cstorch.metrics.metric import step_closures as metric_step_closures
 from cstorch.utils import step_closures
 
 _NAMED_CODE = step_closures.named(lambda: None).__code__  # the runner every closure gets
+
+# The half dtype and mixed precision, which cstorch code reads while a step is traced:
+# declared here until cstorch/backend/precision.py declares it beside its state (the same
+# line there; a second declaration of the same function is a no-op).
+config.config.include_in_graph_key("cstorch.amp", precision.amp_settings)
 
 
 def _function(fn):
@@ -97,31 +104,17 @@ def _reachable(step_fn) -> list:
     return found
 
 
-def _plain(value):
-    """``value`` with every mapping a plain dict and every sequence a list: the flags hold
-    ``DebugArgs``, whose attribute reads make sub-messages on demand (protobuf manners), and
-    the fingerprint must see data, not an object it could walk without end."""
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
+def _step_name(step_fn) -> str:
+    """The step's name in the cache's diagnostics: where a miss finds its stored entries."""
+    fn = _function(step_fn)
+    if fn is None:
+        return f"a {type(step_fn).__module__}.{type(step_fn).__qualname__}"
+    return f"{fn.__qualname__} in {fn.__code__.co_filename}"
 
 
-def process_settings() -> dict:
-    """cstorch's process-wide settings a step (or cstorch code it calls, whose globals the
-    fingerprint does not walk) can read while it is traced: the ``cstorch.backends`` flags,
-    the half-precision setting, the debug scope, the active annotations, and every setting of
-    both layers' config modules (also values set with ``config.update``, not only the
-    environment)."""
-    settings = {f"{layer.layer}.{s.name}": repr(s.value)
-                for layer in (config.config, engine_config.config)
-                for s in layer.describe() if s is not graph_cache_setting}
-    return {"settings": settings,
-            "backends": _plain(backends.asdict()),
-            "amp": precision.amp_settings(),
-            "debug scope": name_scope.get_debug_scope(),
-            "annotations": annotation.active_annotations()}
+def _same_method(a, b) -> bool:
+    return isinstance(a, types.MethodType) and isinstance(b, types.MethodType) and \
+        a.__self__ is b.__self__ and a.__func__ is b.__func__
 
 
 def _parameter_hook_functions(view) -> list:
@@ -158,7 +151,8 @@ class CaptureCache:
                  decompositions, *,
                  traced_step_type: type, trace_hooks: bool, lookup: bool = True):
         self.impl, self.step_fn, self.view = impl, step_fn, view
-        self.key = None
+        self.key = None  # the entry's name (``StepKey.digest``); None: not cached
+        self._step_key = None
         self.hit = False  # whether ``load`` found the graph
         self._pending = None
         self._lookup = lookup  # False: capture (and store) even if an entry exists
@@ -166,14 +160,15 @@ class CaptureCache:
         self.directory = graph_cache.default_directory()
         if self.directory is None:
             return
-        self._roots = [("step", step_fn),
-                       ("arguments", [None if isinstance(x, torch.Tensor) else x
-                                      for x in leaves]),
-                       ("models", impl.models), ("optimizers", impl.optimizer_registry),
+        # The registered objects first: the step function reaches them too, and an object
+        # is described in the first part that meets it (a miss names that part).
+        self._roots = [("models", impl.models), ("optimizers", impl.optimizer_registry),
                        ("schedulers", impl.schedulers), ("grad scalers", impl.grad_scalers),
-                       ("metrics", impl.metrics), ("stateful", impl.stateful_objects),
+                       ("metrics", impl.metrics), ("stateful objects", impl.stateful_objects),
                        ("sparsity", impl.sparsity_registry),
-                       ("parameter hooks", _parameter_hook_functions(view))]
+                       ("parameter hooks", _parameter_hook_functions(view)),
+                       ("arguments", [None if isinstance(x, torch.Tensor) else x
+                                      for x in leaves])]
         self._key_args = (inputs, decompositions, _stand_in(traced_step_type))
         why = _context_not_cacheable(trace_hooks)
         with self._guarded():
@@ -182,15 +177,16 @@ class CaptureCache:
             # What selects the program in memory selects its graph on disk: the same
             # signature, rendered field by field (programs.persistent_signature).
             self._selection = persistent_signature(key)
-            self._extra = json.dumps({
-                "backend": str(impl.backend_type), "engine": impl.engine, "csx": impl.is_csx,
-                "layout": _layout(impl.layout)})
-            self.key, self.files, self._before = self._compute_key()
+            self._extra = {"backend type": str(impl.backend_type), "engine": impl.engine,
+                           "CSX": impl.is_csx, "device layout": _layout(impl.layout)}
+            self._step_key, self.files, self._before = self._compute_key()
+            self.key = self._step_key.digest
 
     @contextlib.contextmanager
     def _guarded(self):
         """The cache must never stop a step: what it cannot describe makes the step not
-        cacheable (logged at debug level); an unexpected error does too, with a warning."""
+        cacheable (``graph_cache.report``: a debug message, a warning with the diagnostics
+        on); an unexpected error does too, with a warning."""
         try:
             yield
         except NotCacheable as err:
@@ -202,19 +198,21 @@ class CaptureCache:
             self._give_up(repr(err))
 
     def _compute_key(self, consumable=None):
+        """``(StepKey, files, fingerprinter)``; the process-wide values are read now (before
+        and after a trace)."""
         inputs, decompositions, stand_in = self._key_args
         fp = Fingerprinter(self.view.tensors, hook=stand_in, consumable=consumable)
         for label, root in self._roots:
             fp.add(label, root)
-        fp.add("cstorch settings", process_settings())  # read now: before and after a trace
+        fp.add_function("step function", self.step_fn)
         key = graph_cache.step_key(fp, self.view.slots, inputs, self._selection,
-                                   decompositions, self._extra)
+                                   decompositions, self._extra, step=_step_name(self.step_fn))
         fp.release()
         return key, sorted(fp.files), fp
 
     def _give_up(self, reason: str) -> None:
-        graph_cache.logger.debug("graph cache: %r is not cached: %s",
-                                 getattr(self.step_fn, "__name__", self.step_fn), reason)
+        graph_cache.report("graph cache: %s is not cached: %s", _step_name(self.step_fn),
+                           reason)
         self.key = None
 
     # -------------------------------------------------------------------------------- hit
@@ -228,7 +226,7 @@ class CaptureCache:
         return hit
 
     def _load(self):
-        entry = graph_cache.load(self.directory, self.key, self.view.tensors,
+        entry = graph_cache.load(self.directory, self._step_key, self.view.tensors,
                                  self._key_args[0], self.files)
         if entry is None:
             return None
@@ -273,10 +271,8 @@ class CaptureCache:
         if kind not in ("step", "checkpoint"):
             raise ValueError(f"closure kind {kind!r}")
         if "metric" in record:
-            metric = self.impl.metrics[record["metric"]]
-            if record["method"] != "_count_update":
-                raise ValueError(f"metric method {record['method']!r}")
-            return kind, metric._count_update
+            return kind, metric_step_closures(self.impl.metrics[record["metric"]])[
+                record["closure"]]
         where, name, unwrap = record["path"]
         fn = self._find(where, name)
         fn = fn.__wrapped__ if unwrap else fn
@@ -363,13 +359,12 @@ class CaptureCache:
                       "consumed": [self._path_of(g, "a generator the trace consumed")
                                    for g in after.consumed],
                       "traced": self._describe_traced(traced)}
-            if key != self.key:
-                changed = next((label for (label, a), (_, b) in zip(self._before.roots,
-                                                                    after.roots) if a != b),
-                               "its state or inputs")
+            if key != self._step_key:
+                changed = ", ".join(key.differences(self._step_key.parts))
                 raise NotCacheable(
-                    f"the step changed Python values it reads ({changed}: an attribute, a "
-                    "global, a closure variable) while it was traced; a cached graph would not")
+                    f"the step changed values it reads while it was traced (in {changed}: an "
+                    "attribute, a global, a closure variable, a setting); a cached graph "
+                    "would not")
             read = sorted(self._files_read.read) if self._files_read is not None else []
             self._pending = (captured, extras, files, read)
 
@@ -377,10 +372,10 @@ class CaptureCache:
         fn, named = record.fn, False
         if getattr(fn, "__code__", None) is _NAMED_CODE:
             fn, named = fn.__wrapped__, True
-        bound_to = getattr(fn, "__self__", None)
         for i, metric in enumerate(self.impl.metrics):
-            if bound_to is metric and getattr(fn, "__name__", None) == "_count_update":
-                return {"kind": record.kind, "metric": i, "method": "_count_update"}
+            for name, closure in metric_step_closures(metric).items():
+                if _same_method(fn, closure):
+                    return {"kind": record.kind, "metric": i, "closure": name}
         code = _function(fn)
         for where, name, value in _reachable(self.step_fn):
             for unwrap, candidate in ((False, value), (True, getattr(value, "__wrapped__", None))):
@@ -411,4 +406,4 @@ class CaptureCache:
             return
         with self._guarded():
             captured, extras, files, read = pending
-            graph_cache.store(self.directory, self.key, captured, extras, files, read)
+            graph_cache.store(self.directory, self._step_key, captured, extras, files, read)

@@ -7,6 +7,8 @@ from typing import Optional
 
 import torch
 
+from cstorch import config
+
 _debug_scope = ""
 
 
@@ -28,6 +30,9 @@ def set_debug_scope(name: str) -> None:
 def get_debug_scope() -> str:
     """The debug scope set by ``set_debug_scope`` ("" if none)."""
     return _debug_scope
+
+
+config.config.include_in_graph_key("cstorch debug scope", get_debug_scope)
 
 
 def add_debug_name(module: torch.nn.Module, root_name: Optional[str] = None) -> None:

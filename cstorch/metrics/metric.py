@@ -223,6 +223,13 @@ class Metric(torch.nn.Module, abc.ABC):
 config.config.on_reset(Metric.registry.clear)  # metrics of models an earlier run built
 
 
+def step_closures(metric: Metric) -> dict:
+    """``{name: closure}``: the step closures a traced ``update`` of ``metric`` records,
+    by a stable public name (a cached step's closures are stored by it, and found again
+    here)."""
+    return {"count update": metric._count_update}
+
+
 def get_all_metrics():
     """Yields ``(name, metric)`` for every metric created; names shared by several metrics get
     a ``.0``, ``.1``, ... suffix in creation order."""

@@ -10,9 +10,12 @@ this cache skips the capture on top of it (about a second on a small model).
 One job per module:
 
 * ``fingerprint``: the Python values a step depends on (its code and everything reachable);
-* ``key``: the entry's key (``step_key``) over that fingerprint, the process's inputs
-  (``process_inputs``), the state and inputs, the caller's program selection and the
-  library versions (``versions``);
+* ``key``: the entry's key (``step_key``), a list of named parts (``StepKey``): that
+  fingerprint's parts, the process-wide values the config layers declare, the process's
+  inputs (``process_inputs``), the state and inputs, the caller's program selection and
+  the library versions (``versions``);
+* ``explain``: which parts of a missed key differ from the step's stored entries, and the
+  diagnostics a user turns on with ``CSTORCH_GRAPH_CACHE_EXPLAIN=1`` (``report``);
 * ``sources``: the files an entry depends on (loaded modules, files the capture opened:
   ``watching_capture``) and the check that they are unchanged on load;
 * ``codec``: a ``CapturedStep`` as authenticated-then-checked data (``pack``/``unpack``,
@@ -25,7 +28,7 @@ The directory is safe to delete at any time. A caller (cstorch's ``capture_cache
 the fingerprint's roots and what selects a program, and decides when not to cache.
 """
 
-from jax_backend.graph_cache import fingerprint as fingerprint
+from jax_backend.graph_cache import explain as explain, fingerprint as fingerprint
 from jax_backend.graph_cache.codec import (
     MAX_DEPTH as MAX_DEPTH,
     MAX_DIM as MAX_DIM,
@@ -37,9 +40,11 @@ from jax_backend.graph_cache.codec import (
     decode as decode,
     encode as encode,
 )
+from jax_backend.graph_cache.explain import report as report
 from jax_backend.graph_cache.key import (
     FORMAT as FORMAT,
     IGNORED_ENVIRONMENT as IGNORED_ENVIRONMENT,
+    StepKey as StepKey,
     process_inputs as process_inputs,
     step_key as step_key,
     versions as versions,

@@ -15,6 +15,12 @@ optimizers) and hashes what can change the trace:
 * objects by their type and their ``__dict__``/``__slots__``; classes defined outside the
   libraries by their methods (code and the globals those name).
 
+Each ``add`` is one named part with a sha256 of its own (``parts``), so that a key can say
+which part changed; an object met again is a reference to the part and place where it was
+first described, so a part's digest changes with what it holds and not with how many
+objects the parts before it held. ``add_function`` makes a user's function several parts:
+each of its closure variables and each global its code names, then its code.
+
 Anything it cannot describe deterministically (locks, files, started generators, JAX
 arrays, fake tensors) raises ``NotCacheable``: a step whose key is in doubt is never cached.
 Sets are hashed in a sorted order, so string hashing's per-process randomisation does not
@@ -31,6 +37,7 @@ user code. User code installed in a library module or a torch class at run time
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import hashlib
@@ -232,34 +239,68 @@ def _module_file(module_name) -> str | None:
 
 
 class Fingerprinter:
-    """Accumulates a sha256 over values (``add``). ``state`` are the tensors whose values are
-    graph inputs; ``hook(obj)`` may return a stand-in to describe instead of ``obj`` (the
-    caller's way to name its own objects), or None. ``files`` collects the source files of
-    the non-library code seen, for the cache's file check."""
+    """Accumulates a sha256 over values (``add``), and one per part (``parts``: ``(label,
+    digest)`` in the order added). ``state`` are the tensors whose values are graph inputs;
+    ``hook(obj)`` may return a stand-in to describe instead of ``obj`` (the caller's way to
+    name its own objects), or None. ``files`` collects the source files of the non-library
+    code seen, for the cache's file check."""
 
     def __init__(self, state=(), hook=None, consumable=None):
-        self._hash = hashlib.sha256()
+        self._hash = hashlib.sha256()  # over every part
+        self._part = hashlib.sha256()  # over the current part
+        self._label = ""  # the current part's
+        self._count = 0  # objects first seen in the current part
         self._state = state if isinstance(state, dict) else {
             id(t): i for i, t in enumerate(state)}
         self._hook = hook
         self._consumable = consumable or {}
         self.generators: dict = {}  # id -> (generator, digest) of unstarted generators seen
         self.consumed: list = []  # generators of ``consumable`` found exhausted
-        self.roots: list = []  # (label, digest so far) after each ``add``: what differs
-        self._seen: dict = {}  # id -> visit index
+        self.parts: list = []  # (label, digest of that part alone) after each ``add``
+        self._seen: dict = {}  # id -> (label of the part that described it, index there)
         self._keep: list = []  # every object seen: ids stay unique while we walk
         self._path: list = []
         self._value_bytes = 0
         self.files: set = set()
 
-    def add(self, label: str, value) -> None:
-        self._path = [label]
+    @contextlib.contextmanager
+    def _new_part(self, label: str):
+        self._path, self._label, self._count = [label], label, 0
+        self._part = hashlib.sha256()
         self._emit("root", label)
         try:
-            self._describe(value)
+            yield
         except RecursionError:
             raise NotCacheable(f"objects nested too deeply under {label}") from None
-        self.roots.append((label, self.hexdigest()))
+        self.parts.append((label, self._part.hexdigest()))
+
+    def add(self, label: str, value) -> None:
+        """``value`` as the part ``label``."""
+        with self._new_part(label):
+            self._describe(value)
+
+    def add_function(self, label: str, fn) -> None:
+        """A user's function ``fn`` as several parts, so that a miss can say which changed:
+        each closure variable (``<label>'s free variable NAME``) and each global its code
+        names (``<label>'s global NAME``, with the attributes the code names of a module
+        among them), then ``label`` itself: its code, defaults and source file. These are the
+        values ``add`` walks inside the function. Anything else (library code, a method, a
+        callable object, what the hook stands in for) is the one part ``label``."""
+        if type(fn) is not types.FunctionType or not _is_user_file(fn.__code__.co_filename) \
+                or (self._hook is not None and self._hook(fn) is not None):
+            self.add(label, fn)
+            return
+        code = fn.__code__
+        attribute_names = _attribute_names(code)
+        for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+            with self._new_part(f"{label}'s free variable {name}"):
+                self._cell(name, cell, attribute_names)
+        for name in _walked_globals(code, fn.__globals__):
+            with self._new_part(f"{label}'s global {name}"):
+                self._global(name, fn.__globals__[name], attribute_names)
+        with self._new_part(label):
+            if self._first_sight(fn):
+                self._function(fn, split=True)
 
     def hexdigest(self) -> str:
         return self._hash.hexdigest()
@@ -273,7 +314,9 @@ class Fingerprinter:
     def _emit(self, *parts) -> None:
         for part in parts:
             text = part if isinstance(part, str) else repr(part)
-            self._hash.update(f"{len(text)}:{text};".encode())
+            data = f"{len(text)}:{text};".encode()
+            self._hash.update(data)
+            self._part.update(data)
 
     def _fail(self, what: str):
         raise NotCacheable(f"{what} at {'.'.join(self._path)}")
@@ -290,14 +333,8 @@ class Fingerprinter:
         if isinstance(value, _TORCH_ATOMS):
             self._emit(type(value).__name__, str(value))
             return
-        key = id(value)
-        if key in self._seen:
-            self._emit("ref", self._seen[key])
+        if not self._first_sight(value):
             return
-        self._seen[key] = len(self._seen)
-        self._keep.append(value)  # alive until the end, so no later object reuses its id
-        if len(self._seen) > MAX_OBJECTS:
-            self._fail(f"more than {MAX_OBJECTS} objects reachable")
         if self._hook is not None:
             stand_in = self._hook(value)
             if stand_in is not None:
@@ -306,6 +343,20 @@ class Fingerprinter:
                 self._describe(stand_in)
                 return
         self._describe_object(value)
+
+    def _first_sight(self, value) -> bool:
+        """Whether ``value`` is seen for the first time (to be described now); if not, a
+        reference to where it was described is emitted."""
+        key = id(value)
+        if key in self._seen:
+            self._emit("ref", *self._seen[key])
+            return False
+        self._seen[key] = (self._label, self._count)
+        self._count += 1
+        self._keep.append(value)  # alive until the end, so no later object reuses its id
+        if len(self._seen) > MAX_OBJECTS:
+            self._fail(f"more than {MAX_OBJECTS} objects reachable")
+        return True
 
     def _describe_object(self, value) -> None:  # noqa: C901 - one branch per kind of value
         if value is os.environ:
@@ -447,22 +498,21 @@ class Fingerprinter:
             self._fail("an object array")
         self._emit(kind, dtype, tuple(shape), hashlib.sha256(buffer.cast("B")).hexdigest())
 
-    def _function(self, fn) -> None:
+    def _function(self, fn, split: bool = False) -> None:
+        """``fn``'s code, defaults and closure cells, and for user code the globals its code
+        names; ``split``: the cells and globals are parts of their own (``add_function``)."""
         code = fn.__code__
         filename = code.co_filename
         self._emit("function", fn.__module__ or "", fn.__qualname__, code_digest(code))
         self._child("__defaults__", fn.__defaults__)
         self._child("__kwdefaults__", fn.__kwdefaults__)
-        user_code = not is_library_file(filename) and not _is_project_file(filename)
-        for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
-            try:
-                contents = cell.cell_contents
-            except ValueError:  # not yet bound
-                self._emit("empty cell", name)
-                continue
-            self._child(name, contents)
-            if user_code and isinstance(contents, types.ModuleType):  # a function-local import
-                self._module_attributes(name, contents, _attribute_names(code), set())
+        user_code = _is_user_file(filename)
+        attribute_names = _attribute_names(code) if user_code else ()
+        if split:
+            self._emit("cells and globals are parts")
+        else:
+            for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+                self._cell(name, cell, attribute_names)
         if is_library_file(filename):
             wrapped = getattr(fn, "__wrapped__", None)
             if wrapped is not None:  # a library decorator around user code
@@ -470,23 +520,30 @@ class Fingerprinter:
             return
         if _is_real_file(filename):
             self.files.add(os.path.abspath(filename))
-        if user_code:
-            self._globals(code, fn.__globals__)
+        if user_code and not split:
+            for name in _walked_globals(code, fn.__globals__):
+                self._global(name, fn.__globals__[name], attribute_names)
 
-    def _globals(self, code, namespace) -> None:
-        """The globals user code names, and the attributes it names of modules among them,
-        through submodules: ``config.lr`` after ``import config`` (set at run time, not in
-        any file), ``getattr(config, "lr")``, and ``F.gelu`` / ``torch.nn.functional.gelu``
-        as the object found there now (a library function replaced at run time)."""
-        names = global_names(code)
-        attribute_names = _attribute_names(code)
-        for name in names:
-            if name not in namespace or name.startswith("__"):
-                continue
-            value = namespace[name]
-            self._child(name, value)
-            if isinstance(value, types.ModuleType):
-                self._module_attributes(name, value, attribute_names, set())
+    def _cell(self, name, cell, attribute_names) -> None:
+        """A closure variable; of user code (``attribute_names`` given), a module in it has
+        the attributes the code names walked too (a function-local import)."""
+        try:
+            contents = cell.cell_contents
+        except ValueError:  # not yet bound
+            self._emit("empty cell", name)
+            return
+        self._child(name, contents)
+        if attribute_names and isinstance(contents, types.ModuleType):
+            self._module_attributes(name, contents, attribute_names, set())
+
+    def _global(self, name, value, attribute_names) -> None:
+        """A global user code names, and the attributes it names of a module there, through
+        submodules: ``config.lr`` after ``import config`` (set at run time, not in any file),
+        ``getattr(config, "lr")``, and ``F.gelu`` / ``torch.nn.functional.gelu`` as the object
+        found there now (a library function replaced at run time)."""
+        self._child(name, value)
+        if isinstance(value, types.ModuleType):
+            self._module_attributes(name, value, attribute_names, set())
 
     def _module_attributes(self, label, module, names, visited) -> None:
         if id(module) in visited or len(visited) > 64:
@@ -562,6 +619,17 @@ def torch_global_hooks() -> dict:
 
     return _hooks_by_rank({name: value for name, value in vars(module).items()
                            if name.startswith("_global_") and isinstance(value, dict)})
+
+
+def _is_user_file(filename: str) -> bool:
+    """Whether code from ``filename`` is the user's: neither library nor project code."""
+    return not is_library_file(filename) and not _is_project_file(filename)
+
+
+def _walked_globals(code, namespace) -> list:
+    """The globals of ``namespace`` user code ``code`` names (dunder names left out)."""
+    return [name for name in global_names(code)
+            if name in namespace and not name.startswith("__")]
 
 
 def _type_name(cls) -> str:

@@ -19,7 +19,10 @@ dtypes of the current state and inputs, is a miss with a one-line ``GraphCacheWa
 missing entry is a silent miss.
 
 Hits, misses and stores are reported as ``jax.monitoring`` events (``EVENT_*``) and logged
-at debug level by the ``jax_backend.graph_cache`` logger.
+at debug level by the ``jax_backend.graph_cache`` logger; misses as warnings with the
+diagnostics on (``explain.py``). ``key`` is a ``key.StepKey`` (or its digest: a key without
+parts, as tests give): a miss for want of an entry then says which parts differ from the
+step's stored entries, and a store records its parts.
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ import contextlib
 import dataclasses
 import hashlib
 import hmac
-import logging
 import os
 import stat
 import threading
@@ -40,8 +42,9 @@ import jax.monitoring
 from jax_backend import config
 from jax_backend.capture import CapturedStep
 from jax_backend.config import graph_cache as setting
-from jax_backend.graph_cache import codec, fingerprint
+from jax_backend.graph_cache import codec, explain, fingerprint
 from jax_backend.graph_cache.codec import check
+from jax_backend.graph_cache.explain import logger
 from jax_backend.graph_cache.sources import source_files, stale_file
 from jax_backend.atomic_files import write_file
 from jax_backend.regular_files import open_regular
@@ -55,8 +58,6 @@ SECRET_BYTES = 32
 EVENT_HIT = "/cstorch_jax/graph_cache/hit"
 EVENT_MISS = "/cstorch_jax/graph_cache/miss"
 EVENT_STORE = "/cstorch_jax/graph_cache/store"
-
-logger = logging.getLogger(__package__)  # the package's: jax_backend.graph_cache
 
 
 class GraphCacheWarning(UserWarning):
@@ -159,29 +160,30 @@ class Entry:
     extras: dict  # the caller's, as stored: validate before use
 
 
-def load(directory: str, key: str, state: list, inputs: list, extra_files=()) -> Entry | None:
-    """The entry stored under ``key`` for a step over the unique ``state`` tensors and
-    ``inputs``, or None (a miss: absent, refused, stale or unreadable)."""
+def load(directory: str, key, state: list, inputs: list, extra_files=()) -> Entry | None:
+    """The entry stored under ``key`` (a ``StepKey`` or its digest) for a step over the
+    unique ``state`` tensors and ``inputs``, or None (a miss: absent, refused, stale or
+    unreadable)."""
     where = _open_directory(directory)
     if where is None:
         return _miss(key, "the cache directory was refused")
-    path = _entry_path(where.path, key)
+    path = _entry_path(where.path, str(key))
     try:
-        payload = _read_authenticated(where, key, path)
+        payload = _read_authenticated(where, str(key), path)
         doc, arrays = codec.unpack(payload)
-        stale = stale_file(codec.files_of(doc, key), extra_files)
+        stale = stale_file(codec.files_of(doc, str(key)), extra_files)
         if stale is not None:
             return _miss(key, stale)
         captured, extras = codec.decode(doc, arrays, state, inputs)
     except FileNotFoundError:
-        return _miss(key, "no entry")
+        return _miss(key, explain.explain(where.path, where.secret, key))
     except Exception as err:  # noqa: BLE001 - whatever is wrong with an entry, it is a miss
         warnings.warn(f"Ignoring graph cache entry {path} ({type(err).__name__}: "
                       f"{str(err)[:200]}); the step is captured again.", GraphCacheWarning,
                       stacklevel=2)
         return _miss(key, "unreadable")
     jax.monitoring.record_event(EVENT_HIT)
-    logger.debug("graph cache hit %s", key)
+    logger.debug("graph cache hit %s%s", key, _for_step(key))
     return Entry(captured, extras)
 
 
@@ -193,9 +195,14 @@ def discard(directory: str, key: str) -> None:
             os.unlink(_entry_path(where.path, key))
 
 
+def _for_step(key) -> str:
+    step = getattr(key, "step", None)
+    return f" for {step}" if step else ""
+
+
 def _miss(key, reason):
     jax.monitoring.record_event(EVENT_MISS)
-    logger.debug("graph cache miss %s: %s", key, reason)
+    explain.report("graph cache miss %s%s: %s", str(key)[:16], _for_step(key), reason)
     return None
 
 
@@ -218,25 +225,28 @@ def _read_authenticated(where: _Directory, key: str, path: str) -> bytes:
     return payload
 
 
-def store(directory: str, key: str, captured: CapturedStep, extras: dict,
+def store(directory: str, key, captured: CapturedStep, extras: dict,
           extra_files=(), read_files=()) -> bool:
-    """Writes an entry atomically; False (and nothing written) if the step is not cacheable
+    """Writes an entry atomically under ``key`` (a ``StepKey``, whose parts its step's
+    record keeps, or its digest); False (and nothing written) if the step is not cacheable
     or the directory is refused or not writable: the cache must never stop training.
     ``read_files``: the files the trace opened (``watching_capture``)."""
     where = _open_directory(directory)
     if where is None:
         return False
+    digest = str(key)
     try:
-        payload = codec.pack(captured, extras, source_files(extra_files, read_files), key)
+        payload = codec.pack(captured, extras, source_files(extra_files, read_files), digest)
     except fingerprint.NotCacheable as err:
-        logger.debug("graph cache: not storing %s: %s", key, err)
+        explain.report("graph cache: not storing %s%s: %s", digest, _for_step(key), err)
         return False
     try:  # 0600: this user's alone
-        write_file(_entry_path(where.path, key), MAGIC + mac(where.secret, key, payload) + payload,
-                   mode=0o600)
+        write_file(_entry_path(where.path, digest),
+                   MAGIC + mac(where.secret, digest, payload) + payload, mode=0o600)
     except OSError as err:
         logger.debug("graph cache: cannot write %s: %s", where.path, err)
         return False
+    explain.record(where.path, where.secret, key)
     jax.monitoring.record_event(EVENT_STORE)
-    logger.debug("graph cache stored %s", key)
+    logger.debug("graph cache stored %s%s", digest, _for_step(key))
     return True

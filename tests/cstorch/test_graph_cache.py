@@ -546,3 +546,80 @@ def test_os_environ_read_by_a_step_leaves_out_what_the_libraries_set(monkeypatch
     assert digest() == before
     monkeypatch.setenv("CSTORCH_TEST_USER_SETTING", "1")
     assert digest() != before
+
+
+# A miss says which part of the key changed. The step reads a user module's attribute (set
+# from a file before the step), updates a metric (whose step closure a hit must restore) and
+# is otherwise the quickstart's; each run changes one thing.
+EXPLAINED = PRELUDE + textwrap.dedent("""
+    import settings
+
+    STEPS = 2
+
+    def main():
+        with open("scale.txt") as f:
+            settings.scale = float(f.read())
+        backend = cstorch.backend("CPU")
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 3)
+        compiled = cstorch.compile(model, backend)
+        optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+        mean_loss = cstorch.metrics.MeanMetric("mean_loss")
+
+        @cstorch.trace
+        def training_step(x, y):
+            loss = torch.nn.functional.cross_entropy(compiled(x), y) * settings.scale{edit}
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            mean_loss(loss)
+            return loss
+
+        g = torch.Generator().manual_seed(1)
+        x, y = torch.randn(4, 8, generator=g), torch.randint(0, 3, (4,), generator=g)
+        loader = cstorch.utils.data.DataLoader(lambda: [(x, y)] * STEPS)
+        losses = [training_step(bx, by).item()
+                  for bx, by in cstorch.utils.data.DataExecutor(loader, num_steps=STEPS)]
+        report(losses=losses, mean=float(mean_loss.compute()), updates=mean_loss.num_updates)
+
+    main()
+""")
+
+
+def _explained(tmp_path, cache, *, scale="1.0", variable="1", edit="", explain="1"):
+    (tmp_path / "settings.py").write_text("scale = 1.0\n")
+    (tmp_path / "scale.txt").write_text(scale)
+    result = _run(tmp_path, cache, script=EXPLAINED.replace("{edit}", edit), args=[],
+                  env={"CSTORCH_TEST_UNREAD": variable, "CSTORCH_GRAPH_CACHE_EXPLAIN": explain})
+    result["misses"] = [line.split(": ", 1)[1] for line in result["stderr"].splitlines()
+                        if line.startswith("graph cache miss ")]
+    return result
+
+
+@pytest.mark.heavy
+def test_a_miss_says_which_part_of_the_key_changed(tmp_path):
+    """With CSTORCH_GRAPH_CACHE_EXPLAIN=1 each miss is a line on stderr naming the parts of
+    the key that differ from the step's stored entries: change one thing between two runs,
+    and the line names that part and only that. Off (the default), nothing is printed."""
+    cache = tmp_path / "graphs"
+    cold = _explained(tmp_path, cache, explain="0")
+    assert cold["traces"] == 1 and cold["events"] == {"miss": 1, "store": 1}
+    assert cold["misses"] == [] and "graph cache" not in cold["stderr"]
+    warm = _explained(tmp_path, cache)
+    assert warm["traces"] == 0 and warm["events"] == {"hit": 1} and warm["misses"] == []
+    # the metric's step closure, stored by its public name, counted every step of the hit
+    assert warm["losses"] == cold["losses"] and warm["updates"] == 2
+    assert warm["mean"] == cold["mean"] == pytest.approx(sum(cold["losses"]) / 2)
+
+    changes = {
+        "environment variable CSTORCH_TEST_UNREAD": dict(variable="2"),
+        "step function's global settings": dict(scale="2.0"),  # settings.scale
+        "step function": dict(edit=" + 0.0"),  # the step's code
+    }
+    prefix = "its key differs from the step's nearest of "
+    for entries, (part, change) in enumerate(changes.items(), start=1):
+        result = _explained(tmp_path, cache, **change)
+        assert result["traces"] == 1 and "hit" not in result["events"], part
+        (miss,) = result["misses"]
+        assert miss.startswith(prefix if entries > 1 else "its key differs from the step's "
+                               "stored entry") and miss.endswith(f" in 1 part: {part}"), miss

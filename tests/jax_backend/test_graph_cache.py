@@ -8,12 +8,15 @@ runs nothing. The key changes with what the step reads, and only with that.
 
 from __future__ import annotations
 
+import gc
 import io
+import logging
 import os
 import stat
 import subprocess
 import sys
 import threading
+import types
 import zipfile
 from pathlib import Path
 
@@ -22,7 +25,7 @@ import pytest
 import torch
 
 from jax_backend import Program, Slot, capture_step, dtypes, graph_cache, torch_ops
-from jax_backend.graph_cache import codec, fingerprint, sources, storage
+from jax_backend.graph_cache import codec, explain, fingerprint, sources, storage
 from jax_backend.graph_cache.fingerprint import Fingerprinter, NotCacheable
 from tests.graph_cache_entries import first_node as _first, rewrite_entry, rewrite_payload
 from tests.training import descending
@@ -680,3 +683,202 @@ def test_a_capture_that_writes_a_file_or_draws_global_random_numbers_is_flagged(
     with graph_cache.watching_capture() as record:
         pass
     assert record.problem is None and not record.read
+
+
+# ------------------------------------------------------------- the key's parts, a miss
+def _parted(**values):
+    """A key whose caller's parts are ``values`` (each one part), for the step "s"."""
+    fp = Fingerprinter()
+    for label, value in values.items():
+        fp.add(label, value)
+    return graph_cache.step_key(fp, [], [torch.ones(2)], {"grad_mode": True}, {},
+                                {"backend type": "CPU"}, step="s in train.py")
+
+
+def test_the_key_is_named_parts_and_its_digest_covers_them():
+    key = _parted(models=[1, 2], optimizers={"lr": 0.1})
+    names = [name for name, _ in key.parts]
+    assert len(set(names)) == len(names)
+    for name in ("version of format", "version of torch", "models", "optimizers",
+                 "decompositions", "library attributes replaced by user code",
+                 "command line", "working directory", "state layout",
+                 "inputs", "program signature: grad_mode", "torch grad mode", "backend type"):
+        assert name in names, name
+    same, other = _parted(models=[1, 2], optimizers={"lr": 0.1}), \
+        _parted(models=[1, 2], optimizers={"lr": 0.2})
+    assert same == key and same.digest == key.digest == str(key)
+    assert other.digest != key.digest and other.differences(key.parts) == ["optimizers"]
+    shortened = [(name, digest[:explain.SHORT]) for name, digest in key.parts]
+    assert other.differences(shortened) == ["optimizers"]
+    assert key.differences(shortened + [("gone away", "0" * 16)]) == ["gone away (gone)"]
+
+
+def test_a_part_changes_with_what_it_holds_not_with_the_parts_before_it():
+    """An object met again is a reference to where it was first described: a value inside
+    it changes that part alone, and a part that only refers to it stays as it was."""
+    shared = {"lr": 0.1}
+
+    def parts(first, second):
+        fp = Fingerprinter()
+        fp.add("first", first)
+        fp.add("second", second)
+        return dict(fp.parts)
+
+    before = parts([shared], {"holds": shared, "own": 1})
+    shared["lr"] = 0.2
+    after = parts([shared], {"holds": shared, "own": 1})
+    assert after["first"] != before["first"] and after["second"] == before["second"]
+    assert parts([shared], {"holds": shared, "own": 2})["first"] == after["first"]
+
+
+NAMED = 1.0
+
+
+def test_a_users_function_is_a_part_per_free_variable_and_global_then_its_code():
+    settings = types.ModuleType("settings")
+    settings.scale = 1.0
+    namespace = {"settings": settings, "NAMED": 1.0, "__name__": "user_script"}
+    exec("def make(k):\n"
+         "    def step(x):\n"
+         "        return x * k * NAMED * settings.scale\n"
+         "    return step\n", namespace)
+
+    def parts(step):
+        fp = Fingerprinter()
+        fp.add_function("step function", step)
+        return dict(fp.parts)
+
+    base = parts(namespace["make"](2))
+    assert list(base) == ["step function's free variable k", "step function's global NAMED",
+                          "step function's global settings", "step function"]
+
+    def changed(after):
+        return [name for name in base if after[name] != base[name]]
+
+    assert changed(parts(namespace["make"](3))) == ["step function's free variable k"]
+    namespace["NAMED"] = 2.0
+    assert changed(parts(namespace["make"](2))) == ["step function's global NAMED"]
+    namespace["NAMED"] = 1.0
+    settings.scale = 2.0  # an attribute the code names of a module it names
+    assert changed(parts(namespace["make"](2))) == ["step function's global settings"]
+    settings.scale = 1.0
+    exec("def make(k):\n"
+         "    def step(x):\n"
+         "        return x * k * NAMED * settings.scale + 0\n"
+         "    return step\n", namespace)
+    assert changed(parts(namespace["make"](2))) == ["step function"]
+    # As one part, the same function fingerprints the same values.
+    one = Fingerprinter()
+    one.add("step function", namespace["make"](2))
+    other = Fingerprinter()
+    other.add("step function", namespace["make"](3))
+    assert one.hexdigest() != other.hexdigest()
+
+
+def test_a_setting_or_module_state_declared_for_the_key_is_a_part_of_its_own():
+    """JAX's ``include_in_jit_key``: a setting declares it where it is defined, and so
+    does a module's own state; neither is listed anywhere else."""
+    from jax_backend import config
+
+    layer = config.Config("test_layer")
+    try:
+        layer.define("traced_knob", 1, "A knob a trace reads.", check=config.positive_int,
+                     include_in_graph_key=True)
+        layer.define("run_knob", 1, "A knob only a run reads.", check=config.positive_int)
+        state = {"mode": "a"}
+        layer.include_in_graph_key("test layer's mode", lambda: dict(state))
+        base = _parted()
+        names = [name for name, _ in base.parts]
+        assert "setting test_layer.traced_knob" in names and "test layer's mode" in names
+        assert not [name for name in names if "run_knob" in name]
+        layer.update("traced_knob", 2)
+        assert _parted().differences(base.parts) == ["setting test_layer.traced_knob"]
+        layer.update("traced_knob", 1)
+        layer.update("run_knob", 2)
+        state["mode"] = "b"
+        assert _parted().differences(base.parts) == ["test layer's mode"]
+        with pytest.raises(ValueError, match="declared twice"):
+            layer.include_in_graph_key("test layer's mode", lambda: None)
+    finally:
+        del layer
+        gc.collect()
+    assert "test_layer" not in [each.layer for each in config.layers()]
+
+
+def test_turning_the_diagnostics_on_leaves_the_key_alone(monkeypatch):
+    monkeypatch.delenv("CSTORCH_GRAPH_CACHE_EXPLAIN", raising=False)
+    before = _parted()
+    monkeypatch.setenv("CSTORCH_GRAPH_CACHE_EXPLAIN", "1")
+    assert explain.explaining() and _parted() == before
+
+
+def _miss_messages(caplog):
+    return [r.getMessage() for r in caplog.records
+            if r.name == "jax_backend.graph_cache" and "graph cache miss" in r.getMessage()]
+
+
+def test_a_miss_names_the_part_that_differs_from_the_steps_stored_entry(tmp_path, caplog,
+                                                                        monkeypatch):
+    captured, state, inputs = _captured()
+    cold = _parted(models=[1, 2], optimizers={"lr": 0.1})
+    assert graph_cache.store(str(tmp_path), cold, captured, {})
+    monkeypatch.delenv("CSTORCH_GRAPH_CACHE_EXPLAIN", raising=False)
+    caplog.set_level(logging.DEBUG, logger="jax_backend.graph_cache")
+
+    def miss(key):
+        caplog.clear()
+        assert graph_cache.load(str(tmp_path), key, [state["w"], state["b"]],
+                                list(inputs)) is None
+        (message,) = _miss_messages(caplog)
+        return message, caplog.records[-1].levelno
+
+    message, level = miss(_parted(models=[1, 2], optimizers={"lr": 0.2}))
+    assert level == logging.DEBUG and "s in train.py" in message
+    assert message.endswith("differs from the step's stored entry in 1 part: optimizers")
+
+    monkeypatch.setenv("CSTORCH_GRAPH_CACHE_EXPLAIN", "1")  # the user's diagnostics
+    monkeypatch.setenv("CSTORCH_TEST_NEW_VARIABLE", "x")
+    message, level = miss(_parted(models=[1, 3], optimizers={"lr": 0.1}))
+    assert level == logging.WARNING
+    assert message.endswith("in 2 parts: models, environment variable CSTORCH_TEST_NEW_VARIABLE"
+                            " (new)")
+    monkeypatch.delenv("CSTORCH_TEST_NEW_VARIABLE")
+
+    # Several entries of the step (its programs): the nearest one is compared with.
+    assert graph_cache.store(str(tmp_path), _parted(models=[9], optimizers={"lr": 0.5}),
+                             captured, {})
+    message, _ = miss(_parted(models=[9], optimizers={"lr": 0.6}))
+    assert message.endswith("differs from the step's nearest of 2 stored entries in 1 part: "
+                            "optimizers")
+    assert graph_cache.load(str(tmp_path), cold, [state["w"], state["b"]],
+                            list(inputs)) is not None  # and the first still hits
+    graph_cache.discard(str(tmp_path), cold.digest)
+    message, _ = miss(cold)
+    assert message.endswith("the step's entry under this key was removed")
+    other_step = graph_cache.StepKey(cold.parts, step="another step in train.py")
+    message, _ = miss(other_step)
+    assert message.endswith("no entry of this step is stored")
+
+
+def test_a_steps_record_keeps_its_last_keys_and_explains_nothing_when_foreign(tmp_path,
+                                                                             caplog):
+    captured, state, inputs = _captured()
+    for i in range(explain.HISTORY + 3):
+        key = _parted(optimizers={"lr": 1000 + i + 0.5})
+        assert graph_cache.store(str(tmp_path), key, captured, {})
+    (record,) = tmp_path.glob("*.step")
+    assert oct(record.stat().st_mode & 0o777) == "0o600"
+    secret = (tmp_path / graph_cache.SECRET).read_bytes()
+    entries = explain.recorded(str(tmp_path), secret, "s in train.py")
+    assert len(entries) == explain.HISTORY
+    assert "1000.5" not in record.read_text(errors="replace")  # names and digests only
+
+    caplog.set_level(logging.DEBUG, logger="jax_backend.graph_cache")
+    data = bytearray(record.read_bytes())
+    data[-3] ^= 1  # the HMAC no longer matches
+    record.write_bytes(bytes(data))
+    assert graph_cache.load(str(tmp_path), _parted(optimizers={"lr": -1}),
+                            [state["w"], state["b"]], list(inputs)) is None
+    assert _miss_messages(caplog)[-1].endswith("no entry of this step is stored")
+    assert graph_cache.store(str(tmp_path), _parted(optimizers={"lr": -1}), captured, {})
+    assert len(explain.recorded(str(tmp_path), secret, "s in train.py")) == 1  # replaced
