@@ -80,7 +80,7 @@ def export(step, example_batch, path: str, *, vjp_order: int = 0, platforms=None
                    "path": [str(p) for p in view.paths[i]]} for i in indices]
     hyperparameters = [state_name(p) for p in entry.scalar_paths]
     for name, scalar_path in zip(hyperparameters, entry.scalar_paths):
-        state[name] = np.float64(read_scalar(impl, scalar_path))
+        state[name] = np.float64(read_scalar(impl.registry, scalar_path))
         state_info.append({"name": name, "kind": "hyperparameter",
                            "path": [str(p) for p in scalar_path]})
     returned, single, closure_values = _output_layout(entry)

@@ -54,9 +54,6 @@ ALLOWED = {
     "cstorch/storage/h5_format.py: seekable": "io.RawIOBase's, which h5py seeks through",
     "cstorch/storage/h5_format.py: readinto": "io.RawIOBase's, which h5py reads through",
     "cstorch/storage/h5_format.py: truncate": "io.RawIOBase's, which h5py truncates through",
-    # dead, in a file other work of issue 46 is rewriting now (it goes with that work)
-    "cstorch/backend/base_backend.py: module_modes":
-        "cstorch/backend/ is being split into single-job parts (issue 46, item 2)",
 }
 
 

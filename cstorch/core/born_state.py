@@ -42,11 +42,11 @@ class Born:
     slots: list
 
 
-def find(impl, known_paths, existing) -> list:
+def find(registry, known_paths, existing) -> list:
     """Inside the trace, after the step body: the tensors in slots that did not exist before
     (``known_paths``) and that are not existing state (``existing``: ids of state tensors)."""
     born = {}
-    for path, slot in impl.state_slots():
+    for path, slot in registry.state_slots():
         if path in known_paths:
             continue
         tensor = slot.get()
@@ -58,7 +58,7 @@ def find(impl, known_paths, existing) -> list:
     return list(born.values())
 
 
-def install(impl, born: list) -> None:
+def install(registry, born: list) -> None:
     """Puts a real tensor (zeros, with the traced tensor's shape and dtype) in every slot of
     each born tensor, in place of the trace's."""
     for entry in born:
@@ -67,27 +67,27 @@ def install(impl, born: list) -> None:
         for slot in entry.slots:
             slot.set(real)
         entry.tensor = real
-    impl._invalidate_state_view()  # new slots: the cached view does not list them
+    registry.state_changed()  # new slots: the cached view does not list them
 
 
-def snapshot(impl) -> dict:
+def snapshot(registry) -> dict:
     """What ``discard`` needs to undo births: the slot paths and each optimizer's state keys."""
-    return {"paths": {path for path, _ in impl.state_slots()},
-            "optimizer_keys": [(o, set(map(id, o.state))) for o in impl.optimizer_registry]}
+    return {"paths": {path for path, _ in registry.state_slots()},
+            "optimizer_keys": [(o, set(map(id, o.state))) for o in registry.optimizers]}
 
 
-def discard(impl, before: dict) -> None:
+def discard(registry, before: dict) -> None:
     """Removes every slot born since ``before`` (a failed or abandoned capture, a first step
     that failed), and the per-parameter state dicts an optimizer made for them, so the next
     capture starts from the state as it was."""
-    for path, slot in reversed(impl.state_slots()):
+    for path, slot in reversed(registry.state_slots()):
         if path not in before["paths"] and slot.key in slot.container:
             del slot.container[slot.key]
     for optimizer, keys in before["optimizer_keys"]:
         for param in [p for p, state in optimizer.state.items()
                       if id(p) not in keys and not state]:
             del optimizer.state[param]
-    impl._invalidate_state_view()
+    registry.state_changed()
 
 
 class FirstAndSteady:
@@ -111,8 +111,8 @@ class FirstAndSteady:
     def mismatch(self, view) -> str | None:
         return self.steady.mismatch(view)
 
-    def hyperparameter_mismatch(self, current: list, backend) -> str | None:
-        return self.steady.hyperparameter_mismatch(current, backend)
+    def hyperparameter_mismatch(self, current: list, registry) -> str | None:
+        return self.steady.hyperparameter_mismatch(current, registry)
 
     def next_program(self):
         """``first`` until it has run (``gave_birth``), then ``steady``."""
@@ -139,7 +139,7 @@ class FirstAndSteady:
     def undo(self, backend) -> None:
         """``first`` did not run (it failed, or the call only compiled): the slots it would
         have filled are taken out, so that the next call captures both programs again."""
-        discard(backend, self.before)
+        discard(backend.registry, self.before)
 
 
 def refuse_parameters(born: list) -> None:
@@ -158,13 +158,13 @@ class ParameterWatch:
     """During a capture: a parameter registered in a compiled model (``register_parameter``,
     a lazy module's materialisation) fails at once, naming the user's line."""
 
-    def __init__(self, impl):
-        self._impl = impl
+    def __init__(self, registry):
+        self._registry = registry
         self._handle = None
 
     def __enter__(self):
         def registered(module, name, param):
-            models = self._impl.models
+            models = self._registry.models
             if param is not None and any(module is m for model in models
                                          for m in model.modules()):
                 where = current_user_frame()
@@ -184,20 +184,20 @@ class ParameterWatch:
 
 
 # ---------------------------------------------------------------- module attributes
-def module_attributes(impl) -> dict:
+def module_attributes(registry) -> dict:
     """Before the step body: each compiled module's plain attributes (to put back those the
     step replaces with its own tensors, ``restore_attributes``)."""
-    return {id(module): dict(vars(module)) for model in impl.models
+    return {id(module): dict(vars(module)) for model in registry.models
             for module in model.modules()}
 
 
-def stored_attributes(impl, allowed=()) -> list:
+def stored_attributes(registry, allowed=()) -> list:
     """After the step body: ``((model index, module name, attribute), tensor)`` of every
     plain attribute of a compiled model's module holding a tensor of the trace (not a
     parameter or buffer, not one of ``allowed``: born state)."""
     allowed = set(allowed)
     found = []
-    for m, model in enumerate(impl.models):
+    for m, model in enumerate(registry.models):
         for name, module in model.named_modules():
             for key, value in vars(module).items():
                 if isinstance(value, FakeTensor) and id(value) not in allowed:
@@ -205,11 +205,11 @@ def stored_attributes(impl, allowed=()) -> list:
     return found
 
 
-def restore_attributes(impl, before: dict) -> None:
+def restore_attributes(registry, before: dict) -> None:
     """After a capture, also one that stopped half-way: each plain module attribute the step
     body set to a tensor of the trace holds what it held before the body (``before``:
     ``module_attributes``), or is gone again; a program's run gives it its value."""
-    for model in impl.models:
+    for model in registry.models:
         for module in model.modules():
             earlier = before.get(id(module))
             if earlier is None:
@@ -222,13 +222,13 @@ def restore_attributes(impl, before: dict) -> None:
                     del attributes[key]
 
 
-def attribute_holders(impl, paths: list) -> list:
+def attribute_holders(registry, paths: list) -> list:
     """``(module __dict__, attribute)`` of each path of ``stored_attributes``."""
-    return [(vars(impl.models[m].get_submodule(name)), key) for m, name, key in paths]
+    return [(vars(registry.models[m].get_submodule(name)), key) for m, name, key in paths]
 
 
 # ------------------------------------------------------------------------- leaked tensors
-def leaked_fake_tensors(impl, allowed=()) -> list:
+def leaked_fake_tensors(registry, allowed=()) -> list:
     """``(where, container, key)`` of every tensor of a trace left in a registered model
     (module attributes, parameters, buffers), optimizer (state, param groups) or other
     stateful object, but the ids in ``allowed`` (born tensors about to be installed)."""
@@ -246,7 +246,7 @@ def leaked_fake_tensors(impl, allowed=()) -> list:
             for i, v in enumerate(value):
                 visit(v, f"{where}[{i}]", value, i, depth + 1)
 
-    for m, model in enumerate(impl.models):
+    for m, model in enumerate(registry.models):
         for name, module in model.named_modules():
             label = f"model{m}" + (f".{name}" if name else "")
             for k, v in list(vars(module).items()):
@@ -255,25 +255,25 @@ def leaked_fake_tensors(impl, allowed=()) -> list:
                         visit(t, f"{label}.{n}", v, n, 4)
                 elif k != "_modules":
                     visit(v, f"{label}.{k}", vars(module), k, 1)
-    for o, optimizer in enumerate(impl.optimizer_registry):
+    for o, optimizer in enumerate(registry.optimizers):
         position = {id(p): i for i, p in enumerate(
             p for group in optimizer.param_groups for p in group["params"])}
         for param, state in list(optimizer.state.items()):
             visit(state, f"optimizer{o}.state[{position.get(id(param), '?')}]",
                   optimizer.state, param, 1)
         visit(optimizer.param_groups, f"optimizer{o}.param_groups", None, None, 1)
-    for kind, objects in (("scheduler", impl.schedulers), ("metric", impl.metrics),
-                          ("stateful", impl.stateful_objects)):
+    for kind, objects in (("scheduler", registry.schedulers), ("metric", registry.metrics),
+                          ("stateful", registry.stateful_objects)):
         for i, obj in enumerate(objects):
             for k, v in list(getattr(obj, "__dict__", {}).items()):
                 visit(v, f"{kind}{i}.{k}", vars(obj), k, 2)
     return found
 
 
-def check_no_leaks(impl, allowed=()) -> None:
+def check_no_leaks(registry, allowed=()) -> None:
     """Raises CaptureError if a tensor of the trace stayed in user-visible state; each one
     found is taken out first (deleted, or set to None where it cannot be deleted)."""
-    leaks = leaked_fake_tensors(impl, allowed)
+    leaks = leaked_fake_tensors(registry, allowed)
     if not leaks:
         return
     for _where, container, key in leaks:

@@ -154,7 +154,7 @@ def _zero_grad(module: torch.nn.Module, set_to_none: bool = True) -> None:
     """``Module.zero_grad`` that the backend counts (see ``GradientAccumulationWarning``)."""
     impl = current_backend_impl(raise_exception=False)
     if impl is not None:
-        impl.gradients_reset(list(module.parameters()), set_to_none)
+        impl.modes.gradients_reset(list(module.parameters()), set_to_none)
     torch.nn.Module.zero_grad(module, set_to_none)
 
 
@@ -210,16 +210,15 @@ class TracedStep(step_introspection.Introspection):
         impl = current_backend_impl()
         if impl.is_tracing:  # a traced step called from inside another: inline it
             return self.step_fn(*args, **kwargs)
-        queued_before = len(impl.step_closures)
-        with impl.running_step(), _interrupts_unwrapped():  # (closures wait for its end)
+        queued_before = len(impl.closures.queued)
+        with impl.closures.running_step(), _interrupts_unwrapped():  # (closures wait its end)
             if impl.engine == "eager":  # plain eager torch every step (cstorch.core.engine)
                 outputs = run_eagerly(self.step_fn, impl, args, kwargs)
             else:
                 outputs = self._call_compiled(StepCall.of(impl, args, kwargs))
         # Outside a DataExecutor nothing else would run this step's closures.
-        impl.run_closures_of_a_step_outside_executor(queued_before)
-        if impl.data_executor_stack:  # the executor's progress display shows the loss
-            impl.last_step_outputs = outputs
+        impl.closures.run_closures_of_a_step_outside_executor(queued_before)
+        impl.executors.step_returned(outputs)
         return outputs
 
     def compile_only(self, *args, **kwargs) -> None:
@@ -273,7 +272,7 @@ class TracedStep(step_introspection.Introspection):
         result = step_capture.capture(self.step_fn, call, retry=retry, table=self._table,
                                       traced_step_type=TracedStep)
         self.trace_count += 1
-        call.backend.compilations += 1
+        call.backend.executors.compiled()
         self._table.learn(held_gradients_unread=result.held_gradients_unread)
         return result
 
@@ -281,7 +280,7 @@ class TracedStep(step_introspection.Introspection):
         """A first capture in which state was born (``born_state``): its tensors get real
         slots, and the step is captured again for every later call. The pair of programs,
         and the call on the state with the born tensors."""
-        born_state.install(call.backend, result.born)
+        born_state.install(call.backend.registry, result.born)
         call = call.with_current_state()
         try:
             again = self._capture(call)
@@ -292,7 +291,7 @@ class TracedStep(step_introspection.Introspection):
                     "born in a step is only supported in the first one (a lazily created "
                     "optimizer state or buffer). Create it before the first step.")
         except BaseException:
-            born_state.discard(call.backend, result.born_before)
+            born_state.discard(call.backend.registry, result.born_before)
             raise
         steady = step_capture.build(call, again)
         return born_state.FirstAndSteady(first, steady, result.born, result.born_before), call
@@ -308,7 +307,7 @@ class TracedStep(step_introspection.Introspection):
     def _call_compiled(self, call: StepCall):
         entry, call = self._serve(call)
         program = entry.next_program()
-        self._checks.gradients_zeroed(call.backend, program)
+        self._checks.gradients_zeroed(call.backend.modes, program)
         try:
             outputs = self._run(call, entry, program)
         except Exception as error:  # re-raised unless a cached graph failed

@@ -56,7 +56,7 @@ def _registering_optimizers(impl):
     """While the step body runs: an optimizer stepped in it that the backend does not know
     (a ``torch.optim`` one; cstorch's register when built) is registered before it steps."""
     def register(optimizer, args, kwargs):
-        if not any(optimizer is known for known in impl.optimizer_registry):
+        if not any(optimizer is known for known in impl.registry.optimizers):
             impl.register_optimizer(optimizer)
 
     handle = register_optimizer_step_pre_hook(register)

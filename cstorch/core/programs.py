@@ -62,11 +62,10 @@ def signature(call: StepCall) -> ProgramSignature:
     """The signature of ``call``, now."""
     tensors = tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else None
                     for x in call.leaves)
-    backend = call.backend
-    modes, module_hooks = backend.module_modes_and_hooks()
-    requires_grad, parameter_hooks, held = backend.parameter_autograd(call.view)
+    modes, module_hooks = call.backend.modes.module_modes_and_hooks()
+    requires_grad, parameter_hooks, held = call.backend.modes.parameter_autograd(call.view)
     return ProgramSignature(call.spec, tensors, modes, torch.is_grad_enabled(),
-                            backend.precision_policy(), requires_grad, parameter_hooks,
+                            call.backend.precision_policy(), requires_grad, parameter_hooks,
                             module_hooks, held)
 
 
@@ -190,13 +189,13 @@ def _frozen(value, runtime_floats: bool):
     return repr(value)  # e.g. numpy arrays, whose == is elementwise
 
 
-def hyperparameters(impl) -> list:
+def hyperparameters(registry) -> list:
     """Per registered optimizer, its param-group values as they select a program (see
     ``_frozen``): what a program that steps the optimizer was traced with."""
     return [tuple(tuple((k, _frozen(v, runtime)) for k, v in group.items() if k != "params")
                   for group in optimizer.param_groups)
             for optimizer, runtime in ((o, torch_optimizers.is_torch_optimizer(o))
-                                       for o in impl.optimizer_registry)]
+                                       for o in registry.optimizers)]
 
 
 # ------------------------------------------------------------------------------ one program
@@ -253,7 +252,7 @@ class ProgramEntry:
                 return old, new
         return None
 
-    def hyperparameter_mismatch(self, current: list, backend) -> str | None:
+    def hyperparameter_mismatch(self, current: list, registry) -> str | None:
         """Why this program cannot serve the optimizers' param groups as they are, or None.
         It serves groups that hold what it was traced with: the same keys, the same
         non-float values (Python numbers that are not a torch optimizer's floats are
@@ -265,13 +264,13 @@ class ProgramEntry:
                         "compiled step changed (a cstorch optimizer's number, a torch "
                         "optimizer's flag or int, a tensor set or removed, a param group)")
         for path, kind, traced in self.scalar_conditions:
-            value = torch_optimizers.read_scalar(backend, path)
+            value = torch_optimizers.read_scalar(registry, path)
             if value is None or scalars.condition(kind, value) != traced:
                 what = "the sign of" if kind == scalars.SIGN else "the value of"
                 return (f"{what} {state_name(path)} changed (the step's Python code "
                         "depends on it, e.g. `if weight_decay != 0`)")
         for path in self.scalar_paths:
-            if torch_optimizers.read_scalar(backend, path) is None:
+            if torch_optimizers.read_scalar(registry, path) is None:
                 return f"{state_name(path)} is no longer a float"
         return None
 
@@ -367,12 +366,12 @@ class ProgramTable:
         """The entry that serves ``call`` on its state with the optimizers' current
         hyperparameters (it becomes the most recently used), or None."""
         signature = self.signature(call)
-        current = None
+        registry, current = call.backend.registry, None
         for entry in self._entries.get(signature, ()):
             if entry.resolve(call.view) is None:
                 continue
-            current = hyperparameters(call.backend) if current is None else current
-            if entry.hyperparameter_mismatch(current, call.backend) is None:
+            current = hyperparameters(registry) if current is None else current
+            if entry.hyperparameter_mismatch(current, registry) is None:
                 self._entries.move_to_end(signature)
                 self.last_signature = signature
                 return entry
@@ -384,9 +383,9 @@ class ProgramTable:
         if not self._entries:
             return
         signature = self.signature(call)
-        current = hyperparameters(call.backend)
-        reasons = (entry.mismatch(call.view) or
-                   entry.hyperparameter_mismatch(current, call.backend)
+        registry = call.backend.registry
+        current = hyperparameters(registry)
+        reasons = (entry.mismatch(call.view) or entry.hyperparameter_mismatch(current, registry)
                    for entry in self._entries.get(signature, ()))
         changed = describe_change(self.last_signature, signature, self.step_fn,
                                   next((r for r in reasons if r), None))

@@ -54,7 +54,8 @@ def _capture_scope():
     """Everything that holds only while a step is captured, set up and torn down in one
     place: the user's pre/post hooks and the traced-tensor listener. The exit always runs,
     so a failed trace leaves nothing half-applied. (Per-body state, such as recorded closures
-    and the metrics' and grad scalers' traced values, is scoped by ``impl.tracing``.)"""
+    and the metrics' and grad scalers' traced values, is scoped by the backend's
+    ``TraceScope``.)"""
     for hook in list(_trace_pre_hooks.values()):
         hook()
     try:
@@ -75,9 +76,9 @@ def _optimizer_step_pre_hook(hook):
         handle.remove()
 
 
-def _step_counts(impl) -> list:
+def _step_counts(registry) -> list:
     """(object, _step_count) of every optimizer and scheduler of the backend."""
-    return [(obj, obj._step_count) for obj in [*impl.optimizer_registry, *impl.schedulers]
+    return [(obj, obj._step_count) for obj in [*registry.optimizers, *registry.schedulers]
             if isinstance(getattr(obj, "_step_count", None), int)]
 
 
@@ -199,13 +200,14 @@ class _Body:
         self._known_paths, self._existing = set(view.named_by), set(map(id, view.tensors))
 
     def __call__(self, *tensors):
-        impl, view = self.call.backend, self.call.view
+        backend, view = self.call.backend, self.call.view
+        registry = backend.registry
         self.passes += 1
         self.records.clear()
         self.stepped.clear()
         self.host_calls.clear()
         args, kwargs = self.call.arguments(tensors)
-        resets = impl.gradient_resets
+        resets = backend.modes.gradient_resets
         seeded = self._seed_held_gradients()
         self.held_read = None
 
@@ -213,17 +215,20 @@ class _Body:
             if self.held_read is None:
                 self.held_read = any(p.grad is grad for p, grad in seeded)
 
-        self.attributes_before = born_state.module_attributes(impl)
-        with impl.tracing(self.records), torch_optimizers.capture_policy(impl, self.stepped), \
+        self.attributes_before = born_state.module_attributes(registry)
+        with backend.trace.tracing(self.records), \
+                torch_optimizers.capture_policy(registry, self.stepped), \
                 torch_optimizers.deferred_scheduler_steps(self.stepped, self.host_calls), \
-                born_state.ParameterWatch(impl), _optimizer_step_pre_hook(first_optimizer_step):
+                born_state.ParameterWatch(registry), \
+                _optimizer_step_pre_hook(first_optimizer_step):
             outputs = self.step_fn(*args, **kwargs)
         self.held_read = bool(self.held_read) if seeded else None
         self.gradients_held = tuple(p.grad is not None for p in view.parameters)
-        self.leaves_gradients = impl.gradient_resets == resets and any(
-            p.grad is not None for model in impl.models for p in model.parameters())
-        self.born = born_state.find(impl, self._known_paths, self._existing)
-        self.stored = born_state.stored_attributes(impl, [id(b.tensor) for b in self.born])
+        self.leaves_gradients = backend.modes.gradient_resets == resets and any(
+            p.grad is not None for model in registry.models for p in model.parameters())
+        self.born = born_state.find(registry, self._known_paths, self._existing)
+        self.stored = born_state.stored_attributes(registry,
+                                                   [id(b.tensor) for b in self.born])
         return (outputs, [(r.args, r.kwargs) for r in self.records],
                 [b.tensor for b in self.born], [tensor for _, tensor in self.stored])
 
@@ -240,8 +245,7 @@ class _Body:
 
     def traced(self) -> dict:
         """What a graph cache entry keeps of the trace besides closures and counters."""
-        impl = self.call.backend
-        return {"stepped": [i for i, o in enumerate(impl.optimizer_registry)
+        return {"stepped": [i for i, o in enumerate(self.call.backend.registry.optimizers)
                             if any(o is s for s in self.stepped)],
                 "host_calls": list(self.host_calls),
                 "gradients_held": list(self.gradients_held),
@@ -255,17 +259,18 @@ def capture(step_fn, call: StepCall, *, retry: bool, table,
     ``programs.ProgramTable``, gives the call's signature and the torch optimizer floats traced
     as constants (the others are runtime inputs); the cache names a ``traced_step_type``
     reachable from the step function by its function."""
-    impl, view = call.backend, call.view
+    backend, view = call.backend, call.view
+    registry = backend.registry
     signature, constant_paths = table.signature(call), table.constant_scalars
     body = _Body(step_fn, call, signature)
-    counters_before = _step_counts(impl)
-    born_before = born_state.snapshot(impl)
-    scalar_entries = torch_optimizers.scalar_slots(impl)
-    policy = impl.precision_policy()
-    twins = [_metadata_twin(call.leaves[i], impl.layout) for i in call.tensor_positions]
-    impl.initialize_sparsity()  # masks get their values before the step first reads them
-    decompositions = decompositions_for("CSX" if impl.is_csx else "CPU")
-    cache = CaptureCache(impl, step_fn, call.leaves, signature, view, twins, decompositions,
+    counters_before = _step_counts(registry)
+    born_before = born_state.snapshot(registry)
+    scalar_entries = torch_optimizers.scalar_slots(registry)
+    policy = backend.precision_policy()
+    twins = [_metadata_twin(call.leaves[i], backend.layout) for i in call.tensor_positions]
+    registry.initialize_sparsity()  # masks get their values before the step first reads them
+    decompositions = decompositions_for("CSX" if backend.is_csx else "CPU")
+    cache = CaptureCache(backend, step_fn, call.leaves, signature, view, twins, decompositions,
                          traced_step_type=traced_step_type,
                          trace_hooks=bool(_trace_pre_hooks or _trace_post_hooks),
                          lookup=not retry)
@@ -283,15 +288,15 @@ def capture(step_fn, call: StepCall, *, retry: bool, table,
                                         decompositions=decompositions,
                                         scalar_slots=[slot for _, slot in scalar_entries],
                                         symbolic=symbolic)
-            born_state.restore_attributes(impl, body.attributes_before)
+            born_state.restore_attributes(registry, body.attributes_before)
             born = body.born
             born_state.refuse_parameters(born)
-            born_state.check_no_leaks(impl, allowed=[id(b.tensor) for b in born])
+            born_state.check_no_leaks(registry, allowed=[id(b.tensor) for b in born])
             _scalar_plan(scalar_entries, constant_paths, captured, born)  # may respecialize
         except BaseException:
-            born_state.restore_attributes(impl, body.attributes_before)
+            born_state.restore_attributes(registry, body.attributes_before)
             _undo_counting(counters_before, 0)  # a capture that stopped half-way
-            born_state.discard(impl, born_before)
+            born_state.discard(registry, born_before)
             raise
         counter_steps = _undo_counting(counters_before, body.passes)
         closures = [(r.kind, r.fn) for r in body.records]
@@ -315,15 +320,15 @@ def build(call: StepCall, result: CaptureResult) -> ProgramEntry:
     """The program of a capture for ``call``, and what it was compiled for (the state's
     paths, shapes, dtypes and ties, the optimizers' hyperparameters and parameters, the
     non-tensor arguments)."""
-    impl, view, captured = call.backend, call.view, result.captured
-    program = Program(captured, policy=result.policy, layout=impl.layout,
-                      platform=jax_backend.target.platform_of(impl.jax_devices[0]))
+    backend, view, captured = call.backend, call.view, result.captured
+    program = Program(captured, policy=result.policy, layout=backend.layout,
+                      platform=jax_backend.target.platform_of(backend.jax_devices[0]))
     used = [view.paths[i] for i in captured.used_state]
     written = [view.paths[i] for i in captured.written_state]
     avals = {view.paths[i]: view.aval(i)
              for i in captured.used_state + captured.written_state}
     mine = set(used + written)
-    current = hyperparameters(impl)
+    current = hyperparameters(backend.registry)
     uses = set(result.stepped) | {path[1] for path in result.scalar_paths}
     return ProgramEntry(
         captured=captured, program=program, closures=result.closures,
@@ -334,4 +339,4 @@ def build(call: StepCall, result: CaptureResult) -> ProgramEntry:
         graph=result.graph, leaves_gradients=result.leaves_gradients,
         scalar_paths=result.scalar_paths, scalar_conditions=result.scalar_conditions,
         host_calls=result.host_calls, gradients_held=result.gradients_held,
-        stored_attributes=born_state.attribute_holders(impl, result.stored))
+        stored_attributes=born_state.attribute_holders(backend.registry, result.stored))

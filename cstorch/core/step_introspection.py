@@ -45,7 +45,7 @@ def pure_function(entry: ProgramEntry):
     at every call follow the batch in ``inputs``; a batch alone gets their values of now."""
     program = entry.program
     impl = current_backend_impl()
-    now = [read_scalar(impl, path) for path in entry.scalar_paths]
+    now = [read_scalar(impl.registry, path) for path in entry.scalar_paths]
     batch = len(program.input_specs()) - len(now)
 
     def pure(donated, kept, inputs, seed):
@@ -72,7 +72,7 @@ def pure_state(entry: ProgramEntry) -> "PureState":
     donated_names, kept_names = program.split_state(names)
     return PureState(donated, kept, donated_names, kept_names,
                      [state_name(view.paths[i]) for i in written_index],
-                     [read_scalar(impl, path) for path in entry.scalar_paths],
+                     [read_scalar(impl.registry, path) for path in entry.scalar_paths],
                      [state_name(path) for path in entry.scalar_paths])
 
 

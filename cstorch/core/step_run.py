@@ -34,13 +34,14 @@ def run(call: StepCall, entry: ProgramEntry) -> tuple:
     captured, program = entry.captured, entry.program
     torch_optimizers.run_scheduler_steps(entry.host_calls, "before")
     inputs = [_input_array(call.leaves[i]) for i in call.tensor_positions]
-    inputs += [torch_optimizers.read_scalar(backend, path) for path in entry.scalar_paths]
+    inputs += [torch_optimizers.read_scalar(backend.registry, path)
+               for path in entry.scalar_paths]
     seed = backend.draw_seed() if program.uses_rng else 0
     outputs = program.run(backend.device_state, [view.tensors[i] for i in used_index],
                           [view.tensors[i] for i in written_index], inputs, seed)
     torch_optimizers.run_scheduler_steps(entry.host_calls, "after")
-    backend.gradients_held = frozenset(
-        id(p) for p, held in zip(view.parameters, entry.gradients_held) if held)
+    backend.modes.step_held_gradients(
+        p for p, held in zip(view.parameters, entry.gradients_held) if held)
 
     produced = iter(outputs)
     flat = [LazyTensor(next(produced)) if is_tensor else constant
@@ -52,7 +53,7 @@ def run(call: StepCall, entry: ProgramEntry) -> tuple:
     for (attributes, name), value in zip(entry.stored_attributes, stored):
         attributes[name] = value  # a tensor the step keeps on a module (born_state)
     for (kind, fn), (args, kwargs) in zip(entry.closures, payloads):
-        backend.add_step_closure(kind, fn, args, kwargs)
+        backend.closures.add(kind, fn, args, kwargs)
     for obj, increment in entry.counter_steps:
         obj._step_count += increment
     return user_outputs, born

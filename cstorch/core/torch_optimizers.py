@@ -69,7 +69,7 @@ def is_torch_optimizer(optimizer) -> bool:
 
 def adopt(impl, optimizer) -> None:
     """Registers a torch optimizer with the backend (module docstring)."""
-    if optimizer in impl.optimizer_registry:
+    if optimizer in impl.registry.optimizers:
         return
     for param, state in list(optimizer.state.items()):  # e.g. loaded: never another's tensors
         optimizer.state[param] = plain_copies(state)
@@ -93,17 +93,17 @@ def adopt(impl, optimizer) -> None:
 
 def _counted_zero_grad(optimizer, *args, **kwargs):
     """``zero_grad`` of an adopted torch optimizer: told to the backend as cstorch's are
-    (``BaseBackend.gradients_reset``), then torch's own."""
+    (``ModesAndHooks.gradients_reset``), then torch's own."""
     impl = current_backend_impl(raise_exception=False)
     if impl is not None:
         set_to_none = kwargs.get("set_to_none", args[0] if args else True)
-        impl.gradients_reset([p for group in optimizer.param_groups for p in group["params"]],
+        impl.modes.gradients_reset([p for group in optimizer.param_groups for p in group["params"]],
                              set_to_none)
     return type(optimizer).zero_grad(optimizer, *args, **kwargs)
 
 
 # ----------------------------------------------------------------------- runtime floats
-def scalar_slots(impl) -> list:
+def scalar_slots(registry) -> list:
     """``(path, ScalarSlot)`` of every float in the param groups of the adopted torch
     optimizers, and of every float element of a tuple or list there (``betas``): the values
     a compiled step takes as inputs. Paths as state paths: ``("optimizer", o, "group", g,
@@ -111,7 +111,7 @@ def scalar_slots(impl) -> list:
     from cstorch.core.state_names import state_name
 
     entries = []
-    for o, optimizer in enumerate(impl.optimizer_registry):
+    for o, optimizer in enumerate(registry.optimizers):
         if not is_torch_optimizer(optimizer):
             continue
         for g, group in enumerate(optimizer.param_groups):
@@ -130,11 +130,11 @@ def scalar_slots(impl) -> list:
     return entries
 
 
-def read_scalar(impl, path):
+def read_scalar(registry, path):
     """The float at ``path`` (``scalar_slots``) now, or None if it is no longer there."""
     _, o, _, g, key, *index = path
     try:
-        value = impl.optimizer_registry[o].param_groups[g][key]
+        value = registry.optimizers[o].param_groups[g][key]
         if index:
             value = value[index[0]] if isinstance(value, (tuple, list)) else None
     except (IndexError, KeyError, TypeError):
@@ -144,7 +144,7 @@ def read_scalar(impl, path):
 
 # ---------------------------------------------------------------- during the capture
 @contextlib.contextmanager
-def capture_policy(impl, stepped: list | None = None):
+def capture_policy(registry, stepped: list | None = None):
     """Around the step body while it is captured: torch optimizers not yet adopted stop the
     capture (``Unadopted``); adopted ones step on their compiler path (module docstring).
     Every optimizer stepped is appended to ``stepped``."""
@@ -161,7 +161,7 @@ def capture_policy(impl, stepped: list | None = None):
                 f"torch.optim.{name} cannot run in a compiled step: {_UNSUPPORTED[name]}. "
                 "Use another optimizer (torch.optim or cstorch.optim), or run the step "
                 "eagerly (cstorch.backend(\"CPU\", engine=\"eager\")).")
-        if optimizer not in impl.optimizer_registry:
+        if optimizer not in registry.optimizers:
             raise Unadopted(optimizer)
         saved = [{k: group[k] for k in _CAPTURE_SETTINGS if k in group}
                  for group in optimizer.param_groups]

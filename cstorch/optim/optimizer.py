@@ -84,7 +84,7 @@ class Optimizer(torch.optim.Optimizer, ABC):
                         self.state[p]["step"] = torch.tensor(0.0, dtype=torch.float32)
         for p, state in existing.items():
             self.state[p] = state
-        self.backend._invalidate_state_view()
+        self.backend.invalidate_state_view()
 
     @abstractmethod
     def preinitialize(self):
@@ -254,7 +254,7 @@ def _keeping_existing_state(preinitialize):
         for p, state in existing.items():
             self.state[p].update(state)  # the old tensors back, in the keys' order
         if "_schedulers_registry" in self.__dict__:  # a registered optimizer: new state
-            self.backend._invalidate_state_view()
+            self.backend.invalidate_state_view()
 
     return keeping
 

@@ -56,7 +56,7 @@ class LazyOptimizer(_CstorchOptimizer):
 
     def load_state_dict(self, state_dict):
         self._optimizer.load_state_dict(state_dict)
-        self.backend._invalidate_state_view()
+        self.backend.invalidate_state_view()
 
     def set_main_lr_scheduler(self, lr_scheduler) -> None:
         self.main_lr_scheduler = lr_scheduler
