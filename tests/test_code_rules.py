@@ -200,12 +200,8 @@ def test_the_transition_reader_sees_a_wrong_row():
 # step's call, the backend's parts, the cache key): "module.function" -> why it still stands.
 # Each goes to jax_backend.user_frames.warn when its file is next edited; the test says when an
 # entry is stale.
-_BACKEND_SPLIT = "cstorch/backend/ is being split into single-job parts (issue 46, item 2)"
 _CACHE_KEY = "the graph cache's key is being reworked (issue 46, item 3)"
 ALLOWED_STACKLEVELS = {
-    "cstorch.backend.base_backend.warn_cluster_config_ignored": _BACKEND_SPLIT,
-    "cstorch.backend.cpu_backend.__init__": _BACKEND_SPLIT,
-    "cstorch.backend.old_keywords.saved_checkpoint": _BACKEND_SPLIT,
     "cstorch.core.capture_cache._guarded": _CACHE_KEY,
     "cstorch.core.capture_cache._load": _CACHE_KEY,
     "jax_backend.program._without_cudnn_after": "the program is being reshaped (issue 46, item 1)",

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import warnings
 
 import torch
 
 from jax_backend import mesh
+from jax_backend.user_frames import warn
 
 from cstorch.backend import precision
 from cstorch.backend.base_backend import BaseBackend, warn_cluster_config_ignored
@@ -34,10 +34,8 @@ class CpuBackendImpl(BaseBackend):
         if mixed_precision is not UNSPECIFIED:
             # Releases 2.0 to 2.2 took a bool here (their Model Zoo passes it): True ran the
             # compiled model's forward under cstorch.amp.autocast(). 2.3 on refuse it.
-            warnings.warn(
-                "cstorch.backend(\"CPU\", mixed_precision=...) is the 2.0-2.2 spelling; use "
-                "cstorch.amp.autocast() around the forward pass instead.", DeprecationWarning,
-                stacklevel=3)
+            warn("cstorch.backend(\"CPU\", mixed_precision=...) is the 2.0-2.2 spelling; use "
+                 "cstorch.amp.autocast() around the forward pass instead.", DeprecationWarning)
         # With the 2.0-2.2 keyword, precision is that generation's: the half dtype set with
         # cstorch.amp.set_half_dtype (which their Model Zoo calls on every run) does not put
         # the whole CPU step in half precision; only the forward is autocast, when True.

@@ -15,7 +15,8 @@ Each is taken out of the keywords and applied; the backend itself never sees the
 from __future__ import annotations
 
 import os
-import warnings
+
+from jax_backend.user_frames import warn
 
 _CSX_ONLY = ("micro_batch_size", "use_cs_grad_accum", "retrace_every_iteration", "drop_data")
 
@@ -70,5 +71,4 @@ class CheckpointKeeper:
             except FileNotFoundError:
                 pass
             except OSError as error:
-                warnings.warn(f"max_checkpoints: could not delete old checkpoint {old}: "
-                              f"{error}", stacklevel=3)
+                warn(f"max_checkpoints: could not delete old checkpoint {old}: {error}")
