@@ -42,6 +42,9 @@ def _reset() -> None:
 
 
 config.config.on_reset(_reset)
+# Read while a step is traced (the capture's autocast): a graph cache entry holds for the
+# values it was captured under.
+config.config.include_in_graph_key("cstorch.amp", amp_settings)
 
 
 def mixed_precision() -> bool:
