@@ -28,6 +28,7 @@ import dataclasses
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
+from jax_backend import scalars
 from jax_backend.errors import CaptureError
 from jax_backend.user_frames import current_user_frame
 from cstorch.core.state_names import state_name
@@ -229,14 +230,15 @@ def attribute_holders(registry, paths: list) -> list:
 
 # ------------------------------------------------------------------------- leaked tensors
 def leaked_fake_tensors(registry, allowed=()) -> list:
-    """``(where, container, key)`` of every tensor of a trace left in a registered model
-    (module attributes, parameters, buffers), optimizer (state, param groups) or other
+    """``(where, container, key)`` of every tensor of a trace, or number computed from a
+    hyperparameter the trace took as an input (a torch symbolic float), left in a registered
+    model (module attributes, parameters, buffers), optimizer (state, param groups) or other
     stateful object, but the ids in ``allowed`` (born tensors about to be installed)."""
     found = []
     allowed = set(allowed)
 
     def visit(value, where, container, key, depth):
-        if isinstance(value, FakeTensor):
+        if isinstance(value, FakeTensor) or scalars.is_symbolic(value):
             if id(value) not in allowed:
                 found.append((where, container, key))
         elif depth < 4 and isinstance(value, dict):
@@ -276,12 +278,20 @@ def check_no_leaks(registry, allowed=()) -> None:
     leaks = leaked_fake_tensors(registry, allowed)
     if not leaks:
         return
+    values = [container[key] for _where, container, key in leaks if container is not None]
     for _where, container, key in leaks:
         if isinstance(container, dict):
             del container[key]
         elif isinstance(container, list):
             container[key] = None
     places = ", ".join(where for where, _, _ in leaks[:5])
+    if any(scalars.is_symbolic(value) for value in values):
+        raise CaptureError(
+            f"The step stored a number computed from an optimizer's hyperparameter (its lr, "
+            f"momentum, ...) in {places}: inside the compiled step such a number is an input "
+            "of the program, with no value after the trace. Read the hyperparameter outside "
+            "the step (`optimizer.param_groups[0][\"lr\"]` holds each step's value there), "
+            "or return it from the step as a tensor (`torch.as_tensor(...)`).")
     raise CaptureError(
         f"The step stored a tensor it computed in {places}, outside the state a compiled step "
         "carries between steps: that tensor has no value after the trace. Register it as a "

@@ -283,6 +283,25 @@ def test_the_lr_read_in_the_step_is_the_current_one():
     assert all(type(lr) is float and twice == 2 * lr for lr, twice in seen)
 
 
+def test_a_number_from_a_hyperparameter_kept_on_a_module_is_refused():
+    """Eager torch would keep the float; in the compiled step it is the program's input, with
+    no value after the trace: refused, naming where it was kept, and nothing of it stays."""
+    def in_step(run):
+        run["model"].last_lr = run["optimizer"].param_groups[0]["lr"] * 2
+
+    model = None
+    with pytest.raises(CaptureError, match=r"number computed from an optimizer's "
+                       r"hyperparameter .* in model0\.last_lr: .* Read the hyperparameter "
+                       r"outside the step"):
+        def setup(run):
+            nonlocal model
+            model = run["model"]
+
+        _train("CPU", OPTIMIZERS["SGD"], between=_per_step_lr, in_step=in_step, setup=setup,
+               steps=1)
+    assert not hasattr(model, "last_lr")
+
+
 # --------------------------------------------------------------------- optimizer edits
 @pytest.mark.parametrize("name", ["SGD-momentum", "Adam"])
 def test_a_param_group_added_mid_run_is_stepped_as_in_eager(name):
