@@ -9,6 +9,11 @@ Workloads:
 * mlp:         784-1024-1024-10, batch 256, SGD with momentum
 * transformer: d256, 4 heads, seq 128, batch 16, 2 blocks, AdamW
 * gpt2-small:  d768, 12 heads, seq 256, batch 4, 12 blocks, vocab 50257, AdamW
+* gpt:         d384, 6 heads, seq 128, batch 8, 4 blocks, vocab 256, torch.optim.AdamW (the
+               torch optimizer in both engines: cstorch adopts it)
+* cnn:         pytorch/examples' MNIST network (conv 1->32 3x3, conv 32->64 3x3, max-pool,
+               fc 9216->128->10, log-softmax, NLL), batch 64, Adadelta (lr 1.0); its dropout
+               layers are left out, so the engines' losses can be compared
 
 Every run is a cold start (graph and XLA caches off); a second table gives cstorch's warm
 start (the second run of an unchanged script, XLA's cache warm), with the graph cache off (the
@@ -53,8 +58,32 @@ WORKLOADS = {
                         optimizer="adamw"),
     "gpt2-small": dict(kind="gpt", vocab=50257, d=768, heads=12, layers=12, seq=256, batch=4,
                        optimizer="adamw"),
+    "gpt": dict(kind="gpt", vocab=256, d=384, heads=6, layers=4, seq=128, batch=8,
+                optimizer="torch-adamw"),
+    "cnn": dict(kind="cnn", batch=64, optimizer="adadelta"),
 }
 DEPTHS = (2, 4, 8, 12)
+
+
+def _mnist_net():
+    """pytorch/examples' MNIST network without its dropout layers."""
+    import torch
+    import torch.nn.functional as F
+
+    class MnistNet(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = torch.nn.Conv2d(1, 32, 3, 1)
+            self.conv2 = torch.nn.Conv2d(32, 64, 3, 1)
+            self.fc1 = torch.nn.Linear(9216, 128)
+            self.fc2 = torch.nn.Linear(128, 10)
+
+        def forward(self, x):
+            x = F.relu(self.conv2(F.relu(self.conv1(x))))
+            x = torch.flatten(F.max_pool2d(x, 2), 1)
+            return F.log_softmax(self.fc2(F.relu(self.fc1(x))), dim=1)
+
+    return MnistNet()
 
 
 def _workload(name, layers=None):
@@ -66,6 +95,11 @@ def _workload(name, layers=None):
     spec = dict(WORKLOADS[name])
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
+    if spec["kind"] == "cnn":
+        model = _mnist_net()
+        x = torch.randn(spec["batch"], 1, 28, 28, generator=g)
+        y = torch.randint(0, 10, (spec["batch"],), generator=g)
+        return model, (x, y), torch.nn.functional.nll_loss, spec["optimizer"]
     if spec["kind"] == "mlp":
         model = MLP(spec["sizes"])
         x = torch.randn(spec["batch"], spec["sizes"][0], generator=g)
@@ -79,8 +113,16 @@ def _workload(name, layers=None):
 
 
 def _optimizer(module, kind, model):
+    """The workload's optimizer from ``module`` (torch.optim or cstorch.optim); "torch-adamw"
+    is torch's in both engines."""
     if kind == "sgd":
         return module.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    if kind == "adadelta":
+        return module.Adadelta(model.parameters(), lr=1.0)
+    if kind == "torch-adamw":
+        import torch
+
+        module = torch.optim
     return module.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
 
 
@@ -97,25 +139,35 @@ def training_step(forward, loss_fn, optimizer):
     return step
 
 
-def run_eager(name, steps, compiled=False, layers=None):
+def run_eager(name, steps, compiled=False, layers=None, precision="fp32"):
+    """Eager torch (or torch.compile); ``precision`` "bf16" runs the step under
+    ``torch.autocast("cpu", torch.bfloat16)``, the eager counterpart of cstorch's bf16."""
     import torch
 
     import_rss = _rss_mib()
     model, (x, y), loss_fn, kind = _workload(name, layers)
-    step = training_step(model, loss_fn, _optimizer(torch.optim, kind, model))
+    plain = training_step(model, loss_fn, _optimizer(torch.optim, kind, model))
+    if precision == "bf16":
+        def step(*batch):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return plain(*batch)
+    else:
+        step = plain
     if compiled:
         step = torch.compile(step)
     t0 = time.perf_counter()
-    step(x, y).item()
-    result = {"first": time.perf_counter() - t0}
-    times = []
+    result = {"losses": [step(x, y).item()]}
+    result["first"] = time.perf_counter() - t0
+    times, cpu_times = [], []
     usage = _KernelUsage()
     for _ in range(steps):
-        t0 = time.perf_counter()
-        step(x, y).item()
+        t0, c0 = time.perf_counter(), time.process_time()
+        result["losses"].append(step(x, y).item())
         times.append(time.perf_counter() - t0)
+        cpu_times.append(time.process_time() - c0)
     result.update(usage.per_step(steps))
     result["median"] = statistics.median(times) if times else None
+    result["cpu_median"] = statistics.median(cpu_times) if cpu_times else None
     result["import_rss_mib"] = import_rss
     return result
 
@@ -172,10 +224,18 @@ class _FirstStepSplit:
 
 
 def _step_flops(step) -> float | None:
-    """XLA's count of floating-point operations in one compiled step."""
+    """XLA's count of floating-point operations in one step, lowered with XLA's kernels
+    throughout (a convolution run by torch's kernels is a host callback XLA does not count)."""
+    import jax
+    import numpy as np
+
+    from jax_backend.jax_settings import engine_scope
+
     program = step.programs[0]
-    analysis = program.lower(program.state_specs(), program.input_specs()).compile() \
-        .cost_analysis()
+    donated, kept = program.split_state(program.state_specs())
+    with engine_scope():
+        analysis = jax.jit(program.pure_step).lower(
+            donated, kept, program.input_specs(), np.int64(0)).compile().cost_analysis()
     analysis = analysis[0] if isinstance(analysis, list) else analysis
     return analysis.get("flops")
 
@@ -202,20 +262,24 @@ def run_cstorch(name, steps, precision="fp32", window=None, layers=None):
         cstorch.amp.set_half_dtype("bfloat16")
     step, (x, y) = _cstorch_step(name, layers)
     t0 = time.perf_counter()
-    step(x, y).item()
+    losses = [step(x, y).item()]
     result = {"first": time.perf_counter() - t0, "first_split": dict(split.seconds)}
-    times = []
+    traces = step.trace_count  # (a torch optimizer is adopted by a second capture)
+    times, cpu_times = [], []
     window = window or max(1, min(5, steps // 3))
     usage = _KernelUsage()
     for _ in range(steps // window):
-        t0 = time.perf_counter()
-        for _ in range(window):
-            loss = step(x, y)
-        loss.jax_array.block_until_ready()
+        t0, c0 = time.perf_counter(), time.process_time()
+        window_losses = [step(x, y) for _ in range(window)]
+        window_losses[-1].jax_array.block_until_ready()
         times.append((time.perf_counter() - t0) / window)
+        cpu_times.append((time.process_time() - c0) / window)
+        losses += [float(loss.item()) for loss in window_losses]
     result.update(usage.per_step(steps // window * window))
-    assert step.trace_count == 1
+    assert step.trace_count == traces, "the step was captured again while timed"
+    result["losses"] = losses
     result["median"] = statistics.median(times) if times else None
+    result["cpu_median"] = statistics.median(cpu_times) if cpu_times else None
     result["import_rss_mib"] = import_rss
     result["peak_rss_mib"] = _rss_mib()  # before the cost analysis below compiles again
     result["flops"] = _step_flops(step)
@@ -403,7 +467,7 @@ def _child(spec):
         print("RESULT " + json.dumps(run_executor_runs(engine[len("runs-"):], name)))
         return
     if engine == "eager":
-        result = run_eager(name, steps, layers=layers)
+        result = run_eager(name, steps, layers=layers, precision=precision)
     elif engine == "compile":
         result = run_eager(name, steps, compiled=True, layers=layers)
     else:
@@ -442,20 +506,36 @@ def _summary(values):
 
 def _runners(args):
     runners = [("eager torch", "eager", "fp32")]
+    if "bf16" in args.precision.split(","):  # the reference of cstorch's bf16 row
+        runners.append(("eager torch bf16", "eager", "bf16"))
     if not args.no_compile:
         runners.append(("torch.compile", "compile", "fp32"))
     runners += [(f"cstorch-jax {p}", "cstorch", p) for p in args.precision.split(",")]
     runners += [(f"cstorch-jax {choice}", "cstorch", "fp32")
                 for choice in args.step_memory.split(",") if choice]
+    runners += [(f"cstorch-jax {label}", "cstorch", "fp32") for label in _variants(args)]
     return runners
 
 
-def _runner_env(label) -> dict:
+def _variants(args) -> dict:
+    """``--variant LABEL:VAR=VALUE[;VAR=VALUE]`` rows: cstorch fp32 with those environment
+    variables (e.g. ``xla-conv:CSTORCH_CPU_CONVOLUTIONS=xla``), {label: env}."""
+    variants = {}
+    for text in args.variant or ():
+        label, _, assignments = text.partition(":")
+        variants[label] = dict(a.split("=", 1) for a in assignments.split(";") if a)
+    return variants
+
+
+def _runner_env(label, args=None) -> dict:
     """What a runner adds to a cold start's environment: "cstorch-jax xla" and "cstorch-jax
     reuse" are fp32 with the engine's cpu_step_memory setting at that choice (the plain fp32
-    row has the default, lean: cpu_results.md)."""
+    row has the default, lean: cpu_results.md); a ``--variant`` row its variables."""
     choice = label.split()[-1]
-    if label.startswith("cstorch-jax ") and choice not in ("fp32", "bf16"):
+    variants = _variants(args) if args is not None else {}
+    if label.startswith("cstorch-jax ") and choice in variants:
+        return variants[choice]
+    if label.startswith("cstorch-jax ") and choice in ("lean", "xla", "reuse"):
         return {"CSTORCH_CPU_STEP_MEMORY": choice}
     return {}
 
@@ -474,7 +554,7 @@ def bench_workloads(args):
         for r in range(args.rounds):
             for label, engine, precision in _runners(args):
                 print(f"  round {r + 1}/{args.rounds}: {name} {label}", file=sys.stderr, flush=True)
-                env = {**COLD, **_runner_env(label)}
+                env = {**COLD, **_runner_env(label, args)}
                 per_runner[label].append(_measure(engine, name, steps, precision, env=env))
         results[name] = per_runner
     return results
@@ -520,55 +600,88 @@ def warm_starts(args):
     return rows
 
 
+def _reference(label, per_runner) -> str:
+    """The eager row a runner is compared with: eager torch under autocast bf16 for a bf16
+    row (when measured), else eager torch in fp32."""
+    if label.endswith("bf16") and "eager torch bf16" in per_runner:
+        return "eager torch bf16"
+    return "eager torch"
+
+
+def _loss_gap(runs, reference_runs):
+    """The largest relative difference between a runner's losses and its reference's, step
+    by step (the first round of each; None where either has none)."""
+    ours = next((r["losses"] for r in runs if r and r.get("losses")), None)
+    theirs = next((r["losses"] for r in reference_runs if r and r.get("losses")), None)
+    if not ours or not theirs:
+        return None
+    return max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(ours, theirs))
+
+
 def print_table(results, peak_gflops=None):
-    """One row per runner. RSS: the process's peak, and the workload's own part (peak less the
-    RSS after imports: JAX's runtime alone adds ~170 MiB that no model-sized change can remove).
-    The floor is the step's FLOPs (XLA's count) at this machine's torch matmul rate: no engine
-    can step faster than that, so a target below it is out of reach on this machine."""
+    """One row per runner. Step: the median wall time per step; CPU: the process's CPU time
+    (user + system, all threads) per step, which a busy machine disturbs less than the wall
+    time. Each ratio is to the runner's eager reference (eager torch; for a bf16 row, eager
+    torch under autocast bf16), and ``loss gap`` is the largest relative difference between
+    its losses and the reference's, step by step. RSS: the process's peak, and the workload's
+    own part (peak less the RSS after imports: JAX's runtime alone adds ~170 MiB that no
+    model-sized change can remove). The floor is the step's FLOPs (XLA's count) at this
+    machine's measured fp32 matmul rate (``run_matmul_peak``): no engine steps faster."""
     header = (f"{'workload':12s} {'runner':19s} {'median step ms (min-max)':>26s} {'vs eager':>8s} "
+              f"{'CPU ms':>8s} {'vs eager':>8s} {'loss gap':>8s} "
               f"{'first step s':>12s} {'capture':>7s} {'lower':>6s} {'mlir':>5s} {'xla':>5s} "
               f"{'peak RSS MiB':>12s} {'vs eager':>8s} {'own RSS MiB':>11s} {'vs eager':>8s} "
               f"{'sys ms/step':>11s} {'faults/step':>11s}")
     print(header)
     print("-" * len(header))
     for name, per_runner in results.items():
-        eager = per_runner.get("eager torch", [])
-        eager_step = _summary([r and r["median"] for r in eager])
-        eager_rss = _summary([r and r["peak_rss_mib"] for r in eager])
-        eager_own = _summary([r and r["peak_rss_mib"] - r["import_rss_mib"] for r in eager])
+        def summary(label, key, per_runner=per_runner):
+            runs = per_runner.get(label, [])
+            if key == "own":
+                return _summary([r and r["peak_rss_mib"] - r["import_rss_mib"] for r in runs])
+            return _summary([r and r.get(key) for r in runs])
+
         for label, runs in per_runner.items():
-            step = _summary([r and r["median"] for r in runs])
+            reference = _reference(label, per_runner)
+            step = summary(label, "median")
             if step is None:
                 print(f"{name:12s} {label:19s} {'failed':>26s}")
                 continue
-            first = _summary([r["first"] for r in runs if r])
-            rss = _summary([r["peak_rss_mib"] for r in runs if r])
-            own = _summary([r["peak_rss_mib"] - r["import_rss_mib"] for r in runs if r])
+
+            def ratio(key, label=label, reference=reference):
+                ours, theirs = summary(label, key), summary(reference, key)
+                return ours["median"] / theirs["median"] if ours and theirs else float("nan")
+
+            cpu = summary(label, "cpu_median")
+            gap = _loss_gap(runs, per_runner.get(reference, []))
+            first = summary(label, "first")
+            rss, own = summary(label, "peak_rss_mib"), summary(label, "own")
             splits = [r["first_split"] for r in runs if r and "first_split" in r]
             phases = "".join(
                 f" {statistics.median(s[p] for s in splits):{w}.2f}" if splits else " " * (w + 1)
                 for p, w in (("capture", 7), ("lowering", 6), ("mlir", 5), ("xla_compile", 5)))
             step_ms = (f"{step['median'] * 1e3:.1f} ({step['min'] * 1e3:.1f}-"
                        f"{step['max'] * 1e3:.1f})")
-            ratio = step["median"] / eager_step["median"] if eager_step else float("nan")
-            rss_ratio = rss["median"] / eager_rss["median"] if eager_rss else float("nan")
-            own_ratio = own["median"] / eager_own["median"] if eager_own else float("nan")
+            cpu_ms = f"{cpu['median'] * 1e3:8.1f}" if cpu else f"{'-':>8s}"
+            gap_text = f"{gap:8.1e}" if gap is not None and label != reference else f"{'-':>8s}"
             kernel = "".join(
                 f" {statistics.median(v):11.{d}f}" if v else f" {'-':>11s}"
                 for v, d in (([r["sys_ms_per_step"] for r in runs if r and "sys_ms_per_step" in r],
                               1),
                              ([r["faults_per_step"] for r in runs if r and "faults_per_step" in r],
                               0)))
-            print(f"{name:12s} {label:19s} {step_ms:>26s} {ratio:8.2f} {first['median']:12.2f}"
-                  f"{phases} {rss['median']:12.0f} {rss_ratio:8.2f} {own['median']:11.0f}"
-                  f" {own_ratio:8.2f}{kernel}")
-        flops = [r["flops"] for runs in per_runner.values() for r in runs
-                 if r and r.get("flops")]
+            print(f"{name:12s} {label:19s} {step_ms:>26s} {ratio('median'):8.2f} {cpu_ms}"
+                  f" {ratio('cpu_median'):8.2f} {gap_text} {first['median']:12.2f}"
+                  f"{phases} {rss['median']:12.0f} {ratio('peak_rss_mib'):8.2f}"
+                  f" {own['median']:11.0f} {ratio('own'):8.2f}{kernel}")
+        eager_step = summary("eager torch", "median")
+        flops = [r["flops"] for label, runs in per_runner.items() if not label.endswith("bf16")
+                 for r in runs if r and r.get("flops")]
         if flops and peak_gflops and eager_step:
             floor = flops[0] / (peak_gflops * 1e9)
             print(f"{name:12s} {'floor (FLOPs/peak)':19s} {floor * 1e3:26.1f} "
-                  f"{floor / eager_step['median']:8.2f}   {flops[0] / 1e9:.1f} GFLOP per step at "
-                  f"{peak_gflops:.0f} GFLOP/s")
+                  f"{floor / eager_step['median']:8.2f}   {flops[0] / 1e9:.2f} GFLOP per fp32 "
+                  f"step at {peak_gflops:.0f} GFLOP/s (measured here)")
 
 
 def depth_sweep(args):
@@ -620,6 +733,12 @@ def main():
     parser.add_argument("--step-memory", default="",
                         help="also cstorch fp32 with these CSTORCH_CPU_STEP_MEMORY choices, "
                              "e.g. xla,reuse (the fp32 row has the default, lean)")
+    parser.add_argument("--variant", action="append",
+                        help="also cstorch fp32 with environment variables set: "
+                             "LABEL:VAR=VALUE[;VAR=VALUE] (repeatable), e.g. "
+                             "xla-conv:CSTORCH_CPU_CONVOLUTIONS=xla")
+    parser.add_argument("--no-warm", action="store_true",
+                        help="skip the warm-start table")
     parser.add_argument("--executor-runs", action="store_true",
                         help=f"also time whole {RUN_STEPS}-step and long DataExecutor runs "
                              "(mlp, transformer)")
@@ -641,7 +760,8 @@ def main():
         report["matmul_gflops"] = peak and peak["gflops"]
         report["workloads"] = bench_workloads(args)
         print_table(report["workloads"], report["matmul_gflops"])
-        report["warm_starts"] = warm_starts(args)
+        if not args.no_warm:
+            report["warm_starts"] = warm_starts(args)
     if args.executor_runs:
         report["executor_runs"] = executor_runs(args)
     if args.depth_sweep:

@@ -34,7 +34,7 @@ for _path in (HERE, ROOT, os.path.join(ROOT, "compat")):
         sys.path.insert(0, _path)
 
 GPT_WORKLOADS = ("gpt2s", "small", "tiny")  # bench_gpu.py
-ENGINE_WORKLOADS = ("mlp", "transformer", "gpt2-small")  # bench_engine.py
+ENGINE_WORKLOADS = ("mlp", "transformer", "gpt2-small", "gpt", "cnn")  # bench_engine.py
 
 
 # ---------------------------------------------------------------- the optimized HLO's ops

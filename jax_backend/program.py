@@ -34,7 +34,7 @@ from jax_backend.interpreter import GraphInterpreter
 from jax_backend import jax_settings
 from jax_backend.jax_settings import in_engine_scope
 from jax_backend.mesh import Layout
-from jax_backend.ops import attention
+from jax_backend.ops import attention, torch_kernels
 from jax_backend.precision import Policy
 from jax_backend.registry import lookup
 from jax_backend.scalars import ScalarMeta
@@ -100,8 +100,12 @@ class Program:
         """``jax.jit`` of the step for the current target. The function is new each time: jit
         keys its trace cache by the function, and bound methods of one program compare equal,
         so after a change of target (the cuDNN fallback) JAX 0.7 reused the old trace."""
+        # torch's CPU kernels for the convolutions (cpu_convolutions), in this program only:
+        # never in an export or pure_function (ops/torch_kernels.py).
+        kernels = torch_kernels.wanted(self.target.platform, self.layout)
+
         def pure_step(donated, kept, inputs, seed):  # jit names the program after it
-            return self.pure_step(donated, kept, inputs, seed)
+            return self.pure_step(donated, kept, inputs, seed, torch_kernels=kernels)
         self._compiled_ahead = False  # see _call_jitted
         # How a CPU step's working memory is laid out (cpu_step_memory); nothing elsewhere.
         options = host_memory.step_compiler_options(self.target.platform)
@@ -129,17 +133,18 @@ class Program:
                         self.layout.replicated())
         return {"in_shardings": in_shardings, "out_shardings": (written, None)}
 
-    def pure_step(self, donated, kept, inputs, seed, *, platform=None):
+    def pure_step(self, donated, kept, inputs, seed, *, platform=None, torch_kernels=False):
         """The step as a pure JAX function (not jitted); ``platform`` overrides the one it is
-        lowered for (an export for several platforms passes "any")."""
+        lowered for (an export for several platforms passes "any"); ``torch_kernels``: its
+        CPU convolutions may call torch's kernels on the host (the engine's own program)."""
         used = [None] * (len(donated) + len(kept))
         for j, a in zip(self.donated_positions, donated):
             used[j] = a
         for j, a in zip(self.kept_positions, kept):
             used[j] = a
         key = jax.random.key(seed) if self.uses_rng else None
-        lowering = self.target if platform is None else dataclasses.replace(
-            self.target, platform=platform)
+        lowering = dataclasses.replace(self.target, platform=platform or self.target.platform,
+                                       torch_kernels=torch_kernels)
         with target.lowering_for(lowering):
             flat = self._interpreter.run(list(used) + list(inputs), key)
         n = len(self.captured.written_state)

@@ -11,7 +11,9 @@ for several platforms gets). ``float32_matmul``: torch's ``get_float32_matmul_pr
 ("highest": full fp32, as torch's default; "high": TF32 allowed; "medium": bf16 allowed).
 ``attention``: "auto" (the platform's fastest implementation that supports the call),
 "xla" (never cuDNN), or "cudnn" (cuDNN wherever it supports the call, else XLA with a
-warning); the process default comes from ``CSTORCH_ATTENTION``.
+warning); the process default comes from ``CSTORCH_ATTENTION``. ``torch_kernels``: the
+lowering may call torch's own CPU kernels on the host (``ops.torch_kernels``); only the
+engine's own CPU program sets it (``Program``), never an export or the default target.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class Target:
     platform: str = "any"
     float32_matmul: str = "highest"
     attention: str = "auto"
+    torch_kernels: bool = False
 
     def __post_init__(self):
         if self.float32_matmul not in FLOAT32_MATMUL:

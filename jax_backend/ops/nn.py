@@ -3,6 +3,8 @@ ops of losses. Pooling, normalisation and attention have their own modules.
 
 Backward ops that torch does not decompose (convolution_backward, padding backward) are
 lowered as ``jax.vjp`` of the forward lowering, so forward and backward share one definition.
+A CPU step the engine runs itself computes its convolutions and their gradients with torch's
+own kernels instead (``ops.torch_kernels``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 import torch
 from jax import lax
 
+from jax_backend.ops import torch_kernels
 from jax_backend.ops._common import (compute_dtype, conv_precision, dot_precision,
                                      dot_result_dtype, ntuple, promote)
 from jax_backend.registry import lowers
@@ -77,10 +80,14 @@ def aten_convolution(x, weight, bias, stride, padding, dilation, transposed, out
     # The bias joins the accumulated result and the sum is rounded once, as torch's CPU
     # (oneDNN) half convolutions do; where the platform gives half results (a GPU), it is
     # added to them, as torch's CUDA convolutions add it after cuDNN's.
-    out = _conv_accumulated(x, weight, stride, padding, dilation, transposed, output_padding,
-                            groups)
-    if bias is not None:
-        out = out + bias.astype(out.dtype).reshape((1, -1) + (1,) * (out.ndim - 2))
+    if torch_kernels.applies(x, weight, bias):
+        out = torch_kernels.convolution(x, weight, bias, stride, padding, dilation, transposed,
+                                        output_padding, groups)
+    else:
+        out = _conv_accumulated(x, weight, stride, padding, dilation, transposed,
+                                output_padding, groups)
+        if bias is not None:
+            out = out + bias.astype(out.dtype).reshape((1, -1) + (1,) * (out.ndim - 2))
     out = out.astype(promote(x, weight)[0].dtype)
     return out[0] if unbatched else out
 
@@ -130,6 +137,12 @@ def aten_convolution_backward(grad_output, x, weight, bias_sizes, stride, paddin
     dtypes = (x.dtype, weight.dtype)  # the gradients take them (torch's are never mixed)
     x, weight = promote(x, weight)
     cotangent = grad_output.astype(x.dtype)
+    if x.ndim == weight.ndim and torch_kernels.applies(cotangent, x, weight):
+        grads = torch_kernels.convolution_backward(
+            cotangent, x, weight, bias_sizes, stride, padding, dilation, transposed,
+            output_padding, groups, output_mask)
+        return tuple(None if g is None else g.astype(d)
+                     for g, d in zip(grads, (*dtypes, grad_output.dtype)))
 
     def forward(x_, w_):
         return _conv_forward(x_, w_, stride, padding, dilation, transposed, output_padding, groups,
