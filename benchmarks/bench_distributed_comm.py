@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 import cerebras.pytorch as cstorch
+from cstorch.core import step_introspection
 from cstorch.distributed import ClusterConfig
 from jax_backend import mesh
 
@@ -54,7 +55,7 @@ def measure(num_csx, weight_servers, args):
     tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1))
     training_step(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
     entry = training_step._latest()
-    hlo = entry.program.lower(*training_step._example_arguments(entry)).compile().as_text()
+    hlo = entry.program.lower(*step_introspection.example_arguments(entry)).compile().as_text()
     params = {id(p): p for p in model.parameters()}.values()
     layout = backend._impl.layout
     sharded = sum(p.numel() * 4 for p in params

@@ -20,6 +20,7 @@ import sys
 from typing import Any, List, Literal, Optional, Union
 
 from cstorch import config
+from jax_backend.config import positive_int
 from cstorch.utils import _flags as _flags_module
 from cstorch.utils._flags import DEFAULT, _flags, flag
 
@@ -112,9 +113,10 @@ def _micro_batch_size(name, value):
 
 
 def _positive_int(name, value):
-    if value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}.")
-    return value
+    try:
+        return positive_int(value)
+    except ValueError as error:
+        raise ValueError(f"{name} {error}, got {value!r}.") from None
 
 
 def _transfer_bytes(name, value):

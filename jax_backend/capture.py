@@ -2,7 +2,7 @@
 
 Every state tensor's contents are exchanged with a fake tensor of the same metadata for the
 trace (``_exchange_contents``), so every reference to it sees the fake and then the real data
-again. Two passes (DESIGN §10): ``make_fx`` with core-ATen decompositions over the step
+again. Two passes: ``make_fx`` with core-ATen decompositions over the step
 (autograd runs under the tracer), then, unless every mutation writes a whole state tensor or a
 fresh intermediate (``_simple_writes``, ``_functionalize_writes``), ``make_fx`` over
 ``torch.func.functionalize`` of that graph. The result, ``CapturedStep``, is a pure graph

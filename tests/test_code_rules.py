@@ -298,9 +298,7 @@ TEXT_SUFFIXES = (".py", ".md", ".yml", ".yaml", ".toml", ".sh", ".cfg", ".txt")
 OUTSIDE_FOLDERS = ("shared", "spec")
 # References left in files that other work of issue 46 is rewriting now: "path: reference"
 # -> why it still stands.
-ALLOWED_OUTSIDE_REFERENCES = {
-    "jax_backend/capture.py: DESIGN §": "capture.py is being reworked (issue 46, item 1)",
-}
+ALLOWED_OUTSIDE_REFERENCES: dict = {}
 
 
 def text_files(root) -> list:

@@ -342,9 +342,6 @@ class TracedStep(step_introspection.Introspection):
     def _latest(self) -> ProgramEntry:  # what step_introspection.Introspection looks inside
         return self._table.latest()
 
-    def _example_arguments(self, entry):
-        return step_introspection.example_arguments(entry)
-
 
 def trace(step_fn: Callable) -> TracedStep:
     """Decorates a training or evaluation step: forward, ``loss.backward()``, optimizer and

@@ -29,6 +29,7 @@ from torch.utils import _pytree as pytree
 
 import jax_backend
 from jax_backend import Program, scalars
+from jax_backend.graph_cache.fingerprint import handle_ranks
 from jax_backend.user_frames import warn
 from cstorch import config
 from cstorch.core import torch_optimizers
@@ -77,14 +78,11 @@ def _inputs(shapes_dtypes) -> list:
     return [None if x is None else [list(x[0]), str(x[1])] for x in shapes_dtypes]
 
 
-def _hooks_by_rank(hooks) -> list:
+def _hook_entries_by_rank(hooks) -> list:
     """Hook entries (positions, then tuples of ``RemovableHandle`` ids) with each id replaced
-    by its rank among the entries' ids: ids count every handle the process ever made, so the
-    same hooks registered after another history must render alike (as the fingerprint's
-    hook tables do)."""
-    ids = sorted({h for entry in hooks for part in entry if isinstance(part, tuple)
-                  for h in part})
-    rank = {h: i for i, h in enumerate(ids)}
+    by its rank among the entries' ids (``fingerprint.handle_ranks``)."""
+    rank = handle_ranks(h for entry in hooks for part in entry if isinstance(part, tuple)
+                        for h in part)
     return [[[rank[h] for h in part] if isinstance(part, tuple) else part for part in entry]
             for entry in hooks]
 
@@ -97,8 +95,8 @@ _RENDERINGS = {
     "grad_mode": bool,
     "precision_policy": repr,
     "requires_grad": list,
-    "parameter_hooks": _hooks_by_rank,
-    "module_hooks": _hooks_by_rank,
+    "parameter_hooks": _hook_entries_by_rank,
+    "module_hooks": _hook_entries_by_rank,
     "gradients_held": list,
 }
 

@@ -596,6 +596,14 @@ class Fingerprinter:
                 self._child(name, getattr(value, name))
 
 
+def handle_ranks(ids) -> dict:
+    """Each ``RemovableHandle`` id of ``ids`` -> its rank among them. Handle ids count every
+    handle the process ever made, so the same hooks registered after another history get other
+    ids and the same ranks: what the graph cache's fingerprint and the program signature
+    (``cstorch/core/programs.py``) render."""
+    return {h: i for i, h in enumerate(sorted(set(ids)))}
+
+
 def _hooks_by_rank(state: dict) -> dict:
     """``state`` with its hook tables (``_forward_hooks``, ``_optimizer_step_pre_hooks``,
     ...: dicts keyed by ``RemovableHandle`` ids, which count every handle the process ever
@@ -605,7 +613,7 @@ def _hooks_by_rank(state: dict) -> dict:
               and value and all(type(k) is int for k in value)]
     if not tables:
         return state
-    rank = {k: i for i, k in enumerate(sorted({k for name in tables for k in state[name]}))}
+    rank = handle_ranks(k for name in tables for k in state[name])
     shown = dict(state)
     for name in tables:
         shown[name] = ("hooks by rank", [(rank[k], v) for k, v in state[name].items()])

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 import cerebras.pytorch as cstorch
+from cstorch.core import step_introspection
 from cstorch.distributed import ClusterConfig
 from jax_backend import mesh
 from tests.models import MLP
@@ -86,7 +87,7 @@ def main(options):
     communication = {}
     if options.get("hlo"):
         entry = step._latest()
-        hlo = entry.program.lower(*step._example_arguments(entry)).compile().as_text()
+        hlo = entry.program.lower(*step_introspection.example_arguments(entry)).compile().as_text()
         communication = mesh.communication(hlo)
     final = {k: v.tolist() for k, v in model.state_dict().items()}
     if rank == 0:
