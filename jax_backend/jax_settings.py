@@ -11,6 +11,11 @@ The scope also sets the persistent-compilation-cache thresholds for the engine's
 while the engine's cache is on (``compilation_cache``): every program is written, however
 small or quick to compile, without changing the thresholds of the user's programs.
 
+A scope undoes its setting on the way out, but a Ctrl-C that lands inside that way out (in the
+Python code of a context manager's exit) can cut it short and leave the thread in 64-bit
+mode; so a step's entry point also wraps its whole call in ``thread_settings_kept()``, which
+puts the thread's setting back as the call found it whatever stopped the call.
+
 Arrays made in the scope keep their dtypes outside it; what must be in it is JAX *making*
 an array or a program from values (``device_put``, ``jnp.asarray``, tracing, a ``jit``
 call, whose cache key includes the setting).
@@ -40,6 +45,13 @@ except (ImportError, AttributeError):  # pragma: no cover - depends on the JAX v
     _CACHE_THRESHOLDS = ()
 
 _cache_thresholds_on = False  # set by compilation_cache while the engine's cache is on
+
+try:  # the thread-local state behind jax.enable_x64: what thread_settings_kept reads and resets
+    _X64 = _jax_config.enable_x64
+    _X64.get_local, _X64.set_local  # noqa: B018 - present since JAX 0.4.26
+    _UNSET = _jax_config.config_ext.unset
+except (NameError, AttributeError):  # pragma: no cover - depends on the JAX version
+    _X64 = None
 
 
 def set_cache_thresholds(on: bool) -> None:
@@ -72,6 +84,24 @@ def no_cache_writes():
     min_compile_time, _ = _CACHE_THRESHOLDS[0]
     with min_compile_time(float("inf")):  # no compile takes that long: nothing is written
         yield
+
+
+@contextlib.contextmanager
+def thread_settings_kept():
+    """This thread's JAX 64-bit setting, after the block, as it was before it, even where an
+    interrupt cut an engine scope's exit short inside the block (see the module's text)."""
+    if _X64 is None:
+        yield
+        return
+    before = _X64.get_local()
+    try:
+        yield
+    finally:
+        if _X64.get_local() is not before:
+            _X64.set_local(before)
+            hook = getattr(_X64, "_update_thread_local_hook", None)
+            if hook is not None:  # as JAX's own context manager does on its way out
+                hook(None if before is _UNSET else before)
 
 
 def in_engine_scope(function):

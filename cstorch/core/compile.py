@@ -23,6 +23,7 @@ import torch
 
 import jax_backend
 from jax_backend.errors import raise_interrupt_behind
+from jax_backend.jax_settings import thread_settings_kept
 from jax_backend.user_frames import warn
 from cstorch.backend import (
     Backend, BackendType, backend as _backend_fn, current_backend_impl, implicit_cpu_backend)
@@ -163,12 +164,14 @@ def _zero_grad(module: torch.nn.Module, set_to_none: bool = True) -> None:
 def _interrupts_unwrapped():
     """A Ctrl-C that lands in Python code called from C code (a property numpy reads, a
     callback) comes out as a SystemError: the user's ``except KeyboardInterrupt`` gets the
-    interrupt itself."""
-    try:
-        yield
-    except SystemError as error:
-        raise_interrupt_behind(error)
-        raise
+    interrupt itself; one that lands in an engine scope's exit leaves the user's JAX settings
+    as they were (``jax_settings.thread_settings_kept``)."""
+    with thread_settings_kept():
+        try:
+            yield
+        except SystemError as error:
+            raise_interrupt_behind(error)
+            raise
 
 
 class TracedStep(step_introspection.Introspection):
