@@ -26,9 +26,11 @@ $(VENV)/.installed: pyproject.toml
 demo: .venv
 	$(PY) examples/mnist_mlp.py
 
-# Ruff with the rules in pyproject.toml ([tool.ruff]); CI runs it before the tests.
+# Ruff with the rules in pyproject.toml ([tool.ruff]) and mypy over jax_backend/ ([tool.mypy]);
+# CI runs both before the tests.
 lint: .venv
 	$(PY) -m ruff check .
+	$(PY) -m mypy
 
 # The suites run in parallel processes (pytest-xdist): one per core, at most four (each test
 # starts its own JAX; more workers than cores only interleave). 2 cores: about 9 minutes for

@@ -32,6 +32,7 @@ import os
 import secrets
 import shutil
 import time
+from typing import Literal
 
 from jax_backend.regular_files import open_regular
 
@@ -227,7 +228,7 @@ class AtomicFile:
     def __enter__(self) -> AtomicFile:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         """Publishes (``os.replace``) on a normal exit, discards after an exception."""
         if exc_type is None and not self.published:
             try:

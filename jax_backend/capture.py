@@ -75,7 +75,7 @@ def _core_aten_table() -> dict:
 
 
 @functools.lru_cache(maxsize=1)
-def core_decompositions() -> dict:
+def core_decompositions() -> Mapping:
     """Core-ATen decompositions plus the batch-norm family, less CPU flash attention.
 
     torch keeps ``native_batch_norm`` whole in the core set, but its schema does not mark the
@@ -99,7 +99,7 @@ def core_decompositions() -> dict:
 
 
 # ``_foreach_X`` ops whose per-tensor op is not ``torch.X`` / ``Tensor.X_``.
-_FOREACH_SPECIAL = {
+_FOREACH_SPECIAL: dict[str, Callable] = {
     "norm": lambda t, ord=2, dtype=None: torch.linalg.vector_norm(t, ord, dtype=dtype),
     "max": lambda t: torch.amax(t),
 }
@@ -249,7 +249,7 @@ def _exchange_contents(a: torch.Tensor, b: torch.Tensor) -> None:
     weak-keyed tables hold weak references to the fakes, and user code may hold weak
     references to parameters; both are harmless because we swap back before anyone looks.
     """
-    if copyreg._slotnames(type(a)) or copyreg._slotnames(type(b)):
+    if copyreg._slotnames(type(a)) or copyreg._slotnames(type(b)):  # type: ignore[attr-defined]
         raise CaptureError(
             f"cannot trace with state tensors of type {type(a).__name__}/{type(b).__name__}: "
             "tensor subclasses with __slots__ are not supported as state.")
@@ -484,8 +484,8 @@ def _simple_writes(graph: torch.fx.GraphModule, num_state: int):
     nodes = list(graph.graph.nodes)
     position = {n: i for i, n in enumerate(nodes)}
     tensor_of = {n: n for n in [n for n in nodes if n.op == "placeholder"][:num_state]}
-    root_of = {}  # aliasing node -> the tensor whose memory it shares
-    family = {}  # root -> every node aliasing its memory (views, writes' results), in order
+    root_of: dict = {}  # aliasing node -> the tensor whose memory it shares
+    family: dict = {}  # root -> every node aliasing its memory (views, writes' results), in order
     writes = {}
 
     def alias(node, base):
@@ -536,7 +536,7 @@ def _functionalize_writes(graph: torch.fx.GraphModule, num_state: int, writes: d
     final value (as ``_finalize`` expects)."""
     g = graph.graph
     placeholders = [n for n in g.nodes if n.op == "placeholder"][:num_state]
-    newest = {}  # written tensor -> node holding its newest value
+    newest: dict = {}  # written tensor -> node holding its newest value
     for node in list(g.nodes):
         if node.op == "placeholder":
             continue
@@ -682,7 +682,7 @@ def _unique_state(slots):
 
 def _state_names(slots, state) -> list:
     """A description of each unique state tensor: its first slot's."""
-    names = {}
+    names: dict = {}
     for slot in slots:
         names.setdefault(id(slot.get()), slot.describe())
     return [names[id(t)] for t in state]

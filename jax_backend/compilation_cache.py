@@ -39,9 +39,14 @@ def default_directory() -> str | None:
     return config.cache_directory(config.compilation_cache, "xla")
 
 
+def _jax_directory() -> str | None:
+    """The directory JAX's compilation cache is set to (a setting JAX declares at run time)."""
+    return jax.config.jax_compilation_cache_dir  # type: ignore[attr-defined]
+
+
 def enabled_directory() -> str | None:
     """The directory the engine's programs are cached in now (None: not cached)."""
-    return jax.config.jax_compilation_cache_dir if _holders else None
+    return _jax_directory() if _holders else None
 
 
 def acquire() -> str | None:
@@ -51,7 +56,7 @@ def acquire() -> str | None:
     _holders += 1
     if _holders > 1:
         return enabled_directory()
-    user_directory = jax.config.jax_compilation_cache_dir
+    user_directory = _jax_directory()
     if user_directory:
         jax_settings.set_cache_thresholds(True)
         return user_directory
@@ -78,7 +83,7 @@ def release() -> None:
     if _holders:
         return
     jax_settings.set_cache_thresholds(False)
-    if _ours is not None and jax.config.jax_compilation_cache_dir == _ours:
+    if _ours is not None and _jax_directory() == _ours:
         jax.config.update("jax_compilation_cache_dir", None)
         # JAX opened the directory once; forget it so later programs are not written there.
         from jax.experimental.compilation_cache import compilation_cache as _jax_cache

@@ -139,7 +139,8 @@ class Setting:
     check: Callable[[Any], Any] | None = None
     choices: tuple | None = None
     include_in_graph_key: bool = False
-    owner: "Config" = dataclasses.field(default=None, repr=False, compare=False)
+    owner: "Config" = dataclasses.field(default=None, repr=False,  # type: ignore[assignment]
+                                        compare=False)  # (set by Config.define)
 
     @property
     def value(self):

@@ -102,11 +102,11 @@ def interrupt_behind(error: BaseException) -> KeyboardInterrupt | None:
     callback), some C code reports "... returned a result with an exception set", a
     SystemError whose cause is the KeyboardInterrupt. A step's entry points re-raise that
     interrupt (``raise interrupt from None``), so the user's ``except KeyboardInterrupt`` runs."""
-    seen = 0
-    while isinstance(error, SystemError) and seen < 8:
-        error, seen = error.__cause__ or error.__context__, seen + 1
-        if isinstance(error, KeyboardInterrupt):
-            return error
+    seen, current = 0, error  # type: int, BaseException | None
+    while isinstance(current, SystemError) and seen < 8:
+        current, seen = current.__cause__ or current.__context__, seen + 1
+        if isinstance(current, KeyboardInterrupt):
+            return current
     return None
 
 

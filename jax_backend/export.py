@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import tomllib
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -85,7 +86,7 @@ def project_version() -> str:
 @in_engine_scope
 def export_program(program: Program, path: str, state: dict, state_info: list, used: list,
                    written: list, returned: list, single: bool, closure_values: list,
-                   hyperparameters: list = (), function: str = "step", vjp_order: int = 0,
+                   hyperparameters: Sequence = (), function: str = "step", vjp_order: int = 0,
                    platforms=None) -> str:
     """Writes the artifact directory ``path`` (replacing an earlier export there).
 
@@ -155,8 +156,8 @@ def export_program(program: Program, path: str, state: dict, state_info: list, u
             f.write(blob)
         with open(os.path.join(staging, exported.STATE), "wb") as f:
             np.savez(f, **arrays)
-        with open(os.path.join(staging, exported.MANIFEST), "w") as f:
-            json.dump(manifest, f, indent=1)
+        with open(os.path.join(staging, exported.MANIFEST), "w") as text:
+            json.dump(manifest, text, indent=1)
         shutil.copyfile(exported.__file__, os.path.join(staging, exported.MODULE))
         if os.path.isdir(path):
             if not os.path.exists(os.path.join(path, exported.MANIFEST)):

@@ -36,7 +36,7 @@ try:  # in the project, every error derives from the one root
     from jax_backend.errors import CstorchError, quoted
 except ImportError:  # this file is also the standalone loader, exported_step.py: JAX and numpy only
 
-    class CstorchError(Exception):
+    class CstorchError(Exception):  # type: ignore[no-redef]
         """The standalone loader's stand-in for the project's root error."""
 
     def quoted(value, limit: int = 60) -> str:
@@ -52,7 +52,7 @@ except ImportError:  # this file is also the standalone loader, exported_step.py
 try:
     import fcntl
 except ImportError:  # Windows: no FIFOs to block on, no O_NONBLOCK to clear
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]
 
 FORMAT = "cstorch-export"
 VERSION = 1
@@ -260,7 +260,7 @@ def _unreadable_program(path: str, manifest: dict, error: Exception) -> ExportEr
     except importlib.metadata.PackageNotFoundError:
         here = f"JAX {jax.__version__}"
     writer = written_by(manifest)
-    made_by = manifest.get("made_by") if isinstance(manifest.get("made_by"), dict) else {}
+    made_by: dict = manifest["made_by"] if isinstance(manifest.get("made_by"), dict) else {}
     writer_jax = made_by.get("jax", manifest.get("jax_version"))
     reason = f"{type(error).__name__}: {str(error)[:500]}"
     about_versions = "version" in str(error) or "window" in str(error)

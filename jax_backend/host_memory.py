@@ -47,7 +47,7 @@ STEP_HEAP_BYTES = 31 << 20
 _MEMORY_SCHEDULE = ("xla_cpu_scheduler_type", "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED")
 _MEMORY_SCHEDULE_BEFORE = ("xla_cpu_enable_concurrency_optimized_scheduler", False)
 _HEAPS_OPTION = "xla_multiheap_size_constraint_per_heap"
-STEP_MEMORY = {
+STEP_MEMORY: dict[str, dict] = {
     "lean": dict([_MEMORY_SCHEDULE]),
     "xla": {},
     "reuse": {_HEAPS_OPTION: STEP_HEAP_BYTES},

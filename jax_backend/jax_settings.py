@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from typing import Any
 
 import jax
 
@@ -32,12 +33,12 @@ if hasattr(jax, "enable_x64"):  # JAX >= 0.8: a thread-local context manager
     def _x64():
         return jax.enable_x64(True)
 else:  # JAX 0.6 and 0.7
-    from jax.experimental import enable_x64 as _x64
+    from jax.experimental import enable_x64 as _x64  # type: ignore[attr-defined, no-redef]
 
 try:  # the cache thresholds as thread-local states; without them, JAX's defaults apply
     from jax._src import config as _jax_config
 
-    _CACHE_THRESHOLDS = (
+    _CACHE_THRESHOLDS: tuple = (
         (_jax_config.persistent_cache_min_compile_time_secs, 0.0),
         (_jax_config.persistent_cache_min_entry_size_bytes, -1),  # -1: no minimum
     )
@@ -47,7 +48,7 @@ except (ImportError, AttributeError):  # pragma: no cover - depends on the JAX v
 _cache_thresholds_on = False  # set by compilation_cache while the engine's cache is on
 
 try:  # the thread-local state behind jax.enable_x64: what thread_settings_kept reads and resets
-    _X64 = _jax_config.enable_x64
+    _X64: Any = _jax_config.enable_x64
     _X64.get_local, _X64.set_local  # noqa: B018 - present since JAX 0.4.26
     _UNSET = _jax_config.config_ext.unset
 except (NameError, AttributeError):  # pragma: no cover - depends on the JAX version

@@ -7,6 +7,8 @@ of the device (asynchronous dispatch). The first time torch needs the value (any
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch.utils._pytree import tree_map
 
@@ -15,6 +17,9 @@ from jax_backend.dtypes import array_to_tensor, to_torch_dtype
 
 class LazyTensor(torch.Tensor):
     """A CPU tensor backed by a JAX array; materialized on first use."""
+
+    _array: Any  # the JAX array
+    _value: torch.Tensor | None  # its torch copy, once made
 
     @staticmethod
     def __new__(cls, array):

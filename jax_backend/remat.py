@@ -185,15 +185,15 @@ def _mark(graph, args: tuple, after) -> tuple:
     the others through another, so no tensor's ``requires_grad`` changes)."""
     after = [t for t in (after or ()) if isinstance(t, torch.Tensor)]
     anchor = None if after else _newest_value(graph)
-    args = list(args)
+    marked = list(args)
     for grad in (True, False):
-        where = [i for i, a in enumerate(args)
+        where = [i for i, a in enumerate(marked)
                  if isinstance(a, torch.Tensor) and a.requires_grad == grad]
         if where:
-            for i, value in zip(where, _barrier(graph, [args[i] for i in where], after,
+            for i, value in zip(where, _barrier(graph, [marked[i] for i in where], after,
                                                 anchor)):
-                args[i] = value
-    return tuple(args)
+                marked[i] = value
+    return tuple(marked)
 
 
 def _is_random(node: torch.fx.Node) -> bool:
@@ -232,7 +232,7 @@ def _replay_random(graph, forward_start, recompute_start) -> None:
     drawn = [n for n in _after(recompute_start) if _is_random(n)]
     if not drawn:
         return
-    forward = []
+    forward: list = []
     for node in _after(forward_start):
         if node is recompute_start or len(forward) == len(drawn):
             break

@@ -107,7 +107,7 @@ class Symbols:
     def guards_by_slot(self) -> dict:
         """``{position: SIGN or VALUE}``: what of each scalar's value the traced graph
         depends on (module docstring); positions not listed: nothing."""
-        kinds = {}
+        kinds: dict = {}
         for guard in self.env.guards:
             expr = guard.expr
             symbols = [self._index[s] for s in expr.free_symbols if s in self._index]

@@ -142,14 +142,14 @@ def polynomial(initial: float, end: float, total_iters: int, power: float = 1.0,
     diff = initial - end
 
     if cycle:
-        def schedule(count):
+        def cyclic_schedule(count):
             tf = _tf(count)
             multiplier = jnp.where(tf == 0, _f(1.0), _ceil_div(count, total_iters))
             decay_steps = _f(total_iters) * multiplier
             value = _pow(1.0 - tf / decay_steps, power) * _f(diff) + _f(end)
             return value.astype(_F32)
 
-        return schedule
+        return cyclic_schedule
 
     def schedule(count):
         t = _t(count)

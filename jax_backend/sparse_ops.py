@@ -67,7 +67,8 @@ def topk_mask(score: torch.Tensor, sparsity_level: torch.Tensor, when: torch.Ten
     """A bool mask keeping the top ``1 - sparsity_level`` fraction of ``score`` (all False
     where ``when`` is false); ``ties``: see ``jax_backend.sparsity``."""
     with engine_scope():
-        return array_to_tensor(_topk_jax(*_arrays(score, sparsity_level, when), shaper, ties))
+        arrays = _arrays(score, sparsity_level, when)
+        return array_to_tensor(_topk_jax(*arrays, shaper, ties))  # type: ignore[call-arg]
 
 
 @topk_mask.register_fake
@@ -81,7 +82,8 @@ def drop_minimum(score: torch.Tensor, mask: torch.Tensor, drop_fraction: torch.T
     """``(mask without its lowest-scoring drop_fraction, kept count per group as int32)``
     (``(mask, 0)`` where ``when`` is false)."""
     with engine_scope():
-        new, kept = _drop_jax(*_arrays(score, mask, drop_fraction, when), shaper)
+        arrays = _arrays(score, mask, drop_fraction, when)
+        new, kept = _drop_jax(*arrays, shaper)  # type: ignore[call-arg]
     return array_to_tensor(new), array_to_tensor(kept)
 
 
@@ -96,8 +98,8 @@ def grow_maximum(score: torch.Tensor, mask: torch.Tensor, sparsity_level: torch.
     """``mask`` plus the highest-scoring pruned positions, up to the target density
     (``mask`` itself where ``when`` is false)."""
     with engine_scope():
-        return array_to_tensor(_grow_jax(*_arrays(score, mask, sparsity_level, mask_nonzero,
-                                                  when), shaper))
+        arrays = _arrays(score, mask, sparsity_level, mask_nonzero, when)
+        return array_to_tensor(_grow_jax(*arrays, shaper))  # type: ignore[call-arg]
 
 
 @grow_maximum.register_fake

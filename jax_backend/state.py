@@ -175,9 +175,9 @@ class _Entry:
     ``transition`` (the table above)."""
 
     tensor: torch.Tensor
-    array: jax.Array = None
-    synced_version: int = None  # the tensor's version at the last synchronisation
-    storage: tuple = None  # _storage_key at the last synchronisation
+    array: jax.Array | None = None
+    synced_version: int | None = None  # the tensor's version at the last synchronisation
+    storage: tuple | None = None  # _storage_key at the last synchronisation
     live: bool = False  # in its DeviceState (from the upload until it leaves)
     array_is_newer: bool = False
     # Since the last upload a torch access handed out its memory (a view, ``p.data``, a
@@ -189,7 +189,7 @@ class _Entry:
     foreign: bool = False  # its memory may be a numpy array someone else holds
     released: bool = False  # the torch storage was given back; the array is the only copy
     # Under ``debug_state``: the DeviceState (weakly), which names the tensor in an error.
-    checked_by: weakref.ref = None
+    checked_by: weakref.ref | None = None
 
     def transition(self, event: str, array=_SAME, synced_version=_SAME, storage=_SAME,
                    shared=_SAME, foreign=_SAME) -> None:
@@ -230,7 +230,7 @@ class _Entry:
         return value + "+lent" if self.handed_out else value
 
     def _illegal(self, before: str, event: str, after: str):
-        owner = self.checked_by()
+        owner = self.checked_by() if self.checked_by is not None else None
         name = owner._describe(self.tensor) if owner is not None and self.tensor is not None \
             else "(gone)"
         legal = sorted({e for b, e, _ in TRANSITIONS if b == before})
@@ -598,7 +598,7 @@ class DeviceState:
         keep = {id(t) for t in tensors}
         self._drop([e for k, e in self._entries.items() if k not in keep])
 
-    def _drop(self, entries: list) -> None:
+    def _drop(self, entries: list[_Entry]) -> None:
         """A dropped tensor that someone still holds becomes an ordinary tensor with its newest
         value (a released one needs it back), where reading it needs no collective; one held
         by nothing else is simply let go, not filled first."""
@@ -608,7 +608,8 @@ class DeviceState:
                 continue
             del self._entries[id(entry.tensor)]
             held = weakref.ref(entry.tensor)
-            entry.tensor = None  # if ours was the last reference, the tensor goes here
+            # If ours was the last reference, the tensor goes here.
+            entry.tensor = None  # type: ignore[assignment]
             tensor = held()
             if tensor is None:
                 continue

@@ -136,11 +136,11 @@ class _Guard:
             return self.__repr__(*args, **kwargs)
 
 
-class GuardedParameter(_Guard, torch.nn.Parameter):
+class GuardedParameter(_Guard, torch.nn.Parameter):  # type: ignore[misc]
     """A parameter whose newest value may live on the JAX side (see module docstring)."""
 
 
-class GuardedTensor(_Guard, torch.Tensor):
+class GuardedTensor(_Guard, torch.Tensor):  # type: ignore[misc]
     """A state tensor whose newest value may live on the JAX side (see module docstring)."""
 
 
@@ -162,7 +162,7 @@ def guard(tensor: torch.Tensor, owner) -> None:
     guard_class = _GUARD_OF.get(type(tensor))
     if guard_class is not None:
         tensor.__dict__[_OWNER] = weakref.ref(owner)
-        tensor.__class__ = guard_class
+        tensor.__class__ = guard_class  # type: ignore[assignment]
     elif isinstance(tensor, _GUARDED):
         tensor.__dict__[_OWNER] = weakref.ref(owner)
 
@@ -171,7 +171,7 @@ def unguard(tensor: torch.Tensor) -> None:
     """Gives ``tensor`` its plain class back; its owner is no longer told of its use."""
     base = _BASE_OF.get(type(tensor))
     if base is not None:
-        tensor.__class__ = base
+        tensor.__class__ = base  # type: ignore[assignment]
         tensor.__dict__.pop(_OWNER, None)
 
 

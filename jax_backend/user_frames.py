@@ -17,6 +17,7 @@ import contextlib
 import os
 import sys
 import traceback
+import types
 import warnings
 
 import jax
@@ -64,7 +65,8 @@ def warn(message: str, category: type = UserWarning) -> None:
     """``warnings.warn`` attributed to the innermost user frame of the current stack, so the
     warning shows the user's line (and ``-W error``/filters by module match the user's code)
     however many library frames lie between."""
-    frame, level = sys._getframe(1), 1
+    frame: types.FrameType | None = sys._getframe(1)
+    level = 1
     while frame is not None and is_internal(frame.f_code.co_filename):
         frame, level = frame.f_back, level + 1
     if frame is None:  # called from library code only (e.g. an import): the direct caller

@@ -114,10 +114,11 @@ class _Encoder:
         raise fingerprint.NotCacheable(f"node metadata of type {type(v).__name__}")
 
     def node(self, n: torch.fx.Node) -> list:
+        target: int | str | None
         if n.op in ("placeholder", "output"):
             target = None
         elif n.op == "get_attr":
-            target = self.constant(getattr(self.gm, n.target))
+            target = self.constant(getattr(self.gm, str(n.target)))
         elif n.op == "call_function" and n.target is operator.getitem:
             target = "getitem"
         elif n.op == "call_function" and n.target in scalars.NAME_OF:
@@ -191,7 +192,7 @@ def pack(captured: CapturedStep, extras: dict, files: dict, key: str) -> bytes:
         arrays[f"c{i}"] = t.reshape(-1).view(torch.uint8).numpy() if t.numel() \
             else np.zeros(0, np.uint8)
     buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
+    np.savez(buffer, **arrays)  # type: ignore[arg-type]
     return buffer.getvalue()
 
 

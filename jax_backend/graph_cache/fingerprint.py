@@ -60,7 +60,7 @@ from jax_backend.errors import CstorchError
 LIBRARY_DIRS = tuple(sorted({
     os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
     os.path.dirname(os.path.abspath(jax.__file__)) + os.sep,
-    os.path.dirname(os.path.abspath(__import__("jaxlib").__file__)) + os.sep,
+    os.path.dirname(os.path.abspath(str(__import__("jaxlib").__file__))) + os.sep,
     os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep,
     os.path.abspath(sysconfig.get_paths()["platstdlib"]) + os.sep,
 }))
@@ -81,8 +81,8 @@ MAX_VALUE_BYTES = 64 * 1024 * 1024
 _ATOMS = (type(None), bool, int, float, complex, str, bytes)
 _TORCH_ATOMS = (torch.dtype, torch.device, torch.layout, torch.memory_format)
 # Iterators over built-in containers: ``__reduce__`` gives (iter, (container,), position).
-_BUILTIN_ITERATORS = tuple({type(iter(x)) for x in ([], (), range(0), "", b"", {}, {}.values(),
-                                                     {}.items(), set())})
+_EMPTY_CONTAINERS: tuple = ([], (), range(0), "", b"", {}, {}.values(), {}.items(), set())
+_BUILTIN_ITERATORS = tuple({type(iter(x)) for x in _EMPTY_CONTAINERS})
 _DESCRIPTORS = (types.MethodDescriptorType, types.WrapperDescriptorType,
                 types.ClassMethodDescriptorType, types.GetSetDescriptorType,
                 types.MemberDescriptorType, types.MethodWrapperType)
@@ -190,7 +190,7 @@ def _foreign_code(value) -> bool:
         return _foreign_code(value.__func__)
     if kind is functools.partial:
         return _foreign_code(value.func)
-    return _is_user_type(kind)
+    return _is_user_type(kind)  # type: ignore[arg-type]  # (a class is hashable)
 
 
 @functools.lru_cache(maxsize=None)
@@ -490,7 +490,8 @@ class Fingerprinter:
         self._emit(tuple(tensor.stride()), tensor.requires_grad)
 
     def _array_bytes(self, kind, dtype, shape, data) -> None:
-        buffer = memoryview(data if isinstance(data, bytes) else np.ascontiguousarray(data))
+        buffer = memoryview(data if isinstance(data, bytes)
+                            else np.ascontiguousarray(data))  # type: ignore[arg-type]
         self._value_bytes += buffer.nbytes
         if self._value_bytes > MAX_VALUE_BYTES:
             self._fail(f"more than {MAX_VALUE_BYTES >> 20} MiB of tensor values to hash")

@@ -156,7 +156,8 @@ def step_key(fingerprinter: fingerprint.Fingerprinter, slots, inputs, selection,
         for name, value in layer.graph_key_values():
             fingerprinter.add(name, value)
     process = process_inputs()
-    index_of, layout = {}, []
+    index_of: dict = {}
+    layout: list = []
     for slot in slots:
         tensor = slot.get()
         unique = index_of.setdefault(id(tensor), len(index_of))

@@ -7,6 +7,7 @@ common dtype before the JAX op, so each lowering computes in the dtype torch com
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -454,8 +455,10 @@ def _comparison(fn):
     return lowering
 
 
-for _name, _fn in [("eq", jnp.equal), ("ne", jnp.not_equal), ("lt", jnp.less),
-                   ("le", jnp.less_equal), ("gt", jnp.greater), ("ge", jnp.greater_equal)]:
+_COMPARISONS: list[tuple[str, Callable]] = [
+    ("eq", jnp.equal), ("ne", jnp.not_equal), ("lt", jnp.less), ("le", jnp.less_equal),
+    ("gt", jnp.greater), ("ge", jnp.greater_equal)]
+for _name, _fn in _COMPARISONS:
     _packet = getattr(aten, _name)
     lowers(_packet.Tensor, _packet.Scalar)(_comparison(_fn))
 

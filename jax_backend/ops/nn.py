@@ -277,14 +277,14 @@ def _register_upsample(name, nd, kind, has_align, antialias=False):
         def grad(grad_output, output_size, input_size, align_corners, *scales):
             return _upsample_vjp(grad_output, input_size, lambda x: default(
                 x, output_size, align_corners, *scales))
-    else:
-        def vec(x, output_size, scale_factors):
+    else:  # (other signatures: these ops take no align_corners)
+        def vec(x, output_size, scale_factors):  # type: ignore[misc]
             return _upsample(x, nd, output_size, scale_factors, kind)
 
-        def default(x, output_size, *scales):
+        def default(x, output_size, *scales):  # type: ignore[misc]
             return _upsample_scaled(x, nd, output_size, scales, kind, False, False)
 
-        def grad(grad_output, output_size, input_size, *scales):
+        def grad(grad_output, output_size, input_size, *scales):  # type: ignore[misc]
             return _upsample_vjp(grad_output, input_size, lambda x: default(x, output_size, *scales))
 
     for fn, suffix in ((vec, "vec"), (default, "default"), (grad, "backward")):
