@@ -133,7 +133,7 @@ def _traced_graph():
 
 
 def _newest(graph: torch.fx.Graph) -> torch.fx.Node:
-    return next(reversed(graph.nodes))
+    return next(iter(reversed(graph.nodes)))  # (torch 2.9's reversed node list is no iterator)
 
 
 def _after(node: torch.fx.Node):

@@ -35,6 +35,18 @@ NO_TORCH = textwrap.dedent("""
 """)
 
 
+def _x64():
+    """JAX's 64-bit types for a block, as the user turns them on (``jax.enable_x64`` from JAX
+    0.8; ``jax.experimental.enable_x64`` before, the compat leg's JAX 0.7)."""
+    import jax
+
+    if hasattr(jax, "enable_x64"):
+        return jax.enable_x64(True)
+    from jax.experimental import enable_x64
+
+    return enable_x64(True)
+
+
 def _run_without_torch(artifact, body, tmp_path):
     script = tmp_path / "torch_free.py"
     script.write_text(NO_TORCH + textwrap.dedent(f"""
@@ -294,7 +306,7 @@ def test_pure_function_takes_a_torch_optimizers_floats_after_the_batch():
     batch = [t.numpy() for t in linear_mse_batch(1)]
     weight = state.donated_names.index("model0.weight")
     new = {}
-    with jax.enable_x64(True):
+    with _x64():
         for lr, inputs in ((0.1, batch), (0.05, batch + [0.05, 0.9])):  # now's values, given
             new_state, _ = f(state.donated, state.kept, inputs, 0)
             new[lr] = np.asarray(state.advance(new_state).donated[weight])
@@ -609,13 +621,7 @@ def test_a_forward_export_trains_batchnorm_in_jax_and_comes_back_to_torch(tmp_pa
         return optax.apply_updates(params, updates), buffers, opt_state, loss
 
     losses = []
-    if hasattr(jax, "enable_x64"):  # JAX >= 0.8
-        x64 = jax.enable_x64(True)
-    else:  # JAX 0.7, the compat leg
-        from jax.experimental import enable_x64
-
-        x64 = enable_x64(True)
-    with x64:  # num_batches_tracked is int64
+    with _x64():  # num_batches_tracked is int64
         train = jax.jit(train)
         for x, y in batches:
             params, buffers, opt_state, loss = train(params, buffers, opt_state, x.numpy(),
