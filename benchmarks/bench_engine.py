@@ -65,38 +65,17 @@ WORKLOADS = {
 DEPTHS = (2, 4, 8, 12)
 
 
-def _mnist_net():
-    """pytorch/examples' MNIST network without its dropout layers."""
-    import torch
-    import torch.nn.functional as F
-
-    class MnistNet(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv1 = torch.nn.Conv2d(1, 32, 3, 1)
-            self.conv2 = torch.nn.Conv2d(32, 64, 3, 1)
-            self.fc1 = torch.nn.Linear(9216, 128)
-            self.fc2 = torch.nn.Linear(128, 10)
-
-        def forward(self, x):
-            x = F.relu(self.conv2(F.relu(self.conv1(x))))
-            x = torch.flatten(F.max_pool2d(x, 2), 1)
-            return F.log_softmax(self.fc2(F.relu(self.fc1(x))), dim=1)
-
-    return MnistNet()
-
-
 def _workload(name, layers=None):
     """(model, batch, loss_fn, optimizer kind) of a named workload, seeded."""
     import torch
 
-    from tests.models import MLP, TinyGPT, lm_loss
+    from tests.models import MLP, MnistNet, TinyGPT, lm_loss
 
     spec = dict(WORKLOADS[name])
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
     if spec["kind"] == "cnn":
-        model = _mnist_net()
+        model = MnistNet()
         x = torch.randn(spec["batch"], 1, 28, 28, generator=g)
         y = torch.randint(0, 10, (spec["batch"],), generator=g)
         return model, (x, y), torch.nn.functional.nll_loss, spec["optimizer"]

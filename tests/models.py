@@ -41,6 +41,24 @@ class SmallCNN(nn.Module):
         return self.head(torch.flatten(x, 1))
 
 
+class MnistNet(nn.Module):
+    """pytorch/examples' MNIST network without its dropout layers: two 3x3 convolutions,
+    max-pool, two linear layers, log-softmax. ``channels``, ``hidden`` and the square ``image``
+    size shrink it for tests (the example: (32, 64), 128, 28)."""
+
+    def __init__(self, channels=(32, 64), hidden=128, image=28):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, channels[0], 3, 1)
+        self.conv2 = nn.Conv2d(channels[0], channels[1], 3, 1)
+        self.fc1 = nn.Linear(channels[1] * ((image - 4) // 2) ** 2, hidden)
+        self.fc2 = nn.Linear(hidden, 10)
+
+    def forward(self, x):
+        x = F.relu(self.conv2(F.relu(self.conv1(x))))
+        x = torch.flatten(F.max_pool2d(x, 2), 1)
+        return F.log_softmax(self.fc2(F.relu(self.fc1(x))), dim=1)
+
+
 class Block(nn.Module):
     def __init__(self, d, heads, dropout):
         super().__init__()

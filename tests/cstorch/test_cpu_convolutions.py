@@ -14,24 +14,14 @@ import torch.nn.functional as F
 
 import cerebras.pytorch as cstorch
 from jax_backend import exported
+from tests.models import MnistNet
 
 STEPS = 4
 
 
-class MnistNet(torch.nn.Module):
+def _net():
     """pytorch/examples' MNIST network, narrower, without dropout."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv1 = torch.nn.Conv2d(1, 8, 3, 1)
-        self.conv2 = torch.nn.Conv2d(8, 16, 3, 1)
-        self.fc1 = torch.nn.Linear(16 * 6 * 6, 32)
-        self.fc2 = torch.nn.Linear(32, 10)
-
-    def forward(self, x):
-        x = F.relu(self.conv2(F.relu(self.conv1(x))))
-        x = torch.flatten(F.max_pool2d(x, 2), 1)
-        return F.log_softmax(self.fc2(F.relu(self.fc1(x))), dim=1)
+    return MnistNet(channels=(8, 16), hidden=32, image=16)
 
 
 def _batches(n=STEPS):
@@ -46,7 +36,7 @@ def _weights(model):
 
 def _eager(batches):
     torch.manual_seed(0)
-    model = MnistNet()
+    model = _net()
     optimizer = torch.optim.Adadelta(model.parameters(), lr=1.0)
     losses = []
     for x, y in batches:
@@ -60,7 +50,7 @@ def _eager(batches):
 
 def _traced(tmp_path):
     torch.manual_seed(0)
-    model = MnistNet()
+    model = _net()
     compiled = cstorch.compile(model, cstorch.backend("CPU", artifact_dir=str(tmp_path)))
     optimizer = cstorch.optim.Adadelta(model.parameters(), lr=1.0)
 

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 import cerebras.pytorch as cstorch
 from cstorch.core.compile import RecompilationWarning
 
-from tests.models import TinyGPT, lm_loss
+from tests.models import MnistNet, TinyGPT, lm_loss
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 
@@ -132,21 +132,6 @@ def test_a_nanogpt_shaped_script_gives_eagers_numbers(engine):
 
 
 # ------------------------------------------------------------------------------ MNIST
-class _Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1 = torch.nn.Conv2d(1, 4, 3, 1)
-        self.conv2 = torch.nn.Conv2d(4, 8, 3, 1)
-        self.fc1 = torch.nn.Linear(8 * 4 * 4, 16)
-        self.fc2 = torch.nn.Linear(16, 10)
-
-    def forward(self, x):
-        x = F.relu(self.conv1(x))
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        x = F.relu(self.fc1(torch.flatten(x, 1)))
-        return F.log_softmax(self.fc2(x), dim=1)
-
-
 EPOCHS, BATCHES_PER_EPOCH = 3, 3
 
 
@@ -159,7 +144,7 @@ def _mnist_data(seed, count):
 def _mnist_shaped(engine):
     """Returns (train losses, per-epoch test (loss, correct), learning rates, model)."""
     torch.manual_seed(0)
-    model = _Net()
+    model = MnistNet(channels=(4, 8), hidden=16, image=12)
     forward = _compiled(engine, model)
     optimizer = torch.optim.Adadelta(model.parameters(), lr=1.0)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.7)
