@@ -71,22 +71,14 @@ def _python_files(folders):
 
 
 def _definitions(tree):
-    """Module-level functions and classes, and the functions of class bodies (any depth)."""
+    """The functions and classes of a module's or class's body, and those of the classes in
+    it (any depth)."""
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             yield node
         elif isinstance(node, ast.ClassDef):
             yield node
-            yield from _class_members(node)
-
-
-def _class_members(cls):
-    for node in cls.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            yield node
-        elif isinstance(node, ast.ClassDef):
-            yield node
-            yield from _class_members(node)
+            yield from _definitions(node)
 
 
 def _used_names(tree) -> set:
