@@ -618,17 +618,11 @@ def test_disk_full_during_save_raises_one_clear_oserror(tmp_path):
 # ------------------------------------------------------------------ concurrent saves
 @pytest.mark.parametrize("publish", ["link", "renameat2", "reserve"])
 def test_concurrent_exclusive_saves_to_one_path_never_replace_each_other(tmp_path, monkeypatch, publish):
-    import errno
     import threading
 
-    from jax_backend import atomic_files
+    from tests.jax_backend.test_atomic_files import use_publish
 
-    if publish != "link":
-        def no_link(*args):
-            raise OSError(errno.EPERM, "no hard links here")
-        monkeypatch.setattr(atomic_files.os, "link", no_link)
-    if publish == "reserve":
-        monkeypatch.setattr(atomic_files, "_rename_noreplace", lambda *args: False)
+    use_publish(monkeypatch, publish)
     path = tmp_path / "shared.mdl"
     barrier = threading.Barrier(6)
     results = {}

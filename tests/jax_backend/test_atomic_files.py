@@ -124,10 +124,9 @@ def test_a_temporary_name_already_taken_is_drawn_again(tmp_path, monkeypatch):
     assert os.listdir(tmp_path / "dir") == [] and os.listdir(taken_dir) == ["theirs.txt"]
 
 
-@pytest.mark.parametrize("publish", ["link", "renameat2", "reserve"])
-def test_write_file_without_replacing_refuses_an_existing_path(tmp_path, monkeypatch, publish):
-    """Each of the three no-replace publishes keeps a file already there (FileExistsError,
-    no temporary left) and publishes where the path is free."""
+def use_publish(monkeypatch, publish: str) -> None:
+    """Makes atomic_files publish without replacing by ``publish``: "link" (a hard link, the
+    first choice), "renameat2" (no hard links) or "reserve" (neither)."""
     import errno
 
     if publish != "link":
@@ -136,6 +135,13 @@ def test_write_file_without_replacing_refuses_an_existing_path(tmp_path, monkeyp
         monkeypatch.setattr(atomic_files.os, "link", no_link)
     if publish == "reserve":
         monkeypatch.setattr(atomic_files, "_rename_noreplace", lambda *args: False)
+
+
+@pytest.mark.parametrize("publish", ["link", "renameat2", "reserve"])
+def test_write_file_without_replacing_refuses_an_existing_path(tmp_path, monkeypatch, publish):
+    """Each of the three no-replace publishes keeps a file already there (FileExistsError,
+    no temporary left) and publishes where the path is free."""
+    use_publish(monkeypatch, publish)
     path = tmp_path / "secret"
     path.write_bytes(b"first")
     with pytest.raises(FileExistsError):
