@@ -26,9 +26,11 @@ $(VENV)/.installed: pyproject.toml
 demo: .venv
 	$(PY) examples/mnist_mlp.py
 
-# Ruff with the rules in pyproject.toml ([tool.ruff]) and mypy over jax_backend/ ([tool.mypy]);
-# CI runs both before the tests.
+# Ruff's formatter (a check: `ruff format .` rewrites), its linter with the rules in
+# pyproject.toml ([tool.ruff]; import order among them) and mypy over jax_backend/
+# ([tool.mypy]); CI runs all three before the tests.
 lint: .venv
+	$(PY) -m ruff format --check .
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 

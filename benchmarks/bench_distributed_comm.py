@@ -36,8 +36,11 @@ from gpt_adamw import GPT
 
 def measure(num_csx, weight_servers, args):
     cstorch.backend._reset_for_tests()
-    backend = cstorch.backend("CSX", artifact_dir="/tmp/bench_comm", cluster_config=ClusterConfig(
-        num_csx=num_csx, max_wgt_servers=weight_servers))
+    backend = cstorch.backend(
+        "CSX",
+        artifact_dir="/tmp/bench_comm",
+        cluster_config=ClusterConfig(num_csx=num_csx, max_wgt_servers=weight_servers),
+    )
     cstorch.amp.enable_mixed_precision(False)
     torch.manual_seed(0)
     model = GPT(args.vocab, args.d_model, 4, args.layers, args.seq)
@@ -48,8 +51,7 @@ def measure(num_csx, weight_servers, args):
     def training_step(inputs, targets):
         logits = compiled(inputs)
         loss = F.cross_entropy(logits.reshape(-1, args.vocab), targets.reshape(-1))
-        cstorch.amp.optimizer_step(loss, optimizer, cstorch.amp.GradScaler(),
-                                   max_gradient_norm=1.0)
+        cstorch.amp.optimizer_step(loss, optimizer, cstorch.amp.GradScaler(), max_gradient_norm=1.0)
         return loss
 
     tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1))
@@ -58,13 +60,21 @@ def measure(num_csx, weight_servers, args):
     hlo = entry.program.lower(*step_introspection.example_arguments(entry)).compile().as_text()
     params = {id(p): p for p in model.parameters()}.values()
     layout = backend._impl.layout
-    sharded = sum(p.numel() * 4 for p in params
-                  if layout.state_sharding(tuple(p.shape)).spec != layout.replicated().spec)
-    return {"num_csx": num_csx, "weight_servers": weight_servers,
-            "mesh": dict(layout.mesh.shape), "param_bytes": sum(p.numel() * 4 for p in params),
-            "sharded_param_bytes": sharded,
-            "collectives": {op: {"count": c, "bytes": b}
-                            for op, (c, b) in sorted(mesh.communication(hlo).items())}}
+    sharded = sum(
+        p.numel() * 4
+        for p in params
+        if layout.state_sharding(tuple(p.shape)).spec != layout.replicated().spec
+    )
+    return {
+        "num_csx": num_csx,
+        "weight_servers": weight_servers,
+        "mesh": dict(layout.mesh.shape),
+        "param_bytes": sum(p.numel() * 4 for p in params),
+        "sharded_param_bytes": sharded,
+        "collectives": {
+            op: {"count": c, "bytes": b} for op, (c, b) in sorted(mesh.communication(hlo).items())
+        },
+    }
 
 
 def main():

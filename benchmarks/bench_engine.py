@@ -54,12 +54,15 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 WORKLOADS = {
     "mlp": dict(kind="mlp", sizes=(784, 1024, 1024, 10), batch=256, optimizer="sgd"),
-    "transformer": dict(kind="gpt", vocab=1024, d=256, heads=4, layers=2, seq=128, batch=16,
-                        optimizer="adamw"),
-    "gpt2-small": dict(kind="gpt", vocab=50257, d=768, heads=12, layers=12, seq=256, batch=4,
-                       optimizer="adamw"),
-    "gpt": dict(kind="gpt", vocab=256, d=384, heads=6, layers=4, seq=128, batch=8,
-                optimizer="torch-adamw"),
+    "transformer": dict(
+        kind="gpt", vocab=1024, d=256, heads=4, layers=2, seq=128, batch=16, optimizer="adamw"
+    ),
+    "gpt2-small": dict(
+        kind="gpt", vocab=50257, d=768, heads=12, layers=12, seq=256, batch=4, optimizer="adamw"
+    ),
+    "gpt": dict(
+        kind="gpt", vocab=256, d=384, heads=6, layers=4, seq=128, batch=8, optimizer="torch-adamw"
+    ),
     "cnn": dict(kind="cnn", batch=64, optimizer="adadelta"),
 }
 DEPTHS = (2, 4, 8, 12)
@@ -84,8 +87,13 @@ def _workload(name, layers=None):
         x = torch.randn(spec["batch"], spec["sizes"][0], generator=g)
         y = torch.randint(0, spec["sizes"][-1], (spec["batch"],), generator=g)
         return model, (x, y), torch.nn.functional.cross_entropy, spec["optimizer"]
-    model = TinyGPT(vocab=spec["vocab"], d=spec["d"], heads=spec["heads"],
-                    layers=layers or spec["layers"], seq=spec["seq"])
+    model = TinyGPT(
+        vocab=spec["vocab"],
+        d=spec["d"],
+        heads=spec["heads"],
+        layers=layers or spec["layers"],
+        seq=spec["seq"],
+    )
     tokens = torch.randint(0, spec["vocab"], (spec["batch"], spec["seq"] + 1), generator=g)
     batch = (tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
     return model, batch, lm_loss, spec["optimizer"]
@@ -127,6 +135,7 @@ def run_eager(name, steps, compiled=False, layers=None, precision="fp32"):
     model, (x, y), loss_fn, kind = _workload(name, layers)
     plain = training_step(model, loss_fn, _optimizer(torch.optim, kind, model))
     if precision == "bf16":
+
         def step(*batch):
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 return plain(*batch)
@@ -162,8 +171,10 @@ class _KernelUsage:
         if not steps:
             return {}
         end = resource.getrusage(resource.RUSAGE_SELF)
-        return {"faults_per_step": (end.ru_minflt - self.start.ru_minflt) / steps,
-                "sys_ms_per_step": (end.ru_stime - self.start.ru_stime) * 1e3 / steps}
+        return {
+            "faults_per_step": (end.ru_minflt - self.start.ru_minflt) / steps,
+            "sys_ms_per_step": (end.ru_stime - self.start.ru_stime) * 1e3 / steps,
+        }
 
 
 def _timed(seconds, phase, fn):
@@ -182,8 +193,10 @@ class _FirstStepSplit:
     under jit's trace), wrapped here, and JAX's own MLIR and XLA compile events. (JAX's trace
     event is not used for lowering: it also fires for every jitted jnp helper traced inside.)"""
 
-    EVENTS = {"/jax/core/compile/jaxpr_to_mlir_module_duration": "mlir",
-              "/jax/core/compile/backend_compile_duration": "xla_compile"}
+    EVENTS = {
+        "/jax/core/compile/jaxpr_to_mlir_module_duration": "mlir",
+        "/jax/core/compile/backend_compile_duration": "xla_compile",
+    }
 
     def __init__(self):
         import jax.monitoring
@@ -213,8 +226,12 @@ def _step_flops(step) -> float | None:
     program = step.programs[0]
     donated, kept = program.split_state(program.state_specs())
     with engine_scope():
-        analysis = jax.jit(program.pure_step).lower(
-            donated, kept, program.input_specs(), np.int64(0)).compile().cost_analysis()
+        analysis = (
+            jax.jit(program.pure_step)
+            .lower(donated, kept, program.input_specs(), np.int64(0))
+            .compile()
+            .cost_analysis()
+        )
     analysis = analysis[0] if isinstance(analysis, list) else analysis
     return analysis.get("flops")
 
@@ -267,9 +284,9 @@ def run_cstorch(name, steps, precision="fp32", window=None, layers=None):
 
 # Executor runs (``--executor-runs``): the way a cstorch script trains, a ``DataExecutor`` run
 # over a data loader, timed whole (the end of the run, which brings the state back, included).
-RUN_STEPS = 10      # a short run, as the issue's independent harness timed them
+RUN_STEPS = 10  # a short run, as the issue's independent harness timed them
 LONG_RUN_STEPS = {"mlp": 100, "transformer": 30}
-SHORT_RUNS = 5      # short runs per process, after one run that compiles
+SHORT_RUNS = 5  # short runs per process, after one run that compiles
 
 
 def run_executor_runs(engine, name):
@@ -285,7 +302,8 @@ def run_executor_runs(engine, name):
 
         def batches(n):
             return cstorch.utils.data.DataExecutor(
-                cstorch.utils.data.DataLoader(lambda: [batch] * n), num_steps=n)
+                cstorch.utils.data.DataLoader(lambda: [batch] * n), num_steps=n
+            )
     else:
         import torch
 
@@ -306,8 +324,12 @@ def run_executor_runs(engine, name):
     first = timed_run(RUN_STEPS)
     short = [timed_run(RUN_STEPS) for _ in range(SHORT_RUNS)]
     long = timed_run(LONG_RUN_STEPS[name])
-    return {"first_run_per_step": first, "short_run_per_step": statistics.median(short),
-            "short_runs": short, "long_run_per_step": long}
+    return {
+        "first_run_per_step": first,
+        "short_run_per_step": statistics.median(short),
+        "short_runs": short,
+        "long_run_per_step": long,
+    }
 
 
 def executor_runs(args):
@@ -318,11 +340,16 @@ def executor_runs(args):
         results[name] = {"eager": [], "cstorch": []}
         for r in range(args.rounds):
             for engine in ("eager", "cstorch"):
-                print(f"  round {r + 1}/{args.rounds}: {name} {engine}, executor runs",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"  round {r + 1}/{args.rounds}: {name} {engine}, executor runs",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 results[name][engine].append(_measure(f"runs-{engine}", name, 0))
-    print(f"\n{'executor runs':14s} {'engine':8s} {f'{RUN_STEPS}-step runs ms/step (min-max)':>33s}"
-          f" {'vs eager':>8s} {'long run ms/step':>16s} {'vs eager':>8s} {'first run ms/step':>17s}")
+    print(
+        f"\n{'executor runs':14s} {'engine':8s} {f'{RUN_STEPS}-step runs ms/step (min-max)':>33s}"
+        f" {'vs eager':>8s} {'long run ms/step':>16s} {'vs eager':>8s} {'first run ms/step':>17s}"
+    )
     for name, per_engine in results.items():
         eager_short = _summary([r and r["short_run_per_step"] for r in per_engine["eager"]])
         eager_long = _summary([r and r["long_run_per_step"] for r in per_engine["eager"]])
@@ -333,12 +360,15 @@ def executor_runs(args):
             if not (short and long and first):
                 print(f"{name:14s} {engine:8s} failed")
                 continue
-            spread = (f"{short['median'] * 1e3:.1f} ({short['min'] * 1e3:.1f}-"
-                      f"{short['max'] * 1e3:.1f})")
+            spread = (
+                f"{short['median'] * 1e3:.1f} ({short['min'] * 1e3:.1f}-{short['max'] * 1e3:.1f})"
+            )
             short_ratio = short["median"] / eager_short["median"] if eager_short else float("nan")
             long_ratio = long["median"] / eager_long["median"] if eager_long else float("nan")
-            print(f"{name:14s} {engine:8s} {spread:>33s} {short_ratio:8.2f}"
-                  f" {long['median'] * 1e3:16.1f} {long_ratio:8.2f} {first['median'] * 1e3:17.1f}")
+            print(
+                f"{name:14s} {engine:8s} {spread:>33s} {short_ratio:8.2f}"
+                f" {long['median'] * 1e3:16.1f} {long_ratio:8.2f} {first['median'] * 1e3:17.1f}"
+            )
     return results
 
 
@@ -358,7 +388,7 @@ def run_matmul_peak(size=2048, repeats=20):
         t0 = time.perf_counter()
         a @ b
         times.append(time.perf_counter() - t0)
-    return {"gflops": 2 * size ** 3 / min(times) / 1e9}
+    return {"gflops": 2 * size**3 / min(times) / 1e9}
 
 
 def run_interference(mode, rounds=30):
@@ -399,8 +429,9 @@ def run_interference(mode, rounds=30):
             t0 = time.perf_counter()
             between()
             alone.append(time.perf_counter() - t0)
-        result.update(jax_after_torch=statistics.median(jax_times),
-                      jax_alone=statistics.median(alone))
+        result.update(
+            jax_after_torch=statistics.median(jax_times), jax_alone=statistics.median(alone)
+        )
     return result
 
 
@@ -421,15 +452,20 @@ def interference(args):
             summary[key] = _summary([r and r[key] for r in runs["cstorch"]])
         report[policy] = summary
         print(f"\nOMP_WAIT_POLICY {policy}: eager torch MLP step (ms, median of rounds)")
-        for m, label in (("torch", "no JAX in the process"), ("jax", "JAX started, idle"),
-                         ("cstorch", "right after each cstorch step")):
+        for m, label in (
+            ("torch", "no JAX in the process"),
+            ("jax", "JAX started, idle"),
+            ("cstorch", "right after each cstorch step"),
+        ):
             if summary[m] and summary["torch"]:
                 ratio = summary[m]["median"] / summary["torch"]["median"]
                 print(f"  {label:34s} {summary[m]['median'] * 1e3:7.2f}  ({ratio:.2f}x)")
         if summary["jax_alone"] and summary["jax_after_torch"]:
             alone, after = summary["jax_alone"]["median"], summary["jax_after_torch"]["median"]
-            print(f"  cstorch MLP step alone {alone * 1e3:.2f} ms, right after torch work "
-                  f"{after * 1e3:.2f} ms ({after / alone:.2f}x)")
+            print(
+                f"  cstorch MLP step alone {alone * 1e3:.2f} ms, right after torch work "
+                f"{after * 1e3:.2f} ms ({after / alone:.2f}x)"
+            )
     return report
 
 
@@ -443,7 +479,7 @@ def _child(spec):
         print("RESULT " + json.dumps(run_interference(name)))
         return
     if engine.startswith("runs-"):
-        print("RESULT " + json.dumps(run_executor_runs(engine[len("runs-"):], name)))
+        print("RESULT " + json.dumps(run_executor_runs(engine[len("runs-") :], name)))
         return
     if engine == "eager":
         result = run_eager(name, steps, layers=layers, precision=precision)
@@ -490,8 +526,11 @@ def _runners(args):
     if not args.no_compile:
         runners.append(("torch.compile", "compile", "fp32"))
     runners += [(f"cstorch-jax {p}", "cstorch", p) for p in args.precision.split(",")]
-    runners += [(f"cstorch-jax {choice}", "cstorch", "fp32")
-                for choice in args.step_memory.split(",") if choice]
+    runners += [
+        (f"cstorch-jax {choice}", "cstorch", "fp32")
+        for choice in args.step_memory.split(",")
+        if choice
+    ]
     runners += [(f"cstorch-jax {label}", "cstorch", "fp32") for label in _variants(args)]
     return runners
 
@@ -550,10 +589,12 @@ def warm_starts(args):
     rows = {}
     for name in args.only.split(","):
         with tempfile.TemporaryDirectory() as tmp:
+
             def env(graphs):
-                return {"CSTORCH_GRAPH_CACHE": graphs if graphs == "off"
-                        else os.path.join(tmp, graphs),
-                        "CSTORCH_COMPILATION_CACHE": os.path.join(tmp, "xla")}
+                return {
+                    "CSTORCH_GRAPH_CACHE": graphs if graphs == "off" else os.path.join(tmp, graphs),
+                    "CSTORCH_COMPILATION_CACHE": os.path.join(tmp, "xla"),
+                }
 
             print(f"  warm start: {name}", file=sys.stderr, flush=True)
             _measure("cstorch", name, 0, env=env("graphs"))  # the first run fills both caches
@@ -562,20 +603,24 @@ def warm_starts(args):
                 for mode, graphs in modes.items():
                     runs[mode].append(_measure("cstorch", name, 0, env=env(graphs)))
         for mode, results in runs.items():
-            rows[f"{name}, {mode}"] = {"first": _summary([r and r["first"] for r in results]),
-                                       "split": [r["first_split"] for r in results if r]}
-    print(f"\n{'warm start':32s} {'first step s (min-max)':>24s} {'capture':>7s} {'lower':>6s} "
-          f"{'mlir':>5s} {'xla':>5s}")
+            rows[f"{name}, {mode}"] = {
+                "first": _summary([r and r["first"] for r in results]),
+                "split": [r["first_split"] for r in results if r],
+            }
+    print(
+        f"\n{'warm start':32s} {'first step s (min-max)':>24s} {'capture':>7s} {'lower':>6s} "
+        f"{'mlir':>5s} {'xla':>5s}"
+    )
     for name, row in rows.items():
         f = row["first"]
         if not f:
             print(f"{name:32s} {'failed':>24s}")
             continue
-        phases = "".join(f" {statistics.median(s[p] for s in row['split']):{w}.2f}"
-                         for p, w in (("capture", 7), ("lowering", 6), ("mlir", 5),
-                                      ("xla_compile", 5)))
-        print(f"{name:32s} {f['median']:10.2f} ({f['min']:.2f}-{f['max']:.2f})"
-              f"{'':8s}{phases}")
+        phases = "".join(
+            f" {statistics.median(s[p] for s in row['split']):{w}.2f}"
+            for p, w in (("capture", 7), ("lowering", 6), ("mlir", 5), ("xla_compile", 5))
+        )
+        print(f"{name:32s} {f['median']:10.2f} ({f['min']:.2f}-{f['max']:.2f}){'':8s}{phases}")
     return rows
 
 
@@ -606,14 +651,17 @@ def print_table(results, peak_gflops=None):
     own part (peak less the RSS after imports: JAX's runtime alone adds ~170 MiB that no
     model-sized change can remove). The floor is the step's FLOPs (XLA's count) at this
     machine's measured fp32 matmul rate (``run_matmul_peak``): no engine steps faster."""
-    header = (f"{'workload':12s} {'runner':19s} {'median step ms (min-max)':>26s} {'vs eager':>8s} "
-              f"{'CPU ms':>8s} {'vs eager':>8s} {'loss gap':>8s} "
-              f"{'first step s':>12s} {'capture':>7s} {'lower':>6s} {'mlir':>5s} {'xla':>5s} "
-              f"{'peak RSS MiB':>12s} {'vs eager':>8s} {'own RSS MiB':>11s} {'vs eager':>8s} "
-              f"{'sys ms/step':>11s} {'faults/step':>11s}")
+    header = (
+        f"{'workload':12s} {'runner':19s} {'median step ms (min-max)':>26s} {'vs eager':>8s} "
+        f"{'CPU ms':>8s} {'vs eager':>8s} {'loss gap':>8s} "
+        f"{'first step s':>12s} {'capture':>7s} {'lower':>6s} {'mlir':>5s} {'xla':>5s} "
+        f"{'peak RSS MiB':>12s} {'vs eager':>8s} {'own RSS MiB':>11s} {'vs eager':>8s} "
+        f"{'sys ms/step':>11s} {'faults/step':>11s}"
+    )
     print(header)
     print("-" * len(header))
     for name, per_runner in results.items():
+
         def summary(label, key, per_runner=per_runner):
             runs = per_runner.get(label, [])
             if key == "own":
@@ -638,29 +686,41 @@ def print_table(results, peak_gflops=None):
             splits = [r["first_split"] for r in runs if r and "first_split" in r]
             phases = "".join(
                 f" {statistics.median(s[p] for s in splits):{w}.2f}" if splits else " " * (w + 1)
-                for p, w in (("capture", 7), ("lowering", 6), ("mlir", 5), ("xla_compile", 5)))
-            step_ms = (f"{step['median'] * 1e3:.1f} ({step['min'] * 1e3:.1f}-"
-                       f"{step['max'] * 1e3:.1f})")
+                for p, w in (("capture", 7), ("lowering", 6), ("mlir", 5), ("xla_compile", 5))
+            )
+            step_ms = (
+                f"{step['median'] * 1e3:.1f} ({step['min'] * 1e3:.1f}-{step['max'] * 1e3:.1f})"
+            )
             cpu_ms = f"{cpu['median'] * 1e3:8.1f}" if cpu else f"{'-':>8s}"
             gap_text = f"{gap:8.1e}" if gap is not None and label != reference else f"{'-':>8s}"
             kernel = "".join(
                 f" {statistics.median(v):11.{d}f}" if v else f" {'-':>11s}"
-                for v, d in (([r["sys_ms_per_step"] for r in runs if r and "sys_ms_per_step" in r],
-                              1),
-                             ([r["faults_per_step"] for r in runs if r and "faults_per_step" in r],
-                              0)))
-            print(f"{name:12s} {label:19s} {step_ms:>26s} {ratio('median'):8.2f} {cpu_ms}"
-                  f" {ratio('cpu_median'):8.2f} {gap_text} {first['median']:12.2f}"
-                  f"{phases} {rss['median']:12.0f} {ratio('peak_rss_mib'):8.2f}"
-                  f" {own['median']:11.0f} {ratio('own'):8.2f}{kernel}")
+                for v, d in (
+                    ([r["sys_ms_per_step"] for r in runs if r and "sys_ms_per_step" in r], 1),
+                    ([r["faults_per_step"] for r in runs if r and "faults_per_step" in r], 0),
+                )
+            )
+            print(
+                f"{name:12s} {label:19s} {step_ms:>26s} {ratio('median'):8.2f} {cpu_ms}"
+                f" {ratio('cpu_median'):8.2f} {gap_text} {first['median']:12.2f}"
+                f"{phases} {rss['median']:12.0f} {ratio('peak_rss_mib'):8.2f}"
+                f" {own['median']:11.0f} {ratio('own'):8.2f}{kernel}"
+            )
         eager_step = summary("eager torch", "median")
-        flops = [r["flops"] for label, runs in per_runner.items() if not label.endswith("bf16")
-                 for r in runs if r and r.get("flops")]
+        flops = [
+            r["flops"]
+            for label, runs in per_runner.items()
+            if not label.endswith("bf16")
+            for r in runs
+            if r and r.get("flops")
+        ]
         if flops and peak_gflops and eager_step:
             floor = flops[0] / (peak_gflops * 1e9)
-            print(f"{name:12s} {'floor (FLOPs/peak)':19s} {floor * 1e3:26.1f} "
-                  f"{floor / eager_step['median']:8.2f}   {flops[0] / 1e9:.2f} GFLOP per fp32 "
-                  f"step at {peak_gflops:.0f} GFLOP/s (measured here)")
+            print(
+                f"{name:12s} {'floor (FLOPs/peak)':19s} {floor * 1e3:26.1f} "
+                f"{floor / eager_step['median']:8.2f}   {flops[0] / 1e9:.2f} GFLOP per fp32 "
+                f"step at {peak_gflops:.0f} GFLOP/s (measured here)"
+            )
 
 
 def depth_sweep(args):
@@ -668,8 +728,13 @@ def depth_sweep(args):
     rows = []
     for layers in DEPTHS:
         runs = [_measure("cstorch", "transformer", 0, "fp32", layers) for _ in range(args.rounds)]
-        rows.append({"layers": layers, "first": _summary([r and r["first"] for r in runs]),
-                     "capture": _summary([r and r["first_split"]["capture"] for r in runs])})
+        rows.append(
+            {
+                "layers": layers,
+                "first": _summary([r and r["first"] for r in runs]),
+                "capture": _summary([r and r["first_split"]["capture"] for r in runs]),
+            }
+        )
     xs = [r["layers"] for r in rows if r["first"]]
     ys = [r["first"]["median"] for r in rows if r["first"]]
     fit = None
@@ -681,11 +746,15 @@ def depth_sweep(args):
     for r in rows:
         if r["first"]:
             f = r["first"]
-            print(f"{r['layers']:6d} {f['median']:10.2f} ({f['min']:.2f}-{f['max']:.2f})"
-                  f"{r['capture']['median']:10.2f}")
+            print(
+                f"{r['layers']:6d} {f['median']:10.2f} ({f['min']:.2f}-{f['max']:.2f})"
+                f"{r['capture']['median']:10.2f}"
+            )
     if fit:
-        print(f"per-block first-step cost: {fit['seconds_per_block']:.3f} s "
-              f"(intercept {fit['intercept']:.2f} s)")
+        print(
+            f"per-block first-step cost: {fit['seconds_per_block']:.3f} s "
+            f"(intercept {fit['intercept']:.2f} s)"
+        )
     return {"rows": rows, "fit": fit}
 
 
@@ -698,8 +767,12 @@ def _environment():
             versions[package] = md.version(package)
         except md.PackageNotFoundError:
             versions[package] = None
-    return {"python": platform.python_version(), "cpus": os.cpu_count(), **versions,
-            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return {
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        **versions,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
 
 
 def main():
@@ -709,23 +782,36 @@ def main():
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--precision", default="fp32", help="cstorch precisions, e.g. fp32,bf16")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
-    parser.add_argument("--step-memory", default="",
-                        help="also cstorch fp32 with these CSTORCH_CPU_STEP_MEMORY choices, "
-                             "e.g. xla,reuse (the fp32 row has the default, lean)")
-    parser.add_argument("--variant", action="append",
-                        help="also cstorch fp32 with environment variables set: "
-                             "LABEL:VAR=VALUE[;VAR=VALUE] (repeatable), e.g. "
-                             "xla-conv:CSTORCH_CPU_CONVOLUTIONS=xla")
-    parser.add_argument("--no-warm", action="store_true",
-                        help="skip the warm-start table")
-    parser.add_argument("--executor-runs", action="store_true",
-                        help=f"also time whole {RUN_STEPS}-step and long DataExecutor runs "
-                             "(mlp, transformer)")
+    parser.add_argument(
+        "--step-memory",
+        default="",
+        help="also cstorch fp32 with these CSTORCH_CPU_STEP_MEMORY choices, "
+        "e.g. xla,reuse (the fp32 row has the default, lean)",
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        help="also cstorch fp32 with environment variables set: "
+        "LABEL:VAR=VALUE[;VAR=VALUE] (repeatable), e.g. "
+        "xla-conv:CSTORCH_CPU_CONVOLUTIONS=xla",
+    )
+    parser.add_argument("--no-warm", action="store_true", help="skip the warm-start table")
+    parser.add_argument(
+        "--executor-runs",
+        action="store_true",
+        help=f"also time whole {RUN_STEPS}-step and long DataExecutor runs (mlp, transformer)",
+    )
     parser.add_argument("--depth-sweep", action="store_true")
-    parser.add_argument("--interference", action="store_true",
-                        help="eager torch's speed in a process where JAX runs")
-    parser.add_argument("--warm-only", action="store_true",
-                        help="only the warm-start table (graph cache off and on)")
+    parser.add_argument(
+        "--interference",
+        action="store_true",
+        help="eager torch's speed in a process where JAX runs",
+    )
+    parser.add_argument(
+        "--warm-only",
+        action="store_true",
+        help="only the warm-start table (graph cache off and on)",
+    )
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -93,17 +93,19 @@ def build(spec):
         def forward(self, x):
             b, t, d = x.shape
             q, k, v = self.qkv(self.ln1(x)).split(d, -1)
-            q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2)
-                       for z in (q, k, v))
+            q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
             a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
             return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
     torch.manual_seed(0)
     vocab, d = spec["vocab"], spec["d"]
-    model = nn.Sequential(nn.Embedding(vocab, d),
-                          *[Block(d, spec["heads"]) for _ in range(spec["layers"])],
-                          nn.LayerNorm(d), nn.Linear(d, vocab))
+    model = nn.Sequential(
+        nn.Embedding(vocab, d),
+        *[Block(d, spec["heads"]) for _ in range(spec["layers"])],
+        nn.LayerNorm(d),
+        nn.Linear(d, vocab),
+    )
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, vocab, (spec["batch"], spec["seq"]), generator=g)
     y = torch.randint(0, vocab, (spec["batch"], spec["seq"]), generator=g)
@@ -138,8 +140,9 @@ def run_torch(spec, precision, steps, compiled):
     t0 = time.perf_counter()
     model, x, y, loss_fn = build(spec)
     model, x, y = model.to(device), x.to(device), y.to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01,
-                                  fused=device == "cuda")
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=1e-4, weight_decay=0.01, fused=device == "cuda"
+    )
 
     def step():
         with torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16"):
@@ -163,8 +166,13 @@ def run_torch(spec, precision, steps, compiled):
         loss.item()
 
     ms, spread = _windows(window, steps)
-    result = {"ms_per_step": ms, "spread_ms": spread, "first_step_s": first,
-              "loss": float(loss.item()), "device": device}
+    result = {
+        "ms_per_step": ms,
+        "spread_ms": spread,
+        "first_step_s": first,
+        "loss": float(loss.item()),
+        "device": device,
+    }
     if device == "cuda":
         result["device_name"] = torch.cuda.get_device_name()
         result["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
@@ -219,18 +227,23 @@ def run_cstorch(spec, precision, steps):
         cstorch.amp.set_half_dtype("bfloat16")
     t0 = time.perf_counter()
     model, x, y, loss_fn = build(spec)
-    backend = cstorch.backend("GPU" if on_gpu else "CPU", artifact_dir=os.path.join(
-        os.environ.get("TMPDIR", "/tmp"), "cstorch_bench_gpu"))
+    backend = cstorch.backend(
+        "GPU" if on_gpu else "CPU",
+        artifact_dir=os.path.join(os.environ.get("TMPDIR", "/tmp"), "cstorch_bench_gpu"),
+    )
     optimizer, step = traced_step(model, backend, loss_fn)
 
     warmup = 2
     total = warmup + max(1, min(5, steps)) * max(1, steps // max(1, min(5, steps)))
     batches = [(x, y)] * total
     executor = cstorch.utils.data.DataExecutor(
-        cstorch.utils.data.DataLoader(lambda: batches), num_steps=total)
-    result = {"device": jax.devices()[0].platform,
-              "device_name": getattr(jax.devices()[0], "device_kind", None),
-              "hdf5plugin_stand_in": stand_in}
+        cstorch.utils.data.DataLoader(lambda: batches), num_steps=total
+    )
+    result = {
+        "device": jax.devices()[0].platform,
+        "device_name": getattr(jax.devices()[0], "device_kind", None),
+        "hdf5plugin_stand_in": stand_in,
+    }
     times, loss, first = [], None, None
     window = max(1, min(5, steps))
     t_window = None
@@ -255,11 +268,16 @@ def run_cstorch(spec, precision, steps):
     model.state_dict()
     optimizer.state_dict()
     state_sync = time.perf_counter() - t0
-    result.update(ms_per_step=statistics.median(times) * 1e3,
-                  spread_ms=[round(t * 1e3, 2) for t in times], first_step_s=first,
-                  first_step_split_s={k: round(v, 3) for k, v in split.seconds.items()},
-                  run_end_sync_s=run_end, state_sync_s=state_sync,
-                  loss=float(loss.materialize()), traces=step.trace_count)
+    result.update(
+        ms_per_step=statistics.median(times) * 1e3,
+        spread_ms=[round(t * 1e3, 2) for t in times],
+        first_step_s=first,
+        first_step_split_s={k: round(v, 3) for k, v in split.seconds.items()},
+        run_end_sync_s=run_end,
+        state_sync_s=state_sync,
+        loss=float(loss.materialize()),
+        traces=step.trace_count,
+    )
     stats = jax.devices()[0].memory_stats() or {}
     if "peak_bytes_in_use" in stats:
         result["peak_memory_gib"] = stats["peak_bytes_in_use"] / 2**30
@@ -278,12 +296,17 @@ def child(spec_text):
     flops = model_flops_per_step(spec, parameters, embedding)
     tokens = spec["batch"] * spec["seq"]
     seconds = result["ms_per_step"] / 1e3
-    peak = peak_tflops(result.get("device_name"), precision) if result["device"] != "cpu" \
-        else None
-    result.update(engine=engine, workload=workload, precision=precision,
-                  parameters_M=round(parameters / 1e6, 1), tokens_per_s=tokens / seconds,
-                  model_tflops=flops / seconds / 1e12, peak_tflops=peak,
-                  mfu=(flops / seconds / 1e12 / peak) if peak else None)
+    peak = peak_tflops(result.get("device_name"), precision) if result["device"] != "cpu" else None
+    result.update(
+        engine=engine,
+        workload=workload,
+        precision=precision,
+        parameters_M=round(parameters / 1e6, 1),
+        tokens_per_s=tokens / seconds,
+        model_tflops=flops / seconds / 1e12,
+        peak_tflops=peak,
+        mfu=(flops / seconds / 1e12 / peak) if peak else None,
+    )
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -306,19 +329,31 @@ def measure(engine, workload, precision, steps, timeout, smoke):
         env["JAX_PLATFORMS"] = "cpu"
         env["CUDA_VISIBLE_DEVICES"] = ""
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # eager torch on a busy CPU
-    cmd = [sys.executable, os.path.abspath(__file__), "--child",
-           f"{engine}:{workload}:{precision}:{steps}"]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        f"{engine}:{workload}:{precision}:{steps}",
+    ]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
-        return {"engine": engine, "workload": workload, "precision": precision,
-                "error": f"timed out after {timeout} s"}
+        return {
+            "engine": engine,
+            "workload": workload,
+            "precision": precision,
+            "error": f"timed out after {timeout} s",
+        }
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
     tail = (out.stderr or out.stdout).strip().splitlines()[-12:]
-    return {"engine": engine, "workload": workload, "precision": precision,
-            "error": "\n".join(tail) or f"exit status {out.returncode}"}
+    return {
+        "engine": engine,
+        "workload": workload,
+        "precision": precision,
+        "error": "\n".join(tail) or f"exit status {out.returncode}",
+    }
 
 
 def _fmt(value, spec):
@@ -326,22 +361,28 @@ def _fmt(value, spec):
 
 
 def print_table(results):
-    header = (f"{'workload':8s} {'prec':4s} {'engine':8s} {'ms/step':>8s} {'tokens/s':>9s} "
-              f"{'TFLOP/s':>8s} {'MFU':>6s} {'first s':>8s} {'run end s':>9s} "
-              f"{'state s':>8s} {'peak GiB':>8s}")
+    header = (
+        f"{'workload':8s} {'prec':4s} {'engine':8s} {'ms/step':>8s} {'tokens/s':>9s} "
+        f"{'TFLOP/s':>8s} {'MFU':>6s} {'first s':>8s} {'run end s':>9s} "
+        f"{'state s':>8s} {'peak GiB':>8s}"
+    )
     print(header)
     print("-" * len(header))
     for r in results:
         if "error" in r:
-            print(f"{r['workload']:8s} {r['precision']:4s} {r['engine']:8s} failed: "
-                  f"{r['error'].splitlines()[-1][:80]}")
+            print(
+                f"{r['workload']:8s} {r['precision']:4s} {r['engine']:8s} failed: "
+                f"{r['error'].splitlines()[-1][:80]}"
+            )
             continue
-        print(f"{r['workload']:8s} {r['precision']:4s} {r['engine']:8s} "
-              f"{_fmt(r['ms_per_step'], '8.2f')} {_fmt(r['tokens_per_s'], '9.0f')} "
-              f"{_fmt(r['model_tflops'], '8.1f')} "
-              f"{(format(r['mfu'] * 100, '5.1f') + '%') if r.get('mfu') else '     -'} "
-              f"{_fmt(r['first_step_s'], '8.2f')} {_fmt(r.get('run_end_sync_s'), '9.3f')} "
-              f"{_fmt(r.get('state_sync_s'), '8.3f')} {_fmt(r.get('peak_memory_gib'), '8.2f')}")
+        print(
+            f"{r['workload']:8s} {r['precision']:4s} {r['engine']:8s} "
+            f"{_fmt(r['ms_per_step'], '8.2f')} {_fmt(r['tokens_per_s'], '9.0f')} "
+            f"{_fmt(r['model_tflops'], '8.1f')} "
+            f"{(format(r['mfu'] * 100, '5.1f') + '%') if r.get('mfu') else '     -'} "
+            f"{_fmt(r['first_step_s'], '8.2f')} {_fmt(r.get('run_end_sync_s'), '9.3f')} "
+            f"{_fmt(r.get('state_sync_s'), '8.3f')} {_fmt(r.get('peak_memory_gib'), '8.2f')}"
+        )
 
 
 def main(argv=None):
@@ -352,8 +393,11 @@ def main(argv=None):
     parser.add_argument("--precisions", default=",".join(PRECISIONS))
     parser.add_argument("--steps", type=int, default=20, help="timed steps per run")
     parser.add_argument("--timeout", type=int, default=1200, help="seconds per run")
-    parser.add_argument("--smoke", action="store_true",
-                        help="tiny sizes on CPU (eager and cstorch unless --engines is given)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes on CPU (eager and cstorch unless --engines is given)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -363,9 +407,11 @@ def main(argv=None):
         workloads, steps = ["tiny"], min(steps, 5)
         if "--engines" not in (argv if argv is not None else sys.argv[1:]):
             engines = ["eager", "cstorch"]  # torch.compile's first C++ build takes minutes
-    for name, allowed, chosen in (("workload", WORKLOADS, workloads),
-                                  ("engine", ENGINES, engines),
-                                  ("precision", PRECISIONS, args.precisions.split(","))):
+    for name, allowed, chosen in (
+        ("workload", WORKLOADS, workloads),
+        ("engine", ENGINES, engines),
+        ("precision", PRECISIONS, args.precisions.split(",")),
+    ):
         unknown = [c for c in chosen if c not in allowed]
         if unknown:
             parser.error(f"unknown {name} {unknown}; choose from {list(allowed)}")
@@ -374,11 +420,17 @@ def main(argv=None):
         for precision in args.precisions.split(","):
             for engine in engines:
                 print(f"  {workload} {precision} {engine} ...", file=sys.stderr, flush=True)
-                results.append(measure(engine, workload, precision, steps, args.timeout,
-                                       args.smoke))
+                results.append(
+                    measure(engine, workload, precision, steps, args.timeout, args.smoke)
+                )
     print_table(results)
-    report = {"environment": _environment(), "smoke": args.smoke, "steps": steps,
-              "workloads": {w: WORKLOADS[w] for w in workloads}, "results": results}
+    report = {
+        "environment": _environment(),
+        "smoke": args.smoke,
+        "steps": steps,
+        "workloads": {w: WORKLOADS[w] for w in workloads},
+        "results": results,
+    }
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

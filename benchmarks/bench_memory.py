@@ -73,6 +73,7 @@ def _child(engine: str, name: str, steps: int) -> dict:
 
     phase("first_step", lambda: float(step(x, y)))
     phase("steady", lambda: [float(step(x, y)) for _ in range(steps)])
+
     def sync_then_steps():
         model.state_dict(), optimizer.state_dict()  # read (as a checkpoint is), then dropped
         for _ in range(steps):
@@ -88,8 +89,9 @@ def _measure(engine: str, name: str, steps: int) -> dict | None:
     from benchmarks.bench_engine import COLD
 
     cmd = [sys.executable, __file__, "--child", f"{engine}:{name}:{steps}"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600,
-                         env={**os.environ, **COLD})
+    out = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=3600, env={**os.environ, **COLD}
+    )
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
@@ -115,8 +117,9 @@ def main():
     for name in args.only.split(","):
         results[name] = {}
         for engine in ("eager", "cstorch"):
-            runs = [r for r in (_measure(engine, name, args.steps) for _ in range(args.rounds))
-                    if r]
+            runs = [
+                r for r in (_measure(engine, name, args.steps) for _ in range(args.rounds)) if r
+            ]
             if not runs:
                 print(f"{name:12s} {engine:8s} failed")
                 continue
@@ -124,10 +127,17 @@ def main():
             results[name][engine] = row
             eager = results[name].get("eager")
             ratio = row["peak"] / eager["peak"] if eager else float("nan")
-            own = ((row["peak"] - row["imports"]) / (eager["peak"] - eager["imports"])
-                   if eager else float("nan"))
-            print(f"{name:12s} {engine:8s}" + "".join(f"{row[p]:11.0f}" for p in PHASES)
-                  + f"{ratio:11.2f}{own:10.2f}", flush=True)
+            own = (
+                (row["peak"] - row["imports"]) / (eager["peak"] - eager["imports"])
+                if eager
+                else float("nan")
+            )
+            print(
+                f"{name:12s} {engine:8s}"
+                + "".join(f"{row[p]:11.0f}" for p in PHASES)
+                + f"{ratio:11.2f}{own:10.2f}",
+                flush=True,
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

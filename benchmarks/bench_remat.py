@@ -53,8 +53,11 @@ def _model(mode: str, blocks: int, width: int, hidden: int):
             super().__init__()
             self.embed = torch.nn.Linear(width, width)
             self.blocks = torch.nn.ModuleList(
-                torch.nn.Sequential(torch.nn.Linear(width, hidden), torch.nn.GELU(),
-                                    torch.nn.Linear(hidden, width)) for _ in range(blocks))
+                torch.nn.Sequential(
+                    torch.nn.Linear(width, hidden), torch.nn.GELU(), torch.nn.Linear(hidden, width)
+                )
+                for _ in range(blocks)
+            )
 
         def forward(self, x):
             x = self.embed(x)
@@ -63,7 +66,8 @@ def _model(mode: str, blocks: int, width: int, hidden: int):
                     x = x + block(x)
                 else:
                     x = x + torch.utils.checkpoint.checkpoint(
-                        block, x, use_reentrant=mode == "reentrant")
+                        block, x, use_reentrant=mode == "reentrant"
+                    )
             return x
 
     torch.manual_seed(0)
@@ -113,8 +117,9 @@ def _child(spec: dict) -> dict:
     result["losses"] = losses
     if engine == "cstorch":
         program = step.programs[-1]
-        analysis = program.lower(program.state_specs(), program.input_specs()).compile() \
-            .memory_analysis()
+        analysis = (
+            program.lower(program.state_specs(), program.input_specs()).compile().memory_analysis()
+        )
         result["temp"] = analysis.temp_size_in_bytes / 2**20
         result["args"] = analysis.argument_size_in_bytes / 2**20
     return result
@@ -126,8 +131,13 @@ def _measure(spec: dict, step_memory: str | None) -> dict | None:
     env = {**os.environ, **COLD}
     if step_memory:
         env["CSTORCH_CPU_STEP_MEMORY"] = step_memory
-    out = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)],
-                         capture_output=True, text=True, timeout=3600, env=env)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        env=env,
+    )
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
@@ -144,40 +154,67 @@ def main():
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--modes", default=",".join(MODES))
-    parser.add_argument("--step-memory", default="lean",
-                        help="cstorch's cpu_step_memory choices to run, comma-separated")
+    parser.add_argument(
+        "--step-memory",
+        default="lean",
+        help="cstorch's cpu_step_memory choices to run, comma-separated",
+    )
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print("RESULT " + json.dumps(_child(json.loads(args.child))))
         return
-    base = dict(blocks=args.blocks, width=args.width, hidden=args.hidden, batch=args.batch,
-                steps=args.steps)
+    base = dict(
+        blocks=args.blocks, width=args.width, hidden=args.hidden, batch=args.batch, steps=args.steps
+    )
     runs = [("eager", None)] + [("cstorch", m) for m in args.step_memory.split(",")]
     columns = ("imports", "built", "first_step", "steady", "own", "temp", "args")
     print(f"{args.blocks} blocks {args.width}->{args.hidden}, batch {args.batch}; MiB")
-    print(f"{'engine':15s} {'mode':14s}" + "".join(f"{c:>11s}" for c in columns)
-          + f"{'loss/eager':>12s}")
+    print(
+        f"{'engine':15s} {'mode':14s}"
+        + "".join(f"{c:>11s}" for c in columns)
+        + f"{'loss/eager':>12s}"
+    )
     results, reference = {}, None
     for engine, step_memory in runs:
         label = engine if step_memory is None else f"{engine}/{step_memory}"
         for mode in args.modes.split(","):
-            rows = [r for r in (_measure(dict(base, engine=engine, mode=mode), step_memory)
-                                for _ in range(args.rounds)) if r]
-            row = {key: (statistics.median(r[key] for r in rows) if key in columns
-                         else rows[0][key]) for key in rows[0]} if rows else None
+            rows = [
+                r
+                for r in (
+                    _measure(dict(base, engine=engine, mode=mode), step_memory)
+                    for _ in range(args.rounds)
+                )
+                if r
+            ]
+            row = (
+                {
+                    key: (
+                        statistics.median(r[key] for r in rows) if key in columns else rows[0][key]
+                    )
+                    for key in rows[0]
+                }
+                if rows
+                else None
+            )
             results[f"{label}:{mode}"] = row
             if row is None:
                 print(f"{label:15s} {mode:14s} failed", flush=True)
                 continue
             if reference is None and engine == "eager" and mode == "plain":
                 reference = row["losses"]
-            diff = (max(abs(a - b) / abs(b) for a, b in zip(row["losses"], reference))
-                    if reference else float("nan"))
-            print(f"{label:15s} {mode:14s}" + "".join(
-                f"{row[c]:11.0f}" if c in row else f"{'-':>11s}" for c in columns)
-                + f"{diff:12.1e}", flush=True)
+            diff = (
+                max(abs(a - b) / abs(b) for a, b in zip(row["losses"], reference))
+                if reference
+                else float("nan")
+            )
+            print(
+                f"{label:15s} {mode:14s}"
+                + "".join(f"{row[c]:11.0f}" if c in row else f"{'-':>11s}" for c in columns)
+                + f"{diff:12.1e}",
+                flush=True,
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -31,17 +31,21 @@ def _run_one(algorithm: str, width: int, batch: int, steps: int, freq: int) -> d
 
     backend = cstorch.backend("CPU")
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(width, 2 * width), torch.nn.ReLU(),
-                                torch.nn.Linear(2 * width, 2 * width), torch.nn.ReLU(),
-                                torch.nn.Linear(2 * width, 10))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(width, 2 * width),
+        torch.nn.ReLU(),
+        torch.nn.Linear(2 * width, 2 * width),
+        torch.nn.ReLU(),
+        torch.nn.Linear(2 * width, 10),
+    )
     compiled = cstorch.compile(model, backend)
     optimizer = cstorch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     sparsity = {
         "dense": None,
         "static": lambda: cstorch.sparse.Static(sparsity=0.9),
         "gmp": lambda: cstorch.sparse.GMP(
-            sparsity={"type": "linear", "init": 0.5, "slope": 0.4 / steps},
-            update={"freq": freq}),
+            sparsity={"type": "linear", "init": 0.5, "slope": 0.4 / steps}, update={"freq": freq}
+        ),
         "rigl": lambda: cstorch.sparse.RigL(sparsity=0.9, update={"freq": freq}),
     }[algorithm]
     if sparsity is not None:
@@ -67,8 +71,12 @@ def _run_one(algorithm: str, width: int, batch: int, steps: int, freq: int) -> d
         start = time.perf_counter()
         float(step(x, y))
         times.append(time.perf_counter() - start)
-    return {"algorithm": algorithm, "first_s": first, "step_ms": statistics.median(times) * 1e3,
-            "traces": step.trace_count}
+    return {
+        "algorithm": algorithm,
+        "first_s": first,
+        "step_ms": statistics.median(times) * 1e3,
+        "traces": step.trace_count,
+    }
 
 
 def main():
@@ -80,22 +88,42 @@ def main():
     parser.add_argument("--one", choices=ALGORITHMS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print("RESULT " + json.dumps(_run_one(args.one, args.width, args.batch, args.steps,
-                                              args.freq)))
+        print(
+            "RESULT "
+            + json.dumps(_run_one(args.one, args.width, args.batch, args.steps, args.freq))
+        )
         return
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "compat")]))
-    print(f"MLP {args.width}-{2 * args.width}-{2 * args.width}-10, batch {args.batch}, "
-          f"{args.steps} steps, mask updates every {args.freq} steps (CPU backend)")
+    print(
+        f"MLP {args.width}-{2 * args.width}-{2 * args.width}-10, batch {args.batch}, "
+        f"{args.steps} steps, mask updates every {args.freq} steps (CPU backend)"
+    )
     print(f"{'algorithm':<10}{'first call s':>14}{'step ms':>10}{'traces':>8}")
     for algorithm in ALGORITHMS:
-        out = subprocess.run([sys.executable, __file__, "--one", algorithm,
-                              "--width", str(args.width), "--batch", str(args.batch),
-                              "--steps", str(args.steps), "--freq", str(args.freq)],
-                             capture_output=True, text=True, env=env, cwd=REPO)
+        out = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--one",
+                algorithm,
+                "--width",
+                str(args.width),
+                "--batch",
+                str(args.batch),
+                "--steps",
+                str(args.steps),
+                "--freq",
+                str(args.freq),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=REPO,
+        )
         line = next((s for s in out.stdout.splitlines() if s.startswith("RESULT ")), None)
         if line is None:
             raise RuntimeError(f"{algorithm} failed:\n{out.stderr[-3000:]}")
-        r = json.loads(line[len("RESULT "):])
+        r = json.loads(line[len("RESULT ") :])
         print(f"{algorithm:<10}{r['first_s']:>14.2f}{r['step_ms']:>10.2f}{r['traces']:>8}")
 
 

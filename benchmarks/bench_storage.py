@@ -50,7 +50,9 @@ def _state_dict(size_mib: int, tensors: int):
     per_tensor = size_mib * 2**20 // 4 // tensors
     cols = 1024
     rows = max(1, per_tensor // cols)
-    return {f"layer{i}.weight": torch.randn(rows, cols, generator=generator) for i in range(tensors)}
+    return {
+        f"layer{i}.weight": torch.randn(rows, cols, generator=generator) for i in range(tensors)
+    }
 
 
 def worker(op: str, impl: str, path: str, size_mib: int, tensors: int) -> dict:
@@ -93,11 +95,25 @@ def worker(op: str, impl: str, path: str, size_mib: int, tensors: int) -> dict:
         seconds = time.perf_counter() - start
         nbytes = sum(t.numel() * t.element_size() for t in state.values())
         extra = _peak_mib() - baseline - nbytes / 2**20
-        return {"op": op, "impl": impl, "seconds": seconds, "gib_s": nbytes / 2**30 / seconds,
-                "peak_mib": _peak_mib(), "extra_mib": extra, "warmup_s": warmup,
-                "file_mib": os.path.getsize(path) / 2**20}
-    return {"op": op, "impl": impl, "seconds": seconds, "gib_s": nbytes / 2**30 / seconds,
-            "peak_mib": _peak_mib(), "extra_mib": extra, "file_mib": os.path.getsize(path) / 2**20}
+        return {
+            "op": op,
+            "impl": impl,
+            "seconds": seconds,
+            "gib_s": nbytes / 2**30 / seconds,
+            "peak_mib": _peak_mib(),
+            "extra_mib": extra,
+            "warmup_s": warmup,
+            "file_mib": os.path.getsize(path) / 2**20,
+        }
+    return {
+        "op": op,
+        "impl": impl,
+        "seconds": seconds,
+        "gib_s": nbytes / 2**30 / seconds,
+        "peak_mib": _peak_mib(),
+        "extra_mib": extra,
+        "file_mib": os.path.getsize(path) / 2**20,
+    }
 
 
 def run(size_mib: int, tensors: int, directory: str | None) -> list[dict]:
@@ -106,8 +122,18 @@ def run(size_mib: int, tensors: int, directory: str | None) -> list[dict]:
         for impl, name in (("cstorch", "ckpt.mdl"), ("torch", "ckpt.pt")):
             path = os.path.join(tmp, name)
             for op in ("save", "load"):
-                command = [sys.executable, os.path.abspath(__file__), "--worker", op, impl, path,
-                           "--size-mib", str(size_mib), "--tensors", str(tensors)]
+                command = [
+                    sys.executable,
+                    os.path.abspath(__file__),
+                    "--worker",
+                    op,
+                    impl,
+                    path,
+                    "--size-mib",
+                    str(size_mib),
+                    "--tensors",
+                    str(tensors),
+                ]
                 out = subprocess.run(command, check=True, capture_output=True, text=True)
                 results.append(json.loads(out.stdout.strip().splitlines()[-1]))
     return results
@@ -115,15 +141,21 @@ def run(size_mib: int, tensors: int, directory: str | None) -> list[dict]:
 
 def print_table(results: list[dict], size_mib: int, tensors: int) -> None:
     print(f"state dict: {tensors} float32 tensors, {size_mib} MiB in total")
-    print(f"{'op':<5} {'impl':<8} {'seconds':>8} {'GiB/s':>7} {'peak RSS MiB':>13} "
-          f"{'extra MiB':>10} {'file MiB':>9}")
+    print(
+        f"{'op':<5} {'impl':<8} {'seconds':>8} {'GiB/s':>7} {'peak RSS MiB':>13} "
+        f"{'extra MiB':>10} {'file MiB':>9}"
+    )
     for r in results:
-        print(f"{r['op']:<5} {r['impl']:<8} {r['seconds']:>8.3f} {r['gib_s']:>7.2f} "
-              f"{r['peak_mib']:>13.0f} {r['extra_mib']:>10.0f} {r['file_mib']:>9.0f}")
+        print(
+            f"{r['op']:<5} {r['impl']:<8} {r['seconds']:>8.3f} {r['gib_s']:>7.2f} "
+            f"{r['peak_mib']:>13.0f} {r['extra_mib']:>10.0f} {r['file_mib']:>9.0f}"
+        )
     for r in results:
         if r.get("warmup_s"):
-            print(f"(+ {r['warmup_s']:.2f} s once per process before the first cstorch {r['op']}: "
-                  "torch's tensor-subclass dispatch warm-up, not included above)")
+            print(
+                f"(+ {r['warmup_s']:.2f} s once per process before the first cstorch {r['op']}: "
+                "torch's tensor-subclass dispatch warm-up, not included above)"
+            )
 
 
 def main() -> None:

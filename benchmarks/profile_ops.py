@@ -90,8 +90,15 @@ def classify(name: str, instructions: dict, computations: dict) -> str:
         return "convolution"
     if opcode in ("copy", "transpose", "copy-start", "copy-done", "bitcast"):
         return "layout (copy/transpose)"
-    if opcode in ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
-                  "collective-permute", "all-reduce-start", "all-reduce-done"):
+    if opcode in (
+        "all-reduce",
+        "all-gather",
+        "reduce-scatter",
+        "all-to-all",
+        "collective-permute",
+        "all-reduce-start",
+        "all-reduce-done",
+    ):
         return "collective"
     if opcode in ("gather", "scatter", "dynamic-slice", "dynamic-update-slice"):
         return "gather/scatter"
@@ -112,9 +119,19 @@ def classify(name: str, instructions: dict, computations: dict) -> str:
             return "gather/scatter"
         if "reduce" in body or "kind=kinput" in lowered:
             return "reduction fusion"
-        if body and set(body) <= {"parameter", "copy", "transpose", "bitcast", "reshape",
-                                  "broadcast", "tuple", "get-tuple-element", "slice",
-                                  "concatenate", "pad"}:
+        if body and set(body) <= {
+            "parameter",
+            "copy",
+            "transpose",
+            "bitcast",
+            "reshape",
+            "broadcast",
+            "tuple",
+            "get-tuple-element",
+            "slice",
+            "concatenate",
+            "pad",
+        }:
             return "layout (copy/transpose)"
         return "elementwise fusion"
     return opcode
@@ -122,8 +139,11 @@ def classify(name: str, instructions: dict, computations: dict) -> str:
 
 def read_dumped_hlo(dump_dir: str, module_hint: str = "pure_step") -> str:
     """The largest optimized-HLO text in the dump whose file name has ``module_hint``."""
-    files = [f for f in glob.glob(os.path.join(dump_dir, "*after_optimizations.txt"))
-             if module_hint in os.path.basename(f)]
+    files = [
+        f
+        for f in glob.glob(os.path.join(dump_dir, "*after_optimizations.txt"))
+        if module_hint in os.path.basename(f)
+    ]
     if not files:
         files = glob.glob(os.path.join(dump_dir, "*after_optimizations.txt"))
     if not files:
@@ -138,8 +158,10 @@ def profile_events(trace_dir: str, module_hint: str = "pure_step"):
     from jax.profiler import ProfileData
 
     if not hasattr(ProfileData, "from_file"):  # JAX 0.7 has the name, without a reader
-        raise SystemExit(f"reading the profile needs jax.profiler.ProfileData.from_file, which "
-                         f"JAX {jax.__version__} lacks (JAX 0.10 has it); upgrade JAX.")
+        raise SystemExit(
+            f"reading the profile needs jax.profiler.ProfileData.from_file, which "
+            f"JAX {jax.__version__} lacks (JAX 0.10 has it); upgrade JAX."
+        )
     paths = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
     events = []
     for path in paths:
@@ -163,12 +185,20 @@ def summarize(events, instructions, computations, steps, top):
         by_class[classify(op, instructions, computations)] += ns
         by_op[op] += ns
     total = sum(by_class.values()) or 1.0
-    classes = [{"class": c, "ms_per_step": ns / 1e6 / steps, "share": ns / total}
-               for c, ns in by_class.most_common()]
-    ops = [{"op": o, "class": classify(o, instructions, computations),
-            "ms_per_step": ns / 1e6 / steps} for o, ns in by_op.most_common(top)]
-    return {"total_ms_per_step": total / 1e6 / steps, "classes": classes, "top_ops": ops,
-            "places": sorted({p for _, _, p in events})}
+    classes = [
+        {"class": c, "ms_per_step": ns / 1e6 / steps, "share": ns / total}
+        for c, ns in by_class.most_common()
+    ]
+    ops = [
+        {"op": o, "class": classify(o, instructions, computations), "ms_per_step": ns / 1e6 / steps}
+        for o, ns in by_op.most_common(top)
+    ]
+    return {
+        "total_ms_per_step": total / 1e6 / steps,
+        "classes": classes,
+        "top_ops": ops,
+        "places": sorted({p for _, _, p in events}),
+    }
 
 
 # ------------------------------------------------------------------------------ engines
@@ -181,8 +211,10 @@ def _step_and_batch(workload, precision):
     import jax
 
     platform = jax.devices()[0].platform
-    backend = cstorch.backend("GPU" if platform == "gpu" else "CPU",
-                              artifact_dir=os.path.join(tempfile.gettempdir(), "cstorch_prof"))
+    backend = cstorch.backend(
+        "GPU" if platform == "gpu" else "CPU",
+        artifact_dir=os.path.join(tempfile.gettempdir(), "cstorch_prof"),
+    )
     if workload in GPT_WORKLOADS:
         import bench_gpu
 
@@ -194,8 +226,11 @@ def _step_and_batch(workload, precision):
 
         model, batch, loss_fn, kind = bench_engine._workload(workload)
         compiled = cstorch.compile(model, backend)
-        step = cstorch.trace(bench_engine.training_step(
-            compiled, loss_fn, bench_engine._optimizer(cstorch.optim, kind, model)))
+        step = cstorch.trace(
+            bench_engine.training_step(
+                compiled, loss_fn, bench_engine._optimizer(cstorch.optim, kind, model)
+            )
+        )
     return (lambda: step(*batch)), (lambda loss: loss.jax_array.block_until_ready())
 
 
@@ -205,8 +240,9 @@ def profile_cstorch(workload, precision, steps, top):
     # On a GPU, XLA replays the step as CUDA graphs ("command buffers"), which the profiler sees
     # as one event: off here, so that every kernel is its own event (the step runs a little
     # slower; wall_ms_per_step is measured under the same setting).
-    os.environ["XLA_FLAGS"] = (f"{flags} --xla_dump_to={dump} --xla_dump_hlo_as_text "
-                               "--xla_gpu_enable_command_buffer=").strip()
+    os.environ["XLA_FLAGS"] = (
+        f"{flags} --xla_dump_to={dump} --xla_dump_hlo_as_text --xla_gpu_enable_command_buffer="
+    ).strip()
     import jax
 
     run, wait = _step_and_batch(workload, precision)
@@ -229,10 +265,15 @@ def profile_cstorch(workload, precision, steps, top):
         wait(loss)
     instructions, computations = parse_hlo(read_dumped_hlo(dump))
     report = summarize(profile_events(trace_dir), instructions, computations, steps, top)
-    report.update(engine="cstorch", platform=jax.devices()[0].platform,
-                  device=str(getattr(jax.devices()[0], "device_kind", "")),
-                  first_step_s=first, wall_ms_per_step=unprofiled * 1e3,
-                  hlo_instructions=len(instructions), **kernel)
+    report.update(
+        engine="cstorch",
+        platform=jax.devices()[0].platform,
+        device=str(getattr(jax.devices()[0], "device_kind", "")),
+        first_step_s=first,
+        wall_ms_per_step=unprofiled * 1e3,
+        hlo_instructions=len(instructions),
+        **kernel,
+    )
     return report
 
 
@@ -243,8 +284,22 @@ _TORCH_CLASSES = (
     ("norm", ("layer_norm", "batch_norm", "native_layer_norm", "group_norm")),
     ("optimizer", ("_foreach", "adam", "sgd", "lerp", "addcdiv", "addcmul")),
     ("reduction", ("sum", "mean", "amax", "max", "nll_loss", "log_softmax")),
-    ("layout (copy/transpose)", ("copy_", "clone", "contiguous", "transpose", "permute",
-                                 "to", "_to_copy", "view", "reshape", "t", "expand")),
+    (
+        "layout (copy/transpose)",
+        (
+            "copy_",
+            "clone",
+            "contiguous",
+            "transpose",
+            "permute",
+            "to",
+            "_to_copy",
+            "view",
+            "reshape",
+            "t",
+            "expand",
+        ),
+    ),
     ("gather/scatter", ("embedding", "index", "gather", "scatter")),
 )
 
@@ -252,8 +307,9 @@ _TORCH_CLASSES = (
 def torch_class(name: str) -> str:
     short = name.split("::")[-1].lower()
     for label, keys in _TORCH_CLASSES:
-        if any(short == k or short.startswith(k + "_") or (len(k) > 3 and k in short)
-               for k in keys):
+        if any(
+            short == k or short.startswith(k + "_") or (len(k) > 3 and k in short) for k in keys
+        ):
             return label
     return "elementwise"
 
@@ -302,12 +358,14 @@ def profile_eager(workload, precision, steps, top):
         import bench_engine
 
         model, (x, y), loss_fn, kind = bench_engine._workload(workload)
-        step_fn = bench_engine.training_step(model, loss_fn,
-                                             bench_engine._optimizer(torch.optim, kind, model))
+        step_fn = bench_engine.training_step(
+            model, loss_fn, bench_engine._optimizer(torch.optim, kind, model)
+        )
 
         def step():
             with torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16"):
                 return step_fn(x, y)
+
     for _ in range(3):
         step()
     t0, usage = time.perf_counter(), _kernel_usage()
@@ -332,12 +390,25 @@ def profile_eager(workload, precision, steps, top):
         by_class[label] += us
         by_op[event.key] += us
     total = sum(by_class.values()) or 1.0
-    return {"engine": "eager", "platform": device, "wall_ms_per_step": wall * 1e3, **kernel,
-            "total_ms_per_step": total / 1e3 / steps,
-            "classes": [{"class": c, "ms_per_step": us / 1e3 / steps, "share": us / total}
-                        for c, us in by_class.most_common()],
-            "top_ops": [{"op": o, "class": (kernel_class if device == "cuda" else torch_class)(o),
-                         "ms_per_step": us / 1e3 / steps} for o, us in by_op.most_common(top)]}
+    return {
+        "engine": "eager",
+        "platform": device,
+        "wall_ms_per_step": wall * 1e3,
+        **kernel,
+        "total_ms_per_step": total / 1e3 / steps,
+        "classes": [
+            {"class": c, "ms_per_step": us / 1e3 / steps, "share": us / total}
+            for c, us in by_class.most_common()
+        ],
+        "top_ops": [
+            {
+                "op": o,
+                "class": (kernel_class if device == "cuda" else torch_class)(o),
+                "ms_per_step": us / 1e3 / steps,
+            }
+            for o, us in by_op.most_common(top)
+        ],
+    }
 
 
 def _kernel_usage():
@@ -350,12 +421,16 @@ def _kernel_usage():
 
 
 def print_report(report):
-    print(f"{report['engine']} on {report['platform']} {report.get('device', '')}: "
-          f"{report['wall_ms_per_step']:.2f} ms/step unprofiled, "
-          f"{report['total_ms_per_step']:.2f} ms/step of profiled op time")
-    print(f"  kernel (page faults, mapping): {report['sys_ms_per_step']:.1f} ms/step of CPU, "
-          f"{report['faults_per_step']:.0f} page faults/step (unprofiled steps; inside the op "
-          "times of whichever ops first touch fresh pages)")
+    print(
+        f"{report['engine']} on {report['platform']} {report.get('device', '')}: "
+        f"{report['wall_ms_per_step']:.2f} ms/step unprofiled, "
+        f"{report['total_ms_per_step']:.2f} ms/step of profiled op time"
+    )
+    print(
+        f"  kernel (page faults, mapping): {report['sys_ms_per_step']:.1f} ms/step of CPU, "
+        f"{report['faults_per_step']:.0f} page faults/step (unprofiled steps; inside the op "
+        "times of whichever ops first touch fresh pages)"
+    )
     print(f"  {'op class':28s} {'ms/step':>9s} {'share':>6s}")
     for row in report["classes"]:
         print(f"  {row['class']:28s} {row['ms_per_step']:9.3f} {row['share'] * 100:5.1f}%")
@@ -367,8 +442,9 @@ def print_report(report):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engine", choices=("cstorch", "eager"), default="cstorch")
-    parser.add_argument("--workload", default="transformer",
-                        choices=GPT_WORKLOADS + ENGINE_WORKLOADS)
+    parser.add_argument(
+        "--workload", default="transformer", choices=GPT_WORKLOADS + ENGINE_WORKLOADS
+    )
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--top", type=int, default=15)

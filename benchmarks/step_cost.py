@@ -47,7 +47,8 @@ def dot_result_types(text: str) -> dict:
 
 def custom_calls(text: str) -> dict:
     names = re.findall(r"custom_call @([\w$]+)", text) + re.findall(
-        r'custom_call_target="([^"]+)"', text)
+        r'custom_call_target="([^"]+)"', text
+    )
     return dict(collections.Counter(names))
 
 
@@ -57,8 +58,10 @@ def _state_specs(program):
     from jax_backend.dtypes import to_jax_dtype
 
     nodes = [n for n in program.captured.graph.graph.nodes if n.op == "placeholder"]
-    return [jax.ShapeDtypeStruct(tuple(n.meta["val"].shape), to_jax_dtype(n.meta["val"].dtype))
-            for n in nodes[:len(program.captured.used_state)]]
+    return [
+        jax.ShapeDtypeStruct(tuple(n.meta["val"].shape), to_jax_dtype(n.meta["val"].dtype))
+        for n in nodes[: len(program.captured.used_state)]
+    ]
 
 
 def _cpu_timers() -> dict:
@@ -77,6 +80,7 @@ def _cpu_timers() -> dict:
                 return fn(*args, **kwargs)
             finally:
                 seconds[phase] += time.process_time() - t0
+
         return wrapper
 
     step_capture.capture_step = timed("capture", step_capture.capture_step)
@@ -109,8 +113,9 @@ def main(argv=None):
     import jax.numpy as jnp
 
     _allow_missing_hdf5plugin()
-    import cerebras.pytorch as cstorch
     from bench_engine import _FirstStepSplit
+
+    import cerebras.pytorch as cstorch
 
     jnp.zeros(()).block_until_ready()
     split = _FirstStepSplit()
@@ -127,8 +132,12 @@ def main(argv=None):
     backend = cstorch.backend("GPU" if on_gpu else "CPU", artifact_dir="/tmp/cstorch_step_cost")
     _, step = traced_step(model, backend, loss_fn)
 
-    report = {"workload": args.workload, "spec": spec, "precision": args.precision,
-              "platform": jax.devices()[0].platform}
+    report = {
+        "workload": args.workload,
+        "spec": spec,
+        "precision": args.precision,
+        "platform": jax.devices()[0].platform,
+    }
     t0, c0 = time.perf_counter(), time.process_time()
     if args.run:
         float(step(x, y).materialize())
@@ -165,8 +174,11 @@ def main(argv=None):
         _answer_cudnn_checks()
         cuda = jax_backend_program_for(program, "cuda")
         donated, kept = cuda.split_state(used)
-        text = cuda._jitted.trace(donated, kept, inputs, 0).lower(
-            lowering_platforms=("cuda",)).as_text()
+        text = (
+            cuda._jitted.trace(donated, kept, inputs, 0)
+            .lower(lowering_platforms=("cuda",))
+            .as_text()
+        )
         report["cuda_stablehlo_dots"] = dot_result_types(text)
         report["cuda_stablehlo_custom_calls"] = custom_calls(text)
     print(json.dumps(report, indent=1))

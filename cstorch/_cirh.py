@@ -16,7 +16,8 @@ def _unavailable(name):
     def op(*args, **kwargs):
         raise NotImplementedError(
             f"cstorch.cirh.{name} is a Cerebras wafer-compiler intrinsic with no implementation "
-            "here. Sample with torch.topk / torch.softmax / torch.multinomial instead.")
+            "here. Sample with torch.topk / torch.softmax / torch.multinomial instead."
+        )
 
     return op
 

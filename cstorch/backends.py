@@ -20,9 +20,9 @@ import sys
 from typing import Any, List, Literal, Optional, Union
 
 from cstorch import config
-from jax_backend.config import positive_int
 from cstorch.utils import _flags as _flags_module
 from cstorch.utils._flags import DEFAULT, _flags, flag
+from jax_backend.config import positive_int
 
 MAX_TRANSFER_BYTES = 256 * 1024 * 1024
 MAX_MESSAGE_LENGTH = 2 * 1024 * 1024 * 1024 - 1024
@@ -46,8 +46,9 @@ class DebugArgs(dict):
 
     def MergeFrom(self, other) -> None:  # the protobuf method name
         if not isinstance(other, dict):
-            raise TypeError(f"DebugArgs.MergeFrom expects DebugArgs or a dict, got "
-                            f"{type(other).__name__}.")
+            raise TypeError(
+                f"DebugArgs.MergeFrom expects DebugArgs or a dict, got {type(other).__name__}."
+            )
         _merge_into(self, other)
 
     def __getattr__(self, name):
@@ -95,8 +96,9 @@ def _optimization_level(name, value):
 _MICRO_BATCH_HELP = (
     'Expected one of:\n\t"auto": choose an optimal micro batch size.\n\t"explore": search for '
     'an optimal micro batch size and return.\n\t{"explore": {"min": <positive_int>, "max": '
-    '<positive_int>}}: search within bounds.\n\t<positive_int>: use this micro batch size.'
-    '\n\tNone: disable micro batch tiling.')
+    "<positive_int>}}: search within bounds.\n\t<positive_int>: use this micro batch size."
+    "\n\tNone: disable micro batch tiling."
+)
 
 
 def _micro_batch_size(name, value):
@@ -107,7 +109,8 @@ def _micro_batch_size(name, value):
     if isinstance(value, dict) and set(value) == {"explore"} and isinstance(value["explore"], dict):
         bounds = value["explore"]
         if set(bounds) <= {"min", "max"} and all(
-                isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in bounds.values()):
+            isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in bounds.values()
+        ):
             return value
     raise ValueError(f'Invalid value {value!r} for "{name}". {_MICRO_BATCH_HELP}')
 
@@ -121,8 +124,7 @@ def _positive_int(name, value):
 
 def _transfer_bytes(name, value):
     if not 0 <= value <= MAX_MESSAGE_LENGTH:
-        raise ValueError(
-            f"{name} must be an integer in [0, {MAX_MESSAGE_LENGTH}], got {value!r}.")
+        raise ValueError(f"{name} must be an integer in [0, {MAX_MESSAGE_LENGTH}], got {value!r}.")
     return value
 
 
@@ -202,8 +204,9 @@ class _backends(_flags):
             """Debugging and initialization settings."""
 
             ini: Union[INI, dict] = flag(validate=_to_ini, default_factory=INI)
-            debug_args: Union[DebugArgs, dict] = flag(validate=_to_debug_args,
-                                                      default_factory=DebugArgs)
+            debug_args: Union[DebugArgs, dict] = flag(
+                validate=_to_debug_args, default_factory=DebugArgs
+            )
             drop_data: bool = False
             lazy_initialization: bool = True
             skip_weight_init: bool = False
@@ -244,7 +247,8 @@ def _refuse_changes_during_csx_run(group, name) -> None:
         raise RuntimeError(
             f"Cannot change the backends flag `{name}` of {type(group).__name__.lstrip('_')} "
             "while a run is in progress on the CSX backend: flags are compiled into the run. "
-            "Set flags before iterating the DataExecutor.")
+            "Set flags before iterating the DataExecutor."
+        )
 
 
 _flags_module.change_guard = _refuse_changes_during_csx_run
@@ -256,6 +260,7 @@ def flag_values() -> dict:
     """The flags as plain data, every mapping a dict and every sequence a list (``DebugArgs``
     makes sub-messages on attribute reads, protobuf manners, which a fingerprint would walk
     without end): the graph cache's key part ``cstorch.backends``."""
+
     def plain(value):
         if isinstance(value, dict):
             return {k: plain(v) for k, v in value.items()}

@@ -17,9 +17,18 @@ user (docs/ARCHITECTURE.md): the launchers that start new processes
 from __future__ import annotations
 
 from jax_backend import config as _engine_config
-from jax_backend.config import (Config, SettingError as SettingError, boolean, non_negative_int,
-                                non_negative_number, optional, parse_bool, path, positive_int,
-                                text)
+from jax_backend.config import (
+    Config,
+    SettingError as SettingError,
+    boolean,
+    non_negative_int,
+    non_negative_number,
+    optional,
+    parse_bool,
+    path,
+    positive_int,
+    text,
+)
 
 config = Config("cstorch")
 
@@ -29,6 +38,7 @@ def named_check(check):
     ``validate(name, value)`` for a field checked where it is declared outside a setting (a
     ``cstorch.backends`` flag, a ``DistributedConfig`` field): a ValueError naming the field
     and the value given."""
+
     def validate(name: str, value):
         try:
             return check(value)
@@ -48,73 +58,147 @@ def _integer(text: str) -> int | None:
 
 
 engine = config.define(
-    "engine", "jax", "Which engine runs traced steps when the backend does not say: jax "
+    "engine",
+    "jax",
+    "Which engine runs traced steps when the backend does not say: jax "
     "(compile once) or eager (eager torch every step; cstorch/core/engine.py).",
-    env_var="CSTORCH_ENGINE", parse=lambda text: text.strip().lower() or "jax",
-    choices=("jax", "eager"))
+    env_var="CSTORCH_ENGINE",
+    parse=lambda text: text.strip().lower() or "jax",
+    choices=("jax", "eager"),
+)
 serve_backend = config.define(
-    "serve_backend", None, "For tools that run a script unchanged on another backend (python "
+    "serve_backend",
+    None,
+    "For tools that run a script unchanged on another backend (python "
     "-m cstorch.parity): cpu, gpu or csx, the type of backend that serves every "
     "cstorch.backend(...) of the process, whatever type the script names. Of the script's "
     "backend arguments only artifact_dir is kept; the engine comes from the engine setting.",
-    choices=("cpu", "gpu", "csx"))
+    choices=("cpu", "gpu", "csx"),
+)
 progress = config.define(
-    "progress", "auto", "How runs show progress (cstorch/utils/progress.py): auto (a bar on a "
+    "progress",
+    "auto",
+    "How runs show progress (cstorch/utils/progress.py): auto (a bar on a "
     "terminal, plain lines elsewhere, for runs of at least progress_bar_min_steps steps), bar, "
-    "lines or off.", env_var="CSTORCH_PROGRESS", parse=lambda text: text.strip().lower(),
-    choices=("auto", "bar", "lines", "off"))
+    "lines or off.",
+    env_var="CSTORCH_PROGRESS",
+    parse=lambda text: text.strip().lower(),
+    choices=("auto", "bar", "lines", "off"),
+)
 progress_bar = config.define(
-    "progress_bar", None, "The older switch: 1 is progress=bar, 0 is progress=off (used when "
-    "progress is auto).", env_var="CSTORCH_PROGRESS_BAR", parse=parse_bool,
-    check=optional(boolean))
+    "progress_bar",
+    None,
+    "The older switch: 1 is progress=bar, 0 is progress=off (used when progress is auto).",
+    env_var="CSTORCH_PROGRESS_BAR",
+    parse=parse_bool,
+    check=optional(boolean),
+)
 progress_bar_min_steps = config.define(
-    "progress_bar_min_steps", 50, "The fewest steps of a run that shows progress in auto mode.",
-    check=non_negative_int)
+    "progress_bar_min_steps",
+    50,
+    "The fewest steps of a run that shows progress in auto mode.",
+    check=non_negative_int,
+)
 progress_every = config.define(
-    "progress_every", None, "Steps between plain progress lines (default: a twentieth of the "
-    "run).", env_var="CSTORCH_PROGRESS_EVERY", parse=_integer, check=optional(positive_int))
+    "progress_every",
+    None,
+    "Steps between plain progress lines (default: a twentieth of the run).",
+    env_var="CSTORCH_PROGRESS_EVERY",
+    parse=_integer,
+    check=optional(positive_int),
+)
 progress_seconds = config.define(
-    "progress_seconds", 30.0, "Seconds after which a plain progress line is printed even "
-    "before progress_every steps.", env_var="CSTORCH_PROGRESS_SECONDS", parse=float,
-    check=non_negative_number)
+    "progress_seconds",
+    30.0,
+    "Seconds after which a plain progress line is printed even before progress_every steps.",
+    env_var="CSTORCH_PROGRESS_SECONDS",
+    parse=float,
+    check=non_negative_number,
+)
 max_programs = config.define(
-    "max_programs", 16, "How many compiled programs one traced step keeps (least recently used "
-    "are dropped, and compiled again if needed).", check=positive_int)
+    "max_programs",
+    16,
+    "How many compiled programs one traced step keeps (least recently used "
+    "are dropped, and compiled again if needed).",
+    check=positive_int,
+)
 generating_docs = config.define(
-    "generating_docs", False, "Set to 1 only while documentation is generated from the "
-    "docstrings (as in the reference).", env_var="GENERATING_CEREBRAS_PYTORCH_DOCS",
-    parse=lambda text: text == "1", check=boolean)
+    "generating_docs",
+    False,
+    "Set to 1 only while documentation is generated from the docstrings (as in the reference).",
+    env_var="GENERATING_CEREBRAS_PYTORCH_DOCS",
+    parse=lambda text: text == "1",
+    check=boolean,
+)
 torch_num_threads = config.define(
-    "torch_num_threads", None, "torch's thread count; the CSX backend checks that it is a "
-    "positive integer, as the reference does.", env_var="TORCH_NUM_THREADS",
-    parse=lambda text: _integer(text if text.strip() else "unset"), check=optional(positive_int))
+    "torch_num_threads",
+    None,
+    "torch's thread count; the CSX backend checks that it is a "
+    "positive integer, as the reference does.",
+    env_var="TORCH_NUM_THREADS",
+    parse=lambda text: _integer(text if text.strip() else "unset"),
+    check=optional(positive_int),
+)
 
 # A multi-process job (cstorch/distributed/runtime.py); also read from a child's environment.
 coordinator_address = config.define(
-    "coordinator_address", None, "host:port of the job's coordinator (process 0).",
-    env_var="CSTORCH_COORDINATOR_ADDRESS", check=optional(text))
+    "coordinator_address",
+    None,
+    "host:port of the job's coordinator (process 0).",
+    env_var="CSTORCH_COORDINATOR_ADDRESS",
+    check=optional(text),
+)
 num_processes = config.define(
-    "num_processes", None, "The number of processes of the job.",
-    env_var="CSTORCH_NUM_PROCESSES", parse=_integer, check=optional(positive_int))
+    "num_processes",
+    None,
+    "The number of processes of the job.",
+    env_var="CSTORCH_NUM_PROCESSES",
+    parse=_integer,
+    check=optional(positive_int),
+)
 process_id = config.define(
-    "process_id", None, "This process's rank in the job (0-based).",
-    env_var="CSTORCH_PROCESS_ID", parse=_integer, check=optional(non_negative_int))
+    "process_id",
+    None,
+    "This process's rank in the job (0-based).",
+    env_var="CSTORCH_PROCESS_ID",
+    parse=_integer,
+    check=optional(non_negative_int),
+)
 init_timeout = config.define(
-    "init_timeout", 60, "Seconds to wait for every process to join before DistributedError.",
-    env_var="CSTORCH_INIT_TIMEOUT", parse=_integer, check=optional(positive_int))
+    "init_timeout",
+    60,
+    "Seconds to wait for every process to join before DistributedError.",
+    env_var="CSTORCH_INIT_TIMEOUT",
+    parse=_integer,
+    check=optional(positive_int),
+)
 heartbeat_timeout = config.define(
-    "heartbeat_timeout", 20, "Seconds without a heartbeat before a process is declared dead.",
-    env_var="CSTORCH_HEARTBEAT_TIMEOUT", parse=_integer, check=optional(positive_int))
+    "heartbeat_timeout",
+    20,
+    "Seconds without a heartbeat before a process is declared dead.",
+    env_var="CSTORCH_HEARTBEAT_TIMEOUT",
+    parse=_integer,
+    check=optional(positive_int),
+)
 launcher_pid = config.define(
-    "launcher_pid", None, "Set by `python -m cstorch.distributed.launch` for its workers: the "
+    "launcher_pid",
+    None,
+    "Set by `python -m cstorch.distributed.launch` for its workers: the "
     "launcher's process id, watched so that a worker stops when its launcher is gone.",
-    env_var="CSTORCH_LAUNCHER_PID", parse=_integer, check=optional(positive_int))
+    env_var="CSTORCH_LAUNCHER_PID",
+    parse=_integer,
+    check=optional(positive_int),
+)
 
 # The Model Zoo 1.x command line (compat/modelzoo/common/run_utils/cli_parser.py).
 cluster_defaults = config.define(
-    "cluster_defaults", None, "A YAML file whose runconfig gives a system administrator's "
-    "defaults to 1.x run.py command lines.", env_var="CEREBRAS_WAFER_SCALE_CLUSTER_DEFAULTS",
-    check=optional(path))
+    "cluster_defaults",
+    None,
+    "A YAML file whose runconfig gives a system administrator's "
+    "defaults to 1.x run.py command lines.",
+    env_var="CEREBRAS_WAFER_SCALE_CLUSTER_DEFAULTS",
+    check=optional(path),
+)
 
 #: Environment the launchers give the processes they start, unless already set: torch's
 #: idle OpenMP threads sleep instead of spinning, so a compiled step started right after

@@ -18,6 +18,11 @@ class NoBackendError(CstorchError, RuntimeError):
 
 
 __all__ = [
-    "CstorchError", "LoweringNotFoundError", "MultipleBackendsError", "NoBackendError",
-    "RecompilationError", "ValueReadInTraceError", "quoted",
+    "CstorchError",
+    "LoweringNotFoundError",
+    "MultipleBackendsError",
+    "NoBackendError",
+    "RecompilationError",
+    "ValueReadInTraceError",
+    "quoted",
 ]

@@ -24,11 +24,11 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-from jax_backend.export import export_program
 from cstorch.backend import current_backend_impl
 from cstorch.core.state_names import state_name
 from cstorch.core.step_call import StepCall
 from cstorch.core.torch_optimizers import read_scalar
+from jax_backend.export import export_program
 
 
 def export(step, example_batch, path: str, *, vjp_order: int = 0, platforms=None) -> str:
@@ -49,24 +49,29 @@ def export(step, example_batch, path: str, *, vjp_order: int = 0, platforms=None
     from cstorch.core.compile import TracedStep
 
     if not isinstance(step, TracedStep):
-        raise TypeError(f"cstorch.export expects a @cstorch.trace step function, got "
-                        f"{type(step).__name__}.")
+        raise TypeError(
+            f"cstorch.export expects a @cstorch.trace step function, got {type(step).__name__}."
+        )
     impl = current_backend_impl()
     if impl.engine != "jax":
         raise RuntimeError(
             f"cstorch.export needs the compiled program of the JAX engine, but the backend "
-            f"runs the {impl.engine!r} engine. Create the backend with engine=\"jax\" (and "
-            "unset CSTORCH_ENGINE).")
+            f'runs the {impl.engine!r} engine. Create the backend with engine="jax" (and '
+            "unset CSTORCH_ENGINE)."
+        )
     args = tuple(example_batch) if isinstance(example_batch, (tuple, list)) else (example_batch,)
     if not any(isinstance(x, torch.Tensor) for x in pytree.tree_leaves(args)):
-        raise TypeError("cstorch.export needs an example batch of tensors (a tensor, or a "
-                        "tuple/list of the step's positional arguments).")
+        raise TypeError(
+            "cstorch.export needs an example batch of tensors (a tensor, or a "
+            "tuple/list of the step's positional arguments)."
+        )
     entry, call = step.program_for(StepCall.of(impl, args, {}))
     if entry is None:  # its first step creates state (e.g. a torch optimizer's): not exportable
         raise RuntimeError(
             f"{step.__name__!r} creates state in its first step (e.g. a torch.optim "
             "optimizer's exp_avg or momentum buffer, or a buffer registered in forward), "
-            "which has no value yet. Run the step once, then export it.")
+            "which has no value yet. Run the step once, then export it."
+        )
     view = call.view
     used_index, written_index = entry.resolve(view)
     indices = list(dict.fromkeys(list(used_index) + list(written_index)))
@@ -76,19 +81,36 @@ def export(step, example_batch, path: str, *, vjp_order: int = 0, platforms=None
         names[i] = name if name not in names.values() else f"{name}#{i}"
     arrays = impl.device_state.arrays([view.tensors[i] for i in indices])
     state = {names[i]: array for i, array in zip(indices, arrays)}
-    state_info = [{"name": names[i], "kind": _state_kind(view.paths[i]),
-                   "path": [str(p) for p in view.paths[i]]} for i in indices]
+    state_info = [
+        {
+            "name": names[i],
+            "kind": _state_kind(view.paths[i]),
+            "path": [str(p) for p in view.paths[i]],
+        }
+        for i in indices
+    ]
     hyperparameters = [state_name(p) for p in entry.scalar_paths]
     for name, scalar_path in zip(hyperparameters, entry.scalar_paths):
         state[name] = np.float64(read_scalar(impl.registry, scalar_path))
-        state_info.append({"name": name, "kind": "hyperparameter",
-                           "path": [str(p) for p in scalar_path]})
+        state_info.append(
+            {"name": name, "kind": "hyperparameter", "path": [str(p) for p in scalar_path]}
+        )
     returned, single, closure_values = _output_layout(entry)
     return export_program(
-        entry.program, path, state, state_info, [names[i] for i in used_index],
-        [names[i] for i in written_index], returned, single, closure_values,
-        hyperparameters=hyperparameters, function=step.__name__, vjp_order=vjp_order,
-        platforms=platforms if platforms is not None else [_platform(impl.jax_devices[0])])
+        entry.program,
+        path,
+        state,
+        state_info,
+        [names[i] for i in used_index],
+        [names[i] for i in written_index],
+        returned,
+        single,
+        closure_values,
+        hyperparameters=hyperparameters,
+        function=step.__name__,
+        vjp_order=vjp_order,
+        platforms=platforms if platforms is not None else [_platform(impl.jax_devices[0])],
+    )
 
 
 def torch_state_dict(state: dict, model=0) -> dict:
@@ -100,31 +122,46 @@ def torch_state_dict(state: dict, model=0) -> dict:
     left out. For ``model.load_state_dict(...)`` (which checks names and shapes) and
     ``cstorch.save``."""
     if not isinstance(state, dict):
-        raise TypeError(f"torch_state_dict expects a dict of arrays by state name, got "
-                        f"{type(state).__name__}.")
+        raise TypeError(
+            f"torch_state_dict expects a dict of arrays by state name, got {type(state).__name__}."
+        )
     if isinstance(model, torch.nn.Module):
         impl = current_backend_impl(raise_exception=False)
         models = list(getattr(impl, "models", []))
         index = next((i for i, m in enumerate(models) if m is model), None)
         if index is None:
-            raise ValueError("torch_state_dict: this module was not compiled with "
-                             "cstorch.compile in this process; pass the index N of the "
-                             "exported names modelN. instead.")
+            raise ValueError(
+                "torch_state_dict: this module was not compiled with "
+                "cstorch.compile in this process; pass the index N of the "
+                "exported names modelN. instead."
+            )
         model = index
     prefix = f"model{model}."
     result = {}
     for name, array in state.items():
         if isinstance(name, str) and name.startswith(prefix):
-            result[name[len(prefix):]] = _tensor(name, array)
+            result[name[len(prefix) :]] = _tensor(name, array)
     if not result:
-        models = sorted({m.group(0) for n in state if isinstance(n, str)
-                         for m in [re.match(r"model\d+", n)] if m})
+        models = sorted(
+            {
+                m.group(0)
+                for n in state
+                if isinstance(n, str)
+                for m in [re.match(r"model\d+", n)]
+                if m
+            }
+        )
         raise ValueError(
             f"no state of model {model} (names starting with {prefix!r}) among "
-            f"{len(state)} arrays" + (f"; there are {', '.join(models)}" if models else
-                                      f" named like {str(next(iter(state), '-'))!r}")
+            f"{len(state)} arrays"
+            + (
+                f"; there are {', '.join(models)}"
+                if models
+                else f" named like {str(next(iter(state), '-'))!r}"
+            )
             + ". Pass the arrays of an exported step (step.state, step.params(), "
-            "step.buffers()) and the model's index.")
+            "step.buffers()) and the model's index."
+        )
     return result
 
 
@@ -170,8 +207,9 @@ def _output_layout(entry):
         for name, value in _named_arguments(fn, args, kwargs):
             for path, leaf in pytree.tree_flatten_with_path(value)[0]:
                 if position[leaf] is not None:
-                    closure_values.append({"name": f"{label}.{name}{pytree.keystr(path)}",
-                                           "index": position[leaf]})
+                    closure_values.append(
+                        {"name": f"{label}.{name}{pytree.keystr(path)}", "index": position[leaf]}
+                    )
     return returned, single, closure_values
 
 

@@ -24,15 +24,17 @@ def make_dataset(num_samples, seed):
 
 
 def input_fn(num_samples, seed):
-    return torch.utils.data.DataLoader(make_dataset(num_samples, seed), batch_size=BATCH,
-                                       shuffle=False, drop_last=True)
+    return torch.utils.data.DataLoader(
+        make_dataset(num_samples, seed), batch_size=BATCH, shuffle=False, drop_last=True
+    )
 
 
 def main(artifact_dir):
     backend = cstorch.backend("CPU", artifact_dir=artifact_dir)
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 32), torch.nn.ReLU(),
-                                torch.nn.Linear(32, NUM_CLASSES))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(FEATURES, 32), torch.nn.ReLU(), torch.nn.Linear(32, NUM_CLASSES)
+    )
     compiled_model = cstorch.compile(model, backend)
     loss_fn = torch.nn.CrossEntropyLoss()
     optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)

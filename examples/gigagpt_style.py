@@ -66,7 +66,9 @@ class Block(nn.Module):
         super().__init__()
         self.norm_attention, self.norm_mlp = nn.LayerNorm(width), nn.LayerNorm(width)
         self.attention = Attention(width, heads)
-        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+        self.mlp = nn.Sequential(
+            nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)
+        )
 
     def forward(self, x, mask):
         x = x + self.attention(self.norm_attention(x), mask)
@@ -99,8 +101,9 @@ class LanguageModel(nn.Module):
         for block in self.blocks:
             x = block(x, mask)
         logits = self.lm_head(self.final_norm(x))
-        return nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
-                                           labels.reshape(-1).long())
+        return nn.functional.cross_entropy(
+            logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1).long()
+        )
 
 
 # -------------------------------------------------------------------------------------- data
@@ -115,7 +118,7 @@ class TokenFile(torch.utils.data.Dataset):
         return (len(self.tokens) - 1) // self.length
 
     def __getitem__(self, index):
-        window = self.tokens[index * self.length:(index + 1) * self.length + 1].astype(np.int32)
+        window = self.tokens[index * self.length : (index + 1) * self.length + 1].astype(np.int32)
         return torch.from_numpy(window[:-1]), torch.from_numpy(window[1:])
 
 
@@ -127,8 +130,9 @@ class ShuffledBatches(torch.utils.data.Sampler):
         self.size, self.batch_size, self.seed, self.start = size, batch_size, seed, start
         self.per_epoch = size // batch_size
         if self.per_epoch == 0:
-            raise ValueError(f"The dataset has {size} sequences, fewer than one batch "
-                             f"({batch_size}).")
+            raise ValueError(
+                f"The dataset has {size} sequences, fewer than one batch ({batch_size})."
+            )
 
     def __len__(self):
         return self.per_epoch
@@ -137,9 +141,10 @@ class ShuffledBatches(torch.utils.data.Sampler):
         batch = self.start
         while True:
             epoch, index = divmod(batch, self.per_epoch)
-            order = torch.randperm(self.size, generator=torch.Generator().manual_seed(
-                self.seed + epoch))
-            yield order[index * self.batch_size:(index + 1) * self.batch_size].tolist()
+            order = torch.randperm(
+                self.size, generator=torch.Generator().manual_seed(self.seed + epoch)
+            )
+            yield order[index * self.batch_size : (index + 1) * self.batch_size].tolist()
             batch += 1
 
 
@@ -179,11 +184,17 @@ def train(model_config: ModelConfig, config: RunConfig) -> list[tuple[int, float
     os.makedirs(config.out_dir, exist_ok=True)
     dataset = config.dataset or os.path.join(config.out_dir, "train.bin")
     if config.dataset is None and not os.path.exists(dataset):
-        write_synthetic_tokens(dataset, model_config.vocab_size,
-                               model_config.max_positions * config.batch_size * 16 + 1)
+        write_synthetic_tokens(
+            dataset,
+            model_config.vocab_size,
+            model_config.max_positions * config.batch_size * 16 + 1,
+        )
 
-    options = {} if config.backend.upper() == "CPU" else {
-        "cluster_config": cstorch.distributed.ClusterConfig()}
+    options = (
+        {}
+        if config.backend.upper() == "CPU"
+        else {"cluster_config": cstorch.distributed.ClusterConfig()}
+    )
     backend = cstorch.backend(config.backend, artifact_dir=config.out_dir, **options)
     if not backend.is_cpu:
         cstorch.amp.set_half_dtype("bfloat16")
@@ -195,19 +206,34 @@ def train(model_config: ModelConfig, config: RunConfig) -> list[tuple[int, float
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     optimizer = cstorch.optim.AdamW(
-        [{"params": decay, "weight_decay": config.weight_decay},
-         {"params": no_decay, "weight_decay": 0.0}],
-        lr=config.learning_rate, betas=(0.9, 0.95), eps=1e-8, correct_bias=True)
+        [
+            {"params": decay, "weight_decay": config.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=config.learning_rate,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+        correct_bias=True,
+    )
     decay_steps = max(config.num_steps - config.warmup_steps, 1)
-    scheduler = cstorch.optim.lr_scheduler.SequentialLR(optimizer, [
-        cstorch.optim.lr_scheduler.LinearLR(optimizer, initial_learning_rate=0.0,
-                                            end_learning_rate=config.learning_rate,
-                                            total_iters=config.warmup_steps),
-        cstorch.optim.lr_scheduler.CosineDecayLR(optimizer,
-                                                 initial_learning_rate=config.learning_rate,
-                                                 end_learning_rate=0.1 * config.learning_rate,
-                                                 total_iters=decay_steps),
-    ], milestones=[config.warmup_steps])
+    scheduler = cstorch.optim.lr_scheduler.SequentialLR(
+        optimizer,
+        [
+            cstorch.optim.lr_scheduler.LinearLR(
+                optimizer,
+                initial_learning_rate=0.0,
+                end_learning_rate=config.learning_rate,
+                total_iters=config.warmup_steps,
+            ),
+            cstorch.optim.lr_scheduler.CosineDecayLR(
+                optimizer,
+                initial_learning_rate=config.learning_rate,
+                end_learning_rate=0.1 * config.learning_rate,
+                total_iters=decay_steps,
+            ),
+        ],
+        milestones=[config.warmup_steps],
+    )
 
     global_step = 0
     if config.checkpoint_path:
@@ -231,9 +257,16 @@ def train(model_config: ModelConfig, config: RunConfig) -> list[tuple[int, float
     @cstorch.checkpoint_closure
     def save_checkpoint(step):
         path = os.path.join(config.out_dir, f"checkpoint_{step}.mdl")
-        cstorch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                      "lr_scheduler": scheduler.state_dict(), "global_step": step,
-                      "model_config": dataclasses.asdict(model_config)}, path)
+        cstorch.save(
+            {
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "lr_scheduler": scheduler.state_dict(),
+                "global_step": step,
+                "model_config": dataclasses.asdict(model_config),
+            },
+            path,
+        )
         logger.info("Saved %s", path)
 
     from cerebras.pytorch.utils.tensorboard import SummaryWriter
@@ -246,16 +279,29 @@ def train(model_config: ModelConfig, config: RunConfig) -> list[tuple[int, float
         rate = executor.profiler.rate_tracker.rate
         global_rate = executor.profiler.rate_tracker.global_rate
         logged.append((step, loss.item()))
-        logger.info("| Step=%d, Loss=%.5f, Rate=%.2f samples/sec, GlobalRate=%.2f samples/sec",
-                    step, loss.item(), rate, global_rate)
+        logger.info(
+            "| Step=%d, Loss=%.5f, Rate=%.2f samples/sec, GlobalRate=%.2f samples/sec",
+            step,
+            loss.item(),
+            rate,
+            global_rate,
+        )
         writer.add_scalar("loss", loss.item(), step)
         writer.add_scalar("samples_per_second", global_rate, step)
 
     dataloader = cstorch.utils.data.DataLoader(
-        token_batches, dataset, model_config.max_positions, config.batch_size, config.seed,
-        global_step)
-    executor = cstorch.utils.data.DataExecutor(dataloader, num_steps=config.num_steps - global_step,
-                                               checkpoint_steps=config.checkpoint_steps)
+        token_batches,
+        dataset,
+        model_config.max_positions,
+        config.batch_size,
+        config.seed,
+        global_step,
+    )
+    executor = cstorch.utils.data.DataExecutor(
+        dataloader,
+        num_steps=config.num_steps - global_step,
+        checkpoint_steps=config.checkpoint_steps,
+    )
     for step, (input_ids, labels) in enumerate(executor, start=global_step + 1):
         loss = training_step(input_ids, labels)
         log(loss, step)
@@ -269,8 +315,12 @@ def parse_args(argv=None) -> tuple[ModelConfig, RunConfig]:
     for config_class in (ModelConfig, RunConfig):
         for field in dataclasses.fields(config_class):
             kind = {"int": int, "float": float}.get(str(field.type).split(" ")[0], str)
-            parser.add_argument(f"--{field.name.replace('_', '-')}", dest=field.name,
-                                type=kind, default=field.default)
+            parser.add_argument(
+                f"--{field.name.replace('_', '-')}",
+                dest=field.name,
+                type=kind,
+                default=field.default,
+            )
     args = vars(parser.parse_args(argv))
     split = lambda cls: cls(**{f.name: args[f.name] for f in dataclasses.fields(cls)})  # noqa: E731
     return split(ModelConfig), split(RunConfig)

@@ -61,7 +61,7 @@ def counting_sequences(vocab, seq, batch, num_batches, seed=0):
     batches = []
     for _ in range(num_batches):
         tokens = (torch.randint(0, vocab, (batch, 1), generator=g) + torch.arange(seq + 1)) % vocab
-        tokens = tokens[first:first + share]
+        tokens = tokens[first : first + share]
         batches.append((tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()))
     return batches
 
@@ -69,8 +69,9 @@ def counting_sequences(vocab, seq, batch, num_batches, seed=0):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--precision", default="float32",
-                        choices=["float32", "bfloat16", "float16"])
+    parser.add_argument(
+        "--precision", default="float32", choices=["float32", "bfloat16", "float16"]
+    )
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--d-model", type=int, default=128)
     parser.add_argument("--seq-len", type=int, default=64)
@@ -78,8 +79,12 @@ def main():
     parser.add_argument("--artifact-dir", default="./artifacts/gpt")
     parser.add_argument("--backend", default="CPU", choices=["CPU", "CSX"])
     parser.add_argument("--num-csx", type=int, default=1, help="CSX: data-parallel systems")
-    parser.add_argument("--weight-servers", type=int, default=0,
-                        help="CSX: weight servers (shard parameters and optimizer state)")
+    parser.add_argument(
+        "--weight-servers",
+        type=int,
+        default=0,
+        help="CSX: weight servers (shard parameters and optimizer state)",
+    )
     parser.add_argument("--log-every", type=int, default=10)
     args = parser.parse_args()
 
@@ -88,25 +93,37 @@ def main():
     if args.precision != "float32":
         cstorch.amp.set_half_dtype(args.precision)
     if args.backend == "CSX":
-        backend = cstorch.backend("CSX", artifact_dir=args.artifact_dir,
-                                  cluster_config=cstorch.distributed.ClusterConfig(
-                                      num_csx=args.num_csx,
-                                      max_wgt_servers=args.weight_servers))
+        backend = cstorch.backend(
+            "CSX",
+            artifact_dir=args.artifact_dir,
+            cluster_config=cstorch.distributed.ClusterConfig(
+                num_csx=args.num_csx, max_wgt_servers=args.weight_servers
+            ),
+        )
         cstorch.amp.enable_mixed_precision(args.precision != "float32")
     else:
         backend = cstorch.backend("CPU", artifact_dir=args.artifact_dir)
     model = GPT(vocab, args.d_model, 4, args.layers, seq)
     compiled_model = cstorch.compile(model, backend)
     optimizer = cstorch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
-    scheduler = cstorch.optim.lr_scheduler.SequentialLR(optimizer, [
-        cstorch.optim.lr_scheduler.LinearLR(optimizer, initial_learning_rate=0.0,
-                                            end_learning_rate=3e-3, total_iters=warmup),
-        cstorch.optim.lr_scheduler.CosineDecayLR(optimizer, initial_learning_rate=3e-3,
-                                                 end_learning_rate=3e-4,
-                                                 total_iters=args.steps - warmup),
-    ], milestones=[warmup])
+    scheduler = cstorch.optim.lr_scheduler.SequentialLR(
+        optimizer,
+        [
+            cstorch.optim.lr_scheduler.LinearLR(
+                optimizer, initial_learning_rate=0.0, end_learning_rate=3e-3, total_iters=warmup
+            ),
+            cstorch.optim.lr_scheduler.CosineDecayLR(
+                optimizer,
+                initial_learning_rate=3e-3,
+                end_learning_rate=3e-4,
+                total_iters=args.steps - warmup,
+            ),
+        ],
+        milestones=[warmup],
+    )
     grad_scaler = cstorch.amp.GradScaler(
-        loss_scale="dynamic" if args.precision == "float16" else None)
+        loss_scale="dynamic" if args.precision == "float16" else None
+    )
 
     @cstorch.trace
     def training_step(inputs, targets):
@@ -123,7 +140,8 @@ def main():
 
     dataloader = cstorch.utils.data.DataLoader(counting_sequences, vocab, seq, batch, 20)
     for step, (inputs, targets) in enumerate(
-            cstorch.utils.data.DataExecutor(dataloader, num_steps=args.steps), start=1):
+        cstorch.utils.data.DataExecutor(dataloader, num_steps=args.steps), start=1
+    ):
         loss = training_step(inputs, targets)
         log(loss, optimizer.param_groups[0]["lr"], step)
 

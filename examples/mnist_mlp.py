@@ -29,8 +29,9 @@ def synthetic_mnist(batch_size, num_batches, seed=0):
     images = torch.randn(batch_size * num_batches, 1, 28, 28, generator=g)
     labels = (images.flatten(1) @ teacher).argmax(1)
     dataset = torch.utils.data.TensorDataset(images, labels)
-    return torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True,
-                                       drop_last=True, generator=g)
+    return torch.utils.data.DataLoader(
+        dataset, batch_size=batch_size, shuffle=True, drop_last=True, generator=g
+    )
 
 
 def main():
@@ -47,7 +48,8 @@ def main():
     compiled_model = cstorch.compile(model, backend)
     optimizer = cstorch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     scheduler = cstorch.optim.lr_scheduler.CosineDecayLR(
-        optimizer, initial_learning_rate=0.05, end_learning_rate=0.005, total_iters=args.steps)
+        optimizer, initial_learning_rate=0.05, end_learning_rate=0.005, total_iters=args.steps
+    )
     loss_fn = torch.nn.CrossEntropyLoss()
 
     @cstorch.trace
@@ -64,8 +66,10 @@ def main():
     @cstorch.step_closure
     def print_progress(loss, accuracy, step):
         if step % args.log_every == 0 or step == 1:
-            print(f"step {step:4d}  loss {loss.item():.4f}  batch accuracy {accuracy.item():.2f}",
-                  flush=True)
+            print(
+                f"step {step:4d}  loss {loss.item():.4f}  batch accuracy {accuracy.item():.2f}",
+                flush=True,
+            )
 
     dataloader = cstorch.utils.data.DataLoader(synthetic_mnist, args.batch_size, 50)
     executor = cstorch.utils.data.DataExecutor(dataloader, num_steps=args.steps)
@@ -74,8 +78,10 @@ def main():
         print_progress(loss, accuracy, step)
 
     rate = executor.profiler.rate_tracker.global_rate
-    print(f"done: {args.steps} steps, one compiled program (traced "
-          f"{training_step.trace_count}x), {rate:.0f} samples/s")
+    print(
+        f"done: {args.steps} steps, one compiled program (traced "
+        f"{training_step.trace_count}x), {rate:.0f} samples/s"
+    )
 
 
 if __name__ == "__main__":

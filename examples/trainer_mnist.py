@@ -37,8 +37,9 @@ def synthetic_mnist(batch_size=64, num_batches=50, seed=0) -> torch.utils.data.D
     images = torch.randn(batch_size * num_batches, 1, 28, 28, generator=g)
     labels = (images.flatten(1) @ teacher).argmax(1)
     dataset = torch.utils.data.TensorDataset(images, labels)
-    return torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True,
-                                       drop_last=True, generator=g)
+    return torch.utils.data.DataLoader(
+        dataset, batch_size=batch_size, shuffle=True, drop_last=True, generator=g
+    )
 
 
 def main():
@@ -53,16 +54,23 @@ def main():
         model_dir=args.model_dir,
         model=MNISTClassifier,
         optimizer=lambda model: cstorch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-        schedulers=[lambda optimizer: cstorch.optim.lr_scheduler.CosineDecayLR(
-            optimizer, initial_learning_rate=0.05, end_learning_rate=0.005,
-            total_iters=args.steps)],
+        schedulers=[
+            lambda optimizer: cstorch.optim.lr_scheduler.CosineDecayLR(
+                optimizer,
+                initial_learning_rate=0.05,
+                end_learning_rate=0.005,
+                total_iters=args.steps,
+            )
+        ],
         loop=TrainingLoop(num_steps=args.steps, eval_frequency=args.steps // 2, eval_steps=10),
         checkpoint=Checkpoint(steps=args.steps // 2),
         loggers=[ProgressLogger(), TensorBoardLogger()],
         seed=0,
     )
-    trainer.fit(cstorch.utils.data.DataLoader(synthetic_mnist, 64, 50),
-                cstorch.utils.data.DataLoader(synthetic_mnist, 64, 10, seed=1))
+    trainer.fit(
+        cstorch.utils.data.DataLoader(synthetic_mnist, 64, 50),
+        cstorch.utils.data.DataLoader(synthetic_mnist, 64, 10, seed=1),
+    )
     print(f"done: global step {trainer.global_step}, summaries in {trainer.summary_dir}")
 
 

@@ -35,16 +35,25 @@ user's programs), the environment and torch are as the user left them. The map o
 is docs/ARCHITECTURE.md.
 """
 
-from jax_backend import config, jax_settings
-from jax_backend import compilation_cache
-from jax_backend import dtypes, mesh, optimizers, precision, registry, schedules
-from jax_backend import target
-from jax_backend import ops as ops  # registers every ATen lowering
-from jax_backend import torch_ops  # registers the cstorch:: custom ops
-from jax_backend import optax_ops as optax_ops  # cstorch::optax_update
-from jax_backend import sparse_ops, sparsity  # sparsity mask ops
+from jax_backend import (  # sparsity mask ops
+    compilation_cache,
+    config,
+    dtypes,
+    graph_cache,
+    jax_settings,
+    mesh,
+    ops as ops,  # registers every ATen lowering
+    optax_ops as optax_ops,  # cstorch::optax_update
+    optimizers,
+    precision,
+    registry,
+    schedules,
+    sparse_ops,
+    sparsity,
+    target,
+    torch_ops,  # registers the cstorch:: custom ops
+)
 from jax_backend.capture import CapturedStep, Slot, capture_step
-from jax_backend import graph_cache
 from jax_backend.errors import (
     CaptureError,
     JaxBackendError,
@@ -61,10 +70,34 @@ from jax_backend.state import DeviceState
 from jax_backend.user_frames import register_internal_dir
 
 __all__ = [
-    "CaptureError", "CapturedStep", "DeviceState", "GraphInterpreter", "JaxBackendError",
-    "LazyTensor", "LoweringError", "LoweringNotFoundError", "Policy", "Program",
-    "RecompilationError", "Slot", "ValueReadInTraceError", "capture_step",
-    "compilation_cache", "config", "dtypes", "graph_cache", "jax_settings",
-    "materialize", "mesh", "optimizers", "precision", "register_internal_dir", "registry",
-    "schedules", "sparse_ops", "sparsity", "target", "torch_ops",
+    "CaptureError",
+    "CapturedStep",
+    "DeviceState",
+    "GraphInterpreter",
+    "JaxBackendError",
+    "LazyTensor",
+    "LoweringError",
+    "LoweringNotFoundError",
+    "Policy",
+    "Program",
+    "RecompilationError",
+    "Slot",
+    "ValueReadInTraceError",
+    "capture_step",
+    "compilation_cache",
+    "config",
+    "dtypes",
+    "graph_cache",
+    "jax_settings",
+    "materialize",
+    "mesh",
+    "optimizers",
+    "precision",
+    "register_internal_dir",
+    "registry",
+    "schedules",
+    "sparse_ops",
+    "sparsity",
+    "target",
+    "torch_ops",
 ]

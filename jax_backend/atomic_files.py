@@ -129,8 +129,9 @@ def _rename_noreplace(source: str, target: str) -> bool:
         renameat2 = libc.renameat2
     except (OSError, AttributeError):
         return False
-    result = renameat2(_AT_FDCWD, os.fsencode(source), _AT_FDCWD, os.fsencode(target),
-                       _RENAME_NOREPLACE)
+    result = renameat2(
+        _AT_FDCWD, os.fsencode(source), _AT_FDCWD, os.fsencode(target), _RENAME_NOREPLACE
+    )
     if result == 0:
         return True
     code = ctypes.get_errno()
@@ -181,8 +182,9 @@ class AtomicFile:
     def __init__(self, path, *, mode: int = 0o600, lock: bool = False):
         self.path = os.fspath(path)
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-        self.temp_path, self.fd = _create_fresh(lambda: temp_name(self.path),
-                                                lambda name: os.open(name, flags, mode))
+        self.temp_path, self.fd = _create_fresh(
+            lambda: temp_name(self.path), lambda name: os.open(name, flags, mode)
+        )
         self.published = False
         self.locked = lock
         if lock:
@@ -241,8 +243,9 @@ class AtomicFile:
         return False
 
 
-def write_file(path, data: bytes, *, mode: int = 0o600, durable: bool = False,
-               replace: bool = True) -> None:
+def write_file(
+    path, data: bytes, *, mode: int = 0o600, durable: bool = False, replace: bool = True
+) -> None:
     """Replaces ``path`` with a file holding ``data`` in one step (see ``AtomicFile``);
     on any failure the old file stays and the temporary one is removed. ``replace=False``
     publishes only where ``path`` does not exist (``rename_no_replace``), else raises
@@ -267,8 +270,10 @@ def staged_directory(path, *, prefix: str = ".staging-"):
     parent = os.path.dirname(path)
     # mkdir applies the umask itself; reading it would mean setting it, process-wide, for a
     # moment (another thread's files made then would get mode 0666/0777).
-    staging, _ = _create_fresh(lambda: os.path.join(parent, f"{prefix}{secrets.token_hex(8)}"),
-                               lambda name: os.mkdir(name, 0o777))
+    staging, _ = _create_fresh(
+        lambda: os.path.join(parent, f"{prefix}{secrets.token_hex(8)}"),
+        lambda name: os.mkdir(name, 0o777),
+    )
     try:
         yield staging
         os.replace(staging, path)

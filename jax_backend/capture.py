@@ -33,12 +33,11 @@ from torch._subclasses.fake_tensor import (
     FakeTensorMode,
 )
 from torch.fx.experimental.proxy_tensor import make_fx
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from jax_backend.errors import CaptureError, ValueReadInTraceError
-from jax_backend.errors import LoweringNotFoundError
 from jax_backend import scalars
+from jax_backend.errors import CaptureError, LoweringNotFoundError, ValueReadInTraceError
 from jax_backend.precision import Policy
 from jax_backend.registry import has_lowering
 from jax_backend.remat import recomputation_marked
@@ -85,11 +84,15 @@ def core_decompositions() -> Mapping:
     from torch._decomp import decomposition_table
 
     table = _core_aten_table()
-    for op in (aten.native_batch_norm.default, aten._native_batch_norm_legit.default,
-               aten._native_batch_norm_legit.no_stats,
-               aten._native_batch_norm_legit_functional.default,
-               aten._native_batch_norm_legit_no_training.default,
-               aten._batch_norm_with_update.default, aten._batch_norm_no_update.default):
+    for op in (
+        aten.native_batch_norm.default,
+        aten._native_batch_norm_legit.default,
+        aten._native_batch_norm_legit.no_stats,
+        aten._native_batch_norm_legit_functional.default,
+        aten._native_batch_norm_legit_no_training.default,
+        aten._batch_norm_with_update.default,
+        aten._batch_norm_no_update.default,
+    ):
         table[op] = decomposition_table[op]
     # Lowered whole (as its backward is): its decomposition is the slowest of a transformer's
     # trace, ~35 ms per attention layer, for the same math the lowering emits.
@@ -108,6 +111,7 @@ _FOREACH_SPECIAL: dict[str, Callable] = {
 def _pointwise_product(kind: str):
     """``addcmul``/``addcdiv`` with ``value`` positional, as the foreach schemas pass it, and
     possibly a 0-dim tensor (the ``.Tensor`` overloads' per-tensor scalars)."""
+
     def functional(t, a, b, value=1):
         if isinstance(value, torch.Tensor):
             return t + (a * b if kind == "mul" else a / b) * value
@@ -128,12 +132,14 @@ _FOREACH_BY_SCALAR = {"maximum": torch.clamp_min, "minimum": torch.clamp_max}
 _FOREACH_SPECIAL_INPLACE = {
     "zero": lambda t: t.zero_(),
     "copy": lambda t, src, non_blocking=False: t.copy_(src, non_blocking),
-    "addcmul": _ADDCMUL_, "addcdiv": _ADDCDIV_,
+    "addcmul": _ADDCMUL_,
+    "addcdiv": _ADDCDIV_,
 }
 _FOREACH_SPECIAL_FUNCTIONAL = {
     "zero": torch.zeros_like,
     "copy": lambda t, src, non_blocking=False: t.clone().copy_(src),
-    "addcmul": _ADDCMUL, "addcdiv": _ADDCDIV,
+    "addcmul": _ADDCMUL,
+    "addcdiv": _ADDCDIV,
 }
 
 
@@ -143,9 +149,10 @@ def _foreach_decomposition(name: str, scalars_tensor: bool = False):
     nothing. torch's multi-tensor optimizer paths (``foreach=True``, and Adagrad's under a
     compiler) are made of these; torch has no decomposition for them."""
     inplace = name.endswith("_")
-    base = name[len("_foreach_"):].rstrip("_")
+    base = name[len("_foreach_") :].rstrip("_")
     special = _FOREACH_SPECIAL.get(base) or (
-        _FOREACH_SPECIAL_INPLACE if inplace else _FOREACH_SPECIAL_FUNCTIONAL).get(base)
+        _FOREACH_SPECIAL_INPLACE if inplace else _FOREACH_SPECIAL_FUNCTIONAL
+    ).get(base)
 
     def per_tensor(*args, **kwargs):
         if special is not None:
@@ -168,9 +175,10 @@ def _foreach_decomposition(name: str, scalars_tensor: bool = False):
                 return value[i]  # one scalar per tensor, held in a tensor
             return value
 
-        results = [per_tensor(*[pick(a, i) for a in args],
-                              **{k: pick(v, i) for k, v in kwargs.items()})
-                   for i in range(count)]
+        results = [
+            per_tensor(*[pick(a, i) for a in args], **{k: pick(v, i) for k, v in kwargs.items()})
+            for i in range(count)
+        ]
         return None if inplace else results
 
     return decomposed
@@ -180,18 +188,24 @@ def _foreach_decomposition(name: str, scalars_tensor: bool = False):
 def foreach_decompositions() -> dict:
     """Every ``aten._foreach_*`` overload (but ``_out`` ones and ``_foreach_mm``) mapped to
     its per-tensor decomposition (``_foreach_decomposition``)."""
-    names = sorted({s.name.split("::")[1] for s in torch._C._jit_get_all_schemas()
-                    if s.name.startswith("aten::_foreach_")})
+    names = sorted(
+        {
+            s.name.split("::")[1]
+            for s in torch._C._jit_get_all_schemas()
+            if s.name.startswith("aten::_foreach_")
+        }
+    )
     table = {}
     for name in names:
-        base = name[len("_foreach_"):].rstrip("_")
+        base = name[len("_foreach_") :].rstrip("_")
         if base in ("mm", "powsum"):
             continue
         packet = getattr(aten, name)
         for overload in packet.overloads():
             if not overload.endswith("out"):
                 table[getattr(packet, overload)] = _foreach_decomposition(
-                    name, scalars_tensor=overload == "Tensor" and base in ("addcmul", "addcdiv"))
+                    name, scalars_tensor=overload == "Tensor" and base in ("addcmul", "addcdiv")
+                )
     return table
 
 
@@ -252,7 +266,8 @@ def _exchange_contents(a: torch.Tensor, b: torch.Tensor) -> None:
     if copyreg._slotnames(type(a)) or copyreg._slotnames(type(b)):  # type: ignore[attr-defined]
         raise CaptureError(
             f"cannot trace with state tensors of type {type(a).__name__}/{type(b).__name__}: "
-            "tensor subclasses with __slots__ are not supported as state.")
+            "tensor subclasses with __slots__ are not supported as state."
+        )
     a.__class__, b.__class__ = b.__class__, a.__class__
     a.__dict__, b.__dict__ = b.__dict__, a.__dict__
     torch._C._swap_tensor_impl(a, b)
@@ -260,8 +275,12 @@ def _exchange_contents(a: torch.Tensor, b: torch.Tensor) -> None:
 
 def _fake_like(mode: FakeTensorMode, tensor: torch.Tensor) -> torch.Tensor:
     with mode:
-        fake = torch.empty_strided(tuple(tensor.shape), tuple(tensor.stride()),
-                                   dtype=tensor.dtype, requires_grad=tensor.requires_grad)
+        fake = torch.empty_strided(
+            tuple(tensor.shape),
+            tuple(tensor.stride()),
+            dtype=tensor.dtype,
+            requires_grad=tensor.requires_grad,
+        )
     if isinstance(tensor, torch.nn.Parameter):
         fake._is_param = True  # keeps isinstance(p, nn.Parameter) true during the trace
     # Gradient hooks (``register_hook``, ``register_post_accumulate_grad_hook``) live on the
@@ -344,12 +363,14 @@ def _state_faked(mode: FakeTensorMode, state: Sequence[torch.Tensor]):
 def _translate_trace_errors(err: BaseException) -> BaseException | None:
     frame = user_frame(err.__traceback__)
     if isinstance(err, DataDependentOutputException):
-        return ValueReadInTraceError("Reading a tensor's value (`.item()`, `float()`, `if tensor:`)",
-                                     frame)
+        return ValueReadInTraceError(
+            "Reading a tensor's value (`.item()`, `float()`, `if tensor:`)", frame
+        )
     if isinstance(err, DynamicOutputShapeException):
         return ValueReadInTraceError(
             f"An operation whose output shape depends on tensor values ({err.args[0] if err.args else ''})",
-            frame)
+            frame,
+        )
     if isinstance(err, RuntimeError) and "cannot be converted to Scalar" in str(err):
         return ValueReadInTraceError("Reading a tensor's value (`.item()`)", frame)
     if isinstance(err, ValueReadInTraceError) and err.user_frame is None:
@@ -367,11 +388,15 @@ def _flat_outputs(outputs):
     return [x for x, t in zip(leaves, is_tensor) if t], spec, is_tensor, constants, numbers
 
 
-def capture_step(fn: Callable, slots: Sequence[Slot], inputs: Sequence[torch.Tensor],
-                 policy: Policy | None = None,
-                 decompositions: Mapping | None = None,
-                 scalar_slots: Sequence[scalars.ScalarSlot] = (),
-                 symbolic: Sequence[int] | None = None) -> CapturedStep:
+def capture_step(
+    fn: Callable,
+    slots: Sequence[Slot],
+    inputs: Sequence[torch.Tensor],
+    policy: Policy | None = None,
+    decompositions: Mapping | None = None,
+    scalar_slots: Sequence[scalars.ScalarSlot] = (),
+    symbolic: Sequence[int] | None = None,
+) -> CapturedStep:
     """Traces ``fn(*inputs)`` once, treating the tensors held by ``slots`` as state.
 
     ``fn`` may read and update state in place or rebind slots; it returns any pytree whose
@@ -390,10 +415,10 @@ def capture_step(fn: Callable, slots: Sequence[Slot], inputs: Sequence[torch.Ten
         table = {**table, **decompositions}
     state = _unique_state(slots)
     positions = list(range(len(scalar_slots)) if symbolic is None else symbolic)
-    symbols = scalars.Symbols([scalar_slots[i].get() for i in positions]) if positions \
-        else None
-    installed = list(zip([scalar_slots[i] for i in positions],
-                         symbols.values if symbols is not None else []))
+    symbols = scalars.Symbols([scalar_slots[i].get() for i in positions]) if positions else None
+    installed = list(
+        zip([scalar_slots[i] for i in positions], symbols.values if symbols is not None else [])
+    )
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fake_inputs = [mode.from_tensor(x) for x in inputs]
     graph, info = _trace(fn, slots, state, mode, fake_inputs, table, installed=installed)
@@ -407,10 +432,18 @@ def capture_step(fn: Callable, slots: Sequence[Slot], inputs: Sequence[torch.Ten
         # Pass 2: functionalize. Inputs must not require grad: the graph already holds backward.
         plain = [_fake_like(mode, t).detach() for t in state] + fake_inputs
         with mode:
-            functional = make_fx(torch.func.functionalize(graph, remove="mutations"),
-                                 decomposition_table=table)(*plain, *[s for _, s in installed])
-    captured = _finalize(functional, len(state), len(inputs), rebound_state, info,
-                         _state_names(slots, state), scalar_positions=positions)
+            functional = make_fx(
+                torch.func.functionalize(graph, remove="mutations"), decomposition_table=table
+            )(*plain, *[s for _, s in installed])
+    captured = _finalize(
+        functional,
+        len(state),
+        len(inputs),
+        rebound_state,
+        info,
+        _state_names(slots, state),
+        scalar_positions=positions,
+    )
     if symbols is not None:
         kinds = symbols.guards_by_slot()
         captured.scalar_kinds = {positions[i]: kind for i, kind in kinds.items()}
@@ -453,8 +486,11 @@ def _functional_variant(node):
 
 
 def _mutated_arguments_of(op) -> list:
-    return [i for i, a in enumerate(op._schema.arguments)
-            if a.alias_info is not None and a.alias_info.is_write]
+    return [
+        i
+        for i, a in enumerate(op._schema.arguments)
+        if a.alias_info is not None and a.alias_info.is_write
+    ]
 
 
 # Views that are the whole tensor (same shape and strides): reading one reads the tensor.
@@ -463,8 +499,12 @@ _IDENTITY_VIEWS = {aten.alias.default, aten.detach.default}
 
 def _is_fresh(node) -> bool:
     """A tensor an ATen op made, that aliases nothing (so writing it writes nothing else)."""
-    return (node.op == "call_function" and hasattr(node.target, "_schema")
-            and not _is_view(node) and not _mutated_arguments(node))
+    return (
+        node.op == "call_function"
+        and hasattr(node.target, "_schema")
+        and not _is_view(node)
+        and not _mutated_arguments(node)
+    )
 
 
 def _simple_writes(graph: torch.fx.GraphModule, num_state: int):
@@ -512,8 +552,11 @@ def _simple_writes(graph: torch.fx.GraphModule, num_state: int):
             elif node.kwargs:
                 return None
             readers = [root] + family.get(root, [])
-            if any(tensor_of.get(n) is not tensor and position[user] > position[node]
-                   for n in readers for user in n.users):
+            if any(
+                tensor_of.get(n) is not tensor and position[user] > position[node]
+                for n in readers
+                for user in n.users
+            ):
                 return None
             writes[node] = (tensor, functional)
             tensor_of[node] = tensor
@@ -528,8 +571,9 @@ def _simple_writes(graph: torch.fx.GraphModule, num_state: int):
     return writes, tensor_of
 
 
-def _functionalize_writes(graph: torch.fx.GraphModule, num_state: int, writes: dict,
-                          tensor_of: dict):
+def _functionalize_writes(
+    graph: torch.fx.GraphModule, num_state: int, writes: dict, tensor_of: dict
+):
     """What functionalization does to a graph ``_simple_writes`` accepted: each write becomes
     a functional node holding the tensor's newest value, which every later read of the tensor
     (or of an identity view of it) uses; one trailing ``copy_`` per written state records its
@@ -553,10 +597,18 @@ def _functionalize_writes(graph: torch.fx.GraphModule, num_state: int, writes: d
                 value = g.call_function(functional, (current, *node.args[1:]), dict(node.kwargs))
             else:
                 old, new = tensor.meta.get("val"), node.args[1].meta.get("val")
-                same = (isinstance(new, torch.Tensor) and new.shape == old.shape
-                        and new.dtype == old.dtype)
-                value = node.args[1] if same else g.call_function(  # broadcasting or casting
-                    aten.copy.default, (current, node.args[1]))
+                same = (
+                    isinstance(new, torch.Tensor)
+                    and new.shape == old.shape
+                    and new.dtype == old.dtype
+                )
+                value = (
+                    node.args[1]
+                    if same
+                    else g.call_function(  # broadcasting or casting
+                        aten.copy.default, (current, node.args[1])
+                    )
+                )
         if functional is not None or value is not node.args[1]:  # (unary ops: one arg)
             value.meta["val"] = node.meta.get("val")
         node.replace_all_uses_with(value)
@@ -579,8 +631,10 @@ def _op_locator(fn, slots, inputs, table) -> Callable:
 
     def locate(op) -> str | None:
         mode = FakeTensorMode(allow_non_fake_inputs=True)
-        fakes = [mode.from_tensor(torch.empty_strided(shape, stride, dtype=dtype))
-                 for shape, stride, dtype in specs]
+        fakes = [
+            mode.from_tensor(torch.empty_strided(shape, stride, dtype=dtype))
+            for shape, stride, dtype in specs
+        ]
         locator = _OpLocator(op)
         try:
             _trace(fn, slots, _unique_state(slots), mode, fakes, table, locator=locator)
@@ -607,22 +661,38 @@ def _trace(fn, slots, state, mode, fake_inputs, table, locator=None, installed=(
     first_scalar = len(state) + len(fake_inputs)
 
     def traced(*flat):
-        with locator if locator is not None else contextlib.nullcontext(), \
-                _scalars_installed(installed, flat[first_scalar:]):
-            outputs = fn(*flat[len(state):first_scalar])
+        with (
+            locator if locator is not None else contextlib.nullcontext(),
+            _scalars_installed(installed, flat[first_scalar:]),
+        ):
+            outputs = fn(*flat[len(state) : first_scalar])
         leaves, spec, is_tensor, constants, numbers = _flat_outputs(outputs)
-        rebound = [(i, slot.get()) for i, (slot, original) in enumerate(zip(slots, originals))
-                   if slot.get() is not original]
-        info.update(spec=spec, is_tensor=is_tensor, constants=constants, numbers=numbers,
-                    rebound=[i for i, _ in rebound])
+        rebound = [
+            (i, slot.get())
+            for i, (slot, original) in enumerate(zip(slots, originals))
+            if slot.get() is not original
+        ]
+        info.update(
+            spec=spec,
+            is_tensor=is_tensor,
+            constants=constants,
+            numbers=numbers,
+            rebound=[i for i, _ in rebound],
+        )
         return [v for _, v in rebound] + leaves
 
     try:
-        with _state_faked(mode, state), mode, _values_unreadable(), warnings.catch_warnings(), \
-                recomputation_marked():  # checkpointed regions: jax_backend/remat.py
+        with (
+            _state_faked(mode, state),
+            mode,
+            _values_unreadable(),
+            warnings.catch_warnings(),
+            recomputation_marked(),
+        ):  # checkpointed regions: jax_backend/remat.py
             warnings.filterwarnings("ignore", message=".*non-writable tensors.*")
             graph = make_fx(traced, decomposition_table=table)(
-                *state, *fake_inputs, *[symbol for _, symbol in installed])
+                *state, *fake_inputs, *[symbol for _, symbol in installed]
+            )
     except Exception as err:  # translated below or re-raised unchanged
         translated = _translate_trace_errors(err)
         if translated is not None:
@@ -646,8 +716,9 @@ def _scalars_installed(installed, symbols):
     changed = []
     try:
         yield
-        changed = [slot for (slot, _), symbol in zip(installed, symbols)
-                   if slot.get() is not symbol]
+        changed = [
+            slot for (slot, _), symbol in zip(installed, symbols) if slot.get() is not symbol
+        ]
     finally:
         for (slot, _), value in zip(installed, values):
             slot.set(value)
@@ -657,7 +728,8 @@ def _scalars_installed(installed, symbols):
             "runs its Python once, when it is traced, so the new value would be set once, "
             "not at every step. Set it between steps (before calling the step: it is read "
             "at every call), or let a scheduler set it (torch.optim.lr_scheduler's "
-            "scheduler.step() may be called in the step).")
+            "scheduler.step() may be called in the step)."
+        )
 
 
 def _first_missing_lowering(graph: torch.fx.GraphModule):
@@ -673,7 +745,9 @@ def _unique_state(slots):
     for slot in slots:
         tensor = slot.get()
         if not isinstance(tensor, torch.Tensor):
-            raise CaptureError(f"state slot {slot.key!r} holds {type(tensor).__name__}, not a tensor")
+            raise CaptureError(
+                f"state slot {slot.key!r} holds {type(tensor).__name__}, not a tensor"
+            )
         if id(tensor) not in seen:
             seen.add(id(tensor))
             state.append(tensor)
@@ -697,7 +771,8 @@ def _rebound_state_indices(slots, state, rebound_slots):
             raise CaptureError(
                 f"{slots[slot_index].describe()} was rebound twice in one step (two slots "
                 "holding the same tensor were both assigned). Assign it once, or update it in "
-                "place with `copy_`.")
+                "place with `copy_`."
+            )
         result.append(state_index)
     return result
 
@@ -712,20 +787,28 @@ def _check_constants(graph: torch.fx.GraphModule) -> None:
                     f"The step uses a tensor that requires grad but is not part of any compiled "
                     f"model (shape {tuple(value.shape)}, dtype {value.dtype}). Its gradient "
                     "would be lost. Pass the module that owns it to `cstorch.compile`, or "
-                    "register it as a parameter of a compiled module.")
+                    "register it as a parameter of a compiled module."
+                )
 
 
-def _finalize(graph: torch.fx.GraphModule, num_state: int, num_inputs: int,
-              rebound_state: list, info: dict, state_names: list,
-              scalar_positions: Sequence[int] = ()) -> CapturedStep:
+def _finalize(
+    graph: torch.fx.GraphModule,
+    num_state: int,
+    num_inputs: int,
+    rebound_state: list,
+    info: dict,
+    state_names: list,
+    scalar_positions: Sequence[int] = (),
+) -> CapturedStep:
     nodes = graph.graph
     placeholders = [n for n in nodes.nodes if n.op == "placeholder"]
     state_nodes = placeholders[:num_state]
     output_node = next(n for n in reversed(nodes.nodes) if n.op == "output")
 
     # Trailing copy_(placeholder, value) writes are the new values of mutated inputs.
-    for node in reversed([n for n in nodes.nodes if n.op == "call_function"
-                          and n.target in _DROPPED_TARGETS]):
+    for node in reversed(
+        [n for n in nodes.nodes if n.op == "call_function" and n.target in _DROPPED_TARGETS]
+    ):
         nodes.erase_node(node)
     new_values = {}
     for node in list(nodes.nodes):
@@ -734,25 +817,29 @@ def _finalize(graph: torch.fx.GraphModule, num_state: int, num_inputs: int,
             if target.op == "placeholder" and target in state_nodes:
                 new_values[state_nodes.index(target)] = node.args[1]
             elif target.op == "placeholder":
-                warn("The step modifies one of its input tensors in place; the change stays "
-                     "inside the compiled step and is not written back to the caller's tensor.")
+                warn(
+                    "The step modifies one of its input tensors in place; the change stays "
+                    "inside the compiled step and is not written back to the caller's tensor."
+                )
             else:
                 raise CaptureError(
                     "The step modifies, in place, a tensor that is not part of the backend's "
                     "state (not a parameter or buffer of a compiled model, nor optimizer, "
                     "scheduler or metric state), so the change could not persist between "
-                    "steps. Make it a buffer of a compiled module.")
+                    "steps. Make it a buffer of a compiled module."
+                )
             node.replace_all_uses_with(node.args[1])
             nodes.erase_node(node)
 
     flat_out = list(output_node.args[0])
-    rebound_values = flat_out[:len(rebound_state)]
-    user_values = flat_out[len(rebound_state):]
+    rebound_values = flat_out[: len(rebound_state)]
+    user_values = flat_out[len(rebound_state) :]
     for state_index, value in zip(rebound_state, rebound_values):
         if state_index in new_values:
             raise CaptureError(
                 f"{state_names[state_index]} was both modified in place and rebound in one "
-                "step, so it has two new values. Do one or the other.")
+                "step, so it has two new values. Do one or the other."
+            )
         _check_rebinding(state_nodes[state_index], value, state_names[state_index])
         new_values[state_index] = value
 
@@ -761,7 +848,7 @@ def _finalize(graph: torch.fx.GraphModule, num_state: int, num_inputs: int,
     nodes.eliminate_dead_code()
 
     used = [i for i, n in enumerate(state_nodes) if n.users]
-    scalar_nodes = placeholders[num_state + num_inputs:]
+    scalar_nodes = placeholders[num_state + num_inputs :]
     used_scalars = [p for p, n in zip(scalar_positions, scalar_nodes) if n.users]
     for node in state_nodes + scalar_nodes:
         if not node.users:
@@ -769,10 +856,16 @@ def _finalize(graph: torch.fx.GraphModule, num_state: int, num_inputs: int,
     _forget_symbols(nodes)
     graph.recompile()
     return CapturedStep(
-        graph=graph, used_state=used, written_state=written, num_inputs=num_inputs,
-        output_spec=info["spec"], output_is_tensor=info["is_tensor"],
-        output_constants=info["constants"], used_scalars=used_scalars,
-        scalar_outputs=info["numbers"])
+        graph=graph,
+        used_state=used,
+        written_state=written,
+        num_inputs=num_inputs,
+        output_spec=info["spec"],
+        output_is_tensor=info["is_tensor"],
+        output_constants=info["constants"],
+        used_scalars=used_scalars,
+        scalar_outputs=info["numbers"],
+    )
 
 
 def _forget_symbols(graph: torch.fx.Graph) -> None:
@@ -795,4 +888,5 @@ def _check_rebinding(placeholder, value, name):
         raise CaptureError(
             f"{name} of shape {tuple(old.shape)} and dtype {old.dtype} was replaced by "
             f"one of shape {tuple(new.shape)} and dtype {new.dtype}; state must keep its shape "
-            "and dtype across steps. Update it in place (`t.copy_(new)`) with a matching value.")
+            "and dtype across steps. Update it in place (`t.copy_(new)`) with a matching value."
+        )

@@ -26,8 +26,8 @@ EXPONENT_BITS = 6
 MANTISSA_BITS = 9
 EXPONENT_BIAS = 2 ** (EXPONENT_BITS - 1) - 1  # 31
 MIN_NORMAL_EXPONENT = 1 - EXPONENT_BIAS  # -30
-MAX_EXPONENT = 2 ** EXPONENT_BITS - 2 - EXPONENT_BIAS  # 31: the all-ones exponent is inf/NaN
-MAX = (2.0 - 2.0 ** -MANTISSA_BITS) * 2.0 ** MAX_EXPONENT  # 4290772992.0 (2**32 - 2**22)
+MAX_EXPONENT = 2**EXPONENT_BITS - 2 - EXPONENT_BIAS  # 31: the all-ones exponent is inf/NaN
+MAX = (2.0 - 2.0**-MANTISSA_BITS) * 2.0**MAX_EXPONENT  # 4290772992.0 (2**32 - 2**22)
 SUBNORMAL_STEP = 2.0 ** (MIN_NORMAL_EXPONENT - MANTISSA_BITS)  # 2**-39
 
 _DROPPED = 23 - MANTISSA_BITS  # float32 mantissa bits cbfloat16 has no room for
@@ -43,15 +43,16 @@ def round_to_cbfloat16(x):
     # Normal range: round the float32 mantissa to 9 bits, ties to even (a carry into the
     # exponent is the correct result); anything rounding past MAX is infinite.
     lsb = (magnitude >> _DROPPED) & jnp.uint32(1)
-    rounded = (magnitude + jnp.uint32((1 << (_DROPPED - 1)) - 1) + lsb) \
-        & jnp.uint32(~((1 << _DROPPED) - 1) & 0xFFFFFFFF)
+    rounded = (magnitude + jnp.uint32((1 << (_DROPPED - 1)) - 1) + lsb) & jnp.uint32(
+        ~((1 << _DROPPED) - 1) & 0xFFFFFFFF
+    )
     rounded = jnp.where(rounded > jnp.uint32(_MAX_BITS), jnp.uint32(0x7F800000), rounded)
     normal = lax.bitcast_convert_type(sign | rounded, jnp.float32)
     # Below the smallest normal the grid is evenly spaced: scaling by a power of two is exact.
     # Only the small values are scaled: XLA folds ``(b * c1) * 2**39`` into ``b * (c1 * 2**39)``,
     # and where the user's ``c1`` is huge (a mask's ``finfo.min``) that constant is inf, so a
     # zero ``b`` would give NaN, which the select below then picks (zero is "small").
-    small = jnp.abs(x) < np.float32(2.0 ** MIN_NORMAL_EXPONENT)
+    small = jnp.abs(x) < np.float32(2.0**MIN_NORMAL_EXPONENT)
     tiny = jnp.where(small, x, np.float32(0))
     subnormal = jnp.round(tiny * np.float32(1 / SUBNORMAL_STEP)) * np.float32(SUBNORMAL_STEP)
     out = jnp.where(small, subnormal, normal)
@@ -94,8 +95,11 @@ class Float16AsCbfloat16:
 
     def leave(self, value, expected):
         """A step output: float16 in the graph is float16 to torch (beyond its range: inf)."""
-        if isinstance(expected, torch.Tensor) and expected.dtype == torch.float16 \
-                and value is not None:
+        if (
+            isinstance(expected, torch.Tensor)
+            and expected.dtype == torch.float16
+            and value is not None
+        ):
             return value.astype(jnp.float16)
         return value
 

@@ -69,8 +69,12 @@ def non_negative_int(value) -> int:
 
 
 def non_negative_number(value) -> float:
-    if (isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value)
-            or value < 0):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or math.isnan(value)
+        or value < 0
+    ):
         raise ValueError(f"must be a number >= 0{_not_a_string(value)}")
     return value
 
@@ -95,12 +99,13 @@ def cache_location(value) -> str | None:
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
     if not isinstance(value, str):
-        raise TypeError("must be a directory, \"default\" (on) or None (off)")
+        raise TypeError('must be a directory, "default" (on) or None (off)')
     return parse_directory(value)
 
 
 def optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """``check``, or None (the setting's "not set")."""
+
     def check_optional(value):
         return None if value is None else check(value)
 
@@ -139,8 +144,11 @@ class Setting:
     check: Callable[[Any], Any] | None = None
     choices: tuple | None = None
     include_in_graph_key: bool = False
-    owner: "Config" = dataclasses.field(default=None, repr=False,  # type: ignore[assignment]
-                                        compare=False)  # (set by Config.define)
+    owner: "Config" = dataclasses.field(
+        default=None,
+        repr=False,  # type: ignore[assignment]
+        compare=False,
+    )  # (set by Config.define)
 
     @property
     def value(self):
@@ -162,9 +170,11 @@ class Setting:
 
     def _invalid(self, value, source: str, reason) -> SettingError:
         """The one form of the message: the setting, the value, its source and the rule."""
-        return SettingError(f"Invalid {self.owner.layer} setting {self.name}={quoted(value)} "
-                            f"(from {source}): {reason}. "
-                            f"{self.help.split('. ')[0].rstrip('.')}.")
+        return SettingError(
+            f"Invalid {self.owner.layer} setting {self.name}={quoted(value)} "
+            f"(from {source}): {reason}. "
+            f"{self.help.split('. ')[0].rstrip('.')}."
+        )
 
     def from_environment(self, environ=None):
         """The value the environment (``os.environ`` or ``environ``) asks for, else the default;
@@ -200,13 +210,22 @@ class Config:
         self._graph_key_reads: dict[str, Callable[[], Any]] = {}
         _layers.append(weakref.ref(self))
 
-    def define(self, name: str, default, help: str, env_var: str | None = None,
-               parse: Callable[[str], Any] = str, check: Callable[[Any], Any] | None = None,
-               choices: tuple | None = None, include_in_graph_key: bool = False) -> Setting:
+    def define(
+        self,
+        name: str,
+        default,
+        help: str,
+        env_var: str | None = None,
+        parse: Callable[[str], Any] = str,
+        check: Callable[[Any], Any] | None = None,
+        choices: tuple | None = None,
+        include_in_graph_key: bool = False,
+    ) -> Setting:
         if name in self._settings:
             raise ValueError(f"{self.layer} setting {name!r} is declared twice.")
-        setting = Setting(name, default, help, env_var, parse, check, choices,
-                          include_in_graph_key, self)
+        setting = Setting(
+            name, default, help, env_var, parse, check, choices, include_in_graph_key, self
+        )
         setting.checked(default, "its default")  # (a declaration mistake fails at import)
         self._settings[name] = setting
         return setting
@@ -215,8 +234,10 @@ class Config:
         try:
             return self._settings[name]
         except KeyError:
-            raise KeyError(f"{self.layer} has no setting {name!r}; its settings are "
-                           f"{', '.join(sorted(self._settings))}.") from None
+            raise KeyError(
+                f"{self.layer} has no setting {name!r}; its settings are "
+                f"{', '.join(sorted(self._settings))}."
+            ) from None
 
     def value(self, setting: Setting | str):
         setting = self[setting] if isinstance(setting, str) else setting
@@ -255,8 +276,11 @@ class Config:
         its settings declared ``include_in_graph_key`` (``setting <layer>.<name>``) and the
         values modules declared with ``include_in_graph_key``, by name (not by the order
         the modules were imported in)."""
-        values = [(f"setting {self.layer}.{s.name}", s.value)
-                  for s in self._settings.values() if s.include_in_graph_key]
+        values = [
+            (f"setting {self.layer}.{s.name}", s.value)
+            for s in self._settings.values()
+            if s.include_in_graph_key
+        ]
         values += [(name, read()) for name, read in self._graph_key_reads.items()]
         return sorted(values, key=lambda item: item[0])
 
@@ -267,58 +291,99 @@ class Config:
 config = Config("jax_backend")
 
 cache_home = config.define(
-    "cache_home", None, "The base directory of the persistent caches (the XDG standard): "
-    "caches live in <cache_home>/cstorch-jax/. Default ~/.cache.", env_var="XDG_CACHE_HOME",
-    parse=os.path.expanduser, check=optional(path))
+    "cache_home",
+    None,
+    "The base directory of the persistent caches (the XDG standard): "
+    "caches live in <cache_home>/cstorch-jax/. Default ~/.cache.",
+    env_var="XDG_CACHE_HOME",
+    parse=os.path.expanduser,
+    check=optional(path),
+)
 compilation_cache = config.define(
-    "compilation_cache", "default", "Where XLA executables of the engine's programs are cached "
+    "compilation_cache",
+    "default",
+    "Where XLA executables of the engine's programs are cached "
     "(jax_backend/compilation_cache.py): a directory, or off. Default "
-    "<cache_home>/cstorch-jax/xla.", env_var="CSTORCH_COMPILATION_CACHE",
-    parse=parse_directory, check=cache_location)
+    "<cache_home>/cstorch-jax/xla.",
+    env_var="CSTORCH_COMPILATION_CACHE",
+    parse=parse_directory,
+    check=cache_location,
+)
 graph_cache = config.define(
-    "graph_cache", None, "Where captured step graphs are cached (jax_backend/graph_cache/): "
+    "graph_cache",
+    None,
+    "Where captured step graphs are cached (jax_backend/graph_cache/): "
     "a directory, on (<cache_home>/cstorch-jax/graphs) or off. Off by default: see the "
-    "README for what the key covers.", env_var="CSTORCH_GRAPH_CACHE", parse=parse_directory,
-    check=cache_location)
+    "README for what the key covers.",
+    env_var="CSTORCH_GRAPH_CACHE",
+    parse=parse_directory,
+    check=cache_location,
+)
 graph_cache_explain = config.define(
-    "graph_cache_explain", False, "Whether the graph cache says, as a warning of the "
+    "graph_cache_explain",
+    False,
+    "Whether the graph cache says, as a warning of the "
     "jax_backend.graph_cache logger, why a step is captured again (which parts of its key "
     "differ from the step's stored entries, or which file changed) or why it is not cached; "
     "off, the same lines are debug messages. Not part of any key.",
-    env_var="CSTORCH_GRAPH_CACHE_EXPLAIN", parse=parse_bool, check=boolean)
+    env_var="CSTORCH_GRAPH_CACHE_EXPLAIN",
+    parse=parse_bool,
+    check=boolean,
+)
 attention = config.define(
-    "attention", "auto", "Which attention kernel a step's lowering may use "
+    "attention",
+    "auto",
+    "Which attention kernel a step's lowering may use "
     "(jax_backend/target.py: Target.attention, one of its ATTENTION names).",
-    env_var="CSTORCH_ATTENTION", parse=lambda text: text.strip().lower() or "auto",
-    choices=("auto", "xla", "cudnn"))
+    env_var="CSTORCH_ATTENTION",
+    parse=lambda text: text.strip().lower() or "auto",
+    choices=("auto", "xla", "cudnn"),
+)
 backup_first_run = config.define(
-    "backup_first_run", True, "Whether the first run of a program keeps the state it donates "
+    "backup_first_run",
+    True,
+    "Whether the first run of a program keeps the state it donates "
     "until it succeeded (jax_backend/program.py); False trades that protection for a "
-    "first-step memory peak like any other step's.", check=boolean)
+    "first-step memory peak like any other step's.",
+    check=boolean,
+)
 cpu_step_memory = config.define(
-    "cpu_step_memory", "lean", "How a CPU step's working memory is laid out "
+    "cpu_step_memory",
+    "lean",
+    "How a CPU step's working memory is laid out "
     "(jax_backend/host_memory.py, STEP_MEMORY): lean (default: XLA's memory-optimized schedule, "
     "12-14% less working memory than XLA's own default at the same speed here), xla (XLA's "
     "default), or reuse (heaps malloc keeps between runs: on 2 cores, bench_engine's "
     "transformer steps 8% faster and GPT-2 small's 1.5%, for a third to a half more of the "
     "workload's own memory, more with more cores). Read when a program is built.",
-    env_var="CSTORCH_CPU_STEP_MEMORY", parse=lambda text: text.strip().lower(),
-    choices=("lean", "xla", "reuse"))
+    env_var="CSTORCH_CPU_STEP_MEMORY",
+    parse=lambda text: text.strip().lower(),
+    choices=("lean", "xla", "reuse"),
+)
 cpu_convolutions = config.define(
-    "cpu_convolutions", "torch", "Which kernels the convolutions of a CPU step run on "
+    "cpu_convolutions",
+    "torch",
+    "Which kernels the convolutions of a CPU step run on "
     "(jax_backend/ops/torch_kernels.py): torch (default: torch's own CPU kernels, called from "
     "the compiled step on the host: eager torch's numbers, and on pytorch/examples' MNIST "
     "network a step several times faster than XLA's; such a step is never written to the "
     "persistent compilation cache) or xla (XLA's convolutions). One CPU device only; exports "
     "and other platforms always use XLA's. Read when a program is built.",
-    env_var="CSTORCH_CPU_CONVOLUTIONS", parse=lambda text: text.strip().lower(),
-    choices=("torch", "xla"))
+    env_var="CSTORCH_CPU_CONVOLUTIONS",
+    parse=lambda text: text.strip().lower(),
+    choices=("torch", "xla"),
+)
 debug_state = config.define(
-    "debug_state", False, "Whether each state tensor's entry in a DeviceState checks every "
+    "debug_state",
+    False,
+    "Whether each state tensor's entry in a DeviceState checks every "
     "change of its flags against the table of legal transitions (jax_backend/state.py, "
     "TRANSITIONS) and raises IllegalTransition on any other; read when a backend's state is "
-    "created. Off by default (for tests and debugging).", env_var="CSTORCH_DEBUG_STATE",
-    parse=parse_bool, check=boolean)
+    "created. Off by default (for tests and debugging).",
+    env_var="CSTORCH_DEBUG_STATE",
+    parse=parse_bool,
+    check=boolean,
+)
 
 
 def cache_directory(setting: Setting, name: str) -> str | None:

@@ -20,10 +20,10 @@ import ml_dtypes
 import numpy as np
 import torch
 
+from jax_backend.errors import CstorchError
 from jax_backend.jax_settings import in_engine_scope
 from jax_backend.mesh import host_value
 from jax_backend.shared_memory import note_own_memory
-from jax_backend.errors import CstorchError
 
 TORCH_TO_JAX = {
     torch.float32: jnp.float32,

@@ -42,21 +42,24 @@ class LoweringError(JaxBackendError):
     Carries the ATen overload (``op``), the graph node's name, its inputs' shapes and dtypes
     (as torch saw them) and, when it could be found, the user's line that called the op."""
 
-    def __init__(self, op, node: str, inputs: list, cause: BaseException,
-                 user_frame: str | None = None):
+    def __init__(
+        self, op, node: str, inputs: list, cause: BaseException, user_frame: str | None = None
+    ):
         self.op, self.node, self.inputs, self.cause = op, node, inputs, cause
         self.user_frame = user_frame
         where = f"\nIt was called from:\n{user_frame}" if user_frame else ""
         described = f"'{op}' (graph node {node}, inputs: {', '.join(inputs) or 'none'})"
         if isinstance(cause, OpInputError):  # the inputs are wrong, as in eager torch
-            super().__init__(f"The ATen operator {described} cannot run on these inputs: "
-                             f"{cause}{where}")
+            super().__init__(
+                f"The ATen operator {described} cannot run on these inputs: {cause}{where}"
+            )
             return
         super().__init__(
             f"Lowering the ATen operator {described} failed with {type(cause).__name__}: "
             f"{cause}{where}\n"
             "This is a bug or a gap in that op's JAX lowering; rewrite that line with other "
-            "torch operations, or report it with this message.")
+            "torch operations, or report it with this message."
+        )
 
     def with_user_frame(self, user_frame: str | None) -> "LoweringError":
         """The same error, naming the user's line."""
@@ -139,4 +142,4 @@ def quoted(value, limit: int = 60) -> str:
     short.maxstring = short.maxother = limit
     short.maxlevel, short.maxlist, short.maxdict = 3, 6, 6
     text = short.repr(value)
-    return text if len(text) <= 2 * limit else text[:2 * limit] + "..."
+    return text if len(text) <= 2 * limit else text[: 2 * limit] + "..."

@@ -31,7 +31,8 @@ def made_by(exp) -> dict:
     it (``jax.export`` reads a serialization only within its compatibility window), and the
     loader's error names when it cannot."""
     return {
-        "jax": jax.__version__, "jaxlib": _distribution_version("jaxlib"),
+        "jax": jax.__version__,
+        "jaxlib": _distribution_version("jaxlib"),
         # the flatbuffer schema of jax.export (JAX stores a placeholder in the file itself
         # before 0.11: only the manifest has the real number)
         "jax_export_serialization_version": _jax_export_serialization_version(),
@@ -62,8 +63,12 @@ def _stablehlo_target_version() -> str | None:
     choice), or None where this JAX does not say."""
     try:
         from jax.extend.mlir.dialects import stablehlo
-        return str(stablehlo.get_version_from_compatibility_requirement(
-            stablehlo.StablehloCompatibilityRequirement.WEEK_4))
+
+        return str(
+            stablehlo.get_version_from_compatibility_requirement(
+                stablehlo.StablehloCompatibilityRequirement.WEEK_4
+            )
+        )
     except (ImportError, AttributeError):
         return None
 
@@ -74,8 +79,9 @@ def project_version() -> str:
     version = _distribution_version("cstorch-jax")
     if version is not None:
         return version
-    pyproject = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                             "pyproject.toml")
+    pyproject = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pyproject.toml"
+    )
     try:
         with open(pyproject, "rb") as f:
             return str(tomllib.load(f)["project"]["version"])
@@ -84,10 +90,21 @@ def project_version() -> str:
 
 
 @in_engine_scope
-def export_program(program: Program, path: str, state: dict, state_info: list, used: list,
-                   written: list, returned: list, single: bool, closure_values: list,
-                   hyperparameters: Sequence = (), function: str = "step", vjp_order: int = 0,
-                   platforms=None) -> str:
+def export_program(
+    program: Program,
+    path: str,
+    state: dict,
+    state_info: list,
+    used: list,
+    written: list,
+    returned: list,
+    single: bool,
+    closure_values: list,
+    hyperparameters: Sequence = (),
+    function: str = "step",
+    vjp_order: int = 0,
+    platforms=None,
+) -> str:
     """Writes the artifact directory ``path`` (replacing an earlier export there).
 
     ``state``: name -> array, for every name in ``used`` and ``written`` (the program's state
@@ -100,7 +117,8 @@ def export_program(program: Program, path: str, state: dict, state_info: list, u
     if program.layout is not None:
         raise NotImplementedError(
             "Exporting a step that runs over several devices (a CSX cluster layout) is not "
-            "supported; export it from a CPU or GPU backend.")
+            "supported; export it from a CPU or GPU backend."
+        )
 
     # One platform: lowered for it; several: nothing vendor-specific (e.g. no cuDNN call).
     platform = None
@@ -111,14 +129,16 @@ def export_program(program: Program, path: str, state: dict, state_info: list, u
         donated, kept = program.split_state(used_arrays)
         return program.pure_step(donated, kept, inputs, seed, platform=platform)
 
-    used_specs = [jax.ShapeDtypeStruct(np.shape(state[n]), jnp.asarray(state[n]).dtype)
-                  for n in used]
+    used_specs = [
+        jax.ShapeDtypeStruct(np.shape(state[n]), jnp.asarray(state[n]).dtype) for n in used
+    ]
     input_specs = program.input_specs()  # the batch's, then the runtime scalars'
-    batch_specs = input_specs[:len(input_specs) - len(hyperparameters)]
+    batch_specs = input_specs[: len(input_specs) - len(hyperparameters)]
     seed_spec = jax.ShapeDtypeStruct((), jnp.int64)
     try:
-        exp = jax_export.export(jax.jit(step), platforms=platforms)(used_specs, input_specs,
-                                                                     seed_spec)
+        exp = jax_export.export(jax.jit(step), platforms=platforms)(
+            used_specs, input_specs, seed_spec
+        )
     except (NotImplementedError, ValueError) as error:
         if "callback" not in str(error):
             raise
@@ -128,7 +148,8 @@ def export_program(program: Program, path: str, state: dict, state_info: list, u
             "(e.g. GMP's updates) run torch.topk on the host to keep the same weights as "
             "cerebras-pytorch among equal scores. Export the step from a GPU "
             "backend (there top-k keeps the lower index among equal scores, on device), or "
-            "export a step without sparsity.") from error
+            "export a step without sparsity."
+        ) from error
     blob = exp.serialize(vjp_order=vjp_order)
 
     manifest_state, arrays = [], {}
@@ -137,15 +158,24 @@ def export_program(program: Program, path: str, state: dict, state_info: list, u
         arrays[f"s{i}"] = stored
         manifest_state.append(dict(info, shape=list(stored.shape), dtype=dtype))
     manifest = {
-        "format": exported.FORMAT, "version": exported.VERSION, "function": function,
-        "state": manifest_state, "used": list(used), "written": list(written),
+        "format": exported.FORMAT,
+        "version": exported.VERSION,
+        "function": function,
+        "state": manifest_state,
+        "used": list(used),
+        "written": list(written),
         "inputs": [{"shape": list(s.shape), "dtype": str(s.dtype)} for s in batch_specs],
         "hyperparameters": list(hyperparameters),
-        "outputs": [{"shape": list(a.shape), "dtype": str(a.dtype)}
-                    for a in exp.out_avals[len(written):]],
-        "returned": list(returned), "single": bool(single), "closure_values": closure_values,
-        "uses_rng": bool(program.uses_rng), "platforms": list(exp.platforms),
-        "vjp_order": vjp_order, "jax_version": jax.__version__,
+        "outputs": [
+            {"shape": list(a.shape), "dtype": str(a.dtype)} for a in exp.out_avals[len(written) :]
+        ],
+        "returned": list(returned),
+        "single": bool(single),
+        "closure_values": closure_values,
+        "uses_rng": bool(program.uses_rng),
+        "platforms": list(exp.platforms),
+        "vjp_order": vjp_order,
+        "jax_version": jax.__version__,
         "made_by": made_by(exp),
     }
     # Written to a sibling directory first, so a failed export leaves an older one intact.
@@ -162,6 +192,7 @@ def export_program(program: Program, path: str, state: dict, state_info: list, u
         if os.path.isdir(path):
             if not os.path.exists(os.path.join(path, exported.MANIFEST)):
                 raise FileExistsError(
-                    f"{path!r} exists and is not an exported step; choose a new directory.")
+                    f"{path!r} exists and is not an exported step; choose a new directory."
+                )
             shutil.rmtree(path)
     return path

@@ -47,7 +47,8 @@ except ImportError:  # this file is also the standalone loader, exported_step.py
                 return repr(value)
             return f"{value[:limit]!r}... ({len(value)} characters)"
         text = repr(value)
-        return text if len(text) <= 2 * limit else text[:2 * limit] + "..."
+        return text if len(text) <= 2 * limit else text[: 2 * limit] + "..."
+
 
 try:
     import fcntl
@@ -56,8 +57,12 @@ except ImportError:  # Windows: no FIFOs to block on, no O_NONBLOCK to clear
 
 FORMAT = "cstorch-export"
 VERSION = 1
-MANIFEST, PROGRAM, STATE, MODULE = ("manifest.json", "step.jaxexport", "state.npz",
-                                    "exported_step.py")
+MANIFEST, PROGRAM, STATE, MODULE = (
+    "manifest.json",
+    "step.jaxexport",
+    "state.npz",
+    "exported_step.py",
+)
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 MAX_NPY_HEADER_BYTES = 1 << 16  # numpy writes headers of a few hundred bytes
 
@@ -87,13 +92,17 @@ def _open_regular(path: str, what: str):
             raise error from None
         if stat.S_ISREG(mode):
             raise
-        raise ExportError(f"{what} of the exported step, {path!r}, is {_kind(mode)}; only "
-                          "regular files are read. Export the step again.") from error
+        raise ExportError(
+            f"{what} of the exported step, {path!r}, is {_kind(mode)}; only "
+            "regular files are read. Export the step again."
+        ) from error
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise ExportError(f"{what} of the exported step, {path!r}, is {_kind(mode)}; only "
-                              "regular files are read. Export the step again.")
+            raise ExportError(
+                f"{what} of the exported step, {path!r}, is {_kind(mode)}; only "
+                "regular files are read. Export the step again."
+            )
         if fcntl is not None:
             fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
     except BaseException:
@@ -103,9 +112,17 @@ def _open_regular(path: str, what: str):
 
 
 def _kind(mode: int) -> str:
-    return ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
-            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+    return (
+        "a directory"
+        if stat.S_ISDIR(mode)
+        else "a FIFO"
+        if stat.S_ISFIFO(mode)
+        else "a device"
+        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+        else "a socket"
+        if stat.S_ISSOCK(mode)
+        else "not a regular file"
+    )
 
 
 def _jax():
@@ -165,23 +182,34 @@ def _read_state_array(archive: zipfile.ZipFile, key: str, entry: dict, path: str
     for d in shape:
         nbytes *= d
     if member.compress_type != zipfile.ZIP_STORED:
-        raise ExportError(f"{name} is compressed in {STATE} of {path!r}; cstorch.export "
-                          "stores state uncompressed, so this file was not written by it.")
-    if not nbytes <= member.file_size <= nbytes + MAX_NPY_HEADER_BYTES \
-            or member.compress_size != member.file_size:
-        raise ExportError(f"{name} takes {member.file_size} bytes in {STATE} of {path!r}, but "
-                          f"its manifest shape {shape} and dtype {quoted(entry['dtype'])} need "
-                          f"{nbytes}.")
+        raise ExportError(
+            f"{name} is compressed in {STATE} of {path!r}; cstorch.export "
+            "stores state uncompressed, so this file was not written by it."
+        )
+    if (
+        not nbytes <= member.file_size <= nbytes + MAX_NPY_HEADER_BYTES
+        or member.compress_size != member.file_size
+    ):
+        raise ExportError(
+            f"{name} takes {member.file_size} bytes in {STATE} of {path!r}, but "
+            f"its manifest shape {shape} and dtype {quoted(entry['dtype'])} need "
+            f"{nbytes}."
+        )
     with archive.open(member) as f:
         version = np.lib.format.read_magic(f)
         if version not in ((1, 0), (2, 0)):
             raise ExportError(f"{name} in {STATE} of {path!r} has .npy version {version}.")
-        read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                       else np.lib.format.read_array_header_2_0)
+        read_header = (
+            np.lib.format.read_array_header_1_0
+            if version == (1, 0)
+            else np.lib.format.read_array_header_2_0
+        )
         stored_shape, fortran_order, stored = read_header(f)
         if tuple(stored_shape) != shape or stored != dtype:
-            raise ExportError(f"{name} has shape {tuple(stored_shape)} and dtype {stored} in "
-                              f"{STATE} but {shape} and {dtype} in the manifest of {path!r}.")
+            raise ExportError(
+                f"{name} has shape {tuple(stored_shape)} and dtype {stored} in "
+                f"{STATE} but {shape} and {dtype} in the manifest of {path!r}."
+            )
         if member.file_size - f.tell() != nbytes:
             raise ExportError(f"{name} in {STATE} of {path!r} does not hold {nbytes} bytes.")
         data = f.read(nbytes)
@@ -205,22 +233,29 @@ def _read_manifest(path: str) -> dict:
         with _open_regular(os.path.join(path, MANIFEST), "the manifest") as f:
             text = f.read(MAX_MANIFEST_BYTES + 1)
         if len(text) > MAX_MANIFEST_BYTES:
-            raise ExportError(f"the manifest of {path!r} is larger than "
-                              f"{MAX_MANIFEST_BYTES >> 20} MiB; it is not one cstorch wrote.")
+            raise ExportError(
+                f"the manifest of {path!r} is larger than "
+                f"{MAX_MANIFEST_BYTES >> 20} MiB; it is not one cstorch wrote."
+            )
         manifest = json.loads(text.decode("utf-8"))
     except FileNotFoundError:
-        raise ExportError(f"{path!r} is not an exported step: it has no {MANIFEST}. Write one "
-                          "with cstorch.export(step, example_batch, path).") from None
+        raise ExportError(
+            f"{path!r} is not an exported step: it has no {MANIFEST}. Write one "
+            "with cstorch.export(step, example_batch, path)."
+        ) from None
     except NotADirectoryError:
-        raise ExportError(f"{path!r} is not an exported step (a directory written by "
-                          "cstorch.export).") from None
+        raise ExportError(
+            f"{path!r} is not an exported step (a directory written by cstorch.export)."
+        ) from None
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ExportError(f"{os.path.join(path, MANIFEST)} is not valid JSON: {error}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ExportError(f"{path!r} holds no {FORMAT} manifest.")
     if manifest.get("version") != VERSION:
-        raise ExportError(f"{path!r} is format version {quoted(manifest.get('version'))}; this "
-                          f"loader reads version {VERSION}. Export it again.")
+        raise ExportError(
+            f"{path!r} is format version {quoted(manifest.get('version'))}; this "
+            f"loader reads version {VERSION}. Export it again."
+        )
     for key in ("state", "used", "written", "inputs", "returned", "closure_values"):
         if not isinstance(manifest.get(key), list):
             raise ExportError(f"the manifest of {path!r} lacks the list {key!r}.")
@@ -233,13 +268,17 @@ def written_by(manifest: dict) -> str:
     made_by = manifest.get("made_by")
     if not isinstance(made_by, dict):
         return f"JAX {_version(manifest.get('jax_version', 'of unknown version'))}"
-    parts = [f"jaxlib {_version(made_by.get('jaxlib'))}",
-             "jax.export serialization version "
-             f"{_version(made_by.get('jax_export_serialization_version'))}",
-             f"calling convention {_version(made_by.get('calling_convention_version'))}",
-             f"StableHLO {_version(made_by.get('stablehlo_version'))}"]
-    return (f"JAX {_version(made_by.get('jax'))} ({', '.join(parts)}) for cstorch-jax "
-            f"{_version(made_by.get('cstorch_jax'))}")
+    parts = [
+        f"jaxlib {_version(made_by.get('jaxlib'))}",
+        "jax.export serialization version "
+        f"{_version(made_by.get('jax_export_serialization_version'))}",
+        f"calling convention {_version(made_by.get('calling_convention_version'))}",
+        f"StableHLO {_version(made_by.get('stablehlo_version'))}",
+    ]
+    return (
+        f"JAX {_version(made_by.get('jax'))} ({', '.join(parts)}) for cstorch-jax "
+        f"{_version(made_by.get('cstorch_jax'))}"
+    )
 
 
 def _version(value) -> str:
@@ -264,22 +303,28 @@ def _unreadable_program(path: str, manifest: dict, error: Exception) -> ExportEr
     writer_jax = made_by.get("jax", manifest.get("jax_version"))
     reason = f"{type(error).__name__}: {str(error)[:500]}"
     about_versions = "version" in str(error) or "window" in str(error)
-    if not isinstance(writer_jax, str) or (writer_jax == jax.__version__
-                                           and not about_versions):
-        return ExportError(f"{PROGRAM} of {path!r} is damaged ({reason}); export the step "
-                           "again.")
-    pin = (f"pip install 'jax=={_version(writer_jax)}' "
-           f"'jaxlib=={_version(made_by.get('jaxlib') or writer_jax)}'")
-    expired = ("jax_export_deserialize_expired_versions" in getattr(jax.config, "values", {})
-               and "window" in str(error))
+    if not isinstance(writer_jax, str) or (writer_jax == jax.__version__ and not about_versions):
+        return ExportError(f"{PROGRAM} of {path!r} is damaged ({reason}); export the step again.")
+    pin = (
+        f"pip install 'jax=={_version(writer_jax)}' "
+        f"'jaxlib=={_version(made_by.get('jaxlib') or writer_jax)}'"
+    )
+    expired = "jax_export_deserialize_expired_versions" in getattr(
+        jax.config, "values", {}
+    ) and "window" in str(error)
     return ExportVersionError(
         f"{PROGRAM} of {path!r} was written by {writer}; the installed {here} cannot read it "
         f"({reason}). jax.export reads a program only within its compatibility window (about "
         f"six months). Export the step again under this JAX: run the script that made it "
         f"(its checkpoint restores the state) up to cstorch.export(step, example_batch, path); "
         f"or run this artifact under the JAX that wrote it ({pin})."
-        + (" JAX_EXPORT_DESERIALIZE_EXPIRED_VERSIONS=1 makes this JAX read it anyway, without "
-           "its guarantees." if expired else ""))
+        + (
+            " JAX_EXPORT_DESERIALIZE_EXPIRED_VERSIONS=1 makes this JAX read it anyway, without "
+            "its guarantees."
+            if expired
+            else ""
+        )
+    )
 
 
 class ExportedStep:
@@ -303,33 +348,45 @@ class ExportedStep:
         except Exception as error:  # noqa: BLE001 - an unreadable program: age or damage
             raise _unreadable_program(path, manifest, error) from None
         for entry in manifest["state"]:
-            if not (isinstance(entry, dict) and isinstance(entry.get("name"), str)
-                    and isinstance(entry.get("shape"), list)
-                    and all(type(d) is int and 0 <= d < 1 << 62 for d in entry["shape"])
-                    and isinstance(entry.get("dtype"), str)):
-                raise ExportError(f"the manifest of {path!r} has a malformed state entry "
-                                  f"{str(entry)[:200]}.")
+            if not (
+                isinstance(entry, dict)
+                and isinstance(entry.get("name"), str)
+                and isinstance(entry.get("shape"), list)
+                and all(type(d) is int and 0 <= d < 1 << 62 for d in entry["shape"])
+                and isinstance(entry.get("dtype"), str)
+            ):
+                raise ExportError(
+                    f"the manifest of {path!r} has a malformed state entry {str(entry)[:200]}."
+                )
         self.kinds = {entry["name"]: entry.get("kind") for entry in manifest["state"]}
         state = {}
         try:
-            with _open_regular(os.path.join(path, STATE), STATE) as f, \
-                    zipfile.ZipFile(f) as archive:
+            with (
+                _open_regular(os.path.join(path, STATE), STATE) as f,
+                zipfile.ZipFile(f) as archive,
+            ):
                 for i, entry in enumerate(manifest["state"]):
                     array = _read_state_array(archive, f"s{i}", entry, path)
                     state[entry["name"]] = jax.numpy.asarray(decode_array(array, entry["dtype"]))
         except ExportError:
             raise
         except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as error:
-            raise ExportError(f"{STATE} of {path!r} cannot be read ({str(error)[:300]}); export the "
-                              "step again.") from None
+            raise ExportError(
+                f"{STATE} of {path!r} cannot be read ({str(error)[:300]}); export the step again."
+            ) from None
         hyperparameters = manifest.get("hyperparameters", [])
         if not isinstance(hyperparameters, list):
             raise ExportError(f"the manifest of {path!r} has malformed hyperparameters.")
-        missing = [n for n in manifest["used"] + manifest["written"] + hyperparameters
-                   if not isinstance(n, str) or n not in state]
+        missing = [
+            n
+            for n in manifest["used"] + manifest["written"] + hyperparameters
+            if not isinstance(n, str) or n not in state
+        ]
         if missing:
-            raise ExportError(f"the manifest of {path!r} names unknown state "
-                              f"{', '.join(map(quoted, missing[:3]))}.")
+            raise ExportError(
+                f"the manifest of {path!r} names unknown state "
+                f"{', '.join(map(quoted, missing[:3]))}."
+            )
         self.state = state
         self.steps_run = 0
         self._call = jax.jit(self.pure)
@@ -340,14 +397,20 @@ class ExportedStep:
         arrays (``self.state`` has them all); ``returned`` is what the step returned (an array,
         or a tuple when it returned several tensors or none)."""
         jax = _jax()
-        if not _x64_enabled() and self._takes_64_bits() and any(
+        if (
+            not _x64_enabled()
+            and self._takes_64_bits()
+            and any(
                 isinstance(leaf, jax.core.Tracer)
-                for leaf in jax.tree_util.tree_leaves((state, inputs, seed))):
+                for leaf in jax.tree_util.tree_leaves((state, inputs, seed))
+            )
+        ):
             raise ExportError(
                 "This exported step takes 64-bit arrays (torch's int64/float64), which JAX "
                 "narrows in a jit traced without 64-bit types. Turn them on for your program: "
-                "jax.config.update(\"jax_enable_x64\", True), or call your jitted function "
-                "inside `with jax.enable_x64(True):`.")
+                'jax.config.update("jax_enable_x64", True), or call your jitted function '
+                "inside `with jax.enable_x64(True):`."
+            )
         with _x64():
             return self._pure(state, inputs, seed)
 
@@ -360,10 +423,13 @@ class ExportedStep:
         jnp = _jax().numpy
         used = [state[name] for name in self.manifest["used"]]
         # A torch optimizer's floats (lr, betas, ...) follow the batch: read from the state
-        hyperparameters = [jnp.asarray(state[name], jnp.float64)
-                           for name in self.manifest.get("hyperparameters", [])]
-        written, outputs = self.exported.call(used, list(inputs) + hyperparameters,
-                                              jnp.asarray(seed, jnp.int64))
+        hyperparameters = [
+            jnp.asarray(state[name], jnp.float64)
+            for name in self.manifest.get("hyperparameters", [])
+        ]
+        written, outputs = self.exported.call(
+            used, list(inputs) + hyperparameters, jnp.asarray(seed, jnp.int64)
+        )
         new_state = dict(state)
         new_state.update(zip(self.manifest["written"], written))
         return new_state, self._returned(outputs)
@@ -374,8 +440,7 @@ class ExportedStep:
 
     def closure_values(self, outputs) -> dict:
         """The values the step passed to its closures, by closure argument name."""
-        return {entry["name"]: outputs[entry["index"]]
-                for entry in self.manifest["closure_values"]}
+        return {entry["name"]: outputs[entry["index"]] for entry in self.manifest["closure_values"]}
 
     # ----------------------------------------------------------------------- stateful use
     def __call__(self, *inputs, seed=None):
@@ -393,37 +458,38 @@ class ExportedStep:
     def _check_inputs(self, inputs) -> list:
         specs = self.manifest["inputs"]
         if len(inputs) != len(specs):
-            raise TypeError(f"the exported step takes {len(specs)} input arrays, got "
-                            f"{len(inputs)}.")
+            raise TypeError(
+                f"the exported step takes {len(specs)} input arrays, got {len(inputs)}."
+            )
         arrays = []
         for i, (value, spec) in enumerate(zip(inputs, specs)):
             array = np.asarray(value)
             try:
                 dtype, shape = _jax().numpy.dtype(spec["dtype"]), list(spec["shape"])
             except (TypeError, ValueError, KeyError):
-                raise ExportError(f"the manifest of {self.path!r} has a malformed input entry "
-                                  f"{quoted(spec)}.") from None
+                raise ExportError(
+                    f"the manifest of {self.path!r} has a malformed input entry {quoted(spec)}."
+                ) from None
             if list(array.shape) != shape:
-                raise ValueError(f"input {i} has shape {array.shape}; the step was exported "
-                                 f"for {quoted(tuple(shape))}. Export it again for this shape.")
+                raise ValueError(
+                    f"input {i} has shape {array.shape}; the step was exported "
+                    f"for {quoted(tuple(shape))}. Export it again for this shape."
+                )
             if array.dtype != dtype:
                 if not np.can_cast(array.dtype, dtype, "same_kind"):
-                    raise TypeError(f"input {i} has dtype {array.dtype}; the step takes "
-                                    f"{dtype}.")
+                    raise TypeError(f"input {i} has dtype {array.dtype}; the step takes {dtype}.")
                 array = array.astype(dtype)
             arrays.append(array)
         return arrays
 
     def params(self) -> dict:
         """The model parameters among the state (by state name, e.g. ``model0.fc.weight``)."""
-        return {name: value for name, value in self.state.items()
-                if self.kinds[name] == "param"}
+        return {name: value for name, value in self.state.items() if self.kinds[name] == "param"}
 
     def buffers(self) -> dict:
         """The rest of the state: buffers (BatchNorm's running statistics), and optimizer and
         scheduler state if the step has them, by state name."""
-        return {name: value for name, value in self.state.items()
-                if self.kinds[name] != "param"}
+        return {name: value for name, value in self.state.items() if self.kinds[name] != "param"}
 
     def apply(self, params: dict, buffers: dict, inputs, seed=0):
         """``(returned, new_buffers)``: a forward-only step as a pure function of its
@@ -442,13 +508,16 @@ class ExportedStep:
                 f"itself ({', '.join(map(quoted, updated[:3]))}"
                 f"{' ...' if len(updated) > 3 else ''}): a "
                 "training step with its optimizer. Export a step that only computes the loss "
-                "(with vjp_order=1) to train it in JAX, or run this one with pure / step(...).")
+                "(with vjp_order=1) to train it in JAX, or run this one with pure / step(...)."
+            )
         unknown = sorted(set(params) - {n for n, k in self.kinds.items() if k == "param"})
         if unknown:
-            raise ExportError(f"apply got parameters the step does not have: {unknown[:3]} "
-                              f"(its parameters are named like "
-                              f"{quoted(next(iter(self.params()), '-'))};"
-                              " start from step.params()).")
+            raise ExportError(
+                f"apply got parameters the step does not have: {unknown[:3]} "
+                f"(its parameters are named like "
+                f"{quoted(next(iter(self.params()), '-'))};"
+                " start from step.params())."
+            )
         new_state, returned = self.pure({**self.state, **buffers, **params}, inputs, seed)
         return returned, {name: new_state[name] for name in buffers}
 

@@ -23,7 +23,6 @@ from jax_backend import dtypes
 from jax_backend.errors import JaxBackendError, LoweringError
 from jax_backend.registry import lookup
 
-
 _run_scratch = contextvars.ContextVar("graph_run_scratch", default=None)
 
 
@@ -62,9 +61,11 @@ def _conform(node, result, expected, strict, emulation=None):
         if tuple(result.shape) != shape:
             raise LoweringMismatchError(
                 f"lowering of {node.target} returned shape {tuple(result.shape)}, torch expects "
-                f"{shape} (node {node.name}).")
-        dtype, emulated = (emulation.storage_dtype(expected.dtype) if emulation is not None
-                           else (None, False))
+                f"{shape} (node {node.name})."
+            )
+        dtype, emulated = (
+            emulation.storage_dtype(expected.dtype) if emulation is not None else (None, False)
+        )
         dtype = dtype if dtype is not None else dtypes.to_jax_dtype(expected.dtype)
         if emulated:
             return emulation.result(result)
@@ -72,12 +73,14 @@ def _conform(node, result, expected, strict, emulation=None):
             if strict:
                 raise LoweringMismatchError(
                     f"lowering of {node.target} returned dtype {result.dtype}, torch expects "
-                    f"{dtype} (node {node.name}).")
+                    f"{dtype} (node {node.name})."
+                )
             result = result.astype(dtype)
         return result
     if isinstance(expected, (list, tuple)) and isinstance(result, (list, tuple)):
-        return type(result)(_conform(node, r, e, strict, emulation)
-                            for r, e in zip(result, expected))
+        return type(result)(
+            _conform(node, r, e, strict, emulation) for r, e in zip(result, expected)
+        )
     return result
 
 
@@ -102,8 +105,7 @@ class GraphInterpreter:
     and outputs.
     """
 
-    def __init__(self, graph_module: torch.fx.GraphModule, *, strict: bool = False,
-                 emulation=None):
+    def __init__(self, graph_module: torch.fx.GraphModule, *, strict: bool = False, emulation=None):
         self.graph_module = graph_module
         self.strict = strict
         self.emulation = emulation
@@ -111,8 +113,7 @@ class GraphInterpreter:
 
     def run(self, inputs, key=None):
         if len(inputs) != len(self.placeholders):
-            raise JaxBackendError(
-                f"graph takes {len(self.placeholders)} inputs, got {len(inputs)}")
+            raise JaxBackendError(f"graph takes {len(self.placeholders)} inputs, got {len(inputs)}")
         token = _run_scratch.set({})
         try:
             return self._run(inputs, key)
@@ -130,12 +131,15 @@ class GraphInterpreter:
                 continue
             if node.op == "output":
                 if emulation is not None:
-                    return _map_args(node.args[0], {
-                        n: emulation.leave(v, n.meta.get("val")) for n, v in env.items()})
+                    return _map_args(
+                        node.args[0],
+                        {n: emulation.leave(v, n.meta.get("val")) for n, v in env.items()},
+                    )
                 return _map_args(node.args[0], env)
             if node.op == "get_attr":
-                env[node] = jnp.asarray(dtypes.tensor_to_numpy(
-                    getattr(self.graph_module, node.target)))
+                env[node] = jnp.asarray(
+                    dtypes.tensor_to_numpy(getattr(self.graph_module, node.target))
+                )
                 if emulation is not None:
                     env[node] = emulation.enter(env[node])
                 continue
@@ -160,5 +164,3 @@ class GraphInterpreter:
                 raise LoweringError(node.target, node.name, _describe_inputs(node), err) from err
             env[node] = _conform(node, result, node.meta.get("val"), self.strict, emulation)
         raise JaxBackendError("graph has no output node")
-
-

@@ -30,6 +30,7 @@ from typing import Any
 import jax
 
 if hasattr(jax, "enable_x64"):  # JAX >= 0.8: a thread-local context manager
+
     def _x64():
         return jax.enable_x64(True)
 else:  # JAX 0.6 and 0.7
@@ -107,6 +108,7 @@ def thread_settings_kept():
 
 def in_engine_scope(function):
     """Decorates ``function`` to run inside ``engine_scope()``."""
+
     @functools.wraps(function)
     def scoped(*args, **kwargs):
         with engine_scope():

@@ -25,8 +25,9 @@ class LazyTensor(torch.Tensor):
     def __new__(cls, array):
         shape = tuple(array.shape)
         dtype = to_torch_dtype(array.dtype)
-        tensor = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device="cpu",
-                                                     requires_grad=False)
+        tensor = torch.Tensor._make_wrapper_subclass(
+            cls, shape, dtype=dtype, device="cpu", requires_grad=False
+        )
         tensor._array = array
         tensor._value = None
         return tensor

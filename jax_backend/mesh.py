@@ -23,8 +23,9 @@ import re
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from jax_backend.jax_settings import engine_scope, in_engine_scope
+
 from jax_backend.errors import CstorchError
+from jax_backend.jax_settings import engine_scope, in_engine_scope
 
 DATA_AXIS = "csx"  # data parallelism: the systems of the cluster
 STATE_AXIS = "ws"  # the devices of one system; sharded state is split over it
@@ -56,8 +57,9 @@ class Layout:
     shard_state: bool = False
 
     @classmethod
-    def build(cls, available: list, num_csx: int, devices_per_csx: int = 1,
-              shard_state: bool = False) -> "Layout":
+    def build(
+        cls, available: list, num_csx: int, devices_per_csx: int = 1, shard_state: bool = False
+    ) -> "Layout":
         """A ``num_csx`` × ``devices_per_csx`` mesh over the first devices of ``available``
         (in a multi-process job: all of them, so that every process takes part)."""
         needed = num_csx * devices_per_csx
@@ -66,13 +68,15 @@ class Layout:
                 f"num_csx={num_csx} systems of {devices_per_csx} device(s) each need {needed} "
                 f"JAX devices but only {len(available)} exist. On CPU, model more devices "
                 f"with XLA_FLAGS=--xla_force_host_platform_device_count={needed} (set before "
-                "JAX starts).")
+                "JAX starts)."
+            )
         if is_multi_process() and needed != len(available):
             raise ValueError(
                 f"A multi-process job must use every device of every process: num_csx="
                 f"{num_csx} × {devices_per_csx} device(s) per system = {needed}, but the job "
                 f"has {len(available)} devices ({jax.process_count()} processes). Choose "
-                f"num_csx (and max_wgt_servers) so that their product is {len(available)}.")
+                f"num_csx (and max_wgt_servers) so that their product is {len(available)}."
+            )
         grid = np.array(available[:needed], dtype=object).reshape(num_csx, devices_per_csx)
         return cls(Mesh(grid, (DATA_AXIS, STATE_AXIS)), shard_state)
 
@@ -117,7 +121,8 @@ class Layout:
                 f"{self.size} devices of the job: its first dimension must be a multiple of "
                 f"{self.size}. Each of the {jax.process_count()} processes feeds "
                 f"{self.size // jax.process_count()} device(s); make the per-process batch a "
-                "multiple of that.")
+                "multiple of that."
+            )
         return self.replicated()
 
     def replicated(self) -> NamedSharding:
@@ -128,8 +133,9 @@ class Layout:
         """A global array holding ``host`` (the same full value on every process) as the
         layout places state; each process uploads only the shards it holds."""
         host = np.asarray(host)
-        return jax.make_array_from_callback(host.shape, self.state_sharding(host.shape),
-                                            lambda index: host[index])
+        return jax.make_array_from_callback(
+            host.shape, self.state_sharding(host.shape), lambda index: host[index]
+        )
 
     # ------------------------------------------------------------------ per-process inputs
     def global_input_shape(self, local_shape) -> tuple:
@@ -180,15 +186,16 @@ def host_value(array) -> np.ndarray:
             f"Process {jax.process_index()} of a job of {jax.process_count()} processes "
             f"failed in a step: {first_line}. This usually means another process of the job "
             "died or was killed (see its log); the job cannot continue. Restart every "
-            "process, from the last checkpoint.")
+            "process, from the last checkpoint."
+        )
         raise peer_failure from error
 
 
 # ------------------------------------------------------------------ communication in HLO
-_COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
-                "collective-permute")
+_COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 _INSTRUCTION = re.compile(
-    r"=\s*(?P<shape>\(.*?\)|\S+)\s+(?P<op>" + "|".join(_COLLECTIVES) + r")(?:-start)?\(")
+    r"=\s*(?P<shape>\(.*?\)|\S+)\s+(?P<op>" + "|".join(_COLLECTIVES) + r")(?:-start)?\("
+)
 _ARRAY = re.compile(r"\b(pred|[suf]\d+|bf16|f8\w*)\[([\d,]*)\]")
 _BITS = {"pred": 8, "bf16": 16}
 
@@ -212,6 +219,6 @@ def communication(hlo_text: str) -> dict:
         if shape.startswith("(") and match.group(0).rstrip("(").endswith("-start"):
             # an async start returns (operands, results): count the results only
             parts = _ARRAY.findall(shape)
-            shape = " ".join(f"{d}[{s}]" for d, s in parts[len(parts) // 2:])
+            shape = " ".join(f"{d}[{s}]" for d, s in parts[len(parts) // 2 :])
         totals[match["op"]] = (count + 1, size + _shape_bytes(shape))
     return totals

@@ -44,10 +44,12 @@ def _update_jax(key, params, grads, state):
         raise ValueError(
             f"The optax transformation changed the number of its state leaves from "
             f"{len(state)} to {len(new_leaves)}; cstorch keeps optimizer state of a fixed "
-            "structure.")
+            "structure."
+        )
     # Keep every dtype stable (torch state tensors are updated in place).
-    return ([p.astype(old.dtype) for p, old in zip(new_params, params)]
-            + [s.astype(old.dtype) for s, old in zip(new_leaves, state)])
+    return [p.astype(old.dtype) for p, old in zip(new_params, params)] + [
+        s.astype(old.dtype) for s, old in zip(new_leaves, state)
+    ]
 
 
 @functools.lru_cache(maxsize=None)
@@ -56,8 +58,9 @@ def _jitted(key):
 
 
 @torch.library.custom_op("cstorch::optax_update", mutates_args=())
-def optax_update(key: int, params: List[torch.Tensor], grads: List[torch.Tensor],
-                 state: List[torch.Tensor]) -> List[torch.Tensor]:
+def optax_update(
+    key: int, params: List[torch.Tensor], grads: List[torch.Tensor], state: List[torch.Tensor]
+) -> List[torch.Tensor]:
     """New parameters followed by new state leaves."""
     to_jax = lambda ts: [tensor_to_array(t) for t in ts]  # noqa: E731
     with engine_scope():

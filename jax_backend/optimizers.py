@@ -94,15 +94,18 @@ def _row(state, i) -> dict:
 
 def _stack(state, rows):
     """The inverse of ``_row``: rows -> a state of the same type and structure as ``state``."""
-    return type(state)(**{f: (None if v is None else [r[f] for r in rows])
-                          for f, v in zip(state._fields, state)})
+    return type(state)(
+        **{f: (None if v is None else [r[f] for r in rows]) for f, v in zip(state._fields, state)}
+    )
 
 
 def _check_lengths(grads, state):
     for f, v in zip(state._fields, state):
         if v is not None and len(v) != len(grads):
-            raise ValueError(f"optimizer state field {f!r} has {len(v)} entries for "
-                             f"{len(grads)} parameters; call init with the same parameters first")
+            raise ValueError(
+                f"optimizer state field {f!r} has {len(v)} entries for "
+                f"{len(grads)} parameters; call init with the same parameters first"
+            )
 
 
 def _per_param(rule):
@@ -145,8 +148,10 @@ def _transformation(init, rule) -> optax.GradientTransformation:
         leaves, treedef = jax.tree.flatten(grads)
         param_leaves = jax.tree.leaves(params)
         if len(param_leaves) != len(leaves):
-            raise ValueError(f"grads has {len(leaves)} arrays but params has "
-                             f"{len(param_leaves)}; pass pytrees of the same structure")
+            raise ValueError(
+                f"grads has {len(leaves)} arrays but params has "
+                f"{len(param_leaves)}; pass pytrees of the same structure"
+            )
         updates, new_state = per_param(leaves, state, param_leaves)
         return jax.tree.unflatten(treedef, updates), new_state
 
@@ -195,8 +200,9 @@ class SGDState(NamedTuple):
     momentum_buffer: list | None  # per param, zeros at init (cstorch starts from zero)
 
 
-def sgd(learning_rate, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
-        maximize=False) -> optax.GradientTransformation:
+def sgd(
+    learning_rate, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, maximize=False
+) -> optax.GradientTransformation:
     """cstorch SGD.
 
     ``g = ±grad + wd·p``; with momentum ``buf = m·buf + (1-dampening)·g`` and
@@ -228,9 +234,15 @@ class AdamState(NamedTuple):
     beta2_power: list | None
 
 
-def adam_base(learning_rate=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0,
-              l2_regularization_rate=0.0, correct_bias=True, amsgrad=False
-              ) -> optax.GradientTransformation:
+def adam_base(
+    learning_rate=1e-3,
+    betas=(0.9, 0.999),
+    eps=1e-6,
+    weight_decay=0.0,
+    l2_regularization_rate=0.0,
+    correct_bias=True,
+    amsgrad=False,
+) -> optax.GradientTransformation:
     """cstorch's Adam family (``AdamBase``).
 
     ``g += rate·p`` (coupled L2, only if ``l2_regularization_rate > 0``);
@@ -279,8 +291,14 @@ def adam(learning_rate=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, ams
     return adam_base(learning_rate, betas, eps, 0.0, weight_decay, True, amsgrad)
 
 
-def adamw(learning_rate=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0,
-          correct_bias=True, amsgrad=False):
+def adamw(
+    learning_rate=1e-3,
+    betas=(0.9, 0.999),
+    eps=1e-6,
+    weight_decay=0.0,
+    correct_bias=True,
+    amsgrad=False,
+):
     """cstorch AdamW: decoupled weight decay, ``u += wd·p`` after the bias correction."""
     return adam_base(learning_rate, betas, eps, weight_decay, 0.0, correct_bias, amsgrad)
 
@@ -291,8 +309,9 @@ class AdadeltaState(NamedTuple):
     acc_delta: list  # zeros
 
 
-def adadelta(learning_rate=1.0, rho=0.9, eps=1e-6, weight_decay=0.0, maximize=False
-             ) -> optax.GradientTransformation:
+def adadelta(
+    learning_rate=1.0, rho=0.9, eps=1e-6, weight_decay=0.0, maximize=False
+) -> optax.GradientTransformation:
     """cstorch Adadelta.
 
     ``g = ±grad + wd·p``; ``sq = ρ·sq + (1-ρ)·g²``;
@@ -326,9 +345,17 @@ def _rms(x):
     return jnp.sqrt(jnp.mean(jnp.square(x)))
 
 
-def adafactor(learning_rate, eps=(1e-30, 1e-3), clip_threshold=1.0, decay_rate=-0.8,
-              beta1=None, weight_decay=0.0, scale_parameter=True, relative_step=False,
-              warmup_init=False) -> optax.GradientTransformation:
+def adafactor(
+    learning_rate,
+    eps=(1e-30, 1e-3),
+    clip_threshold=1.0,
+    decay_rate=-0.8,
+    beta1=None,
+    weight_decay=0.0,
+    scale_parameter=True,
+    relative_step=False,
+    warmup_init=False,
+) -> optax.GradientTransformation:
     """cstorch Adafactor (external learning rate only).
 
     ``t += 1``; ``lr_t = max(rms(p), eps[1])·lr`` (just ``lr`` without ``scale_parameter``);
@@ -352,21 +379,32 @@ def adafactor(learning_rate, eps=(1e-30, 1e-3), clip_threshold=1.0, decay_rate=-
         fac = [p.ndim >= 2 for p in params]
         return AdafactorState(
             exp_avg=_zeros_like(params) if use_first_moment else None,
-            exp_avg_sq_row=([jnp.zeros(p.shape[:-1], p.dtype) if f else None
-                             for p, f in zip(params, fac)] if any(fac) else None),
-            exp_avg_sq_col=([jnp.zeros(p.shape[:-2] + p.shape[-1:], p.dtype) if f else None
-                             for p, f in zip(params, fac)] if any(fac) else None),
-            exp_avg_sq=([None if f else jnp.zeros_like(p) for p, f in zip(params, fac)]
-                        if not all(fac) else None),
+            exp_avg_sq_row=(
+                [jnp.zeros(p.shape[:-1], p.dtype) if f else None for p, f in zip(params, fac)]
+                if any(fac)
+                else None
+            ),
+            exp_avg_sq_col=(
+                [
+                    jnp.zeros(p.shape[:-2] + p.shape[-1:], p.dtype) if f else None
+                    for p, f in zip(params, fac)
+                ]
+                if any(fac)
+                else None
+            ),
+            exp_avg_sq=(
+                [None if f else jnp.zeros_like(p) for p, f in zip(params, fac)]
+                if not all(fac)
+                else None
+            ),
             step=_full_like_scalar(params, 0.0),
         )
 
     def rule(g, p, s):
         step = s["step"] + 1.0
-        lr = jnp.maximum(_rms(p), _f32(eps2)) * learning_rate if scale_parameter \
-            else learning_rate
+        lr = jnp.maximum(_rms(p), _f32(eps2)) * learning_rate if scale_parameter else learning_rate
         beta2t = 1.0 - jnp.power(step, _f32(decay_rate))
-        upd = g ** 2 + eps1
+        upd = g**2 + eps1
         new = {"step": step}
         if p.ndim >= 2:
             row = _ema(s["exp_avg_sq_row"], jnp.mean(upd, axis=-1), beta2t)
@@ -398,8 +436,14 @@ class AdagradState(NamedTuple):
     step: list  # 0-dim float32
 
 
-def adagrad(learning_rate=1e-2, lr_decay=0.0, weight_decay=0.0, initial_accumulator_value=0.0,
-            eps=1e-6, maximize=False) -> optax.GradientTransformation:
+def adagrad(
+    learning_rate=1e-2,
+    lr_decay=0.0,
+    weight_decay=0.0,
+    initial_accumulator_value=0.0,
+    eps=1e-6,
+    maximize=False,
+) -> optax.GradientTransformation:
     """cstorch Adagrad.
 
     ``t += 1``; ``g = ±grad + wd·p``; ``sum += g²``;
@@ -407,8 +451,10 @@ def adagrad(learning_rate=1e-2, lr_decay=0.0, weight_decay=0.0, initial_accumula
     """
 
     def init(params):
-        return AdagradState([jnp.full_like(p, initial_accumulator_value) for p in params],
-                            _full_like_scalar(params, 0.0))
+        return AdagradState(
+            [jnp.full_like(p, initial_accumulator_value) for p in params],
+            _full_like_scalar(params, 0.0),
+        )
 
     def rule(g, p, s):
         step = s["step"] + 1.0
@@ -428,8 +474,9 @@ class AdamaxState(NamedTuple):
     beta1_power: list  # 0-dim float32, starts at β1
 
 
-def adamax(learning_rate=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0,
-           maximize=False) -> optax.GradientTransformation:
+def adamax(
+    learning_rate=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, maximize=False
+) -> optax.GradientTransformation:
     """cstorch Adamax.
 
     ``g = ±grad + wd·p``; ``m = β1·m + (1-β1)·g``; ``u = max(β2·u, |g| + eps)``;
@@ -438,8 +485,9 @@ def adamax(learning_rate=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0,
     beta1, beta2 = betas[0], betas[1]
 
     def init(params):
-        return AdamaxState(_zeros_like(params), _zeros_like(params),
-                           _full_like_scalar(params, beta1))
+        return AdamaxState(
+            _zeros_like(params), _zeros_like(params), _full_like_scalar(params, beta1)
+        )
 
     def rule(g, p, s):
         g = _coupled_l2(_maximized(g, maximize), p, weight_decay)
@@ -448,8 +496,7 @@ def adamax(learning_rate=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0,
         upd = m / u_inf
         upd = upd / (1.0 - s["beta1_power"])
         upd = upd * learning_rate
-        return -upd, {"exp_avg": m, "exp_inf": u_inf,
-                      "beta1_power": s["beta1_power"] * beta1}
+        return -upd, {"exp_avg": m, "exp_inf": u_inf, "beta1_power": s["beta1_power"] * beta1}
 
     return _transformation(init, rule)
 
@@ -462,8 +509,9 @@ class ASGDState(NamedTuple):
     step: list  # 0-dim float32
 
 
-def asgd(learning_rate=1e-2, lambd=1e-4, alpha=0.75, t0=1e6, weight_decay=0.0,
-         maximize=False) -> optax.GradientTransformation:
+def asgd(
+    learning_rate=1e-2, lambd=1e-4, alpha=0.75, t0=1e6, weight_decay=0.0, maximize=False
+) -> optax.GradientTransformation:
     """cstorch ASGD (torch's single-tensor algorithm).
 
     ``t += 1``; ``g = ±grad + wd·p``; ``p ← p·(1 - λ·η) - η·g``;
@@ -472,10 +520,12 @@ def asgd(learning_rate=1e-2, lambd=1e-4, alpha=0.75, t0=1e6, weight_decay=0.0,
     """
 
     def init(params):
-        return ASGDState(_full_like_scalar(params, learning_rate),
-                         _full_like_scalar(params, 1.0),
-                         _zeros_like(params),
-                         _full_like_scalar(params, 0.0))
+        return ASGDState(
+            _full_like_scalar(params, learning_rate),
+            _full_like_scalar(params, 1.0),
+            _zeros_like(params),
+            _full_like_scalar(params, 0.0),
+        )
 
     def rule(g, p, s):
         eta, mu, ax = s["eta"], s["mu"], s["ax"]
@@ -497,8 +547,9 @@ class LambState(NamedTuple):
     exp_avg_sq: list
 
 
-def lamb(learning_rate=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, adam=False
-         ) -> optax.GradientTransformation:
+def lamb(
+    learning_rate=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, adam=False
+) -> optax.GradientTransformation:
     """cstorch Lamb (paper v3: no bias correction).
 
     ``m = β1·m + (1-β1)·g``; ``v = β2·v + (1-β2)·g²``; ``a = m/(√v + eps) + wd·p``;
@@ -512,13 +563,14 @@ def lamb(learning_rate=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, ada
     def rule(g, p, s):
         m = _ema(s["exp_avg"], g, beta1)
         v = _ema(s["exp_avg_sq"], g * g, beta2)
-        weight_norm = jnp.clip(jnp.sqrt(jnp.sum(p ** 2)), 0, 10).astype(_F32)
+        weight_norm = jnp.clip(jnp.sqrt(jnp.sum(p**2)), 0, 10).astype(_F32)
         step = m / (jnp.sqrt(v) + eps)
         step = step + p * weight_decay
-        adam_norm = jnp.sqrt(jnp.sum(step ** 2)).astype(_F32)
+        adam_norm = jnp.sqrt(jnp.sum(step**2)).astype(_F32)
         one = _f32(1.0)
-        trust = jnp.where(weight_norm > 0,
-                          jnp.where(adam_norm > 0, weight_norm / adam_norm, one), one)
+        trust = jnp.where(
+            weight_norm > 0, jnp.where(adam_norm > 0, weight_norm / adam_norm, one), one
+        )
         if adam:
             trust = 1
         return -((step * trust) * learning_rate), {"exp_avg": m, "exp_avg_sq": v}
@@ -531,8 +583,7 @@ class LionState(NamedTuple):
     exp_avg: list
 
 
-def lion(learning_rate=1e-4, betas=(0.9, 0.99), weight_decay=0.0
-         ) -> optax.GradientTransformation:
+def lion(learning_rate=1e-4, betas=(0.9, 0.99), weight_decay=0.0) -> optax.GradientTransformation:
     """cstorch Lion.
 
     ``p ← p·(1 - lr·wd) - lr·sign(β1·m + (1-β1)·g)``; then ``m = β2·m + (1-β2)·g``.
@@ -605,8 +656,9 @@ def newton_schulz5(G, steps=5):
     return X
 
 
-def muon(learning_rate=0.02, weight_decay=0.01, momentum=0.95, nesterov=True, ns_steps=5
-         ) -> optax.GradientTransformation:
+def muon(
+    learning_rate=0.02, weight_decay=0.01, momentum=0.95, nesterov=True, ns_steps=5
+) -> optax.GradientTransformation:
     """cstorch Muon: momentum SGD whose direction is orthogonalised by Newton–Schulz.
 
     ``buf = μ·buf + (1-μ)·g``; ``d = g + μ·buf`` (Nesterov) or ``buf``; 4-d ``d`` is viewed as
@@ -631,7 +683,8 @@ def muon(learning_rate=0.02, weight_decay=0.01, momentum=0.95, nesterov=True, ns
         if p.ndim < 2:
             raise ValueError(
                 f"Muon needs parameters with 2 or more dimensions, got shape {p.shape}; "
-                "optimize 0-d/1-d parameters with another optimizer")
+                "optimize 0-d/1-d parameters with another optimizer"
+            )
         buf_old = s["momentum_buffer"]
         if buf_old is None:
             buf_old = jnp.zeros_like(g)
@@ -659,8 +712,9 @@ class NAdamState(NamedTuple):
     step: list  # 0-dim float32
 
 
-def nadam(learning_rate=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-          momentum_decay=4e-3) -> optax.GradientTransformation:
+def nadam(
+    learning_rate=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, momentum_decay=4e-3
+) -> optax.GradientTransformation:
     """cstorch NAdam (torch's algorithm with ``μ_t = β1·(1 - ½·0.96^(t·ψ))``).
 
     ``t += 1``; ``g = grad + wd·p``; ``Π ← Π·μ_t``; ``m = β1·m + (1-β1)·g``;
@@ -672,8 +726,12 @@ def nadam(learning_rate=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
     beta1, beta2 = betas[0], betas[1]
 
     def init(params):
-        return NAdamState(_full_like_scalar(params, 1.0), _zeros_like(params),
-                          _zeros_like(params), _full_like_scalar(params, 0.0))
+        return NAdamState(
+            _full_like_scalar(params, 1.0),
+            _zeros_like(params),
+            _zeros_like(params),
+            _full_like_scalar(params, 0.0),
+        )
 
     def rule(g, p, s):
         b2 = _f32(beta2)
@@ -690,8 +748,7 @@ def nadam(learning_rate=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
         denom = jnp.sqrt(v / bias_correction2) + eps
         upd = (mu_next * m) / (1.0 - mu_product_next) + (g * (1.0 - mu)) / (1.0 - mu_product)
         upd = upd * -learning_rate
-        return upd / denom, {"mu_product": mu_product, "exp_avg": m, "exp_avg_sq": v,
-                             "step": step}
+        return upd / denom, {"mu_product": mu_product, "exp_avg": m, "exp_avg_sq": v, "step": step}
 
     return _transformation(init, rule)
 
@@ -703,8 +760,9 @@ class RAdamState(NamedTuple):
     step: list  # 0-dim float32
 
 
-def radam(learning_rate=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0
-          ) -> optax.GradientTransformation:
+def radam(
+    learning_rate=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0
+) -> optax.GradientTransformation:
     """cstorch RAdam.
 
     ``t += 1``; ``g = grad + wd·p``; ``m``, ``v`` as Adam; ``ρ∞ = 2/(1-β2) - 1``,
@@ -714,8 +772,7 @@ def radam(learning_rate=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0
     """
 
     def init(params):
-        return RAdamState(_zeros_like(params), _zeros_like(params),
-                          _full_like_scalar(params, 0.0))
+        return RAdamState(_zeros_like(params), _zeros_like(params), _full_like_scalar(params, 0.0))
 
     def rule(g, p, s):
         b1, b2 = _f32(betas[0]), _f32(betas[1])
@@ -731,8 +788,16 @@ def radam(learning_rate=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0
         rho_t = rho_inf - 2 * step * beta2t / bias_correction2
         one = _f32(1.0)
         rectify = rho_t > 5.0
-        rect = jnp.where(rectify, jnp.sqrt((rho_t - 4.0) * (rho_t - 2.0) * rho_inf
-                                           / ((rho_inf - 4.0) * (rho_inf - 2.0) * rho_t)), one)
+        rect = jnp.where(
+            rectify,
+            jnp.sqrt(
+                (rho_t - 4.0)
+                * (rho_t - 2.0)
+                * rho_inf
+                / ((rho_inf - 4.0) * (rho_inf - 2.0) * rho_t)
+            ),
+            one,
+        )
         adaptive = jnp.where(rectify, jnp.sqrt(bias_correction2) / (jnp.sqrt(v) + eps), one)
         upd = upd * rect * adaptive * learning_rate
         return -upd, {"exp_avg": m, "exp_avg_sq": v, "step": step}
@@ -747,8 +812,9 @@ class RMSpropState(NamedTuple):
     grad_avg: list | None  # only if centered
 
 
-def rmsprop(learning_rate=1e-2, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0,
-            centered=False) -> optax.GradientTransformation:
+def rmsprop(
+    learning_rate=1e-2, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0, centered=False
+) -> optax.GradientTransformation:
     """cstorch RMSprop.
 
     ``g = grad + wd·p``; ``sq = α·sq + (1-α)·g²``; ``avg = √(sq - ḡ²) + eps`` with
@@ -757,9 +823,11 @@ def rmsprop(learning_rate=1e-2, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum
     """
 
     def init(params):
-        return RMSpropState(_zeros_like(params),
-                            _zeros_like(params) if _is_on(momentum) else None,
-                            _zeros_like(params) if centered else None)
+        return RMSpropState(
+            _zeros_like(params),
+            _zeros_like(params) if _is_on(momentum) else None,
+            _zeros_like(params) if centered else None,
+        )
 
     def rule(g, p, s):
         g = _coupled_l2(g, p, weight_decay)
@@ -786,8 +854,9 @@ class RpropState(NamedTuple):
     step_size: list  # full of lr at init
 
 
-def rprop(learning_rate=1e-3, etas=(0.5, 1.2), step_sizes=(1e-6, 50.0)
-          ) -> optax.GradientTransformation:
+def rprop(
+    learning_rate=1e-3, etas=(0.5, 1.2), step_sizes=(1e-6, 50.0)
+) -> optax.GradientTransformation:
     """cstorch Rprop.
 
     ``s = g·prev``; factor ``η+`` where ``s > 0``, ``η-`` where ``s < 0``, else 1;

@@ -41,11 +41,13 @@ class Policy:
 
     def __post_init__(self):
         if self.compute_dtype not in (None,) + HALF_DTYPES:
-            raise ValueError(f"compute_dtype must be None or one of {HALF_DTYPES}, got "
-                             f"{self.compute_dtype!r}.")
+            raise ValueError(
+                f"compute_dtype must be None or one of {HALF_DTYPES}, got {self.compute_dtype!r}."
+            )
         if self.float32_matmul not in FLOAT32_MATMUL:
-            raise ValueError(f"float32_matmul must be one of {FLOAT32_MATMUL}, got "
-                             f"{self.float32_matmul!r}.")
+            raise ValueError(
+                f"float32_matmul must be one of {FLOAT32_MATMUL}, got {self.float32_matmul!r}."
+            )
 
     @property
     def is_mixed(self) -> bool:

@@ -25,13 +25,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_backend import cbfloat16, host_memory, target
+from jax_backend import cbfloat16, config, host_memory, jax_settings, target
 from jax_backend.capture import CapturedStep
 from jax_backend.dtypes import to_jax_dtype
 from jax_backend.errors import LoweringError, StepFailedError, raise_interrupt_behind
-from jax_backend import config
 from jax_backend.interpreter import GraphInterpreter
-from jax_backend import jax_settings
 from jax_backend.jax_settings import in_engine_scope
 from jax_backend.mesh import Layout
 from jax_backend.ops import attention, torch_kernels
@@ -62,8 +60,12 @@ def interrupts_held():
 
 
 def _has_random_nodes(graph) -> bool:
-    return any(node.op == "call_function" and node.target is not operator.getitem
-               and lookup(node.target).random for node in graph.graph.nodes)
+    return any(
+        node.op == "call_function"
+        and node.target is not operator.getitem
+        and lookup(node.target).random
+        for node in graph.graph.nodes
+    )
 
 
 class Program:
@@ -73,8 +75,13 @@ class Program:
     def backup_first_run(self) -> bool:  # see the module docstring
         return config.backup_first_run.value
 
-    def __init__(self, captured: CapturedStep, policy: Policy | None = None,
-                 layout: Layout | None = None, platform: str | None = None):
+    def __init__(
+        self,
+        captured: CapturedStep,
+        policy: Policy | None = None,
+        layout: Layout | None = None,
+        platform: str | None = None,
+    ):
         self.captured = captured
         self.policy = policy or Policy()
         self.layout = layout
@@ -83,15 +90,17 @@ class Program:
         if platform is None:
             device = layout.mesh.devices.flat[0] if layout is not None else jax.devices()[0]
             platform = target.platform_of(device)
-        self.target = target.Target(platform, self.policy.float32_matmul,
-                                    target.attention_setting())
+        self.target = target.Target(
+            platform, self.policy.float32_matmul, target.attention_setting()
+        )
         self.uses_rng = _has_random_nodes(captured.graph)
         written = set(captured.written_state)
         # Positions (within used_state) of state the step overwrites: their buffers are donated.
         self.donated_positions = [j for j, i in enumerate(captured.used_state) if i in written]
         self.kept_positions = [j for j, i in enumerate(captured.used_state) if i not in written]
         self._interpreter = GraphInterpreter(
-            captured.graph, emulation=cbfloat16.interpreter_emulation(self.policy))
+            captured.graph, emulation=cbfloat16.interpreter_emulation(self.policy)
+        )
         self._locate = captured.locate  # names the user's line in a LoweringError
         self._jitted = self._jit()
         self.has_run = False  # set after the first successful run (see module docstring)
@@ -106,13 +115,18 @@ class Program:
 
         def pure_step(donated, kept, inputs, seed):  # jit names the program after it
             return self.pure_step(donated, kept, inputs, seed, torch_kernels=kernels)
+
         self._compiled_ahead = False  # see _call_jitted
         # How a CPU step's working memory is laid out (cpu_step_memory); nothing elsewhere.
         options = host_memory.step_compiler_options(self.target.platform)
-        self._cache_writes = (contextlib.nullcontext if host_memory.cacheable(options)
-                              else jax_settings.no_cache_writes)
-        return jax.jit(pure_step, donate_argnums=(0,), compiler_options=options or None,
-                       **self._shardings())
+        self._cache_writes = (
+            contextlib.nullcontext
+            if host_memory.cacheable(options)
+            else jax_settings.no_cache_writes
+        )
+        return jax.jit(
+            pure_step, donate_argnums=(0,), compiler_options=options or None, **self._shardings()
+        )
 
     def _shardings(self) -> dict:
         """jit shardings for a mesh layout: state as the layout places it, inputs split along
@@ -120,17 +134,25 @@ class Program:
         if self.layout is None:
             return {}
         placeholders = [n for n in self.captured.graph.graph.nodes if n.op == "placeholder"]
-        used = placeholders[:len(self.captured.used_state)]
+        used = placeholders[: len(self.captured.used_state)]
         state = [self.layout.state_sharding(n.meta["val"].shape) for n in used]
-        inputs = [self.layout.replicated() if isinstance(n.meta["val"], ScalarMeta)
-                  else self.layout.input_sharding(n.meta["val"].shape)
-                  for n in placeholders[len(used):]]
+        inputs = [
+            self.layout.replicated()
+            if isinstance(n.meta["val"], ScalarMeta)
+            else self.layout.input_sharding(n.meta["val"].shape)
+            for n in placeholders[len(used) :]
+        ]
         outputs = next(n for n in self.captured.graph.graph.nodes if n.op == "output").args[0]
-        written = [self.layout.state_sharding(o.meta["val"].shape)
-                   for o in outputs[:len(self.captured.written_state)]]
-        in_shardings = ([state[j] for j in self.donated_positions],
-                        [state[j] for j in self.kept_positions], inputs,
-                        self.layout.replicated())
+        written = [
+            self.layout.state_sharding(o.meta["val"].shape)
+            for o in outputs[: len(self.captured.written_state)]
+        ]
+        in_shardings = (
+            [state[j] for j in self.donated_positions],
+            [state[j] for j in self.kept_positions],
+            inputs,
+            self.layout.replicated(),
+        )
         return {"in_shardings": in_shardings, "out_shardings": (written, None)}
 
     def pure_step(self, donated, kept, inputs, seed, *, platform=None, torch_kernels=False):
@@ -143,23 +165,25 @@ class Program:
         for j, a in zip(self.kept_positions, kept):
             used[j] = a
         key = jax.random.key(seed) if self.uses_rng else None
-        lowering = dataclasses.replace(self.target, platform=platform or self.target.platform,
-                                       torch_kernels=torch_kernels)
+        lowering = dataclasses.replace(
+            self.target, platform=platform or self.target.platform, torch_kernels=torch_kernels
+        )
         with target.lowering_for(lowering):
             flat = self._interpreter.run(list(used) + list(inputs), key)
         n = len(self.captured.written_state)
         return list(flat[:n]), list(flat[n:])
 
     def split_state(self, used_arrays: Sequence):
-        return ([used_arrays[j] for j in self.donated_positions],
-                [used_arrays[j] for j in self.kept_positions])
+        return (
+            [used_arrays[j] for j in self.donated_positions],
+            [used_arrays[j] for j in self.kept_positions],
+        )
 
     @in_engine_scope
     def __call__(self, used_arrays: Sequence, inputs: Sequence, seed=0):
         donated, kept = self.split_state(used_arrays)
         if self.layout is not None:  # across processes: each feeds its slice of the batch
-            inputs = [x if isinstance(x, float) else self.layout.input_array(x)
-                      for x in inputs]
+            inputs = [x if isinstance(x, float) else self.layout.input_array(x) for x in inputs]
         args = (donated, kept, list(inputs), np.int64(seed))
         with self._naming_user_line():
             try:
@@ -187,13 +211,21 @@ class Program:
         (before it ran: nothing was donated) is rebuilt with XLA's attention, with a warning,
         rather than stopping training; True if so."""
         text = f"{type(error).__name__}: {error}".lower()
-        if (self.has_run or self.target.attention == "xla" or self.target.platform != "cuda"
-                or not ("cudnn" in text or "dot_product_attention" in text)
-                or any(getattr(a, "is_deleted", lambda: False)() for a in donated)):
+        if (
+            self.has_run
+            or self.target.attention == "xla"
+            or self.target.platform != "cuda"
+            or not ("cudnn" in text or "dot_product_attention" in text)
+            or any(getattr(a, "is_deleted", lambda: False)() for a in donated)
+        ):
             return False
-        warnings.warn(f"The step's cuDNN attention failed to compile ({_first_line(error)}); "
-                      "it is compiled again with XLA's attention (set CSTORCH_ATTENTION=xla "
-                      "to skip the attempt).", attention.AttentionFallbackWarning, stacklevel=4)
+        warnings.warn(
+            f"The step's cuDNN attention failed to compile ({_first_line(error)}); "
+            "it is compiled again with XLA's attention (set CSTORCH_ATTENTION=xla "
+            "to skip the attempt).",
+            attention.AttentionFallbackWarning,
+            stacklevel=4,
+        )
         self.target = dataclasses.replace(self.target, attention="xla")
         self._jitted = self._jit()
         return True
@@ -215,8 +247,9 @@ class Program:
         arrays = state.arrays(used)
         donated_tensors, kept_tensors = self.split_state(list(used))
         donated_arrays, _ = self.split_state(arrays)
-        backed_up = (not self.has_run and self.backup_first_run
-                     and state.hold_in_torch(donated_tensors))
+        backed_up = (
+            not self.has_run and self.backup_first_run and state.hold_in_torch(donated_tensors)
+        )
         with interrupts_held():
             # Any torch copy that is not the backup goes before the run, not after: a copy
             # kept through the run (e.g. one filled by a checkpoint) would double its peak.
@@ -236,7 +269,8 @@ class Program:
                 raise StepFailedError(
                     f"The compiled step failed while it ran ({type(error).__name__}: "
                     f"{_first_line(error)}). {what} Fix the cause (e.g. a smaller batch) and "
-                    "call the step again, or save the state from here.") from error
+                    "call the step again, or save the state from here."
+                ) from error
             state.update(written, new_state)
         self.has_run = True
         # Lowered once, it lowers again: the locator (which holds the step's state containers,
@@ -248,19 +282,21 @@ class Program:
     @in_engine_scope
     def input_specs(self) -> list:
         """Shapes and dtypes of the step's (non-state) inputs, as ``jax.ShapeDtypeStruct``."""
-        return self._placeholder_specs()[len(self.captured.used_state):]
+        return self._placeholder_specs()[len(self.captured.used_state) :]
 
     @in_engine_scope
     def state_specs(self) -> list:
         """Shapes and dtypes of the state the step reads (``used_state``), in its order."""
-        return self._placeholder_specs()[:len(self.captured.used_state)]
+        return self._placeholder_specs()[: len(self.captured.used_state)]
 
     def _placeholder_specs(self) -> list:
         placeholders = [n for n in self.captured.graph.graph.nodes if n.op == "placeholder"]
-        return [_scalar_spec(n.meta["val"]) if isinstance(n.meta["val"], ScalarMeta)
-                else jax.ShapeDtypeStruct(tuple(n.meta["val"].shape),
-                                          to_jax_dtype(n.meta["val"].dtype))
-                for n in placeholders]
+        return [
+            _scalar_spec(n.meta["val"])
+            if isinstance(n.meta["val"], ScalarMeta)
+            else jax.ShapeDtypeStruct(tuple(n.meta["val"].shape), to_jax_dtype(n.meta["val"].dtype))
+            for n in placeholders
+        ]
 
     @in_engine_scope
     def lower(self, used_arrays: Sequence, inputs: Sequence, seed=0):

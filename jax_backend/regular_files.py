@@ -27,9 +27,14 @@ class NotARegularFileError(CstorchError, OSError):
 
 def describe_mode(mode: int) -> str:
     """What kind of file ``st_mode`` describes, in words."""
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link")):
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISLNK, "a symbolic link"),
+    ):
         if test(mode):
             return name
     return "not a regular file"
@@ -48,7 +53,8 @@ def open_regular(path, what: str = "file", *, follow_symlinks: bool = True) -> i
     except OSError as error:
         if not follow_symlinks and os.path.islink(path):
             raise NotARegularFileError(
-                f"{what} is a symbolic link, which is not followed here: '{path}'") from None
+                f"{what} is a symbolic link, which is not followed here: '{path}'"
+            ) from None
         _refuse_unopenable(path, what, follow_symlinks, error)
         raise
     try:
@@ -57,7 +63,8 @@ def open_regular(path, what: str = "file", *, follow_symlinks: bool = True) -> i
             raise NotARegularFileError(
                 f"{what} is {describe_mode(mode)}, not a regular file: '{path}'. Only regular "
                 "files are read (a pipe or a device could block or never end); pass the path "
-                "of the file itself.")
+                "of the file itself."
+            )
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
     except BaseException:
         os.close(fd)
@@ -75,7 +82,8 @@ def _refuse_unopenable(path: str, what: str, follow_symlinks: bool, error: OSErr
     if not stat.S_ISREG(mode):
         raise NotARegularFileError(
             f"{what} is {describe_mode(mode)}, not a regular file: '{path}'. Only regular "
-            "files are read; pass the path of the file itself.") from error
+            "files are read; pass the path of the file itself."
+        ) from error
 
 
 def open_regular_file(path, what: str = "file", mode: str = "rb", **kwargs):

@@ -149,8 +149,7 @@ def _is_value(node: torch.fx.Node) -> bool:
     if node.op != "call_function":
         return False
     value = node.meta.get("val")
-    if not isinstance(value, torch.Tensor) or not (value.is_floating_point()
-                                                   or value.is_complex()):
+    if not isinstance(value, torch.Tensor) or not (value.is_floating_point() or value.is_complex()):
         return False
     schema = getattr(node.target, "_schema", None)
     returns = schema.returns if schema is not None else ()
@@ -173,8 +172,9 @@ def _barrier(graph, tensors: list, after: list, anchor) -> list:
     before = _newest(graph)
     result = remat_barrier(tensors, after)
     if not after and anchor is not None:
-        node = next((n for n in _after(before)
-                     if n.op == "call_function" and n.target is _BARRIER), None)
+        node = next(
+            (n for n in _after(before) if n.op == "call_function" and n.target is _BARRIER), None
+        )
         if node is not None:
             node.args = (node.args[0], [anchor])
     return result
@@ -187,11 +187,13 @@ def _mark(graph, args: tuple, after) -> tuple:
     anchor = None if after else _newest_value(graph)
     marked = list(args)
     for grad in (True, False):
-        where = [i for i, a in enumerate(marked)
-                 if isinstance(a, torch.Tensor) and a.requires_grad == grad]
+        where = [
+            i
+            for i, a in enumerate(marked)
+            if isinstance(a, torch.Tensor) and a.requires_grad == grad
+        ]
         if where:
-            for i, value in zip(where, _barrier(graph, [marked[i] for i in where], after,
-                                                anchor)):
+            for i, value in zip(where, _barrier(graph, [marked[i] for i in where], after, anchor)):
                 marked[i] = value
     return tuple(marked)
 
@@ -201,8 +203,11 @@ def _is_random(node: torch.fx.Node) -> bool:
     trace holds in-place draws such as ``bernoulli_``, lowered once functionalized; an op
     that draws only with some arguments, as attention with dropout, is lowered without)."""
     op = node.target
-    if node.op != "call_function" or not isinstance(op, torch._ops.OpOverload) \
-            or torch.Tag.nondeterministic_seeded not in op.tags:
+    if (
+        node.op != "call_function"
+        or not isinstance(op, torch._ops.OpOverload)
+        or torch.Tag.nondeterministic_seeded not in op.tags
+    ):
         return False
     return not has_lowering(op) or lookup(op).random
 
@@ -211,13 +216,20 @@ def _same_draw(a: torch.fx.Node, b: torch.fx.Node) -> bool:
     """Whether two random nodes draw alike: same op, non-tensor arguments and result."""
     if a.target is not b.target or len(a.args) != len(b.args) or a.kwargs != b.kwargs:
         return False
-    plain = [(x, y) for x, y in zip(a.args, b.args)
-             if not isinstance(x, torch.fx.Node) or not isinstance(y, torch.fx.Node)]
+    plain = [
+        (x, y)
+        for x, y in zip(a.args, b.args)
+        if not isinstance(x, torch.fx.Node) or not isinstance(y, torch.fx.Node)
+    ]
     if any(x != y for x, y in plain):
         return False
     va, vb = a.meta.get("val"), b.meta.get("val")
-    return (isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor)
-            and va.shape == vb.shape and va.dtype == vb.dtype)
+    return (
+        isinstance(va, torch.Tensor)
+        and isinstance(vb, torch.Tensor)
+        and va.shape == vb.shape
+        and va.dtype == vb.dtype
+    )
 
 
 def _replay_random(graph, forward_start, recompute_start) -> None:
@@ -241,9 +253,11 @@ def _replay_random(graph, forward_start, recompute_start) -> None:
         elif _is_random(node):
             forward.append(node)
     if len(forward) != len(drawn) or not all(map(_same_draw, forward, drawn)):
-        warn("A checkpointed region's recomputation (torch.utils.checkpoint) draws other "
-             "random numbers than its forward did, so its gradients are those of other "
-             "draws. Draw the same random ops, in the same order, at every call.")
+        warn(
+            "A checkpointed region's recomputation (torch.utils.checkpoint) draws other "
+            "random numbers than its forward did, so its gradients are those of other "
+            "draws. Draw the same random ops, in the same order, at every call."
+        )
         return
     for original, draw in zip(forward, drawn):
         with graph.inserting_after(original):
@@ -259,13 +273,15 @@ def _replay_random(graph, forward_start, recompute_start) -> None:
 
 def _mutates_first_argument(op) -> bool:
     arguments = op._schema.arguments
-    return bool(arguments) and arguments[0].alias_info is not None \
-        and arguments[0].alias_info.is_write
+    return (
+        bool(arguments) and arguments[0].alias_info is not None and arguments[0].alias_info.is_write
+    )
 
 
 def _recomputing(fn, after=None, start=None):
     """``fn`` calling through with its tensor arguments marked as a recomputation's, and its
     random draws replaced by those of the forward that began after the node ``start``."""
+
     @functools.wraps(fn)
     def recompute(*args, **kwargs):
         graph = _traced_graph()
@@ -284,6 +300,7 @@ def _recomputing(fn, after=None, start=None):
 def _frame_init(original):
     """``_CheckpointFrame.__init__`` whose frame recomputes through barriers (the frame is
     made just before the forward of its region runs)."""
+
     @functools.wraps(original)
     def __init__(self, recompute_fn, *args, **kwargs):
         original(self, recompute_fn, *args, **kwargs)
@@ -299,6 +316,7 @@ _START = "_cstorch_remat_start"  # on a CheckpointFunction's ctx: where its forw
 
 def _function_forward(original):
     """``CheckpointFunction.forward`` noting where in the trace its region's forward began."""
+
     @functools.wraps(original)
     def forward(ctx, *args):
         graph = _traced_graph()
@@ -312,6 +330,7 @@ def _function_forward(original):
 def _function_backward(original):
     """``CheckpointFunction.backward`` that re-runs the function through barriers that wait
     for the incoming gradients."""
+
     @functools.wraps(original)
     def backward(ctx, *grads):
         run = getattr(ctx, "run_function", None)
@@ -341,10 +360,8 @@ def _patches() -> list:
     members = vars(function) if isinstance(function, type) else {}
     forward, backward = members.get("forward"), members.get("backward")
     if isinstance(forward, staticmethod) and isinstance(backward, staticmethod):
-        patches.append((function, "forward",
-                        staticmethod(_function_forward(forward.__func__))))
-        patches.append((function, "backward",
-                        staticmethod(_function_backward(backward.__func__))))
+        patches.append((function, "forward", staticmethod(_function_forward(forward.__func__))))
+        patches.append((function, "backward", staticmethod(_function_backward(backward.__func__))))
     return patches
 
 

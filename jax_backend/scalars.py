@@ -99,9 +99,11 @@ class Symbols:
         for i, value in enumerate(values):
             source = ConstantSource(f"cstorch_scalar_{i}")
             symbol = self.env.create_unspecified_symbol(
-                float(value), source=source, dynamic_dim=DimDynamic.DYNAMIC)
-            self.values.append(self.env.create_symfloatnode(symbol, hint=float(value),
-                                                             source=source))
+                float(value), source=source, dynamic_dim=DimDynamic.DYNAMIC
+            )
+            self.values.append(
+                self.env.create_symfloatnode(symbol, hint=float(value), source=source)
+            )
             self._index[symbol] = i
 
     def guards_by_slot(self) -> dict:
@@ -128,8 +130,9 @@ def _decided_by_sign(expr) -> bool:
     difference = sympy.expand(expr.lhs - expr.rhs)
     (symbol,) = difference.free_symbols
     slope = sympy.diff(difference, symbol)
-    return (not slope.free_symbols and slope != 0
-            and sympy.simplify(difference - slope * symbol) == 0)
+    return (
+        not slope.free_symbols and slope != 0 and sympy.simplify(difference - slope * symbol) == 0
+    )
 
 
 # ------------------------------------------------------------- the arithmetic in a graph
@@ -142,17 +145,26 @@ def _jax_functions() -> dict:
         return jnp.logical_not(a)
 
     return {
-        "add": (operator.add, operator.add), "sub": (operator.sub, operator.sub),
-        "mul": (operator.mul, operator.mul), "truediv": (operator.truediv, operator.truediv),
-        "floordiv": (operator.floordiv, jnp.floor_divide), "mod": (operator.mod, jnp.mod),
-        "pow": (operator.pow, operator.pow), "neg": (operator.neg, operator.neg),
-        "pos": (operator.pos, operator.pos), "abs": (operator.abs, jnp.abs),
-        "eq": (operator.eq, jnp.equal), "ne": (operator.ne, jnp.not_equal),
-        "lt": (operator.lt, jnp.less), "le": (operator.le, jnp.less_equal),
-        "gt": (operator.gt, jnp.greater), "ge": (operator.ge, jnp.greater_equal),
+        "add": (operator.add, operator.add),
+        "sub": (operator.sub, operator.sub),
+        "mul": (operator.mul, operator.mul),
+        "truediv": (operator.truediv, operator.truediv),
+        "floordiv": (operator.floordiv, jnp.floor_divide),
+        "mod": (operator.mod, jnp.mod),
+        "pow": (operator.pow, operator.pow),
+        "neg": (operator.neg, operator.neg),
+        "pos": (operator.pos, operator.pos),
+        "abs": (operator.abs, jnp.abs),
+        "eq": (operator.eq, jnp.equal),
+        "ne": (operator.ne, jnp.not_equal),
+        "lt": (operator.lt, jnp.less),
+        "le": (operator.le, jnp.less_equal),
+        "gt": (operator.gt, jnp.greater),
+        "ge": (operator.ge, jnp.greater_equal),
         "sym_float": (torch.sym_float, lambda a: jnp.asarray(a) * 1.0),
         "sym_sqrt": (getattr(torch, "_sym_sqrt", math.sqrt), jnp.sqrt),
-        "sym_max": (torch.sym_max, jnp.maximum), "sym_min": (torch.sym_min, jnp.minimum),
+        "sym_max": (torch.sym_max, jnp.maximum),
+        "sym_min": (torch.sym_min, jnp.minimum),
         "sym_not": (torch.sym_not, sym_not),
     }
 

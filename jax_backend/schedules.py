@@ -77,14 +77,17 @@ def _f(value):
 
 def _pow(x, exponent):
     """``x ** exponent`` for a Python exponent (integer exponents by repeated products)."""
-    if float(exponent).is_integer() and abs(exponent) < 2 ** 31:
+    if float(exponent).is_integer() and abs(exponent) < 2**31:
         return x ** int(exponent)
     return x ** _f(exponent)
 
 
 def _is_int(value) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) or (
-        isinstance(value, float) and value.is_integer())
+    return (
+        isinstance(value, numbers.Integral)
+        and not isinstance(value, bool)
+        or (isinstance(value, float) and value.is_integer())
+    )
 
 
 def _floor_div(count, divisor):
@@ -127,8 +130,9 @@ def constant(value: float) -> Schedule:
     return schedule
 
 
-def polynomial(initial: float, end: float, total_iters: int, power: float = 1.0,
-               cycle: bool = False) -> Schedule:
+def polynomial(
+    initial: float, end: float, total_iters: int, power: float = 1.0, cycle: bool = False
+) -> Schedule:
     """``PolynomialLR``: ``end`` once ``t >= T``, else ``(initial-end)·(1-t/T)^power + end``.
 
     With ``cycle`` the decay restarts every ``T`` steps over a growing horizon, as in
@@ -142,6 +146,7 @@ def polynomial(initial: float, end: float, total_iters: int, power: float = 1.0,
     diff = initial - end
 
     if cycle:
+
         def cyclic_schedule(count):
             tf = _tf(count)
             multiplier = jnp.where(tf == 0, _f(1.0), _ceil_div(count, total_iters))
@@ -164,8 +169,9 @@ def linear(initial: float, end: float, total_iters: int, cycle: bool = False) ->
     return polynomial(initial, end, total_iters, 1.0, cycle)
 
 
-def exponential(initial: float, total_iters: int, decay_rate: float,
-                staircase: bool = False) -> Schedule:
+def exponential(
+    initial: float, total_iters: int, decay_rate: float, staircase: bool = False
+) -> Schedule:
     """``ExponentialLR``: ``initial·decay_rate^(t/T)`` (``floor(t/T)`` with ``staircase``)."""
     _check_positive("total_iters", total_iters, "exponential")
 
@@ -176,8 +182,13 @@ def exponential(initial: float, total_iters: int, decay_rate: float,
     return schedule
 
 
-def inverse_exponential_time_decay(initial: float, step_exponent: float, total_iters: int,
-                                   decay_rate: float, staircase: bool = False) -> Schedule:
+def inverse_exponential_time_decay(
+    initial: float,
+    step_exponent: float,
+    total_iters: int,
+    decay_rate: float,
+    staircase: bool = False,
+) -> Schedule:
     """``InverseExponentialTimeDecayLR``: ``initial/(1 + decay_rate·a)`` with
     ``a = t^step_exponent/T`` (``floor(a)`` with ``staircase``)."""
     _check_positive("total_iters", total_iters, "inverse_exponential_time_decay")
@@ -195,8 +206,9 @@ def inverse_exponential_time_decay(initial: float, step_exponent: float, total_i
     return schedule
 
 
-def inverse_square_root_decay(initial: float = 1.0, scale: float = 1.0,
-                              warmup_steps: float = 1.0) -> Schedule:
+def inverse_square_root_decay(
+    initial: float = 1.0, scale: float = 1.0, warmup_steps: float = 1.0
+) -> Schedule:
     """``InverseSquareRootDecayLR``: ``initial·scale/√max(warmup_steps, t)``."""
     _check_positive("warmup_steps", warmup_steps, "inverse_square_root_decay")
 
@@ -258,8 +270,9 @@ def cosine_annealing(initial: float, T_max: int, eta_min: float = 0.0) -> Schedu
     return schedule
 
 
-def cosine_annealing_warm_restarts(initial: float, T_0: int, T_mult: int = 1,
-                                   eta_min: float = 0.0) -> Schedule:
+def cosine_annealing_warm_restarts(
+    initial: float, T_0: int, T_mult: int = 1, eta_min: float = 0.0
+) -> Schedule:
     """``CosineAnnealingWarmRestarts`` (SGDR with ``T_mult = 1``):
     ``η_min + (initial-η_min)·(1 + cos(π·T_cur/T_0))/2`` with ``T_cur = t mod T_0``.
 
@@ -370,7 +383,8 @@ def sequential(schedules: Sequence[Schedule], milestones: Sequence[int]) -> Sche
     if len(milestones) != len(schedules) - 1:
         raise ValueError(
             f"sequential needs one milestone fewer than schedules, got {len(schedules)} "
-            f"schedules and {len(milestones)} milestones")
+            f"schedules and {len(milestones)} milestones"
+        )
 
     def schedule(count):
         t = _t(count)
@@ -390,9 +404,10 @@ def piecewise_constant(values: Sequence[float], milestones: Sequence[int]) -> Sc
     milestones = _check_int_list("milestones", milestones, "piecewise_constant")
     values = list(values)
     if len(values) not in (len(milestones), len(milestones) + 1) or not values:
-        raise ValueError(f"piecewise_constant needs len(milestones)+1 values, got "
-                         f"{values=} for {milestones=}")
-    values = values[:len(milestones)] + [values[-1]]
+        raise ValueError(
+            f"piecewise_constant needs len(milestones)+1 values, got {values=} for {milestones=}"
+        )
+    values = values[: len(milestones)] + [values[-1]]
     return sequential([constant(v) for v in values], milestones)
 
 
@@ -406,8 +421,10 @@ def chained(schedules: Sequence[Schedule], initials: Sequence[float]) -> Schedul
     if not schedules:
         raise ValueError("chained needs at least one schedule, got []")
     if len(initials) != len(schedules) - 1:
-        raise ValueError(f"chained needs the initial value of every schedule after the first, "
-                         f"got {initials=} for {len(schedules)} schedules")
+        raise ValueError(
+            f"chained needs the initial value of every schedule after the first, "
+            f"got {initials=} for {len(schedules)} schedules"
+        )
     for initial in initials:
         if initial == 0:
             raise ValueError(f"chained divides by the children's initial values, got {initials=}")
@@ -433,9 +450,15 @@ def scaled(schedule: Schedule, factor: float) -> Schedule:
 
 
 # --------------------------------------------------------------------------------- cycles
-def cyclic(base: float, max_value: float, step_size_up: int = 2000,
-           step_size_down: int | None = None, mode: str = "triangular", gamma: float = 1.0,
-           scale_mode: str = "cycle") -> Schedule:
+def cyclic(
+    base: float,
+    max_value: float,
+    step_size_up: int = 2000,
+    step_size_down: int | None = None,
+    mode: str = "triangular",
+    gamma: float = 1.0,
+    scale_mode: str = "cycle",
+) -> Schedule:
     """``CyclicLR`` (CLR): a triangle from ``base`` up to ``max_value`` in ``step_size_up``
     steps and back in ``step_size_down`` (default: ``step_size_up``).
 
@@ -470,9 +493,15 @@ def cyclic(base: float, max_value: float, step_size_up: int = 2000,
     return schedule
 
 
-def one_cycle(initial: float, max_value: float, total_steps: int = 1000,
-              pct_start: float = 0.3, final_div_factor: float = 1e4,
-              three_phase: bool = False, anneal_strategy: str = "cos") -> Schedule:
+def one_cycle(
+    initial: float,
+    max_value: float,
+    total_steps: int = 1000,
+    pct_start: float = 0.3,
+    final_div_factor: float = 1e4,
+    three_phase: bool = False,
+    anneal_strategy: str = "cos",
+) -> Schedule:
     """``OneCycleLR``: anneal ``initial -> max_value`` until step ``pct_start·N - 1``, then
     ``max_value -> initial/final_div_factor`` until ``N - 1`` (three phases:
     ``initial -> max_value -> initial -> initial/final_div_factor`` with ends
@@ -493,8 +522,10 @@ def one_cycle(initial: float, max_value: float, total_steps: int = 1000,
         starts_v, ends_v = [initial, max_value], [max_value, min_value]
     bounds = [0] + ends
     if any(not b1 > b0 for b0, b1 in zip(bounds, bounds[1:])):
-        raise ValueError(f"one_cycle phases must have positive lengths, got phase ends {ends} "
-                         f"for {total_steps=}, {pct_start=}, {three_phase=}")
+        raise ValueError(
+            f"one_cycle phases must have positive lengths, got phase ends {ends} "
+            f"for {total_steps=}, {pct_start=}, {three_phase=}"
+        )
 
     def anneal(a, b, pct):
         if anneal_strategy == "cos":
@@ -546,8 +577,10 @@ KINDS = tuple(sorted(list(_FACTORIES) + list(_COMPOSITES)))
 def _children(config, kind):
     children = config.pop("schedules", None)
     if not isinstance(children, (list, tuple)) or not children:
-        raise ValueError(f"{kind} config needs a non-empty list of child configs under "
-                         f"'schedules', got {children!r}")
+        raise ValueError(
+            f"{kind} config needs a non-empty list of child configs under "
+            f"'schedules', got {children!r}"
+        )
     return list(children)
 
 

@@ -55,8 +55,12 @@ def note_resizable(tensors) -> None:
     """Remembers, for each tensor whose storage can be resized (so no numpy array owns its
     memory), that its memory is torch's own, until its storage is replaced."""
     for tensor in tensors:
-        if (isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu"
-                and tensor.layout == torch.strided and tensor.untyped_storage().resizable()):
+        if (
+            isinstance(tensor, torch.Tensor)
+            and tensor.device.type == "cpu"
+            and tensor.layout == torch.strided
+            and tensor.untyped_storage().resizable()
+        ):
             _own_memory[tensor] = _storage_address(tensor)
 
 

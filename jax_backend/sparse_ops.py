@@ -39,22 +39,28 @@ def _only_when(when, compute, skipped):
 
 def _topk_jax(score, sparsity_level, when, shaper, ties="lower_index"):
     return _only_when(
-        when, lambda: sparsity.mask_topk_sparsity(score, sparsity_level, _shaper(shaper),
-                                                  ties),
-        lambda: jnp.zeros(score.shape, bool))
+        when,
+        lambda: sparsity.mask_topk_sparsity(score, sparsity_level, _shaper(shaper), ties),
+        lambda: jnp.zeros(score.shape, bool),
+    )
 
 
 def _drop_jax(score, mask, drop_fraction, when, shaper):
     return _only_when(
-        when, lambda: sparsity.mask_drop_minimum(score, mask, drop_fraction, _shaper(shaper)),
-        lambda: (jnp.asarray(mask, bool), jnp.zeros((), jnp.int32)))
+        when,
+        lambda: sparsity.mask_drop_minimum(score, mask, drop_fraction, _shaper(shaper)),
+        lambda: (jnp.asarray(mask, bool), jnp.zeros((), jnp.int32)),
+    )
 
 
 def _grow_jax(score, mask, sparsity_level, mask_nonzero, when, shaper):
     return _only_when(
-        when, lambda: sparsity.mask_grow_maximum(score, mask, sparsity_level, mask_nonzero,
-                                                 _shaper(shaper)),
-        lambda: jnp.asarray(mask, bool))
+        when,
+        lambda: sparsity.mask_grow_maximum(
+            score, mask, sparsity_level, mask_nonzero, _shaper(shaper)
+        ),
+        lambda: jnp.asarray(mask, bool),
+    )
 
 
 def _arrays(*tensors):
@@ -62,8 +68,13 @@ def _arrays(*tensors):
 
 
 @torch.library.custom_op("cstorch::sparse_topk_mask", mutates_args=())
-def topk_mask(score: torch.Tensor, sparsity_level: torch.Tensor, when: torch.Tensor,
-              shaper: str, ties: str = "lower_index") -> torch.Tensor:
+def topk_mask(
+    score: torch.Tensor,
+    sparsity_level: torch.Tensor,
+    when: torch.Tensor,
+    shaper: str,
+    ties: str = "lower_index",
+) -> torch.Tensor:
     """A bool mask keeping the top ``1 - sparsity_level`` fraction of ``score`` (all False
     where ``when`` is false); ``ties``: see ``jax_backend.sparsity``."""
     with engine_scope():
@@ -77,8 +88,13 @@ def _topk_fake(score, sparsity_level, when, shaper, ties="lower_index"):
 
 
 @torch.library.custom_op("cstorch::sparse_drop_minimum", mutates_args=())
-def drop_minimum(score: torch.Tensor, mask: torch.Tensor, drop_fraction: torch.Tensor,
-                 when: torch.Tensor, shaper: str) -> Tuple[torch.Tensor, torch.Tensor]:
+def drop_minimum(
+    score: torch.Tensor,
+    mask: torch.Tensor,
+    drop_fraction: torch.Tensor,
+    when: torch.Tensor,
+    shaper: str,
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(mask without its lowest-scoring drop_fraction, kept count per group as int32)``
     (``(mask, 0)`` where ``when`` is false)."""
     with engine_scope():
@@ -93,8 +109,14 @@ def _drop_fake(score, mask, drop_fraction, when, shaper):
 
 
 @torch.library.custom_op("cstorch::sparse_grow_maximum", mutates_args=())
-def grow_maximum(score: torch.Tensor, mask: torch.Tensor, sparsity_level: torch.Tensor,
-                 mask_nonzero: torch.Tensor, when: torch.Tensor, shaper: str) -> torch.Tensor:
+def grow_maximum(
+    score: torch.Tensor,
+    mask: torch.Tensor,
+    sparsity_level: torch.Tensor,
+    mask_nonzero: torch.Tensor,
+    when: torch.Tensor,
+    shaper: str,
+) -> torch.Tensor:
     """``mask`` plus the highest-scoring pruned positions, up to the target density
     (``mask`` itself where ``when`` is false)."""
     with engine_scope():

@@ -53,7 +53,8 @@ def check_shaper(shaper: Shaper, shape) -> None:
     if int(groups) <= 0 or dim % int(groups):
         raise ValueError(
             f"Cannot balance {kind}put groups of size {groups} over a weight of shape "
-            f"{tuple(shape)}: its {kind}put dimension ({dim}) is not a multiple of {groups}.")
+            f"{tuple(shape)}: its {kind}put dimension ({dim}) is not a multiple of {groups}."
+        )
 
 
 def shape_scores(x, shaper: Shaper = None):
@@ -126,8 +127,9 @@ def topk_rows_like_torch_cpu(score, k):
     if score.dtype != jnp.float64:
         score = score.astype(_F32)  # order-preserving for every narrower float
     k = jnp.clip(jnp.asarray(k, jnp.int32), 0, score.shape[-1])
-    return jax.pure_callback(_torch_topk_rows_on_host,
-                             jax.ShapeDtypeStruct(score.shape, jnp.bool_), score, k)
+    return jax.pure_callback(
+        _torch_topk_rows_on_host, jax.ShapeDtypeStruct(score.shape, jnp.bool_), score, k
+    )
 
 
 TIES = ("lower_index", "torch_cpu")
@@ -181,15 +183,19 @@ def masked_gradient(grad, mask):
 def gmp_update(param, mask, sparsity, is_update_step, shaper: Shaper = None):
     """Gradual magnitude pruning: on an update step, the top-|w| mask at ``sparsity``
     (computed only on update steps: a ``lax.cond``)."""
-    return lax.cond(jnp.asarray(is_update_step, bool),
-                    lambda: mask_topk_sparsity(jnp.abs(param), sparsity, shaper),
-                    lambda: jnp.asarray(mask, bool))
+    return lax.cond(
+        jnp.asarray(is_update_step, bool),
+        lambda: mask_topk_sparsity(jnp.abs(param), sparsity, shaper),
+        lambda: jnp.asarray(mask, bool),
+    )
 
 
-def set_update(param, mask, sparsity, drop_fraction, regrow_score, is_update_step,
-               shaper: Shaper = None):
+def set_update(
+    param, mask, sparsity, drop_fraction, regrow_score, is_update_step, shaper: Shaper = None
+):
     """SET: drop the smallest |w| of the present connections, regrow at the highest
     ``regrow_score`` (uniform random numbers in SET) to reach ``sparsity``."""
+
     def update():
         dropped, kept = mask_drop_minimum(jnp.abs(param), mask, drop_fraction, shaper)
         return mask_grow_maximum(regrow_score, dropped, sparsity, kept, shaper)
@@ -197,8 +203,10 @@ def set_update(param, mask, sparsity, drop_fraction, regrow_score, is_update_ste
     return lax.cond(jnp.asarray(is_update_step, bool), update, lambda: jnp.asarray(mask, bool))
 
 
-def rigl_update(param, mask, sparsity, drop_fraction, dense_grad, is_update_step,
-                shaper: Shaper = None):
+def rigl_update(
+    param, mask, sparsity, drop_fraction, dense_grad, is_update_step, shaper: Shaper = None
+):
     """RigL: like SET, regrowing where the dense gradient's magnitude is largest."""
-    return set_update(param, mask, sparsity, drop_fraction, jnp.abs(dense_grad),
-                      is_update_step, shaper)
+    return set_update(
+        param, mask, sparsity, drop_fraction, jnp.abs(dense_grad), is_update_step, shaper
+    )

@@ -51,12 +51,11 @@ import jax.numpy as jnp
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from jax_backend.dtypes import array_to_numpy, copy_into, state_to_host, tensor_to_array
 from jax_backend import config, host_memory, shared_memory
-from jax_backend.errors import StepFailedError, raise_interrupt_behind
+from jax_backend.dtypes import array_to_numpy, copy_into, state_to_host, tensor_to_array
+from jax_backend.errors import CstorchError, StepFailedError, raise_interrupt_behind
 from jax_backend.state_guard import guard, guarded_by, no_guard, unguard
 from jax_backend.user_frames import warn
-from jax_backend.errors import CstorchError
 
 
 class SharedStateError(CstorchError, RuntimeError):
@@ -82,8 +81,12 @@ def _sole_owner(tensor: torch.Tensor) -> bool:
     """Whether ``tensor`` is the only thing holding its storage, and covers all of it: then
     releasing the storage cannot pull memory from under anyone who reads it unguarded."""
     storage = tensor.untyped_storage()
-    if (tensor._is_view() or tensor.storage_offset() != 0 or not tensor.is_contiguous()
-            or storage.nbytes() != tensor.numel() * tensor.element_size()):
+    if (
+        tensor._is_view()
+        or tensor.storage_offset() != 0
+        or not tensor.is_contiguous()
+        or storage.nbytes() != tensor.numel() * tensor.element_size()
+    ):
         return False
     return not shared_memory.shared_elsewhere(tensor)
 
@@ -108,30 +111,37 @@ def _count_edit(tensor: torch.Tensor) -> int:
 # after the entry left). A "*" in a row below stands for the same reach on both sides.
 _TABLE = (
     # from          event            to
-    ("absent",      "upload",        "synced"),         # the torch value copied to an array
-    ("absent",      "upload",        "synced+shared"),  # ... its memory reachable unguarded
-    ("synced*",     "step-result",   "stale*"),         # a step wrote the tensor's new array
-    ("stale*",      "step-result",   "stale*"),
-    ("released*",   "step-result",   "released*"),
-    ("stale+lent",  "share",         "stale+shared"),   # what was handed out is still held
-    ("synced",      "hand-out",      "synced+lent"),    # a torch op returned its memory
-    ("synced+lent", "hand-out",      "synced+lent"),
-    ("synced+shared", "hand-out",    "synced+shared"),
-    ("synced",      "release",       "released"),       # torch's copy given back
-    ("stale",       "release",       "released"),
-    ("stale+lent",  "release",       "released+lent"),  # (the alias is gone by then)
-    ("released*",   "keep",          "stale*"),         # torch refused: the storage stays
-    ("released*",   "freed",         "released*"),      # version and storage noted
-    ("stale*",      "fill",          "synced*"),        # the array copied into torch (for a
-    ("released*",   "fill",          "synced*"),        # shared tensor: its write-through)
-    ("synced*",     "drop",          "absent"),         # left the state with its newest value
-    ("synced*",     "rollback",      "absent"),         # left with its last synchronised
-    ("stale*",      "rollback",      "absent"),         # value (failed step, split value)
-    ("released*",   "lose",          "absent"),         # no value left: set to NaN
+    ("absent", "upload", "synced"),  # the torch value copied to an array
+    ("absent", "upload", "synced+shared"),  # ... its memory reachable unguarded
+    ("synced*", "step-result", "stale*"),  # a step wrote the tensor's new array
+    ("stale*", "step-result", "stale*"),
+    ("released*", "step-result", "released*"),
+    ("stale+lent", "share", "stale+shared"),  # what was handed out is still held
+    ("synced", "hand-out", "synced+lent"),  # a torch op returned its memory
+    ("synced+lent", "hand-out", "synced+lent"),
+    ("synced+shared", "hand-out", "synced+shared"),
+    ("synced", "release", "released"),  # torch's copy given back
+    ("stale", "release", "released"),
+    ("stale+lent", "release", "released+lent"),  # (the alias is gone by then)
+    ("released*", "keep", "stale*"),  # torch refused: the storage stays
+    ("released*", "freed", "released*"),  # version and storage noted
+    ("stale*", "fill", "synced*"),  # the array copied into torch (for a
+    ("released*", "fill", "synced*"),  # shared tensor: its write-through)
+    ("synced*", "drop", "absent"),  # left the state with its newest value
+    ("synced*", "rollback", "absent"),  # left with its last synchronised
+    ("stale*", "rollback", "absent"),  # value (failed step, split value)
+    ("released*", "lose", "absent"),  # no value left: set to NaN
 )
 _REACHES = ("", "+lent", "+shared")
-_STATES = ("absent", *(f"{value}{reach}" for value in ("synced", "stale", "released")
-                       for reach in _REACHES if (value, reach) != ("released", "+shared")))
+_STATES = (
+    "absent",
+    *(
+        f"{value}{reach}"
+        for value in ("synced", "stale", "released")
+        for reach in _REACHES
+        if (value, reach) != ("released", "+shared")
+    ),
+)
 
 
 def _expand(table) -> frozenset:
@@ -152,19 +162,22 @@ TRANSITIONS = _expand(_TABLE)  # every legal (from state, event, to state)
 
 # What each event sets; the values it comes with (a new array, the version and storage noted
 # at a synchronisation, what an upload found out) are passed to ``transition``.
-_EFFECTS = {event: tuple(effect.items()) for event, effect in {
-    "upload": {"live": True, "array_is_newer": False, "released": False, "handed_out": False},
-    "step-result": {"array_is_newer": True},
-    "share": {"shared": True},
-    "hand-out": {"handed_out": True},
-    "release": {"array_is_newer": True, "released": True},
-    "keep": {"released": False},
-    "freed": {},
-    "fill": {"array_is_newer": False, "released": False},
-    "drop": {"live": False},
-    "rollback": {"live": False},
-    "lose": {"live": False, "released": False},
-}.items()}
+_EFFECTS = {
+    event: tuple(effect.items())
+    for event, effect in {
+        "upload": {"live": True, "array_is_newer": False, "released": False, "handed_out": False},
+        "step-result": {"array_is_newer": True},
+        "share": {"shared": True},
+        "hand-out": {"handed_out": True},
+        "release": {"array_is_newer": True, "released": True},
+        "keep": {"released": False},
+        "freed": {},
+        "fill": {"array_is_newer": False, "released": False},
+        "drop": {"live": False},
+        "rollback": {"live": False},
+        "lose": {"live": False, "released": False},
+    }.items()
+}
 _VALUE = {(False, False): "synced", (True, False): "stale", (True, True): "released"}
 _SAME = object()  # a value ``transition`` leaves as it is
 
@@ -191,8 +204,15 @@ class _Entry:
     # Under ``debug_state``: the DeviceState (weakly), which names the tensor in an error.
     checked_by: weakref.ref | None = None
 
-    def transition(self, event: str, array=_SAME, synced_version=_SAME, storage=_SAME,
-                   shared=_SAME, foreign=_SAME) -> None:
+    def transition(
+        self,
+        event: str,
+        array=_SAME,
+        synced_version=_SAME,
+        storage=_SAME,
+        shared=_SAME,
+        foreign=_SAME,
+    ) -> None:
         """Applies ``event``: its effect on the flags (``_EFFECTS``) and the values that come
         with it; under ``debug_state`` raises ``IllegalTransition``, leaving the entry as it
         was, unless the change is in ``TRANSITIONS``. (Named arguments, not ``**values``:
@@ -231,20 +251,28 @@ class _Entry:
 
     def _illegal(self, before: str, event: str, after: str):
         owner = self.checked_by() if self.checked_by is not None else None
-        name = owner._describe(self.tensor) if owner is not None and self.tensor is not None \
+        name = (
+            owner._describe(self.tensor)
+            if owner is not None and self.tensor is not None
             else "(gone)"
+        )
         legal = sorted({e for b, e, _ in TRANSITIONS if b == before})
         raise IllegalTransition(
             f"DeviceState entry of state tensor {name}: event {event!r} is not legal from "
             f"state {before!r} (it would leave it {after!r}); legal events from {before!r}: "
             f"{', '.join(legal) or 'none'}. The transitions are listed in "
-            "jax_backend/state.py (TRANSITIONS).")
+            "jax_backend/state.py (TRANSITIONS)."
+        )
 
     def torch_side_changed(self) -> bool:
         if self.released:  # nothing touches it unguarded, and the guard fills it first
             return False
-        return (self.handed_out or self.shared or self.tensor._version != self.synced_version
-                or _storage_key(self.tensor) != self.storage)
+        return (
+            self.handed_out
+            or self.shared
+            or self.tensor._version != self.synced_version
+            or _storage_key(self.tensor) != self.storage
+        )
 
 
 class DeviceState:
@@ -297,11 +325,16 @@ class DeviceState:
             foreign = shared_memory.may_be_foreign(tensor)
         version = tensor._version
         guard(tensor, self)
-        shared = (foreign or not guarded_by(tensor, self)
-                  or shared_memory.shared_elsewhere(tensor))
+        shared = foreign or not guarded_by(tensor, self) or shared_memory.shared_elsewhere(tensor)
         entry = _Entry(tensor, checked_by=weakref.ref(self) if self.checks_transitions else None)
-        entry.transition("upload", array=array, synced_version=version, storage=key,
-                         foreign=foreign, shared=shared)
+        entry.transition(
+            "upload",
+            array=array,
+            synced_version=version,
+            storage=key,
+            foreign=foreign,
+            shared=shared,
+        )
         return entry
 
     def arrays(self, tensors: Sequence[torch.Tensor]) -> list:
@@ -332,8 +365,11 @@ class DeviceState:
                     entry = self._new_entry(tensor, array, entry)
                     self._entries[id(tensor)] = entry
                 entry.transition("step-result", array=array, synced_version=_count_edit(tensor))
-                if (entry.handed_out and not entry.shared  # written, not read: not uploaded
-                        and shared_memory.shared_elsewhere(tensor)):
+                if (
+                    entry.handed_out
+                    and not entry.shared  # written, not read: not uploaded
+                    and shared_memory.shared_elsewhere(tensor)
+                ):
                     entry.transition("share")
                 if entry.shared:
                     shared.append(entry)
@@ -353,15 +389,18 @@ class DeviceState:
                 self._warned_shared[tensor] = True
             names = ", ".join(self._describe(t) for t in fresh[:8])
             more = f" and {len(fresh) - 8} more" if len(fresh) > 8 else ""
-            warn(f"The memory of state tensor(s) {names}{more} is shared with something that "
-                 "reads it directly (a view, `.data`, `.detach()`, a kept `state_dict()` "
-                 "value, a numpy array, or the numpy array it was made from with "
-                 "`torch.from_numpy`). So that it shows every step's value, as in eager torch, "
-                 "each step's result is copied into it right away, which waits for the step "
-                 "to finish, and copied back before the next step. To avoid that cost, drop "
-                 "the alias, or keep a copy instead (`.clone()`, `np.array(a, copy=True)`); "
-                 "for a parameter made from a numpy array you no longer use, give it its own "
-                 "memory with `p.data = p.data.clone()`.", SharedStateWarning)
+            warn(
+                f"The memory of state tensor(s) {names}{more} is shared with something that "
+                "reads it directly (a view, `.data`, `.detach()`, a kept `state_dict()` "
+                "value, a numpy array, or the numpy array it was made from with "
+                "`torch.from_numpy`). So that it shows every step's value, as in eager torch, "
+                "each step's result is copied into it right away, which waits for the step "
+                "to finish, and copied back before the next step. To avoid that cost, drop "
+                "the alias, or keep a copy instead (`.clone()`, `np.array(a, copy=True)`); "
+                "for a parameter made from a numpy array you no longer use, give it its own "
+                "memory with `p.data = p.data.clone()`.",
+                SharedStateWarning,
+            )
         split = [e for e in entries if not getattr(e.array, "is_fully_addressable", True)]
         self.materialize([e.tensor for e in entries if e not in split])
         if split:
@@ -372,7 +411,8 @@ class DeviceState:
                 "but in this job its value is split across processes, so it cannot be copied "
                 "there after every step. The step ran and its state is kept. Drop the alias, "
                 "or keep a copy (`.clone()`), and read state through `state_dict()` in a "
-                "checkpoint closure.")
+                "checkpoint closure."
+            )
 
     def _describe(self, tensor: torch.Tensor) -> str:
         name = self.name_of(tensor) if self.name_of is not None else None
@@ -385,8 +425,12 @@ class DeviceState:
         with no_guard():
             for tensor in tensors:
                 entry = self._entries.get(id(tensor))
-                if (entry is not None and entry.tensor is tensor and not entry.released
-                        and not entry.torch_side_changed()):
+                if (
+                    entry is not None
+                    and entry.tensor is tensor
+                    and not entry.released
+                    and not entry.torch_side_changed()
+                ):
                     freed += self._release(entry)
         host_memory.freed(freed)
 
@@ -396,12 +440,18 @@ class DeviceState:
         docstring); returns the bytes freed. Caller: under ``no_guard``."""
         tensor = entry.tensor
         nbytes = tensor.numel() * tensor.element_size()
-        if (entry.released or entry.shared or entry.foreign or tensor.device.type != "cpu"
-                or tensor.layout != torch.strided
-                or tensor.is_quantized or nbytes < self.release_min_bytes
-                # giving it back must not need a collective (a value split across processes)
-                or not getattr(entry.array, "is_fully_addressable", True)
-                or not _sole_owner(tensor)):
+        if (
+            entry.released
+            or entry.shared
+            or entry.foreign
+            or tensor.device.type != "cpu"
+            or tensor.layout != torch.strided
+            or tensor.is_quantized
+            or nbytes < self.release_min_bytes
+            # giving it back must not need a collective (a value split across processes)
+            or not getattr(entry.array, "is_fully_addressable", True)
+            or not _sole_owner(tensor)
+        ):
             return 0
         guard(tensor, self)
         if not guarded_by(tensor, self):
@@ -420,8 +470,7 @@ class DeviceState:
                     entry.transition("keep")  # filled again on access all the same
                     return 0
             tensor.untyped_storage().resize_(0)
-        entry.transition("freed", synced_version=_count_edit(tensor),
-                         storage=_storage_key(tensor))
+        entry.transition("freed", synced_version=_count_edit(tensor), storage=_storage_key(tensor))
         return nbytes
 
     @staticmethod
@@ -471,8 +520,11 @@ class DeviceState:
         """Gives every tensor its newest value and plain class back (the backend is going
         away). Values split across processes are left as they are (fetching them would be
         a collective); their storage is never released."""
-        local = [e.tensor for e in self._entries.values()
-                 if getattr(e.array, "is_fully_addressable", True)]
+        local = [
+            e.tensor
+            for e in self._entries.values()
+            if getattr(e.array, "is_fully_addressable", True)
+        ]
         try:
             self.materialize(local)
         except StepFailedError:
@@ -495,8 +547,9 @@ class DeviceState:
         self.materialize(tensors)
         return True
 
-    def recover(self, tensors: Sequence[torch.Tensor], arrays: Sequence,
-                backed_up: bool = False) -> str:
+    def recover(
+        self, tensors: Sequence[torch.Tensor], arrays: Sequence, backed_up: bool = False
+    ) -> str:
         """After a failed step: puts back the state a step consumed (donated) before failing.
 
         Arrays still alive are kept. A tensor whose array was consumed falls back to its torch
@@ -520,14 +573,18 @@ class DeviceState:
                     del self._entries[id(tensor)]
         self._pending = any(e.array_is_newer for e in self._entries.values())
         if gone:
-            return (f"{gone} state tensors consumed by the step had no other copy (the torch "
-                    "copy of large state is released between steps to save memory) and were "
-                    f"set to NaN; {len(lost) - gone} others were rolled back to their last "
-                    "synchronised values. Load the last checkpoint to go on.")
+            return (
+                f"{gone} state tensors consumed by the step had no other copy (the torch "
+                "copy of large state is released between steps to save memory) and were "
+                f"set to NaN; {len(lost) - gone} others were rolled back to their last "
+                "synchronised values. Load the last checkpoint to go on."
+            )
         if backed_up:
             return "The state of the last good step was restored."
-        return (f"{len(lost)} state tensors consumed by the step were rolled back to their last "
-                "synchronised values (the last state_dict()/checkpoint).")
+        return (
+            f"{len(lost)} state tensors consumed by the step were rolled back to their last "
+            "synchronised values (the last state_dict()/checkpoint)."
+        )
 
     def array_of(self, tensor: torch.Tensor):
         """The newest value of ``tensor`` as a JAX array (without touching torch)."""
@@ -589,8 +646,9 @@ class DeviceState:
             if entry.released:
                 self._allocate(entry.tensor)
             copy_into(entry.tensor, value)
-            entry.transition("fill", synced_version=entry.tensor._version,
-                             storage=_storage_key(entry.tensor))
+            entry.transition(
+                "fill", synced_version=entry.tensor._version, storage=_storage_key(entry.tensor)
+            )
         return None
 
     def retain(self, tensors: Iterable[torch.Tensor]) -> None:
@@ -644,12 +702,18 @@ def _start_reads(arrays) -> None:
 def _failed_values_error(failed: list) -> StepFailedError:
     """The error for values that could not be read back (``(error, lost)`` from ``_fill``)."""
     gone = sum(1 for _, lost in failed if lost)
-    what = ("They were rolled back to their last synchronised values; the state is readable "
-            "and training can go on from there.")
+    what = (
+        "They were rolled back to their last synchronised values; the state is readable "
+        "and training can go on from there."
+    )
     if gone:
-        what = (f"{gone} of them had no other copy (the torch copy of large state is released "
-                "between steps to save memory) and were set to NaN, the others were rolled "
-                "back to their last synchronised values. Load the last checkpoint to go on.")
+        what = (
+            f"{gone} of them had no other copy (the torch copy of large state is released "
+            "between steps to save memory) and were set to NaN, the others were rolled "
+            "back to their last synchronised values. Load the last checkpoint to go on."
+        )
     error = failed[0][0]
-    return StepFailedError(f"{len(failed)} state tensors hold the result of a step that failed "
-                           f"({type(error).__name__}: {error}). {what}")
+    return StepFailedError(
+        f"{len(failed)} state tensors hold the result of a step that failed "
+        f"({type(error).__name__}: {error}). {what}"
+    )

@@ -32,21 +32,81 @@ no_guard = torch._C.DisableTorchFunctionSubclass
 _OWNER = "_cstorch_device_state"  # the attribute, in tensor.__dict__, holding the owner
 
 # Tensor attributes and methods that read no values: they never force a synchronisation.
-_METADATA = frozenset({
-    "shape", "dtype", "device", "size", "dim", "stride", "requires_grad", "is_leaf", "grad",
-    "grad_fn", "_version", "numel", "ndim", "layout", "is_cuda", "is_cpu", "is_sparse",
-    "is_meta", "is_quantized", "is_nested", "is_mkldnn", "element_size", "nelement", "_is_view",
-    "_base", "is_floating_point", "is_complex", "storage_offset", "is_contiguous", "names",
-    "nbytes", "itemsize", "requires_grad_", "retain_grad", "register_hook",
-    "register_post_accumulate_grad_hook", "_backward_hooks", "__len__", "data_ptr",
-    "_post_accumulate_grad_hooks", "retains_grad", "_cdata", "__dir__",
-})
+_METADATA = frozenset(
+    {
+        "shape",
+        "dtype",
+        "device",
+        "size",
+        "dim",
+        "stride",
+        "requires_grad",
+        "is_leaf",
+        "grad",
+        "grad_fn",
+        "_version",
+        "numel",
+        "ndim",
+        "layout",
+        "is_cuda",
+        "is_cpu",
+        "is_sparse",
+        "is_meta",
+        "is_quantized",
+        "is_nested",
+        "is_mkldnn",
+        "element_size",
+        "nelement",
+        "_is_view",
+        "_base",
+        "is_floating_point",
+        "is_complex",
+        "storage_offset",
+        "is_contiguous",
+        "names",
+        "nbytes",
+        "itemsize",
+        "requires_grad_",
+        "retain_grad",
+        "register_hook",
+        "register_post_accumulate_grad_hook",
+        "_backward_hooks",
+        "__len__",
+        "data_ptr",
+        "_post_accumulate_grad_hooks",
+        "retains_grad",
+        "_cdata",
+        "__dir__",
+    }
+)
 # Methods whose results are plain Python values (``tolist`` can be long: not walked).
-_VALUE_RESULTS = frozenset({"tolist", "item", "__bool__", "__float__", "__int__", "__index__",
-                            "__complex__", "__format__", "__hash__"})
+_VALUE_RESULTS = frozenset(
+    {
+        "tolist",
+        "item",
+        "__bool__",
+        "__float__",
+        "__int__",
+        "__index__",
+        "__complex__",
+        "__format__",
+        "__hash__",
+    }
+)
 # Results that cannot hold a tensor's memory.
-_PLAIN_RESULTS = (bool, int, float, complex, str, bytes, torch.Size, torch.dtype, torch.device,
-                  torch.layout, torch.memory_format)
+_PLAIN_RESULTS = (
+    bool,
+    int,
+    float,
+    complex,
+    str,
+    bytes,
+    torch.Size,
+    torch.dtype,
+    torch.device,
+    torch.layout,
+    torch.memory_format,
+)
 
 
 def _name(func) -> str:

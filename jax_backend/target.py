@@ -39,11 +39,14 @@ class Target:
 
     def __post_init__(self):
         if self.float32_matmul not in FLOAT32_MATMUL:
-            raise ValueError(f"float32_matmul must be one of {FLOAT32_MATMUL}, got "
-                             f"{self.float32_matmul!r}.")
+            raise ValueError(
+                f"float32_matmul must be one of {FLOAT32_MATMUL}, got {self.float32_matmul!r}."
+            )
         if self.attention not in ATTENTION:
-            raise ValueError(f"attention must be one of {ATTENTION}, got {self.attention!r} "
-                             "(check CSTORCH_ATTENTION).")
+            raise ValueError(
+                f"attention must be one of {ATTENTION}, got {self.attention!r} "
+                "(check CSTORCH_ATTENTION)."
+            )
 
 
 _current = contextvars.ContextVar("jax_backend_target", default=Target())

@@ -57,8 +57,9 @@ class StateLayout(NamedTuple):
 def optimizer_config(name: str, static_hyperparams: dict, dynamic_names) -> str:
     """The spec ``cstorch::optimizer_step`` carries for this rule and hyperparameters:
     canonical JSON of ``{"rule", "static", "dynamic"}`` (``optimizer_spec`` reads it)."""
-    return json.dumps({"rule": name, "static": static_hyperparams,
-                       "dynamic": list(dynamic_names)}, sort_keys=True)
+    return json.dumps(
+        {"rule": name, "static": static_hyperparams, "dynamic": list(dynamic_names)}, sort_keys=True
+    )
 
 
 @functools.lru_cache(maxsize=1024)
@@ -69,13 +70,18 @@ def optimizer_spec(config: str) -> OptimizerSpec:
         spec = json.loads(config) if isinstance(config, str) else None
     except ValueError:
         spec = None
-    if not (isinstance(spec, dict) and sorted(spec) == ["dynamic", "rule", "static"]
-            and spec["rule"] in optimizers.OPTIMIZERS and isinstance(spec["static"], dict)
-            and isinstance(spec["dynamic"], list)
-            and all(isinstance(d, str) for d in spec["dynamic"])):
+    if not (
+        isinstance(spec, dict)
+        and sorted(spec) == ["dynamic", "rule", "static"]
+        and spec["rule"] in optimizers.OPTIMIZERS
+        and isinstance(spec["static"], dict)
+        and isinstance(spec["dynamic"], list)
+        and all(isinstance(d, str) for d in spec["dynamic"])
+    ):
         raise ValueError(f"not an optimizer spec made by optimizer_config(): {config!r:.200}")
-    return OptimizerSpec(spec["rule"], json.dumps(spec["static"], sort_keys=True),
-                         tuple(spec["dynamic"]))
+    return OptimizerSpec(
+        spec["rule"], json.dumps(spec["static"], sort_keys=True), tuple(spec["dynamic"])
+    )
 
 
 @functools.lru_cache(maxsize=1024)
@@ -89,16 +95,23 @@ def state_layout(config: str, shapes: tuple) -> StateLayout:
     hyper = spec.hyperparameters([1.0] * len(spec.dynamic))
     structs = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in shapes]
     state = jax.eval_shape(optimizers.build(spec.name, hyper).init, structs)
-    return StateLayout(tuple(state._fields),
-                       tuple(optimizers.param_state_keys(state, i) for i in range(len(shapes))),
-                       jax.tree.structure(state))
+    return StateLayout(
+        tuple(state._fields),
+        tuple(optimizers.param_state_keys(state, i) for i in range(len(shapes))),
+        jax.tree.structure(state),
+    )
 
 
 def _shapes(arrays) -> tuple:
     """``state_layout``'s key for torch tensors or JAX arrays."""
     # (numpy dtypes, not jnp.dtype: a Ctrl-C inside JAX's dtype property comes out garbled)
-    return tuple((tuple(a.shape), (to_jax_dtype(a.dtype) if isinstance(a, torch.Tensor)
-                                   else np.dtype(a.dtype)).name) for a in arrays)
+    return tuple(
+        (
+            tuple(a.shape),
+            (to_jax_dtype(a.dtype) if isinstance(a, torch.Tensor) else np.dtype(a.dtype)).name,
+        )
+        for a in arrays
+    )
 
 
 @in_engine_scope
@@ -124,29 +137,37 @@ def init_optimizer_state(name: str, hyperparams: dict, params) -> dict:
         return optimizers.build(name, hyperparams).init([jnp.zeros(*s) for s in shapes])
 
     state = optimizers.state_dict(initial())
-    return {key: [None if a is None else initial_tensor(a) for a in arrays]
-            for key, arrays in state.items()}
+    return {
+        key: [None if a is None else initial_tensor(a) for a in arrays]
+        for key, arrays in state.items()
+    }
 
 
 def _optimizer_step_jax(config, params, grads, state, dynamic_values):
     spec = optimizer_spec(config)
     hyper = spec.hyperparameters([jnp.asarray(v) for v in dynamic_values])
     treedef = state_layout(config, _shapes(params)).treedef
-    new_params, new_state = optimizers.apply(spec.name, hyper, params, grads, state,
-                                             treedef=treedef)
+    new_params, new_state = optimizers.apply(
+        spec.name, hyper, params, grads, state, treedef=treedef
+    )
     return list(new_params) + list(new_state)
 
 
 @torch.library.custom_op("cstorch::optimizer_step", mutates_args=())
-def optimizer_step(config: str, params: List[torch.Tensor], grads: List[torch.Tensor],
-                   state: List[torch.Tensor], dynamic_values: List[torch.Tensor]
-                   ) -> List[torch.Tensor]:
+def optimizer_step(
+    config: str,
+    params: List[torch.Tensor],
+    grads: List[torch.Tensor],
+    state: List[torch.Tensor],
+    dynamic_values: List[torch.Tensor],
+) -> List[torch.Tensor]:
     """New parameters followed by new state leaves (see ``optimizers.apply``); ``config``
     comes from ``optimizer_config``."""
     to_jax = lambda ts: [tensor_to_array(t) for t in ts]  # noqa: E731
     with engine_scope():
-        outs = _optimizer_step_jax(config, to_jax(params), to_jax(grads), to_jax(state),
-                                   to_jax(dynamic_values))
+        outs = _optimizer_step_jax(
+            config, to_jax(params), to_jax(grads), to_jax(state), to_jax(dynamic_values)
+        )
     return [array_to_tensor(o) for o in outs]
 
 

@@ -25,8 +25,12 @@ import torch
 
 TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_INTERNAL_DIRS = [TORCH_DIR, PACKAGE_DIR, os.path.dirname(contextlib.__file__) + os.sep,
-                  os.path.dirname(jax.__file__) + os.sep]
+_INTERNAL_DIRS = [
+    TORCH_DIR,
+    PACKAGE_DIR,
+    os.path.dirname(contextlib.__file__) + os.sep,
+    os.path.dirname(jax.__file__) + os.sep,
+]
 
 
 def register_internal_dir(path: str) -> None:
@@ -46,8 +50,9 @@ def format_user_frame(frames) -> str | None:
     traceback line, or None if all of them are internal."""
     for frame in reversed(frames):
         if not is_internal(frame.filename):
-            return (f'  File "{frame.filename}", line {frame.lineno}, in {frame.name}\n'
-                    f'    {frame.line}')
+            return (
+                f'  File "{frame.filename}", line {frame.lineno}, in {frame.name}\n    {frame.line}'
+            )
     return None
 
 

@@ -124,7 +124,9 @@ def pytest_runtest_call(item):
             pytest.fail(
                 f"{item.nodeid} spent {spent:.1f} s of CPU in the fast lane (budget "
                 f"{_BUDGET:g} s, CSTORCH_TEST_BUDGET): mark it @pytest.mark.slow, or make it "
-                f"cheaper", pytrace=False)
+                f"cheaper",
+                pytrace=False,
+            )
     return result
 
 

@@ -15,9 +15,15 @@ class EagerCstorchAdamW:
         self.beta1, self.beta2 = betas
         self.eps = eps
         self.weight_decay = weight_decay
-        self.state = {p: dict(exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p),
-                              beta1_power=torch.tensor(self.beta1),
-                              beta2_power=torch.tensor(self.beta2)) for p in self.params}
+        self.state = {
+            p: dict(
+                exp_avg=torch.zeros_like(p),
+                exp_avg_sq=torch.zeros_like(p),
+                beta1_power=torch.tensor(self.beta1),
+                beta2_power=torch.tensor(self.beta2),
+            )
+            for p in self.params
+        }
 
     @torch.no_grad()
     def step(self, lr):

@@ -9,9 +9,9 @@ behind the HMAC.
 import io
 import json
 import os
+from pathlib import Path
 
 import numpy as np
-from pathlib import Path
 
 from jax_backend import graph_cache
 from jax_backend.graph_cache import storage
@@ -36,6 +36,7 @@ def rewrite_payload(path, edit, sign=False):
 def rewrite_entry(path, edit, sign=False):
     """Rewrites an entry's JSON with ``edit(doc)`` (keeping its constants), re-zipped as the
     cache writes it."""
+
     def rewrite(payload):
         with np.load(io.BytesIO(payload), allow_pickle=False) as npz:
             arrays = {name: npz[name] for name in npz.files}

@@ -12,6 +12,11 @@ def marked_cases(values, ids, slow):
     unknown = sorted(set(slow) - set(ids))
     if unknown:
         raise ValueError(f"slow cases {unknown} are not among the cases {ids}")
-    return [pytest.param(*(value if isinstance(value, tuple) else (value,)), id=case_id,
-                         marks=[pytest.mark.slow] if case_id in slow else [])
-            for value, case_id in zip(values, ids, strict=True)]
+    return [
+        pytest.param(
+            *(value if isinstance(value, tuple) else (value,)),
+            id=case_id,
+            marks=[pytest.mark.slow] if case_id in slow else [],
+        )
+        for value, case_id in zip(values, ids, strict=True)
+    ]

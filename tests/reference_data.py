@@ -14,8 +14,9 @@ DATA = pathlib.Path(__file__).resolve().parent / "data"
 REFERENCE = DATA / "reference-2.10"
 API_NAMES = DATA / "api_names.json"
 
-OPTIMIZER_TRAJECTORIES = json.loads(
-    (REFERENCE / "optimizer_trajectories.json").read_text())["trajectories"]
+OPTIMIZER_TRAJECTORIES = json.loads((REFERENCE / "optimizer_trajectories.json").read_text())[
+    "trajectories"
+]
 
 
 def optimizer_problem():

@@ -21,14 +21,30 @@ import bench_gpu  # noqa: E402
 def test_smoke_run_writes_every_measurement(tmp_path):
     out = tmp_path / "bench.json"
     env = {k: v for k, v in os.environ.items() if k != "CSTORCH_ENGINE"}
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_gpu.py"),
-                           "--smoke", "--steps", "2", "--json", str(out)],
-                          capture_output=True, text=True, timeout=600, env=env)
+    done = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "bench_gpu.py"),
+            "--smoke",
+            "--steps",
+            "2",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(out.read_text())
     results = report["results"]
     assert {(r["engine"], r["precision"]) for r in results} == {
-        ("eager", "fp32"), ("cstorch", "fp32"), ("eager", "bf16"), ("cstorch", "bf16")}
+        ("eager", "fp32"),
+        ("cstorch", "fp32"),
+        ("eager", "bf16"),
+        ("cstorch", "bf16"),
+    }
     for r in results:
         assert "error" not in r, r
         assert r["ms_per_step"] > 0 and r["tokens_per_s"] > 0 and r["first_step_s"] > 0
@@ -55,6 +71,7 @@ def test_peak_table_and_model_flops():
     embedding = model[0].weight.numel()
     # One block (12 d^2 + 13 d) + final norm + head, times 6, plus attention, per token.
     d, vocab = spec["d"], spec["vocab"]
-    expected = (6 * (12 * d * d + 13 * d + 2 * d + d * vocab + vocab) + 12 * d * spec["seq"])
+    expected = 6 * (12 * d * d + 13 * d + 2 * d + d * vocab + vocab) + 12 * d * spec["seq"]
     assert bench_gpu.model_flops_per_step(dict(spec, layers=1), parameters, embedding) == (
-        expected * spec["batch"] * spec["seq"])
+        expected * spec["batch"] * spec["seq"]
+    )

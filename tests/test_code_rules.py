@@ -31,16 +31,11 @@ from tests.test_import_graph import ROOT, module_files, resolve_base
 # The alias machinery: "module reads other.module._name" -> why. Old names are aliases of new
 # ones through tables and properties kept private so that they are not API of their own.
 ALLOWED_PRIVATE_READS = {
-    "cerebras.modelzoo.trainer.config reads cstorch.optim.config._OPTIMIZER_ALIASES":
-        "the Trainer accepts the old optimizer names the API accepts",
-    "cerebras.modelzoo.trainer.config reads cstorch.optim.config._SCHEDULER_ALIASES":
-        "the Trainer accepts the old scheduler names the API accepts",
-    "cerebras_pytorch.experimental.optim reads cstorch.optim.config._SCHEDULER_ALIASES":
-        "the 1.8 scheduler names are aliases of the 2.x ones",
-    "cstorch.optim.lr_scheduler reads cstorch.optim.scheduler._alias":
-        "the LR schedulers' reference names (initial_learning_rate, ...) alias generic ones",
-    "cstorch.backends reads cstorch.utils._flags._flags":
-        "the reference's own (private) base class of cstorch.backends' flag groups",
+    "cerebras.modelzoo.trainer.config reads cstorch.optim.config._OPTIMIZER_ALIASES": "the Trainer accepts the old optimizer names the API accepts",
+    "cerebras.modelzoo.trainer.config reads cstorch.optim.config._SCHEDULER_ALIASES": "the Trainer accepts the old scheduler names the API accepts",
+    "cerebras_pytorch.experimental.optim reads cstorch.optim.config._SCHEDULER_ALIASES": "the 1.8 scheduler names are aliases of the 2.x ones",
+    "cstorch.optim.lr_scheduler reads cstorch.optim.scheduler._alias": "the LR schedulers' reference names (initial_learning_rate, ...) alias generic ones",
+    "cstorch.backends reads cstorch.utils._flags._flags": "the reference's own (private) base class of cstorch.backends' flag groups",
 }
 DOCS = ["README.md", "docs"]
 
@@ -82,7 +77,7 @@ def private_reads() -> list:
                     full = f"{base}.{alias.name}"
                     if full in modules:
                         bound[alias.asname or alias.name] = full
-                    elif (base in modules and base != name and _is_private(alias.name)):
+                    elif base in modules and base != name and _is_private(alias.name):
                         reads.append((name, full))
         for node in ast.walk(tree):  # a chain a.b._c.d is met once per prefix; the set dedups
             if not isinstance(node, ast.Attribute):
@@ -109,14 +104,18 @@ def test_the_rule_sees_both_spellings_of_a_private_read(tmp_path, monkeypatch):
     (tmp_path / "cstorch" / "b.py").write_text(
         "from cstorch.a import _hidden, shown, __dunder__\n"
         "import cstorch.a\nfrom cstorch import a as alias\n"
-        "x = cstorch.a._hidden + alias._hidden + alias.shown\n")
+        "x = cstorch.a._hidden + alias._hidden + alias.shown\n"
+    )
     (tmp_path / "cstorch" / "c.py").write_text("from cstorch import a\nprint(a._hidden)\n")
     import tests.test_import_graph as graph
+
     monkeypatch.setattr(graph, "ROOT", tmp_path)
     monkeypatch.setattr(graph, "COMPAT_PACKAGES", ())
     monkeypatch.setattr(graph, "PACKAGES", ("cstorch",))
-    assert private_reads() == [("cstorch.b", "cstorch.a._hidden"),
-                               ("cstorch.c", "cstorch.a._hidden")]
+    assert private_reads() == [
+        ("cstorch.b", "cstorch.a._hidden"),
+        ("cstorch.c", "cstorch.a._hidden"),
+    ]
 
 
 def test_no_module_reads_another_modules_private_names():
@@ -124,7 +123,8 @@ def test_no_module_reads_another_modules_private_names():
     unexpected = [r for r in reads if r not in ALLOWED_PRIVATE_READS]
     assert not unexpected, (
         "reads of another module's private names (give the name a public spelling in its home "
-        "module, or an accessor):\n  " + "\n  ".join(unexpected))
+        "module, or an accessor):\n  " + "\n  ".join(unexpected)
+    )
     stale = sorted(set(ALLOWED_PRIVATE_READS) - set(reads))
     assert not stale, f"allow-listed reads that no longer happen (remove them): {stale}"
 
@@ -140,8 +140,12 @@ def _docs_text() -> str:
 
 def test_every_example_and_tool_is_named_in_the_docs():
     docs = _docs_text()
-    files = sorted(p for folder in ("examples", "tools") for p in (ROOT / folder).iterdir()
-                   if p.is_file() and not p.name.startswith((".", "__")))
+    files = sorted(
+        p
+        for folder in ("examples", "tools")
+        for p in (ROOT / folder).iterdir()
+        if p.is_file() and not p.name.startswith((".", "__"))
+    )
     assert len(files) >= 10
     orphans = [str(p.relative_to(ROOT)) for p in files if p.name not in docs]
     assert not orphans, f"not named in README.md or docs/: {orphans}"
@@ -151,7 +155,7 @@ def _documented_transitions(text: str) -> set:
     """(event, from, to) rows of ARCHITECTURE's "legal changes" table. A row may name several
     events; a change annotated ``(event)`` belongs to that one, the others to the first.
     ``a, b -> c`` is two changes; ``a -> b or c`` too."""
-    section = text[text.index("| event | when | legal changes |"):]
+    section = text[text.index("| event | when | legal changes |") :]
     rows = set()
     for line in section.splitlines()[2:]:
         if not line.startswith("|"):
@@ -181,16 +185,18 @@ def test_the_documented_state_transitions_are_the_engines():
     documented = _documented_transitions((ROOT / "docs" / "ARCHITECTURE.md").read_text())
     code = {(event, before, after) for before, event, after in _TABLE}
     assert len(code) >= 20
-    assert documented == code, (f"only in the docs: {sorted(documented - code)}; "
-                                f"only in jax_backend/state.py: {sorted(code - documented)}")
+    assert documented == code, (
+        f"only in the docs: {sorted(documented - code)}; "
+        f"only in jax_backend/state.py: {sorted(code - documented)}"
+    )
 
 
 def test_the_transition_reader_sees_a_wrong_row():
     text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
-    wrong = text.replace("| share | after a step: memory handed out is still held | "
-                         "stale+lent → stale+shared |",
-                         "| share | after a step: memory handed out is still held | "
-                         "stale+lent → synced+shared |")
+    wrong = text.replace(
+        "| share | after a step: memory handed out is still held | stale+lent → stale+shared |",
+        "| share | after a step: memory handed out is still held | stale+lent → synced+shared |",
+    )
     assert wrong != text
     assert ("share", "stale+lent", "synced+shared") in _documented_transitions(wrong)
 
@@ -226,8 +232,11 @@ def literal_stacklevels(max_level: int = 2) -> list:
     for name, path in module_files().items():
         tree = ast.parse(path.read_text(), str(path))
         spellings = _warnings_warn_names(tree)
-        found += [(f"{name}.{where}", level) for where, level in _stacklevels(tree, spellings)
-                  if level > max_level]
+        found += [
+            (f"{name}.{where}", level)
+            for where, level in _stacklevels(tree, spellings)
+            if level > max_level
+        ]
     return sorted(found)
 
 
@@ -239,8 +248,11 @@ def _stacklevels(node, spellings: tuple, where: str = "<module>"):
         if isinstance(child, ast.Call) and _is_warn(child.func, *spellings):
             for keyword in child.keywords:
                 value = keyword.value
-                if (keyword.arg == "stacklevel" and isinstance(value, ast.Constant)
-                        and isinstance(value.value, int)):
+                if (
+                    keyword.arg == "stacklevel"
+                    and isinstance(value, ast.Constant)
+                    and isinstance(value.value, int)
+                ):
                     yield where, value.value
         yield from _stacklevels(child, spellings, inner)
 
@@ -248,8 +260,12 @@ def _stacklevels(node, spellings: tuple, where: str = "<module>"):
 def _is_warn(func, modules: set, names: set) -> bool:
     if isinstance(func, ast.Name):
         return func.id in names
-    return (isinstance(func, ast.Attribute) and func.attr == "warn"
-            and isinstance(func.value, ast.Name) and func.value.id in modules)
+    return (
+        isinstance(func, ast.Attribute)
+        and func.attr == "warn"
+        and isinstance(func.value, ast.Name)
+        and func.value.id in modules
+    )
 
 
 def test_the_stacklevel_rule_sees_every_spelling(tmp_path, monkeypatch):
@@ -260,13 +276,18 @@ def test_the_stacklevel_rule_sees_every_spelling(tmp_path, monkeypatch):
         "def f():\n    warnings.warn('x', stacklevel=3)\n"
         "    def g():\n        w.warn('y', UserWarning, stacklevel=5)\n"
         "say('z', stacklevel=4)\nwarnings.warn('fine', stacklevel=2)\n"
-        "warnings.warn('fine too')\nlevel = 3\nwarnings.warn('not literal', stacklevel=level)\n")
+        "warnings.warn('fine too')\nlevel = 3\nwarnings.warn('not literal', stacklevel=level)\n"
+    )
     import tests.test_import_graph as graph
+
     monkeypatch.setattr(graph, "ROOT", tmp_path)
     monkeypatch.setattr(graph, "COMPAT_PACKAGES", ())
     monkeypatch.setattr(graph, "PACKAGES", ("cstorch",))
-    assert literal_stacklevels() == [("cstorch.a.<module>", 4), ("cstorch.a.f", 3),
-                                     ("cstorch.a.g", 5)]
+    assert literal_stacklevels() == [
+        ("cstorch.a.<module>", 4),
+        ("cstorch.a.f", 3),
+        ("cstorch.a.g", 5),
+    ]
 
 
 def test_no_warning_counts_library_frames_to_reach_the_users_line():
@@ -278,19 +299,30 @@ def test_no_warning_counts_library_frames_to_reach_the_users_line():
     allowed."""
     found = literal_stacklevels()
     places = {where for where, _ in found}
-    unexpected = [f"{where}: stacklevel={level}" for where, level in found
-                  if where not in ALLOWED_STACKLEVELS]
+    unexpected = [
+        f"{where}: stacklevel={level}" for where, level in found if where not in ALLOWED_STACKLEVELS
+    ]
     assert not unexpected, (
         "warnings.warn with a literal stacklevel above 2 (use jax_backend.user_frames.warn):"
-        "\n  " + "\n  ".join(unexpected))
+        "\n  " + "\n  ".join(unexpected)
+    )
     stale = sorted(set(ALLOWED_STACKLEVELS) - places)
     assert not stale, f"allow-listed stacklevels that no longer exist (remove them): {stale}"
 
 
 # ------------------------------------------------------------------ references to documents
 # Where the project's text may be; tests/data holds the reference's fixtures, quoted as they are.
-TEXT_FOLDERS = (".ci", "benchmarks", "compat", "cstorch", "docs", "examples", "jax_backend",
-                "tests", "tools")
+TEXT_FOLDERS = (
+    ".ci",
+    "benchmarks",
+    "compat",
+    "cstorch",
+    "docs",
+    "examples",
+    "jax_backend",
+    "tests",
+    "tools",
+)
 TEXT_FILES = ("README.md", "Makefile", "mkdocs.yml", "pyproject.toml")
 TEXT_SUFFIXES = (".py", ".md", ".yml", ".yaml", ".toml", ".sh", ".cfg", ".txt")
 # Folders beside the repository where the design and the spec once lived: a path into one
@@ -307,16 +339,22 @@ def text_files(root) -> list:
     for folder in TEXT_FOLDERS:
         for path in sorted((root / folder).rglob("*")):
             relative = path.relative_to(root).as_posix()
-            if (path.is_file() and path.suffix in TEXT_SUFFIXES and "__pycache__" not in relative
-                    and not relative.startswith("tests/data/") and path.resolve() != this):
+            if (
+                path.is_file()
+                and path.suffix in TEXT_SUFFIXES
+                and "__pycache__" not in relative
+                and not relative.startswith("tests/data/")
+                and path.resolve() != this
+            ):
                 files.append(path)
     return files
 
 
 _SECTION = re.compile(r"(?P<before>[^\s(]*)\s*§[\w.-]*(?:,\s*§[\w.-]*)*")
 _MARKDOWN_NAME = re.compile(r"(?<![\w/.-])((?:\.\./|[\w.-]+/)*[\w.-]+\.md)\b")
-_OUTSIDE_PATH = re.compile(r"(?<![\w/.-])((?:\.\./)+[\w./-]+|(?:%s)/[\w./-]+)"
-                           % "|".join(OUTSIDE_FOLDERS))
+_OUTSIDE_PATH = re.compile(
+    r"(?<![\w/.-])((?:\.\./)+[\w./-]+|(?:%s)/[\w./-]+)" % "|".join(OUTSIDE_FOLDERS)
+)
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
@@ -357,24 +395,33 @@ def outside_references(root) -> list:
 def _names_a_file(root, path, documents: list, name: str) -> bool:
     """Whether ``name``, met in the file at ``path``, is a path from the root or from that
     file's folder, or the end of the path of one of the ``documents``."""
-    return ((root / name).exists() or (path.parent / name).exists()
-            or any(d == name or d.endswith("/" + name) for d in documents))
+    return (
+        (root / name).exists()
+        or (path.parent / name).exists()
+        or any(d == name or d.endswith("/" + name) for d in documents)
+    )
 
 
 def test_the_reference_rule_sees_each_kind(tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "ARCHITECTURE.md").write_text(
-        "See ARCHITECTURE §2 and [the readme](../README.md); a [lost page](gone.md#top).\n")
+        "See ARCHITECTURE §2 and [the readme](../README.md); a [lost page](gone.md#top).\n"
+    )
     (tmp_path / "README.md").write_text("The map: docs/ARCHITECTURE.md.\n")
     (tmp_path / "cstorch").mkdir()
     (tmp_path / "cstorch" / "a.py").write_text(
         '"""Two passes (DESIGN §10); the format (spec ``api_inventory.md`` §12, §13).\n'
-        'Read ../shared/spec/DESIGN.md and spec/api_names.json, not ARCHITECTURE.md."""\n')
+        'Read ../shared/spec/DESIGN.md and spec/api_names.json, not ARCHITECTURE.md."""\n'
+    )
     assert outside_references(tmp_path) == [
-        "cstorch/a.py: ../shared/spec/DESIGN.md", "cstorch/a.py: DESIGN §",
-        "cstorch/a.py: api_inventory.md", "cstorch/a.py: api_inventory.md §",
+        "cstorch/a.py: ../shared/spec/DESIGN.md",
+        "cstorch/a.py: DESIGN §",
+        "cstorch/a.py: api_inventory.md",
+        "cstorch/a.py: api_inventory.md §",
         "cstorch/a.py: spec/api_names.json",
-        "docs/ARCHITECTURE.md: gone.md", "docs/ARCHITECTURE.md: link gone.md"]
+        "docs/ARCHITECTURE.md: gone.md",
+        "docs/ARCHITECTURE.md: link gone.md",
+    ]
 
 
 def test_no_reference_to_a_document_outside_the_repository():
@@ -384,8 +431,9 @@ def test_no_reference_to_a_document_outside_the_repository():
     what they mean in place."""
     found = outside_references(ROOT)
     unexpected = [f for f in found if f not in ALLOWED_OUTSIDE_REFERENCES]
-    assert not unexpected, ("references to documents that are not in the repository:\n  "
-                            + "\n  ".join(unexpected))
+    assert not unexpected, (
+        "references to documents that are not in the repository:\n  " + "\n  ".join(unexpected)
+    )
     stale = sorted(set(ALLOWED_OUTSIDE_REFERENCES) - set(found))
     assert not stale, f"allow-listed references that no longer exist (remove them): {stale}"
 

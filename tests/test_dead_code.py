@@ -26,8 +26,16 @@ from tests.test_import_graph import ROOT
 DEFINING = ("cstorch", "jax_backend")
 USING = (*DEFINING, "compat", "tests", "tools", "examples", "benchmarks")
 # Decorators that leave a function where it was defined (anything else may register it).
-PLAIN_DECORATORS = {"property", "setter", "staticmethod", "classmethod", "cached_property",
-                    "abstractmethod", "contextmanager", "wraps"}
+PLAIN_DECORATORS = {
+    "property",
+    "setter",
+    "staticmethod",
+    "classmethod",
+    "cached_property",
+    "abstractmethod",
+    "contextmanager",
+    "wraps",
+}
 
 REFERENCE_API = "cerebras-pytorch 2.10's API (not in the name inventory), for users' scripts"
 ALLOWED = {
@@ -37,9 +45,9 @@ ALLOWED = {
     "cstorch/lib/cerebras_pytorch_lib.py: disable_annotation": REFERENCE_API,
     "cstorch/sparse/base.py: csx_annotate_sparsity": "a SparsityAlgorithm hook of " + REFERENCE_API,
     "cstorch/sparse/dynamic.py: csx_annotate_sparsity": "a SparsityAlgorithm hook of "
-                                                        + REFERENCE_API,
+    + REFERENCE_API,
     "cstorch/sparse/static.py: csx_annotate_sparsity": "a SparsityAlgorithm hook of "
-                                                       + REFERENCE_API,
+    + REFERENCE_API,
     "cstorch/sparse/base.py: disable_mask_access_warning": REFERENCE_API,
     "cstorch/storage/deferred.py: register_post_materialize_hook": REFERENCE_API,
     "cstorch/utils/data/data_executor.py: is_activation_step": "RunContext's, " + REFERENCE_API,
@@ -92,8 +100,11 @@ def _used_names(tree) -> set:
             names.update({node.name.rpartition(".")[2], node.asname or ""})
         elif isinstance(node, ast.keyword) and node.arg:
             names.add(node.arg)
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
-                and node.value.isidentifier():
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and node.value.isidentifier()
+        ):
             names.add(node.value)
     return names
 
@@ -110,9 +121,12 @@ def unused_definitions(reference_api: set) -> list:
     unused = []
     for relative, node in definitions:
         name = node.name
-        if (name in used or (name.startswith("__") and name.endswith("__"))
-                or (relative.startswith("cstorch/") and name in reference_api)
-                or any(_decorator_name(d) not in PLAIN_DECORATORS for d in node.decorator_list)):
+        if (
+            name in used
+            or (name.startswith("__") and name.endswith("__"))
+            or (relative.startswith("cstorch/") and name in reference_api)
+            or any(_decorator_name(d) not in PLAIN_DECORATORS for d in node.decorator_list)
+        ):
             continue
         unused.append(f"{relative}: {name}")
     return sorted(set(unused))
@@ -137,13 +151,16 @@ def test_the_check_finds_a_function_nothing_calls(tmp_path, monkeypatch):
         "    @property\n    def dead_property(self): pass\n"
         "    def __len__(self): return 0\n"
         "    def api_method(self): pass\n"
-        "called(); getattr(Holder, 'by_name')\n")
+        "called(); getattr(Holder, 'by_name')\n"
+    )
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "t.py").write_text("from cstorch.a import Holder\n")
     monkeypatch.setattr(check, "ROOT", tmp_path)
     monkeypatch.setattr(check, "USING", ("cstorch", "tests"))
-    assert unused_definitions({"api_method"}) == ["cstorch/a.py: dead",
-                                                  "cstorch/a.py: dead_property"]
+    assert unused_definitions({"api_method"}) == [
+        "cstorch/a.py: dead",
+        "cstorch/a.py: dead_property",
+    ]
 
 
 @pytest.mark.slow  # reads every Python file of the repository: about 3 s
@@ -152,6 +169,7 @@ def test_no_function_method_or_class_is_dead():
     unexpected = [f for f in found if f not in ALLOWED]
     assert not unexpected, (
         "defined but never used anywhere in the repository (remove it, or list it in ALLOWED "
-        "with the reason it stays):\n  " + "\n  ".join(unexpected))
+        "with the reason it stays):\n  " + "\n  ".join(unexpected)
+    )
     stale = sorted(set(ALLOWED) - set(found))
     assert not stale, f"listed in ALLOWED but used now, or gone (remove them): {stale}"

@@ -24,8 +24,12 @@ def exception_classes() -> dict:
                 continue
             module = importlib.import_module(info.name)
             for obj in vars(module).values():
-                if (inspect.isclass(obj) and issubclass(obj, BaseException)
-                        and obj.__module__ == module.__name__ and not issubclass(obj, Warning)):
+                if (
+                    inspect.isclass(obj)
+                    and issubclass(obj, BaseException)
+                    and obj.__module__ == module.__name__
+                    and not issubclass(obj, Warning)
+                ):
                     found[f"{obj.__module__}.{obj.__qualname__}"] = obj
     return found
 
@@ -36,7 +40,8 @@ def test_every_engine_and_api_error_has_the_one_root():
     outside = sorted(name for name, cls in classes.items() if not issubclass(cls, CstorchError))
     assert not outside, (
         "exception classes outside jax_backend.errors.CstorchError (add it as the first base, "
-        f"keeping the built-in one: class MyError(CstorchError, ValueError)): {outside}")
+        f"keeping the built-in one: class MyError(CstorchError, ValueError)): {outside}"
+    )
 
 
 def test_the_root_is_a_mixin_that_keeps_the_built_in_bases():

@@ -49,21 +49,38 @@ IMPORTS = textwrap.dedent("""
 
 
 def _run(script, *args, env=None):
-    env = dict(os.environ if env is None else env,
-               PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "compat")]))
-    out = subprocess.run([sys.executable, "-c", script, *args], capture_output=True,
-                         text=True, env=env, timeout=300, cwd=ROOT)
+    env = dict(
+        os.environ if env is None else env,
+        PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "compat")]),
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("packages", [
-    ["jax_backend"], ["cstorch"], ["cerebras.pytorch"], ["cerebras_pytorch"],
-    ["cerebras_pytorch.experimental", "modelzoo.common.pytorch", "cerebras.modelzoo.trainer"],
-])
+@pytest.mark.parametrize(
+    "packages",
+    [
+        ["jax_backend"],
+        ["cstorch"],
+        ["cerebras.pytorch"],
+        ["cerebras_pytorch"],
+        ["cerebras_pytorch.experimental", "modelzoo.common.pytorch", "cerebras.modelzoo.trainer"],
+    ],
+)
 def test_importing_changes_nothing_outside_the_project(packages):
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("OMP_WAIT_POLICY", "JAX_ENABLE_X64", "CSTORCH_COMPILATION_CACHE")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("OMP_WAIT_POLICY", "JAX_ENABLE_X64", "CSTORCH_COMPILATION_CACHE")
+    }
     result = _run(IMPORTS, *packages, env=env)
     assert result["jax"] == {}, f"jax.config changed: {result['jax']}"
     assert result["env"] == [], f"environment changed: {result['env']}"
@@ -112,8 +129,11 @@ STEP = textwrap.dedent("""
 def test_a_step_keeps_torch_dtypes_while_user_jax_keeps_its_defaults(tmp_path):
     result = _run(STEP, env=dict(os.environ, CSTORCH_COMPILATION_CACHE=str(tmp_path / "xla")))
     assert (result["loss"], result["tripled"], result["params"]) == (
-        "torch.float64", "torch.int64", "torch.float64")
-    assert result["big"] == 2 + 2 ** 40  # an int64 value past int32's range, exactly
+        "torch.float64",
+        "torch.int64",
+        "torch.float64",
+    )
+    assert result["big"] == 2 + 2**40  # an int64 value past int32's range, exactly
     assert result["user_array"] == "int32" and result["user_jit"] == "float32"
     assert not result["x64"]
     # The engine's compilation cache is on while the backend lives, and JAX's setting is
@@ -124,8 +144,9 @@ def test_a_step_keeps_torch_dtypes_while_user_jax_keeps_its_defaults(tmp_path):
 
 
 def test_a_cache_directory_the_user_chose_is_kept(tmp_path):
-    script = ("import jax; jax.config.update('jax_compilation_cache_dir', %r)\n" %
-              str(tmp_path / "mine")) + STEP
+    script = (
+        "import jax; jax.config.update('jax_compilation_cache_dir', %r)\n" % str(tmp_path / "mine")
+    ) + STEP
     result = _run(script, env=dict(os.environ, CSTORCH_COMPILATION_CACHE=str(tmp_path / "x")))
     assert result["cache_while_held"] == result["cache_after"] == str(tmp_path / "mine")
     assert not (tmp_path / "x").exists()
@@ -146,8 +167,9 @@ def test_one_cycle_warns_nothing_in_a_jax_users_process():
     assert not jax.config.jax_enable_x64  # as in a user's process
     schedule = schedules.one_cycle(0.01, 0.1, total_steps=25, pct_start=0.3, three_phase=True)
     opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.01)
-    ref = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=25, pct_start=0.3,
-                                              three_phase=True, div_factor=10.0)
+    ref = torch.optim.lr_scheduler.OneCycleLR(
+        opt, max_lr=0.1, total_steps=25, pct_start=0.3, three_phase=True, div_factor=10.0
+    )
     expected = []
     for _ in range(25):
         expected.append(opt.param_groups[0]["lr"])

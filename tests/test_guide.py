@@ -60,12 +60,15 @@ def _commands(text: str) -> list:
 
 
 def _slow(page: Path) -> bool:
-    return any(language in ("python", "shell") and not not_run
-               for language, _, not_run in blocks(page))
+    return any(
+        language in ("python", "shell") and not not_run for language, _, not_run in blocks(page)
+    )
 
 
-@pytest.mark.parametrize("page", [
-    pytest.param(p, id=p.name, marks=[pytest.mark.slow] if _slow(p) else []) for p in PAGES])
+@pytest.mark.parametrize(
+    "page",
+    [pytest.param(p, id=p.name, marks=[pytest.mark.slow] if _slow(p) else []) for p in PAGES],
+)
 def test_every_block_of_the_page_runs(page, tmp_path):
     scratch = make_scratch(tmp_path)
     outputs = []
@@ -97,8 +100,9 @@ def test_every_block_of_the_page_runs(page, tmp_path):
         steps = lambda out: re.findall(r"^step \d+: loss [\d.]+$", out, re.M)  # noqa: E731
         assert len(steps(first)) == 20 and steps(resumed) == steps(first)[10:]
     if page.name == "logging.md":  # progress lines, forced on under a pipe
-        assert re.search(r"^train 60/60 \| loss \d\.\d{4} \| [\d,]+\.\d samples/s \| took ",
-                         outputs[-1], re.M), outputs[-1]
+        assert re.search(
+            r"^train 60/60 \| loss \d\.\d{4} \| [\d,]+\.\d samples/s \| took ", outputs[-1], re.M
+        ), outputs[-1]
 
 
 def test_blocks_not_run_are_few_and_say_why():
@@ -118,10 +122,23 @@ def test_every_page_is_in_the_navigation():
 
 # ------------------------------------------------------------------------ the API reference
 #: The packages whose ``__all__`` is the public API (cerebras.pytorch is cstorch).
-PUBLIC = ["cstorch", "cstorch.optim", "cstorch.optim.lr_scheduler", "cstorch.amp",
-          "cstorch.utils.data", "cstorch.utils.tensorboard", "cstorch.metrics",
-          "cstorch.sparse", "cstorch.distributed", "cstorch.nn", "cstorch.mesh",
-          "cstorch.experimental", "cstorch.profiler", "cstorch.utils", "cstorch.parity"]
+PUBLIC = [
+    "cstorch",
+    "cstorch.optim",
+    "cstorch.optim.lr_scheduler",
+    "cstorch.amp",
+    "cstorch.utils.data",
+    "cstorch.utils.tensorboard",
+    "cstorch.metrics",
+    "cstorch.sparse",
+    "cstorch.distributed",
+    "cstorch.nn",
+    "cstorch.mesh",
+    "cstorch.experimental",
+    "cstorch.profiler",
+    "cstorch.utils",
+    "cstorch.parity",
+]
 
 
 def _public_names():
@@ -155,8 +172,13 @@ def test_the_reference_page_covers_every_public_package():
     for name in importlib.import_module("cstorch").__all__:
         value = getattr(importlib.import_module("cstorch"), name)
         if isinstance(value, types.ModuleType):
-            assert value.__name__ in directives or value.__name__ + ".backends" in directives \
-                or value.__name__ == "cstorch.utils", value.__name__
+            assert (
+                value.__name__ in directives
+                or value.__name__ + ".backends" in directives
+                or value.__name__ == "cstorch.utils"
+            ), value.__name__
         elif callable(value):
-            assert any(d.endswith("." + name) or d == getattr(value, "__module__", None)
-                       for d in directives), name
+            assert any(
+                d.endswith("." + name) or d == getattr(value, "__module__", None)
+                for d in directives
+            ), name

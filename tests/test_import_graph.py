@@ -39,7 +39,8 @@ def _is_type_checking_block(node) -> bool:
     test = getattr(node, "test", None)
     return isinstance(node, ast.If) and (
         (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
-        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    )
 
 
 def _imports(tree):
@@ -59,7 +60,7 @@ def resolve_base(module: str, path: pathlib.Path, node: ast.ImportFrom) -> str:
     if not node.level:
         return node.module or ""
     package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
-    package = package[:len(package) - node.level + 1]
+    package = package[: len(package) - node.level + 1]
     return ".".join(package + ([node.module] if node.module else []))
 
 
@@ -79,8 +80,12 @@ def import_graph() -> dict:
                 targets = [known(alias.name) for alias in node.names]
             else:
                 base = resolve_base(name, path, node)
-                targets = [known(f"{base}.{alias.name}") if f"{base}.{alias.name}" in modules
-                           else known(base) for alias in node.names]
+                targets = [
+                    known(f"{base}.{alias.name}")
+                    if f"{base}.{alias.name}" in modules
+                    else known(base)
+                    for alias in node.names
+                ]
             graph[name].update(t for t in targets if t is not None and t != name)
     return graph
 
@@ -130,8 +135,10 @@ def strongly_connected_components(graph: dict) -> list:
 def test_the_graph_sees_function_level_imports():
     graph = import_graph()
     assert "cstorch.backend" in graph["cstorch.core.compile"]  # module level
-    assert "modelzoo.common.pytorch.pytorch_base_runner" in graph[
-        "modelzoo.common.pytorch.pytorch_runner"]  # compat modules are in the graph
+    assert (
+        "modelzoo.common.pytorch.pytorch_base_runner"
+        in graph["modelzoo.common.pytorch.pytorch_runner"]
+    )  # compat modules are in the graph
     assert len(graph) > 100 and sum(map(len, graph.values())) > 200
 
 
@@ -146,7 +153,8 @@ def test_no_import_cycles():
     assert not cycles, (
         "import cycles (each line is one strongly connected group of modules; break it by "
         "moving what both sides need into a leaf module):\n"
-        + "\n".join(f"  {len(c)} modules: {', '.join(c)}" for c in cycles))
+        + "\n".join(f"  {len(c)} modules: {', '.join(c)}" for c in cycles)
+    )
 
 
 @pytest.mark.slow
@@ -162,22 +170,31 @@ def test_the_runners_of_the_1x_api_import_downwards_only():
             if target not in below:
                 below.add(target)
                 stack.append(target)
-    runners = {m for m in graph if m.startswith("modelzoo.common.pytorch.pytorch_")
-               and m != base} | {"modelzoo.common.pytorch.runner_factory"}
+    runners = {
+        m for m in graph if m.startswith("modelzoo.common.pytorch.pytorch_") and m != base
+    } | {"modelzoo.common.pytorch.runner_factory"}
     assert not below & runners, sorted(below & runners)
 
 
 @pytest.mark.slow
 def test_the_api_never_imports_compat():
-    edges = [f"{module} -> {target}" for module, targets in import_graph().items()
-             if module.split(".")[0] in PACKAGES
-             for target in targets if target.split(".")[0] in COMPAT_PACKAGES]
+    edges = [
+        f"{module} -> {target}"
+        for module, targets in import_graph().items()
+        if module.split(".")[0] in PACKAGES
+        for target in targets
+        if target.split(".")[0] in COMPAT_PACKAGES
+    ]
     assert not edges, "cstorch and jax_backend must not import compat/:\n  " + "\n  ".join(edges)
 
 
 @pytest.mark.slow
 def test_the_engine_never_imports_the_api():
-    edges = [f"{module} -> {target}" for module, targets in import_graph().items()
-             if module.split(".")[0] == "jax_backend"
-             for target in targets if target.split(".")[0] == "cstorch"]
+    edges = [
+        f"{module} -> {target}"
+        for module, targets in import_graph().items()
+        if module.split(".")[0] == "jax_backend"
+        for target in targets
+        if target.split(".")[0] == "cstorch"
+    ]
     assert not edges, "jax_backend must not import cstorch:\n  " + "\n  ".join(edges)

@@ -45,20 +45,31 @@ def gpu_like_env(tmp_path):
     blocker = tmp_path / "blocker"
     blocker.mkdir()
     (blocker / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [ROOT, os.path.join(ROOT, "compat"), str(blocker)]), PYTHONUNBUFFERED="1",
-        CSTORCH_GRAPH_CACHE="off", CSTORCH_COMPILATION_CACHE="off")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "compat"), str(blocker)]),
+        PYTHONUNBUFFERED="1",
+        CSTORCH_GRAPH_CACHE="off",
+        CSTORCH_COMPILATION_CACHE="off",
+    )
     return env
 
 
 def _python(code, env, cwd, timeout=300):
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.slow
 def test_the_blocker_hides_the_packages_and_the_source_tree_is_used(gpu_like_env, tmp_path):
-    out = _python("""
+    out = _python(
+        """
         import importlib, json
         import cstorch
         missing = []
@@ -68,7 +79,10 @@ def test_the_blocker_hides_the_packages_and_the_source_tree_is_used(gpu_like_env
             except ModuleNotFoundError:
                 missing.append(name)
         print(json.dumps({"missing": missing, "cstorch": cstorch.__file__}))
-    """, gpu_like_env, tmp_path)
+    """,
+        gpu_like_env,
+        tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["missing"] == list(BLOCKED)
@@ -76,9 +90,9 @@ def test_the_blocker_hides_the_packages_and_the_source_tree_is_used(gpu_like_env
 
 
 @pytest.mark.slow
-def test_checkpoints_without_hdf5plugin_are_uncompressed_with_one_warning(gpu_like_env,
-                                                                          tmp_path):
-    out = _python("""
+def test_checkpoints_without_hdf5plugin_are_uncompressed_with_one_warning(gpu_like_env, tmp_path):
+    out = _python(
+        """
         import json, warnings
         import torch
         import cerebras.pytorch as cstorch
@@ -95,7 +109,10 @@ def test_checkpoints_without_hdf5plugin_are_uncompressed_with_one_warning(gpu_li
         same = all(torch.equal(loaded["model"][k], v) for k, v in state["model"].items())
         print(json.dumps({"warnings": ours, "same": same and loaded["step"] == 3
                           and torch.equal(loaded["mask"], state["mask"])}))
-    """, gpu_like_env, tmp_path)
+    """,
+        gpu_like_env,
+        tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert len(result["warnings"]) == 1, result["warnings"]
@@ -117,13 +134,17 @@ def test_reading_lz4_without_hdf5plugin_names_the_package(gpu_like_env, tmp_path
         plist = f["w"].id.get_create_plist()
         assert [plist.get_filter(i)[0] for i in range(plist.get_nfilters())] == [32004]
         assert f["w"].id.get_storage_size() < 256 * 64 * 4 // 10
-    out = _python("""
+    out = _python(
+        """
         import cerebras.pytorch as cstorch
         try:
             cstorch.load("lz4.mdl")["w"].sum()
         except Exception as error:
             print(type(error).__name__, error)
-    """, gpu_like_env, tmp_path)
+    """,
+        gpu_like_env,
+        tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "CheckpointFormatError" in out.stdout
     assert "LZ4-compressed" in out.stdout and "pip install hdf5plugin" in out.stdout
@@ -131,15 +152,29 @@ def test_reading_lz4_without_hdf5plugin_names_the_package(gpu_like_env, tmp_path
 
 @pytest.mark.slow
 def test_yaml_validation_without_pydantic_is_a_clear_error(gpu_like_env, tmp_path):
-    out = _python("""
+    out = _python(
+        """
         from cerebras.modelzoo.trainer import Trainer  # the Python API needs no pydantic
         print("trainer", Trainer.__name__)
-    """, gpu_like_env, tmp_path)
+    """,
+        gpu_like_env,
+        tmp_path,
+    )
     assert out.returncode == 0 and "trainer Trainer" in out.stdout, out.stderr[-3000:]
-    out = subprocess.run([sys.executable, "-m", "cerebras.modelzoo.trainer", "fit",
-                          os.path.join(ROOT, "examples", "trainer_mnist.yaml")],
-                         env=gpu_like_env, cwd=tmp_path, capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cerebras.modelzoo.trainer",
+            "fit",
+            os.path.join(ROOT, "examples", "trainer_mnist.yaml"),
+        ],
+        env=gpu_like_env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode != 0
     assert "needs the pydantic package" in out.stderr and "pip install" in out.stderr
 
@@ -160,17 +195,32 @@ def test_gpu_check_in_its_smallest_setting(gpu_like_env, tmp_path):
     case passes (JAX on the CPU, said so), the benchmark's JSON is kept, all in one file."""
     stub = tmp_path / "bench_stub.py"
     stub.write_text(BENCH_STUB)
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "gpu_check.py"),
-                          "--out", str(tmp_path / "out"), "--quick", "--bench", str(stub)],
-                         env=gpu_like_env, cwd=tmp_path, capture_output=True, text=True,
-                         timeout=900)
+    out = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "tools", "gpu_check.py"),
+            "--out",
+            str(tmp_path / "out"),
+            "--quick",
+            "--bench",
+            str(stub),
+        ],
+        env=gpu_like_env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     with open(tmp_path / "out" / "gpu_check.json") as f:
         result = json.load(f)
     assert result["ok"] and result["platform"]["hdf5plugin"] is None
     assert result["engines"] == ["eager", "jax-cpu"] and "no GPU" in result["note"]
-    assert [p["case"] for p in result["parity"]] == ["mnist_mlp", "gpt_adamw_fp32",
-                                                     "gpt_adamw_bf16"]
+    assert [p["case"] for p in result["parity"]] == [
+        "mnist_mlp",
+        "gpt_adamw_fp32",
+        "gpt_adamw_bf16",
+    ]
     for case in result["parity"]:
         report = case["report"]
         assert case["verdict"] == "ok" and report["ok"]

@@ -27,16 +27,23 @@ README = ROOT / "README.md"
 SMALLER = {
     "python examples/trainer_mnist.py": ["--steps", "20"],
     "examples/gpt_adamw.py --backend CSX --num-csx 4 --weight-servers 1": [
-        "--steps", "21", "--log-every", "7"],  # 21 > the 20 batches: the loader is cycled
+        "--steps",
+        "21",
+        "--log-every",
+        "7",
+    ],  # 21 > the 20 batches: the loader is cycled
     "make demo": ["--steps", "30"],
-    "cstorch.parity examples/gpt_adamw.py": ["--layers", "1", "--d-model", "32", "--seq-len",
-                                            "16"],
+    "cstorch.parity examples/gpt_adamw.py": ["--layers", "1", "--d-model", "32", "--seq-len", "16"],
 }
 #: Commands that take a minute or more even when small.
 SLOW = ("cstorch.distributed.launch", "cstorch.parity")
 #: The YAML run by the README, with fewer steps (the copy the scratch directory sees).
-YAML_STEPS = {"num_steps: 200": "num_steps: 20", "total_iters: 200": "total_iters: 20",
-              "eval_frequency: 100": "eval_frequency: 10", "steps: 100": "steps: 10"}
+YAML_STEPS = {
+    "num_steps: 200": "num_steps: 20",
+    "total_iters: 200": "total_iters: 20",
+    "eval_frequency: 100": "eval_frequency: 10",
+    "steps: 100": "steps: 10",
+}
 
 
 def _blocks() -> list:
@@ -98,16 +105,25 @@ def make_scratch(directory):
 
 
 def _environment(directory) -> dict:
-    path = os.pathsep.join([str(directory), str(ROOT)]
-                           + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    path = os.pathsep.join(
+        [str(directory), str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]
+    )
     return dict(os.environ, PYTHONPATH=path, CSTORCH_PROGRESS_BAR="0")
 
 
 def _run(argv, cwd, env=None, timeout=900):
-    result = subprocess.run(argv, cwd=cwd, env={**_environment(cwd), **(env or {})},
-                            capture_output=True, text=True, timeout=timeout)
-    assert result.returncode == 0, (f"{' '.join(argv)} failed ({result.returncode}):\n"
-                                    f"{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
+    result = subprocess.run(
+        argv,
+        cwd=cwd,
+        env={**_environment(cwd), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, (
+        f"{' '.join(argv)} failed ({result.returncode}):\n"
+        f"{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    )
     return result
 
 
@@ -129,13 +145,18 @@ def test_the_readme_keeps_its_two_set_up_commands():
     install = [text for language, text, heading in _blocks() if heading == "Install"]
     assert install and install[0].splitlines()[:2] == [
         "make demo    # creates .venv, trains the docs' MNIST example on synthetic data",
-        "make test    # runs the test suite"]
+        "make test    # runs the test suite",
+    ]
     assert COMMANDS[:2] == ["make demo", "make test"]
 
 
-@pytest.mark.parametrize("command", [
-    pytest.param(c, id=c, marks=[pytest.mark.slow] if any(s in c for s in SLOW) else [])
-    for c in COMMANDS])
+@pytest.mark.parametrize(
+    "command",
+    [
+        pytest.param(c, id=c, marks=[pytest.mark.slow] if any(s in c for s in SLOW) else [])
+        for c in COMMANDS
+    ],
+)
 @pytest.mark.slow
 def test_readme_command(command, scratch):
     run_command(command, scratch)
@@ -150,18 +171,21 @@ def run_command(command, scratch):
         name, _, value = words.pop(0).partition("=")
         env[name] = value
     if words[0] == "make":
-        recipe = subprocess.run(["make", "-n", *words[1:]], cwd=ROOT, capture_output=True,
-                                text=True, timeout=60)
+        recipe = subprocess.run(
+            ["make", "-n", *words[1:]], cwd=ROOT, capture_output=True, text=True, timeout=60
+        )
         assert recipe.returncode == 0, recipe.stderr
         if words[1:] == ["docs"]:  # its own venv (.venv-docs); CI runs `make docs` itself
             assert "mkdocs build --strict" in recipe.stdout, recipe.stdout
             mkdocs = ROOT / ".venv-docs" / "bin" / "mkdocs"
             if not mkdocs.exists():
                 pytest.skip("no .venv-docs here: `make docs` creates it")
-            return _run([str(mkdocs), "build", "--strict", "--quiet", "-d",
-                         str(scratch / "site")], ROOT, {"NO_MKDOCS_2_WARNING": "1"})
-        steps = [line for line in recipe.stdout.splitlines()
-                 if line.startswith(".venv/bin/python")]
+            return _run(
+                [str(mkdocs), "build", "--strict", "--quiet", "-d", str(scratch / "site")],
+                ROOT,
+                {"NO_MKDOCS_2_WARNING": "1"},
+            )
+        steps = [line for line in recipe.stdout.splitlines() if line.startswith(".venv/bin/python")]
         assert steps, f"`{command}` would first (re)build .venv:\n{recipe.stdout}"
         target = shlex.split(steps[-1])
         if target[1:3] == ["-m", "pytest"]:
@@ -175,11 +199,27 @@ def run_command(command, scratch):
                 extra = extra[3:]
             assert all(a.startswith("--durations") for a in extra), target
             return None
-        return _run([sys.executable, *[str(ROOT / w) if w.startswith("examples/") else w
-                                       for w in target[1:]], *_smaller(command)], scratch)
+        return _run(
+            [
+                sys.executable,
+                *[str(ROOT / w) if w.startswith("examples/") else w for w in target[1:]],
+                *_smaller(command),
+            ],
+            scratch,
+        )
     if words[:4] == ["python", "-m", "pip", "install"]:
-        result = _run([sys.executable, "-m", "pip", "install", "--dry-run",
-                       "--no-build-isolation", *words[4:]], ROOT)
+        result = _run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--dry-run",
+                "--no-build-isolation",
+                *words[4:],
+            ],
+            ROOT,
+        )
         assert "Would install cstorch-jax" in result.stdout
         return result
     result = _run([_executable(words[0]), *words[1:], *_smaller(command)], scratch, env)
@@ -194,8 +234,11 @@ QUICKSTART = next(text for text, heading in _python_blocks() if heading == "Quic
 CONTINUES = "# continues the quickstart"
 
 
-@pytest.mark.parametrize("index", range(len(_python_blocks())),
-                         ids=[f"{i}-{h}" for i, (_, h) in enumerate(_python_blocks())])
+@pytest.mark.parametrize(
+    "index",
+    range(len(_python_blocks())),
+    ids=[f"{i}-{h}" for i, (_, h) in enumerate(_python_blocks())],
+)
 @pytest.mark.slow
 def test_readme_python_snippet(index, scratch, tmp_path):
     text, heading = _python_blocks()[index]
@@ -205,8 +248,7 @@ def test_readme_python_snippet(index, scratch, tmp_path):
     script.write_text(text + "\n")
     result = _run([sys.executable, str(script)], tmp_path)
     if heading == "Quickstart":
-        assert re.findall(r"^step (\d+): loss", result.stdout, re.M) == ["50", "100", "150",
-                                                                          "200"]
+        assert re.findall(r"^step (\d+): loss", result.stdout, re.M) == ["50", "100", "150", "200"]
         assert (tmp_path / "model.mdl").is_file()
         _run([sys.executable, str(script)], tmp_path)  # a second run overwrites its checkpoint
 

@@ -11,9 +11,9 @@ import subprocess
 import sys
 import textwrap
 import types
+from pathlib import Path
 
 import pytest
-from pathlib import Path
 
 from tests import conftest
 
@@ -24,13 +24,29 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_a_test_run_creates_nothing_in_home(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("XDG_CACHE_HOME", "CSTORCH_COMPILATION_CACHE", "CSTORCH_GRAPH_CACHE")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("XDG_CACHE_HOME", "CSTORCH_COMPILATION_CACHE", "CSTORCH_GRAPH_CACHE")
+    }
     env.update(HOME=str(home), PYTHONDONTWRITEBYTECODE="1")
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         "tests/cstorch/test_trace.py", "tests/cstorch/test_storage_roundtrip.py"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/cstorch/test_trace.py",
+            "tests/cstorch/test_storage_roundtrip.py",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     created = sorted(str(p.relative_to(home)) for p in home.rglob("*"))
     assert created == [], f"the tests wrote to HOME: {created[:20]}"
@@ -48,8 +64,7 @@ def _lane_commands() -> dict:
         for line in recipe.splitlines():
             if target in LANES and " -m pytest " in line:
                 for _ in range(3):
-                    line = re.sub(r"\$\(([A-Z_]+)\)", lambda m: variables.get(m.group(1), ""),
-                                  line)
+                    line = re.sub(r"\$\(([A-Z_]+)\)", lambda m: variables.get(m.group(1), ""), line)
                 commands[target] = shlex.split(line)
     return commands
 
@@ -60,7 +75,7 @@ def test_lanes_select_by_marker_not_by_a_list():
     assert set(commands) == set(LANES), commands
     selections = {}
     for target, argv in commands.items():
-        options = argv[argv.index("pytest") + 1:]
+        options = argv[argv.index("pytest") + 1 :]
         assert [a for a in options if not a.startswith("-")][:1] == ["tests"], argv
         paths = [a for a in options if "/" in a or a.endswith(".py")]
         assert paths == [], f"`make {target}` selects by a hand-kept path list: {argv}"
@@ -87,7 +102,8 @@ def test_the_fast_lane_fails_an_unmarked_test_over_its_cpu_budget(tmp_path):
     # names the marker, the marked one is left out, the cheap one passes.
     (tmp_path / "conftest.py").write_text((Path(ROOT) / "tests" / "conftest.py").read_text())
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: slow\n")
-    (tmp_path / "test_lane.py").write_text(textwrap.dedent("""
+    (tmp_path / "test_lane.py").write_text(
+        textwrap.dedent("""
         import time
         import pytest
 
@@ -105,14 +121,38 @@ def test_the_fast_lane_fails_an_unmarked_test_over_its_cpu_budget(tmp_path):
 
         def test_cheap():
             pass
-    """))
-    env = dict(os.environ, CSTORCH_TEST_BUDGET="0.3",
-               PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "compat")]))
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rf",
-                          "-m", "not slow", "test_lane.py"], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=600)
+    """)
+    )
+    env = dict(
+        os.environ,
+        CSTORCH_TEST_BUDGET="0.3",
+        PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "compat")]),
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-rf",
+            "-m",
+            "not slow",
+            "test_lane.py",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     report = out.stdout + out.stderr
     assert out.returncode == 1, report
     assert "1 failed, 1 passed, 1 deselected" in report, report
-    assert re.search(r"^test_lane.py::test_unmarked_and_slow spent \d+\.\d s of CPU in the fast "
-                     r"lane \(budget 0\.3 s.*mark it @pytest.mark.slow", report, re.M), report
+    assert re.search(
+        r"^test_lane.py::test_unmarked_and_slow spent \d+\.\d s of CPU in the fast "
+        r"lane \(budget 0\.3 s.*mark it @pytest.mark.slow",
+        report,
+        re.M,
+    ), report

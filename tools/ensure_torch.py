@@ -22,8 +22,9 @@ from declared_range import allows, declared_range
 
 def supported_range() -> str:
     """The specifier of torch in the project's dependencies, e.g. ``">=2.9,<2.16"``."""
-    clauses = sorted(declared_range("torch"), key=lambda c: (not c.operator.startswith(">"),
-                                                             c.version))
+    clauses = sorted(
+        declared_range("torch"), key=lambda c: (not c.operator.startswith(">"), c.version)
+    )
     return ",".join(str(c) for c in clauses)
 
 
@@ -49,14 +50,16 @@ def main(argv=None) -> int:
     version = installed_torch()
     if version is None:
         print(f"no torch here: installing torch=={default}", flush=True)
-        return subprocess.call([sys.executable, "-m", "pip", "install", "-q",
-                                f"torch=={default}"])
+        return subprocess.call([sys.executable, "-m", "pip", "install", "-q", f"torch=={default}"])
     if in_range(version, specifier):
         print(f"keeping torch {version} (supported: torch{specifier})")
         return 0
-    print(f"torch {version} is installed here, outside the supported range torch{specifier}. "
-          f"Install a torch in that range yourself, or use a fresh virtualenv (make installs "
-          f"torch {default} there); nothing was changed.", file=sys.stderr)
+    print(
+        f"torch {version} is installed here, outside the supported range torch{specifier}. "
+        f"Install a torch in that range yourself, or use a fresh virtualenv (make installs "
+        f"torch {default} there); nothing was changed.",
+        file=sys.stderr,
+    )
     return 2
 
 

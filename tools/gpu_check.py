@@ -31,20 +31,46 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "benchmarks", "bench_gpu.py")
 
+
 def cases(quick: bool, artifacts: str) -> list:
-    mnist = ["--steps", "5", "--log-every", "1"] if quick else ["--steps", "100",
-                                                                   "--log-every", "10"]
-    gpt = (["--steps", "3", "--layers", "1", "--d-model", "32", "--seq-len", "16",
-            "--batch-size", "4", "--log-every", "1"] if quick else
-           ["--steps", "20", "--log-every", "2"])
+    mnist = (
+        ["--steps", "5", "--log-every", "1"] if quick else ["--steps", "100", "--log-every", "10"]
+    )
+    gpt = (
+        [
+            "--steps",
+            "3",
+            "--layers",
+            "1",
+            "--d-model",
+            "32",
+            "--seq-len",
+            "16",
+            "--batch-size",
+            "4",
+            "--log-every",
+            "1",
+        ]
+        if quick
+        else ["--steps", "20", "--log-every", "2"]
+    )
     examples = os.path.join(ROOT, "examples")
     return [
-        ("mnist_mlp", os.path.join(examples, "mnist_mlp.py"),
-         mnist + ["--artifact-dir", os.path.join(artifacts, "mnist")]),
-        ("gpt_adamw_fp32", os.path.join(examples, "gpt_adamw.py"),
-         gpt + ["--precision", "float32", "--artifact-dir", os.path.join(artifacts, "gpt32")]),
-        ("gpt_adamw_bf16", os.path.join(examples, "gpt_adamw.py"),
-         gpt + ["--precision", "bfloat16", "--artifact-dir", os.path.join(artifacts, "gpt16")]),
+        (
+            "mnist_mlp",
+            os.path.join(examples, "mnist_mlp.py"),
+            mnist + ["--artifact-dir", os.path.join(artifacts, "mnist")],
+        ),
+        (
+            "gpt_adamw_fp32",
+            os.path.join(examples, "gpt_adamw.py"),
+            gpt + ["--precision", "float32", "--artifact-dir", os.path.join(artifacts, "gpt32")],
+        ),
+        (
+            "gpt_adamw_bf16",
+            os.path.join(examples, "gpt_adamw.py"),
+            gpt + ["--precision", "bfloat16", "--artifact-dir", os.path.join(artifacts, "gpt16")],
+        ),
     ]
 
 
@@ -95,8 +121,9 @@ print(json.dumps(info))
 
 def platform_info(env: dict) -> dict:
     """What this machine offers, read in a child process (so this one never holds a GPU)."""
-    out = subprocess.run([sys.executable, "-c", _PLATFORM], env=env, capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", _PLATFORM], env=env, capture_output=True, text=True, timeout=300
+    )
     if out.returncode != 0:
         return {"error": (out.stdout + out.stderr)[-2000:]}
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -109,13 +136,23 @@ def _tail(text: str, limit: int = 4000) -> str:
 def run_parity(name, script, args, engines, out_dir, env, timeout) -> dict:
     """One parity run, with the tool's tolerances by precision (its JSON has them)."""
     report_path = os.path.join(out_dir, f"parity_{name}.json")
-    command = [sys.executable, "-m", "cstorch.parity", "--engines", ",".join(engines),
-               "--json", report_path, script, *args]
+    command = [
+        sys.executable,
+        "-m",
+        "cstorch.parity",
+        "--engines",
+        ",".join(engines),
+        "--json",
+        report_path,
+        script,
+        *args,
+    ]
     print(f"\n=== parity: {name} ({' vs '.join(engines)}) ===", flush=True)
     start = time.monotonic()
     try:
-        out = subprocess.run(command, env=env, cwd=out_dir, capture_output=True, text=True,
-                             timeout=timeout)
+        out = subprocess.run(
+            command, env=env, cwd=out_dir, capture_output=True, text=True, timeout=timeout
+        )
         returncode, stdout, stderr = out.returncode, out.stdout, out.stderr
     except subprocess.TimeoutExpired as expired:
         returncode, stdout = None, expired.stdout or ""
@@ -125,11 +162,17 @@ def run_parity(name, script, args, engines, out_dir, env, timeout) -> dict:
     print(stdout, end="", flush=True)
     if returncode not in (0, 1):
         print(_tail(stderr), file=sys.stderr, flush=True)
-    result = {"case": name, "engines": engines,
-              "command": [os.path.relpath(c, ROOT) if os.path.isabs(c) and c.startswith(ROOT)
-                          else c for c in command],
-              "returncode": returncode, "seconds": seconds,
-              "verdict": {0: "ok", 1: "failed"}.get(returncode, "error")}
+    result = {
+        "case": name,
+        "engines": engines,
+        "command": [
+            os.path.relpath(c, ROOT) if os.path.isabs(c) and c.startswith(ROOT) else c
+            for c in command
+        ],
+        "returncode": returncode,
+        "seconds": seconds,
+        "verdict": {0: "ok", 1: "failed"}.get(returncode, "error"),
+    }
     if os.path.exists(report_path):
         with open(report_path) as f:
             result["report"] = json.load(f)
@@ -144,14 +187,18 @@ def run_bench(bench: str, out_dir: str, env, extra: list, timeout) -> dict:
     print(f"\n=== benchmark: {os.path.relpath(bench, ROOT)} ===", flush=True)
     start = time.monotonic()
     try:
-        out = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True,
-                             timeout=timeout)
+        out = subprocess.run(
+            command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
+        )
         returncode, stdout, stderr = out.returncode, out.stdout, out.stderr
     except subprocess.TimeoutExpired:
         returncode, stdout, stderr = None, "", f"timed out after {timeout} s"
     print(stdout, end="", flush=True)
-    result = {"command": command[1:], "returncode": returncode,
-              "seconds": round(time.monotonic() - start, 1)}
+    result = {
+        "command": command[1:],
+        "returncode": returncode,
+        "seconds": round(time.monotonic() - start, 1),
+    }
     if returncode != 0:
         result["stderr_tail"] = _tail(stderr)
         print(_tail(stderr), file=sys.stderr, flush=True)
@@ -162,18 +209,28 @@ def run_bench(bench: str, out_dir: str, env, extra: list, timeout) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python tools/gpu_check.py",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python tools/gpu_check.py", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--out", required=True, help="directory for the JSON results")
-    parser.add_argument("--quick", action="store_true",
-                        help="a few steps of tiny models (minutes on a CPU)")
-    parser.add_argument("--bench", default=None, metavar="SCRIPT",
-                        help="run this benchmark even without a GPU (default: "
-                             "benchmarks/bench_gpu.py, when it exists and JAX sees a GPU)")
+    parser.add_argument(
+        "--quick", action="store_true", help="a few steps of tiny models (minutes on a CPU)"
+    )
+    parser.add_argument(
+        "--bench",
+        default=None,
+        metavar="SCRIPT",
+        help="run this benchmark even without a GPU (default: "
+        "benchmarks/bench_gpu.py, when it exists and JAX sees a GPU)",
+    )
     parser.add_argument("--bench-args", default="", help="more arguments for the benchmark")
     parser.add_argument("--no-bench", action="store_true", help="skip the benchmark")
-    parser.add_argument("--timeout", type=float, default=1200,
-                        help="seconds per parity case or benchmark run (default 1200)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=1200,
+        help="seconds per parity case or benchmark run (default 1200)",
+    )
     options = parser.parse_args(argv)
 
     out_dir = os.path.abspath(options.out)
@@ -184,17 +241,26 @@ def main(argv=None) -> int:
     print("platform: " + json.dumps(info), flush=True)
     has_gpu = bool(info.get("jax_gpus"))
     engines = ["eager", "jax-gpu" if has_gpu else "jax-cpu"]
-    document = {"platform": info, "quick": options.quick, "engines": engines,
-                "note": None, "parity": [], "bench": None}
+    document = {
+        "platform": info,
+        "quick": options.quick,
+        "engines": engines,
+        "note": None,
+        "parity": [],
+        "bench": None,
+    }
     if not has_gpu:
-        document["note"] = ("JAX sees no GPU here: the JAX engine ran on the CPU (jax-cpu), so "
-                            "these results say nothing about the GPU path.")
+        document["note"] = (
+            "JAX sees no GPU here: the JAX engine ran on the CPU (jax-cpu), so "
+            "these results say nothing about the GPU path."
+        )
         print("NOTE: " + document["note"], flush=True)
 
     artifacts = os.path.join(out_dir, "artifacts")
     for name, script, args in cases(options.quick, artifacts):
-        document["parity"].append(run_parity(name, script, args, engines, out_dir, env,
-                                             options.timeout))
+        document["parity"].append(
+            run_parity(name, script, args, engines, out_dir, env, options.timeout)
+        )
 
     bench = options.bench or BENCH
     if options.no_bench:
@@ -202,11 +268,13 @@ def main(argv=None) -> int:
     elif not os.path.exists(bench):
         document["bench"] = {"skipped": f"{os.path.relpath(bench, ROOT)} does not exist"}
     elif not has_gpu and options.bench is None:
-        document["bench"] = {"skipped": "JAX sees no GPU (name the script with --bench to run "
-                                        "it anyway)"}
+        document["bench"] = {
+            "skipped": "JAX sees no GPU (name the script with --bench to run it anyway)"
+        }
     else:
-        document["bench"] = run_bench(bench, out_dir, env, shlex.split(options.bench_args),
-                                      options.timeout)
+        document["bench"] = run_bench(
+            bench, out_dir, env, shlex.split(options.bench_args), options.timeout
+        )
     document["seconds"] = round(time.monotonic() - start, 1)
 
     failed = [p["case"] for p in document["parity"] if p["verdict"] != "ok"]
@@ -219,10 +287,13 @@ def main(argv=None) -> int:
     print("\n=== summary ===")
     for p in document["parity"]:
         worst = (p.get("report") or {}).get("engines_vs_reference") or [{}]
-        print(f"{p['case']:<16} {p['verdict']:<7} largest per-step relative difference "
-              f"{worst[0].get('largest_rel_diff', '-')!s:<24} ({p['seconds']} s)")
+        print(
+            f"{p['case']:<16} {p['verdict']:<7} largest per-step relative difference "
+            f"{worst[0].get('largest_rel_diff', '-')!s:<24} ({p['seconds']} s)"
+        )
     bench_line = document["bench"].get("skipped") or (
-        f"exit status {document['bench']['returncode']} ({document['bench']['seconds']} s)")
+        f"exit status {document['bench']['returncode']} ({document['bench']['seconds']} s)"
+    )
     print(f"benchmark: {bench_line}")
     if document["note"]:
         print("NOTE: " + document["note"])

@@ -49,8 +49,12 @@ def names_in(tree) -> tuple:
                 if root in ("jax", "jaxlib"):
                     used.add(alias.name)
                     aliases[alias.asname or root] = alias.name if alias.asname else root
-        elif isinstance(node, ast.ImportFrom) and not node.level and node.module and \
-                node.module.split(".")[0] in ("jax", "jaxlib"):
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and not node.level
+            and node.module
+            and node.module.split(".")[0] in ("jax", "jaxlib")
+        ):
             for alias in node.names:
                 if alias.name != "*":
                     used.add(f"{node.module}.{alias.name}")
@@ -60,15 +64,27 @@ def names_in(tree) -> tuple:
             parts = _dotted(node)
             if parts and parts[0] in aliases:
                 used.add(".".join([aliases[parts[0]]] + parts[1:]))
-        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
-                and isinstance(node.args[0].value, str):
+        if (
+            isinstance(node, ast.Call)
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
             parts = _dotted(node.func)
-            if parts and parts[0] in aliases and \
-                    ".".join([aliases[parts[0]]] + parts[1:]) == "jax.config.update":
+            if (
+                parts
+                and parts[0] in aliases
+                and ".".join([aliases[parts[0]]] + parts[1:]) == "jax.config.update"
+            ):
                 options.add(node.args[0].value)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
-                node.func.id == "hasattr" and len(node.args) == 2 and \
-                isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "hasattr"
+            and len(node.args) == 2
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+        ):
             parts = _dotted(node.args[0])
             if parts and parts[0] in aliases:
                 optional.add(".".join([aliases[parts[0]]] + parts[1:] + [node.args[1].value]))
@@ -82,8 +98,12 @@ def names_in(tree) -> tuple:
 
 
 def _hasattr_of_jax(test, aliases) -> bool:
-    if not (isinstance(test, ast.Call) and isinstance(test.func, ast.Name)
-            and test.func.id == "hasattr" and len(test.args) == 2):
+    if not (
+        isinstance(test, ast.Call)
+        and isinstance(test.func, ast.Name)
+        and test.func.id == "hasattr"
+        and len(test.args) == 2
+    ):
         return False
     parts = _dotted(test.args[0])
     return bool(parts) and parts[0] in aliases
@@ -103,8 +123,9 @@ def _without(tree, statements):
         def generic_visit(self, node):
             for field, value in ast.iter_fields(node):
                 if isinstance(value, list):
-                    setattr(node, field, [v for v in value
-                                          if not getattr(v, "jax_names_drop", False)])
+                    setattr(
+                        node, field, [v for v in value if not getattr(v, "jax_names_drop", False)]
+                    )
             return super().generic_visit(node)
 
     return Drop().visit(clone)
@@ -150,8 +171,11 @@ def _look_up(name: str) -> tuple:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         exists = _resolve(parts)
-    messages = [str(w.message) for w in caught
-                if issubclass(w.category, (DeprecationWarning, FutureWarning))]
+    messages = [
+        str(w.message)
+        for w in caught
+        if issubclass(w.category, (DeprecationWarning, FutureWarning))
+    ]
     return exists, (messages[0] if exists and messages else None)
 
 
@@ -181,9 +205,11 @@ def main() -> int:
     private = sorted(n for n in names if "._src" in n or n.startswith("jaxlib"))
     supported = declared_range("jax")
     inside = allows(supported, jax.__version__)
-    print(f"JAX {jax.__version__} ({'inside' if inside else 'OUTSIDE'} the declared range "
-          f"jax{supported}): {len(names)} names used by the project, {len(missing)} missing, "
-          f"{len(failing)} deprecated; private ones used: {', '.join(private) or 'none'}")
+    print(
+        f"JAX {jax.__version__} ({'inside' if inside else 'OUTSIDE'} the declared range "
+        f"jax{supported}): {len(names)} names used by the project, {len(missing)} missing, "
+        f"{len(failing)} deprecated; private ones used: {', '.join(private) or 'none'}"
+    )
     for name in sorted(set(absent) - set(missing)):
         print(f"  absent, but the code checks for it first: {name}")
     for name in sorted(set(deprecated) - set(failing)):
@@ -192,8 +218,10 @@ def main() -> int:
         print(f"  missing: {name}  ({', '.join(files[:3])}{' ...' if len(files) > 3 else ''})")
     for name, message in failing.items():
         files = names[name]
-        print(f"  deprecated: {name}  ({', '.join(files[:3])}{' ...' if len(files) > 3 else ''})"
-              f": {message[:200]}")
+        print(
+            f"  deprecated: {name}  ({', '.join(files[:3])}{' ...' if len(files) > 3 else ''})"
+            f": {message[:200]}"
+        )
     return 1 if missing or failing else 0
 
 

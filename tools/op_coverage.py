@@ -83,8 +83,7 @@ from torch.utils import _pytree as pytree  # noqa: E402
 
 import jax_backend  # noqa: E402,F401
 from jax_backend import GraphInterpreter, capture_step, dtypes  # noqa: E402
-from jax_backend.errors import (  # noqa: E402
-    CaptureError, LoweringNotFoundError, ValueReadInTraceError)
+from jax_backend.errors import CaptureError, LoweringNotFoundError, ValueReadInTraceError  # noqa: E402
 from jax_backend.jax_settings import in_engine_scope  # noqa: E402
 from jax_backend.registry import has_lowering, lookup  # noqa: E402
 
@@ -113,47 +112,120 @@ TOLERANCES = {
     "nn.functional.conv_transpose1d": (1e-4, 1e-5, _ACCUM),
     "nn.functional.conv_transpose2d": (1e-4, 1e-5, _ACCUM),
     "nn.functional.conv_transpose3d": (1e-4, 2e-5, _ACCUM),
-    "nn.functional.scaled_dot_product_attention": (1e-5, 1e-5, _ACCUM + " (flash vs math attention)"),
-    "nn.functional.layer_norm": (1e-5, 1e-5, "weight grads sum over the batch in a different order"),
-    "nn.functional.normalize": (1e-5, 1e-5, "norm reduction order; grads near zero norm amplify it"),
-    "nn.functional.grid_sample": (1e-5, 2e-5, "grid grads sum four corner products scaled by size/2"),
+    "nn.functional.scaled_dot_product_attention": (
+        1e-5,
+        1e-5,
+        _ACCUM + " (flash vs math attention)",
+    ),
+    "nn.functional.layer_norm": (
+        1e-5,
+        1e-5,
+        "weight grads sum over the batch in a different order",
+    ),
+    "nn.functional.normalize": (
+        1e-5,
+        1e-5,
+        "norm reduction order; grads near zero norm amplify it",
+    ),
+    "nn.functional.grid_sample": (
+        1e-5,
+        2e-5,
+        "grid grads sum four corner products scaled by size/2",
+    ),
     "grid_sampler_3d": (1e-5, 1e-5, "eight-corner trilinear sums, same reason as grid_sample"),
-    "nn.functional.interpolate.bicubic": (1e-5, 1e-5, "separable 4-tap sums vs ATen's fused 16-tap kernel"),
-    "nn.functional.interpolate.trilinear": (1e-5, 1e-5, "separable lerps vs ATen's fused 8-corner kernel"),
-    "_upsample_bilinear2d_aa": (1e-4, 3e-5, "antialias weights in float64 then cast; ATen computes them in float32"),
-    "logcumsumexp": (1e-5, 5e-3, "torch's backward subtracts two exponentials; eager float32 is itself ~2e-3 from float64"),
+    "nn.functional.interpolate.bicubic": (
+        1e-5,
+        1e-5,
+        "separable 4-tap sums vs ATen's fused 16-tap kernel",
+    ),
+    "nn.functional.interpolate.trilinear": (
+        1e-5,
+        1e-5,
+        "separable lerps vs ATen's fused 8-corner kernel",
+    ),
+    "_upsample_bilinear2d_aa": (
+        1e-4,
+        3e-5,
+        "antialias weights in float64 then cast; ATen computes them in float32",
+    ),
+    "logcumsumexp": (
+        1e-5,
+        5e-3,
+        "torch's backward subtracts two exponentials; eager float32 is itself ~2e-3 from float64",
+    ),
 }
 # FFTs: XLA's DUCC FFT and torch's pocketfft order butterflies differently.
-for _name in ("fft.fft", "fft.fft2", "fft.fftn", "fft.hfft", "fft.hfft2", "fft.hfftn", "fft.ifft",
-              "fft.ifft2", "fft.ifftn", "fft.ihfft", "fft.ihfft2", "fft.ihfftn", "fft.irfft",
-              "fft.irfft2", "fft.irfftn", "fft.rfft", "fft.rfft2", "fft.rfftn", "stft", "istft"):
+for _name in (
+    "fft.fft",
+    "fft.fft2",
+    "fft.fftn",
+    "fft.hfft",
+    "fft.hfft2",
+    "fft.hfftn",
+    "fft.ifft",
+    "fft.ifft2",
+    "fft.ifftn",
+    "fft.ihfft",
+    "fft.ihfft2",
+    "fft.ihfftn",
+    "fft.irfft",
+    "fft.irfft2",
+    "fft.irfftn",
+    "fft.rfft",
+    "fft.rfft2",
+    "fft.rfftn",
+    "stft",
+    "istft",
+):
     TOLERANCES[_name] = (1e-4, 2e-5, "FFT butterfly order differs (XLA DUCC vs pocketfft)")
 
 # OpInfos whose eager values are undefined (uninitialised memory): shapes and dtypes only.
 VALUES_UNDEFINED = {
-    "empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided", "empty_permuted",
+    "empty",
+    "empty_like",
+    "new_empty",
+    "new_empty_strided",
+    "empty_strided",
+    "empty_permuted",
 }
 
 # ATen operators (neither core nor decomposed by torch) that take a sample out of the
 # denominator, with the reason. Matched against the operator's name without namespace and
 # overload ("linalg_cholesky_ex").
 EXCLUDED_OPS = [
-    (r"^(_?linalg_(?!vector_norm$).*|cholesky.*|_cholesky.*|lu_.*|_lu_.*|geqrf|ormqr|orgqr|"
-     r"triangular_solve|_linalg_.*|svd|_svd.*|symeig|eig|_eig.*|lstsq|slogdet|logdet|det|"
-     r"inverse|_inverse.*|matrix_exp|cholesky_inverse|cholesky_solve|linalg_householder_product)$",
-     "LAPACK factorization or solver (torch does not decompose it to core ATen)"),
-    (r"^(_sparse_.*|sparse_.*|_to_sparse.*|to_sparse.*|_coalesce.*|coalesce|_values|_indices|"
-     r"_nnz|col_indices|crow_indices|_sparse_mm.*)$", "sparse tensors"),
-    (r"^(quantize_.*|dequantize.*|_fake_quantize.*|fake_quantize.*|q_.*|int_repr)$",
-     "quantized tensors"),
+    (
+        r"^(_?linalg_(?!vector_norm$).*|cholesky.*|_cholesky.*|lu_.*|_lu_.*|geqrf|ormqr|orgqr|"
+        r"triangular_solve|_linalg_.*|svd|_svd.*|symeig|eig|_eig.*|lstsq|slogdet|logdet|det|"
+        r"inverse|_inverse.*|matrix_exp|cholesky_inverse|cholesky_solve|linalg_householder_product)$",
+        "LAPACK factorization or solver (torch does not decompose it to core ATen)",
+    ),
+    (
+        r"^(_sparse_.*|sparse_.*|_to_sparse.*|to_sparse.*|_coalesce.*|coalesce|_values|_indices|"
+        r"_nnz|col_indices|crow_indices|_sparse_mm.*)$",
+        "sparse tensors",
+    ),
+    (
+        r"^(quantize_.*|dequantize.*|_fake_quantize.*|fake_quantize.*|q_.*|int_repr)$",
+        "quantized tensors",
+    ),
     (r"^(_nested_.*|_jagged_.*)$", "nested tensors"),
 ]
 _EXCLUDED_RES = [(re.compile(p), reason) for p, reason in EXCLUDED_OPS]
 
 # Families in priority order: an OpInfo belongs to the first family any of its forward ops'
 # lowerings lives in (``jax_backend/ops/<family>.py``).
-FAMILY_PRIORITY = ["nn", "fft", "linalg", "random", "indexing", "reduction", "special",
-                   "elementwise", "shape", "creation"]
+FAMILY_PRIORITY = [
+    "nn",
+    "fft",
+    "linalg",
+    "random",
+    "indexing",
+    "reduction",
+    "special",
+    "elementwise",
+    "shape",
+    "creation",
+]
 
 
 class SampleTimeout(Exception):
@@ -179,16 +251,23 @@ def excluded_reason(target) -> str | None:
 
 
 def _graph_targets(gm: torch.fx.GraphModule) -> list:
-    return [n.target for n in gm.graph.nodes
-            if n.op == "call_function" and n.target is not operator.getitem]
+    return [
+        n.target
+        for n in gm.graph.nodes
+        if n.op == "call_function" and n.target is not operator.getitem
+    ]
 
 
 def _family_of_targets(targets, op_name: str = "") -> str | None:
     """The family module of the graph op named like the OpInfo, else by FAMILY_PRIORITY."""
     short = op_name.split(".")[-1] if op_name else ""
     for t in targets:
-        if t is not None and short and has_lowering(t) and _op_short_name(t).lstrip("_") in (
-                short, f"{short}_forward", f"native_{short}"):
+        if (
+            t is not None
+            and short
+            and has_lowering(t)
+            and _op_short_name(t).lstrip("_") in (short, f"{short}_forward", f"native_{short}")
+        ):
             return lookup(t).fn.__module__.rsplit(".", 1)[-1]
     found = set()
     for t in targets:
@@ -296,8 +375,9 @@ def _compare(actual, expected: torch.Tensor, rtol, atol, values=True) -> str | N
     if not (expected.is_floating_point() or expected.is_complex()):
         rtol = atol = 0.0
     try:
-        torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, equal_nan=True,
-                                   check_stride=False)
+        torch.testing.assert_close(
+            actual, expected, rtol=rtol, atol=atol, equal_nan=True, check_stride=False
+        )
     except AssertionError as err:
         lines = [line.strip() for line in str(err).splitlines() if line.strip()]
         detail = "; ".join(line for line in lines if line.startswith(("Mismatched", "Greatest")))
@@ -307,12 +387,17 @@ def _compare(actual, expected: torch.Tensor, rtol, atol, values=True) -> str | N
 
 def _classify(err: BaseException) -> tuple[str, str]:
     """(category, one-line message) for an exception raised by capture or lowering."""
-    message = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+    message = (
+        f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+    )
     if isinstance(err, LoweringNotFoundError):
         return "no_lowering", f"no lowering for {err.op}"
     if isinstance(err, SampleTimeout):
         return "crash", message
-    if isinstance(err, (ValueReadInTraceError, CaptureError)) or "DataDependent" in type(err).__name__:
+    if (
+        isinstance(err, (ValueReadInTraceError, CaptureError))
+        or "DataDependent" in type(err).__name__
+    ):
         return "capture_error", message
     return "crash", message
 
@@ -327,6 +412,7 @@ def _capture_error_category(err: BaseException) -> tuple[str, str]:
 def _graph_ops(fn, inputs) -> list:
     """Every ATen op in the single-pass make_fx trace of ``fn`` (for exclusion checks)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
+
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes = [mode.from_tensor(x) for x in inputs]
     with mode, warnings.catch_warnings():
@@ -355,8 +441,13 @@ class _Engine:
 @in_engine_scope  # the engine's JAX settings (64-bit types), as a compiled step has them
 def run_sample(op, raw_sample, rtol, atol, values_defined=True) -> dict:  # noqa: C901 (one sample's whole judgement, step by step)
     """Runs one sample through eager torch and the engine; returns its record."""
-    record = {"forward": None, "backward": None, "forward_error": None, "backward_error": None,
-              "ops": []}
+    record = {
+        "forward": None,
+        "backward": None,
+        "forward_error": None,
+        "backward_error": None,
+        "ops": [],
+    }
     sample = _Sample(raw_sample)
     if any(x.layout != torch.strided for x in sample.leaves):
         record["forward"] = "excluded"
@@ -387,9 +478,12 @@ def run_sample(op, raw_sample, rtol, atol, values_defined=True) -> dict:  # noqa
             o = outs[k]
             grad_outputs.append(torch.randn(o.shape, dtype=o.dtype, generator=gen))
         try:
-            grads = torch.autograd.grad([outs[k] for k in diff_out],
-                                        [eager_leaves[i] for i in diff_in], grad_outputs,
-                                        allow_unused=True)
+            grads = torch.autograd.grad(
+                [outs[k] for k in diff_out],
+                [eager_leaves[i] for i in diff_in],
+                grad_outputs,
+                allow_unused=True,
+            )
             grad_sel = [j for j, g in enumerate(grads) if g is not None]
             eager_grads = [grads[j] for j in grad_sel]
         except Exception:  # noqa: BLE001 - no backward for this sample
@@ -403,8 +497,9 @@ def run_sample(op, raw_sample, rtol, atol, values_defined=True) -> dict:  # noqa
     def step_fn(*xs):
         leaves, gouts = list(xs[:n_leaves]), list(xs[n_leaves:])
         out = _tensor_leaves(_call(op, sample, leaves))
-        grads = torch.autograd.grad([out[k] for k in diff_out], [leaves[i] for i in diff_in],
-                                    gouts, allow_unused=True)
+        grads = torch.autograd.grad(
+            [out[k] for k in diff_out], [leaves[i] for i in diff_in], gouts, allow_unused=True
+        )
         return out, [grads[j] for j in grad_sel]
 
     float64 = []
@@ -464,8 +559,12 @@ def run_sample(op, raw_sample, rtol, atol, values_defined=True) -> dict:  # noqa
     except Exception as err:  # noqa: BLE001 - classified and recorded
         in_capture = not record["ops"]
         category, message = _capture_error_category(err) if in_capture else _classify(err)
-        _note_exclusion(record, err, forward_fn if not has_backward else step_fn,
-                        inputs + grad_outputs if has_backward else inputs)
+        _note_exclusion(
+            record,
+            err,
+            forward_fn if not has_backward else step_fn,
+            inputs + grad_outputs if has_backward else inputs,
+        )
         if not has_backward:
             record["forward"], fwd_error = category, message
         else:
@@ -482,8 +581,9 @@ def run_sample(op, raw_sample, rtol, atol, values_defined=True) -> dict:  # noqa
                 fwd_error = "; ".join(fwd_problems) or None
             except Exception as err2:  # noqa: BLE001 - classified and recorded
                 in_capture = not record["ops"]
-                record["forward"], fwd_error = (_capture_error_category(err2) if in_capture
-                                                else _classify(err2))
+                record["forward"], fwd_error = (
+                    _capture_error_category(err2) if in_capture else _classify(err2)
+                )
     if "excluded" not in record and record["ops"]:
         reasons = [r for r in (excluded_reason(t) for t in record["ops"]) if r]
         if reasons:
@@ -508,14 +608,19 @@ def _eager_float64(op, sample: _Sample, grad_outputs, diff_in, diff_out, grad_se
         outs = _tensor_leaves(_call(op, sample, leaves))
         grads = []
         if grad_sel:
-            every = torch.autograd.grad([outs[k] for k in diff_out], [leaves[i] for i in diff_in],
-                                        [g.double() for g in grad_outputs], allow_unused=True)
+            every = torch.autograd.grad(
+                [outs[k] for k in diff_out],
+                [leaves[i] for i in diff_in],
+                [g.double() for g in grad_outputs],
+                allow_unused=True,
+            )
             grads = [every[j] for j in grad_sel]
     return [o.detach() for o in outs], grads
 
 
-def _judge_by_float64(actual, eager: torch.Tensor, expected64: torch.Tensor, rtol,
-                      atol) -> str | None:
+def _judge_by_float64(
+    actual, eager: torch.Tensor, expected64: torch.Tensor, rtol, atol
+) -> str | None:
     """A note when the engine's float32 ``actual``, though off eager float32, is within
     tolerance of eager float64 and no farther from it than eager float32 is: the two float32
     results round differently and torch's is not the closer one (torch 2.15's fused CPU
@@ -533,8 +638,10 @@ def _judge_by_float64(actual, eager: torch.Tensor, expected64: torch.Tensor, rto
     theirs = float(torch.nan_to_num(eager - expected64).abs().max())
     if ours > theirs:
         return None
-    return (f"eager float32 is {theirs:.3g} from float64, the engine {ours:.3g}: within "
-            "tolerance of float64")
+    return (
+        f"eager float32 is {theirs:.3g} from float64, the engine {ours:.3g}: within "
+        "tolerance of float64"
+    )
 
 
 def _note_exclusion(record, err, fn, inputs):
@@ -545,8 +652,9 @@ def _note_exclusion(record, err, fn, inputs):
             record["excluded"] = reason
             return
         try:
-            targets = _graph_ops(fn, [x.detach().clone().requires_grad_(x.requires_grad)
-                                      for x in inputs])
+            targets = _graph_ops(
+                fn, [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
+            )
         except Exception:  # noqa: BLE001 - the original failure stands
             return
         reasons = [r for r in (excluded_reason(t) for t in targets) if r]
@@ -560,6 +668,7 @@ def select_ops(names=None, absent_ok=False):
     that is not there stops the run unless ``absent_ok`` (a baseline recorded on another torch
     release may name OpInfo variants this one does not have)."""
     from torch.testing._internal.common_methods_invocations import op_db
+
     ops = [op for op in op_db]
     if names is None:
         return ops, []
@@ -583,9 +692,12 @@ def run_op(op, max_samples) -> dict:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            samples = list(itertools.islice(
-                op.sample_inputs("cpu", torch.float32, requires_grad=op.supports_autograd),
-                max_samples))
+            samples = list(
+                itertools.islice(
+                    op.sample_inputs("cpu", torch.float32, requires_grad=op.supports_autograd),
+                    max_samples,
+                )
+            )
     except Exception as err:  # noqa: BLE001
         entry["status"] = f"excluded: sample_inputs failed ({type(err).__name__})"
         entry["family"] = _fallback_family(op)
@@ -593,14 +705,14 @@ def run_op(op, max_samples) -> dict:
     targets = []
     for index, sample in enumerate(samples):
         torch.manual_seed(index)
-        record = run_sample(op, sample, rtol, atol,
-                            values_defined=op.name not in VALUES_UNDEFINED)
+        record = run_sample(op, sample, rtol, atol, values_defined=op.name not in VALUES_UNDEFINED)
         record["index"] = index
         entry["samples"].append(record)
         targets.extend(record["ops"])
     fwd_targets = [t for t in targets]
     entry["family"] = _family_of_targets(
-        [_target_from_str(t) for t in sorted(set(fwd_targets))], op.name) or _fallback_family(op)
+        [_target_from_str(t) for t in sorted(set(fwd_targets))], op.name
+    ) or _fallback_family(op)
     counted = [s for s in entry["samples"] if _counted(s)]
     if not counted:
         reasons = sorted({s.get("excluded") or s["forward"] for s in entry["samples"]})
@@ -621,7 +733,8 @@ def _target_from_str(name: str):
 
 def _counted(record) -> bool:
     return record["forward"] not in ("eager_error", "no_tensor_output", "excluded") and (
-        "excluded" not in record)
+        "excluded" not in record
+    )
 
 
 def summarize(report: dict) -> dict:
@@ -654,8 +767,15 @@ def failures(report: dict) -> list:
             for phase in ("forward", "backward"):
                 status = s[phase]
                 if status not in (None, "pass"):
-                    rows.append({"op": name, "sample": s["index"], "phase": phase,
-                                 "category": status, "error": s[f"{phase}_error"]})
+                    rows.append(
+                        {
+                            "op": name,
+                            "sample": s["index"],
+                            "phase": phase,
+                            "category": status,
+                            "error": s[f"{phase}_error"],
+                        }
+                    )
     return rows
 
 
@@ -674,29 +794,45 @@ def _pct(a, b):
 
 
 def print_table(summary: dict, out=sys.stdout):
-    header = (f"{'family':<14}{'ops':>6}{'samples':>9}{'fwd pass':>10}{'fwd %':>9}"
-              f"{'bwd samp':>10}{'bwd pass':>10}{'bwd %':>9}")
+    header = (
+        f"{'family':<14}{'ops':>6}{'samples':>9}{'fwd pass':>10}{'fwd %':>9}"
+        f"{'bwd samp':>10}{'bwd pass':>10}{'bwd %':>9}"
+    )
     print(header, file=out)
     print("-" * len(header), file=out)
     for fam, c in summary.items():
         if fam == "TOTAL":
             print("-" * len(header), file=out)
-        print(f"{fam:<14}{c.get('ops', 0):>6}{c.get('samples', 0):>9}{c.get('fwd_pass', 0):>10}"
-              f"{_pct(c.get('fwd_pass', 0), c.get('samples', 0)):>9}{c.get('bwd_samples', 0):>10}"
-              f"{c.get('bwd_pass', 0):>10}{_pct(c.get('bwd_pass', 0), c.get('bwd_samples', 0)):>9}",
-              file=out)
+        print(
+            f"{fam:<14}{c.get('ops', 0):>6}{c.get('samples', 0):>9}{c.get('fwd_pass', 0):>10}"
+            f"{_pct(c.get('fwd_pass', 0), c.get('samples', 0)):>9}{c.get('bwd_samples', 0):>10}"
+            f"{c.get('bwd_pass', 0):>10}{_pct(c.get('bwd_pass', 0), c.get('bwd_samples', 0)):>9}",
+            file=out,
+        )
 
 
-def run(op_names=None, max_samples=DEFAULT_MAX_SAMPLES, verbose=False, log=sys.stderr,
-        absent_ok=False) -> dict:
+def run(
+    op_names=None, max_samples=DEFAULT_MAX_SAMPLES, verbose=False, log=sys.stderr, absent_ok=False
+) -> dict:
     ops, absent = select_ops(op_names, absent_ok)
     if absent:
-        print(f"not in torch {torch.__version__}'s OpInfo database, skipped: "
-              f"{', '.join(absent)}", file=log, flush=True)
-    report = {"meta": {"torch": torch.__version__, "jax": jax.__version__,
-                       "max_samples": max_samples, "rtol": DEFAULT_RTOL, "atol": DEFAULT_ATOL,
-                       "dtype": "float32", "absent_opinfos": absent},
-              "ops": {}}
+        print(
+            f"not in torch {torch.__version__}'s OpInfo database, skipped: {', '.join(absent)}",
+            file=log,
+            flush=True,
+        )
+    report = {
+        "meta": {
+            "torch": torch.__version__,
+            "jax": jax.__version__,
+            "max_samples": max_samples,
+            "rtol": DEFAULT_RTOL,
+            "atol": DEFAULT_ATOL,
+            "dtype": "float32",
+            "absent_opinfos": absent,
+        },
+        "ops": {},
+    }
     start = time.time()
     for i, op in enumerate(ops):
         name = op_full_name(op)
@@ -704,27 +840,41 @@ def run(op_names=None, max_samples=DEFAULT_MAX_SAMPLES, verbose=False, log=sys.s
         try:
             entry = run_op(op, max_samples)
         except Exception as err:  # noqa: BLE001 - a harness bug must not stop the run
-            entry = {"family": _fallback_family(op), "status": "included", "samples": [{
-                "index": 0, "forward": "crash", "backward": None, "ops": [],
-                "forward_error": f"harness: {type(err).__name__}: {err}"[:300],
-                "backward_error": None}]}
+            entry = {
+                "family": _fallback_family(op),
+                "status": "included",
+                "samples": [
+                    {
+                        "index": 0,
+                        "forward": "crash",
+                        "backward": None,
+                        "ops": [],
+                        "forward_error": f"harness: {type(err).__name__}: {err}"[:300],
+                        "backward_error": None,
+                    }
+                ],
+            }
             traceback.print_exc(file=log)
         entry["seconds"] = round(time.time() - t0, 2)
         report["ops"][name] = entry
         if verbose:
             counted = [s for s in entry["samples"] if _counted(s)]
-            print(f"[{i + 1}/{len(ops)}] {name}: {entry['status']} "
-                  f"fwd {sum(s['forward'] == 'pass' for s in counted)}/{len(counted)} "
-                  f"bwd {sum(s['backward'] == 'pass' for s in counted)}/"
-                  f"{sum(s['backward'] is not None for s in counted)} ({entry['seconds']} s)",
-                  file=log, flush=True)
+            print(
+                f"[{i + 1}/{len(ops)}] {name}: {entry['status']} "
+                f"fwd {sum(s['forward'] == 'pass' for s in counted)}/{len(counted)} "
+                f"bwd {sum(s['backward'] == 'pass' for s in counted)}/"
+                f"{sum(s['backward'] is not None for s in counted)} ({entry['seconds']} s)",
+                file=log,
+                flush=True,
+            )
         if (i + 1) % 25 == 0:
             jax.clear_caches()
     report["meta"]["seconds"] = round(time.time() - start, 1)
     report["summary"] = summarize(report)
     report["failures"] = failures(report)
-    report["excluded"] = {name: e["status"] for name, e in sorted(report["ops"].items())
-                          if e["status"] != "included"}
+    report["excluded"] = {
+        name: e["status"] for name, e in sorted(report["ops"].items()) if e["status"] != "included"
+    }
     return report
 
 
@@ -739,16 +889,28 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ops", help="comma-separated OpInfo names (name or name.variant)")
     parser.add_argument("--ops-file", help="take the op list from a baseline JSON file")
-    parser.add_argument("--max-samples", type=int, default=None,
-                        help=f"samples per OpInfo (default {DEFAULT_MAX_SAMPLES})")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"{QUICK_MAX_SAMPLES} samples per OpInfo")
-    parser.add_argument("--json", default=os.path.join(_ROOT, "artifacts", "op_coverage.json"),
-                        help="where to write the report (default artifacts/op_coverage.json)")
-    parser.add_argument("--write-baseline", metavar="PATH",
-                        help="write the passing set of this run as a regression baseline")
-    parser.add_argument("--no-cache", action="store_true",
-                        help="do not use JAX's persistent compilation cache")
+    parser.add_argument(
+        "--max-samples",
+        type=int,
+        default=None,
+        help=f"samples per OpInfo (default {DEFAULT_MAX_SAMPLES})",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help=f"{QUICK_MAX_SAMPLES} samples per OpInfo"
+    )
+    parser.add_argument(
+        "--json",
+        default=os.path.join(_ROOT, "artifacts", "op_coverage.json"),
+        help="where to write the report (default artifacts/op_coverage.json)",
+    )
+    parser.add_argument(
+        "--write-baseline",
+        metavar="PATH",
+        help="write the passing set of this run as a regression baseline",
+    )
+    parser.add_argument(
+        "--no-cache", action="store_true", help="do not use JAX's persistent compilation cache"
+    )
     parser.add_argument("--cache-dir", default=os.path.join(_ROOT, "artifacts", "jax_cache"))
     parser.add_argument("--failures", action="store_true", help="print every failing sample")
     parser.add_argument("-v", "--verbose", action="store_true", help="one line per OpInfo")
@@ -774,16 +936,23 @@ def main(argv=None):
     with open(args.json, "w") as f:
         json.dump(report, f, indent=1, sort_keys=False)
     print_table(report["summary"])
-    print(f"\n{len(report['excluded'])} OpInfos excluded from the denominator; "
-          f"{len(report['failures'])} failing sample phases; report: {args.json} "
-          f"({report['meta']['seconds']} s)")
+    print(
+        f"\n{len(report['excluded'])} OpInfos excluded from the denominator; "
+        f"{len(report['failures'])} failing sample phases; report: {args.json} "
+        f"({report['meta']['seconds']} s)"
+    )
     if args.failures:
         for row in report["failures"]:
-            print(f"  {row['op']}[{row['sample']}] {row['phase']}: {row['category']}: "
-                  f"{(row['error'] or '')[:160]}")
+            print(
+                f"  {row['op']}[{row['sample']}] {row['phase']}: {row['category']}: "
+                f"{(row['error'] or '')[:160]}"
+            )
     if args.write_baseline:
-        baseline = {"max_samples": max_samples, "ops": sorted(report["ops"]),
-                    "passing": passing_set(report)}
+        baseline = {
+            "max_samples": max_samples,
+            "ops": sorted(report["ops"]),
+            "passing": passing_set(report),
+        }
         os.makedirs(os.path.dirname(os.path.abspath(args.write_baseline)), exist_ok=True)
         with open(args.write_baseline, "w") as f:
             json.dump(baseline, f, indent=1, sort_keys=True)

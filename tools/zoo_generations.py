@@ -81,11 +81,18 @@ class Settings:
 # ---------------------------------------------------------------------------------------------
 # Config builders: the shipped params, made tiny, with the zoo's own fake-data options.
 
+
 def _runconfig(params: dict, s: Settings) -> None:
     rc = params.setdefault("runconfig", {})
-    rc.update(max_steps=s.steps, log_steps=1, checkpoint_steps=s.checkpoint_steps,
-              save_initial_checkpoint=False, eval_steps=s.eval_steps, seed=1,
-              eval_frequency=s.steps)
+    rc.update(
+        max_steps=s.steps,
+        log_steps=1,
+        checkpoint_steps=s.checkpoint_steps,
+        save_initial_checkpoint=False,
+        eval_steps=s.eval_steps,
+        seed=1,
+        eval_frequency=s.steps,
+    )
     rc.pop("num_epochs", None)
     rc.pop("steps", None)
 
@@ -106,12 +113,24 @@ def gpt2_params(params: dict, s: Settings) -> dict:
         inp = params[section]
         for key in ("data_dir", "prefetch_factor", "persistent_workers"):
             inp.pop(key, None)
-        inp.update(data_processor="DummyDataProcessor", batch_size=s.batch_size,
-                   shuffle=False, shuffle_seed=1, num_workers=0)
+        inp.update(
+            data_processor="DummyDataProcessor",
+            batch_size=s.batch_size,
+            shuffle=False,
+            shuffle_seed=1,
+            num_workers=0,
+        )
     model = params["model"]
-    model.update(hidden_size=32, num_hidden_layers=2, num_heads=2, filter_size=64,
-                 vocab_size=32000, max_position_embeddings=128, dropout_rate=0.0,
-                 attention_dropout_rate=0.0)
+    model.update(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_heads=2,
+        filter_size=64,
+        vocab_size=32000,
+        max_position_embeddings=128,
+        dropout_rate=0.0,
+        attention_dropout_rate=0.0,
+    )
     model.pop("embedding_dropout_rate", None)
     # Release_2.0's shipped gpt2_small schedule passes `alpha` to a Linear scheduler, which
     # cerebras-pytorch's strict scheduler configs (2.1 on; 2.1's configs dropped the key)
@@ -141,6 +160,7 @@ def float32(params: dict) -> dict:
 # take GenericDataProcessorConfig, whose ``data_processor`` must read "GenericDataProcessor"),
 # so gpt2 reads small HDF5 files the harness writes, through the shipped GptHDF5DataProcessor.
 
+
 def gpt2_trainer_params(params: dict, s: Settings) -> dict:
     """The Trainer config of a tiny gpt2: the model of ``gpt2_params`` (2 layers of width 32,
     no dropout, 128 tokens from a 32000-word vocabulary); the shipped AdamW, gradient
@@ -151,21 +171,38 @@ def gpt2_trainer_params(params: dict, s: Settings) -> dict:
     trainer = params["trainer"]
     init = trainer["init"]
     model = init["model"]
-    model.update(name="gpt2", hidden_size=32, num_hidden_layers=2, num_heads=2, filter_size=64,
-                 vocab_size=32000, max_position_embeddings=128, dropout_rate=0.0,
-                 attention_dropout_rate=0.0, loss_weight=1 / 128)
+    model.update(
+        name="gpt2",
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_heads=2,
+        filter_size=64,
+        vocab_size=32000,
+        max_position_embeddings=128,
+        dropout_rate=0.0,
+        attention_dropout_rate=0.0,
+        loss_weight=1 / 128,
+    )
     for key in ("embedding_dropout_rate", "mixed_precision", "fp16_type"):  # deprecated
         model.pop(key, None)
     for entry in init.get("schedulers", []):
         for phase in next(iter(entry.values())).get("schedulers", []):
             next(iter(phase.values()))["total_iters"] = s.steps // 2
-    init.update(seed=1, loop=dict(max_steps=s.steps, eval_frequency=s.steps,
-                                  eval_steps=s.eval_steps),
-                checkpoint=dict(steps=s.checkpoint_steps, save_initial_checkpoint=False),
-                logging=dict(log_steps=1))
-    loader = dict(data_processor="GptHDF5DataProcessor", data_dir=None,
-                  max_sequence_length=128, batch_size=s.batch_size, shuffle=False,
-                  shuffle_seed=1, num_workers=0)
+    init.update(
+        seed=1,
+        loop=dict(max_steps=s.steps, eval_frequency=s.steps, eval_steps=s.eval_steps),
+        checkpoint=dict(steps=s.checkpoint_steps, save_initial_checkpoint=False),
+        logging=dict(log_steps=1),
+    )
+    loader = dict(
+        data_processor="GptHDF5DataProcessor",
+        data_dir=None,
+        max_sequence_length=128,
+        batch_size=s.batch_size,
+        shuffle=False,
+        shuffle_seed=1,
+        num_workers=0,
+    )
     trainer["fit"] = dict(train_dataloader=dict(loader), val_dataloader=dict(loader))
     trainer["validate"] = dict(val_dataloader=dict(loader))
     trainer["validate_all"] = dict(val_dataloaders=dict(loader))
@@ -182,13 +219,18 @@ def gpt2_trainer_data(work: Path, params: dict) -> dict:
     trainer = params["trainer"]
     loader = trainer["fit"]["train_dataloader"]
     seq, vocab = loader["max_sequence_length"], trainer["init"]["model"]["vocab_size"]
-    train, evals = (synthetic_data.write_gpt_hdf5(
-        work / "data" / name, vocab, seq, examples=loader["batch_size"] * batches * 2,
-        seed=seed) for name, seed, batches in (("train", 0, Settings.steps),
-                                               ("eval", 1, Settings.eval_steps)))
+    train, evals = (
+        synthetic_data.write_gpt_hdf5(
+            work / "data" / name, vocab, seq, examples=loader["batch_size"] * batches * 2, seed=seed
+        )
+        for name, seed, batches in (("train", 0, Settings.steps), ("eval", 1, Settings.eval_steps))
+    )
     trainer["fit"]["train_dataloader"]["data_dir"] = train
-    for section in (trainer["fit"]["val_dataloader"], trainer["validate"]["val_dataloader"],
-                    trainer["validate_all"]["val_dataloaders"]):
+    for section in (
+        trainer["fit"]["val_dataloader"],
+        trainer["validate"]["val_dataloader"],
+        trainer["validate_all"]["val_dataloaders"],
+    ):
         section["data_dir"] = evals
     return params
 
@@ -201,6 +243,7 @@ def float32_trainer(params: dict) -> dict:
 
 
 # The 1.x lines (1.6 to 1.9): the same shipped configs, with what their runners need besides.
+
 
 def fc_mnist_params_1x(params: dict, s: Settings) -> dict:
     """fc_mnist of 1.6-1.9 (depth 10, lr 0.001 as shipped) made to learn visibly in 20
@@ -244,12 +287,19 @@ def gpt2_hdf5_data(work: Path, params: dict, per_example: bool = False) -> dict:
     params = copy.deepcopy(params)
     seq = params["train_input"]["max_sequence_length"]
     vocab = params["model"]["vocab_size"]
-    for section, seed, batches in (("train_input", 0, Settings.steps),
-                                   ("eval_input", 1, Settings.eval_steps)):
+    for section, seed, batches in (
+        ("train_input", 0, Settings.steps),
+        ("eval_input", 1, Settings.eval_steps),
+    ):
         examples = params[section]["batch_size"] * batches * 2
         params[section]["data_dir"] = synthetic_data.write_gpt_hdf5(
-            work / "data" / section, vocab, seq, examples=examples, seed=seed,
-            per_example=per_example)
+            work / "data" / section,
+            vocab,
+            seq,
+            examples=examples,
+            seed=seed,
+            per_example=per_example,
+        )
     return params
 
 
@@ -265,10 +315,12 @@ def flow(experimental_api: bool) -> Callable[[dict], dict]:
     """The runconfig of a 1.8/1.9 flow: ``experimental_api`` picks the cstorch flow
     (``run_cstorch_flow``) over the ``PyTorchBaseRunner`` one. 1.8's cstorch flow reads
     ``transfer_processes``, which neither its command line nor its shipped configs set."""
+
     def runconfig(params: dict) -> dict:
         params = copy.deepcopy(params)
         params["runconfig"].update(experimental_api=experimental_api, transfer_processes=None)
         return params
+
     return runconfig
 
 
@@ -286,8 +338,7 @@ def fc_mnist_reference_eval(checkpoint: str, params: dict) -> float:
     x = torch.zeros(params["eval_input"]["batch_size"], 784)
     layer = 0
     while f"fc_layers.{layer}.weight" in state:
-        x = torch.relu(x @ state[f"fc_layers.{layer}.weight"].T
-                       + state[f"fc_layers.{layer}.bias"])
+        x = torch.relu(x @ state[f"fc_layers.{layer}.weight"].T + state[f"fc_layers.{layer}.bias"])
         layer += 1
     logits = x @ state["last_layer.weight"].T + state["last_layer.bias"]
     return float(-torch.log_softmax(logits.double(), dim=1)[:, 0].mean())
@@ -296,8 +347,10 @@ def fc_mnist_reference_eval(checkpoint: str, params: dict) -> float:
 # ---------------------------------------------------------------------------------------------
 # Command lines.
 
-def cli_2x(run_py: str, device: str, mode: str, params: str, model_dir: str,
-           checkpoint: str | None) -> list[str]:
+
+def cli_2x(
+    run_py: str, device: str, mode: str, params: str, model_dir: str, checkpoint: str | None
+) -> list[str]:
     """2.0 to 2.10: ``python run.py {CPU,CSX} --mode M --params P --model_dir D``."""
     argv = [run_py, device, "--mode", mode, "--params", params, "--model_dir", model_dir]
     if checkpoint:
@@ -305,8 +358,9 @@ def cli_2x(run_py: str, device: str, mode: str, params: str, model_dir: str,
     return argv
 
 
-def cli_18(run_py: str, device: str, mode: str, params: str, model_dir: str,
-           checkpoint: str | None) -> list[str]:
+def cli_18(
+    run_py: str, device: str, mode: str, params: str, model_dir: str, checkpoint: str | None
+) -> list[str]:
     """1.8: as 2.x, but CSX also names the execution strategy (``CSX weight_streaming``), and
     trains with ``python -O``: 1.8's cstorch flow asserts its parameters are XLA device tensors
     right after compiling (``p.device.type == "xla"``); the modeled wafer's are host tensors
@@ -317,8 +371,9 @@ def cli_18(run_py: str, device: str, mode: str, params: str, model_dir: str,
     return ["-O", *argv] if device == "CSX" and mode == "train" else argv
 
 
-def cli_18_runner(run_py: str, device: str, mode: str, params: str, model_dir: str,
-                  checkpoint: str | None) -> list[str]:
+def cli_18_runner(
+    run_py: str, device: str, mode: str, params: str, model_dir: str, checkpoint: str | None
+) -> list[str]:
     """1.8 through its runner (``PyTorchBaseRunner``): the 1.8 command line, plain ``python``."""
     argv = cli_2x(run_py, device, mode, params, model_dir, checkpoint)
     if device == "CSX":
@@ -330,12 +385,21 @@ def cli_18_runner(run_py: str, device: str, mode: str, params: str, model_dir: s
     return argv
 
 
-def cli_17(run_py: str, device: str, mode: str, params: str, model_dir: str,
-           checkpoint: str | None) -> list[str]:
+def cli_17(
+    run_py: str, device: str, mode: str, params: str, model_dir: str, checkpoint: str | None
+) -> list[str]:
     """1.6 and 1.7: no device word: CPU by default, ``--appliance`` for the appliance (weight
     streaming on CSX)."""
-    argv = [run_py, *(["--appliance"] if device == "CSX" else []), "--params", params,
-            "--mode", mode, "--model_dir", model_dir]
+    argv = [
+        run_py,
+        *(["--appliance"] if device == "CSX" else []),
+        "--params",
+        params,
+        "--mode",
+        mode,
+        "--model_dir",
+        model_dir,
+    ]
     if checkpoint:
         argv += ["--checkpoint_path", checkpoint]
     return argv
@@ -357,8 +421,9 @@ def losses_2x(model_dir: Path, log: str) -> tuple[dict[int, float], float | None
     except ImportError:  # read the logs instead
         EventAccumulator = None
     if EventAccumulator is not None:
-        for path in sorted(glob.glob(str(model_dir / "**" / "events.out.tfevents*"),
-                                     recursive=True)):
+        for path in sorted(
+            glob.glob(str(model_dir / "**" / "events.out.tfevents*"), recursive=True)
+        ):
             acc = EventAccumulator(path, size_guidance={"scalars": 0})
             acc.Reload()
             for tag in acc.Tags().get("scalars", []):
@@ -368,8 +433,11 @@ def losses_2x(model_dir: Path, log: str) -> tuple[dict[int, float], float | None
                 elif tag.endswith("loss"):  # eval/loss, validate_0/loss, ...
                     evals += [e.value for e in events]
     if not train:
-        train = {int(m[1]): float(m[2]) for m in _STEP_LOSS.finditer(log)
-                 if "Eval" not in log[max(0, m.start() - 40):m.start()]}
+        train = {
+            int(m[1]): float(m[2])
+            for m in _STEP_LOSS.finditer(log)
+            if "Eval" not in log[max(0, m.start() - 40) : m.start()]
+        }
     if not evals:
         evals = [float(m[1]) for m in _EVAL_LOSS.finditer(log)]
     return train, (evals[-1] if evals else None)
@@ -400,11 +468,12 @@ def checkpoints_2x(model_dir: Path) -> dict[int, str]:
 # ---------------------------------------------------------------------------------------------
 # The table of release lines.
 
+
 @dataclasses.dataclass
 class Model:
     name: str
-    run_py: str   # relative to the checkout
-    config: str   # the shipped config it starts from, relative to the checkout
+    run_py: str  # relative to the checkout
+    config: str  # the shipped config it starts from, relative to the checkout
     build: Callable[[dict, Settings], dict]
     cpu_params: Callable[[dict], dict] = float32  # the CPU runs' precision
     # writes the data the config reads under the run's folder, where the zoo has no fake data
@@ -431,10 +500,15 @@ class ReleaseLine:
 
 def _src_2x(prefix: str, gpt2_dir: str) -> list[Model]:
     return [
-        Model("fc_mnist", f"{prefix}/fc_mnist/pytorch/run.py",
-              f"{prefix}/fc_mnist/pytorch/configs/params.yaml", fc_mnist_params),
-        Model("gpt2", f"{gpt2_dir}/run.py", f"{gpt2_dir}/configs/params_gpt2_small.yaml",
-              gpt2_params),
+        Model(
+            "fc_mnist",
+            f"{prefix}/fc_mnist/pytorch/run.py",
+            f"{prefix}/fc_mnist/pytorch/configs/params.yaml",
+            fc_mnist_params,
+        ),
+        Model(
+            "gpt2", f"{gpt2_dir}/run.py", f"{gpt2_dir}/configs/params_gpt2_small.yaml", gpt2_params
+        ),
     ]
 
 
@@ -442,55 +516,125 @@ def _src_1x(fake_gpt2_data: bool, hdf5_per_example: bool = False) -> list[Model]
     """fc_mnist and gpt2 of a 1.x line; gpt2 on the zoo's DummyDataProcessor (1.9) or on
     HDF5 files the harness writes (1.6-1.8; 1.6 reads one dataset per example)."""
     gpt2_dir = "modelzoo/transformers/pytorch/gpt2"
-    gpt2 = Model("gpt2", f"{gpt2_dir}/run.py", f"{gpt2_dir}/configs/params_gpt2_small.yaml",
-                 gpt2_params_1x, cpu_params=float32_1x)
+    gpt2 = Model(
+        "gpt2",
+        f"{gpt2_dir}/run.py",
+        f"{gpt2_dir}/configs/params_gpt2_small.yaml",
+        gpt2_params_1x,
+        cpu_params=float32_1x,
+    )
     if not fake_gpt2_data:
         gpt2 = dataclasses.replace(
-            gpt2, build=gpt2_params_hdf5,
-            data=functools.partial(gpt2_hdf5_data, per_example=hdf5_per_example))
-    return [Model("fc_mnist", "modelzoo/fc_mnist/pytorch/run.py",
-                  "modelzoo/fc_mnist/pytorch/configs/params.yaml", fc_mnist_params_1x,
-                  reference_eval=fc_mnist_reference_eval), gpt2]
+            gpt2,
+            build=gpt2_params_hdf5,
+            data=functools.partial(gpt2_hdf5_data, per_example=hdf5_per_example),
+        )
+    return [
+        Model(
+            "fc_mnist",
+            "modelzoo/fc_mnist/pytorch/run.py",
+            "modelzoo/fc_mnist/pytorch/configs/params.yaml",
+            fc_mnist_params_1x,
+            reference_eval=fc_mnist_reference_eval,
+        ),
+        gpt2,
+    ]
 
 
 _SRC_22 = "src/cerebras/modelzoo"
 RELEASE_LINES: list[ReleaseLine] = [
     # 2.4 ships no fc_mnist and no gpt2 config: gpt2 from gpt3's 111M Trainer config
-    ReleaseLine("2.4", "Release_2.4.3", [
-        Model("gpt2", f"{_SRC_22}/models/nlp/gpt2/run.py",
-              f"{_SRC_22}/models/nlp/gpt3/configs/Cerebras_GPT/111m.yaml",
-              gpt2_trainer_params, cpu_params=float32_trainer, data=gpt2_trainer_data)]),
+    ReleaseLine(
+        "2.4",
+        "Release_2.4.3",
+        [
+            Model(
+                "gpt2",
+                f"{_SRC_22}/models/nlp/gpt2/run.py",
+                f"{_SRC_22}/models/nlp/gpt3/configs/Cerebras_GPT/111m.yaml",
+                gpt2_trainer_params,
+                cpu_params=float32_trainer,
+                data=gpt2_trainer_data,
+            )
+        ],
+    ),
     ReleaseLine("2.3", "Release_2.3.1", _src_2x(_SRC_22, f"{_SRC_22}/models/nlp/gpt2")),
     ReleaseLine("2.2", "Release_2.2.1", _src_2x(_SRC_22, f"{_SRC_22}/models/nlp/gpt2")),
-    ReleaseLine("2.1", "Release_2.1.1", _src_2x("modelzoo", "modelzoo/transformers/pytorch/gpt2"),
-                cpu_mode="train"),
-    ReleaseLine("2.0", "Release_2.0.3", _src_2x("modelzoo", "modelzoo/transformers/pytorch/gpt2"),
-                cpu_mode="train"),
+    ReleaseLine(
+        "2.1",
+        "Release_2.1.1",
+        _src_2x("modelzoo", "modelzoo/transformers/pytorch/gpt2"),
+        cpu_mode="train",
+    ),
+    ReleaseLine(
+        "2.0",
+        "Release_2.0.3",
+        _src_2x("modelzoo", "modelzoo/transformers/pytorch/gpt2"),
+        cpu_mode="train",
+    ),
     # 1.8 and 1.9 have two flows: cstorch (``runconfig.experimental_api``) and the
     # PyTorchBaseRunner (on CSX the appliance runner over the 1.x lazy API); 1.6 and 1.7 have
     # only the runner. Their CPU runs train only (eval from the checkpoint is checked against
     # eager torch).
-    ReleaseLine("1.9", "Release_1.9.1", _src_1x(True), losses=losses_1x, cpu_mode="train",
-                runconfig=flow(True)),
-    ReleaseLine("1.9-runner", "Release_1.9.1", _src_1x(True), losses=losses_1x,
-                cpu_mode="train", runconfig=flow(False)),
-    ReleaseLine("1.8", "Release_1.8.0", _src_1x(False), cli=cli_18, losses=losses_1x,
-                cpu_mode="train", runconfig=flow(True)),
-    ReleaseLine("1.8-runner", "Release_1.8.0", _src_1x(False), cli=cli_18_runner, losses=losses_1x,
-                cpu_mode="train", runconfig=flow(False)),
-    ReleaseLine("1.7", "R_1.7.1", _src_1x(False), cli=cli_17, losses=losses_1x,
-                cpu_mode="train"),
-    ReleaseLine("1.6", "R_1.6.1", _src_1x(False, hdf5_per_example=True), cli=cli_17, losses=losses_1x,
-                cpu_mode="train"),
+    ReleaseLine(
+        "1.9",
+        "Release_1.9.1",
+        _src_1x(True),
+        losses=losses_1x,
+        cpu_mode="train",
+        runconfig=flow(True),
+    ),
+    ReleaseLine(
+        "1.9-runner",
+        "Release_1.9.1",
+        _src_1x(True),
+        losses=losses_1x,
+        cpu_mode="train",
+        runconfig=flow(False),
+    ),
+    ReleaseLine(
+        "1.8",
+        "Release_1.8.0",
+        _src_1x(False),
+        cli=cli_18,
+        losses=losses_1x,
+        cpu_mode="train",
+        runconfig=flow(True),
+    ),
+    ReleaseLine(
+        "1.8-runner",
+        "Release_1.8.0",
+        _src_1x(False),
+        cli=cli_18_runner,
+        losses=losses_1x,
+        cpu_mode="train",
+        runconfig=flow(False),
+    ),
+    ReleaseLine("1.7", "R_1.7.1", _src_1x(False), cli=cli_17, losses=losses_1x, cpu_mode="train"),
+    ReleaseLine(
+        "1.6",
+        "R_1.6.1",
+        _src_1x(False, hdf5_per_example=True),
+        cli=cli_17,
+        losses=losses_1x,
+        cpu_mode="train",
+    ),
     # 1.6's first release too: both 1.6 releases import PyTorch/XLA pieces on a CS system,
     # which the 1.x lazy API serves during the run (cerebras_pytorch.lazy.xla_pieces)
-    ReleaseLine("1.6.0", "R_1.6.0", _src_1x(False, hdf5_per_example=True), cli=cli_17,
-                losses=losses_1x, cpu_mode="train"),
+    ReleaseLine(
+        "1.6.0",
+        "R_1.6.0",
+        _src_1x(False, hdf5_per_example=True),
+        cli=cli_17,
+        losses=losses_1x,
+        cpu_mode="train",
+    ),
 ]
 
 
 # ---------------------------------------------------------------------------------------------
 # Checkout: a tag's files from a git repository, without a work tree.
+
 
 def git_dir(src: Path, required: bool = True) -> Path | None:
     for candidate in (src / ".git", src):
@@ -498,15 +642,20 @@ def git_dir(src: Path, required: bool = True) -> Path | None:
             return candidate
     if not required:
         return None
-    raise SystemExit(f"{src} is not a git repository (a Model Zoo clone or bare git dir): the "
-                     "harness checks each release tag out of it.")
+    raise SystemExit(
+        f"{src} is not a git repository (a Model Zoo clone or bare git dir): the "
+        "harness checks each release tag out of it."
+    )
 
 
 def checkout(gitdir: Path, tag: str, dest: Path) -> list[str]:
     """Writes the files of ``tag`` under ``dest``; returns the paths whose content the
     repository lacks (a partial mirror: large data files), which are skipped."""
-    listing = subprocess.run(["git", "--git-dir", str(gitdir), "ls-tree", "-r", "-z", tag],
-                             capture_output=True, check=True).stdout.split(b"\0")
+    listing = subprocess.run(
+        ["git", "--git-dir", str(gitdir), "ls-tree", "-r", "-z", tag],
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
     blobs = []
     for entry in filter(None, listing):
         meta, path = entry.split(b"\t", 1)
@@ -514,8 +663,11 @@ def checkout(gitdir: Path, tag: str, dest: Path) -> list[str]:
         if kind == b"blob":
             blobs.append((mode, sha, os.fsdecode(path)))
     missing = []
-    cat = subprocess.Popen(["git", "--git-dir", str(gitdir), "cat-file", "--batch"],
-                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    cat = subprocess.Popen(
+        ["git", "--git-dir", str(gitdir), "cat-file", "--batch"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     try:
         for mode, sha, path in blobs:
             if ".." in Path(path).parts or Path(path).is_absolute():
@@ -546,6 +698,7 @@ def checkout(gitdir: Path, tag: str, dest: Path) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 # Running and judging.
 
+
 def first_error(log: str) -> str | None:
     """The innermost ``file:line`` and the exception line of the first traceback in ``log``
     (the root cause, where exceptions were chained)."""
@@ -569,32 +722,49 @@ def first_error(log: str) -> str | None:
 
 def zoo_environment(zoo_python: str, probe: Path, engine: str | None) -> dict:
     paths = [str(SITE), str(ROOT), str(ROOT / "compat")]
-    has_torchvision = subprocess.run(
-        [zoo_python, "-c", "import torchvision"], capture_output=True).returncode == 0
+    has_torchvision = (
+        subprocess.run([zoo_python, "-c", "import torchvision"], capture_output=True).returncode
+        == 0
+    )
     if not has_torchvision:
         paths.append(str(STUBS))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths),
-           "ZOO_GENERATIONS_PROBE": str(probe)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "ZOO_GENERATIONS_PROBE": str(probe)}
     env.pop("CSTORCH_ENGINE", None)
     if engine:
         env["CSTORCH_ENGINE"] = engine
     return env
 
 
-def run_one(zoo_python: str, checkout_dir: Path, work: Path, line: ReleaseLine, model: Model,
-            kind: str, device: str, mode: str, checkpoint: str | None) -> dict:
+def run_one(
+    zoo_python: str,
+    checkout_dir: Path,
+    work: Path,
+    line: ReleaseLine,
+    model: Model,
+    kind: str,
+    device: str,
+    mode: str,
+    checkpoint: str | None,
+) -> dict:
     model_dir = work / f"model_dir_{kind}"
     shutil.rmtree(model_dir, ignore_errors=True)
     probe = work / f"probe_{kind}.json"
     probe.unlink(missing_ok=True)
     params = work / ("params_csx.yaml" if device == "CSX" else "params.yaml")
-    argv = line.cli(str(checkout_dir / model.run_py), device, mode, str(params), str(model_dir),
-                    checkpoint)
+    argv = line.cli(
+        str(checkout_dir / model.run_py), device, mode, str(params), str(model_dir), checkpoint
+    )
     env = zoo_environment(zoo_python, probe, "eager" if kind.endswith("eager") else None)
     start = time.monotonic()
     try:
-        proc = subprocess.run([zoo_python] + argv, cwd=work, env=env, capture_output=True,
-                              text=True, timeout=RUN_TIMEOUT)
+        proc = subprocess.run(
+            [zoo_python] + argv,
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT,
+        )
         log, rc = proc.stdout + proc.stderr, proc.returncode
     except subprocess.TimeoutExpired as exc:
         log, rc = f"{exc.stdout or ''}{exc.stderr or ''}\ntimed out after {RUN_TIMEOUT}s", -1
@@ -602,12 +772,21 @@ def run_one(zoo_python: str, checkout_dir: Path, work: Path, line: ReleaseLine, 
     (work / f"{kind}.log").write_text(log)
     train, eval_loss = line.losses(model_dir, log)
     ran = json.loads(probe.read_text()) if probe.exists() else {}
-    return dict(kind=kind, rc=rc, seconds=round(seconds, 1), losses=train, eval_loss=eval_loss,
-                data_restarted=bool(_DATA_RESTARTED.search(log)),
-                checkpoints=line.checkpoints(model_dir), error=first_error(log) if rc else None,
-                project_cstorch=bool(ran.get("project_cstorch")), engine=ran.get("engine"),
-                from_tests=ran.get("from_tests"), torch_xla=ran.get("torch_xla"),
-                log=str(work / f"{kind}.log"))
+    return dict(
+        kind=kind,
+        rc=rc,
+        seconds=round(seconds, 1),
+        losses=train,
+        eval_loss=eval_loss,
+        data_restarted=bool(_DATA_RESTARTED.search(log)),
+        checkpoints=line.checkpoints(model_dir),
+        error=first_error(log) if rc else None,
+        project_cstorch=bool(ran.get("project_cstorch")),
+        engine=ran.get("engine"),
+        from_tests=ran.get("from_tests"),
+        torch_xla=ran.get("torch_xla"),
+        log=str(work / f"{kind}.log"),
+    )
 
 
 def _relative(a: float, b: float) -> float:
@@ -627,8 +806,10 @@ def compare(a: dict[int, float], b: dict[int, float]) -> tuple[float, bool] | No
 
 def _same_batches(res: dict, cpu: dict, settings: Settings) -> float:
     first = settings.checkpoint_steps
-    diff = compare({s - first: v for s, v in res["losses"].items()},
-                   {s: v for s, v in cpu["losses"].items() if s <= first})
+    diff = compare(
+        {s - first: v for s, v in res["losses"].items()},
+        {s: v for s, v in cpu["losses"].items() if s <= first},
+    )
     return diff[0] if diff else math.inf
 
 
@@ -650,8 +831,11 @@ def judge(runs: dict[str, dict], settings: Settings) -> dict:
     verdict["csx"] = "ok" if ok_train(csx) else "FAIL"
     if ok_train(cpu) and ok_train(eager):
         diff, first_same = compare(cpu["losses"], eager["losses"])
-        verdict["vs_eager"] = ("ok" if first_same and diff <= EAGER_TOLERANCE else "FAIL") + \
-            f" {diff:.1e}" + ("" if first_same else " (step 1 differs)")
+        verdict["vs_eager"] = (
+            ("ok" if first_same and diff <= EAGER_TOLERANCE else "FAIL")
+            + f" {diff:.1e}"
+            + ("" if first_same else " (step 1 differs)")
+        )
     else:
         verdict["vs_eager"] = "FAIL"
     if ok_train(cpu) and ok_train(csx):
@@ -668,8 +852,11 @@ def judge(runs: dict[str, dict], settings: Settings) -> dict:
         else:
             d = _relative(ev["eval_loss"], reference)
             on_csx = ev.get("from") == "csx"  # mixed precision against the float64 forward
-            verdict["eval"] = ("ok" if d <= (CSX_TOLERANCE if on_csx else EAGER_TOLERANCE)
-                               else "FAIL") + f" {d:.1e}" + (" (CSX)" if on_csx else "")
+            verdict["eval"] = (
+                ("ok" if d <= (CSX_TOLERANCE if on_csx else EAGER_TOLERANCE) else "FAIL")
+                + f" {d:.1e}"
+                + (" (CSX)" if on_csx else "")
+            )
     else:
         verdict["eval"] = "FAIL"
     base = runs.get(res.get("from", "cpu")) if res else None  # the run it resumes
@@ -684,11 +871,15 @@ def judge(runs: dict[str, dict], settings: Settings) -> dict:
             # Steps 11-20 of the resumed run see the batches of steps 1-10 again: compared
             # with those steps of the continuous run (10 steps less trained, same batches).
             diff = _same_batches(res, cpu, settings)
-            verdict["resume"] = ("ok" if diff <= RESTARTED_DATA_TOLERANCE else "FAIL") + \
-                f" {diff:.1e} (data restarts)"
+            verdict["resume"] = (
+                "ok" if diff <= RESTARTED_DATA_TOLERANCE else "FAIL"
+            ) + f" {diff:.1e} (data restarts)"
         else:
-            verdict["resume"] = ("ok" if resumed[0] <= EAGER_TOLERANCE else "FAIL") + \
-                f" {resumed[0]:.1e}" + (" (CSX)" if base is csx else "")
+            verdict["resume"] = (
+                ("ok" if resumed[0] <= EAGER_TOLERANCE else "FAIL")
+                + f" {resumed[0]:.1e}"
+                + (" (CSX)" if base is csx else "")
+            )
     else:
         verdict["resume"] = "FAIL"
     if "eval_csx" in runs:
@@ -726,8 +917,16 @@ def _judge_csx_eval(ev: dict, reference: dict | None) -> str:
     return ("ok" if d <= CSX_TOLERANCE else "FAIL") + f" {d:.1e}"
 
 
-def _csx_eval(zoo_python: str, checkout_dir: Path, work: Path, line: ReleaseLine, model: Model,
-              runs: dict, params: dict, cpu_params: dict) -> None:
+def _csx_eval(
+    zoo_python: str,
+    checkout_dir: Path,
+    work: Path,
+    line: ReleaseLine,
+    model: Model,
+    runs: dict,
+    params: dict,
+    cpu_params: dict,
+) -> None:
     """``--csx-eval``: the CSX run's last checkpoint evaluated on CSX (``eval_csx``) and, as
     the reference, on CPU (``eval_csx_reference``; fc_mnist of 1.x: the eager forward)."""
     checkpoints = runs["csx"]["checkpoints"]
@@ -736,23 +935,35 @@ def _csx_eval(zoo_python: str, checkout_dir: Path, work: Path, line: ReleaseLine
     keep = work / "checkpoints_csx"
     keep.mkdir(exist_ok=True)
     last = shutil.copy(checkpoints[max(checkpoints)], keep)
-    runs["eval_csx"] = run_one(zoo_python, checkout_dir, work, line, model, "eval_csx", "CSX",
-                               "eval", last)
+    runs["eval_csx"] = run_one(
+        zoo_python, checkout_dir, work, line, model, "eval_csx", "CSX", "eval", last
+    )
     if model.reference_eval:
-        runs["eval_csx_reference"] = dict(value=model.reference_eval(last, params), rc=0,
-                                          losses={}, project_cstorch=True, error=None)
+        runs["eval_csx_reference"] = dict(
+            value=model.reference_eval(last, params),
+            rc=0,
+            losses={},
+            project_cstorch=True,
+            error=None,
+        )
     else:
-        runs["eval_csx_reference"] = run_one(zoo_python, checkout_dir, work, line, model,
-                                             "eval_csx_reference", "CPU", "eval", last)
+        runs["eval_csx_reference"] = run_one(
+            zoo_python, checkout_dir, work, line, model, "eval_csx_reference", "CPU", "eval", last
+        )
 
 
-def run_model(zoo_python: str, checkout_dir: Path, work: Path, line: ReleaseLine, model: Model,
-              settings: Settings) -> dict:
+def run_model(
+    zoo_python: str,
+    checkout_dir: Path,
+    work: Path,
+    line: ReleaseLine,
+    model: Model,
+    settings: Settings,
+) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     shipped = checkout_dir / model.config
     if not (checkout_dir / model.run_py).exists() or not shipped.exists():
-        return dict(model=model.name, missing=f"{model.run_py} or {model.config} not in "
-                    f"{line.tag}")
+        return dict(model=model.name, missing=f"{model.run_py} or {model.config} not in {line.tag}")
     params = model.build(yaml.safe_load(shipped.read_text()), settings)
     if line.runconfig:
         params = line.runconfig(params)
@@ -763,12 +974,13 @@ def run_model(zoo_python: str, checkout_dir: Path, work: Path, line: ReleaseLine
     (work / "params.yaml").write_text(yaml.safe_dump(cpu_params, sort_keys=False))
     runs = {}
     start = time.monotonic()
-    runs["cpu"] = run_one(zoo_python, checkout_dir, work, line, model, "cpu", "CPU",
-                          line.cpu_mode, None)
-    runs["eager"] = run_one(zoo_python, checkout_dir, work, line, model, "eager", "CPU",
-                            line.cpu_mode, None)
-    runs["csx"] = run_one(zoo_python, checkout_dir, work, line, model, "csx", "CSX", "train",
-                          None)
+    runs["cpu"] = run_one(
+        zoo_python, checkout_dir, work, line, model, "cpu", "CPU", line.cpu_mode, None
+    )
+    runs["eager"] = run_one(
+        zoo_python, checkout_dir, work, line, model, "eager", "CPU", line.cpu_mode, None
+    )
+    runs["csx"] = run_one(zoo_python, checkout_dir, work, line, model, "csx", "CSX", "train", None)
     # Evaluation and resumption read the CPU run's checkpoints; where the CPU run cannot
     # run at all (1.6's fc_mnist: outside the project), the CSX run's, on CSX.
     source, device = "cpu", "CPU"
@@ -780,26 +992,35 @@ def run_model(zoo_python: str, checkout_dir: Path, work: Path, line: ReleaseLine
         keep = work / "checkpoints"
         keep.mkdir(exist_ok=True)
         last = shutil.copy(checkpoints[max(checkpoints)], keep)
-        runs["eval"] = run_one(zoo_python, checkout_dir, work, line, model, "eval", device,
-                               "eval", last)
+        runs["eval"] = run_one(
+            zoo_python, checkout_dir, work, line, model, "eval", device, "eval", last
+        )
         runs["eval"]["from"] = source
         if model.reference_eval:
             runs["eval"]["reference"] = model.reference_eval(
-                last, cpu_params if source == "cpu" else params)
+                last, cpu_params if source == "cpu" else params
+            )
         if line.cpu_mode != "train_and_eval" and not model.reference_eval:
-            runs["eval_eager"] = run_one(zoo_python, checkout_dir, work, line, model,
-                                         "eval_eager", "CPU", "eval", last)
+            runs["eval_eager"] = run_one(
+                zoo_python, checkout_dir, work, line, model, "eval_eager", "CPU", "eval", last
+            )
         first = checkpoints.get(settings.checkpoint_steps)
         if first:
             first = shutil.copy(first, keep)
-            runs["resume"] = run_one(zoo_python, checkout_dir, work, line, model, "resume",
-                                     device, "train", first)
+            runs["resume"] = run_one(
+                zoo_python, checkout_dir, work, line, model, "resume", device, "train", first
+            )
             runs["resume"]["from"] = source
     if settings.csx_eval:
         _csx_eval(zoo_python, checkout_dir, work, line, model, runs, params, cpu_params)
     verdict = judge(runs, settings)
-    return dict(model=model.name, seconds=round(time.monotonic() - start, 1),
-                verdict=verdict, runs=runs, work=str(work))
+    return dict(
+        model=model.name,
+        seconds=round(time.monotonic() - start, 1),
+        verdict=verdict,
+        runs=runs,
+        work=str(work),
+    )
 
 
 def _cell(row: dict, key: str) -> str:
@@ -818,9 +1039,14 @@ def print_table(rows: list[dict]) -> None:
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for row in rows:
-        cells = [row["line"], row["tag"], row["model"], *(_cell(row, c) for c in columns),
-                 str(row.get("seconds", "")),
-                 row.get("missing") or row.get("verdict", {}).get("first_error", "")]
+        cells = [
+            row["line"],
+            row["tag"],
+            row["model"],
+            *(_cell(row, c) for c in columns),
+            str(row.get("seconds", "")),
+            row.get("missing") or row.get("verdict", {}).get("first_error", ""),
+        ]
         print("| " + " | ".join(c.replace("|", "/") for c in cells) + " |", flush=True)
 
 
@@ -830,22 +1056,36 @@ def main(argv=None) -> int:
     parser.add_argument("--lines", default="", help="release lines, e.g. 2.3,2.2 (default all)")
     parser.add_argument("--models", default="", help="e.g. fc_mnist (default all)")
     parser.add_argument("--zoo-python", default=os.environ.get("ZOO_PYTHON", sys.executable))
-    parser.add_argument("--work-dir", type=Path, default=None,
-                        help="where checkouts and runs go (default: a new temporary folder)")
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        default=None,
+        help="where checkouts and runs go (default: a new temporary folder)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "artifacts" / "zoo_generations.json")
-    parser.add_argument("--csx-eval", action="store_true",
-                        help="also evaluate the CSX run's last checkpoint on CSX, against "
-                        "the CPU eval of the same checkpoint")
-    parser.add_argument("--rejudge", type=Path, nargs="*", default=None,
-                        help="judge the rows of earlier runs' JSON files again and print them")
+    parser.add_argument(
+        "--csx-eval",
+        action="store_true",
+        help="also evaluate the CSX run's last checkpoint on CSX, against "
+        "the CPU eval of the same checkpoint",
+    )
+    parser.add_argument(
+        "--rejudge",
+        type=Path,
+        nargs="*",
+        default=None,
+        help="judge the rows of earlier runs' JSON files again and print them",
+    )
     args = parser.parse_args(argv)
     if args.rejudge is not None:
         rows = []
         for path in args.rejudge:
             for row in json.loads(path.read_text()):
                 if "runs" in row:
-                    runs = {k: dict(r, losses={int(s): v for s, v in r["losses"].items()})
-                            for k, r in row["runs"].items()}
+                    runs = {
+                        k: dict(r, losses={int(s): v for s, v in r["losses"].items()})
+                        for k, r in row["runs"].items()
+                    }
                     row["verdict"] = judge(runs, Settings())
                 rows.append(row)
         print_table(rows)
@@ -859,12 +1099,16 @@ def main(argv=None) -> int:
     wanted = {x.strip() for x in args.lines.split(",") if x.strip()}
     unknown = wanted - {line.line for line in RELEASE_LINES}
     if unknown:
-        parser.error(f"unknown release line(s) {sorted(unknown)}; known: "
-                     f"{[line.line for line in RELEASE_LINES]}")
+        parser.error(
+            f"unknown release line(s) {sorted(unknown)}; known: "
+            f"{[line.line for line in RELEASE_LINES]}"
+        )
     if gitdir is None and len(wanted) != 1:
-        parser.error(f"{args.src} is not a git repository: give a Model Zoo clone (or bare git "
-                     "dir) holding the release tags, or a plain checkout of one release with "
-                     "--lines naming its line (e.g. --lines 2.3).")
+        parser.error(
+            f"{args.src} is not a git repository: give a Model Zoo clone (or bare git "
+            "dir) holding the release tags, or a plain checkout of one release with "
+            "--lines naming its line (e.g. --lines 2.3)."
+        )
     models = {x.strip() for x in args.models.split(",") if x.strip()}
     work_root = args.work_dir or Path(tempfile.mkdtemp(prefix="zoo_generations_"))
     settings = Settings(csx_eval=args.csx_eval)
@@ -880,17 +1124,32 @@ def main(argv=None) -> int:
             try:
                 missing = checkout(gitdir, line.tag, checkout_dir)
             except subprocess.CalledProcessError:
-                rows.append(dict(line=line.line, tag=line.tag, model="*",
-                                 missing=f"tag {line.tag} not in {gitdir}"))
+                rows.append(
+                    dict(
+                        line=line.line,
+                        tag=line.tag,
+                        model="*",
+                        missing=f"tag {line.tag} not in {gitdir}",
+                    )
+                )
                 continue
             if missing:
-                print(f"{line.tag}: {len(missing)} file(s) absent from the repository, skipped "
-                      f"(e.g. {missing[0]})", file=sys.stderr)
+                print(
+                    f"{line.tag}: {len(missing)} file(s) absent from the repository, skipped "
+                    f"(e.g. {missing[0]})",
+                    file=sys.stderr,
+                )
         for model in line.models:
             if models and model.name not in models:
                 continue
-            row = run_model(args.zoo_python, checkout_dir, work_root / line.line / model.name,
-                            line, model, settings)
+            row = run_model(
+                args.zoo_python,
+                checkout_dir,
+                work_root / line.line / model.name,
+                line,
+                model,
+                settings,
+            )
             rows.append(dict(line=line.line, tag=line.tag, **row))
             print_table(rows[-1:])
         print(f"{line.tag}: {time.monotonic() - line_start:.0f} s", file=sys.stderr)
@@ -899,9 +1158,14 @@ def main(argv=None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(rows, indent=1, default=str))
     print(f"\nrows: {args.out}; runs under {work_root}")
-    failed = any("missing" not in r and any(str(r["verdict"].get(c, "")).startswith("FAIL")
-                                            for c in ("cpu", "csx", "eval", "resume",
-                                                      "vs_eager", "csx_eval")) for r in rows)
+    failed = any(
+        "missing" not in r
+        and any(
+            str(r["verdict"].get(c, "")).startswith("FAIL")
+            for c in ("cpu", "csx", "eval", "resume", "vs_eager", "csx_eval")
+        )
+        for r in rows
+    )
     return 1 if failed else 0
 
 

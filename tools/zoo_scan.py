@@ -130,7 +130,7 @@ def resolve(dotted: str, kind: str = "import") -> str | None:
     """
     parts = dotted.split(".")
     if kind.startswith("attribute:"):
-        target = kind[len("attribute:"):]
+        target = kind[len("attribute:") :]
         if target == "cerebras":  # `import cerebras.pytorch...` binds the namespace package
             try:
                 base = importlib.import_module(ROOT)
@@ -182,9 +182,12 @@ def _attributes(obj, parts: list, start: int) -> str | None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("src", help="the zoo's src directory (holds cerebras/modelzoo)")
-    parser.add_argument("--as-is", action="store_true",
-                        help="resolve against sys.path as given (e.g. a reference install) "
-                             "instead of putting this project and its compat/ first")
+    parser.add_argument(
+        "--as-is",
+        action="store_true",
+        help="resolve against sys.path as given (e.g. a reference install) "
+        "instead of putting this project and its compat/ first",
+    )
     parser.add_argument("--json", help="write {use: {files, kinds, error}} here")
     parser.add_argument("-v", "--verbose", action="store_true", help="list resolved uses too")
     args = parser.parse_args(argv)

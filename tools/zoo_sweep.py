@@ -43,18 +43,39 @@ WORKER = ROOT / "tests" / "zoo" / "sweep_worker.py"
 
 # Model sizes: every key with one of these names, wherever it is in the model config.
 SHRINK = {
-    "hidden_size": 32, "d_model": 32, "embedding_size": 32,
-    "num_hidden_layers": 2, "num_layers": 2, "encoder_num_hidden_layers": 2,
-    "decoder_num_hidden_layers": 2, "num_encoder_layers": 2, "num_decoder_layers": 2,
-    "num_heads": 2, "num_attention_heads": 2, "encoder_num_heads": 2, "decoder_num_heads": 2,
-    "filter_size": 64, "intermediate_size": 64, "d_ff": 64, "d_kv": 16,
-    "encoder_filter_size": 64, "decoder_filter_size": 64,
-    "num_experts": 2, "num_kv_groups": 1, "num_key_value_heads": 1, "head_dim": 16,
+    "hidden_size": 32,
+    "d_model": 32,
+    "embedding_size": 32,
+    "num_hidden_layers": 2,
+    "num_layers": 2,
+    "encoder_num_hidden_layers": 2,
+    "decoder_num_hidden_layers": 2,
+    "num_encoder_layers": 2,
+    "num_decoder_layers": 2,
+    "num_heads": 2,
+    "num_attention_heads": 2,
+    "encoder_num_heads": 2,
+    "decoder_num_heads": 2,
+    "filter_size": 64,
+    "intermediate_size": 64,
+    "d_ff": 64,
+    "d_kv": 16,
+    "encoder_filter_size": 64,
+    "decoder_filter_size": 64,
+    "num_experts": 2,
+    "num_kv_groups": 1,
+    "num_key_value_heads": 1,
+    "head_dim": 16,
     "rotary_dim": 16,
-    "dropout_rate": 0.0, "attention_dropout_rate": 0.0, "embedding_dropout_rate": 0.0,
+    "dropout_rate": 0.0,
+    "attention_dropout_rate": 0.0,
+    "embedding_dropout_rate": 0.0,
     # every other dropout too: the engine draws its random masks differently by design
-    "task_dropout": 0.0, "encoder_output_dropout_rate": 0.0, "relu_dropout_rate": 0.0,
-    "embd_pdrop": 0.0, "stochastic_depth_drop_prob": 0.0,
+    "task_dropout": 0.0,
+    "encoder_output_dropout_rate": 0.0,
+    "relu_dropout_rate": 0.0,
+    "embd_pdrop": 0.0,
+    "stochastic_depth_drop_prob": 0.0,
 }
 SEQ, VOCAB = 128, 512  # the GPT-style sequences the sweep writes
 
@@ -68,8 +89,7 @@ def write_gpt_hdf5(data_dir: Path, sequences=16, seed=0) -> Path:
     data_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     tokens = rng.integers(0, VOCAB, size=(sequences, SEQ + 1), dtype=np.int32)
-    data = np.stack([tokens[:, :-1], np.ones((sequences, SEQ), np.int32), tokens[:, 1:]],
-                    axis=1)
+    data = np.stack([tokens[:, :-1], np.ones((sequences, SEQ), np.int32), tokens[:, 1:]], axis=1)
     with h5py.File(data_dir / "data-0.h5", "w") as f:
         f.create_dataset("data", data=data)
         f.attrs["n_examples"] = sequences
@@ -92,8 +112,9 @@ def write_mlm_hdf5(data_dir: Path, vocab: int, sequences=16, seed=0) -> Path:
         f.create_dataset("data", data=data)
         f.create_dataset("labels", data=labels)
         f.attrs["n_examples"] = sequences
-    (data_dir / "data_params.json").write_text(json.dumps(
-        {"dataset": {"training_objective": "mlm", "mlm_with_gather": False}}))
+    (data_dir / "data_params.json").write_text(
+        json.dumps({"dataset": {"training_objective": "mlm", "mlm_with_gather": False}})
+    )
     return data_dir
 
 
@@ -149,6 +170,7 @@ def shipped_configs(src: Path) -> dict:
 
 def _hidden(path):
     """The config's model width (the first ``hidden_size``/``d_model``, nested ones too)."""
+
     def first(node):
         if isinstance(node, dict):
             for key in ("hidden_size", "d_model"):
@@ -173,8 +195,14 @@ def tiny_config(name, configs, processors, workdir: Path):
     if donor not in configs:
         # No shipped config of its own: one of a model that reads the same data (gpt2 ->
         # gpt3), with this model's name.
-        donor = next((other for other, others_processors in DATA_PROCESSORS.items()
-                      if other in configs and others_processors == processors), None)
+        donor = next(
+            (
+                other
+                for other, others_processors in DATA_PROCESSORS.items()
+                if other in configs and others_processors == processors
+            ),
+            None,
+        )
         if donor is None:
             return None, "no shipped trainer config names this model (or one with its data)"
     path = min(configs[donor], key=_hidden)
@@ -184,16 +212,14 @@ def tiny_config(name, configs, processors, workdir: Path):
     if donor != name and name not in BORROW:  # options the donor's config leaves at its defaults
         init["model"].setdefault("embedding_dropout_rate", 0.0)  # random masks differ
     init["model"] = _shrink(init["model"])
-    for key in ("device", "backend", "schedulers", "checkpoint", "callbacks", "loggers",
-                "logging"):
+    for key in ("device", "backend", "schedulers", "checkpoint", "callbacks", "loggers", "logging"):
         init.pop(key, None)
     _drop_missing_layer_groups(init.get("optimizer"))
     init["seed"] = 1
     init["loop"] = {"num_steps": 3, "eval_frequency": None}
     train = phase.get("fit", {}).get("train_dataloader")
     try:
-        phase["fit"] = {"train_dataloader": feed(name, init["model"], train, processors,
-                                                 workdir)}
+        phase["fit"] = {"train_dataloader": feed(name, init["model"], train, processors, workdir)}
     except NoData as reason:
         return None, str(reason)
     phase.pop("validate", None)
@@ -216,7 +242,8 @@ def _drop_missing_layer_groups(optimizer):
         def missing(group):
             layers = [re.search(r"layers\.(\d+)\.", p) for p in group.get("params", [])]
             return bool(layers) and all(
-                m and int(m.group(1)) >= SHRINK["num_hidden_layers"] for m in layers)
+                m and int(m.group(1)) >= SHRINK["num_hidden_layers"] for m in layers
+            )
 
         options["params"] = [g for g in groups if not (isinstance(g, dict) and missing(g))]
 
@@ -246,21 +273,34 @@ def _loader(train: dict, **changes) -> dict:
     for key, value in (("prefetch_factor", None), ("persistent_workers", False)):
         if key in out:  # without workers torch's DataLoader takes only these
             out[key] = value
-    if out.get("shuffle", True) and (
-            "shuffle_seed" in out or out.get("data_processor") in SEEDED):
+    if out.get("shuffle", True) and ("shuffle_seed" in out or out.get("data_processor") in SEEDED):
         out["shuffle_seed"] = 1
     out.update(changes)
     return out
 
 
 # Processors with a shuffle_seed that shipped configs may leave unset (a random order).
-SEEDED = {"BertCSVDynamicMaskDataProcessor", "BertCSVDataProcessor", "SST2DataProcessor",
-          "MNLIDataProcessor", "BertSumCSVDataProcessor", "BertTokenClassifierDataProcessor",
-          "DiffusionLatentImageNet1KProcessor", "DinoImageDataProcessor",
-          "BaseImageDataProcessor", "ImageNet1KProcessor"}
+SEEDED = {
+    "BertCSVDynamicMaskDataProcessor",
+    "BertCSVDataProcessor",
+    "SST2DataProcessor",
+    "MNLIDataProcessor",
+    "BertSumCSVDataProcessor",
+    "BertTokenClassifierDataProcessor",
+    "DiffusionLatentImageNet1KProcessor",
+    "DinoImageDataProcessor",
+    "BaseImageDataProcessor",
+    "ImageNet1KProcessor",
+}
 BERT_MSL = 64  # sequence length of the sweep's BERT-family text
-BERT_TEXT = {"BertCSVDynamicMaskDataProcessor", "BertCSVDataProcessor", "SST2DataProcessor",
-             "MNLIDataProcessor", "BertSumCSVDataProcessor", "BertTokenClassifierDataProcessor"}
+BERT_TEXT = {
+    "BertCSVDynamicMaskDataProcessor",
+    "BertCSVDataProcessor",
+    "SST2DataProcessor",
+    "MNLIDataProcessor",
+    "BertSumCSVDataProcessor",
+    "BertTokenClassifierDataProcessor",
+}
 
 
 def feed(name, model: dict, train, processors, workdir: Path) -> dict:
@@ -274,15 +314,18 @@ def feed(name, model: dict, train, processors, workdir: Path) -> dict:
         model["vocab_size"] = VOCAB
         if "max_position_embeddings" in model:
             model["max_position_embeddings"] = SEQ
-        return {"data_processor": "GptHDF5MapDataProcessor", "batch_size": 2,
-                "shuffle": False, "num_workers": 0,
-                "data_dir": str(write_gpt_hdf5(data))}
+        return {
+            "data_processor": "GptHDF5MapDataProcessor",
+            "batch_size": 2,
+            "shuffle": False,
+            "num_workers": 0,
+            "data_dir": str(write_gpt_hdf5(data)),
+        }
     if used == "BertHDF5DataProcessor":
         vocab = int(model.get("vocab_size") or VOCAB)
         if "max_position_embeddings" in model:
             model["max_position_embeddings"] = SEQ + 2  # ESM-2 counts two extra
-        return _loader(train, shuffle=False,
-                       data_dir=str(write_mlm_hdf5(data, vocab)))
+        return _loader(train, shuffle=False, data_dir=str(write_mlm_hdf5(data, vocab)))
     if name == "fc_mnist" and train:
         return {**train, "use_fake_data": True, "fake_data_seed": 1, "batch_size": 4}
     if used in BERT_TEXT:
@@ -291,37 +334,53 @@ def feed(name, model: dict, train, processors, workdir: Path) -> dict:
     if used in ("BertCSVDynamicMaskDataProcessor", "BertCSVDataProcessor"):
         if used == "BertCSVDataProcessor":
             raise NoData("BertCSVDataProcessor (pre-masked CSV) has no writer here")
-        vocab_file, vocab_size = synthetic.write_vocab(data / "vocab.txt",
-                                                       synthetic.BERT_SPECIALS)
+        vocab_file, vocab_size = synthetic.write_vocab(data / "vocab.txt", synthetic.BERT_SPECIALS)
         model["vocab_size"] = vocab_size
         model["max_position_embeddings"] = BERT_MSL
-        return _loader(train, vocab_file=vocab_file, max_sequence_length=BERT_MSL,
-                       max_predictions_per_seq=10,
-                       data_dir=synthetic.write_bert_pretraining_csv(data / "csv", BERT_MSL))
+        return _loader(
+            train,
+            vocab_file=vocab_file,
+            max_sequence_length=BERT_MSL,
+            max_predictions_per_seq=10,
+            data_dir=synthetic.write_bert_pretraining_csv(data / "csv", BERT_MSL),
+        )
     if used in ("SST2DataProcessor", "MNLIDataProcessor"):
-        vocab_file, vocab_size = synthetic.write_vocab(data / "vocab.txt",
-                                                       synthetic.BERT_SPECIALS)
+        vocab_file, vocab_size = synthetic.write_vocab(data / "vocab.txt", synthetic.BERT_SPECIALS)
         model["vocab_size"] = vocab_size
         model["max_position_embeddings"] = BERT_MSL
         task = "sst2" if used == "SST2DataProcessor" else "mnli"
-        return _loader(train, vocab_file=vocab_file, max_sequence_length=BERT_MSL,
-                       data_dir=synthetic.write_glue_tsv(data / task, task))
+        return _loader(
+            train,
+            vocab_file=vocab_file,
+            max_sequence_length=BERT_MSL,
+            data_dir=synthetic.write_glue_tsv(data / task, task),
+        )
     if used == "BertSumCSVDataProcessor":
-        vocab_file, vocab_size = synthetic.write_vocab(data / "vocab.txt",
-                                                       synthetic.BERT_SPECIALS)
-        model.update(vocab_size=vocab_size, max_position_embeddings=BERT_MSL,
-                     vocab_file=vocab_file)
-        return _loader(train, vocab_file=vocab_file, max_sequence_length=BERT_MSL,
-                       max_cls_tokens=8, data_dir=synthetic.write_bertsum_csv(
-                           data / "csv", vocab_size, BERT_MSL, 8))
+        vocab_file, vocab_size = synthetic.write_vocab(data / "vocab.txt", synthetic.BERT_SPECIALS)
+        model.update(vocab_size=vocab_size, max_position_embeddings=BERT_MSL, vocab_file=vocab_file)
+        return _loader(
+            train,
+            vocab_file=vocab_file,
+            max_sequence_length=BERT_MSL,
+            max_cls_tokens=8,
+            data_dir=synthetic.write_bertsum_csv(data / "csv", vocab_size, BERT_MSL, 8),
+        )
     if used == "BertTokenClassifierDataProcessor":
-        vocab_file, vocab_size = synthetic.write_vocab(data / "vocab.txt",
-                                                       synthetic.BERT_SPECIALS)
+        vocab_file, vocab_size = synthetic.write_vocab(data / "vocab.txt", synthetic.BERT_SPECIALS)
         folder, labels, classes = synthetic.write_ner_csv(data / "csv", BERT_MSL)
-        model.update(vocab_size=vocab_size, max_position_embeddings=BERT_MSL,
-                     label_vocab_file=labels, num_classes=classes)
-        return _loader(train, vocab_file=vocab_file, max_sequence_length=BERT_MSL,
-                       label_vocab_file=labels, data_dir=folder)
+        model.update(
+            vocab_size=vocab_size,
+            max_position_embeddings=BERT_MSL,
+            label_vocab_file=labels,
+            num_classes=classes,
+        )
+        return _loader(
+            train,
+            vocab_file=vocab_file,
+            max_sequence_length=BERT_MSL,
+            label_vocab_file=labels,
+            data_dir=folder,
+        )
     if used == "DpoHDF5DataProcessor":
         _set_everywhere(model, "vocab_size", VOCAB)
         _set_everywhere(model, "max_position_embeddings", SEQ)
@@ -331,8 +390,7 @@ def feed(name, model: dict, train, processors, workdir: Path) -> dict:
         _set_everywhere(model, "max_position_embeddings", BERT_MSL)
         return _loader(train, data_dir=synthetic.write_dpr_hdf5(data, VOCAB, BERT_MSL))
     if used in ("T5DynamicDataProcessor", "TransformerDynamicDataProcessor"):
-        vocab_file, vocab_size = synthetic.write_vocab(data / "vocab.txt",
-                                                       synthetic.T5_SPECIALS)
+        vocab_file, vocab_size = synthetic.write_vocab(data / "vocab.txt", synthetic.T5_SPECIALS)
         src_len = BERT_MSL
         if used == "T5DynamicDataProcessor":
             tgt_len = _t5_target_length(src_len)
@@ -343,36 +401,52 @@ def feed(name, model: dict, train, processors, workdir: Path) -> dict:
         model["src_vocab_size"] = vocab_size
         if "tgt_vocab_size" in model:
             model["tgt_vocab_size"] = vocab_size
-        model.update(src_max_position_embeddings=src_len,
-                     tgt_max_position_embeddings=tgt_len)
-        return _loader(train, src_vocab_file=vocab_file, src_data_dir=folder,
-                       src_max_sequence_length=src_len, tgt_max_sequence_length=tgt_len,
-                       shuffle_buffer=16)
-    vision = {"ImageNet1KProcessor", "DiffusionLatentImageNet1KProcessor",
-              "DinoImageDataProcessor", "BaseImageDataProcessor", "LlavaHDF5MapDataProcessor",
-              "MultimodalSimpleHDF5MapDataProcessor"}
+        model.update(src_max_position_embeddings=src_len, tgt_max_position_embeddings=tgt_len)
+        return _loader(
+            train,
+            src_vocab_file=vocab_file,
+            src_data_dir=folder,
+            src_max_sequence_length=src_len,
+            tgt_max_sequence_length=tgt_len,
+            shuffle_buffer=16,
+        )
+    vision = {
+        "ImageNet1KProcessor",
+        "DiffusionLatentImageNet1KProcessor",
+        "DinoImageDataProcessor",
+        "BaseImageDataProcessor",
+        "LlavaHDF5MapDataProcessor",
+        "MultimodalSimpleHDF5MapDataProcessor",
+    }
     if used in vision and not ZOO_HAS_TORCHVISION:
         raise NoData(f"{used} needs torchvision in the zoo Python (tests/zoo/README.md)")
     if used == "ImageNet1KProcessor":
         _set_everywhere(model, "image_size", [IMAGE, IMAGE])
         _set_everywhere(model, "patch_size", [IMAGE // 4, IMAGE // 4])
         shipped = int(_first_size(train.get("image_size")) or 224)
-        return _loader(train, image_size=[IMAGE, IMAGE],
-                       transforms=_scale_sizes(train.get("transforms") or [], IMAGE / shipped),
-                       data_dir=synthetic.write_imagenet_folder(data / "imagenet"))
+        return _loader(
+            train,
+            image_size=[IMAGE, IMAGE],
+            transforms=_scale_sizes(train.get("transforms") or [], IMAGE / shipped),
+            data_dir=synthetic.write_imagenet_folder(data / "imagenet"),
+        )
     if used == "DiffusionLatentImageNet1KProcessor":
         latent = [8, 8]
         vae = model["vae"]
         vae["latent_size"] = latent
         channels = int(vae.get("latent_channels") or 4)
         folder = synthetic.write_latent_folder(data / "latents", [2 * channels, *latent])
-        return _loader(train, data_dir=[folder], latent_size=latent,
-                       num_workers=None,  # its config takes only None or a positive count
-                       latent_channels=channels,
-                       num_diffusion_steps=model.get("num_diffusion_steps"),
-                       schedule_name=model.get("schedule_name"),
-                       vae_scaling_factor=vae.get("scaling_factor"),
-                       label_dropout_rate=model.get("label_dropout_rate"))
+        return _loader(
+            train,
+            data_dir=[folder],
+            latent_size=latent,
+            num_workers=None,  # its config takes only None or a positive count
+            latent_channels=channels,
+            num_diffusion_steps=model.get("num_diffusion_steps"),
+            schedule_name=model.get("schedule_name"),
+            vae_scaling_factor=vae.get("scaling_factor"),
+            label_dropout_rate=model.get("label_dropout_rate"),
+        )
     if used in ("DinoImageDataProcessor", "BaseImageDataProcessor"):
         return _feed_ssl(model, train, synthetic, data, processors)
     if used in ("LlavaHDF5MapDataProcessor", "MultimodalSimpleHDF5MapDataProcessor"):
@@ -392,6 +466,7 @@ def _first_size(size):
 
 def _scale_sizes(transforms: list, factor: float) -> list:
     """Image transforms with every ``size`` scaled by ``factor`` (at least 1 pixel)."""
+
     def scaled(value):
         if isinstance(value, (list, tuple)):
             return [max(1, round(v * factor)) for v in value]
@@ -413,8 +488,9 @@ def _feed_ssl(model, train, synthetic, data, processors):
             interpolate["local_patch_dims"] = [local_size // patch] * 2
     out_size = 64
     for head in model.get("heads") or []:
-        head["head_model"].update(input_size=SHRINK["hidden_size"], output_size=out_size,
-                                  bottleneck_size=16)
+        head["head_model"].update(
+            input_size=SHRINK["hidden_size"], output_size=out_size, bottleneck_size=16
+        )
     for loss in model.get("losses") or []:
         if "input_size" in loss["loss"]:
             loss["loss"]["input_size"] = out_size
@@ -428,11 +504,18 @@ def _feed_ssl(model, train, synthetic, data, processors):
     processor = train["data_processor"]
     if processor not in processors and len(processors) == 1:
         processor = next(iter(processors))  # a borrowed config: this model's own processor
-    return _loader(train, data_processor=processor, ssl_transform=transform,
-                   persistent_workers=False, prefetch_factor=None,
-                   dataset={"name": "Imagenet", "split": "train",
-                            "root": synthetic.write_imagenet_folder(
-                                data / "imagenet", size=(64, 64))})
+    return _loader(
+        train,
+        data_processor=processor,
+        ssl_transform=transform,
+        persistent_workers=False,
+        prefetch_factor=None,
+        dataset={
+            "name": "Imagenet",
+            "split": "train",
+            "root": synthetic.write_imagenet_folder(data / "imagenet", size=(64, 64)),
+        },
+    )
 
 
 MM_SEQ = 32  # text length of the multimodal samples
@@ -450,15 +533,28 @@ def _feed_multimodal(model, train, synthetic, data, used):
     text = model["text_model"]
     text.update(vocab_size=VOCAB, max_position_embeddings=MM_SEQ)
     shipped = int((train.get("image_data_size") or [3, 336, 336])[-1])
-    writer = (synthetic.write_llava_hdf5 if used == "LlavaHDF5MapDataProcessor"
-              else synthetic.write_multimodal_simple_hdf5)
-    folder = writer(data / "h5", data / "images", VOCAB, MM_SEQ, tokens,
-                    image_start=int(model.get("image_start_idx", 1)))
+    writer = (
+        synthetic.write_llava_hdf5
+        if used == "LlavaHDF5MapDataProcessor"
+        else synthetic.write_multimodal_simple_hdf5
+    )
+    folder = writer(
+        data / "h5",
+        data / "images",
+        VOCAB,
+        MM_SEQ,
+        tokens,
+        image_start=int(model.get("image_start_idx", 1)),
+    )
     extra = {"num_patches": tokens} if used != "LlavaHDF5MapDataProcessor" else {}
-    return _loader(train, data_dir=folder, img_data_dir=str(data / "images"),
-                   image_data_size=[3, side, side],
-                   transforms=_scale_sizes(train.get("transforms") or [], side / shipped),
-                   **extra)
+    return _loader(
+        train,
+        data_dir=folder,
+        img_data_dir=str(data / "images"),
+        image_data_size=[3, side, side],
+        transforms=_scale_sizes(train.get("transforms") or [], side / shipped),
+        **extra,
+    )
 
 
 def _fix_units(node):
@@ -476,6 +572,7 @@ def _fix_units(node):
 def _t5_target_length(src_len, corruption=0.15, span=3):
     """The decoder length T5's span corruption needs for encoder inputs of ``src_len``
     (the raw chunk grows until its corrupted form fills ``src_len``)."""
+
     def lengths(raw):
         noise = int(round(raw * corruption))
         spans = int(round(noise / span))
@@ -515,8 +612,11 @@ def _env(src, ours: bool):
     paths = [str(src)]
     if ours:
         # With a real torchvision the zoo Python needs only the eval-harness stand-ins.
-        paths += [str(ROOT), str(ROOT / "compat"),
-                  _reference_stubs() if ZOO_HAS_TORCHVISION else str(STUBS)]
+        paths += [
+            str(ROOT),
+            str(ROOT / "compat"),
+            _reference_stubs() if ZOO_HAS_TORCHVISION else str(STUBS),
+        ]
     else:
         paths.append(_reference_stubs())
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
@@ -524,23 +624,41 @@ def _env(src, ours: bool):
     return env
 
 
-def run_worker(python, src, ours, config, how, device, precision, steps, workdir, *extra,
-               tag=""):
+def run_worker(python, src, ours, config, how, device, precision, steps, workdir, *extra, tag=""):
     out = workdir / f"{how}_{device}_{precision}_{'ours' if ours else 'ref'}{tag}.json"
     model_dir = workdir / out.stem
-    cmd = [python, str(WORKER), "--config", str(config), "--how", how, "--device", device,
-           "--precision", precision, "--steps", str(steps), "--model-dir", str(model_dir),
-           "--out", str(out), *extra]
+    cmd = [
+        python,
+        str(WORKER),
+        "--config",
+        str(config),
+        "--how",
+        how,
+        "--device",
+        device,
+        "--precision",
+        precision,
+        "--steps",
+        str(steps),
+        "--model-dir",
+        str(model_dir),
+        "--out",
+        str(out),
+        *extra,
+    ]
     try:
-        proc = subprocess.run(cmd, cwd=workdir, env=_env(src, ours), capture_output=True,
-                              text=True, timeout=1800)
+        proc = subprocess.run(
+            cmd, cwd=workdir, env=_env(src, ours), capture_output=True, text=True, timeout=1800
+        )
     except subprocess.TimeoutExpired:
         return {"losses": [], "error": {"type": "Timeout", "message": "30 min", "where": "?"}}
     (workdir / f"{out.stem}.log").write_text(proc.stdout[-20000:] + proc.stderr[-20000:])
     if not out.exists():
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"losses": [], "error": {"type": "Crash", "message": last[:300],
-                                        "where": f"exit {proc.returncode}"}}
+        return {
+            "losses": [],
+            "error": {"type": "Crash", "message": last[:300], "where": f"exit {proc.returncode}"},
+        }
     return json.loads(out.read_text())
 
 
@@ -552,8 +670,11 @@ def _rel(a, b):
 
 def _ok(result, steps):
     losses = result.get("losses") or []
-    return result.get("error") is None and len(losses) == steps and all(
-        math.isfinite(x) for x in losses)
+    return (
+        result.get("error") is None
+        and len(losses) == steps
+        and all(math.isfinite(x) for x in losses)
+    )
 
 
 def _short_where(where: str, src: Path) -> str:
@@ -567,12 +688,25 @@ def sweep_model(name, processors, configs, args, src):
     missing = _missing_module(name, src)
     if missing:
         # The reference cannot import it either: nothing to train or compare.
-        return {"model": name, "note": "", "CPU": "not in release", "CSX": "-",
-                "YAML": "-", "difference": "",
-                "error": f"the registry names {missing}, which this zoo checkout lacks"}
+        return {
+            "model": name,
+            "note": "",
+            "CPU": "not in release",
+            "CSX": "-",
+            "YAML": "-",
+            "difference": "",
+            "error": f"the registry names {missing}, which this zoo checkout lacks",
+        }
     config, note = tiny_config(name, configs, processors, workdir)
-    row = {"model": name, "note": note, "CPU": "-", "CSX": "-", "YAML": "-",
-           "difference": "", "error": note if config is None else ""}
+    row = {
+        "model": name,
+        "note": note,
+        "CPU": "-",
+        "CSX": "-",
+        "YAML": "-",
+        "difference": "",
+        "error": note if config is None else "",
+    }
     if config is None:
         row["CPU"] = row["CSX"] = row["YAML"] = "no data"
         return row
@@ -591,22 +725,57 @@ def sweep_model(name, processors, configs, args, src):
     # Data whose random draws differ between torch versions: the reference stores the
     # batches it trains on and this project's CPU run replays them for the comparison.
     replay = ("--batches", str(workdir / "batches.pt")) if name in REPLAY else ()
-    ref = (run_worker(args.reference_python, src, False, path, "python", "CPU", base, steps,
-                      workdir, "--save-init", str(init), *replay)
-           if args.reference_python else None)
+    ref = (
+        run_worker(
+            args.reference_python,
+            src,
+            False,
+            path,
+            "python",
+            "CPU",
+            base,
+            steps,
+            workdir,
+            "--save-init",
+            str(init),
+            *replay,
+        )
+        if args.reference_python
+        else None
+    )
     start = ("--init", str(init)) if init.exists() else ()
-    cpu = run_worker(args.zoo_python, src, True, path, "python", "CPU", base, steps, workdir,
-                     *start)
-    cpu_on_ref_data = (run_worker(args.zoo_python, src, True, path, "python", "CPU", base,
-                                  steps, workdir, *start, *replay, tag="_replay")
-                       if replay and ref is not None else cpu)
-    csx = run_worker(args.zoo_python, src, True, path, "python", "CSX", "shipped", steps,
-                     workdir, *start)
-    cli = run_worker(args.zoo_python, src, True, path, "yaml", "CPU", base, steps, workdir,
-                     *start)
-    ref_cli = (run_worker(args.reference_python, src, False, path, "yaml", "CPU", base, steps,
-                          workdir, *start)
-               if ref is not None and _ok(cli, steps) and not replay else None)
+    cpu = run_worker(
+        args.zoo_python, src, True, path, "python", "CPU", base, steps, workdir, *start
+    )
+    cpu_on_ref_data = (
+        run_worker(
+            args.zoo_python,
+            src,
+            True,
+            path,
+            "python",
+            "CPU",
+            base,
+            steps,
+            workdir,
+            *start,
+            *replay,
+            tag="_replay",
+        )
+        if replay and ref is not None
+        else cpu
+    )
+    csx = run_worker(
+        args.zoo_python, src, True, path, "python", "CSX", "shipped", steps, workdir, *start
+    )
+    cli = run_worker(args.zoo_python, src, True, path, "yaml", "CPU", base, steps, workdir, *start)
+    ref_cli = (
+        run_worker(
+            args.reference_python, src, False, path, "yaml", "CPU", base, steps, workdir, *start
+        )
+        if ref is not None and _ok(cli, steps) and not replay
+        else None
+    )
     errors, diffs = [], []
     row["CPU"] = "ok" if _ok(cpu, steps) and _ok(cpu_on_ref_data, steps) else "FAIL"
     if ref is not None:
@@ -625,47 +794,72 @@ def sweep_model(name, processors, configs, args, src):
         # up to that step and the skip is shown.
         scales = csx.get("loss_scales") or []
         skipped = [i for i in range(1, len(scales)) if scales[i] < scales[i - 1]]
-        compared = csx["losses"][:skipped[0] + 1] if skipped else csx["losses"]
+        compared = csx["losses"][: skipped[0] + 1] if skipped else csx["losses"]
         tracked = len(compared)  # steps over which CSX is compared with fp32
-        track = (_rel(compared, cpu["losses"][:tracked]) if _ok(cpu, steps)
-                 else math.inf)
+        track = _rel(compared, cpu["losses"][:tracked]) if _ok(cpu, steps) else math.inf
         diffs.append(f"csx {track:.1e}")
         updates_from = None
         if scales and len(skipped) == len(scales) - 1:
             # The scale fell at every step: every update may have been skipped. A longer
             # run shows whether the dynamic loss scale finds a value that fits.
-            longer = run_worker(args.zoo_python, src, True, path, "python", "CSX", "shipped",
-                                steps + 12, workdir, *start, tag="_longer")
+            longer = run_worker(
+                args.zoo_python,
+                src,
+                True,
+                path,
+                "python",
+                "CSX",
+                "shipped",
+                steps + 12,
+                workdir,
+                *start,
+                tag="_longer",
+            )
             long_scales = longer.get("loss_scales") or []
-            updates_from = next((i + 1 for i in range(1, len(long_scales))
-                                 if long_scales[i] >= long_scales[i - 1]), None)
-            moved = updates_from is not None and len(set(longer["losses"][updates_from - 1:])) > 1
+            updates_from = next(
+                (i + 1 for i in range(1, len(long_scales)) if long_scales[i] >= long_scales[i - 1]),
+                None,
+            )
+            moved = updates_from is not None and len(set(longer["losses"][updates_from - 1 :])) > 1
             # the first step was skipped as well (its scale fell too): only its loss, taken
             # before any update, follows fp32's
             tracked = 1
             track = _rel(csx["losses"][:1], cpu["losses"][:1]) if _ok(cpu, steps) else math.inf
             diffs[-1] = f"csx {track:.1e}"
-        row["CSX"] = "ok" if moved and track <= 1e-2 else ("no update" if not moved
-                                                           else "off fp32")
+        row["CSX"] = "ok" if moved and track <= 1e-2 else ("no update" if not moved else "off fp32")
         if row["CSX"] == "off fp32" and ref is not None and _ok(ref, steps):
             # How far the reference's own run in the shipped precision (CPU mixed precision)
             # is from its fp32 run: a model whose loss is that sensitive to half precision
             # is judged against that gap, not against 1e-2.
-            ref_half = run_worker(args.reference_python, src, False, path, "python", "CPU",
-                                  "shipped", steps, workdir, *start, *replay)
+            ref_half = run_worker(
+                args.reference_python,
+                src,
+                False,
+                path,
+                "python",
+                "CPU",
+                "shipped",
+                steps,
+                workdir,
+                *start,
+                *replay,
+            )
             if _ok(ref_half, steps):
                 own = _rel(ref_half["losses"][:tracked], ref["losses"][:tracked])
                 diffs.append(f"ref-half {own:.1e}")
                 if track <= own:
                     row["CSX"] = f"ok (the reference's own half precision is {own:.1e} off fp32)"
         if updates_from:
-            row["CSX"] += (f" (steps 1-{updates_from - 1} skipped as the scale fell to "
-                           f"2^{math.log2(long_scales[updates_from - 1]):.0f}; "
-                           f"updates from step {updates_from})")
+            row["CSX"] += (
+                f" (steps 1-{updates_from - 1} skipped as the scale fell to "
+                f"2^{math.log2(long_scales[updates_from - 1]):.0f}; "
+                f"updates from step {updates_from})"
+            )
         elif scales:
             row["CSX"] += f" (scale 2^{math.log2(scales[-1]):.0f}"
-            row["CSX"] += (f"; step {', '.join(str(i + 1) for i in skipped)} skipped)"
-                           if skipped else ")")
+            row["CSX"] += (
+                f"; step {', '.join(str(i + 1) for i in skipped)} skipped)" if skipped else ")"
+            )
     else:
         row["CSX"] = "FAIL"
     if _ok(cli, steps):
@@ -692,8 +886,10 @@ def sweep_model(name, processors, configs, args, src):
     if errors:
         label, result = errors[0]
         error = result["error"]
-        row["error"] = (f"{label}: {error['type']}: {error['message'][:120]} "
-                        f"({_short_where(error['where'], src)})")
+        row["error"] = (
+            f"{label}: {error['type']}: {error['message'][:120]} "
+            f"({_short_where(error['where'], src)})"
+        )
     row["workdir"] = str(workdir)
     return row
 
@@ -710,27 +906,39 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=str(ROOT / "artifacts" / "zoo_sweep.json"))
     args = parser.parse_args(argv)
     src = Path(args.src).resolve()
-    registry = yaml.safe_load((src / "cerebras" / "modelzoo" / "registry" /
-                               "registry.yaml").read_text())["models"]
+    registry = yaml.safe_load(
+        (src / "cerebras" / "modelzoo" / "registry" / "registry.yaml").read_text()
+    )["models"]
     wanted = set(args.models.split(",")) if args.models else None
     entries = [m for m in registry if wanted is None or m["name"] in wanted]
     configs = shipped_configs(src)
-    DATA_PROCESSORS.update({m["name"]: {p.rsplit(".", 1)[-1]
-                                         for p in m.get("data_processor_paths") or []}
-                            for m in registry})
+    DATA_PROCESSORS.update(
+        {
+            m["name"]: {p.rsplit(".", 1)[-1] for p in m.get("data_processor_paths") or []}
+            for m in registry
+        }
+    )
     MODEL_PATHS.update({m["name"]: m["path"] for m in registry})
     global ZOO_HAS_TORCHVISION
-    ZOO_HAS_TORCHVISION = subprocess.run(
-        [args.zoo_python, "-c", "import torchvision.transforms"], capture_output=True,
-        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}).returncode == 0
+    ZOO_HAS_TORCHVISION = (
+        subprocess.run(
+            [args.zoo_python, "-c", "import torchvision.transforms"],
+            capture_output=True,
+            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        ).returncode
+        == 0
+    )
     if args.workdir:
         os.makedirs(args.workdir, exist_ok=True)
 
     def one(entry):
         processors = {p.rsplit(".", 1)[-1] for p in entry.get("data_processor_paths") or []}
         row = sweep_model(entry["name"], processors, configs, args, src)
-        print(f"[{row['model']}] CPU {row['CPU']} | CSX {row['CSX']} | YAML {row['YAML']} | "
-              f"{row['difference']} | {row['error']}", flush=True)
+        print(
+            f"[{row['model']}] CPU {row['CPU']} | CSX {row['CSX']} | YAML {row['YAML']} | "
+            f"{row['difference']} | {row['error']}",
+            flush=True,
+        )
         return row
 
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
@@ -739,8 +947,7 @@ def main(argv=None) -> int:
     with open(args.json, "w") as f:
         json.dump(rows, f, indent=1)
     headers = ["model", "CPU", "CSX", "YAML", "difference", "first error (file:line)"]
-    table = [[r["model"], r["CPU"], r["CSX"], r["YAML"], r["difference"], r["error"]]
-             for r in rows]
+    table = [[r["model"], r["CPU"], r["CSX"], r["YAML"], r["difference"], r["error"]] for r in rows]
     print("\n| " + " | ".join(headers) + " |")
     print("|" + "---|" * len(headers))
     for line in table:

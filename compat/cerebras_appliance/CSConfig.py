@@ -14,17 +14,33 @@ DEFAULT_COMPILE_DIR = "cached_compile"
 
 
 class CSConfig:
-    def __init__(self, num_csx=1, max_wgt_servers=None, mgmt_address=None,
-                 mgmt_namespace=None, credentials_path=None, debug_args=None,
-                 mount_dirs=None, python_paths=None, transfer_processes=None,
-                 num_workers_per_csx=0, execution_strategy=None, job_labels=None,
-                 max_act_per_csx=None, job_time_sec=None, disable_version_check=False,
-                 precision_opt_level=1, **unused):
+    def __init__(
+        self,
+        num_csx=1,
+        max_wgt_servers=None,
+        mgmt_address=None,
+        mgmt_namespace=None,
+        credentials_path=None,
+        debug_args=None,
+        mount_dirs=None,
+        python_paths=None,
+        transfer_processes=None,
+        num_workers_per_csx=0,
+        execution_strategy=None,
+        job_labels=None,
+        max_act_per_csx=None,
+        job_time_sec=None,
+        disable_version_check=False,
+        precision_opt_level=1,
+        **unused,
+    ):
         num_csx = 1 if num_csx is None else num_csx
         if num_csx != 1:
-            raise ValueError(f"num_csx={num_csx}: this engine models one CS system; set "
-                             "num_csx to 1 (data-parallel runs over several systems are not "
-                             "modeled).")
+            raise ValueError(
+                f"num_csx={num_csx}: this engine models one CS system; set "
+                "num_csx to 1 (data-parallel runs over several systems are not "
+                "modeled)."
+            )
         if debug_args is not None and not isinstance(debug_args, (DebugArgs, dict)):
             # the 1.x message, or the dict-based DebugArgs get_debug_args reads from a file
             raise TypeError(f"debug_args must be a DebugArgs, got {type(debug_args).__name__}.")

@@ -26,9 +26,11 @@ import sys as _sys
 import warnings as _warnings
 
 import cstorch as _cstorch
-from cstorch.utils._import_alias import AliasFinder as _AliasFinder, add_finder as _add_finder
-from cstorch.utils._import_alias import target_exists as _target_exists
-
+from cstorch.utils._import_alias import (
+    AliasFinder as _AliasFinder,
+    add_finder as _add_finder,
+    target_exists as _target_exists,
+)
 
 # 1.x module names -> the compat module that provides them (used where cstorch has none).
 _OLDER_ONLY = {
@@ -47,8 +49,9 @@ _OWN_EXACT = ("cerebras_pytorch.amp",)
 
 class _AliasAllButExperimental(_AliasFinder):
     def _target_name(self, fullname):
-        if fullname in _OWN_EXACT or any(fullname == own or fullname.startswith(own + ".")
-                                         for own in _OWN):
+        if fullname in _OWN_EXACT or any(
+            fullname == own or fullname.startswith(own + ".") for own in _OWN
+        ):
             return None
         return super()._target_name(fullname)
 
@@ -74,7 +77,7 @@ from cerebras_pytorch import amp as amp, experimental as experimental, saver as 
 _add_finder(_AliasAllButExperimental("cerebras_pytorch", "cstorch"))
 for _name, _module in list(_sys.modules.items()):
     if _name.startswith("cstorch.") and not _name.startswith("cstorch.experimental"):
-        _sys.modules.setdefault("cerebras_pytorch" + _name[len("cstorch"):], _module)
+        _sys.modules.setdefault("cerebras_pytorch" + _name[len("cstorch") :], _module)
 
 
 def _add_older_only_attributes():
@@ -88,18 +91,19 @@ def _add_older_only_attributes():
     from cerebras_pytorch.lazy import api
 
     for module, name, value in (
-            (cstorch.utils, "extract_loss", api.extract_loss),
-            (cstorch.utils.utils, "is_ltc_mlir_mode_enabled", api.is_ltc_mlir_mode_enabled),
-            # 1.6: the run's tensors were XLA tensors; here they are torch tensors.
-            (cstorch.utils.nest, "visit_xla_tensors", cstorch.utils.nest.visit_torch_tensors),
-            (cstorch.utils.nest, "map_xla_tensors", cstorch.utils.nest.map_torch_tensors)):
+        (cstorch.utils, "extract_loss", api.extract_loss),
+        (cstorch.utils.utils, "is_ltc_mlir_mode_enabled", api.is_ltc_mlir_mode_enabled),
+        # 1.6: the run's tensors were XLA tensors; here they are torch tensors.
+        (cstorch.utils.nest, "visit_xla_tensors", cstorch.utils.nest.visit_torch_tensors),
+        (cstorch.utils.nest, "map_xla_tensors", cstorch.utils.nest.map_torch_tensors),
+    ):
         if not hasattr(module, name):
             setattr(module, name, value)
     for alias, provider in _OLDER_ONLY.items():
         parent_alias, _, name = alias.rpartition(".")
         if parent_alias == "cerebras_pytorch":  # a child of this module: the finder serves it
             continue
-        parent_real = "cstorch" + parent_alias[len("cerebras_pytorch"):]
+        parent_real = "cstorch" + parent_alias[len("cerebras_pytorch") :]
         parent = _sys.modules.get(parent_real)
         if parent is None or hasattr(parent, name) or _target_exists(parent_real + "." + name):
             continue
@@ -119,8 +123,11 @@ def manual_seed(seed: int):
     compiled steps' randomness."""
     import torch
 
-    _warnings.warn("cerebras_pytorch.manual_seed is deprecated; call torch.manual_seed.",
-                   DeprecationWarning, stacklevel=2)
+    _warnings.warn(
+        "cerebras_pytorch.manual_seed is deprecated; call torch.manual_seed.",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     return torch.manual_seed(seed)
 
 
@@ -155,5 +162,6 @@ def __getattr__(name):
 def __dir__():
     from cerebras_pytorch.lazy import api as _lazy_api
 
-    return sorted(set(dir(_cstorch)) | {"experimental", "manual_seed", "name_scope"}
-                  | set(_lazy_api.__all__))
+    return sorted(
+        set(dir(_cstorch)) | {"experimental", "manual_seed", "name_scope"} | set(_lazy_api.__all__)
+    )

@@ -1,16 +1,5 @@
 """Mixed precision: the half-dtype policy, autocast, loss scaling."""
 
-from cstorch.backend.precision import (
-    enable_mixed_precision as enable_mixed_precision,
-    get_floating_point_dtype as get_floating_point_dtype,
-    get_floating_point_dtype_str as get_floating_point_dtype_str,
-    get_half_dtype as get_half_dtype,
-    get_half_dtype_str as get_half_dtype_str,
-    is_cbfloat16_tensor as is_cbfloat16_tensor,
-    mixed_precision as mixed_precision,
-    set_half_dtype as set_half_dtype,
-    use_bfloat16 as use_bfloat16,
-)
 from cstorch.amp._compat import (
     disable_casts as disable_casts,
     finite_increment as finite_increment,
@@ -27,6 +16,16 @@ from cstorch.amp._compat import (
 from cstorch.amp.autocast import autocast as autocast
 from cstorch.amp.grad_scaler import GradScaler, setup_optimizer as setup_optimizer
 from cstorch.amp.optimizer_step import optimizer_step
+from cstorch.backend.precision import (
+    enable_mixed_precision as enable_mixed_precision,
+    get_floating_point_dtype as get_floating_point_dtype,
+    get_floating_point_dtype_str as get_floating_point_dtype_str,
+    get_half_dtype as get_half_dtype,
+    get_half_dtype_str as get_half_dtype_str,
+    is_cbfloat16_tensor as is_cbfloat16_tensor,
+    mixed_precision as mixed_precision,
+    set_half_dtype as set_half_dtype,
+    use_bfloat16 as use_bfloat16,
+)
 
 __all__ = ["GradScaler", "optimizer_step"]
-

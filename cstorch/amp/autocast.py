@@ -6,8 +6,7 @@ import contextlib
 
 import torch
 
-from cstorch.backend import precision
-from cstorch.backend import current_backend_impl
+from cstorch.backend import current_backend_impl, precision
 
 
 @contextlib.contextmanager
@@ -22,7 +21,8 @@ def autocast(dtype: torch.dtype = None):
     if impl.backend_type.is_cpu and dtype != torch.bfloat16:
         raise ValueError(
             f"autocast on the CPU backend supports torch.bfloat16 only, got {dtype}. Use "
-            "cstorch.amp.autocast(torch.bfloat16), or cstorch.amp.set_half_dtype(\"float16\") "
-            "to train the whole step in float16.")
+            'cstorch.amp.autocast(torch.bfloat16), or cstorch.amp.set_half_dtype("float16") '
+            "to train the whole step in float16."
+        )
     with torch.autocast("cpu", dtype=dtype) as context:
         yield context

@@ -21,9 +21,8 @@ from typing import Union
 
 import torch
 
+from cstorch.backend import current_backend_impl, precision
 from jax_backend import Slot
-from cstorch.backend import precision
-from cstorch.backend import current_backend_impl
 
 
 class OptState(enum.Enum):
@@ -50,10 +49,16 @@ class GradScaler:
     update on a step whose gradients overflow, inside the compiled step; a number is a static
     scale."""
 
-    def __init__(self, loss_scale: Union[str, float] = None, init_scale: float = None,
-                 steps_per_increase: int = None, min_loss_scale: float = None,
-                 max_loss_scale: float = None, overflow_tolerance: float = 0.0,
-                 max_gradient_norm: float = None):
+    def __init__(
+        self,
+        loss_scale: Union[str, float] = None,
+        init_scale: float = None,
+        steps_per_increase: int = None,
+        min_loss_scale: float = None,
+        max_loss_scale: float = None,
+        overflow_tolerance: float = 0.0,
+        max_gradient_norm: float = None,
+    ):
         default_max = 2.0**31 if precision.get_half_dtype_str() == "cbfloat16" else 2.0**15
         loss_scale = loss_scale or 1.0
         init_scale = init_scale or default_max
@@ -68,16 +73,18 @@ class GradScaler:
             if overflow_tolerance < 0:
                 raise ValueError(f"overflow_tolerance must be >= 0, got {overflow_tolerance}.")
             if max_gradient_norm:
-                warnings.warn("Using global gradient clipping built into GradScaler is "
-                              "deprecated. Use torch.nn.utils.clip_grad_norm_", stacklevel=2)
+                warnings.warn(
+                    "Using global gradient clipping built into GradScaler is "
+                    "deprecated. Use torch.nn.utils.clip_grad_norm_",
+                    stacklevel=2,
+                )
             self._loss_scale = _f32(min(max_loss_scale, init_scale))
             self._steps_since_rescale = torch.tensor(0, dtype=torch.int64)
             self._overflows_since_rescale = torch.tensor(0, dtype=torch.int64)
             self._num_skipped_steps = torch.tensor(0, dtype=torch.int64)
         else:
             if not isinstance(loss_scale, (int, float)) or isinstance(loss_scale, bool):
-                raise ValueError(f"loss_scale must be a number or \"dynamic\", got "
-                                 f"{loss_scale!r}.")
+                raise ValueError(f'loss_scale must be a number or "dynamic", got {loss_scale!r}.')
             self._loss_scale = float(loss_scale)
             max_gradient_norm = None
         self._overflow_tolerance = overflow_tolerance
@@ -97,25 +104,38 @@ class GradScaler:
             setup_optimizer(optimizer)
 
     # ------------------------------------------------------------------------- state
-    _STATE = ("_loss_scale", "_steps_since_rescale", "_overflows_since_rescale",
-              "_num_skipped_steps")
+    _STATE = (
+        "_loss_scale",
+        "_steps_since_rescale",
+        "_overflows_since_rescale",
+        "_num_skipped_steps",
+    )
 
     def _cstorch_state_slots(self):
-        return [Slot(self.__dict__, name) for name in self._STATE
-                if isinstance(self.__dict__.get(name), torch.Tensor)]
+        return [
+            Slot(self.__dict__, name)
+            for name in self._STATE
+            if isinstance(self.__dict__.get(name), torch.Tensor)
+        ]
 
     def state_dict(self, destination=None):
         self.backend.materialize_state()
         if not self.dynamic:
             return {"loss_scale": self._loss_scale}
-        return {"loss_scale": self._loss_scale,
-                "steps_since_rescale": self._steps_since_rescale,
-                "overflows_since_rescale": self._overflows_since_rescale,
-                "num_skipped_steps": self._num_skipped_steps}
+        return {
+            "loss_scale": self._loss_scale,
+            "steps_since_rescale": self._steps_since_rescale,
+            "overflows_since_rescale": self._overflows_since_rescale,
+            "num_skipped_steps": self._num_skipped_steps,
+        }
 
     def load_state_dict(self, state_dict):
-        for key in ("loss_scale", "steps_since_rescale", "overflows_since_rescale",
-                    "num_skipped_steps"):
+        for key in (
+            "loss_scale",
+            "steps_since_rescale",
+            "overflows_since_rescale",
+            "num_skipped_steps",
+        ):
             if key not in state_dict:
                 continue
             name = f"_{key}"
@@ -152,8 +172,10 @@ class GradScaler:
             if optimizer._amp_stash.state == OptState.READY:
                 optimizer._amp_stash.state = OptState.SCALED
             elif optimizer._amp_stash.state != OptState.SCALED:
-                raise RuntimeError("Optimizer parameter gradients already scaled; call "
-                                   "update() after step() before scaling the next loss.")
+                raise RuntimeError(
+                    "Optimizer parameter gradients already scaled; call "
+                    "update() after step() before scaling the next loss."
+                )
         return loss.float() * self._loss_scale
 
     def unscale_(self, optimizer):
@@ -168,8 +190,7 @@ class GradScaler:
         if not self.dynamic and self._loss_scale == 1.0:
             optimizer._amp_stash.state = OptState.UNSCALED
             return
-        inv_scale = (_f32(1.0) / self._loss_scale if self.dynamic
-                     else _f32(1.0 / self._loss_scale))
+        inv_scale = _f32(1.0) / self._loss_scale if self.dynamic else _f32(1.0 / self._loss_scale)
         with torch.no_grad():
             for group in optimizer.param_groups:
                 for p in group["params"]:
@@ -219,8 +240,12 @@ class GradScaler:
         if not self.dynamic or self.isfinite is None:
             return optimizer.step(*args, **kwargs)
         tensors = [p for group in optimizer.param_groups for p in group["params"]]
-        tensors += [v for state in optimizer.state.values() for v in state.values()
-                    if isinstance(v, torch.Tensor)]
+        tensors += [
+            v
+            for state in optimizer.state.values()
+            for v in state.values()
+            if isinstance(v, torch.Tensor)
+        ]
         with torch.no_grad():
             saved = [t.detach().clone() for t in tensors]
         result = optimizer.step(*args, **kwargs)
@@ -261,8 +286,9 @@ class GradScaler:
             self._loss_scale.mul_((1 + increase).float())
             self._overflows_since_rescale.mul_(1 - increase)
             self._steps_since_rescale.mul_(1 - increase)
-            self._loss_scale.copy_(torch.clamp(self._loss_scale, self._min_loss_scale,
-                                               self._max_loss_scale))
+            self._loss_scale.copy_(
+                torch.clamp(self._loss_scale, self._min_loss_scale, self._max_loss_scale)
+            )
 
     def _forget_traced_values(self):
         """Drops per-step Python values after a trace: they hold traced tensors."""
@@ -270,7 +296,9 @@ class GradScaler:
         self.isfinite = None if self.dynamic else True
         self.global_norm = None
         optimizers = self._optimizers()
-        for optimizer in [*optimizers, *(o for o in self._seen_optimizers
-                                         if not any(o is r for r in optimizers))]:
+        for optimizer in [
+            *optimizers,
+            *(o for o in self._seen_optimizers if not any(o is r for r in optimizers)),
+        ]:
             optimizer._amp_stash.isfinite = None
             optimizer._amp_stash.state = OptState.READY

@@ -10,13 +10,20 @@ from cstorch.amp.grad_scaler import GradScaler
 def _is_optimizer(obj) -> bool:
     """Duck-typed: what ``optimizer_step`` uses of an optimizer (``cstorch.optim.Optimizer``
     has it; checking the class would make amp import optim, which imports amp's backend)."""
-    return (isinstance(getattr(obj, "param_groups", None), list)
-            and callable(getattr(obj, "step", None))
-            and callable(getattr(obj, "zero_grad", None)))
+    return (
+        isinstance(getattr(obj, "param_groups", None), list)
+        and callable(getattr(obj, "step", None))
+        and callable(getattr(obj, "zero_grad", None))
+    )
 
 
-def optimizer_step(loss: torch.Tensor, optimizer, grad_scaler: GradScaler,
-                   max_gradient_norm: float = None, max_gradient_value: float = None):
+def optimizer_step(
+    loss: torch.Tensor,
+    optimizer,
+    grad_scaler: GradScaler,
+    max_gradient_norm: float = None,
+    max_gradient_value: float = None,
+):
     """The cstorch mixed-precision training step in one call.
 
     Differs from cerebras-pytorch 2.10 in two fixes: a non-Optimizer item in a list of
@@ -31,24 +38,32 @@ def optimizer_step(loss: torch.Tensor, optimizer, grad_scaler: GradScaler,
         optimizers = list(optimizer)
         for i, item in enumerate(optimizers):
             if not _is_optimizer(item):
-                raise TypeError(f"Expected optimizer {i} to be a `cstorch.optim.Optimizer`. "
-                                f"Got: `{type(item)}`")
+                raise TypeError(
+                    f"Expected optimizer {i} to be a `cstorch.optim.Optimizer`. Got: `{type(item)}`"
+                )
     else:
-        raise TypeError(f"Expected optimizer to be a `cstorch.optim.Optimizer` or a list of "
-                        f"them. Got: `{type(optimizer)}`")
+        raise TypeError(
+            f"Expected optimizer to be a `cstorch.optim.Optimizer` or a list of "
+            f"them. Got: `{type(optimizer)}`"
+        )
     if not isinstance(grad_scaler, GradScaler):
-        raise TypeError(f"Expected grad_scaler to be a `cstorch.amp.GradScaler`. "
-                        f"Got: `{type(grad_scaler)}`")
+        raise TypeError(
+            f"Expected grad_scaler to be a `cstorch.amp.GradScaler`. Got: `{type(grad_scaler)}`"
+        )
     if max_gradient_norm is not None and max_gradient_norm < 0.0:
-        raise ValueError(f"max_gradient_norm has to be a non-negative float. Got "
-                         f"{max_gradient_norm}")
+        raise ValueError(
+            f"max_gradient_norm has to be a non-negative float. Got {max_gradient_norm}"
+        )
     if max_gradient_value is not None and max_gradient_value < 0.0:
-        raise ValueError(f"max_gradient_value has to be a non-negative float. Got "
-                         f"{max_gradient_value}")
+        raise ValueError(
+            f"max_gradient_value has to be a non-negative float. Got {max_gradient_value}"
+        )
     if max_gradient_norm is not None and max_gradient_value is not None:
-        raise ValueError(f"Gradients can be clipped by norm(={max_gradient_norm}) or by "
-                         f"value(={max_gradient_value}), but not both. Do not set both "
-                         "`max_gradient_norm` and `max_gradient_value`.")
+        raise ValueError(
+            f"Gradients can be clipped by norm(={max_gradient_norm}) or by "
+            f"value(={max_gradient_value}), but not both. Do not set both "
+            "`max_gradient_norm` and `max_gradient_value`."
+        )
 
     grad_scaler.scale(loss).backward()
     for item in optimizers:

@@ -18,7 +18,6 @@ from cstorch.backend import old_keywords
 from cstorch.backend.backend_type import BackendType
 from cstorch.errors import MultipleBackendsError, NoBackendError
 
-
 _current = None  # the one Backend of this process
 
 
@@ -34,7 +33,8 @@ class _OneBackend(type):
             raise MultipleBackendsError(
                 f"Cannot instantiate multiple backends. A backend with type "
                 f"{_current.backend_type.name} already exists. Use `cstorch.backend()` to get "
-                "the existing backend instead of creating a new one.")
+                "the existing backend instead of creating a new one."
+            )
         return super().__call__(backend_type, *args, **kwargs)
 
 
@@ -53,15 +53,22 @@ def _adopt(backend_type, args, kwargs) -> "Backend":
     if served_type(backend_type) != backend_type:  # a tool serves it (config.serve_backend)
         backend_type, args, kwargs = served_type(backend_type), (), {}
     where = _current._implicit_at
-    fix = ("A process has one backend: call cstorch.backend(...) before the first "
-           "cstorch.compile, or pass the backend to it: cstorch.compile(model, backend).")
-    made = (f"cstorch.compile, called before any cstorch.backend, created a "
-            f"{_current.backend_type.name} backend with default settings at\n{where}\n")
+    fix = (
+        "A process has one backend: call cstorch.backend(...) before the first "
+        "cstorch.compile, or pass the backend to it: cstorch.compile(model, backend)."
+    )
+    made = (
+        f"cstorch.compile, called before any cstorch.backend, created a "
+        f"{_current.backend_type.name} backend with default settings at\n{where}\n"
+    )
     if backend_type != _current.backend_type:
         raise MultipleBackendsError(f"Cannot create a {backend_type.name} backend: {made}{fix}")
     try:
-        settings = inspect.signature(type(_current._impl).__init__).bind(
-            None, backend_type, *args, **kwargs).arguments
+        settings = (
+            inspect.signature(type(_current._impl).__init__)
+            .bind(None, backend_type, *args, **kwargs)
+            .arguments
+        )
     except TypeError as error:
         raise TypeError(f"cstorch.backend({backend_type.name!r}, ...): {error}") from None
     settings = {k: v for k, v in settings.items() if k not in ("self", "backend_type")}
@@ -70,8 +77,8 @@ def _adopt(backend_type, args, kwargs) -> "Backend":
         refused.append("engine")
     if refused:
         raise MultipleBackendsError(
-            f"Cannot apply {', '.join(refused)} to the {backend_type.name} backend: {made}"
-            f"{fix}")
+            f"Cannot apply {', '.join(refused)} to the {backend_type.name} backend: {made}{fix}"
+        )
     if settings.get("artifact_dir") is not None:
         _current.artifact_dir = settings["artifact_dir"]
     _current._implicit_at = None
@@ -93,8 +100,11 @@ def _serving(backend_type: BackendType, args, kwargs):
     if served == backend_type and config.serve_backend.value is None:
         return backend_type, args, kwargs
     try:
-        settings = inspect.signature(_impl_class(backend_type).__init__).bind(
-            None, backend_type, *args, **kwargs).arguments
+        settings = (
+            inspect.signature(_impl_class(backend_type).__init__)
+            .bind(None, backend_type, *args, **kwargs)
+            .arguments
+        )
     except TypeError as error:
         raise TypeError(f"cstorch.backend({backend_type.name!r}, ...): {error}") from None
     return served, (), {k: v for k, v in settings.items() if k == "artifact_dir"}
@@ -196,14 +206,16 @@ def backend(backend_type=None, *args, **kwargs):
         if args or kwargs:
             raise TypeError(
                 "cstorch.backend() got arguments but no backend type. Pass the type first, "
-                "e.g. cstorch.backend(\"CPU\", artifact_dir=...).")
+                'e.g. cstorch.backend("CPU", artifact_dir=...).'
+            )
         return _current
     if isinstance(backend_type, str):
         backend_type = BackendType.from_str(backend_type)
     elif not isinstance(backend_type, BackendType):
         raise TypeError(
             f"Expected backend_type to be a string or a BackendType, got "
-            f"{type(backend_type).__name__}.")
+            f"{type(backend_type).__name__}."
+        )
     return Backend(backend_type, *args, **kwargs)
 
 
@@ -215,12 +227,16 @@ backend.BackendType = BackendType
 def current_backend(raise_exception: bool = True, raise_warning: bool = True):
     """Deprecated: use ``cstorch.backend()``."""
     if raise_warning:
-        warnings.warn("cstorch.current_backend() is deprecated; use cstorch.backend() instead.",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "cstorch.current_backend() is deprecated; use cstorch.backend() instead.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
     if _current is None and raise_exception:
         raise NoBackendError(
-            "No active Cerebras backend found. Create one first with cstorch.backend(\"CPU\") "
-            "(or \"GPU\", \"CSX\").")
+            'No active Cerebras backend found. Create one first with cstorch.backend("CPU") '
+            '(or "GPU", "CSX").'
+        )
     return _current
 
 
@@ -229,7 +245,8 @@ def current_backend_impl(raise_exception: bool = True):
         if raise_exception:
             raise NoBackendError(
                 "No active Cerebras backend found. Create one first with "
-                "cstorch.backend(\"CPU\") (or \"GPU\", \"CSX\").")
+                'cstorch.backend("CPU") (or "GPU", "CSX").'
+            )
         return None
     return _current._impl
 
@@ -271,7 +288,8 @@ def get_or_create(backend_type, *args, mismatch=None, **kwargs) -> Backend:
             raise mismatch(_current)
         raise RuntimeError(
             f"A {_current.backend_type.name} backend already exists in this process; a "
-            f"{backend_type.name} backend needs its own process.")
+            f"{backend_type.name} backend needs its own process."
+        )
     return _current
 
 
@@ -291,6 +309,13 @@ def _reset_for_tests():
 
 config.config.on_reset(_reset_for_tests)
 
-for _name in ("current_backend", "current_backend_impl", "current_torch_device", "use_cs",
-              "get_backend_args", "implicit_cpu_backend", "_reset_for_tests"):
+for _name in (
+    "current_backend",
+    "current_backend_impl",
+    "current_torch_device",
+    "use_cs",
+    "get_backend_args",
+    "implicit_cpu_backend",
+    "_reset_for_tests",
+):
     setattr(backend, _name, globals()[_name])

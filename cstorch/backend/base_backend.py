@@ -32,8 +32,6 @@ import weakref
 import torch
 
 import jax_backend
-from jax_backend import DeviceState, LazyTensor, materialize, shared_memory
-from jax_backend.user_frames import warn
 from cstorch.backend import precision, run_hooks
 from cstorch.backend.closure_queue import ClosureQueue
 from cstorch.backend.executor_lifecycle import ExecutorLifecycle
@@ -41,6 +39,8 @@ from cstorch.backend.modes_and_hooks import ModesAndHooks
 from cstorch.backend.registry import Registry
 from cstorch.backend.state_view import StateView
 from cstorch.backend.trace_scope import TraceScope
+from jax_backend import DeviceState, LazyTensor, materialize, shared_memory
+from jax_backend.user_frames import warn
 
 
 def warn_cluster_config_ignored(backend_name: str, cluster_config) -> None:
@@ -51,10 +51,14 @@ def warn_cluster_config_ignored(backend_name: str, cluster_config) -> None:
     from cstorch.distributed.cluster_config import ClusterConfig
 
     if not isinstance(cluster_config, ClusterConfig):
-        raise TypeError(f"cluster_config must be a cstorch.distributed.ClusterConfig, got "
-                        f"{type(cluster_config).__name__}.")
-    warn(f"The {backend_name} backend ignores cluster_config (it only configures CSX runs).",
-         UserWarning)  # at the cstorch.backend(...) call
+        raise TypeError(
+            f"cluster_config must be a cstorch.distributed.ClusterConfig, got "
+            f"{type(cluster_config).__name__}."
+        )
+    warn(
+        f"The {backend_name} backend ignores cluster_config (it only configures CSX runs).",
+        UserWarning,
+    )  # at the cstorch.backend(...) call
 
 
 def _part(part: str, name: str, settable: bool = False) -> property:
@@ -91,9 +95,11 @@ class BaseBackend:
         # while a step is traced).
         self._registration_hooks = [
             torch.nn.modules.module.register_module_parameter_registration_hook(
-                self.invalidate_state_view),
+                self.invalidate_state_view
+            ),
             torch.nn.modules.module.register_module_buffer_registration_hook(
-                self.invalidate_state_view),
+                self.invalidate_state_view
+            ),
         ]
 
     # ------------------------------------------------------------------ the parts' names
@@ -151,8 +157,7 @@ class BaseBackend:
         if self.registry.add_model(model):
             for module in model.modules():
                 module.register_state_dict_pre_hook(BackendHook(self, "_state_dict_pre_hook"))
-            model.register_load_state_dict_post_hook(
-                BackendHook(self, "invalidate_state_view"))
+            model.register_load_state_dict_post_hook(BackendHook(self, "invalidate_state_view"))
             run_hooks.model_registered(model)
         try:  # as the reference: compiled models know their device
             model.device = self.torch_device
@@ -172,8 +177,7 @@ class BaseBackend:
     def register_optimizer(self, optimizer) -> None:
         self.registry.add_optimizer(optimizer)
         # load_state_dict replaces the optimizer's state dicts wholesale.
-        optimizer.register_load_state_dict_post_hook(
-            BackendHook(self, "invalidate_state_view"))
+        optimizer.register_load_state_dict_post_hook(BackendHook(self, "invalidate_state_view"))
 
     def setup_scheduler(self, scheduler) -> None:
         self.registry.add_scheduler(scheduler)

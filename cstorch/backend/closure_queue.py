@@ -16,9 +16,9 @@ from typing import Callable
 
 import torch
 
-from jax_backend import LazyTensor
 from cstorch.backend import run_hooks
 from cstorch.distributed import runtime
+from jax_backend import LazyTensor
 
 
 @dataclasses.dataclass
@@ -114,7 +114,8 @@ class ClosureQueue:
                         "outside a cstorch DataExecutor, so there are no checkpoint steps to "
                         "run it on. Loop over cstorch.utils.data.DataExecutor(loader, "
                         "num_steps=..., checkpoint_steps=...) and call the step inside the "
-                        "loop, or save directly with cstorch.save(model.state_dict(), path).")
+                        "loop, or save directly with cstorch.save(model.state_dict(), path)."
+                    )
                 if not (context.is_pre_initial_step or context.is_checkpoint_step):
                     continue
                 backend.materialize_state()

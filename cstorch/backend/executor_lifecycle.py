@@ -30,7 +30,8 @@ class ExecutorLifecycle:
         if not self.stack:
             raise RuntimeError(
                 "Detected that a data executor was not used. Iterate over a "
-                "cstorch.utils.data.DataExecutor to run steps.")
+                "cstorch.utils.data.DataExecutor to run steps."
+            )
         return self.stack[-1]
 
     @property
@@ -60,8 +61,7 @@ class ExecutorLifecycle:
         backend = self._backend
         state = backend.device_state
         if state.has_pending:
-            state.materialize([t for t in backend.state_view().tensors
-                               if not state.is_released(t)])
+            state.materialize([t for t in backend.state_view().tensors if not state.is_released(t)])
 
     def on_batch_end(self) -> None:
         self._backend.run_step_closures()

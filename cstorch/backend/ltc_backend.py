@@ -29,16 +29,15 @@ from collections import OrderedDict
 from typing import Callable, Dict
 
 import torch
-from torch.utils._pytree import tree_flatten_with_path, tree_unflatten, keystr
+from torch.utils._pytree import keystr, tree_flatten_with_path, tree_unflatten
 from torch.utils.hooks import RemovableHandle
 
-from jax_backend import LazyTensor, mesh
 from cstorch import config
-
 from cstorch.backend import precision
 from cstorch.backend.base_backend import BaseBackend
 from cstorch.core.device import LazyDevice
 from cstorch.distributed import runtime
+from jax_backend import LazyTensor, mesh
 
 
 def _devices_per_csx(num_devices, num_csx, weight_servers, multi_process) -> int:
@@ -53,8 +52,15 @@ def _devices_per_csx(num_devices, num_csx, weight_servers, multi_process) -> int
 
 
 class PyTorchLtcBackendImpl(BaseBackend):
-    def __init__(self, backend_type, artifact_dir=None, compile_dir="cached_compile",
-                 compile_only=False, validate_only=False, cluster_config=None):
+    def __init__(
+        self,
+        backend_type,
+        artifact_dir=None,
+        compile_dir="cached_compile",
+        compile_only=False,
+        validate_only=False,
+        cluster_config=None,
+    ):
         from cstorch.distributed.cluster_config import ClusterConfig
 
         if cluster_config is None:
@@ -62,11 +68,13 @@ class PyTorchLtcBackendImpl(BaseBackend):
         if not isinstance(cluster_config, ClusterConfig):
             raise TypeError(
                 f"cluster_config must be a cstorch.distributed.ClusterConfig, got "
-                f"{type(cluster_config).__name__}.")
+                f"{type(cluster_config).__name__}."
+            )
         if cluster_config.num_csx is not None and cluster_config.num_csx <= 0:
             raise ValueError(
                 f"cluster_config.num_csx must be a positive number of systems, got "
-                f"{cluster_config.num_csx}.")
+                f"{cluster_config.num_csx}."
+            )
         config.torch_num_threads.value  # noqa: B018 - raises unless a positive integer
         self.cluster_config = cluster_config
         self.compile_dir = compile_dir
@@ -78,12 +86,19 @@ class PyTorchLtcBackendImpl(BaseBackend):
         weight_servers = cluster_config.max_wgt_servers
         layout = None
         if num_csx > 1 or weight_servers > 0 or multi_process:
-            layout = mesh.Layout.build(devices, num_csx,
-                                       _devices_per_csx(len(devices), num_csx, weight_servers,
-                                                        multi_process),
-                                       shard_state=weight_servers > 0)
-        super().__init__(backend_type, LazyDevice(), artifact_dir or "./cerebras_logs",
-                         jax_devices=devices, layout=layout)
+            layout = mesh.Layout.build(
+                devices,
+                num_csx,
+                _devices_per_csx(len(devices), num_csx, weight_servers, multi_process),
+                shard_state=weight_servers > 0,
+            )
+        super().__init__(
+            backend_type,
+            LazyDevice(),
+            artifact_dir or "./cerebras_logs",
+            jax_devices=devices,
+            layout=layout,
+        )
         precision.set_backend_default(True)  # unless the user chose (before or after)
         self.cluster = ClusterManager(cluster_config)
         self.appliance = None  # set by the first run: the (local) appliance of this run
@@ -179,8 +194,10 @@ class ClusterManager:
         if self.workflow_id is not None:
             return False
         self.config.workflow_id = f"wflow-local-{os.getpid()}-{next(self._ids)}"
-        self.logger.info(f"Started local workflow {self.workflow_id} "
-                         f"(lock_resources={lock_resources}; no cluster is contacted).")
+        self.logger.info(
+            f"Started local workflow {self.workflow_id} "
+            f"(lock_resources={lock_resources}; no cluster is contacted)."
+        )
         return True
 
     def stop_workflow(self) -> None:

@@ -28,7 +28,7 @@ class ModesAndHooks:
 
     @property
     def mode(self) -> str:
-        """"eval" once every registered model is in eval mode, else "train"."""
+        """ "eval" once every registered model is in eval mode, else "train"."""
         models = self._registry.models
         if models and not any(model.training for model in models):
             return "eval"
@@ -51,18 +51,31 @@ class ModesAndHooks:
             while stack:
                 module = stack.pop()
                 flags.append(module.training)
-                if (module._forward_hooks or module._forward_pre_hooks
-                        or module._backward_hooks or module._backward_pre_hooks):
-                    hooks.append((m, len(flags), tuple(module._forward_pre_hooks),
-                                  tuple(module._forward_hooks),
-                                  tuple(module._backward_pre_hooks),
-                                  tuple(module._backward_hooks)))
+                if (
+                    module._forward_hooks
+                    or module._forward_pre_hooks
+                    or module._backward_hooks
+                    or module._backward_pre_hooks
+                ):
+                    hooks.append(
+                        (
+                            m,
+                            len(flags),
+                            tuple(module._forward_pre_hooks),
+                            tuple(module._forward_hooks),
+                            tuple(module._backward_pre_hooks),
+                            tuple(module._backward_hooks),
+                        )
+                    )
                 children = module._modules
                 if children:
                     stack.extend(child for child in children.values() if child is not None)
             modes.append(tuple(flags))
-        hooks.extend(("torch global", k, tuple(table))
-                     for k, table in enumerate(_global_module_hooks()) if table)
+        hooks.extend(
+            ("torch global", k, tuple(table))
+            for k, table in enumerate(_global_module_hooks())
+            if table
+        )
         return tuple(modes), tuple(hooks)
 
     def parameter_autograd(self, view) -> tuple:
@@ -76,8 +89,10 @@ class ModesAndHooks:
         held = self._held
         with torch._C.DisableTorchFunctionSubclass():
             flags = tuple(p.requires_grad for p in view.parameters)
-            holding = tuple(not p.requires_grad and (id(p) in held or p.grad is not None)
-                            for p in view.parameters)
+            holding = tuple(
+                not p.requires_grad and (id(p) in held or p.grad is not None)
+                for p in view.parameters
+            )
             for i, p in enumerate(view.parameters):
                 before, after = p._backward_hooks, p._post_accumulate_grad_hooks
                 if before or after:
@@ -105,6 +120,12 @@ class ModesAndHooks:
 def _global_module_hooks() -> tuple:
     """torch's hook tables that apply to every module (``register_module_forward_hook``
     and its relatives)."""
-    return tuple(getattr(_torch_module, name, None) or {} for name in (
-        "_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_pre_hooks",
-        "_global_backward_hooks"))
+    return tuple(
+        getattr(_torch_module, name, None) or {}
+        for name in (
+            "_global_forward_pre_hooks",
+            "_global_forward_hooks",
+            "_global_backward_pre_hooks",
+            "_global_backward_hooks",
+        )
+    )

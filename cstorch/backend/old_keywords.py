@@ -27,11 +27,14 @@ def apply(backend_type, kwargs: dict) -> tuple[dict, int | None]:
 
     kwargs = dict(kwargs)
     max_checkpoints = kwargs.pop("max_checkpoints", None)
-    if max_checkpoints is not None and (not isinstance(max_checkpoints, int)
-                                        or isinstance(max_checkpoints, bool)
-                                        or max_checkpoints < 1):
-        raise ValueError(f"max_checkpoints must be a positive integer or None, got "
-                         f"{max_checkpoints!r}.")
+    if max_checkpoints is not None and (
+        not isinstance(max_checkpoints, int)
+        or isinstance(max_checkpoints, bool)
+        or max_checkpoints < 1
+    ):
+        raise ValueError(
+            f"max_checkpoints must be a positive integer or None, got {max_checkpoints!r}."
+        )
     if backend_type.is_csx:
         if "micro_batch_size" in kwargs:
             value = kwargs.pop("micro_batch_size")
@@ -45,8 +48,10 @@ def apply(backend_type, kwargs: dict) -> tuple[dict, int | None]:
     else:
         for name in _CSX_ONLY:
             if name in kwargs:
-                raise TypeError(f"The {backend_type.name} backend does not take {name!r} "
-                                "(a CSX backend setting).")
+                raise TypeError(
+                    f"The {backend_type.name} backend does not take {name!r} "
+                    "(a CSX backend setting)."
+                )
     return kwargs, max_checkpoints
 
 

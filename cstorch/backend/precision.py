@@ -73,12 +73,16 @@ def set_half_dtype(value) -> torch.dtype:
     if isinstance(value, torch.dtype):
         names = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
         if value not in names:
-            raise ValueError(f"Invalid half dtype {value}; expected torch.float16, "
-                             "torch.bfloat16, 'float16', 'bfloat16' or 'cbfloat16'.")
+            raise ValueError(
+                f"Invalid half dtype {value}; expected torch.float16, "
+                "torch.bfloat16, 'float16', 'bfloat16' or 'cbfloat16'."
+            )
         value = names[value]
     if value not in _HALF_DTYPES:
-        raise ValueError(f"Invalid half dtype {value!r}; expected one of "
-                         f"{sorted(_HALF_DTYPES)} or torch.float16/torch.bfloat16.")
+        raise ValueError(
+            f"Invalid half dtype {value!r}; expected one of "
+            f"{sorted(_HALF_DTYPES)} or torch.float16/torch.bfloat16."
+        )
     _AmpState.half_dtype_str = value
     _AmpState.mixed_precision = True
     return _HALF_DTYPES[value]
@@ -114,7 +118,8 @@ def get_floating_point_dtype_str(default: str = "float32") -> str:
 
 def is_cbfloat16_tensor(tensor) -> bool:
     return _AmpState.half_dtype_str == "cbfloat16" and getattr(tensor, "dtype", None) == (
-        torch.float16)
+        torch.float16
+    )
 
 
 def current_policy() -> Policy:

@@ -13,8 +13,8 @@ import dataclasses
 
 import torch
 
-from jax_backend import Slot, shared_memory
 from cstorch.backend.state_view import StateView, read_deferred_state
+from jax_backend import Slot, shared_memory
 
 
 class Registry:
@@ -48,7 +48,8 @@ class Registry:
     def add_optimizer(self, optimizer) -> None:
         shared_memory.note_resizable(
             [v for state in optimizer.state.values() for v in state.values()]
-            + [v for group in optimizer.param_groups for v in group.values()])
+            + [v for group in optimizer.param_groups for v in group.values()]
+        )
         self.optimizers.append(optimizer)
         self.state_changed()
 
@@ -95,24 +96,39 @@ class Registry:
         entries = []
         for m, model in enumerate(self.models):
             for name, module in model.named_modules():
-                entries += [(("model", m, name, "param", n), Slot(module._parameters, n))
-                            for n, p in module._parameters.items() if p is not None]
-                entries += [(("model", m, name, "buffer", n), Slot(module._buffers, n))
-                            for n, b in module._buffers.items() if b is not None]
+                entries += [
+                    (("model", m, name, "param", n), Slot(module._parameters, n))
+                    for n, p in module._parameters.items()
+                    if p is not None
+                ]
+                entries += [
+                    (("model", m, name, "buffer", n), Slot(module._buffers, n))
+                    for n, b in module._buffers.items()
+                    if b is not None
+                ]
         for o, optimizer in enumerate(self.optimizers):
             position = {}
             for g, group in enumerate(optimizer.param_groups):
-                entries += [(("optimizer", o, "group", g, k), Slot(group, k))
-                            for k, v in group.items()
-                            if k != "params" and isinstance(v, torch.Tensor)]
+                entries += [
+                    (("optimizer", o, "group", g, k), Slot(group, k))
+                    for k, v in group.items()
+                    if k != "params" and isinstance(v, torch.Tensor)
+                ]
                 for p in group["params"]:
                     position.setdefault(id(p), len(position))
             for param, state in optimizer.state.items():
                 where = position.get(id(param), ("unlisted", id(param)))
-                entries += [(("optimizer", o, "state", where, k), Slot(state, k))
-                            for k, v in state.items() if isinstance(v, torch.Tensor)]
-        for kind, objects in (("scheduler", self.schedulers), ("scaler", self.grad_scalers),
-                              ("metric", self.metrics), ("stateful", self.stateful_objects)):
+                entries += [
+                    (("optimizer", o, "state", where, k), Slot(state, k))
+                    for k, v in state.items()
+                    if isinstance(v, torch.Tensor)
+                ]
+        for kind, objects in (
+            ("scheduler", self.schedulers),
+            ("scaler", self.grad_scalers),
+            ("metric", self.metrics),
+            ("stateful", self.stateful_objects),
+        ):
             for i, obj in enumerate(objects):
                 entries += [((kind, i, slot.key), slot) for slot in obj._cstorch_state_slots()]
         # Named as everywhere else (``cstorch.core.state_names``), so capture errors say which
@@ -134,8 +150,12 @@ class Registry:
         epoch) and every slot still holds the tensor it held (catches rebinding)."""
         view = self._view
         groups = self.param_group_sizes()
-        if view is None or view.epoch != self._epoch or view.group_sizes != groups \
-                or not view.still_holds():
+        if (
+            view is None
+            or view.epoch != self._epoch
+            or view.group_sizes != groups
+            or not view.still_holds()
+        ):
             self._view = None  # it holds the old tensors: retain may let them go
             entries = self.state_slots()
             read_deferred_state(entries)
@@ -150,8 +170,10 @@ class Registry:
     def param_group_sizes(self) -> tuple:
         """How many parameters each param group of each optimizer has: ``add_param_group``
         (which no hook reports) changes the state a step updates."""
-        return tuple(tuple(len(group["params"]) for group in optimizer.param_groups)
-                     for optimizer in self.optimizers)
+        return tuple(
+            tuple(len(group["params"]) for group in optimizer.param_groups)
+            for optimizer in self.optimizers
+        )
 
     def optimizer_links(self, view) -> tuple:
         """Per optimizer, per group: the state path of each parameter it updates (None for
@@ -159,6 +181,10 @@ class Registry:
         replacing a model's parameter (the optimizer keeps the old one, as in eager torch)
         changes this and so needs another program."""
         path_of = dict(zip(map(id, view.tensors), view.paths))
-        return tuple(tuple(tuple(path_of.get(id(p)) for p in group["params"])
-                           for group in optimizer.param_groups)
-                     for optimizer in self.optimizers)
+        return tuple(
+            tuple(
+                tuple(path_of.get(id(p)) for p in group["params"])
+                for group in optimizer.param_groups
+            )
+            for optimizer in self.optimizers
+        )

@@ -32,8 +32,9 @@ class StateView:
         self.paths = paths
         self.index_of = {path: i for i, path in enumerate(paths)}
         # model parameters (unique), whose requires_grad and hooks select a program
-        self.parameters = [t for path, t in zip(paths, tensors)
-                           if path[0] == "model" and path[3] == "param"]
+        self.parameters = [
+            t for path, t in zip(paths, tensors) if path[0] == "model" and path[3] == "param"
+        ]
         # every slot's path -> the path naming its tensor (tied weights share one)
         first = dict(zip(map(id, tensors), paths))
         self.named_by = {path: first[id(tensor)] for (path, _), tensor in zip(entries, self.held)}
@@ -52,8 +53,9 @@ class StateView:
         return tuple(tensor.shape), tensor.dtype
 
     def still_holds(self) -> bool:
-        return all(slot.container.get(slot.key) is tensor
-                   for slot, tensor in zip(self.slots, self.held))
+        return all(
+            slot.container.get(slot.key) is tensor for slot, tensor in zip(self.slots, self.held)
+        )
 
 
 def read_deferred_state(entries) -> None:

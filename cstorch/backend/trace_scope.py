@@ -67,6 +67,7 @@ class TraceScope:
             raise RuntimeError(
                 "Detected that more than one compiled model was used in a step function. "
                 "Only one compiled model may be used per traced step; combine the models "
-                "into one torch.nn.Module and compile that.")
+                "into one torch.nn.Module and compile that."
+            )
         if not self._models_used:
             self._models_used.append(model)

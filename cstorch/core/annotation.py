@@ -17,8 +17,8 @@ import dataclasses
 import functools
 from typing import Any, Callable, Optional
 
-from jax_backend.user_frames import warn
 from cstorch import config as cstorch_config
+from jax_backend.user_frames import warn
 
 _active: dict = {}  # annotation kind -> stack of values in effect
 
@@ -50,8 +50,7 @@ def active_annotations() -> dict:
 cstorch_config.config.include_in_graph_key("cstorch annotations", active_annotations)
 
 
-def annotation(kind: str, value: Any, enable_fwd: bool = True,
-               enable_bwd: bool = True) -> Callable:
+def annotation(kind: str, value: Any, enable_fwd: bool = True, enable_bwd: bool = True) -> Callable:
     """A decorator that puts ``value`` in effect for ``kind`` while the function runs.
 
     As in the reference, it warns that the annotation has no effect off the CSX backend and,
@@ -109,8 +108,10 @@ class AnnotationMode(abc.ABC):
 
     def __init__(self, config: "AnnotationMode.Config"):
         if not isinstance(config, AnnotationMode.Config):
-            raise TypeError(f"{type(self).__name__} takes an AnnotationMode.Config instance, "
-                            f"got {type(config).__name__}.")
+            raise TypeError(
+                f"{type(self).__name__} takes an AnnotationMode.Config instance, "
+                f"got {type(config).__name__}."
+            )
         self.local_config = config
         self._entered: list = []  # per nesting level: (the config before, attribute name)
 
@@ -121,12 +122,12 @@ class AnnotationMode(abc.ABC):
 
     @config.setter
     @abc.abstractmethod
-    def config(self, config: Optional["AnnotationMode.Config"]) -> None:
-        ...
+    def config(self, config: Optional["AnnotationMode.Config"]) -> None: ...
 
     @abc.abstractmethod
-    def get_attribute(self, config: "AnnotationMode.Config",
-                      is_backward: bool) -> "AnnotationMode.Attribute":
+    def get_attribute(
+        self, config: "AnnotationMode.Config", is_backward: bool
+    ) -> "AnnotationMode.Attribute":
         """The attribute ``config`` tags operations with."""
 
     def __enter__(self):
@@ -135,12 +136,12 @@ class AnnotationMode(abc.ABC):
         try:
             attribute = _checked_attribute(
                 self.get_attribute(self.local_config, is_backward=False),
-                f"{type(self).__name__}.get_attribute")
+                f"{type(self).__name__}.get_attribute",
+            )
         except TypeError:
             self.config = previous
             raise
-        push_annotation(attribute.name,
-                        attribute.value if self.local_config.enable_fwd else None)
+        push_annotation(attribute.name, attribute.value if self.local_config.enable_fwd else None)
         self._entered.append((previous, attribute.name))
         return self
 
@@ -157,12 +158,15 @@ def annotate(annotation_mode: AnnotationMode) -> Callable:
     from cstorch.backend import current_backend_impl
 
     if not isinstance(annotation_mode, AnnotationMode):
-        raise TypeError(f"annotate takes an AnnotationMode instance, got "
-                        f"{type(annotation_mode).__name__}.")
+        raise TypeError(
+            f"annotate takes an AnnotationMode instance, got {type(annotation_mode).__name__}."
+        )
     impl = current_backend_impl()
     if not impl.is_csx:
-        warn(f"Setting {type(annotation_mode).__name__} for device {impl.torch_device} "
-             "doesn't have any effect.")
+        warn(
+            f"Setting {type(annotation_mode).__name__} for device {impl.torch_device} "
+            "doesn't have any effect."
+        )
 
     def decorator(fn):
         @functools.wraps(fn)
@@ -177,8 +181,9 @@ def annotate(annotation_mode: AnnotationMode) -> Callable:
 
 def _checked_attribute(attribute, source: str) -> "AnnotationMode.Attribute":
     if not isinstance(attribute, AnnotationMode.Attribute):
-        raise TypeError(f"{source} must return an AnnotationMode.Attribute, got "
-                        f"{type(attribute).__name__}.")
+        raise TypeError(
+            f"{source} must return an AnnotationMode.Attribute, got {type(attribute).__name__}."
+        )
     return attribute
 
 
@@ -190,14 +195,17 @@ def create_annotation(annotation_config: type, get_attribute_fn: Callable, **kwa
     annotations, off the CSX backend it warns that the tag has no effect, and with no backend at
     all the decorator is the identity.
     """
-    if not (isinstance(annotation_config, type)
-            and issubclass(annotation_config, AnnotationMode.Config)):
-        raise TypeError(f"annotation_config must be a subclass of AnnotationMode.Config, got "
-                        f"{annotation_config!r}.")
+    if not (
+        isinstance(annotation_config, type) and issubclass(annotation_config, AnnotationMode.Config)
+    ):
+        raise TypeError(
+            f"annotation_config must be a subclass of AnnotationMode.Config, got "
+            f"{annotation_config!r}."
+        )
     config = annotation_config(**kwargs)
-    attribute = _checked_attribute(get_attribute_fn(config, is_backward=False),
-                                   "get_attribute_fn")
+    attribute = _checked_attribute(get_attribute_fn(config, is_backward=False), "get_attribute_fn")
     if attribute.value is None or not (config.enable_fwd or config.enable_bwd):
         return lambda fn: fn
-    return annotation(attribute.name, attribute.value, enable_fwd=config.enable_fwd,
-                      enable_bwd=config.enable_bwd)
+    return annotation(
+        attribute.name, attribute.value, enable_fwd=config.enable_fwd, enable_bwd=config.enable_bwd
+    )

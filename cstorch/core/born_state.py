@@ -28,10 +28,10 @@ import dataclasses
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
+from cstorch.core.state_names import state_name
 from jax_backend import scalars
 from jax_backend.errors import CaptureError
 from jax_backend.user_frames import current_user_frame
-from cstorch.core.state_names import state_name
 
 
 @dataclasses.dataclass
@@ -73,8 +73,10 @@ def install(registry, born: list) -> None:
 
 def snapshot(registry) -> dict:
     """What ``discard`` needs to undo births: the slot paths and each optimizer's state keys."""
-    return {"paths": {path for path, _ in registry.state_slots()},
-            "optimizer_keys": [(o, set(map(id, o.state))) for o in registry.optimizers]}
+    return {
+        "paths": {path for path, _ in registry.state_slots()},
+        "optimizer_keys": [(o, set(map(id, o.state))) for o in registry.optimizers],
+    }
 
 
 def discard(registry, before: dict) -> None:
@@ -85,8 +87,7 @@ def discard(registry, before: dict) -> None:
         if path not in before["paths"] and slot.key in slot.container:
             del slot.container[slot.key]
     for optimizer, keys in before["optimizer_keys"]:
-        for param in [p for p, state in optimizer.state.items()
-                      if id(p) not in keys and not state]:
+        for param in [p for p, state in optimizer.state.items() if id(p) not in keys and not state]:
             del optimizer.state[param]
     registry.state_changed()
 
@@ -152,7 +153,8 @@ def refuse_parameters(born: list) -> None:
                 f"The step created the parameter {state_name(entry.paths[0])} (a parameter "
                 "registered in forward): a compiled step cannot create parameters. Create it "
                 "in the module's __init__, or run one forward pass eagerly before the first "
-                "step (`model(example_batch)`) so it exists before compiling.")
+                "step (`model(example_batch)`) so it exists before compiling."
+            )
 
 
 class ParameterWatch:
@@ -166,18 +168,18 @@ class ParameterWatch:
     def __enter__(self):
         def registered(module, name, param):
             models = self._registry.models
-            if param is not None and any(module is m for model in models
-                                         for m in model.modules()):
+            if param is not None and any(module is m for model in models for m in model.modules()):
                 where = current_user_frame()
                 raise CaptureError(
                     f"The step registers the parameter {name!r} on a {type(module).__name__} "
                     "of a compiled model: a compiled step cannot create parameters. Create it "
                     "in the module's __init__, or run one forward pass eagerly before the "
-                    "first step (`model(example_batch)`)."
-                    + (f"\n{where}" if where else ""))
+                    "first step (`model(example_batch)`)." + (f"\n{where}" if where else "")
+                )
 
         self._handle = torch.nn.modules.module.register_module_parameter_registration_hook(
-            registered)
+            registered
+        )
         return self
 
     def __exit__(self, *exc):
@@ -188,8 +190,9 @@ class ParameterWatch:
 def module_attributes(registry) -> dict:
     """Before the step body: each compiled module's plain attributes (to put back those the
     step replaces with its own tensors, ``restore_attributes``)."""
-    return {id(module): dict(vars(module)) for model in registry.models
-            for module in model.modules()}
+    return {
+        id(module): dict(vars(module)) for model in registry.models for module in model.modules()
+    }
 
 
 def stored_attributes(registry, allowed=()) -> list:
@@ -258,14 +261,24 @@ def leaked_fake_tensors(registry, allowed=()) -> list:
                 elif k != "_modules":
                     visit(v, f"{label}.{k}", vars(module), k, 1)
     for o, optimizer in enumerate(registry.optimizers):
-        position = {id(p): i for i, p in enumerate(
-            p for group in optimizer.param_groups for p in group["params"])}
+        position = {
+            id(p): i
+            for i, p in enumerate(p for group in optimizer.param_groups for p in group["params"])
+        }
         for param, state in list(optimizer.state.items()):
-            visit(state, f"optimizer{o}.state[{position.get(id(param), '?')}]",
-                  optimizer.state, param, 1)
+            visit(
+                state,
+                f"optimizer{o}.state[{position.get(id(param), '?')}]",
+                optimizer.state,
+                param,
+                1,
+            )
         visit(optimizer.param_groups, f"optimizer{o}.param_groups", None, None, 1)
-    for kind, objects in (("scheduler", registry.schedulers), ("metric", registry.metrics),
-                          ("stateful", registry.stateful_objects)):
+    for kind, objects in (
+        ("scheduler", registry.schedulers),
+        ("metric", registry.metrics),
+        ("stateful", registry.stateful_objects),
+    ):
         for i, obj in enumerate(objects):
             for k, v in list(getattr(obj, "__dict__", {}).items()):
                 visit(v, f"{kind}{i}.{k}", vars(obj), k, 2)
@@ -290,12 +303,14 @@ def check_no_leaks(registry, allowed=()) -> None:
             f"The step stored a number computed from an optimizer's hyperparameter (its lr, "
             f"momentum, ...) in {places}: inside the compiled step such a number is an input "
             "of the program, with no value after the trace. Read the hyperparameter outside "
-            "the step (`optimizer.param_groups[0][\"lr\"]` holds each step's value there), "
-            "or return it from the step as a tensor (`torch.as_tensor(...)`).")
+            'the step (`optimizer.param_groups[0]["lr"]` holds each step\'s value there), '
+            "or return it from the step as a tensor (`torch.as_tensor(...)`)."
+        )
     raise CaptureError(
         f"The step stored a tensor it computed in {places}, outside the state a compiled step "
         "carries between steps: that tensor has no value after the trace. Register it as a "
         "buffer in the module's __init__ (`self.register_buffer(name, tensor)`) and update it "
         "in place, or return it from the step (or pass it to a @cstorch.step_closure) to "
         "read it. (A tensor kept as a plain attribute of a compiled model's module is "
-        "supported: it holds each step's value.)")
+        "supported: it holds each step's value.)"
+    )

@@ -40,10 +40,13 @@ class CallChecks:
         changed = program.changed_argument(call)
         if changed is not None:
             self._warned_frozen = True
-            warn(f"A non-tensor argument of {self._name!r} changed from {changed[0]!r} to "
-                 f"{changed[1]!r}, but the compiled step keeps the value it was traced with "
-                 "(Python values are constants of the graph). Pass values that change "
-                 "between steps as tensors.", FrozenValueWarning)
+            warn(
+                f"A non-tensor argument of {self._name!r} changed from {changed[0]!r} to "
+                f"{changed[1]!r}, but the compiled step keeps the value it was traced with "
+                "(Python values are constants of the graph). Pass values that change "
+                "between steps as tensors.",
+                FrozenValueWarning,
+            )
 
     def gradients_zeroed(self, modes, program) -> None:
         """Warns once per program when a step that leaves its gradients un-zeroed is called
@@ -51,13 +54,20 @@ class CallChecks:
         eager torch would add the new gradients to the old ones."""
         resets = modes.gradient_resets
         previous, self._resets_after_call = self._resets_after_call, resets
-        if (program.leaves_gradients and previous == resets and previous is not None
-                and program not in self._warned_accumulation):
+        if (
+            program.leaves_gradients
+            and previous == resets
+            and previous is not None
+            and program not in self._warned_accumulation
+        ):
             self._warned_accumulation.add(program)
-            warn(f"{self._name!r} computes gradients (backward) but neither the step nor the "
-                 "code between its calls zeroes them (optimizer.zero_grad()). Eager torch "
-                 "would add each step's gradients to the previous step's; a compiled step "
-                 "starts every step from zero gradients (they do not persist between steps), "
-                 "so the numbers differ from eager torch's. Call optimizer.zero_grad() in the "
-                 "step, before backward; to accumulate gradients on purpose, use a larger "
-                 "batch.", GradientAccumulationWarning)
+            warn(
+                f"{self._name!r} computes gradients (backward) but neither the step nor the "
+                "code between its calls zeroes them (optimizer.zero_grad()). Eager torch "
+                "would add each step's gradients to the previous step's; a compiled step "
+                "starts every step from zero gradients (they do not persist between steps), "
+                "so the numbers differ from eager torch's. Call optimizer.zero_grad() in the "
+                "step, before backward; to accumulate gradients on purpose, use a larger "
+                "batch.",
+                GradientAccumulationWarning,
+            )

@@ -39,9 +39,6 @@ import warnings
 
 import torch
 
-from jax_backend import graph_cache
-from jax_backend.graph_cache import fingerprint
-from jax_backend.graph_cache.fingerprint import Fingerprinter, NotCacheable
 from cstorch import config
 from cstorch.backend import Backend, precision
 from cstorch.backend.base_backend import BaseBackend
@@ -50,6 +47,9 @@ from cstorch.distributed import runtime
 from cstorch.experimental import listener
 from cstorch.metrics.metric import step_closures as metric_step_closures
 from cstorch.utils import step_closures
+from jax_backend import graph_cache
+from jax_backend.graph_cache import fingerprint
+from jax_backend.graph_cache.fingerprint import Fingerprinter, NotCacheable
 
 _NAMED_CODE = step_closures.named(lambda: None).__code__  # the runner every closure gets
 
@@ -73,8 +73,11 @@ def _stand_in(traced_step_type):
         if isinstance(obj, types.FunctionType) and getattr(obj, "is_step_closure", False):
             # Runs after the step, with real values: only which function it is matters.
             wrapped = _function(getattr(obj, "__wrapped__", None))
-            return ("step closure", obj.__qualname__,
-                    fingerprint.code_digest(wrapped.__code__) if wrapped else None)
+            return (
+                "step closure",
+                obj.__qualname__,
+                fingerprint.code_digest(wrapped.__code__) if wrapped else None,
+            )
         if isinstance(obj, traced_step_type):  # a traced step called inside this one
             return ("traced step", obj.step_fn)
         return None
@@ -85,8 +88,9 @@ def _stand_in(traced_step_type):
 def _layout(layout) -> str | None:
     if layout is None:
         return None
-    return json.dumps([dict(layout.mesh.shape), layout.shard_state,
-                       [int(d.id) for d in layout.mesh.devices.flat]])
+    return json.dumps(
+        [dict(layout.mesh.shape), layout.shard_state, [int(d.id) for d in layout.mesh.devices.flat]]
+    )
 
 
 def _reachable(step_fn) -> list:
@@ -113,8 +117,12 @@ def _step_name(step_fn) -> str:
 
 
 def _same_method(a, b) -> bool:
-    return isinstance(a, types.MethodType) and isinstance(b, types.MethodType) and \
-        a.__self__ is b.__self__ and a.__func__ is b.__func__
+    return (
+        isinstance(a, types.MethodType)
+        and isinstance(b, types.MethodType)
+        and a.__self__ is b.__self__
+        and a.__func__ is b.__func__
+    )
 
 
 def _parameter_hook_functions(view) -> list:
@@ -147,9 +155,20 @@ class CaptureCache:
     """The cache's view of one compilation of a traced step: ``load`` on the way in, then
     ``prepare`` after a capture and ``store`` after the program's first good run."""
 
-    def __init__(self, impl, step_fn, leaves, key: ProgramSignature, view, inputs,
-                 decompositions, *,
-                 traced_step_type: type, trace_hooks: bool, lookup: bool = True):
+    def __init__(
+        self,
+        impl,
+        step_fn,
+        leaves,
+        key: ProgramSignature,
+        view,
+        inputs,
+        decompositions,
+        *,
+        traced_step_type: type,
+        trace_hooks: bool,
+        lookup: bool = True,
+    ):
         self.impl, self.step_fn, self.view = impl, step_fn, view
         self.key = None  # the entry's name (``StepKey.digest``); None: not cached
         self._step_key = None
@@ -162,13 +181,17 @@ class CaptureCache:
             return
         # The registered objects first: the step function reaches them too, and an object
         # is described in the first part that meets it (a miss names that part).
-        self._roots = [("models", impl.models), ("optimizers", impl.optimizer_registry),
-                       ("schedulers", impl.schedulers), ("grad scalers", impl.grad_scalers),
-                       ("metrics", impl.metrics), ("stateful objects", impl.stateful_objects),
-                       ("sparsity", impl.sparsity_registry),
-                       ("parameter hooks", _parameter_hook_functions(view)),
-                       ("arguments", [None if isinstance(x, torch.Tensor) else x
-                                      for x in leaves])]
+        self._roots = [
+            ("models", impl.models),
+            ("optimizers", impl.optimizer_registry),
+            ("schedulers", impl.schedulers),
+            ("grad scalers", impl.grad_scalers),
+            ("metrics", impl.metrics),
+            ("stateful objects", impl.stateful_objects),
+            ("sparsity", impl.sparsity_registry),
+            ("parameter hooks", _parameter_hook_functions(view)),
+            ("arguments", [None if isinstance(x, torch.Tensor) else x for x in leaves]),
+        ]
         self._key_args = (inputs, decompositions, _stand_in(traced_step_type))
         why = _context_not_cacheable(trace_hooks)
         with self._guarded():
@@ -177,8 +200,12 @@ class CaptureCache:
             # What selects the program in memory selects its graph on disk: the same
             # signature, rendered field by field (programs.persistent_signature).
             self._selection = persistent_signature(key)
-            self._extra = {"backend type": str(impl.backend_type), "engine": impl.engine,
-                           "CSX": impl.is_csx, "device layout": _layout(impl.layout)}
+            self._extra = {
+                "backend type": str(impl.backend_type),
+                "engine": impl.engine,
+                "CSX": impl.is_csx,
+                "device layout": _layout(impl.layout),
+            }
             self._step_key, self.files, self._before = self._compute_key()
             self.key = self._step_key.digest
 
@@ -192,9 +219,13 @@ class CaptureCache:
         except NotCacheable as err:
             self._give_up(str(err))
         except Exception as err:  # noqa: BLE001 - see the docstring
-            warnings.warn(f"The graph cache failed ({type(err).__name__}: {err}); "
-                          f"{getattr(self.step_fn, '__name__', 'the step')!r} is captured "
-                          "without it.", graph_cache.GraphCacheWarning, stacklevel=4)
+            warnings.warn(
+                f"The graph cache failed ({type(err).__name__}: {err}); "
+                f"{getattr(self.step_fn, '__name__', 'the step')!r} is captured "
+                "without it.",
+                graph_cache.GraphCacheWarning,
+                stacklevel=4,
+            )
             self._give_up(repr(err))
 
     def _compute_key(self, consumable=None):
@@ -205,14 +236,20 @@ class CaptureCache:
         for label, root in self._roots:
             fp.add(label, root)
         fp.add_function("step function", self.step_fn)
-        key = graph_cache.step_key(fp, self.view.slots, inputs, self._selection,
-                                   decompositions, self._extra, step=_step_name(self.step_fn))
+        key = graph_cache.step_key(
+            fp,
+            self.view.slots,
+            inputs,
+            self._selection,
+            decompositions,
+            self._extra,
+            step=_step_name(self.step_fn),
+        )
         fp.release()
         return key, sorted(fp.files), fp
 
     def _give_up(self, reason: str) -> None:
-        graph_cache.report("graph cache: %s is not cached: %s", _step_name(self.step_fn),
-                           reason)
+        graph_cache.report("graph cache: %s is not cached: %s", _step_name(self.step_fn), reason)
         self.key = None
 
     # -------------------------------------------------------------------------------- hit
@@ -226,8 +263,9 @@ class CaptureCache:
         return hit
 
     def _load(self):
-        entry = graph_cache.load(self.directory, self._step_key, self.view.tensors,
-                                 self._key_args[0], self.files)
+        entry = graph_cache.load(
+            self.directory, self._step_key, self.view.tensors, self._key_args[0], self.files
+        )
         if entry is None:
             return None
         try:
@@ -237,9 +275,12 @@ class CaptureCache:
             consumed = [self._resolve_generator(path) for path in extras["consumed"]]
             traced = self._resolve_traced(extras["traced"])
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
-            warnings.warn(f"Ignoring graph cache entry {self.key} (its step closures or "
-                          f"counters do not resolve: {err}); the step is captured again.",
-                          graph_cache.GraphCacheWarning, stacklevel=4)
+            warnings.warn(
+                f"Ignoring graph cache entry {self.key} (its step closures or "
+                f"counters do not resolve: {err}); the step is captured again.",
+                graph_cache.GraphCacheWarning,
+                stacklevel=4,
+            )
             return None
         for generator in consumed:  # as the trace would have
             for _ in generator:
@@ -261,8 +302,10 @@ class CaptureCache:
     def _resolve_generator(self, path):
         where, name = path
         generator = self._find(where, name)
-        if not isinstance(generator, types.GeneratorType) or \
-                id(generator) not in self._before.generators:
+        if (
+            not isinstance(generator, types.GeneratorType)
+            or id(generator) not in self._before.generators
+        ):
             raise ValueError(f"{name!r} is not an unstarted generator")
         return generator
 
@@ -272,7 +315,8 @@ class CaptureCache:
             raise ValueError(f"closure kind {kind!r}")
         if "metric" in record:
             return kind, metric_step_closures(self.impl.metrics[record["metric"]])[
-                record["closure"]]
+                record["closure"]
+            ]
         where, name, unwrap = record["path"]
         fn = self._find(where, name)
         fn = fn.__wrapped__ if unwrap else fn
@@ -283,16 +327,17 @@ class CaptureCache:
     def _resolve_traced(self, record) -> dict:
         """``prepare``'s ``traced`` from its description (``_describe_traced``)."""
         stepped = record["stepped"]
-        if not all(type(i) is int and 0 <= i < len(self.impl.optimizer_registry)
-                   for i in stepped):
+        if not all(type(i) is int and 0 <= i < len(self.impl.optimizer_registry) for i in stepped):
             raise ValueError("a malformed optimizer index")
         calls = []
         for phase, path, args in record["host_calls"]:
             if phase not in ("before", "after") or not isinstance(args, list):
                 raise ValueError("a malformed scheduler step")
             calls.append((phase, self._find(*path), tuple(args), {}))
-        constants = [tuple(tuple(p) if isinstance(p, list) else p for p in path)
-                     for path in record["constant_paths"]]
+        constants = [
+            tuple(tuple(p) if isinstance(p, list) else p for p in path)
+            for path in record["constant_paths"]
+        ]
         held, stored = record["gradients_held"], record["stored"]
         if not all(type(h) is bool for h in held):
             raise ValueError("malformed gradient flags")
@@ -300,24 +345,35 @@ class CaptureCache:
             self.impl.models[m].get_submodule(name)
             if not isinstance(attribute, str):
                 raise ValueError("a malformed attribute name")
-        return {"stepped": stepped, "host_calls": calls, "constant_paths": set(constants),
-                "gradients_held": held, "stored": stored}
+        return {
+            "stepped": stepped,
+            "host_calls": calls,
+            "constant_paths": set(constants),
+            "gradients_held": held,
+            "stored": stored,
+        }
 
     def _describe_traced(self, traced: dict) -> dict:
         calls = []
         for phase, scheduler, args, kwargs in traced["host_calls"]:
             if kwargs or not all(type(a) in (int, float, bool, type(None)) for a in args):
                 raise NotCacheable("a scheduler step with arguments other than numbers")
-            calls.append([phase, self._path_of(scheduler, "an LR scheduler the step steps"),
-                          list(args)])
-        return {"stepped": traced["stepped"], "host_calls": calls,
-                "constant_paths": [list(p) for p in traced["constant_paths"]],
-                "gradients_held": traced["gradients_held"], "stored": traced["stored"]}
+            calls.append(
+                [phase, self._path_of(scheduler, "an LR scheduler the step steps"), list(args)]
+            )
+        return {
+            "stepped": traced["stepped"],
+            "host_calls": calls,
+            "constant_paths": [list(p) for p in traced["constant_paths"]],
+            "gradients_held": traced["gradients_held"],
+            "stored": traced["stored"],
+        }
 
     def _resolve_counter(self, record):
         registry, index, increment = record
-        objects = {"optimizer": self.impl.optimizer_registry,
-                   "scheduler": self.impl.schedulers}[registry]
+        objects = {"optimizer": self.impl.optimizer_registry, "scheduler": self.impl.schedulers}[
+            registry
+        ]
         if type(index) is not int or type(increment) is not int or increment < 0:
             raise ValueError("a malformed counter")
         return objects[index], increment
@@ -333,15 +389,18 @@ class CaptureCache:
             return
         caught = []
         try:
-            with warnings.catch_warnings(record=True) as caught, \
-                    graph_cache.watching_capture() as self._files_read:
+            with (
+                warnings.catch_warnings(record=True) as caught,
+                graph_cache.watching_capture() as self._files_read,
+            ):
                 yield
         finally:
             for message in caught:  # shown where they would have been, once recording ended
                 warnings._showwarnmsg(message)
         if caught:
-            self._give_up(f"the capture issued {caught[0].category.__name__}: "
-                          f"{str(caught[0].message)[:100]}")
+            self._give_up(
+                f"the capture issued {caught[0].category.__name__}: {str(caught[0].message)[:100]}"
+            )
         elif self._files_read.problem:
             self._give_up(self._files_read.problem)
 
@@ -354,17 +413,21 @@ class CaptureCache:
             return
         with self._guarded():
             key, files, after = self._compute_key(consumable=self._before.generators)
-            extras = {"closures": [self._describe_closure(r) for r in records],
-                      "counters": [self._describe_counter(obj, n) for obj, n in counter_steps],
-                      "consumed": [self._path_of(g, "a generator the trace consumed")
-                                   for g in after.consumed],
-                      "traced": self._describe_traced(traced)}
+            extras = {
+                "closures": [self._describe_closure(r) for r in records],
+                "counters": [self._describe_counter(obj, n) for obj, n in counter_steps],
+                "consumed": [
+                    self._path_of(g, "a generator the trace consumed") for g in after.consumed
+                ],
+                "traced": self._describe_traced(traced),
+            }
             if key != self._step_key:
                 changed = ", ".join(key.differences(self._step_key.parts))
                 raise NotCacheable(
                     f"the step changed values it reads while it was traced (in {changed}: an "
                     "attribute, a global, a closure variable, a setting); a cached graph "
-                    "would not")
+                    "would not"
+                )
             read = sorted(self._files_read.read) if self._files_read is not None else []
             self._pending = (captured, extras, files, read)
 
@@ -380,10 +443,16 @@ class CaptureCache:
         for where, name, value in _reachable(self.step_fn):
             for unwrap, candidate in ((False, value), (True, getattr(value, "__wrapped__", None))):
                 if candidate is fn and code is not None:
-                    return {"kind": record.kind, "path": [where, name, unwrap], "named": named,
-                            "code": fingerprint.code_digest(code.__code__)}
-        raise NotCacheable(f"the step closure {getattr(fn, '__name__', fn)!r} is not a free "
-                           "variable or global of the step function")
+                    return {
+                        "kind": record.kind,
+                        "path": [where, name, unwrap],
+                        "named": named,
+                        "code": fingerprint.code_digest(code.__code__),
+                    }
+        raise NotCacheable(
+            f"the step closure {getattr(fn, '__name__', fn)!r} is not a free "
+            "variable or global of the step function"
+        )
 
     def _path_of(self, obj, what) -> list:
         for where, name, value in _reachable(self.step_fn):
@@ -392,8 +461,10 @@ class CaptureCache:
         raise NotCacheable(f"{what} is not a free variable or global of the step function")
 
     def _describe_counter(self, obj, increment) -> list:
-        for registry, objects in (("optimizer", self.impl.optimizer_registry),
-                                  ("scheduler", self.impl.schedulers)):
+        for registry, objects in (
+            ("optimizer", self.impl.optimizer_registry),
+            ("scheduler", self.impl.schedulers),
+        ):
             for i, candidate in enumerate(objects):
                 if candidate is obj:
                     return [registry, i, increment]

@@ -22,27 +22,38 @@ from typing import Callable
 import torch
 
 import jax_backend
-from jax_backend.errors import raise_interrupt_behind
-from jax_backend.jax_settings import thread_settings_kept
-from jax_backend.user_frames import warn
 from cstorch.backend import (
-    Backend, BackendType, backend as _backend_fn, current_backend_impl, implicit_cpu_backend)
-from cstorch.core import (
-    born_state, step_capture, step_introspection, step_run, torch_optimizers)
-from cstorch.errors import MultipleBackendsError
-from cstorch.core.state_names import state_name
+    Backend,
+    BackendType,
+    backend as _backend_fn,
+    current_backend_impl,
+    implicit_cpu_backend,
+)
+from cstorch.core import born_state, step_capture, step_introspection, step_run, torch_optimizers
 from cstorch.core.call_checks import (
-    CallChecks, FrozenValueWarning as FrozenValueWarning,
-    GradientAccumulationWarning as GradientAccumulationWarning)
+    CallChecks,
+    FrozenValueWarning as FrozenValueWarning,
+    GradientAccumulationWarning as GradientAccumulationWarning,
+)
 from cstorch.core.engine import run_eagerly
 from cstorch.core.programs import (
-    MAX_PROGRAMS as MAX_PROGRAMS, ProgramEntry, ProgramSignature as ProgramSignature,
-    ProgramTable, RecompilationWarning as RecompilationWarning)
+    MAX_PROGRAMS as MAX_PROGRAMS,
+    ProgramEntry,
+    ProgramSignature as ProgramSignature,
+    ProgramTable,
+    RecompilationWarning as RecompilationWarning,
+)
+from cstorch.core.state_names import state_name
 from cstorch.core.step_call import StepCall
 from cstorch.core.step_capture import (
     register_trace_fn_post_hook as register_trace_fn_post_hook,
-    register_trace_fn_pre_hook as register_trace_fn_pre_hook)
+    register_trace_fn_pre_hook as register_trace_fn_pre_hook,
+)
 from cstorch.core.step_introspection import PureState as PureState
+from cstorch.errors import MultipleBackendsError
+from jax_backend.errors import raise_interrupt_behind
+from jax_backend.jax_settings import thread_settings_kept
+from jax_backend.user_frames import warn
 
 
 # ---------------------------------------------------------------------------------- compile
@@ -63,25 +74,29 @@ def compile(model: torch.nn.Module, backend=None):  # the public name
             raise MultipleBackendsError(
                 f"Cannot instantiate multiple backends: cstorch.compile(model, {backend!r}) "
                 f"asks for a new backend, but one already exists. Pass it instead: "
-                f"cstorch.compile(model, cstorch.backend()), or nothing.")
+                f"cstorch.compile(model, cstorch.backend()), or nothing."
+            )
         impl = _backend_fn(backend)._impl
     elif isinstance(backend, Backend):
         current = current_backend_impl(raise_exception=False)
         if backend._impl is not current:
             raise RuntimeError(
                 "Compile got a different backend than the current backend. Pass the backend "
-                "returned by cstorch.backend() (or nothing) to cstorch.compile.")
+                "returned by cstorch.backend() (or nothing) to cstorch.compile."
+            )
         impl = backend._impl
     else:
         raise TypeError(
             f"Expected backend to be a backend type string, a BackendType or a Backend, "
-            f"got {type(backend).__name__}.")
+            f"got {type(backend).__name__}."
+        )
 
     device = getattr(model, "cerebras_device", None)
     if device is not None and str(device) != str(impl.device):
         raise RuntimeError(
             f"The model was created for device {device} but the backend's device is "
-            f"{impl.device}. Create the model under the current backend's device.")
+            f"{impl.device}. Create the model under the current backend's device."
+        )
     _refuse_uninitialized_lazy_modules(model)
     impl.setup_model(model)
     for module in model.modules():
@@ -104,17 +119,20 @@ def compile(model: torch.nn.Module, backend=None):  # the public name
 def _refuse_uninitialized_lazy_modules(model: torch.nn.Module) -> None:
     """A lazy module (``nn.LazyLinear``, ...) creates its parameters in its first forward
     pass; a compiled step cannot create parameters (``born_state``)."""
-    lazy = [f"{name or 'the model'} ({type(module).__name__})"
-            for name, module in model.named_modules()
-            if isinstance(module, torch.nn.modules.lazy.LazyModuleMixin)
-            and module.has_uninitialized_params()]
+    lazy = [
+        f"{name or 'the model'} ({type(module).__name__})"
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.modules.lazy.LazyModuleMixin)
+        and module.has_uninitialized_params()
+    ]
     if lazy:
         raise ValueError(
             f"cstorch.compile got a model with uninitialized lazy modules: {', '.join(lazy)}. "
             "Their parameters are created by the first forward pass, which a compiled step "
             "cannot do. Run one forward pass eagerly before compiling "
             "(`model(example_batch)`, as torch asks before building an optimizer), or give "
-            "the layer its input size (e.g. `nn.Linear(in_features, out_features)`).")
+            "the layer its input size (e.g. `nn.Linear(in_features, out_features)`)."
+        )
 
 
 class _ModuleMethod:
@@ -148,7 +166,8 @@ def _apply(module: torch.nn.Module, fn):
         return fn.apply(module)
     raise TypeError(
         f"Expected a callable as the argument to apply, got {type(fn).__name__}. Pass a "
-        "function of one module, or an object with an `apply(module)` method.")
+        "function of one module, or an object with an `apply(module)` method."
+    )
 
 
 def _zero_grad(module: torch.nn.Module, set_to_none: bool = True) -> None:
@@ -272,8 +291,9 @@ class TracedStep(step_introspection.Introspection):
         return entry, call
 
     def _capture(self, call: StepCall, *, retry: bool = False) -> step_capture.CaptureResult:
-        result = step_capture.capture(self.step_fn, call, retry=retry, table=self._table,
-                                      traced_step_type=TracedStep)
+        result = step_capture.capture(
+            self.step_fn, call, retry=retry, table=self._table, traced_step_type=TracedStep
+        )
         self.trace_count += 1
         call.backend.executors.compiled()
         self._table.learn(held_gradients_unread=result.held_gradients_unread)
@@ -292,7 +312,8 @@ class TracedStep(step_introspection.Introspection):
                     f"{self.step_fn.__name__!r} creates new state ("
                     f"{state_name(again.born[0].paths[0])}) in its second step too: state "
                     "born in a step is only supported in the first one (a lazily created "
-                    "optimizer state or buffer). Create it before the first step.")
+                    "optimizer state or buffer). Create it before the first step."
+                )
         except BaseException:
             born_state.discard(call.backend.registry, result.born_before)
             raise
@@ -336,9 +357,12 @@ class TracedStep(step_introspection.Introspection):
         it was): drop it and capture the step again (whose graph then replaces it)."""
         program.graph.failed()
         self._table.forget(entry)
-        warn(f"The cached graph of {self.step_fn.__name__!r} failed ({type(error).__name__}: "
-             f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}); it is "
-             "captured again.", jax_backend.graph_cache.GraphCacheWarning)
+        warn(
+            f"The cached graph of {self.step_fn.__name__!r} failed ({type(error).__name__}: "
+            f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}); it is "
+            "captured again.",
+            jax_backend.graph_cache.GraphCacheWarning,
+        )
         return self._compile(call, retry=True)
 
     # ----------------------------------------------------------------------- introspection

@@ -57,17 +57,23 @@ def _missing_generator_args(func, args, kwargs) -> list:
         if overloads is None or overload not in overloads:
             continue
         schema = torch._C._get_schema(op_name, overload)
-        missing = [a.name for i, a in enumerate(schema.arguments)
-                   if _is_generator_type(a.type) and _unfilled(i, a.name, args, kwargs)]
+        missing = [
+            a.name
+            for i, a in enumerate(schema.arguments)
+            if _is_generator_type(a.type) and _unfilled(i, a.name, args, kwargs)
+        ]
         if missing:
             return missing
     try:
         parameters = inspect.signature(func).parameters
     except (TypeError, ValueError):
         return []
-    return [n for i, (n, p) in enumerate(parameters.items())
-            if (p.annotation is torch.Generator or p.annotation == _OPTIONAL_GENERATOR)
-            and _unfilled(i, n, args, kwargs)]
+    return [
+        n
+        for i, (n, p) in enumerate(parameters.items())
+        if (p.annotation is torch.Generator or p.annotation == _OPTIONAL_GENERATOR)
+        and _unfilled(i, n, args, kwargs)
+    ]
 
 
 class FreshGenerators(TorchFunctionMode):
@@ -76,8 +82,13 @@ class FreshGenerators(TorchFunctionMode):
     @staticmethod
     def _generator() -> torch.Generator:
         generator = torch.Generator(device="cpu")
-        generator.manual_seed(int(torch.randint(sys.maxsize, (1,), device="cpu",
-                                                generator=torch.default_generator).item()))
+        generator.manual_seed(
+            int(
+                torch.randint(
+                    sys.maxsize, (1,), device="cpu", generator=torch.default_generator
+                ).item()
+            )
+        )
         return generator
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -119,8 +130,9 @@ class Device(contextlib.ContextDecorator):
         return f"device(type='{self.type.lower()}')"
 
     def move_to_device(self, struct):
-        return tree_map(lambda x: x.to(self.torch_device) if isinstance(x, torch.Tensor) else x,
-                        struct)
+        return tree_map(
+            lambda x: x.to(self.torch_device) if isinstance(x, torch.Tensor) else x, struct
+        )
 
     def __enter__(self):
         self._depth += 1
@@ -167,8 +179,9 @@ class LazyDevice(Device):
 
 def device(backend_type, *args, **kwargs) -> Device:
     """Builds a bare device object (it does not create a backend)."""
-    backend_type = BackendType.from_str(backend_type) if isinstance(backend_type, str) else (
-        backend_type)
+    backend_type = (
+        BackendType.from_str(backend_type) if isinstance(backend_type, str) else (backend_type)
+    )
     if backend_type == BackendType.CPU:
         return CPUDevice(*args, **kwargs)
     if backend_type == BackendType.GPU:

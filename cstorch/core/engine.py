@@ -39,7 +39,8 @@ def resolve_engine(engine: str | None = "auto") -> str:
     if not isinstance(engine, str) or engine.lower() not in ENGINES:
         raise ValueError(
             f"Unknown engine {engine!r} (from {source}). Use one of {', '.join(ENGINES)}: "
-            "\"jax\" compiles the step once, \"eager\" runs it as eager torch every step.")
+            '"jax" compiles the step once, "eager" runs it as eager torch every step.'
+        )
     return engine.lower()
 
 
@@ -55,6 +56,7 @@ def run_eagerly(step_fn, impl, args, kwargs):
 def _registering_optimizers(impl):
     """While the step body runs: an optimizer stepped in it that the backend does not know
     (a ``torch.optim`` one; cstorch's register when built) is registered before it steps."""
+
     def register(optimizer, args, kwargs):
         if not any(optimizer is known for known in impl.registry.optimizers):
             impl.register_optimizer(optimizer)

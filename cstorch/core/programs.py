@@ -28,13 +28,13 @@ import torch
 from torch.utils import _pytree as pytree
 
 import jax_backend
-from jax_backend import Program, scalars
-from jax_backend.graph_cache.fingerprint import handle_ranks
-from jax_backend.user_frames import warn
 from cstorch import config
 from cstorch.core import torch_optimizers
 from cstorch.core.state_names import state_name
 from cstorch.core.step_call import StepCall
+from jax_backend import Program, scalars
+from jax_backend.graph_cache.fingerprint import handle_ranks
+from jax_backend.user_frames import warn
 
 #: How many compiled programs one traced step keeps (``cstorch.config``: max_programs).
 MAX_PROGRAMS = config.max_programs
@@ -61,13 +61,22 @@ class ProgramSignature(NamedTuple):
 
 def signature(call: StepCall) -> ProgramSignature:
     """The signature of ``call``, now."""
-    tensors = tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else None
-                    for x in call.leaves)
+    tensors = tuple(
+        (tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else None for x in call.leaves
+    )
     modes, module_hooks = call.backend.modes.module_modes_and_hooks()
     requires_grad, parameter_hooks, held = call.backend.modes.parameter_autograd(call.view)
-    return ProgramSignature(call.spec, tensors, modes, torch.is_grad_enabled(),
-                            call.backend.precision_policy(), requires_grad, parameter_hooks,
-                            module_hooks, held)
+    return ProgramSignature(
+        call.spec,
+        tensors,
+        modes,
+        torch.is_grad_enabled(),
+        call.backend.precision_policy(),
+        requires_grad,
+        parameter_hooks,
+        module_hooks,
+        held,
+    )
 
 
 def _nested_lists(value):
@@ -81,10 +90,13 @@ def _inputs(shapes_dtypes) -> list:
 def _hook_entries_by_rank(hooks) -> list:
     """Hook entries (positions, then tuples of ``RemovableHandle`` ids) with each id replaced
     by its rank among the entries' ids (``fingerprint.handle_ranks``)."""
-    rank = handle_ranks(h for entry in hooks for part in entry if isinstance(part, tuple)
-                        for h in part)
-    return [[[rank[h] for h in part] if isinstance(part, tuple) else part for part in entry]
-            for entry in hooks]
+    rank = handle_ranks(
+        h for entry in hooks for part in entry if isinstance(part, tuple) for h in part
+    )
+    return [
+        [[rank[h] for h in part] if isinstance(part, tuple) else part for part in entry]
+        for entry in hooks
+    ]
 
 
 #: field -> its persistent rendering (plain data, the same in every process).
@@ -105,47 +117,60 @@ def persistent_signature(signature: ProgramSignature) -> dict:
     """Every field of ``signature`` as plain data (JSON), for the graph cache's key."""
     missing = [field for field in ProgramSignature._fields if field not in _RENDERINGS]
     if missing:
-        raise TypeError(f"ProgramSignature fields without a persistent rendering: {missing}; "
-                        "add one to cstorch.core.programs._RENDERINGS.")
-    return {field: _RENDERINGS[field](value)
-            for field, value in zip(signature._fields, signature)}
+        raise TypeError(
+            f"ProgramSignature fields without a persistent rendering: {missing}; "
+            "add one to cstorch.core.programs._RENDERINGS."
+        )
+    return {field: _RENDERINGS[field](value) for field, value in zip(signature._fields, signature)}
 
 
 # ------------------------------------------------------------------------ recompile reasons
-_FIELD_NAMES = {"input_shapes_dtypes": "input shapes/dtypes",
-                "train_eval_modes": "train/eval mode",
-                "requires_grad": "requires_grad of a parameter (e.g. a layer frozen with "
-                                 "requires_grad_(False))",
-                "parameter_hooks": "hooks on parameters (register_hook)",
-                "module_hooks": "module hooks (register_forward_hook and the like)",
-                "gradients_held": "which frozen parameters hold a gradient (zero_grad "
-                                  "with set_to_none)"}
+_FIELD_NAMES = {
+    "input_shapes_dtypes": "input shapes/dtypes",
+    "train_eval_modes": "train/eval mode",
+    "requires_grad": "requires_grad of a parameter (e.g. a layer frozen with "
+    "requires_grad_(False))",
+    "parameter_hooks": "hooks on parameters (register_hook)",
+    "module_hooks": "module hooks (register_forward_hook and the like)",
+    "gradients_held": "which frozen parameters hold a gradient (zero_grad with set_to_none)",
+}
 
 
-def describe_change(old: ProgramSignature, new: ProgramSignature, step_fn=None,
-                    reason=None) -> str:
+def describe_change(old: ProgramSignature, new: ProgramSignature, step_fn=None, reason=None) -> str:
     """Why ``new`` needs another program than ``old`` (``reason``: why the programs under
     ``new`` do not fit the state, if any), as the recompile warning says it."""
-    changed = [_FIELD_NAMES.get(field, field.replace("_", " "))
-               for field, a, b in zip(ProgramSignature._fields, old, new) if a != b]
-    if old.input_shapes_dtypes != new.input_shapes_dtypes and old.input_structure == \
-            new.input_structure:
+    changed = [
+        _FIELD_NAMES.get(field, field.replace("_", " "))
+        for field, a, b in zip(ProgramSignature._fields, old, new)
+        if a != b
+    ]
+    if (
+        old.input_shapes_dtypes != new.input_shapes_dtypes
+        and old.input_structure == new.input_structure
+    ):
         changed[changed.index("input shapes/dtypes")] = (
-            "input shapes/dtypes: " + _describe_inputs(old, new, step_fn)
-            + "; a smaller last batch is the usual cause: use drop_last=True in the DataLoader")
+            "input shapes/dtypes: "
+            + _describe_inputs(old, new, step_fn)
+            + "; a smaller last batch is the usual cause: use drop_last=True in the DataLoader"
+        )
     if reason:
         changed.append(reason)
     return ", ".join(changed) or (
         "a cstorch optimizer's hyperparameter that is a Python number changed, or the state "
         "the step uses changed shape or dtype; schedule a cstorch optimizer's hyperparameters "
         "with a cstorch scheduler (or store them as tensors) to change them without "
-        "recompiling")
+        "recompiling"
+    )
 
 
 def _describe_inputs(old: ProgramSignature, new: ProgramSignature, step_fn) -> str:
     """``inputs (args[0]) float32[32, 784] -> float32[16, 784]`` for each changed input."""
-    paths = [keys for keys, _ in pytree.tree_flatten_with_path(pytree.tree_unflatten(
-        list(range(len(new.input_shapes_dtypes))), new.input_structure))[0]]
+    paths = [
+        keys
+        for keys, _ in pytree.tree_flatten_with_path(
+            pytree.tree_unflatten(list(range(len(new.input_shapes_dtypes))), new.input_structure)
+        )[0]
+    ]
     try:
         names = list(inspect.signature(step_fn).parameters) if step_fn is not None else []
     except (TypeError, ValueError):
@@ -155,11 +180,18 @@ def _describe_inputs(old: ProgramSignature, new: ProgramSignature, step_fn) -> s
         if a == b or a is None or b is None:
             continue
         label = pytree.keystr(keys)  # "[0][1]": args[1], "[1]['mask']": kwargs["mask"]
-        if len(keys) >= 2 and keys[0] == pytree.SequenceKey(0) and \
-                isinstance(keys[1], pytree.SequenceKey) and keys[1].idx < len(names):
+        if (
+            len(keys) >= 2
+            and keys[0] == pytree.SequenceKey(0)
+            and isinstance(keys[1], pytree.SequenceKey)
+            and keys[1].idx < len(names)
+        ):
             label = names[keys[1].idx] + pytree.keystr(keys[2:])
-        elif len(keys) >= 2 and keys[0] == pytree.SequenceKey(1) and \
-                isinstance(keys[1], pytree.MappingKey):
+        elif (
+            len(keys) >= 2
+            and keys[0] == pytree.SequenceKey(1)
+            and isinstance(keys[1], pytree.MappingKey)
+        ):
             label = str(keys[1].key) + pytree.keystr(keys[2:])
         parts.append(f"{label} {_aval(a)} -> {_aval(b)}")
     return ", ".join(parts)
@@ -190,10 +222,15 @@ def _frozen(value, runtime_floats: bool):
 def hyperparameters(registry) -> list:
     """Per registered optimizer, its param-group values as they select a program (see
     ``_frozen``): what a program that steps the optimizer was traced with."""
-    return [tuple(tuple((k, _frozen(v, runtime)) for k, v in group.items() if k != "params")
-                  for group in optimizer.param_groups)
-            for optimizer, runtime in ((o, torch_optimizers.is_torch_optimizer(o))
-                                       for o in registry.optimizers)]
+    return [
+        tuple(
+            tuple((k, _frozen(v, runtime)) for k, v in group.items() if k != "params")
+            for group in optimizer.param_groups
+        )
+        for optimizer, runtime in (
+            (o, torch_optimizers.is_torch_optimizer(o)) for o in registry.optimizers
+        )
+    ]
 
 
 # ------------------------------------------------------------------------------ one program
@@ -258,15 +295,19 @@ class ProgramEntry:
         reads, values that meet its conditions (``jax_backend.scalars``)."""
         for o, values in self.hyperparameters.items():
             if o >= len(current) or current[o] != values:
-                return (f"a hyperparameter of optimizer {o} that is a constant of the "
-                        "compiled step changed (a cstorch optimizer's number, a torch "
-                        "optimizer's flag or int, a tensor set or removed, a param group)")
+                return (
+                    f"a hyperparameter of optimizer {o} that is a constant of the "
+                    "compiled step changed (a cstorch optimizer's number, a torch "
+                    "optimizer's flag or int, a tensor set or removed, a param group)"
+                )
         for path, kind, traced in self.scalar_conditions:
             value = torch_optimizers.read_scalar(registry, path)
             if value is None or scalars.condition(kind, value) != traced:
                 what = "the sign of" if kind == scalars.SIGN else "the value of"
-                return (f"{what} {state_name(path)} changed (the step's Python code "
-                        "depends on it, e.g. `if weight_decay != 0`)")
+                return (
+                    f"{what} {state_name(path)} changed (the step's Python code "
+                    "depends on it, e.g. `if weight_decay != 0`)"
+                )
         for path in self.scalar_paths:
             if torch_optimizers.read_scalar(registry, path) is None:
                 return f"{state_name(path)} is no longer a float"
@@ -281,8 +322,10 @@ class ProgramEntry:
             return resolved[1]
         if self.mismatch(view) is not None:
             return None
-        positions = ([view.index_of[p] for p in self.used_paths],
-                     [view.index_of[p] for p in self.written_paths])
+        positions = (
+            [view.index_of[p] for p in self.used_paths],
+            [view.index_of[p] for p in self.written_paths],
+        )
         self._memo["resolved"] = (view, positions)
         return positions
 
@@ -304,17 +347,19 @@ class ProgramEntry:
                 return f"state {state_name(path)} is gone or now shares a tensor"
             if view.aval(index) != self.state_avals[path]:
                 return f"state {state_name(path)} changed shape or dtype"
-        current = view.optimizer_params[:len(self.optimizer_params)]
+        current = view.optimizer_params[: len(self.optimizer_params)]
         for o, (then, now) in enumerate(zip(self.optimizer_params, current)):
             if then != now:
-                return (f"the parameters optimizer {o} updates are no longer the model's "
-                        "(a parameter was replaced: the optimizer keeps the old tensor, as "
-                        "in eager torch)" if len(then) == len(now) else
-                        f"optimizer {o} has another number of param groups")
+                return (
+                    f"the parameters optimizer {o} updates are no longer the model's "
+                    "(a parameter was replaced: the optimizer keeps the old tensor, as "
+                    "in eager torch)"
+                    if len(then) == len(now)
+                    else f"optimizer {o} has another number of param groups"
+                )
         for slot, named in self.ties.items():
             if view.named_by.get(slot) != named:
-                return (f"state {state_name(slot)} was replaced or tied/untied "
-                        "differently")
+                return f"state {state_name(slot)} was replaced or tied/untied differently"
         return None
 
 
@@ -383,10 +428,13 @@ class ProgramTable:
         signature = self.signature(call)
         registry = call.backend.registry
         current = hyperparameters(registry)
-        reasons = (entry.mismatch(call.view) or entry.hyperparameter_mismatch(current, registry)
-                   for entry in self._entries.get(signature, ()))
-        changed = describe_change(self.last_signature, signature, self.step_fn,
-                                  next((r for r in reasons if r), None))
+        reasons = (
+            entry.mismatch(call.view) or entry.hyperparameter_mismatch(current, registry)
+            for entry in self._entries.get(signature, ())
+        )
+        changed = describe_change(
+            self.last_signature, signature, self.step_fn, next((r for r in reasons if r), None)
+        )
         name = self.step_fn.__name__
         if call.backend.is_csx:
             raise jax_backend.RecompilationError(
@@ -396,10 +444,13 @@ class ProgramTable:
                 "train/eval mode, requires_grad flags, hooks and the model's parameter "
                 "objects as they were when it was compiled (e.g. use drop_last=True in "
                 "your DataLoader; freeze layers and register hooks before the first "
-                "step), or use a separate @cstorch.trace function for each signature.")
-        warn(f"Compiling {name!r} again because its signature changed "
-             f"({changed}). Each new signature costs a trace and a compilation.",
-             RecompilationWarning)
+                "step), or use a separate @cstorch.trace function for each signature."
+            )
+        warn(
+            f"Compiling {name!r} again because its signature changed "
+            f"({changed}). Each new signature costs a trace and a compilation.",
+            RecompilationWarning,
+        )
 
     def file(self, call: StepCall, entry) -> None:
         """Files a new ``entry`` under the signature of ``call`` as its capture left it: the
@@ -430,15 +481,18 @@ class ProgramTable:
                 del self._entries[oldest]
             if not self._warned_evicted:
                 self._warned_evicted = True
-                warn(f"{self.step_fn.__name__!r} has been compiled for more than {limit} "
-                     "signatures; the least recently used programs are dropped and will be "
-                     "compiled again if needed. Keep input shapes fixed (e.g. drop_last=True, "
-                     "padding to a few bucket sizes) to avoid recompiling.",
-                     RecompilationWarning)
+                warn(
+                    f"{self.step_fn.__name__!r} has been compiled for more than {limit} "
+                    "signatures; the least recently used programs are dropped and will be "
+                    "compiled again if needed. Keep input shapes fixed (e.g. drop_last=True, "
+                    "padding to a few bucket sizes) to avoid recompiling.",
+                    RecompilationWarning,
+                )
 
     def latest(self) -> ProgramEntry:
         """The program that served the last call (for introspection)."""
         if not self._entries:
             raise RuntimeError(
-                f"{self.step_fn.__name__!r} has not been compiled yet; call it once first.")
+                f"{self.step_fn.__name__!r} has not been compiled yet; call it once first."
+            )
         return self._entries[self.last_signature][-1].next_program()

@@ -20,14 +20,14 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.hooks import RemovableHandle
 
 import jax_backend
-from jax_backend import LazyTensor, Program, capture_step, scalars
-from jax_backend.errors import CstorchError
 from cstorch.core import born_state, torch_optimizers
 from cstorch.core.capture_cache import CaptureCache
 from cstorch.core.programs import ProgramEntry, ProgramSignature, hyperparameters
 from cstorch.core.step_call import StepCall
 from cstorch.decomp.registry import decompositions_for
 from cstorch.experimental import listener
+from jax_backend import LazyTensor, Program, capture_step, scalars
+from jax_backend.errors import CstorchError
 
 # User hooks run around every capture. OrderedDicts: RemovableHandle keeps a weak reference
 # to its dict (a plain dict has none).
@@ -78,8 +78,11 @@ def _optimizer_step_pre_hook(hook):
 
 def _step_counts(registry) -> list:
     """(object, _step_count) of every optimizer and scheduler of the backend."""
-    return [(obj, obj._step_count) for obj in [*registry.optimizers, *registry.schedulers]
-            if isinstance(getattr(obj, "_step_count", None), int)]
+    return [
+        (obj, obj._step_count)
+        for obj in [*registry.optimizers, *registry.schedulers]
+        if isinstance(getattr(obj, "_step_count", None), int)
+    ]
 
 
 def _undo_counting(before: list, passes: int) -> list:
@@ -173,11 +176,14 @@ def _scalar_plan(scalar_entries, constant_paths, captured, born) -> tuple:
     exact = [paths[i] for i, kind in captured.scalar_kinds.items() if kind == scalars.VALUE]
     if exact and not born:
         raise Respecialize(exact)
-    conditions = [(paths[i], kind, scalars.condition(kind, slot.get()))
-                  for i, kind in sorted(captured.scalar_kinds.items())
-                  for slot in [scalar_entries[i][1]]]
-    conditions += [(path, scalars.VALUE, slot.get()) for path, slot in scalar_entries
-                   if path in constant_paths]
+    conditions = [
+        (paths[i], kind, scalars.condition(kind, slot.get()))
+        for i, kind in sorted(captured.scalar_kinds.items())
+        for slot in [scalar_entries[i][1]]
+    ]
+    conditions += [
+        (path, scalars.VALUE, slot.get()) for path, slot in scalar_entries if path in constant_paths
+    ]
     return [paths[i] for i in captured.used_scalars], conditions
 
 
@@ -216,21 +222,27 @@ class _Body:
                 self.held_read = any(p.grad is grad for p, grad in seeded)
 
         self.attributes_before = born_state.module_attributes(registry)
-        with backend.trace.tracing(self.records), \
-                torch_optimizers.capture_policy(registry, self.stepped), \
-                torch_optimizers.deferred_scheduler_steps(self.stepped, self.host_calls), \
-                born_state.ParameterWatch(registry), \
-                _optimizer_step_pre_hook(first_optimizer_step):
+        with (
+            backend.trace.tracing(self.records),
+            torch_optimizers.capture_policy(registry, self.stepped),
+            torch_optimizers.deferred_scheduler_steps(self.stepped, self.host_calls),
+            born_state.ParameterWatch(registry),
+            _optimizer_step_pre_hook(first_optimizer_step),
+        ):
             outputs = self.step_fn(*args, **kwargs)
         self.held_read = bool(self.held_read) if seeded else None
         self.gradients_held = tuple(p.grad is not None for p in view.parameters)
         self.leaves_gradients = backend.modes.gradient_resets == resets and any(
-            p.grad is not None for model in registry.models for p in model.parameters())
+            p.grad is not None for model in registry.models for p in model.parameters()
+        )
         self.born = born_state.find(registry, self._known_paths, self._existing)
-        self.stored = born_state.stored_attributes(registry,
-                                                   [id(b.tensor) for b in self.born])
-        return (outputs, [(r.args, r.kwargs) for r in self.records],
-                [b.tensor for b in self.born], [tensor for _, tensor in self.stored])
+        self.stored = born_state.stored_attributes(registry, [id(b.tensor) for b in self.born])
+        return (
+            outputs,
+            [(r.args, r.kwargs) for r in self.records],
+            [b.tensor for b in self.born],
+            [tensor for _, tensor in self.stored],
+        )
 
     def _seed_held_gradients(self) -> list:
         """The frozen parameters whose gradient eager torch would hold get a zero one (its
@@ -245,15 +257,21 @@ class _Body:
 
     def traced(self) -> dict:
         """What a graph cache entry keeps of the trace besides closures and counters."""
-        return {"stepped": [i for i, o in enumerate(self.call.backend.registry.optimizers)
-                            if any(o is s for s in self.stepped)],
-                "host_calls": list(self.host_calls),
-                "gradients_held": list(self.gradients_held),
-                "stored": [list(path) for path, _ in self.stored]}
+        return {
+            "stepped": [
+                i
+                for i, o in enumerate(self.call.backend.registry.optimizers)
+                if any(o is s for s in self.stepped)
+            ],
+            "host_calls": list(self.host_calls),
+            "gradients_held": list(self.gradients_held),
+            "stored": [list(path) for path, _ in self.stored],
+        }
 
 
-def capture(step_fn, call: StepCall, *, retry: bool, table,
-            traced_step_type: type) -> CaptureResult:
+def capture(
+    step_fn, call: StepCall, *, retry: bool, table, traced_step_type: type
+) -> CaptureResult:
     """Captures ``step_fn`` for ``call`` on its state (or loads its graph from the graph
     cache, unless ``retry``: its cached graph failed). ``table``, the step's
     ``programs.ProgramTable``, gives the call's signature and the torch optimizer floats traced
@@ -270,24 +288,36 @@ def capture(step_fn, call: StepCall, *, retry: bool, table,
     twins = [_metadata_twin(call.leaves[i], backend.layout) for i in call.tensor_positions]
     registry.initialize_sparsity()  # masks get their values before the step first reads them
     decompositions = decompositions_for("CSX" if backend.is_csx else "CPU")
-    cache = CaptureCache(backend, step_fn, call.leaves, signature, view, twins, decompositions,
-                         traced_step_type=traced_step_type,
-                         trace_hooks=bool(_trace_pre_hooks or _trace_post_hooks),
-                         lookup=not retry)
+    cache = CaptureCache(
+        backend,
+        step_fn,
+        call.leaves,
+        signature,
+        view,
+        twins,
+        decompositions,
+        traced_step_type=traced_step_type,
+        trace_hooks=bool(_trace_pre_hooks or _trace_post_hooks),
+        lookup=not retry,
+    )
     hit = cache.load()
     born, unread = [], False
     if hit is not None:  # the graph of an earlier run: nothing is traced
         captured, closures, counter_steps, traced = hit
         constant_paths = traced["constant_paths"]
     else:
-        symbolic = [i for i, (path, _) in enumerate(scalar_entries)
-                    if path not in constant_paths]
+        symbolic = [i for i, (path, _) in enumerate(scalar_entries) if path not in constant_paths]
         try:
             with _capture_scope(), cache.watching():
-                captured = capture_step(body, view.slots, twins, policy,
-                                        decompositions=decompositions,
-                                        scalar_slots=[slot for _, slot in scalar_entries],
-                                        symbolic=symbolic)
+                captured = capture_step(
+                    body,
+                    view.slots,
+                    twins,
+                    policy,
+                    decompositions=decompositions,
+                    scalar_slots=[slot for _, slot in scalar_entries],
+                    symbolic=symbolic,
+                )
             born_state.restore_attributes(registry, body.attributes_before)
             born = body.born
             born_state.refuse_parameters(born)
@@ -300,8 +330,9 @@ def capture(step_fn, call: StepCall, *, retry: bool, table,
             raise
         counter_steps = _undo_counting(counters_before, body.passes)
         closures = [(r.kind, r.fn) for r in body.records]
-        traced = dict(body.traced(), constant_paths={p for p, _ in scalar_entries
-                                                     if p in constant_paths})
+        traced = dict(
+            body.traced(), constant_paths={p for p, _ in scalar_entries if p in constant_paths}
+        )
         unread = body.held_read is False
         if born:  # runs once: its later calls are another capture's
             cache = None
@@ -309,11 +340,23 @@ def capture(step_fn, call: StepCall, *, retry: bool, table,
             cache.prepare(captured, body.records, counter_steps, traced)
     scalar_paths, conditions = _scalar_plan(scalar_entries, constant_paths, captured, born)
     cacheable = cache is not None and cache.key is not None
-    return CaptureResult(captured, closures, counter_steps, policy,
-                         PendingGraph(cache if cacheable else None), body.leaves_gradients,
-                         born, born_before, traced["stepped"], scalar_paths, conditions,
-                         traced["host_calls"], tuple(traced["gradients_held"]), unread,
-                         [tuple(path) for path in traced["stored"]])
+    return CaptureResult(
+        captured,
+        closures,
+        counter_steps,
+        policy,
+        PendingGraph(cache if cacheable else None),
+        body.leaves_gradients,
+        born,
+        born_before,
+        traced["stepped"],
+        scalar_paths,
+        conditions,
+        traced["host_calls"],
+        tuple(traced["gradients_held"]),
+        unread,
+        [tuple(path) for path in traced["stored"]],
+    )
 
 
 def build(call: StepCall, result: CaptureResult) -> ProgramEntry:
@@ -321,22 +364,35 @@ def build(call: StepCall, result: CaptureResult) -> ProgramEntry:
     paths, shapes, dtypes and ties, the optimizers' hyperparameters and parameters, the
     non-tensor arguments)."""
     backend, view, captured = call.backend, call.view, result.captured
-    program = Program(captured, policy=result.policy, layout=backend.layout,
-                      platform=jax_backend.target.platform_of(backend.jax_devices[0]))
+    program = Program(
+        captured,
+        policy=result.policy,
+        layout=backend.layout,
+        platform=jax_backend.target.platform_of(backend.jax_devices[0]),
+    )
     used = [view.paths[i] for i in captured.used_state]
     written = [view.paths[i] for i in captured.written_state]
-    avals = {view.paths[i]: view.aval(i)
-             for i in captured.used_state + captured.written_state}
+    avals = {view.paths[i]: view.aval(i) for i in captured.used_state + captured.written_state}
     mine = set(used + written)
     current = hyperparameters(backend.registry)
     uses = set(result.stepped) | {path[1] for path in result.scalar_paths}
     return ProgramEntry(
-        captured=captured, program=program, closures=result.closures,
-        python_leaves=call.python_leaves, used_paths=used, written_paths=written,
-        state_avals=avals, hyperparameters={o: current[o] for o in sorted(uses)},
-        counter_steps=result.counter_steps, optimizer_params=view.optimizer_params,
+        captured=captured,
+        program=program,
+        closures=result.closures,
+        python_leaves=call.python_leaves,
+        used_paths=used,
+        written_paths=written,
+        state_avals=avals,
+        hyperparameters={o: current[o] for o in sorted(uses)},
+        counter_steps=result.counter_steps,
+        optimizer_params=view.optimizer_params,
         ties={slot: named for slot, named in view.named_by.items() if named in mine},
-        graph=result.graph, leaves_gradients=result.leaves_gradients,
-        scalar_paths=result.scalar_paths, scalar_conditions=result.scalar_conditions,
-        host_calls=result.host_calls, gradients_held=result.gradients_held,
-        stored_attributes=born_state.attribute_holders(backend.registry, result.stored))
+        graph=result.graph,
+        leaves_gradients=result.leaves_gradients,
+        scalar_paths=result.scalar_paths,
+        scalar_conditions=result.scalar_conditions,
+        host_calls=result.host_calls,
+        gradients_held=result.gradients_held,
+        stored_attributes=born_state.attribute_holders(backend.registry, result.stored),
+    )

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from jax_backend.jax_settings import in_engine_scope
 from cstorch.backend import current_backend_impl
 from cstorch.core.programs import ProgramEntry
 from cstorch.core.state_names import state_name
 from cstorch.core.torch_optimizers import read_scalar
+from jax_backend.jax_settings import in_engine_scope
 
 
 def example_arguments(entry: ProgramEntry) -> tuple:
@@ -50,8 +50,9 @@ def pure_function(entry: ProgramEntry):
 
     def pure(donated, kept, inputs, seed):
         inputs = list(inputs)
-        return program.pure_step(donated, kept, inputs + now if len(inputs) == batch
-                                 else inputs, seed)
+        return program.pure_step(
+            donated, kept, inputs + now if len(inputs) == batch else inputs, seed
+        )
 
     return in_engine_scope(pure)
 
@@ -62,18 +63,24 @@ def pure_state(entry: ProgramEntry) -> "PureState":
     view = impl.state_view()
     positions = entry.resolve(view)
     if positions is None:
-        raise RuntimeError("The state this program was compiled for no longer exists; "
-                           "call the step once more.")
+        raise RuntimeError(
+            "The state this program was compiled for no longer exists; call the step once more."
+        )
     used_index, written_index = positions
     arrays = impl.device_state.arrays([view.tensors[i] for i in used_index])
     names = [state_name(view.paths[i]) for i in used_index]
     program = entry.program
     donated, kept = program.split_state(arrays)
     donated_names, kept_names = program.split_state(names)
-    return PureState(donated, kept, donated_names, kept_names,
-                     [state_name(view.paths[i]) for i in written_index],
-                     [read_scalar(impl.registry, path) for path in entry.scalar_paths],
-                     [state_name(path) for path in entry.scalar_paths])
+    return PureState(
+        donated,
+        kept,
+        donated_names,
+        kept_names,
+        [state_name(view.paths[i]) for i in written_index],
+        [read_scalar(impl.registry, path) for path in entry.scalar_paths],
+        [state_name(path) for path in entry.scalar_paths],
+    )
 
 
 class PureState(NamedTuple):
@@ -92,8 +99,9 @@ class PureState(NamedTuple):
     def advance(self, new_state) -> "PureState":
         """The state for the next step, given the ``new_state`` the pure function returned."""
         if len(new_state) != len(self.written_names):
-            raise ValueError(f"new_state has {len(new_state)} arrays; the step writes "
-                             f"{len(self.written_names)}.")
+            raise ValueError(
+                f"new_state has {len(new_state)} arrays; the step writes {len(self.written_names)}."
+            )
         written = dict(zip(self.written_names, new_state))
         return self._replace(donated=[written[name] for name in self.donated_names])
 

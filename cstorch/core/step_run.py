@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from torch.utils import _pytree as pytree
 
-from jax_backend import LazyTensor
-from jax_backend.dtypes import tensor_to_host
 from cstorch.core import torch_optimizers
 from cstorch.core.programs import ProgramEntry
 from cstorch.core.step_call import StepCall
+from jax_backend import LazyTensor
+from jax_backend.dtypes import tensor_to_host
 
 
 def _input_array(tensor):
@@ -34,19 +34,25 @@ def run(call: StepCall, entry: ProgramEntry) -> tuple:
     captured, program = entry.captured, entry.program
     torch_optimizers.run_scheduler_steps(entry.host_calls, "before")
     inputs = [_input_array(call.leaves[i]) for i in call.tensor_positions]
-    inputs += [torch_optimizers.read_scalar(backend.registry, path)
-               for path in entry.scalar_paths]
+    inputs += [torch_optimizers.read_scalar(backend.registry, path) for path in entry.scalar_paths]
     seed = backend.draw_seed() if program.uses_rng else 0
-    outputs = program.run(backend.device_state, [view.tensors[i] for i in used_index],
-                          [view.tensors[i] for i in written_index], inputs, seed)
+    outputs = program.run(
+        backend.device_state,
+        [view.tensors[i] for i in used_index],
+        [view.tensors[i] for i in written_index],
+        inputs,
+        seed,
+    )
     torch_optimizers.run_scheduler_steps(entry.host_calls, "after")
     backend.modes.step_held_gradients(
-        p for p, held in zip(view.parameters, entry.gradients_held) if held)
+        p for p, held in zip(view.parameters, entry.gradients_held) if held
+    )
 
     produced = iter(outputs)
-    flat = [LazyTensor(next(produced)) if is_tensor else constant
-            for is_tensor, constant in zip(captured.output_is_tensor,
-                                           captured.output_constants)]
+    flat = [
+        LazyTensor(next(produced)) if is_tensor else constant
+        for is_tensor, constant in zip(captured.output_is_tensor, captured.output_constants)
+    ]
     for i in captured.scalar_outputs:  # a Python number computed from a runtime float
         flat[i] = flat[i].item()
     user_outputs, payloads, born, stored = pytree.tree_unflatten(flat, captured.output_spec)
@@ -57,4 +63,3 @@ def run(call: StepCall, entry: ProgramEntry) -> tuple:
     for obj, increment in entry.counter_steps:
         obj._step_count += increment
     return user_outputs, born
-

@@ -46,13 +46,17 @@ def tensor(*args, **kwargs) -> torch.Tensor:
     impl = current_backend_impl(raise_exception=False)
     single = len(args) == 1 and not kwargs and isinstance(args[0], torch.Tensor)
     if impl is None:
-        warnings.warn("Constructing a stateful tensor without a backend: it will not be tracked "
-                      "as backend state. Create the backend first.", stacklevel=2)
+        warnings.warn(
+            "Constructing a stateful tensor without a backend: it will not be tracked "
+            "as backend state. Create the backend first.",
+            stacklevel=2,
+        )
         return args[0] if single else torch.tensor(*args, **kwargs)
     if impl.is_tracing:
         raise RuntimeError(
             "Cannot construct a stateful tensor while tracing a step. Construct stateful "
-            "tensors during initialization, before the first call of the traced step.")
+            "tensors during initialization, before the first call of the traced step."
+        )
     out = args[0] if single else torch.tensor(*args, **kwargs)
     if out.device.type != impl.torch_device.type:
         out = out.to(impl.torch_device)

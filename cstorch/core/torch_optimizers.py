@@ -36,10 +36,10 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
-from jax_backend import scalars
-from jax_backend.errors import CaptureError, CstorchError
 from cstorch.backend import current_backend_impl
 from cstorch.optim.optimizer import Optimizer as CstorchOptimizer, plain_copies
+from jax_backend import scalars
+from jax_backend.errors import CaptureError, CstorchError
 
 # Group settings while a torch optimizer step is captured (only where the group has the key).
 _CAPTURE_SETTINGS = {"capturable": True, "foreach": True, "fused": None}
@@ -49,7 +49,7 @@ _UNSUPPORTED = {
     "LBFGS": "its line search reads the loss and tensor norms on the host in every step",
     "SparseAdam": "it needs sparse gradients, which a compiled step does not produce",
     "Adafactor": "it reads the step count and tensor norms on the host in every step; use "
-                 "cstorch.optim.Adafactor",
+    "cstorch.optim.Adafactor",
 }
 
 
@@ -63,8 +63,9 @@ class Unadopted(CstorchError):
 
 
 def is_torch_optimizer(optimizer) -> bool:
-    return (isinstance(optimizer, torch.optim.Optimizer)
-            and not isinstance(optimizer, CstorchOptimizer))
+    return isinstance(optimizer, torch.optim.Optimizer) and not isinstance(
+        optimizer, CstorchOptimizer
+    )
 
 
 def adopt(impl, optimizer) -> None:
@@ -97,8 +98,9 @@ def _counted_zero_grad(optimizer, *args, **kwargs):
     impl = current_backend_impl(raise_exception=False)
     if impl is not None:
         set_to_none = kwargs.get("set_to_none", args[0] if args else True)
-        impl.modes.gradients_reset([p for group in optimizer.param_groups for p in group["params"]],
-                             set_to_none)
+        impl.modes.gradients_reset(
+            [p for group in optimizer.param_groups for p in group["params"]], set_to_none
+        )
     return type(optimizer).zero_grad(optimizer, *args, **kwargs)
 
 
@@ -120,13 +122,16 @@ def scalar_slots(registry) -> list:
                     continue
                 path = ("optimizer", o, "group", g, key)
                 if scalars.is_runtime_scalar(value):
-                    entries.append((path, scalars.ScalarSlot(group, key,
-                                                             name=state_name(path))))
+                    entries.append((path, scalars.ScalarSlot(group, key, name=state_name(path))))
                 elif isinstance(value, (tuple, list)):
-                    entries += [(path + (i,), scalars.ScalarSlot(
-                                    group, key, i, name=state_name(path + (i,))))
-                                for i, item in enumerate(value)
-                                if scalars.is_runtime_scalar(item)]
+                    entries += [
+                        (
+                            path + (i,),
+                            scalars.ScalarSlot(group, key, i, name=state_name(path + (i,))),
+                        )
+                        for i, item in enumerate(value)
+                        if scalars.is_runtime_scalar(item)
+                    ]
     return entries
 
 
@@ -160,11 +165,14 @@ def capture_policy(registry, stepped: list | None = None):
             raise CaptureError(
                 f"torch.optim.{name} cannot run in a compiled step: {_UNSUPPORTED[name]}. "
                 "Use another optimizer (torch.optim or cstorch.optim), or run the step "
-                "eagerly (cstorch.backend(\"CPU\", engine=\"eager\")).")
+                'eagerly (cstorch.backend("CPU", engine="eager")).'
+            )
         if optimizer not in registry.optimizers:
             raise Unadopted(optimizer)
-        saved = [{k: group[k] for k in _CAPTURE_SETTINGS if k in group}
-                 for group in optimizer.param_groups]
+        saved = [
+            {k: group[k] for k in _CAPTURE_SETTINGS if k in group}
+            for group in optimizer.param_groups
+        ]
         changed.append((optimizer, saved, torch.compiler._is_compiling_flag))
         for group in optimizer.param_groups:
             group.update({k: v for k, v in _CAPTURE_SETTINGS.items() if k in group})

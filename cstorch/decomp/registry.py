@@ -14,7 +14,6 @@ from typing import Callable, Union
 import torch
 from torch._decomp import _add_op_to_registry
 
-
 aten = torch.ops.aten
 
 DEVICES = ("CSX", "CPU")
@@ -31,13 +30,16 @@ def _overloads(op) -> list:
 
 def _check_device(device: str) -> str:
     if not isinstance(device, str) or device.upper() not in DEVICES:
-        raise ValueError(f"Registering decompositions for device {device!r} is not supported. "
-                         f"Supported devices are: {list(DEVICES)}.")
+        raise ValueError(
+            f"Registering decompositions for device {device!r} is not supported. "
+            f"Supported devices are: {list(DEVICES)}."
+        )
     return device.upper()
 
 
-def register_decomposition(op: Union[torch._ops.OpOverloadPacket, torch._ops.OpOverload],
-                           device: str = "CSX") -> Callable:
+def register_decomposition(
+    op: Union[torch._ops.OpOverloadPacket, torch._ops.OpOverload], device: str = "CSX"
+) -> Callable:
     """A decorator registering ``fn`` as the decomposition of ``op`` (an overload, or every
     overload of a packet) on ``device`` ("CSX" or "CPU")."""
     device = _check_device(device)
@@ -50,7 +52,8 @@ def register_decomposition(op: Union[torch._ops.OpOverloadPacket, torch._ops.OpO
             if key in _decompositions:
                 raise RuntimeError(
                     f"A decomposition for {overload} has already been registered on {device}; "
-                    f"the first registration was at:\n{_decompositions[key][1]}")
+                    f"the first registration was at:\n{_decompositions[key][1]}"
+                )
             _decompositions[key] = (fn, "".join(traceback.format_stack()[:-1]))
         return fn
 
@@ -62,12 +65,10 @@ def remove_decomposition(op, device: str = "CSX") -> None:
     device = _check_device(device)
     for overload in _overloads(op):
         if _decompositions.pop((overload, device), None) is None:
-            raise RuntimeError(f"Decomposition for {overload} on {device} has not been "
-                               "registered.")
+            raise RuntimeError(f"Decomposition for {overload} on {device} has not been registered.")
 
 
 def decompositions_for(device: str) -> dict:
     """``{OpOverload: fn}`` of the decompositions registered for ``device`` ("CSX" or
     "CPU"), for ``jax_backend.capture_step``'s ``decompositions`` argument."""
-    return {overload: fn for (overload, dev), (fn, _) in _decompositions.items()
-            if dev == device}
+    return {overload: fn for (overload, dev), (fn, _) in _decompositions.items() if dev == device}

@@ -81,36 +81,41 @@ def _num_csx(name, value):
 
 def _mgmt_address(name, value):
     if value is not None and (not isinstance(value, str) or not _ADDRESS.match(value)):
-        raise ValueError(f"ClusterConfig.mgmt_address must look like '<name>:<port>', got "
-                         f"{value!r}.")
+        raise ValueError(
+            f"ClusterConfig.mgmt_address must look like '<name>:<port>', got {value!r}."
+        )
     return value
 
 
 def _job_labels(name, value):
     if not isinstance(value, (list, tuple)):
-        raise ValueError(f"ClusterConfig.job_labels must be a list of 'key=value' strings, got "
-                         f"{value!r}.")
+        raise ValueError(
+            f"ClusterConfig.job_labels must be a list of 'key=value' strings, got {value!r}."
+        )
     for label in value:
         parts = label.split("=") if isinstance(label, str) else []
         if len(parts) != 2 or not all(_LABEL_PART.match(p) for p in parts):
             raise ValueError(
                 f"Invalid job label {label!r}: expected 'key=value' where key and value are "
                 "at most 63 characters of letters, digits, '-', '_' and '.', starting and "
-                "ending with a letter or digit.")
+                "ending with a letter or digit."
+            )
     return list(value)
 
 
 def _job_priority(name, value):
     if value not in _PRIORITIES:
-        raise ValueError(f"ClusterConfig.job_priority must be one of {list(_PRIORITIES)}, got "
-                         f"{value!r}.")
+        raise ValueError(
+            f"ClusterConfig.job_priority must be one of {list(_PRIORITIES)}, got {value!r}."
+        )
     return value
 
 
 def _job_time_sec(name, value):
     if value is not None and (not _is_int(value) or value <= 0):
-        raise ValueError(f"ClusterConfig.job_time_sec must be a positive integer or None, got "
-                         f"{value!r}.")
+        raise ValueError(
+            f"ClusterConfig.job_time_sec must be a positive integer or None, got {value!r}."
+        )
     return value
 
 
@@ -124,8 +129,9 @@ def _mount_dirs(name, value):
     for entry in value:
         mount = MountDir(entry) if isinstance(entry, str) else entry
         if not isinstance(mount, MountDir):
-            raise ValueError(f"ClusterConfig.mount_dirs entries must be paths or MountDir, got "
-                             f"{entry!r}.")
+            raise ValueError(
+                f"ClusterConfig.mount_dirs entries must be paths or MountDir, got {entry!r}."
+            )
         _existing_path(name, mount.path)
         result.append(mount)
     return result
@@ -146,8 +152,10 @@ def _notifications(name, value):
     for entry in value:
         target = NotificationTarget(**entry) if isinstance(entry, dict) else entry
         if not isinstance(target, NotificationTarget):
-            raise ValueError(f"ClusterConfig.notifications entries must be NotificationTarget "
-                             f"or dict, got {entry!r}.")
+            raise ValueError(
+                f"ClusterConfig.notifications entries must be NotificationTarget "
+                f"or dict, got {entry!r}."
+            )
         result.append(target)
     return result
 
@@ -156,21 +164,34 @@ def _distributed(name, value):
     if isinstance(value, dict):
         value = DistributedConfig(**value)
     if not isinstance(value, DistributedConfig):
-        raise TypeError(f"ClusterConfig.distributed must be a "
-                        f"cstorch.distributed.DistributedConfig or a dict of its fields, got "
-                        f"{value!r}.")
+        raise TypeError(
+            f"ClusterConfig.distributed must be a "
+            f"cstorch.distributed.DistributedConfig or a dict of its fields, got "
+            f"{value!r}."
+        )
     return value
 
 
 _VALIDATORS = {
-    "mgmt_address": _mgmt_address, "mgmt_namespace": _optional_str,
-    "credentials_path": _optional_str, "num_csx": _num_csx,
-    "max_wgt_servers": _non_negative_int, "max_act_per_csx": _non_negative_int,
-    "num_workers_per_csx": _non_negative_int, "cbcore_image": _optional_str,
-    "job_labels": _job_labels, "job_priority": _job_priority, "job_time_sec": _job_time_sec,
-    "mount_dirs": _mount_dirs, "python_paths": _python_paths, "automount": _bool,
-    "mount_all": _bool, "disable_mount_check": _bool, "disable_version_check": _bool,
-    "workflow_id": _optional_str, "notifications": _notifications,
+    "mgmt_address": _mgmt_address,
+    "mgmt_namespace": _optional_str,
+    "credentials_path": _optional_str,
+    "num_csx": _num_csx,
+    "max_wgt_servers": _non_negative_int,
+    "max_act_per_csx": _non_negative_int,
+    "num_workers_per_csx": _non_negative_int,
+    "cbcore_image": _optional_str,
+    "job_labels": _job_labels,
+    "job_priority": _job_priority,
+    "job_time_sec": _job_time_sec,
+    "mount_dirs": _mount_dirs,
+    "python_paths": _python_paths,
+    "automount": _bool,
+    "mount_all": _bool,
+    "disable_mount_check": _bool,
+    "disable_version_check": _bool,
+    "workflow_id": _optional_str,
+    "notifications": _notifications,
     "distributed": _distributed,
 }
 
@@ -199,11 +220,11 @@ class ClusterConfig:
     disable_mount_check: bool = True
     disable_version_check: bool = False
     workflow_id: Optional[str] = None
-    notifications: List[Union[NotificationTarget, dict]] = dataclasses.field(
-        default_factory=list)
+    notifications: List[Union[NotificationTarget, dict]] = dataclasses.field(default_factory=list)
     # Not in the reference: the multi-process JAX job of this run (see distributed.runtime).
-    distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig,
-                                                       kw_only=True)
+    distributed: DistributedConfig = dataclasses.field(
+        default_factory=DistributedConfig, kw_only=True
+    )
 
     def __setattr__(self, name, value):
         validate = _VALIDATORS.get(name)
@@ -263,6 +284,9 @@ _FIELDS_DEFAULTS = {f.name: _field_default(f) for f in dataclasses.fields(Cluste
 
 # Show the effective defaults (``job_labels=[]``) in the signature instead of ``<factory>``.
 _signature = inspect.signature(ClusterConfig.__init__)
-ClusterConfig.__init__.__signature__ = _signature.replace(parameters=[
-    p.replace(default=_FIELDS_DEFAULTS[p.name]) if p.name in _FIELDS_DEFAULTS else p
-    for p in _signature.parameters.values()])
+ClusterConfig.__init__.__signature__ = _signature.replace(
+    parameters=[
+        p.replace(default=_FIELDS_DEFAULTS[p.name]) if p.name in _FIELDS_DEFAULTS else p
+        for p in _signature.parameters.values()
+    ]
+)

@@ -49,8 +49,9 @@ class ClusterSpec:
         if not self.tasks:
             raise ValueError("A ClusterSpec needs at least one task.")
         if not 0 <= self.rank < len(self.tasks):
-            raise ValueError(f"ClusterSpec.rank {self.rank} is not among the "
-                             f"{len(self.tasks)} tasks.")
+            raise ValueError(
+                f"ClusterSpec.rank {self.rank} is not among the {len(self.tasks)} tasks."
+            )
         ranks = [t.rank for t in self.tasks]
         if ranks != list(range(len(self.tasks))):
             raise ValueError(f"Task ranks must be 0..{len(self.tasks) - 1} in order, got {ranks}.")

@@ -42,10 +42,15 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def process_environment(base: dict, process_id: int, num_processes: int, address: str,
-                        devices_per_process: int | None = None,
-                        init_timeout: int | None = None,
-                        heartbeat_timeout: int | None = None) -> dict:
+def process_environment(
+    base: dict,
+    process_id: int,
+    num_processes: int,
+    address: str,
+    devices_per_process: int | None = None,
+    init_timeout: int | None = None,
+    heartbeat_timeout: int | None = None,
+) -> dict:
     """The environment of process ``process_id`` of a local job."""
     env = config.launched_process_environment(base)
     env[runtime.ENV_COORDINATOR] = address
@@ -56,8 +61,11 @@ def process_environment(base: dict, process_id: int, num_processes: int, address
     if heartbeat_timeout is not None:
         env[runtime.ENV_HEARTBEAT_TIMEOUT] = str(heartbeat_timeout)
     if devices_per_process is not None:
-        flags = [f for f in env.get("XLA_FLAGS", "").split()
-                 if not f.startswith("--xla_force_host_platform_device_count")]
+        flags = [
+            f
+            for f in env.get("XLA_FLAGS", "").split()
+            if not f.startswith("--xla_force_host_platform_device_count")
+        ]
         flags.append(f"--xla_force_host_platform_device_count={devices_per_process}")
         env["XLA_FLAGS"] = " ".join(flags)
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -67,20 +75,34 @@ def process_environment(base: dict, process_id: int, num_processes: int, address
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m cstorch.distributed.launch",
-        description="Run SCRIPT as a multi-process cstorch job on this machine (loopback).")
+        description="Run SCRIPT as a multi-process cstorch job on this machine (loopback).",
+    )
     parser.add_argument("--num_processes", type=int, required=True)
-    parser.add_argument("--devices_per_process", type=int, default=None,
-                        help="CPU devices to model in each process")
-    parser.add_argument("--port", type=int, default=None,
-                        help="coordinator port on 127.0.0.1 (default: a free one)")
-    parser.add_argument("--init_timeout", type=int, default=None,
-                        help=f"seconds to wait for every process to join "
-                             f"(${runtime.ENV_INIT_TIMEOUT})")
-    parser.add_argument("--heartbeat_timeout", type=int, default=None,
-                        help=f"seconds of silence after which a process counts as dead "
-                             f"(${runtime.ENV_HEARTBEAT_TIMEOUT})")
-    parser.add_argument("--grace", type=float, default=30.0,
-                        help="seconds the other processes get to stop after one failed")
+    parser.add_argument(
+        "--devices_per_process", type=int, default=None, help="CPU devices to model in each process"
+    )
+    parser.add_argument(
+        "--port", type=int, default=None, help="coordinator port on 127.0.0.1 (default: a free one)"
+    )
+    parser.add_argument(
+        "--init_timeout",
+        type=int,
+        default=None,
+        help=f"seconds to wait for every process to join (${runtime.ENV_INIT_TIMEOUT})",
+    )
+    parser.add_argument(
+        "--heartbeat_timeout",
+        type=int,
+        default=None,
+        help=f"seconds of silence after which a process counts as dead "
+        f"(${runtime.ENV_HEARTBEAT_TIMEOUT})",
+    )
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=30.0,
+        help="seconds the other processes get to stop after one failed",
+    )
     parser.add_argument("script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER)
     return parser
@@ -156,23 +178,40 @@ def main(argv=None) -> int:
     try:
         launcher_env = dict(os.environ, **{runtime.ENV_LAUNCHER_PID: str(os.getpid())})
         for process_id in range(args.num_processes):
-            env = process_environment(launcher_env, process_id, args.num_processes, address,
-                                      args.devices_per_process, args.init_timeout,
-                                      args.heartbeat_timeout)
-            processes.append(subprocess.Popen(
-                [sys.executable, args.script, *args.script_args], env=env,
-                preexec_fn=_death_signal_setter(os.getpid())))
+            env = process_environment(
+                launcher_env,
+                process_id,
+                args.num_processes,
+                address,
+                args.devices_per_process,
+                args.init_timeout,
+                args.heartbeat_timeout,
+            )
+            processes.append(
+                subprocess.Popen(
+                    [sys.executable, args.script, *args.script_args],
+                    env=env,
+                    preexec_fn=_death_signal_setter(os.getpid()),
+                )
+            )
         while failed is None and any(p.poll() is None for p in processes):
             failed = next((p for p in processes if p.poll() not in (None, 0)), None)
             time.sleep(0.1)
         failed = failed or next((p for p in processes if p.returncode != 0), None)
         if failed is not None:
-            print(f"[launch] process {processes.index(failed)} exited with status "
-                  f"{failed.returncode}; stopping the others.", file=sys.stderr, flush=True)
+            print(
+                f"[launch] process {processes.index(failed)} exited with status "
+                f"{failed.returncode}; stopping the others.",
+                file=sys.stderr,
+                flush=True,
+            )
     except (KeyboardInterrupt, _Signalled) as stop:
         signalled = getattr(stop, "signum", signal.SIGINT)
-        print(f"[launch] {signal.Signals(signalled).name}: stopping the processes.",
-              file=sys.stderr, flush=True)
+        print(
+            f"[launch] {signal.Signals(signalled).name}: stopping the processes.",
+            file=sys.stderr,
+            flush=True,
+        )
         for p in processes:
             if p.poll() is None:
                 p.send_signal(signalled)

@@ -77,19 +77,24 @@ def get_streaming_batch_size(effective_batch_size: int, global_rank: Optional[in
     batch divided evenly among the streamers -- the whole batch in a single-process run (the
     modeled wafer splits it across its systems inside the compiled step)."""
     if not isinstance(effective_batch_size, int) or isinstance(effective_batch_size, bool):
-        raise TypeError(f"Expected effective batch size to be an integer, but got type "
-                        f"{type(effective_batch_size).__name__} with value "
-                        f"{effective_batch_size!r}.")
+        raise TypeError(
+            f"Expected effective batch size to be an integer, but got type "
+            f"{type(effective_batch_size).__name__} with value "
+            f"{effective_batch_size!r}."
+        )
     if effective_batch_size <= 0:
-        raise ValueError(f"Expected effective batch size to be a positive integer, but got "
-                         f"{effective_batch_size}.")
+        raise ValueError(
+            f"Expected effective batch size to be a positive integer, but got "
+            f"{effective_batch_size}."
+        )
     if global_rank is not None:
         service_resolver().cluster_spec.task(global_rank)  # validates the rank
     streamers = num_streamers()
     if effective_batch_size % streamers:
         raise ValueError(
             f"The effective batch size {effective_batch_size} cannot be split evenly among "
-            f"the {streamers} processes that stream input; use a multiple of {streamers}.")
+            f"the {streamers} processes that stream input; use a multiple of {streamers}."
+        )
     return effective_batch_size // streamers
 
 

@@ -83,10 +83,12 @@ class DistributedConfig:
 
     def __post_init__(self):
         if self.coordinator_address is not None and (
-                not isinstance(self.coordinator_address, str)
-                or not _ADDRESS.match(self.coordinator_address)):
-            raise ValueError(f"coordinator_address must look like 'host:port', got "
-                             f"{self.coordinator_address!r}.")
+            not isinstance(self.coordinator_address, str)
+            or not _ADDRESS.match(self.coordinator_address)
+        ):
+            raise ValueError(
+                f"coordinator_address must look like 'host:port', got {self.coordinator_address!r}."
+            )
         checked = {"initialization_timeout": _POSITIVE, "heartbeat_timeout": _POSITIVE}
         if self.num_processes is not None:
             checked["num_processes"] = _POSITIVE
@@ -102,18 +104,19 @@ class DistributedConfig:
     def from_env(cls, environ=None) -> "DistributedConfig":
         env = os.environ if environ is None else environ
         kwargs = {}
-        for field, name in (("coordinator_address", ENV_COORDINATOR),
-                            ("num_processes", ENV_NUM_PROCESSES),
-                            ("process_id", ENV_PROCESS_ID),
-                            ("initialization_timeout", ENV_INIT_TIMEOUT),
-                            ("heartbeat_timeout", ENV_HEARTBEAT_TIMEOUT)):
+        for field, name in (
+            ("coordinator_address", ENV_COORDINATOR),
+            ("num_processes", ENV_NUM_PROCESSES),
+            ("process_id", ENV_PROCESS_ID),
+            ("initialization_timeout", ENV_INIT_TIMEOUT),
+            ("heartbeat_timeout", ENV_HEARTBEAT_TIMEOUT),
+        ):
             if env.get(name, "") != "":
                 kwargs[field] = env[name]
         try:
             return cls(**kwargs)
         except ValueError as error:
-            raise ValueError(f"Invalid distributed settings in the environment: {error}") \
-                from None
+            raise ValueError(f"Invalid distributed settings in the environment: {error}") from None
 
     @classmethod
     def from_torchrun_env(cls, environ=None) -> "DistributedConfig":
@@ -121,12 +124,12 @@ class DistributedConfig:
         ``RANK``); the coordinator takes the master's port, as nothing else uses it here."""
         env = os.environ if environ is None else environ
         try:
-            return cls(f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}", env["WORLD_SIZE"],
-                       env["RANK"])
+            return cls(f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}", env["WORLD_SIZE"], env["RANK"])
         except KeyError as missing:
             raise DistributedError(
                 f"The torchrun environment lacks {missing.args[0]}: start the script with "
-                "torchrun or `python -m cstorch.distributed.launch`.") from None
+                "torchrun or `python -m cstorch.distributed.launch`."
+            ) from None
 
     def merged_with(self, other: "DistributedConfig") -> "DistributedConfig":
         """These settings, with unset ones taken from ``other`` (e.g. the environment)."""
@@ -143,17 +146,25 @@ class DistributedConfig:
     def validate(self) -> None:
         if not self.is_multi_process:
             return
-        missing = [name for name, value in (("coordinator address", self.coordinator_address),
-                                            ("process id", self.process_id)) if value is None]
+        missing = [
+            name
+            for name, value in (
+                ("coordinator address", self.coordinator_address),
+                ("process id", self.process_id),
+            )
+            if value is None
+        ]
         if missing:
             raise DistributedError(
                 f"A job of {self.num_processes} processes also needs the {' and '.join(missing)}"
                 f" (ClusterConfig.distributed or ${ENV_COORDINATOR} / ${ENV_PROCESS_ID}). "
-                "Start the processes with `python -m cstorch.distributed.launch`.")
+                "Start the processes with `python -m cstorch.distributed.launch`."
+            )
         if self.process_id >= self.num_processes:
             raise DistributedError(
                 f"process_id {self.process_id} is out of range for a job of "
-                f"{self.num_processes} processes (0 ... {self.num_processes - 1}).")
+                f"{self.num_processes} processes (0 ... {self.num_processes - 1})."
+            )
 
 
 _joined: Optional[DistributedConfig] = None
@@ -195,7 +206,8 @@ def join(config: Optional[DistributedConfig] = None) -> bool:
         raise DistributedError(
             "This process must join its multi-process job before JAX starts its devices, "
             "but JAX is already running (something called jax.devices() or computed with "
-            "JAX). Create the cstorch backend first thing in the script.")
+            "JAX). Create the cstorch backend first thing in the script."
+        )
     if wanted.process_id == 0:  # process 0 hosts the coordinator
         busy = coordinator_port_in_use(wanted.coordinator_address)
         if busy is not None:
@@ -214,7 +226,8 @@ def join(config: Optional[DistributedConfig] = None) -> bool:
             f"{wanted.initialization_timeout} s ({error}). Check that every process was "
             "started with the same coordinator address and process count, that none of them "
             f"failed early, and that the coordinator's port is free (${ENV_INIT_TIMEOUT} sets "
-            "the wait).")
+            "the wait)."
+        )
     _joined = wanted
     return True
 
@@ -234,8 +247,12 @@ def _initialize_within(wanted: DistributedConfig) -> Optional[str]:
     def connect():
         try:
             jax.distributed.initialize(
-                wanted.coordinator_address, wanted.num_processes, wanted.process_id,
-                initialization_timeout=wanted.initialization_timeout + 60, **timeouts)
+                wanted.coordinator_address,
+                wanted.num_processes,
+                wanted.process_id,
+                initialization_timeout=wanted.initialization_timeout + 60,
+                **timeouts,
+            )
         except Exception as error:  # noqa: BLE001 - the runtime raises several types
             first_line = (str(error).strip().splitlines() or [""])[0]
             outcome["error"] = f"{type(error).__name__}: {first_line}"
@@ -256,8 +273,9 @@ def _bind_address(coordinator_address: str, environ=None) -> tuple:
     """``(family, host, port)`` the coordinator listens on: JAX binds every address
     (``[::]``) on the coordinator's port unless ``JAX_COORDINATOR_BIND_ADDRESS`` says where."""
     env = os.environ if environ is None else environ
-    bind = env.get("JAX_COORDINATOR_BIND_ADDRESS") or \
-        "[::]:" + coordinator_address.rsplit(":", 1)[1]
+    bind = (
+        env.get("JAX_COORDINATOR_BIND_ADDRESS") or "[::]:" + coordinator_address.rsplit(":", 1)[1]
+    )
     host, port = bind.rsplit(":", 1)
     host = host.strip("[]")
     return (socket.AF_INET6 if ":" in host else socket.AF_INET), host, int(port)
@@ -281,11 +299,13 @@ def coordinator_port_in_use(coordinator_address: str, environ=None) -> Optional[
         except OSError as error:
             if error.errno not in (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL):
                 return None  # not a verdict on the port; let the runtime try
-            return (f"The coordinator of this job cannot listen on port {port} "
-                    f"({os.strerror(error.errno)}): another program or job holds it. "
-                    "Choose a free port for the coordinator address "
-                    f"(${ENV_COORDINATOR}, or the launcher's --port; the launcher picks a free "
-                    "one when --port is not given).")
+            return (
+                f"The coordinator of this job cannot listen on port {port} "
+                f"({os.strerror(error.errno)}): another program or job holds it. "
+                "Choose a free port for the coordinator address "
+                f"(${ENV_COORDINATOR}, or the launcher's --port; the launcher picks a free "
+                "one when --port is not given)."
+            )
     return None
 
 
@@ -314,8 +334,9 @@ def _take_back_sigterm(handler) -> None:
 WATCH_KILL_AFTER = 5.0
 
 
-def watch_launcher(environ=None, interval: float = 1.0,
-                   kill_after: float = WATCH_KILL_AFTER) -> bool:
+def watch_launcher(
+    environ=None, interval: float = 1.0, kill_after: float = WATCH_KILL_AFTER
+) -> bool:
     """In a process started by the launcher (``CSTORCH_LAUNCHER_PID``), a daemon thread that
     ends the process once the launcher is gone: SIGTERM, then SIGKILL ``kill_after`` seconds
     later if the process still runs. On Linux the kernel also sends SIGTERM at once
@@ -346,13 +367,19 @@ def _runtime_timeouts(initialize, wanted: DistributedConfig) -> dict:
     import inspect
 
     accepted = inspect.signature(initialize).parameters
-    timeouts = {"heartbeat_timeout_seconds": wanted.heartbeat_timeout,
-                "shutdown_timeout_seconds": max(wanted.heartbeat_timeout, 10)}
-    if "heartbeat_timeout_seconds" not in accepted and wanted.heartbeat_timeout != \
-            DistributedConfig.heartbeat_timeout:
-        warn(f"This JAX ({_jax_version()}) cannot set the heartbeat timeout: a frozen "
-             "process is declared dead after the runtime's default (about 100 s), "
-             f"not after {wanted.heartbeat_timeout} s.")
+    timeouts = {
+        "heartbeat_timeout_seconds": wanted.heartbeat_timeout,
+        "shutdown_timeout_seconds": max(wanted.heartbeat_timeout, 10),
+    }
+    if (
+        "heartbeat_timeout_seconds" not in accepted
+        and wanted.heartbeat_timeout != DistributedConfig.heartbeat_timeout
+    ):
+        warn(
+            f"This JAX ({_jax_version()}) cannot set the heartbeat timeout: a frozen "
+            "process is declared dead after the runtime's default (about 100 s), "
+            f"not after {wanted.heartbeat_timeout} s."
+        )
     return {name: value for name, value in timeouts.items() if name in accepted}
 
 

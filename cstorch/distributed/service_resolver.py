@@ -45,8 +45,16 @@ def local_service_resolver() -> ServiceResolver:
     (step and checkpoint closures run there). A single-process run is task 0 alone."""
     from cstorch.distributed.runtime import process_count, process_index
 
-    tasks = [TaskSpec(rank=r, local_rank=r, wse_id=0, node_name="localhost",
-                      roles=[TaskRole.MASTER, TaskRole.WORKER] if r == 0 else [TaskRole.WORKER])
-             for r in range(process_count())]
-    return ServiceResolver(ClusterResolver(ClusterSpec(tasks, rank=process_index(), num_csx=1,
-                                                       num_workers_per_csx=1)))
+    tasks = [
+        TaskSpec(
+            rank=r,
+            local_rank=r,
+            wse_id=0,
+            node_name="localhost",
+            roles=[TaskRole.MASTER, TaskRole.WORKER] if r == 0 else [TaskRole.WORKER],
+        )
+        for r in range(process_count())
+    ]
+    return ServiceResolver(
+        ClusterResolver(ClusterSpec(tasks, rank=process_index(), num_csx=1, num_workers_per_csx=1))
+    )

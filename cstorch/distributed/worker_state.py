@@ -22,5 +22,6 @@ class WorkerState:
             raise RuntimeError(
                 "Unable to fetch the worker state: `cstorch.distributed.get_worker_state()` must "
                 "be called only once, inside your dataloader's implementation of `state_dict` "
-                "(or `load_state_dict`).")
+                "(or `load_state_dict`)."
+            )
         return state

@@ -17,7 +17,8 @@ import torch
 _UNSUPPORTED = (
     "Implicit loops run on the Cerebras runtime's device-side control flow, which {where} "
     "does not provide. Run the generation loop in Python instead (call the traced step once "
-    "per generated token).")
+    "per generated token)."
+)
 
 
 def _where() -> str:
@@ -29,44 +30,55 @@ def _where() -> str:
 
 def _check_int32(name: str, tensor) -> None:
     if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.int32:
-        raise TypeError(f"Expected `{name}` to be an int32 tensor, got "
-                        f"{getattr(tensor, 'dtype', type(tensor).__name__)}.")
+        raise TypeError(
+            f"Expected `{name}` to be an int32 tensor, got "
+            f"{getattr(tensor, 'dtype', type(tensor).__name__)}."
+        )
 
 
 def start_implicit_loop(input_tensor: torch.IntTensor, loop_dim: int) -> torch.IntTensor:
     """The index tensor of an implicit loop over ``input_tensor`` along ``loop_dim``."""
     _check_int32("input_tensor", input_tensor)
     if not isinstance(loop_dim, int) or not 0 <= loop_dim < input_tensor.dim():
-        raise ValueError(f"loop_dim must be an int in [0, {input_tensor.dim()}), got "
-                         f"{loop_dim!r}.")
+        raise ValueError(f"loop_dim must be an int in [0, {input_tensor.dim()}), got {loop_dim!r}.")
     raise NotImplementedError(_UNSUPPORTED.format(where=_where()))
 
 
-def get_loop_iteration_slice(input_tensor: torch.IntTensor,
-                             index_tensor: torch.IntTensor) -> torch.IntTensor:
+def get_loop_iteration_slice(
+    input_tensor: torch.IntTensor, index_tensor: torch.IntTensor
+) -> torch.IntTensor:
     """The slice of ``input_tensor`` at ``index_tensor`` along the loop dimension (the last
     dimension of ``index_tensor``)."""
     input_shape, index_shape = list(input_tensor.shape), list(index_tensor.shape)
     loop_dim = len(index_shape) - 1
     index = index_tensor.view(index_shape + [1] * (len(input_shape) - len(index_shape)))
-    index = index.broadcast_to(index_shape + input_shape[len(index_shape):]).long()
+    index = index.broadcast_to(index_shape + input_shape[len(index_shape) :]).long()
     return input_tensor.gather(loop_dim, index)
 
 
-def update_implicit_loop(input_tensor: torch.IntTensor, index_tensor: torch.IntTensor,
-                         update_tensor: torch.IntTensor, stop_sequences_tensor: torch.IntTensor,
-                         start_token: Union[int, List[int]],
-                         max_tokens: Optional[int] = None) -> torch.IntTensor:
+def update_implicit_loop(
+    input_tensor: torch.IntTensor,
+    index_tensor: torch.IntTensor,
+    update_tensor: torch.IntTensor,
+    stop_sequences_tensor: torch.IntTensor,
+    start_token: Union[int, List[int]],
+    max_tokens: Optional[int] = None,
+) -> torch.IntTensor:
     """Configures the update step of the active implicit loop (see module docstring)."""
-    for name, tensor in (("input_tensor", input_tensor), ("index_tensor", index_tensor),
-                         ("update_tensor", update_tensor),
-                         ("stop_sequences_tensor", stop_sequences_tensor)):
+    for name, tensor in (
+        ("input_tensor", input_tensor),
+        ("index_tensor", index_tensor),
+        ("update_tensor", update_tensor),
+        ("stop_sequences_tensor", stop_sequences_tensor),
+    ):
         _check_int32(name, tensor)
     tokens = start_token if isinstance(start_token, list) else [start_token]
-    if not tokens or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
-                             for t in tokens):
-        raise ValueError(f"start_token must be a non-negative int or a list of them, got "
-                         f"{start_token!r}.")
+    if not tokens or not all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens
+    ):
+        raise ValueError(
+            f"start_token must be a non-negative int or a list of them, got {start_token!r}."
+        )
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens <= 0):
         raise ValueError(f"max_tokens must be a positive int or None, got {max_tokens!r}.")
     raise NotImplementedError(_UNSUPPORTED.format(where=_where()))

@@ -41,4 +41,5 @@ def disable_annotation(name: str) -> None:
 def __getattr__(name):
     raise AttributeError(
         f"cerebras_pytorch_lib.{name} is part of the reference's native lazy-tensor library, "
-        "which this implementation (a JAX engine) does not have.")
+        "which this implementation (a JAX engine) does not have."
+    )

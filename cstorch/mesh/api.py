@@ -34,44 +34,54 @@ def replicate() -> Replicate:
     return Replicate()
 
 
-def sharding_spec(sharding_array: List[Union[Replicate, Shard]], mesh: Mesh,
-                  device: Optional[str] = None) -> ShardingSpec:
+def sharding_spec(
+    sharding_array: List[Union[Replicate, Shard]], mesh: Mesh, device: Optional[str] = None
+) -> ShardingSpec:
     """The ``ShardingSpec`` of a per-axis placement list on ``mesh`` (optionally constrained
     to ``device``: "WSE", "LocalHost" or "GlobalHost"; the global host holds only replicated
     tensors)."""
     if device and device not in _DEVICES:
         raise ValueError(f"Expected `device` to be one of: {_DEVICES}, got {device!r}.")
     if not all(isinstance(p, (Replicate, Shard)) for p in sharding_array):
-        raise TypeError("Expected `sharding_array` to contain `Replicate` and `Shard` instances "
-                        "only.")
+        raise TypeError(
+            "Expected `sharding_array` to contain `Replicate` and `Shard` instances only."
+        )
     if device == "GlobalHost" and not all(isinstance(p, Replicate) for p in sharding_array):
-        raise TypeError("Expected all sharding_array items to be `Replicate` for the "
-                        "`GlobalHost` device type.")
+        raise TypeError(
+            "Expected all sharding_array items to be `Replicate` for the `GlobalHost` device type."
+        )
     split_axes = [i if p.is_shard() else -1 for i, p in enumerate(sharding_array)]
     return ShardingSpec(mesh.mesh_id, split_axes, None, None, [device] if device else None)
 
 
 def _check_names(names, num_sharded):
     if len(names) != num_sharded:
-        raise ValueError(f"Expected `names` length {len(names)} to match the number of sharded "
-                         f"axes {num_sharded}.")
+        raise ValueError(
+            f"Expected `names` length {len(names)} to match the number of sharded "
+            f"axes {num_sharded}."
+        )
 
 
-def distribute_tensor(tensor: torch.Tensor, sharding_spec: ShardingSpec,
-                      names: List[str]) -> torch.Tensor:
+def distribute_tensor(
+    tensor: torch.Tensor, sharding_spec: ShardingSpec, names: List[str]
+) -> torch.Tensor:
     """``tensor`` laid out as ``sharding_spec`` says (one name per sharded axis)."""
     rank = tensor.dim()
     if sharding_spec.split_axes and len(sharding_spec.split_axes) != rank:
-        raise ValueError(f"Split axes {len(sharding_spec.split_axes)} do not match the tensor "
-                         f"rank {rank}.")
+        raise ValueError(
+            f"Split axes {len(sharding_spec.split_axes)} do not match the tensor rank {rank}."
+        )
     _check_names(names, sum(1 for axis in sharding_spec.split_axes if axis != -1))
     if sharding_spec.partial_axes:
         if len(sharding_spec.partial_axes) > rank:
-            raise ValueError(f"Partial axes {len(sharding_spec.partial_axes)} exceed tensor "
-                             f"rank {rank}.")
+            raise ValueError(
+                f"Partial axes {len(sharding_spec.partial_axes)} exceed tensor rank {rank}."
+            )
         if sharding_spec.partial_axes == sharding_spec.split_axes:
-            raise ValueError(f"Partial axes {sharding_spec.partial_axes} and split axes "
-                             f"{sharding_spec.split_axes} cannot be the same.")
+            raise ValueError(
+                f"Partial axes {sharding_spec.partial_axes} and split axes "
+                f"{sharding_spec.split_axes} cannot be the same."
+            )
     return tensor
 
 
@@ -82,8 +92,9 @@ def d2d_transfer(tensor: torch.Tensor, dst_device: str) -> torch.Tensor:
     return tensor
 
 
-def m2m_transfer(tensor: torch.Tensor, src_mesh: Mesh, dst_mesh: Mesh,
-                 src_root_id=0) -> torch.Tensor:
+def m2m_transfer(
+    tensor: torch.Tensor, src_mesh: Mesh, dst_mesh: Mesh, src_root_id=0
+) -> torch.Tensor:
     """``tensor`` moved from ``src_mesh`` to ``dst_mesh``."""
     for name, mesh in (("src_mesh", src_mesh), ("dst_mesh", dst_mesh)):
         if not isinstance(mesh, Mesh):
@@ -91,15 +102,19 @@ def m2m_transfer(tensor: torch.Tensor, src_mesh: Mesh, dst_mesh: Mesh,
     return tensor
 
 
-def all_slice(tensor: torch.Tensor, sharding_array: List[Union[Replicate, Shard]],
-              names: List[str]) -> torch.Tensor:
+def all_slice(
+    tensor: torch.Tensor, sharding_array: List[Union[Replicate, Shard]], names: List[str]
+) -> torch.Tensor:
     """A replicated ``tensor`` sliced as ``sharding_array`` says."""
     if len(sharding_array) > tensor.dim():
-        raise ValueError(f"Expected length of `sharding_array` {len(sharding_array)} to be at "
-                         f"most the tensor rank {tensor.dim()}.")
+        raise ValueError(
+            f"Expected length of `sharding_array` {len(sharding_array)} to be at "
+            f"most the tensor rank {tensor.dim()}."
+        )
     if not all(isinstance(p, (Replicate, Shard)) for p in sharding_array):
-        raise ValueError("Expected all placements in `sharding_array` to be instances of "
-                         "`Replicate` or `Shard`.")
+        raise ValueError(
+            "Expected all placements in `sharding_array` to be instances of `Replicate` or `Shard`."
+        )
     _check_names(names, sum(1 for p in sharding_array if isinstance(p, Shard)))
     return tensor
 
@@ -108,9 +123,13 @@ def all_gather(tensor: torch.Tensor, gather_axes: List[int]) -> torch.Tensor:
     """A sharded ``tensor`` gathered along ``gather_axes`` (each in [0, rank))."""
     for i, axis in enumerate(gather_axes):
         if axis < 0:
-            raise ValueError(f"All gather axes must be non-negative, got {gather_axes} at index "
-                             f"gather_axes[{i}].")
+            raise ValueError(
+                f"All gather axes must be non-negative, got {gather_axes} at index "
+                f"gather_axes[{i}]."
+            )
         if axis >= tensor.dim():
-            raise ValueError(f"Gather axis {axis} exceeds the tensor rank {tensor.dim()} at index "
-                             f"gather_axes[{i}].")
+            raise ValueError(
+                f"Gather axis {axis} exceeds the tensor rank {tensor.dim()} at index "
+                f"gather_axes[{i}]."
+            )
     return tensor

@@ -8,20 +8,29 @@ metric objects.
 """
 
 from cstorch.metrics.accuracy import AccuracyMetric
+from cstorch.metrics.at_k import PrecisionAtKMetric, RecallAtKMetric
 from cstorch.metrics.auc import AUCMetric
-from cstorch.metrics.confusion_metrics import DiceCoefficientMetric
-from cstorch.metrics.confusion_metrics import FBetaScoreMetric
-from cstorch.metrics.confusion_metrics import MeanIOUMetric
+from cstorch.metrics.confusion_metrics import DiceCoefficientMetric, FBetaScoreMetric, MeanIOUMetric
 from cstorch.metrics.mean import MeanMetric
 from cstorch.metrics.mean_per_class_accuracy import MeanPerClassAccuracyMetric
-from cstorch.metrics.metric import Metric
-from cstorch.metrics.metric import compute_all_metrics as compute_all_metrics, get_all_metrics
+from cstorch.metrics.metric import (
+    Metric,
+    compute_all_metrics as compute_all_metrics,
+    get_all_metrics,
+)
 from cstorch.metrics.perplexity import PerplexityMetric
-from cstorch.metrics.at_k import PrecisionAtKMetric
-from cstorch.metrics.at_k import RecallAtKMetric
 
 __all__ = [
-    "AccuracyMetric", "AUCMetric", "DiceCoefficientMetric", "MeanMetric", "MeanIOUMetric",
-    "MeanPerClassAccuracyMetric", "Metric", "PerplexityMetric", "PrecisionAtKMetric",
-    "RecallAtKMetric", "FBetaScoreMetric", "get_all_metrics",
+    "AccuracyMetric",
+    "AUCMetric",
+    "DiceCoefficientMetric",
+    "MeanMetric",
+    "MeanIOUMetric",
+    "MeanPerClassAccuracyMetric",
+    "Metric",
+    "PerplexityMetric",
+    "PrecisionAtKMetric",
+    "RecallAtKMetric",
+    "FBetaScoreMetric",
+    "get_all_metrics",
 ]

@@ -13,7 +13,8 @@ def divide_no_nan(num: torch.Tensor, denom: torch.Tensor) -> torch.Tensor:
     """``num / denom`` with 0 where ``denom`` is 0 (as ``tf.math.divide_no_nan``)."""
     zero = denom == 0
     return torch.where(zero, torch.zeros_like(num), num) / torch.where(
-        zero, torch.ones_like(denom), denom)
+        zero, torch.ones_like(denom), denom
+    )
 
 
 def class_mask(num_classes: int, ignore_classes: Optional[Sequence[int]] = None) -> torch.Tensor:
@@ -28,11 +29,13 @@ def check_same_shape(labels, predictions, weights=None) -> None:
     if labels.shape != predictions.shape:
         raise ValueError(
             f"`labels` and `predictions` have mismatched shapes {tuple(labels.shape)} and "
-            f"{tuple(predictions.shape)}; pass one prediction per label.")
+            f"{tuple(predictions.shape)}; pass one prediction per label."
+        )
     if weights is not None and weights.shape != labels.shape:
         raise ValueError(
             f"`labels` and `weights` have mismatched shapes {tuple(labels.shape)} and "
-            f"{tuple(weights.shape)}; pass one weight per label (0 masks a label out).")
+            f"{tuple(weights.shape)}; pass one weight per label (0 masks a label out)."
+        )
 
 
 def check_non_negative(name: str, tensor: torch.Tensor) -> None:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-
 import torch
 
-from jax_backend.user_frames import warn
 from cstorch.metrics.metric import Metric
+from jax_backend.user_frames import warn
 
 
 class AccuracyMetric(Metric):
@@ -27,7 +26,8 @@ class AccuracyMetric(Metric):
             warn(
                 f"Shapes mismatch in accuracy metric {self.name!r}: labels "
                 f"{tuple(labels.shape)}, predictions {tuple(predictions.shape)}; reshaping the "
-                "predictions to the labels' shape.")
+                "predictions to the labels' shape."
+            )
             predictions = predictions.reshape(labels.shape)
         correct = (labels == predictions).to(torch.float32)
         if weights is None:

@@ -21,7 +21,8 @@ def _check_weights(labels, weights):
     if weights is not None and weights.dim() != 0 and weights.numel() != labels.shape[0]:
         raise ValueError(
             f"`labels` has shape {tuple(labels.shape)} and `weights` {tuple(weights.shape)}: "
-            f"`weights` must be a scalar or a vector of size {labels.shape[0]} (one per sample).")
+            f"`weights` must be a scalar or a vector of size {labels.shape[0]} (one per sample)."
+        )
 
 
 class _AtKMetric(Metric):

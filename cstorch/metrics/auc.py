@@ -31,8 +31,14 @@ class AUCMetric(Metric):
         thresholds: explicit thresholds in [0, 1], used instead of ``num_thresholds``.
     """
 
-    def __init__(self, num_thresholds=200, curve="ROC", name: Optional[str] = None,
-                 summation_method="interpolation", thresholds=None):
+    def __init__(
+        self,
+        num_thresholds=200,
+        curve="ROC",
+        name: Optional[str] = None,
+        summation_method="interpolation",
+        thresholds=None,
+    ):
         if use_cs():
             raise NotImplementedError("AUCMetric is not supported on CSX yet.")
         if curve not in _CURVES:
@@ -40,7 +46,8 @@ class AUCMetric(Metric):
         if summation_method not in _SUMMATIONS:
             raise ValueError(
                 f"Invalid AUC summation method value: {summation_method!r}. Expected one of "
-                f"{list(_SUMMATIONS)}.")
+                f"{list(_SUMMATIONS)}."
+            )
         if thresholds is not None:
             inner = sorted(float(t) for t in thresholds)
         else:
@@ -51,8 +58,9 @@ class AUCMetric(Metric):
         self.summation_method = summation_method
         self.num_thresholds = len(inner) + 2
         # End points just outside [0, 1] so that predictions of exactly 0 or 1 are counted.
-        self.thresholds = torch.tensor([-_EPSILON] + inner + [1.0 + _EPSILON],
-                                       dtype=torch.float32).reshape(-1, 1)
+        self.thresholds = torch.tensor(
+            [-_EPSILON] + inner + [1.0 + _EPSILON], dtype=torch.float32
+        ).reshape(-1, 1)
         super().__init__(name=name)
 
     def reset(self):
@@ -90,10 +98,12 @@ class AUCMetric(Metric):
         slope = divide_no_nan(d_tp, torch.clamp(d_p, min=0))
         intercept = tp[1:] - slope * p[1:]
         both_positive = (p[:-1] > 0) & (p[1:] > 0)
-        ratio = torch.where(both_positive, divide_no_nan(p[:-1], torch.clamp(p[1:], min=0)),
-                            torch.ones_like(p[1:]))
-        increments = divide_no_nan(slope * (d_tp + intercept * torch.log(ratio)),
-                                   torch.clamp(tp[1:] + fn[1:], min=0))
+        ratio = torch.where(
+            both_positive, divide_no_nan(p[:-1], torch.clamp(p[1:], min=0)), torch.ones_like(p[1:])
+        )
+        increments = divide_no_nan(
+            slope * (d_tp + intercept * torch.log(ratio)), torch.clamp(tp[1:] + fn[1:], min=0)
+        )
         return increments.sum()
 
     def compute(self):

@@ -21,10 +21,12 @@ def _mean_over_valid(per_class_num, denominator):
     """Mean of num/den over classes whose (masked) denominator is non-zero; 0 if none is."""
     valid = (denominator != 0).to(torch.float32)
     num_valid = valid.sum()
-    ratio = divide_no_nan(per_class_num, torch.where(denominator > 0, denominator,
-                                                     torch.ones_like(denominator)))
-    return torch.where(num_valid > 0, ratio.sum() / torch.clamp(num_valid, min=1.0),
-                       torch.zeros(()))
+    ratio = divide_no_nan(
+        per_class_num, torch.where(denominator > 0, denominator, torch.ones_like(denominator))
+    )
+    return torch.where(
+        num_valid > 0, ratio.sum() / torch.clamp(num_valid, min=1.0), torch.zeros(())
+    )
 
 
 class _ConfusionMatrixMetric(Metric):
@@ -36,15 +38,13 @@ class _ConfusionMatrixMetric(Metric):
         super().__init__(name=name)
 
     def reset(self):
-        self.register_state(
-            "confusion_matrix", torch.zeros((self.num_classes, self.num_classes)))
+        self.register_state("confusion_matrix", torch.zeros((self.num_classes, self.num_classes)))
         self._dtype = None
 
     def update(self, labels, predictions, weights=None, dtype=None):
         """Adds the batch's (weighted) label/prediction pairs to the confusion matrix."""
         check_same_shape(labels, predictions, weights)
-        self.confusion_matrix.add_(
-            confusion_matrix(labels, predictions, self.num_classes, weights))
+        self.confusion_matrix.add_(confusion_matrix(labels, predictions, self.num_classes, weights))
         self._dtype = dtype
 
     def _cast(self, value):
@@ -78,8 +78,7 @@ class MeanIOUMetric(_ConfusionMatrixMetric):
     def compute(self) -> torch.Tensor:
         true_pos, predicted, actual = confusion_parts(self.confusion_matrix)
         mask = self.mask
-        return self._cast(
-            _mean_over_valid(true_pos * mask, (predicted + actual - true_pos) * mask))
+        return self._cast(_mean_over_valid(true_pos * mask, (predicted + actual - true_pos) * mask))
 
 
 class FBetaScoreMetric(_ConfusionMatrixMetric):
@@ -93,15 +92,22 @@ class FBetaScoreMetric(_ConfusionMatrixMetric):
         name: the metric's name.
     """
 
-    def __init__(self, num_classes, beta: float = 1.0, average_type: str = "micro",
-                 ignore_labels: Optional[List] = None, name: Optional[str] = None):
+    def __init__(
+        self,
+        num_classes,
+        beta: float = 1.0,
+        average_type: str = "micro",
+        ignore_labels: Optional[List] = None,
+        name: Optional[str] = None,
+    ):
         if num_classes <= 1:
             raise ValueError(f"'num_classes' should be at least 2, got {num_classes}.")
         if beta <= 0:
             raise ValueError(f"'beta' should be a positive number, got {beta}.")
         if average_type not in ("micro", "macro"):
             raise ValueError(
-                f"The average_type has to be one of ['micro', 'macro'], got {average_type!r}.")
+                f"The average_type has to be one of ['micro', 'macro'], got {average_type!r}."
+            )
         self.beta = beta
         self.average_type = average_type
         super().__init__(num_classes, ignore_labels, name)
@@ -118,8 +124,10 @@ class FBetaScoreMetric(_ConfusionMatrixMetric):
 
         if self.average_type == "micro":
             tp = (true_pos * mask).sum()
-            score = fbeta(divide_no_nan(tp, (predicted * mask).sum()),
-                          divide_no_nan(tp, (actual * mask).sum()))
+            score = fbeta(
+                divide_no_nan(tp, (predicted * mask).sum()),
+                divide_no_nan(tp, (actual * mask).sum()),
+            )
         else:
             per_class = fbeta(divide_no_nan(true_pos, predicted), divide_no_nan(true_pos, actual))
             score = (per_class * mask).sum() / mask.sum()

@@ -42,6 +42,7 @@ class MeanPerClassAccuracyMetric(Metric):
         self._dtype = dtype
 
     def compute(self) -> torch.Tensor:
-        result = divide_no_nan(self.total_per_class_correct_predictions,
-                               self.total_per_class_tokens).mean()
+        result = divide_no_nan(
+            self.total_per_class_correct_predictions, self.total_per_class_tokens
+        ).mean()
         return result if self._dtype is None else result.to(self._dtype)

@@ -39,7 +39,8 @@ _NOT_STATE_MESSAGE = (
     "Metric {name!r} was updated inside a traced step, but its state is not backend state: "
     "the metric was created before the backend existed (or inside a traced step), so its "
     "totals could not persist between steps. Create metrics after `cstorch.backend(...)` / "
-    "`cstorch.compile(...)`, or make the metric a submodule of the compiled model.")
+    "`cstorch.compile(...)`, or make the metric a submodule of the compiled model."
+)
 
 
 def _tracing_impl():
@@ -105,8 +106,12 @@ class Metric(torch.nn.Module, abc.ABC):
         """Registers ``tensor`` as state ``name`` (a buffer; in ``state_dict`` only if
         ``persistent``)."""
         existing = self._buffers.get(name)
-        if (existing is not None and isinstance(tensor, torch.Tensor)
-                and existing.shape == tensor.shape and existing.dtype == tensor.dtype):
+        if (
+            existing is not None
+            and isinstance(tensor, torch.Tensor)
+            and existing.shape == tensor.shape
+            and existing.dtype == tensor.dtype
+        ):
             with torch.no_grad():
                 existing.copy_(tensor)
             if persistent:
@@ -126,14 +131,17 @@ class Metric(torch.nn.Module, abc.ABC):
 
     # ------------------------------------------------------------------ backend state
     def _state_tensors(self) -> list:
-        return [b for module in self.modules() for b in module._buffers.values()
-                if b is not None]
+        return [b for module in self.modules() for b in module._buffers.values() if b is not None]
 
     def _cstorch_state_slots(self) -> list:
         from jax_backend import Slot
 
-        return [Slot(module._buffers, key) for module in self.modules()
-                for key, b in module._buffers.items() if b is not None]
+        return [
+            Slot(module._buffers, key)
+            for module in self.modules()
+            for key, b in module._buffers.items()
+            if b is not None
+        ]
 
     def _attached_impl(self):
         return self._backend_ref() if self._backend_ref is not None else None
@@ -144,7 +152,8 @@ class Metric(torch.nn.Module, abc.ABC):
 
     def _is_backend_state(self, impl) -> bool:
         return self._attached_impl() is impl or any(
-            self is m for model in impl.models for m in model.modules())
+            self is m for model in impl.models for m in model.modules()
+        )
 
     def _pull_from_device(self) -> None:
         """Copies newer device values of the state into the torch tensors."""
@@ -206,7 +215,8 @@ class Metric(torch.nn.Module, abc.ABC):
                 raise RuntimeError(
                     f"Trying to compute metric {self.name!r}, but the metric has not been "
                     "updated. This is not supported when running on CSX; call the metric (or "
-                    "its update) before computing it.")
+                    "its update) before computing it."
+                )
             if tracing:
                 return compute()  # a traced value: never cached
             self._pull_from_device()

@@ -97,8 +97,11 @@ class MultiMarginLoss(torch.nn.Module):
         if self.p == 2:
             loss = loss * loss
         # The i == y terms each contribute margin**p; remove them.
-        loss = loss - torch.nn.functional.one_hot(y.to(torch.int64), x.shape[-1]).to(
-            loss.dtype) * self.margin ** self.p
+        loss = (
+            loss
+            - torch.nn.functional.one_hot(y.to(torch.int64), x.shape[-1]).to(loss.dtype)
+            * self.margin**self.p
+        )
         if self.weight is not None:
             loss = loss * torch.gather(self.weight, 0, y.to(torch.int64)).unsqueeze(-1)
         per_sample = loss.sum(-1) / x.shape[-1]
@@ -112,9 +115,15 @@ class DiceLoss:
     reference does.
     """
 
-    def __init__(self, num_classes: int, to_onehot_y: bool = True, to_onehot_x: bool = False,
-                 use_softmax: bool = True, use_argmax: bool = False,
-                 include_background: bool = False):
+    def __init__(
+        self,
+        num_classes: int,
+        to_onehot_y: bool = True,
+        to_onehot_x: bool = False,
+        use_softmax: bool = True,
+        use_argmax: bool = False,
+        include_background: bool = False,
+    ):
         self.num_classes = num_classes
         self.to_onehot_y = to_onehot_y
         self.to_onehot_x = to_onehot_x
@@ -138,15 +147,18 @@ class DiceLoss:
         if self.to_onehot_x:
             prediction = _to_one_hot(prediction, channel, self.num_classes)
         if not self.include_background:
-            assert num_channels > 1, ("To exclude the background the prediction needs more than "
-                                      f"one channel, got {num_channels}.")
+            assert num_channels > 1, (
+                "To exclude the background the prediction needs more than "
+                f"one channel, got {num_channels}."
+            )
             mask = torch.ones(prediction.shape[channel], dtype=prediction.dtype)
             mask[0] = 0
             mask = mask.view([1, -1] + [1] * (prediction.dim() - 2))
             target, prediction = target * mask, prediction * mask
         assert target.shape == prediction.shape, (
             f"Target and prediction shapes do not match: {tuple(target.shape)} and "
-            f"{tuple(prediction.shape)}.")
+            f"{tuple(prediction.shape)}."
+        )
         intersection = torch.sum(target * prediction, dim=reduce_dims)
         denominator = torch.sum(target, dim=reduce_dims) + torch.sum(prediction, dim=reduce_dims)
         return (2.0 * intersection + self.smooth_nr) / (denominator + self.smooth_dr)

@@ -66,15 +66,16 @@ def exit_scope(input: torch.Tensor, scope_name: str) -> torch.Tensor:
     return _ExitScope.apply(input, scope_name)
 
 
-def sparse_matmul(input_values: torch.Tensor, input_indices: torch.Tensor,
-                  weight: torch.Tensor) -> torch.Tensor:
+def sparse_matmul(
+    input_values: torch.Tensor, input_indices: torch.Tensor, weight: torch.Tensor
+) -> torch.Tensor:
     """Matmul of a sparse input (values at ``input_indices`` of the sparse dim) with a dense
     weight, returning the output values at the same indices.
 
     Shapes: input_values (..., M, b, N), input_indices (..., M, b), weight (K, B, N);
     output (..., M, b, K).
     """
-    if weight.size(1) >= 2 ** 16:
+    if weight.size(1) >= 2**16:
         raise NotImplementedError("sparse_matmul requires `input_indices` to fit in uint16.")
     dense_shape = (*input_values.shape[:-2], weight.shape[-2], input_values.shape[-1])
     index = input_indices.unsqueeze(-1).to(torch.int64)
@@ -85,15 +86,20 @@ def sparse_matmul(input_values: torch.Tensor, input_indices: torch.Tensor,
     return torch.gather(output, -2, index.broadcast_to(out_shape))
 
 
-def sparse_act_matmul(input_value: torch.Tensor, input_mask: torch.Tensor, weight: torch.Tensor,
-                      dense_capacity: Optional[int] = None) -> torch.Tensor:
+def sparse_act_matmul(
+    input_value: torch.Tensor,
+    input_mask: torch.Tensor,
+    weight: torch.Tensor,
+    dense_capacity: Optional[int] = None,
+) -> torch.Tensor:
     """``input_value @ weight.T`` with rows where ``input_mask`` is 0 zeroed.
 
     Shapes: input_value (..., M, N), input_mask (..., M), weight (K, N); output (..., M, K).
     """
     assert input_value.shape[:-1] == input_mask.shape, (
         f"Expected input_value and input_mask to have the same shape except for the last dim "
-        f"of input_value; got {tuple(input_value.shape)} and {tuple(input_mask.shape)}.")
+        f"of input_value; got {tuple(input_value.shape)} and {tuple(input_mask.shape)}."
+    )
     output = torch.einsum("...mn,kn->...mk", input_value, weight)
     return output * input_mask.unsqueeze(-1).to(output.dtype)
 
@@ -105,45 +111,56 @@ def bias_add(input_value: torch.Tensor, bias: torch.Tensor, dim: int) -> torch.T
     assert 0 <= dim < input_value.dim(), f"`dim` must be in [0, {input_value.dim()}), got {dim}."
     assert bias.shape[0] == input_value.shape[dim], (
         f"Expected bias.shape[0] == input_value.shape[{dim}]; got {tuple(bias.shape)} and "
-        f"{tuple(input_value.shape)}.")
+        f"{tuple(input_value.shape)}."
+    )
     shape = [1] * input_value.dim()
     shape[dim] = bias.shape[0]
     return input_value + bias.view(shape)
 
 
-def matmul(weight: torch.Tensor, input_value: torch.Tensor,
-           weight_transposed: torch.Tensor = None) -> torch.Tensor:
+def matmul(
+    weight: torch.Tensor, input_value: torch.Tensor, weight_transposed: torch.Tensor = None
+) -> torch.Tensor:
     """``weight @ input_value`` for (Ho, Hi) x (Hi, S); ``weight_transposed`` (the kernel's
     backward operand) is only checked."""
     assert weight.dim() == 2, f"Expected a 2D weight, got {tuple(weight.shape)}."
     assert input_value.dim() == 2, f"Expected a 2D input, got {tuple(input_value.shape)}."
     assert weight.shape[1] == input_value.shape[0], (
         f"Expected weight.shape[1] == input_value.shape[0]; got {tuple(weight.shape)} and "
-        f"{tuple(input_value.shape)}.")
+        f"{tuple(input_value.shape)}."
+    )
     if weight_transposed is not None:
         assert weight_transposed.shape == weight.t().shape, (
-            "Expected weight_transposed to have the transposed shape of weight.")
+            "Expected weight_transposed to have the transposed shape of weight."
+        )
     return torch.matmul(weight, input_value)
 
 
-def ranged_matmul(weight: torch.Tensor, input_value: torch.Tensor, num_cols: torch.Tensor,
-                  weight_transposed: torch.Tensor = None) -> torch.Tensor:
+def ranged_matmul(
+    weight: torch.Tensor,
+    input_value: torch.Tensor,
+    num_cols: torch.Tensor,
+    weight_transposed: torch.Tensor = None,
+) -> torch.Tensor:
     """``input_value @ weight.T`` for (B, S, Hi) inputs. The CSX kernel only computes the first
     ``num_cols[b]`` rows of batch b (the rest is undefined); the fallback computes them all."""
     assert weight.dim() == 2, f"Expected a 2D weight, got {tuple(weight.shape)}."
     assert input_value.dim() == 3, f"Expected a 3D input, got {tuple(input_value.shape)}."
     assert weight.shape[1] == input_value.shape[2], (
         f"Expected weight.shape[1] == input_value.shape[2]; got {tuple(weight.shape)} and "
-        f"{tuple(input_value.shape)}.")
+        f"{tuple(input_value.shape)}."
+    )
     assert num_cols.dim() == 1, f"Expected a 1D num_cols, got {tuple(num_cols.shape)}."
     if weight_transposed is not None:
         assert weight_transposed.shape == weight.t().shape, (
-            "Expected weight_transposed to have the transposed shape of weight.")
+            "Expected weight_transposed to have the transposed shape of weight."
+        )
     return torch.einsum("...mn,kn->...mk", input_value, weight)
 
 
-def conditional_arange(mask: torch.Tensor, start: torch.Tensor, step: torch.Tensor,
-                       dtype: torch.dtype = None) -> torch.Tensor:
+def conditional_arange(
+    mask: torch.Tensor, start: torch.Tensor, step: torch.Tensor, dtype: torch.dtype = None
+) -> torch.Tensor:
     """Along the last axis, ``start, start+step, ...`` at positions where ``mask`` is 1 and -1
     where it is 0 (e.g. mask [0,1,1,0,1], start 0, step 1 → [-1,0,1,-1,2])."""
     assert start.dim() == 0, f"Expected a 0D start, got {tuple(start.shape)}."
@@ -159,7 +176,8 @@ def nth_order_statistic(input: torch.Tensor, k: int, dimension: int) -> torch.Te
     ``dimension``."""
     _, indices = input.topk(k, dim=dimension)
     return torch.zeros_like(input, dtype=torch.int16).scatter(
-        dimension, indices, torch.ones_like(indices, dtype=torch.int16))
+        dimension, indices, torch.ones_like(indices, dtype=torch.int16)
+    )
 
 
 class _Unbind(torch.autograd.Function):

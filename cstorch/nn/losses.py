@@ -13,9 +13,20 @@ import inspect
 import torch
 
 _NAMES = (
-    "BCELoss", "BCEWithLogitsLoss", "CosineEmbeddingLoss", "CrossEntropyLoss", "CTCLoss",
-    "HingeEmbeddingLoss", "KLDivLoss", "L1Loss", "MarginRankingLoss", "MSELoss",
-    "MultiLabelSoftMarginLoss", "NLLLoss", "PoissonNLLLoss", "TripletMarginLoss",
+    "BCELoss",
+    "BCEWithLogitsLoss",
+    "CosineEmbeddingLoss",
+    "CrossEntropyLoss",
+    "CTCLoss",
+    "HingeEmbeddingLoss",
+    "KLDivLoss",
+    "L1Loss",
+    "MarginRankingLoss",
+    "MSELoss",
+    "MultiLabelSoftMarginLoss",
+    "NLLLoss",
+    "PoissonNLLLoss",
+    "TripletMarginLoss",
     "TripletMarginWithDistanceLoss",
 )
 
@@ -35,10 +46,13 @@ def _autogen_subclass(torch_cls):
     """A subclass of ``torch_cls`` whose ``__init__`` takes torch's arguments (all of them
     also positionally, as cerebras-pytorch documents them) plus ``use_autogen``."""
     torch_init = torch_cls.__init__
-    params = [p.replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD)
-              for p in inspect.signature(torch_init).parameters.values()]
-    params.append(inspect.Parameter("use_autogen", inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                    default=False))
+    params = [
+        p.replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        for p in inspect.signature(torch_init).parameters.values()
+    ]
+    params.append(
+        inspect.Parameter("use_autogen", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=False)
+    )
     signature = inspect.Signature(params)
 
     def __init__(self, *args, **kwargs):
@@ -49,9 +63,16 @@ def _autogen_subclass(torch_cls):
         self.autogen_enabled = use_autogen
 
     __init__.__signature__ = signature
-    return type(torch_cls.__name__, (torch_cls,), {
-        "__init__": __init__, "__module__": __name__, "__qualname__": torch_cls.__name__,
-        "__doc__": f"``torch.nn.{torch_cls.__name__}`` that also accepts ``use_autogen``."})
+    return type(
+        torch_cls.__name__,
+        (torch_cls,),
+        {
+            "__init__": __init__,
+            "__module__": __name__,
+            "__qualname__": torch_cls.__name__,
+            "__doc__": f"``torch.nn.{torch_cls.__name__}`` that also accepts ``use_autogen``.",
+        },
+    )
 
 
 for _name in _NAMES:

@@ -37,13 +37,16 @@ def make_init_method(init_method) -> Callable[[torch.Tensor], torch.Tensor]:
     """The mask function for ``init_method`` (a built-in name or a callable(param))."""
     if isinstance(init_method, str):
         if init_method not in _INIT_METHODS:
-            raise ValueError(f"Unknown `init_method` {init_method!r}; valid options are "
-                             f"{list(_INIT_METHODS)} or a function param -> bool tensor.")
+            raise ValueError(
+                f"Unknown `init_method` {init_method!r}; valid options are "
+                f"{list(_INIT_METHODS)} or a function param -> bool tensor."
+            )
         return _INIT_METHODS[init_method]
     if callable(init_method):
         return init_method
-    raise ValueError(f"`init_method` must be one of {list(_INIT_METHODS)} or a callable, got "
-                     f"{init_method!r}.")
+    raise ValueError(
+        f"`init_method` must be one of {list(_INIT_METHODS)} or a callable, got {init_method!r}."
+    )
 
 
 class _Selected:
@@ -85,8 +88,11 @@ class SelectiveGrad:
         for module_name, module in obj.named_modules():
             for name, param in list(module._parameters.items()):
                 full_name = f"{module_name}.{name}" if module_name else name
-                if param is None or param in self._selected or not self._param_filter(
-                        full_name, param):
+                if (
+                    param is None
+                    or param in self._selected
+                    or not self._param_filter(full_name, param)
+                ):
                     continue
                 selected = _Selected(module, name)
                 with torch.no_grad():
@@ -94,12 +100,18 @@ class SelectiveGrad:
                 module.register_buffer(selected.mask_name, mask, persistent=True)
                 self._selected[param] = selected
         if self._hooks is None:
-            self._hooks = (register_optimizer_step_pre_hook(self._before_step),
-                           register_optimizer_step_post_hook(self._after_step))
+            self._hooks = (
+                register_optimizer_step_pre_hook(self._before_step),
+                register_optimizer_step_post_hook(self._after_step),
+            )
 
     def _mine(self, optimizer):
-        return [self._selected[p] for group in optimizer.param_groups for p in group["params"]
-                if p in self._selected]
+        return [
+            self._selected[p]
+            for group in optimizer.param_groups
+            for p in group["params"]
+            if p in self._selected
+        ]
 
     @torch.no_grad()
     def _before_step(self, optimizer, args, kwargs):

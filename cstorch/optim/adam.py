@@ -24,15 +24,27 @@ def _shallow_copy(state_dict):
 
 class AdamBase(BuiltinOptimizer):
     rule = "adam_base"
-    hyperparameters = {"lr": "learning_rate", "betas": "betas", "eps": "eps",
-                       "weight_decay": "weight_decay",
-                       "l2_regularization_rate": "l2_regularization_rate",
-                       "correct_bias": "correct_bias", "amsgrad": "amsgrad"}
+    hyperparameters = {
+        "lr": "learning_rate",
+        "betas": "betas",
+        "eps": "eps",
+        "weight_decay": "weight_decay",
+        "l2_regularization_rate": "l2_regularization_rate",
+        "correct_bias": "correct_bias",
+        "amsgrad": "amsgrad",
+    }
 
-    def __init__(self, params: ParamsT, lr: float = 0.001,
-                 betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-06,
-                 weight_decay: float = 0.0, l2_regularization_rate: float = 0.0,
-                 correct_bias: bool = True, amsgrad: bool = False):
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 0.001,
+        betas: Tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-06,
+        weight_decay: float = 0.0,
+        l2_regularization_rate: float = 0.0,
+        correct_bias: bool = True,
+        amsgrad: bool = False,
+    ):
         if lr < 0.0:
             raise ValueError(f"Invalid learning rate: {lr} - should be >= 0.0")
         for beta in betas:
@@ -40,9 +52,15 @@ class AdamBase(BuiltinOptimizer):
                 raise ValueError(f"Invalid beta parameter: {beta} - should be in [0.0, 1.0)")
         if eps < 0.0:
             raise ValueError(f"Invalid epsilon value: {eps} - should be >= 0.0")
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                        l2_regularization_rate=l2_regularization_rate,
-                        correct_bias=correct_bias, amsgrad=amsgrad)
+        defaults = dict(
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            l2_regularization_rate=l2_regularization_rate,
+            correct_bias=correct_bias,
+            amsgrad=amsgrad,
+        )
         super().__init__(params, defaults)
 
     def load_state_dict(self, state_dict):
@@ -59,10 +77,12 @@ class AdamBase(BuiltinOptimizer):
                     if param in group["params"]:
                         if group.get("correct_bias", True):
                             beta1, beta2 = group["betas"]
-                            state["beta1_power"] = torch.tensor(beta1 ** (step + 1),
-                                                                dtype=torch.float32)
-                            state["beta2_power"] = torch.tensor(beta2 ** (step + 1),
-                                                                dtype=torch.float32)
+                            state["beta1_power"] = torch.tensor(
+                                beta1 ** (step + 1), dtype=torch.float32
+                            )
+                            state["beta2_power"] = torch.tensor(
+                                beta2 ** (step + 1), dtype=torch.float32
+                            )
                         break
         super().load_state_dict(state_dict)
 
@@ -70,11 +90,26 @@ class AdamBase(BuiltinOptimizer):
 class AdamW(AdamBase):
     """AdamW: decoupled weight decay (``update += wd·p`` after the bias correction)."""
 
-    def __init__(self, params: ParamsT, lr: float = 0.001,
-                 betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-06,
-                 weight_decay: float = 0.0, correct_bias: bool = True, amsgrad: bool = False):
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                         l2_regularization_rate=0.0, correct_bias=correct_bias, amsgrad=amsgrad)
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 0.001,
+        betas: Tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-06,
+        weight_decay: float = 0.0,
+        correct_bias: bool = True,
+        amsgrad: bool = False,
+    ):
+        super().__init__(
+            params,
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            l2_regularization_rate=0.0,
+            correct_bias=correct_bias,
+            amsgrad=amsgrad,
+        )
         for group in self.param_groups:
             group["l2_regularization_rate"] = 0.0
 
@@ -88,12 +123,25 @@ class AdamW(AdamBase):
 class Adam(AdamBase):
     """Adam: ``weight_decay`` is coupled L2 regularisation (stored as l2_regularization_rate)."""
 
-    def __init__(self, params: ParamsT, lr: float = 0.001,
-                 betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-06,
-                 weight_decay: float = 0.0, amsgrad: bool = False):
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=0.0,
-                         l2_regularization_rate=weight_decay, correct_bias=True,
-                         amsgrad=amsgrad)
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 0.001,
+        betas: Tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-06,
+        weight_decay: float = 0.0,
+        amsgrad: bool = False,
+    ):
+        super().__init__(
+            params,
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=0.0,
+            l2_regularization_rate=weight_decay,
+            correct_bias=True,
+            amsgrad=amsgrad,
+        )
         self._move_weight_decay(self.param_groups)
 
     @staticmethod

@@ -16,15 +16,25 @@ class Adamax(BuiltinOptimizer):
     """
 
     rule = "adamax"
-    hyperparameters = {"lr": "learning_rate", "betas": "betas", "eps": "eps",
-                       "weight_decay": "weight_decay", "maximize": "maximize"}
+    hyperparameters = {
+        "lr": "learning_rate",
+        "betas": "betas",
+        "eps": "eps",
+        "weight_decay": "weight_decay",
+        "maximize": "maximize",
+    }
 
-    def __init__(self, params: ParamsT, lr: float = 0.001,
-                 betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-06,
-                 weight_decay: float = 0.0, maximize: bool = False):
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 0.001,
+        betas: Tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-06,
+        weight_decay: float = 0.0,
+        maximize: bool = False,
+    ):
         _checks.non_negative("learning rate", lr)
         _checks.betas(betas)
         _checks.non_negative("epsilon value", eps)
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                        maximize=maximize)
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, maximize=maximize)
         super().__init__(params, defaults)

@@ -57,15 +57,19 @@ def _subclasses(cls) -> list:
 
 
 def _optimizer_classes() -> dict:
-    return {c.__name__.lower(): c for c in _subclasses(Optimizer)
-            if c is not BuiltinOptimizer and not c.__name__.startswith("_")}
+    return {
+        c.__name__.lower(): c
+        for c in _subclasses(Optimizer)
+        if c is not BuiltinOptimizer and not c.__name__.startswith("_")
+    }
 
 
 def _deprecation_error(cls, found) -> ValueError:
     lines = "".join(f"\n\texpected: {expected}, actual: {actual}" for expected, actual in found)
     return ValueError(
         f"{cls.__name__} got the following parameters which are no longer supported. Please "
-        f"update your configs to use the new parameters instead.{lines}")
+        f"update your configs to use the new parameters instead.{lines}"
+    )
 
 
 def _signature_with_values(cls, signature, first, values):
@@ -94,20 +98,26 @@ def configure_optimizer_params(optimizer_type: str, kwargs: dict):
     """
     classes = _optimizer_classes()
     if not isinstance(optimizer_type, str) or optimizer_type.lower() not in classes:
-        raise ValueError(f"Invalid optimizer type. Expected one of {sorted(classes)}. Got: "
-                         f"{quoted(optimizer_type)}")
+        raise ValueError(
+            f"Invalid optimizer type. Expected one of {sorted(classes)}. Got: "
+            f"{quoted(optimizer_type)}"
+        )
     cls = classes[optimizer_type.lower()]
     kwargs = dict(kwargs)
     learning_rate = kwargs.pop("learning_rate", None)
-    learning_rate = float(learning_rate) if isinstance(learning_rate, (float, int, str)) \
-        and not isinstance(learning_rate, bool) else None
+    learning_rate = (
+        float(learning_rate)
+        if isinstance(learning_rate, (float, int, str)) and not isinstance(learning_rate, bool)
+        else None
+    )
 
     signature = inspect.signature(cls.__init__)
     names = list(signature.parameters)
     if len(names) < 2 or names[1] != "params":
         raise ValueError(
             f'To use "cstorch.optim.configure_optimizer()", the optimizer class must accept '
-            f'"params" as its first argument, but its signature is {cls.__name__}{signature}')
+            f'"params" as its first argument, but its signature is {cls.__name__}{signature}'
+        )
     cls_kwargs, deprecated = {}, []
     for name, param in list(signature.parameters.items())[2:]:
         if param.kind is inspect.Parameter.VAR_KEYWORD:
@@ -118,8 +128,7 @@ def configure_optimizer_params(optimizer_type: str, kwargs: dict):
             cls_kwargs[name] = kwargs.pop(name)
         elif name in ("lr", "learning_rate"):
             if learning_rate is None:
-                learning_rate = 0.1 if param.default is inspect.Parameter.empty \
-                    else param.default
+                learning_rate = 0.1 if param.default is inspect.Parameter.empty else param.default
             cls_kwargs[name] = learning_rate
         elif name in _OPTIMIZER_ALIASES:
             old = next((a for a in _OPTIMIZER_ALIASES[name] if a in kwargs), None)
@@ -130,8 +139,12 @@ def configure_optimizer_params(optimizer_type: str, kwargs: dict):
     if kwargs:
         logger.warning(
             "%s got %d unexpected and unused parameters: %s.\nPlease ensure that you specified "
-            "the correct parameters:\n%s", cls.__name__, len(kwargs), sorted(kwargs),
-            _signature_with_values(cls, signature, "params", cls_kwargs))
+            "the correct parameters:\n%s",
+            cls.__name__,
+            len(kwargs),
+            sorted(kwargs),
+            _signature_with_values(cls, signature, "params", cls_kwargs),
+        )
     return cls, cls_kwargs
 
 
@@ -159,19 +172,23 @@ def configure_scheduler_params(learning_rate: dict):
     params = dict(learning_rate)
     classes = {c.__name__.lower(): c for c in _subclasses(lr_scheduler.LRScheduler)}
     if "scheduler" not in params:
-        raise ValueError(f"A learning-rate scheduler config needs a 'scheduler' key naming one "
-                         f"of {sorted(classes)}; got keys {quoted(sorted(params))}")
+        raise ValueError(
+            f"A learning-rate scheduler config needs a 'scheduler' key naming one "
+            f"of {sorted(classes)}; got keys {quoted(sorted(params))}"
+        )
     name = str(params.pop("scheduler")).lower()
     cls = classes.get(name) or classes.get(f"{name}lr")
     if cls is None:
-        raise ValueError(f"Invalid lr_scheduler type. Expected one of {sorted(classes)}. Got: "
-                         f"{quoted(name)}")
+        raise ValueError(
+            f"Invalid lr_scheduler type. Expected one of {sorted(classes)}. Got: {quoted(name)}"
+        )
     signature = inspect.signature(cls.__init__)
     names = list(signature.parameters)
     if len(names) < 2 or names[1] != "optimizer":
         raise ValueError(
             f'To use "cstorch.optim.configure_lr_scheduler()", the scheduler class must accept '
-            f'"optimizer" as its first argument, but its signature is {cls.__name__}{signature}')
+            f'"optimizer" as its first argument, but its signature is {cls.__name__}{signature}'
+        )
     cls_kwargs, deprecated, any_kwargs = {}, [], False
     for pname, param in list(signature.parameters.items())[2:]:
         if param.kind is inspect.Parameter.VAR_KEYWORD:
@@ -193,7 +210,8 @@ def configure_scheduler_params(learning_rate: dict):
             f"{cls.__name__} got {len(params)} unexpected parameters: "
             f"{quoted(sorted(params))}.\n"
             f"Please ensure that you specified the correct parameters:\n"
-            f"{_signature_with_values(cls, signature, 'optimizer', cls_kwargs)}\n")
+            f"{_signature_with_values(cls, signature, 'optimizer', cls_kwargs)}\n"
+        )
     return cls, cls_kwargs
 
 
@@ -211,7 +229,8 @@ def _cumulative_milestones(schedulers) -> list:
             raise ValueError(
                 f"To run schedulers one after another, every scheduler but the last needs "
                 f"`total_iters` (it places the milestones), but {type(child).__name__} has "
-                "none. Give it total_iters, or build a SequentialLR with explicit milestones.")
+                "none. Give it total_iters, or build a SequentialLR with explicit milestones."
+            )
     return list(accumulate(int(child.total_iters) for child in schedulers[:-1]))
 
 
@@ -235,8 +254,10 @@ def configure_lr_scheduler(optimizer, learning_rate, adjust_learning_rate=None):
     elif isinstance(learning_rate, (list, tuple)):
         configs = list(learning_rate)
     else:
-        raise ValueError(f"Unsupported LR scheduler type. Expected one of "
-                         f"float/str/dict/list/tuple. Got: {quoted(learning_rate)}")
+        raise ValueError(
+            f"Unsupported LR scheduler type. Expected one of "
+            f"float/str/dict/list/tuple. Got: {quoted(learning_rate)}"
+        )
 
     # Every entry is validated before any scheduler is built: building one reaches the
     # optimizer (and its backend), and a bad name must be reported as such, not as whatever
@@ -244,22 +265,26 @@ def configure_lr_scheduler(optimizer, learning_rate, adjust_learning_rate=None):
     entries, main = [], set()
     for config in configs:
         if not isinstance(config, dict):
-            raise ValueError(f"Each entry of a learning-rate schedule list must be a dict, got "
-                             f"{quoted(config)}")
+            raise ValueError(
+                f"Each entry of a learning-rate schedule list must be a dict, got {quoted(config)}"
+            )
         config = dict(config)
         chosen = config.pop("main_scheduler", None)
         if chosen:
             main.add(chosen)
         entries.append((config, configure_scheduler_params(config)))
     if len(main) > 1:
-        raise ValueError(f"Got conflicting `main_scheduler` values: {main}. Please make sure "
-                         "to specify the same main scheduler.")
+        raise ValueError(
+            f"Got conflicting `main_scheduler` values: {main}. Please make sure "
+            "to specify the same main scheduler."
+        )
     main = next(iter(main), None)
     chained = main is not None and main.lower() in ("chained", "chainedlr")
     if chained and adjust_learning_rate:
         raise ValueError(
             f"{main} is not supported with lr scaling. Either use a non-chained scheduler "
-            "or don't use lr scaling (don't pass `adjust_learning_rate`).")
+            "or don't use lr scaling (don't pass `adjust_learning_rate`)."
+        )
 
     schedulers = [_build_lr_scheduler(optimizer, config) for config, _ in entries]
     if chained:
@@ -267,8 +292,9 @@ def configure_lr_scheduler(optimizer, learning_rate, adjust_learning_rate=None):
     if len(schedulers) == 1:
         result = schedulers[0]
     else:
-        result = lr_scheduler.SequentialLR(optimizer, schedulers,
-                                           _cumulative_milestones(schedulers))
+        result = lr_scheduler.SequentialLR(
+            optimizer, schedulers, _cumulative_milestones(schedulers)
+        )
     if adjust_learning_rate:
         return lr_scheduler.ScalePerParamLR(optimizer, result)
     return result
@@ -298,22 +324,26 @@ def configure_scheduler(optimizer, schedulers_params: dict):
         built = []
         for config in configs:
             if not isinstance(config, dict) or len(config) != 1:
-                raise ValueError(f"A {name} sub-scheduler must be a dict with exactly one "
-                                 f"key, the scheduler class name, got {config!r}")
+                raise ValueError(
+                    f"A {name} sub-scheduler must be a dict with exactly one "
+                    f"key, the scheduler class name, got {config!r}"
+                )
             child_name, child_kwargs = next(iter(config.items()))
             child_kwargs = dict(child_kwargs or {})
             if "param_group_tags" in child_kwargs:
                 raise ValueError(
                     f"Parameter `param_group_tags` found in a non-main scheduler {child_name}. "
                     f"A {name} main-scheduler expects all sub-schedulers to have no "
-                    "`param_group_tags`: set it on the main scheduler only.")
+                    "`param_group_tags`: set it on the main scheduler only."
+                )
             if tags:
                 child_kwargs["param_group_tags"] = tags
             built.append(configure_scheduler(optimizer, {child_name: child_kwargs}))
         return built
 
-    if (issubclass(cls, scheduler.SequentialScheduler)
-            and not issubclass(cls, scheduler.PiecewiseConstantScheduler)):
+    if issubclass(cls, scheduler.SequentialScheduler) and not issubclass(
+        cls, scheduler.PiecewiseConstantScheduler
+    ):
         subs = children(_required(kwargs, "schedulers", name))
         milestones = kwargs.pop("milestones", None)
         if milestones is None:
@@ -333,18 +363,22 @@ def _check_scheduler_names(config, classes, parent="configure_scheduler") -> Non
     """Raises ``ValueError`` for a malformed entry or unknown class name anywhere in a
     ``configure_scheduler`` config (children included)."""
     if not isinstance(config, dict) or len(config) != 1:
-        raise ValueError(f"{parent} expects a dict with exactly one key, the scheduler class "
-                         f"name, got {config!r}")
+        raise ValueError(
+            f"{parent} expects a dict with exactly one key, the scheduler class "
+            f"name, got {config!r}"
+        )
     name, kwargs = next(iter(config.items()))
     cls = classes.get(name)
     if cls is None:
-        raise ValueError(f"Invalid scheduler type. Expected one of {sorted(classes)}. Got: "
-                         f"({name})")
+        raise ValueError(
+            f"Invalid scheduler type. Expected one of {sorted(classes)}. Got: ({name})"
+        )
     if not isinstance(kwargs, dict):
         return
-    nested = (issubclass(cls, (scheduler.SequentialScheduler, scheduler.ChainedScheduler))
-              and not issubclass(cls, scheduler.PiecewiseConstantScheduler)) \
-        or issubclass(cls, scheduler.ScalePerParamScheduler)
+    nested = (
+        issubclass(cls, (scheduler.SequentialScheduler, scheduler.ChainedScheduler))
+        and not issubclass(cls, scheduler.PiecewiseConstantScheduler)
+    ) or issubclass(cls, scheduler.ScalePerParamScheduler)
     if not nested:
         return
     children = kwargs.get("scheduler", kwargs.get("schedulers", []))
@@ -359,6 +393,9 @@ def _required(kwargs, key, name):
 
 
 __all__ = [
-    "configure_lr_scheduler", "configure_optimizer", "configure_optimizer_params",
-    "configure_scheduler", "configure_scheduler_params",
+    "configure_lr_scheduler",
+    "configure_optimizer",
+    "configure_optimizer_params",
+    "configure_scheduler",
+    "configure_scheduler_params",
 ]

@@ -16,12 +16,23 @@ class Lamb(BuiltinOptimizer):
     """
 
     rule = "lamb"
-    hyperparameters = {"lr": "learning_rate", "betas": "betas", "eps": "eps",
-                       "weight_decay": "weight_decay", "adam": "adam"}
+    hyperparameters = {
+        "lr": "learning_rate",
+        "betas": "betas",
+        "eps": "eps",
+        "weight_decay": "weight_decay",
+        "adam": "adam",
+    }
 
-    def __init__(self, params: ParamsT, lr: float = 0.001,
-                 betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-06,
-                 weight_decay: float = 0, adam: bool = False):
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 0.001,
+        betas: Tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-06,
+        weight_decay: float = 0,
+        adam: bool = False,
+    ):
         _checks.non_negative("learning rate", lr)
         _checks.non_negative("epsilon value", eps)
         _checks.betas(betas)

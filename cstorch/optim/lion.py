@@ -14,8 +14,13 @@ class Lion(BuiltinOptimizer):
     rule = "lion"
     hyperparameters = {"lr": "learning_rate", "betas": "betas", "weight_decay": "weight_decay"}
 
-    def __init__(self, params: ParamsT, lr: float = 0.0001,
-                 betas: Tuple[float, float] = (0.9, 0.99), weight_decay: float = 0.0):
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 0.0001,
+        betas: Tuple[float, float] = (0.9, 0.99),
+        weight_decay: float = 0.0,
+    ):
         _checks.non_negative("learning rate", lr)
         _checks.betas(betas)
         _checks.non_negative("weight decay value", weight_decay)

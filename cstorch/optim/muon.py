@@ -20,18 +20,35 @@ class Muon(BuiltinOptimizer):
     """
 
     rule = "muon"
-    hyperparameters = {"lr": "learning_rate", "weight_decay": "weight_decay",
-                       "momentum": "momentum", "nesterov": "nesterov", "ns_steps": "ns_steps"}
+    hyperparameters = {
+        "lr": "learning_rate",
+        "weight_decay": "weight_decay",
+        "momentum": "momentum",
+        "nesterov": "nesterov",
+        "ns_steps": "ns_steps",
+    }
 
-    def __init__(self, params: ParamsT, lr: float = 0.02, weight_decay: float = 0.01,
-                 momentum: float = 0.95, nesterov: bool = True, ns_steps: int = 5):
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 0.02,
+        weight_decay: float = 0.01,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        ns_steps: int = 5,
+    ):
         _checks.non_negative("learning rate", lr)
         _checks.in_unit_interval("weight decay parameter", weight_decay)
         _checks.in_unit_interval("momentum parameter", momentum)
         if ns_steps < 0:
             raise ValueError(f"Invalid number of steps: {ns_steps!r} - should be >= 0")
-        defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
-                        ns_steps=ns_steps)
+        defaults = dict(
+            lr=lr,
+            weight_decay=weight_decay,
+            momentum=momentum,
+            nesterov=nesterov,
+            ns_steps=ns_steps,
+        )
         super().__init__(params, defaults)
 
     def _check_group(self, group, params):
@@ -40,4 +57,5 @@ class Muon(BuiltinOptimizer):
                 raise ValueError(
                     f"Muon needs parameters with 2 or more dimensions, got one of shape "
                     f"{tuple(p.shape)}; optimize 0-d/1-d parameters with another optimizer "
-                    "(e.g. AdamW in a separate optimizer).")
+                    "(e.g. AdamW in a separate optimizer)."
+                )

@@ -16,18 +16,30 @@ class NAdam(BuiltinOptimizer):
     """
 
     rule = "nadam"
-    hyperparameters = {"lr": "learning_rate", "betas": "betas", "eps": "eps",
-                       "weight_decay": "weight_decay", "momentum_decay": "momentum_decay"}
+    hyperparameters = {
+        "lr": "learning_rate",
+        "betas": "betas",
+        "eps": "eps",
+        "weight_decay": "weight_decay",
+        "momentum_decay": "momentum_decay",
+    }
     global_step = True
 
-    def __init__(self, params: ParamsT, lr: float = 0.002,
-                 betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-08,
-                 weight_decay: float = 0, momentum_decay: float = 0.004):
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 0.002,
+        betas: Tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-08,
+        weight_decay: float = 0,
+        momentum_decay: float = 0.004,
+    ):
         _checks.non_negative("learning rate", lr)
         _checks.non_negative("epsilon value", eps)
         _checks.betas(betas)
         _checks.non_negative("weight_decay value", weight_decay)
         _checks.non_negative("momentum_decay value", momentum_decay)
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                        momentum_decay=momentum_decay)
+        defaults = dict(
+            lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, momentum_decay=momentum_decay
+        )
         super().__init__(params, defaults)

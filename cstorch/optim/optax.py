@@ -18,27 +18,31 @@ from __future__ import annotations
 import jax
 import torch
 
+from cstorch.optim.optimizer import Optimizer
 from jax_backend import optax_ops
 from jax_backend.dtypes import array_to_tensor, tensor_to_array
 from jax_backend.jax_settings import in_engine_scope
-from cstorch.optim.optimizer import Optimizer
 
 
 class OptaxOptimizer(Optimizer):
     """A cstorch optimizer whose update is ``transformation`` (see module docstring)."""
 
     def __init__(self, transformation, params):
-        if not (callable(getattr(transformation, "init", None))
-                and callable(getattr(transformation, "update", None))):
+        if not (
+            callable(getattr(transformation, "init", None))
+            and callable(getattr(transformation, "update", None))
+        ):
             raise TypeError(
                 f"from_optax expects an optax.GradientTransformation (with init and update), "
-                f"got {type(transformation).__name__}.")
+                f"got {type(transformation).__name__}."
+            )
         params = list(params)
         if not params or not all(isinstance(p, torch.Tensor) for p in params):
             raise TypeError(
                 "from_optax expects a non-empty iterable of parameters (e.g. "
                 "model.parameters()); param groups do not apply: optax transforms the whole "
-                "parameter list with its own hyperparameters.")
+                "parameter list with its own hyperparameters."
+            )
         self.transformation = transformation
         super().__init__(params, defaults={})
 
@@ -53,12 +57,17 @@ class OptaxOptimizer(Optimizer):
             leaf = jax.numpy.asarray(leaf)  # Python numbers in a state become arrays
             owner, key = params[0], "optax" + jax.tree_util.keystr(path)
             last = path[-1] if path else None
-            if (isinstance(last, jax.tree_util.SequenceKey) and last.idx < len(params)
-                    and tuple(leaf.shape) == tuple(params[last.idx].shape)):
+            if (
+                isinstance(last, jax.tree_util.SequenceKey)
+                and last.idx < len(params)
+                and tuple(leaf.shape) == tuple(params[last.idx].shape)
+            ):
                 owner, key = params[last.idx], "optax" + jax.tree_util.keystr(path[:-1])
             if key in self.state[owner]:
-                raise ValueError(f"optax state leaves collide at {key!r}; this transformation "
-                                 "cannot be stored per parameter.")
+                raise ValueError(
+                    f"optax state leaves collide at {key!r}; this transformation "
+                    "cannot be stored per parameter."
+                )
             self.state[owner][key] = array_to_tensor(leaf)
             self._slots.append((owner, key, self.state[owner][key].dtype))
 
@@ -69,9 +78,11 @@ class OptaxOptimizer(Optimizer):
         for owner, key, dtype in self._slots:
             value = self.state[owner].get(key)
             if value is None:
-                raise KeyError(f"The loaded state has no optax leaf {key!r} for a parameter "
-                               f"of shape {tuple(owner.shape)}; it was saved by a different "
-                               "optimizer or transformation.")
+                raise KeyError(
+                    f"The loaded state has no optax leaf {key!r} for a parameter "
+                    f"of shape {tuple(owner.shape)}; it was saved by a different "
+                    "optimizer or transformation."
+                )
             if value.dtype != dtype:
                 self.state[owner][key] = value.to(dtype)
 

@@ -17,19 +17,19 @@ Differences from cerebras-pytorch 2.10 (on purpose):
   lazily loaded checkpoint tensors become ordinary state.
 """
 
-from typing import Any, Dict
 import functools
 import warnings
 import weakref
 from abc import ABC, abstractmethod
 from collections import OrderedDict
+from typing import Any, Dict
 
 import torch
 from torch.optim.optimizer import ParamsT  # the params type hint, as in the reference
 from torch.utils.hooks import RemovableHandle
 
-from jax_backend.torch_ops import init_optimizer_state, optimizer_config, optimizer_state_layout
 from cstorch.backend import current_backend_impl
+from jax_backend.torch_ops import init_optimizer_state, optimizer_config, optimizer_state_layout
 
 
 class Optimizer(torch.optim.Optimizer, ABC):
@@ -109,7 +109,8 @@ class Optimizer(torch.optim.Optimizer, ABC):
         if "step" not in state:
             raise RuntimeError(
                 f"{type(self).__name__} has no global step in the state of this parameter; "
-                "construct the optimizer with enable_global_step=True to create it.")
+                "construct the optimizer with enable_global_step=True to create it."
+            )
         state["step"].add_(1.0)
         return state["step"]
 
@@ -136,8 +137,9 @@ class Optimizer(torch.optim.Optimizer, ABC):
         (Different group sizes are left to torch's own error.)"""
         saved_groups = state_dict.get("param_groups", [])
         if len(saved_groups) != len(self.param_groups) or any(
-                len(saved["params"]) != len(group["params"])
-                for saved, group in zip(saved_groups, self.param_groups)):
+            len(saved["params"]) != len(group["params"])
+            for saved, group in zip(saved_groups, self.param_groups)
+        ):
             return
         mismatches = []
         for group_index, (saved, group) in enumerate(zip(saved_groups, self.param_groups)):
@@ -145,19 +147,24 @@ class Optimizer(torch.optim.Optimizer, ABC):
                 incoming, own = state_dict["state"].get(key, {}), self.state.get(param, {})
                 for name, value in incoming.items():
                     current = own.get(name)
-                    if (isinstance(value, torch.Tensor) and isinstance(current, torch.Tensor)
-                            and value.shape != current.shape):
+                    if (
+                        isinstance(value, torch.Tensor)
+                        and isinstance(current, torch.Tensor)
+                        and value.shape != current.shape
+                    ):
                         mismatches.append(
                             f"parameter {index} of param group {group_index} (shape "
                             f"{_shape(param.shape)}): {name!r} is {_shape(value.shape)} in the "
-                            f"state_dict, {_shape(current.shape)} here")
+                            f"state_dict, {_shape(current.shape)} here"
+                        )
         if mismatches:
             shown = "; ".join(mismatches[:3]) + ("; ..." if len(mismatches) > 3 else "")
             raise ValueError(
                 f"Cannot load this {type(self).__name__} state: it is from a model with other "
                 f"parameter shapes ({len(mismatches)} state tensor(s) differ: {shown}). Load "
                 "the optimizer state saved together with this model's weights. Nothing was "
-                "changed.")
+                "changed."
+            )
 
     def _scheduled_values_as_tensors(self):
         """Keeps every scheduled group value a float32 0-dim tensor (state a traced step can
@@ -167,8 +174,11 @@ class Optimizer(torch.optim.Optimizer, ABC):
             key = scheduler.param_group_key
             for group in self.param_groups:
                 value = group.get(key)
-                if (scheduler._should_apply_to_param_group(group) and value is not None
-                        and not isinstance(value, torch.Tensor)):
+                if (
+                    scheduler._should_apply_to_param_group(group)
+                    and value is not None
+                    and not isinstance(value, torch.Tensor)
+                ):
                     group[key] = torch.tensor(float(value), dtype=torch.float32)
 
     # ----------------------------------------------------------------------- zero_grad hooks
@@ -195,15 +205,19 @@ class Optimizer(torch.optim.Optimizer, ABC):
                 if not (isinstance(result, tuple) and len(result) == 2):
                     raise RuntimeError(
                         f"The zero_grad pre hook {hook!r} must return None or a tuple "
-                        f"(new_args, new_kwargs), but returned {result!r}.")
+                        f"(new_args, new_kwargs), but returned {result!r}."
+                    )
                 args, kwargs = result
         set_to_none = kwargs.get("set_to_none", args[0] if args else True)
         self.backend.gradients_reset(
-            [p for group in self.param_groups for p in group["params"]], set_to_none)
+            [p for group in self.param_groups for p in group["params"]], set_to_none
+        )
         if not set_to_none:
             warnings.warn(
                 "zero_grad(set_to_none=False) keeps zero-filled gradient tensors alive; prefer "
-                "the default set_to_none=True.", stacklevel=2)
+                "the default set_to_none=True.",
+                stacklevel=2,
+            )
         super().zero_grad(*args, **kwargs)
         for hook in list(self._zero_grad_post_hooks.values()):
             hook(self, args, kwargs)
@@ -218,7 +232,8 @@ class Optimizer(torch.optim.Optimizer, ABC):
             return method(self)
         raise TypeError(
             f"Optimizer.apply expects a callable or an object with an `apply` method, got "
-            f"{type(f).__name__}.")
+            f"{type(f).__name__}."
+        )
 
     def visit_state(self, fn):
         """Replaces each state value ``v`` by ``fn(v)`` where that is not None."""
@@ -344,7 +359,8 @@ class BuiltinOptimizer(Optimizer):
                         f"{tuple(p.shape)}) has no {field!r} entry (it has {sorted(state)}), "
                         f"but its update needs {list(keys)}. Optimizer state must come from "
                         "preinitialize() or from a state_dict saved with the same "
-                        "hyperparameters.")
+                        "hyperparameters."
+                    )
                 leaves.append(state[field])
         return leaves
 
@@ -357,14 +373,14 @@ class BuiltinOptimizer(Optimizer):
                 continue
             for p in params:
                 if p.grad.is_sparse:
-                    raise RuntimeError(
-                        f"{type(self).__name__} does not support sparse gradients.")
+                    raise RuntimeError(f"{type(self).__name__} does not support sparse gradients.")
             self._check_group(group, params)
             static, dynamic = self._rule_arguments(group)
             config = optimizer_config(self.rule, static, list(dynamic))
             state = self._state_leaves(params, config)
             outputs = torch.ops.cstorch.optimizer_step(
-                config, params, [p.grad for p in params], state, list(dynamic.values()))
+                config, params, [p.grad for p in params], state, list(dynamic.values())
+            )
             for target, value in zip(params + state, outputs):
                 target.copy_(value)
         return loss

@@ -47,7 +47,8 @@ def _lr_scale(name: str, adjust: dict, layer_globs: dict) -> float:
         if globs is None:
             raise ValueError(
                 f"adjust_learning_rate names layer type {layer_type!r}, which the model does "
-                f"not define; known: {sorted(layer_globs)}.")
+                f"not define; known: {sorted(layer_globs)}."
+            )
         if isinstance(globs, str):
             globs = [globs]
         if any(fnmatch.fnmatchcase(name, g) for g in globs):
@@ -59,13 +60,15 @@ def configure_param_groups(model: torch.nn.Module, optimizer_params: dict) -> li
     """The parameter groups (list of dicts with ``params``, ``weight_decay`` and, where
     ``adjust_learning_rate`` is configured, ``adjust_learning_rate``) for ``model``."""
     if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"configure_param_groups expects a torch.nn.Module, got "
-                        f"{type(model).__name__}.")
+        raise TypeError(
+            f"configure_param_groups expects a torch.nn.Module, got {type(model).__name__}."
+        )
     weight_decay = optimizer_params.get("weight_decay", 0.0) or 0.0
     adjust = optimizer_params.get("adjust_learning_rate") or {}
     if not isinstance(adjust, dict):
-        raise ValueError(f"adjust_learning_rate must be a mapping of layer type to factor, got "
-                         f"{adjust!r}.")
+        raise ValueError(
+            f"adjust_learning_rate must be a mapping of layer type to factor, got {adjust!r}."
+        )
     layer_globs = getattr(model, "lr_adjustment_groups", DEFAULT_LR_ADJUSTMENT_GROUPS)
     no_decay = _norm_parameter_names(model)
 

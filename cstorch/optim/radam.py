@@ -13,13 +13,22 @@ class RAdam(BuiltinOptimizer):
     the default ``eps`` is 1e-6."""
 
     rule = "radam"
-    hyperparameters = {"lr": "learning_rate", "betas": "betas", "eps": "eps",
-                       "weight_decay": "weight_decay"}
+    hyperparameters = {
+        "lr": "learning_rate",
+        "betas": "betas",
+        "eps": "eps",
+        "weight_decay": "weight_decay",
+    }
     global_step = True
 
-    def __init__(self, params: ParamsT, lr: float = 0.001,
-                 betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-06,
-                 weight_decay: float = 0.0):
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 0.001,
+        betas: Tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-06,
+        weight_decay: float = 0.0,
+    ):
         _checks.non_negative("learning rate", lr)
         _checks.betas(betas)
         _checks.non_negative("weight_decay value", weight_decay)

@@ -15,8 +15,13 @@ class Rprop(BuiltinOptimizer):
     rule = "rprop"
     hyperparameters = {"lr": "learning_rate", "etas": "etas", "step_sizes": "step_sizes"}
 
-    def __init__(self, params: ParamsT, lr: float = 0.001, etas: Tuple[float, float] = (0.5, 1.2),
-                 step_sizes: Tuple[float, float] = (1e-06, 50.0)):
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 0.001,
+        etas: Tuple[float, float] = (0.5, 1.2),
+        step_sizes: Tuple[float, float] = (1e-06, 50.0),
+    ):
         _checks.non_negative("learning rate", lr)
         defaults = dict(lr=lr, etas=etas, step_sizes=step_sizes)
         super().__init__(params, defaults)

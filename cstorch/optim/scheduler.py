@@ -27,10 +27,10 @@ import numpy
 import torch
 
 import jax_backend
-from jax_backend import Slot
-from jax_backend.torch_ops import schedule_config
 from cstorch.backend import current_backend_impl
 from cstorch.optim.optimizer import plain_copies
+from jax_backend import Slot
+from jax_backend.torch_ops import schedule_config
 
 Tags = Optional[Union[str, List[Optional[str]]]]
 
@@ -82,8 +82,13 @@ class Scheduler(ABC):
     tensor, and the value at step 0 is written into the targeted groups.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, total_iters: int, last_epoch: int = -1,
-                 param_group_tags: Tags = None):
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        total_iters: int,
+        last_epoch: int = -1,
+        param_group_tags: Tags = None,
+    ):
         from cstorch.optim.optimizer import Optimizer
 
         self.device = None
@@ -92,14 +97,16 @@ class Scheduler(ABC):
         elif isinstance(param_group_tags, (list, tuple, set)):
             self.param_group_tags = set(param_group_tags)
             if len(self.param_group_tags) != len(param_group_tags):
-                raise ValueError(f"`param_group_tags` contains duplicate values. Tag list: "
-                                 f"{param_group_tags}.")
+                raise ValueError(
+                    f"`param_group_tags` contains duplicate values. Tag list: {param_group_tags}."
+                )
         else:
             self.param_group_tags = {param_group_tags}
         if not isinstance(optimizer, Optimizer):
             raise TypeError(
                 f"{type(optimizer).__name__} is not a cstorch.optim.Optimizer; schedulers "
-                "drive cstorch optimizers only (e.g. cstorch.optim.SGD, not torch.optim.SGD).")
+                "drive cstorch optimizers only (e.g. cstorch.optim.SGD, not torch.optim.SGD)."
+            )
         self._last_value = [group.get(self.param_group_key) for group in optimizer.param_groups]
         self.total_iters = total_iters
         self.optimizer = optimizer
@@ -137,14 +144,16 @@ class Scheduler(ABC):
             f"Scheduler {type(self).__name__} was created with `param_group_tags` "
             f"{self.param_group_tags} but none of them were applied to any params groups in "
             f"the optimizer. Please check the correctness of the param group tags. Available "
-            f"tags: {available}.")
+            f"tags: {available}."
+        )
 
     # ---------------------------------------------------------------------------- values
     def _schedule_config(self) -> Optional[dict]:
         """The ``jax_backend.schedules`` config of this schedule (None: torch closed form),
         built from the class's row of ``_SCHEDULE_TABLE``."""
-        row = next((_SCHEDULE_TABLE[cls] for cls in type(self).__mro__
-                    if cls in _SCHEDULE_TABLE), None)
+        row = next(
+            (_SCHEDULE_TABLE[cls] for cls in type(self).__mro__ if cls in _SCHEDULE_TABLE), None
+        )
         if row is None:
             return None
         kind, arguments = row
@@ -158,8 +167,10 @@ class Scheduler(ABC):
         """``_schedule_config()``, or None when a subclass computes its value with its own
         torch ops (overriding ``_get_closed_form``), so the config would not describe it."""
         cls = type(self)
-        if (cls._get_closed_form.__module__ != __name__
-                or cls._get_closed_form_lr is not Scheduler._get_closed_form_lr):
+        if (
+            cls._get_closed_form.__module__ != __name__
+            or cls._get_closed_form_lr is not Scheduler._get_closed_form_lr
+        ):
             return None
         return self._schedule_config()
 
@@ -170,7 +181,8 @@ class Scheduler(ABC):
         if config is None:
             raise NotImplementedError(
                 f"{type(self).__name__} is defined by torch ops only (its _get_closed_form) "
-                "and has no JAX form.")
+                "and has no JAX form."
+            )
         return jax_backend.schedules.from_config(config)
 
     def _get_closed_form(self):
@@ -182,7 +194,8 @@ class Scheduler(ABC):
         if config is None:
             raise NotImplementedError(
                 f"{type(self).__name__} must implement _get_closed_form() returning a 0-dim "
-                "tensor computed from self.last_epoch.")
+                "tensor computed from self.last_epoch."
+            )
         return torch.ops.cstorch.schedule(schedule_config(config), self.last_epoch)
 
     def _get_closed_form_lr(self):
@@ -192,11 +205,15 @@ class Scheduler(ABC):
     def get(self):
         """The value for each param group (None for groups the tags exclude)."""
         if not self._get_called_within_step:
-            warnings.warn("To get the last value computed by the scheduler, please use "
-                          "`get_last_value()`.", stacklevel=2)
+            warnings.warn(
+                "To get the last value computed by the scheduler, please use `get_last_value()`.",
+                stacklevel=2,
+            )
         value = self._get_closed_form()
-        return [value if self._should_apply_to_param_group(g) else None
-                for g in self.optimizer.param_groups]
+        return [
+            value if self._should_apply_to_param_group(g) else None
+            for g in self.optimizer.param_groups
+        ]
 
     def increment_last_epoch(self):
         """Adds 1 to ``last_epoch`` (in place once it is a tensor); with dynamic loss scaling,
@@ -235,18 +252,22 @@ class Scheduler(ABC):
         impl = current_backend_impl()
         key = self.param_group_key
         if impl.is_tracing:
-            return [g[key] if self._should_apply_to_param_group(g) else None
-                    for g in self.optimizer.param_groups]
+            return [
+                g[key] if self._should_apply_to_param_group(g) else None
+                for g in self.optimizer.param_groups
+            ]
         impl.materialize_state()
         self._last_value = [
             _copy_value(g[key]) if self._should_apply_to_param_group(g) else None
-            for g in self.optimizer.param_groups]
+            for g in self.optimizer.param_groups
+        ]
         return self._last_value
 
     # ------------------------------------------------------------------------- state
     def _cstorch_state_slots(self):
-        return [Slot(self.__dict__, "last_epoch")] if isinstance(
-            self.last_epoch, torch.Tensor) else []
+        return (
+            [Slot(self.__dict__, "last_epoch")] if isinstance(self.last_epoch, torch.Tensor) else []
+        )
 
     def state_dict(self):
         """Every attribute except ``optimizer`` and ``device`` (torch scheduler format)."""
@@ -270,8 +291,11 @@ def _write_group_value(group, key, value):
     the group already holds such a tensor (a traced step then records a state update)."""
     value = torch.as_tensor(value).to(torch.float32)
     current = group.get(key)
-    if (isinstance(current, torch.Tensor) and current.shape == value.shape
-            and current.dtype == value.dtype):
+    if (
+        isinstance(current, torch.Tensor)
+        and current.shape == value.shape
+        and current.dtype == value.dtype
+    ):
         with torch.no_grad():
             current.copy_(value)
         return
@@ -282,22 +306,26 @@ def _write_group_value(group, key, value):
             f"group holds {current!r} instead of a float32 0-dim tensor, so the value could "
             "not persist between steps. Construct the scheduler (or call its "
             "update_last_value()) after loading the optimizer's state_dict and before the "
-            "first traced step.")
+            "first traced step."
+        )
     group[key] = value.detach().clone()
 
 
 def _alias(name):
     """A property storing a base-class attribute under its LR-specific name."""
-    return property(lambda self: getattr(self, name),
-                    lambda self, value: setattr(self, name, value))
+    return property(
+        lambda self: getattr(self, name), lambda self, value: setattr(self, name, value)
+    )
 
 
 def inherit_docs(module_globals, base):
     """Gives each class without a docstring the docstring of its generic scheduler."""
     for cls in list(module_globals.values()):
         if isinstance(cls, type) and issubclass(cls, base) and cls.__doc__ is None:
-            generic = next((b for b in cls.__mro__[1:]
-                            if b.__module__ == __name__ and b is not Scheduler), None)
+            generic = next(
+                (b for b in cls.__mro__[1:] if b.__module__ == __name__ and b is not Scheduler),
+                None,
+            )
             if generic is not None:
                 cls.__doc__ = generic.__doc__
 
@@ -306,8 +334,13 @@ def inherit_docs(module_globals, base):
 class ConstantScheduler(Scheduler):
     """``jax_backend.schedules.constant`` of ``val``."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, val: float,
-                 total_iters: Optional[int] = None, param_group_tags: Tags = None):
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        val: float,
+        total_iters: Optional[int] = None,
+        param_group_tags: Tags = None,
+    ):
         self.val = val
         super().__init__(optimizer, total_iters=total_iters, param_group_tags=param_group_tags)
 
@@ -320,9 +353,16 @@ class PolynomialScheduler(Scheduler):
     ``cycle`` has no effect (its clamp to ``end_val`` wins).
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, end_val: float,
-                 total_iters: int, power: float = 1.0, cycle: bool = False,
-                 param_group_tags: Tags = None):
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        initial_val: float,
+        end_val: float,
+        total_iters: int,
+        power: float = 1.0,
+        cycle: bool = False,
+        param_group_tags: Tags = None,
+    ):
         self.initial_val = initial_val
         self.end_val = end_val
         self.power = power
@@ -333,17 +373,38 @@ class PolynomialScheduler(Scheduler):
 class LinearScheduler(PolynomialScheduler):
     """``PolynomialScheduler`` with ``power=1`` (``jax_backend.schedules.linear``)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, end_val: float,
-                 total_iters: int, cycle: bool = False, param_group_tags: Tags = None):
-        super().__init__(optimizer, initial_val, end_val, total_iters, power=1.0, cycle=cycle,
-                         param_group_tags=param_group_tags)
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        initial_val: float,
+        end_val: float,
+        total_iters: int,
+        cycle: bool = False,
+        param_group_tags: Tags = None,
+    ):
+        super().__init__(
+            optimizer,
+            initial_val,
+            end_val,
+            total_iters,
+            power=1.0,
+            cycle=cycle,
+            param_group_tags=param_group_tags,
+        )
 
 
 class ExponentialScheduler(Scheduler):
     """``jax_backend.schedules.exponential`` from ``initial_val``."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, total_iters: int,
-                 decay_rate: float, staircase: bool = False, param_group_tags: Tags = None):
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        initial_val: float,
+        total_iters: int,
+        decay_rate: float,
+        staircase: bool = False,
+        param_group_tags: Tags = None,
+    ):
         self.initial_val = float(initial_val)
         self.decay_rate = decay_rate
         self.staircase = staircase
@@ -354,9 +415,16 @@ class InverseExponentialTimeDecayScheduler(Scheduler):
     """``jax_backend.schedules.inverse_exponential_time_decay`` from ``initial_val`` (Keras
     ``InverseTimeDecay``)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, step_exponent: int,
-                 total_iters: int, decay_rate: float, staircase: bool = False,
-                 param_group_tags: Tags = None):
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        initial_val: float,
+        step_exponent: int,
+        total_iters: int,
+        decay_rate: float,
+        staircase: bool = False,
+        param_group_tags: Tags = None,
+    ):
         self.initial_val = initial_val
         self.step_exponent = step_exponent
         self.decay_rate = decay_rate
@@ -367,8 +435,14 @@ class InverseExponentialTimeDecayScheduler(Scheduler):
 class InverseSquareRootDecayScheduler(Scheduler):
     """``jax_backend.schedules.inverse_square_root_decay`` of ``initial_val``."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float = 1.0,
-                 scale: float = 1.0, warmup_steps: int = 1.0, param_group_tags: Tags = None):
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        initial_val: float = 1.0,
+        scale: float = 1.0,
+        warmup_steps: int = 1.0,
+        param_group_tags: Tags = None,
+    ):
         self.initial_val = initial_val
         self.scale = scale
         self.warmup_steps = warmup_steps
@@ -378,8 +452,14 @@ class InverseSquareRootDecayScheduler(Scheduler):
 class CosineDecayScheduler(Scheduler):
     """``jax_backend.schedules.cosine_decay`` from ``initial_val`` to ``end_val``."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, end_val: float,
-                 total_iters: int, param_group_tags: Tags = None):
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        initial_val: float,
+        end_val: float,
+        total_iters: int,
+        param_group_tags: Tags = None,
+    ):
         self.initial_val = initial_val
         self.end_val = end_val
         super().__init__(optimizer, total_iters=total_iters, param_group_tags=param_group_tags)
@@ -416,40 +496,53 @@ class SequentialScheduler(_ComposedScheduler):
     registry (this scheduler steps them).
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, schedulers: List[Scheduler],
-                 milestones: List[int], last_epoch: int = -1, param_group_tags: Tags = None):
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        schedulers: List[Scheduler],
+        milestones: List[int],
+        last_epoch: int = -1,
+        param_group_tags: Tags = None,
+    ):
         if isinstance(milestones, numpy.ndarray):
             milestones = milestones.tolist()
         if not isinstance(milestones, (list, tuple)):
             raise TypeError(
-                f"Expected milestones to be a list of integers. Got: {type(milestones)}")
+                f"Expected milestones to be a list of integers. Got: {type(milestones)}"
+            )
         if any(not isinstance(m, int) or isinstance(m, bool) for m in milestones):
-            raise TypeError(f"Expected milestones to be a list of integers. Got: "
-                            f"{list(milestones)!r} (types {[type(m) for m in milestones]})")
+            raise TypeError(
+                f"Expected milestones to be a list of integers. Got: "
+                f"{list(milestones)!r} (types {[type(m) for m in milestones]})"
+            )
         schedulers = list(schedulers)
         for index, scheduler in enumerate(schedulers):
             if scheduler.optimizer is not optimizer:
                 raise ValueError(
                     f"Sequential Schedulers expects all schedulers to belong to the same "
                     f"optimizer, but got schedulers at index {index} to be different than the "
-                    f"optimizer passed in.")
+                    f"optimizer passed in."
+                )
             if scheduler.param_group_key != self.param_group_key:
                 raise ValueError(
                     f"Sequential Schedulers expects all schedulers to have the same "
                     f"`param_group_key`, but got {scheduler.param_group_key!r} at index "
-                    f"{index} instead of {self.param_group_key!r}.")
+                    f"{index} instead of {self.param_group_key!r}."
+                )
         if len(milestones) != len(schedulers) - 1:
             raise ValueError(
                 f"Sequential Schedulers expects number of schedulers provided to be one more "
                 f"than the number of milestone points, but got number of schedulers "
                 f"{len(schedulers)} and the number of milestones to be equal to "
-                f"{len(milestones)}")
+                f"{len(milestones)}"
+            )
         self._schedulers = schedulers
         self._milestones = list(milestones)
         for scheduler in schedulers:
             optimizer._schedulers_registry.pop(scheduler, None)
-        super().__init__(optimizer, total_iters=None, last_epoch=last_epoch,
-                         param_group_tags=param_group_tags)
+        super().__init__(
+            optimizer, total_iters=None, last_epoch=last_epoch, param_group_tags=param_group_tags
+        )
 
     def _post_init(self):
         for index, scheduler in enumerate(self._schedulers):
@@ -457,7 +550,8 @@ class SequentialScheduler(_ComposedScheduler):
                 raise ValueError(
                     f"Sequential Schedulers expects all schedulers to have the same "
                     f"`param_group_tags`, but found {scheduler.param_group_tags} at index "
-                    f"{index} instead of {self.param_group_tags}.")
+                    f"{index} instead of {self.param_group_tags}."
+                )
         super()._post_init()
 
     def _schedule_config(self):
@@ -471,8 +565,9 @@ class SequentialScheduler(_ComposedScheduler):
             return super()._get_closed_form()
         value = self._schedulers[0]._get_closed_form()
         for index, milestone in enumerate(self._milestones):
-            value = torch.where(self.last_epoch < milestone, value,
-                                self._schedulers[index + 1]._get_closed_form())
+            value = torch.where(
+                self.last_epoch < milestone, value, self._schedulers[index + 1]._get_closed_form()
+            )
         return value
 
     def increment_last_epoch(self):
@@ -486,7 +581,6 @@ class SequentialScheduler(_ComposedScheduler):
             child.last_epoch.add_(active * self.optimizer._finite_increment())
 
 
-
 class PiecewiseConstantScheduler(SequentialScheduler):
     """``vals[k]`` on ``[milestones[k-1], milestones[k])`` and ``vals[-1]`` after the last
     milestone: a ``SequentialScheduler`` of ``constant_cls`` children.
@@ -496,18 +590,27 @@ class PiecewiseConstantScheduler(SequentialScheduler):
     ValueError (the reference ignored the extra ones).
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, constant_cls: type, vals: List[float],
-                 milestones: List[int], param_group_tags: Tags = None):
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        constant_cls: type,
+        vals: List[float],
+        milestones: List[int],
+        param_group_tags: Tags = None,
+    ):
         vals = list(vals)
         if isinstance(milestones, numpy.ndarray):
             milestones = milestones.tolist()
         if len(vals) > len(milestones) + 1 or not vals:
             raise ValueError(
                 f"{type(self).__name__} needs len(milestones) + 1 values, got "
-                f"{len(vals)} values {vals} for milestones {list(milestones)}.")
+                f"{len(vals)} values {vals} for milestones {list(milestones)}."
+            )
         boundaries = [0] + list(milestones)
-        schedulers = [constant_cls(optimizer, val, end - start, param_group_tags=param_group_tags)
-                      for val, start, end in zip(vals, boundaries[:-1], boundaries[1:])]
+        schedulers = [
+            constant_cls(optimizer, val, end - start, param_group_tags=param_group_tags)
+            for val, start, end in zip(vals, boundaries[:-1], boundaries[1:])
+        ]
         schedulers.append(constant_cls(optimizer, vals[-1], param_group_tags=param_group_tags))
         super().__init__(optimizer, schedulers, milestones, param_group_tags=param_group_tags)
 
@@ -515,8 +618,14 @@ class PiecewiseConstantScheduler(SequentialScheduler):
 class MultiStepScheduler(Scheduler):
     """``jax_backend.schedules.multi_step`` from ``initial_val``."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, gamma: float,
-                 milestones: List[int], param_group_tags: Tags = None):
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        initial_val: float,
+        gamma: float,
+        milestones: List[int],
+        param_group_tags: Tags = None,
+    ):
         self.initial_val = initial_val
         self.gamma = gamma
         self.milestones = milestones
@@ -526,8 +635,14 @@ class MultiStepScheduler(Scheduler):
 class StepScheduler(Scheduler):
     """``jax_backend.schedules.step`` from ``initial_val``."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, step_size: int,
-                 gamma: float, param_group_tags: Tags = None):
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        initial_val: float,
+        step_size: int,
+        gamma: float,
+        param_group_tags: Tags = None,
+    ):
         self.initial_val = float(initial_val)
         self.gamma = gamma
         self.step_size = step_size
@@ -538,8 +653,14 @@ class CosineAnnealingScheduler(Scheduler):
     """``jax_backend.schedules.cosine_annealing`` from ``initial_val`` (periodic: no clamp at
     ``T_max``, no restarts)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, T_max: int,
-                 eta_min: float = 0.0, param_group_tags: Tags = None):
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        initial_val: float,
+        T_max: int,
+        eta_min: float = 0.0,
+        param_group_tags: Tags = None,
+    ):
         self.initial_val = float(initial_val)
         self.T_max = float(T_max)
         self.eta_min = eta_min
@@ -570,8 +691,9 @@ class LambdaScheduler(Scheduler):
     (so its default gives ``initial_val²·(t/30)·0.95^t``): here ``initial_val`` is applied once.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float,
-                 param_group_tags: Tags = None):
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, initial_val: float, param_group_tags: Tags = None
+    ):
         self.initial_val = initial_val
         super().__init__(optimizer, total_iters=None, param_group_tags=param_group_tags)
 
@@ -599,7 +721,8 @@ class LambdaScheduler(Scheduler):
             if isinstance(fn, str):
                 raise TypeError(
                     f"{type(self).__name__}.set_value_lambda mixes names and functions "
-                    f"({self._lambdas()!r}); return only names or only torch functions.")
+                    f"({self._lambdas()!r}); return only names or only torch functions."
+                )
             value = torch.mul(value, fn(self.last_epoch))
         return value
 
@@ -615,13 +738,21 @@ class CosineAnnealingWarmRestartsScheduler(Scheduler):
     ``[2T_0, 3T_0)``, ...); here every period restarts the cosine, as SGDR and torch do.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, T_0: int,
-                 T_mult: int = 1, eta_min: float = 0.0, param_group_tags: Tags = None):
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        initial_val: float,
+        T_0: int,
+        T_mult: int = 1,
+        eta_min: float = 0.0,
+        param_group_tags: Tags = None,
+    ):
         if T_mult != 1.0:
             raise ValueError(
                 f"Unsupported value of Parameters 'T_mult' for LR scheduler type "
                 f"CosineAnnealingWarmRestarts: got T_mult={T_mult!r}, only T_mult=1 is "
-                "supported.")
+                "supported."
+            )
         self.initial_val = float(initial_val)
         self.T_0 = T_0
         self.T_mult = T_mult
@@ -632,8 +763,13 @@ class CosineAnnealingWarmRestartsScheduler(Scheduler):
 class MultiplicativeScheduler(Scheduler):
     """``initial_val·coefficient^t``."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, coefficient: float,
-                 param_group_tags: Tags = None):
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        initial_val: float,
+        coefficient: float,
+        param_group_tags: Tags = None,
+    ):
         self.initial_val = initial_val
         self.coefficient = coefficient
         super().__init__(optimizer, total_iters=None, param_group_tags=param_group_tags)
@@ -646,8 +782,11 @@ class MultiplicativeScheduler(Scheduler):
     def _schedule_config(self):
         if type(self).set_value_lambda is not MultiplicativeScheduler.set_value_lambda:
             return None
-        return {"kind": "multiplicative", "initial": _number(self.initial_val),
-                "coefficient": _number(self.coefficient)}
+        return {
+            "kind": "multiplicative",
+            "initial": _number(self.initial_val),
+            "coefficient": _number(self.coefficient),
+        }
 
     def _get_closed_form(self):
         if self._schedule_config() is not None:
@@ -672,21 +811,25 @@ class ChainedScheduler(_ComposedScheduler):
                 raise TypeError(
                     f"ChainedScheduler divides by the initial value of every scheduler after "
                     f"the first, but {type(scheduler).__name__} at index {index} has no "
-                    "`initial_val`; put it first in the chain or use another scheduler.")
-        super().__init__(self._schedulers[0].optimizer, total_iters=None,
-                         param_group_tags=param_group_tags)
+                    "`initial_val`; put it first in the chain or use another scheduler."
+                )
+        super().__init__(
+            self._schedulers[0].optimizer, total_iters=None, param_group_tags=param_group_tags
+        )
 
     def _post_init(self):
         for index, scheduler in enumerate(self._schedulers):
             if scheduler.optimizer is not self.optimizer:
                 raise ValueError(
                     f"ChainedScheduler expects all schedulers to belong to the same optimizer, "
-                    f"but got schedulers at index 0 and {index} to be different")
+                    f"but got schedulers at index 0 and {index} to be different"
+                )
             if scheduler.param_group_tags != self.param_group_tags:
                 raise ValueError(
                     f"Chained Scheduler expects all schedulers to have the same "
                     f"`param_group_tags`, but found {scheduler.param_group_tags} at index "
-                    f"{index} instead of {self.param_group_tags}.")
+                    f"{index} instead of {self.param_group_tags}."
+                )
             scheduler.last_epoch = self.last_epoch
             self.optimizer._schedulers_registry.pop(scheduler, None)
         super()._post_init()
@@ -695,16 +838,18 @@ class ChainedScheduler(_ComposedScheduler):
         children = [s._pure_config() for s in self._schedulers]
         if any(c is None for c in children):
             return None
-        return {"kind": "chained", "schedules": children,
-                "initials": [_number(s.initial_val) for s in self._schedulers[1:]]}
+        return {
+            "kind": "chained",
+            "schedules": children,
+            "initials": [_number(s.initial_val) for s in self._schedulers[1:]],
+        }
 
     def _get_closed_form(self):
         if self._schedule_config() is not None:
             return super()._get_closed_form()
         value = self._schedulers[0]._get_closed_form()
         for scheduler in self._schedulers[1:]:
-            value = torch.mul(value, torch.div(scheduler._get_closed_form(),
-                                               scheduler.initial_val))
+            value = torch.mul(value, torch.div(scheduler._get_closed_form(), scheduler.initial_val))
         return value
 
     def _adopt(self, child):
@@ -720,9 +865,18 @@ class CyclicScheduler(Scheduler):
     the triangular modes, "iterations" otherwise), as in cerebras-pytorch.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, base_val: float, max_val: float,
-                 step_size_up: int = 2000, step_size_down: int = None, mode: str = 'triangular',
-                 gamma: float = 1.0, scale_mode: str = 'cycle', param_group_tags: Tags = None):
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        base_val: float,
+        max_val: float,
+        step_size_up: int = 2000,
+        step_size_down: int = None,
+        mode: str = "triangular",
+        gamma: float = 1.0,
+        scale_mode: str = "cycle",
+        param_group_tags: Tags = None,
+    ):
         self.base_val = base_val
         self.max_val = max_val
         self.step_size_up = step_size_up
@@ -739,10 +893,18 @@ class OneCycleScheduler(Scheduler):
     ``three_phase``: back to ``initial_val`` at ``2·pct_start·total_steps - 2`` first).
     ``anneal_strategy`` "cos" anneals by cosine, anything else linearly."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, max_val: float,
-                 total_steps: int = 1000, pct_start: float = 0.3, final_div_factor: float = 10000.0,
-                 three_phase: bool = False, anneal_strategy: str = 'cos',
-                 param_group_tags: Tags = None):
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        initial_val: float,
+        max_val: float,
+        total_steps: int = 1000,
+        pct_start: float = 0.3,
+        final_div_factor: float = 10000.0,
+        three_phase: bool = False,
+        anneal_strategy: str = "cos",
+        param_group_tags: Tags = None,
+    ):
         self.initial_val = initial_val
         self.max_val = max_val
         self.total_steps = total_steps
@@ -763,11 +925,13 @@ class ScalePerParamScheduler(Scheduler):
     adjustment_scalars[i])``. Do not wrap a chained scheduler.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, scheduler: Scheduler,
-                 param_group_tags: Tags = None):
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, scheduler: Scheduler, param_group_tags: Tags = None
+    ):
         self.adjustment_scalars = [
             group.get("adjust_learning_rate", group.get("adjust_val", 1.0))
-            for group in optimizer.param_groups]
+            for group in optimizer.param_groups
+        ]
         self._scheduler_nested = scheduler
         optimizer._schedulers_registry.pop(scheduler, None)
         super().__init__(optimizer, total_iters=None, param_group_tags=param_group_tags)
@@ -777,7 +941,8 @@ class ScalePerParamScheduler(Scheduler):
             raise ValueError(
                 f"ScalePerParamScheduler expects the wrapped scheduler to have the same "
                 f"`param_group_tags`, but found {self._scheduler_nested.param_group_tags} "
-                f"instead of {self.param_group_tags}.")
+                f"instead of {self.param_group_tags}."
+            )
         super()._post_init()
 
     def _schedule_config(self):
@@ -788,12 +953,17 @@ class ScalePerParamScheduler(Scheduler):
 
     def get(self):
         if not self._get_called_within_step:
-            warnings.warn("To get the last value computed by the scheduler, please use "
-                          "`get_last_value()`.", stacklevel=2)
+            warnings.warn(
+                "To get the last value computed by the scheduler, please use `get_last_value()`.",
+                stacklevel=2,
+            )
         value = self._get_closed_form()
-        return [value * self.adjustment_scalars[index]
-                if self._should_apply_to_param_group(group) else None
-                for index, group in enumerate(self.optimizer.param_groups)]
+        return [
+            value * self.adjustment_scalars[index]
+            if self._should_apply_to_param_group(group)
+            else None
+            for index, group in enumerate(self.optimizer.param_groups)
+        ]
 
     def increment_last_epoch(self):
         super().increment_last_epoch()
@@ -831,41 +1001,89 @@ def _as_list(value):
 # the LR and weight-decay aliases) inherit their base's row.
 _SCHEDULE_TABLE = {
     ConstantScheduler: ("constant", {"value": "val"}),
-    PolynomialScheduler: ("polynomial", {
-        "initial": "initial_val", "end": "end_val", "total_iters": "total_iters",
-        "power": "power", "cycle": ("cycle", bool)}),
-    ExponentialScheduler: ("exponential", {
-        "initial": "initial_val", "total_iters": "total_iters", "decay_rate": "decay_rate",
-        "staircase": ("staircase", bool)}),
-    InverseExponentialTimeDecayScheduler: ("inverse_exponential_time_decay", {
-        "initial": "initial_val", "step_exponent": "step_exponent",
-        "total_iters": "total_iters", "decay_rate": "decay_rate",
-        "staircase": ("staircase", bool)}),
-    InverseSquareRootDecayScheduler: ("inverse_square_root_decay", {
-        "initial": "initial_val", "scale": "scale", "warmup_steps": "warmup_steps"}),
-    CosineDecayScheduler: ("cosine_decay", {
-        "initial": "initial_val", "end": "end_val", "total_iters": "total_iters"}),
-    MultiStepScheduler: ("multi_step", {
-        "initial": "initial_val", "gamma": "gamma", "milestones": ("milestones", _as_list)}),
-    StepScheduler: ("step", {"initial": "initial_val", "step_size": "step_size",
-                             "gamma": "gamma"}),
-    CosineAnnealingScheduler: ("cosine_annealing", {
-        "initial": "initial_val", "T_max": "T_max", "eta_min": "eta_min"}),
-    CosineAnnealingWarmRestartsScheduler: ("cosine_annealing_warm_restarts", {
-        "initial": "initial_val", "T_0": "T_0", "T_mult": "T_mult", "eta_min": "eta_min"}),
-    CyclicScheduler: ("cyclic", {
-        "base": "base_val", "max_value": "max_val", "step_size_up": "step_size_up",
-        "step_size_down": "step_size_down", "mode": ("mode", _as_is), "gamma": "gamma",
-        "scale_mode": ("scale_mode", _as_is)}),
-    OneCycleScheduler: ("one_cycle", {
-        "initial": "initial_val", "max_value": "max_val", "total_steps": "total_steps",
-        "pct_start": "pct_start", "final_div_factor": "final_div_factor",
-        "three_phase": ("three_phase", bool), "anneal_strategy": ("anneal_strategy", _as_is)}),
+    PolynomialScheduler: (
+        "polynomial",
+        {
+            "initial": "initial_val",
+            "end": "end_val",
+            "total_iters": "total_iters",
+            "power": "power",
+            "cycle": ("cycle", bool),
+        },
+    ),
+    ExponentialScheduler: (
+        "exponential",
+        {
+            "initial": "initial_val",
+            "total_iters": "total_iters",
+            "decay_rate": "decay_rate",
+            "staircase": ("staircase", bool),
+        },
+    ),
+    InverseExponentialTimeDecayScheduler: (
+        "inverse_exponential_time_decay",
+        {
+            "initial": "initial_val",
+            "step_exponent": "step_exponent",
+            "total_iters": "total_iters",
+            "decay_rate": "decay_rate",
+            "staircase": ("staircase", bool),
+        },
+    ),
+    InverseSquareRootDecayScheduler: (
+        "inverse_square_root_decay",
+        {"initial": "initial_val", "scale": "scale", "warmup_steps": "warmup_steps"},
+    ),
+    CosineDecayScheduler: (
+        "cosine_decay",
+        {"initial": "initial_val", "end": "end_val", "total_iters": "total_iters"},
+    ),
+    MultiStepScheduler: (
+        "multi_step",
+        {"initial": "initial_val", "gamma": "gamma", "milestones": ("milestones", _as_list)},
+    ),
+    StepScheduler: ("step", {"initial": "initial_val", "step_size": "step_size", "gamma": "gamma"}),
+    CosineAnnealingScheduler: (
+        "cosine_annealing",
+        {"initial": "initial_val", "T_max": "T_max", "eta_min": "eta_min"},
+    ),
+    CosineAnnealingWarmRestartsScheduler: (
+        "cosine_annealing_warm_restarts",
+        {"initial": "initial_val", "T_0": "T_0", "T_mult": "T_mult", "eta_min": "eta_min"},
+    ),
+    CyclicScheduler: (
+        "cyclic",
+        {
+            "base": "base_val",
+            "max_value": "max_val",
+            "step_size_up": "step_size_up",
+            "step_size_down": "step_size_down",
+            "mode": ("mode", _as_is),
+            "gamma": "gamma",
+            "scale_mode": ("scale_mode", _as_is),
+        },
+    ),
+    OneCycleScheduler: (
+        "one_cycle",
+        {
+            "initial": "initial_val",
+            "max_value": "max_val",
+            "total_steps": "total_steps",
+            "pct_start": "pct_start",
+            "final_div_factor": "final_div_factor",
+            "three_phase": ("three_phase", bool),
+            "anneal_strategy": ("anneal_strategy", _as_is),
+        },
+    ),
 }
 
 
 __all__ = ["Scheduler"] + [
-    name for name, value in list(globals().items())
-    if isinstance(value, type) and issubclass(value, Scheduler) and value is not Scheduler
-    and value.__module__ == __name__ and not name.startswith("_")
+    name
+    for name, value in list(globals().items())
+    if isinstance(value, type)
+    and issubclass(value, Scheduler)
+    and value is not Scheduler
+    and value.__module__ == __name__
+    and not name.startswith("_")
 ]

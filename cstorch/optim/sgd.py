@@ -14,19 +14,39 @@ class SGD(BuiltinOptimizer):
     """
 
     rule = "sgd"
-    hyperparameters = {"lr": "learning_rate", "momentum": "momentum", "dampening": "dampening",
-                       "weight_decay": "weight_decay", "nesterov": "nesterov",
-                       "maximize": "maximize"}
+    hyperparameters = {
+        "lr": "learning_rate",
+        "momentum": "momentum",
+        "dampening": "dampening",
+        "weight_decay": "weight_decay",
+        "nesterov": "nesterov",
+        "maximize": "maximize",
+    }
 
-    def __init__(self, params: ParamsT, lr: float, momentum: float = 0, dampening: float = 0,
-                 weight_decay: float = 0, nesterov: bool = False, maximize: bool = False):
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float,
+        momentum: float = 0,
+        dampening: float = 0,
+        weight_decay: float = 0,
+        nesterov: bool = False,
+        maximize: bool = False,
+    ):
         _checks.non_negative("learning rate", lr)
         _checks.non_negative("momentum value", momentum)
         _checks.non_negative("weight_decay value", weight_decay)
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError(
                 "Nesterov momentum requires a `momentum` and zero `dampening`. `momentum` was "
-                f"{momentum} and `dampening` was {dampening}.")
-        defaults = dict(lr=lr, momentum=momentum, dampening=dampening,
-                        weight_decay=weight_decay, nesterov=nesterov, maximize=maximize)
+                f"{momentum} and `dampening` was {dampening}."
+            )
+        defaults = dict(
+            lr=lr,
+            momentum=momentum,
+            dampening=dampening,
+            weight_decay=weight_decay,
+            nesterov=nesterov,
+            maximize=maximize,
+        )
         super().__init__(params, defaults)

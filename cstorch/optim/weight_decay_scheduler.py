@@ -36,8 +36,7 @@ class ExponentialWD(WeightDecayScheduler, _s.ExponentialScheduler):
     pass
 
 
-class InverseExponentialTimeDecayWD(WeightDecayScheduler,
-                                    _s.InverseExponentialTimeDecayScheduler):
+class InverseExponentialTimeDecayWD(WeightDecayScheduler, _s.InverseExponentialTimeDecayScheduler):
     pass
 
 
@@ -54,10 +53,20 @@ class SequentialWD(WeightDecayScheduler, _s.SequentialScheduler):
 
 
 class PiecewiseConstantWD(WeightDecayScheduler, _s.PiecewiseConstantScheduler):
-    def __init__(self, optimizer: torch.optim.Optimizer, vals: List[float], milestones: List[int],
-                 param_group_tags: Tags = None):
-        super().__init__(optimizer, ConstantWD, vals=vals, milestones=milestones,
-                         param_group_tags=param_group_tags)
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        vals: List[float],
+        milestones: List[int],
+        param_group_tags: Tags = None,
+    ):
+        super().__init__(
+            optimizer,
+            ConstantWD,
+            vals=vals,
+            milestones=milestones,
+            param_group_tags=param_group_tags,
+        )
 
 
 class MultiStepWD(WeightDecayScheduler, _s.MultiStepScheduler):
@@ -76,8 +85,7 @@ class LambdaWD(WeightDecayScheduler, _s.LambdaScheduler):
     pass
 
 
-class CosineAnnealingWarmRestartsWD(WeightDecayScheduler,
-                                    _s.CosineAnnealingWarmRestartsScheduler):
+class CosineAnnealingWarmRestartsWD(WeightDecayScheduler, _s.CosineAnnealingWarmRestartsScheduler):
     pass
 
 
@@ -104,9 +112,24 @@ class ScalePerParamWD(WeightDecayScheduler, _s.ScalePerParamScheduler):
 inherit_docs(globals(), WeightDecayScheduler)
 
 __all__ = [
-    "WeightDecayScheduler", "ConstantWD", "PolynomialWD", "LinearWD", "ExponentialWD",
-    "InverseExponentialTimeDecayWD", "InverseSquareRootDecayWD", "CosineDecayWD",
-    "SequentialWD", "PiecewiseConstantWD", "MultiStepWD", "StepWD", "CosineAnnealingWD",
-    "LambdaWD", "CosineAnnealingWarmRestartsWD", "MultiplicativeWD", "ChainedWD", "CyclicWD",
-    "OneCycleWD", "ScalePerParamWD",
+    "WeightDecayScheduler",
+    "ConstantWD",
+    "PolynomialWD",
+    "LinearWD",
+    "ExponentialWD",
+    "InverseExponentialTimeDecayWD",
+    "InverseSquareRootDecayWD",
+    "CosineDecayWD",
+    "SequentialWD",
+    "PiecewiseConstantWD",
+    "MultiStepWD",
+    "StepWD",
+    "CosineAnnealingWD",
+    "LambdaWD",
+    "CosineAnnealingWarmRestartsWD",
+    "MultiplicativeWD",
+    "ChainedWD",
+    "CyclicWD",
+    "OneCycleWD",
+    "ScalePerParamWD",
 ]

@@ -28,9 +28,16 @@ import importlib
 
 # Loaded on first use: ``python -m cstorch.parity.record`` (each engine's process) must find
 # the record module not yet imported by this package, or runpy warns.
-_EXPORTS = {"compare_closures": "compare", "compare_state": "compare",
-            "first_divergence": "compare", "table": "compare", "ENGINES": "runner",
-            "available_engines": "runner", "main": "runner", "run_engine": "runner"}
+_EXPORTS = {
+    "compare_closures": "compare",
+    "compare_state": "compare",
+    "first_divergence": "compare",
+    "table": "compare",
+    "ENGINES": "runner",
+    "available_engines": "runner",
+    "main": "runner",
+    "run_engine": "runner",
+}
 
 __all__ = sorted(_EXPORTS)
 

@@ -49,9 +49,15 @@ def compare_closures(runs: list, rtol, atol: float) -> list:
         values = [run.get((step, name)) for run in runs]
         reference = values[0]
         tolerance = rtol[(step, name)] if isinstance(rtol, dict) else rtol
-        rows.append(Row(step, name, values,
-                        [relative_difference(reference, v) for v in values[1:]],
-                        [within(reference, v, tolerance, atol) for v in values[1:]]))
+        rows.append(
+            Row(
+                step,
+                name,
+                values,
+                [relative_difference(reference, v) for v in values[1:]],
+                [within(reference, v, tolerance, atol) for v in values[1:]],
+            )
+        )
     return rows
 
 
@@ -86,8 +92,7 @@ def compare_state(reference: dict, other: dict) -> StateDifference:
         if rel > max_rel or not worst:
             worst, max_rel = name, max(rel, max_rel)
         max_abs = max(max_abs, diff)
-    return StateDifference(worst, max_abs, float("inf") if missing else max_rel, missing,
-                           relative)
+    return StateDifference(worst, max_abs, float("inf") if missing else max_rel, missing, relative)
 
 
 def first_divergence(rows: list, engine: int):
@@ -116,7 +121,6 @@ def table(rows: list, engines: list) -> str:
             line += [_show(value), f"{error:.2e}" + ("" if ok else " !")]
         lines.append(line)
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    text = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip()
-            for line in lines]
+    text = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines]
     text.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(text)

@@ -135,17 +135,38 @@ def install(recorder: Recorder) -> list:
         if is_random_function(function):
             recorder.random_ops.add(function)
 
-    return [run_hooks.register_step_end_hook(at_step_end),
-            run_hooks.register_closure_hook(before_closure),
-            register_traced_tensor_hook(note_random)]
+    return [
+        run_hooks.register_step_end_hook(at_step_end),
+        run_hooks.register_closure_hook(before_closure),
+        register_traced_tensor_hook(note_random),
+    ]
 
 
 #: torch functions that draw random numbers (names as the traced-tensor listener reports
 #: them, without a trailing underscore); any ``*dropout*`` function too.
-RANDOM_FUNCTIONS = frozenset({
-    "rand", "randn", "rand_like", "randn_like", "randint", "randint_like", "randperm",
-    "bernoulli", "multinomial", "normal", "uniform", "exponential", "geometric", "cauchy",
-    "log_normal", "random", "poisson", "rrelu", "gumbel_softmax"})
+RANDOM_FUNCTIONS = frozenset(
+    {
+        "rand",
+        "randn",
+        "rand_like",
+        "randn_like",
+        "randint",
+        "randint_like",
+        "randperm",
+        "bernoulli",
+        "multinomial",
+        "normal",
+        "uniform",
+        "exponential",
+        "geometric",
+        "cauchy",
+        "log_normal",
+        "random",
+        "poisson",
+        "rrelu",
+        "gumbel_softmax",
+    }
+)
 
 
 def is_random_function(name: str) -> bool:
@@ -154,7 +175,7 @@ def is_random_function(name: str) -> bool:
 
 #: Relative size of ``--perturb``'s change: two fp32 rounding steps (2 * 2**-23), each
 #: parameter element moved up or down (a fixed pattern).
-PERTURBATION = 2.0 ** -22
+PERTURBATION = 2.0**-22
 
 
 def perturb_parameters_on_setup():
@@ -211,8 +232,11 @@ def final_state() -> dict:
         # state_dict() numbers the parameters of every group in order.
         ordered = [p for group in optimizer.param_groups for p in group["params"]]
         for index, entry in optimizer.state_dict()["state"].items():
-            if isinstance(index, int) and index < len(ordered) and \
-                    id(ordered[index]) in parameter_names:
+            if (
+                isinstance(index, int)
+                and index < len(ordered)
+                and id(ordered[index]) in parameter_names
+            ):
                 names[f"optimizer{o}.state.{index}"] = parameter_names[id(ordered[index])]
             for key, tensor in entry.items():
                 array = _numeric(tensor)
@@ -223,8 +247,14 @@ def final_state() -> dict:
 
 def save(path: str, recorder: Recorder, state: dict, names: dict | None = None) -> None:
     arrays = {}
-    index = {"closures": [], "state": [], "dtypes": [], "random_ops": sorted(recorder.random_ops),
-             "precision": recorder.precision, "names": names or {}}
+    index = {
+        "closures": [],
+        "state": [],
+        "dtypes": [],
+        "random_ops": sorted(recorder.random_ops),
+        "precision": recorder.precision,
+        "names": names or {},
+    }
     for (step, name), value in recorder.values.items():
         index["closures"].append([step, name, f"v{len(arrays)}"])
         index["dtypes"].append(recorder.dtypes.get((step, name), "float32"))
@@ -251,25 +281,35 @@ def load_run(path: str):
         closures = {(step, name): data[key] for step, name, key in index["closures"]}
         state = {name: data[key] for name, key in index["state"]}
     dtypes = index.get("dtypes") or ["float32"] * len(index["closures"])
-    info = {"dtypes": {(step, name): dtype
-                       for (step, name, _), dtype in zip(index["closures"], dtypes)},
-            "random_ops": index.get("random_ops", []),
-            "precision": index.get("precision", "float32"),
-            "names": index.get("names", {})}
+    info = {
+        "dtypes": {
+            (step, name): dtype for (step, name, _), dtype in zip(index["closures"], dtypes)
+        },
+        "random_ops": index.get("random_ops", []),
+        "precision": index.get("precision", "float32"),
+        "names": index.get("names", {}),
+    }
     return closures, state, info
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cstorch.parity.record",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m cstorch.parity.record", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--engine", required=True, choices=["eager", "jax"])
     parser.add_argument("--backend", default="cpu", choices=["cpu", "gpu", "csx"])
-    parser.add_argument("--float32", action="store_true",
-                        help="float32 unless the script chooses a precision itself")
+    parser.add_argument(
+        "--float32",
+        action="store_true",
+        help="float32 unless the script chooses a precision itself",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--perturb", action="store_true",
-                        help="move the parameters by about one rounding step at setup")
+    parser.add_argument(
+        "--perturb",
+        action="store_true",
+        help="move the parameters by about one rounding step at setup",
+    )
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     options = parser.parse_args(argv)

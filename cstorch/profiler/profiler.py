@@ -25,8 +25,10 @@ class ProfilerRegistry:
     @classmethod
     def set_profiler(cls, profiler) -> None:
         if cls._profiler is not None:
-            raise RuntimeError("A profiler has already been set. Only one profiler instance is "
-                               "allowed at a time; exit the active `profile` block first.")
+            raise RuntimeError(
+                "A profiler has already been set. Only one profiler instance is "
+                "allowed at a time; exit the active `profile` block first."
+            )
         cls._profiler = profiler
 
     @classmethod
@@ -41,8 +43,10 @@ class ProfilerRegistry:
 def schedule(*, start_step: int, end_step: int) -> Callable[[], List[int]]:
     """The steps to profile, ``start_step..end_step`` inclusive (-1 start disables)."""
     if start_step > end_step:
-        raise ValueError(f"The start step ({start_step}) must be less than or equal to the end "
-                         f"step ({end_step}).")
+        raise ValueError(
+            f"The start step ({start_step}) must be less than or equal to the end "
+            f"step ({end_step})."
+        )
 
     def steps() -> List[int]:
         return [start_step, end_step]
@@ -50,8 +54,9 @@ def schedule(*, start_step: int, end_step: int) -> Callable[[], List[int]]:
     return steps
 
 
-def tensorboard_trace_handler(dir_name: str, worker_name: Optional[str] = None,
-                              use_gzip: bool = False):
+def tensorboard_trace_handler(
+    dir_name: str, worker_name: Optional[str] = None, use_gzip: bool = False
+):
     """An ``on_trace_ready`` handler writing ``<worker>.<ns>.pt.trace.json[.gz]`` into
     ``dir_name`` for TensorBoard's profiler plugin (``profile`` requires the
     ``torch_tb_profiler`` package with this handler)."""
@@ -78,15 +83,21 @@ class profile:
         on_trace_ready: called with this profiler once the profiled steps have run.
     """
 
-    def __init__(self, *, schedule: Callable[[], List[int]],
-                 host_activities: Optional[List[str]] = None,
-                 on_trace_ready: Optional[Callable[..., Any]] = None):
+    def __init__(
+        self,
+        *,
+        schedule: Callable[[], List[int]],
+        host_activities: Optional[List[str]] = None,
+        on_trace_ready: Optional[Callable[..., Any]] = None,
+    ):
         if getattr(on_trace_ready, "origin", None) is tensorboard_trace_handler:
             import importlib.util
 
             if importlib.util.find_spec("torch_tb_profiler") is None:
-                raise ImportError("TensorBoard trace viewing requires the pip package "
-                                  "`torch_tb_profiler`; install it for TensorBoard support.")
+                raise ImportError(
+                    "TensorBoard trace viewing requires the pip package "
+                    "`torch_tb_profiler`; install it for TensorBoard support."
+                )
         self.schedule = schedule
         self.host_activities = host_activities
         self.on_trace_ready = on_trace_ready
@@ -112,13 +123,16 @@ class profile:
                 raise RuntimeError("Only CSX backend can be profiled.")
             return None
         if not num_steps >= end >= start >= 1:
-            raise ValueError(f"The profiling step range must lie within [1, {num_steps}], got "
-                             f"{start}:{end}.")
+            raise ValueError(
+                f"The profiling step range must lie within [1, {num_steps}], got {start}:{end}."
+            )
         for host in self.host_activities or []:
             match = _HOST.match(host)
             if match is None or match.group(1) not in ("ACT", "WGT", "CSX"):
-                raise ValueError(f"Invalid host activity {host!r}: use <ACT|WGT|CSX>-<number or "
-                                 "*>, e.g. ACT-0, WGT-*, CSX-1.")
+                raise ValueError(
+                    f"Invalid host activity {host!r}: use <ACT|WGT|CSX>-<number or "
+                    "*>, e.g. ACT-0, WGT-*, CSX-1."
+                )
         self._window = (start, end)
         self.trace_events = []
         return self._window
@@ -127,8 +141,16 @@ class profile:
         """Records user step ``step`` (1-based) if it is in the profiled window."""
         if self._window is None or not self._window[0] <= step <= self._window[1]:
             return
-        self.trace_events.append({"name": f"step {step}", "ph": "X", "pid": 0, "tid": 0,
-                                  "ts": start_ns / 1e3, "dur": (end_ns - start_ns) / 1e3})
+        self.trace_events.append(
+            {
+                "name": f"step {step}",
+                "ph": "X",
+                "pid": 0,
+                "tid": 0,
+                "ts": start_ns / 1e3,
+                "dur": (end_ns - start_ns) / 1e3,
+            }
+        )
         if step == self._window[1] and self.on_trace_ready is not None:
             self.on_trace_ready(self)
 
@@ -148,8 +170,10 @@ class profile:
             return None
         total = sum(e["dur"] for e in self.trace_events)
         rows = [f"{'STEP':<12}{'TIME (ms)':>12}{'% TIME':>10}"]
-        rows += [f"{e['name']:<12}{e['dur'] / 1e3:>12.3f}{100 * e['dur'] / total:>10.1f}"
-                 for e in self.trace_events]
+        rows += [
+            f"{e['name']:<12}{e['dur'] / 1e3:>12.3f}{100 * e['dur'] / total:>10.1f}"
+            for e in self.trace_events
+        ]
         return "\n".join(rows)
 
     def export_chrome_trace(self, path: str) -> None:

@@ -69,7 +69,8 @@ class PyTorchH5Saver:
         raise NotImplementedError(
             f"PyTorchH5Saver.{name}: this checkpoint format is written whole (cstorch.save) "
             "and published atomically; tensors cannot be added to an existing file. Build the "
-            "state dict and call cstorch.save.")
+            "state dict and call cstorch.save."
+        )
 
     def save_tensor(self, checkpoint_file, name, tensor):
         self._whole_file_only("save_tensor")

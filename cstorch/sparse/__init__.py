@@ -18,5 +18,16 @@ from cstorch.sparse.rigl import RigL
 from cstorch.sparse.set import SET
 from cstorch.sparse.static import Static
 
-__all__ = ["DynamicSparsityAlgorithm", "GMP", "Group", "RigL", "SET", "SparsityAlgorithm",
-           "Static", "configure", "init", "map_sparsity_algorithm", "utils"]
+__all__ = [
+    "DynamicSparsityAlgorithm",
+    "GMP",
+    "Group",
+    "RigL",
+    "SET",
+    "SparsityAlgorithm",
+    "Static",
+    "configure",
+    "init",
+    "map_sparsity_algorithm",
+    "utils",
+]

@@ -85,14 +85,18 @@ class SparsityAlgorithm(ABC):
         nothing (``configure.check_config`` checks a config before a backend exists). The
         names are checked by the caller, against the constructors' signatures."""
         if kwargs.get("sparsity") is not None and not (
-                isinstance(kwargs["sparsity"], dict)
-                and any(isinstance(k, torch.Tensor) for k in kwargs["sparsity"])):
+            isinstance(kwargs["sparsity"], dict)
+            and any(isinstance(k, torch.Tensor) for k in kwargs["sparsity"])
+        ):
             make_hyperparam_schedule(kwargs["sparsity"])
         if "init_method" in kwargs:
             make_init_method(kwargs["init_method"])
 
-    def __init__(self, sparsity: Union[float, HyperParameterSchedule, None],
-                 init_method: InitMethodType = "random"):
+    def __init__(
+        self,
+        sparsity: Union[float, HyperParameterSchedule, None],
+        init_method: InitMethodType = "random",
+    ):
         count = SparsityAlgorithm._sparsity_algorithm_count[self.__class__]
         self.name = f"sparsity_{self.__class__.__name__.lower()}_{count}"
         SparsityAlgorithm._sparsity_algorithm_count[self.__class__] += 1
@@ -131,7 +135,8 @@ class SparsityAlgorithm(ABC):
             params = (p for group in obj.param_groups for p in group["params"])
         else:
             raise TypeError(
-                f"Expected torch.nn.Module or torch.optim.Optimizer, but got {type(obj)}")
+                f"Expected torch.nn.Module or torch.optim.Optimizer, but got {type(obj)}"
+            )
         return (sp for p in params if (sp := self._sparse_param_of(p)) is not None)
 
     def initialize(self) -> None:
@@ -147,10 +152,12 @@ class SparsityAlgorithm(ABC):
     def sparsity(self) -> _ScheduleMap:
         """Parameter -> sparsity schedule."""
         if not hasattr(self, "_sparsity"):
+
             def missing():
                 raise ValueError(
                     f"{self.__class__.__name__} sparsity algorithm expected `sparsity` to be "
-                    "specified, but got none.")
+                    "specified, but got none."
+                )
 
             self._sparsity = _ScheduleMap(missing)
         return self._sparsity
@@ -158,16 +165,18 @@ class SparsityAlgorithm(ABC):
     @sparsity.setter
     def sparsity(self, sparsity) -> None:
         if isinstance(sparsity, dict) and any(isinstance(k, torch.Tensor) for k in sparsity):
+
             def missing():
                 raise KeyError("No sparsity schedule found for parameter")
 
             self._sparsity = _ScheduleMap(
-                missing, {p: make_hyperparam_schedule(s) for p, s in sparsity.items()})
+                missing, {p: make_hyperparam_schedule(s) for p, s in sparsity.items()}
+            )
         else:
             default = make_hyperparam_schedule(sparsity)
             previous = getattr(self, "_sparsity", None)
             self._sparsity = _ScheduleMap(lambda: default)
-            for param, schedule in (previous.items() if previous is not None else ()):
+            for param, schedule in previous.items() if previous is not None else ():
                 self._sparsity[param] = schedule
 
     # ------------------------------------------------------------------------- applying
@@ -182,10 +191,12 @@ class SparsityAlgorithm(ABC):
             self.sparsify_optimizer(obj)
         else:
             raise TypeError(
-                f"Expected torch.nn.Module or cstorch.optim.Optimizer, but got {type(obj)}")
+                f"Expected torch.nn.Module or cstorch.optim.Optimizer, but got {type(obj)}"
+            )
 
-    def sparsify_parameter(self, module: torch.nn.Module, name: str,
-                           param: Optional[torch.Tensor]) -> None:
+    def sparsify_parameter(
+        self, module: torch.nn.Module, name: str, param: Optional[torch.Tensor]
+    ) -> None:
         """Creates the mask of ``param`` (named ``name``), owned by ``module``."""
         if param is None or self.get_sparse_params(param) is not None:
             return
@@ -193,8 +204,7 @@ class SparsityAlgorithm(ABC):
             return
         sparsity = self.sparsity[param](getattr(self, "step", 0))
         sparsity = torch.clamp(torch.as_tensor(sparsity, dtype=torch.float32), 0.0, 1.0)
-        sparse_param = SparseParameter(module, name, partial(self.init_method,
-                                                             sparsity=sparsity))
+        sparse_param = SparseParameter(module, name, partial(self.init_method, sparsity=sparsity))
         param._sparse_param = sparse_param
         self.sparse_params[name] = sparse_param
         self._params_by_id[id(param)] = sparse_param
@@ -249,19 +259,24 @@ class SparsityAlgorithm(ABC):
         if len(self.sparse_optimizers) > 1:
             raise RuntimeError(
                 "Sparsifying multiple optimizers using the same sparsity algorithm is not "
-                "supported.")
+                "supported."
+            )
 
         def prune_optimizer_states(optimizer, args, kwargs):
             params = list(self.get_sparse_params(optimizer))
             if not params:
                 raise RuntimeError(
                     "Detected that optimizer.apply(sparsity) was called but "
-                    "model.apply(sparsity) was not.\nPlease call model.apply(sparsity).")
+                    "model.apply(sparsity) was not.\nPlease call model.apply(sparsity)."
+                )
             for sparse_param in params:
                 p = sparse_param.param
                 for name, state in optimizer.state[p].items():
-                    if (isinstance(state, torch.Tensor) and state.shape == p.shape
-                            and not getattr(state, "requires_dense", False)):
+                    if (
+                        isinstance(state, torch.Tensor)
+                        and state.shape == p.shape
+                        and not getattr(state, "requires_dense", False)
+                    ):
                         sparse_param.prune(state, name)
 
         def step_post_hook(optimizer, args, kwargs):
@@ -331,9 +346,9 @@ class SparseParameter:
         self.mask_name = f"{self.param_name}_mask"
         self.init_method = init_method
         self._backend = current_backend_impl()
-        module.register_buffer(self.mask_name,
-                               torch.ones(tuple(self.param.shape), dtype=torch.bool),
-                               persistent=True)
+        module.register_buffer(
+            self.mask_name, torch.ones(tuple(self.param.shape), dtype=torch.bool), persistent=True
+        )
         self._initialized = False
         self.grad_hook = None
         self._pruned_tensors: list = []  # (tensor, name) pruned with this mask this step
@@ -381,7 +396,8 @@ class SparseParameter:
         if tuple(mask.shape) != tuple(self.param.shape):
             raise ValueError(
                 f"The init_method returned a mask of shape {tuple(mask.shape)} for parameter "
-                f"{self.name} of shape {tuple(self.param.shape)}.")
+                f"{self.name} of shape {tuple(self.param.shape)}."
+            )
         # In place: a step about to be compiled already holds this buffer as its state.
         with torch.no_grad():
             self.mask.copy_(mask.to(torch.bool))
@@ -391,7 +407,8 @@ class SparseParameter:
         if self._pruned_tensors:
             raise RuntimeError(
                 "Detected that annotations are being set after pruning tensors: "
-                f"{sorted(n for _, n in self._pruned_tensors)}")
+                f"{sorted(n for _, n in self._pruned_tensors)}"
+            )
         self._annotations[name] = value
 
     @torch.no_grad()
@@ -438,7 +455,8 @@ def _install_mask_property(cls) -> None:
             warnings.warn(
                 "Using the mask tensor haphazardly can lead to compile failures and/or be very "
                 "computationally expensive. Please only use the mask tensor directly if you "
-                "really know what you are doing.")
+                "really know what you are doing."
+            )
         if not sparse_param._backend.is_tracing:
             sparse_param._backend.materialize_state()
         return sparse_param.mask

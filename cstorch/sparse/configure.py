@@ -70,7 +70,8 @@ def map_sparsity_algorithm(algorithm: str):
     if cls is None:
         name = algorithm if len(str(algorithm)) <= 60 else quoted(str(algorithm))
         raise ValueError(
-            f"Unsupported sparsity algorithm: {name}. Supported types: {sorted(known)}")
+            f"Unsupported sparsity algorithm: {name}. Supported types: {sorted(known)}"
+        )
     return cls
 
 
@@ -82,8 +83,11 @@ def _accepted_arguments(cls) -> set:
         if "__init__" not in vars(klass) or klass is object:
             continue
         parameters = list(inspect.signature(vars(klass)["__init__"]).parameters.values())[1:]
-        names.update(p.name for p in parameters if p.kind in (
-            inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY))
+        names.update(
+            p.name
+            for p in parameters
+            if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        )
         if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
             break
     return names
@@ -105,15 +109,20 @@ def check_config(config: Union[float, dict, List[dict]]) -> None:
         return None
     if not isinstance(config, dict):
         raise TypeError(
-            f"A sparsity config is a float, a dict or a list of dicts, got {type(config)}.")
+            f"A sparsity config is a float, a dict or a list of dicts, got {type(config)}."
+        )
     config = dict(config)
     if "algorithm" not in config and "type" in config:
         config["algorithm"] = config.pop("type")  # (configure warns that the name is old)
     sparsity_cls = map_sparsity_algorithm(config.pop("algorithm", "static"))
     param_filter = config.pop("param_filter", None)
     if param_filter is not None and not (
-            isinstance(param_filter, str) or (isinstance(param_filter, (list, tuple))
-                                              and all(isinstance(p, str) for p in param_filter))):
+        isinstance(param_filter, str)
+        or (
+            isinstance(param_filter, (list, tuple))
+            and all(isinstance(p, str) for p in param_filter)
+        )
+    ):
         raise TypeError(f"filter must be a string or list of strings, got {type(param_filter)}")
     if "schedule" in config:
         if "sparsity" in config:
@@ -123,15 +132,18 @@ def check_config(config: Union[float, dict, List[dict]]) -> None:
         return None
     unknown = sorted(set(config) - _accepted_arguments(sparsity_cls))
     if unknown:
-        raise ValueError(f"Invalid sparsity config for {sparsity_cls.__name__}: unknown "
-                         f"argument{'s' if len(unknown) > 1 else ''} "
-                         f"{', '.join(quoted(k) for k in unknown[:5])}; accepted: "
-                         f"{', '.join(sorted(_accepted_arguments(sparsity_cls)))}")
+        raise ValueError(
+            f"Invalid sparsity config for {sparsity_cls.__name__}: unknown "
+            f"argument{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(quoted(k) for k in unknown[:5])}; accepted: "
+            f"{', '.join(sorted(_accepted_arguments(sparsity_cls)))}"
+        )
     try:
         sparsity_cls.check_arguments(**config)
     except (TypeError, ValueError) as err:
-        raise ValueError(f"Invalid sparsity config for {sparsity_cls.__name__}: "
-                         f"{str(err)[:300]}") from None
+        raise ValueError(
+            f"Invalid sparsity config for {sparsity_cls.__name__}: {str(err)[:300]}"
+        ) from None
     return None
 
 
@@ -163,7 +175,8 @@ def configure(config: Union[float, dict, List[dict]]) -> Group:
         return sparsity
     if not isinstance(config, dict):
         raise TypeError(
-            f"A sparsity config is a float, a dict or a list of dicts, got {type(config)}.")
+            f"A sparsity config is a float, a dict or a list of dicts, got {type(config)}."
+        )
     config = deepcopy(config)
     if "algorithm" not in config and "type" in config:
         warnings.warn("The 'type' key is deprecated, please use 'algorithm' instead")

@@ -18,8 +18,7 @@ from typing import Optional, Union
 import torch
 
 from cstorch.sparse.base import SparseParameter, SparsityAlgorithm
-from cstorch.sparse.utils import (UpdateScheduleType, make_hyperparam_schedule,
-                                  make_update_schedule)
+from cstorch.sparse.utils import UpdateScheduleType, make_hyperparam_schedule, make_update_schedule
 
 
 class DynamicSparsityAlgorithm(SparsityAlgorithm):
@@ -38,15 +37,20 @@ class DynamicSparsityAlgorithm(SparsityAlgorithm):
             if name in kwargs:
                 make_hyperparam_schedule(kwargs[name])
 
-    def __init__(self, sparsity: Union[float, dict, None] = None,
-                 update: Optional[UpdateScheduleType] = None, **kwargs):
+    def __init__(
+        self,
+        sparsity: Union[float, dict, None] = None,
+        update: Optional[UpdateScheduleType] = None,
+        **kwargs,
+    ):
         self._state = {"step": torch.tensor(0, dtype=torch.int64)}
         super().__init__(sparsity=sparsity, **kwargs)
         self.update_schedule = make_update_schedule(update)
         self.starts_sparse = bool(self.update_schedule(torch.tensor(0, dtype=torch.int64)))
         if not self.starts_sparse:
             self.init_method = lambda p, sparsity, **kwargs: torch.ones(
-                tuple(p.shape), dtype=torch.bool)
+                tuple(p.shape), dtype=torch.bool
+            )
         self._advanced_at_apply: set = set()
 
     @property
@@ -94,19 +98,22 @@ class DynamicSparsityAlgorithm(SparsityAlgorithm):
                 is_update_step = is_update_step & isfinite
         self._is_update_step = is_update_step
 
-        params = list(self.get_sparse_params(optimizer) if optimizer is not None
-                      else self.sparse_params.values())
+        params = list(
+            self.get_sparse_params(optimizer)
+            if optimizer is not None
+            else self.sparse_params.values()
+        )
         names_of = {}
         for sparse_param in params:
-            names_of.setdefault(id(self.sparsity[sparse_param.param]), []).append(
-                sparse_param.name)
+            names_of.setdefault(id(self.sparsity[sparse_param.param]), []).append(sparse_param.name)
         for sparse_param in params:
             p = sparse_param.param
             if p.grad is None:
                 continue  # not updated this step: nothing to re-mask
             schedule = self.sparsity[p]
-            sparsity = torch.clamp(torch.as_tensor(schedule(self.step), dtype=torch.float32),
-                                   0.0, 1.0)
+            sparsity = torch.clamp(
+                torch.as_tensor(schedule(self.step), dtype=torch.float32), 0.0, 1.0
+            )
             schedule.update(is_update_step)
             names = names_of.pop(id(schedule), None)
             if names is not None:
@@ -169,7 +176,8 @@ class DynamicSparsityAlgorithm(SparsityAlgorithm):
         if "step" not in state_dict:
             raise KeyError(
                 f"The state_dict of {type(self).__name__} needs a 'step' entry; got keys "
-                f"{sorted(state_dict)}.")
+                f"{sorted(state_dict)}."
+            )
         step = torch.as_tensor(state_dict.pop("step"))
         self.step = step.to(torch.int64).clone()
         saved = state_dict.get("sparsity") or {}

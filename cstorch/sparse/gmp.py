@@ -23,7 +23,8 @@ class GMP(DynamicSparsityAlgorithm):
         raise ValueError(
             f"Configured with constant sparsity {value}. This is not valid, because the "
             "sparsity pattern would not change during training. For a static sparsity "
-            "pattern, use `algorithm=\"static\".`")
+            'pattern, use `algorithm="static".`'
+        )
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)

@@ -49,7 +49,8 @@ class Group(SparsityAlgorithm):
         raise NotImplementedError(
             "Group sparsity algorithm does not have a sparsity level. You can access the "
             "sparsity of nested sparsity algorithms by indexing the Group object, i.e. "
-            "group[0].sparsity")
+            "group[0].sparsity"
+        )
 
     def __getitem__(self, index) -> SparsityAlgorithm:
         return self._groups[index].algorithm
@@ -61,10 +62,13 @@ class Group(SparsityAlgorithm):
         """Adds ``algorithm`` for the parameters ``filter`` matches."""
         if not isinstance(algorithm, SparsityAlgorithm):
             raise TypeError(
-                f"algorithm must be an instance of SparsityAlgorithm, got {type(algorithm)}")
+                f"algorithm must be an instance of SparsityAlgorithm, got {type(algorithm)}"
+            )
         if isinstance(algorithm, Group):
-            raise TypeError("algorithm must be not be Group sparsity algorithm. If you want to "
-                            "merge groups, use the extend method.")
+            raise TypeError(
+                "algorithm must be not be Group sparsity algorithm. If you want to "
+                "merge groups, use the extend method."
+            )
         if isinstance(filter, str):
             filter = [filter]
         if isinstance(filter, (list, tuple)):
@@ -114,7 +118,8 @@ class Group(SparsityAlgorithm):
         if self.num_sparse_params == 0:
             warnings.warn(
                 "No parameters were sparsified in the module. This is likely due to the "
-                "parameter filter not matching any parameters in the module")
+                "parameter filter not matching any parameters in the module"
+            )
 
     def _forward_pre_hook(self, module, args) -> None:
         for group in self._groups:
@@ -153,6 +158,7 @@ class Group(SparsityAlgorithm):
             count = len(state_dict) if isinstance(state_dict, list) else type(state_dict)
             raise ValueError(
                 f"Expected a list of {len(self._groups)} state_dicts for the Group sparsity "
-                f"algorithm but got {count}.")
+                f"algorithm but got {count}."
+            )
         for state, group in zip(state_dict, self._groups):
             group.algorithm.load_state_dict(state)

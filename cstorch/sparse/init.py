@@ -20,31 +20,43 @@ InitMethodCallable = Callable[..., torch.Tensor]
 InitMethodType = Union[str, InitMethodCallable]
 
 
-def random(p: torch.nn.Parameter, sparsity: torch.FloatTensor,
-           score_shaper: Optional[ScoreShaper] = None,
-           device: Optional[torch.device] = None) -> torch.BoolTensor:
+def random(
+    p: torch.nn.Parameter,
+    sparsity: torch.FloatTensor,
+    score_shaper: Optional[ScoreShaper] = None,
+    device: Optional[torch.device] = None,
+) -> torch.BoolTensor:
     """A uniformly random pattern: the top-k of uniform random scores."""
     score = torch.rand_like(p.detach(), device="cpu")
     return make_mask_topk_sparsity(score, sparsity, score_shaper)
 
 
-def topk(p: torch.nn.Parameter, sparsity: torch.FloatTensor,
-         score_shaper: Optional[ScoreShaper] = None,
-         device: Optional[torch.device] = None) -> torch.BoolTensor:
+def topk(
+    p: torch.nn.Parameter,
+    sparsity: torch.FloatTensor,
+    score_shaper: Optional[ScoreShaper] = None,
+    device: Optional[torch.device] = None,
+) -> torch.BoolTensor:
     """Prunes the lowest-magnitude weights."""
     return make_mask_topk_sparsity(p.detach().abs(), sparsity, score_shaper)
 
 
-def from_zeros(p: torch.nn.Parameter, sparsity: torch.FloatTensor,
-               score_shaper: Optional[ScoreShaper] = None,
-               device: Optional[torch.device] = None) -> torch.BoolTensor:
+def from_zeros(
+    p: torch.nn.Parameter,
+    sparsity: torch.FloatTensor,
+    score_shaper: Optional[ScoreShaper] = None,
+    device: Optional[torch.device] = None,
+) -> torch.BoolTensor:
     """The weights' current zeros are the pruned connections (``sparsity`` is ignored)."""
     return p.detach() != 0
 
 
-def checkerboard(p: torch.nn.Parameter, sparsity: torch.FloatTensor,
-                 score_shaper: Optional[ScoreShaper] = None,
-                 device: Optional[torch.device] = None) -> torch.BoolTensor:
+def checkerboard(
+    p: torch.nn.Parameter,
+    sparsity: torch.FloatTensor,
+    score_shaper: Optional[ScoreShaper] = None,
+    device: Optional[torch.device] = None,
+) -> torch.BoolTensor:
     """A pattern spread as evenly as possible over the last dimension, each row shifted
     (for stress and performance tests)."""
     density = 1.0 - float(sparsity)
@@ -60,17 +72,23 @@ def checkerboard(p: torch.nn.Parameter, sparsity: torch.FloatTensor,
     return row[..., :cols].clone()
 
 
-_INIT_METHODS = {"random": random, "topk": topk, "from_zeros": from_zeros,
-                 "checkerboard": checkerboard}
+_INIT_METHODS = {
+    "random": random,
+    "topk": topk,
+    "from_zeros": from_zeros,
+    "checkerboard": checkerboard,
+}
 
 
 def make_init_method(init_method: InitMethodType) -> InitMethodCallable:
     """The init method named by ``init_method`` (one of ``random``, ``topk``, ``from_zeros``,
     ``checkerboard``), or ``init_method`` itself when it is a function accepting
     ``(p, sparsity, score_shaper=None, device=None)``."""
-    error = (f"Unknown `init_method`: {init_method!r}. Valid options are one of the built-in "
-             f"{list(_INIT_METHODS)} or a function with signature "
-             "(p, sparsity, score_shaper=None, device=None) -> BoolTensor.")
+    error = (
+        f"Unknown `init_method`: {init_method!r}. Valid options are one of the built-in "
+        f"{list(_INIT_METHODS)} or a function with signature "
+        "(p, sparsity, score_shaper=None, device=None) -> BoolTensor."
+    )
     if isinstance(init_method, str):
         if init_method not in _INIT_METHODS:
             raise ValueError(error)

@@ -8,9 +8,14 @@ from typing import Optional
 import torch
 
 from cstorch.sparse.dynamic import DynamicSparsityAlgorithm
-from cstorch.sparse.utils import (HyperParameterScheduleType, InputGroupScoreShaper,
-                                  OutputGroupScoreShaper, make_hyperparam_schedule,
-                                  make_mask_drop_minimum, make_mask_grow_maximum)
+from cstorch.sparse.utils import (
+    HyperParameterScheduleType,
+    InputGroupScoreShaper,
+    OutputGroupScoreShaper,
+    make_hyperparam_schedule,
+    make_mask_drop_minimum,
+    make_mask_grow_maximum,
+)
 
 
 class RigL(DynamicSparsityAlgorithm):
@@ -20,9 +25,13 @@ class RigL(DynamicSparsityAlgorithm):
     ``balance_out_groups`` / ``balance_in_groups`` (at most one) make every group of output
     rows / input columns keep the same number of connections."""
 
-    def __init__(self, drop_fraction: HyperParameterScheduleType = 0.3,
-                 balance_in_groups: Optional[int] = None,
-                 balance_out_groups: Optional[int] = None, **kwargs):
+    def __init__(
+        self,
+        drop_fraction: HyperParameterScheduleType = 0.3,
+        balance_in_groups: Optional[int] = None,
+        balance_out_groups: Optional[int] = None,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.drop_fraction = make_hyperparam_schedule(drop_fraction)
         self.balance_in_groups = balance_in_groups
@@ -38,33 +47,37 @@ class RigL(DynamicSparsityAlgorithm):
             if self.balance_in_groups and self.balance_out_groups:
                 raise ValueError(
                     "Only one of `balance_in_groups` and `balance_out_groups` can be "
-                    "specified at a time.")
+                    "specified at a time."
+                )
             if self.score_shaper is None:
                 if self.balance_out_groups:
                     self.score_shaper = OutputGroupScoreShaper(self.balance_out_groups)
                 elif self.balance_in_groups:
                     self.score_shaper = InputGroupScoreShaper(self.balance_in_groups)
                 if self.score_shaper is not None:
-                    self.init_method = partial(self.init_method,
-                                               score_shaper=self.score_shaper)
+                    self.init_method = partial(self.init_method, score_shaper=self.score_shaper)
             self._validate_balance(name, param)
         super().sparsify_parameter(module, name, param)
 
     def _validate_balance(self, name, param) -> None:
         """Every balanced parameter must split into the groups (checked for each one, where
         the reference checked the first only and failed later for the others)."""
-        for key, groups in (("balance_out_groups", self.balance_out_groups),
-                            ("balance_in_groups", self.balance_in_groups)):
+        for key, groups in (
+            ("balance_out_groups", self.balance_out_groups),
+            ("balance_in_groups", self.balance_in_groups),
+        ):
             if groups and not any(dim % groups == 0 for dim in param.shape):
                 raise ValueError(
                     f"Sparsity group configured with `{key}`={groups} but parameter {name} "
                     f"does not have a dimension with a multiple of {groups}: "
-                    f"{tuple(param.shape)}")
+                    f"{tuple(param.shape)}"
+                )
         if self.balance_in_groups and param.dim() != 2:
             raise ValueError(
                 f"`balance_in_groups` needs 2-D weights, but parameter {name} has shape "
                 f"{tuple(param.shape)}. Leave it out with a param_filter (e.g. a Group for "
-                "the weights only).")
+                "the weights only)."
+            )
 
     def _grad_hook(self, sparse_param, grad):
         key = id(sparse_param.param)
@@ -88,11 +101,14 @@ class RigL(DynamicSparsityAlgorithm):
         if dense_grad is None:
             raise RuntimeError(
                 "RigL requires dense gradients: run the model's forward and loss.backward() "
-                "before optimizer.step() in the same step.")
+                "before optimizer.step() in the same step."
+            )
         drop_fraction = self.drop_fraction(self.step)
         self.drop_fraction.update(self.is_update_step)
         when = self.is_update_step
-        dropped, kept = make_mask_drop_minimum(p.abs(), mask, drop_fraction,
-                                               score_shaper=self.score_shaper, when=when)
-        return make_mask_grow_maximum(dense_grad.abs(), dropped, sparsity, kept,
-                                      score_shaper=self.score_shaper, when=when)
+        dropped, kept = make_mask_drop_minimum(
+            p.abs(), mask, drop_fraction, score_shaper=self.score_shaper, when=when
+        )
+        return make_mask_grow_maximum(
+            dense_grad.abs(), dropped, sparsity, kept, score_shaper=self.score_shaper, when=when
+        )

@@ -10,8 +10,12 @@ from __future__ import annotations
 import torch
 
 from cstorch.sparse.dynamic import DynamicSparsityAlgorithm
-from cstorch.sparse.utils import (HyperParameterScheduleType, make_hyperparam_schedule,
-                                  make_mask_drop_minimum, make_mask_grow_maximum)
+from cstorch.sparse.utils import (
+    HyperParameterScheduleType,
+    make_hyperparam_schedule,
+    make_mask_drop_minimum,
+    make_mask_grow_maximum,
+)
 
 
 class SET(DynamicSparsityAlgorithm):

@@ -218,11 +218,19 @@ class Lambda(HyperParameterSchedule):
         return None
 
 
-HyperParameterScheduleType = Union[int, float, List[int], List[float], Tuple, Dict,
-                                   Callable, HyperParameterSchedule]
+HyperParameterScheduleType = Union[
+    int, float, List[int], List[float], Tuple, Dict, Callable, HyperParameterSchedule
+]
 
-_SCHEDULES = {"constant": Constant, "linear": Linear, "exp": Exp, "power": Power,
-              "cosine": Cosine, "cycling": Cycling, "lambda": Lambda}
+_SCHEDULES = {
+    "constant": Constant,
+    "linear": Linear,
+    "exp": Exp,
+    "power": Power,
+    "cosine": Cosine,
+    "cycling": Cycling,
+    "lambda": Lambda,
+}
 
 
 def make_hyperparam_schedule(schedule):
@@ -242,11 +250,13 @@ def make_hyperparam_schedule(schedule):
         if not name:
             raise ValueError(
                 f"A schedule dict must name its `type` (one of {sorted(_SCHEDULES)}), got "
-                f"{schedule!r}.")
+                f"{schedule!r}."
+            )
         cls = _SCHEDULES.get(str(name).lower())
         if cls is None:
             raise ValueError(
-                f"Unknown schedule type {name!r}; valid types are {sorted(_SCHEDULES)}.")
+                f"Unknown schedule type {name!r}; valid types are {sorted(_SCHEDULES)}."
+            )
         try:
             return cls(**arguments)
         except TypeError as err:
@@ -256,7 +266,8 @@ def make_hyperparam_schedule(schedule):
     raise ValueError(
         f"Unhandled schedule {schedule!r}. Options are: a number (constant), a list of numbers "
         f"(cycling), a function of the step tensor (lambda), a HyperParameterSchedule, or a "
-        f"dict {{\"type\": ...}} with type one of {sorted(_SCHEDULES)}.")
+        f'dict {{"type": ...}} with type one of {sorted(_SCHEDULES)}.'
+    )
 
 
 def _takes_one_argument(fn) -> bool:
@@ -343,7 +354,8 @@ def make_update_schedule(update):
     raise ValueError(
         f"Invalid `update`: {update!r}. Valid options are: None (update every step), "
         '{"freq": freq, "start": start, "stop": stop}, {"steps": [step, ...]}, or a function '
-        "of the step tensor returning a bool tensor.")
+        "of the step tensor returning a bool tensor."
+    )
 
 
 # ----------------------------------------------------------------------------- score shapers
@@ -352,8 +364,7 @@ class ScoreShaper(ABC):
     returns ``(reshaped, unshape)``."""
 
     @abstractmethod
-    def __call__(self, tensor: torch.Tensor):
-        ...
+    def __call__(self, tensor: torch.Tensor): ...
 
 
 class ScoreFlattener(ScoreShaper):
@@ -411,8 +422,9 @@ def make_mask_topk_sparsity(score, sparsity, score_shaper=None, *, when=None) ->
     ``int((1 - sparsity) * n)`` elements."""
     rows, unshape = _rows(score, score_shaper)
     sparsity = torch.as_tensor(sparsity, dtype=torch.float32)
-    return unshape(torch.ops.cstorch.sparse_topk_mask(rows, sparsity, _when(when),
-                                                      _spec(rows), _topk_ties()))
+    return unshape(
+        torch.ops.cstorch.sparse_topk_mask(rows, sparsity, _when(when), _spec(rows), _topk_ties())
+    )
 
 
 def _topk_ties() -> str:
@@ -430,13 +442,15 @@ def make_mask_drop_minimum(score, mask, drop_fraction, score_shaper=None, *, whe
     rows, unshape = _rows(score, score_shaper)
     mask_rows, _ = _rows(mask, score_shaper)
     drop_fraction = torch.as_tensor(drop_fraction, dtype=torch.float32)
-    new, kept = torch.ops.cstorch.sparse_drop_minimum(rows, mask_rows, drop_fraction,
-                                                      _when(when), _spec(rows))
+    new, kept = torch.ops.cstorch.sparse_drop_minimum(
+        rows, mask_rows, drop_fraction, _when(when), _spec(rows)
+    )
     return unshape(new), kept
 
 
-def make_mask_grow_maximum(score, mask, sparsity, mask_nonzero=None, score_shaper=None, *,
-                           when=None):
+def make_mask_grow_maximum(
+    score, mask, sparsity, mask_nonzero=None, score_shaper=None, *, when=None
+):
     """``mask`` plus the highest-scoring pruned positions, up to ``int((1 - sparsity) * n)``
     connections per group (never fewer than ``mask`` has)."""
     rows, unshape = _rows(score, score_shaper)
@@ -445,9 +459,11 @@ def make_mask_grow_maximum(score, mask, sparsity, mask_nonzero=None, score_shape
     if mask_nonzero is None:
         mask_nonzero = mask.sum()
     mask_nonzero = torch.as_tensor(mask_nonzero).to(torch.int32)
-    return unshape(torch.ops.cstorch.sparse_grow_maximum(rows, mask_rows, sparsity,
-                                                         mask_nonzero, _when(when),
-                                                         _spec(rows)))
+    return unshape(
+        torch.ops.cstorch.sparse_grow_maximum(
+            rows, mask_rows, sparsity, mask_nonzero, _when(when), _spec(rows)
+        )
+    )
 
 
 def _register_state(obj) -> None:

@@ -31,6 +31,7 @@ from cstorch.storage.load import load
 from cstorch.storage.safe_pickle import UnsafePickleError
 from cstorch.storage.save import save
 from cstorch.storage.utils import to_deferred
+
 # Readers refuse FIFOs, sockets and devices before opening them (one check for every layer).
 from jax_backend.regular_files import (
     NotARegularFileError as NotARegularFileError,

@@ -24,8 +24,7 @@ from typing import Iterable
 import numpy as np
 import torch
 
-from cstorch.storage import constants as C
-from cstorch.storage import safetensors_format, treespec
+from cstorch.storage import constants as C, safetensors_format, treespec
 from cstorch.storage.deferred import DeferredTensor
 from cstorch.storage.h5_format import H5Reader
 from cstorch.storage.load import load
@@ -33,18 +32,27 @@ from cstorch.storage.save import save
 
 
 def main(argv: Iterable[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cstorch.storage",
-                                     description="Inspect and convert cstorch checkpoints.")
+    parser = argparse.ArgumentParser(
+        prog="python -m cstorch.storage", description="Inspect and convert cstorch checkpoints."
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     info_parser = commands.add_parser("info", help="print the keys, dtypes, shapes and sizes")
     info_parser.add_argument("ckpt")
-    info_parser.add_argument("--unsafe-allow-pickle", action="store_true",
-                             help="allow unpickling objects of torch checkpoints (trusted files only)")
-    convert_parser = commands.add_parser("convert", help="write CKPT as .safetensors, .mdl or torch .pt")
+    info_parser.add_argument(
+        "--unsafe-allow-pickle",
+        action="store_true",
+        help="allow unpickling objects of torch checkpoints (trusted files only)",
+    )
+    convert_parser = commands.add_parser(
+        "convert", help="write CKPT as .safetensors, .mdl or torch .pt"
+    )
     convert_parser.add_argument("ckpt")
     convert_parser.add_argument("out")
-    convert_parser.add_argument("--unsafe-allow-pickle", action="store_true",
-                                help="allow unpickling arbitrary objects (trusted files only)")
+    convert_parser.add_argument(
+        "--unsafe-allow-pickle",
+        action="store_true",
+        help="allow unpickling arbitrary objects (trusted files only)",
+    )
     args = parser.parse_args(argv)
     try:
         if args.command == "info":
@@ -61,7 +69,9 @@ def main(argv: Iterable[str] | None = None) -> int:
 # info
 
 
-def describe(path: str, *, unsafe_allow_pickle: bool = False) -> list[tuple[tuple, str, str, str, int]]:
+def describe(
+    path: str, *, unsafe_allow_pickle: bool = False
+) -> list[tuple[tuple, str, str, str, int]]:
     """(path components, kind, dtype, shape, bytes) for every leaf of a checkpoint."""
     if H5Reader.is_hdf5(path):
         reader = H5Reader(path)
@@ -91,7 +101,15 @@ def _describe_h5(reader: H5Reader, attributes: dict):
             rows.append((parts, "tensor", str(dtype).replace("torch.", ""), str(list(shape)), size))
         elif kind == C.NUMPY_ARRAY:
             dset = reader.dataset(key)
-            rows.append((parts, "ndarray", str(dset.dtype), str(list(dset.shape)), dset.dtype.itemsize * dset.size))
+            rows.append(
+                (
+                    parts,
+                    "ndarray",
+                    str(dset.dtype),
+                    str(list(dset.shape)),
+                    dset.dtype.itemsize * dset.size,
+                )
+            )
         elif kind == C.OBJECT:
             payload = reader.read_bytes(key) or b""
             rows.append((parts, "object (pickled)", "", "", len(payload)))
@@ -105,8 +123,12 @@ def _describe_h5(reader: H5Reader, attributes: dict):
 
 def _describe_value(value):
     if isinstance(value, torch.Tensor):
-        return ("tensor", str(value.dtype).replace("torch.", ""), str(list(value.shape)),
-                value.numel() * value.element_size())
+        return (
+            "tensor",
+            str(value.dtype).replace("torch.", ""),
+            str(list(value.shape)),
+            value.numel() * value.element_size(),
+        )
     if isinstance(value, np.ndarray):
         return "ndarray", str(value.dtype), str(list(value.shape)), value.nbytes
     return type(value).__name__, "", repr(value)[:40], 0
@@ -126,13 +148,17 @@ def print_info(path: str, *, unsafe_allow_pickle: bool = False, out=None) -> Non
         name = parts[-1] if parts else "<root>"
         indent = "  " * len(parts)
         size_text = f"{size:>14,d} B" if size else ""
-        print(f"{indent}{name:<{max(1, 40 - len(indent))}} {kind:<18} {dtype:<10} {shape:<20} {size_text}",
-              file=out)
+        print(
+            f"{indent}{name:<{max(1, 40 - len(indent))}} {kind:<18} {dtype:<10} {shape:<20} {size_text}",
+            file=out,
+        )
         printed = tuple(parts[:-1])
     tensors = sum(1 for r in rows if r[1] in ("tensor", "ndarray"))
     total = sum(r[4] for r in rows)
-    print(f"total: {len(rows)} leaves, {tensors} arrays, {total:,d} bytes ({total / 2**20:.2f} MiB)",
-          file=out)
+    print(
+        f"total: {len(rows)} leaves, {tensors} arrays, {total:,d} bytes ({total / 2**20:.2f} MiB)",
+        file=out,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -168,8 +194,10 @@ def convert(src: str, dst: str, *, unsafe_allow_pickle: bool = False, report=Non
             elif value is None or isinstance(value, (str, int, float, bool)):
                 metadata[key] = json.dumps(value)
             else:
-                print(f"skipped {key!r}: a {type(value).__name__} cannot go into a safetensors file",
-                      file=report)
+                print(
+                    f"skipped {key!r}: a {type(value).__name__} cannot go into a safetensors file",
+                    file=report,
+                )
         safetensors_format.write(dst, tensors, metadata)
         return
     with open(dst, "xb") as f:

@@ -17,8 +17,9 @@ import torch
 
 from cstorch.storage import constants as C
 
-_NUMPY_TO_TORCH = {np_dtype: dtype for dtype, np_dtype in C.TORCH_TO_NUMPY.items()
-                   if dtype is not torch.bfloat16}
+_NUMPY_TO_TORCH = {
+    np_dtype: dtype for dtype, np_dtype in C.TORCH_TO_NUMPY.items() if dtype is not torch.bfloat16
+}
 
 
 def unsupported_dtype_error(key: str, dtype) -> ValueError:
@@ -26,7 +27,8 @@ def unsupported_dtype_error(key: str, dtype) -> ValueError:
     return ValueError(
         f"Cannot save tensor {key!r} of dtype {dtype}: the cerebras H5 checkpoint format has no "
         f"RtFx type for it (storable dtypes: {names}). Convert it first, e.g. "
-        "tensor.to(torch.int16) for int8 or torch.view_as_real(tensor) for complex.")
+        "tensor.to(torch.int16) for int8 or torch.view_as_real(tensor) for complex."
+    )
 
 
 def lazy_tensor_class():
@@ -65,8 +67,9 @@ def tensor_to_array(tensor: torch.Tensor, key: str) -> tuple[np.ndarray, torch.d
     if dtype not in C.RTFX_CODES:
         raise unsupported_dtype_error(key, dtype)
     if tensor.layout != torch.strided:
-        raise ValueError(f"Cannot save tensor {key!r} with layout {tensor.layout}; call "
-                         ".to_dense() on it first.")
+        raise ValueError(
+            f"Cannot save tensor {key!r} with layout {tensor.layout}; call .to_dense() on it first."
+        )
     plain = tensor.detach()
     if plain.device.type != "cpu":
         plain = plain.cpu()
@@ -78,7 +81,9 @@ def tensor_to_array(tensor: torch.Tensor, key: str) -> tuple[np.ndarray, torch.d
     try:
         return numpy_view(plain), dtype
     except (RuntimeError, TypeError) as e:
-        raise ValueError(f"Cannot read the data of tensor {key!r} ({type(tensor).__name__}): {e}") from e
+        raise ValueError(
+            f"Cannot read the data of tensor {key!r} ({type(tensor).__name__}): {e}"
+        ) from e
 
 
 def numpy_view(plain: torch.Tensor) -> np.ndarray:

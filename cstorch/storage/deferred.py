@@ -37,9 +37,8 @@ import torch
 from torch.utils._pytree import tree_map
 from torch.utils.hooks import RemovableHandle
 
-from jax_backend.errors import quoted
-
 from cstorch.storage import conversions
+from jax_backend.errors import quoted
 
 
 class BooleanContext:
@@ -82,7 +81,8 @@ _FILE_CHANGED = (
     "uses them. If this is a false positive (some filesystems report unreliable timestamps), "
     "disable the check with:\n"
     "    with cstorch.storage.serializers.check_deferred_backing_storage(False):\n"
-    "        ...  # code that materializes the tensor\n")
+    "        ...  # code that materializes the tensor\n"
+)
 
 
 class DeferredTensor(torch.Tensor):
@@ -94,8 +94,12 @@ class DeferredTensor(torch.Tensor):
     @staticmethod
     def _make(cls, shape, dtype):
         return torch.Tensor._make_wrapper_subclass(
-            cls, tuple(int(s) for s in shape), dtype=dtype or torch.get_default_dtype(),
-            device="cpu", requires_grad=False)
+            cls,
+            tuple(int(s) for s in shape),
+            dtype=dtype or torch.get_default_dtype(),
+            device="cpu",
+            requires_grad=False,
+        )
 
     def _init_deferred(self) -> None:
         self._tensor: torch.Tensor | None = None
@@ -113,7 +117,9 @@ class DeferredTensor(torch.Tensor):
 
     # -- materialization -------------------------------------------------------------------------
 
-    def register_post_materialize_hook(self, hook: Callable[[torch.Tensor], Any]) -> RemovableHandle:
+    def register_post_materialize_hook(
+        self, hook: Callable[[torch.Tensor], Any]
+    ) -> RemovableHandle:
         """``hook(tensor) -> tensor | None`` runs on every materialization."""
         if not callable(hook):
             raise ValueError("Hook must be callable.")
@@ -337,8 +343,11 @@ class DeferredFileTensor(DeferredTensor):
 
     def __init__(self, filepath, size, dtype):
         super().__init__()
-        warnings.warn("DeferredFileTensor is deprecated; use DeferredTorchTensor or "
-                      "DeferredSafeTensor.", DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "DeferredFileTensor is deprecated; use DeferredTorchTensor or DeferredSafeTensor.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         self._init_deferred()
         self.filepath = os.fspath(filepath)
         self._stamp = _file_stamp(self.filepath)
@@ -346,8 +355,11 @@ class DeferredFileTensor(DeferredTensor):
     def _to_cpu(self) -> torch.Tensor:
         _check_stamp(self.filepath, self._stamp, "materialize a file tensor")
         storage = torch.int16 if self.dtype is torch.bfloat16 else self.dtype
-        array = np.fromfile(self.filepath, dtype=torch.empty(0, dtype=storage).numpy().dtype,
-                            count=int(np.prod(self.shape, dtype=np.int64)))
+        array = np.fromfile(
+            self.filepath,
+            dtype=torch.empty(0, dtype=storage).numpy().dtype,
+            count=int(np.prod(self.shape, dtype=np.int64)),
+        )
         tensor = torch.from_numpy(array.reshape(tuple(self.shape)))
         return tensor.view(torch.bfloat16) if self.dtype is torch.bfloat16 else tensor
 
@@ -371,14 +383,19 @@ class DeferredGraphTensor(DeferredTensor):
         self.args = list(args)
 
     def _to_cpu(self) -> torch.Tensor:
-        graph = torch._C.parse_ir(self.jit_graph) if isinstance(self.jit_graph, str) else (
-            self.jit_graph)
+        graph = (
+            torch._C.parse_ir(self.jit_graph)
+            if isinstance(self.jit_graph, str)
+            else (self.jit_graph)
+        )
         function = torch._C._create_function_from_graph("deferred_graph_tensor", graph)
         args = [a._materialize() if isinstance(a, DeferredTensor) else a for a in self.args]
         value = function(*args)
         if tuple(value.shape) != tuple(self.shape):
-            raise RuntimeError(f"The graph of a DeferredGraphTensor produced shape "
-                               f"{tuple(value.shape)}, expected {tuple(self.shape)}.")
+            raise RuntimeError(
+                f"The graph of a DeferredGraphTensor produced shape "
+                f"{tuple(value.shape)}, expected {tuple(self.shape)}."
+            )
         return value.to(self.dtype)
 
     def _clone(self) -> "DeferredGraphTensor":
@@ -423,16 +440,19 @@ class DeferredObject:
     def read_bytes(self) -> bytes:
         data = self.reader.read_bytes(self.key)
         if data is None:
-            raise RuntimeError(f"Key {self.key!r} of checkpoint '{self.path}' has no __BYTES__ "
-                               "payload: the file is corrupt or incomplete.")
+            raise RuntimeError(
+                f"Key {self.key!r} of checkpoint '{self.path}' has no __BYTES__ "
+                "payload: the file is corrupt or incomplete."
+            )
         return data
 
     def read_tensor(self, dtype: torch.dtype) -> torch.Tensor:
         metadata = self.merged_metadata()
         if metadata.get("__RTFX__"):
             shape = metadata["shapes"][0]
-            array = conversions.rtfx_bytes_to_array(self.read_bytes(), shape,
-                                                    metadata["rtfx_dtypes"][0])
+            array = conversions.rtfx_bytes_to_array(
+                self.read_bytes(), shape, metadata["rtfx_dtypes"][0]
+            )
         else:
             array = self.read_array()
         return conversions.array_to_tensor(array, dtype)
@@ -447,5 +467,6 @@ def _checked_read(deferred: DeferredObject, shape, dtype) -> torch.Tensor:
     if tuple(value.shape) != tuple(shape):
         raise RuntimeError(
             f"Key {quoted(deferred.key)} of checkpoint '{deferred.path}' holds shape "
-            f"{tuple(value.shape)} but its metadata says {tuple(shape)}: corrupt file.")
+            f"{tuple(value.shape)} but its metadata says {tuple(shape)}: corrupt file."
+        )
     return value

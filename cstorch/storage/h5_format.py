@@ -53,8 +53,8 @@ try:
 except ImportError:  # optional: without it, checkpoints are written uncompressed
     pass
 from jax_backend.atomic_files import AtomicFile, remove_stray_temp_files, rename_no_replace
-from jax_backend.regular_files import check_regular
 from jax_backend.errors import CstorchError, quoted
+from jax_backend.regular_files import check_regular
 
 _CHUNK_BYTES = 1 << 20
 # HDF5 refuses object-header attribute messages over 64 KiB unless the file allows v1.8
@@ -73,8 +73,10 @@ class UntrustedCheckpointError(CstorchError, RuntimeError):
     allocate far more memory than it stores."""
 
 
-TRUST_HINT = ("Checkpoints are untrusted by default. If you trust this file and where it "
-              "came from, load it with cstorch.load(path, unsafe_allow_pickle=True).")
+TRUST_HINT = (
+    "Checkpoints are untrusted by default. If you trust this file and where it "
+    "came from, load it with cstorch.load(path, unsafe_allow_pickle=True)."
+)
 
 
 def linked_file_allowed(checkpoint: str, target: str, trusted: bool) -> bool:
@@ -107,9 +109,11 @@ def _warn_uncompressed() -> None:
     global _warned_uncompressed
     if not _warned_uncompressed:
         _warned_uncompressed = True
-        warn("The hdf5plugin package is not installed, so checkpoints are written without "
-             "LZ4 compression (readable everywhere, larger on disk). `pip install hdf5plugin` "
-             "restores the reference's LZ4 format.")
+        warn(
+            "The hdf5plugin package is not installed, so checkpoints are written without "
+            "LZ4 compression (readable everywhere, larger on disk). `pip install hdf5plugin` "
+            "restores the reference's LZ4 format."
+        )
 
 
 def chunk_shape(shape: tuple, itemsize: int) -> tuple:
@@ -117,7 +121,7 @@ def chunk_shape(shape: tuple, itemsize: int) -> tuple:
     chunk = list(shape)
     budget = max(1, _CHUNK_BYTES // max(1, itemsize))
     for axis in range(len(chunk)):
-        inner = int(np.prod(chunk[axis + 1:], dtype=np.int64)) if axis + 1 < len(chunk) else 1
+        inner = int(np.prod(chunk[axis + 1 :], dtype=np.int64)) if axis + 1 < len(chunk) else 1
         if inner <= budget:
             chunk[axis] = max(1, min(chunk[axis], budget // inner))
             return tuple(chunk)
@@ -211,22 +215,26 @@ class _FailSoftFile(io.RawIOBase):
 class H5Writer:
     """Writes one checkpoint into a temporary file and publishes it atomically on :meth:`commit`."""
 
-    def __init__(self, path: str | os.PathLike, *, dense_attributes: bool = False,
-                 overwrite: bool = True):
+    def __init__(
+        self, path: str | os.PathLike, *, dense_attributes: bool = False, overwrite: bool = True
+    ):
         self.path = os.fspath(path)
         self.overwrite = overwrite
         if not overwrite and os.path.lexists(self.path):
             raise FileExistsError(
                 f"Checkpoint at '{self.path}' already exists and the save was called with "
-                "exist_ok=False: delete it or choose another path, then save again.")
+                "exist_ok=False: delete it or choose another path, then save again."
+            )
         if os.path.isdir(self.path) and not os.path.islink(self.path):
             raise IsADirectoryError(
                 f"Cannot save checkpoint to '{self.path}': it is a directory. Give a file path, "
-                f"e.g. '{os.path.join(self.path, 'checkpoint.mdl')}'.")
+                f"e.g. '{os.path.join(self.path, 'checkpoint.mdl')}'."
+            )
         directory = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(directory):
             raise FileNotFoundError(
-                f"Cannot save checkpoint to '{self.path}': directory '{directory}' does not exist.")
+                f"Cannot save checkpoint to '{self.path}': directory '{directory}' does not exist."
+            )
         remove_stray_temp_files(self.path)
         # locked: tells later saves this file is not a killed save's leftover
         self._new = AtomicFile(self.path, mode=0o644, lock=True)
@@ -247,8 +255,11 @@ class H5Writer:
         options: dict = {}
         if array.ndim > 0 and array.size > 0:
             if lz4_available():
-                options = dict(chunks=chunk_shape(array.shape, array.dtype.itemsize),
-                               compression=C.LZ4_FILTER_ID, compression_opts=C.LZ4_FILTER_OPTS)
+                options = dict(
+                    chunks=chunk_shape(array.shape, array.dtype.itemsize),
+                    compression=C.LZ4_FILTER_ID,
+                    compression_opts=C.LZ4_FILTER_OPTS,
+                )
             else:
                 _warn_uncompressed()
         dset = self._create(key, dict(shape=array.shape, dtype=array.dtype, **options))
@@ -297,7 +308,8 @@ class H5Writer:
             raise FileExistsError(
                 f"Checkpoint at '{path}' already exists (it appeared while saving); it was left "
                 "as it is and the new checkpoint was not kept. Save again under another name, "
-                "or pass exist_ok=True to replace it.") from None
+                "or pass exist_ok=True to replace it."
+            ) from None
 
     def _raise_write_error(self) -> None:
         error = self._raw.error
@@ -315,7 +327,8 @@ class H5Writer:
             f"'{os.strerror(error.errno or 0)}' (disk full or a file-size limit). The checkpoint "
             f"needs about {needed} bytes{free}. Nothing was published and the temporary file "
             "was removed; free some space (or raise the limit) and save again.",
-            self.path)
+            self.path,
+        )
 
     def _remove_temp(self) -> None:
         self._new.discard()  # closing it releases the lock
@@ -402,7 +415,8 @@ class H5Reader:
         except OSError as e:
             raise CheckpointFormatError(
                 f"Cannot read checkpoint at '{self.path}': the file looks like HDF5 but HDF5 "
-                f"cannot open it (truncated or corrupt?): {e}") from e
+                f"cannot open it (truncated or corrupt?): {e}"
+            ) from e
         self._stat = self._fstat()
 
     @staticmethod
@@ -419,7 +433,8 @@ class H5Reader:
             return {name: self._file.attrs[name] for name in self._file.attrs}
         except (OSError, KeyError) as e:
             raise CheckpointFormatError(
-                f"Cannot read the metadata of checkpoint '{self.path}' (corrupt file?): {e}") from e
+                f"Cannot read the metadata of checkpoint '{self.path}' (corrupt file?): {e}"
+            ) from e
 
     def __contains__(self, key: str) -> bool:
         return key in self._file
@@ -433,18 +448,21 @@ class H5Reader:
                 raise UntrustedCheckpointError(
                     f"Key {quoted(key)} of checkpoint '{self.path}' is an HDF5 {type(link).__name__} "
                     f"(to {quoted(getattr(link, 'filename', '') + getattr(link, 'path', ''))}), "
-                    f"which could make the loader read another file. {TRUST_HINT}")
+                    f"which could make the loader read another file. {TRUST_HINT}"
+                )
             dset = self._file[key]
         except KeyError:
             raise CheckpointFormatError(
                 f"Checkpoint '{self.path}' has no dataset for key {quoted(key)}: the file is "
-                "incomplete or was not written by cstorch.save.") from None
+                "incomplete or was not written by cstorch.save."
+            ) from None
         if not self.trusted and isinstance(dset, h5py.Dataset):
             if dset.is_virtual or dset.external:
                 what = "a virtual dataset" if dset.is_virtual else "external raw storage"
                 raise UntrustedCheckpointError(
                     f"Key {quoted(key)} of checkpoint '{self.path}' uses {what}, which reads other "
-                    f"files by path. {TRUST_HINT}")
+                    f"files by path. {TRUST_HINT}"
+                )
         return dset
 
     def _check_allocation(self, key: str, dset) -> None:
@@ -457,12 +475,14 @@ class H5Reader:
             raise UntrustedCheckpointError(
                 f"Key {quoted(key)} of checkpoint '{self.path}' declares {declared} bytes of data but "
                 f"stores only {stored}; reading it would allocate memory the file does not "
-                f"hold (a corrupt or crafted file). {TRUST_HINT}")
+                f"hold (a corrupt or crafted file). {TRUST_HINT}"
+            )
 
     def dataset_metadata(self, key: str) -> dict:
         dset = self.dataset(key)
-        return {name: python_value(value) for name, value in dset.attrs.items()
-                if name != C.BYTES_FLAG}
+        return {
+            name: python_value(value) for name, value in dset.attrs.items() if name != C.BYTES_FLAG
+        }
 
     def read_array(self, key: str) -> np.ndarray:
         """Reads a whole dataset into a fresh array (one copy, straight from the chunks)."""
@@ -477,10 +497,12 @@ class H5Reader:
                 raise CheckpointFormatError(
                     f"Key {quoted(key)} of checkpoint '{self.path}' is LZ4-compressed, and this "
                     "Python cannot decompress it: install the hdf5plugin package (`pip install "
-                    "hdf5plugin`), which provides HDF5's LZ4 filter.") from None
+                    "hdf5plugin`), which provides HDF5's LZ4 filter."
+                ) from None
             raise CheckpointFormatError(
                 f"Cannot read key {quoted(key)} from checkpoint '{self.path}' (corrupt data): "
-                f"{str(e)[:300]}") from e
+                f"{str(e)[:300]}"
+            ) from e
         return out
 
     def _read_stored_bytes(self, dset, out: np.ndarray) -> bool:
@@ -515,8 +537,9 @@ class H5Reader:
             valid = min(chunk_bytes, flat.nbytes - start)
             if info.filter_mask or info.size != chunk_bytes + _LZ4_HEADER.size or valid <= 0:
                 return False
-            jobs.append((flat[start:start + valid], info.byte_offset, chunk_bytes,
-                         info.chunk_offset[0]))
+            jobs.append(
+                (flat[start : start + valid], info.byte_offset, chunk_bytes, info.chunk_offset[0])
+            )
         if len(jobs) * chunk_bytes < flat.nbytes:
             return False  # unallocated chunks (fill values): let HDF5 handle them
 

@@ -34,10 +34,7 @@ from urllib.parse import quote
 import numpy as np
 import torch
 
-from jax_backend.user_frames import warn
-from jax_backend.errors import quoted
-from cstorch.storage import constants as C
-from cstorch.storage import safe_pickle, treespec
+from cstorch.storage import constants as C, safe_pickle, treespec
 from cstorch.storage.deferred import (
     DeferredFullTensor,
     DeferredObject,
@@ -52,6 +49,8 @@ from cstorch.storage.h5_format import (
     linked_file_allowed,
     python_value,
 )
+from jax_backend.errors import quoted
+from jax_backend.user_frames import warn
 
 
 def load(reader: H5Reader, attributes: dict, map_location, *, unsafe_allow_pickle: bool = False):
@@ -60,7 +59,8 @@ def load(reader: H5Reader, attributes: dict, map_location, *, unsafe_allow_pickl
     if map_location is not None and not isinstance(map_location, (str, torch.device)):
         raise TypeError(
             "Unsupported `map_location` provided for loading HDF5 checkpoint. Expected `None` "
-            f"or a torch device, but got `{map_location!r}`")
+            f"or a torch device, but got `{map_location!r}`"
+        )
     cache = map_location == "cache"
     device = None if map_location in (None, "cache") else torch.device(map_location)
     if device is not None and device.type == "cpu":
@@ -71,21 +71,25 @@ def load(reader: H5Reader, attributes: dict, map_location, *, unsafe_allow_pickl
         raise RuntimeError(
             f"Checkpoint `{path}` is an HDF5 file but does not conform to the Cerebras HDF5 "
             "checkpoint specification (no __spec__). Please ensure that the checkpoint was "
-            "saved using `cstorch.save()`.")
+            "saved using `cstorch.save()`."
+        )
     try:
         pickled = bytes.fromhex(python_value(raw))
     except (TypeError, ValueError) as e:
         raise CheckpointFormatError(f"Checkpoint '{path}': legacy __spec__ is not hex: {e}") from e
-    spec_object = safe_pickle.loads(pickled, what=f"the __spec__ of legacy checkpoint '{path}'",
-                                    unsafe_allow_pickle=unsafe_allow_pickle, legacy_spec=True)
+    spec_object = safe_pickle.loads(
+        pickled,
+        what=f"the __spec__ of legacy checkpoint '{path}'",
+        unsafe_allow_pickle=unsafe_allow_pickle,
+        legacy_spec=True,
+    )
     spec = _to_node(spec_object, path)
     version = float(attributes.get(C.__VERSION__, 0.1))
 
     keys = [".".join(p) for p in spec.paths()]
     missing = sorted({k for k in keys if quote(k, safe="") not in reader})
     if missing:
-        warn(f"The checkpoint is missing the following keys that are found in the "
-             f"spec: {missing}")
+        warn(f"The checkpoint is missing the following keys that are found in the spec: {missing}")
     values = []
     with cache_deferred_tensors(cache):
         for key in keys:
@@ -101,7 +105,11 @@ def load(reader: H5Reader, attributes: dict, map_location, *, unsafe_allow_pickl
 def _to_node(spec, path: str) -> treespec.Node:
     children = list(getattr(spec, "children_specs", None) or [])
     kind = getattr(spec, "type", None)
-    if getattr(spec, "is_leaf_spec", False) or type(spec).__name__ == "LeafSpec" or (kind is None and not children):
+    if (
+        getattr(spec, "is_leaf_spec", False)
+        or type(spec).__name__ == "LeafSpec"
+        or (kind is None and not children)
+    ):
         return treespec.Node(None, None)
     nodes = [_to_node(child, path) for child in children]
     context = getattr(spec, "context", None)
@@ -118,7 +126,8 @@ def _to_node(spec, path: str) -> treespec.Node:
     else:
         raise CheckpointFormatError(
             f"Legacy checkpoint '{path}' uses container type {quoted(kind)}, which this reader does "
-            "not know how to rebuild.")
+            "not know how to rebuild."
+        )
     return node
 
 
@@ -141,8 +150,11 @@ def _full(reader: H5Reader, name: str) -> DeferredFullTensor:
     dset = reader.dataset(name)
     dtype = torch.bfloat16 if dset.attrs.get("is_bfloat16") else _torch_dtype(dset.dtype, name)
     fill = dset.attrs.get("fill_value")
-    return DeferredFullTensor(torch.Size(python_value(dset.attrs["shape"])), dtype,
-                              None if fill is None else python_value(fill))
+    return DeferredFullTensor(
+        torch.Size(python_value(dset.attrs["shape"])),
+        dtype,
+        None if fill is None else python_value(fill),
+    )
 
 
 def _load_value(reader: H5Reader, name: str, version: float, unsafe_allow_pickle: bool):
@@ -161,9 +173,11 @@ def _load_value(reader: H5Reader, name: str, version: float, unsafe_allow_pickle
     if kind == "NoneH5Type":
         return None
     if kind == "ObjectH5Type":
-        return safe_pickle.loads(bytes.fromhex(python_value(attrs["object_value"])),
-                                 what=f"key {quoted(name)} of legacy checkpoint '{reader.path}'",
-                                 unsafe_allow_pickle=unsafe_allow_pickle)
+        return safe_pickle.loads(
+            bytes.fromhex(python_value(attrs["object_value"])),
+            what=f"key {quoted(name)} of legacy checkpoint '{reader.path}'",
+            unsafe_allow_pickle=unsafe_allow_pickle,
+        )
     if kind in ("DeferredH5Tensor", "StoredTensorH5Type"):
         key = python_value(attrs["key"])
         if attrs.get("link_to_self", False):
@@ -172,7 +186,8 @@ def _load_value(reader: H5Reader, name: str, version: float, unsafe_allow_pickle
         if not linked_file_allowed(reader.path, target, unsafe_allow_pickle):
             raise UntrustedCheckpointError(
                 f"Key {quoted(name)} of legacy checkpoint '{reader.path}' reads its data from a file "
-                f"outside its directory ('{target}'). {TRUST_HINT}")
+                f"outside its directory ('{target}'). {TRUST_HINT}"
+            )
         target = os.path.join(os.path.dirname(reader.path), target)  # as linked_file_allowed
         return _tensor(H5Reader(target, trusted=unsafe_allow_pickle), key)
     if kind in ("FullTensorH5Type", "DeferredFullTensor"):
@@ -180,12 +195,14 @@ def _load_value(reader: H5Reader, name: str, version: float, unsafe_allow_pickle
     if kind is not None:
         raise NotImplementedError(
             f"Key {quoted(name)} of legacy checkpoint '{reader.path}' has type {quoted(kind)}, which needs "
-            "the Cerebras runtime or external files; load and re-save it with cerebras-pytorch.")
+            "the Cerebras runtime or external files; load and re-save it with cerebras-pytorch."
+        )
     # Releases <= 1.8 wrote no __H5_TYPE__.
     if attrs.get("filepath") is not None:
         raise NotImplementedError(
             f"Key {quoted(name)} of legacy checkpoint '{reader.path}' lives in an external file "
-            f"({quoted(python_value(attrs['filepath']))}); this reader does not follow it.")
+            f"({quoted(python_value(attrs['filepath']))}); this reader does not follow it."
+        )
     if attrs.get("is_constructible", False):
         return _full(reader, name)
     if attrs.get("is_none", False):

@@ -30,8 +30,7 @@ from typing import Any
 
 import torch
 
-from cstorch.storage import constants as C
-from cstorch.storage import legacy, safetensors_format, serializers, treespec
+from cstorch.storage import constants as C, legacy, safetensors_format, serializers, treespec
 from cstorch.storage.deferred import cache_deferred_tensors
 from cstorch.storage.h5_format import (
     TRUST_HINT,
@@ -86,7 +85,8 @@ def load(ckpt_path, map_location=None, *, unsafe_allow_pickle: bool = False, **k
             f"Cannot load '{path}': it is the temporary file of a cstorch.save that did not "
             "finish (the process was stopped while saving), so it is incomplete. Load the "
             "checkpoint it was meant to become, or an earlier one; the next save to that "
-            "path removes this leftover.")
+            "path removes this leftover."
+        )
     if not H5Reader.is_hdf5(path):
         return _load_non_h5(path, map_location, unsafe_allow_pickle, **kwargs)
 
@@ -94,13 +94,15 @@ def load(ckpt_path, map_location=None, *, unsafe_allow_pickle: bool = False, **k
     attributes = reader.root_attributes()
     version = float(attributes.get(C.__VERSION__, 0.1))
     if version < C.CURRENT_CKPT_FORMAT_VERSION:
-        return legacy.load(reader, attributes, map_location,
-                           unsafe_allow_pickle=unsafe_allow_pickle)
+        return legacy.load(
+            reader, attributes, map_location, unsafe_allow_pickle=unsafe_allow_pickle
+        )
     if not attributes.get(C.__SUCCESS__, False):
         raise RuntimeError(
             f"Cannot load partially written checkpoint at '{path}'. The save that wrote it did "
             "not finish (its __SUCCESS__ flag is missing), so some values may be missing; "
-            "use an earlier checkpoint or save again.")
+            "use an earlier checkpoint or save again."
+        )
     return _load_v05(reader, attributes, map_location, unsafe_allow_pickle)
 
 
@@ -113,8 +115,10 @@ def _is_complete_h5(path: str) -> bool:
 
 def _load_v05(reader: H5Reader, attributes: dict, map_location, unsafe_allow_pickle: bool):
     path = reader.path
-    spec = treespec.loads(_spec_string(attributes.get(C.__SPEC__), path, "the root"),
-                          allow_imports=unsafe_allow_pickle)
+    spec = treespec.loads(
+        _spec_string(attributes.get(C.__SPEC__), path, "the root"),
+        allow_imports=unsafe_allow_pickle,
+    )
     keys = [".".join(p) for p in spec.paths()]
     cache = isinstance(map_location, str) and map_location == "cache"
     device = None if cache else _target_device(map_location)
@@ -127,7 +131,8 @@ def _load_v05(reader: H5Reader, attributes: dict, map_location, unsafe_allow_pic
                 raise UntrustedCheckpointError(
                     f"Checkpoint '{path}' links to data in a file outside its directory "
                     f"('{target}'); following it could read any file on this machine. "
-                    f"{TRUST_HINT}")
+                    f"{TRUST_HINT}"
+                )
             readers[real] = H5Reader(real, trusted=unsafe_allow_pickle)
         return readers[real]
 
@@ -135,8 +140,9 @@ def _load_v05(reader: H5Reader, attributes: dict, map_location, unsafe_allow_pic
     values = []
     with cache_deferred_tensors(cache):
         for key in keys:
-            value = serializers.deserialize(_leaf_structure(attributes, key, path, unsafe_allow_pickle),
-                                            reader, options)
+            value = serializers.deserialize(
+                _leaf_structure(attributes, key, path, unsafe_allow_pickle), reader, options
+            )
             if device is not None and isinstance(value, torch.Tensor):
                 value = value.to(device)
             values.append(value)
@@ -152,21 +158,25 @@ def _leaf_structure(attributes: dict, key: str, path: str, unsafe_allow_pickle: 
     """The per-key metadata, unflattened into Stored entries / metadata dicts / NestedObjects."""
     raw = attributes.get(f"{key}.{C.__METADATA__}")
     if raw is None:
-        raise CheckpointFormatError(f"Checkpoint '{path}' has no metadata for key {quoted(key)}: corrupt file.")
+        raise CheckpointFormatError(
+            f"Checkpoint '{path}' has no metadata for key {quoted(key)}: corrupt file."
+        )
     try:
         metadata = json.loads(raw)
         leaf_spec = _spec_string(metadata[C.__SPEC__], path, repr(key))
         objects = set(metadata[C.__OBJECTS__])
     except (TypeError, ValueError, KeyError) as e:
-        raise CheckpointFormatError(f"Checkpoint '{path}' has malformed metadata for key {quoted(key)}: "
-                                    f"{str(e)[:200]}") from e
+        raise CheckpointFormatError(
+            f"Checkpoint '{path}' has malformed metadata for key {quoted(key)}: {str(e)[:200]}"
+        ) from e
 
     def entry(sub_key: str):
         try:
             sub_metadata = metadata[f"{sub_key}.{C.__METADATA__}"]
         except KeyError:
             raise CheckpointFormatError(
-                f"Checkpoint '{path}' lacks the metadata of {quoted(sub_key)}: corrupt file.") from None
+                f"Checkpoint '{path}' lacks the metadata of {quoted(sub_key)}: corrupt file."
+            ) from None
         return Stored(sub_key, sub_metadata) if sub_key in objects else sub_metadata
 
     if leaf_spec == treespec.leaf_spec_string(key):  # the common case: no parsing needed
@@ -176,8 +186,9 @@ def _leaf_structure(attributes: dict, key: str, path: str, unsafe_allow_pickle: 
     try:
         return structure[key]
     except (KeyError, TypeError):
-        raise CheckpointFormatError(f"Checkpoint '{path}': the metadata of {quoted(key)} describes "
-                                    "another key.") from None
+        raise CheckpointFormatError(
+            f"Checkpoint '{path}': the metadata of {quoted(key)} describes another key."
+        ) from None
 
 
 def _spec_string(spec_entry, path: str, where: str) -> str:
@@ -186,7 +197,8 @@ def _spec_string(spec_entry, path: str, where: str) -> str:
         return value[1]
     except (TypeError, ValueError, IndexError, KeyError) as e:
         raise CheckpointFormatError(
-            f"Checkpoint '{path}' has no readable __spec__ for {where}: {str(e)[:200]}") from e
+            f"Checkpoint '{path}' has no readable __spec__ for {where}: {str(e)[:200]}"
+        ) from e
 
 
 def _resolve_link(value, first: dict, path: str):
@@ -194,7 +206,8 @@ def _resolve_link(value, first: dict, path: str):
     while isinstance(value, LinkedObject):
         if value.key in seen or value.key not in first:
             raise CheckpointFormatError(
-                f"Checkpoint '{path}' links to key {quoted(value.key)}, which it does not contain.")
+                f"Checkpoint '{path}' links to key {quoted(value.key)}, which it does not contain."
+            )
         seen.add(value.key)
         value = first[value.key]
     return value
@@ -213,7 +226,8 @@ def _target_device(map_location):
         return None if device.type == "cpu" and device.index is None else device
     raise TypeError(
         f"Unsupported map_location {map_location!r} for an H5 checkpoint: use None, 'cpu', "
-        "'cache', a device string, a torch.device, or a dict mapping 'cpu' to one.")
+        "'cache', a device string, a torch.device, or a dict mapping 'cpu' to one."
+    )
 
 
 def _load_non_h5(path: str, map_location, unsafe_allow_pickle: bool, **kwargs):
@@ -244,10 +258,14 @@ def _torch_load(source, map_location, unsafe_allow_pickle: bool, **kwargs):
     except FileNotFoundError:
         raise
     except Exception as e:  # torch.load raises many kinds of errors for foreign files
-        hint = ("" if not kwargs["weights_only"] else
-                " It was read with weights_only=True; if it is a torch checkpoint from a source "
-                "you trust, pass unsafe_allow_pickle=True.")
+        hint = (
+            ""
+            if not kwargs["weights_only"]
+            else " It was read with weights_only=True; if it is a torch checkpoint from a source "
+            "you trust, pass unsafe_allow_pickle=True."
+        )
         name = os.fspath(source) if isinstance(source, (str, os.PathLike)) else repr(source)
         raise RuntimeError(
             f"Failed to load checkpoint file '{name}': it is not a cerebras H5 checkpoint or a "
-            f"safetensors file, and torch.load failed with {type(e).__name__}: {e}.{hint}") from e
+            f"safetensors file, and torch.load failed with {type(e).__name__}: {e}.{hint}"
+        ) from e

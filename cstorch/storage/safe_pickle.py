@@ -62,28 +62,63 @@ def loads(data: bytes, *, what: str, unsafe_allow_pickle: bool = False, legacy_s
         return _dill.loads(data)
     # Without dill, the allow-list's stand-ins for dill's helpers still read dill streams; in
     # permissive mode every other global is resolved normally.
-    return _RestrictedUnpickler(io.BytesIO(data), what, legacy_spec,
-                                permissive=unsafe_allow_pickle).load()
+    return _RestrictedUnpickler(
+        io.BytesIO(data), what, legacy_spec, permissive=unsafe_allow_pickle
+    ).load()
 
 
 # --------------------------------------------------------------------------------------------
 # The allow-list
 
-_BUILTINS = frozenset({
-    "int", "float", "complex", "bool", "str", "bytes", "bytearray", "tuple", "list", "dict",
-    "set", "frozenset", "slice", "range", "NoneType", "Ellipsis", "NotImplemented",
-})
-_COLLECTIONS = {"OrderedDict": collections.OrderedDict, "defaultdict": collections.defaultdict,
-                "deque": collections.deque, "Counter": collections.Counter}
+_BUILTINS = frozenset(
+    {
+        "int",
+        "float",
+        "complex",
+        "bool",
+        "str",
+        "bytes",
+        "bytearray",
+        "tuple",
+        "list",
+        "dict",
+        "set",
+        "frozenset",
+        "slice",
+        "range",
+        "NoneType",
+        "Ellipsis",
+        "NotImplemented",
+    }
+)
+_COLLECTIONS = {
+    "OrderedDict": collections.OrderedDict,
+    "defaultdict": collections.defaultdict,
+    "deque": collections.deque,
+    "Counter": collections.Counter,
+}
 _TORCH_CLASSES = {"Size": torch.Size, "device": torch.device}
 # dill names builtin types through ``dill._dill._load_type``: current and py2-era names.
 _DILL_TYPE_NAMES = {
     **{name: getattr(builtins, name) for name in _BUILTINS if hasattr(builtins, name)},
-    "NoneType": type(None), "ComplexType": complex, "SliceType": slice, "IntType": int,
-    "FloatType": float, "BooleanType": bool, "StringType": str, "UnicodeType": str,
-    "BytesType": bytes, "ByteArrayType": bytearray, "TupleType": tuple, "ListType": list,
-    "DictType": dict, "SetType": set, "FrozenSetType": frozenset, "XRangeType": range,
-    "RangeType": range, "EllipsisType": type(Ellipsis),
+    "NoneType": type(None),
+    "ComplexType": complex,
+    "SliceType": slice,
+    "IntType": int,
+    "FloatType": float,
+    "BooleanType": bool,
+    "StringType": str,
+    "UnicodeType": str,
+    "BytesType": bytes,
+    "ByteArrayType": bytearray,
+    "TupleType": tuple,
+    "ListType": list,
+    "DictType": dict,
+    "SetType": set,
+    "FrozenSetType": frozenset,
+    "XRangeType": range,
+    "RangeType": range,
+    "EllipsisType": type(Ellipsis),
 }
 _RANGE_REPR = re.compile(r"range\((-?\d+), (-?\d+)(?:, (-?\d+))?\)\Z")
 _NUMPY_MODULES = ("numpy.core.multiarray", "numpy._core.multiarray")
@@ -94,7 +129,8 @@ def _dill_load_type(name):
         return _DILL_TYPE_NAMES[name]
     except KeyError:
         raise UnsafePickleError(
-            f"dill type {quoted(name)} is not on the safe allow-list; pass {OPT_IN} to load it") from None
+            f"dill type {quoted(name)} is not on the safe allow-list; pass {OPT_IN} to load it"
+        ) from None
 
 
 def _dill_eval_repr(text):
@@ -102,7 +138,8 @@ def _dill_eval_repr(text):
     match = _RANGE_REPR.match(str(text))
     if match is None:
         raise UnsafePickleError(
-            f"refusing to evaluate {str(text)[:80]!r} from a dill pickle; pass {OPT_IN} to allow it")
+            f"refusing to evaluate {str(text)[:80]!r} from a dill pickle; pass {OPT_IN} to allow it"
+        )
     return range(*(int(g) for g in match.groups() if g is not None))
 
 
@@ -126,8 +163,11 @@ def _numpy_reconstructors():
     return found
 
 
-_DILL_HELPERS = {"_load_type": _dill_load_type, "_eval_repr": _dill_eval_repr,
-                 "_create_array": _dill_create_array}
+_DILL_HELPERS = {
+    "_load_type": _dill_load_type,
+    "_eval_repr": _dill_eval_repr,
+    "_create_array": _dill_create_array,
+}
 
 
 class LegacyTreeSpec:
@@ -175,7 +215,8 @@ class _RestrictedUnpickler(pickle.Unpickler):
                 "is not on "
                 "the allow-list of plain data types, and unpickling arbitrary classes can execute "
                 f"code from the file. If you trust this checkpoint, pass {OPT_IN} to "
-                "cstorch.load (or --unsafe-allow-pickle to the CLI).")
+                "cstorch.load (or --unsafe-allow-pickle to the CLI)."
+            )
         return found
 
     def _allowed(self, module, name):
@@ -185,6 +226,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
             return _COLLECTIONS[name]
         if module == "_codecs" and name == "encode":  # protocol <= 2 spells bytes this way
             import _codecs
+
             return _codecs.encode
         if module == "torch":
             if name in _TORCH_CLASSES:

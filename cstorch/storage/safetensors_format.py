@@ -17,13 +17,22 @@ import numpy as np
 import torch
 
 from cstorch.storage.conversions import numpy_view
-from jax_backend.regular_files import open_regular_file
 from jax_backend.errors import CstorchError, quoted
+from jax_backend.regular_files import open_regular_file
 
 _DTYPES = {
-    torch.bool: "BOOL", torch.uint8: "U8", torch.int8: "I8", torch.int16: "I16",
-    torch.uint16: "U16", torch.int32: "I32", torch.uint32: "U32", torch.int64: "I64",
-    torch.uint64: "U64", torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32",
+    torch.bool: "BOOL",
+    torch.uint8: "U8",
+    torch.int8: "I8",
+    torch.int16: "I16",
+    torch.uint16: "U16",
+    torch.int32: "I32",
+    torch.uint32: "U32",
+    torch.int64: "I64",
+    torch.uint64: "U64",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.float32: "F32",
     torch.float64: "F64",
 }
 _FROM_NAME = {name: dtype for dtype, name in _DTYPES.items()}
@@ -59,11 +68,15 @@ def entries(path: str | os.PathLike) -> dict[str, tuple]:
             shape = [int(s) for s in info["shape"]]
             begin, end = (int(o) for o in info["data_offsets"])
         except (KeyError, TypeError, ValueError) as e:
-            raise SafetensorsError(f"safetensors file '{path}': bad entry for {quoted(name)}: {quoted(info)}") from e
+            raise SafetensorsError(
+                f"safetensors file '{path}': bad entry for {quoted(name)}: {quoted(info)}"
+            ) from e
         itemsize = torch.empty(0, dtype=dtype).element_size()
         count = int(np.prod(shape, dtype=np.int64))
         if end - begin != count * itemsize or begin < 0 or data_start + end > size:
-            raise SafetensorsError(f"safetensors file '{path}': data of {quoted(name)} is out of bounds.")
+            raise SafetensorsError(
+                f"safetensors file '{path}': data of {quoted(name)} is out of bounds."
+            )
         out[name] = (dtype, shape, data_start + begin)
     return out
 
@@ -88,8 +101,9 @@ def read_tensor(path: str | os.PathLike, name: str) -> torch.Tensor:
     """Reads one tensor (and nothing else) of a safetensors file."""
     table = entries(path)
     if name not in table:
-        raise KeyError(f"safetensors file '{path}' has no tensor {quoted(name)}; it has "
-                       f"{sorted(table)[:20]}.")
+        raise KeyError(
+            f"safetensors file '{path}' has no tensor {quoted(name)}; it has {sorted(table)[:20]}."
+        )
     return _read_entry(path, name, table[name])
 
 
@@ -98,8 +112,11 @@ def read_metadata(path: str | os.PathLike) -> dict[str, str]:
     return dict(header.get("__metadata__") or {})
 
 
-def write(path: str | os.PathLike, tensors: dict[str, torch.Tensor],
-          metadata: dict[str, str] | None = None) -> None:
+def write(
+    path: str | os.PathLike,
+    tensors: dict[str, torch.Tensor],
+    metadata: dict[str, str] | None = None,
+) -> None:
     """Writes ``tensors`` (name -> CPU tensor) and string ``metadata`` to a new file."""
     header: dict = {}
     if metadata:
@@ -112,8 +129,11 @@ def write(path: str | os.PathLike, tensors: dict[str, torch.Tensor],
         if plain.dtype is torch.bfloat16:
             plain = plain.view(torch.int16)
         array = numpy_view(plain)  # leaves the storage resizable (conversions.numpy_view)
-        header[name] = {"dtype": _DTYPES[tensor.dtype], "shape": list(tensor.shape),
-                        "data_offsets": [offset, offset + array.nbytes]}
+        header[name] = {
+            "dtype": _DTYPES[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + array.nbytes],
+        }
         arrays.append(array)
         offset += array.nbytes
     blob = json.dumps(header, separators=(",", ":")).encode()

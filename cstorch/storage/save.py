@@ -28,8 +28,7 @@ import numpy as np
 import torch
 
 from cstorch.distributed import runtime
-from cstorch.storage import constants as C
-from cstorch.storage import conversions, serializers, treespec
+from cstorch.storage import constants as C, conversions, serializers, treespec
 from cstorch.storage.h5_format import COMPACT_ATTRIBUTE_LIMIT, H5Writer
 
 
@@ -68,23 +67,29 @@ def save(state_dict, ckpt_path: str | os.PathLike, *, exist_ok: bool = True) -> 
             raise ValueError(
                 "cstorch.save expects a container (e.g. a dict) at the top of the state dict: "
                 f"a bare {type(flat.leaves[0]).__name__} or an empty-string key has no name in "
-                "the checkpoint. Wrap it, e.g. cstorch.save({'value': x}, path).")
+                "the checkpoint. Wrap it, e.g. cstorch.save({'value': x}, path)."
+            )
 
     entries = _link_duplicates(flat.keys, flat.leaves)
     # Non-tensor leaves are encoded up front: their size decides the HDF5 attribute layout.
-    encoded = {key: serializers.encode(value, key) for key, value in entries
-               if not _is_array_like(value)}
-    dense = any(e.payload is not None and len(e.payload) > COMPACT_ATTRIBUTE_LIMIT
-                for e in encoded.values())
+    encoded = {
+        key: serializers.encode(value, key) for key, value in entries if not _is_array_like(value)
+    }
+    dense = any(
+        e.payload is not None and len(e.payload) > COMPACT_ATTRIBUTE_LIMIT for e in encoded.values()
+    )
 
     writer = H5Writer(path, dense_attributes=dense, overwrite=exist_ok)
     try:
-        writer.write_root_attributes({
-            C.__SPEC__: json.dumps([treespec.human_readable(state_dict, flat.spec), flat.spec.dumps()],
-                                   indent=4),
-            C.__VERSION__: np.float64(C.CURRENT_CKPT_FORMAT_VERSION),
-            C.__CSTORCH_VERSION__: C.CSTORCH_VERSION,
-        })
+        writer.write_root_attributes(
+            {
+                C.__SPEC__: json.dumps(
+                    [treespec.human_readable(state_dict, flat.spec), flat.spec.dumps()], indent=4
+                ),
+                C.__VERSION__: np.float64(C.CURRENT_CKPT_FORMAT_VERSION),
+                C.__CSTORCH_VERSION__: C.CSTORCH_VERSION,
+            }
+        )
         metadata = {}
         for key, value in entries:
             entry = encoded.pop(key, None) or serializers.encode(value, key)
@@ -132,8 +137,11 @@ def _is_array_like(value) -> bool:
 
 
 def _leaf_metadata_json(key: str, metadata: dict) -> str:
-    return json.dumps({
-        C.__SPEC__: [{key: "*"}, treespec.leaf_spec_string(key)],
-        C.__OBJECTS__: [key],
-        f"{key}.{C.__METADATA__}": metadata,
-    }, indent=4)
+    return json.dumps(
+        {
+            C.__SPEC__: [{key: "*"}, treespec.leaf_spec_string(key)],
+            C.__OBJECTS__: [key],
+            f"{key}.{C.__METADATA__}": metadata,
+        },
+        indent=4,
+    )

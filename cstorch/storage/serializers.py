@@ -34,9 +34,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from jax_backend.errors import quoted
-from cstorch.storage import constants as C
-from cstorch.storage import conversions, safe_pickle
+from cstorch.storage import constants as C, conversions, safe_pickle
 from cstorch.storage.deferred import (  # public re-exports
     BooleanContext,
     DeferredFileTensor,
@@ -54,13 +52,24 @@ from cstorch.storage.deferred import (  # public re-exports
     use_external_link,
 )
 from cstorch.storage.treespec import NestedObject
+from jax_backend.errors import quoted
 
 __all__ = [
-    "BooleanContext", "DeferredFileTensor", "DeferredFullTensor", "DeferredGraphTensor",
-    "DeferredObject", "DeferredSafeTensor", "DeferredTensor", "DeferredTorchTensor",
-    "LinkedObject", "cache_deferred_tensors",
-    "check_deferred_backing_storage", "materialize_deferred_tensors", "saving_initial_state",
-    "use_cstorch_types", "use_external_link",
+    "BooleanContext",
+    "DeferredFileTensor",
+    "DeferredFullTensor",
+    "DeferredGraphTensor",
+    "DeferredObject",
+    "DeferredSafeTensor",
+    "DeferredTensor",
+    "DeferredTorchTensor",
+    "LinkedObject",
+    "cache_deferred_tensors",
+    "check_deferred_backing_storage",
+    "materialize_deferred_tensors",
+    "saving_initial_state",
+    "use_cstorch_types",
+    "use_external_link",
 ]
 
 
@@ -87,7 +96,9 @@ class Encoded:
 def encode(value: Any, key: str) -> Encoded:
     """Serializes one leaf the way the reference does (metadata keys in the reference's order)."""
     if isinstance(value, LinkedObject):
-        return Encoded({"key": value.key, C.LINKED_FLAG: True, C.__TYPE__: C.LINKED, C.NONE_FLAG: True})
+        return Encoded(
+            {"key": value.key, C.LINKED_FLAG: True, C.__TYPE__: C.LINKED, C.NONE_FLAG: True}
+        )
     if isinstance(value, torch.Tensor):
         if isinstance(value, DeferredTensor):
             # Re-saving a loaded checkpoint: read the value without keeping it in memory.
@@ -106,20 +117,38 @@ def encode(value: Any, key: str) -> Encoded:
     if isinstance(value, np.ndarray) and conversions.numpy_dtype_is_storable(value.dtype):
         is_bf16 = C.is_bf16_numpy(value.dtype)
         array = value.view(np.int16) if is_bf16 else value
-        return Encoded({"is_bfloat16": is_bf16, C.__TYPE__: C.NUMPY_ARRAY, C.NUMPY_FLAG: True,
-                        "compressed": False}, array=array)
+        return Encoded(
+            {
+                "is_bfloat16": is_bf16,
+                C.__TYPE__: C.NUMPY_ARRAY,
+                C.NUMPY_FLAG: True,
+                "compressed": False,
+            },
+            array=array,
+        )
     try:
         payload = safe_pickle.dumps(value)
     except Exception as e:  # pickling can raise anything a __reduce__ raises
-        raise TypeError(f"Cannot save {key!r}: a {type(value).__qualname__} is neither a tensor, "
-                        f"array, scalar or string, and pickling it failed: {e}") from e
+        raise TypeError(
+            f"Cannot save {key!r}: a {type(value).__qualname__} is neither a tensor, "
+            f"array, scalar or string, and pickling it failed: {e}"
+        ) from e
     return Encoded({C.__TYPE__: C.OBJECT, C.BYTES_FLAG: True, "compressed": False}, payload=payload)
 
 
 def _tensor_entry(array: np.ndarray, dtype: torch.dtype) -> Encoded:
-    return Encoded({C.TORCH_FLAG: True, "shapes": [list(array.shape)], "dtypes": [str(dtype)],
-                    "rtfx_dtypes": [C.RTFX_CODES[dtype]], C.__TYPE__: C.TORCH_TENSOR,
-                    C.NUMPY_FLAG: True, "compressed": False}, array=array)
+    return Encoded(
+        {
+            C.TORCH_FLAG: True,
+            "shapes": [list(array.shape)],
+            "dtypes": [str(dtype)],
+            "rtfx_dtypes": [C.RTFX_CODES[dtype]],
+            C.__TYPE__: C.TORCH_TENSOR,
+            C.NUMPY_FLAG: True,
+            "compressed": False,
+        },
+        array=array,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -160,7 +189,9 @@ def deserialize(value: Any, reader, options: LoadOptions) -> Any:
 def _decode_stored(key: str, metadata: dict, reader, options: LoadOptions) -> Any:
     kind = metadata.get(C.__TYPE__)
     if kind is None:
-        raise _corrupt(options, f"metadata of key {quoted(key)} has no __TYPE__: {quoted(metadata)}")
+        raise _corrupt(
+            options, f"metadata of key {quoted(key)} has no __TYPE__: {quoted(metadata)}"
+        )
     if metadata.get(C.NONE_FLAG):
         value = _decode_inline(kind, key, metadata, options)
     else:  # __NUMPY__ or __BYTES__: the value is in the dataset named ``key``
@@ -189,7 +220,8 @@ def _decode_inline(kind: str, key: str, metadata: dict, options: LoadOptions) ->
             f"Key {quoted(key)} of checkpoint '{options.path}' refers to a tensor in another file "
             f"({kind}, {quoted(metadata.get('path') or metadata.get('filepath'))}); this reader "
             "does not "
-            "follow such references. Load that file directly instead.")
+            "follow such references. Load that file directly instead."
+        )
     raise _unknown(kind, key, options)
 
 
@@ -203,8 +235,11 @@ def _decode_dataset(kind: str, key: str, metadata: dict, reader, options: LoadOp
             array = array.view(C.BF16_NUMPY)
         return array
     if kind == C.OBJECT:
-        return safe_pickle.loads(stored.read_bytes(), what=f"key {quoted(key)} of checkpoint '{options.path}'",
-                                 unsafe_allow_pickle=options.unsafe_allow_pickle)
+        return safe_pickle.loads(
+            stored.read_bytes(),
+            what=f"key {quoted(key)} of checkpoint '{options.path}'",
+            unsafe_allow_pickle=options.unsafe_allow_pickle,
+        )
     if kind in (C.TORCH_TENSOR, "DeferredTorchTensor"):
         return stored
     raise _unknown(kind, key, options)
@@ -219,7 +254,8 @@ def _decode_nested(inner: Any, metadata: dict, options: LoadOptions) -> Any:
             f"Checkpoint '{options.path}' holds a DeferredGraphTensor (a tensor defined by a "
             "Cerebras JIT graph, written on CSX with external links). Computing it needs the "
             "Cerebras runtime; re-save the checkpoint with the reference and "
-            "cstorch.storage.serializers.use_external_link(False).")
+            "cstorch.storage.serializers.use_external_link(False)."
+        )
     raise _unknown(kind, "<nested>", options)
 
 
@@ -243,14 +279,17 @@ def _external_link(key: str, metadata: dict, options: LoadOptions) -> DeferredOb
     if options.open_reader is None or not path:
         raise _corrupt(options, f"external link at {quoted(key)} without a target")
     target = path if os.path.isabs(path) else os.path.join(os.path.dirname(options.path), path)
-    return DeferredObject(options.open_reader(target), metadata["key"], metadata.get("metadata") or {})
+    return DeferredObject(
+        options.open_reader(target), metadata["key"], metadata.get("metadata") or {}
+    )
 
 
 def _unknown(kind: str, key: str, options: LoadOptions) -> Exception:
     return NotImplementedError(
         f"Key {quoted(key)} of checkpoint '{options.path}' was written by an unknown serializer "
         f"{quoted(kind)}; this reader knows {C.TORCH_TENSOR}, {C.SCALAR}, {C.STRING}, {C.NONE}, "
-        f"{C.NUMPY_ARRAY}, {C.OBJECT}, {C.LINKED} and the CSX deferred-tensor entries.")
+        f"{C.NUMPY_ARRAY}, {C.OBJECT}, {C.LINKED} and the CSX deferred-tensor entries."
+    )
 
 
 def _corrupt(options: LoadOptions, what: str) -> Exception:

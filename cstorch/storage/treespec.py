@@ -39,8 +39,8 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.utils._pytree as _torch_pytree
 
-from jax_backend.user_frames import warn
 from jax_backend.errors import CstorchError, quoted
+from jax_backend.user_frames import warn
 
 PROTOCOL = 1
 LEAF_JSON = {"type": None, "context": None, "children_spec": []}
@@ -55,12 +55,27 @@ _OWN_TYPES = frozenset([dict, OrderedDict, defaultdict, list, tuple, deque, set,
 # defaultdict factories we may resolve without importing anything.
 _SAFE_FACTORIES = {
     ("builtins", name): getattr(__import__("builtins"), name)
-    for name in ("list", "dict", "set", "frozenset", "tuple", "int", "float", "complex",
-                 "str", "bytes", "bool")
+    for name in (
+        "list",
+        "dict",
+        "set",
+        "frozenset",
+        "tuple",
+        "int",
+        "float",
+        "complex",
+        "str",
+        "bytes",
+        "bool",
+    )
 }
-_SAFE_FACTORIES.update({("collections", "OrderedDict"): OrderedDict,
-                        ("collections", "deque"): deque,
-                        ("collections", "defaultdict"): defaultdict})
+_SAFE_FACTORIES.update(
+    {
+        ("collections", "OrderedDict"): OrderedDict,
+        ("collections", "deque"): deque,
+        ("collections", "defaultdict"): defaultdict,
+    }
+)
 
 
 class TreeSpecError(CstorchError, ValueError):
@@ -84,8 +99,11 @@ class Node:
     def to_json(self) -> dict:
         if self.is_leaf:
             return dict(LEAF_JSON, children_spec=[])
-        return {"type": self.type_name, "context": self.context,
-                "children_spec": [c.to_json() for c in self.children]}
+        return {
+            "type": self.type_name,
+            "context": self.context,
+            "children_spec": [c.to_json() for c in self.children],
+        }
 
     def dumps(self) -> str:
         """The ``treespec_dumps`` string (protocol 1) of this structure."""
@@ -128,15 +146,24 @@ def flatten(tree: Any) -> Flattened:
             raise TreeSpecError(
                 f"Two entries of the state dict map to the same checkpoint key {key!r} "
                 f"(leaves #{seen[key]} and #{index}). Keys are the dot-joined paths of the "
-                "entries, so e.g. {'a.b': x} and {'a': {'b': y}} collide; rename one of them.")
+                "entries, so e.g. {'a.b': x} and {'a': {'b': y}} collide; rename one of them."
+            )
         seen[key] = index
     return Flattened(leaves, keys, spec)
 
 
 def leaf_spec_string(key: str) -> str:
     """``treespec_dumps`` of ``{key: <leaf>}``: the per-leaf spec every metadata entry carries."""
-    return json.dumps([PROTOCOL, {"type": "builtins.dict", "context": json.dumps([key]),
-                                  "children_spec": [dict(LEAF_JSON, children_spec=[])]}])
+    return json.dumps(
+        [
+            PROTOCOL,
+            {
+                "type": "builtins.dict",
+                "context": json.dumps([key]),
+                "children_spec": [dict(LEAF_JSON, children_spec=[])],
+            },
+        ]
+    )
 
 
 def human_readable(tree: Any, spec: Node) -> Any:
@@ -169,9 +196,13 @@ def _flatten(tree: Any, path: tuple, leaves: list) -> Node:
         leaves.append(tree)
         return Node(None, None)
     type_name, context, keys, children, _, build = parts
-    return Node(type_name, context,
-                [_flatten(child, path + (key,), leaves) for key, child in zip(keys, children)],
-                keys, build)
+    return Node(
+        type_name,
+        context,
+        [_flatten(child, path + (key,), leaves) for key, child in zip(keys, children)],
+        keys,
+        build,
+    )
 
 
 def _node_parts(tree: Any, path: tuple):
@@ -180,31 +211,61 @@ def _node_parts(tree: Any, path: tuple):
     if kind in _MAPPING_TYPES:
         keys = list(tree.keys())
         _check_keys(keys, path)
-        return (_MAPPING_TYPES[kind], json.dumps(keys), [str(k) for k in keys], list(tree.values()),
-                keys, lambda values: kind(zip(keys, values)))
+        return (
+            _MAPPING_TYPES[kind],
+            json.dumps(keys),
+            [str(k) for k in keys],
+            list(tree.values()),
+            keys,
+            lambda values: kind(zip(keys, values)),
+        )
     if kind is defaultdict:
         keys = list(tree.keys())
         _check_keys(keys, path)
         factory = tree.default_factory
-        context = {"default_factory_module": getattr(factory, "__module__", None),
-                   "default_factory_name": getattr(factory, "__qualname__", None),
-                   "dict_context": keys}
-        return ("collections.defaultdict", context, [str(k) for k in keys], list(tree.values()), keys,
-                lambda values: defaultdict(factory, zip(keys, values)))
+        context = {
+            "default_factory_module": getattr(factory, "__module__", None),
+            "default_factory_name": getattr(factory, "__qualname__", None),
+            "dict_context": keys,
+        }
+        return (
+            "collections.defaultdict",
+            context,
+            [str(k) for k in keys],
+            list(tree.values()),
+            keys,
+            lambda values: defaultdict(factory, zip(keys, values)),
+        )
     if kind in _SEQUENCE_TYPES:
         children = list(tree)
-        return (_SEQUENCE_TYPES[kind], "null", [str(i) for i in range(len(children))], children,
-                None, kind)
+        return (
+            _SEQUENCE_TYPES[kind],
+            "null",
+            [str(i) for i in range(len(children))],
+            children,
+            None,
+            kind,
+        )
     if kind is deque:
         children = list(tree)
-        return ("collections.deque", json.dumps(tree.maxlen),
-                [str(i) for i in range(len(children))], children, None,
-                lambda values: deque(values, maxlen=tree.maxlen))
+        return (
+            "collections.deque",
+            json.dumps(tree.maxlen),
+            [str(i) for i in range(len(children))],
+            children,
+            None,
+            lambda values: deque(values, maxlen=tree.maxlen),
+        )
     if _torch_pytree.is_namedtuple_class(kind):
         children = list(tree)
-        return ("collections.namedtuple", _namedtuple_name(kind),
-                [str(i) for i in range(len(children))], children, None,
-                lambda values: kind(*values))
+        return (
+            "collections.namedtuple",
+            _namedtuple_name(kind),
+            [str(i) for i in range(len(children))],
+            children,
+            None,
+            lambda values: kind(*values),
+        )
     if kind not in _OWN_TYPES:
         return _registered_node_parts(tree, kind)
     return None
@@ -215,7 +276,11 @@ def _registered_node_parts(tree: Any, kind: type):
     node_def = _torch_pytree.SUPPORTED_NODES.get(kind)
     serialize_def = getattr(_torch_pytree, "SUPPORTED_SERIALIZED_TYPES", {}).get(kind)
     no_name = getattr(_torch_pytree, "NO_SERIALIZED_TYPE_NAME_FOUND", None)
-    if node_def is None or serialize_def is None or serialize_def.serialized_type_name in (None, no_name):
+    if (
+        node_def is None
+        or serialize_def is None
+        or serialize_def.serialized_type_name in (None, no_name)
+    ):
         return None
     children, context = node_def.flatten_fn(tree)
     children = list(children)
@@ -227,9 +292,16 @@ def _registered_node_parts(tree: Any, kind: type):
         except TypeError as e:
             raise TreeSpecError(
                 f"The pytree context of {kind.__qualname__} is not JSON serializable; register "
-                "the type with to_dumpable_context/from_dumpable_context.") from e
-    return (serialize_def.serialized_type_name, dumped, _context_keys(context, len(children)),
-            children, None, lambda values: node_def.unflatten_fn(values, context))
+                "the type with to_dumpable_context/from_dumpable_context."
+            ) from e
+    return (
+        serialize_def.serialized_type_name,
+        dumped,
+        _context_keys(context, len(children)),
+        children,
+        None,
+        lambda values: node_def.unflatten_fn(values, context),
+    )
 
 
 def _context_keys(context: Any, count: int) -> list[str]:
@@ -246,7 +318,8 @@ def _check_keys(keys: list, path: tuple) -> None:
             raise TreeSpecError(
                 f"Dict key {key!r} (type {type(key).__name__}) at {where!r} cannot be stored in a "
                 "checkpoint: the format keeps dict keys as JSON, so they must be str, int, float, "
-                "bool or None. Convert the key (e.g. to a string) before saving.")
+                "bool or None. Convert the key (e.g. to a string) before saving."
+            )
 
 
 def _namedtuple_name(cls: type) -> str:
@@ -267,9 +340,13 @@ def loads(spec: str, *, allow_imports: bool = False) -> Node:
     try:
         protocol, root = json.loads(spec)
     except (TypeError, ValueError) as e:
-        raise TreeSpecError(f"the stored treespec is not protocol-1 JSON: {str(spec)[:200]!r}") from e
+        raise TreeSpecError(
+            f"the stored treespec is not protocol-1 JSON: {str(spec)[:200]!r}"
+        ) from e
     if protocol != PROTOCOL:
-        raise TreeSpecError(f"unsupported treespec protocol {quoted(protocol)} (only {PROTOCOL} is known)")
+        raise TreeSpecError(
+            f"unsupported treespec protocol {quoted(protocol)} (only {PROTOCOL} is known)"
+        )
     return _parse(root, allow_imports)
 
 
@@ -298,7 +375,9 @@ def _parse(obj: dict, allow_imports: bool) -> Node:
         keys = list(context["dict_context"])
         factory = _resolve_factory(context, allow_imports)
         node.child_keys = [str(k) for k in keys]
-        node.build = lambda values, keys=keys, factory=factory: defaultdict(factory, zip(keys, values))
+        node.build = lambda values, keys=keys, factory=factory: defaultdict(
+            factory, zip(keys, values)
+        )
     elif type_name == "builtins.list":
         node.build = list
     elif type_name in ("builtins.tuple", "torch.Size"):
@@ -322,8 +401,9 @@ def _json_list(context: Any, type_name: str, count: int) -> list:
     except ValueError as e:
         raise TreeSpecError(f"malformed {quoted(type_name)} context {quoted(context)}") from e
     if not isinstance(keys, list) or len(keys) != count:
-        raise TreeSpecError(f"{quoted(type_name)} context {quoted(context)} does not list {count} "
-                            "keys")
+        raise TreeSpecError(
+            f"{quoted(type_name)} context {quoted(context)} does not list {count} keys"
+        )
     return keys
 
 
@@ -335,7 +415,8 @@ def _parse_registered(node: Node, allow_imports: bool) -> None:
         raise TreeSpecError(
             f"The checkpoint contains a container of type {quoted(node.type_name)}, which is not "
             "registered in this process. Import the module that registers it with "
-            "torch.utils._pytree (serialized_type_name=...) before loading.")
+            "torch.utils._pytree (serialized_type_name=...) before loading."
+        )
     serialize_def = _torch_pytree.SUPPORTED_SERIALIZED_TYPES[kind]
     if serialize_def.from_dumpable_context is not None:
         context = serialize_def.from_dumpable_context(node.context)
@@ -358,14 +439,16 @@ def _resolve_factory(context: dict, allow_imports: bool):
             f"The checkpoint names {quoted(f'{module}.{name}')} as a defaultdict factory; only "
             "builtins and "
             "collections types are accepted from untrusted files. If you trust this file, "
-            "load it with cstorch.load(path, unsafe_allow_pickle=True).")
+            "load it with cstorch.load(path, unsafe_allow_pickle=True)."
+        )
     found = _lookup(module, name, allow_imports)
     if found is None:
         warn(
             f"defaultdict factory {quoted(f'{module}.{name}')} is not a builtin and its module is "
             "not imported; "
             "the defaultdict is restored without a default factory. Import the module first, or "
-            "pass unsafe_allow_pickle=True to let the loader import it.")
+            "pass unsafe_allow_pickle=True to let the loader import it."
+        )
     return found
 
 
@@ -382,7 +465,8 @@ def _resolve_namedtuple(name: str, allow_imports: bool):
     warn(
         f"namedtuple type {quoted(name)} is neither registered with torch.utils._pytree nor defined in "
         "an imported module; it is restored as a plain tuple. Import its module before loading, "
-        "or pass unsafe_allow_pickle=True to let the loader import it.")
+        "or pass unsafe_allow_pickle=True to let the loader import it."
+    )
     return None
 
 

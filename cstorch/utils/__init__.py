@@ -38,8 +38,11 @@ def __getattr__(name):
         import importlib
         import warnings
 
-        warnings.warn("cstorch.utils.tensorboard must be imported before it can be accessed:\n\n"
-                      "\timport cerebras.pytorch.utils.tensorboard\n", stacklevel=2)
+        warnings.warn(
+            "cstorch.utils.tensorboard must be imported before it can be accessed:\n\n"
+            "\timport cerebras.pytorch.utils.tensorboard\n",
+            stacklevel=2,
+        )
         return importlib.import_module("cstorch.utils.tensorboard")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -7,8 +7,12 @@ import warnings
 
 # 2.0-2.2 settings that ClusterConfig has no field for: the engine has no use for them
 # (``fabric_type_blacklist``, 2.2: fabric types the cluster must not schedule the job on).
-_NO_EQUIVALENT = ("debug_args", "fabric_type_blacklist", "precision_opt_level",
-                  "transfer_processes")
+_NO_EQUIVALENT = (
+    "debug_args",
+    "fabric_type_blacklist",
+    "precision_opt_level",
+    "transfer_processes",
+)
 
 
 def CSConfig(**kwargs):  # the historical class name
@@ -22,17 +26,23 @@ def CSConfig(**kwargs):  # the historical class name
     warnings.warn(
         "cstorch.utils.CSConfig is deprecated (cerebras_pytorch 2.0/2.1): use "
         "cstorch.distributed.ClusterConfig and pass it to the backend: "
-        "cstorch.backend(\"CSX\", cluster_config=ClusterConfig(...)).",
-        DeprecationWarning, stacklevel=2)
+        'cstorch.backend("CSX", cluster_config=ClusterConfig(...)).',
+        DeprecationWarning,
+        stacklevel=2,
+    )
     fields = set(ClusterConfig.__dataclass_fields__)
     dropped = {k: v for k, v in kwargs.items() if k in _NO_EQUIVALENT}
     unknown = sorted(k for k in kwargs if k not in fields and k not in _NO_EQUIVALENT)
     if unknown:
-        raise TypeError(f"CSConfig got unknown settings {unknown}; valid ones are "
-                        f"{sorted(fields | set(_NO_EQUIVALENT))}.")
+        raise TypeError(
+            f"CSConfig got unknown settings {unknown}; valid ones are "
+            f"{sorted(fields | set(_NO_EQUIVALENT))}."
+        )
     if any(v is not None for v in dropped.values()):
-        warnings.warn(f"CSConfig settings {sorted(dropped)} have no effect on this engine and "
-                      "were dropped.", UserWarning, stacklevel=2)
+        warnings.warn(
+            f"CSConfig settings {sorted(dropped)} have no effect on this engine and were dropped.",
+            UserWarning,
+            stacklevel=2,
+        )
     # None meant "the default" in 2.0/2.1.
-    return ClusterConfig(**{k: v for k, v in kwargs.items()
-                            if k in fields and v is not None})
+    return ClusterConfig(**{k: v for k, v in kwargs.items() if k in fields and v is not None})

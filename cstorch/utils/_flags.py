@@ -29,8 +29,12 @@ change_guard: Optional[Callable[[Any, str], None]] = None
 """Called as ``change_guard(group, name)`` before a flag changes (may raise)."""
 
 
-def flag(default=None, *, validate: Optional[Callable[[str, Any], Any]] = None,
-         default_factory: Optional[Callable[[], Any]] = None):
+def flag(
+    default=None,
+    *,
+    validate: Optional[Callable[[str, Any], Any]] = None,
+    default_factory: Optional[Callable[[], Any]] = None,
+):
     """A dataclass field for a flag. ``validate(name, value)`` raises ValueError for a bad
     value and returns the value to store (possibly normalized)."""
     metadata = {_VALIDATOR: validate}
@@ -61,8 +65,10 @@ def check_type(value, hint) -> bool:
     if origin in (list, typing.List):
         return isinstance(value, list) and (not args or all(check_type(v, args[0]) for v in value))
     if origin in (dict, typing.Dict):
-        return isinstance(value, dict) and (not args or all(
-            check_type(k, args[0]) and check_type(v, args[1]) for k, v in value.items()))
+        return isinstance(value, dict) and (
+            not args
+            or all(check_type(k, args[0]) and check_type(v, args[1]) for k, v in value.items())
+        )
     if hint is type(None) or hint is None:
         return value is None
     if hint is float:
@@ -91,14 +97,16 @@ class _flags:
         if _is_group_field(field) and name in self.__dict__ and self.__dict__[name] is not value:
             raise AttributeError(
                 f"{name} is a nested flag and cannot be set directly; set its members "
-                f"instead (e.g. `....{name}.<flag> = value`).")
+                f"instead (e.g. `....{name}.<flag> = value`)."
+            )
         if value is DEFAULT:
             value = _default_of(field)
         elif not _is_group_field(field):
             if not check_type(value, field.type):
                 raise TypeError(
                     f"Expected {_type_name(field.type)} for `{name}`. Got "
-                    f"{type(value).__name__}: {value!r}")
+                    f"{type(value).__name__}: {value!r}"
+                )
         validate = field.metadata.get(_VALIDATOR)
         if validate is not None:
             value = validate(name, value)
@@ -111,9 +119,10 @@ class _flags:
 
     def asdict(self) -> dict:
         """A deep copy of the flags as a nested dict."""
-        return {name: (value.asdict() if isinstance(value, _flags) else copy.deepcopy(value))
-                for name, value in ((f.name, getattr(self, f.name))
-                                    for f in dataclasses.fields(self))}
+        return {
+            name: (value.asdict() if isinstance(value, _flags) else copy.deepcopy(value))
+            for name, value in ((f.name, getattr(self, f.name)) for f in dataclasses.fields(self))
+        }
 
     def load_flags(self, data) -> None:
         """Sets flags (recursively) from a dict or a flags object of the same class."""
@@ -142,16 +151,24 @@ class _flags:
 
     def __repr__(self):
         def render(values: dict) -> str:
-            return "(" + ", ".join(
-                f"{k}={render(v)}" if isinstance(v, dict) and k in groups.get(id(values), ())
-                else f"{k}={v}" for k, v in values.items()) + ")"
+            return (
+                "("
+                + ", ".join(
+                    f"{k}={render(v)}"
+                    if isinstance(v, dict) and k in groups.get(id(values), ())
+                    else f"{k}={v}"
+                    for k, v in values.items()
+                )
+                + ")"
+            )
 
         groups = {}
         values = self.asdict()
 
         def mark(obj, vals):
-            groups[id(vals)] = {f.name for f in dataclasses.fields(obj)
-                                if isinstance(getattr(obj, f.name), _flags)}
+            groups[id(vals)] = {
+                f.name for f in dataclasses.fields(obj) if isinstance(getattr(obj, f.name), _flags)
+            }
             for name in groups[id(vals)]:
                 mark(getattr(obj, name), vals[name])
 

@@ -33,7 +33,7 @@ class AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def _target_name(self, fullname: str) -> str | None:
         if fullname.startswith(self.alias + "."):
-            return self.target + fullname[len(self.alias):]
+            return self.target + fullname[len(self.alias) :]
         return None
 
     def find_spec(self, fullname, path=None, target=None):
@@ -67,8 +67,10 @@ def add_finder(finder: AliasFinder) -> None:
     """Puts ``finder`` right before Python's path finder (see the module docstring), once."""
     if any(type(f) is type(finder) and f.alias == finder.alias for f in sys.meta_path):
         return
-    position = next((i for i, f in enumerate(sys.meta_path)
-                     if f is importlib.machinery.PathFinder), len(sys.meta_path))
+    position = next(
+        (i for i, f in enumerate(sys.meta_path) if f is importlib.machinery.PathFinder),
+        len(sys.meta_path),
+    )
     sys.meta_path.insert(position, finder)
 
 
@@ -84,4 +86,4 @@ def _alias_loaded(alias: str, target: str) -> None:
     prefix = target + "."
     for name, module in list(sys.modules.items()):
         if name.startswith(prefix):
-            sys.modules.setdefault(alias + name[len(target):], module)
+            sys.modules.setdefault(alias + name[len(target) :], module)

@@ -5,7 +5,8 @@ _SUMMARY_HELP = (
     "\timport cerebras.pytorch.utils.tensorboard\n\n"
     "\twriter = cerebras.pytorch.utils.tensorboard.SummaryWriter(log_dir='./log_dir')\n"
     "\twriter.add_{kind}(...)\n\n"
-    "Write to a SummaryWriter only inside a step closure.")
+    "Write to a SummaryWriter only inside a step closure."
+)
 
 
 def __getattr__(name):

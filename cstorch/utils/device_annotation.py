@@ -13,5 +13,4 @@ def device_annotation(device, enable_fwd=True, enable_bwd=True):
     "wafer"; anything else → TypeError)."""
     if device not in DEVICE_TYPES:
         raise TypeError(f"Expected `device` to be one of {DEVICE_TYPES}, got {device!r}.")
-    return annotation("device_annotation", device, enable_fwd=enable_fwd,
-                      enable_bwd=enable_bwd)
+    return annotation("device_annotation", device, enable_fwd=enable_fwd, enable_bwd=enable_bwd)

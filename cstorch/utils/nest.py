@@ -61,8 +61,12 @@ def _visit_sequence(struct):
         yield [str(i)], value
 
 
-def visit_structure(data_structure, select_fn: Callable[[Any], bool], strict: bool = False,
-                    scope: Optional[Scope] = None) -> Generator[Tuple[Scope, Any], None, None]:
+def visit_structure(
+    data_structure,
+    select_fn: Callable[[Any], bool],
+    strict: bool = False,
+    scope: Optional[Scope] = None,
+) -> Generator[Tuple[Scope, Any], None, None]:
     """Yields ``(scope, item)`` for every item ``select_fn`` accepts; with ``strict``, an item
     that is neither a known container nor selected raises ValueError."""
     scope = scope or []
@@ -81,12 +85,12 @@ def visit_structure(data_structure, select_fn: Callable[[Any], bool], strict: bo
 
 def visit_torch_tensors(data_structure, strict: bool = False, scope: Optional[Scope] = None):
     """Yields ``(scope, tensor)`` for every torch tensor in the structure."""
-    yield from visit_structure(data_structure, lambda x: isinstance(x, torch.Tensor), strict,
-                               scope)
+    yield from visit_structure(data_structure, lambda x: isinstance(x, torch.Tensor), strict, scope)
 
 
-def visit_device_tensors(data_structure, device_type: str, strict: bool = False,
-                         scope: Optional[Scope] = None):
+def visit_device_tensors(
+    data_structure, device_type: str, strict: bool = False, scope: Optional[Scope] = None
+):
     """Yields ``(scope, tensor)`` for every tensor on a device of ``device_type``."""
     for keys, tensor in visit_torch_tensors(data_structure, strict, scope):
         if tensor.device.type == device_type:
@@ -97,8 +101,7 @@ def visit_lazy_tensors(data_structure, strict: bool = False, scope: Optional[Sco
     """Yields ``(scope, tensor)`` for every tensor whose value is still on the device."""
     from jax_backend import LazyTensor
 
-    yield from visit_structure(data_structure, lambda x: isinstance(x, LazyTensor), strict,
-                               scope)
+    yield from visit_structure(data_structure, lambda x: isinstance(x, LazyTensor), strict, scope)
 
 
 def recurse_spec(spec: TreeSpec, scope: Optional[Scope] = None):
@@ -120,12 +123,18 @@ def recurse_spec(spec: TreeSpec, scope: Optional[Scope] = None):
         yield from recurse_spec(child, scope + [str(key)])
 
 
-def map_structure(map_fn: Callable, data_structure, select_fn: Callable[[Any], bool],
-                  scope: Optional[Scope] = None):
+def map_structure(
+    map_fn: Callable,
+    data_structure,
+    select_fn: Callable[[Any], bool],
+    scope: Optional[Scope] = None,
+):
     """The structure with every selected leaf ``x`` replaced by ``map_fn(scope, x)``."""
     leaves, spec = tree_flatten(data_structure)
-    leaves = [map_fn(keys, leaf) if select_fn(leaf) else leaf
-              for keys, leaf in zip(recurse_spec(spec, scope), leaves)]
+    leaves = [
+        map_fn(keys, leaf) if select_fn(leaf) else leaf
+        for keys, leaf in zip(recurse_spec(spec, scope), leaves)
+    ]
     return tree_unflatten(leaves, spec)
 
 
@@ -144,16 +153,21 @@ def diff(data_structure_1, data_structure_2) -> Generator[str, None, None]:
 
     first, second = flat(data_structure_1), flat(data_structure_2)
     if set(first) != set(second):
-        yield (f"Data structures have differing keys.\nKeys only in data structure 1: "
-               f"{sorted(set(first) - set(second))}\nKeys only in data structure 2: "
-               f"{sorted(set(second) - set(first))}\n")
+        yield (
+            f"Data structures have differing keys.\nKeys only in data structure 1: "
+            f"{sorted(set(first) - set(second))}\nKeys only in data structure 2: "
+            f"{sorted(set(second) - set(first))}\n"
+        )
     for key, value in first.items():
         if key not in second:
             continue
         other = second[key]
         if isinstance(value, torch.Tensor) and isinstance(other, torch.Tensor):
-            same = value.shape == other.shape and value.dtype == other.dtype and bool(
-                torch.equal(value, other))
+            same = (
+                value.shape == other.shape
+                and value.dtype == other.dtype
+                and bool(torch.equal(value, other))
+            )
         else:
             same = not bool(value != other)
         if not same:

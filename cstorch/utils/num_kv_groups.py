@@ -18,8 +18,9 @@ class GroupsConfig(AnnotationMode.Config):
 
     def __post_init__(self):
         if not isinstance(self.num_kv_groups, (int, type(None))):
-            raise TypeError(f"num_kv_groups must be an int or None, got "
-                            f"{type(self.num_kv_groups).__name__}.")
+            raise TypeError(
+                f"num_kv_groups must be an int or None, got {type(self.num_kv_groups).__name__}."
+            )
 
 
 def get_attribute(config: GroupsConfig, is_backward: bool) -> AnnotationMode.Attribute:

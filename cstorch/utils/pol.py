@@ -7,16 +7,21 @@ from typing import Optional
 from cstorch.core.annotation import annotation, current_annotation
 
 
-def pol(level: Optional[int] = None, bwd_level: Optional[int] = None, enable_fwd: bool = True,
-        enable_bwd: bool = True):
+def pol(
+    level: Optional[int] = None,
+    bwd_level: Optional[int] = None,
+    enable_fwd: bool = True,
+    enable_bwd: bool = True,
+):
     """A decorator that runs the function at POL ``level`` (backward at ``bwd_level``).
 
     Levels must be None, 0, 1 or 2 (ValueError when the decorator is built).
     """
     for name, value in (("forward", level), ("backward", bwd_level)):
         if value is not None and value not in (0, 1, 2):
-            raise ValueError(f"POL must be None or an integer in range [0, 3) but got {name} "
-                             f"level {value!r}.")
+            raise ValueError(
+                f"POL must be None or an integer in range [0, 3) but got {name} level {value!r}."
+            )
     return annotation("pol", level, enable_fwd=enable_fwd, enable_bwd=enable_bwd)
 
 

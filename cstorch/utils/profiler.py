@@ -76,15 +76,18 @@ class RateTrackerActivity(Activity):
             self.tracker.add(samples)
             self._rate = self.tracker.rate()
             self._total_time = self.tracker.elapsed_seconds()
-            self._global_rate = (self.tracker.total_count / self._total_time
-                                 if self._total_time > 0 else 0.0)
+            self._global_rate = (
+                self.tracker.total_count / self._total_time if self._total_time > 0 else 0.0
+            )
         self._steps += 1
 
     @staticmethod
     def _require(value, what):
         if value is None:
-            raise RuntimeError(f"The rate tracker has not computed the {what} yet: it is "
-                               "computed at the end of each step, before step closures run.")
+            raise RuntimeError(
+                f"The rate tracker has not computed the {what} yet: it is "
+                "computed at the end of each step, before step closures run."
+            )
         return value
 
     @property
@@ -108,15 +111,18 @@ class RateTrackerActivity(Activity):
         return None
 
     def summary(self) -> dict:
-        return {"total_samples": self.total_samples, "total_time": self.total_time,
-                "rate": self._rate if self._rate is not None else 0.0,
-                "global_rate": self.global_rate, "samples_per_sec": self.global_rate,
-                "flops_utilization": self.flops_utilization}
+        return {
+            "total_samples": self.total_samples,
+            "total_time": self.total_time,
+            "rate": self._rate if self._rate is not None else 0.0,
+            "global_rate": self.global_rate,
+            "samples_per_sec": self.global_rate,
+            "flops_utilization": self.flops_utilization,
+        }
 
 
 def _deprecated(old: str, new: str) -> None:
-    warn(f"{old} is deprecated (cerebras_pytorch 2.0/2.1); use {new} instead.",
-         DeprecationWarning)
+    warn(f"{old} is deprecated (cerebras_pytorch 2.0/2.1); use {new} instead.", DeprecationWarning)
 
 
 class Profiler:
@@ -127,8 +133,9 @@ class Profiler:
         self.activities = {}
         for activity in [RateTrackerActivity] + list(activities or []):
             if not (isinstance(activity, type) and issubclass(activity, Activity)):
-                raise TypeError(f"Profiler activities must be Activity subclasses, got "
-                                f"{activity!r}.")
+                raise TypeError(
+                    f"Profiler activities must be Activity subclasses, got {activity!r}."
+                )
             name = activity.name()
             if name in self.activities:
                 raise ValueError(f"Two profiler activities are named {name!r}.")
@@ -147,20 +154,19 @@ class Profiler:
 
     def global_rate(self) -> float:
         """Deprecated 2.0/2.1 spelling of ``profiler.rate_tracker.global_rate``."""
-        _deprecated("executor.profiler.global_rate()",
-                    "executor.profiler.rate_tracker.global_rate")
+        _deprecated("executor.profiler.global_rate()", "executor.profiler.rate_tracker.global_rate")
         return self.activities["rate_tracker"].global_rate
 
     def total_samples(self) -> int:
         """Deprecated 2.0 spelling of ``profiler.rate_tracker.total_samples``."""
-        _deprecated("executor.profiler.total_samples()",
-                    "executor.profiler.rate_tracker.total_samples")
+        _deprecated(
+            "executor.profiler.total_samples()", "executor.profiler.rate_tracker.total_samples"
+        )
         return self.activities["rate_tracker"].total_samples
 
     def total_time(self) -> float:
         """Deprecated 2.0 spelling of ``profiler.rate_tracker.total_time``."""
-        _deprecated("executor.profiler.total_time()",
-                    "executor.profiler.rate_tracker.total_time")
+        _deprecated("executor.profiler.total_time()", "executor.profiler.rate_tracker.total_time")
         return self.activities["rate_tracker"].total_time
 
     def __getattr__(self, name):
@@ -174,16 +180,19 @@ class Profiler:
         from cstorch.profiler import ProfilerRegistry
 
         impl = current_backend_impl(raise_exception=False)
-        self._executor = impl.data_executor if impl is not None and impl.data_executor_stack \
-            else None
+        self._executor = (
+            impl.data_executor if impl is not None and impl.data_executor_stack else None
+        )
         num_steps = getattr(self._executor, "num_steps", None)
         op_profiler = ProfilerRegistry.get_profiler()
         if op_profiler is not None and num_steps is not None:
             if op_profiler.configure_profiler(impl.is_csx, num_steps) is not None:
                 self._op_profiler = op_profiler
-        self._progress = (_progress.RunProgress(num_steps)
-                          if getattr(self._executor, "show_progress", True)
-                          and runtime_process_index() == 0 else None)
+        self._progress = (
+            _progress.RunProgress(num_steps)
+            if getattr(self._executor, "show_progress", True) and runtime_process_index() == 0
+            else None
+        )
         if self._progress is not None and not self._progress.active:
             self._progress = None
         self._impl = impl
@@ -214,12 +223,18 @@ class Profiler:
         from cstorch.utils.data.utils import infer_batch_size
 
         parameters = sum(t.numel() for t in self._impl.state_view().parameters)
-        self._progress.write(_progress.run_header(self._impl, parameters, self._progress.total,
-                                                  infer_batch_size(batch)))
+        self._progress.write(
+            _progress.run_header(
+                self._impl, parameters, self._progress.total, infer_batch_size(batch)
+            )
+        )
         self._compilations = self._impl.compilations
         # A later run's steps were compiled by an earlier one, unless they are new.
-        self._progress.show_status("compiling the step (capture and XLA compile)..."
-                                   if not self._compilations else "first step...")
+        self._progress.show_status(
+            "compiling the step (capture and XLA compile)..."
+            if not self._compilations
+            else "first step..."
+        )
 
     def _show_step(self, batch_size):
         done = self._executor.user_iteration if self._executor is not None else None

@@ -99,8 +99,15 @@ class RunProgress:
     ``write`` prints a permanent line (above the bar on a terminal).
     """
 
-    def __init__(self, total: int | None, *, label: str = "train", stream=None,
-                 display: str | None = None, first: int = 0):
+    def __init__(
+        self,
+        total: int | None,
+        *,
+        label: str = "train",
+        stream=None,
+        display: str | None = None,
+        first: int = 0,
+    ):
         self.stream = stream if stream is not None else sys.stdout
         self.total = total
         self.label = label
@@ -141,8 +148,9 @@ class RunProgress:
         return (done - self.first) % self.every == 0 or elapsed >= self.seconds
 
     # ------------------------------------------------------------------------ steps
-    def step(self, done: int, samples: int = 0, loss: float | None = None,
-             shown: bool | None = None) -> None:
+    def step(
+        self, done: int, samples: int = 0, loss: float | None = None, shown: bool | None = None
+    ) -> None:
         """Step ``done`` has finished (its values exist when ``shown``), with ``samples``
         samples; ``loss`` is its loss where known."""
         now = time.perf_counter()
@@ -198,8 +206,10 @@ class RunProgress:
         elif total and done >= total:
             parts.append(f"took {format_duration(now - self._started)}")
         elif self.first_step_seconds is not None:
-            parts.append(f"first step {self.first_step_seconds:.1f} s"
-                         + (" (compiling)" if self.compiles else ""))
+            parts.append(
+                f"first step {self.first_step_seconds:.1f} s"
+                + (" (compiling)" if self.compiles else "")
+            )
         return " | ".join(parts)
 
     def steady_rate(self) -> float | None:
@@ -271,8 +281,9 @@ class RunProgress:
             self._bar = ""
 
 
-def header(device: str, precision: str, parameters: int | None, steps: int | None,
-           batch: int | None) -> str:
+def header(
+    device: str, precision: str, parameters: int | None, steps: int | None, batch: int | None
+) -> str:
     """The run's first line: what runs where."""
     parts = [f"device {device}", f"precision {precision}"]
     if parameters is not None:
@@ -294,5 +305,4 @@ def run_header(impl, parameters: int | None, steps: int | None, batch: int | Non
     if impl.engine == "eager":
         device += ", eager torch"
     half = precision.get_half_dtype_str() if precision.mixed_precision() else None
-    return header(device, f"mixed {half}" if half else "float32", parameters or None, steps,
-                  batch)
+    return header(device, f"mixed {half}" if half else "float32", parameters or None, steps, batch)

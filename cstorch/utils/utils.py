@@ -15,8 +15,10 @@ FilterCallable = Callable[[str, nn.Parameter], bool]
 def convert_glob_to_regex(f: str) -> re.Pattern:
     """A compiled regex matching the same names as the glob ``f`` (use ``.fullmatch``)."""
     if not isinstance(f, str):
-        raise TypeError(f"A parameter filter must be a glob string or a list of them, got "
-                        f"{type(f).__name__}: {f!r}.")
+        raise TypeError(
+            f"A parameter filter must be a glob string or a list of them, got "
+            f"{type(f).__name__}: {f!r}."
+        )
     return re.compile(fnmatch.translate(f))
 
 
@@ -33,8 +35,10 @@ def make_param_filter(param_filter: Union[str, List[str], FilterCallable]) -> Fi
         return param_filter
     patterns = [param_filter] if isinstance(param_filter, str) else param_filter
     if not isinstance(patterns, (list, tuple)):
-        raise TypeError(f"A parameter filter must be a glob string or a list of them, got "
-                        f"{type(param_filter).__name__}.")
+        raise TypeError(
+            f"A parameter filter must be a glob string or a list of them, got "
+            f"{type(param_filter).__name__}."
+        )
     regexes = [convert_glob_to_regex(p) for p in patterns]
 
     def matches(name: str, param: nn.Parameter) -> bool:

@@ -28,10 +28,12 @@ def refused_tag(error) -> str | None:
     tag = tag if len(tag) <= 80 and tag.isprintable() else quoted(tag)
     mark = getattr(error, "problem_mark", None)
     where = f", line {mark.line + 1}" if mark is not None else ""
-    return (f"YAML tags are not allowed (`{tag}`){where}: a params file is plain YAML "
-            "(mappings, lists, strings, numbers), read without building Python objects. Name "
-            "a model, data processor or callback by its import path instead, e.g. "
-            "`name: my_package.models:MyModel`.")
+    return (
+        f"YAML tags are not allowed (`{tag}`){where}: a params file is plain YAML "
+        "(mappings, lists, strings, numbers), read without building Python objects. Name "
+        "a model, data processor or callback by its import path instead, e.g. "
+        "`name: my_package.models:MyModel`."
+    )
 
 
 def load_yaml(stream, path) -> object:
@@ -42,7 +44,8 @@ def load_yaml(stream, path) -> object:
     try:
         return yaml.safe_load(stream)
     except yaml.constructor.ConstructorError as error:
-        raise YAMLFileError(refused_tag(error)
-                            or f"{path} is not valid YAML: {str(error)[:500]}") from None
+        raise YAMLFileError(
+            refused_tag(error) or f"{path} is not valid YAML: {str(error)[:500]}"
+        ) from None
     except yaml.YAMLError as error:
         raise YAMLFileError(f"{path} is not valid YAML: {str(error)[:500]}") from None

@@ -31,7 +31,12 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from jax_backend import scalars, torch_ops, torch_versions
+from jax_backend import (
+    optax_ops,  # noqa: F401  (registers cstorch::optax_update, read below)
+    scalars,
+    torch_ops,
+    torch_versions,
+)
 from jax_backend.capture import CapturedStep
 from jax_backend.errors import CstorchError
 from jax_backend.graph_cache import fingerprint
@@ -103,8 +108,9 @@ class _Encoder:
 
     def meta(self, v):
         if isinstance(v, torch.Tensor):
-            return {"tensor": [str(v.dtype).removeprefix("torch."), list(v.shape),
-                               list(v.stride())]}
+            return {
+                "tensor": [str(v.dtype).removeprefix("torch."), list(v.shape), list(v.stride())]
+            }
         if isinstance(v, (list, tuple)):
             return {"tuple" if isinstance(v, tuple) else "list": [self.meta(x) for x in v]}
         if type(v) in (type(None), bool, int, float):
@@ -129,8 +135,13 @@ class _Encoder:
             target = _op_name(n.target)
         else:
             raise fingerprint.NotCacheable(f"a graph node {n.op} {n.target}")
-        encoded = [n.op, target, self.value(list(n.args)),
-                   {k: self.value(v) for k, v in n.kwargs.items()}, self.meta(n.meta.get("val"))]
+        encoded = [
+            n.op,
+            target,
+            self.value(list(n.args)),
+            {k: self.value(v) for k, v in n.kwargs.items()},
+            self.meta(n.meta.get("val")),
+        ]
         self.index[n] = len(self.index)
         return encoded
 
@@ -166,13 +177,20 @@ def encode(captured: CapturedStep, extras: dict, files: dict, key: str):
     encoder = _Encoder(captured.graph)
     nodes = [encoder.node(n) for n in captured.graph.graph.nodes]
     document = {
-        "versions": versions(), "key": key, "files": files, "nodes": nodes,
-        "constants": [[str(t.dtype).removeprefix("torch."), list(t.shape)]
-                      for t in encoder.constants],
-        "used_state": captured.used_state, "written_state": captured.written_state,
-        "num_inputs": captured.num_inputs, "output_spec": spec,
+        "versions": versions(),
+        "key": key,
+        "files": files,
+        "nodes": nodes,
+        "constants": [
+            [str(t.dtype).removeprefix("torch."), list(t.shape)] for t in encoder.constants
+        ],
+        "used_state": captured.used_state,
+        "written_state": captured.written_state,
+        "num_inputs": captured.num_inputs,
+        "output_spec": spec,
         "output_is_tensor": captured.output_is_tensor,
-        "output_constants": captured.output_constants, "extras": extras,
+        "output_constants": captured.output_constants,
+        "extras": extras,
         "used_scalars": captured.used_scalars,
         "scalar_kinds": [[i, kind] for i, kind in sorted(captured.scalar_kinds.items())],
         "scalar_outputs": captured.scalar_outputs,
@@ -189,8 +207,9 @@ def pack(captured: CapturedStep, extras: dict, files: dict, key: str) -> bytes:
         raise fingerprint.NotCacheable("too large")
     arrays = {"entry": np.frombuffer(text, dtype=np.uint8)}
     for i, t in enumerate(constants):
-        arrays[f"c{i}"] = t.reshape(-1).view(torch.uint8).numpy() if t.numel() \
-            else np.zeros(0, np.uint8)
+        arrays[f"c{i}"] = (
+            t.reshape(-1).view(torch.uint8).numpy() if t.numel() else np.zeros(0, np.uint8)
+        )
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)  # type: ignore[arg-type]
     return buffer.getvalue()
@@ -213,20 +232,25 @@ def _resolve_op(name):
     if name == "getitem":
         return operator.getitem
     if isinstance(name, str) and name.startswith("scalar::"):
-        function = name[len("scalar::"):]
+        function = name[len("scalar::") :]
         check(function in scalars.FUNCTIONS, f"unknown scalar function {name[:80]!r}")
         return scalars.FUNCTIONS[function][0]
     check(isinstance(name, str) and len(name) < 300, "an op name is not a string")
     namespace, _, rest = name.partition("::")
     op_name, _, overload = rest.partition(".")
-    check(all(_NAME.match(p) and not p.startswith("__") for p in (namespace, op_name, overload))
-          and namespace in lowered_namespaces(), f"malformed op name {name[:80]!r}")
+    check(
+        all(_NAME.match(p) and not p.startswith("__") for p in (namespace, op_name, overload))
+        and namespace in lowered_namespaces(),
+        f"malformed op name {name[:80]!r}",
+    )
     try:
         op = getattr(getattr(getattr(torch.ops, namespace), op_name), overload)
     except (AttributeError, RuntimeError) as err:
         raise CorruptEntry(f"unknown op {name!r}") from err
-    check(isinstance(op, torch._ops.OpOverload) and has_lowering(op),
-          f"op {name!r} is not a lowered ATen operator")
+    check(
+        isinstance(op, torch._ops.OpOverload) and has_lowering(op),
+        f"op {name!r} is not a lowered ATen operator",
+    )
     return op
 
 
@@ -242,7 +266,7 @@ class _Decoder:
         if isinstance(v, list):
             return [self.value(x, depth + 1) for x in v]
         check(isinstance(v, dict) and len(v) == 1, "an argument of unknown form")
-        (tag, x), = v.items()
+        ((tag, x),) = v.items()
         if tag == "node":
             check(type(x) is int and 0 <= x < len(self.nodes), "a reference to a later node")
             return self.nodes[x]
@@ -266,7 +290,7 @@ class _Decoder:
         if type(v) in (type(None), bool, int, float):
             return v
         check(isinstance(v, dict) and len(v) == 1, "metadata of unknown form")
-        (tag, x), = v.items()
+        ((tag, x),) = v.items()
         check(isinstance(x, list), "malformed metadata")
         if tag == "tensor":
             check(len(x) == 3 and x[0] in _DTYPES, "malformed tensor metadata")
@@ -294,7 +318,7 @@ def _spec_example(v, depth, count):
     if v == "*":
         return 0
     check(isinstance(v, dict) and len(v) == 1, "a malformed output structure")
-    (tag, x), = v.items()
+    ((tag, x),) = v.items()
     if tag == "none":
         return None
     check(isinstance(x, list), "a malformed output structure")
@@ -302,8 +326,10 @@ def _spec_example(v, depth, count):
         items = [_spec_example(c, depth + 1, count) for c in x]
         return tuple(items) if tag == "tuple" else items
     if tag == "dict":
-        check(all(isinstance(p, list) and len(p) == 2 and type(p[0]) in (str, int) for p in x),
-              "a malformed output dict")
+        check(
+            all(isinstance(p, list) and len(p) == 2 and type(p[0]) in (str, int) for p in x),
+            "a malformed output dict",
+        )
         return {k: _spec_example(c, depth + 1, count) for k, c in x}
     raise CorruptEntry(f"an output container tagged {str(tag)[:40]!r}")
 
@@ -320,8 +346,11 @@ def _read_constants(doc, arrays) -> list:
         for d in shape:
             numel *= d
         check(raw.nbytes == numel * dtype.itemsize, "a constant of the wrong size")
-        flat = torch.frombuffer(bytearray(raw.tobytes()), dtype=torch.uint8) if raw.nbytes \
+        flat = (
+            torch.frombuffer(bytearray(raw.tobytes()), dtype=torch.uint8)
+            if raw.nbytes
             else torch.empty(0, dtype=torch.uint8)
+        )
         constants.append(flat.view(dtype).reshape(shape))
     return constants
 
@@ -347,8 +376,9 @@ def decode(doc: dict, arrays: list, state: list, inputs: list):
     graph = torch.fx.Graph()
     attrs, placeholders, output_seen = {}, 0, False
     for encoded in nodes:
-        check(isinstance(encoded, list) and len(encoded) == 5 and not output_seen,
-              "a malformed node")
+        check(
+            isinstance(encoded, list) and len(encoded) == 5 and not output_seen, "a malformed node"
+        )
         op, target, args, kwargs, meta = encoded
         check(isinstance(args, list) and isinstance(kwargs, dict), "malformed arguments")
         if op == "placeholder":
@@ -356,8 +386,7 @@ def decode(doc: dict, arrays: list, state: list, inputs: list):
             node = graph.placeholder(f"arg{placeholders}")
             placeholders += 1
         elif op == "get_attr":
-            check(type(target) is int and 0 <= target < len(decoder.constants),
-                  "a bad constant")
+            check(type(target) is int and 0 <= target < len(decoder.constants), "a bad constant")
             name = f"_const{target}"
             attrs[name] = decoder.constants[target]
             node = graph.get_attr(name)
@@ -365,14 +394,18 @@ def decode(doc: dict, arrays: list, state: list, inputs: list):
             check(all(isinstance(k, str) and _NAME.match(k) for k in kwargs), "a bad keyword")
             op = _resolve_op(target)
             check(op is not _OPTAX_UPDATE, "an optax update")
-            check(op is not _OPTIMIZER_STEP
-                  or (args and isinstance(args[0], str) and _is_optimizer_spec(args[0])),
-                  "an optimizer step without a valid spec")
-            node = graph.call_function(op, tuple(decoder.value(a) for a in args),
-                                       {k: decoder.value(v) for k, v in kwargs.items()})
+            check(
+                op is not _OPTIMIZER_STEP
+                or (args and isinstance(args[0], str) and _is_optimizer_spec(args[0])),
+                "an optimizer step without a valid spec",
+            )
+            node = graph.call_function(
+                op,
+                tuple(decoder.value(a) for a in args),
+                {k: decoder.value(v) for k, v in kwargs.items()},
+            )
         elif op == "output":
-            check(len(args) == 1 and isinstance(args[0], list) and not kwargs,
-                  "a malformed output")
+            check(len(args) == 1 and isinstance(args[0], list) and not kwargs, "a malformed output")
             node = graph.output(decoder.value(args[0]))
             output_seen = True
         else:
@@ -385,42 +418,86 @@ def decode(doc: dict, arrays: list, state: list, inputs: list):
     num_inputs, is_tensor = doc["num_inputs"], doc["output_is_tensor"]
     constants = doc["output_constants"]
     for name, indices in (("used", used), ("written", written)):
-        check(isinstance(indices, list) and len(set(indices)) == len(indices)
-              and all(type(i) is int and 0 <= i < num_state for i in indices),
-              f"bad {name} state indices")
+        check(
+            isinstance(indices, list)
+            and len(set(indices)) == len(indices)
+            and all(type(i) is int and 0 <= i < num_state for i in indices),
+            f"bad {name} state indices",
+        )
     used_scalars, kinds = doc["used_scalars"], doc["scalar_kinds"]
     numbers = doc["scalar_outputs"]
-    check(isinstance(used_scalars, list) and len(set(used_scalars)) == len(used_scalars)
-          and all(type(i) is int and 0 <= i < MAX_NODES for i in used_scalars),
-          "bad scalar indices")
-    check(isinstance(kinds, list) and all(
-        isinstance(k, list) and len(k) == 2 and type(k[0]) is int and 0 <= k[0] < MAX_NODES
-        and k[1] in (scalars.SIGN, scalars.VALUE) for k in kinds), "bad scalar kinds")
-    check(type(num_inputs) is int and placeholders == len(used) + num_inputs + len(used_scalars)
-          and num_inputs == len(inputs), "placeholders do not match the state and inputs")
+    check(
+        isinstance(used_scalars, list)
+        and len(set(used_scalars)) == len(used_scalars)
+        and all(type(i) is int and 0 <= i < MAX_NODES for i in used_scalars),
+        "bad scalar indices",
+    )
+    check(
+        isinstance(kinds, list)
+        and all(
+            isinstance(k, list)
+            and len(k) == 2
+            and type(k[0]) is int
+            and 0 <= k[0] < MAX_NODES
+            and k[1] in (scalars.SIGN, scalars.VALUE)
+            for k in kinds
+        ),
+        "bad scalar kinds",
+    )
+    check(
+        type(num_inputs) is int
+        and placeholders == len(used) + num_inputs + len(used_scalars)
+        and num_inputs == len(inputs),
+        "placeholders do not match the state and inputs",
+    )
     for node, tensor in zip(decoder.nodes, [state[i] for i in used] + list(inputs)):
         val = node.meta["val"]
-        check(isinstance(val, torch.Tensor) and val.shape == tensor.shape
-              and val.dtype == tensor.dtype, "a placeholder of another shape or dtype")
-    check(all(isinstance(node.meta["val"], scalars.ScalarMeta) for node in
-              decoder.nodes[len(used) + num_inputs:placeholders]), "a bad scalar placeholder")
-    check(isinstance(is_tensor, list) and all(type(b) is bool for b in is_tensor)
-          and isinstance(constants, list) and len(constants) == len(is_tensor)
-          and all(type(c) in _SCALARS and (c is None or not t)
-                  for c, t in zip(constants, is_tensor)), "bad output leaves")
+        check(
+            isinstance(val, torch.Tensor)
+            and val.shape == tensor.shape
+            and val.dtype == tensor.dtype,
+            "a placeholder of another shape or dtype",
+        )
+    check(
+        all(
+            isinstance(node.meta["val"], scalars.ScalarMeta)
+            for node in decoder.nodes[len(used) + num_inputs : placeholders]
+        ),
+        "a bad scalar placeholder",
+    )
+    check(
+        isinstance(is_tensor, list)
+        and all(type(b) is bool for b in is_tensor)
+        and isinstance(constants, list)
+        and len(constants) == len(is_tensor)
+        and all(type(c) in _SCALARS and (c is None or not t) for c, t in zip(constants, is_tensor)),
+        "bad output leaves",
+    )
     outputs = decoder.nodes[-1].args[0]
-    check(len(outputs) == len(written) + sum(is_tensor)
-          and all(isinstance(o, torch.fx.Node) for o in outputs), "bad graph outputs")
+    check(
+        len(outputs) == len(written) + sum(is_tensor)
+        and all(isinstance(o, torch.fx.Node) for o in outputs),
+        "bad graph outputs",
+    )
     spec = _decode_spec(doc["output_spec"])
     check(spec.num_leaves == len(is_tensor), "the output structure does not match")
-    check(isinstance(numbers, list) and all(type(i) is int and 0 <= i < len(is_tensor)
-                                             and is_tensor[i] for i in numbers),
-          "bad scalar outputs")
+    check(
+        isinstance(numbers, list)
+        and all(type(i) is int and 0 <= i < len(is_tensor) and is_tensor[i] for i in numbers),
+        "bad scalar outputs",
+    )
     captured = CapturedStep(
-        graph=torch.fx.GraphModule(attrs, graph), used_state=used, written_state=written,
-        num_inputs=num_inputs, output_spec=spec, output_is_tensor=is_tensor,
-        output_constants=constants, used_scalars=used_scalars,
-        scalar_kinds={i: kind for i, kind in kinds}, scalar_outputs=numbers)
+        graph=torch.fx.GraphModule(attrs, graph),
+        used_state=used,
+        written_state=written,
+        num_inputs=num_inputs,
+        output_spec=spec,
+        output_is_tensor=is_tensor,
+        output_constants=constants,
+        used_scalars=used_scalars,
+        scalar_kinds={i: kind for i, kind in kinds},
+        scalar_outputs=numbers,
+    )
     return captured, doc["extras"]
 
 
@@ -432,22 +509,32 @@ def unpack(payload: bytes):
         check(all(m.compress_type == zipfile.ZIP_STORED for m in members), "compressed members")
         check(sum(m.file_size for m in members) <= MAX_FILE_BYTES, "members too large")
         names = [m.filename for m in members]
-        check(names and names[0] == "entry.npy"
-              and names[1:] == [f"c{i}.npy" for i in range(len(names) - 1)],
-              "unexpected members")
+        check(
+            names
+            and names[0] == "entry.npy"
+            and names[1:] == [f"c{i}.npy" for i in range(len(names) - 1)],
+            "unexpected members",
+        )
         for member in members:  # a header must not promise more than its member holds
             with archive.open(member) as f:
                 version = np.lib.format.read_magic(f)
                 check(version in ((1, 0), (2, 0)), "an unknown array format")
-                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                               else np.lib.format.read_array_header_2_0)
+                read_header = (
+                    np.lib.format.read_array_header_1_0
+                    if version == (1, 0)
+                    else np.lib.format.read_array_header_2_0
+                )
                 shape, _, dtype = read_header(f)
-                check(dtype == np.uint8 and len(shape) == 1
-                      and shape[0] <= member.file_size, "an array larger than its member")
+                check(
+                    dtype == np.uint8 and len(shape) == 1 and shape[0] <= member.file_size,
+                    "an array larger than its member",
+                )
     with np.load(io.BytesIO(payload), allow_pickle=False) as npz:
         raw = npz["entry"]
-        check(raw.dtype == np.uint8 and raw.ndim == 1 and raw.nbytes <= MAX_JSON_BYTES,
-              "a malformed entry record")
+        check(
+            raw.dtype == np.uint8 and raw.ndim == 1 and raw.nbytes <= MAX_JSON_BYTES,
+            "a malformed entry record",
+        )
         arrays = [npz[f"c{i}"] for i in range(len(names) - 1)]
     check(all(a.dtype == np.uint8 and a.ndim == 1 for a in arrays), "malformed constants")
     return json.loads(raw.tobytes().decode("utf-8")), arrays
@@ -460,6 +547,8 @@ def files_of(doc, key: str) -> dict:
     check(doc.get("versions") == versions(), "written by another version")
     check(doc.get("key") == key, "stored under another key")
     files = doc.get("files")
-    check(isinstance(files, dict) and all(isinstance(v, str) for v in files.values()),
-          "a malformed file list")
+    check(
+        isinstance(files, dict) and all(isinstance(v, str) for v in files.values()),
+        "a malformed file list",
+    )
     return files

@@ -60,10 +60,19 @@ def _mac(secret: bytes, step: str, payload: bytes) -> bytes:
 
 
 def _is_record(entry) -> bool:
-    return (isinstance(entry, dict) and isinstance(entry.get("key"), str)
-            and isinstance(entry.get("parts"), list)
-            and all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str)
-                    and isinstance(p[1], str) and p[1] for p in entry["parts"]))
+    return (
+        isinstance(entry, dict)
+        and isinstance(entry.get("key"), str)
+        and isinstance(entry.get("parts"), list)
+        and all(
+            isinstance(p, list)
+            and len(p) == 2
+            and isinstance(p[0], str)
+            and isinstance(p[1], str)
+            and p[1]
+            for p in entry["parts"]
+        )
+    )
 
 
 def recorded(directory: str, secret: bytes, step: str) -> list:
@@ -78,12 +87,19 @@ def recorded(directory: str, secret: bytes, step: str) -> list:
             data = f.read(MAX_BYTES + 1)
         head = len(MAGIC) + hashlib.sha256().digest_size
         payload = data[head:]
-        if len(data) > MAX_BYTES or data[:len(MAGIC)] != MAGIC or not hmac.compare_digest(
-                data[len(MAGIC):head], _mac(secret, step, payload)):
+        if (
+            len(data) > MAX_BYTES
+            or data[: len(MAGIC)] != MAGIC
+            or not hmac.compare_digest(data[len(MAGIC) : head], _mac(secret, step, payload))
+        ):
             raise ValueError("not a step record of this cache")
         doc = json.loads(payload)
-        if not (isinstance(doc, dict) and doc.get("step") == step
-                and isinstance(doc.get("entries"), list) and all(map(_is_record, doc["entries"]))):
+        if not (
+            isinstance(doc, dict)
+            and doc.get("step") == step
+            and isinstance(doc.get("entries"), list)
+            and all(map(_is_record, doc["entries"]))
+        ):
             raise ValueError("malformed")
         return doc["entries"]
     except FileNotFoundError:
@@ -99,12 +115,16 @@ def record(directory: str, secret: bytes, key) -> None:
     if not isinstance(key, StepKey) or not key.step:
         return
     entries = [e for e in recorded(directory, secret, key.step) if e["key"] != key.digest]
-    entries.append({"key": key.digest,
-                    "parts": [[name, digest[:SHORT]] for name, digest in key.parts]})
+    entries.append(
+        {"key": key.digest, "parts": [[name, digest[:SHORT]] for name, digest in key.parts]}
+    )
     payload = json.dumps({"step": key.step, "entries": entries[-HISTORY:]}).encode()
     try:
-        write_file(_path(directory, key.step),
-                   MAGIC + _mac(secret, key.step, payload) + payload, mode=0o600)
+        write_file(
+            _path(directory, key.step),
+            MAGIC + _mac(secret, key.step, payload) + payload,
+            mode=0o600,
+        )
     except OSError as err:
         logger.debug("graph cache: cannot record %s: %s", key.step, err)
 
@@ -117,12 +137,12 @@ def explain(directory: str, secret: bytes, key) -> str:
     entries = recorded(directory, secret, key.step)
     if not entries:
         return "no entry of this step is stored"
-    nearest = min(reversed(range(len(entries))),
-                  key=lambda i: len(key.differences(entries[i]["parts"])))
+    nearest = min(
+        reversed(range(len(entries))), key=lambda i: len(key.differences(entries[i]["parts"]))
+    )
     differences = key.differences(entries[nearest]["parts"])
     if not differences:
         return "the step's entry under this key was removed"
-    which = "stored entry" if len(entries) == 1 else \
-        f"nearest of {len(entries)} stored entries"
+    which = "stored entry" if len(entries) == 1 else f"nearest of {len(entries)} stored entries"
     count = "1 part" if len(differences) == 1 else f"{len(differences)} parts"
     return f"its key differs from the step's {which} in {count}: {', '.join(differences)}"

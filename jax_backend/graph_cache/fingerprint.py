@@ -57,13 +57,17 @@ from jax_backend import torch_versions
 from jax_backend.errors import CstorchError
 
 #: Directories whose code is identified by its name; their versions are in the key.
-LIBRARY_DIRS = tuple(sorted({
-    os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
-    os.path.dirname(os.path.abspath(jax.__file__)) + os.sep,
-    os.path.dirname(os.path.abspath(str(__import__("jaxlib").__file__))) + os.sep,
-    os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep,
-    os.path.abspath(sysconfig.get_paths()["platstdlib"]) + os.sep,
-}))
+LIBRARY_DIRS = tuple(
+    sorted(
+        {
+            os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
+            os.path.dirname(os.path.abspath(jax.__file__)) + os.sep,
+            os.path.dirname(os.path.abspath(str(__import__("jaxlib").__file__))) + os.sep,
+            os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep,
+            os.path.abspath(sysconfig.get_paths()["platstdlib"]) + os.sep,
+        }
+    )
+)
 # jax_backend/ (this file is jax_backend/graph_cache/fingerprint.py)
 _PROJECT_DIRS = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep]
 
@@ -74,8 +78,9 @@ MAX_OBJECTS = 200_000
 #: left out wherever the environment is fingerprinted (``os.environ`` read by a step, the
 #: graph cache's process inputs), or a key taken after the first trace would differ from the
 #: one taken before it. None changes what a step computes.
-LIBRARY_SET_ENVIRONMENT = frozenset({"TORCHINDUCTOR_CACHE_DIR", "TF_CPP_MIN_LOG_LEVEL",
-                                     "TPU_SKIP_MDS_QUERY"})
+LIBRARY_SET_ENVIRONMENT = frozenset(
+    {"TORCHINDUCTOR_CACHE_DIR", "TF_CPP_MIN_LOG_LEVEL", "TPU_SKIP_MDS_QUERY"}
+)
 MAX_VALUE_BYTES = 64 * 1024 * 1024
 
 _ATOMS = (type(None), bool, int, float, complex, str, bytes)
@@ -83,9 +88,14 @@ _TORCH_ATOMS = (torch.dtype, torch.device, torch.layout, torch.memory_format)
 # Iterators over built-in containers: ``__reduce__`` gives (iter, (container,), position).
 _EMPTY_CONTAINERS: tuple = ([], (), range(0), "", b"", {}, {}.values(), {}.items(), set())
 _BUILTIN_ITERATORS = tuple({type(iter(x)) for x in _EMPTY_CONTAINERS})
-_DESCRIPTORS = (types.MethodDescriptorType, types.WrapperDescriptorType,
-                types.ClassMethodDescriptorType, types.GetSetDescriptorType,
-                types.MemberDescriptorType, types.MethodWrapperType)
+_DESCRIPTORS = (
+    types.MethodDescriptorType,
+    types.WrapperDescriptorType,
+    types.ClassMethodDescriptorType,
+    types.GetSetDescriptorType,
+    types.MemberDescriptorType,
+    types.MethodWrapperType,
+)
 _CLASS_SKIP = {"_abc_impl"}  # (dunder attributes other than methods are skipped too)
 
 
@@ -108,8 +118,7 @@ def is_library_file(filename: str) -> bool:
     if filename.startswith("<"):
         return filename.startswith("<frozen ")
     path = os.path.abspath(filename)
-    return path.startswith(LIBRARY_DIRS) or path.startswith(
-        torch_versions.generated_source_dirs())
+    return path.startswith(LIBRARY_DIRS) or path.startswith(torch_versions.generated_source_dirs())
 
 
 def _is_real_file(filename: str) -> bool:
@@ -125,9 +134,18 @@ def code_digest(code: types.CodeType) -> str:
     """sha256 of a code object: bytecode, constants (nested code recursively), names and
     arguments. Line numbers are left out: moving a function does not change what it does."""
     h = hashlib.sha256()
-    for part in (code.co_name, code.co_qualname, code.co_argcount, code.co_posonlyargcount,
-                 code.co_kwonlyargcount, code.co_flags, code.co_names, code.co_varnames,
-                 code.co_freevars, code.co_cellvars):
+    for part in (
+        code.co_name,
+        code.co_qualname,
+        code.co_argcount,
+        code.co_posonlyargcount,
+        code.co_kwonlyargcount,
+        code.co_flags,
+        code.co_names,
+        code.co_varnames,
+        code.co_freevars,
+        code.co_cellvars,
+    ):
         h.update(repr(part).encode())
     h.update(code.co_code)
     for const in code.co_consts:
@@ -215,8 +233,11 @@ def replaced_library_attributes() -> dict:
     found = {}
     for name, module in list(sys.modules.items()):
         filename = getattr(module, "__file__", None)
-        if not isinstance(module, types.ModuleType) or not isinstance(filename, str) \
-                or not is_library_file(filename):
+        if (
+            not isinstance(module, types.ModuleType)
+            or not isinstance(filename, str)
+            or not is_library_file(filename)
+        ):
             continue
         for attribute, value in list(vars(module).items()):
             if _foreign_code(value):
@@ -225,8 +246,9 @@ def replaced_library_attributes() -> dict:
         module_name, _, class_name = qualified.rpartition(".")
         cls = getattr(sys.modules.get(module_name), class_name, None)
         for attribute, value in list(vars(cls).items()) if isinstance(cls, type) else ():
-            if _foreign_code(value) or (isinstance(value, (staticmethod, classmethod))
-                                        and _foreign_code(value.__func__)):
+            if _foreign_code(value) or (
+                isinstance(value, (staticmethod, classmethod)) and _foreign_code(value.__func__)
+            ):
                 found[f"{qualified}.{attribute}"] = value
     return dict(sorted(found.items()))
 
@@ -234,8 +256,9 @@ def replaced_library_attributes() -> dict:
 def _module_file(module_name) -> str | None:
     module = sys.modules.get(module_name) if isinstance(module_name, str) else None
     filename = getattr(module, "__file__", None)
-    return os.path.abspath(filename) if isinstance(filename, str) and _is_real_file(filename) \
-        else None
+    return (
+        os.path.abspath(filename) if isinstance(filename, str) and _is_real_file(filename) else None
+    )
 
 
 class Fingerprinter:
@@ -250,8 +273,7 @@ class Fingerprinter:
         self._part = hashlib.sha256()  # over the current part
         self._label = ""  # the current part's
         self._count = 0  # objects first seen in the current part
-        self._state = state if isinstance(state, dict) else {
-            id(t): i for i, t in enumerate(state)}
+        self._state = state if isinstance(state, dict) else {id(t): i for i, t in enumerate(state)}
         self._hook = hook
         self._consumable = consumable or {}
         self.generators: dict = {}  # id -> (generator, digest) of unstarted generators seen
@@ -286,8 +308,11 @@ class Fingerprinter:
         among them), then ``label`` itself: its code, defaults and source file. These are the
         values ``add`` walks inside the function. Anything else (library code, a method, a
         callable object, what the hook stands in for) is the one part ``label``."""
-        if type(fn) is not types.FunctionType or not _is_user_file(fn.__code__.co_filename) \
-                or (self._hook is not None and self._hook(fn) is not None):
+        if (
+            type(fn) is not types.FunctionType
+            or not _is_user_file(fn.__code__.co_filename)
+            or (self._hook is not None and self._hook(fn) is not None)
+        ):
             self.add(label, fn)
             return
         code = fn.__code__
@@ -361,8 +386,9 @@ class Fingerprinter:
     def _describe_object(self, value) -> None:  # noqa: C901 - one branch per kind of value
         if value is os.environ:
             self._emit("environ")
-            self._mapping({k: v for k, v in sorted(os.environ.items())
-                           if k not in LIBRARY_SET_ENVIRONMENT})
+            self._mapping(
+                {k: v for k, v in sorted(os.environ.items()) if k not in LIBRARY_SET_ENVIRONMENT}
+            )
         elif isinstance(value, torch.Tensor):
             self._tensor(value)
         elif isinstance(value, jax.Array):
@@ -398,8 +424,11 @@ class Fingerprinter:
         elif isinstance(value, types.ModuleType):
             self._emit("module", value.__name__)
             filename = getattr(value, "__file__", None)
-            if isinstance(filename, str) and _is_real_file(filename) \
-                    and not is_library_file(filename):
+            if (
+                isinstance(filename, str)
+                and _is_real_file(filename)
+                and not is_library_file(filename)
+            ):
                 self.files.add(os.path.abspath(filename))
         elif isinstance(value, types.GeneratorType):
             self._generator(value)
@@ -469,7 +498,8 @@ class Fingerprinter:
         items = []
         for item in value:
             if type(item) not in _ATOMS and not (
-                    isinstance(item, tuple) and all(type(x) in _ATOMS for x in item)):
+                isinstance(item, tuple) and all(type(x) in _ATOMS for x in item)
+            ):
                 self._fail(f"a set holding {type(item).__name__} (no stable order)")
             items.append(f"{type(item).__name__}:{item!r}")
         self._emit(_type_name(type(value)), *sorted(items))
@@ -485,13 +515,16 @@ class Fingerprinter:
         if tensor.layout != torch.strided:
             self._fail(f"a {tensor.layout} tensor")
         data = tensor.detach().cpu().contiguous().reshape(-1)
-        self._array_bytes(type(tensor).__name__, str(tensor.dtype), tuple(tensor.shape),
-                          data.view(torch.uint8).numpy() if data.numel() else b"")
+        self._array_bytes(
+            type(tensor).__name__,
+            str(tensor.dtype),
+            tuple(tensor.shape),
+            data.view(torch.uint8).numpy() if data.numel() else b"",
+        )
         self._emit(tuple(tensor.stride()), tensor.requires_grad)
 
     def _array_bytes(self, kind, dtype, shape, data) -> None:
-        buffer = memoryview(data if isinstance(data, bytes)
-                            else np.ascontiguousarray(data))  # type: ignore[arg-type]
+        buffer = memoryview(data if isinstance(data, bytes) else np.ascontiguousarray(data))  # type: ignore[arg-type]
         self._value_bytes += buffer.nbytes
         if self._value_bytes > MAX_VALUE_BYTES:
             self._fail(f"more than {MAX_VALUE_BYTES >> 20} MiB of tensor values to hash")
@@ -562,8 +595,11 @@ class Fingerprinter:
         self._emit("class", cls.__module__, cls.__qualname__)
         module = sys.modules.get(cls.__module__)
         filename = _module_file(cls.__module__)
-        if filename is None and module is not None and (
-                cls.__module__ in sys.builtin_module_names or not _is_python_class(cls)):
+        if (
+            filename is None
+            and module is not None
+            and (cls.__module__ in sys.builtin_module_names or not _is_python_class(cls))
+        ):
             return  # a built-in or C-extension class
         if filename is not None and (is_library_file(filename) or _is_project_file(filename)):
             return
@@ -580,8 +616,12 @@ class Fingerprinter:
     def _instance(self, value) -> None:
         cls = type(value)
         state = getattr(value, "__dict__", None)
-        slots = [name for klass in cls.__mro__ for name in getattr(klass, "__slots__", ())
-                 if isinstance(getattr(klass, "__slots__", ()), (tuple, list))]
+        slots = [
+            name
+            for klass in cls.__mro__
+            for name in getattr(klass, "__slots__", ())
+            if isinstance(getattr(klass, "__slots__", ()), (tuple, list))
+        ]
         if isinstance(getattr(cls, "__slots__", None), str):
             slots.append(cls.__slots__)
         if state is None and not slots:
@@ -610,8 +650,14 @@ def _hooks_by_rank(state: dict) -> dict:
     ...: dicts keyed by ``RemovableHandle`` ids, which count every handle the process ever
     made) keyed by rank instead, so that the same hooks registered after a different history
     fingerprint alike."""
-    tables = [name for name, value in state.items() if "hook" in name and isinstance(value, dict)
-              and value and all(type(k) is int for k in value)]
+    tables = [
+        name
+        for name, value in state.items()
+        if "hook" in name
+        and isinstance(value, dict)
+        and value
+        and all(type(k) is int for k in value)
+    ]
     if not tables:
         return state
     rank = handle_ranks(k for name in tables for k in state[name])
@@ -626,8 +672,13 @@ def torch_global_hooks() -> dict:
     and relatives): they run during the trace like a module's own hooks."""
     from torch.nn.modules import module
 
-    return _hooks_by_rank({name: value for name, value in vars(module).items()
-                           if name.startswith("_global_") and isinstance(value, dict)})
+    return _hooks_by_rank(
+        {
+            name: value
+            for name, value in vars(module).items()
+            if name.startswith("_global_") and isinstance(value, dict)
+        }
+    )
 
 
 def _is_user_file(filename: str) -> bool:
@@ -637,8 +688,7 @@ def _is_user_file(filename: str) -> bool:
 
 def _walked_globals(code, namespace) -> list:
     """The globals of ``namespace`` user code ``code`` names (dunder names left out)."""
-    return [name for name in global_names(code)
-            if name in namespace and not name.startswith("__")]
+    return [name for name in global_names(code) if name in namespace and not name.startswith("__")]
 
 
 def _type_name(cls) -> str:
@@ -655,5 +705,7 @@ def _is_python_class(cls) -> bool:
 def _has_native_state(value) -> bool:
     """True for instances of C types (locks, files, generators, ...) that also carry a
     ``__dict__``: the dict does not describe them."""
-    return any(not _is_python_class(klass) and klass is not types.SimpleNamespace
-               for klass in type(value).__mro__[:-1])
+    return any(
+        not _is_python_class(klass) and klass is not types.SimpleNamespace
+        for klass in type(value).__mro__[:-1]
+    )

@@ -50,10 +50,25 @@ FORMAT = 5
 #: Environment variables left out of the key: they differ between terminal or SSH sessions
 #: and say nothing a step could compute with (and the cache's own settings), and those the
 #: libraries set themselves during a first trace (``fingerprint.LIBRARY_SET_ENVIRONMENT``).
-IGNORED_ENVIRONMENT = frozenset({
-    setting.env_var, graph_cache_explain.env_var, "_", "OLDPWD", "SSH_CLIENT",
-    "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK", "XDG_SESSION_ID", "TERM_SESSION_ID",
-    "WINDOWID", "TMUX_PANE"}) | fingerprint.LIBRARY_SET_ENVIRONMENT
+IGNORED_ENVIRONMENT = (
+    frozenset(
+        {
+            setting.env_var,
+            graph_cache_explain.env_var,
+            "_",
+            "OLDPWD",
+            "SSH_CLIENT",
+            "SSH_CONNECTION",
+            "SSH_TTY",
+            "SSH_AUTH_SOCK",
+            "XDG_SESSION_ID",
+            "TERM_SESSION_ID",
+            "WINDOWID",
+            "TMUX_PANE",
+        }
+    )
+    | fingerprint.LIBRARY_SET_ENVIRONMENT
+)
 
 
 def _digest(value) -> str:
@@ -82,9 +97,11 @@ class StepKey:
         digests possibly shortened to a prefix), in this key's order; a part only this key
         has ends in `` (new)``, one only ``other`` has in `` (gone)``."""
         theirs = dict(other)
-        changed = [name if name in theirs else f"{name} (new)"
-                   for name, digest in self.parts
-                   if name not in theirs or not digest.startswith(theirs[name])]
+        changed = [
+            name if name in theirs else f"{name} (new)"
+            for name, digest in self.parts
+            if name not in theirs or not digest.startswith(theirs[name])
+        ]
         ours = {name for name, _ in self.parts}
         return changed + [f"{name} (gone)" for name, _ in other if name not in ours]
 
@@ -96,9 +113,14 @@ def versions() -> dict:
         project = importlib.metadata.version("cstorch-jax")
     except importlib.metadata.PackageNotFoundError:
         project = "unknown"
-    return {"format": FORMAT, "torch": torch.__version__, "jax": jax.__version__,
-            "jaxlib": importlib.metadata.version("jaxlib"), "python": sys.version,
-            "project": project}
+    return {
+        "format": FORMAT,
+        "torch": torch.__version__,
+        "jax": jax.__version__,
+        "jaxlib": importlib.metadata.version("jaxlib"),
+        "python": sys.version,
+        "project": project,
+    }
 
 
 def _torch_modes() -> dict:
@@ -109,29 +131,33 @@ def _torch_modes() -> dict:
 
     if _get_current_function_mode_stack() or _get_current_dispatch_mode_stack():
         raise fingerprint.NotCacheable("a torch function or dispatch mode is active")
-    return {"torch default dtype": str(torch.get_default_dtype()),
-            "torch default device": str(torch.get_default_device()),
-            "torch grad mode": torch.is_grad_enabled(),
-            "torch inference mode": torch.is_inference_mode_enabled(),
-            "torch deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
-            "torch CPU autocast": torch.is_autocast_enabled("cpu"),
-            "torch CPU autocast dtype": str(torch.get_autocast_dtype("cpu"))}
+    return {
+        "torch default dtype": str(torch.get_default_dtype()),
+        "torch default device": str(torch.get_default_device()),
+        "torch grad mode": torch.is_grad_enabled(),
+        "torch inference mode": torch.is_inference_mode_enabled(),
+        "torch deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
+        "torch CPU autocast": torch.is_autocast_enabled("cpu"),
+        "torch CPU autocast dtype": str(torch.get_autocast_dtype("cpu")),
+    }
 
 
 def process_inputs() -> dict:
     """What a step can read from the process rather than from its objects: the command
     line, the environment (less ``IGNORED_ENVIRONMENT``) and the working directory (what
     relative paths mean)."""
-    return {"argv": list(sys.argv),
-            "environment": {k: v for k, v in sorted(os.environ.items())
-                            if k not in IGNORED_ENVIRONMENT},
-            "cwd": os.getcwd()}
+    return {
+        "argv": list(sys.argv),
+        "environment": {
+            k: v for k, v in sorted(os.environ.items()) if k not in IGNORED_ENVIRONMENT
+        },
+        "cwd": os.getcwd(),
+    }
 
 
 def _tensor_signature(t: torch.Tensor) -> list:
     # The plain class: whether DeviceState has guarded a tensor yet must not change the key.
-    return [list(t.shape), list(t.stride()), str(t.dtype), t.requires_grad,
-            plain_type(t).__name__]
+    return [list(t.shape), list(t.stride()), str(t.dtype), t.requires_grad, plain_type(t).__name__]
 
 
 def _named(prefix: str, value, name: str) -> list:
@@ -141,8 +167,16 @@ def _named(prefix: str, value, name: str) -> list:
     return [(name, _digest(value))]
 
 
-def step_key(fingerprinter: fingerprint.Fingerprinter, slots, inputs, selection,
-             decompositions, extra, *, step: str | None = None) -> StepKey:
+def step_key(
+    fingerprinter: fingerprint.Fingerprinter,
+    slots,
+    inputs,
+    selection,
+    decompositions,
+    extra,
+    *,
+    step: str | None = None,
+) -> StepKey:
     """The key of capturing a step over ``slots`` and ``inputs`` (see the module docstring);
     ``selection`` and ``extra`` are plain data (JSON), the caller's rendering of what
     selects a program and anything else it keys (a mapping: one part per key); ``step``
@@ -150,8 +184,9 @@ def step_key(fingerprinter: fingerprint.Fingerprinter, slots, inputs, selection,
     cannot be fingerprinted."""
     fingerprinter.add("decompositions", {str(op): fn for op, fn in (decompositions or {}).items()})
     fingerprinter.add("torch's global module hooks", fingerprint.torch_global_hooks())
-    fingerprinter.add("library attributes replaced by user code",
-                      fingerprint.replaced_library_attributes())
+    fingerprinter.add(
+        "library attributes replaced by user code", fingerprint.replaced_library_attributes()
+    )
     for layer in config.layers():
         for name, value in layer.graph_key_values():
             fingerprinter.add(name, value)
@@ -164,12 +199,18 @@ def step_key(fingerprinter: fingerprint.Fingerprinter, slots, inputs, selection,
         layout.append([slot.name or repr(slot.key), unique] + _tensor_signature(tensor))
     parts = [(f"version of {name}", _digest(value)) for name, value in versions().items()]
     parts += fingerprinter.parts
-    parts += [("command line", _digest(process["argv"])),
-              ("working directory", _digest(process["cwd"]))]
-    parts += [(f"environment variable {name}", _digest(value))
-              for name, value in process["environment"].items()]
-    parts += [("state layout", _digest(layout)),
-              ("inputs", _digest([_tensor_signature(t) for t in inputs]))]
+    parts += [
+        ("command line", _digest(process["argv"])),
+        ("working directory", _digest(process["cwd"])),
+    ]
+    parts += [
+        (f"environment variable {name}", _digest(value))
+        for name, value in process["environment"].items()
+    ]
+    parts += [
+        ("state layout", _digest(layout)),
+        ("inputs", _digest([_tensor_signature(t) for t in inputs])),
+    ]
     parts += _named("program signature: ", selection, "program selection")
     parts += [(name, _digest(value)) for name, value in _torch_modes().items()]
     parts += _named("", extra, "extra")

@@ -69,8 +69,11 @@ def loaded_source_files() -> set:
     files = set()
     for module in list(sys.modules.values()):
         filename = getattr(module, "__file__", None)
-        if isinstance(filename, str) and os.path.isabs(filename) and \
-                not fingerprint.is_library_file(filename):
+        if (
+            isinstance(filename, str)
+            and os.path.isabs(filename)
+            and not fingerprint.is_library_file(filename)
+        ):
             files.add(os.path.abspath(filename))
     return files
 
@@ -83,11 +86,15 @@ def source_files(extra=(), read=()) -> dict:
     deleted module, a FIFO or device read by the step): a change would go unseen."""
     paths = loaded_source_files() | set(extra)
     files = {path: _file_digest(path) for path in sorted(paths | set(read))}
-    unreadable = [path for path, digest in files.items()
-                  if ":" not in digest and not (digest == "absent" and path not in paths)]
+    unreadable = [
+        path
+        for path, digest in files.items()
+        if ":" not in digest and not (digest == "absent" and path not in paths)
+    ]
     if unreadable:
-        raise fingerprint.NotCacheable(f"the step depends on {unreadable[0]}, which cannot "
-                                       "be read as a regular file")
+        raise fingerprint.NotCacheable(
+            f"the step depends on {unreadable[0]}, which cannot be read as a regular file"
+        )
     return files
 
 
@@ -137,8 +144,11 @@ def _audit(event, args):
             record.problem = record.problem or f"the step opened file descriptor {path}"
             return
         path = os.path.abspath(os.fsdecode(path))
-        writes = any(c in mode for c in "wax+") if isinstance(mode, str) \
+        writes = (
+            any(c in mode for c in "wax+")
+            if isinstance(mode, str)
             else bool((flags or 0) & _WRITE_FLAGS)
+        )
         if writes:
             record.problem = record.problem or f"the step opened {path} for writing"
         else:
@@ -167,11 +177,14 @@ def watching_capture():
         _records.remove(record)
     python_after, numpy_after = _global_random_states()
     if python_after != random_before[0] or not _same_numpy_state(random_before[1], numpy_after):
-        record.problem = record.problem or "the step drew numbers from Python's or numpy's " \
+        record.problem = (
+            record.problem
+            or "the step drew numbers from Python's or numpy's "
             "global random generator while it was traced"
+        )
 
 
 def _same_numpy_state(a: dict, b: dict) -> bool:
-    return json.dumps(a, sort_keys=True, default=lambda x: np.asarray(x).tolist()) == \
-        json.dumps(b, sort_keys=True, default=lambda x: np.asarray(x).tolist())
-
+    return json.dumps(a, sort_keys=True, default=lambda x: np.asarray(x).tolist()) == json.dumps(
+        b, sort_keys=True, default=lambda x: np.asarray(x).tolist()
+    )

@@ -40,13 +40,13 @@ import jax
 import jax.monitoring
 
 from jax_backend import config
+from jax_backend.atomic_files import write_file
 from jax_backend.capture import CapturedStep
 from jax_backend.config import graph_cache as setting
 from jax_backend.graph_cache import codec, explain, fingerprint
 from jax_backend.graph_cache.codec import check
 from jax_backend.graph_cache.explain import logger
 from jax_backend.graph_cache.sources import source_files, stale_file
-from jax_backend.atomic_files import write_file
 from jax_backend.regular_files import open_regular
 from jax_backend.user_frames import warn
 
@@ -116,7 +116,8 @@ def _prepare(directory: str) -> _Directory:
                 f"{directory!r} is {shared} (mode {stat.filemode(st.st_mode)}) and its "
                 f"private subdirectory {private!r} is not this user's alone (mode "
                 f"{stat.filemode(sub.st_mode)}, owner {sub.st_uid}). Set {ENV_VAR} to a "
-                "directory of your own.")
+                "directory of your own."
+            )
         logger.debug("graph cache: %s is shared; using %s", directory, private)
         directory = private
     return _Directory(directory, _secret(directory))
@@ -130,16 +131,17 @@ def _secret(directory: str) -> bytes:
             fd = open_regular(path, "the graph cache's secret", follow_symlinks=False)
         except FileNotFoundError:
             with contextlib.suppress(FileExistsError):  # another process made it first
-                write_file(path, os.urandom(SECRET_BYTES), mode=0o600, durable=True,
-                           replace=False)
+                write_file(path, os.urandom(SECRET_BYTES), mode=0o600, durable=True, replace=False)
             continue
         with os.fdopen(fd, "rb") as f:
             st = os.fstat(f.fileno())
             secret = f.read(SECRET_BYTES + 1)
         if st.st_uid != _user() or st.st_mode & 0o077 or len(secret) != SECRET_BYTES:
-            raise OSError(f"its secret {path!r} is not a {SECRET_BYTES}-byte file that only "
-                          f"this user can read (owner {st.st_uid}, mode "
-                          f"{stat.filemode(st.st_mode)}); delete the directory to start afresh.")
+            raise OSError(
+                f"its secret {path!r} is not a {SECRET_BYTES}-byte file that only "
+                f"this user can read (owner {st.st_uid}, mode "
+                f"{stat.filemode(st.st_mode)}); delete the directory to start afresh."
+            )
         return secret
     raise OSError(f"cannot create the secret {path!r}")
 
@@ -178,9 +180,12 @@ def load(directory: str, key, state: list, inputs: list, extra_files=()) -> Entr
     except FileNotFoundError:
         return _miss(key, explain.explain(where.path, where.secret, key))
     except Exception as err:  # noqa: BLE001 - whatever is wrong with an entry, it is a miss
-        warnings.warn(f"Ignoring graph cache entry {path} ({type(err).__name__}: "
-                      f"{str(err)[:200]}); the step is captured again.", GraphCacheWarning,
-                      stacklevel=2)
+        warnings.warn(
+            f"Ignoring graph cache entry {path} ({type(err).__name__}: "
+            f"{str(err)[:200]}); the step is captured again.",
+            GraphCacheWarning,
+            stacklevel=2,
+        )
         return _miss(key, "unreadable")
     jax.monitoring.record_event(EVENT_HIT)
     logger.debug("graph cache hit %s%s", key, _for_step(key))
@@ -218,15 +223,18 @@ def _read_authenticated(where: _Directory, key: str, path: str) -> bytes:
         data = f.read(limit + 1)
     check(len(data) <= limit, "more than the limit")
     head = len(MAGIC) + hashlib.sha256().digest_size
-    check(data[:len(MAGIC)] == MAGIC, "not an entry of this format")
+    check(data[: len(MAGIC)] == MAGIC, "not an entry of this format")
     payload = data[head:]
-    check(hmac.compare_digest(data[len(MAGIC):head], mac(where.secret, key, payload)),
-          "its HMAC does not match: it was changed, or written with another secret")
+    check(
+        hmac.compare_digest(data[len(MAGIC) : head], mac(where.secret, key, payload)),
+        "its HMAC does not match: it was changed, or written with another secret",
+    )
     return payload
 
 
-def store(directory: str, key, captured: CapturedStep, extras: dict,
-          extra_files=(), read_files=()) -> bool:
+def store(
+    directory: str, key, captured: CapturedStep, extras: dict, extra_files=(), read_files=()
+) -> bool:
     """Writes an entry atomically under ``key`` (a ``StepKey``, whose parts its step's
     record keeps, or its digest); False (and nothing written) if the step is not cacheable
     or the directory is refused or not writable: the cache must never stop training.
@@ -241,8 +249,11 @@ def store(directory: str, key, captured: CapturedStep, extras: dict,
         explain.report("graph cache: not storing %s%s: %s", digest, _for_step(key), err)
         return False
     try:  # 0600: this user's alone
-        write_file(_entry_path(where.path, digest),
-                   MAGIC + mac(where.secret, digest, payload) + payload, mode=0o600)
+        write_file(
+            _entry_path(where.path, digest),
+            MAGIC + mac(where.secret, digest, payload) + payload,
+            mode=0o600,
+        )
     except OSError as err:
         logger.debug("graph cache: cannot write %s: %s", where.path, err)
         return False

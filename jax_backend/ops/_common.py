@@ -64,8 +64,11 @@ def jax_dtype(torch_dtype, default=None):
     return dtypes.to_jax_dtype(torch_dtype)
 
 
-_FLOAT32_DOT_PRECISION = {"highest": lax.Precision.HIGHEST, "high": lax.Precision.HIGH,
-                          "medium": lax.Precision.DEFAULT}
+_FLOAT32_DOT_PRECISION = {
+    "highest": lax.Precision.HIGHEST,
+    "high": lax.Precision.HIGH,
+    "medium": lax.Precision.DEFAULT,
+}
 
 
 def dot_precision(*arrays):

@@ -41,8 +41,8 @@ import torch
 from jax_backend import target as target_module
 from jax_backend.interpreter import run_scratch
 from jax_backend.ops._common import dot_precision, dot_result_dtype
-from jax_backend.user_frames import warn
 from jax_backend.registry import lowers
+from jax_backend.user_frames import warn
 
 aten = torch.ops.aten
 
@@ -70,24 +70,31 @@ def cudnn_unsupported(q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0):
     if nk == 0 or n % nk:
         return "the query heads are not a multiple of the key/value heads"
     if not (e == ek == ev) or e % 8 or e > CUDNN_MAX_HEAD_DIM:
-        return (f"head dims {e}/{ek}/{ev}: cuDNN needs equal head dims, a multiple of 8 up "
-                f"to {CUDNN_MAX_HEAD_DIM}")
+        return (
+            f"head dims {e}/{ek}/{ev}: cuDNN needs equal head dims, a multiple of 8 up "
+            f"to {CUDNN_MAX_HEAD_DIM}"
+        )
     if is_causal and lq != s:
         return "causal attention with query length != key length"
     if attn_mask is not None:
         if attn_mask.dtype == jnp.bool_:
             return "the mask is boolean"
         shape = (1,) * (4 - len(attn_mask.shape)) + tuple(attn_mask.shape)
-        if len(shape) != 4 or shape[0] not in (1, b) or shape[1] not in (1, n) or \
-                shape[2:] != (lq, s):
+        if (
+            len(shape) != 4
+            or shape[0] not in (1, b)
+            or shape[1] not in (1, n)
+            or shape[2:] != (lq, s)
+        ):
             return f"the mask's shape {tuple(attn_mask.shape)} is not (B|1, N|1, L, S)"
         if lq % 2 or s % 2:
             return "a mask with odd sequence lengths"
     return None
 
 
-def choose(platform, q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0,
-           setting="auto") -> str:
+def choose(
+    platform, q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0, setting="auto"
+) -> str:
     """The implementation ("cudnn" or "xla") that runs this call on ``platform``."""
     if setting == "xla" or platform != "cuda":
         return "xla"
@@ -95,8 +102,11 @@ def choose(platform, q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0,
     if reason is None:
         return "cudnn"
     if setting == "cudnn":
-        warnings.warn(f"CSTORCH_ATTENTION=cudnn, but this attention call runs on XLA: "
-                      f"{reason}.", AttentionFallbackWarning, stacklevel=2)
+        warnings.warn(
+            f"CSTORCH_ATTENTION=cudnn, but this attention call runs on XLA: {reason}.",
+            AttentionFallbackWarning,
+            stacklevel=2,
+        )
     return "xla"
 
 
@@ -118,14 +128,18 @@ def scores(q, k, attn_mask, is_causal, scale):
     """q kᵀ · scale with the causal and explicit masks applied, in fp32 for half inputs (as
     torch's kernels keep them)."""
     accumulate = jnp.float32 if q.dtype in _HALF else None
-    s = jnp.einsum("...qd,...kd->...qk", q, k, precision=dot_precision(q, k),
-                   preferred_element_type=accumulate) * default_scale(q, scale)
+    s = jnp.einsum(
+        "...qd,...kd->...qk", q, k, precision=dot_precision(q, k), preferred_element_type=accumulate
+    ) * default_scale(q, scale)
     if is_causal:
         lq, lk = q.shape[-2], k.shape[-2]
         s = jnp.where(jnp.tril(jnp.ones((lq, lk), jnp.bool_)), s, -jnp.inf)
     if attn_mask is not None:
-        s = (jnp.where(attn_mask, s, -jnp.inf) if attn_mask.dtype == jnp.bool_
-             else s + attn_mask.astype(s.dtype))
+        s = (
+            jnp.where(attn_mask, s, -jnp.inf)
+            if attn_mask.dtype == jnp.bool_
+            else s + attn_mask.astype(s.dtype)
+        )
     return s
 
 
@@ -134,8 +148,13 @@ def xla_attention(q, k, v, attn_mask=None, is_causal=False, scale=None):
     q's dtype (half products accumulate in fp32)."""
     k, v = _repeat_kv_heads(q, k, v)
     probs = jax.nn.softmax(scores(q, k, attn_mask, is_causal, scale), axis=-1).astype(v.dtype)
-    out = jnp.einsum("...qk,...kd->...qd", probs, v, precision=dot_precision(probs, v),
-                     preferred_element_type=dot_result_dtype(v.dtype))
+    out = jnp.einsum(
+        "...qk,...kd->...qd",
+        probs,
+        v,
+        precision=dot_precision(probs, v),
+        preferred_element_type=dot_result_dtype(v.dtype),
+    )
     return out.astype(q.dtype)
 
 
@@ -147,8 +166,14 @@ def cudnn_attention(q, k, v, attn_mask=None, is_causal=False, scale=None):
         bias = attn_mask.astype(q.dtype)
         bias = bias.reshape((1,) * (4 - bias.ndim) + bias.shape)
     out = jax.nn.dot_product_attention(
-        jnp.swapaxes(q, 1, 2), jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), bias=bias,
-        scale=default_scale(q, scale), is_causal=is_causal, implementation="cudnn")
+        jnp.swapaxes(q, 1, 2),
+        jnp.swapaxes(k, 1, 2),
+        jnp.swapaxes(v, 1, 2),
+        bias=bias,
+        scale=default_scale(q, scale),
+        is_causal=is_causal,
+        implementation="cudnn",
+    )
     return jnp.swapaxes(out, 1, 2)
 
 
@@ -157,8 +182,7 @@ def logsumexp(q, k, attn_mask, is_causal, scale):
     attention ops; unused by their backward here, so XLA drops it when nothing else reads
     it)."""
     k, _ = _repeat_kv_heads(q, k, k)
-    return jax.nn.logsumexp(scores(q, k, attn_mask, is_causal, scale).astype(jnp.float32),
-                            axis=-1)
+    return jax.nn.logsumexp(scores(q, k, attn_mask, is_causal, scale).astype(jnp.float32), axis=-1)
 
 
 # ------------------------------------------------------------------ forward and backward
@@ -172,16 +196,20 @@ def _vjp(q, k, v, attn_mask, is_causal, scale):
     """(output, VJP function) of the chosen implementation."""
     implementation = _implementation(q, k, v, attn_mask, is_causal)
     try:
-        return jax.vjp(lambda q_, k_, v_: implementation(q_, k_, v_, attn_mask, is_causal,
-                                                         scale), q, k, v)
+        return jax.vjp(
+            lambda q_, k_, v_: implementation(q_, k_, v_, attn_mask, is_causal, scale), q, k, v
+        )
     except (NotImplementedError, RuntimeError, ValueError) as error:
         if implementation is xla_attention:
             raise
         # cuDNN's own checks refused (its version, the GPU's generation): XLA computes it.
-        warn(f"cuDNN attention is not available here ({error}); XLA computes it.",
-             AttentionFallbackWarning)
-    return jax.vjp(lambda q_, k_, v_: xla_attention(q_, k_, v_, attn_mask, is_causal, scale),
-                   q, k, v)
+        warn(
+            f"cuDNN attention is not available here ({error}); XLA computes it.",
+            AttentionFallbackWarning,
+        )
+    return jax.vjp(
+        lambda q_, k_, v_: xla_attention(q_, k_, v_, attn_mask, is_causal, scale), q, k, v
+    )
 
 
 def forward(q, k, v, attn_mask=None, is_causal=False, scale=None):
@@ -206,15 +234,19 @@ def backward(grad_out, q, k, v, out, attn_mask=None, is_causal=False, scale=None
 def aten_sdpa_flash_cpu(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
     if dropout_p:
         raise NotImplementedError("flash attention with dropout_p > 0 is not lowered.")
-    return (forward(q, k, v, attn_mask, is_causal, scale),
-            logsumexp(q, k, attn_mask, is_causal, scale))
+    return (
+        forward(q, k, v, attn_mask, is_causal, scale),
+        logsumexp(q, k, attn_mask, is_causal, scale),
+    )
 
 
 @lowers(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
-def aten_sdpa_flash_cpu_backward(grad_out, q, k, v, out, logsumexp_, dropout_p, is_causal, *,
-                                 attn_mask=None, scale=None):
+def aten_sdpa_flash_cpu_backward(
+    grad_out, q, k, v, out, logsumexp_, dropout_p, is_causal, *, attn_mask=None, scale=None
+):
     if dropout_p:
         raise NotImplementedError(
             "the CPU flash-attention backward with dropout_p > 0 cannot replay torch's dropout "
-            "mask; use dropout_p=0 in scaled_dot_product_attention or a separate nn.Dropout.")
+            "mask; use dropout_p=0 in scaled_dot_product_attention or a separate nn.Dropout."
+        )
     return backward(grad_out, q, k, v, out, attn_mask, is_causal, scale)

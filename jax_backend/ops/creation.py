@@ -35,8 +35,9 @@ def aten_full(size, fill_value, *, dtype=None, layout=None, device=None, pin_mem
 
 
 @lowers(aten.full_like.default)
-def aten_full_like(x, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None,
-                   memory_format=None):
+def aten_full_like(
+    x, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None
+):
     return jnp.full(x.shape, fill_value, jax_dtype(dtype, x.dtype))
 
 
@@ -51,8 +52,7 @@ def aten_ones(size, *, dtype=None, layout=None, device=None, pin_memory=None):
 
 
 @lowers(aten.empty.memory_format)
-def aten_empty(size, *, dtype=None, layout=None, device=None, pin_memory=None,
-               memory_format=None):
+def aten_empty(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     return jnp.zeros(tuple(size), jax_dtype(dtype, _default_float()))
 
 
@@ -62,20 +62,21 @@ def aten_empty_strided(size, stride, *, dtype=None, layout=None, device=None, pi
 
 
 @lowers(aten.empty_permuted.default)
-def aten_empty_permuted(size, physical_layout, *, dtype=None, layout=None, device=None,
-                        pin_memory=None):
+def aten_empty_permuted(
+    size, physical_layout, *, dtype=None, layout=None, device=None, pin_memory=None
+):
     return jnp.zeros(tuple(size), jax_dtype(dtype, _default_float()))
 
 
 @lowers(aten.zeros_like.default, aten.empty_like.default)
-def aten_zeros_like(x, *, dtype=None, layout=None, device=None, pin_memory=None,
-                    memory_format=None):
+def aten_zeros_like(
+    x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None
+):
     return jnp.zeros(x.shape, jax_dtype(dtype, x.dtype))
 
 
 @lowers(aten.ones_like.default)
-def aten_ones_like(x, *, dtype=None, layout=None, device=None, pin_memory=None,
-                   memory_format=None):
+def aten_ones_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     return jnp.ones(x.shape, jax_dtype(dtype, x.dtype))
 
 
@@ -95,8 +96,9 @@ def aten_new_full(x, size, fill_value, *, dtype=None, layout=None, device=None, 
 
 
 @lowers(aten.new_empty_strided.default)
-def aten_new_empty_strided(x, size, stride, *, dtype=None, layout=None, device=None,
-                           pin_memory=None):
+def aten_new_empty_strided(
+    x, size, stride, *, dtype=None, layout=None, device=None, pin_memory=None
+):
     return jnp.zeros(tuple(size), jax_dtype(dtype, x.dtype))
 
 
@@ -154,4 +156,3 @@ def aten_eye(n, *, dtype=None, layout=None, device=None, pin_memory=None):
 @lowers(aten.eye.m)
 def aten_eye_m(n, m, *, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.eye(n, m, dtype=jax_dtype(dtype, _default_float()))
-

@@ -55,7 +55,9 @@ _UNARY_FLOAT = {
     aten.special_i1.default: jax.scipy.special.i1,
     aten.special_i1e.default: jax.scipy.special.i1e,
     aten.special_ndtri.default: jax.scipy.special.ndtri,
-    aten.special_erfcx.default: jax.scipy.special.erfcx if hasattr(jax.scipy.special, "erfcx") else None,
+    aten.special_erfcx.default: jax.scipy.special.erfcx
+    if hasattr(jax.scipy.special, "erfcx")
+    else None,
     aten.sinc.default: jnp.sinc,
     aten.deg2rad.default: jnp.deg2rad,
     aten.rad2deg.default: jnp.rad2deg,
@@ -212,8 +214,11 @@ def aten_imag(x):
 # -------------------------------------------------------------------------------- arithmetic
 def _scaled(other, alpha):
     # alpha may be a runtime scalar (jax_backend.scalars): only a Python 1 is skipped
-    return other if alpha is None or (isinstance(alpha, (int, float)) and alpha == 1) \
+    return (
+        other
+        if alpha is None or (isinstance(alpha, (int, float)) and alpha == 1)
         else other * alpha
+    )
 
 
 @lowers(aten.add.Tensor, aten.add.Scalar)
@@ -272,7 +277,9 @@ def _divide(x, other, rounding_mode):
         return jnp.trunc(x / other)
     if rounding_mode == "floor":
         return _floor_divide(x, other)
-    raise ValueError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor', got {rounding_mode!r}")
+    raise ValueError(
+        f"div expected rounding_mode to be one of None, 'trunc', or 'floor', got {rounding_mode!r}"
+    )
 
 
 @lowers(aten.div.Tensor, aten.div.Scalar)
@@ -456,8 +463,13 @@ def _comparison(fn):
 
 
 _COMPARISONS: list[tuple[str, Callable]] = [
-    ("eq", jnp.equal), ("ne", jnp.not_equal), ("lt", jnp.less), ("le", jnp.less_equal),
-    ("gt", jnp.greater), ("ge", jnp.greater_equal)]
+    ("eq", jnp.equal),
+    ("ne", jnp.not_equal),
+    ("lt", jnp.less),
+    ("le", jnp.less_equal),
+    ("gt", jnp.greater),
+    ("ge", jnp.greater_equal),
+]
 for _name, _fn in _COMPARISONS:
     _packet = getattr(aten, _name)
     lowers(_packet.Tensor, _packet.Scalar)(_comparison(_fn))
@@ -487,15 +499,20 @@ def _bitwise(fn):
 
 
 lowers(aten.bitwise_and.Tensor, aten.bitwise_and.Scalar, aten.bitwise_and.Scalar_Tensor)(
-    _bitwise(jnp.bitwise_and))
+    _bitwise(jnp.bitwise_and)
+)
 lowers(aten.bitwise_or.Tensor, aten.bitwise_or.Scalar, aten.bitwise_or.Scalar_Tensor)(
-    _bitwise(jnp.bitwise_or))
+    _bitwise(jnp.bitwise_or)
+)
 lowers(aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar, aten.bitwise_xor.Scalar_Tensor)(
-    _bitwise(jnp.bitwise_xor))
+    _bitwise(jnp.bitwise_xor)
+)
 lowers(aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar)(
-    _bitwise(jnp.left_shift))
+    _bitwise(jnp.left_shift)
+)
 lowers(aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar)(
-    _bitwise(jnp.right_shift))
+    _bitwise(jnp.right_shift)
+)
 
 
 # ------------------------------------------------------------------------------- activations
@@ -604,8 +621,9 @@ def aten_angle(x):
     if jnp.iscomplexobj(x):
         return jnp.angle(x)
     x = as_float(x)
-    return jnp.where(jnp.isnan(x), x, jnp.where(x < 0, jnp.asarray(math.pi, x.dtype),
-                                                 jnp.zeros((), x.dtype)))
+    return jnp.where(
+        jnp.isnan(x), x, jnp.where(x < 0, jnp.asarray(math.pi, x.dtype), jnp.zeros((), x.dtype))
+    )
 
 
 @lowers(aten.hardshrink_backward.default, aten.softshrink_backward.default)

@@ -38,8 +38,7 @@ def aten_fft_r2c(x, dim, normalization, onesided):
         out = jnp.fft.rfftn(x, axes=axes, norm="backward")
     else:
         out = jnp.fft.fftn(x.astype(_complex_dtype(x.dtype)), axes=axes, norm="backward")
-    return _scale(out, [x.shape[a] for a in axes], normalization).astype(
-        _complex_dtype(x.dtype))
+    return _scale(out, [x.shape[a] for a in axes], normalization).astype(_complex_dtype(x.dtype))
 
 
 # - func: _fft_c2r(Tensor self, int[] dim, int normalization, SymInt last_dim_size) -> Tensor

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
-
 import torch
 from jax import lax
 
+from jax_backend.errors import CstorchError
 from jax_backend.ops._common import canon_dim
 from jax_backend.registry import lowers
-from jax_backend.errors import CstorchError
 
 aten = torch.ops.aten
 
@@ -63,7 +62,9 @@ def aten_index_put(x, indices, values, accumulate=False):
 def aten_index_select(x, dim, index):
     if x.ndim == 0:
         return x
-    return jnp.take(x, index.reshape(-1) if index.ndim else index.reshape(1), axis=canon_dim(dim, x.ndim))
+    return jnp.take(
+        x, index.reshape(-1) if index.ndim else index.reshape(1), axis=canon_dim(dim, x.ndim)
+    )
 
 
 @lowers(aten.embedding.default)
@@ -109,8 +110,14 @@ def aten_scatter(x, dim, index, src):
     return _scatter(x, dim, index, src, "set")
 
 
-_SCATTER_REDUCE = {"add": "add", "sum": "add", "multiply": "multiply", "prod": "multiply",
-                   "amax": "max", "amin": "min"}
+_SCATTER_REDUCE = {
+    "add": "add",
+    "sum": "add",
+    "multiply": "multiply",
+    "prod": "multiply",
+    "amax": "max",
+    "amin": "min",
+}
 
 
 @lowers(aten.scatter.reduce, aten.scatter.value_reduce)
@@ -126,8 +133,9 @@ def aten_scatter_add(x, dim, index, src):
 @lowers(aten.scatter_reduce.two)
 def aten_scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
     if x.ndim == 0:
-        return aten_scatter_reduce(x.reshape(1), 0, index.reshape(1), src.reshape(1), reduce,
-                                   include_self=include_self).reshape(())
+        return aten_scatter_reduce(
+            x.reshape(1), 0, index.reshape(1), src.reshape(1), reduce, include_self=include_self
+        ).reshape(())
     axis = canon_dim(dim, x.ndim)
     src = src[tuple(slice(0, n) for n in index.shape)].astype(x.dtype)
     coords = _scatter_indices(index, axis)
@@ -136,8 +144,11 @@ def aten_scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
         total = x.at[coords].add(src) if include_self else jnp.zeros_like(x).at[coords].add(src)
         count = jnp.zeros(x.shape, x.dtype).at[coords].add(jnp.ones_like(src))
         count = count + 1 if include_self else count
-        mean = total / jnp.maximum(count, 1) if jnp.issubdtype(x.dtype, jnp.inexact) else (
-            jnp.floor_divide(total, jnp.maximum(count, 1)))
+        mean = (
+            total / jnp.maximum(count, 1)
+            if jnp.issubdtype(x.dtype, jnp.inexact)
+            else (jnp.floor_divide(total, jnp.maximum(count, 1)))
+        )
         return jnp.where(touched, mean.astype(x.dtype), x)
     mode = _SCATTER_REDUCE[reduce]
     if include_self:
@@ -193,15 +204,14 @@ def aten_take(x, index):
     return x.reshape(-1)[index]
 
 
-
-
 # - func: embedding_dense_backward(Tensor grad_output, Tensor indices, SymInt num_weights,
 #   SymInt padding_idx, bool scale_grad_by_freq) -> Tensor
 @lowers(aten.embedding_dense_backward.default)
-def aten_embedding_dense_backward(grad_output, indices, num_weights, padding_idx,
-                                  scale_grad_by_freq):
+def aten_embedding_dense_backward(
+    grad_output, indices, num_weights, padding_idx, scale_grad_by_freq
+):
     flat = indices.reshape(-1)
-    grad = grad_output.reshape(flat.shape + grad_output.shape[indices.ndim:])
+    grad = grad_output.reshape(flat.shape + grad_output.shape[indices.ndim :])
     keep = (flat != padding_idx)[:, None]
     grad = jnp.where(keep, grad, jnp.zeros((), grad.dtype))
     if scale_grad_by_freq:
@@ -224,8 +234,9 @@ def _bag_ids(indices, offsets, include_last_offset):
     return jnp.clip(bag, 0, max(num_bags - 1, 0)).astype(offsets.dtype), num_bags, in_range
 
 
-def _embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset,
-                   padding_idx):
+def _embedding_bag(
+    weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx
+):
     bag, num_bags, member = _bag_ids(indices, offsets, include_last_offset)
     if padding_idx is not None and padding_idx >= 0:
         member = member & (indices != padding_idx)
@@ -246,8 +257,11 @@ def _embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_l
         max_indices = jnp.where(empty, 0, indices[jnp.clip(first, 0, indices.shape[0] - 1)])
         out = jnp.where(empty, jnp.zeros((), out.dtype), out)
         return out, max_indices.astype(offsets.dtype), counts, bag
-    summed = jnp.zeros((num_bags, weight.shape[1]), rows.dtype).at[bag].add(
-        jnp.where(member[:, None], rows, jnp.zeros((), rows.dtype)))
+    summed = (
+        jnp.zeros((num_bags, weight.shape[1]), rows.dtype)
+        .at[bag]
+        .add(jnp.where(member[:, None], rows, jnp.zeros((), rows.dtype)))
+    )
     if mode == _BAG_MEAN:
         summed = summed / jnp.maximum(counts, 1)[:, None].astype(summed.dtype)
     return summed, None, counts, bag
@@ -257,28 +271,47 @@ def _embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_l
 #   int mode=0, bool sparse=False, Tensor? per_sample_weights=None, bool include_last_offset=False,
 #   int padding_idx=-1) -> (Tensor, Tensor, Tensor, Tensor)
 @lowers(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
-def aten_embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
-                       per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+def aten_embedding_bag(
+    weight,
+    indices,
+    offsets,
+    scale_grad_by_freq=False,
+    mode=0,
+    sparse=False,
+    per_sample_weights=None,
+    include_last_offset=False,
+    padding_idx=-1,
+):
     """offset2bag, bag_size and max_indices follow torch's shapes; only ``output`` (and
     ``max_indices`` in max mode) carry torch's values, the rest feed our own backward."""
     out, max_indices, counts, bag = _embedding_bag(
-        weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx)
-    fast_sum = (mode == _BAG_SUM and weight.dtype in (jnp.float32, jnp.float16)
-                and padding_idx < 0)
+        weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx
+    )
+    fast_sum = mode == _BAG_SUM and weight.dtype in (jnp.float32, jnp.float16) and padding_idx < 0
     offset2bag = jnp.zeros((0,), offsets.dtype) if fast_sum else bag
     if max_indices is None:
         max_indices = jnp.zeros(counts.shape, offsets.dtype)
     return out, offset2bag, counts, max_indices
 
 
-
 # - func: _embedding_bag_backward(Tensor grad, Tensor indices, Tensor offsets, Tensor offset2bag,
 #   Tensor bag_size, Tensor maximum_indices, SymInt num_weights, bool scale_grad_by_freq, int mode,
 #   bool sparse, Tensor? per_sample_weights, int padding_idx=-1) -> Tensor
 @lowers(aten._embedding_bag_backward.default)
-def aten_embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices,
-                                num_weights, scale_grad_by_freq, mode, sparse,
-                                per_sample_weights, padding_idx=-1):
+def aten_embedding_bag_backward(
+    grad,
+    indices,
+    offsets,
+    offset2bag,
+    bag_size,
+    maximum_indices,
+    num_weights,
+    scale_grad_by_freq,
+    mode,
+    sparse,
+    per_sample_weights,
+    padding_idx=-1,
+):
     include_last_offset = offsets.shape[0] == grad.shape[0] + 1
     features = grad.shape[1]
     if mode == _BAG_MAX:
@@ -304,8 +337,9 @@ def aten_embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, ma
 # - func: _embedding_bag_per_sample_weights_backward(Tensor grad, Tensor weight, Tensor indices,
 #   Tensor offsets, Tensor offset2bag, int mode, int padding_idx=-1) -> Tensor
 @lowers(aten._embedding_bag_per_sample_weights_backward.default)
-def aten_embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag,
-                                                   mode, padding_idx=-1):
+def aten_embedding_bag_per_sample_weights_backward(
+    grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1
+):
     include_last_offset = offsets.shape[0] == grad.shape[0] + 1
     bag, _, member = _bag_ids(indices, offsets, include_last_offset)
     if padding_idx is not None and padding_idx >= 0:
@@ -331,8 +365,11 @@ def aten_index_reduce(x, dim, index, source, reduce, *, include_self=True):
         count = jnp.zeros(moved.shape[:1], x.dtype).at[index].add(1)
         count = (count + 1 if include_self else count).reshape(touched.shape)
         count = jnp.maximum(count, 1)
-        mean = total / count if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.floor_divide(
-            total, count)
+        mean = (
+            total / count
+            if jnp.issubdtype(x.dtype, jnp.inexact)
+            else jnp.floor_divide(total, count)
+        )
         out = jnp.where(touched, mean.astype(x.dtype), moved)
     else:
         mode = {"prod": "multiply", "amax": "max", "amin": "min"}[reduce]
@@ -365,8 +402,9 @@ def aten_masked_scatter_backward(grad_output, mask, sizes):
     position = jnp.cumsum(mask.astype(jnp.int64)) - 1
     # Positions past the source's size are dropped (mode="drop"), like torch's masked_select.
     target = jnp.where(mask, position, numel)
-    grad = jnp.zeros((numel,), grad_output.dtype).at[target].add(
-        grad_output.reshape(-1), mode="drop")
+    grad = (
+        jnp.zeros((numel,), grad_output.dtype).at[target].add(grad_output.reshape(-1), mode="drop")
+    )
     return grad.reshape(tuple(sizes))
 
 

@@ -23,9 +23,15 @@ def _dot(a, b, contracting, batch=((), ()), rounded=True):
             f"expected both operands of a matrix product to have the same dtype, but got "
             f"{a.dtype} and {b.dtype} (torch: mat1 and mat2 must have the same dtype). Cast "
             "the input to the model's dtype, e.g. x.float(), or use cstorch.amp for mixed "
-            "precision.")
-    out = lax.dot_general(a, b, (contracting, batch), precision=dot_precision(a, b),
-                          preferred_element_type=dot_result_dtype(a.dtype))
+            "precision."
+        )
+    out = lax.dot_general(
+        a,
+        b,
+        (contracting, batch),
+        precision=dot_precision(a, b),
+        preferred_element_type=dot_result_dtype(a.dtype),
+    )
     return out.astype(a.dtype) if rounded else out
 
 

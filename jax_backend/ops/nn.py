@@ -19,24 +19,49 @@ import torch
 from jax import lax
 
 from jax_backend.ops import torch_kernels
-from jax_backend.ops._common import (compute_dtype, conv_precision, dot_precision,
-                                     dot_result_dtype, ntuple, promote)
+from jax_backend.ops._common import (
+    compute_dtype,
+    conv_precision,
+    dot_precision,
+    dot_result_dtype,
+    ntuple,
+    promote,
+)
 from jax_backend.registry import lowers
 
 aten = torch.ops.aten
 
 
 # ------------------------------------------------------------------------------- convolution
-def _conv_forward(x, weight, stride, padding, dilation, transposed, output_padding, groups,
-                  result_dtype=dot_result_dtype):
+def _conv_forward(
+    x,
+    weight,
+    stride,
+    padding,
+    dilation,
+    transposed,
+    output_padding,
+    groups,
+    result_dtype=dot_result_dtype,
+):
     """The convolution in the operands' (promoted) dtype."""
-    out = _conv_accumulated(x, weight, stride, padding, dilation, transposed, output_padding,
-                            groups, result_dtype)
+    out = _conv_accumulated(
+        x, weight, stride, padding, dilation, transposed, output_padding, groups, result_dtype
+    )
     return out.astype(promote(x, weight)[0].dtype)
 
 
-def _conv_accumulated(x, weight, stride, padding, dilation, transposed, output_padding, groups,
-                      result_dtype=dot_result_dtype):
+def _conv_accumulated(
+    x,
+    weight,
+    stride,
+    padding,
+    dilation,
+    transposed,
+    output_padding,
+    groups,
+    result_dtype=dot_result_dtype,
+):
     """The convolution in the dtype ``result_dtype`` asks of the platform (fp32 for half
     operands on a CPU), before any rounding to the operands' dtype."""
     nd = weight.ndim - 2
@@ -44,36 +69,52 @@ def _conv_accumulated(x, weight, stride, padding, dilation, transposed, output_p
     spatial = "DHW"[-nd:] if nd <= 3 else None
     dimension_numbers = ("NC" + spatial, "OI" + spatial, "NC" + spatial)
     stride, padding, dilation = ntuple(stride, nd), ntuple(padding, nd), ntuple(dilation, nd)
-    options = dict(precision=conv_precision(x, weight),
-                   preferred_element_type=result_dtype(x.dtype))
+    options = dict(
+        precision=conv_precision(x, weight), preferred_element_type=result_dtype(x.dtype)
+    )
     if not transposed:
         out = lax.conv_general_dilated(
-            x, weight, window_strides=stride, padding=[(p, p) for p in padding],
-            rhs_dilation=dilation, dimension_numbers=dimension_numbers,
-            feature_group_count=groups, **options)
+            x,
+            weight,
+            window_strides=stride,
+            padding=[(p, p) for p in padding],
+            rhs_dilation=dilation,
+            dimension_numbers=dimension_numbers,
+            feature_group_count=groups,
+            **options,
+        )
         return out
     # A transposed convolution is the input-gradient of a convolution: dilate the input by the
     # stride, pad by dilation*(k-1)-p, and convolve with the flipped, in/out-swapped kernel.
     output_padding = ntuple(output_padding, nd)
     c_in, c_out_per_group = weight.shape[0], weight.shape[1]
     kernel = weight.reshape((groups, c_in // groups, c_out_per_group) + weight.shape[2:])
-    kernel = jnp.swapaxes(kernel, 1, 2).reshape((groups * c_out_per_group, c_in // groups)
-                                                + weight.shape[2:])
+    kernel = jnp.swapaxes(kernel, 1, 2).reshape(
+        (groups * c_out_per_group, c_in // groups) + weight.shape[2:]
+    )
     kernel = jnp.flip(kernel, axis=tuple(range(2, 2 + nd)))
     pads = []
     for k, p, d, op in zip(weight.shape[2:], padding, dilation, output_padding):
         edge = d * (k - 1) - p
         pads.append((edge, edge + op))
     out = lax.conv_general_dilated(
-        x, kernel, window_strides=(1,) * nd, padding=pads, lhs_dilation=stride,
-        rhs_dilation=dilation, dimension_numbers=dimension_numbers,
-        feature_group_count=groups, **options)
+        x,
+        kernel,
+        window_strides=(1,) * nd,
+        padding=pads,
+        lhs_dilation=stride,
+        rhs_dilation=dilation,
+        dimension_numbers=dimension_numbers,
+        feature_group_count=groups,
+        **options,
+    )
     return out
 
 
 @lowers(aten.convolution.default)
-def aten_convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding,
-                     groups):
+def aten_convolution(
+    x, weight, bias, stride, padding, dilation, transposed, output_padding, groups
+):
     unbatched = x.ndim == weight.ndim - 1
     if unbatched:
         x = x[None]
@@ -81,11 +122,13 @@ def aten_convolution(x, weight, bias, stride, padding, dilation, transposed, out
     # (oneDNN) half convolutions do; where the platform gives half results (a GPU), it is
     # added to them, as torch's CUDA convolutions add it after cuDNN's.
     if torch_kernels.applies(x, weight, bias):
-        out = torch_kernels.convolution(x, weight, bias, stride, padding, dilation, transposed,
-                                        output_padding, groups)
+        out = torch_kernels.convolution(
+            x, weight, bias, stride, padding, dilation, transposed, output_padding, groups
+        )
     else:
-        out = _conv_accumulated(x, weight, stride, padding, dilation, transposed,
-                                output_padding, groups)
+        out = _conv_accumulated(
+            x, weight, stride, padding, dilation, transposed, output_padding, groups
+        )
         if bias is not None:
             out = out + bias.astype(out.dtype).reshape((1, -1) + (1,) * (out.ndim - 2))
     out = out.astype(promote(x, weight)[0].dtype)
@@ -132,21 +175,52 @@ def _convolution_gradient(forward, primal, grad_output):
 
 
 @lowers(aten.convolution_backward.default)
-def aten_convolution_backward(grad_output, x, weight, bias_sizes, stride, padding, dilation,
-                              transposed, output_padding, groups, output_mask):
+def aten_convolution_backward(
+    grad_output,
+    x,
+    weight,
+    bias_sizes,
+    stride,
+    padding,
+    dilation,
+    transposed,
+    output_padding,
+    groups,
+    output_mask,
+):
     dtypes = (x.dtype, weight.dtype)  # the gradients take them (torch's are never mixed)
     x, weight = promote(x, weight)
     cotangent = grad_output.astype(x.dtype)
     if x.ndim == weight.ndim and torch_kernels.applies(cotangent, x, weight):
         grads = torch_kernels.convolution_backward(
-            cotangent, x, weight, bias_sizes, stride, padding, dilation, transposed,
-            output_padding, groups, output_mask)
-        return tuple(None if g is None else g.astype(d)
-                     for g, d in zip(grads, (*dtypes, grad_output.dtype)))
+            cotangent,
+            x,
+            weight,
+            bias_sizes,
+            stride,
+            padding,
+            dilation,
+            transposed,
+            output_padding,
+            groups,
+            output_mask,
+        )
+        return tuple(
+            None if g is None else g.astype(d) for g, d in zip(grads, (*dtypes, grad_output.dtype))
+        )
 
     def forward(x_, w_):
-        return _conv_forward(x_, w_, stride, padding, dilation, transposed, output_padding, groups,
-                             result_dtype=lambda dtype: None)
+        return _conv_forward(
+            x_,
+            w_,
+            stride,
+            padding,
+            dilation,
+            transposed,
+            output_padding,
+            groups,
+            result_dtype=lambda dtype: None,
+        )
 
     grad_x = grad_w = grad_b = None
     if output_mask[0]:
@@ -188,8 +262,9 @@ def _nearest_source(in_size, out_size, scale, exact):
 def _resample_axis(x, dim, out_size, scale, kind, align_corners):
     in_size = x.shape[dim]
     if kind in ("nearest", "nearest-exact"):
-        return jnp.take(x, _nearest_source(in_size, out_size, scale, kind == "nearest-exact"),
-                        axis=dim)
+        return jnp.take(
+            x, _nearest_source(in_size, out_size, scale, kind == "nearest-exact"), axis=dim
+        )
     ratio = _pixel_scale(in_size, out_size, align_corners, scale)
     dst = np.arange(out_size, dtype=np.float64)
     shape = [1] * x.ndim
@@ -236,7 +311,7 @@ def _aa_matrix(in_size, out_size, align_corners, scale, kind):
         xsize = min(int(center + support + 0.5), in_size) - xmin
         w = np.array([filter_fn((j + xmin - center + 0.5) * invscale) for j in range(xsize)])
         total = w.sum()
-        matrix[i, xmin:xmin + xsize] = w / total if total != 0 else w
+        matrix[i, xmin : xmin + xsize] = w / total if total != 0 else w
     return matrix
 
 
@@ -252,10 +327,12 @@ def _resample(x, nd, sizes, scales, kind, align_corners, antialias):
     for axis in range(nd):
         dim = x.ndim - nd + axis
         if antialias:
-            m = jnp.asarray(_aa_matrix(x.shape[dim], sizes[axis], align_corners, scales[axis],
-                                       kind), out.dtype)
-            out = jnp.moveaxis(jnp.tensordot(out, m, axes=([dim], [1]),
-                                             precision=lax.Precision.HIGHEST), -1, dim)
+            m = jnp.asarray(
+                _aa_matrix(x.shape[dim], sizes[axis], align_corners, scales[axis], kind), out.dtype
+            )
+            out = jnp.moveaxis(
+                jnp.tensordot(out, m, axes=([dim], [1]), precision=lax.Precision.HIGHEST), -1, dim
+            )
         else:
             out = _resample_axis(out, dim, sizes[axis], scales[axis], kind, align_corners)
     return out.astype(x.dtype)
@@ -266,18 +343,23 @@ def _register_upsample(name, nd, kind, has_align, antialias=False):
     backward = getattr(aten, f"{name}_backward")
 
     if has_align:
+
         def vec(x, output_size, align_corners, scale_factors):
             return _upsample(x, nd, output_size, scale_factors, kind, align_corners, antialias)
 
         def default(x, output_size, align_corners, *scales):
-            return _upsample(x, nd, output_size, None, kind, align_corners, antialias) if all(
-                s is None for s in scales) else _upsample_scaled(x, nd, output_size, scales, kind,
-                                                                 align_corners, antialias)
+            return (
+                _upsample(x, nd, output_size, None, kind, align_corners, antialias)
+                if all(s is None for s in scales)
+                else _upsample_scaled(x, nd, output_size, scales, kind, align_corners, antialias)
+            )
 
         def grad(grad_output, output_size, input_size, align_corners, *scales):
-            return _upsample_vjp(grad_output, input_size, lambda x: default(
-                x, output_size, align_corners, *scales))
+            return _upsample_vjp(
+                grad_output, input_size, lambda x: default(x, output_size, align_corners, *scales)
+            )
     else:  # (other signatures: these ops take no align_corners)
+
         def vec(x, output_size, scale_factors):  # type: ignore[misc]
             return _upsample(x, nd, output_size, scale_factors, kind)
 
@@ -285,7 +367,9 @@ def _register_upsample(name, nd, kind, has_align, antialias=False):
             return _upsample_scaled(x, nd, output_size, scales, kind, False, False)
 
         def grad(grad_output, output_size, input_size, *scales):  # type: ignore[misc]
-            return _upsample_vjp(grad_output, input_size, lambda x: default(x, output_size, *scales))
+            return _upsample_vjp(
+                grad_output, input_size, lambda x: default(x, output_size, *scales)
+            )
 
     for fn, suffix in ((vec, "vec"), (default, "default"), (grad, "backward")):
         fn.__name__ = f"aten_{name.lstrip('_')}_{suffix}"
@@ -308,35 +392,42 @@ def _upsample_vjp(grad_output, input_size, forward):
 
 
 for _name, _nd, _kind, _align, _aa in [
-        ("upsample_nearest1d", 1, "nearest", False, False),
-        ("upsample_nearest2d", 2, "nearest", False, False),
-        ("upsample_nearest3d", 3, "nearest", False, False),
-        ("_upsample_nearest_exact1d", 1, "nearest-exact", False, False),
-        ("_upsample_nearest_exact2d", 2, "nearest-exact", False, False),
-        ("_upsample_nearest_exact3d", 3, "nearest-exact", False, False),
-        ("upsample_linear1d", 1, "linear", True, False),
-        ("upsample_bilinear2d", 2, "linear", True, False),
-        ("upsample_trilinear3d", 3, "linear", True, False),
-        ("upsample_bicubic2d", 2, "cubic", True, False),
-        ("_upsample_bilinear2d_aa", 2, "linear", True, True),
-        ("_upsample_bicubic2d_aa", 2, "cubic", True, True)]:
+    ("upsample_nearest1d", 1, "nearest", False, False),
+    ("upsample_nearest2d", 2, "nearest", False, False),
+    ("upsample_nearest3d", 3, "nearest", False, False),
+    ("_upsample_nearest_exact1d", 1, "nearest-exact", False, False),
+    ("_upsample_nearest_exact2d", 2, "nearest-exact", False, False),
+    ("_upsample_nearest_exact3d", 3, "nearest-exact", False, False),
+    ("upsample_linear1d", 1, "linear", True, False),
+    ("upsample_bilinear2d", 2, "linear", True, False),
+    ("upsample_trilinear3d", 3, "linear", True, False),
+    ("upsample_bicubic2d", 2, "cubic", True, False),
+    ("_upsample_bilinear2d_aa", 2, "linear", True, True),
+    ("_upsample_bicubic2d_aa", 2, "cubic", True, True),
+]:
     _register_upsample(_name, _nd, _kind, _align, _aa)
 
 
 # ----------------------------------------------------------------------------------- padding
 def _pad(x, pad, mode):
     nd = len(pad) // 2
-    widths = [(0, 0)] * (x.ndim - nd) + [(pad[2 * (nd - 1 - i)], pad[2 * (nd - 1 - i) + 1])
-                                         for i in range(nd)]
+    widths = [(0, 0)] * (x.ndim - nd) + [
+        (pad[2 * (nd - 1 - i)], pad[2 * (nd - 1 - i) + 1]) for i in range(nd)
+    ]
     # Negative widths crop (torch allows them for replication padding).
     crop = tuple(slice(max(-lo, 0), x.shape[i] - max(-hi, 0)) for i, (lo, hi) in enumerate(widths))
     x = x[crop]
     return jnp.pad(x, [(max(lo, 0), max(hi, 0)) for lo, hi in widths], mode=mode)
 
 
-for _name, _mode in [("reflection_pad1d", "reflect"), ("reflection_pad2d", "reflect"),
-                     ("reflection_pad3d", "reflect"), ("replication_pad1d", "edge"),
-                     ("replication_pad2d", "edge"), ("replication_pad3d", "edge")]:
+for _name, _mode in [
+    ("reflection_pad1d", "reflect"),
+    ("reflection_pad2d", "reflect"),
+    ("reflection_pad3d", "reflect"),
+    ("replication_pad1d", "edge"),
+    ("replication_pad2d", "edge"),
+    ("replication_pad3d", "edge"),
+]:
     lowers(getattr(aten, _name).default)(lambda x, padding, _mode=_mode: _pad(x, padding, _mode))
 
 
@@ -350,9 +441,14 @@ def _register_pad_backward(name, mode):
     lowers(getattr(aten, f"{name}_backward").default)(lowering)
 
 
-for _name, _mode in [("reflection_pad1d", "reflect"), ("reflection_pad2d", "reflect"),
-                     ("reflection_pad3d", "reflect"), ("replication_pad1d", "edge"),
-                     ("replication_pad2d", "edge"), ("replication_pad3d", "edge")]:
+for _name, _mode in [
+    ("reflection_pad1d", "reflect"),
+    ("reflection_pad2d", "reflect"),
+    ("reflection_pad3d", "reflect"),
+    ("replication_pad1d", "edge"),
+    ("replication_pad2d", "edge"),
+    ("replication_pad3d", "edge"),
+]:
     _register_pad_backward(_name, _mode)
 
 
@@ -403,13 +499,15 @@ def _grid_gather(x, coords):
         flat = flat * size + jnp.clip(index, 0, size - 1)
     out_shape = coords[0].shape[1:]
     flat = flat.reshape(n, 1, -1)
-    values = jnp.take_along_axis(x.reshape(n, c, -1), jnp.broadcast_to(flat, (n, c, flat.shape[-1])),
-                                 axis=2).reshape((n, c) + out_shape)
+    values = jnp.take_along_axis(
+        x.reshape(n, c, -1), jnp.broadcast_to(flat, (n, c, flat.shape[-1])), axis=2
+    ).reshape((n, c) + out_shape)
     return jnp.where(valid[:, None], values, jnp.zeros((), x.dtype))
 
 
 def _cubic_weights(t):
     a = -0.75
+
     def near(s):  # |s| <= 1
         return ((a + 2) * s - (a + 3)) * s * s + 1
 
@@ -437,8 +535,12 @@ def _grid_sample(x, grid, interpolation_mode, padding_mode, align_corners):
                 row = row + _grid_gather(x, [jnp.trunc(cy), jnp.trunc(cx)]) * wx[j][:, None]
             out = out + row * wy[i][:, None]
         return out
-    src = [_grid_pad_coordinates(_grid_unnormalize(r, s, align_corners), s, padding_mode,
-                                 align_corners) for r, s in zip(raw, spatial)]
+    src = [
+        _grid_pad_coordinates(
+            _grid_unnormalize(r, s, align_corners), s, padding_mode, align_corners
+        )
+        for r, s in zip(raw, spatial)
+    ]
     if interpolation_mode == 1:  # nearest, ties to even as nearbyint
         return _grid_gather(x, [jnp.round(s) for s in src])
     base = [jnp.floor(s) for s in src]
@@ -456,15 +558,20 @@ def _grid_sample(x, grid, interpolation_mode, padding_mode, align_corners):
 #   bool align_corners) -> Tensor
 @lowers(aten.grid_sampler_2d.default, aten.grid_sampler_3d.default)
 def aten_grid_sampler(x, grid, interpolation_mode, padding_mode, align_corners):
-    return _grid_sample(x, grid.astype(x.dtype), interpolation_mode, padding_mode,
-                        align_corners).astype(x.dtype)
+    return _grid_sample(
+        x, grid.astype(x.dtype), interpolation_mode, padding_mode, align_corners
+    ).astype(x.dtype)
 
 
 @lowers(aten.grid_sampler_2d_backward.default, aten.grid_sampler_3d_backward.default)
-def aten_grid_sampler_backward(grad_output, x, grid, interpolation_mode, padding_mode,
-                               align_corners, output_mask):
-    _, vjp = jax.vjp(lambda x_, g_: _grid_sample(x_, g_, interpolation_mode, padding_mode,
-                                                 align_corners), x, grid)
+def aten_grid_sampler_backward(
+    grad_output, x, grid, interpolation_mode, padding_mode, align_corners, output_mask
+):
+    _, vjp = jax.vjp(
+        lambda x_, g_: _grid_sample(x_, g_, interpolation_mode, padding_mode, align_corners),
+        x,
+        grid,
+    )
     grad_x, grad_grid = vjp(grad_output.astype(x.dtype))
     return (grad_x if output_mask[0] else None), grad_grid
 
@@ -483,8 +590,13 @@ def aten_trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
     for expand in (expand1, expand2, expand3):
         subs.append("".join(letters[d] for d in range(total) if d not in set(expand)))
     keep = [d for d in range(total) if d not in set(sumdim)]
-    out = jnp.einsum(f"{subs[0]},{subs[1]},{subs[2]}->{''.join(letters[d] for d in keep)}",
-                     i1, i2, i3, precision=dot_precision(i1, i2, i3))
+    out = jnp.einsum(
+        f"{subs[0]},{subs[1]},{subs[2]}->{''.join(letters[d] for d in keep)}",
+        i1,
+        i2,
+        i3,
+        precision=dot_precision(i1, i2, i3),
+    )
     shape = []
     operands = [(i1, set(expand1)), (i2, set(expand2)), (i3, set(expand3))]
     for d in range(total):
@@ -555,8 +667,7 @@ def _multilabel_margin_loss(x, target, is_target, reduction):
     unbatched = x.ndim <= 1
     shape = x.shape
     if unbatched:
-        x, target, is_target = (x.reshape(1, -1), target.reshape(1, -1),
-                                is_target.reshape(1, -1))
+        x, target, is_target = (x.reshape(1, -1), target.reshape(1, -1), is_target.reshape(1, -1))
     c = x.shape[1]
     # Targets are the entries before the first -1.
     valid = jnp.cumprod((target >= 0).astype(jnp.int32), axis=1).astype(jnp.bool_)
@@ -584,8 +695,11 @@ def aten_multilabel_margin_loss_forward(x, target, reduction):
     t = target[None] if unbatched else target
     c = x.shape[-1]
     valid = jnp.cumprod((t >= 0).astype(jnp.int32), axis=1).astype(jnp.bool_)
-    is_target = jnp.zeros(t.shape, x.dtype).at[
-        jnp.arange(t.shape[0])[:, None], jnp.where(valid, t, c)].set(1, mode="drop")
+    is_target = (
+        jnp.zeros(t.shape, x.dtype)
+        .at[jnp.arange(t.shape[0])[:, None], jnp.where(valid, t, c)]
+        .set(1, mode="drop")
+    )
     if unbatched:
         is_target = is_target[0]
     return _multilabel_margin_loss(x, target, is_target, reduction), is_target

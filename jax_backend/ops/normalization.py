@@ -93,8 +93,7 @@ def _updated_running_stats(x, mean, var, running_mean, running_var, momentum):
 
 
 @lowers(aten._native_batch_norm_legit_functional.default)
-def aten_batch_norm_functional(x, weight, bias, running_mean, running_var, training, momentum,
-                               eps):
+def aten_batch_norm_functional(x, weight, bias, running_mean, running_var, training, momentum, eps):
     if not training:
         out = _batch_norm_eval(x, weight, bias, running_mean, running_var, eps)
         empty = jnp.zeros((0,), x.dtype)
@@ -131,8 +130,9 @@ def aten_batch_norm_no_training(x, weight, bias, running_mean, running_var, mome
 # These are decomposed by core_aten_decompositions; lowered too so graphs captured without the
 # decomposition table still run.
 @lowers(aten.native_layer_norm_backward.default)
-def aten_native_layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight, bias,
-                                    output_mask):
+def aten_native_layer_norm_backward(
+    grad_out, x, normalized_shape, mean, rstd, weight, bias, output_mask
+):
     axis = x.ndim - len(normalized_shape)
     axes = tuple(range(axis, x.ndim))
     xc = x.astype(compute_dtype(x))
@@ -142,19 +142,24 @@ def aten_native_layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, w
     n = math.prod(x.shape[axis:])
     grad_x = None
     if output_mask[0]:
-        grad_x = (rstd / n) * (n * gw - jnp.sum(gw, axes, keepdims=True)
-                               - xhat * jnp.sum(gw * xhat, axes, keepdims=True))
+        grad_x = (rstd / n) * (
+            n * gw
+            - jnp.sum(gw, axes, keepdims=True)
+            - xhat * jnp.sum(gw * xhat, axes, keepdims=True)
+        )
         grad_x = grad_x.astype(x.dtype)
     lead = tuple(range(axis))
-    grad_w = jnp.sum(g * xhat, lead).astype(weight.dtype) if (
-        output_mask[1] and weight is not None) else None
+    grad_w = (
+        jnp.sum(g * xhat, lead).astype(weight.dtype)
+        if (output_mask[1] and weight is not None)
+        else None
+    )
     grad_b = jnp.sum(g, lead).astype(bias.dtype) if (output_mask[2] and bias is not None) else None
     return grad_x, grad_w, grad_b
 
 
 @lowers(aten.native_group_norm_backward.default)
-def aten_native_group_norm_backward(grad_out, x, mean, rstd, weight, n, c, hxw, group,
-                                    output_mask):
+def aten_native_group_norm_backward(grad_out, x, mean, rstd, weight, n, c, hxw, group, output_mask):
     xc = x.astype(compute_dtype(x))
     grouped = xc.reshape(n, group, (c // group) * hxw)
     xhat = ((grouped - mean.reshape(n, group, 1)) * rstd.reshape(n, group, 1)).reshape(x.shape)
@@ -167,8 +172,11 @@ def aten_native_group_norm_backward(grad_out, x, mean, rstd, weight, n, c, hxw, 
         xhat_g = xhat.reshape(n, group, (c // group) * hxw)
         m = gw_g.shape[-1]
         r = rstd.reshape(n, group, 1)
-        grad_x = (r / m) * (m * gw_g - jnp.sum(gw_g, -1, keepdims=True)
-                            - xhat_g * jnp.sum(gw_g * xhat_g, -1, keepdims=True))
+        grad_x = (r / m) * (
+            m * gw_g
+            - jnp.sum(gw_g, -1, keepdims=True)
+            - xhat_g * jnp.sum(gw_g * xhat_g, -1, keepdims=True)
+        )
         grad_x = grad_x.reshape(x.shape).astype(x.dtype)
     axes = (0,) + tuple(range(2, x.ndim))
     grad_w = jnp.sum(g * xhat, axes).astype(x.dtype) if output_mask[1] else None
@@ -181,8 +189,9 @@ def aten_native_group_norm_backward(grad_out, x, mean, rstd, weight, n, c, hxw, 
 #   Tensor running_mean, Tensor running_var, float momentum, float eps)
 #   -> (Tensor, Tensor, Tensor, Tensor, Tensor running_mean_out, Tensor running_var_out)
 @lowers(aten._batch_norm_with_update_functional.default)
-def aten_batch_norm_with_update_functional(x, weight, bias, running_mean, running_var, momentum,
-                                           eps):
+def aten_batch_norm_with_update_functional(
+    x, weight, bias, running_mean, running_var, momentum, eps
+):
     out, mean, rstd, var = _batch_norm_train(x, weight, bias, eps)
     new_mean, new_var = _updated_running_stats(x, mean, var, running_mean, running_var, momentum)
     reserve = jnp.zeros((0,), jnp.uint8)
@@ -225,8 +234,9 @@ def _batch_norm_grads(grad_out, x, weight, mean, invstd, train, output_mask):
 #   Tensor? running_mean, Tensor? running_var, Tensor? save_mean, Tensor? save_invstd,
 #   bool train, float eps, bool[3] output_mask) -> (Tensor, Tensor, Tensor)
 @lowers(aten.native_batch_norm_backward.default)
-def aten_native_batch_norm_backward(grad_out, x, weight, running_mean, running_var, save_mean,
-                                    save_invstd, train, eps, output_mask):
+def aten_native_batch_norm_backward(
+    grad_out, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask
+):
     if train:
         return _batch_norm_grads(grad_out, x, weight, save_mean, save_invstd, True, output_mask)
     invstd = lax.rsqrt(running_var.astype(compute_dtype(x)) + eps)
@@ -234,11 +244,23 @@ def aten_native_batch_norm_backward(grad_out, x, weight, running_mean, running_v
 
 
 @lowers(aten.batch_norm_backward.default)
-def aten_batch_norm_backward(grad_out, x, weight, running_mean, running_var, save_mean, save_var,
-                             update, eps, output_mask, reserve):
+def aten_batch_norm_backward(
+    grad_out,
+    x,
+    weight,
+    running_mean,
+    running_var,
+    save_mean,
+    save_var,
+    update,
+    eps,
+    output_mask,
+    reserve,
+):
     train = update or running_mean is None
-    return aten_native_batch_norm_backward(grad_out, x, weight, running_mean, running_var,
-                                           save_mean, save_var, train, eps, output_mask)
+    return aten_native_batch_norm_backward(
+        grad_out, x, weight, running_mean, running_var, save_mean, save_var, train, eps, output_mask
+    )
 
 
 # --------------------------------------------------------------------------- weight norm

@@ -32,19 +32,25 @@ def _pool_windows(x, kernel, stride, padding, dilation, ceil_mode, pad_value):
     """Every kernel offset's strided view of the padded input: shape (K, N, C, *out)."""
     nd = len(kernel)
     spatial = x.shape[-nd:]
-    geoms = [_pool_geometry(s, k, st, p, d, ceil_mode)
-             for s, k, st, p, d in zip(spatial, kernel, stride, padding, dilation)]
-    config = [(0, 0, 0)] * (x.ndim - nd) + [(p, p + extra, 0) for p, (_, extra) in
-                                           zip(padding, geoms)]
+    geoms = [
+        _pool_geometry(s, k, st, p, d, ceil_mode)
+        for s, k, st, p, d in zip(spatial, kernel, stride, padding, dilation)
+    ]
+    config = [(0, 0, 0)] * (x.ndim - nd) + [
+        (p, p + extra, 0) for p, (_, extra) in zip(padding, geoms)
+    ]
     padded = lax.pad(x, jnp.asarray(pad_value, x.dtype), config)
     outs = [g[0] for g in geoms]
     windows, offsets = [], []
     for offset in np.ndindex(*kernel):
         starts = [o * d for o, d in zip(offset, dilation)]
         limits = [s + (n - 1) * st + 1 for s, n, st in zip(starts, outs, stride)]
-        view = lax.slice(padded, (0,) * (x.ndim - nd) + tuple(starts),
-                         padded.shape[:x.ndim - nd] + tuple(limits),
-                         (1,) * (x.ndim - nd) + tuple(stride))
+        view = lax.slice(
+            padded,
+            (0,) * (x.ndim - nd) + tuple(starts),
+            padded.shape[: x.ndim - nd] + tuple(limits),
+            (1,) * (x.ndim - nd) + tuple(stride),
+        )
         windows.append(view)
         offsets.append(starts)
     return jnp.stack(windows), offsets, outs
@@ -62,8 +68,9 @@ def _max_pool_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode,
     windows, offsets, outs = _pool_windows(x, kernel, stride, padding, dilation, ceil_mode, lowest)
     if jnp.issubdtype(x.dtype, jnp.inexact):  # NaN wins, like torch's `val > max || isnan(val)`
         nan = jnp.isnan(windows)
-        choice = jnp.argmax(jnp.where(jnp.any(nan, axis=0), nan, windows == jnp.max(windows, 0)),
-                            axis=0)
+        choice = jnp.argmax(
+            jnp.where(jnp.any(nan, axis=0), nan, windows == jnp.max(windows, 0)), axis=0
+        )
     else:
         choice = jnp.argmax(windows, axis=0)
     values = jnp.take_along_axis(windows, choice[None], axis=0)[0]
@@ -89,31 +96,30 @@ def _max_pool_backward(grad_output, x, indices, nd):
 
 
 @lowers(aten.max_pool2d_with_indices.default)
-def aten_max_pool2d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1,
-                                 ceil_mode=False):
+def aten_max_pool2d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     return _max_pool_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode, 2)
 
 
 @lowers(aten.max_pool3d_with_indices.default)
-def aten_max_pool3d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1,
-                                 ceil_mode=False):
+def aten_max_pool3d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     return _max_pool_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode, 3)
 
 
 @lowers(aten.max_pool2d_with_indices_backward.default)
-def aten_max_pool2d_backward(grad_output, x, kernel_size, stride, padding, dilation, ceil_mode,
-                             indices):
+def aten_max_pool2d_backward(
+    grad_output, x, kernel_size, stride, padding, dilation, ceil_mode, indices
+):
     return _max_pool_backward(grad_output, x, indices, 2)
 
 
 @lowers(aten.max_pool3d_with_indices_backward.default)
-def aten_max_pool3d_backward(grad_output, x, kernel_size, stride, padding, dilation, ceil_mode,
-                             indices):
+def aten_max_pool3d_backward(
+    grad_output, x, kernel_size, stride, padding, dilation, ceil_mode, indices
+):
     return _max_pool_backward(grad_output, x, indices, 3)
 
 
-def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override,
-              nd):
+def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, nd):
     kernel, stride, padding, dilation = _pool_args(x, kernel_size, stride, padding, 1, nd)
     windows, _, outs = _pool_windows(x, kernel, stride, padding, dilation, ceil_mode, 0)
     total = jnp.sum(windows.astype(compute_dtype(x)), axis=0)
@@ -132,32 +138,58 @@ def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, div
 
 
 @lowers(aten.avg_pool2d.default)
-def aten_avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False,
-                    count_include_pad=True, divisor_override=None):
-    return _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                     divisor_override, 2)
+def aten_avg_pool2d(
+    x,
+    kernel_size,
+    stride=(),
+    padding=0,
+    ceil_mode=False,
+    count_include_pad=True,
+    divisor_override=None,
+):
+    return _avg_pool(
+        x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 2
+    )
 
 
 @lowers(aten.avg_pool3d.default)
-def aten_avg_pool3d(x, kernel_size, stride=(), padding=0, ceil_mode=False,
-                    count_include_pad=True, divisor_override=None):
-    return _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                     divisor_override, 3)
+def aten_avg_pool3d(
+    x,
+    kernel_size,
+    stride=(),
+    padding=0,
+    ceil_mode=False,
+    count_include_pad=True,
+    divisor_override=None,
+):
+    return _avg_pool(
+        x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 3
+    )
 
 
 @lowers(aten.avg_pool2d_backward.default)
-def aten_avg_pool2d_backward(grad_output, x, kernel_size, stride, padding, ceil_mode,
-                             count_include_pad, divisor_override):
-    _, vjp = jax.vjp(lambda x_: _avg_pool(x_, kernel_size, stride, padding, ceil_mode,
-                                          count_include_pad, divisor_override, 2), x)
+def aten_avg_pool2d_backward(
+    grad_output, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+):
+    _, vjp = jax.vjp(
+        lambda x_: _avg_pool(
+            x_, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 2
+        ),
+        x,
+    )
     return vjp(grad_output)[0]
 
 
 @lowers(aten.avg_pool3d_backward.default)
-def aten_avg_pool3d_backward(grad_output, x, kernel_size, stride, padding, ceil_mode,
-                             count_include_pad, divisor_override):
-    _, vjp = jax.vjp(lambda x_: _avg_pool(x_, kernel_size, stride, padding, ceil_mode,
-                                          count_include_pad, divisor_override, 3), x)
+def aten_avg_pool3d_backward(
+    grad_output, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+):
+    _, vjp = jax.vjp(
+        lambda x_: _avg_pool(
+            x_, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 3
+        ),
+        x,
+    )
     return vjp(grad_output)[0]
 
 
@@ -177,8 +209,9 @@ def _adaptive_avg_pool(x, output_size, nd):
     for axis, size in enumerate(output_size):
         dim = x.ndim - nd + axis
         m = jnp.asarray(_adaptive_matrix(x.shape[dim], size), out.dtype)
-        out = jnp.moveaxis(jnp.tensordot(out, m, axes=([dim], [1]),
-                                         precision=lax.Precision.HIGHEST), -1, dim)
+        out = jnp.moveaxis(
+            jnp.tensordot(out, m, axes=([dim], [1]), precision=lax.Precision.HIGHEST), -1, dim
+        )
     return out.astype(x.dtype)
 
 
@@ -231,8 +264,7 @@ def aten_adaptive_max_pool2d_backward(grad_output, x, indices):
 
 
 @lowers(aten.avg_pool1d.default)
-def aten_avg_pool1d(x, kernel_size, stride=(), padding=0, ceil_mode=False,
-                    count_include_pad=True):
+def aten_avg_pool1d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True):
     return _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, None, 1)
 
 
@@ -245,16 +277,24 @@ def aten_adaptive_avg_pool1d(x, output_size):
 def _adaptive_max_pool(x, output_size, nd):
     output_size = ntuple(output_size, nd)
     spatial = x.shape[-nd:]
-    bounds = [[((i * n) // o, -(-((i + 1) * n) // o)) for i in range(o)]
-              for n, o in zip(spatial, output_size)]
+    bounds = [
+        [((i * n) // o, -(-((i + 1) * n) // o)) for i in range(o)]
+        for n, o in zip(spatial, output_size)
+    ]
     values, indices = [], []
     for cell in np.ndindex(*output_size):
         window = x[(Ellipsis,) + tuple(slice(*bounds[a][c]) for a, c in enumerate(cell))]
         wshape = window.shape[-nd:]
         flat = window.reshape(x.shape[:-nd] + (-1,))
         if jnp.issubdtype(x.dtype, jnp.inexact):  # NaN wins, as in torch
-            k = jnp.argmax(jnp.where(jnp.any(jnp.isnan(flat), -1, keepdims=True),
-                                     jnp.isnan(flat), flat == jnp.max(flat, -1, keepdims=True)), -1)
+            k = jnp.argmax(
+                jnp.where(
+                    jnp.any(jnp.isnan(flat), -1, keepdims=True),
+                    jnp.isnan(flat),
+                    flat == jnp.max(flat, -1, keepdims=True),
+                ),
+                -1,
+            )
         else:
             k = jnp.argmax(flat, axis=-1)
         values.append(jnp.take_along_axis(flat, k[..., None], -1)[..., 0])
@@ -268,8 +308,10 @@ def _adaptive_max_pool(x, output_size, nd):
             index = index * spatial[a] + coord
         indices.append(index)
     shape = x.shape[:-nd] + tuple(output_size)
-    return (jnp.stack(values, -1).reshape(shape),
-            jnp.stack(indices, -1).reshape(shape).astype(jnp.int64))
+    return (
+        jnp.stack(values, -1).reshape(shape),
+        jnp.stack(indices, -1).reshape(shape).astype(jnp.int64),
+    )
 
 
 @lowers(aten.adaptive_max_pool3d.default)
@@ -289,7 +331,7 @@ def _fractional_starts(samples, in_size, out_size, kernel):
         return jnp.full(samples.shape + (1,), in_size - kernel, jnp.int64)
     alpha = (in_size - kernel) / (out_size - 1)
     i = jnp.arange(out_size - 1, dtype=samples.dtype)
-    starts = (jnp.floor((i + samples[..., None]) * alpha) - jnp.floor(samples[..., None] * alpha))
+    starts = jnp.floor((i + samples[..., None]) * alpha) - jnp.floor(samples[..., None] * alpha)
     starts = starts.astype(jnp.int64)
     last = jnp.full(samples.shape + (1,), in_size - kernel, jnp.int64)
     return jnp.concatenate([starts, last], axis=-1)
@@ -322,12 +364,16 @@ def _fractional_max_pool(x, kernel_size, output_size, samples, nd):
             flat_index = flat_index * spatial[a] + coords[a]
         plane = x.reshape(x.shape[:2] + (-1,))
         v = jnp.take_along_axis(plane, flat_index.reshape(x.shape[:2] + (-1,)), -1).reshape(
-            flat_index.shape)
+            flat_index.shape
+        )
         if best_v is None:
             best_v, best_i = v, flat_index
         else:
-            better = (v > best_v) | (jnp.isnan(v) & ~jnp.isnan(best_v)) if jnp.issubdtype(
-                x.dtype, jnp.inexact) else v > best_v
+            better = (
+                (v > best_v) | (jnp.isnan(v) & ~jnp.isnan(best_v))
+                if jnp.issubdtype(x.dtype, jnp.inexact)
+                else v > best_v
+            )
             best_v = jnp.where(better, v, best_v)
             best_i = jnp.where(better, flat_index, best_i)
     if unbatched:

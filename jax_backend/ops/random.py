@@ -35,26 +35,26 @@ def _normal(key, shape, dtype):
 
 
 @lowers(aten.rand.default, aten.rand.generator, random=True)
-def aten_rand(size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None,
-              key):
+def aten_rand(size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, key):
     return _uniform(key, size, _float(dtype))
 
 
 @lowers(aten.randn.default, aten.randn.generator, random=True)
-def aten_randn(size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None,
-               key):
+def aten_randn(size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, key):
     return _normal(key, size, _float(dtype))
 
 
 @lowers(aten.rand_like.default, random=True)
-def aten_rand_like(x, *, dtype=None, layout=None, device=None, pin_memory=None,
-                   memory_format=None, key):
+def aten_rand_like(
+    x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key
+):
     return _uniform(key, x.shape, jax_dtype(dtype, x.dtype))
 
 
 @lowers(aten.randn_like.default, random=True)
-def aten_randn_like(x, *, dtype=None, layout=None, device=None, pin_memory=None,
-                    memory_format=None, key):
+def aten_randn_like(
+    x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key
+):
     return _normal(key, x.shape, jax_dtype(dtype, x.dtype))
 
 
@@ -68,8 +68,7 @@ def aten_normal_functional(x, mean=0.0, std=1.0, *, generator=None, key):
     return (_normal(key, x.shape, x.dtype) * std + mean).astype(x.dtype)
 
 
-@lowers(aten.normal.Tensor_float, aten.normal.float_Tensor, aten.normal.Tensor_Tensor,
-        random=True)
+@lowers(aten.normal.Tensor_float, aten.normal.float_Tensor, aten.normal.Tensor_Tensor, random=True)
 def aten_normal(mean, std=1.0, *, generator=None, key):
     shape = jnp.broadcast_shapes(jnp.shape(mean), jnp.shape(std))
     dtype = mean.dtype if hasattr(mean, "dtype") else std.dtype
@@ -77,16 +76,16 @@ def aten_normal(mean, std=1.0, *, generator=None, key):
 
 
 @lowers(aten.normal.float_float, random=True)
-def aten_normal_float_float(mean, std, size, *, generator=None, dtype=None, layout=None,
-                            device=None, pin_memory=None, key):
+def aten_normal_float_float(
+    mean, std, size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, key
+):
     dtype = _float(dtype)
     return (_normal(key, size, dtype) * std + mean).astype(dtype)
 
 
 @lowers(aten.exponential.default, random=True)
 def aten_exponential(x, lambd=1.0, *, generator=None, key):
-    return (jax.random.exponential(key, x.shape, _sample_dtype(x.dtype))
-            / lambd).astype(x.dtype)
+    return (jax.random.exponential(key, x.shape, _sample_dtype(x.dtype)) / lambd).astype(x.dtype)
 
 
 @lowers(aten.bernoulli.default, random=True)
@@ -114,34 +113,42 @@ def aten_native_dropout(x, p, train, *, key):
 
 
 @lowers(aten.randint.low, aten.randint.low_generator, random=True)
-def aten_randint_low(low, high, size, *, generator=None, dtype=None, layout=None, device=None,
-                     pin_memory=None, key):
+def aten_randint_low(
+    low, high, size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, key
+):
     return jax.random.randint(key, tuple(size), low, high, jnp.int64).astype(
-        jax_dtype(dtype, jnp.int64))
+        jax_dtype(dtype, jnp.int64)
+    )
 
 
 @lowers(aten.randint.default, aten.randint.generator, random=True)
-def aten_randint(high, size, *, generator=None, dtype=None, layout=None, device=None,
-                 pin_memory=None, key):
+def aten_randint(
+    high, size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, key
+):
     return aten_randint_low(0, high, size, dtype=dtype, key=key)
 
 
 @lowers(aten.randint_like.default, random=True)
-def aten_randint_like(x, high, *, dtype=None, layout=None, device=None, pin_memory=None,
-                      memory_format=None, key):
+def aten_randint_like(
+    x, high, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key
+):
     return jax.random.randint(key, x.shape, 0, high, jnp.int64).astype(jax_dtype(dtype, x.dtype))
 
 
 @lowers(aten.randint_like.low_dtype, random=True)
-def aten_randint_like_low(x, low, high, *, dtype=None, layout=None, device=None,
-                          pin_memory=None, memory_format=None, key):
+def aten_randint_like_low(
+    x, low, high, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key
+):
     return jax.random.randint(key, x.shape, low, high, jnp.int64).astype(jax_dtype(dtype, x.dtype))
 
 
 @lowers(getattr(aten.random, "from"), random=True)  # "from" is a Python keyword
 def aten_random_from(x, from_, to=None, *, generator=None, key):
-    high = to if to is not None else (2**24 if jnp.issubdtype(x.dtype, jnp.floating) else
-                                      int(jnp.iinfo(x.dtype).max))
+    high = (
+        to
+        if to is not None
+        else (2**24 if jnp.issubdtype(x.dtype, jnp.floating) else int(jnp.iinfo(x.dtype).max))
+    )
     return jax.random.randint(key, x.shape, from_, high, jnp.int64).astype(x.dtype)
 
 
@@ -156,8 +163,7 @@ def aten_random(x, *, generator=None, key):
 
 
 @lowers(aten.randperm.default, aten.randperm.generator, random=True)
-def aten_randperm(n, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None,
-                  key):
+def aten_randperm(n, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, key):
     return jax.random.permutation(key, n).astype(jax_dtype(dtype, jnp.int64))
 
 
@@ -197,8 +203,9 @@ def aten_geometric(x, p, *, generator=None, key):
 #   Scalar upper=0.3333333333333333, bool training=False, Generator? generator=None)
 #   -> (Tensor, Tensor noise_out)
 @lowers(aten.rrelu_with_noise_functional.default, random=True)
-def aten_rrelu_with_noise_functional(x, noise, lower=0.125, upper=1.0 / 3.0, training=False,
-                                     generator=None, *, key):
+def aten_rrelu_with_noise_functional(
+    x, noise, lower=0.125, upper=1.0 / 3.0, training=False, generator=None, *, key
+):
     if not training:
         slope = (lower + upper) / 2
         return jnp.where(x >= 0, x, x * slope).astype(x.dtype), noise

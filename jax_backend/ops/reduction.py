@@ -81,10 +81,16 @@ def _arg_extreme(x, dim, keepdim, find_max):
     if jnp.issubdtype(x.dtype, jnp.inexact):
         nan = jnp.isnan(x)
         has_nan = jnp.any(nan, axis=axis, keepdims=True)
-        x = jnp.where(has_nan, nan.astype(x.dtype), x) if find_max else jnp.where(
-            has_nan, (-nan.astype(x.dtype)), x)
-    idx = jnp.argmax(x, axis=axis, keepdims=keepdim) if find_max else jnp.argmin(
-        x, axis=axis, keepdims=keepdim)
+        x = (
+            jnp.where(has_nan, nan.astype(x.dtype), x)
+            if find_max
+            else jnp.where(has_nan, (-nan.astype(x.dtype)), x)
+        )
+    idx = (
+        jnp.argmax(x, axis=axis, keepdims=keepdim)
+        if find_max
+        else jnp.argmin(x, axis=axis, keepdims=keepdim)
+    )
     return idx.astype(jnp.int64)
 
 
@@ -324,8 +330,11 @@ def _select_rank(x, dim, keepdim, rank_fn):
     axis = canon_dim(dim, x.ndim)
     values, idx = _sorted_with_nan_last(x, axis)
     n = x.shape[axis]
-    nan_count = jnp.sum(jnp.isnan(x), axis=axis, keepdims=True) if jnp.issubdtype(
-        x.dtype, jnp.inexact) else jnp.zeros(x.shape[:axis] + (1,) + x.shape[axis + 1:], jnp.int64)
+    nan_count = (
+        jnp.sum(jnp.isnan(x), axis=axis, keepdims=True)
+        if jnp.issubdtype(x.dtype, jnp.inexact)
+        else jnp.zeros(x.shape[:axis] + (1,) + x.shape[axis + 1 :], jnp.int64)
+    )
     rank = jnp.clip(rank_fn(n, nan_count), 0, max(n - 1, 0)).astype(jnp.int64)
     v = jnp.take_along_axis(values, rank, axis=axis)
     i = jnp.take_along_axis(idx, rank, axis=axis)
@@ -416,10 +425,14 @@ def _searchsorted(sorted_sequence, values, right, side, sorter):
 
 
 @lowers(aten.searchsorted.Tensor, aten.searchsorted.Scalar)
-def aten_searchsorted(sorted_sequence, values, *, out_int32=False, right=False, side=None,
-                      sorter=None):
-    values = jnp.asarray(values, sorted_sequence.dtype) if not hasattr(values, "dtype") else (
-        values.astype(promote(values.dtype, sorted_sequence.dtype)))
+def aten_searchsorted(
+    sorted_sequence, values, *, out_int32=False, right=False, side=None, sorter=None
+):
+    values = (
+        jnp.asarray(values, sorted_sequence.dtype)
+        if not hasattr(values, "dtype")
+        else (values.astype(promote(values.dtype, sorted_sequence.dtype)))
+    )
     sorted_sequence = sorted_sequence.astype(values.dtype)
     out = _searchsorted(sorted_sequence, values, right, side, sorter)
     return out.astype(jnp.int32 if out_int32 else jnp.int64)
@@ -429,8 +442,9 @@ def aten_searchsorted(sorted_sequence, values, *, out_int32=False, right=False, 
 def aten_bucketize(x, boundaries, *, out_int32=False, right=False):
     x = jnp.asarray(x)
     dtype = promote(x.dtype, boundaries.dtype)
-    out = jnp.searchsorted(boundaries.astype(dtype), x.astype(dtype),
-                           side="right" if right else "left")
+    out = jnp.searchsorted(
+        boundaries.astype(dtype), x.astype(dtype), side="right" if right else "left"
+    )
     return out.astype(jnp.int32 if out_int32 else jnp.int64)
 
 

@@ -142,16 +142,30 @@ def aten_clone(x, *, memory_format=None):
     return x
 
 
-@lowers(aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default,
-        aten.alias_copy.default, aten.detach_copy.default, aten.lift_fresh.default,
-        aten.contiguous.default)
+@lowers(
+    aten.alias.default,
+    aten.detach.default,
+    aten.lift_fresh_copy.default,
+    aten.alias_copy.default,
+    aten.detach_copy.default,
+    aten.lift_fresh.default,
+    aten.contiguous.default,
+)
 def aten_alias(x, *args, **kwargs):
     return x
 
 
 @lowers(aten._to_copy.default)
-def aten_to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None,
-                 non_blocking=False, memory_format=None):
+def aten_to_copy(
+    x,
+    *,
+    dtype=None,
+    layout=None,
+    device=None,
+    pin_memory=None,
+    non_blocking=False,
+    memory_format=None,
+):
     return x if dtype is None else x.astype(jax_dtype(dtype))
 
 

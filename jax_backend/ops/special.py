@@ -22,9 +22,20 @@ aten = torch.ops.aten
 jss = jax.scipy.special
 
 
-_ZETA_A = (12.0, -720.0, 30240.0, -1209600.0, 47900160.0, -1.8924375803183791606e9,
-           7.47242496e10, -2.950130727918164224e12, 1.1646782814350067249e14,
-           -4.5979787224074726105e15, 1.8152105401943546773e17, -7.1661652561756670113e18)
+_ZETA_A = (
+    12.0,
+    -720.0,
+    30240.0,
+    -1209600.0,
+    47900160.0,
+    -1.8924375803183791606e9,
+    7.47242496e10,
+    -2.950130727918164224e12,
+    1.1646782814350067249e14,
+    -4.5979787224074726105e15,
+    1.8152105401943546773e17,
+    -7.1661652561756670113e18,
+)
 _MACHEP = 1.11022302462515654042e-16
 
 
@@ -35,8 +46,9 @@ def _zeta(x, q):
     one = jnp.ones((), dtype)
     special = jnp.where(x == 1, jnp.inf, jnp.where(x < 1, jnp.nan, 0)).astype(dtype)
     special = jnp.where((q <= 0) & (q == jnp.floor(q)) & (x > 1), jnp.inf, special)
-    special = jnp.where((q <= 0) & (q != jnp.floor(q)) & (x != jnp.floor(x)) & (x > 1),
-                        jnp.nan, special)
+    special = jnp.where(
+        (q <= 0) & (q != jnp.floor(q)) & (x != jnp.floor(x)) & (x > 1), jnp.nan, special
+    )
     is_special = (x <= 1) | ((q <= 0) & ((q == jnp.floor(q)) | (x != jnp.floor(x))))
     large = q > 1e8
     asymptotic = (one / (x - 1) + one / (2 * q)) * jnp.power(q, 1 - x)
@@ -52,11 +64,23 @@ def _zeta(x, q):
         b2 = jnp.where(go, jnp.power(a2, -x), b)
         s2 = jnp.where(go, s + b2, s)
         converged = go & (-_MACHEP * s2 < b2) & (b2 < _MACHEP * s2)
-        return (jnp.where(go, i + 1, i), a2, b2, s2, done | converged,
-                jnp.where(converged, s2, result))
+        return (
+            jnp.where(go, i + 1, i),
+            a2,
+            b2,
+            s2,
+            done | converged,
+            jnp.where(converged, s2, result),
+        )
 
-    start = (jnp.zeros(x.shape, jnp.int32), q, jnp.zeros_like(q), jnp.power(q, -x),
-             is_special | large, jnp.zeros_like(q))
+    start = (
+        jnp.zeros(x.shape, jnp.int32),
+        q,
+        jnp.zeros_like(q),
+        jnp.power(q, -x),
+        is_special | large,
+        jnp.zeros_like(q),
+    )
     _, a, b, s, done, result = lax.while_loop(lambda st: jnp.any(active(st)), body, start)
     w = a
     s = s + b * w / (x - 1) - 0.5 * b
@@ -135,8 +159,11 @@ def aten_special_modified_bessel_i1(x):
 def aten_special_spherical_bessel_j0(x):
     x = as_float(x)
     safe = jnp.where(x == 0, jnp.ones((), x.dtype), x)
-    return jnp.where(jnp.isinf(x), jnp.zeros((), x.dtype),
-                     jnp.where(x == 0, jnp.ones((), x.dtype), jnp.sin(safe) / safe))
+    return jnp.where(
+        jnp.isinf(x),
+        jnp.zeros((), x.dtype),
+        jnp.where(x == 0, jnp.ones((), x.dtype), jnp.sin(safe) / safe),
+    )
 
 
 # ---------------------------------------------------------------- orthogonal polynomials
@@ -173,8 +200,11 @@ def _chebyshev(x, n, first):
     return out
 
 
-@lowers(aten.special_chebyshev_polynomial_t.default, aten.special_chebyshev_polynomial_t.x_scalar,
-        aten.special_chebyshev_polynomial_t.n_scalar)
+@lowers(
+    aten.special_chebyshev_polynomial_t.default,
+    aten.special_chebyshev_polynomial_t.x_scalar,
+    aten.special_chebyshev_polynomial_t.n_scalar,
+)
 def aten_special_chebyshev_polynomial_t(x, n):
     x, n = _poly_args(x, n)
     out = _chebyshev(x, n, lambda v: v)
@@ -185,42 +215,58 @@ def aten_special_chebyshev_polynomial_t(x, n):
     return jnp.where(n < 0, jnp.zeros_like(x), out)
 
 
-@lowers(aten.special_chebyshev_polynomial_u.default, aten.special_chebyshev_polynomial_u.x_scalar,
-        aten.special_chebyshev_polynomial_u.n_scalar)
+@lowers(
+    aten.special_chebyshev_polynomial_u.default,
+    aten.special_chebyshev_polynomial_u.x_scalar,
+    aten.special_chebyshev_polynomial_u.n_scalar,
+)
 def aten_special_chebyshev_polynomial_u(x, n):
     x, n = _poly_args(x, n)
     out = _chebyshev(x, n, lambda v: 2 * v)
     acos = jnp.arccos(x)
-    closed = jnp.where(jnp.sin(acos) != 0, jnp.sin((n + 1) * acos) / jnp.sin(acos),
-                       (n + 1) * jnp.cos((n + 1) * acos) / jnp.cos(acos))
+    closed = jnp.where(
+        jnp.sin(acos) != 0,
+        jnp.sin((n + 1) * acos) / jnp.sin(acos),
+        (n + 1) * jnp.cos((n + 1) * acos) / jnp.cos(acos),
+    )
     out = jnp.where((n > 8) & (jnp.abs(x) < 1), closed, out)
     out = jnp.where(x == 1, n + 1, out)
     out = jnp.where(x == -1, jnp.where(jnp.fmod(n, 2) == 0, n + 1, -(n + 1)), out)
     return jnp.where(n < 0, jnp.zeros_like(x), out)
 
 
-@lowers(aten.special_chebyshev_polynomial_v.default, aten.special_chebyshev_polynomial_v.x_scalar,
-        aten.special_chebyshev_polynomial_v.n_scalar)
+@lowers(
+    aten.special_chebyshev_polynomial_v.default,
+    aten.special_chebyshev_polynomial_v.x_scalar,
+    aten.special_chebyshev_polynomial_v.n_scalar,
+)
 def aten_special_chebyshev_polynomial_v(x, n):
     x, n = _poly_args(x, n)
     out = _chebyshev(x, n, lambda v: 2 * v - 1)
     half = jnp.arccos(x) / 2
-    closed = jnp.where(jnp.sin(half) != 1, jnp.cos((n + 0.5) * jnp.arccos(x)) / jnp.cos(half),
-                       jnp.where(jnp.fmod(n, 2) == 0, n + n + 1, -(n + n + 1)))
+    closed = jnp.where(
+        jnp.sin(half) != 1,
+        jnp.cos((n + 0.5) * jnp.arccos(x)) / jnp.cos(half),
+        jnp.where(jnp.fmod(n, 2) == 0, n + n + 1, -(n + n + 1)),
+    )
     out = jnp.where((n > 8) & (jnp.abs(x) < 1), closed, out)
     out = jnp.where(x == 1, jnp.ones_like(x), out)
     out = jnp.where(x == -1, jnp.where(jnp.fmod(n, 2) == 0, n + n + 1, -(n + n + 1)), out)
     return jnp.where(n < 0, jnp.zeros_like(x), out)
 
 
-@lowers(aten.special_chebyshev_polynomial_w.default, aten.special_chebyshev_polynomial_w.x_scalar,
-        aten.special_chebyshev_polynomial_w.n_scalar)
+@lowers(
+    aten.special_chebyshev_polynomial_w.default,
+    aten.special_chebyshev_polynomial_w.x_scalar,
+    aten.special_chebyshev_polynomial_w.n_scalar,
+)
 def aten_special_chebyshev_polynomial_w(x, n):
     x, n = _poly_args(x, n)
     out = _chebyshev(x, n, lambda v: 2 * v + 1)
     half = jnp.arccos(x) / 2
-    closed = jnp.where(jnp.cos(half) != 1, jnp.sin((n + 0.5) * jnp.arccos(x)) / jnp.sin(half),
-                       n + n + 1)
+    closed = jnp.where(
+        jnp.cos(half) != 1, jnp.sin((n + 0.5) * jnp.arccos(x)) / jnp.sin(half), n + n + 1
+    )
     out = jnp.where((n > 8) & (jnp.abs(x) < 1), closed, out)
     out = jnp.where(x == 1, n + n + 1, out)
     out = jnp.where(x == -1, jnp.where(jnp.fmod(n, 2) == 0, 1.0, -1.0).astype(x.dtype), out)
@@ -243,42 +289,58 @@ for _kind in "tuvw":
     lowers(_packet.default, _packet.x_scalar, _packet.n_scalar)(_fn)
 
 
-@lowers(aten.special_hermite_polynomial_h.default, aten.special_hermite_polynomial_h.x_scalar,
-        aten.special_hermite_polynomial_h.n_scalar)
+@lowers(
+    aten.special_hermite_polynomial_h.default,
+    aten.special_hermite_polynomial_h.x_scalar,
+    aten.special_hermite_polynomial_h.n_scalar,
+)
 def aten_special_hermite_polynomial_h(x, n):
     x, n = _poly_args(x, n)
-    out = _recurrence(x, n, jnp.ones_like(x), 2 * x,
-                      lambda k, cur, prev: 2 * x * cur - 2 * k * prev)
+    out = _recurrence(
+        x, n, jnp.ones_like(x), 2 * x, lambda k, cur, prev: 2 * x * cur - 2 * k * prev
+    )
     return jnp.where(n < 0, jnp.zeros_like(x), out)
 
 
-@lowers(aten.special_hermite_polynomial_he.default, aten.special_hermite_polynomial_he.x_scalar,
-        aten.special_hermite_polynomial_he.n_scalar)
+@lowers(
+    aten.special_hermite_polynomial_he.default,
+    aten.special_hermite_polynomial_he.x_scalar,
+    aten.special_hermite_polynomial_he.n_scalar,
+)
 def aten_special_hermite_polynomial_he(x, n):
     x, n = _poly_args(x, n)
     out = _recurrence(x, n, jnp.ones_like(x), x, lambda k, cur, prev: x * cur - k * prev)
     return jnp.where(n < 0, jnp.zeros_like(x), out)
 
 
-@lowers(aten.special_laguerre_polynomial_l.default, aten.special_laguerre_polynomial_l.x_scalar,
-        aten.special_laguerre_polynomial_l.n_scalar)
+@lowers(
+    aten.special_laguerre_polynomial_l.default,
+    aten.special_laguerre_polynomial_l.x_scalar,
+    aten.special_laguerre_polynomial_l.n_scalar,
+)
 def aten_special_laguerre_polynomial_l(x, n):
     x, n = _poly_args(x, n)
-    out = _recurrence(x, n, jnp.ones_like(x), 1 - x,
-                      lambda k, cur, prev: ((2 * k + 1 - x) * cur - k * prev) / (k + 1))
+    out = _recurrence(
+        x,
+        n,
+        jnp.ones_like(x),
+        1 - x,
+        lambda k, cur, prev: ((2 * k + 1 - x) * cur - k * prev) / (k + 1),
+    )
     out = jnp.where(x == 0, jnp.ones_like(x), out)
     return jnp.where(n < 0, jnp.zeros_like(x), out)
 
 
-@lowers(aten.special_legendre_polynomial_p.default, aten.special_legendre_polynomial_p.x_scalar,
-        aten.special_legendre_polynomial_p.n_scalar)
+@lowers(
+    aten.special_legendre_polynomial_p.default,
+    aten.special_legendre_polynomial_p.x_scalar,
+    aten.special_legendre_polynomial_p.n_scalar,
+)
 def aten_special_legendre_polynomial_p(x, n):
     x, n = _poly_args(x, n)
-    out = _recurrence(x, n, jnp.ones_like(x), x,
-                      lambda k, cur, prev: ((2 * k + 1) * x * cur - k * prev) / (k + 1))
+    out = _recurrence(
+        x, n, jnp.ones_like(x), x, lambda k, cur, prev: ((2 * k + 1) * x * cur - k * prev) / (k + 1)
+    )
     out = jnp.where(x == 1, jnp.ones_like(x), out)
     out = jnp.where(x == -1, jnp.where(jnp.fmod(n, 2) == 0, 1.0, -1.0).astype(x.dtype), out)
     return jnp.where(n < 0, jnp.zeros_like(x), out)
-
-
-

@@ -37,8 +37,11 @@ from jax_backend import config, target
 aten = torch.ops.aten
 
 # Operand dtypes torch's kernels serve here, and the dtype they are computed in.
-_COMPUTED_IN = {jnp.dtype(jnp.float32): jnp.float32, jnp.dtype(jnp.bfloat16): jnp.float32,
-                jnp.dtype(jnp.float16): jnp.float32}
+_COMPUTED_IN = {
+    jnp.dtype(jnp.float32): jnp.float32,
+    jnp.dtype(jnp.bfloat16): jnp.float32,
+    jnp.dtype(jnp.float16): jnp.float32,
+}
 
 
 def wanted(platform: str, layout) -> bool:
@@ -69,8 +72,14 @@ def _to_host(tensor: torch.Tensor) -> np.ndarray:
 
 
 def _conv_params(stride, padding, dilation, transposed, output_padding, groups) -> tuple:
-    return ([int(s) for s in stride], [int(p) for p in padding], [int(d) for d in dilation],
-            bool(transposed), [int(p) for p in output_padding], int(groups))
+    return (
+        [int(s) for s in stride],
+        [int(p) for p in padding],
+        [int(d) for d in dilation],
+        bool(transposed),
+        [int(p) for p in output_padding],
+        int(groups),
+    )
 
 
 def _meta(shape, dtype=torch.float32) -> torch.Tensor:
@@ -84,8 +93,9 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
     params = _conv_params(stride, padding, dilation, transposed, output_padding, groups)
     computed = _COMPUTED_IN[jnp.dtype(x.dtype)]
     operands = [a.astype(computed) for a in (x, weight, bias) if a is not None]
-    shape = aten.convolution(_meta(x.shape), _meta(weight.shape),
-                             None if bias is None else _meta(bias.shape), *params).shape
+    shape = aten.convolution(
+        _meta(x.shape), _meta(weight.shape), None if bias is None else _meta(bias.shape), *params
+    ).shape
 
     def on_host(x_, weight_, *bias_):
         bias_ = _to_torch(bias_[0]) if bias_ else None
@@ -94,25 +104,43 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
     return jax.pure_callback(on_host, jax.ShapeDtypeStruct(tuple(shape), computed), *operands)
 
 
-def convolution_backward(grad_output, x, weight, bias_sizes, stride, padding, dilation,
-                         transposed, output_padding, groups, output_mask):
+def convolution_backward(
+    grad_output,
+    x,
+    weight,
+    bias_sizes,
+    stride,
+    padding,
+    dilation,
+    transposed,
+    output_padding,
+    groups,
+    output_mask,
+):
     """``aten.convolution_backward`` by torch's kernel on the host: ``(grad_x, grad_weight,
     grad_bias)``, None where ``output_mask`` says so, in the dtype computed in (float32)."""
     params = _conv_params(stride, padding, dilation, transposed, output_padding, groups)
     mask = [bool(m) for m in output_mask]
     computed = _COMPUTED_IN[jnp.dtype(x.dtype)]
     bias_sizes = None if bias_sizes is None else [int(s) for s in bias_sizes]
-    shapes = [tuple(x.shape), tuple(weight.shape),
-              tuple(bias_sizes) if bias_sizes is not None else None]
+    shapes = [
+        tuple(x.shape),
+        tuple(weight.shape),
+        tuple(bias_sizes) if bias_sizes is not None else None,
+    ]
     results = [jax.ShapeDtypeStruct(s, computed) for s, m in zip(shapes, mask) if m]
     if not results:
         return None, None, None
 
     def on_host(grad_output_, x_, weight_):
-        grads = aten.convolution_backward(_to_torch(grad_output_), _to_torch(x_),
-                                          _to_torch(weight_), bias_sizes, *params, mask)
+        grads = aten.convolution_backward(
+            _to_torch(grad_output_), _to_torch(x_), _to_torch(weight_), bias_sizes, *params, mask
+        )
         return tuple(_to_host(g) for g, m in zip(grads, mask) if m)
 
-    computed_grads = iter(jax.pure_callback(
-        on_host, tuple(results), *(a.astype(computed) for a in (grad_output, x, weight))))
+    computed_grads = iter(
+        jax.pure_callback(
+            on_host, tuple(results), *(a.astype(computed) for a in (grad_output, x, weight))
+        )
+    )
     return tuple(next(computed_grads) if m else None for m in mask)

@@ -36,14 +36,29 @@ def main(model_dir, backend="wse_ws", num_steps=12, checkpoint_steps=4):
     loss_fn = torch.nn.CrossEntropyLoss()
 
     optimizer = cstorch.optim.configure_optimizer(
-        optimizer_type="SGD", params=model.parameters(), learning_rate=0.1, momentum=0.9,
-        weight_decay_rate=0.001)
-    lr_scheduler = cstorch.optim.configure_lr_scheduler(optimizer, [
-        {"scheduler": "Linear", "initial_learning_rate": 0.02, "end_learning_rate": 0.1,
-         "steps": 4},
-        {"scheduler": "CosineDecay", "initial_learning_rate": 0.1, "end_learning_rate": 0.01,
-         "decay_steps": 8},
-    ])
+        optimizer_type="SGD",
+        params=model.parameters(),
+        learning_rate=0.1,
+        momentum=0.9,
+        weight_decay_rate=0.001,
+    )
+    lr_scheduler = cstorch.optim.configure_lr_scheduler(
+        optimizer,
+        [
+            {
+                "scheduler": "Linear",
+                "initial_learning_rate": 0.02,
+                "end_learning_rate": 0.1,
+                "steps": 4,
+            },
+            {
+                "scheduler": "CosineDecay",
+                "initial_learning_rate": 0.1,
+                "end_learning_rate": 0.01,
+                "decay_steps": 8,
+            },
+        ],
+    )
     grad_scaler = cstorch.amp.GradScaler(loss_scale="dynamic")
 
     @cstorch.compile_step
@@ -63,8 +78,15 @@ def main(model_dir, backend="wse_ws", num_steps=12, checkpoint_steps=4):
     @cstorch.step_closure
     def save_checkpoint(step):
         path = os.path.join(model_dir, f"checkpoint_{step}.mdl")
-        cstorch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                      "grad_scaler": grad_scaler.state_dict(), "global_step": step}, path)
+        cstorch.save(
+            {
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "grad_scaler": grad_scaler.state_dict(),
+                "global_step": step,
+            },
+            path,
+        )
         saved.append(path)
 
     params = {"batch_size": 16, "seed": 0}
@@ -100,5 +122,10 @@ def main(model_dir, backend="wse_ws", num_steps=12, checkpoint_steps=4):
     for inputs, targets in eval_loader:
         record_eval(eval_step(inputs, targets))
     metrics = dict(cstorch.metrics.compute_all_metrics())
-    return {"losses": losses, "checkpoints": saved, "eval_losses": eval_losses,
-            "metrics": metrics, "model": model}
+    return {
+        "losses": losses,
+        "checkpoints": saved,
+        "eval_losses": eval_losses,
+        "metrics": metrics,
+        "model": model,
+    }

@@ -11,15 +11,17 @@ import torch
 
 
 def test_appliance_config_types_are_plain_objects_with_protobuf_manners(tmp_path):
+    from cerebras_appliance.run_utils import get_debug_args, update_debug_args_with_autogen_policy
+
     from cerebras_appliance import DEFAULT_COMPILE_DIR
-    from cerebras_appliance.CSConfig import CSConfig
     from cerebras_appliance.appliance_manager import TensorGroup, TensorSendPayload
+    from cerebras_appliance.CSConfig import CSConfig
     from cerebras_appliance.pb.stack.autogen_pb2 import AP_DISABLED, AutogenPolicy
     from cerebras_appliance.pb.stack.full_pb2 import FullConfig
     from cerebras_appliance.pb.workflow.appliance.common.common_config_pb2 import (
-        DebugArgs, ExecutionStrategy)
-    from cerebras_appliance.run_utils import (get_debug_args,
-                                              update_debug_args_with_autogen_policy)
+        DebugArgs,
+        ExecutionStrategy,
+    )
 
     assert isinstance(DEFAULT_COMPILE_DIR, str)
     assert AP_DISABLED == AutogenPolicy.Value("AP_DISABLED")
@@ -55,8 +57,9 @@ def test_appliance_config_types_are_plain_objects_with_protobuf_manners(tmp_path
 
 def _input_fn(params):
     g = torch.Generator().manual_seed(0)
-    data = [(torch.randn(4, 5, generator=g), torch.randint(0, 3, (4,), generator=g))
-            for _ in range(8)]
+    data = [
+        (torch.randn(4, 5, generator=g), torch.randint(0, 3, (4,), generator=g)) for _ in range(8)
+    ]
     return torch.utils.data.DataLoader(data, batch_size=None)
 
 
@@ -92,9 +95,10 @@ def _eager_losses(steps, initial_state):
 @pytest.mark.slow
 def test_19_training_flow_equals_eager_torch_and_keeps_max_checkpoints(tmp_path):
     # The 1.9 zoo's imports at the top of its runner and run_cstorch_flow.
+    from cerebras_pytorch.core import cb_model, modes  # noqa: F401
+
     import cerebras_pytorch as cbtorch
     import cerebras_pytorch.experimental as cstorch
-    from cerebras_pytorch.core import cb_model, modes  # noqa: F401
 
     assert cbtorch.utils.utils.is_ltc_mlir_mode_enabled() is False
     with pytest.warns(DeprecationWarning, match="CSConfig is deprecated"):
@@ -106,13 +110,19 @@ def test_19_training_flow_equals_eager_torch_and_keeps_max_checkpoints(tmp_path)
     compiled.train()
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     optimizer = cstorch.optim.configure_optimizer(
-        optimizer_type="SGD", params=[{"params": list(model.parameters())}],
-        learning_rate=0.05, momentum=0.9, loss_scaling_factor=1.0)
+        optimizer_type="SGD",
+        params=[{"params": list(model.parameters())}],
+        learning_rate=0.05,
+        momentum=0.9,
+        loss_scaling_factor=1.0,
+    )
 
     @cstorch.checkpoint_closure
     def save_checkpoint(step):
-        cstorch.save({"model": model.state_dict(), "global_step": step},
-                     os.path.join(tmp_path, f"checkpoint_{step}.mdl"))
+        cstorch.save(
+            {"model": model.state_dict(), "global_step": step},
+            os.path.join(tmp_path, f"checkpoint_{step}.mdl"),
+        )
 
     @cstorch.compile_step
     def training_step(batch):
@@ -131,8 +141,9 @@ def test_19_training_flow_equals_eager_torch_and_keeps_max_checkpoints(tmp_path)
     dataloader = cstorch.utils.data.DataLoader(_input_fn, {})
     num_steps = cstorch.utils.data.compute_num_steps(dataloader, initial_step=0, max_steps=6)
     with pytest.warns(DeprecationWarning, match="cs_config=.... is deprecated"):
-        executor = cstorch.utils.data.DataExecutor(dataloader, num_steps=num_steps,
-                                                   checkpoint_steps=2, cs_config=cs_config)
+        executor = cstorch.utils.data.DataExecutor(
+            dataloader, num_steps=num_steps, checkpoint_steps=2, cs_config=cs_config
+        )
     global_step = 0
     for batch in executor:
         loss = training_step(batch)
@@ -145,7 +156,9 @@ def test_19_training_flow_equals_eager_torch_and_keeps_max_checkpoints(tmp_path)
     assert losses == pytest.approx(expected, rel=1e-5)
     # max_checkpoints=2: of checkpoints 2, 4 and 6 the two newest are kept.
     assert sorted(p.name for p in tmp_path.glob("checkpoint_*.mdl")) == [
-        "checkpoint_4.mdl", "checkpoint_6.mdl"]
+        "checkpoint_4.mdl",
+        "checkpoint_6.mdl",
+    ]
 
 
 def test_19_eval_pieces(tmp_path):

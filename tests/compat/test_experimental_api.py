@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import cstorch
-from tests.eager_reference import cosine_decay_lr, linear_lr
 from tests.compat import porting_guide_18
+from tests.eager_reference import cosine_decay_lr, linear_lr
 
 
 def _eager_losses(num_steps):
@@ -49,12 +49,16 @@ def test_porting_guide_script_matches_eager_torch_in_fp32(tmp_path):
     assert _max_rel_err(result["losses"], expected) < 1e-4
     # Checkpoints every configure(checkpoint_steps=4) steps, readable by cstorch.load.
     assert [os.path.basename(p) for p in result["checkpoints"]] == [
-        "checkpoint_4.mdl", "checkpoint_8.mdl", "checkpoint_12.mdl"]
+        "checkpoint_4.mdl",
+        "checkpoint_8.mdl",
+        "checkpoint_12.mdl",
+    ]
     state = cstorch.load(result["checkpoints"][-1])
     assert state["global_step"] == 12
     for name, value in eager_model.state_dict().items():
-        torch.testing.assert_close(torch.as_tensor(state["model"][name]), value,
-                                   rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(
+            torch.as_tensor(state["model"][name]), value, rtol=1e-4, atol=1e-5
+        )
     # The eval pass: the on-system accuracy equals the eager model's accuracy.
     batches = list(porting_guide_18.input_fn({"batch_size": 16, "seed": 0}))
     correct = sum((eager_model(x).argmax(-1) == y).sum().item() for x, y in batches)
@@ -116,17 +120,35 @@ def test_legacy_optimizer_and_scheduler_names_are_translated():
     cstorch.backend("CPU")
     params = [torch.nn.Parameter(torch.zeros(2))]
     adam = legacy.optim.configure_optimizer(
-        "AdamW", params, learning_rate=0.01, beta1=0.8, beta2=0.95, weight_decay_rate=0.1,
-        eps=1e-6, loss_scaling_factor="dynamic", max_gradient_norm=1.0)
+        "AdamW",
+        params,
+        learning_rate=0.01,
+        beta1=0.8,
+        beta2=0.95,
+        weight_decay_rate=0.1,
+        eps=1e-6,
+        loss_scaling_factor="dynamic",
+        max_gradient_norm=1.0,
+    )
     group = adam.param_groups[0]
     assert group["betas"] == (0.8, 0.95) and group["weight_decay"] == 0.1
-    sgd = legacy.optim.configure_optimizer("SGD", [torch.nn.Parameter(torch.zeros(2))],
-                                           learning_rate=0.1, momentum=0.9,
-                                           use_nesterov=True)
+    sgd = legacy.optim.configure_optimizer(
+        "SGD",
+        [torch.nn.Parameter(torch.zeros(2))],
+        learning_rate=0.1,
+        momentum=0.9,
+        use_nesterov=True,
+    )
     assert sgd.param_groups[0]["nesterov"] is True
     scheduler = legacy.optim.configure_lr_scheduler(
-        sgd, {"scheduler": "Exponential", "initial_learning_rate": 0.1, "decay_steps": 10,
-              "decay_rate": 0.5})
+        sgd,
+        {
+            "scheduler": "Exponential",
+            "initial_learning_rate": 0.1,
+            "decay_steps": 10,
+            "decay_rate": 0.5,
+        },
+    )
     assert scheduler.total_iters == 10
     # The 2.x cstorch.optim still refuses the 1.x names (its own contract).
     with pytest.raises(ValueError, match="weight_decay_rate"):
@@ -166,7 +188,8 @@ def test_summaries_are_written_after_the_step(tmp_path):
         legacy.save_summaries(Writer(), step_)
 
     loader = legacy.utils.data.DataLoader(
-        lambda: [torch.ones(2, 3), 2 * torch.ones(2, 3)], num_steps=2)
+        lambda: [torch.ones(2, 3), 2 * torch.ones(2, 3)], num_steps=2
+    )
     outs = []
     for i, x in enumerate(loader, start=1):
         out = step(x)
@@ -179,10 +202,11 @@ def test_summaries_are_written_after_the_step(tmp_path):
 
 
 def test_cerebras_pytorch_is_cstorch_module_by_module():
-    import cerebras_pytorch
-    import cerebras_pytorch.experimental
     import cerebras_pytorch.optim
     import cerebras_pytorch.utils.data
+
+    import cerebras_pytorch
+    import cerebras_pytorch.experimental
 
     assert cerebras_pytorch.optim is cstorch.optim
     assert cerebras_pytorch.utils.data is cstorch.utils.data
@@ -215,8 +239,9 @@ def test_deprecated_2_0_names(tmp_path):
         config = cstorch20.utils.CSConfig(num_csx=1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        executor = cstorch20.utils.data.DataExecutor(loader, num_steps=3, cs_config=config,
-                                                     writer=Writer())
+        executor = cstorch20.utils.data.DataExecutor(
+            loader, num_steps=3, cs_config=config, writer=Writer()
+        )
     messages = [str(w.message) for w in caught if w.category is DeprecationWarning]
     assert any("cluster_config=" in m for m in messages)
     assert any("DataExecutor(writer=...)" in m for m in messages)
@@ -265,8 +290,9 @@ def test_1_9_executor_checkpoint_closure_and_summarize_scalar(tmp_path):
 
     loader = legacy.utils.data.DataLoader(lambda: [torch.ones(2, 3)] * 4)
     with pytest.warns(DeprecationWarning, match="writer"):
-        executor = legacy.utils.data.DataExecutor(loader, num_steps=4, checkpoint_steps=2,
-                                                  writer=Writer())
+        executor = legacy.utils.data.DataExecutor(
+            loader, num_steps=4, checkpoint_steps=2, writer=Writer()
+        )
     for i, x in enumerate(executor, start=1):
         step(x)
         save(i)
@@ -317,7 +343,7 @@ def test_dataloader_num_steps_counts_the_whole_run_and_repeats_the_batches(tmp_p
         save(i + 1)
     assert len(seen) == 30 and saved == [10, 20, 30]
     for i, x in enumerate(seen):  # batch i is the input's batch i % 20
-        torch.testing.assert_close(x, inputs[2 * (i % 20):2 * (i % 20) + 2])
+        torch.testing.assert_close(x, inputs[2 * (i % 20) : 2 * (i % 20) + 2])
 
     capped = legacy.utils.data.DataLoader(input_fn, num_steps=30, max_steps=25)
     assert capped.num_epochs == 1 and capped.steps_per_epoch == 25
@@ -337,24 +363,40 @@ def test_configure_entry_points_validate_arguments_before_needing_a_backend():
     with pytest.raises(ValueError, match="Expected one of .*'sgd'"):
         legacy.optim.configure_optimizer("NoSuchOptimizer", params, learning_rate=0.1)
     with pytest.raises(ValueError, match="Invalid lr_scheduler type. Expected one of"):
-        legacy.optim.configure_lr_scheduler(None, {"scheduler": "NoSuchDecay",
-                                                   "total_iters": 3})
-    good = {"scheduler": "Linear", "initial_learning_rate": 0.1, "end_learning_rate": 0.0,
-            "total_iters": 3}
-    for configure in (legacy.optim.configure_lr_scheduler,
-                      cstorch.optim.configure_lr_scheduler):
+        legacy.optim.configure_lr_scheduler(None, {"scheduler": "NoSuchDecay", "total_iters": 3})
+    good = {
+        "scheduler": "Linear",
+        "initial_learning_rate": 0.1,
+        "end_learning_rate": 0.0,
+        "total_iters": 3,
+    }
+    for configure in (legacy.optim.configure_lr_scheduler, cstorch.optim.configure_lr_scheduler):
         with pytest.raises(ValueError, match="Expected one of .*'linearlr'.*nosuchdecay"):
             configure(None, [good, {"scheduler": "NoSuchDecay", "total_iters": 3}])
         with pytest.raises(ValueError, match="unexpected parameters: \\['bogus'\\]"):
             configure(None, [good, {**good, "bogus": 1}])
     with pytest.raises(ValueError, match="Invalid scheduler type.*NoSuch"):
-        cstorch.optim.configure_scheduler(None, {"SequentialLR": {"schedulers": [
-            {"LinearLR": {"initial_learning_rate": 0.1, "end_learning_rate": 0.0,
-                          "total_iters": 3}}, {"NoSuch": {}}]}})
+        cstorch.optim.configure_scheduler(
+            None,
+            {
+                "SequentialLR": {
+                    "schedulers": [
+                        {
+                            "LinearLR": {
+                                "initial_learning_rate": 0.1,
+                                "end_learning_rate": 0.0,
+                                "total_iters": 3,
+                            }
+                        },
+                        {"NoSuch": {}},
+                    ]
+                }
+            },
+        )
     with pytest.raises(ValueError, match="main scheduler"):
         cstorch.optim.configure_lr_scheduler(
-            None, [{**good, "main_scheduler": "chained"},
-                   {**good, "main_scheduler": "sequential"}])
+            None, [{**good, "main_scheduler": "chained"}, {**good, "main_scheduler": "sequential"}]
+        )
     # Valid arguments get as far as needing the backend, and say so.
     with pytest.raises(NoBackendError):
         legacy.optim.configure_optimizer("SGD", params, learning_rate=0.1)

@@ -22,9 +22,10 @@ def _model():
 
 def _batches(n=6):
     g = torch.Generator().manual_seed(1)
-    return [(torch.randn(4, 6, generator=g), torch.randint(0, 3, (4,), generator=g,
-                                                            dtype=torch.int32))
-            for _ in range(n)]
+    return [
+        (torch.randn(4, 6, generator=g), torch.randint(0, 3, (4,), generator=g, dtype=torch.int32))
+        for _ in range(n)
+    ]
 
 
 def _eager_losses(n):
@@ -56,7 +57,8 @@ class _ToyModel:
     def __init__(self, cbtorch, make=None):
         self.model = cbtorch.module((make or _model)())
         self.optimizer = cbtorch.optimizer(
-            _PreinitializedSGD(self.model.parameters(), lr=0.1, momentum=0.9))
+            _PreinitializedSGD(self.model.parameters(), lr=0.1, momentum=0.9)
+        )
 
     def get_state(self):
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
@@ -157,12 +159,13 @@ class _ToyApplianceRunner:
 
 
 def test_1x_names_resolve_as_the_zoo_imports_them():
-    import cerebras_pytorch as cbtorch
-    from cerebras_pytorch import amp
     from cerebras_pytorch.core import cb_model as cm, modes
     from cerebras_pytorch.pb.stack.autogen_pb2 import AP_DISABLED  # 1.6's place
-    from cerebras_pytorch.saver.pt_h5_saver import CerebrasStateDict, PyTorchH5Saver  # noqa
     from cerebras_pytorch.utils import extract_loss
+
+    import cerebras_pytorch as cbtorch
+    from cerebras_pytorch import amp
+    from cerebras_pytorch.saver.pt_h5_saver import CerebrasStateDict, PyTorchH5Saver  # noqa
     from cerebras_pytorch.workflow.python.cs_perf_analyzer import locate_csperf_log
 
     assert modes.TRAIN == "train" and modes.is_valid("eval_all")
@@ -197,8 +200,9 @@ def test_cm_device_is_a_torch_device_tensors_can_be_made_on(tmp_path, caplog):
     their state with ``torch.tensor(0, device=cm.device())``. The log still names CSX."""
     import logging
 
-    import cerebras_pytorch as cbtorch
     from cerebras_pytorch.core import cb_model as cm
+
+    import cerebras_pytorch as cbtorch
 
     cbtorch.initialize(service_workdir=str(tmp_path), appliance=True)  # a CSX backend
     assert cstorch.backend().device.type == "CSX"
@@ -226,6 +230,7 @@ def test_run_state_knows_when_the_execution_loop_runs(tmp_path):
     for _ in loader:
         break  # a runner leaving the loop early
     import gc
+
     gc.collect()
     assert not state.is_inside_execution_loop
 
@@ -243,8 +248,10 @@ def test_batches_keep_int32_and_losses_take_int32_targets_while_out(tmp_path):
     for batch in cbtorch.dataloader([{"labels": labels, "x": torch.ones(2, dtype=torch.half)}]):
         assert batch["labels"].dtype == torch.int32 and batch["x"].dtype == torch.float32
         assert torch.equal(torch.nn.functional.cross_entropy(logits, batch["labels"]), expected)
-        assert torch.equal(torch.nn.NLLLoss()(logits.log_softmax(1), target=batch["labels"]),
-                           torch.nn.functional.nll_loss(logits.log_softmax(1), labels.long()))
+        assert torch.equal(
+            torch.nn.NLLLoss()(logits.log_softmax(1), target=batch["labels"]),
+            torch.nn.functional.nll_loss(logits.log_softmax(1), labels.long()),
+        )
     with pytest.raises(RuntimeError, match="Long"):
         torch.nn.functional.cross_entropy(logits, labels)
 
@@ -277,8 +284,9 @@ def test_1x_schedule_names_only_during_an_appliance_run(tmp_path):
 
 
 def test_step_closure_runs_at_once_off_the_appliance_and_at_the_mark_on_it(tmp_path):
-    import cerebras_pytorch as cbtorch
     from cerebras_pytorch.core import cb_model as cm
+
+    import cerebras_pytorch as cbtorch
 
     seen = []
     closure = cm.step_closure(lambda v: seen.append(v))
@@ -305,15 +313,19 @@ def test_appliance_runner_trains_like_eager_torch_and_checkpoints(tmp_path):
     assert got == pytest.approx(expected, rel=2e-2)
     state = cstorch.load(str(tmp_path / "checkpoint_6.mdl"))
     for name, value in eager_model.state_dict().items():
-        torch.testing.assert_close(torch.as_tensor(state["model"][name]), value,
-                                   rtol=2e-2, atol=2e-3)
+        torch.testing.assert_close(
+            torch.as_tensor(state["model"][name]), value, rtol=2e-2, atol=2e-3
+        )
 
 
 def test_saver_writes_a_checkpoint_only_once_every_piece_arrived(tmp_path):
     from cerebras_pytorch.saver.pt_h5_saver import PyTorchH5Saver
 
-    state = {"model": {"w": torch.arange(3.0)}, "global_step": 7,
-             "lr_scheduler": {"lr_lambdas": [{}]}}  # an empty container is a leaf too
+    state = {
+        "model": {"w": torch.arange(3.0)},
+        "global_step": 7,
+        "lr_scheduler": {"lr_lambdas": [{}]},
+    }  # an empty container is a leaf too
     saver = PyTorchH5Saver()
     flat, spec = saver.flatten_state_dict(state)
     path = str(tmp_path / "c.mdl")
@@ -381,7 +393,8 @@ def test_a_learning_rate_schedule_is_followed_step_by_step(tmp_path, kind):
         runner._lr_scheduler = _ZooStyleSchedule(torch_opt, rates)
     else:  # base lr 0.1
         runner._lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
-            torch_opt, lambda step: rates[min(step, len(rates) - 1)] / 0.1)
+            torch_opt, lambda step: rates[min(step, len(rates) - 1)] / 0.1
+        )
     runner.train(_batches(len(rates)), len(rates))
     got = [runner.losses[s] for s in sorted(runner.losses)]
     assert got == pytest.approx(_eager_losses_scheduled(rates), rel=2e-2, abs=1e-3)
@@ -429,7 +442,8 @@ def test_a_scheduler_the_flow_cannot_follow_is_refused_before_anything_runs(tmp_
     cbtorch.initialize(service_workdir=str(tmp_path), appliance=True)
     runner = _ToyApplianceRunner(cbtorch, str(tmp_path))
     runner._lr_scheduler = torch.optim.lr_scheduler.StepLR(
-        runner._model.optimizer._optimizer, step_size=2)
+        runner._model.optimizer._optimizer, step_size=2
+    )
     with pytest.raises(NotImplementedError, match="StepLR is not one"):
         runner._appliance.compile(4, False)
 
@@ -490,8 +504,9 @@ def test_tensor_hyperparameters_in_a_tuple_become_numbers_too(tmp_path):
     model = cbtorch.module(_model())
     inner = torch.optim.AdamW(model.parameters(), lr=0.1)
     cbtorch.optimizer(inner)
-    inner.param_groups[0].update(betas=(torch.tensor(0.5), torch.tensor(0.25)),
-                                 eps=torch.tensor(1e-8), name="decay")
+    inner.param_groups[0].update(
+        betas=(torch.tensor(0.5), torch.tensor(0.25)), eps=torch.tensor(1e-8), name="decay"
+    )
     appliance._hyperparameters_as_constants()
     group = inner.param_groups[0]
     assert group["betas"] == (0.5, 0.25) and type(group["betas"][0]) is float
@@ -502,12 +517,14 @@ def test_saver_takes_only_model_leaves_from_a_pretrained_checkpoint(tmp_path):
     from cerebras_pytorch.saver.pt_h5_saver import PyTorchH5Saver
 
     source = str(tmp_path / "pretrained.mdl")
-    cstorch.save({"model": {"w": torch.ones(2)}, "optimizer": {"m": torch.ones(2)},
-                  "global_step": 50}, source)
+    cstorch.save(
+        {"model": {"w": torch.ones(2)}, "optimizer": {"m": torch.ones(2)}, "global_step": 50},
+        source,
+    )
     out = str(tmp_path / "initial.hdf5")
     PyTorchH5Saver(loaded_checkpoint=source, is_pretrained_checkpoint=True).save(
-        out, {"model": {"w": torch.zeros(2)}, "optimizer": {"m": torch.zeros(2)},
-              "global_step": 0})
+        out, {"model": {"w": torch.zeros(2)}, "optimizer": {"m": torch.zeros(2)}, "global_step": 0}
+    )
     state = cstorch.load(out)
     assert state["model"]["w"].tolist() == [1.0, 1.0]
     assert state["optimizer"]["m"].tolist() == [0.0, 0.0] and state["global_step"] == 0
@@ -529,7 +546,8 @@ class _Toy16Runner(_ToyApplianceRunner):
         self._initial = os.path.join(model_dir, "checkpoint_0.mdl")
         cm.save(self._model.get_state(), self._initial)  # 1.x cm.save: a torch pickle
         self._appliance = cbtorch.core.appliance.ApplianceMode(
-            {"runconfig": {}}, lambda: torch.load(self._initial))
+            {"runconfig": {}}, lambda: torch.load(self._initial)
+        )
 
     def train_forward(self, data):
         if self._num_batches_processed == 0:
@@ -640,8 +658,9 @@ class _ToyEvalRunner(_ToyApplianceRunner):
 
             self._initial_state_file = os.path.join(self.model_dir, "initial_state.hdf5")
             state = self._model.get_state()
-            state["metrics"] = {self.metric.name.replace("/", "_"):
-                                self.metric.on_device_state_dict()}
+            state["metrics"] = {
+                self.metric.name.replace("/", "_"): self.metric.on_device_state_dict()
+            }
             PyTorchH5Saver().save(self._initial_state_file, state)
 
         save()
@@ -668,8 +687,9 @@ class _ToyEvalRunner(_ToyApplianceRunner):
                 loss = self.eval_forward(data)
                 if self._num_batches_processed == 0:
                     self._appliance.compile(len(data[1]), True)
-                    self._appliance.execute(None, 4, steps, 0, "eval",
-                                            initial_checkpoint_file=self._initial_state_file)
+                    self._appliance.execute(
+                        None, 4, steps, 0, "eval", initial_checkpoint_file=self._initial_state_file
+                    )
                     self._appliance.receive_activations(0)
                     loss = self.cbtorch.state().get_activation_for_output(self._loss_tensor)
                 record(loss, step)
@@ -690,14 +710,17 @@ def test_eval_with_device_metrics_matches_eager_torch(tmp_path):
     cbtorch.initialize(service_workdir=str(tmp_path), appliance=True)
     _, eager_model = _eager_losses(3)  # a trained model, checkpointed
     checkpoint = str(tmp_path / "trained.mdl")
-    cstorch.save({"model": eager_model.state_dict(),
-                  "optimizer": _ToyModel(cbtorch).optimizer.state_dict()}, checkpoint)
+    cstorch.save(
+        {"model": eager_model.state_dict(), "optimizer": _ToyModel(cbtorch).optimizer.state_dict()},
+        checkpoint,
+    )
     batches = _batches(4)
     runner = _ToyEvalRunner(cbtorch, str(tmp_path), checkpoint)
     runner.evaluate(batches, steps=4)
     with torch.no_grad():
-        expected = [float(torch.nn.functional.cross_entropy(eager_model(x), y.long()))
-                    for x, y in batches]
+        expected = [
+            float(torch.nn.functional.cross_entropy(eager_model(x), y.long())) for x, y in batches
+        ]
     assert [runner.losses[s] for s in range(1, 5)] == pytest.approx(expected, rel=2e-2)
     assert runner.metric.num_updates == 4  # once per step (not for the eager iteration)
     assert runner.metric.result == pytest.approx(sum(expected) / 4, rel=2e-2)
@@ -743,7 +766,8 @@ class _Toy16EvalRunner(_Toy16Runner):
         self._initial = os.path.join(model_dir, "checkpoint_0.mdl")
         cm.save(self._model.get_state(), self._initial)
         self._appliance = cbtorch.core.appliance.ApplianceMode(
-            {"runconfig": {}}, lambda: torch.load(self._initial))
+            {"runconfig": {}}, lambda: torch.load(self._initial)
+        )
 
     def receive(self):
         out = self._appliance.receive_activations(self._num_batches_processed)
@@ -773,8 +797,9 @@ class _Toy16EvalRunner(_Toy16Runner):
         self.cm.run_step_closures()
         # 1.6's compute_eval_metrics: the activations after the loss, one per metric
         assert len(self.cbtorch.state().metrics) == len(self.activations) - 1
-        return dict(zip([m.name for m in self.cbtorch.state().metrics],
-                        map(float, self.activations[1:])))
+        return dict(
+            zip([m.name for m in self.cbtorch.state().metrics], map(float, self.activations[1:]))
+        )
 
 
 @pytest.mark.slow
@@ -787,14 +812,17 @@ def test_16_eval_with_device_metrics_matches_eager_torch(tmp_path):
     cbtorch.initialize(service_workdir=str(tmp_path), appliance=True)
     _, eager_model = _eager_losses(3)
     checkpoint = str(tmp_path / "trained.mdl")
-    cstorch.save({"model": eager_model.state_dict(),
-                  "optimizer": _ToyModel(cbtorch).optimizer.state_dict()}, checkpoint)
+    cstorch.save(
+        {"model": eager_model.state_dict(), "optimizer": _ToyModel(cbtorch).optimizer.state_dict()},
+        checkpoint,
+    )
     batches = _batches(4)
     runner = _Toy16EvalRunner(cbtorch, str(tmp_path), checkpoint)
     metrics = runner.evaluate(batches, steps=4)
     with torch.no_grad():
-        expected = [float(torch.nn.functional.cross_entropy(eager_model(x), y.long()))
-                    for x, y in batches]
+        expected = [
+            float(torch.nn.functional.cross_entropy(eager_model(x), y.long())) for x, y in batches
+        ]
     assert [runner.losses[s] for s in range(1, 5)] == pytest.approx(expected, rel=2e-2)
     assert runner._appliance.output_names == ["loss", "eval/mean_loss"]
     assert metrics["eval/mean_loss"] == pytest.approx(sum(expected) / 4, rel=2e-2)

@@ -91,8 +91,13 @@ runconfig: {max_steps: 4, checkpoint_steps: 2, log_steps: 1, seed: 1, save_losse
 def _user_tree(root):
     model_dir = root / "modelzoo" / "toy" / "pytorch"
     (model_dir / "configs").mkdir(parents=True)
-    for name, text in (("__init__.py", ""), ("run.py", RUN_PY), ("model.py", MODEL_PY),
-                       ("data.py", DATA_PY), ("configs/params.yaml", PARAMS)):
+    for name, text in (
+        ("__init__.py", ""),
+        ("run.py", RUN_PY),
+        ("model.py", MODEL_PY),
+        ("data.py", DATA_PY),
+        ("configs/params.yaml", PARAMS),
+    ):
         (model_dir / name).write_text(text)
     (root / "modelzoo" / "toy" / "__init__.py").write_text("")
     return model_dir
@@ -101,15 +106,17 @@ def _user_tree(root):
 def _python(args, cwd, extra_path=()):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(list(extra_path) + [env.get("PYTHONPATH", "")])
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.mark.slow
 def test_user_model_tree_runs_unchanged(tmp_path):
     model_dir = _user_tree(tmp_path)
-    result = _python(["run.py", "CPU", "--params", "configs/params.yaml", "--mode", "train"],
-                     cwd=model_dir)
+    result = _python(
+        ["run.py", "CPU", "--params", "configs/params.yaml", "--mode", "train"], cwd=model_dir
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     out = model_dir / "model_dir"
     assert (out / "checkpoint_2.mdl").exists() and (out / "checkpoint_4.mdl").exists()

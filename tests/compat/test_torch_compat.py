@@ -37,15 +37,20 @@ ZOO_CALL = textwrap.dedent("""
 def _run(prelude: str) -> dict:
     import json
 
-    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", prelude + ZOO_CALL],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", prelude + ZOO_CALL],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def _torch_needs_it() -> bool:
-    from cerebras.appliance.torch_compat import _needs_tolerance
     from torch.utils._pytree import TreeSpec
+
+    from cerebras.appliance.torch_compat import _needs_tolerance
 
     return _needs_tolerance(TreeSpec)
 
@@ -53,8 +58,12 @@ def _torch_needs_it() -> bool:
 @pytest.mark.slow
 def test_the_zoo_call_works_once_the_zoo_facing_package_is_imported():
     result = _run("import cerebras.appliance.utils.classes\n")
-    assert result == {"ok": {"init": {"betas": [0.9, 0.95], "loop": {"num_steps": 3}},
-                             "fit": [{"shape": [2, [3, 4]]}, None]}}
+    assert result == {
+        "ok": {
+            "init": {"betas": [0.9, 0.95], "loop": {"num_steps": 3}},
+            "fit": [{"shape": [2, [3, 4]]}, None],
+        }
+    }
 
 
 @pytest.mark.slow
@@ -83,6 +92,7 @@ def test_treespec_keeps_its_own_constructor_and_equality():
         assert keyed == tree_flatten({"x": 5})[1]
         print("ok")
     """)
-    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", script],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", script], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]

@@ -15,7 +15,8 @@ import cstorch
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("torch_xla") is not None,
-    reason="a real torch_xla is importable here: it, not the 1.6 pieces, is what imports")
+    reason="a real torch_xla is importable here: it, not the 1.6 pieces, is what imports",
+)
 
 
 def _start_appliance_run(tmp_path):
@@ -33,8 +34,9 @@ def _nothing_of_torch_xla():
 
 
 def test_nothing_before_the_appliance_run_and_nothing_after_it(tmp_path):
-    import cerebras_pytorch.lazy.xla_pieces  # noqa: F401  (importing it serves nothing)
     from cerebras_pytorch.core import cb_model as cm
+
+    import cerebras_pytorch.lazy.xla_pieces  # noqa: F401  (importing it serves nothing)
 
     _nothing_of_torch_xla()
     _start_appliance_run(tmp_path)
@@ -78,8 +80,12 @@ def test_nothing_else_of_pytorch_xla_during_the_run(tmp_path):
     _start_appliance_run(tmp_path)
     assert importlib.util.find_spec("torch_xla") is not None
     assert importlib.util.find_spec("torch_xla.core") is None
-    for name in ("torch_xla.core.xla_model", "torch_xla.distributed.spmd", "torch_xla.runtime",
-                 "torch_xla.utils.dlpack"):
+    for name in (
+        "torch_xla.core.xla_model",
+        "torch_xla.distributed.spmd",
+        "torch_xla.runtime",
+        "torch_xla.utils.dlpack",
+    ):
         with pytest.raises(ModuleNotFoundError):
             importlib.import_module(name)
 
@@ -92,8 +98,9 @@ def test_the_1x_loader_iterates_a_sample_generator(tmp_path):
     loader = cbtorch.dataloader(xu.SampleGenerator(batch, 4))
     assert len(loader) == 4
     got = list(loader)
-    assert len(got) == 4 and all(torch.equal(x, batch[0]) and y.dtype == torch.int32
-                                 for x, y in got)
+    assert len(got) == 4 and all(
+        torch.equal(x, batch[0]) and y.dtype == torch.int32 for x, y in got
+    )
 
 
 def test_a_real_torch_xla_earlier_on_the_path_wins(tmp_path, monkeypatch):
@@ -133,7 +140,8 @@ def test_a_plain_process_finds_no_torch_xla(tmp_path):
         except ModuleNotFoundError:
             print("no torch_xla")
     """)
-    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("no torch_xla")

@@ -33,8 +33,10 @@ class _Net(torch.nn.Module):
 
 def _batches(n=4):
     gen = torch.Generator().manual_seed(3)
-    return [(torch.randn(5, 6, generator=gen), torch.randint(0, 3, (5,), generator=gen))
-            for _ in range(n)]
+    return [
+        (torch.randn(5, 6, generator=gen), torch.randint(0, 3, (5,), generator=gen))
+        for _ in range(n)
+    ]
 
 
 def _input_fn(params):
@@ -48,8 +50,10 @@ def _eager_sgd_losses(steps, lr, weight_decay):
     model = _Net()
     decay = [model.fc1.weight, model.fc2.weight]
     rest = [model.fc1.bias, model.norm.weight, model.norm.bias, model.fc2.bias]
-    optimizer = torch.optim.SGD([{"params": decay, "weight_decay": weight_decay},
-                                 {"params": rest, "weight_decay": 0.0}], lr=lr)
+    optimizer = torch.optim.SGD(
+        [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}],
+        lr=lr,
+    )
     losses = []
     for batch in _batches()[:steps]:
         loss = model(batch)
@@ -71,14 +75,14 @@ def _assert_close(got, want, rtol=1e-5):
 
 
 def test_release_2_2_run_flow_trains_like_eager_torch(tmp_path):
+    from cerebras.pytorch.core import modes
+
+    import cerebras.pytorch as cs
     from cerebras.appliance.run_utils import (
         get_debug_args,
         set_ini,
         update_debug_args_from_keys,
     )
-    from cerebras.pytorch.core import modes
-
-    import cerebras.pytorch as cs
 
     assert modes.is_valid(modes.TRAIN_AND_EVAL) and not modes.is_valid("fit")
     # debug args as the zoo fills them: protobuf-style attributes, dotted keys, INIs
@@ -87,12 +91,21 @@ def test_release_2_2_run_flow_trains_like_eager_torch(tmp_path):
     _ = debug_args.debug_usr.worker_resource  # reading adds nothing
     update_debug_args_from_keys(debug_args, {"debug_mgr.task_spec": "x"})
     set_ini(debug_args, ws_opt=True)
-    assert debug_args == {"debug_usr": {"compile_coord_resource": {"memory_bytes": 3 << 30}},
-                          "debug_mgr": {"task_spec": "x"}, "ini": {"ws_opt": True}}
-    with pytest.warns(DeprecationWarning), \
-            pytest.warns(UserWarning, match="have no effect on this engine and were dropped"):
-        cs_config = cs.utils.CSConfig(num_csx=None, debug_args=debug_args,
-                                      fabric_type_blacklist=None, disable_version_check=True)
+    assert debug_args == {
+        "debug_usr": {"compile_coord_resource": {"memory_bytes": 3 << 30}},
+        "debug_mgr": {"task_spec": "x"},
+        "ini": {"ws_opt": True},
+    }
+    with (
+        pytest.warns(DeprecationWarning),
+        pytest.warns(UserWarning, match="have no effect on this engine and were dropped"),
+    ):
+        cs_config = cs.utils.CSConfig(
+            num_csx=None,
+            debug_args=debug_args,
+            fabric_type_blacklist=None,
+            disable_version_check=True,
+        )
     cs_config.precision_opt_level = 2  # as the 2.2 flow sets it; the executor applies it
     cs.amp.set_half_dtype("float16")  # the 2.2 flow sets it on every run, float32 ones too
     with pytest.warns(DeprecationWarning, match="mixed_precision"):
@@ -106,8 +119,8 @@ def test_release_2_2_run_flow_trains_like_eager_torch(tmp_path):
     assert [g["weight_decay"] for g in groups] == [0.01, 0.0]
     assert [len(g["params"]) for g in groups] == [2, 4]
     optimizer = cs.optim.configure_optimizer(
-        optimizer_type=optimizer_params.pop("optimizer_type"), params=groups,
-        **optimizer_params)
+        optimizer_type=optimizer_params.pop("optimizer_type"), params=groups, **optimizer_params
+    )
     lr_scheduler = cs.optim.configure_lr_scheduler(optimizer, 0.1, None)
     with warnings.catch_warnings():  # read as an attribute, as the 2.2 flow does
         warnings.simplefilter("ignore")
@@ -134,8 +147,14 @@ def test_release_2_2_run_flow_trains_like_eager_torch(tmp_path):
     with cs.profiler.profile(schedule=schedule) as prof, warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # cs_config=, writer=
         executor = cs.utils.data.DataExecutor(
-            dataloader, num_steps=4, checkpoint_steps=None, cs_config=cs_config,
-            writer=writer, listeners=[], micro_batch_size=None)
+            dataloader,
+            num_steps=4,
+            checkpoint_steps=None,
+            cs_config=cs_config,
+            writer=writer,
+            listeners=[],
+            micro_batch_size=None,
+        )
         for step, batch in enumerate(executor, start=1):
             record(training_step(batch), step)
     assert prof.op_profiler_json is None  # nothing was profiled on CPU
@@ -161,10 +180,12 @@ def test_configure_param_groups_learning_rate_scaling():
             self.decoder.dense = torch.nn.Linear(4, 4)
 
     groups = cstorch.optim.configure_param_groups(
-        Model(), {"weight_decay": 0.1, "adjust_learning_rate": {"embedding": 0.5,
-                                                                 "decoder_kernel": 0.25}})
-    summary = sorted((g["weight_decay"], g["adjust_learning_rate"], len(g["params"]))
-                     for g in groups)
+        Model(),
+        {"weight_decay": 0.1, "adjust_learning_rate": {"embedding": 0.5, "decoder_kernel": 0.25}},
+    )
+    summary = sorted(
+        (g["weight_decay"], g["adjust_learning_rate"], len(g["params"])) for g in groups
+    )
     assert summary == [(0.0, 1.0, 1), (0.1, 0.25, 1), (0.1, 0.5, 1)]
     with pytest.raises(ValueError, match="layer type"):
         cstorch.optim.configure_param_groups(Model(), {"adjust_learning_rate": {"nope": 2.0}})
@@ -180,24 +201,24 @@ def test_release_2_3_trainer_step_tracks_eager_torch(tmp_path, half):
     bfloat16)`` when the config asks for mixed precision. float32 equals eager torch (1e-5);
     bfloat16 tracks it within two bfloat16 units (eager torch's oneDNN kernels and XLA's
     accumulate a bfloat16 matmul differently)."""
-    from cerebras.appliance.run_utils import get_debug_args  # noqa: F401  (2.2/2.3 place)
     from cerebras.pytorch.core import modes
 
     import cerebras.pytorch as cs
+    from cerebras.appliance.run_utils import get_debug_args  # noqa: F401  (2.2/2.3 place)
 
     assert modes.get_modes() == ("train", "eval", "train_and_eval", "eval_all", "inference")
 
     def run(compiled_step):
         torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.ReLU(),
-                                    torch.nn.Linear(32, 3))
+        model = torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
         batches = _batches()
 
         def body(net, opt, inputs, labels):
             with torch.autocast("cpu", dtype=half or torch.float32, enabled=half is not None):
                 logits = net(inputs)
                 loss = torch.nn.functional.nll_loss(
-                    torch.nn.functional.log_softmax(logits, dim=1), labels)
+                    torch.nn.functional.log_softmax(logits, dim=1), labels
+                )
             loss.backward()
             opt.step()
             opt.zero_grad()
@@ -218,7 +239,7 @@ def test_release_2_3_trainer_step_tracks_eager_torch(tmp_path, half):
         return losses
 
     eager = run(compiled_step=False)
-    _assert_close(run(compiled_step=True), eager, rtol=1e-5 if half is None else 2 ** -6)
+    _assert_close(run(compiled_step=True), eager, rtol=1e-5 if half is None else 2**-6)
 
 
 # --------------------------------------------------------------------------------------------
@@ -226,7 +247,6 @@ def test_release_2_3_trainer_step_tracks_eager_torch(tmp_path, half):
 
 
 def test_release_2_0_and_2_1_names_and_run_flow(tmp_path):
-    import cerebras_pytorch as cs
     import cerebras_pytorch.distributed as dist
     import cerebras_pytorch.metrics as metrics
     from cerebras_appliance.environment import appliance_environ
@@ -235,10 +255,11 @@ def test_release_2_0_and_2_1_names_and_run_flow(tmp_path):
     from cerebras_appliance.run_utils import get_debug_args
     from cerebras_appliance.utils.units import convert_byte_unit
     from cerebras_pytorch.core import modes
-    from cerebras_pytorch.saver.pt_h5_saver import PyTorchH5Saver
     from cerebras_pytorch.utils.nest import visit_torch_tensors
 
     import cerebras.appliance.errors
+    import cerebras_pytorch as cs
+    from cerebras_pytorch.saver.pt_h5_saver import PyTorchH5Saver
 
     # the old name's modules are the new name's (one class, one environment)
     assert ApplianceNanError is cerebras.appliance.errors.ApplianceNanError
@@ -259,8 +280,9 @@ def test_release_2_0_and_2_1_names_and_run_flow(tmp_path):
     model = _Net()
     compiled = cs.compile(model, backend)
     groups = cs.optim.configure_param_groups(model, {"weight_decay": 0.01})
-    optimizer = cs.optim.configure_optimizer("SGD", params=groups, learning_rate=0.1,
-                                             weight_decay=0.01)
+    optimizer = cs.optim.configure_optimizer(
+        "SGD", params=groups, learning_rate=0.1, weight_decay=0.01
+    )
     accuracy = metrics.AccuracyMetric(name="accuracy")
 
     @cs.trace
@@ -280,11 +302,14 @@ def test_release_2_0_and_2_1_names_and_run_flow(tmp_path):
 
     @cs.checkpoint_closure
     def save_checkpoint(step):
-        cs.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()},
-                str(tmp_path / f"checkpoint_{step}.mdl"))
+        cs.save(
+            {"model": model.state_dict(), "optimizer": optimizer.state_dict()},
+            str(tmp_path / f"checkpoint_{step}.mdl"),
+        )
 
-    executor = cs.utils.data.DataExecutor(cs.utils.data.DataLoader(_input_fn, {"n": 4}),
-                                          num_steps=4, checkpoint_steps=2)
+    executor = cs.utils.data.DataExecutor(
+        cs.utils.data.DataLoader(_input_fn, {"n": 4}), num_steps=4, checkpoint_steps=2
+    )
     for step, batch in enumerate(executor, start=1):
         record(training_step(batch))
         if step % 2 == 0:
@@ -316,12 +341,15 @@ def test_release_2_0_and_2_1_names_and_run_flow(tmp_path):
     @cs.trace
     def eval_step(batch):
         inputs, labels = batch
-        accuracy(labels=labels, predictions=model.fc2(torch.relu(
-            model.norm(model.fc1(inputs)))).argmax(-1))
+        accuracy(
+            labels=labels,
+            predictions=model.fc2(torch.relu(model.norm(model.fc1(inputs)))).argmax(-1),
+        )
         return compiled(batch)
 
-    eval_executor = cs.utils.data.DataExecutor(cs.utils.data.DataLoader(_input_fn, {"n": 2}),
-                                               num_steps=2)
+    eval_executor = cs.utils.data.DataExecutor(
+        cs.utils.data.DataLoader(_input_fn, {"n": 2}), num_steps=2
+    )
     for batch in eval_executor:
         eval_step(batch)
     values = metrics.compute_all_metrics()
@@ -332,9 +360,15 @@ def test_release_2_0_csx_backend_keywords(tmp_path):
     """The 2.0/2.1 CSX backend keywords land on today's flags; the device's ``config``."""
     import cerebras_pytorch as cs
 
-    backend = cs.backend("CSX", artifact_dir=str(tmp_path), drop_data=True, max_checkpoints=2,
-                         use_cs_grad_accum=True, micro_batch_size=None,
-                         retrace_every_iteration=False)
+    backend = cs.backend(
+        "CSX",
+        artifact_dir=str(tmp_path),
+        drop_data=True,
+        max_checkpoints=2,
+        use_cs_grad_accum=True,
+        micro_batch_size=None,
+        retrace_every_iteration=False,
+    )
     assert cs.backends.csx.debug.drop_data is True
     backend.device.config.lazy_initialization = False
     assert cs.backends.csx.debug.lazy_initialization is False

@@ -41,8 +41,10 @@ def batches(seed, count, batch_size=8):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(count * batch_size, 10, generator=g)
     y = (x[:, :3] * 2 + 0.3 * torch.randn(count * batch_size, 3, generator=g)).argmax(1)
-    return [(x[i * batch_size:(i + 1) * batch_size], y[i * batch_size:(i + 1) * batch_size])
-            for i in range(count)]
+    return [
+        (x[i * batch_size : (i + 1) * batch_size], y[i * batch_size : (i + 1) * batch_size])
+        for i in range(count)
+    ]
 
 
 def _loader(section, count):
@@ -66,9 +68,16 @@ def make_params(model_dir, **runconfig):
         "eval_input": {"batch_size": 8, "seed": 1, "num_batches": 3},
         "model": {"mixed_precision": False, "hidden": 16},
         "optimizer": {"optimizer_type": "SGD", "learning_rate": 0.1, "momentum": 0.9},
-        "runconfig": {"mode": "train", "target_device": "CPU", "model_dir": str(model_dir),
-                      "max_steps": 6, "log_steps": 1, "seed": 1, "compile_only": False,
-                      "validate_only": False},
+        "runconfig": {
+            "mode": "train",
+            "target_device": "CPU",
+            "model_dir": str(model_dir),
+            "max_steps": 6,
+            "log_steps": 1,
+            "seed": 1,
+            "compile_only": False,
+            "validate_only": False,
+        },
     }
     params["runconfig"].update(runconfig)
     return params

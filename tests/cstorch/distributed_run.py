@@ -28,16 +28,24 @@ GLOBAL_BATCH = 8
 
 def global_batches(count):
     g = torch.Generator().manual_seed(1)
-    return [(torch.randn(GLOBAL_BATCH, 16, generator=g),
-             torch.randint(0, 4, (GLOBAL_BATCH,), generator=g)) for _ in range(count)]
+    return [
+        (
+            torch.randn(GLOBAL_BATCH, 16, generator=g),
+            torch.randint(0, 4, (GLOBAL_BATCH,), generator=g),
+        )
+        for _ in range(count)
+    ]
 
 
 def main(options):
     steps, save_at = options["steps"], options.get("save_at")
-    backend = cstorch.backend("CSX", artifact_dir=options.get("artifact_dir", "."),
-                              cluster_config=ClusterConfig(
-                                  num_csx=options["num_csx"],
-                                  max_wgt_servers=options.get("weight_servers", 0)))
+    backend = cstorch.backend(
+        "CSX",
+        artifact_dir=options.get("artifact_dir", "."),
+        cluster_config=ClusterConfig(
+            num_csx=options["num_csx"], max_wgt_servers=options.get("weight_servers", 0)
+        ),
+    )
     cstorch.amp.enable_mixed_precision(False)  # fp32 policy: compare layouts, not precision
     torch.manual_seed(0)
     model = MLP((16, 32, 4))
@@ -52,8 +60,10 @@ def main(options):
 
     share = cstorch.distributed.get_streaming_batch_size(GLOBAL_BATCH)
     rank = cstorch.distributed.get_streaming_rank()
-    batches = [(x[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share])
-               for x, y in global_batches(steps)][first:]
+    batches = [
+        (x[rank * share : (rank + 1) * share], y[rank * share : (rank + 1) * share])
+        for x, y in global_batches(steps)
+    ][first:]
     losses = []
 
     @cstorch.step_closure
@@ -74,8 +84,10 @@ def main(options):
         return loss
 
     executor = cstorch.utils.data.DataExecutor(
-        cstorch.utils.data.DataLoader(lambda: batches), num_steps=len(batches),
-        checkpoint_steps=(save_at - first) if save_at else None)
+        cstorch.utils.data.DataLoader(lambda: batches),
+        num_steps=len(batches),
+        checkpoint_steps=(save_at - first) if save_at else None,
+    )
     for i, (x, y) in enumerate(executor, start=first + 1):
         if i == options.get("die_at") and rank == options.get("die_rank", 1):
             os.kill(os.getpid(), signal.SIGKILL)
@@ -91,14 +103,25 @@ def main(options):
         communication = mesh.communication(hlo)
     final = {k: v.tolist() for k, v in model.state_dict().items()}
     if rank == 0:
-        print("RESULT " + json.dumps({
-            "losses": losses, "processes": cstorch.distributed.num_streamers(),
-            "devices": len(array.sharding.device_set), "spec": spec_entries(array.sharding),
-            "local_shard_rows": int(np.shape(array.addressable_shards[0].data)[0]),
-            "mesh": dict(getattr(array.sharding, "mesh", None) and array.sharding.mesh.shape or {}),
-            "final": final, "communication": communication,
-            "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}),
-            flush=True)
+        print(
+            "RESULT "
+            + json.dumps(
+                {
+                    "losses": losses,
+                    "processes": cstorch.distributed.num_streamers(),
+                    "devices": len(array.sharding.device_set),
+                    "spec": spec_entries(array.sharding),
+                    "local_shard_rows": int(np.shape(array.addressable_shards[0].data)[0]),
+                    "mesh": dict(
+                        getattr(array.sharding, "mesh", None) and array.sharding.mesh.shape or {}
+                    ),
+                    "final": final,
+                    "communication": communication,
+                    "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

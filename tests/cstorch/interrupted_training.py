@@ -73,8 +73,7 @@ def main():
     parser.add_argument("out")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--interrupt-at", type=int, default=0)
-    parser.add_argument("--where", default="body",
-                        choices=["body", "loader", "closure", "forward"])
+    parser.add_argument("--where", default="body", choices=["body", "loader", "closure", "forward"])
     parser.add_argument("--wait-for", default=None)
     parser.add_argument("--resume", default=None)
     parser.add_argument("--engine", default="jax", choices=["jax", "eager"])
@@ -86,8 +85,7 @@ def main():
 
     torch.manual_seed(0)
     backend = cstorch.backend("CPU", engine=args.engine)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(),
-                                torch.nn.Linear(32, 4))
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
     compiled = cstorch.compile(model, backend)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     start, state = 0, None
@@ -126,8 +124,7 @@ def main():
             ctrl_c()
 
     def save(step):
-        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                 "step": step}
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
         if args.position == "loader":
             state["dataloader"] = loader.state_dict()
         cstorch.save(state, os.path.join(os.path.dirname(args.out), "interrupted.mdl"))

@@ -27,8 +27,9 @@ def report(directory, rank, step):
 
 
 def main(directory, mode):
-    backend = cstorch.backend("CSX", artifact_dir=directory + "-artifacts",
-                              cluster_config=ClusterConfig(num_csx=2))
+    backend = cstorch.backend(
+        "CSX", artifact_dir=directory + "-artifacts", cluster_config=ClusterConfig(num_csx=2)
+    )
     cstorch.amp.enable_mixed_precision(False)
     torch.manual_seed(0)
     model = MLP((16, 32, 4))

@@ -16,8 +16,9 @@ from tests.sharding_spec import spec_entries
 
 def run(num_csx, max_wgt_servers):
     cstorch.backend._reset_for_tests()
-    backend = cstorch.backend("CSX", cluster_config=ClusterConfig(
-        num_csx=num_csx, max_wgt_servers=max_wgt_servers))
+    backend = cstorch.backend(
+        "CSX", cluster_config=ClusterConfig(num_csx=num_csx, max_wgt_servers=max_wgt_servers)
+    )
     cstorch.amp.enable_mixed_precision(False)  # compare sharding, not precision
     torch.manual_seed(0)
     model = MLP((16, 32, 4))
@@ -39,15 +40,19 @@ def run(num_csx, max_wgt_servers):
         return loss
 
     g = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g))
-               for _ in range(10)]
+    batches = [
+        (torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)) for _ in range(10)
+    ]
     for x, y in cstorch.utils.data.DataExecutor(cstorch.utils.data.DataLoader(lambda: batches)):
         step(x, y)
     weight = model.net[1].weight
     array = backend._impl.device_state.array_of(weight)
-    return {"losses": losses, "devices": len(array.sharding.device_set),
-            "spec": spec_entries(array.sharding),
-            "final": model.state_dict()["net.1.weight"].sum().item()}
+    return {
+        "losses": losses,
+        "devices": len(array.sharding.device_set),
+        "spec": spec_entries(array.sharding),
+        "final": model.state_dict()["net.1.weight"].sum().item(),
+    }
 
 
 if __name__ == "__main__":

@@ -13,12 +13,12 @@ from cstorch.distributed import ClusterConfig
 
 def run(num_csx, max_wgt_servers):
     cstorch.backend._reset_for_tests()
-    backend = cstorch.backend("CSX", cluster_config=ClusterConfig(
-        num_csx=num_csx, max_wgt_servers=max_wgt_servers))
+    backend = cstorch.backend(
+        "CSX", cluster_config=ClusterConfig(num_csx=num_csx, max_wgt_servers=max_wgt_servers)
+    )
     cstorch.amp.enable_mixed_precision(False)  # compare placement, not precision
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(),
-                                torch.nn.Linear(16, 4))
+    model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
     compiled = cstorch.compile(model, backend)
     optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     rigl = cstorch.sparse.RigL(sparsity=0.5, init_method="topk", update={"freq": 2})
@@ -38,8 +38,11 @@ def run(num_csx, max_wgt_servers):
     y = torch.randint(0, 4, (8,), generator=g)
     losses = [float(step(x, y)) for _ in range(5)]
     mask = model.state_dict()["0.weight_mask"]
-    return {"losses": losses, "mask": mask.int().flatten().tolist(),
-            "trace_count": step.trace_count}
+    return {
+        "losses": losses,
+        "mask": mask.int().flatten().tolist(),
+        "trace_count": step.trace_count,
+    }
 
 
 if __name__ == "__main__":

@@ -24,7 +24,10 @@ from tests.training import compiled_sgd_step, squared_error_step
 
 # Every case here holds an alias, so the engine warns (SharedStateWarning) in each; the warning
 # itself is asserted by test_the_shared_state_warning_names_the_tensor_once.
-pytestmark = [pytest.mark.core, pytest.mark.filterwarnings("ignore::jax_backend.state.SharedStateWarning")]
+pytestmark = [
+    pytest.mark.core,
+    pytest.mark.filterwarnings("ignore::jax_backend.state.SharedStateWarning"),
+]
 
 STEPS = 5
 EDIT_AFTER = 2  # the edit lands between steps EDIT_AFTER and EDIT_AFTER + 1
@@ -54,10 +57,15 @@ def _model(kind):
     if kind in ("tied", "untied"):
         return Tied(tie=kind == "tied")
     if kind == "plain":  # no BatchNorm: it cancels the first bias's gradient (0/0 in Adam)
-        return torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.Tanh(),
-                                   torch.nn.Identity(), torch.nn.Linear(256, 4))
-    return torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.BatchNorm1d(256),
-                               torch.nn.Tanh(), torch.nn.Linear(256, 4))
+        return torch.nn.Sequential(
+            torch.nn.Linear(128, 256), torch.nn.Tanh(), torch.nn.Identity(), torch.nn.Linear(256, 4)
+        )
+    return torch.nn.Sequential(
+        torch.nn.Linear(128, 256),
+        torch.nn.BatchNorm1d(256),
+        torch.nn.Tanh(),
+        torch.nn.Linear(256, 4),
+    )
 
 
 def _optimizer(engine, name, params):
@@ -73,8 +81,9 @@ def _optimizer(engine, name, params):
         return optimizer
     optimizer = torch.optim.Adam(params, lr=0.01, eps=0.0)
     for p in params:
-        optimizer.state[p].update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p),
-                                  exp_avg_sq=torch.zeros_like(p))
+        optimizer.state[p].update(
+            step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p)
+        )
     return optimizer
 
 
@@ -101,8 +110,7 @@ def _read(alias) -> np.ndarray:
         return alias.detach().clone().numpy()
 
 
-def _train(engine, take, edit=None, when="before", model_kind="mlp", optimizer="sgd",
-           prepare=None):
+def _train(engine, take, edit=None, when="before", model_kind="mlp", optimizer="sgd", prepare=None):
     """Trains STEPS steps; the alias is taken ``when`` ("before" the first step or
     "between" the first two), read after each step, edited after step EDIT_AFTER."""
     model = _model(model_kind)
@@ -229,8 +237,10 @@ def test_data_alias_taken_before_training_edited_then_dropped():
 
 
 def test_numpy_alias_taken_before_training_edited_then_dropped():
-    _edit_between(lambda m, o, array: np.multiply(array, 0.5, out=array),
-                  take=lambda m, o: _small(m).detach().numpy())
+    _edit_between(
+        lambda m, o, array: np.multiply(array, 0.5, out=array),
+        take=lambda m, o: _small(m).detach().numpy(),
+    )
 
 
 @pytest.mark.parametrize("how", ["numpy", "asarray", "data", "storage"])
@@ -260,8 +270,7 @@ def test_adam_moment_view_from_optimizer_state_dict(when):
 
 def test_adam_second_moment_numpy_view():
     take = lambda m, o, k: o.state_dict()["state"][2]["exp_avg_sq"].numpy()  # noqa: E731
-    assert_like_eager(take, EDITS["numpy_mul"], "between", model_kind="plain",
-                      optimizer="adam")
+    assert_like_eager(take, EDITS["numpy_mul"], "between", model_kind="plain", optimizer="adam")
 
 
 # ------------------------------------------------------------------ tied weights
@@ -287,8 +296,9 @@ def _from_numpy_weight(model):
 
 @pytest.mark.parametrize("edit", [None, "numpy_mul"])
 def test_parameter_made_with_from_numpy_whose_array_is_kept(edit):
-    assert_like_eager(lambda m, o, array: array, edit and EDITS[edit], "before",
-                      prepare=_from_numpy_weight)
+    assert_like_eager(
+        lambda m, o, array: array, edit and EDITS[edit], "before", prepare=_from_numpy_weight
+    )
 
 
 def test_parameter_data_replaced_by_a_numpy_array_between_steps():
@@ -328,6 +338,7 @@ def test_a_checkpoint_saved_before_compiling_leaves_no_alias(tmp_path, fmt):
         cstorch.save({"model": model.state_dict()}, tmp_path / "initial.mdl")
     else:
         from cstorch.storage import safetensors_format
+
         safetensors_format.write(tmp_path / "initial.safetensors", model.state_dict())
     assert _big(model).untyped_storage().resizable()
     model, opt, step = build("cstorch", model=model)
@@ -337,8 +348,7 @@ def test_a_checkpoint_saved_before_compiling_leaves_no_alias(tmp_path, fmt):
         losses = [step(XS[i], YS[i]).item() for i in range(3)]
     assert state.is_released(_big(model))
     eager_model, _, eager_step = build("eager")
-    assert losses == pytest.approx([eager_step(XS[i], YS[i]).item() for i in range(3)],
-                                   rel=1e-5)
+    assert losses == pytest.approx([eager_step(XS[i], YS[i]).item() for i in range(3)], rel=1e-5)
 
 
 def test_torch_optimizer_state_resumed_from_cstorch_load_is_no_alias(tmp_path):
@@ -352,8 +362,9 @@ def test_torch_optimizer_state_resumed_from_cstorch_load_is_no_alias(tmp_path):
     eager, eager_opt, eager_step = build("eager")
     for i in range(2):
         eager_step(XS[i], YS[i])
-    cstorch.save({"model": eager.state_dict(), "optimizer": eager_opt.state_dict()},
-                 tmp_path / "c.mdl")
+    cstorch.save(
+        {"model": eager.state_dict(), "optimizer": eager_opt.state_dict()}, tmp_path / "c.mdl"
+    )
     resumed = _model("mlp")
     compiled = cstorch.compile(resumed, cstorch.backend("CPU"))
     resumed_opt = _optimizer("eager", "sgd", resumed.parameters())  # torch SGD, state made
@@ -368,8 +379,9 @@ def test_torch_optimizer_state_resumed_from_cstorch_load_is_no_alias(tmp_path):
         warnings.simplefilter("error")  # a SharedStateWarning would fail here
         losses = [resumed_step(XS[i], YS[i]).item() for i in range(2, STEPS)]
     assert device_state.is_released(_big(resumed))
-    assert losses == pytest.approx([eager_step(XS[i], YS[i]).item() for i in range(2, STEPS)],
-                                   rel=1e-5)
+    assert losses == pytest.approx(
+        [eager_step(XS[i], YS[i]).item() for i in range(2, STEPS)], rel=1e-5
+    )
 
 
 def test_the_shared_state_warning_names_the_tensor_once():
@@ -450,8 +462,13 @@ def test_engine_made_tensors_are_plain_and_uploads_leave_storage_resizable():
         assert float(ones.float().sum()) == 12
     user = torch.from_numpy(np.ones(3, np.float32))
     assert shared_memory.may_be_foreign(user)
-    for tensor in (torch.randn(5, 4), torch.randn(4, 5).t(), torch.randn(3).to(torch.bfloat16),
-                   torch.randn(3, dtype=torch.complex64).conj(), torch.tensor(True)):
+    for tensor in (
+        torch.randn(5, 4),
+        torch.randn(4, 5).t(),
+        torch.randn(3).to(torch.bfloat16),
+        torch.randn(3, dtype=torch.complex64).conj(),
+        torch.tensor(True),
+    ):
         host = dtypes.state_to_host(tensor)
         assert tensor.untyped_storage().resizable()  # not exported to numpy
         expected = tensor.resolve_conj()

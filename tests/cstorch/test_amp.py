@@ -55,8 +55,9 @@ def test_grad_scaler_and_optimizer_step_validation():
     assert int(scaler.get_num_skipped_steps()) == 0
     loss = model(torch.ones(1, 2)).sum()
     with pytest.raises(ValueError, match="not both"):
-        cstorch.amp.optimizer_step(loss, optimizer, scaler, max_gradient_norm=1.0,
-                                   max_gradient_value=1.0)
+        cstorch.amp.optimizer_step(
+            loss, optimizer, scaler, max_gradient_norm=1.0, max_gradient_value=1.0
+        )
     with pytest.raises(ValueError, match="non-negative"):
         cstorch.amp.optimizer_step(loss, optimizer, scaler, max_gradient_norm=-1)
     with pytest.raises(TypeError, match="GradScaler"):
@@ -107,7 +108,7 @@ def test_lowered_bf16_step_has_bf16_dots_and_an_fp32_update():
         for out in eqn.outvars:
             producers[out] = eqn
     written = step.programs[0].captured.written_state
-    new_state = closed.jaxpr.outvars[:len(written)]
+    new_state = closed.jaxpr.outvars[: len(written)]
     assert len(new_state) >= 3 * len(list(model.parameters()))
     for var in new_state:
         assert var.aval.dtype == np.float32
@@ -153,8 +154,10 @@ def _gpt_losses(precision, steps=50, dynamic_scaling=False, overflow_at=None):
     executor = cstorch.utils.data.DataExecutor(cstorch.utils.data.DataLoader(lambda: batches))
     for i, (x, y, multiplier) in enumerate(executor):
         if overflow_at is not None and i in (overflow_at, overflow_at + 1):
-            snapshots[i] = (copy.deepcopy(model.state_dict()),
-                            copy.deepcopy(optimizer.state_dict()["state"]))
+            snapshots[i] = (
+                copy.deepcopy(model.state_dict()),
+                copy.deepcopy(optimizer.state_dict()["state"]),
+            )
         step(x, y, multiplier)
     assert step.trace_count == 1 and xla_compilations(step) == 1
     return losses, scales, skipped, snapshots
@@ -188,7 +191,8 @@ def test_cbfloat16_trains_from_the_reference_initial_loss_scale():
 def test_overflow_skips_the_update_halves_the_scale_and_recovers():
     steps, overflow_at = 12, 5
     losses, scales, skipped, snapshots = _gpt_losses(
-        "float16", steps=steps, dynamic_scaling=True, overflow_at=overflow_at)
+        "float16", steps=steps, dynamic_scaling=True, overflow_at=overflow_at
+    )
     before_model, before_opt = snapshots[overflow_at]
     after_model, after_opt = snapshots[overflow_at + 1]
     for name in before_model:
@@ -198,7 +202,7 @@ def test_overflow_skips_the_update_halves_the_scale_and_recovers():
             assert torch.equal(before_opt[index][key], after_opt[index][key]), (index, key)
     assert scales[overflow_at - 1] == 2.0**15 and scales[overflow_at] == 2.0**14
     assert skipped[overflow_at - 1] == 0 and skipped[overflow_at] == 1 and skipped[-1] == 1
-    assert all(np.isfinite(losses[overflow_at + 1:]))
+    assert all(np.isfinite(losses[overflow_at + 1 :]))
     assert losses[-1] < losses[overflow_at + 1]
 
 
@@ -209,11 +213,11 @@ def test_schedulers_do_not_advance_on_skipped_steps():
     model = torch.nn.Linear(4, 1)
     compiled = cstorch.compile(model, backend)
     optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
-    warmup = cstorch.optim.lr_scheduler.LinearLR(optimizer, initial_learning_rate=0.0,
-                                                 end_learning_rate=0.1, total_iters=4)
+    warmup = cstorch.optim.lr_scheduler.LinearLR(
+        optimizer, initial_learning_rate=0.0, end_learning_rate=0.1, total_iters=4
+    )
     decay = cstorch.optim.lr_scheduler.ConstantLR(optimizer, learning_rate=0.05)
-    scheduler = cstorch.optim.lr_scheduler.SequentialLR(optimizer, [warmup, decay],
-                                                        milestones=[4])
+    scheduler = cstorch.optim.lr_scheduler.SequentialLR(optimizer, [warmup, decay], milestones=[4])
     scaler = cstorch.amp.GradScaler(loss_scale="dynamic")
     epochs = []
 
@@ -231,7 +235,8 @@ def test_schedulers_do_not_advance_on_skipped_steps():
 
     batches = [(torch.ones(2, 4), torch.tensor(1e38 if i == 2 else 1.0)) for i in range(6)]
     for x, multiplier in cstorch.utils.data.DataExecutor(
-            cstorch.utils.data.DataLoader(lambda: batches)):
+        cstorch.utils.data.DataLoader(lambda: batches)
+    ):
         step(x, multiplier)
     assert epochs == [1, 2, 2, 3, 4, 5]
     lr = scheduler.get_last_lr()[0].item()

@@ -136,7 +136,8 @@ def test_an_implicit_backend_adopts_only_what_it_can_still_change():
 
 
 def test_another_backend_type_after_compile_names_where_the_implicit_one_was_created():
-    cstorch.compile(torch.nn.Linear(3, 2)); line = sys._getframe().f_lineno  # noqa: E702
+    line = sys._getframe().f_lineno + 1  # the compile on the next line
+    cstorch.compile(torch.nn.Linear(3, 2))
     with pytest.raises(MultipleBackendsError) as info:
         cstorch.backend("CSX")
     message = str(info.value)

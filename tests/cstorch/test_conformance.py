@@ -21,20 +21,13 @@ import pytest
 from tests.reference_data import API_NAMES as SPEC
 
 EXCLUDED = {
-    "cerebras.pytorch.backend.ltc_backend.register_before_tensor_to_cpu":
-        "hook around the appliance's device-to-host tensor transfers; no appliance here",
-    "cerebras.pytorch.backend.ltc_backend.register_after_tensor_to_cpu":
-        "hook around the appliance's device-to-host tensor transfers; no appliance here",
-    "cerebras.pytorch.backend.ltc_backend.ClusterManager.start_workflow":
-        "reserves Wafer-Scale Cluster resources through the cluster management service",
-    "cerebras.pytorch.backend.ltc_backend.ClusterManager.stop_workflow":
-        "releases Wafer-Scale Cluster resources through the cluster management service",
-    "cerebras.pytorch.backend.ltc_backend.ClusterManager.check_storage_connectivity":
-        "checks the cluster's connectivity to S3 storage from its nodes",
-    "cerebras.pytorch.backend.ltc_backend.ClusterManager.active_resources":
-        "queries the resources held by a running cluster workflow",
-    "cerebras.pytorch.storage.utils.lazy_tensor_data_wrapper":
-        "unwraps tensors of the appliance's lazy (LTC) device, which does not exist here",
+    "cerebras.pytorch.backend.ltc_backend.register_before_tensor_to_cpu": "hook around the appliance's device-to-host tensor transfers; no appliance here",
+    "cerebras.pytorch.backend.ltc_backend.register_after_tensor_to_cpu": "hook around the appliance's device-to-host tensor transfers; no appliance here",
+    "cerebras.pytorch.backend.ltc_backend.ClusterManager.start_workflow": "reserves Wafer-Scale Cluster resources through the cluster management service",
+    "cerebras.pytorch.backend.ltc_backend.ClusterManager.stop_workflow": "releases Wafer-Scale Cluster resources through the cluster management service",
+    "cerebras.pytorch.backend.ltc_backend.ClusterManager.check_storage_connectivity": "checks the cluster's connectivity to S3 storage from its nodes",
+    "cerebras.pytorch.backend.ltc_backend.ClusterManager.active_resources": "queries the resources held by a running cluster workflow",
+    "cerebras.pytorch.storage.utils.lazy_tensor_data_wrapper": "unwraps tensors of the appliance's lazy (LTC) device, which does not exist here",
 }
 
 with open(SPEC) as _f:
@@ -111,21 +104,33 @@ def without_extra_keyword_only(ours: list, expected: list, obj=None) -> list:
     an older release's keyword such as ``DataExecutor(..., *, listeners=None)``). ``obj``'s
     signature tells a ``None`` default from none (the notation writes both as None)."""
     known = {p[0] for p in expected}
-    defaulted = set() if obj is None else {
-        p.name for p in _callable_signature(obj).parameters.values() if p.default is not p.empty}
+    defaulted = (
+        set()
+        if obj is None
+        else {
+            p.name for p in _callable_signature(obj).parameters.values() if p.default is not p.empty
+        }
+    )
     out, keyword_only = [], False
     for name, default in ours:
         if name == "*" or name.startswith("*") and not name.startswith("**"):
             keyword_only = True
-        elif keyword_only and not name.startswith("**") and name not in known \
-                and (default is not None or name in defaulted):
+        elif (
+            keyword_only
+            and not name.startswith("**")
+            and name not in known
+            and (default is not None or name in defaulted)
+        ):
             continue
         out.append([name, default])
     while "*" not in known and out and out[-1][0] == "*":
         out.pop()
     if "*" not in known:
-        out = [p for i, p in enumerate(out) if p[0] != "*" or any(
-            not q[0].startswith("**") for q in out[i + 1:])]
+        out = [
+            p
+            for i, p in enumerate(out)
+            if p[0] != "*" or any(not q[0].startswith("**") for q in out[i + 1 :])
+        ]
     return out
 
 
@@ -133,8 +138,7 @@ def same_default(ours, expected: str) -> bool:
     if repr(ours) == expected:
         return True
     try:
-        return ours == ast.literal_eval(expected) and type(ours) is type(
-            ast.literal_eval(expected))
+        return ours == ast.literal_eval(expected) and type(ours) is type(ast.literal_eval(expected))
     except (ValueError, SyntaxError):
         return False
 
@@ -153,24 +157,35 @@ def test_name_resolves_with_reference_parameters(name):
     expected = NAMES[name]
     ours = without_extra_keyword_only(parameters(obj), expected, obj)
     assert [p[0] for p in ours] == [p[0] for p in expected], (
-        f"{name}: parameters {[p[0] for p in ours]} != reference {[p[0] for p in expected]}")
+        f"{name}: parameters {[p[0] for p in ours]} != reference {[p[0] for p in expected]}"
+    )
     for (pname, default), (_, ref_default) in zip(ours, expected):
         if ref_default is None:
-            assert default is None, f"{name}: `{pname}` has a default ({default!r}); the " \
-                                    "reference requires it"
+            assert default is None, (
+                f"{name}: `{pname}` has a default ({default!r}); the reference requires it"
+            )
         else:
             assert default is not None or ref_default == "None", (
-                f"{name}: `{pname}` is required; the reference defaults it to {ref_default}")
+                f"{name}: `{pname}` is required; the reference defaults it to {ref_default}"
+            )
             assert same_default(default, ref_default), (
-                f"{name}: `{pname}` defaults to {default!r}; the reference to {ref_default}")
+                f"{name}: `{pname}` defaults to {default!r}; the reference to {ref_default}"
+            )
 
 
 def test_star_import_of_every_public_module():
     """``from <module> import *`` works (cerebras-pytorch's metrics.__all__ is broken)."""
-    for module in ("cerebras.pytorch", "cerebras.pytorch.metrics", "cerebras.pytorch.nn",
-                   "cerebras.pytorch.mesh", "cerebras.pytorch.utils",
-                   "cerebras.pytorch.utils.data", "cerebras.pytorch.distributed",
-                   "cerebras.pytorch.profiler", "cerebras.pytorch.experimental"):
+    for module in (
+        "cerebras.pytorch",
+        "cerebras.pytorch.metrics",
+        "cerebras.pytorch.nn",
+        "cerebras.pytorch.mesh",
+        "cerebras.pytorch.utils",
+        "cerebras.pytorch.utils.data",
+        "cerebras.pytorch.distributed",
+        "cerebras.pytorch.profiler",
+        "cerebras.pytorch.experimental",
+    ):
         namespace: typing.Dict[str, object] = {}
         exec(f"from {module} import *", namespace)  # the behaviour under test
         assert len(namespace) > 1, module

@@ -26,8 +26,10 @@ def _net():
 
 def _batches(n=STEPS):
     g = torch.Generator().manual_seed(1)
-    return [(torch.randn(16, 1, 16, 16, generator=g), torch.randint(0, 10, (16,), generator=g))
-            for _ in range(n)]
+    return [
+        (torch.randn(16, 1, 16, 16, generator=g), torch.randint(0, 10, (16,), generator=g))
+        for _ in range(n)
+    ]
 
 
 def _weights(model):
@@ -86,8 +88,11 @@ def test_export_and_pure_function_keep_xlas_convolutions(tmp_path):
     model, step = _traced(tmp_path)
     losses = [float(step(x, y)) for x, y in batches[:STEPS]]
     assert "callback" in step.stablehlo()
-    assert "conv_general_dilated" in str(jax.make_jaxpr(step.pure_function())(
-        *step.pure_state()[:2], [t.numpy() for t in batches[0]], 0))
+    assert "conv_general_dilated" in str(
+        jax.make_jaxpr(step.pure_function())(
+            *step.pure_state()[:2], [t.numpy() for t in batches[0]], 0
+        )
+    )
     artifact = cstorch.export(step, batches[STEPS], str(tmp_path / "cnn"))
     exported_step = exported.load(artifact)
     assert "callback" not in str(exported_step.exported.mlir_module())

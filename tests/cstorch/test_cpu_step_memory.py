@@ -38,30 +38,39 @@ def step_options(monkeypatch):
         name = str(computation.operation.attributes["sym_name"]).strip('"')
         if name.startswith("jit_pure_step"):
             seen.append(dict(compile_options.env_option_overrides))
-        return compile_or_get_cached(backend, computation, devices, compile_options, *args,
-                                     **kwargs)
+        return compile_or_get_cached(
+            backend, computation, devices, compile_options, *args, **kwargs
+        )
 
     monkeypatch.setattr(jax_compiler, "compile_or_get_cached", compiling)
     return seen
 
 
 def _batch():
-    return (torch.randn(32, 6, generator=torch.Generator().manual_seed(1)),
-            torch.randn(32, 3, generator=torch.Generator().manual_seed(2)))
+    return (
+        torch.randn(32, 6, generator=torch.Generator().manual_seed(1)),
+        torch.randn(32, 3, generator=torch.Generator().manual_seed(2)),
+    )
 
 
 def _model():
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(6, 64), torch.nn.GELU(), torch.nn.Linear(64, 64),
-                               torch.nn.GELU(), torch.nn.Linear(64, 3))
+    return torch.nn.Sequential(
+        torch.nn.Linear(6, 64),
+        torch.nn.GELU(),
+        torch.nn.Linear(64, 64),
+        torch.nn.GELU(),
+        torch.nn.Linear(64, 3),
+    )
 
 
 def _run(backend, steps=4):
     """(losses, parameters after the run, the step's program) of a traced SGD run."""
     model = _model()
     compiled = cstorch.compile(model, backend)
-    step = cstorch.trace(squared_error_step(
-        compiled, cstorch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)))
+    step = cstorch.trace(
+        squared_error_step(compiled, cstorch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+    )
     x, y = _batch()
     losses = [step(x, y).item() for _ in range(steps)]
     return losses, [p.detach().clone() for p in model.parameters()], step.programs[0]

@@ -12,7 +12,9 @@ from cstorch.utils.data import DataExecutor, DataLoader, Schedule
 
 
 def _batches(n, size=4):
-    return [(torch.full((size, 2), float(i)), torch.zeros(size, dtype=torch.long)) for i in range(n)]
+    return [
+        (torch.full((size, 2), float(i)), torch.zeros(size, dtype=torch.long)) for i in range(n)
+    ]
 
 
 def test_dataloader_validates_and_deep_copies_its_arguments():
@@ -84,8 +86,14 @@ def test_executor_artifacts(cpu_backend, tmp_path):
     # performance.json: with the one default activity, its summary itself (reference layout)
     with open(executor.artifact_dir / "performance.json") as f:
         performance = json.load(f)
-    assert set(performance) == {"total_samples", "total_time", "rate", "global_rate",
-                                "samples_per_sec", "flops_utilization"}
+    assert set(performance) == {
+        "total_samples",
+        "total_time",
+        "rate",
+        "global_rate",
+        "samples_per_sec",
+        "flops_utilization",
+    }
     assert performance["total_samples"] == 8 and performance["flops_utilization"] is None
     assert performance["samples_per_sec"] == performance["global_rate"] > 0
     assert executor.profiler.rate_tracker.global_rate > 0
@@ -100,8 +108,15 @@ def test_executor_artifacts(cpu_backend, tmp_path):
 
 def test_executor_step_properties(cpu_backend):
     executor = DataExecutor(DataLoader(lambda: _batches(3)), num_steps=3)
-    states = [(executor.iteration, executor.user_iteration, executor.is_initial_step,
-               executor.on_final_iteration) for _ in executor]
+    states = [
+        (
+            executor.iteration,
+            executor.user_iteration,
+            executor.is_initial_step,
+            executor.on_final_iteration,
+        )
+        for _ in executor
+    ]
     assert states == [(0, 1, True, False), (1, 2, False, False), (2, 3, False, True)]
     assert cstorch.current_executor
     with pytest.raises(RuntimeError, match="data executor was not used"):
@@ -228,8 +243,10 @@ def test_a_checkpoint_closure_in_a_step_outside_an_executor_raises(cpu_backend):
         save_ckpt(out)
         return out
 
-    with pytest.raises(RuntimeError, match="'save_ckpt' was called from a step that runs "
-                                           "outside a cstorch DataExecutor"):
+    with pytest.raises(
+        RuntimeError,
+        match="'save_ckpt' was called from a step that runs outside a cstorch DataExecutor",
+    ):
         step(torch.ones(1, 2))
     assert saved == [] and cpu_backend._impl.step_closures == []
 
@@ -294,14 +311,21 @@ def test_a_checkpoint_closure_called_before_the_loop_saves_at_once(tmp_path):
         "def save_ckpt():\n"
         "    print('saved')\n"
         "save_ckpt()\n"
-        "print('after the call')\n")
+        "print('after the call')\n"
+    )
     import subprocess
     import sys
 
     root = pathlib.Path(__file__).resolve().parents[2]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "compat")]))
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                            cwd=tmp_path, timeout=300, env=env)
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["saved", "after the call"]
     assert "QueuedClosureWarning" not in result.stderr

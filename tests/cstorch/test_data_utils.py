@@ -98,9 +98,16 @@ def test_worker_state_describes_one_worker_and_is_fetched_once(monkeypatch):
     from cstorch.distributed.worker_state import WorkerState
 
     monkeypatch.setattr(WorkerState, "_state", None)
-    state = DataLoaderCheckpoint(local_worker_id=0, num_workers_per_csx=2, num_csx=3, wse_id=1,
-                                 appliance_step=4, worker_step=4, samples_streamed=32,
-                                 user_state_dict=None)
+    state = DataLoaderCheckpoint(
+        local_worker_id=0,
+        num_workers_per_csx=2,
+        num_csx=3,
+        wse_id=1,
+        appliance_step=4,
+        worker_step=4,
+        samples_streamed=32,
+        user_state_dict=None,
+    )
     assert state.global_worker_id == 2 and state.total_num_workers == 6
     with pytest.raises(RuntimeError, match="only once"):
         cstorch.distributed.get_worker_state()
@@ -117,6 +124,7 @@ Sample = collections.namedtuple("Sample", "x y")
 def _index_tensor(index):
     return torch.tensor(index)
 
+
 def test_synthetic_dataset_clones_tensors_and_calls_callables():
     spec = {"a": torch.ones(2), "b": [Sample(torch.zeros(1), _index_tensor)]}
     dataset = SyntheticDataset(spec, num_samples=3)
@@ -130,9 +138,16 @@ def test_synthetic_dataset_clones_tensors_and_calls_callables():
     assert next(iter(loader))["a"].shape == (3, 2)
 
 
-@pytest.mark.parametrize("spec,num_samples,error", [
-    ({}, None, ValueError), ([1.0], None, ValueError), (torch.ones(1), 0, ValueError),
-    (torch.ones(1), 2.5, TypeError), (torch.ones(1), True, TypeError)])
+@pytest.mark.parametrize(
+    "spec,num_samples,error",
+    [
+        ({}, None, ValueError),
+        ([1.0], None, ValueError),
+        (torch.ones(1), 0, ValueError),
+        (torch.ones(1), 2.5, TypeError),
+        (torch.ones(1), True, TypeError),
+    ],
+)
 def test_synthetic_dataset_validation(spec, num_samples, error):
     with pytest.raises(error):
         SyntheticDataset(spec, num_samples=num_samples)
@@ -156,9 +171,13 @@ def test_sampler_without_shuffle_batches_and_carries_leftovers_over():
 
 def test_sampler_padding_and_partial_last_batch():
     assert list(DistributedSampler(range(5), shuffle=False, batch_size=2, drop_last=False)) == [
-        [0, 1], [2, 3], [4]]
-    padded = list(DistributedSampler(range(5), shuffle=False, batch_size=2, drop_last=False,
-                                     pad_last=True))
+        [0, 1],
+        [2, 3],
+        [4],
+    ]
+    padded = list(
+        DistributedSampler(range(5), shuffle=False, batch_size=2, drop_last=False, pad_last=True)
+    )
     assert padded[-1][0] == 4 and padded[-1][1] is pad_index
 
 
@@ -191,8 +210,12 @@ def test_sampler_checks_of_the_csx_backend(tmp_path):
 
 # ------------------------------------------------------------------------ schedules, steps
 def test_schedule_matching_and_validation():
-    schedule = Schedule([Schedule.Range(start=3, end=10, step=3, include_last=True),
-                         Schedule.Range(start=12, end=14, step=1, include_last=False)])
+    schedule = Schedule(
+        [
+            Schedule.Range(start=3, end=10, step=3, include_last=True),
+            Schedule.Range(start=12, end=14, step=1, include_last=False),
+        ]
+    )
     assert [i for i in range(15) if schedule.match(i)] == [3, 6, 9, 12, 13]
     assert list(schedule) == [3, 6, 9, 12, 13] and len(schedule) == 5
     assert schedule.start == 3 and schedule.final_step == 13
@@ -206,28 +229,34 @@ def test_schedule_matching_and_validation():
         Schedule([(0, 1, 1, False)])
 
 
-@pytest.mark.parametrize("kwargs,expected", [
-    (dict(num_steps=7), 7),
-    (dict(num_epochs=2), 20),
-    (dict(num_epochs=2, steps_per_epoch=4), 8),
-    (dict(num_epochs=3, grad_accum_steps=3), 9),
-    (dict(max_steps=15, initial_step=10), 5),
-    (dict(num_steps=30, max_steps=25, initial_step=5), 20),
-])
+@pytest.mark.parametrize(
+    "kwargs,expected",
+    [
+        (dict(num_steps=7), 7),
+        (dict(num_epochs=2), 20),
+        (dict(num_epochs=2, steps_per_epoch=4), 8),
+        (dict(num_epochs=3, grad_accum_steps=3), 9),
+        (dict(max_steps=15, initial_step=10), 5),
+        (dict(num_steps=30, max_steps=25, initial_step=5), 20),
+    ],
+)
 def test_compute_num_steps(kwargs, expected):
     assert compute_num_steps(list(range(10)), **kwargs) == expected
 
 
-@pytest.mark.parametrize("kwargs,error", [
-    (dict(num_steps=1, num_epochs=1), ValueError),
-    (dict(num_steps=0), ValueError),
-    (dict(num_steps=1.5), ValueError),
-    (dict(initial_step=-1, num_steps=1), ValueError),
-    (dict(num_epochs=1, steps_per_epoch=11), ValueError),
-    (dict(num_epochs=1, grad_accum_steps=11), ValueError),
-    (dict(), ValueError),
-    (dict(max_steps=5, initial_step=5), RuntimeError),
-])
+@pytest.mark.parametrize(
+    "kwargs,error",
+    [
+        (dict(num_steps=1, num_epochs=1), ValueError),
+        (dict(num_steps=0), ValueError),
+        (dict(num_steps=1.5), ValueError),
+        (dict(initial_step=-1, num_steps=1), ValueError),
+        (dict(num_epochs=1, steps_per_epoch=11), ValueError),
+        (dict(num_epochs=1, grad_accum_steps=11), ValueError),
+        (dict(), ValueError),
+        (dict(max_steps=5, initial_step=5), RuntimeError),
+    ],
+)
 def test_compute_num_steps_errors(kwargs, error):
     with pytest.raises(error):
         compute_num_steps(list(range(10)), **kwargs)

@@ -27,9 +27,12 @@ TIMEOUT = 300
 
 
 def _env(devices=1, **extra):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "compat")]),
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-               PYTHONUNBUFFERED="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "compat")]),
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+        PYTHONUNBUFFERED="1",
+    )
     for name in list(env):
         if name.startswith("CSTORCH_"):
             del env[name]
@@ -38,15 +41,27 @@ def _env(devices=1, **extra):
 
 
 def _run(args, cwd, env):
-    out = subprocess.run([PYTHON, *args], capture_output=True, text=True, cwd=cwd, env=env,
-                         timeout=TIMEOUT)
+    out = subprocess.run(
+        [PYTHON, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=TIMEOUT
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     return out.stdout
 
 
 def _launch(args, cwd, devices_per_process=2):
-    return _run(["-m", "cstorch.distributed.launch", "--num_processes", "2",
-                 "--devices_per_process", str(devices_per_process), *args], cwd, _env())
+    return _run(
+        [
+            "-m",
+            "cstorch.distributed.launch",
+            "--num_processes",
+            "2",
+            "--devices_per_process",
+            str(devices_per_process),
+            *args,
+        ],
+        cwd,
+        _env(),
+    )
 
 
 def _result(stdout):
@@ -61,9 +76,25 @@ def _losses(stdout):
 
 @pytest.mark.heavy
 def test_gpt_example_on_two_processes_matches_one_device(tmp_path):
-    args = [EXAMPLE, "--backend", "CSX", "--layers", "1", "--d-model", "32", "--seq-len", "16",
-            "--batch-size", "8", "--steps", "4", "--log-every", "1",
-            "--artifact-dir", str(tmp_path / "artifacts")]
+    args = [
+        EXAMPLE,
+        "--backend",
+        "CSX",
+        "--layers",
+        "1",
+        "--d-model",
+        "32",
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "8",
+        "--steps",
+        "4",
+        "--log-every",
+        "1",
+        "--artifact-dir",
+        str(tmp_path / "artifacts"),
+    ]
     single = _losses(_run(args, tmp_path, _env()))
     job = _losses(_launch(args + ["--num-csx", "4", "--weight-servers", "1"], tmp_path))
     assert len(single) == 4
@@ -74,19 +105,44 @@ def test_gpt_example_on_two_processes_matches_one_device(tmp_path):
 def reference(tmp_path_factory):
     """The MLP trained for 6 steps on one process and one device, checkpointed at step 3."""
     cwd = tmp_path_factory.mktemp("reference")
-    run = _result(_run([DRIVER, json.dumps({"num_csx": 1, "steps": 6, "save_at": 3,
-                                            "ckpt": str(cwd / "step3.mdl")})], cwd, _env()))
+    run = _result(
+        _run(
+            [
+                DRIVER,
+                json.dumps(
+                    {"num_csx": 1, "steps": 6, "save_at": 3, "ckpt": str(cwd / "step3.mdl")}
+                ),
+            ],
+            cwd,
+            _env(),
+        )
+    )
     return dict(run, ckpt=str(cwd / "step3.mdl"))
 
 
 @pytest.mark.heavy
-def test_checkpoints_move_between_one_process_and_a_two_dimensional_job(tmp_path,
-                                                                         reference):
+def test_checkpoints_move_between_one_process_and_a_two_dimensional_job(tmp_path, reference):
     """One process → 2 processes (a 2 × 2 mesh, state split four ways) → one process."""
     ckpt = str(tmp_path / "step5.mdl")
-    job = _result(_launch([DRIVER, json.dumps({
-        "num_csx": 2, "weight_servers": 2, "steps": 6, "resume": reference["ckpt"],
-        "start": 3, "save_at": 5, "ckpt": ckpt})], tmp_path))
+    job = _result(
+        _launch(
+            [
+                DRIVER,
+                json.dumps(
+                    {
+                        "num_csx": 2,
+                        "weight_servers": 2,
+                        "steps": 6,
+                        "resume": reference["ckpt"],
+                        "start": 3,
+                        "save_at": 5,
+                        "ckpt": ckpt,
+                    }
+                ),
+            ],
+            tmp_path,
+        )
+    )
     assert job["processes"] == 2 and job["mesh"] == {"csx": 2, "ws": 2}
     assert job["devices"] == 4 and job["spec"] == [["csx", "ws"]]
     assert job["local_shard_rows"] == 32 // 4  # each device holds a quarter of the weight
@@ -95,8 +151,13 @@ def test_checkpoints_move_between_one_process_and_a_two_dimensional_job(tmp_path
         np.testing.assert_allclose(job["final"][name], value, rtol=1e-4, atol=1e-6)
     assert os.path.exists(ckpt)  # one file, written by process 0 from gathered values
 
-    resumed = _result(_run([DRIVER, json.dumps({"num_csx": 1, "steps": 6, "resume": ckpt,
-                                                "start": 5})], tmp_path, _env()))
+    resumed = _result(
+        _run(
+            [DRIVER, json.dumps({"num_csx": 1, "steps": 6, "resume": ckpt, "start": 5})],
+            tmp_path,
+            _env(),
+        )
+    )
     assert resumed["processes"] == 1
     assert resumed["losses"] == pytest.approx(reference["losses"][5:], rel=1e-5)
     for name, value in reference["final"].items():
@@ -107,8 +168,13 @@ def test_two_dimensional_mesh_in_one_process(tmp_path, reference):
     """num_csx=2 × 2 weight-server devices: each device keeps a quarter of the state and XLA
     moves parameter and gradient pieces instead (within ZeRO-3's bound: gather the
     parameters twice, reduce the gradients once)."""
-    run = _result(_run([DRIVER, json.dumps({"num_csx": 2, "weight_servers": 2, "steps": 6,
-                                            "hlo": True})], tmp_path, _env(devices=4)))
+    run = _result(
+        _run(
+            [DRIVER, json.dumps({"num_csx": 2, "weight_servers": 2, "steps": 6, "hlo": True})],
+            tmp_path,
+            _env(devices=4),
+        )
+    )
     assert run["mesh"] == {"csx": 2, "ws": 2} and run["spec"] == [["csx", "ws"]]
     assert run["local_shard_rows"] == 32 // 4
     assert run["losses"] == pytest.approx(reference["losses"], rel=1e-5)
@@ -117,8 +183,13 @@ def test_two_dimensional_mesh_in_one_process(tmp_path, reference):
 
 
 def _job_env(process_id, port, **extra):
-    return _env(devices=2, CSTORCH_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
-                CSTORCH_NUM_PROCESSES="2", CSTORCH_PROCESS_ID=str(process_id), **extra)
+    return _env(
+        devices=2,
+        CSTORCH_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+        CSTORCH_NUM_PROCESSES="2",
+        CSTORCH_PROCESS_ID=str(process_id),
+        **extra,
+    )
 
 
 @pytest.mark.parametrize("victim", [1, 0])
@@ -128,11 +199,20 @@ def test_killing_one_process_makes_the_other_fail_within_60_s(tmp_path, victim):
     status 1. Process 0 (which hosts the coordinator) dying: that, or the runtime stops the
     other as it lost the coordinator."""
     port = launch.free_port()
-    options = json.dumps({"num_csx": 4, "weight_servers": 1, "steps": 400, "die_at": 3,
-                          "die_rank": victim})
-    processes = [subprocess.Popen([PYTHON, DRIVER, options], cwd=tmp_path,
-                                  env=_job_env(i, port), stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for i in range(2)]
+    options = json.dumps(
+        {"num_csx": 4, "weight_servers": 1, "steps": 400, "die_at": 3, "die_rank": victim}
+    )
+    processes = [
+        subprocess.Popen(
+            [PYTHON, DRIVER, options],
+            cwd=tmp_path,
+            env=_job_env(i, port),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
     survivor = processes[1 - victim]
     try:
         processes[victim].communicate(timeout=TIMEOUT)
@@ -156,9 +236,14 @@ def test_killing_one_process_makes_the_other_fail_within_60_s(tmp_path, victim):
 @pytest.mark.heavy
 def test_a_process_that_never_joins_is_a_clear_error_in_bounded_time(tmp_path):
     start = time.monotonic()
-    out = subprocess.run([PYTHON, DRIVER, json.dumps({"num_csx": 2, "steps": 1})],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                         env=_job_env(0, launch.free_port(), CSTORCH_INIT_TIMEOUT="5"))
+    out = subprocess.run(
+        [PYTHON, DRIVER, json.dumps({"num_csx": 2, "steps": 1})],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_job_env(0, launch.free_port(), CSTORCH_INIT_TIMEOUT="5"),
+    )
     assert out.returncode != 0
     assert "DistributedError" in out.stderr and "could not join" in out.stderr
     assert time.monotonic() - start < 120
@@ -167,7 +252,10 @@ def test_a_process_that_never_joins_is_a_clear_error_in_bounded_time(tmp_path):
 def test_compiled_step_all_reduces_the_gradients_once(tmp_path):
     """Data parallelism with replicated state: the compiled step all-reduces the gradients
     (P bytes) once, plus a few scalars."""
-    run = _result(_run([DRIVER, json.dumps({"num_csx": 4, "steps": 1, "hlo": True})],
-                       tmp_path, _env(devices=4)))
+    run = _result(
+        _run(
+            [DRIVER, json.dumps({"num_csx": 4, "steps": 1, "hlo": True})], tmp_path, _env(devices=4)
+        )
+    )
     p = run["param_bytes"]
     assert run["spec"] == [] and p <= run["communication"]["all-reduce"][1] <= p + 64

@@ -40,8 +40,11 @@ WORKER = textwrap.dedent("""
 
 
 def _env(**extra):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "compat")]),
-               PYTHONUNBUFFERED="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "compat")]),
+        PYTHONUNBUFFERED="1",
+    )
     for name in list(env):
         if name.startswith("CSTORCH_"):
             del env[name]
@@ -80,9 +83,24 @@ def _start_launcher(tmp_path, mode="plain", grace=30):
     pids = tmp_path / "pids"
     pids.mkdir()
     launcher = subprocess.Popen(
-        [PYTHON, "-m", "cstorch.distributed.launch", "--num_processes", "2", "--grace",
-         str(grace), str(script), str(pids), mode], cwd=tmp_path, env=_env(),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            PYTHON,
+            "-m",
+            "cstorch.distributed.launch",
+            "--num_processes",
+            "2",
+            "--grace",
+            str(grace),
+            str(script),
+            str(pids),
+            mode,
+        ],
+        cwd=tmp_path,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     if not _wait(lambda: len(os.listdir(pids)) == 2, 120):
         launcher.kill()
         pytest.fail("the workers did not start: " + launcher.communicate()[1][-2000:])
@@ -160,13 +178,31 @@ def _start_job(tmp_path, mode, grace=30):
     progress.mkdir()
     log = open(tmp_path / "log", "w")
     launcher = subprocess.Popen(
-        [PYTHON, "-m", "cstorch.distributed.launch", "--num_processes", "2", "--grace",
-         str(grace), TRAINING, str(progress), mode], cwd=tmp_path,
-        env=_env(XLA_FLAGS="--xla_force_host_platform_device_count=1"), stdout=log,
-        stderr=subprocess.STDOUT)
+        [
+            PYTHON,
+            "-m",
+            "cstorch.distributed.launch",
+            "--num_processes",
+            "2",
+            "--grace",
+            str(grace),
+            TRAINING,
+            str(progress),
+            mode,
+        ],
+        cwd=tmp_path,
+        env=_env(XLA_FLAGS="--xla_force_host_platform_device_count=1"),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     log.close()
-    started = _wait(lambda: len(_progress(progress)) == 2
-                    and all(step >= 5 for _, step in _progress(progress).values()), 240)
+    started = _wait(
+        lambda: (
+            len(_progress(progress)) == 2
+            and all(step >= 5 for _, step in _progress(progress).values())
+        ),
+        240,
+    )
     workers = [pid for pid, _ in _progress(progress).values()]
     if not started:
         _finish(launcher, workers)
@@ -222,12 +258,16 @@ def test_the_runtime_watch_ends_a_worker_whose_launcher_died(tmp_path):
     """Where the kernel cannot be asked (not Linux), the runtime's thread notices: a parent
     starts a child without PR_SET_PDEATHSIG, the child runs the watch, the parent is killed."""
     pid_file = tmp_path / "child"
-    child = ("import os, sys, time; from cstorch.distributed import runtime; "
-             "assert runtime.watch_launcher(interval=0.05); "
-             f"open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(300)")
-    parent = ("import os, subprocess, sys, time; "
-              f"env = dict(os.environ, {runtime.ENV_LAUNCHER_PID}=str(os.getpid())); "
-              f"subprocess.Popen([sys.executable, '-c', {child!r}], env=env); time.sleep(300)")
+    child = (
+        "import os, sys, time; from cstorch.distributed import runtime; "
+        "assert runtime.watch_launcher(interval=0.05); "
+        f"open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(300)"
+    )
+    parent = (
+        "import os, subprocess, sys, time; "
+        f"env = dict(os.environ, {runtime.ENV_LAUNCHER_PID}=str(os.getpid())); "
+        f"subprocess.Popen([sys.executable, '-c', {child!r}], env=env); time.sleep(300)"
+    )
     process = subprocess.Popen([PYTHON, "-c", parent], cwd=ROOT, env=_env())
     worker = None
     try:
@@ -259,11 +299,19 @@ def test_a_busy_coordinator_port_is_a_clear_error_not_a_crash(tmp_path, busy_por
     driver = os.path.join(ROOT, "tests", "cstorch", "distributed_run.py")
     start = time.monotonic()
     out = subprocess.run(
-        [PYTHON, driver, json.dumps({"num_csx": 4, "steps": 1})], cwd=tmp_path,
-        capture_output=True, text=True, timeout=300,
-        env=_env(CSTORCH_COORDINATOR_ADDRESS=f"127.0.0.1:{busy_port}",
-                 CSTORCH_NUM_PROCESSES="2", CSTORCH_PROCESS_ID="0", CSTORCH_INIT_TIMEOUT="60",
-                 XLA_FLAGS="--xla_force_host_platform_device_count=2"))
+        [PYTHON, driver, json.dumps({"num_csx": 4, "steps": 1})],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_env(
+            CSTORCH_COORDINATOR_ADDRESS=f"127.0.0.1:{busy_port}",
+            CSTORCH_NUM_PROCESSES="2",
+            CSTORCH_PROCESS_ID="0",
+            CSTORCH_INIT_TIMEOUT="60",
+            XLA_FLAGS="--xla_force_host_platform_device_count=2",
+        ),
+    )
     assert out.returncode == 1, (out.returncode, out.stderr[-3000:])  # not -11 (SIGSEGV)
     assert "DistributedError" in out.stderr and f"port {busy_port}" in out.stderr
     assert time.monotonic() - start < 60  # before the init timeout: JAX never started
@@ -274,9 +322,22 @@ def test_the_launcher_refuses_a_busy_port_before_starting_anything(tmp_path, bus
     script = tmp_path / "never.py"
     script.write_text("raise SystemExit('started')\n")
     out = subprocess.run(
-        [PYTHON, "-m", "cstorch.distributed.launch", "--num_processes", "2", "--port",
-         str(busy_port), str(script)], cwd=tmp_path, env=_env(), capture_output=True,
-        text=True, timeout=120)
+        [
+            PYTHON,
+            "-m",
+            "cstorch.distributed.launch",
+            "--num_processes",
+            "2",
+            "--port",
+            str(busy_port),
+            str(script),
+        ],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 1 and f"cannot listen on port {busy_port}" in out.stderr
     assert "started" not in out.stderr
 

@@ -7,9 +7,9 @@ import inspect
 import numpy as np
 import pytest
 import torch
+from cerebras.pytorch.distributed import ClusterConfig
 
 import cerebras.pytorch as cstorch
-from cerebras.pytorch.distributed import ClusterConfig
 from cerebras.pytorch import mesh
 
 pytestmark = pytest.mark.core
@@ -24,13 +24,25 @@ def test_cluster_config_defaults_and_signature():
     assert ClusterConfig(num_csx=None).num_csx == 1
 
 
-@pytest.mark.parametrize("kwargs", [
-    dict(num_csx=-1), dict(num_csx=1.5), dict(max_wgt_servers=-2), dict(max_act_per_csx=True),
-    dict(num_workers_per_csx="2"), dict(mgmt_address="no-port"), dict(job_labels=["a"]),
-    dict(job_labels=["a=b=c"]), dict(job_labels=["-bad=x"]), dict(job_priority="p4"),
-    dict(job_time_sec=0), dict(mount_dirs=["/does/not/exist"]),
-    dict(python_paths=["/does/not/exist"]), dict(notifications=[3]),
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(num_csx=-1),
+        dict(num_csx=1.5),
+        dict(max_wgt_servers=-2),
+        dict(max_act_per_csx=True),
+        dict(num_workers_per_csx="2"),
+        dict(mgmt_address="no-port"),
+        dict(job_labels=["a"]),
+        dict(job_labels=["a=b=c"]),
+        dict(job_labels=["-bad=x"]),
+        dict(job_priority="p4"),
+        dict(job_time_sec=0),
+        dict(mount_dirs=["/does/not/exist"]),
+        dict(python_paths=["/does/not/exist"]),
+        dict(notifications=[3]),
+    ],
+)
 def test_cluster_config_rejects_invalid_values(kwargs):
     with pytest.raises(ValueError):
         ClusterConfig(**kwargs)
@@ -39,9 +51,15 @@ def test_cluster_config_rejects_invalid_values(kwargs):
 def test_cluster_config_type_errors_and_default_reset(tmp_path):
     with pytest.raises(TypeError):
         ClusterConfig(automount="yes")
-    config = ClusterConfig(num_csx=4, job_labels=["team=ml"], mgmt_address="host:9000",
-                           python_paths=[str(tmp_path)], mount_dirs=[str(tmp_path)],
-                           notifications=[{"mailto": ["a@b.c"]}], job_time_sec=60)
+    config = ClusterConfig(
+        num_csx=4,
+        job_labels=["team=ml"],
+        mgmt_address="host:9000",
+        python_paths=[str(tmp_path)],
+        mount_dirs=[str(tmp_path)],
+        notifications=[{"mailto": ["a@b.c"]}],
+        job_time_sec=60,
+    )
     assert config.mount_dirs[0].path == str(tmp_path)
     assert config.notifications[0].mailto == ["a@b.c"]
     assert config.job_timer.remaining <= 60
@@ -78,8 +96,9 @@ def _disk(total_blocks, free_blocks, block=4096):
     """A stand-in for ``os.statvfs``: the test must not depend on this machine's disk."""
     import types
 
-    return lambda path: types.SimpleNamespace(f_frsize=block, f_blocks=total_blocks,
-                                              f_bavail=free_blocks)
+    return lambda path: types.SimpleNamespace(
+        f_frsize=block, f_blocks=total_blocks, f_bavail=free_blocks
+    )
 
 
 def test_hit_worker_cache_limit(tmp_path, monkeypatch):
@@ -95,13 +114,13 @@ def test_hit_worker_cache_limit(tmp_path, monkeypatch):
     assert ranks.SSD_LIMIT == 0.8
     # 1000 blocks of 4 KiB, 700 used: 800 - 700 blocks + the 1 KiB replaced are available.
     monkeypatch.setattr(ranks.os, "statvfs", _disk(1000, 300))
-    hit, size, available = cstorch.distributed.hit_worker_cache_limit(str(source),
-                                                                      str(cache / "old"))
+    hit, size, available = cstorch.distributed.hit_worker_cache_limit(
+        str(source), str(cache / "old")
+    )
     assert (hit, size, available) == (False, "4.00 KB", "401.00 KB")
     # 800 blocks used: the copy (4 KiB in, 1 KiB out) would pass the 80 % limit.
     monkeypatch.setattr(ranks.os, "statvfs", _disk(1000, 200))
-    hit, _, available = cstorch.distributed.hit_worker_cache_limit(str(source),
-                                                                   str(cache / "old"))
+    hit, _, available = cstorch.distributed.hit_worker_cache_limit(str(source), str(cache / "old"))
     assert (hit, available) == (True, "1.00 KB")
     with pytest.raises(ValueError):
         cstorch.distributed.hit_worker_cache_limit(str(source), str(tmp_path / "elsewhere"))

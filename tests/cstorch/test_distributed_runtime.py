@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 import cerebras.pytorch as cstorch
-from cstorch.distributed import ClusterConfig, DistributedConfig, DistributedError, launch
-from cstorch.distributed import runtime
+from cstorch.distributed import ClusterConfig, DistributedConfig, DistributedError, launch, runtime
 from jax_backend import mesh
 
 pytestmark = pytest.mark.core
@@ -19,39 +18,62 @@ pytestmark = pytest.mark.core
 @pytest.fixture
 def job_env(monkeypatch):
     """Pretend to be process 1 of 2 (the ranks read the job from the environment)."""
-    for name, value in ((runtime.ENV_COORDINATOR, "127.0.0.1:1234"),
-                        (runtime.ENV_NUM_PROCESSES, "2"), (runtime.ENV_PROCESS_ID, "1")):
+    for name, value in (
+        (runtime.ENV_COORDINATOR, "127.0.0.1:1234"),
+        (runtime.ENV_NUM_PROCESSES, "2"),
+        (runtime.ENV_PROCESS_ID, "1"),
+    ):
         monkeypatch.setenv(name, value)
 
 
 def test_config_from_environment_and_precedence(monkeypatch):
     assert not DistributedConfig.from_env({}).is_multi_process
-    env = {runtime.ENV_COORDINATOR: "10.0.0.1:9000", runtime.ENV_NUM_PROCESSES: "4",
-           runtime.ENV_PROCESS_ID: "3", runtime.ENV_HEARTBEAT_TIMEOUT: "7"}
+    env = {
+        runtime.ENV_COORDINATOR: "10.0.0.1:9000",
+        runtime.ENV_NUM_PROCESSES: "4",
+        runtime.ENV_PROCESS_ID: "3",
+        runtime.ENV_HEARTBEAT_TIMEOUT: "7",
+    }
     config = DistributedConfig.from_env(env)
-    assert (config.coordinator_address, config.num_processes, config.process_id,
-            config.heartbeat_timeout, config.initialization_timeout) == (
-        "10.0.0.1:9000", 4, 3, 7, 60)
+    assert (
+        config.coordinator_address,
+        config.num_processes,
+        config.process_id,
+        config.heartbeat_timeout,
+        config.initialization_timeout,
+    ) == ("10.0.0.1:9000", 4, 3, 7, 60)
     explicit = DistributedConfig(num_processes=2, process_id=0).merged_with(config)
     assert (explicit.num_processes, explicit.process_id, explicit.coordinator_address) == (
-        2, 0, "10.0.0.1:9000")
+        2,
+        0,
+        "10.0.0.1:9000",
+    )
     with pytest.raises(ValueError, match="CSTORCH|num_processes"):
         DistributedConfig.from_env({runtime.ENV_NUM_PROCESSES: "two"})
 
 
-@pytest.mark.parametrize("kwargs", [
-    dict(coordinator_address="no-port"), dict(coordinator_address=1234),
-    dict(num_processes=0), dict(process_id=-1), dict(num_processes=True),
-    dict(heartbeat_timeout=0), dict(initialization_timeout="soon"),
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(coordinator_address="no-port"),
+        dict(coordinator_address=1234),
+        dict(num_processes=0),
+        dict(process_id=-1),
+        dict(num_processes=True),
+        dict(heartbeat_timeout=0),
+        dict(initialization_timeout="soon"),
+    ],
+)
 def test_config_rejects_invalid_values(kwargs):
     with pytest.raises(ValueError):
         DistributedConfig(**kwargs)
 
 
 def test_cluster_config_carries_the_job():
-    config = ClusterConfig(num_csx=4, distributed={"num_processes": 2, "process_id": 1,
-                                                   "coordinator_address": "host:1"})
+    config = ClusterConfig(
+        num_csx=4,
+        distributed={"num_processes": 2, "process_id": 1, "coordinator_address": "host:1"},
+    )
     assert config.distributed == DistributedConfig("host:1", 2, 1)
     with pytest.raises(TypeError, match="DistributedConfig"):
         config.distributed = 3
@@ -91,20 +113,29 @@ def test_ranks_follow_the_job(job_env):
 
 
 def test_launcher_environment():
-    env = launch.process_environment({"XLA_FLAGS": "--xla_foo=1 "
-                                      "--xla_force_host_platform_device_count=8"},
-                                     1, 2, "127.0.0.1:5", devices_per_process=2,
-                                     heartbeat_timeout=9)
+    env = launch.process_environment(
+        {"XLA_FLAGS": "--xla_foo=1 --xla_force_host_platform_device_count=8"},
+        1,
+        2,
+        "127.0.0.1:5",
+        devices_per_process=2,
+        heartbeat_timeout=9,
+    )
     assert env[runtime.ENV_PROCESS_ID] == "1" and env[runtime.ENV_NUM_PROCESSES] == "2"
     assert env[runtime.ENV_COORDINATOR] == "127.0.0.1:5"
     assert env[runtime.ENV_HEARTBEAT_TIMEOUT] == "9"
     assert env["XLA_FLAGS"] == "--xla_foo=1 --xla_force_host_platform_device_count=2"
     # torch's idle OpenMP threads sleep in launched processes, unless the caller says otherwise
     assert env["OMP_WAIT_POLICY"] == "PASSIVE"
-    assert launch.process_environment({"OMP_WAIT_POLICY": "ACTIVE"}, 0, 2, "127.0.0.1:5")[
-        "OMP_WAIT_POLICY"] == "ACTIVE"
-    assert DistributedConfig.from_env(env) == DistributedConfig("127.0.0.1:5", 2, 1,
-                                                                heartbeat_timeout=9)
+    assert (
+        launch.process_environment({"OMP_WAIT_POLICY": "ACTIVE"}, 0, 2, "127.0.0.1:5")[
+            "OMP_WAIT_POLICY"
+        ]
+        == "ACTIVE"
+    )
+    assert DistributedConfig.from_env(env) == DistributedConfig(
+        "127.0.0.1:5", 2, 1, heartbeat_timeout=9
+    )
     assert 0 < launch.free_port() < 65536
 
 
@@ -146,8 +177,13 @@ def test_host_value_of_local_arrays():
 
 
 def test_torchrun_environment_describes_the_job():
-    env = {"MASTER_ADDR": "node0", "MASTER_PORT": "29500", "WORLD_SIZE": "8", "RANK": "5",
-           "LOCAL_RANK": "1"}
+    env = {
+        "MASTER_ADDR": "node0",
+        "MASTER_PORT": "29500",
+        "WORLD_SIZE": "8",
+        "RANK": "5",
+        "LOCAL_RANK": "1",
+    }
     assert DistributedConfig.from_torchrun_env(env) == DistributedConfig("node0:29500", 8, 5)
     with pytest.raises(DistributedError, match="WORLD_SIZE"):
         DistributedConfig.from_torchrun_env({"MASTER_ADDR": "a", "MASTER_PORT": "1"})

@@ -45,8 +45,9 @@ def _sgd_script(model, batches, lr, momentum, weight_decay):
     """The docs' MNIST-style loop: compile, trace, SGD, step closure for the loss."""
     backend = cstorch.backend("CPU")
     compiled = cstorch.compile(model, backend)
-    optimizer = cstorch.optim.SGD(model.parameters(), lr=lr, momentum=momentum,
-                                  weight_decay=weight_decay)
+    optimizer = cstorch.optim.SGD(
+        model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay
+    )
     loss_fn = torch.nn.CrossEntropyLoss()
     losses = []
 
@@ -69,8 +70,9 @@ def _sgd_script(model, batches, lr, momentum, weight_decay):
 
 
 def _sgd_eager(model, batches, lr, momentum, weight_decay):
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum,
-                                weight_decay=weight_decay)
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay
+    )
     losses = []
     for inputs, targets in batches:
         loss = torch.nn.functional.cross_entropy(model(inputs), targets)
@@ -137,8 +139,9 @@ def test_cnn_eval_mode_uses_running_stats():
     eager_model.eval()
     with torch.no_grad():
         for inputs, _ in batches:
-            torch.testing.assert_close(eval_step(inputs).materialize(), eager_model(inputs),
-                                       rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(
+                eval_step(inputs).materialize(), eager_model(inputs), rtol=1e-5, atol=1e-5
+            )
 
 
 def _gpt_batch(g, vocab=128, seq=32, batch=8):
@@ -162,12 +165,13 @@ def test_gpt_adamw_warmup_cosine_clipping_matches_eager_torch():
     backend = cstorch.backend("CPU")
     compiled = cstorch.compile(model, backend)
     optimizer = cstorch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
-    warmup = cstorch.optim.lr_scheduler.LinearLR(optimizer, initial_learning_rate=0.0,
-                                                 end_learning_rate=3e-3, total_iters=5)
-    decay = cstorch.optim.lr_scheduler.CosineDecayLR(optimizer, initial_learning_rate=3e-3,
-                                                     end_learning_rate=3e-4, total_iters=25)
-    scheduler = cstorch.optim.lr_scheduler.SequentialLR(optimizer, [warmup, decay],
-                                                        milestones=[5])
+    warmup = cstorch.optim.lr_scheduler.LinearLR(
+        optimizer, initial_learning_rate=0.0, end_learning_rate=3e-3, total_iters=5
+    )
+    decay = cstorch.optim.lr_scheduler.CosineDecayLR(
+        optimizer, initial_learning_rate=3e-3, end_learning_rate=3e-4, total_iters=25
+    )
+    scheduler = cstorch.optim.lr_scheduler.SequentialLR(optimizer, [warmup, decay], milestones=[5])
     losses = []
 
     @cstorch.step_closure
@@ -233,7 +237,8 @@ def test_step_body_runs_once_and_parameters_live_in_jax():
         assert backend._impl.device_state.is_stale(weight), f"synchronised at step {step}"
         if step == 3:  # a torch read sees the newest value, as in eager torch
             device_value = torch.from_numpy(
-                np.array(backend._impl.device_state.array_of(weight), copy=True))
+                np.array(backend._impl.device_state.array_of(weight), copy=True)
+            )
             assert torch.equal(weight.detach(), device_value)
             assert not torch.equal(weight.detach(), initial)
             assert not backend._impl.device_state.is_stale(weight)

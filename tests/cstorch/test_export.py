@@ -49,14 +49,25 @@ def _x64():
 
 def _run_without_torch(artifact, body, tmp_path):
     script = tmp_path / "torch_free.py"
-    script.write_text(NO_TORCH + textwrap.dedent(f"""
+    script.write_text(
+        NO_TORCH
+        + textwrap.dedent(f"""
         sys.path.insert(0, {str(artifact)!r})
         import numpy as np
         import exported_step
-    """) + textwrap.dedent(body) + "\nassert 'torch' not in sys.modules\n")
+    """)
+        + textwrap.dedent(body)
+        + "\nassert 'torch' not in sys.modules\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                            env=env, timeout=300, cwd=str(tmp_path))
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=str(tmp_path),
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -76,7 +87,8 @@ def _gpt_training(model):
     compiled = cstorch.compile(model, backend)
     optimizer = cstorch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     scheduler = cstorch.optim.lr_scheduler.CosineDecayLR(
-        optimizer, initial_learning_rate=3e-3, end_learning_rate=3e-4, total_iters=20)
+        optimizer, initial_learning_rate=3e-3, end_learning_rate=3e-4, total_iters=20
+    )
     losses = []
 
     @cstorch.step_closure
@@ -98,7 +110,8 @@ def _gpt_training(model):
 
 def _run(step, batches):
     executor = cstorch.utils.data.DataExecutor(
-        cstorch.utils.data.DataLoader(lambda: batches), num_steps=len(batches))
+        cstorch.utils.data.DataLoader(lambda: batches), num_steps=len(batches)
+    )
     for inputs, targets in executor:
         step(inputs, targets)
 
@@ -117,14 +130,20 @@ def test_exported_gpt_step_trains_without_torch(tmp_path):
     manifest = json.loads((tmp_path / "gpt" / "manifest.json").read_text())
     assert manifest["closure_values"] == [{"name": "log.loss", "index": 1}]
     assert {"param", "optimizer", "scheduler"} <= {s["kind"] for s in manifest["state"]}
-    np.savez(tmp_path / "batches.npz",
-             **{f"{i}_{j}": t.numpy() for i, b in enumerate(batches[3:]) for j, t in enumerate(b)})
-    losses_there = _run_without_torch(artifact, """
+    np.savez(
+        tmp_path / "batches.npz",
+        **{f"{i}_{j}": t.numpy() for i, b in enumerate(batches[3:]) for j, t in enumerate(b)},
+    )
+    losses_there = _run_without_torch(
+        artifact,
+        """
         import json
         step = exported_step.load(sys.argv[0].rsplit("/", 1)[0] + "/gpt")
         data = np.load("batches.npz")
         print(json.dumps([float(step(data[f"{i}_0"], data[f"{i}_1"])) for i in range(10)]))
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     np.testing.assert_allclose(losses_there, expected, rtol=1e-6)
 
 
@@ -144,10 +163,11 @@ def test_flax_train_state_continues_from_exported_forward(tmp_path):
 
     inputs, targets = batches[0]
     start = float(loss_step(inputs, targets))
-    artifact = cstorch.export(loss_step, (inputs, targets), str(tmp_path / "forward"),
-                              vjp_order=1)
+    artifact = cstorch.export(loss_step, (inputs, targets), str(tmp_path / "forward"), vjp_order=1)
     np.savez(tmp_path / "batch.npz", inputs=inputs.numpy(), targets=targets.numpy())
-    result = _run_without_torch(artifact, """
+    result = _run_without_torch(
+        artifact,
+        """
         import json
         import jax, optax
         import orbax.checkpoint as ocp
@@ -189,7 +209,9 @@ def test_flax_train_state_continues_from_exported_forward(tmp_path):
         same = all(bool((restored[k] == state.params[k]).all()) for k in state.params)
         print(json.dumps({"losses": losses, "restored": same, "n_params": len(params),
                           "refused": refused}))
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     assert result["restored"] and result["refused"]
     assert result["n_params"] == len(list(model.parameters()))
     first, *rest = result["losses"]
@@ -212,12 +234,14 @@ def test_export_before_the_first_step_takes_the_state_as_it_is(tmp_path):
     sys.path.insert(0, artifact)
     try:
         import exported_step
+
         step = exported_step.load(artifact)
     finally:
         sys.path.remove(artifact)
         sys.modules.pop("exported_step", None)
-    np.testing.assert_array_equal(np.asarray(step.state["model0.weight"]),
-                                  initial["weight"].numpy())
+    np.testing.assert_array_equal(
+        np.asarray(step.state["model0.weight"]), initial["weight"].numpy()
+    )
     state0 = step.state
     x, y = (t.numpy() for t in linear_mse_batch(0))
     loss = step(x, y)  # one training step; step.state holds the new state
@@ -240,7 +264,9 @@ def test_pure_function_comes_with_its_state(tmp_path):
     f = jax.jit(training_step.pure_function())
     pure_losses = []
     for i in (1, 2, 3):
-        new_state, outputs = f(state.donated, state.kept, [t.numpy() for t in linear_mse_batch(i)], 0)
+        new_state, outputs = f(
+            state.donated, state.kept, [t.numpy() for t in linear_mse_batch(i)], 0
+        )
         state = state.advance(new_state)
         pure_losses.append(float(outputs[0]))
     # The pure loop left cstorch's state alone: the same steps in cstorch give the same losses.
@@ -278,6 +304,7 @@ def test_a_torch_optimizers_learning_rate_is_exported_state_set_from_jax(tmp_pat
     sys.path.insert(0, artifact)
     try:
         import exported_step
+
         step = exported_step.load(artifact)
     finally:
         sys.path.remove(artifact)
@@ -299,8 +326,7 @@ def test_pure_function_takes_a_torch_optimizers_floats_after_the_batch():
     model, optimizer, training_step = _torch_momentum_step()
     training_step(*linear_mse_batch(0))
     state = training_step.pure_state()
-    assert state.hyperparameter_names == ["optimizer0.group.0.lr",
-                                          "optimizer0.group.0.momentum"]
+    assert state.hyperparameter_names == ["optimizer0.group.0.lr", "optimizer0.group.0.momentum"]
     assert state.hyperparameters == [0.1, 0.9]
     f = jax.jit(training_step.pure_function())
     batch = [t.numpy() for t in linear_mse_batch(1)]
@@ -345,7 +371,7 @@ def test_export_refuses_the_eager_engine(tmp_path):
         return x * 2
 
     step(torch.ones(2))
-    with pytest.raises(RuntimeError, match="engine=\"jax\""):
+    with pytest.raises(RuntimeError, match='engine="jax"'):
         cstorch.export(step, torch.ones(2), str(tmp_path / "a"))
 
 
@@ -385,8 +411,9 @@ def test_loader_checks_artifact_and_inputs(tmp_path):
 
 
 # ------------------------------------------------------------------- what made a step
-OLD_ARTIFACT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data",
-                            "export_jax_0_7_0")  # written by tests/data/make_old_export.py
+OLD_ARTIFACT = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "export_jax_0_7_0"
+)  # written by tests/data/make_old_export.py
 
 
 def test_the_manifest_says_what_made_the_step(tmp_path):
@@ -405,6 +432,7 @@ def test_the_manifest_says_what_made_the_step(tmp_path):
     assert made_by["jaxlib"] == importlib.metadata.version("jaxlib")
     assert made_by["cstorch_jax"] == project
     from jax_backend import exported
+
     loaded = exported.load(path)
     assert made_by["calling_convention_version"] == loaded.exported.calling_convention_version
     assert isinstance(made_by["jax_export_serialization_version"], int)
@@ -434,10 +462,15 @@ def test_a_step_exported_by_jax_0_7_runs_or_names_the_versions_that_cannot_read_
         with pytest.raises(exported.ExportVersionError) as info:
             exported.load(OLD_ARTIFACT)
         message = str(info.value)
-        for words in ("JAX 0.7.0", "jaxlib 0.7.0", "serialization version 2",
-                      f"the installed JAX {jax.__version__}", "cstorch.export(",
-                      "pip install 'jax==0.7.0' 'jaxlib==0.7.0'",
-                      "JAX_EXPORT_DESERIALIZE_EXPIRED_VERSIONS=1"):
+        for words in (
+            "JAX 0.7.0",
+            "jaxlib 0.7.0",
+            "serialization version 2",
+            f"the installed JAX {jax.__version__}",
+            "cstorch.export(",
+            "pip install 'jax==0.7.0' 'jaxlib==0.7.0'",
+            "JAX_EXPORT_DESERIALIZE_EXPIRED_VERSIONS=1",
+        ):
             assert words in message, (words, message)
         previous = jax.config.values[flag]
         jax.config.update(flag, True)
@@ -466,19 +499,27 @@ def test_an_unreadable_program_error_names_both_versions(tmp_path, monkeypatch):
     shutil.copytree(OLD_ARTIFACT, artifact)
 
     def refuse(blob):
-        raise ValueError("Exported being deserialized seems to be older than the 6-month "
-                         "backward-compatibility window")
+        raise ValueError(
+            "Exported being deserialized seems to be older than the 6-month "
+            "backward-compatibility window"
+        )
 
     monkeypatch.setattr(jax.export, "deserialize", refuse)
-    with pytest.raises(exported.ExportVersionError, match=r"written by JAX 0\.7\.0 \(jaxlib "
-                       r"0\.7\.0, jax\.export serialization version 2, calling convention "
-                       r"\d+, StableHLO [\d.]+\) for cstorch-jax"):
+    with pytest.raises(
+        exported.ExportVersionError,
+        match=r"written by JAX 0\.7\.0 \(jaxlib "
+        r"0\.7\.0, jax\.export serialization version 2, calling convention "
+        r"\d+, StableHLO [\d.]+\) for cstorch-jax",
+    ):
         exported.load(str(artifact))
     manifest = json.loads((artifact / "manifest.json").read_text())
     del manifest["made_by"]  # as cstorch wrote it before it recorded more than its JAX
     (artifact / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(exported.ExportVersionError, match=r"written by JAX 0\.7\.0; the "
-                       rf"installed JAX {re.escape(jax.__version__)}"):
+    with pytest.raises(
+        exported.ExportVersionError,
+        match=r"written by JAX 0\.7\.0; the "
+        rf"installed JAX {re.escape(jax.__version__)}",
+    ):
         exported.load(str(artifact))
     manifest["jax_version"] = jax.__version__  # this very JAX wrote it: damage, not age
 
@@ -510,8 +551,10 @@ def test_a_manifest_cannot_make_a_long_version_error(tmp_path, monkeypatch, fiel
     (artifact / "manifest.json").write_text(json.dumps(manifest))
 
     def refuse(blob):
-        raise ValueError("Exported being deserialized seems to be older than the 6-month "
-                         "backward-compatibility window")
+        raise ValueError(
+            "Exported being deserialized seems to be older than the 6-month "
+            "backward-compatibility window"
+        )
 
     monkeypatch.setattr(jax.export, "deserialize", refuse)
     with pytest.raises(exported.ExportVersionError) as info:
@@ -555,8 +598,11 @@ def test_a_cpu_sparsity_step_with_host_topk_is_refused_clearly(tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     compiled = cstorch.compile(model, backend)
     optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
-    sparsity = sparse.GMP(sparsity={"type": "linear", "init": 0.0, "slope": 0.1},
-                          update={"freq": 2}, init_method="topk")
+    sparsity = sparse.GMP(
+        sparsity={"type": "linear", "init": 0.0, "slope": 0.1},
+        update={"freq": 2},
+        init_method="topk",
+    )
     model.apply(sparsity)
     optimizer.apply(sparsity)
 
@@ -578,8 +624,9 @@ def test_a_cpu_sparsity_step_with_host_topk_is_refused_clearly(tmp_path):
 
 def _bn_model():
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(),
-                               torch.nn.Linear(8, 3))
+    return torch.nn.Sequential(
+        torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 3)
+    )
 
 
 @pytest.mark.slow
@@ -604,19 +651,22 @@ def test_a_forward_export_trains_batchnorm_in_jax_and_comes_back_to_torch(tmp_pa
         return torch.nn.functional.mse_loss(compiled(x), y)
 
     g = torch.Generator().manual_seed(3)
-    batches = [(torch.randn(5, 6, generator=g), torch.randn(5, 3, generator=g))
-               for _ in range(3)]
+    batches = [(torch.randn(5, 6, generator=g), torch.randn(5, 3, generator=g)) for _ in range(3)]
     artifact = cstorch.export(loss_step, batches[0], str(tmp_path / "forward"), vjp_order=1)
     step = exported.load(artifact)
     params, buffers = step.params(), step.buffers()
-    assert set(buffers) == {"model0.1.running_mean", "model0.1.running_var",
-                            "model0.1.num_batches_tracked"}
+    assert set(buffers) == {
+        "model0.1.running_mean",
+        "model0.1.running_var",
+        "model0.1.num_batches_tracked",
+    }
     tx = optax.sgd(0.1)
     opt_state = tx.init(params)
 
     def train(params, buffers, opt_state, x, y):
         (loss, buffers), grads = jax.value_and_grad(step.apply, has_aux=True)(
-            params, buffers, [x, y])
+            params, buffers, [x, y]
+        )
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), buffers, opt_state, loss
 
@@ -624,8 +674,9 @@ def test_a_forward_export_trains_batchnorm_in_jax_and_comes_back_to_torch(tmp_pa
     with _x64():  # num_batches_tracked is int64
         train = jax.jit(train)
         for x, y in batches:
-            params, buffers, opt_state, loss = train(params, buffers, opt_state, x.numpy(),
-                                                     y.numpy())
+            params, buffers, opt_state, loss = train(
+                params, buffers, opt_state, x.numpy(), y.numpy()
+            )
             losses.append(float(loss))
 
     optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
@@ -670,17 +721,20 @@ def test_apply_refuses_a_training_step_and_unknown_parameters(tmp_path):
         expected = float(torch.nn.functional.mse_loss(model(x), y))
     assert float(loss) == pytest.approx(expected)
     with pytest.raises(exported.ExportError, match=r"does not have: \['weight'\].*model0"):
-        forward.apply({"weight": forward.params()["model0.weight"]}, buffers,
-                      [x.numpy(), y.numpy()])
+        forward.apply(
+            {"weight": forward.params()["model0.weight"]}, buffers, [x.numpy(), y.numpy()]
+        )
 
 
 def test_torch_state_dict_names_and_dtypes():
     import jax.numpy as jnp
 
-    state = {"model0.fc.weight": jnp.ones((2, 3), jnp.bfloat16),
-             "model0.bn.num_batches_tracked": np.array(4, np.int64),
-             "model1.other.weight": np.zeros(2, np.float32),
-             "optimizer0.state.0.exp_avg": np.zeros((2, 3), np.float32)}
+    state = {
+        "model0.fc.weight": jnp.ones((2, 3), jnp.bfloat16),
+        "model0.bn.num_batches_tracked": np.array(4, np.int64),
+        "model1.other.weight": np.zeros(2, np.float32),
+        "optimizer0.state.0.exp_avg": np.zeros((2, 3), np.float32),
+    }
     result = cstorch.torch_state_dict(state)
     assert set(result) == {"fc.weight", "bn.num_batches_tracked"}
     assert result["fc.weight"].dtype == torch.bfloat16 and result["fc.weight"].sum() == 6
@@ -694,8 +748,10 @@ def test_torch_state_dict_finds_a_compiled_models_index(cpu_backend):
     first, second = torch.nn.Linear(2, 2), torch.nn.Linear(3, 1)
     cstorch.compile(first, cpu_backend)
     cstorch.compile(second, cpu_backend)
-    state = {"model0.weight": np.zeros((2, 2), np.float32),
-             "model1.weight": np.ones((1, 3), np.float32)}
+    state = {
+        "model0.weight": np.zeros((2, 2), np.float32),
+        "model1.weight": np.ones((1, 3), np.float32),
+    }
     assert cstorch.torch_state_dict(state, second)["weight"].shape == (1, 3)
     with pytest.raises(ValueError, match="not compiled with cstorch.compile"):
         cstorch.torch_state_dict(state, torch.nn.Linear(3, 1))

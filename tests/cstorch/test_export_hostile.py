@@ -31,7 +31,8 @@ GROWTH_LIMIT_MIB = 64
 def _npy_header(shape, dtype="<f4") -> bytes:
     buffer = io.BytesIO()
     np.lib.format.write_array_header_1_0(
-        buffer, {"descr": dtype, "fortran_order": False, "shape": tuple(shape)})
+        buffer, {"descr": dtype, "fortran_order": False, "shape": tuple(shape)}
+    )
     return buffer.getvalue()
 
 
@@ -63,8 +64,10 @@ def bomb(artifact, tmp_path_factory):
     """The artifact's state.npz with its s0 member replaced by 1 GiB of deflated zeros under
     a (2**28,) float32 header (the other members as exported)."""
     path = tmp_path_factory.mktemp("bomb") / "state.npz"
-    with zipfile.ZipFile(os.path.join(artifact, "state.npz")) as good, \
-            zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as z:
+    with (
+        zipfile.ZipFile(os.path.join(artifact, "state.npz")) as good,
+        zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as z,
+    ):
         with z.open("s0.npy", "w", force_zip64=True) as member:
             member.write(_npy_header((HUGE,)))
             zeros = bytes(1 << 22)
@@ -117,8 +120,13 @@ def _load_in_fresh_process(good, hostile, tmp_path):
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    result = subprocess.run([sys.executable, str(script), str(good), str(hostile)],
-                            capture_output=True, text=True, env=env, timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(script), str(good), str(hostile)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -168,8 +176,7 @@ def test_a_header_promising_more_than_its_member_holds_is_refused(artifact, tmp_
     def claim_huge(manifest):
         manifest["state"][0]["shape"] = [HUGE]
 
-    hostile = _hostile(artifact, tmp_path, state_npz=short, manifest_edit=claim_huge,
-                       name="short")
+    hostile = _hostile(artifact, tmp_path, state_npz=short, manifest_edit=claim_huge, name="short")
     result = _load_in_fresh_process(artifact, hostile, tmp_path)
     assert result["growth_mib"] < GROWTH_LIMIT_MIB, result
     assert result["error"] and "need" in result["error"], result

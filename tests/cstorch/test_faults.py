@@ -55,9 +55,12 @@ def _run(edit=None, steps_before=3, steps_after=3, batch=None):
     losses = [step(x) for x in XS[:steps_before]]
     if edit is not None:
         edit(model, optimizer, step)
-    losses += [step(x) for x in XS[steps_before:steps_before + steps_after]]
-    return (copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict()),
-            [float(loss) for loss in losses])
+    losses += [step(x) for x in XS[steps_before : steps_before + steps_after]]
+    return (
+        copy.deepcopy(model.state_dict()),
+        copy.deepcopy(optimizer.state_dict()),
+        [float(loss) for loss in losses],
+    )
 
 
 def _assert_same(run_a, run_b):
@@ -69,15 +72,21 @@ def _assert_same(run_a, run_b):
 # ------------------------------------------------------------------ in-place edits
 def _through_load_state_dict(change):
     """The reference path for an edit: state_dict -> change -> load_state_dict."""
+
     def edit(model, optimizer, step):
         state = model.state_dict()
         change(state)
         model.load_state_dict(state)
+
     return edit
 
 
-@pytest.mark.parametrize("name", marked_cases(
-    EDITS := ["noop_add", "clamp", "data_mul", "data_assign"], ids=EDITS, slow={"noop_add"}))
+@pytest.mark.parametrize(
+    "name",
+    marked_cases(
+        EDITS := ["noop_add", "clamp", "data_mul", "data_assign"], ids=EDITS, slow={"noop_add"}
+    ),
+)
 def test_in_place_edits_between_steps_apply_to_the_newest_value(name):
     clip = 0.05
 
@@ -107,6 +116,7 @@ def test_reading_a_parameter_between_steps_shows_the_newest_value():
     def read(model, optimizer, step):
         newest = model.weight.detach().clone()  # a torch read between steps
         assert torch.equal(newest, model.state_dict()["weight"])
+
     _assert_same(_run(read), _run())
 
 
@@ -135,8 +145,9 @@ def _interrupt_as_the_call_returns(monkeypatch, how):
                 try:
                     raise KeyboardInterrupt
                 except KeyboardInterrupt as interrupt:
-                    raise SystemError("<function f> returned a result with an exception "
-                                      "set") from interrupt
+                    raise SystemError(
+                        "<function f> returned a result with an exception set"
+                    ) from interrupt
             else:
                 raise KeyboardInterrupt
         return out
@@ -163,6 +174,7 @@ def test_keyboard_interrupt_raised_inside_dispatch_leaves_readable_state(monkeyp
     """A KeyboardInterrupt raised (not signalled) after the state was donated: the state is
     never left pointing at deleted arrays; the consumed tensors fall back to their last
     synchronised values and training goes on."""
+
     def interrupted(model, optimizer, step):
         model.state_dict()  # synchronise: the fallback values are those of step 3
         after_three = copy.deepcopy(model.state_dict())
@@ -182,6 +194,7 @@ def test_an_interrupt_garbled_into_a_system_error_by_c_code_reaches_the_user(mon
     """A Ctrl-C landing in Python code that C code called (JAX's dtype property read by numpy,
     a callback) surfaces as a SystemError; the step gives the user the KeyboardInterrupt,
     with the state as for a plain interrupt."""
+
     def interrupted(model, optimizer, step):
         model.state_dict()
         after_three = copy.deepcopy(model.state_dict())
@@ -269,8 +282,7 @@ def test_ctrl_c_at_every_call_of_a_step_reaches_the_handler_and_the_state_stays_
         torch.testing.assert_close(state[key], reference[0][key], rtol=0, atol=0)
 
 
-def test_an_interrupt_reported_as_a_system_error_in_the_upload_is_a_keyboard_interrupt(
-        monkeypatch):
+def test_an_interrupt_reported_as_a_system_error_in_the_upload_is_a_keyboard_interrupt(monkeypatch):
     """C code that called Python when Ctrl-C landed reports a SystemError with the interrupt
     as its cause; the upload re-raises the interrupt, and the state is as before the step."""
     import jax_backend.state
@@ -280,8 +292,9 @@ def test_an_interrupt_reported_as_a_system_error_in_the_upload_is_a_keyboard_int
             try:
                 raise KeyboardInterrupt
             except KeyboardInterrupt as interrupt:
-                raise SystemError("<function f> returned a result with an exception set") \
-                    from interrupt
+                raise SystemError(
+                    "<function f> returned a result with an exception set"
+                ) from interrupt
 
         with torch.no_grad():
             model.weight.add_(0.0)  # uploaded by the next step
@@ -311,6 +324,7 @@ def _fail_first_run_with_batch(monkeypatch, batch):
 def test_failed_step_keeps_the_last_good_state_and_training_continues(monkeypatch):
     """One oversized batch fails while it runs (after its state was donated): the state of
     the last good step stays readable and usable, and later steps match a run without it."""
+
     def oversized(model, optimizer, step):
         _fail_first_run_with_batch(monkeypatch, 64)
         with pytest.raises(StepFailedError, match="RESOURCE_EXHAUSTED.*restored"):
@@ -429,8 +443,12 @@ def test_stress_interrupts_then_save_in_the_except_handler(tmp_path):
     """Ctrl-C at random moments of a fast training loop, 32 times; every time the except
     handler saves model and optimizer, and every checkpoint is complete and consistent."""
     rounds = 32
-    result = subprocess.run([sys.executable, "-c", _STRESS, str(tmp_path), str(rounds)],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", _STRESS, str(tmp_path), str(rounds)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     previous = None
     for i in range(rounds):
@@ -493,8 +511,9 @@ def test_defaultdict_factory_from_a_module_is_refused(tmp_path):
     path = _checkpoint(tmp_path, d=collections.defaultdict(list, {"a": torch.ones(1)}))
     with h5py.File(path, "r+") as f:  # name posix.abort as the factory
         human, spec = json.loads(f.attrs["__spec__"])
-        spec = spec.replace('"default_factory_module": "builtins"',
-                            '"default_factory_module": "posix"')
+        spec = spec.replace(
+            '"default_factory_module": "builtins"', '"default_factory_module": "posix"'
+        )
         spec = spec.replace('"default_factory_name": "list"', '"default_factory_name": "abort"')
         assert "posix" in spec and "abort" in spec
         f.attrs["__spec__"] = json.dumps([human, spec])
@@ -515,14 +534,16 @@ def test_names_from_a_checkpoint_are_quoted_short_in_its_errors(tmp_path, where)
         path = _checkpoint(tmp_path, d=collections.defaultdict(list, {"a": torch.ones(1)}))
         with h5py.File(path, "r+") as f:
             human, spec = json.loads(f.attrs["__spec__"])
-            spec = spec.replace('"default_factory_module": "builtins"',
-                                f'"default_factory_module": "{long}"')
+            spec = spec.replace(
+                '"default_factory_module": "builtins"', f'"default_factory_module": "{long}"'
+            )
             f.attrs["__spec__"] = json.dumps([human, spec])
         expected = TreeSpecError
     else:
         path = _checkpoint(tmp_path)
-        _replace_dataset(path, "w", lambda f, key: f.__setitem__(
-            key, h5py.ExternalLink(long, "data")))
+        _replace_dataset(
+            path, "w", lambda f, key: f.__setitem__(key, h5py.ExternalLink(long, "data"))
+        )
         expected = UntrustedCheckpointError
     with pytest.raises(expected) as info:
         torch.as_tensor(cstorch.load(path)["w"]) + 0
@@ -567,8 +588,9 @@ def test_links_to_files_outside_the_checkpoint_directory_are_refused(tmp_path, s
     write_csx_style(path, elsewhere)
     with pytest.raises(UntrustedCheckpointError, match="outside its directory"):
         cstorch.load(path)
-    assert torch.equal(cstorch.load(path, unsafe_allow_pickle=True)["link"] + 0,
-                       torch.arange(4.0).reshape(2, 2))
+    assert torch.equal(
+        cstorch.load(path, unsafe_allow_pickle=True)["link"] + 0, torch.arange(4.0).reshape(2, 2)
+    )
 
 
 def test_a_small_file_cannot_make_the_loader_allocate_unbounded_memory(tmp_path):
@@ -604,8 +626,12 @@ _DISK_FULL = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_disk_full_during_save_raises_one_clear_oserror(tmp_path):
-    result = subprocess.run([sys.executable, "-c", _DISK_FULL, str(tmp_path)],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", _DISK_FULL, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-2000:]  # no SIGSEGV, process healthy
     lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
     assert lines["ERROR"].startswith("27 ")  # EFBIG
@@ -617,7 +643,9 @@ def test_disk_full_during_save_raises_one_clear_oserror(tmp_path):
 
 # ------------------------------------------------------------------ concurrent saves
 @pytest.mark.parametrize("publish", ["link", "renameat2", "reserve"])
-def test_concurrent_exclusive_saves_to_one_path_never_replace_each_other(tmp_path, monkeypatch, publish):
+def test_concurrent_exclusive_saves_to_one_path_never_replace_each_other(
+    tmp_path, monkeypatch, publish
+):
     import threading
 
     from tests.jax_backend.test_atomic_files import use_publish
@@ -661,8 +689,9 @@ def test_two_processes_overwriting_one_path_while_a_reader_loads(tmp_path):
             save({"tag": tag, "i": i, "w": torch.full((64, 1024), tag * 1000 + i)}, path)
     """)
     cstorch.save({"tag": 0.0, "i": 0, "w": torch.zeros(64, 1024)}, path)
-    procs = [subprocess.Popen([sys.executable, "-c", writer, str(path), str(tag)])
-             for tag in (1.0, 2.0)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", writer, str(path), str(tag)]) for tag in (1.0, 2.0)
+    ]
     seen = set()
     while True:
         done = all(p.poll() is not None for p in procs)
@@ -726,8 +755,9 @@ def test_torch_dataloader_workers_are_not_dropped_silently(cpu_backend):
     from cstorch.utils.data import DataLoader
 
     def input_fn():
-        return torch.utils.data.DataLoader(torch.arange(8.0).reshape(4, 2), batch_size=2,
-                                           num_workers=2)
+        return torch.utils.data.DataLoader(
+            torch.arange(8.0).reshape(4, 2), batch_size=2, num_workers=2
+        )
 
     loader = DataLoader(input_fn)
     with pytest.warns(UserWarning, match="num_workers=2"):
@@ -789,11 +819,14 @@ def test_program_cache_is_bounded(cpu_backend):
     def forward(x):
         return compiled(x).sum()
 
-    with pytest.warns(compile_module.RecompilationWarning, match="more than 3 signatures"), \
-            pytest.warns(compile_module.RecompilationWarning, match="signature changed"):
+    with (
+        pytest.warns(compile_module.RecompilationWarning, match="more than 3 signatures"),
+        pytest.warns(compile_module.RecompilationWarning, match="signature changed"),
+    ):
         for batch in range(1, 7):
-            torch.testing.assert_close(forward(torch.ones(batch, 2)),
-                                       model(torch.ones(batch, 2)).sum().detach())
+            torch.testing.assert_close(
+                forward(torch.ones(batch, 2)), model(torch.ones(batch, 2)).sum().detach()
+            )
     assert len(forward.programs) == 3
 
 
@@ -815,7 +848,9 @@ def test_float64_input_into_a_float32_model_raises_like_eager(cpu_backend):
     assert "bug" not in message  # the user's input is what to fix, not the project
 
 
-@pytest.mark.filterwarnings("ignore::jax_backend.state.SharedStateWarning")  # pytest.raises keeps the rolled-back tensors
+@pytest.mark.filterwarnings(
+    "ignore::jax_backend.state.SharedStateWarning"
+)  # pytest.raises keeps the rolled-back tensors
 def test_a_step_result_that_cannot_be_read_is_dropped_not_kept_poisoned():
     """An asynchronous failure surfaces when the result is read: the state falls back to
     its last synchronised values with a clear error, instead of every later read and step
@@ -841,24 +876,30 @@ def test_checkpoints_are_synced_to_disk_before_they_are_published(tmp_path, monk
 
     events = []
     real_fsync, real_link, real_replace = os.fsync, os.link, os.replace
-    monkeypatch.setattr(h5_format.os, "fsync", lambda fd: (events.append("fsync"),
-                                                           real_fsync(fd))[1])
-    monkeypatch.setattr(h5_format.os, "link", lambda a, b: (events.append("publish"),
-                                                            real_link(a, b))[1])
-    monkeypatch.setattr(h5_format.os, "replace", lambda a, b: (events.append("publish"),
-                                                               real_replace(a, b))[1])
+    monkeypatch.setattr(
+        h5_format.os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd))[1]
+    )
+    monkeypatch.setattr(
+        h5_format.os, "link", lambda a, b: (events.append("publish"), real_link(a, b))[1]
+    )
+    monkeypatch.setattr(
+        h5_format.os, "replace", lambda a, b: (events.append("publish"), real_replace(a, b))[1]
+    )
     for exist_ok in (True, False):  # overwrite (os.replace) and exclusive (os.link) publish
         events.clear()
-        cstorch.save({"w": torch.ones(3)}, tmp_path / f"synced_{exist_ok}.mdl",
-                     exist_ok=exist_ok)
+        cstorch.save({"w": torch.ones(3)}, tmp_path / f"synced_{exist_ok}.mdl", exist_ok=exist_ok)
         assert events[:2] == ["fsync", "publish"]  # the file, then (after) its directory
         assert events.count("fsync") == 2
 
 
-@pytest.mark.parametrize("make", [
-    lambda params: cstorch.optim.AdamW(params, lr=0.1),
-    lambda params: cstorch.optim.SGD(params, lr=0.1, momentum=0.9),
-], ids=["AdamW", "SGD"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda params: cstorch.optim.AdamW(params, lr=0.1),
+        lambda params: cstorch.optim.SGD(params, lr=0.1, momentum=0.9),
+    ],
+    ids=["AdamW", "SGD"],
+)
 def test_optimizer_state_of_another_model_is_refused_naming_the_shapes(cpu_backend, make):
     """Same number of parameters, other shapes: torch's load_state_dict accepts it, and the
     first step failed with a lowering error asking to report a bug in the project (issue 31,

@@ -7,9 +7,9 @@ import os
 import numpy as np
 import pytest
 import torch
+from cerebras.pytorch.backends import backends
 
 import cerebras.pytorch as cstorch
-from cerebras.pytorch.backends import backends
 
 
 @pytest.fixture(autouse=True)
@@ -21,26 +21,54 @@ def _default_flags(monkeypatch):
 
 
 # ------------------------------------------------------------------------ flags
-@pytest.mark.parametrize("assign,error,match", [
-    (lambda: setattr(backends.csx, "foo", 1), AttributeError, "has no flag 'foo'"),
-    (lambda: setattr(backends.csx, "debug", backends.csx._debug()), AttributeError,
-     "nested flag"),
-    (lambda: setattr(backends.csx.debug, "drop_data", "yes"), TypeError,
-     "Expected bool for `drop_data`"),
-    (lambda: setattr(backends.csx.performance, "transfer_processes", 0), ValueError, "positive"),
-    (lambda: setattr(backends.csx.performance, "transfer_processes", 2.0), TypeError, "int"),
-    (lambda: setattr(backends.csx.performance, "micro_batch_size", -1), ValueError,
-     "micro_batch_size"),
-    (lambda: setattr(backends.csx.performance, "micro_batch_size", "big"), ValueError,
-     "micro_batch_size"),
-    (lambda: setattr(backends.csx.performance, "micro_batch_size", {"explore": {"min": 0}}),
-     ValueError, "micro_batch_size"),
-    (lambda: setattr(backends.csx.precision, "optimization_level", 3), ValueError, "range"),
-    (lambda: setattr(backends.csx.performance, "max_transfer_bytes", 2 ** 31), ValueError,
-     "max_transfer_bytes"),
-    (lambda: setattr(backends.csx.debug, "fabric_type_blacklist", ["cs9"]), TypeError,
-     "fabric_type_blacklist"),
-])
+@pytest.mark.parametrize(
+    "assign,error,match",
+    [
+        (lambda: setattr(backends.csx, "foo", 1), AttributeError, "has no flag 'foo'"),
+        (
+            lambda: setattr(backends.csx, "debug", backends.csx._debug()),
+            AttributeError,
+            "nested flag",
+        ),
+        (
+            lambda: setattr(backends.csx.debug, "drop_data", "yes"),
+            TypeError,
+            "Expected bool for `drop_data`",
+        ),
+        (
+            lambda: setattr(backends.csx.performance, "transfer_processes", 0),
+            ValueError,
+            "positive",
+        ),
+        (lambda: setattr(backends.csx.performance, "transfer_processes", 2.0), TypeError, "int"),
+        (
+            lambda: setattr(backends.csx.performance, "micro_batch_size", -1),
+            ValueError,
+            "micro_batch_size",
+        ),
+        (
+            lambda: setattr(backends.csx.performance, "micro_batch_size", "big"),
+            ValueError,
+            "micro_batch_size",
+        ),
+        (
+            lambda: setattr(backends.csx.performance, "micro_batch_size", {"explore": {"min": 0}}),
+            ValueError,
+            "micro_batch_size",
+        ),
+        (lambda: setattr(backends.csx.precision, "optimization_level", 3), ValueError, "range"),
+        (
+            lambda: setattr(backends.csx.performance, "max_transfer_bytes", 2**31),
+            ValueError,
+            "max_transfer_bytes",
+        ),
+        (
+            lambda: setattr(backends.csx.debug, "fabric_type_blacklist", ["cs9"]),
+            TypeError,
+            "fabric_type_blacklist",
+        ),
+    ],
+)
 def test_flag_validation(assign, error, match):
     with pytest.raises(error, match=match):
         assign()
@@ -148,7 +176,11 @@ def test_name_scope_needs_a_backend_and_debug_names(cpu_backend):
     assert cstorch.get_debug_name(model[0]) == "Linear"
     cstorch.add_debug_name(model, "net")
     assert [cstorch.get_debug_name(m) for m in model.modules()] == [
-        "net", "net.0", "net.1", "net.1.0"]
+        "net",
+        "net.0",
+        "net.1",
+        "net.1.0",
+    ]
     cstorch.set_debug_scope("outer")
     cstorch.set_debug_scope(None)
 
@@ -249,28 +281,39 @@ def test_every_setting_is_checked_where_it_is_declared():
     for layer in (config.config, engine_config.config):
         for setting in layer.describe():
             assert setting.check is not None or setting.choices is not None, setting.name
-            with pytest.raises(config.SettingError, match=(
+            with pytest.raises(
+                config.SettingError,
+                match=(
                     rf"^Invalid {layer.layer} setting {setting.name}=<object object at \w+> "
-                    r"\(from config.update\): must be .+\. \S.*\.$")):
+                    r"\(from config.update\): must be .+\. \S.*\.$"
+                ),
+            ):
                 layer.update(setting.name, object())
             layer.update(setting.name, setting.default)
     assert tuple(host_memory.STEP_MEMORY) == engine_config.cpu_step_memory.choices
     assert ATTENTION == engine_config.attention.choices
 
 
-@pytest.mark.parametrize("variable, text, rule", [
-    ("CSTORCH_PROGRESS_SECONDS", "soon", "could not convert string to float"),
-    ("CSTORCH_CPU_STEP_MEMORY", "smallest", "must be one of lean, xla, reuse"),
-    ("CSTORCH_INIT_TIMEOUT", "0", "must be a positive integer"),
-    ("CSTORCH_NUM_PROCESSES", "two", "must be an integer"),
-    ("TORCH_NUM_THREADS", "-4", "must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "variable, text, rule",
+    [
+        ("CSTORCH_PROGRESS_SECONDS", "soon", "could not convert string to float"),
+        ("CSTORCH_CPU_STEP_MEMORY", "smallest", "must be one of lean, xla, reuse"),
+        ("CSTORCH_INIT_TIMEOUT", "0", "must be a positive integer"),
+        ("CSTORCH_NUM_PROCESSES", "two", "must be an integer"),
+        ("TORCH_NUM_THREADS", "-4", "must be a positive integer"),
+    ],
+)
 def test_an_environment_value_is_checked_as_an_update_is(monkeypatch, variable, text, rule):
     from cstorch import config
 
     (setting,) = [s for s in config.describe() if s.env_var == variable]
     monkeypatch.setenv(variable, text)
-    with pytest.raises(config.SettingError, match=(
+    with pytest.raises(
+        config.SettingError,
+        match=(
             rf"^Invalid \w+ setting {setting.name}='{text}' \(from the environment variable "
-            rf"{variable}\): {rule}")):
+            rf"{variable}\): {rule}"
+        ),
+    ):
         setting.value  # (reading it checks it)

@@ -32,8 +32,16 @@ def example():
 
 def _configs(example, backend, out_dir, **run):
     model = example.ModelConfig(vocab_size=64, width=32, depth=1, heads=2, max_positions=16)
-    config = example.RunConfig(backend=backend, out_dir=str(out_dir), batch_size=4, num_steps=4,
-                               checkpoint_steps=2, warmup_steps=2, learning_rate=3e-3, **run)
+    config = example.RunConfig(
+        backend=backend,
+        out_dir=str(out_dir),
+        batch_size=4,
+        num_steps=4,
+        checkpoint_steps=2,
+        warmup_steps=2,
+        learning_rate=3e-3,
+        **run,
+    )
     return model, config
 
 
@@ -47,8 +55,9 @@ def _eager_first_loss(example, model_config, config, dataset):
     with backend.device:
         model = example.LanguageModel(model_config)
     cstorch.backend._reset_for_tests()
-    loader = example.token_batches(dataset, model_config.max_positions, config.batch_size,
-                                   config.seed, 0)
+    loader = example.token_batches(
+        dataset, model_config.max_positions, config.batch_size, config.seed, 0
+    )
     input_ids, labels = next(iter(loader))
     with torch.no_grad():
         return model(input_ids, labels).item()
@@ -78,8 +87,13 @@ def test_gigagpt_style_example_trains_and_resumes(example, tmp_path, backend):
     assert reader.read_scalar("samples_per_second", 4).value > 0.0
 
     cstorch.backend._reset_for_tests()
-    _, resumed_config = _configs(example, backend, tmp_path / "resumed", dataset=dataset,
-                                 checkpoint_path=str(tmp_path / "run" / "checkpoint_2.mdl"))
+    _, resumed_config = _configs(
+        example,
+        backend,
+        tmp_path / "resumed",
+        dataset=dataset,
+        checkpoint_path=str(tmp_path / "run" / "checkpoint_2.mdl"),
+    )
     resumed = example.train(model_config, resumed_config)
     assert resumed == losses[2:]  # the same batches and state: the same numbers
     assert os.path.exists(tmp_path / "resumed" / "checkpoint_4.mdl")

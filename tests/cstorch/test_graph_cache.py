@@ -57,7 +57,9 @@ class Net(torch.nn.Module):
 """
 
 # A step closure defined inside main() and called by the traced step, as in gigaGPT.
-TRAIN = PRELUDE + """
+TRAIN = (
+    PRELUDE
+    + """
 from model_def import Net
 
 STEPS = 3
@@ -124,25 +126,49 @@ if __name__ == "__main__":
     width, batch = int(sys.argv[1]), int(sys.argv[2])
     main(width, batch, float(sys.argv[3]), sys.argv[4], sys.argv[5])
 """
+)
 
 
-def _run(tmp_path, cache, *, width=16, batch=4, lr=0.1, precision="fp32", closure="direct",
-         expr="objective(out, y)", forward="torch.relu", script=None, args=None, env=None):
+def _run(
+    tmp_path,
+    cache,
+    *,
+    width=16,
+    batch=4,
+    lr=0.1,
+    precision="fp32",
+    closure="direct",
+    expr="objective(out, y)",
+    forward="torch.relu",
+    script=None,
+    args=None,
+    env=None,
+):
     """Runs the script in a fresh process; ``cache`` None leaves CSTORCH_GRAPH_CACHE unset
     (the default), with the user cache directory under ``tmp_path/home-cache``."""
     (tmp_path / "model_def.py").write_text(MODEL.replace("torch.relu", forward))
     (tmp_path / "train.py").write_text(script or TRAIN.format(expr=expr))
-    env = dict(os.environ, **(env or {}),
-               PYTHONPATH=os.pathsep.join([str(tmp_path), ROOT, os.path.join(ROOT, "compat"),
-                                           os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        **(env or {}),
+        PYTHONPATH=os.pathsep.join(
+            [str(tmp_path), ROOT, os.path.join(ROOT, "compat"), os.environ.get("PYTHONPATH", "")]
+        ),
+    )
     if cache is None:
         env.pop("CSTORCH_GRAPH_CACHE", None)
         env["XDG_CACHE_HOME"] = str(tmp_path / "home-cache")
     else:
         env["CSTORCH_GRAPH_CACHE"] = str(cache)
     argv = args if args is not None else [str(width), str(batch), str(lr), precision, closure]
-    out = subprocess.run([sys.executable, "train.py", *argv], env=env, capture_output=True,
-                         text=True, timeout=600, cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, "train.py", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     line = next(s for s in out.stdout.splitlines() if s.startswith("RESULT "))
     result = json.loads(line[7:])
@@ -152,8 +178,7 @@ def _run(tmp_path, cache, *, width=16, batch=4, lr=0.1, precision="fp32", closur
 
 def _matches_eager(result, precision="fp32"):
     tolerance = 1e-6 if precision == "fp32" else 2e-2
-    np.testing.assert_allclose(result["losses"], result["eager"], rtol=tolerance,
-                               atol=tolerance)
+    np.testing.assert_allclose(result["losses"], result["eager"], rtol=tolerance, atol=tolerance)
     assert [loss for _, loss in result["logged"]] == result["losses"]  # closures ran each step
     return True
 
@@ -186,7 +211,9 @@ def test_second_run_reuses_the_graph_and_every_change_captures_again(tmp_path):
 
 # A torch optimizer whose state is born in the first step, its floats read at every call,
 # and a torch scheduler stepped in the step (run on the host after each call).
-TRAIN_TORCH_OPTIMIZER = PRELUDE + """
+TRAIN_TORCH_OPTIMIZER = (
+    PRELUDE
+    + """
 from model_def import Net
 
 STEPS = 5
@@ -220,6 +247,7 @@ eager, eager_lr = losses_of(*build(False), x, y)
 losses, lr = losses_of(*build(True), x, y)
 report(losses=losses, logged=[], eager=eager, lr=lr, eager_lr=eager_lr)
 """
+)
 
 
 @pytest.mark.heavy
@@ -256,8 +284,11 @@ def test_a_damaged_entry_is_captured_again_and_runs_nothing(tmp_path):
 
     # Well-formed but wrong: a matrix product made a subtraction. It decodes, fails to
     # lower, and the step is captured again instead of failing.
-    rewrite_entry(entry, lambda doc: first_node(doc, "aten::mm.default").__setitem__(
-        1, "aten::sub.Tensor"), sign=True)
+    rewrite_entry(
+        entry,
+        lambda doc: first_node(doc, "aten::mm.default").__setitem__(1, "aten::sub.Tensor"),
+        sign=True,
+    )
     swapped = _run(tmp_path, cache)
     assert swapped["traces"] == 1 and swapped["losses"] == cold["losses"]
     assert "failed" in swapped["stderr"] and "captured again" in swapped["stderr"]
@@ -450,18 +481,31 @@ DEPENDENCIES = PRELUDE + textwrap.dedent("""
     main()
 """)
 
-BASE = {"env": "1.0", "argv": "1.0", "file": "1.0", "scale": 1.0, "pol": 1, "patch_gelu": False,
-        "grad_hook": "keep"}
+BASE = {
+    "env": "1.0",
+    "argv": "1.0",
+    "file": "1.0",
+    "scale": 1.0,
+    "pol": 1,
+    "patch_gelu": False,
+    "grad_hook": "keep",
+}
 
 
 def _run_dependencies(tmp_path, cache, **changes):
     values = dict(BASE, **changes)
     (tmp_path / "settings.py").write_text("scale = 1.0\n")
     (tmp_path / "weight.txt").write_text(values["file"])
-    (tmp_path / "config.json").write_text(json.dumps(
-        {k: values[k] for k in ("scale", "pol", "patch_gelu", "grad_hook")}))
-    result = _run(tmp_path, cache, script=DEPENDENCIES, args=[values["argv"]],
-                  env={"STEP_SCALE": values["env"]})
+    (tmp_path / "config.json").write_text(
+        json.dumps({k: values[k] for k in ("scale", "pol", "patch_gelu", "grad_hook")})
+    )
+    result = _run(
+        tmp_path,
+        cache,
+        script=DEPENDENCIES,
+        args=[values["argv"]],
+        env={"STEP_SCALE": values["env"]},
+    )
     np.testing.assert_allclose(result["losses"], result["eager"], rtol=1e-6, atol=1e-6)
     return result
 
@@ -479,8 +523,15 @@ def test_every_value_the_step_reads_from_outside_its_objects_is_in_the_key(tmp_p
     # First the changes whose run would find the cold run's entry if the key missed them (a
     # changed file read by the trace is a miss by the entry's file list, and its run's entry
     # replaces the cold one under the same key).
-    for change in ({"grad_hook": "halve"}, {"env": "2.0"}, {"argv": "3.0"}, {"file": "0.5"},
-                   {"scale": 4.0}, {"pol": 2}, {"patch_gelu": True}):
+    for change in (
+        {"grad_hook": "halve"},
+        {"env": "2.0"},
+        {"argv": "3.0"},
+        {"file": "0.5"},
+        {"scale": 4.0},
+        {"pol": 2},
+        {"patch_gelu": True},
+    ):
         result = _run_dependencies(tmp_path, cache, **change)
         assert result["traces"] == 1 and "hit" not in result["events"], change
         assert result["losses"] != cold["losses"], change  # the change matters
@@ -496,8 +547,11 @@ def test_a_constant_edited_in_a_stored_entry_runs_nothing(tmp_path):
     (entry,) = cache.glob("*.npz")
 
     def times_100(doc):
-        node = next(n for n in doc["nodes"] if isinstance(n[1], str)
-                    and any(type(a) is float and a == 2.0 for a in n[2]))
+        node = next(
+            n
+            for n in doc["nodes"]
+            if isinstance(n[1], str) and any(type(a) is float and a == 2.0 for a in n[2])
+        )
         node[2] = [200.0 if type(a) is float and a == 2.0 else a for a in node[2]]
 
     rewrite_entry(entry, times_100)
@@ -514,8 +568,12 @@ def test_variables_the_libraries_set_during_a_first_trace_leave_the_key_alone(mo
     variable a user sets still counts."""
     from jax_backend import graph_cache
 
-    for name in ("TORCHINDUCTOR_CACHE_DIR", "TF_CPP_MIN_LOG_LEVEL", "TPU_SKIP_MDS_QUERY",
-                 "CSTORCH_TEST_USER_SETTING"):
+    for name in (
+        "TORCHINDUCTOR_CACHE_DIR",
+        "TF_CPP_MIN_LOG_LEVEL",
+        "TPU_SKIP_MDS_QUERY",
+        "CSTORCH_TEST_USER_SETTING",
+    ):
         monkeypatch.delenv(name, raising=False)
     before = graph_cache.process_inputs()
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_someone")
@@ -536,8 +594,12 @@ def test_os_environ_read_by_a_step_leaves_out_what_the_libraries_set(monkeypatch
         f.add("step", {"environ": os.environ})
         return f.hexdigest()
 
-    for name in ("TORCHINDUCTOR_CACHE_DIR", "TF_CPP_MIN_LOG_LEVEL", "TPU_SKIP_MDS_QUERY",
-                 "CSTORCH_TEST_USER_SETTING"):
+    for name in (
+        "TORCHINDUCTOR_CACHE_DIR",
+        "TF_CPP_MIN_LOG_LEVEL",
+        "TPU_SKIP_MDS_QUERY",
+        "CSTORCH_TEST_USER_SETTING",
+    ):
         monkeypatch.delenv(name, raising=False)
     before = digest()
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_someone")
@@ -589,10 +651,18 @@ EXPLAINED = PRELUDE + textwrap.dedent("""
 def _explained(tmp_path, cache, *, scale="1.0", variable="1", edit="", explain="1"):
     (tmp_path / "settings.py").write_text("scale = 1.0\n")
     (tmp_path / "scale.txt").write_text(scale)
-    result = _run(tmp_path, cache, script=EXPLAINED.replace("{edit}", edit), args=[],
-                  env={"CSTORCH_TEST_UNREAD": variable, "CSTORCH_GRAPH_CACHE_EXPLAIN": explain})
-    result["misses"] = [line.split(": ", 1)[1] for line in result["stderr"].splitlines()
-                        if line.startswith("graph cache miss ")]
+    result = _run(
+        tmp_path,
+        cache,
+        script=EXPLAINED.replace("{edit}", edit),
+        args=[],
+        env={"CSTORCH_TEST_UNREAD": variable, "CSTORCH_GRAPH_CACHE_EXPLAIN": explain},
+    )
+    result["misses"] = [
+        line.split(": ", 1)[1]
+        for line in result["stderr"].splitlines()
+        if line.startswith("graph cache miss ")
+    ]
     return result
 
 
@@ -621,5 +691,6 @@ def test_a_miss_says_which_part_of_the_key_changed(tmp_path):
         result = _explained(tmp_path, cache, **change)
         assert result["traces"] == 1 and "hit" not in result["events"], part
         (miss,) = result["misses"]
-        assert miss.startswith(prefix if entries > 1 else "its key differs from the step's "
-                               "stored entry") and miss.endswith(f" in 1 part: {part}"), miss
+        assert miss.startswith(
+            prefix if entries > 1 else "its key differs from the step's stored entry"
+        ) and miss.endswith(f" in 1 part: {part}"), miss

@@ -28,16 +28,24 @@ STEPS = 8
 
 
 def _env():
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "compat")]),
-                CSTORCH_PROGRESS="off")
+    return dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "compat")]),
+        CSTORCH_PROGRESS="off",
+    )
 
 
 def _run(directory, *args):
     directory.mkdir(exist_ok=True)
     out = directory / "run.json"
-    result = subprocess.run([sys.executable, SCRIPT, str(out), "--steps", str(STEPS), *args],
-                            capture_output=True, text=True, timeout=600, cwd=directory,
-                            env=_env())
+    result = subprocess.run(
+        [sys.executable, SCRIPT, str(out), "--steps", str(STEPS), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=directory,
+        env=_env(),
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     return json.loads(out.read_text()), result
 
@@ -49,8 +57,7 @@ def _losses(run) -> dict:
 def _eager_torch_losses() -> dict:
     """The script's run as a plain eager torch loop (torch's AdamW, the same batches)."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(),
-                                torch.nn.Linear(32, 4))
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses = {}
     for step in range(1, STEPS + 1):
@@ -77,19 +84,27 @@ def uninterrupted(tmp_path_factory):
     return runs
 
 
-def _check_resumes_exactly(tmp_path, uninterrupted, engine, position, interrupted_args,
-                           at=4):
-    run, result = _run(tmp_path / "interrupted", "--engine", engine, "--position", position,
-                       *interrupted_args)
+def _check_resumes_exactly(tmp_path, uninterrupted, engine, position, interrupted_args, at=4):
+    run, result = _run(
+        tmp_path / "interrupted", "--engine", engine, "--position", position, *interrupted_args
+    )
     checkpoint = tmp_path / "interrupted" / "interrupted.mdl"
-    resumed, _ = _run(tmp_path / "resumed", "--engine", engine, "--position", position,
-                      "--resume", str(checkpoint))
+    resumed, _ = _run(
+        tmp_path / "resumed",
+        "--engine",
+        engine,
+        "--position",
+        position,
+        "--resume",
+        str(checkpoint),
+    )
     expected = {s: uninterrupted[engine][s] for s in range(run["saved_at"] + 1, STEPS + 1)}
     assert _losses(resumed) == pytest.approx(expected, rel=1e-6, abs=0)  # the same steps
     # The run stopped once step `at` was whole (the interrupt held until its end), and said so.
     assert run["saved_at"] == at, result.stdout + result.stderr
     assert _losses(run) == pytest.approx(
-        {s: uninterrupted[engine][s] for s in range(1, at + 1)}, rel=1e-6, abs=0)
+        {s: uninterrupted[engine][s] for s in range(1, at + 1)}, rel=1e-6, abs=0
+    )
     assert "the run stops after the current step" in result.stderr
 
 
@@ -101,12 +116,13 @@ CASES = [  # (where Ctrl-C lands at step 4, engine, how the data position is sav
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("where,engine,position", CASES,
-                         ids=[f"{w}-{e}-{p}" for w, e, p in CASES])
-def test_a_save_in_except_keyboard_interrupt_resumes_exactly(tmp_path, uninterrupted, where,
-                                                               engine, position):
-    _check_resumes_exactly(tmp_path, uninterrupted, engine, position,
-                           ["--interrupt-at", "4", "--where", where])
+@pytest.mark.parametrize("where,engine,position", CASES, ids=[f"{w}-{e}-{p}" for w, e, p in CASES])
+def test_a_save_in_except_keyboard_interrupt_resumes_exactly(
+    tmp_path, uninterrupted, where, engine, position
+):
+    _check_resumes_exactly(
+        tmp_path, uninterrupted, engine, position, ["--interrupt-at", "4", "--where", where]
+    )
 
 
 @pytest.mark.slow
@@ -117,9 +133,23 @@ def test_ctrl_c_from_another_process_mid_loop_resumes_exactly(tmp_path, uninterr
     directory = tmp_path / "interrupted"
     directory.mkdir()
     process = subprocess.Popen(
-        [sys.executable, SCRIPT, str(directory / "run.json"), "--steps", str(STEPS),
-         "--interrupt-at", "4", "--wait-for", str(go)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=directory, env=_env())
+        [
+            sys.executable,
+            SCRIPT,
+            str(directory / "run.json"),
+            "--steps",
+            str(STEPS),
+            "--interrupt-at",
+            "4",
+            "--wait-for",
+            str(go),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=directory,
+        env=_env(),
+    )
     try:
         for line in process.stdout:
             if line.strip() == "waiting":
@@ -134,8 +164,8 @@ def test_ctrl_c_from_another_process_mid_loop_resumes_exactly(tmp_path, uninterr
     run = json.loads((directory / "run.json").read_text())
     resumed, _ = _run(tmp_path / "resumed", "--resume", str(directory / "interrupted.mdl"))
     assert _losses(resumed) == pytest.approx(
-        {s: uninterrupted["jax"][s] for s in range(run["saved_at"] + 1, STEPS + 1)},
-        rel=1e-6, abs=0)
+        {s: uninterrupted["jax"][s] for s in range(run["saved_at"] + 1, STEPS + 1)}, rel=1e-6, abs=0
+    )
     assert run["saved_at"] == 4 and "the run stops after the current step" in stderr
 
 
@@ -151,7 +181,8 @@ def _ctrl_c_raises():
 def _executor(steps=6):
     batches = [torch.full((2, 3), float(i)) for i in range(steps)]
     return cstorch.utils.data.DataExecutor(
-        cstorch.utils.data.DataLoader(lambda: batches), num_steps=steps)
+        cstorch.utils.data.DataLoader(lambda: batches), num_steps=steps
+    )
 
 
 def _step(backend):
@@ -231,8 +262,7 @@ def test_loader_state_after_an_interrupt_and_not_after_a_plain_end(cpu_backend):
     step = _step(cpu_backend)
     loader = cstorch.utils.data.DataLoader(CountingLoader, 3)
     with pytest.raises(KeyboardInterrupt):
-        for i, batch in enumerate(cstorch.utils.data.DataExecutor(loader, num_steps=5),
-                                  start=1):
+        for i, batch in enumerate(cstorch.utils.data.DataExecutor(loader, num_steps=5), start=1):
             if i == 2:
                 signal.raise_signal(signal.SIGINT)
             step(batch.float().unsqueeze(-1).expand(3, 3))

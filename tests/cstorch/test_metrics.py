@@ -10,7 +10,6 @@ import torch
 import cerebras.pytorch as cstorch
 from cerebras.pytorch import metrics as M
 from cstorch.utils.data import DataExecutor, DataLoader
-
 from tests.jit_cache import xla_compilations
 
 # ------------------------------------------------------------------------ numpy references
@@ -58,14 +57,18 @@ def np_fbeta(labels, preds, n, beta, average, ignore=()):
     cm = np_confusion(labels, preds, n)
     keep = np.array([c not in ignore for c in range(n)], float)
     tp, predicted, actual = np.diag(cm), cm.sum(0), cm.sum(1)
-    b2 = beta ** 2
+    b2 = beta**2
 
     def f(p, r):
         return _safe_div((1 + b2) * p * r, b2 * p + r)
 
     if average == "micro":
-        return float(f(_safe_div((tp * keep).sum(), (predicted * keep).sum()),
-                       _safe_div((tp * keep).sum(), (actual * keep).sum())))
+        return float(
+            f(
+                _safe_div((tp * keep).sum(), (predicted * keep).sum()),
+                _safe_div((tp * keep).sum(), (actual * keep).sum()),
+            )
+        )
     per_class = f(_safe_div(tp, predicted), _safe_div(tp, actual))
     return float((per_class * keep).sum() / keep.sum())
 
@@ -80,8 +83,9 @@ def np_mpca(labels, preds, n, weights=None):
 
 def np_at_k(labels, scores, k, weights=None, kind="precision"):
     top = np.argsort(-scores, axis=-1, kind="stable")[:, :k]
-    hits = np.array([np.isin(row_labels, row_top).sum() for row_labels, row_top in
-                     zip(labels, top)], float)
+    hits = np.array(
+        [np.isin(row_labels, row_top).sum() for row_labels, row_top in zip(labels, top)], float
+    )
     misses = (k - hits) if kind == "precision" else (labels.shape[-1] - hits)
     w = np.ones(len(labels)) if weights is None else np.broadcast_to(weights, hits.shape)
     return float((hits * w).sum() / ((hits + misses) * w).sum())
@@ -99,8 +103,9 @@ def np_roc_auc_exact(labels, scores, weights=None):
 def np_auc_riemann(labels, scores, num_thresholds, curve, method, weights=None):
     """AUC as a Riemann sum over evenly spaced thresholds (TF's definition)."""
     eps = 1e-7
-    thresholds = np.array([-eps] + [(i + 1) / (num_thresholds - 1)
-                                    for i in range(num_thresholds - 2)] + [1 + eps])
+    thresholds = np.array(
+        [-eps] + [(i + 1) / (num_thresholds - 1) for i in range(num_thresholds - 2)] + [1 + eps]
+    )
     w = np.ones(labels.size) if weights is None else weights
     pos = labels > 0
     above = scores[None, :] > thresholds[:, None]
@@ -115,12 +120,18 @@ def np_auc_riemann(labels, scores, num_thresholds, curve, method, weights=None):
         slope = _safe_div(d_tp, np.maximum(d_p, 0))
         intercept = tp[1:] - slope * p[1:]
         ratio = np.where((p[:-1] > 0) & (p[1:] > 0), _safe_div(p[:-1], np.maximum(p[1:], 0)), 1)
-        return float(_safe_div(slope * (d_tp + intercept * np.log(ratio)),
-                               np.maximum(tp[1:] + fn[1:], 0)).sum())
+        return float(
+            _safe_div(
+                slope * (d_tp + intercept * np.log(ratio)), np.maximum(tp[1:] + fn[1:], 0)
+            ).sum()
+        )
     recall = _safe_div(tp, tp + fn)
     x, y = (_safe_div(fp, fp + tn), recall) if curve == "ROC" else (recall, _safe_div(tp, tp + fp))
-    heights = {"interpolation": (y[:-1] + y[1:]) / 2, "minoring": np.minimum(y[:-1], y[1:]),
-               "majoring": np.maximum(y[:-1], y[1:])}[method]
+    heights = {
+        "interpolation": (y[:-1] + y[1:]) / 2,
+        "minoring": np.minimum(y[:-1], y[1:]),
+        "majoring": np.maximum(y[:-1], y[1:]),
+    }[method]
     return float(((x[:-1] - x[1:]) * heights).sum())
 
 
@@ -132,14 +143,19 @@ def _batches(seed, n=3, size=24):
     g = np.random.default_rng(seed)
     out = []
     for _ in range(n):
-        out.append(dict(
-            labels=g.integers(0, N_CLASSES, size), preds=g.integers(0, N_CLASSES, size),
-            weights=(g.random(size) * (g.random(size) > 0.25)).astype(np.float32),
-            binary=g.integers(0, 2, size), probs=g.random(size).astype(np.float32),
-            multilabels=g.integers(0, 6, (size, 2)), scores=g.normal(size=(size, 6)).astype(
-                np.float32),
-            values=g.normal(size=size).astype(np.float32),
-            loss=np.float32(g.random() * size)))
+        out.append(
+            dict(
+                labels=g.integers(0, N_CLASSES, size),
+                preds=g.integers(0, N_CLASSES, size),
+                weights=(g.random(size) * (g.random(size) > 0.25)).astype(np.float32),
+                binary=g.integers(0, 2, size),
+                probs=g.random(size).astype(np.float32),
+                multilabels=g.integers(0, 6, (size, 2)),
+                scores=g.normal(size=(size, 6)).astype(np.float32),
+                values=g.normal(size=size).astype(np.float32),
+                loss=np.float32(g.random() * size),
+            )
+        )
     return out
 
 
@@ -151,64 +167,128 @@ t = torch.as_tensor
 
 # (label, factory, update(metric, batch), numpy reference over all batches, tolerance)
 CASES = [
-    ("accuracy", lambda: M.AccuracyMetric("acc"),
-     lambda m, b: m(t(b["labels"]), t(b["preds"])),
-     lambda bs: np_accuracy(_cat(bs, "labels"), _cat(bs, "preds")), 1e-6),
-    ("accuracy_weighted", lambda: M.AccuracyMetric("acc_w"),
-     lambda m, b: m(t(b["labels"]), t(b["preds"]), weights=t(b["weights"])),
-     lambda bs: np_accuracy(_cat(bs, "labels"), _cat(bs, "preds"), _cat(bs, "weights")), 1e-5),
-    ("mean", lambda: M.MeanMetric("mean"),
-     lambda m, b: m(t(b["values"]), t(b["weights"])),
-     lambda bs: (_cat(bs, "values") * _cat(bs, "weights")).sum() / _cat(bs, "weights").sum(),
-     1e-5),
-    ("perplexity", lambda: M.PerplexityMetric("ppl"),
-     lambda m, b: m(t(b["labels"]), torch.as_tensor(b["loss"]), weights=t(b["weights"])),
-     lambda bs: np.exp(sum(b["loss"] for b in bs) / (_cat(bs, "weights") > 0).sum()), 1e-5),
-    ("dice", lambda: M.DiceCoefficientMetric(N_CLASSES, ignore_classes=[0]),
-     lambda m, b: m(t(b["labels"]), t(b["preds"]), weights=t(b["weights"])),
-     lambda bs: np_dice(_cat(bs, "labels"), _cat(bs, "preds"), N_CLASSES, _cat(bs, "weights"),
-                        ignore=(0,)), 1e-5),
-    ("mean_iou", lambda: M.MeanIOUMetric(N_CLASSES),
-     lambda m, b: m(t(b["labels"]), t(b["preds"]), weights=t(b["weights"])),
-     lambda bs: np_mean_iou(_cat(bs, "labels"), _cat(bs, "preds"), N_CLASSES,
-                            _cat(bs, "weights")), 1e-5),
-    ("fbeta_micro", lambda: M.FBetaScoreMetric(N_CLASSES, beta=2.0, ignore_labels=[1]),
-     lambda m, b: m(t(b["labels"]), t(b["preds"])),
-     lambda bs: np_fbeta(_cat(bs, "labels"), _cat(bs, "preds"), N_CLASSES, 2.0, "micro",
-                         ignore=(1,)), 1e-5),
-    ("fbeta_macro", lambda: M.FBetaScoreMetric(N_CLASSES, beta=0.5, average_type="macro"),
-     lambda m, b: m(t(b["labels"]), t(b["preds"])),
-     lambda bs: np_fbeta(_cat(bs, "labels"), _cat(bs, "preds"), N_CLASSES, 0.5, "macro"), 1e-5),
-    ("mean_per_class_accuracy", lambda: M.MeanPerClassAccuracyMetric(N_CLASSES),
-     lambda m, b: m(t(b["labels"]), t(b["preds"]), weights=t(b["weights"])),
-     lambda bs: np_mpca(_cat(bs, "labels"), _cat(bs, "preds"), N_CLASSES, _cat(bs, "weights")),
-     1e-5),
-    ("precision_at_k", lambda: M.PrecisionAtKMetric(k=3),
-     lambda m, b: m(t(b["multilabels"]), t(b["scores"]), weights=t(b["weights"])),
-     lambda bs: np_at_k(_cat(bs, "multilabels"), _cat(bs, "scores"), 3, _cat(bs, "weights")),
-     1e-5),
-    ("recall_at_k", lambda: M.RecallAtKMetric(k=2),
-     lambda m, b: m(t(b["multilabels"]), t(b["scores"])),
-     lambda bs: np_at_k(_cat(bs, "multilabels"), _cat(bs, "scores"), 2, kind="recall"), 1e-5),
-    ("auc_roc", lambda: M.AUCMetric(num_thresholds=50),
-     lambda m, b: m(t(b["binary"]), t(b["probs"]), weights=t(b["weights"])),
-     lambda bs: np_auc_riemann(_cat(bs, "binary"), _cat(bs, "probs"), 50, "ROC",
-                               "interpolation", _cat(bs, "weights")), 1e-5),
-    ("auc_pr_interpolation", lambda: M.AUCMetric(num_thresholds=30, curve="PR"),
-     lambda m, b: m(t(b["binary"]), t(b["probs"])),
-     lambda bs: np_auc_riemann(_cat(bs, "binary"), _cat(bs, "probs"), 30, "PR",
-                               "interpolation"), 1e-5),
-    ("auc_pr_majoring", lambda: M.AUCMetric(curve="PR", summation_method="majoring"),
-     lambda m, b: m(t(b["binary"]), t(b["probs"])),
-     lambda bs: np_auc_riemann(_cat(bs, "binary"), _cat(bs, "probs"), 200, "PR", "majoring"),
-     1e-5),
-    ("auc_roc_minoring", lambda: M.AUCMetric(num_thresholds=20, summation_method="minoring"),
-     lambda m, b: m(t(b["binary"]), t(b["probs"])),
-     lambda bs: np_auc_riemann(_cat(bs, "binary"), _cat(bs, "probs"), 20, "ROC", "minoring"),
-     1e-5),
+    (
+        "accuracy",
+        lambda: M.AccuracyMetric("acc"),
+        lambda m, b: m(t(b["labels"]), t(b["preds"])),
+        lambda bs: np_accuracy(_cat(bs, "labels"), _cat(bs, "preds")),
+        1e-6,
+    ),
+    (
+        "accuracy_weighted",
+        lambda: M.AccuracyMetric("acc_w"),
+        lambda m, b: m(t(b["labels"]), t(b["preds"]), weights=t(b["weights"])),
+        lambda bs: np_accuracy(_cat(bs, "labels"), _cat(bs, "preds"), _cat(bs, "weights")),
+        1e-5,
+    ),
+    (
+        "mean",
+        lambda: M.MeanMetric("mean"),
+        lambda m, b: m(t(b["values"]), t(b["weights"])),
+        lambda bs: (_cat(bs, "values") * _cat(bs, "weights")).sum() / _cat(bs, "weights").sum(),
+        1e-5,
+    ),
+    (
+        "perplexity",
+        lambda: M.PerplexityMetric("ppl"),
+        lambda m, b: m(t(b["labels"]), torch.as_tensor(b["loss"]), weights=t(b["weights"])),
+        lambda bs: np.exp(sum(b["loss"] for b in bs) / (_cat(bs, "weights") > 0).sum()),
+        1e-5,
+    ),
+    (
+        "dice",
+        lambda: M.DiceCoefficientMetric(N_CLASSES, ignore_classes=[0]),
+        lambda m, b: m(t(b["labels"]), t(b["preds"]), weights=t(b["weights"])),
+        lambda bs: np_dice(
+            _cat(bs, "labels"), _cat(bs, "preds"), N_CLASSES, _cat(bs, "weights"), ignore=(0,)
+        ),
+        1e-5,
+    ),
+    (
+        "mean_iou",
+        lambda: M.MeanIOUMetric(N_CLASSES),
+        lambda m, b: m(t(b["labels"]), t(b["preds"]), weights=t(b["weights"])),
+        lambda bs: np_mean_iou(
+            _cat(bs, "labels"), _cat(bs, "preds"), N_CLASSES, _cat(bs, "weights")
+        ),
+        1e-5,
+    ),
+    (
+        "fbeta_micro",
+        lambda: M.FBetaScoreMetric(N_CLASSES, beta=2.0, ignore_labels=[1]),
+        lambda m, b: m(t(b["labels"]), t(b["preds"])),
+        lambda bs: np_fbeta(
+            _cat(bs, "labels"), _cat(bs, "preds"), N_CLASSES, 2.0, "micro", ignore=(1,)
+        ),
+        1e-5,
+    ),
+    (
+        "fbeta_macro",
+        lambda: M.FBetaScoreMetric(N_CLASSES, beta=0.5, average_type="macro"),
+        lambda m, b: m(t(b["labels"]), t(b["preds"])),
+        lambda bs: np_fbeta(_cat(bs, "labels"), _cat(bs, "preds"), N_CLASSES, 0.5, "macro"),
+        1e-5,
+    ),
+    (
+        "mean_per_class_accuracy",
+        lambda: M.MeanPerClassAccuracyMetric(N_CLASSES),
+        lambda m, b: m(t(b["labels"]), t(b["preds"]), weights=t(b["weights"])),
+        lambda bs: np_mpca(_cat(bs, "labels"), _cat(bs, "preds"), N_CLASSES, _cat(bs, "weights")),
+        1e-5,
+    ),
+    (
+        "precision_at_k",
+        lambda: M.PrecisionAtKMetric(k=3),
+        lambda m, b: m(t(b["multilabels"]), t(b["scores"]), weights=t(b["weights"])),
+        lambda bs: np_at_k(_cat(bs, "multilabels"), _cat(bs, "scores"), 3, _cat(bs, "weights")),
+        1e-5,
+    ),
+    (
+        "recall_at_k",
+        lambda: M.RecallAtKMetric(k=2),
+        lambda m, b: m(t(b["multilabels"]), t(b["scores"])),
+        lambda bs: np_at_k(_cat(bs, "multilabels"), _cat(bs, "scores"), 2, kind="recall"),
+        1e-5,
+    ),
+    (
+        "auc_roc",
+        lambda: M.AUCMetric(num_thresholds=50),
+        lambda m, b: m(t(b["binary"]), t(b["probs"]), weights=t(b["weights"])),
+        lambda bs: np_auc_riemann(
+            _cat(bs, "binary"), _cat(bs, "probs"), 50, "ROC", "interpolation", _cat(bs, "weights")
+        ),
+        1e-5,
+    ),
+    (
+        "auc_pr_interpolation",
+        lambda: M.AUCMetric(num_thresholds=30, curve="PR"),
+        lambda m, b: m(t(b["binary"]), t(b["probs"])),
+        lambda bs: np_auc_riemann(_cat(bs, "binary"), _cat(bs, "probs"), 30, "PR", "interpolation"),
+        1e-5,
+    ),
+    (
+        "auc_pr_majoring",
+        lambda: M.AUCMetric(curve="PR", summation_method="majoring"),
+        lambda m, b: m(t(b["binary"]), t(b["probs"])),
+        lambda bs: np_auc_riemann(_cat(bs, "binary"), _cat(bs, "probs"), 200, "PR", "majoring"),
+        1e-5,
+    ),
+    (
+        "auc_roc_minoring",
+        lambda: M.AUCMetric(num_thresholds=20, summation_method="minoring"),
+        lambda m, b: m(t(b["binary"]), t(b["probs"])),
+        lambda bs: np_auc_riemann(_cat(bs, "binary"), _cat(bs, "probs"), 20, "ROC", "minoring"),
+        1e-5,
+    ),
 ]
-FLOAT_RESULT = {"precision_at_k", "recall_at_k", "auc_roc", "auc_pr_interpolation",
-                "auc_pr_majoring", "auc_roc_minoring"}
+FLOAT_RESULT = {
+    "precision_at_k",
+    "recall_at_k",
+    "auc_roc",
+    "auc_pr_interpolation",
+    "auc_pr_majoring",
+    "auc_roc_minoring",
+}
 
 
 @pytest.mark.parametrize("label,factory,update,reference,tol", CASES, ids=[c[0] for c in CASES])
@@ -262,14 +342,16 @@ def test_metrics_accumulate_inside_a_compiled_eval_step(cpu_backend):
     for step, batch in enumerate(DataExecutor(DataLoader(input_fn), num_steps=len(batches))):
         outputs = eval_step(batch)
         running_accuracy.append((float(outputs["accuracy"]), float(metrics["accuracy"])))
-        expected = np_accuracy(_cat(batches[:step + 1], "labels"), _cat(batches[:step + 1],
-                                                                         "preds"))
+        expected = np_accuracy(
+            _cat(batches[: step + 1], "labels"), _cat(batches[: step + 1], "preds")
+        )
         assert running_accuracy[-1] == pytest.approx((expected, expected), rel=1e-6)
     assert eval_step.trace_count == 1 and xla_compilations(eval_step) == 1
     for label, _, _, reference, tol in CASES:
         metric = metrics[label]
-        assert float(metric.compute()) == pytest.approx(float(reference(batches)), rel=tol,
-                                                        abs=tol), label
+        assert float(metric.compute()) == pytest.approx(
+            float(reference(batches)), rel=tol, abs=tol
+        ), label
         assert metric.num_updates == len(batches), label
         if label in FLOAT_RESULT:
             assert type(metric.compute()) is float
@@ -322,20 +404,28 @@ def test_reset_clears_state_and_updates():
 def test_shape_mismatch_warns_for_accuracy_and_raises_for_others():
     with pytest.warns(UserWarning, match="Shapes mismatch"):
         assert float(M.AccuracyMetric("a")(torch.tensor([1, 2]), torch.tensor([[1], [0]]))) == 0.5
-    for metric in (M.DiceCoefficientMetric(3), M.MeanIOUMetric(3), M.FBetaScoreMetric(3),
-                   M.MeanPerClassAccuracyMetric(3), M.AUCMetric()):
+    for metric in (
+        M.DiceCoefficientMetric(3),
+        M.MeanIOUMetric(3),
+        M.FBetaScoreMetric(3),
+        M.MeanPerClassAccuracyMetric(3),
+        M.AUCMetric(),
+    ):
         with pytest.raises(ValueError, match="mismatched shapes"):
             metric.update(torch.tensor([1, 0]), torch.tensor([1, 0, 1]))
 
 
-@pytest.mark.parametrize("make", [
-    lambda: M.FBetaScoreMetric(num_classes=1),
-    lambda: M.FBetaScoreMetric(3, beta=0),
-    lambda: M.FBetaScoreMetric(3, average_type="weighted"),
-    lambda: M.AUCMetric(curve="XY"),
-    lambda: M.AUCMetric(summation_method="trapezoid"),
-    lambda: M.AUCMetric(num_thresholds=1),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: M.FBetaScoreMetric(num_classes=1),
+        lambda: M.FBetaScoreMetric(3, beta=0),
+        lambda: M.FBetaScoreMetric(3, average_type="weighted"),
+        lambda: M.AUCMetric(curve="XY"),
+        lambda: M.AUCMetric(summation_method="trapezoid"),
+        lambda: M.AUCMetric(num_thresholds=1),
+    ],
+)
 def test_constructor_validation(make):
     with pytest.raises(ValueError):
         make()
@@ -349,8 +439,9 @@ def test_value_checks_of_eager_updates():
     with pytest.raises(ValueError, match="Negative"):
         M.DiceCoefficientMetric(3).update(torch.tensor([-1, 1]), torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="scalar or a vector"):
-        M.PrecisionAtKMetric(1).update(torch.zeros(2, 1, dtype=torch.long), torch.rand(2, 3),
-                                       weights=torch.ones(3))
+        M.PrecisionAtKMetric(1).update(
+            torch.zeros(2, 1, dtype=torch.long), torch.rand(2, 3), weights=torch.ones(3)
+        )
 
 
 def test_precision_at_k_compute_is_a_python_float():

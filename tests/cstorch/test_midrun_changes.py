@@ -20,7 +20,6 @@ import torch
 import cerebras.pytorch as cstorch
 from cstorch.core.compile import RecompilationWarning
 from jax_backend.errors import RecompilationError
-
 from tests.cstorch.test_aliases import XS, YS, build
 from tests.training import compiled_sgd_step
 
@@ -34,8 +33,16 @@ def _close(a, b, what, atol=1e-6):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=atol, err_msg=what)
 
 
-def _run(engine, change, model_kind="mlp", optimizer="sgd", steps=STEPS,
-         changes_at=(CHANGE_AFTER,), recompiles_at=(CHANGE_AFTER,), after_run=None):
+def _run(
+    engine,
+    change,
+    model_kind="mlp",
+    optimizer="sgd",
+    steps=STEPS,
+    changes_at=(CHANGE_AFTER,),
+    recompiles_at=(CHANGE_AFTER,),
+    after_run=None,
+):
     """``change(model, optimizer, when)`` after each step count in ``changes_at``; the
     compiled step must warn that it compiles again at the steps in ``recompiles_at``."""
     cstorch.backend._reset_for_tests()
@@ -111,6 +118,7 @@ def _zero_grad_hook(p):
 
 def test_parameter_hooks_registered_before_the_first_step():
     """The fake tensors the step is traced with carry the parameters' gradient hooks."""
+
     def change(model, optimizer, when):
         model[0].weight.register_hook(lambda grad: grad * 0.25)
         model[3].weight.register_post_accumulate_grad_hook(_zero_grad_hook)
@@ -131,9 +139,13 @@ def test_global_module_forward_hook_registered_mid_run():
     handles = []
 
     def change(model, optimizer, when):
-        handles.append(torch.nn.modules.module.register_module_forward_hook(
-            lambda module, inputs, output: output * 0.5 if isinstance(module, torch.nn.Tanh)
-            else None))
+        handles.append(
+            torch.nn.modules.module.register_module_forward_hook(
+                lambda module, inputs, output: (
+                    output * 0.5 if isinstance(module, torch.nn.Tanh) else None
+                )
+            )
+        )
 
     def remove():
         while handles:
@@ -149,6 +161,7 @@ def test_global_module_forward_hook_registered_mid_run():
 def test_replaced_parameter_gets_no_update_as_in_eager_torch():
     """eager torch: the optimizer keeps the old tensor; the new one is used by the forward
     and never updated, and the old one, no longer used, keeps its value."""
+
     def replace(model, optimizer, when):
         model[3].weight = torch.nn.Parameter(torch.full((4, 256), 0.01))
 
@@ -174,20 +187,26 @@ def test_tied_mid_run_as_in_eager_torch():
 
 
 # ------------------------------------------------------------------ CSX
-@pytest.mark.parametrize("change, named", [
-    (lambda m: m[0].weight.requires_grad_(False), "requires_grad"),
-    (lambda m: m[0].weight.register_hook(lambda g: g), "hook"),
-    (lambda m: m[2].register_forward_hook(lambda *a: None), "hook"),
-    (lambda m: setattr(m[3], "weight", torch.nn.Parameter(torch.zeros(4, 256))),
-     "replaced"),
-])
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        (lambda m: m[0].weight.requires_grad_(False), "requires_grad"),
+        (lambda m: m[0].weight.register_hook(lambda g: g), "hook"),
+        (lambda m: m[2].register_forward_hook(lambda *a: None), "hook"),
+        (lambda m: setattr(m[3], "weight", torch.nn.Parameter(torch.zeros(4, 256))), "replaced"),
+    ],
+)
 def test_csx_refuses_mid_run_changes_and_names_them(change, named):
     from cstorch.distributed import ClusterConfig
 
     backend = cstorch.backend("CSX", cluster_config=ClusterConfig(num_csx=1))
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.BatchNorm1d(256),
-                                torch.nn.Tanh(), torch.nn.Linear(256, 4))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(128, 256),
+        torch.nn.BatchNorm1d(256),
+        torch.nn.Tanh(),
+        torch.nn.Linear(256, 4),
+    )
     optimizer, step = compiled_sgd_step(model, backend)
 
     step(XS[0], YS[0])
@@ -205,8 +224,9 @@ def test_add_param_group_then_preinitialize_keeps_adam_moments():
     for engine in ("cstorch", "eager"):
         cstorch.backend._reset_for_tests()
         torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(128, 32), torch.nn.Tanh(),
-                                    torch.nn.Linear(32, 4))
+        model = torch.nn.Sequential(
+            torch.nn.Linear(128, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)
+        )
         head = list(model[2].parameters())
         for p in head:
             p.requires_grad_(False)
@@ -226,16 +246,20 @@ def test_add_param_group_then_preinitialize_keeps_adam_moments():
             opt.preinitialize()
         else:
             for p in head:
-                opt.state[p].update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p),
-                                    exp_avg_sq=torch.zeros_like(p))
+                opt.state[p].update(
+                    step=torch.tensor(0.0),
+                    exp_avg=torch.zeros_like(p),
+                    exp_avg_sq=torch.zeros_like(p),
+                )
         if engine == "cstorch":
             with pytest.warns(RecompilationWarning):
                 losses.append(step(XS[2], YS[2]).item())
         else:
             losses.append(step(XS[2], YS[2]).item())
         losses += [step(XS[i], YS[i]).item() for i in range(3, STEPS)]
-        moments = {i: opt.state[p]["exp_avg"].detach().clone()
-                   for i, p in enumerate(model.parameters())}
+        moments = {
+            i: opt.state[p]["exp_avg"].detach().clone() for i, p in enumerate(model.parameters())
+        }
         results.append((losses, copy.deepcopy(model.state_dict()), moments))
     (ours, ours_state, ours_m), (eager, eager_state, eager_m) = results
     _close(np.array(ours), np.array(eager), "losses", 2e-5)
@@ -269,8 +293,12 @@ def test_deepcopy_of_a_compiled_model_is_a_plain_independent_model():
     assert not torch.equal(model[0].weight, torch.zeros(256, 128))
     out = duplicate(XS[0])  # the copy is an ordinary eager model
     eager = copy.deepcopy(before)
-    reference = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.BatchNorm1d(256),
-                                    torch.nn.Tanh(), torch.nn.Linear(256, 4))
+    reference = torch.nn.Sequential(
+        torch.nn.Linear(128, 256),
+        torch.nn.BatchNorm1d(256),
+        torch.nn.Tanh(),
+        torch.nn.Linear(256, 4),
+    )
     eager["0.weight"] = torch.zeros(256, 128)
     reference.load_state_dict(eager)
     torch.testing.assert_close(out, reference(XS[0]))

@@ -97,16 +97,27 @@ class _ConvRoundedOnce(torch.autograd.Function):
     def forward(ctx, x, weight, bias, stride, padding):
         ctx.save_for_backward(x, weight)
         ctx.arguments = (stride, padding)
-        return torch.nn.functional.conv2d(x.float(), weight.float(), bias.float(), stride,
-                                          padding).bfloat16()
+        return torch.nn.functional.conv2d(
+            x.float(), weight.float(), bias.float(), stride, padding
+        ).bfloat16()
 
     @staticmethod
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
         stride, padding = ctx.arguments
         grads = torch.ops.aten.convolution_backward(
-            grad.float(), x.float(), weight.float(), [weight.shape[0]], list(stride),
-            list(padding), [1, 1], False, [0, 0], 1, [True] * 3)
+            grad.float(),
+            x.float(),
+            weight.float(),
+            [weight.shape[0]],
+            list(stride),
+            list(padding),
+            [1, 1],
+            False,
+            [0, 0],
+            1,
+            [True] * 3,
+        )
         return (*(g.bfloat16() for g in grads), None, None)
 
 
@@ -115,8 +126,13 @@ class SmallCNNRoundedOnce(SmallCNN):
 
     def forward(self, x):
         def conv(layer, x):
-            return _ConvRoundedOnce.apply(x.bfloat16(), layer.weight.bfloat16(),
-                                          layer.bias.bfloat16(), layer.stride, layer.padding)
+            return _ConvRoundedOnce.apply(
+                x.bfloat16(),
+                layer.weight.bfloat16(),
+                layer.bias.bfloat16(),
+                layer.stride,
+                layer.padding,
+            )
 
         x = torch.relu(conv(self.conv2, torch.relu(conv(self.conv1, x))))
         return self.head(x.mean((2, 3)))
@@ -150,8 +166,10 @@ def _cnn_run(engine, precision, steps=8, model_class=None):
         return loss
 
     g = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(16, 3, 12, 12, generator=g), torch.randint(0, 10, (16,), generator=g))
-               for _ in range(steps)]
+    batches = [
+        (torch.randn(16, 3, 12, 12, generator=g), torch.randint(0, 10, (16,), generator=g))
+        for _ in range(steps)
+    ]
     for x, y in cstorch.utils.data.DataExecutor(cstorch.utils.data.DataLoader(lambda: batches)):
         step(x, y)
     weights = np.concatenate([p.detach().double().numpy().ravel() for p in model.parameters()])

@@ -16,12 +16,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 @pytest.mark.slow
 def test_data_parallel_and_weight_servers_match_one_device():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-               PYTHONPATH=ROOT)
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", PYTHONPATH=ROOT)
     configs = [[1, 0], [2, 0], [4, 0], [4, 2]]
-    out = subprocess.run([sys.executable, "-m", "tests.cstorch.multidevice_run",
-                          json.dumps(configs)], capture_output=True, text=True, cwd=ROOT,
-                         env=env, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.cstorch.multidevice_run", json.dumps(configs)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=600,
+    )
     line = next((s for s in out.stdout.splitlines() if s.startswith("RESULT ")), None)
     assert line is not None, out.stderr[-3000:]
     results = json.loads(line[7:])

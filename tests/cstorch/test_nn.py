@@ -8,18 +8,27 @@ import inspect
 import numpy as np
 import pytest
 import torch
+from cerebras.pytorch.nn import functional as F
 
 import cerebras.pytorch as cstorch
 from cerebras.pytorch import nn
-from cerebras.pytorch.nn import functional as F
 from cstorch.utils.data import DataExecutor, DataLoader
 
 torch.manual_seed(0)
 X, Y = torch.randn(6, 5), torch.randn(6, 5)
 
 
-@pytest.mark.parametrize("name", ["BCEWithLogitsLoss", "L1Loss", "MSELoss", "KLDivLoss",
-                                  "CrossEntropyLoss", "TripletMarginWithDistanceLoss"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "BCEWithLogitsLoss",
+        "L1Loss",
+        "MSELoss",
+        "KLDivLoss",
+        "CrossEntropyLoss",
+        "TripletMarginWithDistanceLoss",
+    ],
+)
 def test_torch_losses_accept_use_autogen(name):
     ours = getattr(nn, name)(reduction="sum", use_autogen=True)
     assert isinstance(ours, getattr(torch.nn, name)) and ours.autogen_enabled is True
@@ -43,19 +52,34 @@ def test_torch_loss_arguments_may_be_positional():
     assert nn.TripletMarginWithDistanceLoss(None, 2.5).margin == 2.5
 
 
-@pytest.mark.parametrize("ours,theirs,args", [
-    (nn.HuberLoss(delta=0.7), torch.nn.HuberLoss(delta=0.7), (X, Y)),
-    (nn.SmoothL1Loss(beta=0.5, reduction="sum"), torch.nn.SmoothL1Loss(beta=0.5, reduction="sum"),
-     (X, Y)),
-    (nn.SmoothL1Loss(reduction="none", use_autogen=True), torch.nn.SmoothL1Loss(reduction="none"),
-     (X, Y)),
-    (nn.GaussianNLLLoss(full=True), torch.nn.GaussianNLLLoss(full=True),
-     (X, Y, torch.rand(6, 5) + 1e-8)),
-    (nn.GaussianNLLLoss(), torch.nn.GaussianNLLLoss(), (X, Y, torch.rand(6) + 0.1)),
-    (nn.MultiMarginLoss(), torch.nn.MultiMarginLoss(), (X, torch.tensor([0, 1, 2, 3, 4, 0]))),
-    (nn.MultiMarginLoss(p=2, margin=0.5, weight=torch.rand(5), reduction="sum"),
-     None, (X, torch.tensor([0, 1, 2, 3, 4, 0]))),
-])
+@pytest.mark.parametrize(
+    "ours,theirs,args",
+    [
+        (nn.HuberLoss(delta=0.7), torch.nn.HuberLoss(delta=0.7), (X, Y)),
+        (
+            nn.SmoothL1Loss(beta=0.5, reduction="sum"),
+            torch.nn.SmoothL1Loss(beta=0.5, reduction="sum"),
+            (X, Y),
+        ),
+        (
+            nn.SmoothL1Loss(reduction="none", use_autogen=True),
+            torch.nn.SmoothL1Loss(reduction="none"),
+            (X, Y),
+        ),
+        (
+            nn.GaussianNLLLoss(full=True),
+            torch.nn.GaussianNLLLoss(full=True),
+            (X, Y, torch.rand(6, 5) + 1e-8),
+        ),
+        (nn.GaussianNLLLoss(), torch.nn.GaussianNLLLoss(), (X, Y, torch.rand(6) + 0.1)),
+        (nn.MultiMarginLoss(), torch.nn.MultiMarginLoss(), (X, torch.tensor([0, 1, 2, 3, 4, 0]))),
+        (
+            nn.MultiMarginLoss(p=2, margin=0.5, weight=torch.rand(5), reduction="sum"),
+            None,
+            (X, torch.tensor([0, 1, 2, 3, 4, 0])),
+        ),
+    ],
+)
 def test_custom_losses_match_torch(ours, theirs, args):
     if theirs is None:  # same weight as ours
         theirs = torch.nn.MultiMarginLoss(p=2, margin=0.5, weight=ours.weight, reduction="sum")
@@ -100,7 +124,14 @@ def test_functional_fallbacks():
     assert F.one_hot(torch.tensor([1]), 2).dtype == torch.int32
     mask = torch.tensor([0, 1, 1, 1, 0, 0, 1])
     assert F.conditional_arange(mask, torch.tensor(2), torch.tensor(7)).tolist() == [
-        -1, 2, 9, 16, -1, -1, 23]
+        -1,
+        2,
+        9,
+        16,
+        -1,
+        -1,
+        23,
+    ]
     stat = F.nth_order_statistic(torch.tensor([0, 2, 3, 5, 4, 1, 6]), 3, 0)
     assert stat.tolist() == [0, 0, 0, 1, 1, 0, 1] and stat.dtype == torch.int16
     x, w = torch.randn(2, 5, 3), torch.randn(4, 3)
@@ -160,8 +191,7 @@ def test_selective_grad_trains_only_selected_entries_in_a_compiled_step(cpu_back
         optimizer.zero_grad()
         return loss
 
-    for x in DataExecutor(DataLoader(lambda: [torch.randn(8, 4) for _ in range(3)]),
-                          num_steps=3):
+    for x in DataExecutor(DataLoader(lambda: [torch.randn(8, 4) for _ in range(3)]), num_steps=3):
         step(x)
     weight = model.state_dict()["weight"]
     assert torch.equal(weight[~mask], before[~mask])

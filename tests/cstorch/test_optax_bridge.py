@@ -23,8 +23,10 @@ def _model():
 
 def _batches():
     g = torch.Generator().manual_seed(2)
-    return [(torch.randn(10, 6, generator=g), torch.randint(0, 3, (10,), generator=g))
-            for _ in range(STEPS)]
+    return [
+        (torch.randn(10, 6, generator=g), torch.randint(0, 3, (10,), generator=g))
+        for _ in range(STEPS)
+    ]
 
 
 def _train(make_optimizer, engine="jax"):
@@ -49,19 +51,26 @@ def _train(make_optimizer, engine="jax"):
 
     batches = _batches()
     executor = cstorch.utils.data.DataExecutor(
-        cstorch.utils.data.DataLoader(lambda: batches), num_steps=STEPS)
+        cstorch.utils.data.DataLoader(lambda: batches), num_steps=STEPS
+    )
     for inputs, targets in executor:
         training_step(inputs, targets)
     return losses, [p.detach().clone() for p in model.parameters()], optimizer
 
 
 PAIRS = {
-    "adamw": (lambda ps: cstorch.optim.from_optax(
-                  optax.adamw(1e-2, b1=0.9, b2=0.99, eps=1e-12, weight_decay=0.05), ps),
-              lambda ps: cstorch.optim.AdamW(ps, lr=1e-2, betas=(0.9, 0.99), eps=1e-12,
-                                             weight_decay=0.05)),
-    "sgd_momentum": (lambda ps: cstorch.optim.from_optax(optax.sgd(0.1, momentum=0.9), ps),
-                     lambda ps: cstorch.optim.SGD(ps, lr=0.1, momentum=0.9)),
+    "adamw": (
+        lambda ps: cstorch.optim.from_optax(
+            optax.adamw(1e-2, b1=0.9, b2=0.99, eps=1e-12, weight_decay=0.05), ps
+        ),
+        lambda ps: cstorch.optim.AdamW(
+            ps, lr=1e-2, betas=(0.9, 0.99), eps=1e-12, weight_decay=0.05
+        ),
+    ),
+    "sgd_momentum": (
+        lambda ps: cstorch.optim.from_optax(optax.sgd(0.1, momentum=0.9), ps),
+        lambda ps: cstorch.optim.SGD(ps, lr=0.1, momentum=0.9),
+    ),
 }
 
 
@@ -99,8 +108,9 @@ def test_optax_state_is_per_parameter_and_round_trips_state_dict():
     fresh = cstorch.optim.from_optax(optax.adamw(1e-2, eps=1e-12, weight_decay=0.05), params)
     fresh.load_state_dict(saved)
     assert fresh.state[params[0]]["optax[0].count"].dtype == torch.int32
-    torch.testing.assert_close(fresh.state[params[1]]["optax[0].nu"],
-                               optimizer.state[params[1]]["optax[0].nu"])
+    torch.testing.assert_close(
+        fresh.state[params[1]]["optax[0].nu"], optimizer.state[params[1]]["optax[0].nu"]
+    )
 
 
 def test_from_optax_rejects_bad_arguments():
@@ -131,7 +141,8 @@ def test_builtin_optimizer_and_schedule_used_from_jax_directly():
     compiled = cstorch.compile(model, backend)
     optimizer = cstorch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.01)
     scheduler = cstorch.optim.lr_scheduler.CosineDecayLR(
-        optimizer, initial_learning_rate=0.05, end_learning_rate=0.005, total_iters=6)
+        optimizer, initial_learning_rate=0.05, end_learning_rate=0.005, total_iters=6
+    )
     losses = []
 
     @cstorch.step_closure
@@ -148,13 +159,15 @@ def test_builtin_optimizer_and_schedule_used_from_jax_directly():
         record(loss)
 
     executor = cstorch.utils.data.DataExecutor(
-        cstorch.utils.data.DataLoader(lambda: [(x, y)] * STEPS), num_steps=STEPS)
+        cstorch.utils.data.DataLoader(lambda: [(x, y)] * STEPS), num_steps=STEPS
+    )
     for inputs, targets in executor:
         training_step(inputs, targets)
 
     tx = optax.inject_hyperparams(optimizers.adamw)(
         learning_rate=schedules.cosine_decay(initial=0.05, end=0.005, total_iters=6),
-        weight_decay=0.01)
+        weight_decay=0.01,
+    )
     params = [jnp.asarray(p) for p in start]
     state = tx.init(params)
 

@@ -9,14 +9,14 @@ import pytest
 import torch
 
 import cstorch
-from cstorch.optim import lr_scheduler as L
-from cstorch.optim import weight_decay_scheduler as WD
 from cstorch.optim import (
     configure_lr_scheduler,
     configure_optimizer,
     configure_optimizer_params,
     configure_scheduler,
     configure_scheduler_params,
+    lr_scheduler as L,
+    weight_decay_scheduler as WD,
 )
 
 
@@ -39,8 +39,9 @@ def _series(optimizer, scheduler, steps, group=0):
 
 # ------------------------------------------------------------------ optimizers
 def test_configure_optimizer_by_name(cpu_backend):
-    optimizer = configure_optimizer("AdamW", _params(), learning_rate=0.01, weight_decay=0.1,
-                                    betas=(0.8, 0.9))
+    optimizer = configure_optimizer(
+        "AdamW", _params(), learning_rate=0.01, weight_decay=0.1, betas=(0.8, 0.9)
+    )
     assert type(optimizer) is cstorch.optim.AdamW
     group = optimizer.param_groups[0]
     assert group["lr"] == 0.01 and group["weight_decay"] == 0.1 and group["betas"] == (0.8, 0.9)
@@ -69,14 +70,17 @@ def test_unknown_optimizer(cpu_backend):
         configure_optimizer("adamz", _params())
 
 
-@pytest.mark.parametrize("name,kwargs,expected,old", [
-    ("SGD", {"weight_decay_rate": 0.1}, "weight_decay", "weight_decay_rate"),
-    ("Adam", {"beta1": 0.9, "beta2": 0.99}, "betas", "beta1"),
-    ("Lamb", {"beta2": 0.99}, "betas", "beta2"),
-    ("Adam", {"eps1": 1e-8}, "eps", "eps1"),
-    ("Rprop", {"eta1": 0.5, "eta2": 1.2}, "etas", "eta1"),
-    ("Rprop", {"step_size_min": 1e-6}, "step_sizes", "step_size_min"),
-])
+@pytest.mark.parametrize(
+    "name,kwargs,expected,old",
+    [
+        ("SGD", {"weight_decay_rate": 0.1}, "weight_decay", "weight_decay_rate"),
+        ("Adam", {"beta1": 0.9, "beta2": 0.99}, "betas", "beta1"),
+        ("Lamb", {"beta2": 0.99}, "betas", "beta2"),
+        ("Adam", {"eps1": 1e-8}, "eps", "eps1"),
+        ("Rprop", {"eta1": 0.5, "eta2": 1.2}, "etas", "eta1"),
+        ("Rprop", {"step_size_min": 1e-6}, "step_sizes", "step_size_min"),
+    ],
+)
 def test_deprecated_optimizer_parameters(name, kwargs, expected, old, cpu_backend):
     with pytest.raises(ValueError, match=f"expected: {expected}, actual: {old}"):
         configure_optimizer(name, _params(), **kwargs)
@@ -126,37 +130,59 @@ def test_falsy_and_constant_learning_rates(cpu_backend):
 
 @pytest.mark.parametrize("name", ["linear", "LinearLR", "LINEAR", "linearlr"])
 def test_single_scheduler_names(name, cpu_backend):
-    scheduler = configure_lr_scheduler(_sgd(), {
-        "scheduler": name, "initial_learning_rate": 1.0, "end_learning_rate": 0.0,
-        "total_iters": 4})
+    scheduler = configure_lr_scheduler(
+        _sgd(),
+        {
+            "scheduler": name,
+            "initial_learning_rate": 1.0,
+            "end_learning_rate": 0.0,
+            "total_iters": 4,
+        },
+    )
     assert type(scheduler) is L.LinearLR
 
 
 def test_list_becomes_sequential_with_cumulative_milestones(cpu_backend):
     optimizer = _sgd()
     config = [
-        {"scheduler": "Linear", "initial_learning_rate": 0.0, "end_learning_rate": 1.0,
-         "total_iters": 2},
+        {
+            "scheduler": "Linear",
+            "initial_learning_rate": 0.0,
+            "end_learning_rate": 1.0,
+            "total_iters": 2,
+        },
         {"scheduler": "Constant", "learning_rate": 0.5, "total_iters": 3},
-        {"scheduler": "Exponential", "initial_learning_rate": 0.5, "total_iters": 1,
-         "decay_rate": 0.5},
+        {
+            "scheduler": "Exponential",
+            "initial_learning_rate": 0.5,
+            "total_iters": 1,
+            "decay_rate": 0.5,
+        },
     ]
     original = copy.deepcopy(config)
     scheduler = configure_lr_scheduler(optimizer, config)
     assert config == original
     assert type(scheduler) is L.SequentialLR and scheduler._milestones == [2, 5]
-    assert _series(optimizer, scheduler, 7) == pytest.approx(
-        [0.0, 0.5, 0.5, 0.5, 0.5, 0.5, 0.25])
+    assert _series(optimizer, scheduler, 7) == pytest.approx([0.0, 0.5, 0.5, 0.5, 0.5, 0.5, 0.25])
     assert type(configure_lr_scheduler(_sgd(), config[1:2])) is L.ConstantLR
 
 
 def test_main_scheduler_chained(cpu_backend):
     optimizer = _sgd()
     config = [
-        {"scheduler": "Step", "initial_learning_rate": 1.0, "step_size": 2, "gamma": 0.5,
-         "main_scheduler": "chained"},
-        {"scheduler": "Exponential", "initial_learning_rate": 2.0, "total_iters": 1,
-         "decay_rate": 0.5},
+        {
+            "scheduler": "Step",
+            "initial_learning_rate": 1.0,
+            "step_size": 2,
+            "gamma": 0.5,
+            "main_scheduler": "chained",
+        },
+        {
+            "scheduler": "Exponential",
+            "initial_learning_rate": 2.0,
+            "total_iters": 1,
+            "decay_rate": 0.5,
+        },
     ]
     scheduler = configure_lr_scheduler(optimizer, config)
     assert type(scheduler) is L.ChainedScheduler
@@ -170,45 +196,98 @@ def test_main_scheduler_chained(cpu_backend):
 
 
 def test_adjust_learning_rate_wraps_in_scale_per_param(cpu_backend):
-    optimizer = cstorch.optim.SGD([{"params": _params(), "adjust_learning_rate": 0.5},
-                                   {"params": _params()}], lr=0.1)
+    optimizer = cstorch.optim.SGD(
+        [{"params": _params(), "adjust_learning_rate": 0.5}, {"params": _params()}], lr=0.1
+    )
     scheduler = configure_lr_scheduler(optimizer, 0.2, adjust_learning_rate={"dense": 0.5})
     assert type(scheduler) is L.ScalePerParamLR
     assert [v.item() for v in scheduler.get_last_lr()] == pytest.approx([0.1, 0.2])
-    sequential = configure_lr_scheduler(optimizer, [
-        {"scheduler": "Constant", "learning_rate": 0.2, "total_iters": 1},
-        {"scheduler": "Constant", "learning_rate": 0.4}], adjust_learning_rate={"x": 1})
+    sequential = configure_lr_scheduler(
+        optimizer,
+        [
+            {"scheduler": "Constant", "learning_rate": 0.2, "total_iters": 1},
+            {"scheduler": "Constant", "learning_rate": 0.4},
+        ],
+        adjust_learning_rate={"x": 1},
+    )
     assert type(sequential) is L.ScalePerParamLR
     assert type(sequential._scheduler_nested) is L.SequentialLR
 
 
-@pytest.mark.parametrize("config,message", [
-    ({"scheduler": "linear", "initial_learning_rate": 1.0, "end_learning_rate": 0.0,
-      "steps": 10}, "expected: total_iters, actual: steps"),
-    ({"scheduler": "linear", "initial_learning_rate": 1.0, "end_learning_rate": 0.0,
-      "decay_steps": 10}, "expected: total_iters, actual: decay_steps"),
-    ({"scheduler": "exponential", "learning_rate": 1.0, "total_iters": 10, "decay_rate": 0.5},
-     "expected: initial_learning_rate, actual: learning_rate"),
-    ({"scheduler": "cyclic", "learning_rate": 0.1, "max_lr": 1.0},
-     "expected: base_lr, actual: learning_rate"),
-    ({"scheduler": "PiecewiseConstant", "values": [0.1, 0.01], "milestones": [3]},
-     "expected: learning_rates, actual: values"),
-    ({"scheduler": "MultiStep", "initial_learning_rate": 1.0, "gamma": 0.5,
-      "boundaries": [3]}, "expected: milestones, actual: boundaries"),
-    ({"scheduler": "CosineAnnealing", "initial_learning_rate": 1.0, "t_max": 5},
-     "expected: T_max, actual: t_max"),
-])
+@pytest.mark.parametrize(
+    "config,message",
+    [
+        (
+            {
+                "scheduler": "linear",
+                "initial_learning_rate": 1.0,
+                "end_learning_rate": 0.0,
+                "steps": 10,
+            },
+            "expected: total_iters, actual: steps",
+        ),
+        (
+            {
+                "scheduler": "linear",
+                "initial_learning_rate": 1.0,
+                "end_learning_rate": 0.0,
+                "decay_steps": 10,
+            },
+            "expected: total_iters, actual: decay_steps",
+        ),
+        (
+            {
+                "scheduler": "exponential",
+                "learning_rate": 1.0,
+                "total_iters": 10,
+                "decay_rate": 0.5,
+            },
+            "expected: initial_learning_rate, actual: learning_rate",
+        ),
+        (
+            {"scheduler": "cyclic", "learning_rate": 0.1, "max_lr": 1.0},
+            "expected: base_lr, actual: learning_rate",
+        ),
+        (
+            {"scheduler": "PiecewiseConstant", "values": [0.1, 0.01], "milestones": [3]},
+            "expected: learning_rates, actual: values",
+        ),
+        (
+            {
+                "scheduler": "MultiStep",
+                "initial_learning_rate": 1.0,
+                "gamma": 0.5,
+                "boundaries": [3],
+            },
+            "expected: milestones, actual: boundaries",
+        ),
+        (
+            {"scheduler": "CosineAnnealing", "initial_learning_rate": 1.0, "t_max": 5},
+            "expected: T_max, actual: t_max",
+        ),
+    ],
+)
 def test_deprecated_scheduler_keys(config, message, cpu_backend):
     with pytest.raises(ValueError, match=message):
         configure_lr_scheduler(_sgd(), config)
 
 
 def test_unknown_scheduler_keys_and_names(cpu_backend):
-    with pytest.raises(ValueError, match=r"unexpected parameters: \['warmup'\](.|\n)*"
-                                         r"LinearLR\(optimizer, initial_learning_rate=1.0"):
-        configure_lr_scheduler(_sgd(), {"scheduler": "linear", "initial_learning_rate": 1.0,
-                                        "end_learning_rate": 0.0, "total_iters": 4,
-                                        "warmup": 3})
+    with pytest.raises(
+        ValueError,
+        match=r"unexpected parameters: \['warmup'\](.|\n)*"
+        r"LinearLR\(optimizer, initial_learning_rate=1.0",
+    ):
+        configure_lr_scheduler(
+            _sgd(),
+            {
+                "scheduler": "linear",
+                "initial_learning_rate": 1.0,
+                "end_learning_rate": 0.0,
+                "total_iters": 4,
+                "warmup": 3,
+            },
+        )
     with pytest.raises(ValueError, match="Invalid lr_scheduler type.*'nope'"):
         configure_lr_scheduler(_sgd(), {"scheduler": "nope"})
     with pytest.raises(ValueError, match="'scheduler' key"):
@@ -218,8 +297,12 @@ def test_unknown_scheduler_keys_and_names(cpu_backend):
 
 
 def test_configure_scheduler_params():
-    config = {"scheduler": "CosineDecay", "initial_learning_rate": 1.0,
-              "end_learning_rate": 0.0, "total_iters": 10}
+    config = {
+        "scheduler": "CosineDecay",
+        "initial_learning_rate": 1.0,
+        "end_learning_rate": 0.0,
+        "total_iters": 10,
+    }
     cls, kwargs = configure_scheduler_params(config)
     assert cls is L.CosineDecayLR
     assert kwargs == {"initial_learning_rate": 1.0, "end_learning_rate": 0.0, "total_iters": 10}
@@ -229,41 +312,81 @@ def test_configure_scheduler_params():
 # ------------------------------------------------------------------ generic schedulers
 def test_configure_scheduler_single_and_nested(cpu_backend):
     optimizer = _sgd()
-    linear = configure_scheduler(optimizer, {"LinearLR": {
-        "initial_learning_rate": 1.0, "end_learning_rate": 0.0, "total_iters": 4}})
+    linear = configure_scheduler(
+        optimizer,
+        {"LinearLR": {"initial_learning_rate": 1.0, "end_learning_rate": 0.0, "total_iters": 4}},
+    )
     assert type(linear) is L.LinearLR
-    config = {"SequentialLR": {"schedulers": [
-        {"LinearLR": {"initial_learning_rate": 0.0, "end_learning_rate": 1.0, "total_iters": 2}},
-        {"StepLR": {"initial_learning_rate": 1.0, "step_size": 1, "gamma": 0.5}}]}}
+    config = {
+        "SequentialLR": {
+            "schedulers": [
+                {
+                    "LinearLR": {
+                        "initial_learning_rate": 0.0,
+                        "end_learning_rate": 1.0,
+                        "total_iters": 2,
+                    }
+                },
+                {"StepLR": {"initial_learning_rate": 1.0, "step_size": 1, "gamma": 0.5}},
+            ]
+        }
+    }
     original = copy.deepcopy(config)
     sequential = configure_scheduler(optimizer, config)
     assert config == original
     assert type(sequential) is L.SequentialLR and sequential._milestones == [2]
     assert _series(optimizer, sequential, 5) == pytest.approx([0.0, 0.5, 1.0, 0.5, 0.25])
-    chained = configure_scheduler(_sgd(), {"ChainedLR": {"schedulers": [
-        {"ConstantLR": {"learning_rate": 0.5}},
-        {"StepLR": {"initial_learning_rate": 1.0, "step_size": 1, "gamma": 0.5}}]}})
+    chained = configure_scheduler(
+        _sgd(),
+        {
+            "ChainedLR": {
+                "schedulers": [
+                    {"ConstantLR": {"learning_rate": 0.5}},
+                    {"StepLR": {"initial_learning_rate": 1.0, "step_size": 1, "gamma": 0.5}},
+                ]
+            }
+        },
+    )
     assert type(chained) is L.ChainedLR
-    scaled = configure_scheduler(_sgd(), {"ScalePerParamLR": {
-        "scheduler": {"ConstantLR": {"learning_rate": 0.5}}}})
+    scaled = configure_scheduler(
+        _sgd(), {"ScalePerParamLR": {"scheduler": {"ConstantLR": {"learning_rate": 0.5}}}}
+    )
     assert type(scaled) is L.ScalePerParamLR
-    piecewise = configure_scheduler(_sgd(), {"PiecewiseConstantWD": {
-        "vals": [0.1, 0.01], "milestones": [2]}})
+    piecewise = configure_scheduler(
+        _sgd(), {"PiecewiseConstantWD": {"vals": [0.1, 0.01], "milestones": [2]}}
+    )
     assert type(piecewise) is WD.PiecewiseConstantWD
 
 
 def test_configure_scheduler_tags(cpu_backend):
-    optimizer = cstorch.optim.SGD([{"params": _params(), "tags": "enc"},
-                                   {"params": _params()}], lr=0.1)
-    sequential = configure_scheduler(optimizer, {"SequentialLR": {
-        "param_group_tags": "enc", "schedulers": [
-            {"ConstantLR": {"learning_rate": 0.5, "total_iters": 1}},
-            {"ConstantLR": {"learning_rate": 0.2}}]}})
+    optimizer = cstorch.optim.SGD(
+        [{"params": _params(), "tags": "enc"}, {"params": _params()}], lr=0.1
+    )
+    sequential = configure_scheduler(
+        optimizer,
+        {
+            "SequentialLR": {
+                "param_group_tags": "enc",
+                "schedulers": [
+                    {"ConstantLR": {"learning_rate": 0.5, "total_iters": 1}},
+                    {"ConstantLR": {"learning_rate": 0.2}},
+                ],
+            }
+        },
+    )
     assert all(s.param_group_tags == {"enc"} for s in sequential._schedulers)
     assert sequential.get_last_lr()[1] is None
     with pytest.raises(ValueError, match="non-main scheduler ConstantLR"):
-        configure_scheduler(optimizer, {"ChainedLR": {"schedulers": [
-            {"ConstantLR": {"learning_rate": 0.5, "param_group_tags": "enc"}}]}})
+        configure_scheduler(
+            optimizer,
+            {
+                "ChainedLR": {
+                    "schedulers": [
+                        {"ConstantLR": {"learning_rate": 0.5, "param_group_tags": "enc"}}
+                    ]
+                }
+            },
+        )
 
 
 def test_configure_scheduler_errors(cpu_backend):
@@ -278,8 +401,13 @@ def test_configure_scheduler_errors(cpu_backend):
 
 
 def test_helpers_are_exported():
-    for name in ["configure_optimizer", "configure_optimizer_params", "configure_lr_scheduler",
-                 "configure_scheduler", "configure_scheduler_params"]:
+    for name in [
+        "configure_optimizer",
+        "configure_optimizer_params",
+        "configure_lr_scheduler",
+        "configure_scheduler",
+        "configure_scheduler_params",
+    ]:
         assert callable(getattr(cstorch.optim, name))
 
 

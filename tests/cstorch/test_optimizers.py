@@ -17,10 +17,11 @@ import torch
 
 import cstorch
 from cstorch.optim import lr_scheduler, weight_decay_scheduler
-
 from tests.jit_cache import xla_compilations
-from tests.reference_data import OPTIMIZER_TRAJECTORIES as TRAJECTORIES
-from tests.reference_data import optimizer_problem as _problem
+from tests.reference_data import (
+    OPTIMIZER_TRAJECTORIES as TRAJECTORIES,
+    optimizer_problem as _problem,
+)
 
 W, B, X, T = _problem()
 
@@ -65,7 +66,9 @@ def _params_of(model):
 
 # The per-parameter key order cstorch creates (preinitialize, then the global `step`).
 KEY_ORDER = {
-    "SGD": [], "SGD_momentum": ["momentum_buffer"], "SGD_nesterov": ["momentum_buffer"],
+    "SGD": [],
+    "SGD_momentum": ["momentum_buffer"],
+    "SGD_nesterov": ["momentum_buffer"],
     "Adam": ["exp_avg", "exp_avg_sq", "beta1_power", "beta2_power"],
     "Adam_l2": ["exp_avg", "exp_avg_sq", "beta1_power", "beta2_power"],
     "AdamW": ["exp_avg", "exp_avg_sq", "beta1_power", "beta2_power"],
@@ -115,11 +118,11 @@ def test_fixture_trajectory_traced_and_checkpoint_continuation(case, cpu_backend
         for name, w in zip(("w", "b"), want):
             w = np.asarray(w, np.float32).reshape(params[name].shape)
             assert _rel_err(params[name], w) < 1e-5, (case, index, name)
-            np.testing.assert_allclose(params[name].numpy(), w, rtol=1e-5, atol=1e-7,
-                                       err_msg=f"{case} step {index} {name}")
+            np.testing.assert_allclose(
+                params[name].numpy(), w, rtol=1e-5, atol=1e-7, err_msg=f"{case} step {index} {name}"
+            )
         if index == 2:
-            cstorch.save({"model": model.state_dict(),
-                                  "optimizer": optimizer.state_dict()}, ckpt)
+            cstorch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, ckpt)
     assert step.trace_count == 1 and xla_compilations(step) == 1
     final_params = _params_of(model)
     final_state = optimizer.state_dict()["state"]
@@ -165,8 +168,13 @@ def _muon_reference(params, grads_seq, lr, weight_decay, momentum, nesterov, ns_
 
     from jax_backend import optimizers
 
-    tx = optimizers.muon(learning_rate=lr, weight_decay=weight_decay, momentum=momentum,
-                         nesterov=nesterov, ns_steps=ns_steps)
+    tx = optimizers.muon(
+        learning_rate=lr,
+        weight_decay=weight_decay,
+        momentum=momentum,
+        nesterov=nesterov,
+        ns_steps=ns_steps,
+    )
     ps = [jnp.asarray(p.numpy()) for p in params]
     state = tx.init(ps)
     for grads in grads_seq:
@@ -200,8 +208,9 @@ def test_muon_traced_matches_the_pure_rule_and_survives_a_checkpoint(cpu_backend
     del got, buffer  # kept across the step, they would be aliases the step writes through
     step(X, T)
     restored = Affine(with_bias=False)
-    restored_optimizer = cstorch.optim.Muon(restored.parameters(), lr=0.02, momentum=0.9,
-                                            ns_steps=3)
+    restored_optimizer = cstorch.optim.Muon(
+        restored.parameters(), lr=0.02, momentum=0.9, ns_steps=3
+    )
     state = cstorch.load(path)
     restored.load_state_dict(state["model"])
     restored_optimizer.load_state_dict(state["optimizer"])
@@ -218,15 +227,43 @@ def test_muon_rejects_vectors(cpu_backend):
 
 
 # ------------------------------------------------------------------ construction
-ALL_CLASSES = ["Adadelta", "Adafactor", "Adagrad", "Adamax", "Adam", "AdamW", "ASGD", "Lamb",
-               "Lion", "Muon", "NAdam", "RAdam", "RMSprop", "Rprop", "SGD"]
+ALL_CLASSES = [
+    "Adadelta",
+    "Adafactor",
+    "Adagrad",
+    "Adamax",
+    "Adam",
+    "AdamW",
+    "ASGD",
+    "Lamb",
+    "Lion",
+    "Muon",
+    "NAdam",
+    "RAdam",
+    "RMSprop",
+    "Rprop",
+    "SGD",
+]
 REQUIRED = {"SGD": {"lr": 0.1}, "Adafactor": {"lr": 0.1}}
 
 
 def test_exports():
     assert cstorch.optim.__all__ == ["Optimizer"] + ALL_CLASSES[:4] + [
-        "Adam", "AdamW", "ASGD", "Lamb", "Lion", "Muon", "NAdam", "RAdam", "RMSprop", "Rprop",
-        "SGD", "scheduler", "lr_scheduler", "weight_decay_scheduler"]
+        "Adam",
+        "AdamW",
+        "ASGD",
+        "Lamb",
+        "Lion",
+        "Muon",
+        "NAdam",
+        "RAdam",
+        "RMSprop",
+        "Rprop",
+        "SGD",
+        "scheduler",
+        "lr_scheduler",
+        "weight_decay_scheduler",
+    ]
     for name in cstorch.optim.__all__:
         assert getattr(cstorch.optim, name) is not None
     import cerebras.pytorch as reference_name
@@ -299,8 +336,9 @@ BAD_ARGUMENTS = [
 ]
 
 
-@pytest.mark.parametrize("name,kwargs,text", BAD_ARGUMENTS,
-                         ids=[f"{c[0]}-{i}" for i, c in enumerate(BAD_ARGUMENTS)])
+@pytest.mark.parametrize(
+    "name,kwargs,text", BAD_ARGUMENTS, ids=[f"{c[0]}-{i}" for i, c in enumerate(BAD_ARGUMENTS)]
+)
 def test_argument_checks(name, kwargs, text, cpu_backend):
     p = torch.nn.Parameter(torch.zeros(2, 2))
     with pytest.raises(ValueError, match=text):
@@ -317,15 +355,21 @@ def test_state_right_after_construction(cpu_backend):
     p = torch.nn.Parameter(torch.ones(2, 3))
     assert dict(cstorch.optim.SGD([p], lr=0.1).state) == {}
     state = cstorch.optim.SGD([p], lr=0.1, momentum=0.9).state[p]
-    assert list(state) == ["momentum_buffer"] and torch.equal(state["momentum_buffer"],
-                                                              torch.zeros(2, 3))
+    assert list(state) == ["momentum_buffer"] and torch.equal(
+        state["momentum_buffer"], torch.zeros(2, 3)
+    )
     state = cstorch.optim.Adam([p]).state[p]
     assert list(state) == ["exp_avg", "exp_avg_sq", "beta1_power", "beta2_power"]
     assert state["beta1_power"].item() == pytest.approx(0.9)
     assert state["beta2_power"].item() == pytest.approx(0.999)
     assert state["beta1_power"].shape == () and state["beta1_power"].dtype == torch.float32
     assert list(cstorch.optim.Adam([p], amsgrad=True).state[p]) == [
-        "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "beta1_power", "beta2_power"]
+        "exp_avg",
+        "exp_avg_sq",
+        "max_exp_avg_sq",
+        "beta1_power",
+        "beta2_power",
+    ]
     state = cstorch.optim.Adagrad([p], initial_accumulator_value=0.5).state[p]
     assert list(state) == ["sum", "step"]
     assert torch.equal(state["sum"], torch.full((2, 3), 0.5))
@@ -335,10 +379,21 @@ def test_state_right_after_construction(cpu_backend):
     state = cstorch.optim.Rprop([p], lr=0.05).state[p]
     assert torch.equal(state["step_size"], torch.full((2, 3), 0.05))
     assert list(cstorch.optim.RMSprop([p], momentum=0.5, centered=True).state[p]) == [
-        "square_avg", "momentum_buffer", "grad_avg"]
+        "square_avg",
+        "momentum_buffer",
+        "grad_avg",
+    ]
     assert list(cstorch.optim.Muon([p], momentum=0.0).state[p]) == []
-    for name, flag in [("SGD", False), ("Adafactor", True), ("Adagrad", True), ("ASGD", True),
-                       ("NAdam", True), ("RAdam", True), ("Adam", False), ("Lion", False)]:
+    for name, flag in [
+        ("SGD", False),
+        ("Adafactor", True),
+        ("Adagrad", True),
+        ("ASGD", True),
+        ("NAdam", True),
+        ("RAdam", True),
+        ("Adam", False),
+        ("Lion", False),
+    ]:
         optimizer = getattr(cstorch.optim, name)([p], **REQUIRED.get(name, {}))
         assert optimizer.enable_global_step is flag, name
 
@@ -348,8 +403,9 @@ def test_defaults_follow_cstorch(cpu_backend):
     group = cstorch.optim.Adam([p], weight_decay=0.1).param_groups[0]
     assert group["weight_decay"] == 0.0 and group["l2_regularization_rate"] == 0.1
     assert group["correct_bias"] is True and group["eps"] == 1e-6
-    assert cstorch.optim.AdamW([p], weight_decay=0.1).param_groups[0][
-        "l2_regularization_rate"] == 0.0
+    assert (
+        cstorch.optim.AdamW([p], weight_decay=0.1).param_groups[0]["l2_regularization_rate"] == 0.0
+    )
     for name in ["Adam", "AdamW", "Adamax", "Adagrad", "Lamb", "RAdam", "Adadelta"]:
         assert getattr(cstorch.optim, name)([p]).param_groups[0]["eps"] == 1e-6, name
     assert cstorch.optim.NAdam([p]).param_groups[0]["eps"] == 1e-8
@@ -357,17 +413,24 @@ def test_defaults_follow_cstorch(cpu_backend):
 
 def test_tags_become_sets(cpu_backend):
     a, b, c = (torch.nn.Parameter(torch.zeros(2)) for _ in range(3))
-    optimizer = cstorch.optim.SGD([{"params": [a], "tags": ["x", "y"]},
-                                   {"params": [b], "tags": "x"},
-                                   {"params": [c]}], lr=0.1)
+    optimizer = cstorch.optim.SGD(
+        [{"params": [a], "tags": ["x", "y"]}, {"params": [b], "tags": "x"}, {"params": [c]}], lr=0.1
+    )
     assert optimizer.param_groups[0]["tags"] == {"x", "y"}
     assert optimizer.param_groups[1]["tags"] == {"x"}
     assert "tags" not in optimizer.param_groups[2]
     optimizer.add_param_group({"params": [torch.nn.Parameter(torch.zeros(1))], "tags": ("z",)})
     assert optimizer.param_groups[3]["tags"] == {"z"}
     # tags survive a state_dict round trip
-    restored = cstorch.optim.SGD([{"params": [a]}, {"params": [b]}, {"params": [c]},
-                                  {"params": [torch.nn.Parameter(torch.zeros(1))]}], lr=0.1)
+    restored = cstorch.optim.SGD(
+        [
+            {"params": [a]},
+            {"params": [b]},
+            {"params": [c]},
+            {"params": [torch.nn.Parameter(torch.zeros(1))]},
+        ],
+        lr=0.1,
+    )
     restored.load_state_dict(optimizer.state_dict())
     assert [g.get("tags") for g in restored.param_groups] == [{"x", "y"}, {"x"}, None, {"z"}]
 
@@ -409,13 +472,14 @@ def test_adam_loads_a_torch_state_with_step(cpu_backend):
         group["correct_bias"] = True
     optimizer = cstorch.optim.Adam(model.parameters(), lr=0.01)
     optimizer.load_state_dict(state)
-    assert "step" in state["state"][0] and "l2_regularization_rate" not in state[
-        "param_groups"][0]  # the caller's dict is left as it was
+    assert (
+        "step" in state["state"][0] and "l2_regularization_rate" not in state["param_groups"][0]
+    )  # the caller's dict is left as it was
     loaded = optimizer.state[model.w]
     assert "step" not in loaded
     # after 3 torch steps the next update uses the bias correction of step 4
-    assert loaded["beta1_power"].item() == pytest.approx(0.9 ** 4)
-    assert loaded["beta2_power"].item() == pytest.approx(0.999 ** 4)
+    assert loaded["beta1_power"].item() == pytest.approx(0.9**4)
+    assert loaded["beta2_power"].item() == pytest.approx(0.999**4)
 
 
 def test_load_state_dict_copies_tensors(cpu_backend):
@@ -441,8 +505,10 @@ def test_zero_grad_hooks(cpu_backend):
     def post(opt, args, kwargs):
         events.append(("post", p.grad is not None, kwargs))
 
-    handles = [optimizer.register_zero_grad_pre_hook(pre),
-               optimizer.register_zero_grad_post_hook(post)]
+    handles = [
+        optimizer.register_zero_grad_pre_hook(pre),
+        optimizer.register_zero_grad_post_hook(post),
+    ]
     p.grad = torch.ones(2)
     optimizer.zero_grad()
     # the post hook runs after the grads are zeroed (the reference ran it before)
@@ -494,8 +560,9 @@ class SignMomentum(cstorch.optim.Optimizer):
                 if p.grad is None:
                     continue
                 step = self.increment_global_step(p)
-                warm = torch.where(step < group["warmup"], step / group["warmup"],
-                                   torch.ones_like(step))
+                warm = torch.where(
+                    step < group["warmup"], step / group["warmup"], torch.ones_like(step)
+                )
                 buf = self.state[p]["buf"]
                 buf.mul_(group["beta"]).add_(torch.sign(p.grad), alpha=1 - group["beta"])
                 p.sub_(buf * warm * group["lr"])
@@ -590,11 +657,17 @@ def test_scheduled_training_survives_a_checkpoint(cpu_backend, tmp_path):
     for index in range(8):
         step(X, T)
         if index == 3:
-            cstorch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                                  "lr": schedulers[0].state_dict(),
-                                  "wd": schedulers[1].state_dict()}, path)
+            cstorch.save(
+                {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "lr": schedulers[0].state_dict(),
+                    "wd": schedulers[1].state_dict(),
+                },
+                path,
+            )
     groups = optimizer.state_dict()["param_groups"]  # brings the torch objects up to date
-    assert groups[0]["weight_decay"].item() == pytest.approx(0.1 * 0.5 ** 4)
+    assert groups[0]["weight_decay"].item() == pytest.approx(0.1 * 0.5**4)
     assert schedulers[0].last_epoch.item() == 8
 
     restored = Affine()
@@ -612,7 +685,8 @@ def test_scheduled_training_survives_a_checkpoint(cpu_backend, tmp_path):
     for name, value in restored.state_dict().items():
         assert torch.equal(value, model.state_dict()[name]), name
     for key in ("lr", "weight_decay"):
-        assert torch.equal(restored_optimizer.param_groups[0][key],
-                           optimizer.param_groups[0][key]), key
+        assert torch.equal(
+            restored_optimizer.param_groups[0][key], optimizer.param_groups[0][key]
+        ), key
     assert restored_schedulers[0].last_epoch.item() == 8
     assert [s.last_epoch.item() for s in restored_schedulers[0]._schedulers] == [8, 5]

@@ -18,8 +18,13 @@ import torch.nn.functional as F
 import cerebras.pytorch as cstorch
 from cstorch.core.engine import resolve_engine
 from cstorch.parity import runner
-from cstorch.parity.compare import (compare_closures, compare_state, first_divergence,
-                                    relative_difference, within)
+from cstorch.parity.compare import (
+    compare_closures,
+    compare_state,
+    first_divergence,
+    relative_difference,
+    within,
+)
 from tests import eager_reference as ref
 
 pytestmark = pytest.mark.core
@@ -50,10 +55,13 @@ def _train(engine, steps=5, lr=1e-2):
         return loss
 
     g = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(16, 8, generator=g), torch.randint(0, 4, (16,), generator=g))
-               for _ in range(steps)]
+    batches = [
+        (torch.randn(16, 8, generator=g), torch.randint(0, 4, (16,), generator=g))
+        for _ in range(steps)
+    ]
     executor = cstorch.utils.data.DataExecutor(
-        cstorch.utils.data.DataLoader(lambda: batches), num_steps=steps)
+        cstorch.utils.data.DataLoader(lambda: batches), num_steps=steps
+    )
     for inputs, targets in executor:
         training_step(inputs, targets)
     return losses, {k: v.clone() for k, v in model.state_dict().items()}, training_step, batches
@@ -135,7 +143,8 @@ def test_eager_engine_checkpoint_closure(tmp_path):
 
     batches = [torch.randn(4, 3) for _ in range(4)]
     executor = cstorch.utils.data.DataExecutor(
-        cstorch.utils.data.DataLoader(lambda: batches), num_steps=4, checkpoint_steps=2)
+        cstorch.utils.data.DataLoader(lambda: batches), num_steps=4, checkpoint_steps=2
+    )
     for step, x in enumerate(executor, start=1):
         training_step(x)
         save(step)
@@ -183,8 +192,13 @@ def test_recorder_names_closure_arguments():
     wrapped(torch.tensor(2.5), {"acc": torch.tensor([0.5, 1.0])}, step=3)
     wrapped(torch.tensor(1.5), {"acc": torch.tensor([0.0, 1.0])}, step=3)
     assert sorted(recorder.values) == [
-        (3, "log.loss"), (3, "log.loss#1"), (3, "log.metrics['acc']"),
-        (3, "log.metrics['acc']#1"), (3, "log.step"), (3, "log.step#1")]
+        (3, "log.loss"),
+        (3, "log.loss#1"),
+        (3, "log.metrics['acc']"),
+        (3, "log.metrics['acc']#1"),
+        (3, "log.step"),
+        (3, "log.step#1"),
+    ]
     np.testing.assert_array_equal(recorder.values[(3, "log.metrics['acc']#1")], [0.0, 1.0])
 
 
@@ -194,8 +208,9 @@ def test_recording_serves_every_backend_with_the_engine_under_comparison(tmp_pat
     from cstorch.parity.record import serve_every_backend
 
     serve_every_backend("eager", "cpu", float32=False)
-    backend = cstorch.backend("CSX", artifact_dir=str(tmp_path),
-                              cluster_config=ClusterConfig(num_csx=1))
+    backend = cstorch.backend(
+        "CSX", artifact_dir=str(tmp_path), cluster_config=ClusterConfig(num_csx=1)
+    )
     assert backend.is_cpu and backend.engine == "eager" and backend.artifact_dir == str(tmp_path)
     cstorch.backend._reset_for_tests()
     assert cstorch.backend("CPU", engine="jax").engine == "eager"  # the script's own is dropped
@@ -239,8 +254,9 @@ def test_gpu_engine_only_where_jax_sees_a_gpu(monkeypatch):
 
     monkeypatch.setattr(mesh, "devices", lambda platform=None: [])
     assert runner.available_engines() == ["eager", "jax-cpu"]
-    monkeypatch.setattr(mesh, "devices", lambda platform=None: ["gpu0"] if platform == "gpu"
-                        else [])
+    monkeypatch.setattr(
+        mesh, "devices", lambda platform=None: ["gpu0"] if platform == "gpu" else []
+    )
     assert runner.available_engines() == ["eager", "jax-cpu", "jax-gpu"]
     assert runner._parse(["--engines", "eager,csx", FIXTURE]).engines == ["eager", "csx"]
     with pytest.raises(SystemExit):
@@ -289,12 +305,15 @@ def test_parity_command_names_first_diverging_step(capsys):
 def _torch_adamw_losses(steps):
     """tiny_train.py --torch-optimizer as a plain eager torch loop."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Identity(),
-                                torch.nn.Linear(16, 4))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Identity(), torch.nn.Linear(16, 4)
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
     g = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(16, 8, generator=g), torch.randint(0, 4, (16,), generator=g))
-               for _ in range(steps)]
+    batches = [
+        (torch.randn(16, 8, generator=g), torch.randint(0, 4, (16,), generator=g))
+        for _ in range(steps)
+    ]
     losses = []
     for inputs, targets in batches:
         loss = F.cross_entropy(model(inputs), targets)
@@ -311,8 +330,19 @@ def test_parity_ok_for_a_torch_optimizer_on_cpu_and_csx(capsys, tmp_path):
     the same names (the eager engine used to record none: "state recorded by one engine only"
     and PARITY FAILED), and CSX compares with eager in float32."""
     report = tmp_path / "parity.json"
-    result = _command(capsys, ["--engines", "eager,jax-cpu,csx", "--json", str(report),
-                               FIXTURE, "--steps", "4", "--torch-optimizer"])
+    result = _command(
+        capsys,
+        [
+            "--engines",
+            "eager,jax-cpu,csx",
+            "--json",
+            str(report),
+            FIXTURE,
+            "--steps",
+            "4",
+            "--torch-optimizer",
+        ],
+    )
     out = result.stdout
     assert result.returncode == 0, out + result.stderr
     assert "PARITY OK" in out and "recorded by one engine only" not in out
@@ -332,8 +362,19 @@ def test_parity_ok_for_a_torch_optimizer_on_cpu_and_csx(capsys, tmp_path):
 @pytest.mark.slow
 @pytest.mark.heavy
 def test_parity_still_fails_a_torch_optimizer_run_that_disagrees(capsys):
-    result = _command(capsys, ["--engines", "eager,csx", FIXTURE, "--steps", "4",
-                               "--torch-optimizer", "--perturb-step", "3"])
+    result = _command(
+        capsys,
+        [
+            "--engines",
+            "eager,csx",
+            FIXTURE,
+            "--steps",
+            "4",
+            "--torch-optimizer",
+            "--perturb-step",
+            "3",
+        ],
+    )
     out = result.stdout
     assert result.returncode == 1, out + result.stderr
     assert "FIRST DIVERGENCE at step 3: log.loss" in out and "PARITY FAILED" in out
@@ -343,13 +384,16 @@ def test_parity_still_fails_a_torch_optimizer_run_that_disagrees(capsys):
 @pytest.mark.slow
 @pytest.mark.heavy
 def test_parity_compares_csx_in_its_own_mixed_precision_when_asked(capsys):
-    result = _command(capsys, ["--engines", "eager,csx", "--csx-mixed-precision", FIXTURE,
-                               "--steps", "3"])
+    result = _command(
+        capsys, ["--engines", "eager,csx", "--csx-mixed-precision", FIXTURE, "--steps", "3"]
+    )
     out = result.stdout
     assert result.returncode == 0, out + result.stderr
-    assert ("this run computes in float16 (mixed precision) on csx, float32 on eager "
-            "(compared at the coarser precision's tolerance); closure values rtol by "
-            "precision (float32 0.0001, float16 0.002, bfloat16 0.01): 0.002 here") in out
+    assert (
+        "this run computes in float16 (mixed precision) on csx, float32 on eager "
+        "(compared at the coarser precision's tolerance); closure values rtol by "
+        "precision (float32 0.0001, float16 0.002, bfloat16 0.01): 0.002 here"
+    ) in out
     largest = float(out.split("largest relative difference ")[1].split()[0])
     assert 1e-6 < largest < 2e-3  # float16 matmuls: near eager's float32, not equal to it
 
@@ -376,9 +420,23 @@ def test_a_script_saving_to_a_fixed_path_runs_twice_and_under_parity(tmp_path):
     assert set(saved) == {"model", "optimizer"}
     before = (tmp_path / "checkpoint.mdl").stat().st_mtime_ns
     result = subprocess.run(
-        [sys.executable, "-m", "cstorch.parity", "--engines", "eager,jax-cpu", "--verbose",
-         os.path.abspath(FIXTURE), "--steps", "2", "--save"],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        [
+            sys.executable,
+            "-m",
+            "cstorch.parity",
+            "--engines",
+            "eager,jax-cpu",
+            "--verbose",
+            os.path.abspath(FIXTURE),
+            "--steps",
+            "2",
+            "--save",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "PARITY OK" in result.stdout and "own working directory" in result.stdout
     assert (tmp_path / "checkpoint.mdl").stat().st_mtime_ns == before  # engines wrote elsewhere
@@ -403,10 +461,24 @@ def test_parity_names_random_ops_and_unzeroed_gradients(capsys):
 def test_parity_tolerances_follow_the_precision(capsys):
     result = _parity(capsys, "--steps", "3", "--precision", "bfloat16")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert ("tolerances: this run computes in bfloat16 (mixed precision); closure values rtol "
-            "by precision (float32 0.0001, float16 0.002, bfloat16 0.01): 0.01 here") in result.stdout
-    result = _command(capsys, ["--engines", "eager,jax-cpu", "--rtol", "1e-9", FIXTURE,
-                               "--steps", "3", "--precision", "bfloat16"])
+    assert (
+        "tolerances: this run computes in bfloat16 (mixed precision); closure values rtol "
+        "by precision (float32 0.0001, float16 0.002, bfloat16 0.01): 0.01 here"
+    ) in result.stdout
+    result = _command(
+        capsys,
+        [
+            "--engines",
+            "eager,jax-cpu",
+            "--rtol",
+            "1e-9",
+            FIXTURE,
+            "--steps",
+            "3",
+            "--precision",
+            "bfloat16",
+        ],
+    )
     assert result.returncode == 1 and "rtol=1e-09 (--rtol)" in result.stdout
 
 
@@ -425,14 +497,19 @@ def test_path_arguments_are_made_absolute_for_the_engines_directories(tmp_path, 
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data.csv").write_text("1\n")
-    assert absolute_path_arguments(["data.csv", "--in=data.csv", "out.mdl", "--steps", "3"]) \
-        == [str(tmp_path / "data.csv"), f"--in={tmp_path / 'data.csv'}", "out.mdl", "--steps",
-            "3"]
+    assert absolute_path_arguments(["data.csv", "--in=data.csv", "out.mdl", "--steps", "3"]) == [
+        str(tmp_path / "data.csv"),
+        f"--in={tmp_path / 'data.csv'}",
+        "out.mdl",
+        "--steps",
+        "3",
+    ]
 
 
 def test_gradient_accumulation_warning_only_without_any_zero_grad(cpu_backend):
-    from cstorch.core.compile import GradientAccumulationWarning
     import warnings
+
+    from cstorch.core.compile import GradientAccumulationWarning
 
     model = torch.nn.Linear(2, 1)
     compiled = cstorch.compile(model, cpu_backend)
@@ -447,6 +524,7 @@ def test_gradient_accumulation_warning_only_without_any_zero_grad(cpu_backend):
             loss.backward()
             optimizer.step()
             return loss
+
         return step
 
     x = torch.ones(3, 2)
@@ -476,8 +554,9 @@ def _parity_of_the_cnn(capsys, monkeypatch, *args):
 
 @pytest.mark.slow
 @pytest.mark.heavy
-def test_parity_passes_a_cnn_whose_bias_before_batchnorm_follows_rounding_noise(capsys,
-                                                                                  monkeypatch):
+def test_parity_passes_a_cnn_whose_bias_before_batchnorm_follows_rounding_noise(
+    capsys, monkeypatch
+):
     """A conv bias before BatchNorm has a zero gradient in exact arithmetic: Adam turns its
     rounding noise into full-size moments that no engine reproduces (eager vs eager with one
     rounding step of difference changes them as much). The tool used to fail this ordinary

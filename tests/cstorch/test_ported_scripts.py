@@ -26,7 +26,6 @@ import torch.nn.functional as F
 
 import cerebras.pytorch as cstorch
 from cstorch.core.compile import RecompilationWarning
-
 from tests.models import MnistNet, TinyGPT, lm_loss
 
 TOL = dict(rtol=1e-5, atol=1e-6)
@@ -75,8 +74,10 @@ def _nanogpt_shaped(engine):
     model = TinyGPT(vocab=VOCAB, d=32, heads=2, layers=2, seq=SEQ)
     forward = _compiled(engine, model)
     parameters = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    groups = [{"params": [p for p in parameters.values() if p.dim() >= 2], "weight_decay": 0.1},
-              {"params": [p for p in parameters.values() if p.dim() < 2], "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for p in parameters.values() if p.dim() >= 2], "weight_decay": 0.1},
+        {"params": [p for p in parameters.values() if p.dim() < 2], "weight_decay": 0.0},
+    ]
     optimizer = torch.optim.AdamW(groups, lr=6e-3, betas=(0.9, 0.95))
     scaler = torch.amp.GradScaler("cpu", enabled=False)  # float32: a no-op, as in the script
 
@@ -137,8 +138,10 @@ EPOCHS, BATCHES_PER_EPOCH = 3, 3
 
 def _mnist_data(seed, count):
     g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(8, 1, 12, 12, generator=g), torch.randint(0, 10, (8,), generator=g))
-            for _ in range(count)]
+    return [
+        (torch.randn(8, 1, 12, 12, generator=g), torch.randint(0, 10, (8,), generator=g))
+        for _ in range(count)
+    ]
 
 
 def _mnist_shaped(engine):

@@ -12,9 +12,13 @@ from cstorch.utils.progress import run_header
 
 pytestmark = pytest.mark.core
 
-BATCHES = [(torch.randn(8, 16, generator=torch.Generator().manual_seed(i)),
-            torch.randn(8, 4, generator=torch.Generator().manual_seed(100 + i)))
-           for i in range(3)]
+BATCHES = [
+    (
+        torch.randn(8, 16, generator=torch.Generator().manual_seed(i)),
+        torch.randn(8, 4, generator=torch.Generator().manual_seed(100 + i)),
+    )
+    for i in range(3)
+]
 
 
 def _model():
@@ -90,8 +94,7 @@ def test_half_dtype_chosen_before_or_after_csx_holds(when):
 
 
 def test_a_choice_of_half_dtype_then_float32_before_csx_is_float32():
-    losses, header = _csx_losses(before=[lambda: cstorch.amp.set_half_dtype("bfloat16"),
-                                         _fp32_off])
+    losses, header = _csx_losses(before=[lambda: cstorch.amp.set_half_dtype("bfloat16"), _fp32_off])
     assert "float32" in header and cstorch.amp.get_half_dtype() == torch.bfloat16
     torch.testing.assert_close(losses, _eager_torch_losses(), rtol=1e-6, atol=0)
 

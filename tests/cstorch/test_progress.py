@@ -77,27 +77,31 @@ def _run_piped(monkeypatch, capsys, **env):
 
 
 @pytest.mark.slow
-def test_a_piped_200_step_loop_prints_lines_with_the_steady_rate_and_a_correct_eta(monkeypatch,
-                                                                                    capsys):
+def test_a_piped_200_step_loop_prints_lines_with_the_steady_rate_and_a_correct_eta(
+    monkeypatch, capsys
+):
     out = _run_piped(monkeypatch, capsys)
     assert "\r" not in out and "\033" not in out
     lines = out.splitlines()
-    assert lines[0] == ("run: device CPU (1 x cpu) | precision float32 | 5 parameters | "
-                        "200 steps | batch 64")
+    assert lines[0] == (
+        "run: device CPU (1 x cpu) | precision float32 | 5 parameters | 200 steps | batch 64"
+    )
     assert lines[1] == "compiling the step (capture and XLA compile)..."
     losses = [progress.format_loss(float(v)) for v in lines[-1].split()[1:]]
     progress_lines = [line for line in lines if line.startswith("train ")]
     # the first step, then every tenth step (a twentieth of the run), and the last
-    assert [int(line.split()[1].split("/")[0]) for line in progress_lines] == \
-        [1] + list(range(10, 201, 10))
+    assert [int(line.split()[1].split("/")[0]) for line in progress_lines] == [1] + list(
+        range(10, 201, 10)
+    )
     assert progress_lines[0] == f"train 1/200 | loss {losses[0]} | first step 3.0 s (compiling)"
     for line in progress_lines[1:-1]:
         done = int(line.split()[1].split("/")[0])
         # steady: 64 samples every 0.25 s, the compile left out; the time left is what the
         # remaining steps take at that pace
         eta = progress.format_duration(0.25 * (200 - done))
-        assert line == (f"train {done}/200 | loss {losses[done - 1]} | 256.0 samples/s | "
-                        f"ETA {eta}"), line
+        assert line == (
+            f"train {done}/200 | loss {losses[done - 1]} | 256.0 samples/s | ETA {eta}"
+        ), line
     assert "ETA 0:48" in progress_lines[1] and "ETA 0:25" in progress_lines[10]
     # the whole run: 3 s + 199 x 0.25 s
     assert progress_lines[-1] == f"train 200/200 | loss {losses[-1]} | 256.0 samples/s | took 0:53"
@@ -107,12 +111,15 @@ def test_a_piped_200_step_loop_prints_lines_with_the_steady_rate_and_a_correct_e
 def test_a_later_runs_first_step_says_compiling_only_when_it_compiled(monkeypatch, capsys):
     """A second DataExecutor over the same step compiles nothing: its first line gives the
     first step's time without "(compiling)"."""
-    second = LOOP.replace('print("LOSSES"', 'print("SECOND RUN")\n'
-                          'for i, x in enumerate(cstorch.utils.data.DataExecutor(\n'
-                          '        cstorch.utils.data.DataLoader(batches), num_steps=60), start=1):\n'
-                          '    keep(step(x))\n'
-                          '    Clock.now += 3.0 if i == 1 else 0.25\n'
-                          'print("LOSSES"')
+    second = LOOP.replace(
+        'print("LOSSES"',
+        'print("SECOND RUN")\n'
+        "for i, x in enumerate(cstorch.utils.data.DataExecutor(\n"
+        "        cstorch.utils.data.DataLoader(batches), num_steps=60), start=1):\n"
+        "    keep(step(x))\n"
+        "    Clock.now += 3.0 if i == 1 else 0.25\n"
+        'print("LOSSES"',
+    )
     monkeypatch.setattr(sys.modules[__name__], "LOOP", second)
     out = _run_piped(monkeypatch, capsys).split("SECOND RUN")
     assert "compiling the step (capture and XLA compile)..." in out[0]
@@ -122,11 +129,13 @@ def test_a_later_runs_first_step_says_compiling_only_when_it_compiled(monkeypatc
 
 
 @pytest.mark.slow
-def test_lines_come_every_30_seconds_when_steps_are_sparse_and_can_be_turned_off(monkeypatch,
-                                                                                capsys):
+def test_lines_come_every_30_seconds_when_steps_are_sparse_and_can_be_turned_off(
+    monkeypatch, capsys
+):
     out = _run_piped(monkeypatch, capsys, CSTORCH_PROGRESS_EVERY="1000")
-    shown = [int(line.split()[1].split("/")[0]) for line in out.splitlines()
-             if line.startswith("train ")]
+    shown = [
+        int(line.split()[1].split("/")[0]) for line in out.splitlines() if line.startswith("train ")
+    ]
     # step 1 ends at 103 s; 30 s later (120 steps of 0.25 s) is step 121; then the last
     assert shown == [1, 121, 200]
     out = _run_piped(monkeypatch, capsys, CSTORCH_PROGRESS="off")
@@ -154,18 +163,30 @@ def test_the_display_depends_on_the_output_and_the_switches(monkeypatch):
     monkeypatch.setenv("CSTORCH_PROGRESS", "lines")  # wins over the older switch
     assert progress.mode(1000, Terminal()) == "lines"
     monkeypatch.setenv("CSTORCH_PROGRESS", "sometimes")
-    with pytest.raises(ValueError, match=r"Invalid cstorch setting progress='sometimes' \(from "
-                       r"the environment variable CSTORCH_PROGRESS\): must be one of auto, bar, "
-                       r"lines, off\."):
+    with pytest.raises(
+        ValueError,
+        match=r"Invalid cstorch setting progress='sometimes' \(from "
+        r"the environment variable CSTORCH_PROGRESS\): must be one of auto, bar, "
+        r"lines, off\.",
+    ):
         progress.mode(1000, Terminal())
 
 
 def test_number_formats_are_the_same_everywhere():
     assert [progress.format_loss(v) for v in (2.302585, 0.0421, 0.0, 1.5e-5, 123456.0)] == [
-        "2.3026", "0.0421", "0.0000", "1.500e-05", "1.235e+05"]
+        "2.3026",
+        "0.0421",
+        "0.0000",
+        "1.500e-05",
+        "1.235e+05",
+    ]
     assert progress.format_loss(float("nan")) == "nan"
     assert [progress.format_duration(s) for s in (0.4, 59.6, 61, 3600 * 2 + 61)] == [
-        "0:00", "1:00", "1:01", "2:01:01"]
+        "0:00",
+        "1:00",
+        "1:01",
+        "2:01:01",
+    ]
     assert progress.format_rate(1234.56, 19.3) == "1,234.6 samples/s"
     assert progress.format_rate(None, 19.3) == "19.30 steps/s"  # batches without a size
 
@@ -181,8 +202,7 @@ def test_the_bar_keeps_printed_lines_apart_and_shows_the_eta(cpu_backend, monkey
     def report(i):
         print(f"closure line {i}")
 
-    for i, _ in enumerate(DataExecutor(DataLoader(lambda: [torch.zeros(2, 1)] * 4),
-                                       num_steps=4)):
+    for i, _ in enumerate(DataExecutor(DataLoader(lambda: [torch.zeros(2, 1)] * 4), num_steps=4)):
         report(i)
         clock[0] += 2.0 if i == 0 else 1.0  # > the redraw interval: every step is drawn
     text = terminal.getvalue()
@@ -212,17 +232,21 @@ def test_a_short_run_shows_nothing_unless_asked(cpu_backend, monkeypatch, capsys
     assert re.search(r"took \d+:\d\d$", out[-1])
 
 
-@pytest.mark.parametrize("name, value, rule", [
-    ("progress_every", 0, "must be a positive integer"),
-    ("progress_every", "10", r"must be a positive integer \(a number, not a string\)"),
-    ("progress_seconds", "30", r"must be a number >= 0 \(a number, not a string\)"),
-    ("progress_seconds", float("nan"), "must be a number >= 0"),
-    ("progress", "sometimes", "must be one of auto, bar, lines, off"),
-    ("progress_bar", "yes", "must be True or False"),
-    ("progress_bar_min_steps", -1, "must be an integer >= 0"),
-])
-def test_a_progress_value_given_through_config_is_refused_when_given(monkeypatch, name, value,
-                                                                     rule):
+@pytest.mark.parametrize(
+    "name, value, rule",
+    [
+        ("progress_every", 0, "must be a positive integer"),
+        ("progress_every", "10", r"must be a positive integer \(a number, not a string\)"),
+        ("progress_seconds", "30", r"must be a number >= 0 \(a number, not a string\)"),
+        ("progress_seconds", float("nan"), "must be a number >= 0"),
+        ("progress", "sometimes", "must be one of auto, bar, lines, off"),
+        ("progress_bar", "yes", "must be True or False"),
+        ("progress_bar_min_steps", -1, "must be an integer >= 0"),
+    ],
+)
+def test_a_progress_value_given_through_config_is_refused_when_given(
+    monkeypatch, name, value, rule
+):
     """``cstorch.config.config.update`` is the other spelling of the environment switches:
     a value the display cannot use is refused there, in the one form naming the setting (it
     used to end a run after its first step with ZeroDivisionError or TypeError from inside
@@ -230,8 +254,11 @@ def test_a_progress_value_given_through_config_is_refused_when_given(monkeypatch
     from cstorch import config
 
     monkeypatch.delenv(config.config[name].env_var or "-", raising=False)
-    with pytest.raises(config.SettingError, match=rf"^Invalid cstorch setting {name}=.* \(from "
-                                                  rf"config.update\): {rule}\. \S"):
+    with pytest.raises(
+        config.SettingError,
+        match=rf"^Invalid cstorch setting {name}=.* \(from "
+        rf"config.update\): {rule}\. \S",
+    ):
         config.config.update(name, value)
     assert config.config.value(name) == config.config[name].default  # nothing was stored
 

@@ -93,8 +93,7 @@ def _train(run, edit=None, steps=(3, 3)):
     if edit is not None:
         edit(model, optimizer, step)
     losses += [step(XS[i], YS[i]) for i in range(steps[0], sum(steps))]
-    return ([float(loss) for loss in losses],
-            [p.detach().clone() for p in model.parameters()])
+    return ([float(loss) for loss in losses], [p.detach().clone() for p in model.parameters()])
 
 
 def _assert_matches_eager(edit=None, eager_edit=None, steps=(3, 3)):
@@ -128,8 +127,9 @@ def test_parameters_and_optimizer_state_are_released_between_steps(release_all):
 @pytest.mark.slow
 def test_only_tensors_worth_it_are_released_by_default():
     backend = cstorch.backend("CPU")
-    model = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.Tanh(),
-                                torch.nn.Linear(256, 3))  # weights of 128 KiB and 3 KiB
+    model = torch.nn.Sequential(
+        torch.nn.Linear(128, 256), torch.nn.Tanh(), torch.nn.Linear(256, 3)
+    )  # weights of 128 KiB and 3 KiB
     compiled = cstorch.compile(model, backend)
     optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
@@ -144,8 +144,7 @@ def test_only_tensors_worth_it_are_released_by_default():
         assert not state.is_released(small) and _storage_bytes(small) > 0
 
 
-def test_training_matches_eager_torch_and_an_unreleased_run_bit_for_bit(release_all,
-                                                                        monkeypatch):
+def test_training_matches_eager_torch_and_an_unreleased_run_bit_for_bit(release_all, monkeypatch):
     released = _assert_matches_eager()
     cstorch.backend._reset_for_tests()
     monkeypatch.setattr(DeviceState, "release_min_bytes", NEVER)
@@ -164,8 +163,9 @@ def test_tied_weights_are_one_released_tensor(release_all, monkeypatch):
         compiled = cstorch.compile(model, backend)
         optimizer = cstorch.optim.AdamW(model.parameters(), lr=1e-2)
 
-        step = cstorch.trace(minimizing(
-            lambda tokens: lm_loss(compiled(tokens[:, :-1]), tokens[:, 1:]), optimizer))
+        step = cstorch.trace(
+            minimizing(lambda tokens: lm_loss(compiled(tokens[:, :-1]), tokens[:, 1:]), optimizer)
+        )
 
         tokens = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(0))
         losses = [float(step(tokens)) for _ in range(3)]
@@ -190,8 +190,7 @@ def test_reading_a_parameter_between_steps_shows_the_newest_value(release_all):
 
     def read(model, optimizer, step):
         weight = model[0].weight
-        seen.append((weight.detach().clone(),
-                     optimizer.state[weight]["momentum_buffer"].clone()))
+        seen.append((weight.detach().clone(), optimizer.state[weight]["momentum_buffer"].clone()))
         assert _storage_bytes(weight) > 0  # filled by the read
 
     _assert_matches_eager(read)
@@ -313,8 +312,9 @@ def test_eager_graph_across_a_step_raises_like_eager_torch_instead_of_reading_fr
         except RuntimeError as error:
             print("refused:", "modified by an inplace operation" in str(error))
     """)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "refused: True" in result.stdout
 
@@ -399,8 +399,10 @@ def test_shutdown_gives_released_tensors_their_newest_values(release_all):
     state, model, optimizer, step = _cstorch_run()
     for i in range(3):
         step(XS[i], YS[i])
-    newest = {name: torch.from_numpy(np.array(state.array_of(p)))  # read without filling
-              for name, p in model.named_parameters()}
+    newest = {
+        name: torch.from_numpy(np.array(state.array_of(p)))  # read without filling
+        for name, p in model.named_parameters()
+    }
     assert all(state.is_released(p) for p in model.parameters())
     cstorch.backend._reset_for_tests()
     for name, p in model.named_parameters():
@@ -423,8 +425,7 @@ def test_replaced_state_tensors_keep_their_newest_value(release_all):
     assert type(held) is torch.Tensor and torch.equal(held, newest)
 
 
-def test_dropped_tensors_are_filled_only_if_someone_still_holds_them(release_all,
-                                                                    monkeypatch):
+def test_dropped_tensors_are_filled_only_if_someone_still_holds_them(release_all, monkeypatch):
     import jax.numpy as jnp
 
     state = DeviceState()
@@ -500,8 +501,7 @@ def test_failed_steady_state_step_says_released_state_was_lost(release_all, tmp_
     _assert_matches_eager(failing, eager_reload)
 
 
-def test_without_a_first_run_backup_a_failed_first_run_says_what_was_lost(release_all,
-                                                                          monkeypatch):
+def test_without_a_first_run_backup_a_failed_first_run_says_what_was_lost(release_all, monkeypatch):
     jax_backend.config.config.update("backup_first_run", False)  # cstorch.config.reset()
     state, model, optimizer, step = _cstorch_run()
     with _failing_once(lambda inputs: True):
@@ -564,8 +564,9 @@ _RSS = textwrap.dedent("""
 
 
 def _steady_rss(mode) -> float:
-    result = subprocess.run([sys.executable, "-c", _RSS, mode], capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", _RSS, mode], capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])["rss"]
 

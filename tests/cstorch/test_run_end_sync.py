@@ -84,16 +84,16 @@ def test_run_end_copies_no_released_state_and_reads_are_newest(release_all, copi
         _close(p.detach().clone(), e.detach())
     assert copies["n"] == 4  # each read filled exactly its own tensor
     for p, e in zip(model.parameters(), eager_model.parameters()):
-        _close(optimizer.state[p]["momentum_buffer"],
-               eager_optimizer.state[e]["momentum_buffer"])
+        _close(optimizer.state[p]["momentum_buffer"], eager_optimizer.state[e]["momentum_buffer"])
     assert copies["n"] == 8
 
 
 def test_state_dict_after_a_run_is_the_newest(release_all):
     _, model, _, _ = _run(5)
     eager_model, _ = _eager(5)
-    for (_name, value), (_, expected) in zip(model.state_dict().items(),
-                                            eager_model.state_dict().items()):
+    for (_name, value), (_, expected) in zip(
+        model.state_dict().items(), eager_model.state_dict().items()
+    ):
         _close(value, expected)
 
 

@@ -18,10 +18,7 @@ import pytest
 import torch
 
 import cstorch
-from cstorch.optim import lr_scheduler as L
-from cstorch.optim import scheduler as S
-from cstorch.optim import weight_decay_scheduler as WD
-
+from cstorch.optim import lr_scheduler as L, scheduler as S, weight_decay_scheduler as WD
 from tests.jit_cache import xla_compilations
 from tests.reference_data import REFERENCE
 
@@ -33,12 +30,15 @@ BUILDERS = {
     "LinearLR": lambda o: L.LinearLR(o, 0.1, 0.01, total_iters=20),
     "PolynomialLR_p2": lambda o: L.PolynomialLR(o, 0.1, 0.0, total_iters=20, power=2.0),
     "ExponentialLR": lambda o: L.ExponentialLR(o, 0.1, total_iters=10, decay_rate=0.5),
-    "ExponentialLR_staircase": lambda o: L.ExponentialLR(o, 0.1, total_iters=10,
-                                                         decay_rate=0.5, staircase=True),
+    "ExponentialLR_staircase": lambda o: L.ExponentialLR(
+        o, 0.1, total_iters=10, decay_rate=0.5, staircase=True
+    ),
     "InverseExponentialTimeDecayLR": lambda o: L.InverseExponentialTimeDecayLR(
-        o, 0.1, step_exponent=1.0, total_iters=10, decay_rate=1.0),
-    "InverseSquareRootDecayLR": lambda o: L.InverseSquareRootDecayLR(o, 1.0, scale=1.0,
-                                                                     warmup_steps=4.0),
+        o, 0.1, step_exponent=1.0, total_iters=10, decay_rate=1.0
+    ),
+    "InverseSquareRootDecayLR": lambda o: L.InverseSquareRootDecayLR(
+        o, 1.0, scale=1.0, warmup_steps=4.0
+    ),
     "CosineDecayLR": lambda o: L.CosineDecayLR(o, 0.1, 0.01, total_iters=30),
     "CosineAnnealingLR": lambda o: L.CosineAnnealingLR(o, 0.1, T_max=10, eta_min=0.001),
     "StepLR": lambda o: L.StepLR(o, 0.1, step_size=7, gamma=0.5),
@@ -46,16 +46,23 @@ BUILDERS = {
     "PiecewiseConstantLR": lambda o: L.PiecewiseConstantLR(o, [0.1, 0.05, 0.01], [10, 25]),
     "MultiplicativeLR": lambda o: L.MultiplicativeLR(o, 0.1, coefficient=0.9),
     "CyclicLR": lambda o: L.CyclicLR(o, base_lr=0.01, max_lr=0.1, step_size_up=5),
-    "CyclicLR_triangular2": lambda o: L.CyclicLR(o, base_lr=0.01, max_lr=0.1, step_size_up=4,
-                                                 step_size_down=6, mode="triangular2"),
-    "OneCycleLR": lambda o: L.OneCycleLR(o, 0.01, max_lr=0.1, total_steps=40, pct_start=0.3,
-                                         final_div_factor=1e4),
+    "CyclicLR_triangular2": lambda o: L.CyclicLR(
+        o, base_lr=0.01, max_lr=0.1, step_size_up=4, step_size_down=6, mode="triangular2"
+    ),
+    "OneCycleLR": lambda o: L.OneCycleLR(
+        o, 0.01, max_lr=0.1, total_steps=40, pct_start=0.3, final_div_factor=1e4
+    ),
     "SequentialLR": lambda o: L.SequentialLR(
-        o, [L.LinearLR(o, 0.0, 0.1, total_iters=8), L.CosineDecayLR(o, 0.1, 0.0, total_iters=32)],
-        milestones=[8]),
+        o,
+        [L.LinearLR(o, 0.0, 0.1, total_iters=8), L.CosineDecayLR(o, 0.1, 0.0, total_iters=32)],
+        milestones=[8],
+    ),
     "ChainedScheduler": lambda o: L.ChainedScheduler(
-        [L.ExponentialLR(o, 0.1, total_iters=20, decay_rate=0.5),
-         L.ExponentialLR(o, 2.0, total_iters=20, decay_rate=0.5)]),
+        [
+            L.ExponentialLR(o, 0.1, total_iters=20, decay_rate=0.5),
+            L.ExponentialLR(o, 2.0, total_iters=20, decay_rate=0.5),
+        ]
+    ),
 }
 
 
@@ -92,8 +99,9 @@ def test_fixture_values(name, traced, cpu_backend):
     assert scheduler.last_epoch.item() == len(want) - 1
     # the optax-compatible pure function gives the same series
     schedule_fn = scheduler.schedule_fn
-    np.testing.assert_allclose([float(schedule_fn(t)) for t in range(0, len(want), 7)],
-                               want[::7], rtol=0, atol=1e-7)
+    np.testing.assert_allclose(
+        [float(schedule_fn(t)) for t in range(0, len(want), 7)], want[::7], rtol=0, atol=1e-7
+    )
 
 
 def test_values_recorded_by_a_step_closure(cpu_backend):
@@ -120,8 +128,9 @@ def test_values_recorded_by_a_step_closure(cpu_backend):
 # ------------------------------------------------------------------ the reference's behaviours
 def test_lr_is_a_tensor_and_last_epoch_an_int64_tensor(cpu_backend):
     optimizer = _optimizer()
-    scheduler = L.LinearLR(optimizer, initial_learning_rate=1.0, end_learning_rate=0.0,
-                           total_iters=10)
+    scheduler = L.LinearLR(
+        optimizer, initial_learning_rate=1.0, end_learning_rate=0.0, total_iters=10
+    )
     lr = optimizer.param_groups[0]["lr"]
     assert isinstance(lr, torch.Tensor) and lr.shape == () and lr.dtype == torch.float32
     assert lr.item() == 1.0
@@ -153,8 +162,10 @@ def test_construction_errors(cpu_backend):
 
 def test_get_warns_outside_step_and_tags_filter_groups(cpu_backend):
     a, b, c = (torch.nn.Parameter(torch.zeros(2)) for _ in range(3))
-    optimizer = _optimizer([{"params": [a], "tags": ["enc", "x"]}, {"params": [b]},
-                            {"params": [c], "tags": "dec"}], lr=0.5)
+    optimizer = _optimizer(
+        [{"params": [a], "tags": ["enc", "x"]}, {"params": [b]}, {"params": [c], "tags": "dec"}],
+        lr=0.5,
+    )
     scheduler = L.ConstantLR(optimizer, 0.1, param_group_tags="enc")
     with pytest.warns(UserWarning, match="get_last_value"):
         scheduler.get()
@@ -176,8 +187,15 @@ def test_get_warns_outside_step_and_tags_filter_groups(cpu_backend):
 def test_state_dict_keys(cpu_backend):
     scheduler = L.ConstantLR(_optimizer(), 0.1)
     state = scheduler.state_dict()
-    assert {"learning_rate", "last_epoch", "_last_value", "param_group_tags", "total_iters",
-            "_step_count", "_get_called_within_step"} <= set(state)
+    assert {
+        "learning_rate",
+        "last_epoch",
+        "_last_value",
+        "param_group_tags",
+        "total_iters",
+        "_step_count",
+        "_get_called_within_step",
+    } <= set(state)
     assert "optimizer" not in state and "device" not in state and "val" not in state
     keys = {
         L.LinearLR: {"initial_learning_rate", "end_learning_rate", "power", "cycle"},
@@ -185,8 +203,12 @@ def test_state_dict_keys(cpu_backend):
         L.OneCycleLR: {"initial_learning_rate", "max_lr", "total_steps"},
         WD.LinearWD: {"initial_val", "end_val"},
     }
-    args = {L.LinearLR: (1.0, 0.0, 10), L.CyclicLR: (0.1, 1.0), L.OneCycleLR: (0.1, 1.0),
-            WD.LinearWD: (1.0, 0.0, 10)}
+    args = {
+        L.LinearLR: (1.0, 0.0, 10),
+        L.CyclicLR: (0.1, 1.0),
+        L.OneCycleLR: (0.1, 1.0),
+        WD.LinearWD: (1.0, 0.0, 10),
+    }
     for cls, expected in keys.items():
         assert expected <= set(cls(_optimizer(), *args[cls]).state_dict()), cls
 
@@ -216,8 +238,13 @@ def test_loaded_state_shares_nothing_with_the_dict_it_came_from():
 
     Pair = collections.namedtuple("Pair", "first second")
     tensor = torch.arange(3.0)
-    given = {"lrs": [tensor, 0.5], "nested": {"t": (tensor, 2)}, "pair": Pair(tensor, 1),
-             "size": torch.Size([2, 3]), "floats": [0.1, 0.2]}
+    given = {
+        "lrs": [tensor, 0.5],
+        "nested": {"t": (tensor, 2)},
+        "pair": Pair(tensor, 1),
+        "size": torch.Size([2, 3]),
+        "floats": [0.1, 0.2],
+    }
     kept = plain_copies(given)
     assert kept["lrs"] is not given["lrs"] and kept["floats"] is not given["floats"]
     assert kept["floats"] == given["floats"] and kept["lrs"][1] == 0.5
@@ -245,8 +272,12 @@ def test_sequential_errors_and_switch(cpu_backend):
         L.SequentialLR(optimizer, [first, WD.ConstantWD(optimizer, 0.1)], milestones=[5])
     tagged = _optimizer([{"params": [torch.nn.Parameter(torch.zeros(1))], "tags": "a"}])
     with pytest.raises(ValueError, match="param_group_tags"):
-        L.SequentialLR(tagged, [L.ConstantLR(tagged, 0.1), L.ConstantLR(tagged, 0.2)],
-                       milestones=[2], param_group_tags="a")
+        L.SequentialLR(
+            tagged,
+            [L.ConstantLR(tagged, 0.1), L.ConstantLR(tagged, 0.2)],
+            milestones=[2],
+            param_group_tags="a",
+        )
 
     sequential = L.SequentialLR(optimizer, [first, second], milestones=np.array([5]))
     assert first not in optimizer._schedulers_registry
@@ -274,7 +305,7 @@ def test_cosine_annealing_warm_restarts_restarts_every_period(cpu_backend):
     want = [(1 + math.cos(math.pi * (t % 4) / 4)) / 2 for t in range(14)]
     assert values == pytest.approx(want, abs=1e-6)
     # the reference's values (constant after the first period) are not reproduced
-    buggy = [1, .854, .5, .146, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1]
+    buggy = [1, 0.854, 0.5, 0.146, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1]
     assert values[:4] == pytest.approx(buggy[:4], abs=1e-3)
     assert values[5] == pytest.approx(0.854, abs=1e-3) and values[5] != pytest.approx(1.0)
     with pytest.raises(ValueError, match="T_mult=2"):
@@ -306,8 +337,8 @@ def test_lambda_schedulers(cpu_backend):
         optimizer.step()
         default.step()
     # initial applied once (the reference gives initial**2 * (t/30) * 0.95**t)
-    assert default.get_last_lr()[0].item() == pytest.approx(0.5 * 3 / 30 * 0.95 ** 3)
-    assert float(default.schedule_fn(3)) == pytest.approx(0.5 * 3 / 30 * 0.95 ** 3)
+    assert default.get_last_lr()[0].item() == pytest.approx(0.5 * 3 / 30 * 0.95**3)
+    assert float(default.schedule_fn(3)) == pytest.approx(0.5 * 3 / 30 * 0.95**3)
 
     class Halving(L.LambdaLR):
         def set_value_lambda(self):
@@ -317,7 +348,7 @@ def test_lambda_schedulers(cpu_backend):
     step = cstorch.trace(lambda: (torch_form.optimizer.step(), torch_form.step()))
     for _ in range(3):
         step()
-    assert torch_form.get_last_lr()[0].item() == pytest.approx(2.0 * 0.5 ** 3)
+    assert torch_form.get_last_lr()[0].item() == pytest.approx(2.0 * 0.5**3)
     with pytest.raises(NotImplementedError, match="torch ops"):
         torch_form.schedule_fn
 
@@ -396,28 +427,43 @@ def test_weight_decay_schedulers(cpu_backend):
 
 # ------------------------------------------------------------------ every class
 LR_ARGS = {
-    "ConstantLR": (0.1,), "PolynomialLR": (1.0, 0.0, 10), "LinearLR": (1.0, 0.0, 10),
-    "ExponentialLR": (1.0, 10, 0.5), "InverseExponentialTimeDecayLR": (1.0, 1, 10, 0.5),
-    "InverseSquareRootDecayLR": (), "CosineDecayLR": (1.0, 0.0, 10),
-    "PiecewiseConstantLR": ([0.1, 0.01], [3]), "MultiStepLR": (1.0, 0.5, [2, 4]),
-    "StepLR": (1.0, 2, 0.5), "CosineAnnealingLR": (1.0, 5), "LambdaLR": (1.0,),
-    "CosineAnnealingWarmRestarts": (1.0, 3), "MultiplicativeLR": (1.0, 0.9),
-    "CyclicLR": (0.1, 1.0), "OneCycleLR": (0.1, 1.0),
+    "ConstantLR": (0.1,),
+    "PolynomialLR": (1.0, 0.0, 10),
+    "LinearLR": (1.0, 0.0, 10),
+    "ExponentialLR": (1.0, 10, 0.5),
+    "InverseExponentialTimeDecayLR": (1.0, 1, 10, 0.5),
+    "InverseSquareRootDecayLR": (),
+    "CosineDecayLR": (1.0, 0.0, 10),
+    "PiecewiseConstantLR": ([0.1, 0.01], [3]),
+    "MultiStepLR": (1.0, 0.5, [2, 4]),
+    "StepLR": (1.0, 2, 0.5),
+    "CosineAnnealingLR": (1.0, 5),
+    "LambdaLR": (1.0,),
+    "CosineAnnealingWarmRestarts": (1.0, 3),
+    "MultiplicativeLR": (1.0, 0.9),
+    "CyclicLR": (0.1, 1.0),
+    "OneCycleLR": (0.1, 1.0),
 }
 
 
 def test_module_exports():
     assert S.__all__[0] == "Scheduler"
-    assert set(S.__all__) == {name for name, value in vars(S).items()
-                              if isinstance(value, type) and issubclass(value, S.Scheduler)
-                              and value.__module__ == S.__name__ and not name.startswith("_")}
+    assert set(S.__all__) == {
+        name
+        for name, value in vars(S).items()
+        if isinstance(value, type)
+        and issubclass(value, S.Scheduler)
+        and value.__module__ == S.__name__
+        and not name.startswith("_")
+    }
     assert len(S.__all__) == 20
     for name in L.__all__:
         assert issubclass(getattr(L, name), L.LRScheduler)
     for name in WD.__all__:
         assert issubclass(getattr(WD, name), WD.WeightDecayScheduler)
     assert {n[:-2] for n in WD.__all__ if n.endswith("WD")} >= {
-        n[:-2] for n in L.__all__ if n.endswith("LR") and n not in ("LRScheduler",)} - {"Chained"}
+        n[:-2] for n in L.__all__ if n.endswith("LR") and n not in ("LRScheduler",)
+    } - {"Chained"}
 
 
 @pytest.mark.parametrize("name", sorted(LR_ARGS))
@@ -502,5 +548,5 @@ def test_eager_steps_after_traced_steps_start_from_the_newest_state(cpu_backend)
         traced(x)
     step(x)  # eagerly
     traced(x)
-    assert scheduler.get_last_lr()[0].item() == 0.5 ** 5
+    assert scheduler.get_last_lr()[0].item() == 0.5**5
     assert scheduler.last_epoch.item() == 5

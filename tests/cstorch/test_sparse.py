@@ -19,7 +19,6 @@ import torch
 
 import cstorch
 from cstorch import sparse
-
 from tests.reference_data import REFERENCE
 
 FIXTURE = json.loads((REFERENCE / "sparsity_trajectories.json").read_text())["cases"]
@@ -27,14 +26,22 @@ FIXTURE = json.loads((REFERENCE / "sparsity_trajectories.json").read_text())["ca
 CASES = {
     "static_topk_0.5": lambda: sparse.Static(sparsity=0.5, init_method="topk"),
     "static_random_0.7": lambda: sparse.Static(sparsity=0.7),
-    "gmp_linear": lambda: sparse.GMP(sparsity={"type": "linear", "init": 0.0, "slope": 0.05},
-                                     update={"freq": 2}),
-    "configure_dict": lambda: sparse.configure({
-        "algorithm": "rigl", "sparsity": 0.6, "init_method": "topk", "drop_fraction": 0.25,
-        "update": {"freq": 4}}),
+    "gmp_linear": lambda: sparse.GMP(
+        sparsity={"type": "linear", "init": 0.0, "slope": 0.05}, update={"freq": 2}
+    ),
+    "configure_dict": lambda: sparse.configure(
+        {
+            "algorithm": "rigl",
+            "sparsity": 0.6,
+            "init_method": "topk",
+            "drop_fraction": 0.25,
+            "update": {"freq": 4},
+        }
+    ),
     "set_topk": lambda: sparse.SET(sparsity=0.5, init_method="topk", update={"freq": 3}),
-    "rigl_topk": lambda: sparse.RigL(sparsity=0.5, init_method="topk",
-                                     update={"freq": 3, "stop": 12}),
+    "rigl_topk": lambda: sparse.RigL(
+        sparsity=0.5, init_method="topk", update={"freq": 3, "stop": 12}
+    ),
 }
 RANDOM = {"static_random_0.7", "set_topk"}  # masks drawn from a different RNG stream
 
@@ -43,8 +50,7 @@ def _problem():
     """The fixture's problem: MLP 12-16-3 initialised after torch.manual_seed(0); x from a
     generator seeded 3; full-batch labels."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(),
-                                torch.nn.Linear(16, 3))
+    model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
     g = torch.Generator().manual_seed(3)
     x = torch.randn(64, 12, generator=g)
     y = (x[:, :4].sum(-1) > 0).long() + (x[:, 4] > 0.5).long()
@@ -84,10 +90,12 @@ def _train(make_sparsity, steps=12, kind="CPU"):
     for xb, yb in cstorch.utils.data.DataExecutor(loader, num_steps=steps):
         keep(step(xb, yb))
         state = model.state_dict()
-        record["masks"].append({k[:-len("_mask")]: v.clone() for k, v in state.items()
-                                if k.endswith("_mask")})
-        record["weights"].append({k: v.clone() for k, v in state.items()
-                                  if not k.endswith("_mask")})
+        record["masks"].append(
+            {k[: -len("_mask")]: v.clone() for k, v in state.items() if k.endswith("_mask")}
+        )
+        record["weights"].append(
+            {k: v.clone() for k, v in state.items() if not k.endswith("_mask")}
+        )
         del state  # kept across the next step, it would be an alias the step writes through
     return record, sparsity, step
 
@@ -110,9 +118,13 @@ def test_reference_trajectories(case):
                 np.testing.assert_array_equal(got, expected, err_msg=f"{case} {index} {name}")
         if case not in RANDOM:
             for name, expected in want["weights"][index].items():
-                np.testing.assert_allclose(record["weights"][index][name].numpy(),
-                                           np.asarray(expected, np.float32), rtol=0, atol=1e-5,
-                                           err_msg=f"{case} step {index} {name}")
+                np.testing.assert_allclose(
+                    record["weights"][index][name].numpy(),
+                    np.asarray(expected, np.float32),
+                    rtol=0,
+                    atol=1e-5,
+                    err_msg=f"{case} step {index} {name}",
+                )
             # weights are pruned with the step's final mask
             for name, mask in masks.items():
                 assert not record["weights"][index][name][~mask].any()
@@ -139,8 +151,14 @@ def test_checkpoint_resume_is_bit_identical(case, tmp_path):
     path = tmp_path / "sparse.mdl"
     for index in range(8):
         if index == 4:
-            cstorch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                          "sparsity": sparsity.state_dict()}, path)
+            cstorch.save(
+                {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "sparsity": sparsity.state_dict(),
+                },
+                path,
+            )
             rng = torch.get_rng_state()
         step(x, y)
     final = {k: v.clone() for k, v in model.state_dict().items()}
@@ -207,7 +225,8 @@ def test_computed_and_target_sparsity_hooks_run_in_the_step(cpu_backend):
     sparsity.register_target_sparsity_hook(lambda algo, name, value: targets.append(name))
     computed = []
     sparsity.register_computed_sparsity_hook(
-        lambda algo, name, value: computed.append((name, value)))
+        lambda algo, name, value: computed.append((name, value))
+    )
     step(x, y)
     assert targets == ["*"]  # one schedule shared by every parameter
     assert [n for n, _ in computed] == ["0.weight", "0.bias", "2.weight", "2.bias"]
@@ -262,17 +281,30 @@ def test_apply_checks(cpu_backend):
 CONFIGS = [  # (config, what configure and check_config refuse it with; None: accepted)
     (0.3, None),
     ({"algorithm": "gmp", "schedule": {"type": "linear", "init": 0.0, "slope": 0.1}}, None),
-    ([{"param_filter": "0.*", "sparsity": 0.5},
-      {"param_filter": ["2.weight"], "algorithm": "set", "sparsity": 0.25,
-       "drop_fraction": {"type": "cosine", "init": 0.3, "half_period": 10}}], None),
+    (
+        [
+            {"param_filter": "0.*", "sparsity": 0.5},
+            {
+                "param_filter": ["2.weight"],
+                "algorithm": "set",
+                "sparsity": 0.25,
+                "drop_fraction": {"type": "cosine", "init": 0.3, "half_period": 10},
+            },
+        ],
+        None,
+    ),
     ({"sparsity": 1.5}, "Invalid sparsity level 1.5"),
     ({"algorithm": "magic", "sparsity": 0.3}, "Unsupported sparsity algorithm: magic"),
-    ({"algorithm": "set", "sparsity": 0.3, "drop_fracton": 0.1},
-     "Invalid sparsity config for SET: unknown argument 'drop_fracton'"),
+    (
+        {"algorithm": "set", "sparsity": 0.3, "drop_fracton": 0.1},
+        "Invalid sparsity config for SET: unknown argument 'drop_fracton'",
+    ),
     ({"algorithm": "gmp", "sparsity": 0.3}, "Configured with constant sparsity 0.3"),
     ({"algorithm": "gmp", "sparsity": {"type": "lnear"}}, "Unknown schedule type 'lnear'"),
-    ({"algorithm": "rigl", "sparsity": 0.3, "update": {"freq": 0}},
-     "The update `freq` must be a positive int"),
+    (
+        {"algorithm": "rigl", "sparsity": 0.3, "update": {"freq": 0}},
+        "The update `freq` must be a positive int",
+    ),
     ({"sparsity": 0.3, "init_method": "bogus"}, "Unknown `init_method`: 'bogus'"),
     ({"sparsity": 0.3, "param_filter": 3}, "filter must be"),
     ({"sparsity": 0.3, "schedule": 0.3}, "both 'sparsity' and 'schedule'"),
@@ -311,8 +343,9 @@ def test_configure_forms(cpu_backend):
     group = sparse.configure(0.3)
     assert isinstance(group, sparse.Group) and isinstance(group[0], sparse.Static)
     with pytest.warns(UserWarning, match="'type' key is deprecated"):
-        group = sparse.configure({"type": "gmp", "schedule": {"type": "linear", "init": 0.0,
-                                                              "slope": 0.1}})
+        group = sparse.configure(
+            {"type": "gmp", "schedule": {"type": "linear", "init": 0.0, "slope": 0.1}}
+        )
     assert isinstance(group[0], sparse.GMP)
     with pytest.raises(ValueError, match="both 'sparsity' and 'schedule'"):
         sparse.configure({"sparsity": 0.3, "schedule": 0.3})
@@ -321,9 +354,12 @@ def test_configure_forms(cpu_backend):
     with pytest.raises(TypeError, match="filter must be"):
         sparse.configure({"sparsity": 0.3, "param_filter": 3})
     assert sparse.configure({"sparsity": None}) is None
-    group = sparse.configure([{"param_filter": "0.*", "sparsity": 0.5},
-                              {"param_filter": ["2.weight"], "algorithm": "set",
-                               "sparsity": 0.25}])
+    group = sparse.configure(
+        [
+            {"param_filter": "0.*", "sparsity": 0.5},
+            {"param_filter": ["2.weight"], "algorithm": "set", "sparsity": 0.25},
+        ]
+    )
     model, _, _ = _problem()
     group.apply(model)
     assert sorted(group.sparse_params) == ["0.bias", "0.weight", "2.weight"]
@@ -371,10 +407,9 @@ def test_hyperparameter_schedules():
     assert float(linear(step)) == pytest.approx(0.3)
     exp = utils.Exp(init=0.0, gamma=-0.5, final=0.8)
     assert float(exp(step)) == pytest.approx(0.8 - 0.8 * np.exp(-2.0), rel=1e-6)
-    assert float(utils.Power(init=0.5, beta=0.5)(step)) == pytest.approx(0.5 ** 5)
+    assert float(utils.Power(init=0.5, beta=0.5)(step)) == pytest.approx(0.5**5)
     cosine = utils.Cosine(init=0.8, half_period=4, minimum=0.2)
-    assert [round(float(cosine(torch.tensor(s))), 5) for s in (0, 2, 4, 8)] == [0.8, 0.5, 0.2,
-                                                                                 0.8]
+    assert [round(float(cosine(torch.tensor(s))), 5) for s in (0, 2, 4, 8)] == [0.8, 0.5, 0.2, 0.8]
     assert cosine.get_min_max_end(0, 4) == pytest.approx((0.2, 0.8, 0.2))
     cycling = utils.make_hyperparam_schedule([0.1, 0.2, 0.3])
     values = []
@@ -411,8 +446,7 @@ def test_init_methods(cpu_backend):
 
     p = torch.tensor([[1.0, -4.0, 0.0, 2.0], [0.5, 3.0, -0.1, 0.0]])
     sparsity = torch.tensor(0.5)
-    np.testing.assert_array_equal(init.topk(p, sparsity).numpy(),
-                                  np.abs(p.numpy()) >= 1.0)
+    np.testing.assert_array_equal(init.topk(p, sparsity).numpy(), np.abs(p.numpy()) >= 1.0)
     np.testing.assert_array_equal(init.from_zeros(p, sparsity).numpy(), p.numpy() != 0)
     assert int(init.random(p, sparsity).sum()) == 4
     board = init.checkerboard(torch.zeros(4, 8), torch.tensor(0.75))
@@ -428,8 +462,9 @@ def test_balanced_rigl_masks_stay_balanced(balance, cpu_backend):
     model, _, _ = _problem()
     compiled = cstorch.compile(model, cstorch.backend())
     optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
-    rigl = sparse.RigL(sparsity=0.5, init_method="topk", drop_fraction=0.5,
-                       **{f"balance_{balance}_groups": 4})
+    rigl = sparse.RigL(
+        sparsity=0.5, init_method="topk", drop_fraction=0.5, **{f"balance_{balance}_groups": 4}
+    )
     if balance == "in":
         with pytest.raises(ValueError, match="0.bias has shape \\(16,\\)"):
             sparse.RigL(sparsity=0.5, balance_in_groups=4).apply(_problem()[0])
@@ -463,22 +498,33 @@ def test_gmp_regrowth_on_a_falling_schedule_matches_the_reference():
     ``tests/data/make_gmp_regrowth_reference.py``)."""
     from pathlib import Path
 
-    want = json.loads((Path(__file__).resolve().parents[1] / "data" /
-                       "gmp_cosine_regrowth_reference.json").read_text())
+    want = json.loads(
+        (
+            Path(__file__).resolve().parents[1] / "data" / "gmp_cosine_regrowth_reference.json"
+        ).read_text()
+    )
     config = want["sparsity"]
     steps = len(want["losses"])
-    record, _, step = _train(lambda: sparse.GMP(sparsity=config["sparsity"],
-                                                update=config["update"],
-                                                init_method=config["init_method"]),
-                             steps=steps)
+    record, _, step = _train(
+        lambda: sparse.GMP(
+            sparsity=config["sparsity"], update=config["update"], init_method=config["init_method"]
+        ),
+        steps=steps,
+    )
     assert step.trace_count == 1
     for index in range(steps):
         for name, expected in want["masks"][index].items():
-            np.testing.assert_array_equal(record["masks"][index][name].numpy(),
-                                          np.asarray(expected, dtype=bool),
-                                          err_msg=f"step {index + 1} {name}")
+            np.testing.assert_array_equal(
+                record["masks"][index][name].numpy(),
+                np.asarray(expected, dtype=bool),
+                err_msg=f"step {index + 1} {name}",
+            )
         for name, expected in want["weights"][index].items():
-            np.testing.assert_allclose(record["weights"][index][name].numpy(),
-                                       np.asarray(expected, np.float32), rtol=0, atol=1e-5,
-                                       err_msg=f"step {index + 1} {name}")
+            np.testing.assert_allclose(
+                record["weights"][index][name].numpy(),
+                np.asarray(expected, np.float32),
+                rtol=0,
+                atol=1e-5,
+                err_msg=f"step {index + 1} {name}",
+            )
     np.testing.assert_allclose(record["losses"], want["losses"], rtol=0, atol=1e-5)

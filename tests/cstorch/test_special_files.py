@@ -154,8 +154,14 @@ def results(tmp_path_factory):
     script.write_text(PROBE)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "compat")]))
     (tmp / "work").mkdir()
-    out = subprocess.run([sys.executable, str(script), str(tmp / "work")], capture_output=True,
-                         text=True, env=env, timeout=900, cwd=tmp)
+    out = subprocess.run(
+        [sys.executable, str(script), str(tmp / "work")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        cwd=tmp,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     line = next(s for s in out.stdout.splitlines() if s.startswith("RESULT "))
     return json.loads(line[7:])
@@ -172,13 +178,17 @@ def _expect_refusal(result, kind, words=None):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("reader", ["cstorch.load", "H5Reader", "safetensors", "event file",
-                                    "Trainer autoload"])
+@pytest.mark.parametrize(
+    "reader", ["cstorch.load", "H5Reader", "safetensors", "event file", "Trainer autoload"]
+)
 def test_checkpoint_readers_refuse_special_files(results, reader, kind):
     result = results[f"{reader}/{kind}"]
     _expect_refusal(result, kind)
-    expected = ("IsADirectoryError" if reader == "cstorch.load" and kind == "directory"
-                else "NotARegularFileError")
+    expected = (
+        "IsADirectoryError"
+        if reader == "cstorch.load" and kind == "directory"
+        else "NotARegularFileError"
+    )
     assert result["error"] == expected, result
 
 

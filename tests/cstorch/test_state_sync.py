@@ -6,9 +6,8 @@ import pytest
 import torch
 
 import cerebras.pytorch as cstorch
-from tests.training import minimizing
-
 from tests.jit_cache import xla_compilations
+from tests.training import minimizing
 
 
 def _setup():
@@ -71,7 +70,8 @@ def test_closures_called_outside_the_step_see_current_state_values():
     compiled = cstorch.compile(model, backend)
     optimizer = cstorch.optim.SGD(model.parameters(), lr=1.0)
     scheduler = cstorch.optim.lr_scheduler.LinearLR(
-        optimizer, initial_learning_rate=1.0, end_learning_rate=0.0, total_iters=4)
+        optimizer, initial_learning_rate=1.0, end_learning_rate=0.0, total_iters=4
+    )
     seen = []
 
     @cstorch.step_closure

@@ -55,8 +55,9 @@ def test_each_row_of_the_table_is_what_its_event_does_to_the_flags():
     # Never legal: a released tensor that something reaches unguarded, or one that leaves
     # without its storage given back.
     assert not any("released+shared" in (b, a) for b, _, a in TRANSITIONS)
-    assert not any(b.startswith("released") and e in ("drop", "rollback")
-                   for b, e, _ in TRANSITIONS)
+    assert not any(
+        b.startswith("released") and e in ("drop", "rollback") for b, e, _ in TRANSITIONS
+    )
 
 
 def test_an_illegal_transition_raises_naming_the_tensor_its_state_and_the_event():
@@ -107,8 +108,9 @@ class Net(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.body = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.Tanh(),
-                                        torch.nn.Linear(256, 4))
+        self.body = torch.nn.Sequential(
+            torch.nn.Linear(128, 256), torch.nn.Tanh(), torch.nn.Linear(256, 4)
+        )
         self.register_buffer("last_mean", torch.zeros(4))
 
     def forward(self, x):
@@ -146,7 +148,7 @@ def _train(engine):
     step = cstorch.trace(body) if engine == "cstorch" else body
     seen, views = [], None
     for run in range(2):
-        batches = list(zip(XS[4 * run:4 * run + 3], YS[4 * run:4 * run + 3]))
+        batches = list(zip(XS[4 * run : 4 * run + 3], YS[4 * run : 4 * run + 3]))
         loader = cstorch.utils.data.DataLoader(lambda: batches)  # noqa: B023 - used in this pass
         runs = cstorch.utils.data.DataExecutor(loader) if engine == "cstorch" else batches
         for i, (x, y) in enumerate(runs):
@@ -167,7 +169,9 @@ def _train(engine):
     return seen, final, backend
 
 
-@pytest.mark.filterwarnings("ignore::jax_backend.state.SharedStateWarning")  # the views it holds are the point
+@pytest.mark.filterwarnings(
+    "ignore::jax_backend.state.SharedStateWarning"
+)  # the views it holds are the point
 def test_a_training_run_makes_only_legal_transitions_and_trains_as_eager_torch(monkeypatch):
     config.update("debug_state", True)
     monkeypatch.setattr(DeviceState, "release_min_bytes", 1 << 16)
@@ -187,8 +191,16 @@ def test_a_training_run_makes_only_legal_transitions_and_trains_as_eager_torch(m
     assert not state._entries
     assert set(taken) <= TRANSITIONS  # also checked as they happened: none raised
     events = {event for _, event, _ in taken}
-    assert {"upload", "step-result", "release", "freed", "fill", "hand-out", "share",
-            "drop"} <= events, events
+    assert {
+        "upload",
+        "step-result",
+        "release",
+        "freed",
+        "fill",
+        "hand-out",
+        "share",
+        "drop",
+    } <= events, events
     assert ("absent", "upload", "synced+shared") in taken  # the numpy-made bias
     assert ("stale+lent", "share", "stale+shared") in taken  # the view of `last_mean`
 

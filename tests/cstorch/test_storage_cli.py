@@ -16,8 +16,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 @pytest.fixture
 def checkpoint(tmp_path):
     t = torch.randn(4, 8)
-    state = {"model": {"fc.weight": t, "fc.bias": torch.zeros(8).bfloat16()}, "tied": t,
-             "step": 12, "name": "run", "none": None, "dtype": torch.float16}
+    state = {
+        "model": {"fc.weight": t, "fc.bias": torch.zeros(8).bfloat16()},
+        "tied": t,
+        "step": 12,
+        "name": "run",
+        "none": None,
+        "dtype": torch.float16,
+    }
     path = tmp_path / "c.mdl"
     storage.save(state, path)
     return path, state
@@ -26,8 +32,9 @@ def checkpoint(tmp_path):
 def test_info_lists_keys_dtypes_shapes_and_total(checkpoint, capsys, monkeypatch):
     path, _ = checkpoint
     reads = []
-    monkeypatch.setattr(storage.load.__globals__["H5Reader"], "read_array",
-                        lambda self, key: reads.append(key))
+    monkeypatch.setattr(
+        storage.load.__globals__["H5Reader"], "read_array", lambda self, key: reads.append(key)
+    )
     assert cli.main(["info", str(path)]) == 0
     out = capsys.readouterr().out
     assert "model/" in out
@@ -45,7 +52,9 @@ def test_convert_to_safetensors(checkpoint, tmp_path, capsys):
     assert cli.main(["convert", str(path), str(out)]) == 0
     tensors = safetensors_format.read(out)
     assert torch.equal(tensors["model.fc.weight"], state["model"]["fc.weight"])
-    assert tensors["model.fc.bias"].dtype == torch.bfloat16 and torch.equal(tensors["tied"], state["tied"])
+    assert tensors["model.fc.bias"].dtype == torch.bfloat16 and torch.equal(
+        tensors["tied"], state["tied"]
+    )
     assert safetensors_format.read_metadata(out) == {"step": "12", "name": '"run"', "none": "null"}
     assert "skipped 'dtype'" in capsys.readouterr().err
     assert cli.main(["convert", str(path), str(out)]) == 1  # never overwrites
@@ -65,10 +74,20 @@ def test_convert_to_torch_pickle_keeps_ties(checkpoint, tmp_path):
 def test_module_entry_point(checkpoint):
     path, _ = checkpoint
     env = dict(os.environ, PYTHONPATH=REPO)
-    result = subprocess.run([sys.executable, "-m", "cstorch.storage", "info", str(path)],
-                            capture_output=True, text=True, env=env, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "cstorch.storage", "info", str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert "fc.weight" in result.stdout
-    missing = subprocess.run([sys.executable, "-m", "cstorch.storage", "info", str(path) + ".nope"],
-                             capture_output=True, text=True, env=env, timeout=120)
+    missing = subprocess.run(
+        [sys.executable, "-m", "cstorch.storage", "info", str(path) + ".nope"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert missing.returncode == 1 and "does not exist" in missing.stderr

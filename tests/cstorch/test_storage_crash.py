@@ -29,8 +29,9 @@ WRITER = textwrap.dedent("""
 def _start_writer(target):
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(target)], stdout=subprocess.PIPE,
-                            text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(target)], stdout=subprocess.PIPE, text=True, env=env
+    )
     assert proc.stdout.readline().strip() == "ready"
     return proc
 

@@ -12,8 +12,11 @@ from jax_backend import LazyTensor
 
 def test_deferred_safe_tensor_reads_only_its_key(tmp_path):
     path = tmp_path / "weights.safetensors"
-    tensors = {"a": torch.arange(6.0).reshape(2, 3), "b": torch.tensor([1, 2], dtype=torch.int64),
-               "c": torch.randn(4).to(torch.bfloat16)}
+    tensors = {
+        "a": torch.arange(6.0).reshape(2, 3),
+        "b": torch.tensor([1, 2], dtype=torch.int64),
+        "c": torch.randn(4).to(torch.bfloat16),
+    }
     safetensors_format.write(path, tensors)
     loaded = serializers.DeferredSafeTensor.load_file(path)
     assert set(loaded) == {"a", "b", "c"}

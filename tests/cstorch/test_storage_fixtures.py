@@ -15,7 +15,6 @@ import torch
 
 import cstorch.storage as storage
 from cstorch.storage.serializers import DeferredTorchTensor
-
 from tests.reference_data import REFERENCE
 
 KINDS = str(REFERENCE / "kinds.mdl")
@@ -30,12 +29,35 @@ def raw(path, key):
 def test_kinds_every_leaf():
     out = storage.load(KINDS)
     assert type(out) is dict
-    assert list(out.keys()) == ["f32", "bf16", "f16", "i64", "i32", "bool", "scalar0d", "tied1",
-                                "tied2", "int", "float", "str", "none", "tuple", "list", "nested", 5]
-    expected_meta = {"f32": (torch.float32, (3, 4)), "bf16": (torch.bfloat16, (6,)),
-                     "f16": (torch.float16, (2, 2)), "i64": (torch.int64, (5,)),
-                     "i32": (torch.int32, (3,)), "bool": (torch.bool, (2,)),
-                     "scalar0d": (torch.float32, ()), "tied1": (torch.float32, (2, 3))}
+    assert list(out.keys()) == [
+        "f32",
+        "bf16",
+        "f16",
+        "i64",
+        "i32",
+        "bool",
+        "scalar0d",
+        "tied1",
+        "tied2",
+        "int",
+        "float",
+        "str",
+        "none",
+        "tuple",
+        "list",
+        "nested",
+        5,
+    ]
+    expected_meta = {
+        "f32": (torch.float32, (3, 4)),
+        "bf16": (torch.bfloat16, (6,)),
+        "f16": (torch.float16, (2, 2)),
+        "i64": (torch.int64, (5,)),
+        "i32": (torch.int32, (3,)),
+        "bool": (torch.bool, (2,)),
+        "scalar0d": (torch.float32, ()),
+        "tied1": (torch.float32, (2, 3)),
+    }
     for key, (dtype, shape) in expected_meta.items():
         value = out[key]
         assert isinstance(value, DeferredTorchTensor), key
@@ -57,7 +79,9 @@ def test_kinds_every_leaf():
     assert out["float"] == 0.25 and type(out["float"]) is float
     assert out["str"] == "text"
     assert out["none"] is None
-    assert out["tuple"] == (1, 2.0) and type(out["tuple"]) is tuple and type(out["tuple"][1]) is float
+    assert (
+        out["tuple"] == (1, 2.0) and type(out["tuple"]) is tuple and type(out["tuple"][1]) is float
+    )
     assert out["list"] == [3, "x"] and type(out["list"]) is list
     assert out[5] == "int key" and "5" not in out
 
@@ -67,16 +91,29 @@ def test_adamw_structure_and_values():
     assert list(out) == ["model", "optimizer", "global_step"]
     model = out["model"]
     assert type(model) is collections.OrderedDict
-    shapes = {"0.weight": (7, 5), "0.bias": (7,), "1.weight": (7,), "1.bias": (7,),
-              "2.weight": (2, 7), "2.bias": (2,)}
+    shapes = {
+        "0.weight": (7, 5),
+        "0.bias": (7,),
+        "1.weight": (7,),
+        "1.bias": (7,),
+        "2.weight": (2, 7),
+        "2.bias": (2,),
+    }
     assert {k: tuple(v.shape) for k, v in model.items()} == shapes
     optimizer = out["optimizer"]
     assert list(optimizer) == ["state", "param_groups"]
     assert list(optimizer["state"]) == [0, 1, 2, 3, 4, 5]  # int keys survive
     group = optimizer["param_groups"][0]
-    assert group == {"lr": 0.001, "betas": (0.9, 0.999), "eps": 1e-06, "weight_decay": 0.0,
-                     "l2_regularization_rate": 0.0, "correct_bias": True, "amsgrad": False,
-                     "params": [0, 1, 2, 3, 4, 5]}
+    assert group == {
+        "lr": 0.001,
+        "betas": (0.9, 0.999),
+        "eps": 1e-06,
+        "weight_decay": 0.0,
+        "l2_regularization_rate": 0.0,
+        "correct_bias": True,
+        "amsgrad": False,
+        "params": [0, 1, 2, 3, 4, 5],
+    }
     assert type(group["betas"]) is tuple
     # The reference ties leaves by id(): the int 1 and the float 0.0 were each stored once.
     assert out["global_step"] == 1
@@ -87,8 +124,8 @@ def test_adamw_structure_and_values():
         # One Adam step from zero state: v = (1 - b2) g^2 and m = (1 - b1) g, so v = 0.1 m^2.
         m, v = state["exp_avg"], state["exp_avg_sq"]
         torch.testing.assert_close(v, 0.1 * m * m, rtol=1e-5, atol=1e-8)
-        assert state["beta1_power"].item() == pytest.approx(0.9 ** 2, rel=1e-6)
-        assert state["beta2_power"].item() == pytest.approx(0.999 ** 2, rel=1e-6)
+        assert state["beta1_power"].item() == pytest.approx(0.9**2, rel=1e-6)
+        assert state["beta2_power"].item() == pytest.approx(0.999**2, rel=1e-6)
     # LayerNorm starts at weight 1 / bias 0 and moves by lr in the sign direction of -m.
     for name, start, index in (("1.weight", 1.0, 2), ("1.bias", 0.0, 3)):
         moved = model[name] - start
@@ -137,33 +174,76 @@ def test_resaving_kinds_reproduces_reference_metadata(tmp_path):
 
 def _nested_spec(key, inner_leaves):
     leaf = {"type": None, "context": None, "children_spec": []}
-    inner = {"type": "collections.namedtuple", "context": "NestedObject",
-             "children_spec": [dict(leaf) for _ in range(2)]}
+    inner = {
+        "type": "collections.namedtuple",
+        "context": "NestedObject",
+        "children_spec": [dict(leaf) for _ in range(2)],
+    }
     if inner_leaves == 3:  # NestedObject(NestedObject(object, metadata), metadata)
-        inner = {"type": "collections.namedtuple", "context": "NestedObject",
-                 "children_spec": [inner, dict(leaf)]}
-    return json.dumps([1, {"type": "builtins.dict", "context": json.dumps([key]), "children_spec": [inner]}])
+        inner = {
+            "type": "collections.namedtuple",
+            "context": "NestedObject",
+            "children_spec": [inner, dict(leaf)],
+        }
+    return json.dumps(
+        [1, {"type": "builtins.dict", "context": json.dumps([key]), "children_spec": [inner]}]
+    )
 
 
 def write_csx_style(path, other):
     """Entries only the wafer writes: a DeferredFullTensor and an external DeferredObject link."""
-    tensor_md = {"__TORCH__": True, "shapes": [[2, 2]], "dtypes": ["torch.float32"],
-                 "rtfx_dtypes": [11], "__TYPE__": "TorchTensorSerializer"}
-    entries = {
-        "full": {"__spec__": [{"full": "*"}, _nested_spec("full", 2)], "__objects__": ["full.0"],
-                 "full.0.__metadata__": {"shape": [2, 2], "dtype": "torch.float32", "fill_value": 3.0,
-                                         "__TYPE__": "DeferredFullTensor", "__NONE__": True},
-                 "full.1.__metadata__": tensor_md},
-        "link": {"__spec__": [{"link": "*"}, _nested_spec("link", 3)], "__objects__": ["link.0.0"],
-                 "link.0.0.__metadata__": {"deferred_object_cls": "DeferredObject", "path": str(other),
-                                           "key": "w", "index": 0, "metadata": {},
-                                           "__TYPE__": "DeferredObject", "__NONE__": True},
-                 "link.0.1.__metadata__": {"shapes": [[2, 2]], "dtypes": ["torch.float32"],
-                                           "__TYPE__": "DeferredTorchTensor"},
-                 "link.1.__metadata__": tensor_md},
+    tensor_md = {
+        "__TORCH__": True,
+        "shapes": [[2, 2]],
+        "dtypes": ["torch.float32"],
+        "rtfx_dtypes": [11],
+        "__TYPE__": "TorchTensorSerializer",
     }
-    spec = json.dumps([1, {"type": "builtins.dict", "context": json.dumps(list(entries)), "children_spec": [
-        {"type": None, "context": None, "children_spec": []} for _ in entries]}])
+    entries = {
+        "full": {
+            "__spec__": [{"full": "*"}, _nested_spec("full", 2)],
+            "__objects__": ["full.0"],
+            "full.0.__metadata__": {
+                "shape": [2, 2],
+                "dtype": "torch.float32",
+                "fill_value": 3.0,
+                "__TYPE__": "DeferredFullTensor",
+                "__NONE__": True,
+            },
+            "full.1.__metadata__": tensor_md,
+        },
+        "link": {
+            "__spec__": [{"link": "*"}, _nested_spec("link", 3)],
+            "__objects__": ["link.0.0"],
+            "link.0.0.__metadata__": {
+                "deferred_object_cls": "DeferredObject",
+                "path": str(other),
+                "key": "w",
+                "index": 0,
+                "metadata": {},
+                "__TYPE__": "DeferredObject",
+                "__NONE__": True,
+            },
+            "link.0.1.__metadata__": {
+                "shapes": [[2, 2]],
+                "dtypes": ["torch.float32"],
+                "__TYPE__": "DeferredTorchTensor",
+            },
+            "link.1.__metadata__": tensor_md,
+        },
+    }
+    spec = json.dumps(
+        [
+            1,
+            {
+                "type": "builtins.dict",
+                "context": json.dumps(list(entries)),
+                "children_spec": [
+                    {"type": None, "context": None, "children_spec": []} for _ in entries
+                ],
+            },
+        ]
+    )
     with h5py.File(path, "w") as f:
         f.attrs["__spec__"] = json.dumps([{k: "*" for k in entries}, spec], indent=4)
         f.attrs["__version__"] = 0.5
@@ -198,8 +278,9 @@ def test_model_and_optimizer_restored_from_the_reference_checkpoint_continue_tra
     try:
         checkpoint = cstorch.load(ADAMW)
         backend = cstorch.backend("CPU", artifact_dir=str(tmp_path))
-        model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.LayerNorm(7),
-                                    torch.nn.Linear(7, 2))
+        model = torch.nn.Sequential(
+            torch.nn.Linear(5, 7), torch.nn.LayerNorm(7), torch.nn.Linear(7, 2)
+        )
         model.load_state_dict(checkpoint["model"])
         eager_model = copy.deepcopy(model)
         compiled = cstorch.compile(model, backend)
@@ -217,8 +298,9 @@ def test_model_and_optimizer_restored_from_the_reference_checkpoint_continue_tra
         eager = ref.EagerCstorchAdamW(eager_model.parameters())
         for p, index in zip(eager.params, range(6)):
             saved = checkpoint["optimizer"]["state"][index]
-            eager.state[p] = {k: saved[k] * 1 for k in ("exp_avg", "exp_avg_sq", "beta1_power",
-                                                         "beta2_power")}
+            eager.state[p] = {
+                k: saved[k] * 1 for k in ("exp_avg", "exp_avg_sq", "beta1_power", "beta2_power")
+            }
         g = torch.Generator().manual_seed(3)
         x = torch.randn(16, 5, generator=g)
         y = x @ torch.randn(5, 2, generator=g)  # a learnable target
@@ -232,7 +314,9 @@ def test_model_and_optimizer_restored_from_the_reference_checkpoint_continue_tra
             expected.append(loss.item())
         assert losses == pytest.approx(expected, rel=1e-6)
         assert losses[-1] < losses[0]
-        for (name, ours), theirs in zip(model.state_dict().items(), eager_model.state_dict().values()):
+        for (name, ours), theirs in zip(
+            model.state_dict().items(), eager_model.state_dict().values()
+        ):
             torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-7, msg=name)
     finally:
         cstorch.backend._reset_for_tests()

@@ -31,7 +31,10 @@ class _LeafSpec(_TreeSpec):
 class _TorchPickler(pickle._Pickler):
     """Writes our stand-in classes under torch's 2.0-era global names."""
 
-    NAMES = {_TreeSpec: b"torch.utils._pytree\nTreeSpec\n", _LeafSpec: b"torch.utils._pytree\nLeafSpec\n"}
+    NAMES = {
+        _TreeSpec: b"torch.utils._pytree\nTreeSpec\n",
+        _LeafSpec: b"torch.utils._pytree\nLeafSpec\n",
+    }
 
     def save_global(self, obj, name=None):
         if obj in self.NAMES:
@@ -55,18 +58,31 @@ def write_legacy(path, *, with_missing=False, object_value=torch.float16):
     # {"model": OrderedDict(w, b16), "opt": {"lr": float, "name": str, "none": None, 0: obj,
     #  "steps": [int]}, "full": full tensor, "np": array}
     opt_keys = ["lr", "name", "none", 0, "steps"]
-    spec = _TreeSpec(dict, ["model", "opt", "full", "np"] + (["gone"] if with_missing else []), [
-        _TreeSpec(collections.OrderedDict, ["w", "b16"], [_leaf(), _leaf()]),
-        _TreeSpec(dict, opt_keys, [_leaf(), _leaf(), _leaf(), _leaf(), _TreeSpec(list, None, [_leaf()])]),
-        _leaf(), _leaf()] + ([_leaf()] if with_missing else []))
+    spec = _TreeSpec(
+        dict,
+        ["model", "opt", "full", "np"] + (["gone"] if with_missing else []),
+        [
+            _TreeSpec(collections.OrderedDict, ["w", "b16"], [_leaf(), _leaf()]),
+            _TreeSpec(
+                dict,
+                opt_keys,
+                [_leaf(), _leaf(), _leaf(), _leaf(), _TreeSpec(list, None, [_leaf()])],
+            ),
+            _leaf(),
+            _leaf(),
+        ]
+        + ([_leaf()] if with_missing else []),
+    )
     with h5py.File(path, "w") as f:
         f.attrs["__spec__"] = _spec_hex(spec)
         f.attrs["__version__"] = 0.4
         f.attrs["__cstorch_version__"] = "2.0"
         w = f.create_dataset("model.w", data=np.arange(6, dtype=np.float32).reshape(2, 3))
         w.attrs["__H5_TYPE__"] = "TorchTensorH5Type"
-        b16 = f.create_dataset("model.b16", data=torch.tensor([1.0, -2.0], dtype=torch.bfloat16)
-                               .view(torch.int16).numpy())
+        b16 = f.create_dataset(
+            "model.b16",
+            data=torch.tensor([1.0, -2.0], dtype=torch.bfloat16).view(torch.int16).numpy(),
+        )
         b16.attrs["__H5_TYPE__"] = "TorchTensorH5Type"
         b16.attrs["is_bfloat16"] = True
         lr = f.create_dataset("opt.lr", data=np.float64(0.125))
@@ -99,7 +115,13 @@ def test_legacy_checkpoint_loads(tmp_path):
     assert torch.equal(out["model"]["w"], torch.arange(6.0).reshape(2, 3))
     assert out["model"]["b16"].dtype == torch.bfloat16
     assert torch.equal(out["model"]["b16"], torch.tensor([1.0, -2.0], dtype=torch.bfloat16))
-    assert out["opt"] == {"lr": 0.125, "name": "adam", "none": None, 0: torch.float16, "steps": [10]}
+    assert out["opt"] == {
+        "lr": 0.125,
+        "name": "adam",
+        "none": None,
+        0: torch.float16,
+        "steps": [10],
+    }
     assert torch.equal(out["full"], torch.full((2, 2), 3.0))
     assert isinstance(out["np"], np.ndarray) and out["np"].tolist() == [0, 1, 2]
 

@@ -75,14 +75,33 @@ def test_tensor_roundtrip_bit_exact(name, tmp_path):
 
 
 PY_LEAVES = {
-    "int": 7, "negative_int": -(2 ** 40), "float": 0.25, "bool_true": True, "str": "text",
-    "unicode": "héllo ✓", "none": None, "tuple": (1, 2.0), "list": [3, "x", None],
-    "nested": {"a": {"b": {"c": 1}}}, "odict": collections.OrderedDict(z=1, a=2),
-    "empty_dict": {}, "empty_list": [], "set": {1, 2, 3}, "namedtuple": Point(1, 2),
-    "defaultdict": collections.defaultdict(list, {"k": 1}), "deque": collections.deque([1, 2], maxlen=5),
-    "torch_dtype": torch.bfloat16, "torch_size": torch.Size([2, 3]), "device": torch.device("cpu"),
-    "complex": complex(1, 2), "bytes": b"\x00ab", "frozenset": frozenset([1]), "slice": slice(1, 5, 2),
-    "range": range(2, 9, 3), "np_scalar": np.int64(3), "np_float64": np.float64(1.5),
+    "int": 7,
+    "negative_int": -(2**40),
+    "float": 0.25,
+    "bool_true": True,
+    "str": "text",
+    "unicode": "héllo ✓",
+    "none": None,
+    "tuple": (1, 2.0),
+    "list": [3, "x", None],
+    "nested": {"a": {"b": {"c": 1}}},
+    "odict": collections.OrderedDict(z=1, a=2),
+    "empty_dict": {},
+    "empty_list": [],
+    "set": {1, 2, 3},
+    "namedtuple": Point(1, 2),
+    "defaultdict": collections.defaultdict(list, {"k": 1}),
+    "deque": collections.deque([1, 2], maxlen=5),
+    "torch_dtype": torch.bfloat16,
+    "torch_size": torch.Size([2, 3]),
+    "device": torch.device("cpu"),
+    "complex": complex(1, 2),
+    "bytes": b"\x00ab",
+    "frozenset": frozenset([1]),
+    "slice": slice(1, 5, 2),
+    "range": range(2, 9, 3),
+    "np_scalar": np.int64(3),
+    "np_float64": np.float64(1.5),
     "np_dtype": np.dtype("float16"),
 }
 
@@ -102,8 +121,16 @@ def test_python_leaf_roundtrip(name, tmp_path):
 
 def test_int_dict_keys_and_mixed_structure(tmp_path):
     t = torch.randn(3)
-    state = {"a": t, "b": t, "n": None, "e": 7, "s": "x", "t": (1, 2), 3: torch.arange(2),
-             "optimizer": {"state": {0: {"exp_avg": torch.ones(2)}, 1: {"exp_avg": torch.zeros(2)}}}}
+    state = {
+        "a": t,
+        "b": t,
+        "n": None,
+        "e": 7,
+        "s": "x",
+        "t": (1, 2),
+        3: torch.arange(2),
+        "optimizer": {"state": {0: {"exp_avg": torch.ones(2)}, 1: {"exp_avg": torch.zeros(2)}}},
+    }
     out = roundtrip(state, tmp_path)
     assert list(out) == ["a", "b", "n", "e", "s", "t", 3, "optimizer"]
     assert out["a"] is out["b"]  # tie restored
@@ -112,9 +139,14 @@ def test_int_dict_keys_and_mixed_structure(tmp_path):
 
 
 def test_numpy_arrays(tmp_path):
-    arrays = {"f32": np.arange(6, dtype=np.float32).reshape(2, 3), "i8": np.arange(3, dtype=np.int8),
-              "bool": np.array([True, False]), "c64": np.array([1 + 2j], dtype=np.complex64),
-              "strings": np.array(["a", "bc"]), "objects": np.array([1, "x"], dtype=object)}
+    arrays = {
+        "f32": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "i8": np.arange(3, dtype=np.int8),
+        "bool": np.array([True, False]),
+        "c64": np.array([1 + 2j], dtype=np.complex64),
+        "strings": np.array(["a", "bc"]),
+        "objects": np.array([1, "x"], dtype=object),
+    }
     out = roundtrip(arrays, tmp_path)
     for key, value in arrays.items():
         assert type(out[key]) is np.ndarray and out[key].dtype == value.dtype
@@ -144,9 +176,13 @@ def test_custom_object_needs_opt_in(tmp_path):
 
 
 def test_restricted_unpickler_refuses_code():
-    payloads = [pickle.dumps(os.system), pickle.dumps(eval), pickle.dumps(Custom),
-                b"cos\nsystem\n(S'echo pwned'\ntR.",  # the classic protocol-0 exploit
-                b"cbuiltins\ngetattr\n."]
+    payloads = [
+        pickle.dumps(os.system),
+        pickle.dumps(eval),
+        pickle.dumps(Custom),
+        b"cos\nsystem\n(S'echo pwned'\ntR.",  # the classic protocol-0 exploit
+        b"cbuiltins\ngetattr\n.",
+    ]
     for payload in payloads:
         with pytest.raises(safe_pickle.UnsafePickleError, match="unsafe_allow_pickle=True"):
             safe_pickle.loads(payload, what="test payload")
@@ -220,8 +256,18 @@ def test_jax_arrays_and_lazy_tensors_written_without_torch(tmp_path):
 def test_layout_matches_spec(tmp_path):
     path = tmp_path / "layout.mdl"
     t = torch.randn(300, 500)
-    storage.save({"w": t, "tied": t, "bf": torch.randn(4).bfloat16(), "s": torch.tensor(1.0),
-                  "n": None, "x": 3, "obj": torch.float16}, path)
+    storage.save(
+        {
+            "w": t,
+            "tied": t,
+            "bf": torch.randn(4).bfloat16(),
+            "s": torch.tensor(1.0),
+            "n": None,
+            "x": 3,
+            "obj": torch.float16,
+        },
+        path,
+    )
     with h5py.File(path, "r") as f:
         assert f.attrs["__version__"] == 0.5 and f.attrs["__version__"].dtype == np.float64
         assert f.attrs["__cstorch_version__"] == "2.10.0"
@@ -232,16 +278,26 @@ def test_layout_matches_spec(tmp_path):
         assert sorted(f) == ["bf", "obj", "s", "w"]  # no datasets for None, ints, links
         w = f["w"]
         assert w.chunks and w.compression_opts is None and "32004" in w._filters
-        assert w.attrs["__NUMPY__"] and w.attrs["__TORCH__"] and w.attrs["__TYPE__"] == "TorchTensorSerializer"
-        assert list(w.attrs["dtypes"]) == ["torch.float32"] and w.attrs["shapes"].tolist() == [[300, 500]]
+        assert (
+            w.attrs["__NUMPY__"]
+            and w.attrs["__TORCH__"]
+            and w.attrs["__TYPE__"] == "TorchTensorSerializer"
+        )
+        assert list(w.attrs["dtypes"]) == ["torch.float32"] and w.attrs["shapes"].tolist() == [
+            [300, 500]
+        ]
         assert w.attrs["rtfx_dtypes"].tolist() == [11]
         assert f["bf"].dtype == np.int16 and f["bf"].attrs["rtfx_dtypes"].tolist() == [15]
         assert list(f["bf"].attrs["dtypes"]) == ["torch.bfloat16"]
         assert f["s"].shape == () and f["s"].chunks is None  # 0-d: uncompressed
         assert f["obj"].shape is None and isinstance(f["obj"].attrs["__BYTES__"], np.void)
         tied = json.loads(f.attrs["tied.__metadata__"])
-        assert tied["tied.__metadata__"] == {"key": "w", "__LINKED__": True, "__TYPE__": "LinkedObject",
-                                             "__NONE__": True}
+        assert tied["tied.__metadata__"] == {
+            "key": "w",
+            "__LINKED__": True,
+            "__TYPE__": "LinkedObject",
+            "__NONE__": True,
+        }
         x = json.loads(f.attrs["x.__metadata__"])
         assert x["__objects__"] == ["x"] and x["x.__metadata__"]["scalar_value"] == 3
 
@@ -256,11 +312,16 @@ def test_load_reads_only_accessed_tensors(tmp_path, monkeypatch):
     storage.save(state, path)
     reads = []
     original = H5Reader.read_array
-    monkeypatch.setattr(H5Reader, "read_array", lambda self, key: reads.append(key) or original(self, key))
+    monkeypatch.setattr(
+        H5Reader, "read_array", lambda self, key: reads.append(key) or original(self, key)
+    )
     dataset_reads = []
     original_getitem = h5py.Dataset.__getitem__
-    monkeypatch.setattr(h5py.Dataset, "__getitem__",
-                        lambda self, idx: dataset_reads.append(self.name) or original_getitem(self, idx))
+    monkeypatch.setattr(
+        h5py.Dataset,
+        "__getitem__",
+        lambda self, idx: dataset_reads.append(self.name) or original_getitem(self, idx),
+    )
     out = storage.load(path)
     assert reads == [] and dataset_reads == []
     assert out["t7"].sum().item() == 7 * 64 * 64
@@ -277,7 +338,9 @@ def test_map_location(tmp_path):
     plain.sum()
     assert not plain.is_materialized  # not cached by default
     assert isinstance(storage.load(path, map_location="cpu")["a"], DeferredTorchTensor)
-    assert isinstance(storage.load(path, map_location=torch.device("cpu"))["a"], DeferredTorchTensor)
+    assert isinstance(
+        storage.load(path, map_location=torch.device("cpu"))["a"], DeferredTorchTensor
+    )
     cached = storage.load(path, map_location="cache")["a"]
     cached.sum()
     assert cached.is_materialized
@@ -366,6 +429,7 @@ def test_exist_ok_false_losing_a_race_says_what_was_kept(tmp_path, monkeypatch):
     # Another writer publishes the path between our check and our publish: the other file
     # stays, ours is not kept (no temporary file left), and the error says so truthfully.
     from cstorch.storage.h5_format import H5Writer
+
     path = tmp_path / "x.mdl"
     commit = H5Writer.commit
 

@@ -19,7 +19,6 @@ import torch
 import cerebras.pytorch as cstorch
 from cstorch.core.compile import RecompilationWarning
 from jax_backend.errors import CaptureError, RecompilationError, ValueReadInTraceError
-
 from tests.cstorch.test_torch_optimizers import OPTIMIZERS, XS, YS, _backend, _loss, _model
 from tests.lanes import marked_cases
 
@@ -29,8 +28,9 @@ TOL = dict(rtol=1e-5, atol=1e-5)
 STEPS = 6
 
 
-def _train(engine, make_optimizer, *, setup=None, between=None, in_step=None,
-           set_to_none=True, steps=STEPS):
+def _train(
+    engine, make_optimizer, *, setup=None, between=None, in_step=None, set_to_none=True, steps=STEPS
+):
     """The same script eagerly (``engine="eager"``) or compiled (``"CPU"``, ``"CSX"``):
     ``setup(run)`` after the optimizer is built (``run``: a dict of the script's objects),
     ``between(run, i)`` before step ``i``, ``in_step(run)`` at the end of the step body.
@@ -86,9 +86,14 @@ def _per_step_lr(run, i):
 
 
 # ------------------------------------------------------------- a float lr set every step
-@pytest.mark.parametrize("name", marked_cases(
-    OPTIMIZERS, list(OPTIMIZERS), slow=[n for n in OPTIMIZERS if n not in ("SGD-momentum",
-                                                                             "AdamW")]))
+@pytest.mark.parametrize(
+    "name",
+    marked_cases(
+        OPTIMIZERS,
+        list(OPTIMIZERS),
+        slow=[n for n in OPTIMIZERS if n not in ("SGD-momentum", "AdamW")],
+    ),
+)
 def test_a_float_lr_set_every_step_needs_one_program(name):
     _assert_like_eager("CPU", OPTIMIZERS[name], between=_per_step_lr)
 
@@ -110,13 +115,19 @@ def test_a_float_weight_decay_and_betas_set_every_step_need_one_program():
 # ----------------------------------------------------------------- torch's LR schedulers
 SCHEDULERS = {
     "StepLR": lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=2, gamma=0.5),
-    "OneCycleLR": lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=0.1,
-                                                                total_steps=STEPS + 1),
+    "OneCycleLR": lambda o: torch.optim.lr_scheduler.OneCycleLR(
+        o, max_lr=0.1, total_steps=STEPS + 1
+    ),
     "CosineAnnealingLR": lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=4),
     "LambdaLR": lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda t: 1 / (1 + t)),
     "SequentialLR": lambda o: torch.optim.lr_scheduler.SequentialLR(
-        o, [torch.optim.lr_scheduler.LinearLR(o, 0.1, total_iters=2),
-            torch.optim.lr_scheduler.ExponentialLR(o, 0.8)], milestones=[2]),
+        o,
+        [
+            torch.optim.lr_scheduler.LinearLR(o, 0.1, total_iters=2),
+            torch.optim.lr_scheduler.ExponentialLR(o, 0.8),
+        ],
+        milestones=[2],
+    ),
 }
 # OneCycleLR cycles SGD's momentum and Adam's betas too.
 SCHEDULED = {"SGD-momentum": OPTIMIZERS["SGD-momentum"], "Adam": OPTIMIZERS["Adam"]}
@@ -125,6 +136,7 @@ SCHEDULED = {"SGD-momentum": OPTIMIZERS["SGD-momentum"], "Adam": OPTIMIZERS["Ada
 def _with_scheduler(kind):
     def setup(run):
         run["scheduler"] = SCHEDULERS[kind](run["optimizer"])
+
     return setup
 
 
@@ -133,12 +145,14 @@ def _step_scheduler(run, i=None):
         run["scheduler"].step()
 
 
-@pytest.mark.parametrize("kind", marked_cases(SCHEDULERS, list(SCHEDULERS),
-                                              slow=["CosineAnnealingLR", "SequentialLR"]))
+@pytest.mark.parametrize(
+    "kind", marked_cases(SCHEDULERS, list(SCHEDULERS), slow=["CosineAnnealingLR", "SequentialLR"])
+)
 @pytest.mark.parametrize("optimizer", list(SCHEDULED))
 def test_a_torch_scheduler_stepped_between_steps_needs_one_program(kind, optimizer):
-    _assert_like_eager("CPU", SCHEDULED[optimizer], setup=_with_scheduler(kind),
-                       between=_step_scheduler)
+    _assert_like_eager(
+        "CPU", SCHEDULED[optimizer], setup=_with_scheduler(kind), between=_step_scheduler
+    )
 
 
 def _assert_scheduler_like_eager(ours, eager):
@@ -151,15 +165,17 @@ def _assert_scheduler_like_eager(ours, eager):
             assert state[key] == pytest.approx(expected[key], rel=1e-12), key
 
 
-@pytest.mark.parametrize("kind", marked_cases(SCHEDULERS, list(SCHEDULERS),
-                                              slow=["CosineAnnealingLR", "LambdaLR"]))
+@pytest.mark.parametrize(
+    "kind", marked_cases(SCHEDULERS, list(SCHEDULERS), slow=["CosineAnnealingLR", "LambdaLR"])
+)
 @pytest.mark.parametrize("optimizer", list(SCHEDULED))
 def test_a_torch_scheduler_stepped_in_the_step_runs_after_each_call(kind, optimizer):
     """``scheduler.step()`` in the traced step runs on the host after every call (it would
     run only while the step is traced), so lr, ``last_epoch`` and ``state_dict()`` follow
     eager torch's."""
-    ours, eager = _assert_like_eager("CPU", SCHEDULED[optimizer], setup=_with_scheduler(kind),
-                                     in_step=_step_scheduler)
+    ours, eager = _assert_like_eager(
+        "CPU", SCHEDULED[optimizer], setup=_with_scheduler(kind), in_step=_step_scheduler
+    )
     _assert_scheduler_like_eager(ours, eager)
 
 
@@ -171,8 +187,7 @@ def test_a_scheduler_in_the_step_keeps_its_place_before_the_optimizer_step(engin
 
     def build(engine_kind):
         model = _model()
-        forward = model if engine_kind == "eager" else cstorch.compile(model,
-                                                                       _backend(engine_kind))
+        forward = model if engine_kind == "eager" else cstorch.compile(model, _backend(engine_kind))
         optimizer = make(model.parameters())
         scheduler = SCHEDULERS["StepLR"](optimizer)
 
@@ -199,9 +214,9 @@ def test_a_scheduler_in_the_step_keeps_its_place_before_the_optimizer_step(engin
 
 
 def test_a_scheduler_in_the_step_runs_on_csx():
-    ours, eager = _assert_like_eager("CSX", OPTIMIZERS["Adam"],
-                                     setup=_with_scheduler("OneCycleLR"),
-                                     in_step=_step_scheduler)
+    ours, eager = _assert_like_eager(
+        "CSX", OPTIMIZERS["Adam"], setup=_with_scheduler("OneCycleLR"), in_step=_step_scheduler
+    )
     _assert_scheduler_like_eager(ours, eager)
 
 
@@ -222,6 +237,7 @@ def test_a_weight_decay_set_to_zero_selects_another_program(engine):
     """torch's step skips the weight decay term when it is 0 (``if weight_decay != 0``): a
     zero that appears mid-run changes the program (CSX refuses, naming it); other values do
     not."""
+
     def change(run, i):
         run["optimizer"].param_groups[0]["weight_decay"] = [0.01, 0.02, 0.03, 0.0][min(i, 3)]
 
@@ -248,8 +264,10 @@ def test_setting_a_hyperparameter_in_the_step_is_refused():
 def test_an_eval_step_never_recompiles_for_an_optimizer():
     model = _model()
     compiled = cstorch.compile(model, _backend("CPU"))
-    optimizers = [torch.optim.SGD(model.parameters(), lr=0.1),
-                  cstorch.optim.SGD(model.parameters(), lr=0.1)]
+    optimizers = [
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        cstorch.optim.SGD(model.parameters(), lr=0.1),
+    ]
 
     @cstorch.trace
     @torch.no_grad()
@@ -286,19 +304,25 @@ def test_the_lr_read_in_the_step_is_the_current_one():
 def test_a_number_from_a_hyperparameter_kept_on_a_module_is_refused():
     """Eager torch would keep the float; in the compiled step it is the program's input, with
     no value after the trace: refused, naming where it was kept, and nothing of it stays."""
+
     def in_step(run):
         run["model"].last_lr = run["optimizer"].param_groups[0]["lr"] * 2
 
     model = None
-    with pytest.raises(CaptureError, match=r"number computed from an optimizer's "
-                       r"hyperparameter .* in model0\.last_lr: .* Read the hyperparameter "
-                       r"outside the step"):
+    with pytest.raises(
+        CaptureError,
+        match=r"number computed from an optimizer's "
+        r"hyperparameter .* in model0\.last_lr: .* Read the hyperparameter "
+        r"outside the step",
+    ):
+
         def setup(run):
             nonlocal model
             model = run["model"]
 
-        _train("CPU", OPTIMIZERS["SGD"], between=_per_step_lr, in_step=in_step, setup=setup,
-               steps=1)
+        _train(
+            "CPU", OPTIMIZERS["SGD"], between=_per_step_lr, in_step=in_step, setup=setup, steps=1
+        )
     assert not hasattr(model, "last_lr")
 
 
@@ -307,6 +331,7 @@ def test_a_number_from_a_hyperparameter_kept_on_a_module_is_refused():
 def test_a_param_group_added_mid_run_is_stepped_as_in_eager(name):
     """The added group's parameters get their optimizer state in their first step (state
     born mid-run), the existing state is kept."""
+
     def setup(run):
         optimizer = run["optimizer"]
         del optimizer.param_groups[1:]
@@ -315,8 +340,9 @@ def test_a_param_group_added_mid_run_is_stepped_as_in_eager(name):
 
     def add(run, i):
         if i == 3:
-            run["optimizer"].add_param_group({"params": list(run["model"][2].parameters()),
-                                              "lr": 0.01})
+            run["optimizer"].add_param_group(
+                {"params": list(run["model"][2].parameters()), "lr": 0.01}
+            )
 
     make = OPTIMIZERS[name]
     eager = _train("eager", make, setup=setup, between=add)
@@ -341,6 +367,7 @@ def _assert_optimizer_state_like(mine, theirs):
 def test_a_layer_frozen_mid_run_is_stepped_as_in_eager(name, set_to_none):
     """Frozen after zero_grad(set_to_none=False), a parameter keeps its zero gradient in eager
     torch, so momentum and weight decay keep moving it; with set_to_none it stops."""
+
     def freeze(run, i):
         if i == 3:
             run["model"][0].weight.requires_grad_(False)
@@ -376,12 +403,17 @@ def test_a_layer_unfrozen_mid_run_is_stepped_as_in_eager(set_to_none):
 @pytest.mark.parametrize("name", ["SGD-momentum", "AdamW"])
 def test_optimizer_load_state_dict_mid_run_is_as_in_eager(name):
     """Going back to an earlier optimizer state (its moments and lr) mid-run."""
+
     def between(run, i):
         if i == 2:
             run["saved"] = run["optimizer"].state_dict()
-            run["saved"] = {"state": {k: {n: v.clone() for n, v in s.items()}
-                                      for k, s in run["saved"]["state"].items()},
-                            "param_groups": [dict(g) for g in run["saved"]["param_groups"]]}
+            run["saved"] = {
+                "state": {
+                    k: {n: v.clone() for n, v in s.items()}
+                    for k, s in run["saved"]["state"].items()
+                },
+                "param_groups": [dict(g) for g in run["saved"]["param_groups"]],
+            }
         if i == 4:
             run["optimizer"].load_state_dict(run["saved"])
 

@@ -23,7 +23,6 @@ from torch._subclasses.fake_tensor import FakeTensor
 import cerebras.pytorch as cstorch
 from cstorch.core.compile import GradientAccumulationWarning, RecompilationWarning
 from jax_backend.errors import CaptureError
-
 from tests.lanes import marked_cases
 
 XS = [torch.randn(8, 4, generator=torch.Generator().manual_seed(i)) for i in range(6)]
@@ -31,8 +30,9 @@ YS = [torch.randn(8, 2, generator=torch.Generator().manual_seed(100 + i)) for i 
 
 OPTIMIZERS = {
     "SGD": lambda p: torch.optim.SGD(p, lr=0.1),
-    "SGD-momentum": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, dampening=0.2,
-                                              weight_decay=0.01),
+    "SGD-momentum": lambda p: torch.optim.SGD(
+        p, lr=0.1, momentum=0.9, dampening=0.2, weight_decay=0.01
+    ),
     "SGD-nesterov": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True),
     "Adam": lambda p: torch.optim.Adam(p, lr=0.05),
     "Adam-amsgrad": lambda p: torch.optim.Adam(p, lr=0.05, amsgrad=True, weight_decay=0.1),
@@ -109,8 +109,9 @@ def _assert_state_equal(actual: dict, expected: dict):
     for index, state in expected["state"].items():
         assert actual["state"][index].keys() == state.keys(), index
         for key, value in state.items():
-            torch.testing.assert_close(actual["state"][index][key], value, **TOL,
-                                       msg=f"state {index} {key}")
+            torch.testing.assert_close(
+                actual["state"][index][key], value, **TOL, msg=f"state {index} {key}"
+            )
 
 
 def _assert_no_fakes(*values):
@@ -119,8 +120,9 @@ def _assert_no_fakes(*values):
 
 
 @pytest.mark.parametrize("backend_kind", ["CPU", "CSX"])
-@pytest.mark.parametrize("name", marked_cases(OPTIMIZERS, ids=OPTIMIZERS,
-                                              slow={"Adam-amsgrad", "NAdam", "RAdam"}))
+@pytest.mark.parametrize(
+    "name", marked_cases(OPTIMIZERS, ids=OPTIMIZERS, slow={"Adam-amsgrad", "NAdam", "RAdam"})
+)
 def test_torch_optimizer_matches_eager_step_by_step(name, backend_kind):
     make = OPTIMIZERS[name]
     eager_model, eager_optimizer, eager_losses = _eager(make, 4)
@@ -131,8 +133,9 @@ def test_torch_optimizer_matches_eager_step_by_step(name, backend_kind):
         warnings.simplefilter("error", RecompilationWarning)
         losses = [float(step(x, y)) for x, y in zip(XS[:4], YS[:4])]
     torch.testing.assert_close(losses, eager_losses, **TOL)
-    for (key, value), expected in zip(model.state_dict().items(),
-                                      eager_model.state_dict().values()):
+    for (key, value), expected in zip(
+        model.state_dict().items(), eager_model.state_dict().values()
+    ):
         torch.testing.assert_close(value, expected, **TOL, msg=key)
     state = optimizer.state_dict()
     _assert_no_fakes(state, model.state_dict())
@@ -160,8 +163,7 @@ def test_checkpoint_and_resume_equal_eager(name, tmp_path):
     losses += [float(step(x, y)) for x, y in zip(XS[2:4], YS[2:4])]
 
     torch.testing.assert_close(losses, eager_losses, **TOL)
-    for value, expected in zip(model.state_dict().values(),
-                               eager_model.state_dict().values()):
+    for value, expected in zip(model.state_dict().values(), eager_model.state_dict().values()):
         torch.testing.assert_close(value, expected, **TOL)
     _assert_state_equal(optimizer.state_dict(), eager_optimizer.state_dict())
     # The checkpoint loads into eager torch too (the group settings are the user's).
@@ -256,8 +258,7 @@ class _MakesAParameter(torch.nn.Module):
 
 
 def test_parameter_created_in_forward_is_refused_naming_the_line():
-    model, optimizer, step = _compiled(OPTIMIZERS["SGD"], _backend("CPU"),
-                                       model=_MakesAParameter())
+    model, optimizer, step = _compiled(OPTIMIZERS["SGD"], _backend("CPU"), model=_MakesAParameter())
     with pytest.raises(CaptureError, match=r"(?s)parameter 'scale'.*__init__.*the user's line"):
         step(XS[0], YS[0])
     assert "scale" not in model._parameters  # nothing of the trace is left behind
@@ -303,8 +304,7 @@ def test_a_tensor_kept_on_a_module_holds_each_steps_value(backend_kind):
 
 
 def test_tensors_kept_in_a_list_on_a_module_are_refused_and_taken_out():
-    model, optimizer, step = _compiled(OPTIMIZERS["AdamW"], _backend("CPU"),
-                                       model=_KeepsHistory())
+    model, optimizer, step = _compiled(OPTIMIZERS["AdamW"], _backend("CPU"), model=_KeepsHistory())
     with pytest.raises(CaptureError, match=r"model0\.history\[0\].*register_buffer"):
         step(XS[0], YS[0])
     assert model.history and all(h is None for h in model.history)  # taken out
@@ -344,6 +344,7 @@ def test_lbfgs_is_refused_with_the_reason():
             loss = _loss(model(x), y)
             loss.backward()
             return loss
+
         return optimizer.step(closure)
 
     with pytest.raises(CaptureError, match="LBFGS cannot run in a compiled step"):
@@ -425,10 +426,15 @@ def test_torch_optimizers_on_several_csx_devices_match_eager():
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     path = os.pathsep.join([root, os.path.join(root, "compat"), os.environ.get("PYTHONPATH", "")])
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-               PYTHONPATH=path)
-    out = subprocess.run([sys.executable, "-m", "tests.cstorch.test_torch_optimizers"],
-                         capture_output=True, text=True, cwd=root, env=env, timeout=600)
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", PYTHONPATH=path)
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.cstorch.test_torch_optimizers"],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env=env,
+        timeout=600,
+    )
     assert "RESULT ok" in out.stdout, out.stderr[-3000:]
 
 

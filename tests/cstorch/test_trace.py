@@ -18,13 +18,16 @@ def _setup(backend_kind="CPU"):
     return model, compiled, optimizer
 
 
-@pytest.mark.parametrize("read", [
-    lambda loss: loss.item(),
-    lambda loss: print(loss),
-    lambda loss: f"{loss:.3f}",
-    lambda loss: float(loss),
-    lambda loss: 1 if loss > 0 else 0,
-])
+@pytest.mark.parametrize(
+    "read",
+    [
+        lambda loss: loss.item(),
+        lambda loss: print(loss),
+        lambda loss: f"{loss:.3f}",
+        lambda loss: float(loss),
+        lambda loss: 1 if loss > 0 else 0,
+    ],
+)
 def test_reading_a_value_inside_a_trace_points_to_step_closure(read):
     _, compiled, _ = _setup()
 
@@ -70,8 +73,10 @@ def test_the_recompile_warning_names_the_input_its_shapes_and_drop_last():
     with pytest.warns(RecompilationWarning) as caught:
         step(torch.randn(2, 4), (torch.ones(2), torch.ones(2)), mask=torch.ones(2))
     message = str(caught[0].message)
-    assert ("features float32[3, 4] -> float32[2, 4], batch[1] float32[3] -> float32[2], "
-            "mask float32[3] -> float32[2]") in message
+    assert (
+        "features float32[3, 4] -> float32[2, 4], batch[1] float32[3] -> float32[2], "
+        "mask float32[3] -> float32[2]"
+    ) in message
     assert "drop_last=True" in message
 
 
@@ -309,8 +314,9 @@ def test_changing_a_python_number_hyperparameter_recompiles():
         train_step(x)
     assert torch.equal(model.state_dict()["weight"], before)  # lr 0 was used
     # A scheduler makes lr a tensor: one more compile, after which lr changes are free.
-    cstorch.optim.lr_scheduler.LinearLR(optimizer, initial_learning_rate=0.1,
-                                        end_learning_rate=0.0, total_iters=2)
+    cstorch.optim.lr_scheduler.LinearLR(
+        optimizer, initial_learning_rate=0.1, end_learning_rate=0.0, total_iters=2
+    )
     with pytest.warns(RecompilationWarning):
         train_step(x)
     assert train_step.trace_count == 3

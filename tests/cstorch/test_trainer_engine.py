@@ -66,14 +66,17 @@ def test_a_train_step_called_in_the_other_mode_still_recompiles():
 
 def _run(code, *paths):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([*paths, *sys.path]))
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 @pytest.mark.slow
 def test_modelzoo_is_a_namespace_portion_that_a_real_install_shadows(tmp_path):
-    result = _run("import cerebras.modelzoo as m, cerebras.modelzoo.trainer as t; "
-                  "print(getattr(m, '__file__', None), t.Trainer.__module__)")
+    result = _run(
+        "import cerebras.modelzoo as m, cerebras.modelzoo.trainer as t; "
+        "print(getattr(m, '__file__', None), t.Trainer.__module__)"
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["None", "cerebras.modelzoo.trainer.trainer"]
 
@@ -82,7 +85,8 @@ def test_modelzoo_is_a_namespace_portion_that_a_real_install_shadows(tmp_path):
     (real / "trainer").mkdir(parents=True)
     (real / "__init__.py").write_text("")
     (real / "trainer" / "__init__.py").write_text("Trainer = 'the real one'\n")
-    result = _run("from cerebras.modelzoo.trainer import Trainer; print(Trainer)",
-                  str(tmp_path / "site"))
+    result = _run(
+        "from cerebras.modelzoo.trainer import Trainer; print(Trainer)", str(tmp_path / "site")
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "the real one"

@@ -9,15 +9,15 @@ import json
 import os
 import struct
 
+import cerebras.pytorch.utils.tensorboard as tensorboard
 import pytest
 import torch
+from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import crc32c, masked_crc32c
 
 import cerebras.pytorch as cstorch
-import cerebras.pytorch.utils.tensorboard as tensorboard
 from cstorch.utils import nest
 from cstorch.utils.data import DataExecutor, DataLoader
 from cstorch.utils.tensorboard.event_file import read_events, read_records
-from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import crc32c, masked_crc32c
 
 pytestmark = pytest.mark.core
 
@@ -54,8 +54,12 @@ def test_event_files_read_to_a_truncated_tail_and_refuse_a_corrupt_record(tmp_pa
     with pytest.raises(ValueError, match="Corrupt record data"):
         list(read_records(str(corrupt)))
     data = b"\xff" * 3  # not a protobuf message
-    framed = (struct.pack("<Q", 3) + struct.pack("<I", masked_crc32c(struct.pack("<Q", 3)))
-              + data + struct.pack("<I", masked_crc32c(data)))
+    framed = (
+        struct.pack("<Q", 3)
+        + struct.pack("<I", masked_crc32c(struct.pack("<Q", 3)))
+        + data
+        + struct.pack("<I", masked_crc32c(data))
+    )
     (tmp_path / "garbage").write_bytes(framed)
     with pytest.raises(ValueError, match="Corrupt event"):
         list(read_events(str(tmp_path / "garbage")))
@@ -79,8 +83,9 @@ def test_summary_writer_writes_tfrecords_and_cs_summaries(tmp_path):
     raw = (tmp_path / "run" / events[0]).read_bytes()
     (length,) = struct.unpack("<Q", raw[:8])
     assert struct.unpack("<I", raw[8:12])[0] == masked_crc32c(raw[:8])
-    assert struct.unpack("<I", raw[12 + length:16 + length])[0] == masked_crc32c(
-        raw[12:12 + length])
+    assert struct.unpack("<I", raw[12 + length : 16 + length])[0] == masked_crc32c(
+        raw[12 : 12 + length]
+    )
     # version + 4 scalars + 1 text (add_scalars writes to per-tag child writers)
     assert len(list(read_records(str(tmp_path / "run" / events[0])))) == 6
 
@@ -96,7 +101,8 @@ def test_summary_writer_writes_tfrecords_and_cs_summaries(tmp_path):
     with pytest.raises(RuntimeError, match="Valid scalar names"):
         reader.read_scalar("accuracy")
     assert reader.text_summary_names() == {"note"} and reader.read_text_summary("note", 1) == [
-        "hello"]
+        "hello"
+    ]
     assert reader.tensor_names() == {"weights"}
     latest = reader.read_tensor("weights", 2)
     assert latest.step == 2 and torch.equal(latest.tensor, torch.arange(3.0) * 2)
@@ -126,12 +132,14 @@ def test_summary_writer_from_a_step_closure(cpu_backend, tmp_path):
         log(loss, 0)
         return loss
 
-    for _i, x in enumerate(DataExecutor(DataLoader(lambda: [torch.ones(2) * k for k in range(3)]),
-                                       num_steps=3)):
+    for _i, x in enumerate(
+        DataExecutor(DataLoader(lambda: [torch.ones(2) * k for k in range(3)]), num_steps=3)
+    ):
         step_fn(x)
     writer.close()
-    assert [s.value for s in tensorboard.SummaryReader(str(tmp_path / "tb")).read_scalar(
-        "loss")] == [0.0, 2.0, 4.0]
+    assert [
+        s.value for s in tensorboard.SummaryReader(str(tmp_path / "tb")).read_scalar("loss")
+    ] == [0.0, 2.0, 4.0]
 
 
 # ------------------------------------------------------------------------ nest
@@ -139,7 +147,9 @@ def test_nest_visit_map_recurse_and_diff():
     Point = collections.namedtuple("Point", "x y")
     structure = {"a": [torch.ones(1), 3], "b": {"c": Point(torch.zeros(2), "s")}}
     assert [(scope, t.shape) for scope, t in nest.visit_torch_tensors(structure)] == [
-        (["a", "0"], (1,)), (["b", "c", "0"], (2,))]
+        (["a", "0"], (1,)),
+        (["b", "c", "0"], (2,)),
+    ]
     with pytest.raises(ValueError):
         list(nest.visit_torch_tensors({"a": 3}, strict=True))
     mapped = nest.map_torch_tensors(lambda scope, t: ".".join(scope), structure)
@@ -147,8 +157,9 @@ def test_nest_visit_map_recurse_and_diff():
     _, spec = torch.utils._pytree.tree_flatten(structure)
     assert [".".join(s) for s in nest.recurse_spec(spec)] == ["a.0", "a.1", "b.c.0", "b.c.1"]
     assert list(nest.diff(structure, structure)) == []
-    differences = list(nest.diff({"a": 1, "b": torch.ones(2)}, {"a": 2, "b": torch.ones(2),
-                                                                "c": 0}))
+    differences = list(
+        nest.diff({"a": 1, "b": torch.ones(2)}, {"a": 2, "b": torch.ones(2), "c": 0})
+    )
     assert len(differences) == 2 and "'c'" in differences[0] and "a: 1 != 2" in differences[1]
 
 
@@ -177,12 +188,17 @@ def test_benchmark_dataloader(capsys):
         return [(torch.zeros(4, 2), torch.ones(4)) for _ in range(5)]
 
     metrics = cstorch.utils.benchmark.benchmark_dataloader(
-        input_fn, num_epochs=2, steps_per_epoch=3, sampling_frequency=2,
-        profile_activities=["max_rss"])
+        input_fn,
+        num_epochs=2,
+        steps_per_epoch=3,
+        sampling_frequency=2,
+        profile_activities=["max_rss"],
+    )
     assert metrics.total_steps == 6 and not metrics.is_partial
     assert [len(e.batch_metrics) for e in metrics.epoch_metrics] == [2, 2]
     assert len(metrics.batch_specs) == 1 and metrics.global_sample_rate == pytest.approx(
-        metrics.global_rate * 4)
+        metrics.global_rate * 4
+    )
     assert "max_rss" in metrics.epoch_metrics[0].batch_metrics[0].profile_activities
     assert "steps: 6" in capsys.readouterr().out
     with pytest.raises(ValueError):
@@ -197,8 +213,9 @@ def test_profiler_schedule_and_registry(cpu_backend):
         cstorch.profiler.schedule(start_step=5, end_step=2)
     with cstorch.profiler.profile(schedule=cstorch.profiler.schedule(start_step=1, end_step=2)):
         with pytest.raises(RuntimeError, match="already been set"):
-            with cstorch.profiler.profile(schedule=cstorch.profiler.schedule(start_step=1,
-                                                                             end_step=1)):
+            with cstorch.profiler.profile(
+                schedule=cstorch.profiler.schedule(start_step=1, end_step=1)
+            ):
                 pass
         with pytest.raises(RuntimeError, match="Only CSX backend can be profiled"):
             list(DataExecutor(DataLoader(lambda: [torch.zeros(1)]), num_steps=2))
@@ -216,8 +233,9 @@ def test_profiler_records_scheduled_steps_on_csx(tmp_path):
         return compiled(x).sum()
 
     ready = []
-    with cstorch.profiler.profile(schedule=cstorch.profiler.schedule(start_step=2, end_step=3),
-                                  on_trace_ready=ready.append) as prof:
+    with cstorch.profiler.profile(
+        schedule=cstorch.profiler.schedule(start_step=2, end_step=3), on_trace_ready=ready.append
+    ) as prof:
         with pytest.raises(ValueError, match="range"):
             prof.configure_profiler(True, num_steps=2)
         for x in DataExecutor(DataLoader(lambda: [torch.ones(4, 2)] * 4), num_steps=4):
@@ -272,7 +290,8 @@ def test_implicit_loop_functions(cpu_backend):
 def test_traced_tensor_hook_names_the_step_tensors(cpu_backend):
     seen = []
     handle = cstorch.experimental.listener.register_traced_tensor_hook(
-        lambda tensor, name: seen.append((name, tuple(tensor.shape))))
+        lambda tensor, name: seen.append((name, tuple(tensor.shape)))
+    )
     compiled = cstorch.compile(torch.nn.Linear(3, 2), cpu_backend)
 
     @cstorch.trace
@@ -284,23 +303,33 @@ def test_traced_tensor_hook_names_the_step_tensors(cpu_backend):
         step(torch.ones(4, 3))
     finally:
         handle.remove()
-    assert seen == [("linear", (4, 2)), ("relu", (4, 2)), ("sum", ()), ("relu.1", (4, 2)),
-                    ("sum.1", ()), ("add", ())]
+    assert seen == [
+        ("linear", (4, 2)),
+        ("relu", (4, 2)),
+        ("sum", ()),
+        ("relu.1", (4, 2)),
+        ("sum.1", ()),
+        ("add", ()),
+    ]
 
 
 # ------------------------------------------------------------------------ example
 @pytest.mark.slow
 def test_eval_example_runs_and_prints_the_accuracy(capsys, tmp_path):
-    spec = importlib.util.spec_from_file_location("eval_accuracy",
-                                                  os.path.join(EXAMPLES, "eval_accuracy.py"))
+    spec = importlib.util.spec_from_file_location(
+        "eval_accuracy", os.path.join(EXAMPLES, "eval_accuracy.py")
+    )
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
     accuracy = example.main(str(tmp_path))
     printed = capsys.readouterr().out
     assert f"Accuracy: {accuracy}" in printed
     # The same accuracy, computed eagerly from the saved weights.
-    model = torch.nn.Sequential(torch.nn.Linear(example.FEATURES, 32), torch.nn.ReLU(),
-                                torch.nn.Linear(32, example.NUM_CLASSES))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(example.FEATURES, 32),
+        torch.nn.ReLU(),
+        torch.nn.Linear(32, example.NUM_CLASSES),
+    )
     model.load_state_dict(cstorch.load(str(tmp_path / "checkpoint.mdl"))["model"])
     inputs, labels = example.make_dataset(320, 2).tensors
     with torch.no_grad():

@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-SOURCE = '''
+SOURCE = """
 import torch.distributed as tdist
 import cerebras.pytorch as cstorch
 import cerebras.pytorch.distributed as dist
@@ -29,7 +29,7 @@ def f(model):
 def g():
     import torch.distributed as dist   # rebinds `dist`: chains on it are ambiguous, left out
     return dist.get_rank()
-'''
+"""
 
 
 @pytest.mark.slow
@@ -38,9 +38,13 @@ def test_zoo_scan_counts_and_resolves_uses(tmp_path):
     package.mkdir(parents=True)
     (package / "mini.py").write_text(SOURCE)
     out = tmp_path / "scan.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "zoo_scan.py"), str(tmp_path),
-                           "--json", str(out)], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": ""})
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "zoo_scan.py"), str(tmp_path), "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": ""},
+    )
     table = json.loads(out.read_text())
     assert sorted(table) == [
         "cerebras.pytorch",
@@ -61,6 +65,10 @@ def test_zoo_scan_counts_and_resolves_uses(tmp_path):
 
 
 def test_zoo_scan_refuses_a_folder_without_the_zoo(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "zoo_scan.py"), str(tmp_path)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "zoo_scan.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "cerebras/modelzoo" in proc.stderr

@@ -57,7 +57,11 @@ def test_call_once_runs_once_and_reports_repeats():
 
 
 def test_param_filters_from_globs_and_callables():
-    from cerebras.pytorch.utils.utils import FilterCallable, convert_glob_to_regex, make_param_filter
+    from cerebras.pytorch.utils.utils import (
+        FilterCallable,
+        convert_glob_to_regex,
+        make_param_filter,
+    )
 
     assert convert_glob_to_regex("*.weight").fullmatch("fc.0.weight")
     with pytest.raises(TypeError):
@@ -131,8 +135,7 @@ def test_annotation_modes_apply_with_annotate(cpu_backend):
             return AnnotationMode.Attribute("named", f"{config.name}.fwd")
 
     def named(name, enable_fwd=True):
-        return annotate(Named(Named.NamedConfig(name=name, enable_fwd=enable_fwd,
-                                                enable_bwd=True)))
+        return annotate(Named(Named.NamedConfig(name=name, enable_fwd=enable_fwd, enable_bwd=True)))
 
     seen = []
 
@@ -143,8 +146,12 @@ def test_annotation_modes_apply_with_annotate(cpu_backend):
         outer, inner, off = named("outer"), named("inner"), named("off", enable_fwd=False)
     run = outer(lambda: (look(), inner(look)(), off(look)(), look()))
     run()
-    assert seen == [("outer.fwd", "outer"), ("inner.fwd", "inner"), (None, "off"),
-                    ("outer.fwd", "outer")]
+    assert seen == [
+        ("outer.fwd", "outer"),
+        ("inner.fwd", "inner"),
+        (None, "off"),
+        ("outer.fwd", "outer"),
+    ]
     assert current_annotation("named") is None and Named._named is None  # all restored
     with pytest.raises(TypeError, match="AnnotationMode instance"):
         annotate(Named.NamedConfig(name="x", enable_fwd=True, enable_bwd=True))
@@ -242,8 +249,7 @@ def test_debug_args_merge_like_protobuf_messages():
     debug_args = cstorch.backends.csx.debug.debug_args
     debug_args.MergeFrom({"debug_usr": {"a": 1, "labels": ["x"]}})
     debug_args.MergeFrom({"debug_usr": {"b": 2, "labels": ["y"]}, "ini": {"k": True}})
-    assert debug_args == {"debug_usr": {"a": 1, "b": 2, "labels": ["x", "y"]},
-                          "ini": {"k": True}}
+    assert debug_args == {"debug_usr": {"a": 1, "b": 2, "labels": ["x", "y"]}, "ini": {"k": True}}
     with pytest.raises(TypeError):
         debug_args.MergeFrom(3)
     cstorch.backends.csx.debug.debug_args = {}
@@ -283,8 +289,12 @@ def _signatures():
 def _constructor_class(name):
     from cstorch.optim import lr_scheduler, optimizer, scheduler, weight_decay_scheduler
 
-    modules = {"optimizer": optimizer, "scheduler": scheduler, "lr_scheduler": lr_scheduler,
-               "weight_decay_scheduler": weight_decay_scheduler}
+    modules = {
+        "optimizer": optimizer,
+        "scheduler": scheduler,
+        "lr_scheduler": lr_scheduler,
+        "weight_decay_scheduler": weight_decay_scheduler,
+    }
     module, _, cls = name.rpartition(".")
     return getattr(modules[module] if module else cstorch.optim, cls)
 
@@ -297,9 +307,13 @@ def test_constructor_annotations_match_the_reference(name):
     assert [p.name for p in params] == [r[0] for r in reference]
     # The zoo reads inspect.signature(cls.__init__) annotations directly, so they must be the
     # type objects themselves (not strings to be resolved later).
-    namespace = {**vars(typing), "torch": torch, "ParamsT": TorchParamsT,
-                 "Scheduler": cstorch.optim.scheduler.Scheduler,
-                 "LRScheduler": cstorch.optim.lr_scheduler.LRScheduler}
+    namespace = {
+        **vars(typing),
+        "torch": torch,
+        "ParamsT": TorchParamsT,
+        "Scheduler": cstorch.optim.scheduler.Scheduler,
+        "LRScheduler": cstorch.optim.lr_scheduler.LRScheduler,
+    }
     for param, (pname, annotation, default) in zip(params, reference):
         if annotation is not None:
             assert param.annotation == eval(annotation, namespace), pname
@@ -360,8 +374,10 @@ def test_tensorboard_writer_is_torchs_writer(tmp_path):
 
 def test_cluster_config_is_hashable_by_content(tmp_path):
     ClusterConfig = cstorch.distributed.ClusterConfig
-    a, b = (ClusterConfig(num_csx=2, mount_dirs=[str(tmp_path)]),
-            ClusterConfig(num_csx=2, mount_dirs=[str(tmp_path)]))
+    a, b = (
+        ClusterConfig(num_csx=2, mount_dirs=[str(tmp_path)]),
+        ClusterConfig(num_csx=2, mount_dirs=[str(tmp_path)]),
+    )
     assert a == b and hash(a) == hash(b) and len({a, b}) == 1
     assert hash(ClusterConfig(num_csx=3)) != hash(a)
 
@@ -397,8 +413,9 @@ def _closure_run(backend_type, tmp_path):
     backend = cstorch.backend(backend_type, artifact_dir=str(tmp_path))
     compiled = cstorch.compile(torch.nn.Identity(), backend)
     received, seen = [], []
-    handle = register_after_tensor_to_cpu(lambda tensor, name: received.append(
-        (name, tensor.clone())))
+    handle = register_after_tensor_to_cpu(
+        lambda tensor, name: received.append((name, tensor.clone()))
+    )
 
     @cstorch.step_closure
     def record(loss):
@@ -410,8 +427,7 @@ def _closure_run(backend_type, tmp_path):
         record(loss)
         return loss
 
-    for x in DataExecutor(DataLoader(lambda: [torch.ones(2) * k for k in range(3)]),
-                          num_steps=3):
+    for x in DataExecutor(DataLoader(lambda: [torch.ones(2) * k for k in range(3)]), num_steps=3):
         step(x)
     handle.remove()
     return received, seen
@@ -459,13 +475,16 @@ def test_device_context_draws_random_numbers_like_the_reference():
     with backend.device:
         model = torch.nn.Sequential(torch.nn.Linear(6, 3), torch.nn.Linear(3, 2))
         r = torch.rand(3)
-        values = {"params": [p.detach().flatten().tolist() for p in model.parameters()],
-                  "rand": r.tolist(), "randn": torch.randn(2).tolist(),
-                  "randint": torch.randint(0, 10, (3,)).tolist(),
-                  "rand_like": torch.rand_like(r).tolist(),
-                  "randn_like": torch.randn_like(r).tolist(),
-                  "randint_like": torch.randint_like(r, 0, 10).tolist(),
-                  "init_normal": torch.nn.init.normal_(torch.empty(2)).tolist()}
+        values = {
+            "params": [p.detach().flatten().tolist() for p in model.parameters()],
+            "rand": r.tolist(),
+            "randn": torch.randn(2).tolist(),
+            "randint": torch.randint(0, 10, (3,)).tolist(),
+            "rand_like": torch.rand_like(r).tolist(),
+            "randn_like": torch.randn_like(r).tolist(),
+            "randint_like": torch.randint_like(r, 0, 10).tolist(),
+            "init_normal": torch.nn.init.normal_(torch.empty(2)).tolist(),
+        }
     values["rand_after_exit"] = torch.rand(2).tolist()
     for key, value in values.items():
         assert value == reference[key], key
@@ -531,8 +550,12 @@ def test_appliance_storage_routes_paths_and_round_trips_checkpoints(tmp_path):
 
 def test_appliance_utils(tmp_path):
     from cerebras.appliance.errors import ApplianceClientException, ApplianceNanError
-    from cerebras.appliance.log import collect_wsc_log_settings, get_level_name
-    from cerebras.appliance.log import named_class_logger, wsc_logger
+    from cerebras.appliance.log import (
+        collect_wsc_log_settings,
+        get_level_name,
+        named_class_logger,
+        wsc_logger,
+    )
     from cerebras.appliance.utils.classes import retrieve_all_subclasses
     from cerebras.appliance.utils.debug_args import get_debug_args, write_debug_args
     from cerebras.appliance.utils.file import create_symlink
@@ -550,8 +573,9 @@ def test_appliance_utils(tmp_path):
     wsc_logger.getChild("execute").getChild("wrk").setLevel(logging.DEBUG)
     try:
         settings = collect_wsc_log_settings()
-        assert any(s.mode == "execute" and s.role == "wrk" and s.level == logging.DEBUG
-                   for s in settings)
+        assert any(
+            s.mode == "execute" and s.role == "wrk" and s.level == logging.DEBUG for s in settings
+        )
     finally:
         wsc_logger.getChild("execute").getChild("wrk").setLevel(logging.NOTSET)
     assert bytes_to_human(1536) == "1.5KiB" and bytes_to_human(10**6, log_base=10) == "1.0MB"
@@ -582,7 +606,7 @@ def test_appliance_utils(tmp_path):
     path = tmp_path / "debug_args.json"
     write_debug_args(debug_args, str(path))
     assert get_debug_args(str(path)) == debug_args
-    (tmp_path / "proto.txt").write_text('debug_usr { skip: true }')
+    (tmp_path / "proto.txt").write_text("debug_usr { skip: true }")
     with pytest.raises(ValueError, match="protobuf text format"):
         get_debug_args(str(tmp_path / "proto.txt"))
 
@@ -593,7 +617,8 @@ def test_appliance_environ_reaches_this_process():
     appliance_environ["CSTORCH_TEST_VAR"] = "1"
     try:
         assert os.environ["CSTORCH_TEST_VAR"] == "1" and dict(appliance_environ) == {
-            "CSTORCH_TEST_VAR": "1"}
+            "CSTORCH_TEST_VAR": "1"
+        }
     finally:
         del appliance_environ["CSTORCH_TEST_VAR"]
     assert "CSTORCH_TEST_VAR" not in os.environ

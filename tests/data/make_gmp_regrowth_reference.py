@@ -33,8 +33,7 @@ def _rounded(values):
 def main(out_dir):
     backend = cstorch.backend("CPU")
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(),
-                                torch.nn.Linear(16, 3))
+    model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
     g = torch.Generator().manual_seed(3)
     x = torch.randn(64, 12, generator=g)
     y = (x[:, :4].sum(-1) > 0).long() + (x[:, 4] > 0.5).long()
@@ -62,17 +61,23 @@ def main(out_dir):
     for xb, yb in cstorch.utils.data.DataExecutor(loader, num_steps=STEPS):
         keep(step(xb, yb))
         state = model.state_dict()
-        record["masks"].append({k[:-len("_mask")]: v.int().tolist() for k, v in state.items()
-                                if k.endswith("_mask")})
-        record["weights"].append({k: _rounded(v.tolist()) for k, v in state.items()
-                                  if not k.endswith("_mask")})
+        record["masks"].append(
+            {k[: -len("_mask")]: v.int().tolist() for k, v in state.items() if k.endswith("_mask")}
+        )
+        record["weights"].append(
+            {k: _rounded(v.tolist()) for k, v in state.items() if not k.endswith("_mask")}
+        )
     result = {
         "made_with": f"cerebras-pytorch {cstorch.__version__}, torch {torch.__version__}, CPU",
         "problem": "MLP 12-16-3 (Linear,ReLU,Linear), torch.manual_seed(0) init, x = "
-                   "randn(64,12) gen seed 3, y = (x[:,:4].sum(-1)>0) + (x[:,4]>0.5), full "
-                   "batch, SGD lr=0.1 momentum=0.9, cross_entropy, 20 steps in a DataExecutor",
-        "sparsity": {"algorithm": "GMP", "sparsity": SPARSITY, "update": {"freq": 2},
-                     "init_method": "topk"},
+        "randn(64,12) gen seed 3, y = (x[:,:4].sum(-1)>0) + (x[:,4]>0.5), full "
+        "batch, SGD lr=0.1 momentum=0.9, cross_entropy, 20 steps in a DataExecutor",
+        "sparsity": {
+            "algorithm": "GMP",
+            "sparsity": SPARSITY,
+            "update": {"freq": 2},
+            "init_method": "topk",
+        },
         **record,
     }
     with open(os.path.join(out_dir, "gmp_cosine_regrowth_reference.json"), "w") as f:

@@ -35,8 +35,9 @@ def main():
     os.remove(os.path.join(path, "exported_step.py"))
     losses = [float(training_step(*linear_mse_batch(i))) for i in range(3)]
     with open(os.path.join(path, "expected.json"), "w") as f:
-        json.dump({"losses": losses, "jax": jax.__version__, "torch": torch.__version__}, f,
-                  indent=1)
+        json.dump(
+            {"losses": losses, "jax": jax.__version__, "torch": torch.__version__}, f, indent=1
+        )
     shutil.rmtree(os.path.join(os.getcwd(), "cerebras_logs"), ignore_errors=True)
     print(path, losses)
 

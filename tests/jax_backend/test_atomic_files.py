@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 import stat
 import time
+from pathlib import Path
 
 import pytest
-from pathlib import Path
 
 from jax_backend import atomic_files
 
@@ -93,6 +93,7 @@ def test_a_staged_directory_has_mkdirs_mode_and_leaves_the_umask_alone(tmp_path,
     umask (a moment at 0 would give another thread's new files mode 0666)."""
     previous = os.umask(0o027)
     try:
+
         def no_umask(mask):
             raise AssertionError(f"os.umask({mask:o}) was called")
 
@@ -130,8 +131,10 @@ def use_publish(monkeypatch, publish: str) -> None:
     import errno
 
     if publish != "link":
+
         def no_link(*args):
             raise OSError(errno.EPERM, "no hard links here")
+
         monkeypatch.setattr(atomic_files.os, "link", no_link)
     if publish == "reserve":
         monkeypatch.setattr(atomic_files, "_rename_noreplace", lambda *args: False)
@@ -166,7 +169,8 @@ def test_temporary_names_are_recognised_and_only_dead_writers_ones_removed(tmp_p
     for temp in (live.temp_path, dead.temp_path):
         os.utime(temp, (old, old))
     assert sorted(atomic_files.temp_files(path)) == sorted(
-        [live.temp_path, dead.temp_path, young.temp_path])
+        [live.temp_path, dead.temp_path, young.temp_path]
+    )
     assert atomic_files.remove_stray_temp_files(path) == [dead.temp_path]
     assert sorted(atomic_files.temp_files(path)) == sorted([live.temp_path, young.temp_path])
     live.publish()

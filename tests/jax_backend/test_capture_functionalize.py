@@ -43,8 +43,9 @@ def _check(fn, state, inputs, fast, monkeypatch):
     got_state, got_out = _run_captured(fn, state, inputs)
     assert taken == [fast]
     for name, value in eager_state.items():
-        np.testing.assert_allclose(got_state[name], value.detach().numpy(), rtol=1e-6, atol=1e-7,
-                                   err_msg=name)
+        np.testing.assert_allclose(
+            got_state[name], value.detach().numpy(), rtol=1e-6, atol=1e-7, err_msg=name
+        )
     for got, want in zip(got_out, eager_out):
         np.testing.assert_allclose(got, want.detach().numpy(), rtol=1e-6, atol=1e-7)
 
@@ -76,18 +77,25 @@ def _sgd_step(state, in_place_arithmetic=False):
 
 def _training_state():
     g = torch.Generator().manual_seed(0)
-    return {"w": torch.randn(3, 5, generator=g).requires_grad_(),
-            "b": torch.randn(3, generator=g).requires_grad_(),
-            "momentum": torch.randn(3, 5, generator=g),
-            "steps": torch.zeros((), dtype=torch.int64)}
+    return {
+        "w": torch.randn(3, 5, generator=g).requires_grad_(),
+        "b": torch.randn(3, generator=g).requires_grad_(),
+        "momentum": torch.randn(3, 5, generator=g),
+        "steps": torch.zeros((), dtype=torch.int64),
+    }
 
 
 @pytest.mark.parametrize("in_place_arithmetic", [False, True])
 def test_a_training_step(in_place_arithmetic, monkeypatch):
     g = torch.Generator().manual_seed(1)
     inputs = [torch.randn(8, 5, generator=g), torch.randn(8, 3, generator=g)]
-    _check(lambda state: _sgd_step(state, in_place_arithmetic), _training_state(), inputs,
-           True, monkeypatch)
+    _check(
+        lambda state: _sgd_step(state, in_place_arithmetic),
+        _training_state(),
+        inputs,
+        True,
+        monkeypatch,
+    )
 
 
 def test_batch_norm_running_statistics_skip_the_functionalization_pass(monkeypatch):
@@ -97,13 +105,23 @@ def test_batch_norm_running_statistics_skip_the_functionalization_pass(monkeypat
     def fn(state):
         def step(x):
             return torch.nn.functional.batch_norm(
-                x, state["mean"], state["var"], state["weight"], state["bias"], training=True,
-                momentum=0.3)
+                x,
+                state["mean"],
+                state["var"],
+                state["weight"],
+                state["bias"],
+                training=True,
+                momentum=0.3,
+            )
 
         return step
 
-    state = {"mean": torch.randn(3), "var": torch.rand(3) + 0.5,
-             "weight": module.weight.detach().clone(), "bias": torch.randn(3)}
+    state = {
+        "mean": torch.randn(3),
+        "var": torch.rand(3) + 0.5,
+        "weight": module.weight.detach().clone(),
+        "bias": torch.randn(3),
+    }
     _check(fn, state, [torch.randn(6, 3) * 2 + 1], True, monkeypatch)
 
 
@@ -144,12 +162,15 @@ def test_a_view_read_after_its_base_is_written_takes_the_general_pass(monkeypatc
 
         return step
 
-    _check(fn, {"a": torch.arange(6.0).reshape(2, 3)}, [torch.full((2, 3), 2.0)], False,
-           monkeypatch)
+    _check(
+        fn, {"a": torch.arange(6.0).reshape(2, 3)}, [torch.full((2, 3), 2.0)], False, monkeypatch
+    )
 
 
-@pytest.mark.parametrize("write", ["intermediate", "alias read later", "clip transposed grad",
-                                   "index", "slice read alone"])
+@pytest.mark.parametrize(
+    "write",
+    ["intermediate", "alias read later", "clip transposed grad", "index", "slice read alone"],
+)
 def test_whole_intermediates_written_in_place_skip_the_pass(write, monkeypatch):
     def fn(state):
         def step(x):
@@ -184,8 +205,9 @@ def test_whole_intermediates_written_in_place_skip_the_pass(write, monkeypatch):
     _check(fn, state, [torch.arange(4.0) + 1], True, monkeypatch)
 
 
-@pytest.mark.parametrize("write", ["slice", "base read after its view is written",
-                                   "split", "transpose_"])
+@pytest.mark.parametrize(
+    "write", ["slice", "base read after its view is written", "split", "transpose_"]
+)
 def test_other_mutations_take_the_general_pass(write, monkeypatch):
     def fn(state):
         def step(x):

@@ -34,12 +34,23 @@ def _edge_values():
     grid = []
     for e in range(-40, 33):  # every binade, its ties and neighbours
         base = 2.0**e
-        step = 2.0**(max(e, -30) - 9)
+        step = 2.0 ** (max(e, -30) - 9)
         for k in (0, 1, 2, 3, 255, 510, 511):
             v = base + k * step
             grid += [v, v + step / 2, v + step / 4, v + 3 * step / 4]
-    grid += [cbfloat16.MAX, cbfloat16.MAX + 2.0**21, cbfloat16.MAX + 2.0**21 - 256,
-             2.0**32, 65504.0, 65520.0, 3.4e38, 1e-45, 2.0**-39, 2.0**-40, 3 * 2.0**-41]
+    grid += [
+        cbfloat16.MAX,
+        cbfloat16.MAX + 2.0**21,
+        cbfloat16.MAX + 2.0**21 - 256,
+        2.0**32,
+        65504.0,
+        65520.0,
+        3.4e38,
+        1e-45,
+        2.0**-39,
+        2.0**-40,
+        3 * 2.0**-41,
+    ]
     values = np.array(grid, np.float64)
     return np.concatenate([values, -values]).astype(np.float32)
 
@@ -58,8 +69,9 @@ def test_rounding_is_bitwise_the_reference():
 
 
 def test_rounding_keeps_inf_nan_and_signed_zero():
-    got = np.asarray(cbfloat16.round_to_cbfloat16(
-        np.array([np.inf, -np.inf, np.nan, 0.0, -0.0], np.float32)))
+    got = np.asarray(
+        cbfloat16.round_to_cbfloat16(np.array([np.inf, -np.inf, np.nan, 0.0, -0.0], np.float32))
+    )
     assert np.isposinf(got[0]) and np.isneginf(got[1]) and np.isnan(got[2])
     assert _bits(got[3]) == 0 and _bits(got[4]) == 0x80000000
 

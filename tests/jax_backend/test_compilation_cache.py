@@ -59,13 +59,24 @@ SCRIPT = textwrap.dedent("""
 
 
 def _run(cache_dir, tmp_path, width, batch, scale, **env_vars):
-    env = dict(os.environ, CSTORCH_COMPILATION_CACHE=str(cache_dir), **env_vars,
-               PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "compat"),
-                                           os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        CSTORCH_COMPILATION_CACHE=str(cache_dir),
+        **env_vars,
+        PYTHONPATH=os.pathsep.join(
+            [ROOT, os.path.join(ROOT, "compat"), os.environ.get("PYTHONPATH", "")]
+        ),
+    )
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
-    out = subprocess.run([sys.executable, str(script), str(width), str(batch), str(scale)],
-                         env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, str(script), str(width), str(batch), str(scale)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     line = next(s for s in out.stdout.splitlines() if s.startswith("RESULT "))
     result = json.loads(line[7:])
@@ -86,9 +97,9 @@ def test_second_run_compiles_nothing_and_changes_miss(tmp_path):
     assert warm["loss"] == cold["loss"]
 
     # Each change must compile a new step program; the losses above prove no stale one ran.
-    assert _run(cache, tmp_path, width=16, batch=4, scale=2)["misses"] >= 1      # step function
-    assert _run(cache, tmp_path, width=24, batch=4, scale=1)["misses"] >= 1      # model
-    assert _run(cache, tmp_path, width=16, batch=6, scale=1)["misses"] >= 1      # input shape
+    assert _run(cache, tmp_path, width=16, batch=4, scale=2)["misses"] >= 1  # step function
+    assert _run(cache, tmp_path, width=24, batch=4, scale=1)["misses"] >= 1  # model
+    assert _run(cache, tmp_path, width=16, batch=6, scale=1)["misses"] >= 1  # input shape
 
 
 def test_a_changed_cpu_step_memory_compiles_afresh(tmp_path):
@@ -97,8 +108,10 @@ def test_a_changed_cpu_step_memory_compiles_afresh(tmp_path):
     cache = tmp_path / "cache"
     lean = _run(cache, tmp_path, 16, 4, 1, CSTORCH_CPU_STEP_MEMORY="lean")
     assert lean["misses"] >= 1 and lean["hits"] == 0
-    others = {choice: _run(cache, tmp_path, 16, 4, 1, CSTORCH_CPU_STEP_MEMORY=choice)
-              for choice in ("xla", "reuse")}
+    others = {
+        choice: _run(cache, tmp_path, 16, 4, 1, CSTORCH_CPU_STEP_MEMORY=choice)
+        for choice in ("xla", "reuse")
+    }
     again = _run(cache, tmp_path, 16, 4, 1, CSTORCH_CPU_STEP_MEMORY="lean")
     assert again["misses"] == 0 and again["hits"] >= 1
     for choice, other in others.items():
@@ -117,8 +130,9 @@ def test_a_reuse_step_with_several_heaps_is_not_written_and_not_warned_about(tmp
     cache = tmp_path / "cache"
     reuse = _run(cache, tmp_path, 4096, 4096, 1, CSTORCH_CPU_STEP_MEMORY="reuse")
     assert "compilation cache" not in reuse["stderr"], reuse["stderr"][-2000:]
-    steps = [n for n in os.listdir(cache) if n.startswith("jit_pure_step")] \
-        if cache.exists() else []
+    steps = (
+        [n for n in os.listdir(cache) if n.startswith("jit_pure_step")] if cache.exists() else []
+    )
     assert steps == []
     lean = _run(cache, tmp_path, 4096, 4096, 1, CSTORCH_CPU_STEP_MEMORY="lean")
     assert lean["loss"] == reuse["loss"]

@@ -36,7 +36,7 @@ class CompositeOps(torch.nn.Module):
     def forward(self, x, y):
         h = F.silu(self.group_norm(self.conv(x)))
         h = self.instance_norm(F.interpolate(h, scale_factor=2, mode="bilinear"))
-        h = F.pad(self.shuffle(h), (1, 1, 1, 1), mode="reflect")       # [B, 2, 18, 18]
+        h = F.pad(self.shuffle(h), (1, 1, 1, 1), mode="reflect")  # [B, 2, 18, 18]
         tokens = F.adaptive_avg_pool2d(h, (4, 4)).flatten(2).transpose(1, 2)  # [B, 16, 2]
         tokens = torch.einsum("bnc,cd->bnd", tokens, torch.ones(2, 16) / 4)
         q, k, v = self.qkv(self.layer_norm(tokens)).chunk(3, dim=-1)
@@ -58,9 +58,12 @@ def _model():
 
 
 def _slots(model):
-    return [Slot(module._parameters, name, f"{prefix}.{name}".lstrip("."))
-            for prefix, module in model.named_modules()
-            for name, p in module._parameters.items() if p is not None]
+    return [
+        Slot(module._parameters, name, f"{prefix}.{name}".lstrip("."))
+        for prefix, module in model.named_modules()
+        for name, p in module._parameters.items()
+        if p is not None
+    ]
 
 
 def _sgd(model):
@@ -77,8 +80,11 @@ def test_the_table_leaves_out_only_composite_implicit_ops():
     entries = _cia_entries()
     assert entries, "torch.export's table has CIA entries to leave out"
     cia = torch._C.DispatchKey.CompositeImplicitAutograd
-    assert all(op.has_kernel_for_dispatch_key(cia) for op in entries
-               if isinstance(op, torch._ops.OpOverload))
+    assert all(
+        op.has_kernel_for_dispatch_key(cia)
+        for op in entries
+        if isinstance(op, torch._ops.OpOverload)
+    )
 
 
 def test_a_step_of_composite_ops_captures_the_same_graph_with_their_entries():
@@ -92,6 +98,7 @@ def test_a_step_of_composite_ops_captures_the_same_graph_with_their_entries():
         def decomposed(*args, **kwargs):
             called.append(str(op))
             return decomposition(*args, **kwargs)
+
         return decomposed
 
     entries = {op: spying(op, fn) for op, fn in _cia_entries().items()}
@@ -111,11 +118,14 @@ def test_the_step_matches_eager_torch():
     captured = capture_step(_sgd(model), slots, _inputs())
     tensors = [s.get() for s in slots]
     used = [dtypes.tensor_to_array(tensors[i].detach()) for i in captured.used_state]
-    new_state, outputs = Program(captured)(
-        used, [dtypes.tensor_to_array(x) for x in _inputs()], 0)
+    new_state, outputs = Program(captured)(used, [dtypes.tensor_to_array(x) for x in _inputs()], 0)
     assert float(outputs[0]) == pytest.approx(eager_loss.item(), rel=1e-6)
     eager_params = dict(eager.named_parameters())
     names = [s.name for s in slots]
     for index, value in zip(captured.written_state, new_state):
-        torch.testing.assert_close(torch.from_numpy(np.array(value)),
-                                   eager_params[names[index]].detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            torch.from_numpy(np.array(value)),
+            eager_params[names[index]].detach(),
+            rtol=1e-5,
+            atol=1e-6,
+        )

@@ -43,7 +43,11 @@ def _gpt_program(policy, platform, layers=2, heads=2, d=64, seq=16):
 
     x, y = torch.randint(0, 64, (2, seq)), torch.randint(0, 64, (2, seq))
     captured = capture_step(step, slots, [x, y], policy)
-    return Program(captured, policy, platform=platform), [p.detach() for p in params.values()], [x, y]
+    return (
+        Program(captured, policy, platform=platform),
+        [p.detach() for p in params.values()],
+        [x, y],
+    )
 
 
 def _lowered_text(program, platforms=None):
@@ -56,8 +60,9 @@ def _lowered_text(program, platforms=None):
 
 def _dot_result_types(stablehlo: str) -> collections.Counter:
     return collections.Counter(
-        m.group(1) for m in re.finditer(r"stablehlo\.dot_general .*-> tensor<[^>]*x(\w+)>",
-                                        stablehlo))
+        m.group(1)
+        for m in re.finditer(r"stablehlo\.dot_general .*-> tensor<[^>]*x(\w+)>", stablehlo)
+    )
 
 
 # ------------------------------------------------------------------------- mixed precision
@@ -98,12 +103,12 @@ def test_bf16_step_dots_write_bf16_on_a_gpu_except_attention_scores():
 
 def test_fp32_dots_follow_torch_float32_matmul_precision():
     highest, _, _ = _gpt_program(Policy(), "cpu", layers=1)
-    precisions = collections.Counter(re.findall(r"precision = \[(\w+), \w+\]",
-                                                _lowered_text(highest)))
+    precisions = collections.Counter(
+        re.findall(r"precision = \[(\w+), \w+\]", _lowered_text(highest))
+    )
     assert set(precisions) == {"HIGHEST"} and precisions["HIGHEST"] >= 9
     tf32, _, _ = _gpt_program(Policy(float32_matmul="high"), "cpu", layers=1)
-    precisions = collections.Counter(re.findall(r"precision = \[(\w+), \w+\]",
-                                                _lowered_text(tf32)))
+    precisions = collections.Counter(re.findall(r"precision = \[(\w+), \w+\]", _lowered_text(tf32)))
     assert set(precisions) == {"HIGH"}, precisions
 
 
@@ -128,20 +133,23 @@ def _spec(shape, dtype=jnp.bfloat16):
 GPT2 = _spec((8, 12, 1024, 64))
 
 
-@pytest.mark.parametrize("platform,q,mask,causal,setting,expected", [
-    ("cuda", GPT2, None, True, "auto", "cudnn"),
-    ("cuda", _spec((8, 12, 1024, 64), jnp.float16), None, False, "auto", "cudnn"),
-    ("cuda", _spec((2, 4, 128, 96)), _spec((128, 128)), False, "auto", "cudnn"),  # float mask
-    ("cuda", GPT2, None, True, "xla", "xla"),  # ruled out by CSTORCH_ATTENTION=xla
-    ("cpu", GPT2, None, True, "auto", "xla"),
-    ("rocm", GPT2, None, True, "auto", "xla"),
-    ("any", GPT2, None, True, "auto", "xla"),
-    ("cuda", _spec((8, 12, 1024, 64), jnp.float32), None, True, "auto", "xla"),  # fp32
-    ("cuda", _spec((8, 12, 1024, 160)), None, True, "auto", "xla"),  # head dim > 128
-    ("cuda", _spec((8, 12, 1024, 60)), None, True, "auto", "xla"),  # not a multiple of 8
-    ("cuda", GPT2, _spec((1024, 1024), jnp.bool_), False, "auto", "xla"),  # bool mask
-    ("cuda", _spec((12, 1024, 64)), None, True, "auto", "xla"),  # 3-D
-])
+@pytest.mark.parametrize(
+    "platform,q,mask,causal,setting,expected",
+    [
+        ("cuda", GPT2, None, True, "auto", "cudnn"),
+        ("cuda", _spec((8, 12, 1024, 64), jnp.float16), None, False, "auto", "cudnn"),
+        ("cuda", _spec((2, 4, 128, 96)), _spec((128, 128)), False, "auto", "cudnn"),  # float mask
+        ("cuda", GPT2, None, True, "xla", "xla"),  # ruled out by CSTORCH_ATTENTION=xla
+        ("cpu", GPT2, None, True, "auto", "xla"),
+        ("rocm", GPT2, None, True, "auto", "xla"),
+        ("any", GPT2, None, True, "auto", "xla"),
+        ("cuda", _spec((8, 12, 1024, 64), jnp.float32), None, True, "auto", "xla"),  # fp32
+        ("cuda", _spec((8, 12, 1024, 160)), None, True, "auto", "xla"),  # head dim > 128
+        ("cuda", _spec((8, 12, 1024, 60)), None, True, "auto", "xla"),  # not a multiple of 8
+        ("cuda", GPT2, _spec((1024, 1024), jnp.bool_), False, "auto", "xla"),  # bool mask
+        ("cuda", _spec((12, 1024, 64)), None, True, "auto", "xla"),  # 3-D
+    ],
+)
 def test_attention_selection(platform, q, mask, causal, setting, expected):
     assert attention.choose(platform, q, q, q, mask, causal, 0.0, setting) == expected
 
@@ -165,10 +173,10 @@ def cudnn_as_on_a_gpu(monkeypatch):
     if not hasattr(fused, "check_cudnn_version"):
         pytest.skip("this JAX checks cuDNN differently")
     monkeypatch.setattr(fused, "check_cudnn_version", lambda: 91000)
-    monkeypatch.setattr(fused, "check_compute_capability", lambda capability: True,
-                        raising=False)
-    monkeypatch.setattr(fused, "is_cuda_compute_capability_equal", lambda capability: False,
-                        raising=False)
+    monkeypatch.setattr(fused, "check_compute_capability", lambda capability: True, raising=False)
+    monkeypatch.setattr(
+        fused, "is_cuda_compute_capability_equal", lambda capability: False, raising=False
+    )
 
 
 def test_cuda_program_calls_cudnn_forward_and_backward_once_per_layer(cudnn_as_on_a_gpu):

@@ -64,8 +64,9 @@ def _run(captured, state, inputs):
 
 
 def _load(directory, state, inputs, extra_files=()):
-    return graph_cache.load(str(directory), KEY, [state["w"], state["b"]], list(inputs),
-                            extra_files=extra_files)
+    return graph_cache.load(
+        str(directory), KEY, [state["w"], state["b"]], list(inputs), extra_files=extra_files
+    )
 
 
 @pytest.fixture()
@@ -83,13 +84,22 @@ def test_a_stored_step_loads_as_the_same_program(stored):
     entry = _load(directory, state, inputs)
     assert entry is not None and entry.extras == {"closures": []}
     loaded = entry.captured
-    for field in ("used_state", "written_state", "num_inputs", "output_spec",
-                  "output_is_tensor", "output_constants"):
+    for field in (
+        "used_state",
+        "written_state",
+        "num_inputs",
+        "output_spec",
+        "output_is_tensor",
+        "output_constants",
+    ):
         assert getattr(loaded, field) == getattr(captured, field), field
     assert "train" in loaded.output_constants and 0.5 in loaded.output_constants
+
     def ops(graph):  # placeholders are renamed; get_attr names too
-        return [(n.op, n.target if n.op == "call_function" else None, len(n.args))
-                for n in graph.graph.nodes]
+        return [
+            (n.op, n.target if n.op == "call_function" else None, len(n.args))
+            for n in graph.graph.nodes
+        ]
 
     assert ops(loaded.graph) == ops(captured.graph)
 
@@ -113,7 +123,7 @@ PAYLOAD = "__import__('os').system('touch PWNED')"
 
 def _truncate(path):
     data = Path(path).read_bytes()
-    Path(path).write_bytes(data[:len(data) // 2])
+    Path(path).write_bytes(data[: len(data) // 2])
 
 
 def _garbage(path):
@@ -144,6 +154,7 @@ def _compressed(path):
 def _set_target(target):
     def edit(doc):
         _first(doc, "aten::")[1] = target
+
     return edit
 
 
@@ -193,7 +204,8 @@ CORRUPTIONS = {
     "target builtins.eval": lambda p: _rewrite(p, _set_target("builtins::eval.default")),
     "target with code": lambda p: _rewrite(p, _set_target(PAYLOAD)),
     "an op without a lowering": lambda p: _rewrite(
-        p, _set_target("aten::_local_scalar_dense.default")),
+        p, _set_target("aten::_local_scalar_dense.default")
+    ),
     "a reference to a later node": lambda p: _rewrite(p, _later_reference),
     "an absurd shape": lambda p: _rewrite(p, _absurd_shape),
     "an unknown argument tag": lambda p: _rewrite(p, _string_argument),
@@ -223,8 +235,9 @@ def _sgd_captured():
     state = {"w": torch.tensor([1.0, -2.0, 3.0]), "buf": torch.zeros(3)}
 
     def step(grad, lr):
-        new_w, new_buf = torch.ops.cstorch.optimizer_step(SGD_SPEC, [state["w"]], [grad],
-                                                          [state["buf"]], [lr])
+        new_w, new_buf = torch.ops.cstorch.optimizer_step(
+            SGD_SPEC, [state["w"]], [grad], [state["buf"]], [lr]
+        )
         state["w"].copy_(new_w)
         state["buf"].copy_(new_buf)
         return new_w
@@ -239,35 +252,49 @@ def test_an_optimizer_step_carries_its_spec_through_the_cache(tmp_path):
     assert graph_cache.store(str(tmp_path), KEY, captured, {})
     entry = graph_cache.load(str(tmp_path), KEY, [state["w"], state["buf"]], list(inputs))
     assert entry is not None
-    (node,) = [n for n in entry.captured.graph.graph.nodes
-               if n.target is torch.ops.cstorch.optimizer_step.default]
+    (node,) = [
+        n
+        for n in entry.captured.graph.graph.nodes
+        if n.target is torch.ops.cstorch.optimizer_step.default
+    ]
     assert node.args[0] == SGD_SPEC
     program = Program(entry.captured)
     arrays = [dtypes.tensor_to_array(state[k]) for k in ("w", "buf")]
-    new_state, _ = program([arrays[i] for i in entry.captured.used_state],
-                           [dtypes.tensor_to_array(t) for t in inputs])
+    new_state, _ = program(
+        [arrays[i] for i in entry.captured.used_state], [dtypes.tensor_to_array(t) for t in inputs]
+    )
     grad, lr = inputs[0].numpy(), 0.1
-    written = {("w", "buf")[i]: np.asarray(a)
-               for i, a in zip(entry.captured.written_state, new_state)}
+    written = {
+        ("w", "buf")[i]: np.asarray(a) for i, a in zip(entry.captured.written_state, new_state)
+    }
     buf = 0.9 * 0.0 + grad  # torch's SGD with momentum, first step: buf = grad
     np.testing.assert_allclose(written["buf"], buf, rtol=1e-6)
     np.testing.assert_allclose(written["w"], np.array([1.0, -2.0, 3.0]) - lr * buf, rtol=1e-6)
 
 
-@pytest.mark.parametrize("spec", [
-    "not json", '{"rule": "sgd"}', '["sgd", {}, []]',
-    '{"dynamic": [], "rule": "os.system", "static": {}}',
-    '{"dynamic": [1], "rule": "sgd", "static": {}}',
-    '{"dynamic": [], "rule": "sgd", "static": [], "more": 1}'])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "not json",
+        '{"rule": "sgd"}',
+        '["sgd", {}, []]',
+        '{"dynamic": [], "rule": "os.system", "static": {}}',
+        '{"dynamic": [1], "rule": "sgd", "static": {}}',
+        '{"dynamic": [], "rule": "sgd", "static": [], "more": 1}',
+    ],
+)
 def test_an_optimizer_step_with_a_malformed_spec_is_a_miss(tmp_path, spec):
     captured, state, inputs = _sgd_captured()
     assert graph_cache.store(str(tmp_path), KEY, captured, {})
-    rewrite_entry(tmp_path / f"{KEY}.npz",
-                  lambda doc: _first(doc, "cstorch::optimizer_step")[2].__setitem__(0, spec),
-                  sign=True)
+    rewrite_entry(
+        tmp_path / f"{KEY}.npz",
+        lambda doc: _first(doc, "cstorch::optimizer_step")[2].__setitem__(0, spec),
+        sign=True,
+    )
     with pytest.warns(graph_cache.GraphCacheWarning, match="optimizer step without a valid"):
-        assert graph_cache.load(str(tmp_path), KEY, [state["w"], state["buf"]],
-                                list(inputs)) is None
+        assert (
+            graph_cache.load(str(tmp_path), KEY, [state["w"], state["buf"]], list(inputs)) is None
+        )
     with pytest.raises(ValueError, match="not an optimizer spec"):
         torch_ops.optimizer_spec(spec)
 
@@ -289,8 +316,9 @@ def test_a_changed_or_new_source_file_is_a_miss(stored, tmp_path, monkeypatch):
     assert _load(directory, state, inputs, extra_files=[str(source)]) is None
     other = tmp_path / "other.py"
     other.write_text("")
-    monkeypatch.setattr(sources, "loaded_source_files",
-                        lambda: {str(other)})  # a module the entry never saw is loaded now
+    monkeypatch.setattr(
+        sources, "loaded_source_files", lambda: {str(other)}
+    )  # a module the entry never saw is loaded now
     assert _load(directory, state, inputs) is None
 
 
@@ -426,6 +454,7 @@ def test_torch_global_hooks_and_modes_enter_the_key():
     finally:
         handle.remove()
     assert key() == before
+
     class Passthrough(torch.overrides.TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             return func(*args, **(kwargs or {}))
@@ -442,7 +471,8 @@ def _doubling():
 
     step = descending(
         lambda x, y: torch.nn.functional.linear(x, state["w"], state["b"]).square().mean() * 2.0,
-        state.values)
+        state.values,
+    )
     slots = [Slot(state, "w", "w"), Slot(state, "b", "b")]
     x, y = torch.randn(5, 4), torch.tensor([0, 2, 1, 1, 0])
     return capture_step(step, slots, [x, y]), state, (x, y)
@@ -450,6 +480,7 @@ def _doubling():
 
 def _times_200(doc):
     """The forward's ``loss * 2.0`` (the first node with the float 2.0) made ``* 200.0``."""
+
     def is_two(a):
         return type(a) is float and a == 2.0
 
@@ -475,8 +506,7 @@ def test_an_entry_edited_in_place_is_a_miss_that_runs_nothing(tmp_path):
     entry.write_bytes(original)
     rewrite_entry(entry, _times_200, sign=True)
     forged = _load(tmp_path, state, inputs)
-    np.testing.assert_allclose(_run(forged.captured, state, inputs)[1][-1], 100 * loss,
-                               rtol=1e-5)
+    np.testing.assert_allclose(_run(forged.captured, state, inputs)[1][-1], 100 * loss, rtol=1e-5)
 
 
 def _captured_entry(directory):
@@ -525,9 +555,13 @@ def test_a_fifo_in_place_of_an_entry_is_refused_without_blocking(tmp_path):
     directory = tmp_path / "cache"
     directory.mkdir(mode=0o700)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    out = subprocess.run([sys.executable, "-c", FIFO_PROBE.replace("KEY", KEY), str(directory)],
-                         capture_output=True, text=True, timeout=120,
-                         env=dict(os.environ, PYTHONPATH=root))
+    out = subprocess.run(
+        [sys.executable, "-c", FIFO_PROBE.replace("KEY", KEY), str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=root),
+    )
     assert out.returncode == 0 and "refused" in out.stdout, out.stderr[-2000:]
 
 
@@ -580,8 +614,7 @@ def _step_key(fp=None):
     return graph_cache.step_key(fp or Fingerprinter(), [], [torch.ones(2)], None, {}, "")
 
 
-def test_the_command_line_the_environment_and_the_directory_enter_the_key(tmp_path,
-                                                                          monkeypatch):
+def test_the_command_line_the_environment_and_the_directory_enter_the_key(tmp_path, monkeypatch):
     before = _step_key()
     monkeypatch.setenv("CSTORCH_TEST_SOME_SETTING", "1")
     with_env = _step_key()
@@ -615,8 +648,9 @@ def test_a_replaced_library_function_changes_the_key(monkeypatch):
     assert "torch.nn.functional.gelu" not in fingerprint.replaced_library_attributes()
     # Libraries make functions with exec too (no source file): those are not user code.
     scipy_optimize = pytest.importorskip("scipy.optimize")
-    assert not [name for name in fingerprint.replaced_library_attributes()
-                if name.startswith("scipy.")], scipy_optimize
+    assert not [
+        name for name in fingerprint.replaced_library_attributes() if name.startswith("scipy.")
+    ], scipy_optimize
 
     monkeypatch.setattr(F, "gelu", lambda x, approximate="none": x * 0.5)  # user code
     assert "torch.nn.functional.gelu" in fingerprint.replaced_library_attributes()
@@ -640,8 +674,11 @@ def test_attributes_read_with_getattr_and_through_submodules_enter_the_key():
     settings.inner = __import__("types").ModuleType("settings.inner")
     settings.inner.factor = 3
     namespace = {"settings": settings}
-    exec("def by_getattr(x):\n    return x * getattr(settings, 'scale')\n"
-         "def by_path(x):\n    return x * settings.inner.factor\n", namespace)
+    exec(
+        "def by_getattr(x):\n    return x * getattr(settings, 'scale')\n"
+        "def by_path(x):\n    return x * settings.inner.factor\n",
+        namespace,
+    )
     first = [_digest(namespace["by_getattr"]), _digest(namespace["by_path"])]
     settings.scale = 2.0
     settings.inner.factor = 4
@@ -691,24 +728,44 @@ def _parted(**values):
     fp = Fingerprinter()
     for label, value in values.items():
         fp.add(label, value)
-    return graph_cache.step_key(fp, [], [torch.ones(2)], {"grad_mode": True}, {},
-                                {"backend type": "CPU"}, step="s in train.py")
+    return graph_cache.step_key(
+        fp,
+        [],
+        [torch.ones(2)],
+        {"grad_mode": True},
+        {},
+        {"backend type": "CPU"},
+        step="s in train.py",
+    )
 
 
 def test_the_key_is_named_parts_and_its_digest_covers_them():
     key = _parted(models=[1, 2], optimizers={"lr": 0.1})
     names = [name for name, _ in key.parts]
     assert len(set(names)) == len(names)
-    for name in ("version of format", "version of torch", "models", "optimizers",
-                 "decompositions", "library attributes replaced by user code",
-                 "command line", "working directory", "state layout",
-                 "inputs", "program signature: grad_mode", "torch grad mode", "backend type"):
+    for name in (
+        "version of format",
+        "version of torch",
+        "models",
+        "optimizers",
+        "decompositions",
+        "library attributes replaced by user code",
+        "command line",
+        "working directory",
+        "state layout",
+        "inputs",
+        "program signature: grad_mode",
+        "torch grad mode",
+        "backend type",
+    ):
         assert name in names, name
-    same, other = _parted(models=[1, 2], optimizers={"lr": 0.1}), \
-        _parted(models=[1, 2], optimizers={"lr": 0.2})
+    same, other = (
+        _parted(models=[1, 2], optimizers={"lr": 0.1}),
+        _parted(models=[1, 2], optimizers={"lr": 0.2}),
+    )
     assert same == key and same.digest == key.digest == str(key)
     assert other.digest != key.digest and other.differences(key.parts) == ["optimizers"]
-    shortened = [(name, digest[:explain.SHORT]) for name, digest in key.parts]
+    shortened = [(name, digest[: explain.SHORT]) for name, digest in key.parts]
     assert other.differences(shortened) == ["optimizers"]
     assert key.differences(shortened + [("gone away", "0" * 16)]) == ["gone away (gone)"]
 
@@ -738,10 +795,13 @@ def test_a_users_function_is_a_part_per_free_variable_and_global_then_its_code()
     settings = types.ModuleType("settings")
     settings.scale = 1.0
     namespace = {"settings": settings, "NAMED": 1.0, "__name__": "user_script"}
-    exec("def make(k):\n"
-         "    def step(x):\n"
-         "        return x * k * NAMED * settings.scale\n"
-         "    return step\n", namespace)
+    exec(
+        "def make(k):\n"
+        "    def step(x):\n"
+        "        return x * k * NAMED * settings.scale\n"
+        "    return step\n",
+        namespace,
+    )
 
     def parts(step):
         fp = Fingerprinter()
@@ -749,8 +809,12 @@ def test_a_users_function_is_a_part_per_free_variable_and_global_then_its_code()
         return dict(fp.parts)
 
     base = parts(namespace["make"](2))
-    assert list(base) == ["step function's free variable k", "step function's global NAMED",
-                          "step function's global settings", "step function"]
+    assert list(base) == [
+        "step function's free variable k",
+        "step function's global NAMED",
+        "step function's global settings",
+        "step function",
+    ]
 
     def changed(after):
         return [name for name in base if after[name] != base[name]]
@@ -762,10 +826,13 @@ def test_a_users_function_is_a_part_per_free_variable_and_global_then_its_code()
     settings.scale = 2.0  # an attribute the code names of a module it names
     assert changed(parts(namespace["make"](2))) == ["step function's global settings"]
     settings.scale = 1.0
-    exec("def make(k):\n"
-         "    def step(x):\n"
-         "        return x * k * NAMED * settings.scale + 0\n"
-         "    return step\n", namespace)
+    exec(
+        "def make(k):\n"
+        "    def step(x):\n"
+        "        return x * k * NAMED * settings.scale + 0\n"
+        "    return step\n",
+        namespace,
+    )
     assert changed(parts(namespace["make"](2))) == ["step function"]
     # As one part, the same function fingerprints the same values.
     one = Fingerprinter()
@@ -782,8 +849,13 @@ def test_a_setting_or_module_state_declared_for_the_key_is_a_part_of_its_own():
 
     layer = config.Config("test_layer")
     try:
-        layer.define("traced_knob", 1, "A knob a trace reads.", check=config.positive_int,
-                     include_in_graph_key=True)
+        layer.define(
+            "traced_knob",
+            1,
+            "A knob a trace reads.",
+            check=config.positive_int,
+            include_in_graph_key=True,
+        )
         layer.define("run_knob", 1, "A knob only a run reads.", check=config.positive_int)
         state = {"mode": "a"}
         layer.include_in_graph_key("test layer's mode", lambda: dict(state))
@@ -813,12 +885,16 @@ def test_turning_the_diagnostics_on_leaves_the_key_alone(monkeypatch):
 
 
 def _miss_messages(caplog):
-    return [r.getMessage() for r in caplog.records
-            if r.name == "jax_backend.graph_cache" and "graph cache miss" in r.getMessage()]
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "jax_backend.graph_cache" and "graph cache miss" in r.getMessage()
+    ]
 
 
-def test_a_miss_names_the_part_that_differs_from_the_steps_stored_entry(tmp_path, caplog,
-                                                                        monkeypatch):
+def test_a_miss_names_the_part_that_differs_from_the_steps_stored_entry(
+    tmp_path, caplog, monkeypatch
+):
     captured, state, inputs = _captured()
     cold = _parted(models=[1, 2], optimizers={"lr": 0.1})
     assert graph_cache.store(str(tmp_path), cold, captured, {})
@@ -827,8 +903,7 @@ def test_a_miss_names_the_part_that_differs_from_the_steps_stored_entry(tmp_path
 
     def miss(key):
         caplog.clear()
-        assert graph_cache.load(str(tmp_path), key, [state["w"], state["b"]],
-                                list(inputs)) is None
+        assert graph_cache.load(str(tmp_path), key, [state["w"], state["b"]], list(inputs)) is None
         (message,) = _miss_messages(caplog)
         return message, caplog.records[-1].levelno
 
@@ -840,18 +915,22 @@ def test_a_miss_names_the_part_that_differs_from_the_steps_stored_entry(tmp_path
     monkeypatch.setenv("CSTORCH_TEST_NEW_VARIABLE", "x")
     message, level = miss(_parted(models=[1, 3], optimizers={"lr": 0.1}))
     assert level == logging.WARNING
-    assert message.endswith("in 2 parts: models, environment variable CSTORCH_TEST_NEW_VARIABLE"
-                            " (new)")
+    assert message.endswith(
+        "in 2 parts: models, environment variable CSTORCH_TEST_NEW_VARIABLE (new)"
+    )
     monkeypatch.delenv("CSTORCH_TEST_NEW_VARIABLE")
 
     # Several entries of the step (its programs): the nearest one is compared with.
-    assert graph_cache.store(str(tmp_path), _parted(models=[9], optimizers={"lr": 0.5}),
-                             captured, {})
+    assert graph_cache.store(
+        str(tmp_path), _parted(models=[9], optimizers={"lr": 0.5}), captured, {}
+    )
     message, _ = miss(_parted(models=[9], optimizers={"lr": 0.6}))
-    assert message.endswith("differs from the step's nearest of 2 stored entries in 1 part: "
-                            "optimizers")
-    assert graph_cache.load(str(tmp_path), cold, [state["w"], state["b"]],
-                            list(inputs)) is not None  # and the first still hits
+    assert message.endswith(
+        "differs from the step's nearest of 2 stored entries in 1 part: optimizers"
+    )
+    assert (
+        graph_cache.load(str(tmp_path), cold, [state["w"], state["b"]], list(inputs)) is not None
+    )  # and the first still hits
     graph_cache.discard(str(tmp_path), cold.digest)
     message, _ = miss(cold)
     assert message.endswith("the step's entry under this key was removed")
@@ -860,8 +939,7 @@ def test_a_miss_names_the_part_that_differs_from_the_steps_stored_entry(tmp_path
     assert message.endswith("no entry of this step is stored")
 
 
-def test_a_steps_record_keeps_its_last_keys_and_explains_nothing_when_foreign(tmp_path,
-                                                                             caplog):
+def test_a_steps_record_keeps_its_last_keys_and_explains_nothing_when_foreign(tmp_path, caplog):
     captured, state, inputs = _captured()
     for i in range(explain.HISTORY + 3):
         key = _parted(optimizers={"lr": 1000 + i + 0.5})
@@ -877,8 +955,12 @@ def test_a_steps_record_keeps_its_last_keys_and_explains_nothing_when_foreign(tm
     data = bytearray(record.read_bytes())
     data[-3] ^= 1  # the HMAC no longer matches
     record.write_bytes(bytes(data))
-    assert graph_cache.load(str(tmp_path), _parted(optimizers={"lr": -1}),
-                            [state["w"], state["b"]], list(inputs)) is None
+    assert (
+        graph_cache.load(
+            str(tmp_path), _parted(optimizers={"lr": -1}), [state["w"], state["b"]], list(inputs)
+        )
+        is None
+    )
     assert _miss_messages(caplog)[-1].endswith("no entry of this step is stored")
     assert graph_cache.store(str(tmp_path), _parted(optimizers={"lr": -1}), captured, {})
     assert len(explain.recorded(str(tmp_path), secret, "s in train.py")) == 1  # replaced

@@ -27,8 +27,12 @@ def _torch(a):
 
 CASES = {
     "addmm": (aten_addmm, aten.addmm, ((64,), (48, 96), (96, 64)), {}),
-    "addmm_scaled": (aten_addmm, aten.addmm, ((48, 64), (48, 96), (96, 64)),
-                     {"beta": 0.5, "alpha": 2.0}),
+    "addmm_scaled": (
+        aten_addmm,
+        aten.addmm,
+        ((48, 64), (48, 96), (96, 64)),
+        {"beta": 0.5, "alpha": 2.0},
+    ),
     "baddbmm": (aten_baddbmm, aten.baddbmm, ((4, 24, 32), (4, 24, 40), (4, 40, 32)), {}),
     "addmv": (aten_addmv, aten.addmv, ((48,), (48, 96), (96,)), {}),
 }
@@ -56,5 +60,6 @@ def test_fp32_addmm_is_unchanged():
     with lowering_for(Target("cpu")):
         ours = jax.jit(aten_addmm)(*(jnp.asarray(t.numpy()) for t in (bias, a, b)))
     assert ours.dtype == jnp.float32
-    np.testing.assert_allclose(np.asarray(ours), torch.addmm(bias, a, b).numpy(), rtol=1e-6,
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(ours), torch.addmm(bias, a, b).numpy(), rtol=1e-6, atol=1e-6
+    )

@@ -32,9 +32,20 @@ def test_no_regression_on_recorded_passing_samples(tmp_path):
         baseline = json.load(f)
     report_path = tmp_path / "report.json"
     result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "tools", "op_coverage.py"), "--ops-file", BASELINE,
-         "--json", str(report_path), "--no-cache"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            os.path.join(ROOT, "tools", "op_coverage.py"),
+            "--ops-file",
+            BASELINE,
+            "--json",
+            str(report_path),
+            "--no-cache",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     with open(report_path) as f:
         report = json.load(f)
@@ -53,8 +64,9 @@ def test_no_regression_on_recorded_passing_samples(tmp_path):
                 sample = samples.get(index)
                 if sample is None or sample[phase] != "pass":
                     error = sample and sample.get(f"{phase}_error")
-                    regressions.append(f"{name}[{index}] {phase}: "
-                                       f"{sample and sample[phase]} {error or ''}"[:300])
+                    regressions.append(
+                        f"{name}[{index}] {phase}: {sample and sample[phase]} {error or ''}"[:300]
+                    )
     assert not regressions, "coverage regressed:\n" + "\n".join(regressions)
 
 

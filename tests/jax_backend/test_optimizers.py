@@ -18,10 +18,11 @@ import pytest
 import torch
 
 from jax_backend import optimizers, schedules
-
 from tests.lanes import marked_cases
-from tests.reference_data import OPTIMIZER_TRAJECTORIES as TRAJECTORIES
-from tests.reference_data import optimizer_problem as _problem
+from tests.reference_data import (
+    OPTIMIZER_TRAJECTORIES as TRAJECTORIES,
+    optimizer_problem as _problem,
+)
 
 _W, _B, _X, _T = _problem()
 _XJ, _TJ = jnp.asarray(_X.numpy()), jnp.asarray(_T.numpy())
@@ -51,8 +52,9 @@ def _rel_err(got, want):
 
 
 # ------------------------------------------------------------------ fixture trajectories
-@pytest.mark.parametrize("case", marked_cases(sorted(TRAJECTORIES), ids=sorted(TRAJECTORIES),
-                                              slow={"ASGD", "Adafactor"}))
+@pytest.mark.parametrize(
+    "case", marked_cases(sorted(TRAJECTORIES), ids=sorted(TRAJECTORIES), slow={"ASGD", "Adafactor"})
+)
 def test_fixture_trajectory(case):
     entry = TRAJECTORIES[case]
     tx = optimizers.OPTIMIZERS[entry["class"].lower()](**_factory_kwargs(entry["kwargs"]))
@@ -64,8 +66,9 @@ def test_fixture_trajectory(case):
         for p, w in zip(params, want):
             w = np.asarray(w, np.float32).reshape(p.shape)
             assert _rel_err(p, w) < 1e-5, (case, step)
-            np.testing.assert_allclose(np.asarray(p), w, rtol=1e-5, atol=1e-7,
-                                       err_msg=f"{case} step {step}")
+            np.testing.assert_allclose(
+                np.asarray(p), w, rtol=1e-5, atol=1e-7, err_msg=f"{case} step {step}"
+            )
 
 
 @pytest.mark.parametrize("case", sorted(TRAJECTORIES))
@@ -76,8 +79,7 @@ def test_fixture_state_keys(case):
     state = optimizers.init_state(name, kwargs, _params())
     assert sorted(optimizers.param_state_keys(state, 0)) == entry["state_keys"]
     if name == "adafactor":  # w (2-d) is factored, b (1-d) is not
-        assert sorted(optimizers.state_keys(state)) == sorted(entry["state_keys"] +
-                                                              ["exp_avg_sq"])
+        assert sorted(optimizers.state_keys(state)) == sorted(entry["state_keys"] + ["exp_avg_sq"])
         assert optimizers.param_state_keys(state, 1) == ("exp_avg_sq", "step")
     else:
         assert sorted(optimizers.state_keys(state)) == entry["state_keys"]
@@ -88,12 +90,18 @@ def test_fixture_state_keys(case):
 FIELD_ORDER = [
     ("sgd", {"learning_rate": 0.1, "momentum": 0.9}, ["momentum_buffer"]),
     ("sgd", {"learning_rate": 0.1}, []),
-    ("adam", {"amsgrad": True},
-     ["exp_avg", "exp_avg_sq", "max_exp_avg_sq", "beta1_power", "beta2_power"]),
+    (
+        "adam",
+        {"amsgrad": True},
+        ["exp_avg", "exp_avg_sq", "max_exp_avg_sq", "beta1_power", "beta2_power"],
+    ),
     ("adamw", {"correct_bias": False}, ["exp_avg", "exp_avg_sq"]),
     ("adadelta", {}, ["square_avg", "acc_delta"]),
-    ("adafactor", {"learning_rate": 0.01},
-     ["exp_avg_sq_row", "exp_avg_sq_col", "exp_avg_sq", "step"]),
+    (
+        "adafactor",
+        {"learning_rate": 0.01},
+        ["exp_avg_sq_row", "exp_avg_sq_col", "exp_avg_sq", "step"],
+    ),
     ("adagrad", {}, ["sum", "step"]),
     ("adamax", {}, ["exp_avg", "exp_inf", "beta1_power"]),
     ("asgd", {}, ["eta", "mu", "ax", "step"]),
@@ -128,8 +136,22 @@ def test_state_fields_and_layout(name, kwargs, fields):
 
 def test_registry_names():
     assert set(optimizers.OPTIMIZERS) >= {
-        "sgd", "adam", "adamw", "adadelta", "adafactor", "adagrad", "adamax", "asgd", "lamb",
-        "lion", "muon", "nadam", "radam", "rmsprop", "rprop"}
+        "sgd",
+        "adam",
+        "adamw",
+        "adadelta",
+        "adafactor",
+        "adagrad",
+        "adamax",
+        "asgd",
+        "lamb",
+        "lion",
+        "muon",
+        "nadam",
+        "radam",
+        "rmsprop",
+        "rprop",
+    }
     with pytest.raises(ValueError, match="unknown optimizer"):
         optimizers.build("adamz", {})
 
@@ -137,8 +159,16 @@ def test_registry_names():
 # ------------------------------------------------------------------ generic behaviour
 # Every optimizer with its optional state switched on; Muon gets >= 2-d parameters only.
 ALL_OPTIONS = [
-    ("sgd", {"learning_rate": 0.1, "momentum": 0.9, "dampening": 0.1, "weight_decay": 0.01,
-             "maximize": True}),
+    (
+        "sgd",
+        {
+            "learning_rate": 0.1,
+            "momentum": 0.9,
+            "dampening": 0.1,
+            "weight_decay": 0.01,
+            "maximize": True,
+        },
+    ),
     ("sgd", {"learning_rate": 0.1, "momentum": 0.9, "nesterov": True}),
     ("adam", {"learning_rate": 0.01, "weight_decay": 0.1, "amsgrad": True}),
     ("adamw", {"learning_rate": 0.01, "weight_decay": 0.1}),
@@ -175,12 +205,25 @@ def _case_id(case):
     return case[0] + "-" + "-".join(f"{k}" for k in case[1] if k != "learning_rate")
 
 
-@pytest.mark.parametrize("name,kwargs", marked_cases(
-    ALL_OPTIONS, ids=map(_case_id, ALL_OPTIONS), slow={
-        "adadelta-weight_decay-maximize", "adafactor-beta1-scale_parameter",
-        "adafactor-weight_decay", "adam-weight_decay-amsgrad", "adamw-weight_decay",
-        "lamb-weight_decay", "muon-", "nadam-weight_decay", "radam-weight_decay",
-        "sgd-momentum-dampening-weight_decay-maximize"}))
+@pytest.mark.parametrize(
+    "name,kwargs",
+    marked_cases(
+        ALL_OPTIONS,
+        ids=map(_case_id, ALL_OPTIONS),
+        slow={
+            "adadelta-weight_decay-maximize",
+            "adafactor-beta1-scale_parameter",
+            "adafactor-weight_decay",
+            "adam-weight_decay-amsgrad",
+            "adamw-weight_decay",
+            "lamb-weight_decay",
+            "muon-",
+            "nadam-weight_decay",
+            "radam-weight_decay",
+            "sgd-momentum-dampening-weight_decay-maximize",
+        },
+    ),
+)
 def test_jitted_update_does_not_recompile(name, kwargs):
     tx = optimizers.build(name, kwargs)
     traces = []
@@ -199,8 +242,9 @@ def test_jitted_update_does_not_recompile(name, kwargs):
     assert all(bool(jnp.all(jnp.isfinite(p))) for p in params)
 
 
-ONE_PER_OPTIMIZER = list({name: (name, kwargs) for name, kwargs in reversed(ALL_OPTIONS)}
-                         .values())[::-1]
+ONE_PER_OPTIMIZER = list({name: (name, kwargs) for name, kwargs in reversed(ALL_OPTIONS)}.values())[
+    ::-1
+]
 
 
 @pytest.mark.parametrize("name,kwargs", ONE_PER_OPTIMIZER, ids=map(_case_id, ONE_PER_OPTIMIZER))
@@ -209,14 +253,14 @@ def test_inject_hyperparams_with_scheduled_learning_rate(name, kwargs):
     lr0 = kwargs["learning_rate"]
     sched = schedules.linear(lr0, lr0 / 10, total_iters=3)
     others = {k: v for k, v in kwargs.items() if k != "learning_rate"}
-    injected = optax.inject_hyperparams(optimizers.OPTIMIZERS[name])(
-        learning_rate=sched, **others)
+    injected = optax.inject_hyperparams(optimizers.OPTIMIZERS[name])(learning_rate=sched, **others)
     params = ref_params = _generic_params(name)
     state = injected.init(params)
     update = jax.jit(injected.update)
     # the same steps with the scheduled value passed to the plain factory
-    ref_update = jax.jit(lambda lr, g, s, p: optimizers.OPTIMIZERS[name](
-        learning_rate=lr, **others).update(g, s, p))
+    ref_update = jax.jit(
+        lambda lr, g, s, p: optimizers.OPTIMIZERS[name](learning_rate=lr, **others).update(g, s, p)
+    )
     ref_state = optimizers.OPTIMIZERS[name](**kwargs).init(ref_params)
     for k in range(3):
         grads = _generic_grads(params, k)
@@ -229,20 +273,30 @@ def test_inject_hyperparams_with_scheduled_learning_rate(name, kwargs):
         np.testing.assert_allclose(np.asarray(p), np.asarray(r), rtol=2e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("name,kwargs", marked_cases(
-    ALL_OPTIONS, ids=map(_case_id, ALL_OPTIONS), slow={"muon-"}))
+@pytest.mark.parametrize(
+    "name,kwargs", marked_cases(ALL_OPTIONS, ids=map(_case_id, ALL_OPTIONS), slow={"muon-"})
+)
 def test_array_hyperparameters_and_apply(name, kwargs):
     """Scheduled lr / weight decay arrive as 0-dim arrays, betas as lists (JSON), and
     ``apply`` runs on flat state leaves."""
     params = _generic_params(name)
     grads = _generic_grads(params, 0)
-    as_arrays = {k: (jnp.asarray(v, jnp.float32) if k in ("learning_rate", "weight_decay")
-                     else list(v) if isinstance(v, tuple) else v) for k, v in kwargs.items()}
+    as_arrays = {
+        k: (
+            jnp.asarray(v, jnp.float32)
+            if k in ("learning_rate", "weight_decay")
+            else list(v)
+            if isinstance(v, tuple)
+            else v
+        )
+        for k, v in kwargs.items()
+    }
     tx = optimizers.build(name, kwargs)
     state = tx.init(params)
     want_u, want_s = tx.update(grads, state, params)
-    new_params, new_leaves = optimizers.apply(name, as_arrays, params, grads,
-                                              jax.tree.leaves(state))
+    new_params, new_leaves = optimizers.apply(
+        name, as_arrays, params, grads, jax.tree.leaves(state)
+    )
     for p, u, n in zip(params, want_u, new_params):
         np.testing.assert_allclose(np.asarray(n), np.asarray(p + u), rtol=1e-6, atol=1e-7)
         assert n.dtype == p.dtype
@@ -267,26 +321,58 @@ def test_betas_as_list(name):
 # ------------------------------------------------------------------ torch.optim cross-checks
 # Options the fixture does not cover, for optimizers whose cstorch maths is torch's.
 TORCH_CROSS = [
-    ("adadelta", {"lr": 0.5, "rho": 0.8, "eps": 1e-6, "weight_decay": 0.1, "maximize": True},
-     torch.optim.Adadelta),
-    ("adagrad", {"lr": 0.1, "lr_decay": 0.05, "weight_decay": 0.1,
-                 "initial_accumulator_value": 0.2, "eps": 1e-6, "maximize": True},
-     torch.optim.Adagrad),
-    ("adamax", {"lr": 0.01, "betas": (0.8, 0.99), "eps": 1e-6, "weight_decay": 0.1,
-                "maximize": True}, torch.optim.Adamax),
-    ("asgd", {"lr": 0.05, "lambd": 1e-2, "alpha": 0.5, "t0": 3.0, "weight_decay": 0.1,
-              "maximize": True}, torch.optim.ASGD),
-    ("radam", {"lr": 0.01, "betas": (0.9, 0.9), "eps": 1e-6, "weight_decay": 0.1},
-     torch.optim.RAdam),  # beta2 = 0.9 reaches the rectified branch (rho_t > 5) at step 6
-    ("rmsprop", {"lr": 0.01, "alpha": 0.9, "eps": 1e-8, "weight_decay": 0.1, "momentum": 0.5,
-                 "centered": True}, torch.optim.RMSprop),
+    (
+        "adadelta",
+        {"lr": 0.5, "rho": 0.8, "eps": 1e-6, "weight_decay": 0.1, "maximize": True},
+        torch.optim.Adadelta,
+    ),
+    (
+        "adagrad",
+        {
+            "lr": 0.1,
+            "lr_decay": 0.05,
+            "weight_decay": 0.1,
+            "initial_accumulator_value": 0.2,
+            "eps": 1e-6,
+            "maximize": True,
+        },
+        torch.optim.Adagrad,
+    ),
+    (
+        "adamax",
+        {"lr": 0.01, "betas": (0.8, 0.99), "eps": 1e-6, "weight_decay": 0.1, "maximize": True},
+        torch.optim.Adamax,
+    ),
+    (
+        "asgd",
+        {"lr": 0.05, "lambd": 1e-2, "alpha": 0.5, "t0": 3.0, "weight_decay": 0.1, "maximize": True},
+        torch.optim.ASGD,
+    ),
+    (
+        "radam",
+        {"lr": 0.01, "betas": (0.9, 0.9), "eps": 1e-6, "weight_decay": 0.1},
+        torch.optim.RAdam,
+    ),  # beta2 = 0.9 reaches the rectified branch (rho_t > 5) at step 6
+    (
+        "rmsprop",
+        {
+            "lr": 0.01,
+            "alpha": 0.9,
+            "eps": 1e-8,
+            "weight_decay": 0.1,
+            "momentum": 0.5,
+            "centered": True,
+        },
+        torch.optim.RMSprop,
+    ),
     ("rmsprop", {"lr": 0.01, "alpha": 0.9, "eps": 1e-8}, torch.optim.RMSprop),
     ("rprop", {"lr": 0.05, "etas": (0.4, 1.5), "step_sizes": (1e-3, 0.08)}, torch.optim.Rprop),
 ]
 
 
-@pytest.mark.parametrize("name,kwargs,torch_cls", TORCH_CROSS,
-                         ids=[f"{c[0]}-{i}" for i, c in enumerate(TORCH_CROSS)])
+@pytest.mark.parametrize(
+    "name,kwargs,torch_cls", TORCH_CROSS, ids=[f"{c[0]}-{i}" for i, c in enumerate(TORCH_CROSS)]
+)
 def test_matches_torch_optim(name, kwargs, torch_cls):
     w, b = _W.clone().requires_grad_(), _B.clone().requires_grad_()
     opt = torch_cls([w, b], **kwargs)
@@ -318,7 +404,7 @@ def _adam_reference(params, grads_seq, lr, betas, eps, l2, wd, amsgrad):
             v[i] = b2 * v[i] + (1 - b2) * g * g
             vmax[i] = np.maximum(vmax[i], v[i])
             denom = np.sqrt(vmax[i] if amsgrad else v[i]) + eps
-            u = m[i] / denom * np.sqrt(1 - b2 ** t) / (1 - b1 ** t) + wd * ps[i]
+            u = m[i] / denom * np.sqrt(1 - b2**t) / (1 - b1**t) + wd * ps[i]
             ps[i] = ps[i] - lr * u
     return ps
 
@@ -328,8 +414,9 @@ def test_adam_amsgrad_against_numpy(amsgrad):
     params = _generic_params("adam")
     grads_seq = [_generic_grads(params, s) for s in range(5)]
     grads_seq[3] = [g * 0.01 for g in grads_seq[3]]  # v drops, so vmax matters
-    tx = optimizers.adam(learning_rate=0.01, betas=(0.9, 0.99), eps=1e-6, weight_decay=0.05,
-                         amsgrad=amsgrad)
+    tx = optimizers.adam(
+        learning_rate=0.01, betas=(0.9, 0.99), eps=1e-6, weight_decay=0.05, amsgrad=amsgrad
+    )
     state, ps = tx.init(params), params
     for grads in grads_seq:
         updates, state = tx.update(grads, state, ps)
@@ -379,10 +466,10 @@ def test_muon_against_reference_formula(nesterov, ns_steps):
     rs = np.random.RandomState(0)
     shapes = [(4, 3), (6, 9), (2, 3, 2, 2), (3, 4, 5)]
     params = [jnp.asarray(rs.randn(*s).astype(np.float32)) for s in shapes]
-    grads_seq = [[jnp.asarray(rs.randn(*s).astype(np.float32)) for s in shapes]
-                 for _ in range(4)]
-    tx = optimizers.muon(learning_rate=0.02, weight_decay=0.01, momentum=0.9,
-                         nesterov=nesterov, ns_steps=ns_steps)
+    grads_seq = [[jnp.asarray(rs.randn(*s).astype(np.float32)) for s in shapes] for _ in range(4)]
+    tx = optimizers.muon(
+        learning_rate=0.02, weight_decay=0.01, momentum=0.9, nesterov=nesterov, ns_steps=ns_steps
+    )
     state, ps = tx.init(params), params
     update = jax.jit(tx.update)
     for grads in grads_seq:
@@ -428,21 +515,25 @@ def test_module_doctests():
     assert result.failed == 0 and result.attempted > 0
 
 
-@pytest.mark.parametrize("name,kwargs", marked_cases(
-    ONE_PER_OPTIMIZER, ids=map(_case_id, ONE_PER_OPTIMIZER), slow={"muon-"}))
+@pytest.mark.parametrize(
+    "name,kwargs",
+    marked_cases(ONE_PER_OPTIMIZER, ids=map(_case_id, ONE_PER_OPTIMIZER), slow={"muon-"}),
+)
 def test_a_flax_style_dict_of_params_trains_as_the_list_does(name, kwargs):
     # optax transformations take any pytree of parameters; so do these.
     leaves = _generic_params(name)
-    names = ["kernel", "scale", "bias"][:len(leaves)]
+    names = ["kernel", "scale", "bias"][: len(leaves)]
     tree = {"params": {"Dense_0": {n: a for n, a in zip(names, leaves)}}}
     as_list = jax.tree.leaves(tree)  # the same arrays, in the dict's leaf order
     tx = optimizers.OPTIMIZERS[name](**kwargs)
     update = jax.jit(tx.update)
     tree_state, list_state = tx.init(tree), tx.init(as_list)
     for k in range(3):
-        tree_grads = jax.tree.map(lambda p, g: g, tree,
-                                  jax.tree.unflatten(jax.tree.structure(tree),
-                                                     _generic_grads(as_list, k)))
+        tree_grads = jax.tree.map(
+            lambda p, g: g,
+            tree,
+            jax.tree.unflatten(jax.tree.structure(tree), _generic_grads(as_list, k)),
+        )
         updates, tree_state = update(tree_grads, tree_state, tree)
         assert jax.tree.structure(updates) == jax.tree.structure(tree)
         tree = optax.apply_updates(tree, updates)

@@ -50,8 +50,9 @@ def test_the_first_step_compiles_once_then_trims_then_runs(events):
 
     model = _model()
     compiled = cstorch.compile(model, cstorch.backend("CPU"))
-    step = cstorch.trace(squared_error_step(
-        compiled, cstorch.optim.SGD(model.parameters(), lr=0.1)))
+    step = cstorch.trace(
+        squared_error_step(compiled, cstorch.optim.SGD(model.parameters(), lr=0.1))
+    )
     losses = [step(x, y).item() for _ in range(3)]
 
     assert losses == pytest.approx(expected, rel=1e-6)

@@ -82,11 +82,20 @@ def test_two_random_ops_in_one_step_are_independent():
 @pytest.mark.slow
 def test_no_fixed_key_in_lowerings():
     """Every random lowering takes its key from the program: draws follow the seed."""
+
     def step(x):
-        return (torch.rand(64) + x, torch.randn(64), torch.randint(0, 1000, (64,)),
-                torch.randperm(64), torch.bernoulli(torch.full((64,), 0.5)),
-                torch.multinomial(torch.ones(64), 8), torch.empty(64).exponential_(),
-                torch.empty(64).normal_(), torch.empty(64).uniform_())
+        return (
+            torch.rand(64) + x,
+            torch.randn(64),
+            torch.randint(0, 1000, (64,)),
+            torch.randperm(64),
+            torch.bernoulli(torch.full((64,), 0.5)),
+            torch.multinomial(torch.ones(64), 8),
+            torch.empty(64).exponential_(),
+            torch.empty(64).normal_(),
+            torch.empty(64).uniform_(),
+        )
+
     program = compile_step(step, torch.zeros(()))
     a = run(program, torch.zeros(()), seed=10)
     b = run(program, torch.zeros(()), seed=11)
@@ -118,6 +127,7 @@ def test_randn_like_keeps_dtype_and_shape():
 def test_uniform_and_normal_in_place_parameters():
     def step(x):
         return torch.empty(N).uniform_(-2.0, 4.0) + x, torch.empty(N).normal_(3.0, 0.5) + x
+
     uniform, normal = draw(step, torch.zeros(()))
     assert uniform.min() >= -2.0 and uniform.max() < 4.0
     assert_mean_var(uniform, 1.0, 36.0 / 12.0)
@@ -160,8 +170,7 @@ def test_dropout_keep_rate_and_scaling(p):
 
 def test_dropout_eval_is_identity():
     x = torch.randn(100)
-    captured = capture_step(lambda t: torch.nn.functional.dropout(t, 0.5, training=False), [],
-                            [x])
+    captured = capture_step(lambda t: torch.nn.functional.dropout(t, 0.5, training=False), [], [x])
     _, outputs = Program(captured)([], [dtypes.tensor_to_array(x)], 0)
     np.testing.assert_array_equal(np.asarray(outputs[0]), x.numpy())
 
@@ -184,7 +193,9 @@ def test_dropout_backward_uses_the_forward_mask():
 @pytest.mark.slow
 def test_randint_range_and_uniformity():
     low, high = -3, 7
-    (sample,) = draw(lambda x: torch.randint(low, high, (N,)) + x, torch.zeros((), dtype=torch.int64))
+    (sample,) = draw(
+        lambda x: torch.randint(low, high, (N,)) + x, torch.zeros((), dtype=torch.int64)
+    )
     assert sample.dtype == np.int64
     assert sample.min() == low and sample.max() == high - 1
     counts = np.bincount(sample - low, minlength=high - low)
@@ -194,16 +205,22 @@ def test_randint_range_and_uniformity():
 
 @pytest.mark.slow
 def test_randint_dtype_argument():
-    (sample,) = draw(lambda x: torch.randint(0, 5, (1000,), dtype=torch.int32) + x,
-                     torch.zeros((), dtype=torch.int32))
+    (sample,) = draw(
+        lambda x: torch.randint(0, 5, (1000,), dtype=torch.int32) + x,
+        torch.zeros((), dtype=torch.int32),
+    )
     assert sample.dtype == np.int32 and sample.min() >= 0 and sample.max() < 5
 
 
 @pytest.mark.slow
 def test_log_normal_and_cauchy_and_geometric():
     def step(x):
-        return (torch.empty(N).log_normal_(0.5, 0.25) + x, torch.empty(N).cauchy_(1.0, 2.0) + x,
-                torch.empty(N).geometric_(0.25) + x)
+        return (
+            torch.empty(N).log_normal_(0.5, 0.25) + x,
+            torch.empty(N).cauchy_(1.0, 2.0) + x,
+            torch.empty(N).geometric_(0.25) + x,
+        )
+
     log_normal, cauchy, geometric = draw(step, torch.zeros(()))
     assert_mean_var(np.log(log_normal), 0.5, 0.0625)
     # Cauchy has no moments: its quartiles are median -+ sigma.
@@ -226,8 +243,10 @@ def test_randperm_is_a_permutation():
 @pytest.mark.slow
 def test_randperm_positions_are_uniform():
     n, reps = 5, 4000
-    program = compile_step(lambda x: torch.stack([torch.randperm(n) for _ in range(40)]) + x,
-                           torch.zeros((), dtype=torch.int64))
+    program = compile_step(
+        lambda x: torch.stack([torch.randperm(n) for _ in range(40)]) + x,
+        torch.zeros((), dtype=torch.int64),
+    )
     first = []
     for seed in range(reps // 40):
         (perms,) = run(program, torch.zeros((), dtype=torch.int64), seed=seed)
@@ -266,8 +285,7 @@ def test_multinomial_without_replacement():
     assert ok, stat
     # P(second = j) = sum_i p_i * p_j / (1 - p_i) over i != j.
     p = probs[0].numpy().astype(np.float64)
-    second = np.array([sum(p[i] * p[j] / (1 - p[i]) for i in range(4) if i != j)
-                       for j in range(4)])
+    second = np.array([sum(p[i] * p[j] / (1 - p[i]) for i in range(4) if i != j) for j in range(4)])
     ok, stat = chi_square_ok(np.bincount(sample[:, 1], minlength=4), second * 20_000)
     assert ok, stat
 

@@ -27,18 +27,24 @@ BARRIER = torch.ops.cstorch.remat_barrier.default
 WRAPS = {
     "plain": lambda block, x: block(x),
     "non_reentrant": lambda block, x: torch.utils.checkpoint.checkpoint(
-        block, x, use_reentrant=False),
-    "reentrant": lambda block, x: torch.utils.checkpoint.checkpoint(
-        block, x, use_reentrant=True),
+        block, x, use_reentrant=False
+    ),
+    "reentrant": lambda block, x: torch.utils.checkpoint.checkpoint(block, x, use_reentrant=True),
     # transformers' gradient_checkpointing_enable(): partial(checkpoint, **kwargs), reentrant
     # by default, called as self._gradient_checkpointing_func(layer.__call__, hidden, ...)
     "hf_binding": lambda block, x: functools.partial(bound_checkpoint, use_reentrant=True)(
-        block.__call__, x),
+        block.__call__, x
+    ),
     "hf_binding_non_reentrant": lambda block, x: functools.partial(
-        bound_checkpoint, use_reentrant=False)(block.__call__, x),
+        bound_checkpoint, use_reentrant=False
+    )(block.__call__, x),
 }
-CHECKPOINTED = ["non_reentrant", "reentrant", "hf_binding",
-                pytest.param("hf_binding_non_reentrant", marks=pytest.mark.slow)]
+CHECKPOINTED = [
+    "non_reentrant",
+    "reentrant",
+    "hf_binding",
+    pytest.param("hf_binding_non_reentrant", marks=pytest.mark.slow),
+]
 
 
 class Blocks(torch.nn.Module):
@@ -50,9 +56,14 @@ class Blocks(torch.nn.Module):
         self.wrap = WRAPS[wrap]
         self.embed = torch.nn.Linear(width, width)
         self.blocks = torch.nn.ModuleList(
-            torch.nn.Sequential(torch.nn.Linear(width, hidden), torch.nn.GELU(),
-                                torch.nn.Dropout(dropout), torch.nn.Linear(hidden, width))
-            for _ in range(blocks))
+            torch.nn.Sequential(
+                torch.nn.Linear(width, hidden),
+                torch.nn.GELU(),
+                torch.nn.Dropout(dropout),
+                torch.nn.Linear(hidden, width),
+            )
+            for _ in range(blocks)
+        )
 
     def forward(self, x):
         x = self.embed(x)
@@ -113,8 +124,9 @@ def _eager(model, inputs, steps):
 
 
 def _barriers(captured) -> list:
-    return [n for n in captured.graph.graph.nodes
-            if n.op == "call_function" and n.target is BARRIER]
+    return [
+        n for n in captured.graph.graph.nodes if n.op == "call_function" and n.target is BARRIER
+    ]
 
 
 def _temp_bytes(captured, tensors, inputs) -> int:
@@ -132,21 +144,25 @@ def test_checkpointed_blocks_train_to_eager_numbers_through_barriers(wrap):
     plain_losses, _ = _eager(_model("plain"), inputs, steps=3)
     np.testing.assert_allclose(eager_losses, plain_losses, rtol=1e-6)  # the same model
 
-    originals = (vars(torch.utils.checkpoint._CheckpointFrame)["__init__"],
-                 vars(torch.utils.checkpoint.CheckpointFunction)["backward"])
+    originals = (
+        vars(torch.utils.checkpoint._CheckpointFrame)["__init__"],
+        vars(torch.utils.checkpoint.CheckpointFunction)["backward"],
+    )
     captured, tensors = _capture(model, inputs)
     barriers = _barriers(captured)
     assert len(barriers) == len(model.blocks)  # one per recomputation
     for node in barriers:  # each waits for a value of the backward
-        (values, after), = [node.args]
+        ((values, after),) = [node.args]
         assert len(values) == 1 and len(after) == 1
     losses, params = _run(captured, tensors, inputs, steps=3)
     np.testing.assert_allclose(losses, eager_losses, rtol=1e-5)
     for got, want in zip(params, eager_params):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     # the capture left torch's checkpoint as it was
-    assert (vars(torch.utils.checkpoint._CheckpointFrame)["__init__"],
-            vars(torch.utils.checkpoint.CheckpointFunction)["backward"]) == originals
+    assert (
+        vars(torch.utils.checkpoint._CheckpointFrame)["__init__"],
+        vars(torch.utils.checkpoint.CheckpointFunction)["backward"],
+    ) == originals
     assert not remat.hooks_installed()
 
 
@@ -156,12 +172,15 @@ def test_a_step_without_checkpointing_has_no_barrier():
     assert _barriers(captured) == []
 
 
-@pytest.mark.parametrize("wrap, schedule", [
-    ("non_reentrant", "lean"),
-    pytest.param("reentrant", "lean", marks=pytest.mark.slow),
-    pytest.param("non_reentrant", "xla", marks=pytest.mark.slow),
-    pytest.param("reentrant", "xla", marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    "wrap, schedule",
+    [
+        ("non_reentrant", "lean"),
+        pytest.param("reentrant", "lean", marks=pytest.mark.slow),
+        pytest.param("non_reentrant", "xla", marks=pytest.mark.slow),
+        pytest.param("reentrant", "xla", marks=pytest.mark.slow),
+    ],
+)
 def test_checkpointing_cuts_the_compiled_steps_working_memory(wrap, schedule, monkeypatch):
     """Activations dominate this step's temporaries: 6 blocks of 32 -> 256 -> 32 on 512 rows
     keep two 512x256 activations per block without checkpointing; with it, the blocks' inputs
@@ -178,8 +197,9 @@ def test_checkpointing_cuts_the_compiled_steps_working_memory(wrap, schedule, mo
     assert temp[wrap] < 0.6 * temp["plain"], temp
 
 
-@pytest.mark.parametrize("wrap", ["non_reentrant",
-                                  pytest.param("reentrant", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "wrap", ["non_reentrant", pytest.param("reentrant", marks=pytest.mark.slow)]
+)
 def test_a_recomputation_draws_the_forwards_random_numbers(wrap):
     """Dropout in a checkpointed block: eager torch's checkpoint restores the RNG state, so
     the recomputation drops what the forward dropped. The compiled step must too: its
@@ -235,17 +255,20 @@ def test_a_graph_with_barriers_goes_through_the_graph_cache_codec():
         np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("wrap", ["non_reentrant",
-                                  pytest.param("reentrant", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "wrap", ["non_reentrant", pytest.param("reentrant", marks=pytest.mark.slow)]
+)
 def test_without_torchs_private_hooks_a_capture_runs_as_before(wrap, monkeypatch):
     """A torch whose checkpoint is laid out otherwise (here: ``_CheckpointFrame.__init__`` and
     ``CheckpointFunction.backward`` not defined where remat looks for them) captures with no
     barrier and no error, as before."""
     checkpoint = torch.utils.checkpoint
-    monkeypatch.setattr(checkpoint, "_CheckpointFrame",
-                        type("Frame", (checkpoint._CheckpointFrame,), {}))
-    monkeypatch.setattr(checkpoint, "CheckpointFunction",
-                        type("Function", (checkpoint.CheckpointFunction,), {}))
+    monkeypatch.setattr(
+        checkpoint, "_CheckpointFrame", type("Frame", (checkpoint._CheckpointFrame,), {})
+    )
+    monkeypatch.setattr(
+        checkpoint, "CheckpointFunction", type("Function", (checkpoint.CheckpointFunction,), {})
+    )
     inputs = _batch(8)
     model = _model(wrap)
     captured, tensors = _capture(model, inputs)
@@ -287,14 +310,21 @@ def test_hugging_face_gradient_checkpointing_is_rematerialized(reentrant):
     ``gradient_checkpointing_enable()``: one barrier per decoder layer, eager's numbers."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64,
-                                      num_hidden_layers=3, num_attention_heads=4,
-                                      num_key_value_heads=2, max_position_embeddings=32,
-                                      bos_token_id=0, eos_token_id=0, use_cache=False)
+    config = transformers.LlamaConfig(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        bos_token_id=0,
+        eos_token_id=0,
+        use_cache=False,
+    )
     model = transformers.LlamaForCausalLM(config)
     model.train()
-    model.gradient_checkpointing_enable(
-        gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
     ids = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(1))
     params = list(model.parameters())
 

@@ -24,13 +24,15 @@ from jax_backend.scalars import ScalarSlot
 def _adamw(weight_decay=0.1):
     torch.manual_seed(0)
     w = torch.nn.Parameter(torch.randn(4, 3))
-    optimizer = torch.optim.AdamW([w], lr=0.01, betas=(0.9, 0.99), weight_decay=weight_decay,
-                                  foreach=True, capturable=True)
+    optimizer = torch.optim.AdamW(
+        [w], lr=0.01, betas=(0.9, 0.99), weight_decay=weight_decay, foreach=True, capturable=True
+    )
     return w, optimizer
 
 
 def _compiler_path():
     """torch's optimizers take their compiler path (as a compiled step's capture makes them)."""
+
     class Flag:
         def __enter__(self):
             self.saved = torch.compiler._is_compiling_flag
@@ -38,6 +40,7 @@ def _compiler_path():
 
         def __exit__(self, *exc):
             torch.compiler._is_compiling_flag = self.saved
+
     return Flag()
 
 
@@ -51,10 +54,13 @@ def _train(w, optimizer, x):
 
 
 def _group_slots(group) -> list:
-    return [ScalarSlot(group, "lr", name="lr"), ScalarSlot(group, "betas", 0, name="beta1"),
-            ScalarSlot(group, "betas", 1, name="beta2"),
-            ScalarSlot(group, "weight_decay", name="weight_decay"),
-            ScalarSlot(group, "eps", name="eps")]
+    return [
+        ScalarSlot(group, "lr", name="lr"),
+        ScalarSlot(group, "betas", 0, name="beta1"),
+        ScalarSlot(group, "betas", 1, name="beta2"),
+        ScalarSlot(group, "weight_decay", name="weight_decay"),
+        ScalarSlot(group, "eps", name="eps"),
+    ]
 
 
 def _captured_adamw():
@@ -66,8 +72,12 @@ def _captured_adamw():
     holders = {"w": w, **state}
     slots = [Slot(holders, k, k) for k in ("w", "step", "exp_avg", "exp_avg_sq")]
     group = optimizer.param_groups[0]
-    captured = capture_step(lambda x: _train(w, optimizer, x), slots, [torch.ones(4, 3)],
-                            scalar_slots=_group_slots(group))
+    captured = capture_step(
+        lambda x: _train(w, optimizer, x),
+        slots,
+        [torch.ones(4, 3)],
+        scalar_slots=_group_slots(group),
+    )
     return captured, w, optimizer, [holders[k] for k in ("w", "step", "exp_avg", "exp_avg_sq")]
 
 
@@ -83,20 +93,24 @@ def test_a_torch_optimizer_step_reads_its_floats_at_every_call():
     betas_are_inputs = not kinds
     program = Program(captured)
     x = torch.randn(4, 3, generator=torch.Generator().manual_seed(1))
-    for lr, beta1, weight_decay in [(0.01, 0.9, 0.1), (0.3, 0.5 if betas_are_inputs else 0.9,
-                                                     0.02)]:
+    for lr, beta1, weight_decay in [
+        (0.01, 0.9, 0.1),
+        (0.3, 0.5 if betas_are_inputs else 0.9, 0.02),
+    ]:
         reference_w, reference = copy.deepcopy((w, optimizer))
         group = reference.param_groups[0]
         group.update(lr=lr, betas=(beta1, 0.99), weight_decay=weight_decay)
         expected = _train(reference_w, reference, x)
         arrays = [dtypes.tensor_to_array(t) for t in state]
-        new_state, (loss,) = program([arrays[i] for i in captured.used_state],
-                                     [dtypes.tensor_to_array(x), lr, beta1, 0.99,
-                                      weight_decay, 1e-8])
+        new_state, (loss,) = program(
+            [arrays[i] for i in captured.used_state],
+            [dtypes.tensor_to_array(x), lr, beta1, 0.99, weight_decay, 1e-8],
+        )
         np.testing.assert_allclose(np.asarray(loss), expected.item(), rtol=1e-6)
         written = dict(zip(captured.written_state, new_state))
-        np.testing.assert_allclose(np.asarray(written[0]), reference_w.detach().numpy(),
-                                   rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(
+            np.asarray(written[0]), reference_w.detach().numpy(), rtol=1e-6, atol=1e-7
+        )
 
 
 def _kinds(fn, values, x=None):
@@ -104,8 +118,9 @@ def _kinds(fn, values, x=None):
     holder = {f"s{i}": v for i, v in enumerate(values)}
     slots = [ScalarSlot(holder, f"s{i}") for i in range(len(values))]
     x = torch.ones(3) if x is None else x
-    return capture_step(lambda x: fn(x, *[holder[f"s{i}"] for i in range(len(values))]),
-                        [], [x], scalar_slots=slots)
+    return capture_step(
+        lambda x: fn(x, *[holder[f"s{i}"] for i in range(len(values))]), [], [x], scalar_slots=slots
+    )
 
 
 def test_what_the_python_code_decides_on_a_scalar_is_reported():
@@ -149,10 +164,12 @@ def test_a_scalar_promotes_as_a_python_number(dtype):
 
     results = []
     for symbolic in (None, []):  # a runtime input, then a constant
-        captured = capture_step(step, [], [x], scalar_slots=[ScalarSlot(holder, "a")],
-                                symbolic=symbolic)
-        _, outputs = Program(captured)([], [dtypes.tensor_to_array(x)]
-                                       + ([0.3] if captured.used_scalars else []))
+        captured = capture_step(
+            step, [], [x], scalar_slots=[ScalarSlot(holder, "a")], symbolic=symbolic
+        )
+        _, outputs = Program(captured)(
+            [], [dtypes.tensor_to_array(x)] + ([0.3] if captured.used_scalars else [])
+        )
         assert all(out.dtype == dtypes.to_jax_dtype(dtype) for out in outputs)
         results.append([dtypes.array_to_tensor(out) for out in outputs])
     for runtime, constant, eager in zip(*results, step(x)):
@@ -177,8 +194,13 @@ def test_scalars_not_made_symbolic_are_constants():
     captured = _kinds(lambda x, a: x * a, [0.5])
     assert captured.used_scalars == [0]
     holder = {"a": 0.5}
-    constant = capture_step(lambda x: x * holder["a"], [], [torch.ones(2)],
-                            scalar_slots=[ScalarSlot(holder, "a")], symbolic=[])
+    constant = capture_step(
+        lambda x: x * holder["a"],
+        [],
+        [torch.ones(2)],
+        scalar_slots=[ScalarSlot(holder, "a")],
+        symbolic=[],
+    )
     assert constant.used_scalars == [] and constant.scalar_kinds == {}
 
 

@@ -22,7 +22,6 @@ import pytest
 import torch
 
 from jax_backend import schedules
-
 from tests.lanes import marked_cases
 from tests.reference_data import REFERENCE
 
@@ -36,53 +35,97 @@ FIXTURE_CONFIGS = {
     # 0.1, then -0.0045 per step until 0.01 at t=20
     "LinearLR": {"kind": "linear", "initial": 0.1, "end": 0.01, "total_iters": 20},
     # 0.1·(1 - t/20)^2: 0.09025 at t=1, 0 from t=20
-    "PolynomialLR_p2": {"kind": "polynomial", "initial": 0.1, "end": 0.0, "total_iters": 20,
-                        "power": 2.0},
+    "PolynomialLR_p2": {
+        "kind": "polynomial",
+        "initial": 0.1,
+        "end": 0.0,
+        "total_iters": 20,
+        "power": 2.0,
+    },
     # halves every 10 steps, smoothly
-    "ExponentialLR": {"kind": "exponential", "initial": 0.1, "total_iters": 10,
-                      "decay_rate": 0.5},
+    "ExponentialLR": {"kind": "exponential", "initial": 0.1, "total_iters": 10, "decay_rate": 0.5},
     # halves every 10 steps, in stairs
-    "ExponentialLR_staircase": {"kind": "exponential", "initial": 0.1, "total_iters": 10,
-                                "decay_rate": 0.5, "staircase": True},
+    "ExponentialLR_staircase": {
+        "kind": "exponential",
+        "initial": 0.1,
+        "total_iters": 10,
+        "decay_rate": 0.5,
+        "staircase": True,
+    },
     # 0.1/(1 + t/10): 0.0909 at t=1, 0.05 at t=10, 0.02 at t=40
-    "InverseExponentialTimeDecayLR": {"kind": "inverse_exponential_time_decay",
-                                      "initial": 0.1, "step_exponent": 1.0, "total_iters": 10,
-                                      "decay_rate": 1.0},
+    "InverseExponentialTimeDecayLR": {
+        "kind": "inverse_exponential_time_decay",
+        "initial": 0.1,
+        "step_exponent": 1.0,
+        "total_iters": 10,
+        "decay_rate": 1.0,
+    },
     # 0.5 = 1/√4 up to t=4, then 1/√t
-    "InverseSquareRootDecayLR": {"kind": "inverse_square_root_decay", "initial": 1.0,
-                                 "scale": 1.0, "warmup_steps": 4.0},
+    "InverseSquareRootDecayLR": {
+        "kind": "inverse_square_root_decay",
+        "initial": 1.0,
+        "scale": 1.0,
+        "warmup_steps": 4.0,
+    },
     # cosine from 0.1 to 0.01 over 30 steps, then flat
     "CosineDecayLR": {"kind": "cosine_decay", "initial": 0.1, "end": 0.01, "total_iters": 30},
     # cosine between 0.1 and 0.001 with period 20 (half period 10), unclamped
-    "CosineAnnealingLR": {"kind": "cosine_annealing", "initial": 0.1, "T_max": 10,
-                          "eta_min": 0.001},
+    "CosineAnnealingLR": {
+        "kind": "cosine_annealing",
+        "initial": 0.1,
+        "T_max": 10,
+        "eta_min": 0.001,
+    },
     # halves every 7 steps
     "StepLR": {"kind": "step", "initial": 0.1, "step_size": 7, "gamma": 0.5},
     # ×0.3 at t=5, 12 and 30
-    "MultiStepLR": {"kind": "multi_step", "initial": 0.1, "gamma": 0.3,
-                    "milestones": [5, 12, 30]},
+    "MultiStepLR": {"kind": "multi_step", "initial": 0.1, "gamma": 0.3, "milestones": [5, 12, 30]},
     # 0.1 until 10, 0.05 until 25, then 0.01
-    "PiecewiseConstantLR": {"kind": "piecewise_constant", "values": [0.1, 0.05, 0.01],
-                            "milestones": [10, 25]},
+    "PiecewiseConstantLR": {
+        "kind": "piecewise_constant",
+        "values": [0.1, 0.05, 0.01],
+        "milestones": [10, 25],
+    },
     # ×0.9 per step
     "MultiplicativeLR": {"kind": "multiplicative", "initial": 0.1, "coefficient": 0.9},
     # 0.01 -> 0.1 in 5 steps and back in 5
     "CyclicLR": {"kind": "cyclic", "base": 0.01, "max_value": 0.1, "step_size_up": 5},
     # 0.01 -> 0.1 in 4 steps, back in 6, amplitude halved each cycle
-    "CyclicLR_triangular2": {"kind": "cyclic", "base": 0.01, "max_value": 0.1,
-                             "step_size_up": 4, "step_size_down": 6, "mode": "triangular2"},
+    "CyclicLR_triangular2": {
+        "kind": "cyclic",
+        "base": 0.01,
+        "max_value": 0.1,
+        "step_size_up": 4,
+        "step_size_down": 6,
+        "mode": "triangular2",
+    },
     # 0.01 -> peak 0.1 at t=11 (= 0.3·40 - 1) -> 1e-6 (= 0.01/1e4) at t=39, cosine phases
-    "OneCycleLR": {"kind": "one_cycle", "initial": 0.01, "max_value": 0.1, "total_steps": 40,
-                   "pct_start": 0.3, "final_div_factor": 1e4},
+    "OneCycleLR": {
+        "kind": "one_cycle",
+        "initial": 0.01,
+        "max_value": 0.1,
+        "total_steps": 40,
+        "pct_start": 0.3,
+        "final_div_factor": 1e4,
+    },
     # linear warm-up 0 -> 0.1 over 8 steps, then cosine 0.1 -> 0 over 32 steps
-    "SequentialLR": {"kind": "sequential", "milestones": [8], "schedules": [
-        {"kind": "linear", "initial": 0.0, "end": 0.1, "total_iters": 8},
-        {"kind": "cosine_decay", "initial": 0.1, "end": 0.0, "total_iters": 32}]},
+    "SequentialLR": {
+        "kind": "sequential",
+        "milestones": [8],
+        "schedules": [
+            {"kind": "linear", "initial": 0.0, "end": 0.1, "total_iters": 8},
+            {"kind": "cosine_decay", "initial": 0.1, "end": 0.0, "total_iters": 32},
+        ],
+    },
     # the values equal ExponentialLR's (0.1·0.5^(t/10)); how the chain splits them is not
     # identifiable, so this uses two children that each halve every 20 steps
-    "ChainedScheduler": {"kind": "chained", "schedules": [
-        {"kind": "exponential", "initial": 0.1, "total_iters": 20, "decay_rate": 0.5},
-        {"kind": "exponential", "initial": 2.0, "total_iters": 20, "decay_rate": 0.5}]},
+    "ChainedScheduler": {
+        "kind": "chained",
+        "schedules": [
+            {"kind": "exponential", "initial": 0.1, "total_iters": 20, "decay_rate": 0.5},
+            {"kind": "exponential", "initial": 2.0, "total_iters": 20, "decay_rate": 0.5},
+        ],
+    },
 }
 
 
@@ -90,8 +133,9 @@ def test_every_fixture_series_has_a_config():
     assert set(FIXTURE_CONFIGS) == set(VALUES)
 
 
-@pytest.mark.parametrize("name", marked_cases(sorted(VALUES), ids=sorted(VALUES),
-                                              slow={"ChainedScheduler"}))
+@pytest.mark.parametrize(
+    "name", marked_cases(sorted(VALUES), ids=sorted(VALUES), slow={"ChainedScheduler"})
+)
 def test_fixture_values(name):
     want = np.asarray(VALUES[name], np.float64)
     schedule = schedules.from_config(FIXTURE_CONFIGS[name])
@@ -105,8 +149,9 @@ def test_fixture_values(name):
 
 
 def test_chained_trivial_split_matches_too():
-    chain = schedules.chained([schedules.exponential(0.1, 10, 0.5),
-                               schedules.multiplicative(1.0, 1.0)], initials=[1.0])
+    chain = schedules.chained(
+        [schedules.exponential(0.1, 10, 0.5), schedules.multiplicative(1.0, 1.0)], initials=[1.0]
+    )
     want = np.asarray(VALUES["ChainedScheduler"])
     got = np.asarray([float(chain(t)) for t in range(len(want))])
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-7)
@@ -118,8 +163,13 @@ KIND_EXAMPLES = {
     "polynomial": {"initial": 1.0, "end": 0.1, "total_iters": 7, "power": 0.5, "cycle": True},
     "linear": {"initial": 1.0, "end": 0.0, "total_iters": 10},
     "exponential": {"initial": 1.0, "total_iters": 7, "decay_rate": 0.7, "staircase": True},
-    "inverse_exponential_time_decay": {"initial": 1.0, "step_exponent": 2, "total_iters": 5,
-                                       "decay_rate": 0.5, "staircase": True},
+    "inverse_exponential_time_decay": {
+        "initial": 1.0,
+        "step_exponent": 2,
+        "total_iters": 5,
+        "decay_rate": 0.5,
+        "staircase": True,
+    },
     "inverse_square_root_decay": {"initial": 2.0, "scale": 0.5, "warmup_steps": 3},
     "cosine_decay": {"initial": 1.0, "end": 0.0, "total_iters": 10},
     "piecewise_constant": {"values": [1.0, 0.5], "milestones": [3]},
@@ -129,17 +179,31 @@ KIND_EXAMPLES = {
     "lambda": {"initial": 0.5, "fn": "default"},
     "cosine_annealing_warm_restarts": {"initial": 1.0, "T_0": 4, "eta_min": 0.1},
     "multiplicative": {"initial": 1.0, "coefficient": 0.9},
-    "cyclic": {"base": 0.1, "max_value": 1.0, "step_size_up": 3, "mode": "exp_range",
-               "gamma": 0.9},
-    "one_cycle": {"initial": 0.1, "max_value": 1.0, "total_steps": 20, "three_phase": True,
-                  "anneal_strategy": "linear"},
-    "sequential": {"milestones": [3], "schedules": [{"kind": "constant", "value": 0.1},
-                                                    {"kind": "linear", "initial": 1.0,
-                                                     "end": 0.0, "total_iters": 5}]},
-    "chained": {"schedules": [{"kind": "step", "initial": 1.0, "step_size": 2, "gamma": 0.5},
-                              {"kind": "cosine_annealing", "initial": 2.0, "T_max": 5}]},
-    "scaled": {"factor": 0.5, "schedules": [{"kind": "linear", "initial": 1.0, "end": 0.0,
-                                             "total_iters": 10}]},
+    "cyclic": {"base": 0.1, "max_value": 1.0, "step_size_up": 3, "mode": "exp_range", "gamma": 0.9},
+    "one_cycle": {
+        "initial": 0.1,
+        "max_value": 1.0,
+        "total_steps": 20,
+        "three_phase": True,
+        "anneal_strategy": "linear",
+    },
+    "sequential": {
+        "milestones": [3],
+        "schedules": [
+            {"kind": "constant", "value": 0.1},
+            {"kind": "linear", "initial": 1.0, "end": 0.0, "total_iters": 5},
+        ],
+    },
+    "chained": {
+        "schedules": [
+            {"kind": "step", "initial": 1.0, "step_size": 2, "gamma": 0.5},
+            {"kind": "cosine_annealing", "initial": 2.0, "T_max": 5},
+        ]
+    },
+    "scaled": {
+        "factor": 0.5,
+        "schedules": [{"kind": "linear", "initial": 1.0, "end": 0.0, "total_iters": 10}],
+    },
 }
 
 
@@ -147,8 +211,9 @@ def test_kind_examples_cover_every_kind():
     assert set(KIND_EXAMPLES) == set(schedules.KINDS)
 
 
-@pytest.mark.parametrize("kind", marked_cases(sorted(KIND_EXAMPLES), ids=sorted(KIND_EXAMPLES),
-                                              slow={"chained"}))
+@pytest.mark.parametrize(
+    "kind", marked_cases(sorted(KIND_EXAMPLES), ids=sorted(KIND_EXAMPLES), slow={"chained"})
+)
 def test_every_kind_in_jit_with_traced_int64_count(kind):
     schedule = schedules.from_config({"kind": kind, **KIND_EXAMPLES[kind]})
     counts = jnp.arange(25, dtype=jnp.int64)
@@ -182,7 +247,7 @@ def test_cosine_annealing_warm_restarts_restarts_every_period():
     got = np.asarray([float(schedule(int(k))) for k in t])
     np.testing.assert_allclose(got, _np_cosine(1.0, 0.0, t % 4, 4), atol=1e-7)
     # the reference's sequence (piecewise constant after the first period) is not reproduced
-    buggy = [1, .854, .5, .146, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1]
+    buggy = [1, 0.854, 0.5, 0.146, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1]
     assert not np.allclose(got, buggy, atol=1e-3)
     np.testing.assert_allclose(got[:4], buggy[:4], atol=1e-3)  # same first period
 
@@ -221,13 +286,12 @@ def test_polynomial_cycle_follows_keras(power):
 def test_lambda_applies_initial_once():
     t = np.arange(20)
     default = schedules.lambda_schedule(0.5, "default")
-    want = 0.5 * (t / 30) * 0.95 ** t  # the reference gives 0.5**2·(t/30)·0.95**t
+    want = 0.5 * (t / 30) * 0.95**t  # the reference gives 0.5**2·(t/30)·0.95**t
     np.testing.assert_allclose([float(default(int(k))) for k in t], want, atol=1e-7)
     custom = schedules.lambda_schedule(2.0, lambda c: 1.0 / (1.0 + c))
     np.testing.assert_allclose([float(custom(int(k))) for k in t], 2.0 / (1 + t), atol=1e-7)
-    several = schedules.lambda_schedule(2.0, [lambda c: 0.5, lambda c: 0.9 ** c])
-    np.testing.assert_allclose([float(several(int(k))) for k in t], 2.0 * 0.5 * 0.9 ** t,
-                               rtol=1e-6)
+    several = schedules.lambda_schedule(2.0, [lambda c: 0.5, lambda c: 0.9**c])
+    np.testing.assert_allclose([float(several(int(k))) for k in t], 2.0 * 0.5 * 0.9**t, rtol=1e-6)
 
 
 def test_lambda_from_config_with_registered_function():
@@ -251,31 +315,64 @@ def _torch_series(make, steps):
 
 
 TORCH_CROSS = [
-    ("one_cycle cos 3-phase",
-     schedules.one_cycle(0.004, 0.1, total_steps=30, pct_start=0.25, three_phase=True),
-     lambda o: torch.optim.lr_scheduler.OneCycleLR(
-         o, max_lr=0.1, total_steps=30, pct_start=0.25, div_factor=25.0, three_phase=True,
-         cycle_momentum=False), 30),
-    ("one_cycle linear",
-     schedules.one_cycle(0.004, 0.1, total_steps=30, anneal_strategy="linear"),
-     lambda o: torch.optim.lr_scheduler.OneCycleLR(
-         o, max_lr=0.1, total_steps=30, div_factor=25.0, anneal_strategy="linear",
-         cycle_momentum=False), 30),
-    ("cyclic exp_range",
-     schedules.cyclic(0.01, 0.1, step_size_up=3, step_size_down=5, mode="exp_range",
-                      gamma=0.97),
-     lambda o: torch.optim.lr_scheduler.CyclicLR(
-         o, base_lr=0.01, max_lr=0.1, step_size_up=3, step_size_down=5, mode="exp_range",
-         gamma=0.97, cycle_momentum=False), 40),
-    ("multi_step", schedules.multi_step(1.0, 0.5, [3, 7]),
-     lambda o: torch.optim.lr_scheduler.MultiStepLR(o, [3, 7], gamma=0.5), 12),
-    ("step", schedules.step(1.0, 4, 0.3),
-     lambda o: torch.optim.lr_scheduler.StepLR(o, 4, gamma=0.3), 12),
+    (
+        "one_cycle cos 3-phase",
+        schedules.one_cycle(0.004, 0.1, total_steps=30, pct_start=0.25, three_phase=True),
+        lambda o: torch.optim.lr_scheduler.OneCycleLR(
+            o,
+            max_lr=0.1,
+            total_steps=30,
+            pct_start=0.25,
+            div_factor=25.0,
+            three_phase=True,
+            cycle_momentum=False,
+        ),
+        30,
+    ),
+    (
+        "one_cycle linear",
+        schedules.one_cycle(0.004, 0.1, total_steps=30, anneal_strategy="linear"),
+        lambda o: torch.optim.lr_scheduler.OneCycleLR(
+            o,
+            max_lr=0.1,
+            total_steps=30,
+            div_factor=25.0,
+            anneal_strategy="linear",
+            cycle_momentum=False,
+        ),
+        30,
+    ),
+    (
+        "cyclic exp_range",
+        schedules.cyclic(0.01, 0.1, step_size_up=3, step_size_down=5, mode="exp_range", gamma=0.97),
+        lambda o: torch.optim.lr_scheduler.CyclicLR(
+            o,
+            base_lr=0.01,
+            max_lr=0.1,
+            step_size_up=3,
+            step_size_down=5,
+            mode="exp_range",
+            gamma=0.97,
+            cycle_momentum=False,
+        ),
+        40,
+    ),
+    (
+        "multi_step",
+        schedules.multi_step(1.0, 0.5, [3, 7]),
+        lambda o: torch.optim.lr_scheduler.MultiStepLR(o, [3, 7], gamma=0.5),
+        12,
+    ),
+    (
+        "step",
+        schedules.step(1.0, 4, 0.3),
+        lambda o: torch.optim.lr_scheduler.StepLR(o, 4, gamma=0.3),
+        12,
+    ),
 ]
 
 
-@pytest.mark.parametrize("label,schedule,make,steps", TORCH_CROSS,
-                         ids=[c[0] for c in TORCH_CROSS])
+@pytest.mark.parametrize("label,schedule,make,steps", TORCH_CROSS, ids=[c[0] for c in TORCH_CROSS])
 def test_matches_torch_scheduler(label, schedule, make, steps):
     want = _torch_series(make, steps)
     got = np.asarray([float(schedule(t)) for t in range(steps)])
@@ -301,56 +398,113 @@ def test_chained_initials_from_config():
 BAD_ARGUMENTS = [
     (schedules.polynomial, dict(initial=1.0, end=0.0, total_iters=0), ValueError, "total_iters=0"),
     (schedules.linear, dict(initial=1.0, end=0.0, total_iters=-3), ValueError, "-3"),
-    (schedules.exponential, dict(initial=1.0, total_iters=0, decay_rate=0.5), ValueError,
-     "total_iters=0"),
-    (schedules.inverse_exponential_time_decay,
-     dict(initial=1.0, step_exponent=1, total_iters=0, decay_rate=0.5), ValueError, "total_iters"),
+    (
+        schedules.exponential,
+        dict(initial=1.0, total_iters=0, decay_rate=0.5),
+        ValueError,
+        "total_iters=0",
+    ),
+    (
+        schedules.inverse_exponential_time_decay,
+        dict(initial=1.0, step_exponent=1, total_iters=0, decay_rate=0.5),
+        ValueError,
+        "total_iters",
+    ),
     (schedules.inverse_square_root_decay, dict(warmup_steps=0), ValueError, "warmup_steps=0"),
     (schedules.cosine_decay, dict(initial=1.0, end=0.0, total_iters=None), ValueError, "None"),
     (schedules.step, dict(initial=1.0, step_size=0, gamma=0.5), ValueError, "step_size=0"),
     (schedules.cosine_annealing, dict(initial=1.0, T_max=0), ValueError, "T_max=0"),
-    (schedules.cosine_annealing_warm_restarts, dict(initial=1.0, T_0=4, T_mult=2), ValueError,
-     "T_mult=2"),
+    (
+        schedules.cosine_annealing_warm_restarts,
+        dict(initial=1.0, T_0=4, T_mult=2),
+        ValueError,
+        "T_mult=2",
+    ),
     (schedules.cosine_annealing_warm_restarts, dict(initial=1.0, T_0=0), ValueError, "T_0=0"),
     (schedules.multi_step, dict(initial=1.0, gamma=0.5, milestones=[2.5]), TypeError, "2.5"),
-    (schedules.piecewise_constant, dict(values=[1.0], milestones=[2, 4]), ValueError,
-     "milestones=[2, 4]"),
-    (schedules.cyclic, dict(base=0.1, max_value=1.0, step_size_up=0), ValueError,
-     "step_size_up=0"),
-    (schedules.cyclic, dict(base=0.1, max_value=1.0, step_size_down=-1), ValueError,
-     "step_size_down=-1"),
-    (schedules.one_cycle, dict(initial=0.1, max_value=1.0, total_steps=10, pct_start=0.05),
-     ValueError, "pct_start=0.05"),
-    (schedules.one_cycle, dict(initial=0.1, max_value=1.0, total_steps=0), ValueError,
-     "total_steps=0"),
+    (
+        schedules.piecewise_constant,
+        dict(values=[1.0], milestones=[2, 4]),
+        ValueError,
+        "milestones=[2, 4]",
+    ),
+    (schedules.cyclic, dict(base=0.1, max_value=1.0, step_size_up=0), ValueError, "step_size_up=0"),
+    (
+        schedules.cyclic,
+        dict(base=0.1, max_value=1.0, step_size_down=-1),
+        ValueError,
+        "step_size_down=-1",
+    ),
+    (
+        schedules.one_cycle,
+        dict(initial=0.1, max_value=1.0, total_steps=10, pct_start=0.05),
+        ValueError,
+        "pct_start=0.05",
+    ),
+    (
+        schedules.one_cycle,
+        dict(initial=0.1, max_value=1.0, total_steps=0),
+        ValueError,
+        "total_steps=0",
+    ),
     (schedules.lambda_schedule, dict(initial=1.0, fn=3), ValueError, "3"),
-    (schedules.chained, dict(schedules=[schedules.constant(1.0)] * 2, initials=[]), ValueError,
-     "initials=[]"),
-    (schedules.chained, dict(schedules=[schedules.constant(1.0)] * 2, initials=[0.0]),
-     ValueError, "initials=[0.0]"),
-    (schedules.sequential, dict(schedules=[schedules.constant(1.0)] * 2, milestones=[5, 6]),
-     ValueError, "2 schedules and 2 milestones"),
-    (schedules.sequential, dict(schedules=[schedules.constant(1.0)] * 2, milestones=[5.0]),
-     TypeError, "5.0"),
+    (
+        schedules.chained,
+        dict(schedules=[schedules.constant(1.0)] * 2, initials=[]),
+        ValueError,
+        "initials=[]",
+    ),
+    (
+        schedules.chained,
+        dict(schedules=[schedules.constant(1.0)] * 2, initials=[0.0]),
+        ValueError,
+        "initials=[0.0]",
+    ),
+    (
+        schedules.sequential,
+        dict(schedules=[schedules.constant(1.0)] * 2, milestones=[5, 6]),
+        ValueError,
+        "2 schedules and 2 milestones",
+    ),
+    (
+        schedules.sequential,
+        dict(schedules=[schedules.constant(1.0)] * 2, milestones=[5.0]),
+        TypeError,
+        "5.0",
+    ),
 ]
 
 
-@pytest.mark.parametrize("factory,kwargs,error,text", BAD_ARGUMENTS,
-                         ids=[f"{c[0].__name__}-{i}" for i, c in enumerate(BAD_ARGUMENTS)])
+@pytest.mark.parametrize(
+    "factory,kwargs,error,text",
+    BAD_ARGUMENTS,
+    ids=[f"{c[0].__name__}-{i}" for i, c in enumerate(BAD_ARGUMENTS)],
+)
 def test_argument_checks(factory, kwargs, error, text):
     with pytest.raises(error) as info:
         factory(**kwargs)
     assert text in str(info.value)
 
 
-@pytest.mark.parametrize("config,text", [
-    ({"kind": "nope"}, "unknown schedule kind 'nope'"),
-    ({"value": 1.0}, "unknown schedule kind None"),
-    ({"kind": "sequential", "milestones": []}, "'schedules'"),
-    ({"kind": "chained", "schedules": [{"kind": "constant", "value": 1.0},
-                                       {"kind": "constant", "value": 1.0}]}, "'initial'"),
-    ({"kind": "scaled", "factor": 2.0, "schedules": []}, "'schedules'"),
-])
+@pytest.mark.parametrize(
+    "config,text",
+    [
+        ({"kind": "nope"}, "unknown schedule kind 'nope'"),
+        ({"value": 1.0}, "unknown schedule kind None"),
+        ({"kind": "sequential", "milestones": []}, "'schedules'"),
+        (
+            {
+                "kind": "chained",
+                "schedules": [
+                    {"kind": "constant", "value": 1.0},
+                    {"kind": "constant", "value": 1.0},
+                ],
+            },
+            "'initial'",
+        ),
+        ({"kind": "scaled", "factor": 2.0, "schedules": []}, "'schedules'"),
+    ],
+)
 def test_bad_configs(config, text):
     with pytest.raises(ValueError) as info:
         schedules.from_config(config)
@@ -360,4 +514,3 @@ def test_bad_configs(config, text):
 def test_module_doctests():
     result = doctest.testmod(schedules, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0 and result.attempted > 0
-

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from jax_backend import sparsity
-
 from tests.lanes import marked_cases
 
 
@@ -21,8 +20,12 @@ def _numpy_topk(score, k):
     return mask
 
 
-@pytest.mark.parametrize("level", marked_cases(LEVELS := [0.0, 0.3, 0.5, 0.7, 0.99, 1.0],
-                                               ids=map(str, LEVELS), slow={"0.0", "0.3"}))
+@pytest.mark.parametrize(
+    "level",
+    marked_cases(
+        LEVELS := [0.0, 0.3, 0.5, 0.7, 0.99, 1.0], ids=map(str, LEVELS), slow={"0.0", "0.3"}
+    ),
+)
 def test_topk_sparsity_counts_and_positions(level):
     score = np.random.default_rng(0).normal(size=(7, 13)).astype(np.float32)
     got = np.asarray(sparsity.mask_topk_sparsity(jnp.asarray(score), level))
@@ -51,17 +54,27 @@ def test_topk_with_ties_signed_zeros_and_infinities(dtype):
 @pytest.mark.slow
 def test_reference_documentation_examples():
     score = jnp.array([[1.0, 2.0], [0.0, -1.0]])
-    assert np.asarray(sparsity.mask_topk_sparsity(score, 0.25)).tolist() == [[True, True],
-                                                                              [True, False]]
-    assert np.asarray(sparsity.mask_topk_sparsity(score, 0.75)).tolist() == [[False, True],
-                                                                              [False, False]]
+    assert np.asarray(sparsity.mask_topk_sparsity(score, 0.25)).tolist() == [
+        [True, True],
+        [True, False],
+    ]
+    assert np.asarray(sparsity.mask_topk_sparsity(score, 0.75)).tolist() == [
+        [False, True],
+        [False, False],
+    ]
     assert np.asarray(sparsity.mask_topk_sparsity(score, 0.5, ("out", 2))).tolist() == [
-        [False, True], [True, False]]
+        [False, True],
+        [True, False],
+    ]
     score = jnp.array([[1.0, 0.0], [2.0, -1.0]])
-    assert np.asarray(sparsity.mask_topk_sparsity(score, 0.5)).tolist() == [[True, False],
-                                                                             [True, False]]
+    assert np.asarray(sparsity.mask_topk_sparsity(score, 0.5)).tolist() == [
+        [True, False],
+        [True, False],
+    ]
     assert np.asarray(sparsity.mask_topk_sparsity(score, 0.5, ("in", 2))).tolist() == [
-        [False, True], [True, False]]
+        [False, True],
+        [True, False],
+    ]
 
 
 @pytest.mark.slow
@@ -104,8 +117,10 @@ def test_balanced_rigl_update_keeps_every_group_balanced():
     rng = np.random.default_rng(2)
     weight = jnp.asarray(rng.normal(size=(8, 6)).astype(np.float32))
     grad = jnp.asarray(rng.normal(size=(8, 6)).astype(np.float32))
-    for shaper, blocks in ((("out", 4), lambda m: m.reshape(4, -1)),
-                           (("in", 3), lambda m: m.T.reshape(3, -1))):
+    for shaper, blocks in (
+        (("out", 4), lambda m: m.reshape(4, -1)),
+        (("in", 3), lambda m: m.T.reshape(3, -1)),
+    ):
         mask = sparsity.mask_topk_sparsity(jnp.abs(weight), 0.5, shaper)
         counts = np.asarray(blocks(mask)).sum(1)
         assert (counts == blocks(mask).shape[1] // 2).all()
@@ -150,9 +165,11 @@ def test_torch_cpu_ties_keep_what_torch_topk_keeps():
     score = np.abs(rng.normal(size=(3, 200))).astype(np.float32)
     score[rng.random(score.shape) < 0.6] = 0.0
     for level in (0.2, 0.5, 0.55, 0.7):
-        got = np.asarray(jax.jit(lambda s, lvl: sparsity_module(s, lvl, ("out", 3),
-                                                                ties="torch_cpu"))(
-            score.reshape(-1), np.float32(level))).reshape(3, 200)
+        got = np.asarray(
+            jax.jit(lambda s, lvl: sparsity_module(s, lvl, ("out", 3), ties="torch_cpu"))(
+                score.reshape(-1), np.float32(level)
+            )
+        ).reshape(3, 200)
         k = int(np.float32(1 - np.float32(level)) * np.float32(200))
         indices = torch.topk(torch.from_numpy(score), k, dim=-1).indices
         want = torch.zeros(score.shape, dtype=torch.bool).scatter_(-1, indices, True).numpy()

@@ -23,13 +23,37 @@ aten = torch.ops.aten
 # (input shape, weight shape, stride, padding, dilation, transposed, output_padding, groups)
 VARIANTS = {
     "conv2d_mnist": ((4, 3, 12, 12), (8, 3, 3, 3), [1, 1], [0, 0], [1, 1], False, [0, 0], 1),
-    "conv2d_stride_padding": ((3, 4, 11, 10), (6, 4, 3, 3), [2, 2], [1, 1], [1, 1], False,
-                              [0, 0], 1),
-    "conv2d_groups_dilation": ((2, 8, 11, 10), (12, 4, 3, 3), [1, 1], [2, 2], [2, 2], False,
-                               [0, 0], 2),
+    "conv2d_stride_padding": (
+        (3, 4, 11, 10),
+        (6, 4, 3, 3),
+        [2, 2],
+        [1, 1],
+        [1, 1],
+        False,
+        [0, 0],
+        1,
+    ),
+    "conv2d_groups_dilation": (
+        (2, 8, 11, 10),
+        (12, 4, 3, 3),
+        [1, 1],
+        [2, 2],
+        [2, 2],
+        False,
+        [0, 0],
+        2,
+    ),
     "conv1d_depthwise": ((4, 8, 20), (16, 1, 3), [1], [1], [1], False, [0], 8),
-    "conv3d": ((2, 4, 6, 7, 6), (6, 4, 3, 3, 3), [1, 2, 1], [1, 1, 1], [1, 1, 1], False,
-               [0, 0, 0], 1),
+    "conv3d": (
+        (2, 4, 6, 7, 6),
+        (6, 4, 3, 3, 3),
+        [1, 2, 1],
+        [1, 1, 1],
+        [1, 1, 1],
+        False,
+        [0, 0, 0],
+        1,
+    ),
     "conv_transpose2d": ((4, 8, 6, 7), (8, 6, 3, 3), [2, 2], [1, 1], [1, 1], True, [1, 1], 2),
 }
 TORCH_KERNELS = Target("cpu", torch_kernels=True)
@@ -46,8 +70,9 @@ def _operands(variant, dtype=torch.float32):
     x = torch.randn(*x_shape, generator=g).to(dtype)
     w = torch.randn(*w_shape, generator=g).to(dtype)
     bias = torch.randn(_out_channels(w_shape, args[3], args[5]), generator=g).to(dtype)
-    grad = torch.randn(*aten.convolution(x.float(), w.float(), bias.float(), *args).shape,
-                       generator=g).to(dtype)
+    grad = torch.randn(
+        *aten.convolution(x.float(), w.float(), bias.float(), *args).shape, generator=g
+    ).to(dtype)
     return x, w, bias, grad, args
 
 
@@ -65,9 +90,11 @@ def _lowered(target, x, w, bias, grad, args, mask):
     out_channels = bias.shape[0]
     with lowering_for(target):
         ours = jax.jit(lambda x, w, b: aten_convolution(x, w, b, *args))(
-            _jax(x), _jax(w), _jax(bias))
-        grads = jax.jit(lambda g, x, w: aten_convolution_backward(
-            g, x, w, [out_channels], *args, mask))(_jax(grad), _jax(x), _jax(w))
+            _jax(x), _jax(w), _jax(bias)
+        )
+        grads = jax.jit(
+            lambda g, x, w: aten_convolution_backward(g, x, w, [out_channels], *args, mask)
+        )(_jax(grad), _jax(x), _jax(w))
     return ours, grads
 
 
@@ -79,8 +106,7 @@ def test_float32_convolution_and_its_gradients_are_torchs_bit_for_bit(variant, m
     ours, grads = _lowered(TORCH_KERNELS, x, w, bias, grad, args, mask)
     assert ours.dtype == jnp.float32
     np.testing.assert_array_equal(np.asarray(ours), expected.numpy())
-    for name, mine, theirs, wanted in zip(("input", "weight", "bias"), grads, expected_grads,
-                                          mask):
+    for name, mine, theirs, wanted in zip(("input", "weight", "bias"), grads, expected_grads, mask):
         assert (mine is not None) == wanted, name
         if wanted:
             assert mine.dtype == jnp.float32, name
@@ -104,8 +130,10 @@ def test_half_operands_are_widened_and_rounded_once(variant):
     x, w, bias, grad, args = _operands(variant, torch.bfloat16)
     wide = [t.float() for t in (x, w, bias, grad)]
     expected = aten.convolution(*wide[:3], *args).bfloat16()
-    expected_grads = [g.bfloat16() for g in aten.convolution_backward(
-        wide[3], *wide[:2], [bias.shape[0]], *args, [True] * 3)]
+    expected_grads = [
+        g.bfloat16()
+        for g in aten.convolution_backward(wide[3], *wide[:2], [bias.shape[0]], *args, [True] * 3)
+    ]
     ours, grads = _lowered(TORCH_KERNELS, x, w, bias, grad, args, [True] * 3)
     assert ours.dtype == jnp.bfloat16
     assert torch.equal(_torch(ours).bfloat16(), expected)
@@ -119,8 +147,7 @@ def test_unbatched_input():
     x, w, b = (torch.randn(*s, generator=g) for s in ((3, 9, 9), (5, 3, 3, 3), (5,)))
     args = ([1, 1], [1, 1], [1, 1], False, [0, 0], 1)
     with lowering_for(TORCH_KERNELS):
-        ours = jax.jit(lambda x, w, b: aten_convolution(x, w, b, *args))(
-            _jax(x), _jax(w), _jax(b))
+        ours = jax.jit(lambda x, w, b: aten_convolution(x, w, b, *args))(_jax(x), _jax(w), _jax(b))
     np.testing.assert_array_equal(np.asarray(ours), aten.convolution(x[None], w, b, *args)[0])
 
 
@@ -129,14 +156,21 @@ def _primitives(target, dtype):
     args = ([1, 1], [1, 1], [1, 1], False, [0, 0], 1)
     with lowering_for(target):
         forward = jax.make_jaxpr(lambda x, w: aten_convolution(x, w, None, *args))(x, w)
-        backward = jax.make_jaxpr(lambda g, x, w: aten_convolution_backward(
-            g, x, w, [6], *args, [True, True, True]))(g, x, w)
+        backward = jax.make_jaxpr(
+            lambda g, x, w: aten_convolution_backward(g, x, w, [6], *args, [True, True, True])
+        )(g, x, w)
     return {e.primitive.name for jaxpr in (forward, backward) for e in jaxpr.eqns}
 
 
-@pytest.mark.parametrize("target, dtype", [
-    (Target("cpu"), jnp.float32), (Target("cuda"), jnp.float32), (Target("any"), jnp.float32),
-    (TORCH_KERNELS, jnp.float64)])
+@pytest.mark.parametrize(
+    "target, dtype",
+    [
+        (Target("cpu"), jnp.float32),
+        (Target("cuda"), jnp.float32),
+        (Target("any"), jnp.float32),
+        (TORCH_KERNELS, jnp.float64),
+    ],
+)
 def test_every_other_target_keeps_xlas_convolutions(target, dtype):
     """Without ``torch_kernels`` (a GPU, an export, ``pure_function``, the default target),
     and for float64 operands, the lowering is XLA's."""

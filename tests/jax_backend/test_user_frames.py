@@ -18,4 +18,3 @@ def test_a_warning_raised_inside_jax_tracing_names_the_users_line():
         jax.eval_shape(functools.partial(user_frames.warn, "from inside a trace"))
     (warning,) = record
     assert warning.filename == __file__ and str(warning.message) == "from inside a trace"
-

@@ -36,8 +36,8 @@ def batches(num_batches, seed=0, start=0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn((start + num_batches) * BATCH, IN, generator=g)
     y = torch.randint(0, CLASSES, ((start + num_batches) * BATCH,), generator=g)
-    x, y = x[start * BATCH:], y[start * BATCH:]
-    return [(x[i:i + BATCH], y[i:i + BATCH]) for i in range(0, len(x), BATCH)]
+    x, y = x[start * BATCH :], y[start * BATCH :]
+    return [(x[i : i + BATCH], y[i : i + BATCH]) for i in range(0, len(x), BATCH)]
 
 
 def torch_loader(num_batches, seed=0, start=0) -> torch.utils.data.DataLoader:

@@ -8,10 +8,18 @@ import torch
 import cerebras.pytorch as cstorch
 from cerebras.modelzoo.trainer import Trainer
 from cerebras.modelzoo.trainer.callbacks import (
-    Callback, CheckLoss, Checkpoint, CountParams, GlobalFlags, LoadCheckpointStates,
-    ModelEvalMetrics, ScopedTrainFlags, SelectiveGrad, TrainingLoop)
+    Callback,
+    CheckLoss,
+    Checkpoint,
+    CountParams,
+    GlobalFlags,
+    LoadCheckpointStates,
+    ModelEvalMetrics,
+    ScopedTrainFlags,
+    SelectiveGrad,
+    TrainingLoop,
+)
 from cerebras.modelzoo.trainer.loggers import Logger
-
 from tests.trainer.common import ClassifierMLP, batches, seeded_model, torch_loader
 
 OPT_LEVEL = "csx.precision.optimization_level"
@@ -26,10 +34,17 @@ class Collect(Logger):
 
 
 def make(tmp_path, model=ClassifierMLP, steps=2, callbacks=(), loggers=(), **kwargs):
-    return Trainer(device="CPU", model_dir=tmp_path, model=model,
-                   optimizer=lambda m: cstorch.optim.SGD(m.parameters(), lr=0.1),
-                   loop=TrainingLoop(num_steps=steps, eval_frequency=None),
-                   callbacks=list(callbacks), loggers=list(loggers), seed=5, **kwargs)
+    return Trainer(
+        device="CPU",
+        model_dir=tmp_path,
+        model=model,
+        optimizer=lambda m: cstorch.optim.SGD(m.parameters(), lr=0.1),
+        loop=TrainingLoop(num_steps=steps, eval_frequency=None),
+        callbacks=list(callbacks),
+        loggers=list(loggers),
+        seed=5,
+        **kwargs,
+    )
 
 
 class WithAccuracy(ClassifierMLP):
@@ -48,13 +63,14 @@ class WithAccuracy(ClassifierMLP):
 @pytest.mark.slow
 def test_model_eval_metrics_logs_the_accuracy_of_the_validation(tmp_path):
     collect = Collect()
-    trainer = make(tmp_path, model=WithAccuracy, callbacks=[ModelEvalMetrics()],
-                   loggers=[collect])
+    trainer = make(tmp_path, model=WithAccuracy, callbacks=[ModelEvalMetrics()], loggers=[collect])
     trainer.validate(cstorch.utils.data.DataLoader(torch_loader, 5, 3), ckpt_path=None)
     eager = seeded_model(5)
     with torch.no_grad():
-        hits = [(eager.fc2(torch.relu(eager.fc1(x))).argmax(-1) == y).float()
-                for x, y in batches(5, seed=3)]
+        hits = [
+            (eager.fc2(torch.relu(eager.fc1(x))).argmax(-1) == y).float()
+            for x, y in batches(5, seed=3)
+        ]
     assert collect.logged["validate_0/accuracy"] == pytest.approx(torch.cat(hits).mean().item())
 
 
@@ -98,8 +114,12 @@ def test_global_flags_are_set_at_construction_and_checked(tmp_path):
 
 @pytest.mark.slow
 def test_selective_grad_freezes_the_masked_weights(tmp_path):
-    frozen = SelectiveGrad({"param_filter": "fc1.weight",
-                            "init_method": lambda p: torch.zeros_like(p, dtype=torch.bool)})
+    frozen = SelectiveGrad(
+        {
+            "param_filter": "fc1.weight",
+            "init_method": lambda p: torch.zeros_like(p, dtype=torch.bool),
+        }
+    )
     trainer = make(tmp_path, callbacks=[frozen])
     initial = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     trainer.fit(cstorch.utils.data.DataLoader(torch_loader, 2))
@@ -120,11 +140,14 @@ def test_count_params(tmp_path):
 @pytest.mark.slow
 def test_load_checkpoint_states_restores_only_the_named_states(tmp_path):
     make(tmp_path / "run", steps=3, checkpoint=Checkpoint(steps=3)).fit(
-        cstorch.utils.data.DataLoader(torch_loader, 3))
+        cstorch.utils.data.DataLoader(torch_loader, 3)
+    )
     saved = cstorch.load(str(tmp_path / "run" / "checkpoint_3.mdl"))
     trainer = make(tmp_path / "b", steps=1, callbacks=[LoadCheckpointStates("model")])
-    trainer.fit(cstorch.utils.data.DataLoader(torch_loader, 1),
-                ckpt_path=tmp_path / "run" / "checkpoint_3.mdl")
+    trainer.fit(
+        cstorch.utils.data.DataLoader(torch_loader, 1),
+        ckpt_path=tmp_path / "run" / "checkpoint_3.mdl",
+    )
     assert trainer.global_step == 1  # the step count was not restored, the weights were:
     model = ClassifierMLP()
     model.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in saved["model"].items()})
@@ -132,8 +155,7 @@ def test_load_checkpoint_states_restores_only_the_named_states(tmp_path):
     model(batches(1)[0]).backward()
     optimizer.step()
     for name, value in model.state_dict().items():
-        torch.testing.assert_close(trainer.model.state_dict()[name], value, rtol=1e-5,
-                                   atol=1e-6)
+        torch.testing.assert_close(trainer.model.state_dict()[name], value, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.slow
@@ -150,7 +172,8 @@ def test_log_input_summaries_logs_each_steps_batch(tmp_path):
 
     steps = Steps()
     make(tmp_path, steps=3, callbacks=[LogInputSummaries()], loggers=[steps]).fit(
-        cstorch.utils.data.DataLoader(torch_loader, 3))
+        cstorch.utils.data.DataLoader(torch_loader, 3)
+    )
     assert sorted(steps.inputs) == [1, 2, 3]
     for step, (x, y) in enumerate(batches(3), start=1):
         torch.testing.assert_close(steps.inputs[step][0], x)

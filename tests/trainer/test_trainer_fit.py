@@ -7,9 +7,15 @@ import torch
 import cerebras.pytorch as cstorch
 from cerebras.modelzoo.trainer import Trainer
 from cerebras.modelzoo.trainer.callbacks import Callback, Checkpoint, TrainingLoop
-
-from tests.trainer.common import (END_LR, LR, MOMENTUM, ClassifierMLP, batches, eager_reference,
-                                  torch_loader)
+from tests.trainer.common import (
+    END_LR,
+    LR,
+    MOMENTUM,
+    ClassifierMLP,
+    batches,
+    eager_reference,
+    torch_loader,
+)
 
 SEED = 1234
 
@@ -40,21 +46,32 @@ class Recorder(Callback):
 
 def make_trainer(model_dir, loop, recorder, checkpoint=None, device="CPU"):
     return Trainer(
-        device=device, model_dir=model_dir, model=ClassifierMLP,
+        device=device,
+        model_dir=model_dir,
+        model=ClassifierMLP,
         optimizer=lambda model: cstorch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM),
-        schedulers=[lambda optimizer: cstorch.optim.lr_scheduler.LinearLR(
-            optimizer, initial_learning_rate=LR, end_learning_rate=END_LR, total_iters=24)],
-        loop=loop, checkpoint=checkpoint or Checkpoint(steps=12), callbacks=[recorder],
-        seed=SEED)
+        schedulers=[
+            lambda optimizer: cstorch.optim.lr_scheduler.LinearLR(
+                optimizer, initial_learning_rate=LR, end_learning_rate=END_LR, total_iters=24
+            )
+        ],
+        loop=loop,
+        checkpoint=checkpoint or Checkpoint(steps=12),
+        callbacks=[recorder],
+        seed=SEED,
+    )
 
 
 @pytest.mark.slow
 def test_fit_matches_eager_torch_and_writes_checkpoints(tmp_path):
     recorder = Recorder()
-    trainer = make_trainer(tmp_path / "run", TrainingLoop(num_steps=24, eval_frequency=12,
-                                                          eval_steps=3), recorder)
-    trainer.fit(cstorch.utils.data.DataLoader(torch_loader, 24),
-                cstorch.utils.data.DataLoader(torch_loader, 3, 99))
+    trainer = make_trainer(
+        tmp_path / "run", TrainingLoop(num_steps=24, eval_frequency=12, eval_steps=3), recorder
+    )
+    trainer.fit(
+        cstorch.utils.data.DataLoader(torch_loader, 24),
+        cstorch.utils.data.DataLoader(torch_loader, 3, 99),
+    )
 
     val = batches(3, seed=99)
     want_train, want_val, want_state = eager_reference(SEED, batches(24), val, eval_every=12)
@@ -65,35 +82,43 @@ def test_fit_matches_eager_torch_and_writes_checkpoints(tmp_path):
     assert trainer.training_step.trace_count == 1  # one program, reused after validating
 
     assert sorted(p.name for p in (tmp_path / "run").glob("*.mdl")) == [
-        "checkpoint_12.mdl", "checkpoint_24.mdl"]
+        "checkpoint_12.mdl",
+        "checkpoint_24.mdl",
+    ]
     saved = cstorch.load(str(tmp_path / "run" / "checkpoint_24.mdl"))
     assert saved["global_step"] == 24
     for name, value in want_state.items():
-        np.testing.assert_allclose(np.asarray(saved["model"][name]), value.numpy(), rtol=1e-4,
-                                   atol=1e-6)
+        np.testing.assert_allclose(
+            np.asarray(saved["model"][name]), value.numpy(), rtol=1e-4, atol=1e-6
+        )
     assert set(saved) >= {"model", "optimizer", "schedulers", "global_step"}
 
 
 @pytest.mark.slow
 def test_a_second_trainer_resumes_from_a_checkpoint(tmp_path):
     first = Recorder()
-    make_trainer(tmp_path / "run", TrainingLoop(num_steps=24, eval_frequency=None),
-                 first).fit(cstorch.utils.data.DataLoader(torch_loader, 24))
+    make_trainer(tmp_path / "run", TrainingLoop(num_steps=24, eval_frequency=None), first).fit(
+        cstorch.utils.data.DataLoader(torch_loader, 24)
+    )
 
     # Resume explicitly from step 12, feeding the batches that step 13 onwards saw.
     second = Recorder()
-    trainer = make_trainer(tmp_path / "resumed", TrainingLoop(num_steps=12, eval_frequency=None),
-                           second)
-    trainer.fit(cstorch.utils.data.DataLoader(torch_loader, 12, 0, 12),
-                ckpt_path=tmp_path / "run" / "checkpoint_12.mdl")
+    trainer = make_trainer(
+        tmp_path / "resumed", TrainingLoop(num_steps=12, eval_frequency=None), second
+    )
+    trainer.fit(
+        cstorch.utils.data.DataLoader(torch_loader, 12, 0, 12),
+        ckpt_path=tmp_path / "run" / "checkpoint_12.mdl",
+    )
     assert second.fit_start_steps == [12]
     np.testing.assert_allclose(second.train_losses, first.train_losses[12:], rtol=1e-5)
     assert [p.name for p in (tmp_path / "resumed").glob("*.mdl")] == ["checkpoint_24.mdl"]
 
     # By default a trainer picks up the latest checkpoint in its model directory.
     third = Recorder()
-    make_trainer(tmp_path / "run", TrainingLoop(num_steps=2, eval_frequency=None),
-                 third).fit(cstorch.utils.data.DataLoader(torch_loader, 24))
+    make_trainer(tmp_path / "run", TrainingLoop(num_steps=2, eval_frequency=None), third).fit(
+        cstorch.utils.data.DataLoader(torch_loader, 24)
+    )
     assert third.loaded == [tmp_path / "run" / "checkpoint_24.mdl"]
     assert third.fit_start_steps == [24]
     assert (tmp_path / "run" / "checkpoint_26.mdl").exists()
@@ -102,8 +127,9 @@ def test_a_second_trainer_resumes_from_a_checkpoint(tmp_path):
 @pytest.mark.slow
 def test_validate_and_validate_all_report_the_eager_validation_loss(tmp_path):
     recorder = Recorder()
-    trainer = make_trainer(tmp_path / "run", TrainingLoop(num_steps=24, eval_frequency=None),
-                           recorder)
+    trainer = make_trainer(
+        tmp_path / "run", TrainingLoop(num_steps=24, eval_frequency=None), recorder
+    )
     trainer.fit(cstorch.utils.data.DataLoader(torch_loader, 24))
     assert recorder.val_losses == []  # eval_frequency=None: no validation during fit
 
@@ -119,8 +145,10 @@ def test_validate_and_validate_all_report_the_eager_validation_loss(tmp_path):
     # validate_all over both checkpoints: the step-12 weights give a different loss.
     recorder.val_losses.clear()
     trainer.validate_all(val_loader, ckpt_paths=[str(tmp_path / "run" / "checkpoint_*.mdl")])
-    assert [p for p in recorder.loaded if p][-2:] == [tmp_path / "run" / "checkpoint_12.mdl",
-                                    tmp_path / "run" / "checkpoint_24.mdl"]
+    assert [p for p in recorder.loaded if p][-2:] == [
+        tmp_path / "run" / "checkpoint_12.mdl",
+        tmp_path / "run" / "checkpoint_24.mdl",
+    ]
     np.testing.assert_allclose(recorder.val_losses[3:], want, rtol=1e-4)
     assert not np.allclose(recorder.val_losses[:3], want, rtol=1e-4)
     with pytest.raises(FileNotFoundError, match="not found"):
@@ -130,10 +158,16 @@ def test_validate_and_validate_all_report_the_eager_validation_loss(tmp_path):
 @pytest.mark.slow
 def test_fit_with_validation_on_csx_compiles_each_step_once(tmp_path):
     recorder = Recorder()
-    trainer = make_trainer(tmp_path / "run", TrainingLoop(num_steps=8, eval_frequency=4,
-                                                          eval_steps=2), recorder, device="CSX")
-    trainer.fit(cstorch.utils.data.DataLoader(torch_loader, 8),
-                cstorch.utils.data.DataLoader(torch_loader, 2, 99))
+    trainer = make_trainer(
+        tmp_path / "run",
+        TrainingLoop(num_steps=8, eval_frequency=4, eval_steps=2),
+        recorder,
+        device="CSX",
+    )
+    trainer.fit(
+        cstorch.utils.data.DataLoader(torch_loader, 8),
+        cstorch.utils.data.DataLoader(torch_loader, 2, 99),
+    )
     assert trainer.backend.is_csx
     assert len(recorder.train_losses) == 8 and len(recorder.val_losses) == 4
     assert all(np.isfinite(recorder.train_losses))
@@ -148,10 +182,13 @@ def test_training_loops_continue_the_data_stream_across_epochs(tmp_path):
     # 4 batches per epoch, validation every 4 steps: each training loop ends exactly at the
     # end of an epoch, and the next one starts the next epoch.
     recorder = Recorder()
-    trainer = make_trainer(tmp_path, TrainingLoop(num_steps=10, eval_frequency=4,
-                                                  eval_steps=1), recorder)
-    trainer.fit(cstorch.utils.data.DataLoader(torch_loader, 4),
-                cstorch.utils.data.DataLoader(torch_loader, 1, 99))
+    trainer = make_trainer(
+        tmp_path, TrainingLoop(num_steps=10, eval_frequency=4, eval_steps=1), recorder
+    )
+    trainer.fit(
+        cstorch.utils.data.DataLoader(torch_loader, 4),
+        cstorch.utils.data.DataLoader(torch_loader, 1, 99),
+    )
     epochs = batches(4) * 3
     want, _, _ = eager_reference(SEED, epochs[:10])
     np.testing.assert_allclose(recorder.train_losses, want, rtol=1e-4)
@@ -164,10 +201,13 @@ def test_training_continues_the_data_after_each_validation(tmp_path):
     with the next batch. 6 batches, validation every 4 steps, 8 steps: batches 0-3, then
     4, 5, 0, 1 (the reference: 0-3, 0-3)."""
     recorder = Recorder()
-    trainer = make_trainer(tmp_path, TrainingLoop(num_steps=8, eval_frequency=4,
-                                                  eval_steps=1), recorder)
-    trainer.fit(cstorch.utils.data.DataLoader(torch_loader, 6),
-                cstorch.utils.data.DataLoader(torch_loader, 1, 99))
+    trainer = make_trainer(
+        tmp_path, TrainingLoop(num_steps=8, eval_frequency=4, eval_steps=1), recorder
+    )
+    trainer.fit(
+        cstorch.utils.data.DataLoader(torch_loader, 6),
+        cstorch.utils.data.DataLoader(torch_loader, 1, 99),
+    )
     data = batches(6)
     want, _, _ = eager_reference(SEED, (data * 2)[:8])
     np.testing.assert_allclose(recorder.train_losses, want, rtol=1e-4)
@@ -208,34 +248,42 @@ class RestartableBatches:
 @pytest.mark.slow
 def test_a_restartable_dataloader_resumes_where_the_checkpoint_was_taken(tmp_path):
     first = Recorder()
-    make_trainer(tmp_path / "run", TrainingLoop(num_steps=8, eval_frequency=None), first,
-                 Checkpoint(steps=4)).fit(cstorch.utils.data.DataLoader(RestartableBatches, 12))
+    make_trainer(
+        tmp_path / "run", TrainingLoop(num_steps=8, eval_frequency=None), first, Checkpoint(steps=4)
+    ).fit(cstorch.utils.data.DataLoader(RestartableBatches, 12))
     saved = cstorch.load(str(tmp_path / "run" / "checkpoint_4.mdl"))
     assert saved["dataloader"] == {"position": 4}
 
     resumed = Recorder()
-    make_trainer(tmp_path / "resumed", TrainingLoop(num_steps=4, eval_frequency=None),
-                 resumed).fit(cstorch.utils.data.DataLoader(RestartableBatches, 12),
-                              ckpt_path=tmp_path / "run" / "checkpoint_4.mdl")
+    make_trainer(tmp_path / "resumed", TrainingLoop(num_steps=4, eval_frequency=None), resumed).fit(
+        cstorch.utils.data.DataLoader(RestartableBatches, 12),
+        ckpt_path=tmp_path / "run" / "checkpoint_4.mdl",
+    )
     np.testing.assert_allclose(resumed.train_losses, first.train_losses[4:], rtol=1e-5)
 
 
 @pytest.mark.slow
 def test_checkpoints_of_another_version_are_refused_unless_not_strict(tmp_path):
-    make_trainer(tmp_path / "run", TrainingLoop(num_steps=2, eval_frequency=None),
-                 Recorder()).fit(cstorch.utils.data.DataLoader(torch_loader, 2))
+    make_trainer(tmp_path / "run", TrainingLoop(num_steps=2, eval_frequency=None), Recorder()).fit(
+        cstorch.utils.data.DataLoader(torch_loader, 2)
+    )
     state = cstorch.load(str(tmp_path / "run" / "checkpoint_2.mdl"))
     assert state["__metadata__"] == [{"version": cstorch.__version__}]
     state["__metadata__"] = [{"version": "1.9.1"}]
     cstorch.save(state, str(tmp_path / "old.mdl"))
 
-    trainer = make_trainer(tmp_path / "a", TrainingLoop(num_steps=1, eval_frequency=None),
-                           Recorder())
+    trainer = make_trainer(
+        tmp_path / "a", TrainingLoop(num_steps=1, eval_frequency=None), Recorder()
+    )
     with pytest.raises(RuntimeError, match="Checkpoint.preprocess_checkpoint") as info:
         trainer.fit(cstorch.utils.data.DataLoader(torch_loader, 1), ckpt_path=tmp_path / "old.mdl")
     assert "version 1.9.1" in str(info.value.__cause__)
-    lenient = make_trainer(tmp_path / "b", TrainingLoop(num_steps=1, eval_frequency=None),
-                           Recorder(), Checkpoint(strict_version=False))
+    lenient = make_trainer(
+        tmp_path / "b",
+        TrainingLoop(num_steps=1, eval_frequency=None),
+        Recorder(),
+        Checkpoint(strict_version=False),
+    )
     with pytest.warns(UserWarning, match="version 1.9.1"):
         lenient.fit(cstorch.utils.data.DataLoader(torch_loader, 1), ckpt_path=tmp_path / "old.mdl")
     assert lenient.global_step == 3
@@ -244,11 +292,15 @@ def test_checkpoints_of_another_version_are_refused_unless_not_strict(tmp_path):
 @pytest.mark.slow
 def test_a_compile_only_run_takes_one_step_and_saves_nothing(tmp_path):
     recorder = Recorder()
-    trainer = Trainer(backend=cstorch.backend("CSX", compile_only=True), model_dir=tmp_path,
-                      model=ClassifierMLP,
-                      optimizer=lambda m: cstorch.optim.SGD(m.parameters(), lr=0.1),
-                      loop=TrainingLoop(num_steps=10, eval_frequency=5),
-                      checkpoint=Checkpoint(steps=5), callbacks=[recorder])
+    trainer = Trainer(
+        backend=cstorch.backend("CSX", compile_only=True),
+        model_dir=tmp_path,
+        model=ClassifierMLP,
+        optimizer=lambda m: cstorch.optim.SGD(m.parameters(), lr=0.1),
+        loop=TrainingLoop(num_steps=10, eval_frequency=5),
+        checkpoint=Checkpoint(steps=5),
+        callbacks=[recorder],
+    )
     trainer.fit(cstorch.utils.data.DataLoader(torch_loader, 10))
     assert trainer.global_step == 1 and len(recorder.train_losses) == 1
     assert recorder.loaded == []  # no checkpoint is even looked for

@@ -12,9 +12,13 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import cerebras.pytorch as cstorch
 from cerebras.modelzoo.trainer import Trainer
 from cerebras.modelzoo.trainer.callbacks import (
-    Callback, ComputeNorm, LogOptimizerParamGroup, Logging, TrainingLoop)
+    Callback,
+    ComputeNorm,
+    Logging,
+    LogOptimizerParamGroup,
+    TrainingLoop,
+)
 from cerebras.modelzoo.trainer.loggers import Logger, ProgressLogger, TensorBoardLogger
-
 from tests.trainer.common import ClassifierMLP, torch_loader
 
 
@@ -28,15 +32,23 @@ class Collect(Logger):
 
 def fit(tmp_path, loggers, callbacks=(), log_steps=1, num_steps=6):
     trainer = Trainer(
-        device="CPU", model_dir=tmp_path, model=ClassifierMLP,
+        device="CPU",
+        model_dir=tmp_path,
+        model=ClassifierMLP,
         optimizer=lambda m: cstorch.optim.SGD(m.parameters(), lr=0.1),
         schedulers=lambda o: cstorch.optim.lr_scheduler.LinearLR(
-            o, initial_learning_rate=0.1, end_learning_rate=0.0, total_iters=num_steps),
+            o, initial_learning_rate=0.1, end_learning_rate=0.0, total_iters=num_steps
+        ),
         loop=TrainingLoop(num_steps=num_steps, eval_frequency=num_steps // 2, eval_steps=2),
-        logging=Logging(log_steps=log_steps), loggers=loggers, callbacks=list(callbacks),
-        seed=3)
-    trainer.fit(cstorch.utils.data.DataLoader(torch_loader, num_steps),
-                cstorch.utils.data.DataLoader(torch_loader, 2, 7))
+        logging=Logging(log_steps=log_steps),
+        loggers=loggers,
+        callbacks=list(callbacks),
+        seed=3,
+    )
+    trainer.fit(
+        cstorch.utils.data.DataLoader(torch_loader, num_steps),
+        cstorch.utils.data.DataLoader(torch_loader, 2, 7),
+    )
     return trainer
 
 
@@ -71,8 +83,9 @@ def test_log_steps_and_metrics_from_inside_the_step(tmp_path):
     # The LR the optimizer used at step k (1-based) is 0.1 * (1 - (k - 1) / 6): logged
     # from inside the compiled step, each value is its own step's.
     assert lrs == pytest.approx({2: 0.1 * 5 / 6, 4: 0.1 * 3 / 6, 6: 0.1 * 1 / 6})
-    norms = [float(m["model_wise_grad_norm"]) for _, m in collect.logged
-             if "model_wise_grad_norm" in m]
+    norms = [
+        float(m["model_wise_grad_norm"]) for _, m in collect.logged if "model_wise_grad_norm" in m
+    ]
     assert len(norms) == 3 and all(n > 0 for n in norms) and len(set(norms)) == 3
 
 
@@ -83,26 +96,33 @@ def test_progress_logger_writes_plain_lines_when_not_a_terminal(tmp_path):
     assert all("\r" not in line and "\033" not in line for line in lines)
     # the run header: the device, the precision, the model's size (ClassifierMLP: 8*16 + 16
     # + 16*4 + 4 parameters), the fit's steps and the batch size
-    assert lines[0] == ("run: device CPU (1 x cpu) | precision float32 | 212 parameters | "
-                        "4 steps | batch 4")
+    assert lines[0] == (
+        "run: device CPU (1 x cpu) | precision float32 | 212 parameters | 4 steps | batch 4"
+    )
     assert lines[1] == "compiling the training step (capture and XLA compile)..."
     # the global step of the fit's total, with the loss; the first step's time (the compile),
     # then from the second step of a loop on the steady rate and the time left
     steps = [line for line in lines if line.startswith("train ")]
     assert [line.split(" | ")[0] for line in steps] == [f"train {i}/4" for i in (1, 2, 3, 4)]
-    assert re.fullmatch(r"train 1/4 \| loss \d\.\d{4} \| first step \d+\.\d s \(compiling\)",
-                        steps[0])
-    assert re.fullmatch(r"train 2/4 \| loss \d\.\d{4} \| [\d,]+\.\d samples/s \| ETA \d+:\d\d",
-                        steps[1])
-    assert re.fullmatch(r"train 4/4 \| loss \d\.\d{4} \| [\d,]+\.\d samples/s \| took \d+:\d\d",
-                        steps[3])
+    assert re.fullmatch(
+        r"train 1/4 \| loss \d\.\d{4} \| first step \d+\.\d s \(compiling\)", steps[0]
+    )
+    assert re.fullmatch(
+        r"train 2/4 \| loss \d\.\d{4} \| [\d,]+\.\d samples/s \| ETA \d+:\d\d", steps[1]
+    )
+    assert re.fullmatch(
+        r"train 4/4 \| loss \d\.\d{4} \| [\d,]+\.\d samples/s \| took \d+:\d\d", steps[3]
+    )
     assert "compiling the validation step (capture and XLA compile)..." in lines
     results = [line for line in lines if "validate_0/loss" in line and "done" not in line]
     assert [line.split(" | ")[0] for line in results] == ["step 2", "step 4"]
     summary = lines[-1]
     assert summary.startswith("fit done at global step 4 in ")
-    assert re.search(r"\| compiling \d+\.\d s \| training [\d,]+\.\d samples/s \| loss \d\.\d{4} "
-                     r"\| validate_0/loss \d\.\d{4} \|", summary), summary
+    assert re.search(
+        r"\| compiling \d+\.\d s \| training [\d,]+\.\d samples/s \| loss \d\.\d{4} "
+        r"\| validate_0/loss \d\.\d{4} \|",
+        summary,
+    ), summary
     log_file = trainer.artifact_dir / "run.log"
     assert summary.endswith(f"log {log_file}")
     logged = log_file.read_text()
@@ -161,8 +181,6 @@ def test_log_metrics_without_loggers_and_to_named_destinations(tmp_path):
         trainer.log_metrics_dict({"x": 1.0}, dest="Nobody")
 
 
-
-
 def test_summarize_scalar_from_inside_the_model_logs_each_steps_value(tmp_path):
     from cerebras.modelzoo.trainer import summarize_scalar
 
@@ -173,9 +191,14 @@ def test_summarize_scalar_from_inside_the_model_logs_each_steps_value(tmp_path):
             return loss
 
     collect = Collect()
-    trainer = Trainer(device="CPU", model_dir=tmp_path, model=Summarizing,
-                      optimizer=lambda m: cstorch.optim.SGD(m.parameters(), lr=0.1),
-                      loop=TrainingLoop(num_steps=3, eval_frequency=None), loggers=[collect])
+    trainer = Trainer(
+        device="CPU",
+        model_dir=tmp_path,
+        model=Summarizing,
+        optimizer=lambda m: cstorch.optim.SGD(m.parameters(), lr=0.1),
+        loop=TrainingLoop(num_steps=3, eval_frequency=None),
+        loggers=[collect],
+    )
     trainer.fit(cstorch.utils.data.DataLoader(torch_loader, 3))
     twice = {step: float(m["twice_loss"]) for step, m in collect.logged if "twice_loss" in m}
     loss = {step: float(m["loss"]) for step, m in collect.logged if "loss" in m}
@@ -191,9 +214,13 @@ def test_progress_logger_draws_a_bar_on_a_terminal(tmp_path):
             return True
 
     out = Terminal()
-    trainer = Trainer(device="CPU", model_dir=tmp_path, model=ClassifierMLP,
-                      optimizer=lambda m: cstorch.optim.SGD(m.parameters(), lr=0.1),
-                      loggers=[ProgressLogger(stream=out)])  # default loop: one epoch
+    trainer = Trainer(
+        device="CPU",
+        model_dir=tmp_path,
+        model=ClassifierMLP,
+        optimizer=lambda m: cstorch.optim.SGD(m.parameters(), lr=0.1),
+        loggers=[ProgressLogger(stream=out)],
+    )  # default loop: one epoch
     trainer.fit(cstorch.utils.data.DataLoader(torch_loader, 4))
     frames = out.getvalue().split("\r\033[K")
     bars = [f for f in frames if f.startswith("train [")]
@@ -228,11 +255,17 @@ def test_tensorboard_gets_lr_gradient_norm_and_throughput_by_default(tmp_path):
     steps, lr = 4, 0.1
     board = TensorBoardLogger()
     trainer = Trainer(
-        device="CPU", model_dir=tmp_path, model=ClassifierMLP, seed=3,
+        device="CPU",
+        model_dir=tmp_path,
+        model=ClassifierMLP,
+        seed=3,
         optimizer=lambda m: cstorch.optim.SGD(m.parameters(), lr=lr),
         schedulers=lambda o: cstorch.optim.lr_scheduler.LinearLR(
-            o, initial_learning_rate=lr, end_learning_rate=0.0, total_iters=steps),
-        loop=TrainingLoop(num_steps=steps), loggers=[board])
+            o, initial_learning_rate=lr, end_learning_rate=0.0, total_iters=steps
+        ),
+        loop=TrainingLoop(num_steps=steps),
+        loggers=[board],
+    )
     trainer.fit(cstorch.utils.data.DataLoader(torch_loader, steps))
     board.finalize()
     accumulator = EventAccumulator(str(trainer.summary_dir))
@@ -249,7 +282,7 @@ def test_tensorboard_gets_lr_gradient_norm_and_throughput_by_default(tmp_path):
         want_lrs.append(optimizer.param_groups[0]["lr"])
         optimizer.zero_grad()
         model(batch).backward()
-        want_norms.append(torch.sqrt(sum((p.grad ** 2).sum() for p in model.parameters())).item())
+        want_norms.append(torch.sqrt(sum((p.grad**2).sum() for p in model.parameters())).item())
         optimizer.step()
     norms = scalars(accumulator, "model_wise_grad_norm")
     assert [s for s, _ in norms] == [1, 2, 3, 4]

@@ -7,7 +7,6 @@ import torch
 import cerebras.pytorch as cstorch
 from cerebras.modelzoo.trainer import Trainer
 from cerebras.modelzoo.trainer.callbacks import Callback, Checkpoint, MixedPrecision, TrainingLoop
-
 from tests.trainer.common import ClassifierMLP, batches, seeded_model, torch_loader
 
 
@@ -25,11 +24,17 @@ class Losses(Callback):
 
 def fit(tmp_path, precision, device="CPU", steps=6, checkpoint=None):
     losses = Losses()
-    trainer = Trainer(device=device, model_dir=tmp_path, model=ClassifierMLP,
-                      optimizer=lambda m: cstorch.optim.SGD(m.parameters(), lr=0.5),
-                      precision=precision, loop=TrainingLoop(num_steps=steps,
-                                                             eval_frequency=None),
-                      checkpoint=checkpoint, callbacks=[losses], seed=11)
+    trainer = Trainer(
+        device=device,
+        model_dir=tmp_path,
+        model=ClassifierMLP,
+        optimizer=lambda m: cstorch.optim.SGD(m.parameters(), lr=0.5),
+        precision=precision,
+        loop=TrainingLoop(num_steps=steps, eval_frequency=None),
+        checkpoint=checkpoint,
+        callbacks=[losses],
+        seed=11,
+    )
     trainer.fit(cstorch.utils.data.DataLoader(torch_loader, steps))
     return trainer, losses.values
 
@@ -55,8 +60,7 @@ def eager(clip_norm=None, clip_value=None, steps=6):
 @pytest.mark.slow
 def test_gradient_clipping_matches_eager_torch(tmp_path, clip):
     _, losses = fit(tmp_path, MixedPrecision(enabled=False, **clip))
-    want = eager(clip_norm=clip.get("max_gradient_norm"),
-                 clip_value=clip.get("max_gradient_value"))
+    want = eager(clip_norm=clip.get("max_gradient_norm"), clip_value=clip.get("max_gradient_value"))
     np.testing.assert_allclose(losses, want, rtol=1e-5)
     assert not np.allclose(losses, eager(), rtol=1e-3)  # clipping changed the trajectory
 
@@ -72,9 +76,12 @@ def test_bfloat16_on_cpu_stays_close_to_fp32(tmp_path):
 
 @pytest.mark.slow
 def test_float16_on_csx_uses_a_dynamic_loss_scaler_saved_in_checkpoints(tmp_path):
-    trainer, losses = fit(tmp_path, MixedPrecision(fp16_type="float16",
-                                                   loss_scaling_factor="dynamic"),
-                          device="CSX", checkpoint=Checkpoint(steps=6))
+    trainer, losses = fit(
+        tmp_path,
+        MixedPrecision(fp16_type="float16", loss_scaling_factor="dynamic"),
+        device="CSX",
+        checkpoint=Checkpoint(steps=6),
+    )
     assert trainer.precision.grad_scaler is not None
     np.testing.assert_allclose(losses, eager(), rtol=5e-2)
     saved = cstorch.load(str(tmp_path / "checkpoint_6.mdl"))

@@ -8,7 +8,6 @@ import cerebras.pytorch as cstorch
 from cerebras.modelzoo.trainer import Trainer
 from cerebras.modelzoo.trainer.callbacks import Checkpoint, LogSparsity, TrainingLoop
 from cerebras.modelzoo.trainer.loggers import Logger
-
 from tests.trainer.common import batches, seeded_model, torch_loader
 
 SEED, STEPS, LR = 3, 4, 0.1
@@ -62,19 +61,23 @@ def _eager(train):
 def test_static_sparsity_matches_eager_masking_and_is_logged_and_checkpointed(tmp_path):
     collect = Collect()
     trainer = Trainer(
-        device="CPU", model_dir=tmp_path, model=lambda: seeded_model(SEED),
+        device="CPU",
+        model_dir=tmp_path,
+        model=lambda: seeded_model(SEED),
         optimizer=lambda m: cstorch.optim.SGD(m.parameters(), lr=LR),
         sparsity=lambda: cstorch.sparse.Static(sparsity=0.5, init_method="topk"),
         loop=TrainingLoop(num_steps=STEPS, eval_frequency=None),
-        checkpoint=Checkpoint(steps=STEPS), callbacks=[LogSparsity()], loggers=[collect],
-        seed=SEED)
+        checkpoint=Checkpoint(steps=STEPS),
+        callbacks=[LogSparsity()],
+        loggers=[collect],
+        seed=SEED,
+    )
     trainer.fit(cstorch.utils.data.DataLoader(torch_loader, STEPS))
 
     eager_losses, masks, eager_state = _eager(batches(STEPS))
     losses = [s["loss"] for s in collect.steps if "loss" in s]
     assert len(losses) == STEPS
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(eager_losses),
-                               rtol=1e-5, atol=0)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(eager_losses), rtol=1e-5, atol=0)
 
     state = trainer.model.state_dict()
     for name, mask in masks.items():
@@ -91,15 +94,25 @@ def test_static_sparsity_matches_eager_masking_and_is_logged_and_checkpointed(tm
 
 
 def test_sparsity_config_from_yaml_style_values_and_bad_input(tmp_path):
-    trainer = Trainer(device="CPU", model_dir=tmp_path, model=lambda: seeded_model(SEED),
-                      optimizer=lambda m: cstorch.optim.SGD(m.parameters(), lr=LR),
-                      sparsity={"algorithm": "static", "sparsity": 0.25},
-                      loop=TrainingLoop(num_steps=1, eval_frequency=None), seed=SEED)
+    trainer = Trainer(
+        device="CPU",
+        model_dir=tmp_path,
+        model=lambda: seeded_model(SEED),
+        optimizer=lambda m: cstorch.optim.SGD(m.parameters(), lr=LR),
+        sparsity={"algorithm": "static", "sparsity": 0.25},
+        loop=TrainingLoop(num_steps=1, eval_frequency=None),
+        seed=SEED,
+    )
     assert isinstance(trainer.sparsity, cstorch.sparse.SparsityAlgorithm)
     assert any(n.endswith("_mask") for n, _ in trainer.model.named_buffers())
 
     import pytest
 
     with pytest.raises(TypeError, match="sparsity"):
-        Trainer(device="CPU", model_dir=tmp_path / "b", model=lambda: seeded_model(SEED),
-                sparsity="not an algorithm", seed=SEED)
+        Trainer(
+            device="CPU",
+            model_dir=tmp_path / "b",
+            model=lambda: seeded_model(SEED),
+            sparsity="not an algorithm",
+            seed=SEED,
+        )

@@ -29,14 +29,29 @@ def fc_mnist(batch_size: int):
     from cerebras.modelzoo.models.vision.fc_mnist.model import MNISTModel
 
     def model():
-        return MNISTModel(dict(name="fc_mnist", depth=10, hidden_size=50, dropout=0.0,
-                               activation_fn="relu", to_float16=False))
+        return MNISTModel(
+            dict(
+                name="fc_mnist",
+                depth=10,
+                hidden_size=50,
+                dropout=0.0,
+                activation_fn="relu",
+                to_float16=False,
+            )
+        )
 
     def loader(split, seed):
         def input_fn():
-            return MNISTDataProcessor(dict(
-                data_processor="MNISTDataProcessor", use_fake_data=True, fake_data_seed=seed,
-                batch_size=batch_size, split=split)).create_dataloader()
+            return MNISTDataProcessor(
+                dict(
+                    data_processor="MNISTDataProcessor",
+                    use_fake_data=True,
+                    fake_data_seed=seed,
+                    batch_size=batch_size,
+                    split=split,
+                )
+            ).create_dataloader()
+
         return cstorch.utils.data.DataLoader(input_fn)
 
     return model, loader("train", 1), loader("val", 2), 0.001
@@ -44,7 +59,6 @@ def fc_mnist(batch_size: int):
 
 def gpt2(batch_size: int):
     import numpy as np
-
     from cerebras.modelzoo.data.nlp.gpt.DummyDataProcessor import (
         DummyDataProcessor,
     )
@@ -53,23 +67,42 @@ def gpt2(batch_size: int):
     if not hasattr(np, "cast"):
         # The zoo's dummy GPT data calls np.cast["int32"](x), removed in numpy 2 (which JAX
         # requires); give that one helper back so the zoo's own fake data can be used.
-        np.cast = {name: (lambda x, name=name: np.asarray(x, dtype=name))
-                   for name in ("int32", "int64", "float32")}
+        np.cast = {
+            name: (lambda x, name=name: np.asarray(x, dtype=name))
+            for name in ("int32", "int64", "float32")
+        }
 
     model_cls = registry.get_model_class("gpt2")
 
     def model():
         # The dummy data has sequences of 128 tokens from a 32000-token vocabulary.
-        return model_cls(dict(name="gpt2", vocab_size=32000, hidden_size=32,
-                              num_hidden_layers=2, num_heads=2, filter_size=64,
-                              max_position_embeddings=128, embedding_dropout_rate=0.0,
-                              dropout_rate=0.0, attention_dropout_rate=0.0))
+        return model_cls(
+            dict(
+                name="gpt2",
+                vocab_size=32000,
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_heads=2,
+                filter_size=64,
+                max_position_embeddings=128,
+                embedding_dropout_rate=0.0,
+                dropout_rate=0.0,
+                attention_dropout_rate=0.0,
+            )
+        )
 
     def loader():
         def input_fn():
-            return DummyDataProcessor(dict(
-                data_processor="GenericDataProcessor", batch_size=batch_size,
-                shuffle=False, shuffle_seed=1, num_workers=0)).create_dataloader()
+            return DummyDataProcessor(
+                dict(
+                    data_processor="GenericDataProcessor",
+                    batch_size=batch_size,
+                    shuffle=False,
+                    shuffle_seed=1,
+                    num_workers=0,
+                )
+            ).create_dataloader()
+
         return cstorch.utils.data.DataLoader(input_fn)
 
     return model, loader(), loader(), 0.01
@@ -86,14 +119,17 @@ def main(argv=None):
     parser.add_argument("--checkpoint-steps", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--mixed-precision", choices=["on", "off"], default="on",
-                        help="the zoo's MixedPrecision(enabled=...): bfloat16 on CPU when on")
+    parser.add_argument(
+        "--mixed-precision",
+        choices=["on", "off"],
+        default="on",
+        help="the zoo's MixedPrecision(enabled=...): bfloat16 on CPU when on",
+    )
     parser.add_argument("--model-dir", default="./model_dir")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
 
     from cerebras.modelzoo.trainer import Trainer
-    from cerebras.modelzoo.trainer.loggers import ProgressLogger
     from cerebras.modelzoo.trainer.callbacks import (
         Callback,
         Checkpoint,
@@ -104,6 +140,7 @@ def main(argv=None):
         TrainingLoop,
         ValidationLoop,
     )
+    from cerebras.modelzoo.trainer.loggers import ProgressLogger
 
     model_fn, train_dl, val_dl, lr = MODELS[args.model](args.batch_size)
     result = {"train_losses": [], "val_losses": []}
@@ -135,8 +172,10 @@ def main(argv=None):
         seed=args.seed,
     )
     trainer.fit(train_dl)
-    checkpoints = sorted(glob.glob(os.path.join(args.model_dir, "checkpoint_*.mdl")),
-                         key=lambda p: int(os.path.basename(p)[len("checkpoint_"):-4]))
+    checkpoints = sorted(
+        glob.glob(os.path.join(args.model_dir, "checkpoint_*.mdl")),
+        key=lambda p: int(os.path.basename(p)[len("checkpoint_") : -4]),
+    )
     result["checkpoints"] = [os.path.basename(c) for c in checkpoints]
     if checkpoints:
         trainer.validate(val_dl, ckpt_path=checkpoints[-1], loop=ValidationLoop(eval_steps=3))

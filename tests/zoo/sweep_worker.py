@@ -24,14 +24,17 @@ import traceback
 LEARNING_RATE = 1e-3  # constant: the runs compare steps, not schedules
 DATA_SEED = 1234
 
+
 def _numpy_cast():
     import numpy as np
 
     if not hasattr(np, "cast"):
         # The zoo's dummy GPT data calls np.cast["int32"](x), removed in numpy 2 (which JAX
         # requires); give that one helper back so the zoo's own fake data can be used.
-        np.cast = {name: (lambda x, name=name: np.asarray(x, dtype=name))
-                   for name in ("int32", "int64", "float32")}
+        np.cast = {
+            name: (lambda x, name=name: np.asarray(x, dtype=name))
+            for name in ("int32", "int64", "float32")
+        }
 
 
 def _phase(params):
@@ -61,8 +64,11 @@ def _recorder(result):
 
         def on_train_batch_end(self, trainer, model, outputs, batch, batch_idx):
             scaler = getattr(trainer.precision, "scaler", None)
-            scale = scaler.get_scale() if scaler is not None and getattr(
-                scaler, "dynamic", False) else None
+            scale = (
+                scaler.get_scale()
+                if scaler is not None and getattr(scaler, "dynamic", False)
+                else None
+            )
             self.record(outputs["loss"], scale)
 
         @cstorch.step_closure
@@ -132,14 +138,24 @@ def _replayed(make_loader, path, steps):
     return torch.utils.data.DataLoader(batches, batch_size=None, shuffle=False)
 
 
-def run_python(params, device, precision, steps, model_dir, result, init_ckpt=None,
-               save_init=None, batches=None):
+def run_python(
+    params,
+    device,
+    precision,
+    steps,
+    model_dir,
+    result,
+    init_ckpt=None,
+    save_init=None,
+    batches=None,
+):
     """A Trainer built in Python from the tiny config, as a zoo user would write it.
     ``batches``: train on stored batches (``_replayed``) instead of the processor's.
     ``save_init`` writes the freshly built model's weights (a checkpoint with ``"model"``);
     ``init_ckpt`` starts from such a checkpoint (the Trainer's ``fit(ckpt_path=)``)."""
-    import cerebras.pytorch as cstorch
     from cerebras.modelzoo.registry import registry
+
+    import cerebras.pytorch as cstorch
     from cerebras.modelzoo.trainer import Trainer
     from cerebras.modelzoo.trainer.callbacks import MixedPrecision, TrainingLoop
 
@@ -147,24 +163,25 @@ def run_python(params, device, precision, steps, model_dir, result, init_ckpt=No
     init, fit = phase["init"], phase["fit"]
     model_config = copy.deepcopy(init["model"])
     model_cls = registry.get_model_class(model_config["name"])
-    (opt_name, opt_kwargs), = init["optimizer"].items()
+    ((opt_name, opt_kwargs),) = init["optimizer"].items()
     opt_kwargs = dict(opt_kwargs or {})
     opt_kwargs.pop("learning_rate", None)
     opt_kwargs.pop("lr", None)
     data_config = copy.deepcopy(fit["train_dataloader"])
-    data_cls = registry.get_data_processors_map(model_config["name"])[
-        data_config["data_processor"]]
+    data_cls = registry.get_data_processors_map(model_config["name"])[data_config["data_processor"]]
 
     def loader():
         model_config_object = _config_for(model_cls, copy.deepcopy(model_config))
 
         def processor_loader():
-            return data_cls(_config_for(data_cls, copy.deepcopy(data_config),
-                                        model_config_object)).create_dataloader()
+            return data_cls(
+                _config_for(data_cls, copy.deepcopy(data_config), model_config_object)
+            ).create_dataloader()
 
         if batches:
             return cstorch.utils.data.DataLoader(
-                lambda: _replayed(processor_loader, batches, steps))
+                lambda: _replayed(processor_loader, batches, steps)
+            )
         return cstorch.utils.data.DataLoader(processor_loader)
 
     def build_model():
@@ -178,8 +195,10 @@ def run_python(params, device, precision, steps, model_dir, result, init_ckpt=No
         model_dir=model_dir,
         model=build_model,
         optimizer=lambda model: _optimizer_class(cstorch, opt_name)(
-            model.parameters(), lr=LEARNING_RATE, **_accepted(
-                _optimizer_class(cstorch, opt_name), opt_kwargs)),
+            model.parameters(),
+            lr=LEARNING_RATE,
+            **_accepted(_optimizer_class(cstorch, opt_name), opt_kwargs),
+        ),
         precision=MixedPrecision(**_precision_kwargs(init, precision)),
         loop=TrainingLoop(num_steps=steps, eval_frequency=None),
         callbacks=[_recorder(result)],
@@ -188,11 +207,11 @@ def run_python(params, device, precision, steps, model_dir, result, init_ckpt=No
     trainer.fit(loader(), ckpt_path=init_ckpt)
 
 
-def run_yaml(params, device, precision, steps, model_dir, result, config_path,
-             init_ckpt=None):
+def run_yaml(params, device, precision, steps, model_dir, result, config_path, init_ckpt=None):
     """``cszoo fit params.yaml``: the zoo's own command line on the tiny config."""
     import yaml
     from cerebras.modelzoo.cli.main import main
+
     from cerebras.modelzoo.trainer.callbacks.callback import register_global_callback
 
     phase = _phase(params)
@@ -203,7 +222,7 @@ def run_yaml(params, device, precision, steps, model_dir, result, config_path,
         init["precision"] = {"enabled": False}
     init["loop"] = {"num_steps": steps, "eval_frequency": None}
     init["model_dir"] = model_dir
-    (opt_name, opt_kwargs), = init["optimizer"].items()
+    ((opt_name, opt_kwargs),) = init["optimizer"].items()
     init["optimizer"] = {opt_name: {**(opt_kwargs or {}), "learning_rate": LEARNING_RATE}}
     init.pop("schedulers", None)
     if init_ckpt:
@@ -239,8 +258,9 @@ def main(argv=None):
     parser.add_argument("--out", required=True)
     parser.add_argument("--init", help="start from this checkpoint's model weights")
     parser.add_argument("--save-init", help="save the freshly built model's weights here")
-    parser.add_argument("--batches", help="train on the batches stored in this file (the "
-                        "first run stores them)")
+    parser.add_argument(
+        "--batches", help="train on the batches stored in this file (the first run stores them)"
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -253,17 +273,35 @@ def main(argv=None):
     result = {"losses": [], "loss_scales": [], "error": None}
     try:
         if args.how == "python":
-            run_python(params, args.device, args.precision, args.steps, args.model_dir, result,
-                       args.init, args.save_init, args.batches)
+            run_python(
+                params,
+                args.device,
+                args.precision,
+                args.steps,
+                args.model_dir,
+                result,
+                args.init,
+                args.save_init,
+                args.batches,
+            )
         else:
-            run_yaml(params, args.device, args.precision, args.steps, args.model_dir, result,
-                     args.config, args.init)
+            run_yaml(
+                params,
+                args.device,
+                args.precision,
+                args.steps,
+                args.model_dir,
+                result,
+                args.config,
+                args.init,
+            )
     except BaseException as error:  # noqa: BLE001 - reported, not hidden
         where, cause = _where(error)
-        result["error"] = {"type": type(cause).__name__,
-                           "message": str(cause).strip().splitlines()[0][:300]
-                           if str(cause).strip() else "",
-                           "where": where}
+        result["error"] = {
+            "type": type(cause).__name__,
+            "message": str(cause).strip().splitlines()[0][:300] if str(cause).strip() else "",
+            "where": where,
+        }
         traceback.print_exc()
     with open(args.out, "w") as f:
         json.dump(result, f)

@@ -69,8 +69,13 @@ def write_bert_pretraining_csv(folder, msl: int, examples=16, seed=0) -> str:
             words = [WORDS[i] for i in rng.integers(0, len(WORDS), first + second)]
             tokens = ["[CLS]", *words[:first], "[SEP]", *words[first:], "[SEP]"]
             segments = [0] * (first + 2) + [1] * (second + 1)
-            writer.writerow({"tokens": repr(tokens), "segment_ids": repr(segments),
-                             "is_random_next": int(rng.integers(0, 2))})
+            writer.writerow(
+                {
+                    "tokens": repr(tokens),
+                    "segment_ids": repr(segments),
+                    "is_random_next": int(rng.integers(0, 2)),
+                }
+            )
     _meta(folder, [("part-0.csv", examples)])
     return str(folder)
 
@@ -87,21 +92,28 @@ def write_glue_tsv(folder, task: str, examples=16, seed=0) -> str:
     with open(folder / "train.tsv", "w", newline="") as f:
         if task == "sst2":
             fields = ["sentence", "label"]
-            rows = ({"sentence": _sentence(rng), "label": int(rng.integers(0, 2))}
-                    for _ in range(examples))
+            rows = (
+                {"sentence": _sentence(rng), "label": int(rng.integers(0, 2))}
+                for _ in range(examples)
+            )
         else:
             fields = ["sentence1", "sentence2", "gold_label"]
             labels = ["entailment", "neutral", "contradiction"]
-            rows = ({"sentence1": _sentence(rng), "sentence2": _sentence(rng),
-                     "gold_label": labels[int(rng.integers(0, 3))]} for _ in range(examples))
+            rows = (
+                {
+                    "sentence1": _sentence(rng),
+                    "sentence2": _sentence(rng),
+                    "gold_label": labels[int(rng.integers(0, 3))],
+                }
+                for _ in range(examples)
+            )
         writer = csv.DictWriter(f, fields, delimiter="\t", quoting=csv.QUOTE_NONE)
         writer.writeheader()
         writer.writerows(rows)
     return str(folder)
 
 
-def write_bertsum_csv(folder, vocab_size: int, msl: int, max_cls: int, examples=16,
-                      seed=0) -> str:
+def write_bertsum_csv(folder, vocab_size: int, msl: int, max_cls: int, examples=16, seed=0) -> str:
     """BertSumCSVDataProcessor rows, columns in its order: ``input_token_ids``,
     ``labels``, ``segment_ids``, ``cls_indices`` (integer list literals): a document of
     sentences, each opened by a ``[CLS]`` (id 2) and closed by a ``[SEP]`` (id 3)."""
@@ -136,8 +148,12 @@ def write_ner_csv(folder, msl: int, examples=16, seed=0) -> tuple[str, str, int]
     Returns the folder, the label file and the number of classes."""
     folder = _folder(folder)
     rng = np.random.default_rng(seed)
-    label_map = {"[PAD]": 0, **{name: i + 1 for i, name in enumerate(NER_LABELS)},
-                 "[CLS]": len(NER_LABELS) + 1, "[SEP]": len(NER_LABELS) + 2}
+    label_map = {
+        "[PAD]": 0,
+        **{name: i + 1 for i, name in enumerate(NER_LABELS)},
+        "[CLS]": len(NER_LABELS) + 1,
+        "[SEP]": len(NER_LABELS) + 2,
+    }
     label_file = folder / "label2id.json"
     label_file.write_text(json.dumps(label_map))
     with open(folder / "part-0.csv", "w", newline="") as f:
@@ -147,8 +163,12 @@ def write_ner_csv(folder, msl: int, examples=16, seed=0) -> tuple[str, str, int]
             n = int(rng.integers(4, msl - 2))
             words = [WORDS[i] for i in rng.integers(0, len(WORDS), n)]
             labels = [NER_LABELS[i] for i in rng.integers(0, len(NER_LABELS), n)]
-            writer.writerow({"tokens": " ".join(["[CLS]", *words, "[SEP]"]),
-                             "labels": " ".join(["[CLS]", *labels, "[SEP]"])})
+            writer.writerow(
+                {
+                    "tokens": " ".join(["[CLS]", *words, "[SEP]"]),
+                    "labels": " ".join(["[CLS]", *labels, "[SEP]"]),
+                }
+            )
     _meta(folder, [("part-0.csv", examples)])
     return str(folder), str(label_file), len(label_map)
 
@@ -172,10 +192,12 @@ def write_translation_text(folder, max_len: int, examples=16, seed=0) -> str:
     sentence a line) and a ``meta.dat`` line ``<source path> <target path> <count>``."""
     folder = _folder(folder)
     rng = np.random.default_rng(seed)
-    src = _write_lines(folder / "train.src",
-                       (_sentence(rng, 4, max_len - 2) for _ in range(examples)))
-    tgt = _write_lines(folder / "train.tgt",
-                       (_sentence(rng, 4, max_len - 2) for _ in range(examples)))
+    src = _write_lines(
+        folder / "train.src", (_sentence(rng, 4, max_len - 2) for _ in range(examples))
+    )
+    tgt = _write_lines(
+        folder / "train.tgt", (_sentence(rng, 4, max_len - 2) for _ in range(examples))
+    )
     _meta(folder, [(src, tgt, examples)])
     return str(folder)
 
@@ -198,12 +220,11 @@ def _lm_sample(rng, vocab: int, seq: int, n: int, pad_tail=True):
     mask = np.ones((n, seq), np.int32)
     if pad_tail:
         for row in range(n):
-            mask[row, int(rng.integers(seq // 2, seq)):] = 0
+            mask[row, int(rng.integers(seq // 2, seq)) :] = 0
     return tokens[:, :-1], mask, tokens[:, 1:]
 
 
-def write_gpt_hdf5(folder, vocab: int, seq: int, examples=16, seed=0,
-                   per_example=False) -> str:
+def write_gpt_hdf5(folder, vocab: int, seq: int, examples=16, seed=0, per_example=False) -> str:
     """GptHDF5DataProcessor input (Model Zoo 1.7 and later): ``data`` ``[N, 3, seq]`` (input
     ids, attention mask, labels), ``n_examples`` attribute. ``per_example``: the 1.6 layout,
     one ``example_<i>`` dataset ``[3, seq]`` per example."""
@@ -243,12 +264,24 @@ def write_dpr_hdf5(folder, vocab: int, seq: int, contexts=2, examples=16, seed=0
         ids *= mask
         return np.stack([ids, mask, np.zeros(shape, np.int32)], axis=1)
 
-    _h5(folder / "data-0.h5", examples, data_0=encoded((examples, seq)),
-        data_1=encoded((examples, contexts, seq)))
-    (folder / "data_params.json").write_text(json.dumps({
-        "data_0_features": ["questions_input_ids", "questions_attention_mask",
-                            "questions_token_type_ids"],
-        "data_1_features": ["ctx_input_ids", "ctx_attention_mask", "ctx_token_type_ids"]}))
+    _h5(
+        folder / "data-0.h5",
+        examples,
+        data_0=encoded((examples, seq)),
+        data_1=encoded((examples, contexts, seq)),
+    )
+    (folder / "data_params.json").write_text(
+        json.dumps(
+            {
+                "data_0_features": [
+                    "questions_input_ids",
+                    "questions_attention_mask",
+                    "questions_token_type_ids",
+                ],
+                "data_1_features": ["ctx_input_ids", "ctx_attention_mask", "ctx_token_type_ids"],
+            }
+        )
+    )
     return str(folder)
 
 
@@ -276,10 +309,12 @@ def write_imagenet_folder(root, classes=2, per_class=8, size=(40, 40), seed=0) -
         folder = _folder(root / "train" / wnid)
         for index in range(per_class):
             jitter = rng.integers(0, 9, 2)
-            _png(folder / f"{wnid}_{index}.png", rng,
-                 (size[0] + int(jitter[0]), size[1] + int(jitter[1])))
-    torch.save(({wnid: (f"class {i}",) for i, wnid in enumerate(wnids)}, []),
-               root / "meta.bin")
+            _png(
+                folder / f"{wnid}_{index}.png",
+                rng,
+                (size[0] + int(jitter[0]), size[1] + int(jitter[1])),
+            )
+    torch.save(({wnid: (f"class {i}",) for i, wnid in enumerate(wnids)}, []), root / "meta.bin")
     return str(root)
 
 
@@ -295,8 +330,9 @@ def write_latent_folder(root, shape, classes=2, per_class=8, seed=0) -> str:
             latent = rng.standard_normal(shape).astype(np.float32)
             half = shape[0] // 2
             latent[half:] = -4.0 + 0.1 * latent[half:]  # small variances
-            np.savez(folder / f"{index}.npz", vae_output=latent,
-                     label=np.array(label, dtype=np.int64))
+            np.savez(
+                folder / f"{index}.npz", vae_output=latent, label=np.array(label, dtype=np.int64)
+            )
     return str(root)
 
 
@@ -309,8 +345,17 @@ def _image_files(folder: Path, rng, count, size) -> list[bytes]:
     return names
 
 
-def write_llava_hdf5(folder, images, vocab: int, seq: int, image_tokens: int,
-                     image_start=1, image_size=(40, 40), examples=16, seed=0) -> str:
+def write_llava_hdf5(
+    folder,
+    images,
+    vocab: int,
+    seq: int,
+    image_tokens: int,
+    image_start=1,
+    image_size=(40, 40),
+    examples=16,
+    seed=0,
+) -> str:
     """LlavaHDF5MapDataProcessor input ("sample" format): ``data`` ``[N, 4, seq]`` (text
     ids, loss mask, labels, key padding mask: 1 on padding) and ``img_path`` ``[N, 1]``
     (file names under ``images``); the image's ``image_tokens`` features take the text
@@ -318,18 +363,30 @@ def write_llava_hdf5(folder, images, vocab: int, seq: int, image_tokens: int,
     folder, images = _folder(folder), _folder(images)
     rng = np.random.default_rng(seed)
     ids, loss, labels = _lm_sample(rng, vocab, seq, examples)
-    loss[:, image_start:image_start + image_tokens] = 0
+    loss[:, image_start : image_start + image_tokens] = 0
     padding = (loss == 0).astype(np.int32)
-    padding[:, :image_start + image_tokens] = 0
+    padding[:, : image_start + image_tokens] = 0
     names = _image_files(images, rng, examples, image_size)
-    _h5(folder / "data-0.h5", examples, data=np.stack([ids, loss, labels, padding], axis=1),
-        img_path=np.array([[name] for name in names], dtype="S"))
+    _h5(
+        folder / "data-0.h5",
+        examples,
+        data=np.stack([ids, loss, labels, padding], axis=1),
+        img_path=np.array([[name] for name in names], dtype="S"),
+    )
     return str(folder)
 
 
-def write_multimodal_simple_hdf5(folder, images, vocab: int, seq: int, image_tokens: int,
-                                 image_start=1, image_size=(40, 40), examples=16,
-                                 seed=0) -> str:
+def write_multimodal_simple_hdf5(
+    folder,
+    images,
+    vocab: int,
+    seq: int,
+    image_tokens: int,
+    image_start=1,
+    image_size=(40, 40),
+    examples=16,
+    seed=0,
+) -> str:
     """MultimodalSimpleHDF5MapDataProcessor input: ``data`` ``[N, 5, seq]`` (the four of
     LLaVA's, then the token modality: 1 on image positions), ``img_path`` ``[N, 1]`` and
     ``img_data_loc`` ``[N, 1, image_tokens]`` (the text positions of the image's
@@ -340,12 +397,15 @@ def write_multimodal_simple_hdf5(folder, images, vocab: int, seq: int, image_tok
     where = np.arange(image_start, image_start + image_tokens, dtype=np.int32)
     loss[:, where] = 0
     padding = (loss == 0).astype(np.int32)
-    padding[:, :image_start + image_tokens] = 0
+    padding[:, : image_start + image_tokens] = 0
     modality = np.zeros_like(ids)
     modality[:, where] = 1
     names = _image_files(images, rng, examples, image_size)
-    _h5(folder / "data-0.h5", examples,
+    _h5(
+        folder / "data-0.h5",
+        examples,
         data=np.stack([ids, loss, labels, padding, modality], axis=1),
         img_path=np.array([[name] for name in names], dtype="S"),
-        img_data_loc=np.broadcast_to(where, (examples, 1, image_tokens)).copy())
+        img_data_loc=np.broadcast_to(where, (examples, 1, image_tokens)).copy(),
+    )
     return str(folder)

@@ -19,8 +19,9 @@ PYTHON = os.environ.get("ZOO_PYTHON", sys.executable)
 REFERENCE = json.loads((ROOT / "tests" / "data" / "zoo_fc_mnist_reference.json").read_text())
 
 pytestmark = pytest.mark.skipif(
-    not ZOO_SRC, reason="set MODELZOO_SRC to a Model Zoo Release_2.10.0 src/ folder "
-                        "(tests/zoo/README.md)")
+    not ZOO_SRC,
+    reason="set MODELZOO_SRC to a Model Zoo Release_2.10.0 src/ folder (tests/zoo/README.md)",
+)
 
 
 def _env():
@@ -31,16 +32,33 @@ def _env():
 def _run(tmp_path, *args, timeout=900):
     out = tmp_path / "result.json"
     proc = subprocess.run(
-        [PYTHON, str(ROOT / "tests" / "zoo" / "run_zoo.py"), *args,
-         "--model-dir", str(tmp_path / "model_dir"), "--out", str(out)],
-        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=timeout)
+        [
+            PYTHON,
+            str(ROOT / "tests" / "zoo" / "run_zoo.py"),
+            *args,
+            "--model-dir",
+            str(tmp_path / "model_dir"),
+            "--out",
+            str(out),
+        ],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return json.loads(out.read_text())
 
 
 def test_scan_resolves_every_cerebras_pytorch_use():
-    proc = subprocess.run([PYTHON, str(ROOT / "tools" / "zoo_scan.py"), ZOO_SRC],
-                          env=_env(), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [PYTHON, str(ROOT / "tools" / "zoo_scan.py"), ZOO_SRC],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     summary = proc.stdout.strip().splitlines()[-1]
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     resolved, total = summary.split()[1].split("/")
@@ -63,28 +81,52 @@ def test_zoo_config_classes_from_optimizer_signatures(tmp_path):
         "sgd = create_config_class(cstorch.optim.SGD, custom_type_mapping=mapping)\n"
         "print(sgd(learning_rate=0.001, momentum=0.9).model_dump()['momentum'])\n"
         "adamw = create_config_class(cstorch.optim.AdamW, custom_type_mapping=mapping)\n"
-        "print(adamw(learning_rate=0.001, betas=[0.9, 0.95]).model_dump()['betas'])\n")
-    proc = subprocess.run([PYTHON, str(script)], env=_env(), capture_output=True, text=True,
-                          timeout=600, cwd=tmp_path)
+        "print(adamw(learning_rate=0.001, betas=[0.9, 0.95]).model_dump()['betas'])\n"
+    )
+    proc = subprocess.run(
+        [PYTHON, str(script)], env=_env(), capture_output=True, text=True, timeout=600, cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.split() == ["0.9", "(0.9,", "0.95)"]
 
 
 def test_fc_mnist_cpu_matches_cerebras_pytorch(tmp_path):
     reference = REFERENCE["fc_mnist_cpu"]["mixed_precision_off"]
-    result = _run(tmp_path, "--model", "fc_mnist", "--device", "CPU", "--steps", "20",
-                  "--checkpoint-steps", "10", "--mixed-precision", "off")
+    result = _run(
+        tmp_path,
+        "--model",
+        "fc_mnist",
+        "--device",
+        "CPU",
+        "--steps",
+        "20",
+        "--checkpoint-steps",
+        "10",
+        "--mixed-precision",
+        "off",
+    )
     assert result["checkpoints"] == ["checkpoint_10.mdl", "checkpoint_20.mdl"]
     assert len(result["train_losses"]) == 20
-    for ours, theirs in zip(result["train_losses"] + result["val_losses"],
-                            reference["train_losses"] + reference["val_losses"]):
+    for ours, theirs in zip(
+        result["train_losses"] + result["val_losses"],
+        reference["train_losses"] + reference["val_losses"],
+    ):
         assert abs(ours - theirs) <= 1e-5, (result, reference)
 
 
 @pytest.mark.parametrize("device", ["CPU", "CSX"])
 def test_fc_mnist_mixed_precision_with_checkpoints_and_validate(tmp_path, device):
-    result = _run(tmp_path, "--model", "fc_mnist", "--device", device, "--steps", "20",
-                  "--checkpoint-steps", "10")
+    result = _run(
+        tmp_path,
+        "--model",
+        "fc_mnist",
+        "--device",
+        device,
+        "--steps",
+        "20",
+        "--checkpoint-steps",
+        "10",
+    )
     assert result["checkpoints"] == ["checkpoint_10.mdl", "checkpoint_20.mdl"]
     assert len(result["train_losses"]) == 20 and len(result["val_losses"]) == 3
     reference = REFERENCE["fc_mnist_cpu"]["mixed_precision_on"]["train_losses"]
@@ -96,8 +138,9 @@ def test_fc_mnist_mixed_precision_with_checkpoints_and_validate(tmp_path, device
 
 @pytest.mark.parametrize("device", ["CPU", "CSX"])
 def test_tiny_gpt2_from_the_registry_trains(tmp_path, device):
-    result = _run(tmp_path, "--model", "gpt2", "--device", device, "--steps", "10",
-                  "--checkpoint-steps", "5")
+    result = _run(
+        tmp_path, "--model", "gpt2", "--device", device, "--steps", "10", "--checkpoint-steps", "5"
+    )
     assert result["checkpoints"] == ["checkpoint_5.mdl", "checkpoint_10.mdl"]
     losses = result["train_losses"]
     assert len(losses) == 10 and all(9.0 < loss < 11.0 for loss in losses)  # ~ln(32000)
@@ -114,8 +157,9 @@ def _sweep_tools():
 
 def _tiny(sweep, tmp_path, name):
     src = Path(ZOO_SRC)
-    registry = sweep.yaml.safe_load((src / "cerebras" / "modelzoo" / "registry" /
-                                     "registry.yaml").read_text())["models"]
+    registry = sweep.yaml.safe_load(
+        (src / "cerebras" / "modelzoo" / "registry" / "registry.yaml").read_text()
+    )["models"]
     entry = next(m for m in registry if m["name"] == name)
     processors = {p.rsplit(".", 1)[-1] for p in entry["data_processor_paths"]}
     config, note = sweep.tiny_config(name, sweep.shipped_configs(src), processors, tmp_path)

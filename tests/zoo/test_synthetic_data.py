@@ -54,8 +54,11 @@ def test_dpr_groups_match_their_feature_names(tmp_path):
 
 def test_multimodal_samples_put_the_image_where_the_text_leaves_room(tmp_path):
     pytest.importorskip("PIL")
-    folder = Path(sd.write_multimodal_simple_hdf5(tmp_path / "h5", tmp_path / "img", vocab=40,
-                                                  seq=12, image_tokens=4, examples=3))
+    folder = Path(
+        sd.write_multimodal_simple_hdf5(
+            tmp_path / "h5", tmp_path / "img", vocab=40, seq=12, image_tokens=4, examples=3
+        )
+    )
     with h5py.File(folder / "data-0.h5") as f:
         data, where = f["data"][:], f["img_data_loc"][:]
         paths = f["img_path"][:]

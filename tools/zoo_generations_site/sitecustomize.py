@@ -12,9 +12,8 @@ leads ``PYTHONPATH``); the zoo's own code and command line are untouched.
   something imported ``importlib.util`` earlier at startup (tests/zoo/GENERATIONS_1x.md).
 """
 
-import importlib.util  # noqa: F401 (see the module doc)
-
 import atexit
+import importlib.util  # noqa: F401 (see the module doc)
 import json
 import os
 import sys
@@ -36,11 +35,18 @@ def _report():
     if cstorch is not None:
         try:
             from cstorch.core.engine import resolve_engine
+
             engine = resolve_engine()
         except Exception as exc:  # noqa: BLE001 (the probe must never fail the run it watches)
             engine = f"unknown ({exc})"
-    names = ("cerebras.pytorch", "cerebras_pytorch", "cstorch", "cerebras.appliance",
-             "cerebras_appliance", "torch")
+    names = (
+        "cerebras.pytorch",
+        "cerebras_pytorch",
+        "cstorch",
+        "cerebras.appliance",
+        "cerebras_appliance",
+        "torch",
+    )
     report = {name: _where(name) for name in names}
     where = report["cstorch"]
     report["project_cstorch"] = bool(where) and str(where).startswith(_PROJECT)
@@ -50,11 +56,16 @@ def _report():
     # torch_xla pieces the 1.6 zoo imports came from (cerebras_pytorch.lazy.xla_pieces)
     tests = os.path.join(_PROJECT, "tests") + os.sep
     report["from_tests"] = sorted(
-        name for name, module in list(sys.modules.items())
-        if str(getattr(module, "__file__", None) or "").startswith(tests))
+        name
+        for name, module in list(sys.modules.items())
+        if str(getattr(module, "__file__", None) or "").startswith(tests)
+    )
     xla = sys.modules.get("torch_xla")
-    report["torch_xla"] = None if xla is None else (
-        getattr(xla, "__file__", None) or getattr(xla.__spec__, "origin", None))
+    report["torch_xla"] = (
+        None
+        if xla is None
+        else (getattr(xla, "__file__", None) or getattr(xla.__spec__, "origin", None))
+    )
     with open(_PROBE, "w") as f:
         json.dump(report, f, indent=1)
 
@@ -66,7 +77,9 @@ try:
     import numpy as _np
 
     if not hasattr(_np, "cast"):
-        _np.cast = {name: (lambda x, name=name: _np.asarray(x, dtype=name))
-                    for name in ("int32", "int64", "float32", "float16")}
+        _np.cast = {
+            name: (lambda x, name=name: _np.asarray(x, dtype=name))
+            for name in ("int32", "int64", "float32", "float16")
+        }
 except ImportError:
     pass

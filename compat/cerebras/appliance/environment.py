@@ -20,8 +20,9 @@ class _ApplianceEnviron(MutableMapping):
 
     def __setitem__(self, key, value):
         if not isinstance(key, str) or not isinstance(value, str):
-            raise TypeError(f"Environment variable names and values must be str, got "
-                            f"{key!r}={value!r}.")
+            raise TypeError(
+                f"Environment variable names and values must be str, got {key!r}={value!r}."
+            )
         self._vars[key] = value
         os.environ[key] = value
 

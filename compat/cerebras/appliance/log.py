@@ -39,8 +39,12 @@ _T = TypeVar("_T")
 
 def _attach(cls, name: Optional[str]):
     cls.logger = logging.getLogger(f"{ROOTNAME}.{name or cls.__qualname__}")
-    for method, level in (("_should_log_info", logging.INFO), ("_should_log_verbose", VERBOSE),
-                          ("_should_log_debug", logging.DEBUG), ("_should_log_trace", TRACE)):
+    for method, level in (
+        ("_should_log_info", logging.INFO),
+        ("_should_log_verbose", VERBOSE),
+        ("_should_log_debug", logging.DEBUG),
+        ("_should_log_trace", TRACE),
+    ):
         setattr(cls, method, classmethod(lambda c, level=level: c.logger.isEnabledFor(level)))
     return cls
 
@@ -51,8 +55,10 @@ def named_class_logger(cls_or_namespace: Union[Type[_T], str, None] = None):
         return _attach(cls_or_namespace, None)
     if cls_or_namespace is None or isinstance(cls_or_namespace, str):
         return lambda cls: _attach(cls, cls_or_namespace)
-    raise TypeError(f"named_class_logger takes a class, a logger name or nothing, got "
-                    f"{type(cls_or_namespace).__name__}.")
+    raise TypeError(
+        f"named_class_logger takes a class, a logger name or nothing, got "
+        f"{type(cls_or_namespace).__name__}."
+    )
 
 
 @dataclasses.dataclass
@@ -81,18 +87,21 @@ def collect_wsc_log_settings() -> List[WscLogSetting]:
     """
     settings = []
     prefix = wsc_logger.name
-    names = [prefix] + sorted(n for n in logging.root.manager.loggerDict
-                              if n.startswith(prefix + "."))
+    names = [prefix] + sorted(
+        n for n in logging.root.manager.loggerDict if n.startswith(prefix + ".")
+    )
     for name in names:
         lg = logging.getLogger(name)
         if lg.level == logging.NOTSET:
             continue
-        parts = name[len(prefix) + 1:].split(".") if name != prefix else []
+        parts = name[len(prefix) + 1 :].split(".") if name != prefix else []
         mode = parts.pop(0) if parts and parts[0] in _MODES else None
         role = parts.pop(0) if parts and parts[0] in _ROLES else None
         if len(parts) > 1:
-            logger.warning(f"Ignoring cluster-server log setting {name!r}: expected "
-                           f"{prefix}.<mode>.<role>.<tag>.")
+            logger.warning(
+                f"Ignoring cluster-server log setting {name!r}: expected "
+                f"{prefix}.<mode>.<role>.<tag>."
+            )
             continue
         settings.append(WscLogSetting(lg.level, parts[0] if parts else None, mode, role))
     settings.sort(key=lambda s: (s.mode is not None, s.role is not None, s.tag is not None))

@@ -3,16 +3,23 @@ debug-args and INI helpers from (``cerebras_appliance.run_utils`` in 2.0/2.1). L
 moved them to ``cerebras.appliance.utils.debug_args`` and ``.utils.ini``; these are the same
 functions."""
 
-from cstorch.backends import DebugArgs
 from cerebras.appliance.utils.debug_args import (
     get_debug_args,
     update_debug_args_from_keys,
     write_debug_args,
 )
 from cerebras.appliance.utils.ini import clear_ini, set_default_ini, set_ini
+from cstorch.backends import DebugArgs
 
-__all__ = ["DebugArgs", "clear_ini", "get_debug_args", "set_default_ini", "set_ini",
-           "update_debug_args_from_keys", "write_debug_args"]
+__all__ = [
+    "DebugArgs",
+    "clear_ini",
+    "get_debug_args",
+    "set_default_ini",
+    "set_ini",
+    "update_debug_args_from_keys",
+    "write_debug_args",
+]
 
 
 # ---------------------------------------------------------------------- 1.7 to 1.9 helpers
@@ -38,8 +45,9 @@ def update_debug_args_with_autogen_policy(debug_args, autogen_policy=None) -> No
     if autogen_policy is None:
         return
     if str(autogen_policy).lower() not in _AUTOGEN_POLICIES:
-        raise ValueError(f"autogen_policy {autogen_policy!r} is not one of "
-                         f"{list(_AUTOGEN_POLICIES)}.")
+        raise ValueError(
+            f"autogen_policy {autogen_policy!r} is not one of {list(_AUTOGEN_POLICIES)}."
+        )
     _append_to_debug_ini(debug_args, f"autogen_policy: AP_{str(autogen_policy).upper()}\n")
 
 

@@ -44,8 +44,15 @@ def install() -> bool:
     original = TreeSpec.__init__
 
     @functools.wraps(original)
-    def __init__(self, type, context=_MISSING, children_specs=_MISSING, *,
-                 _context=_MISSING, _children=_MISSING):
+    def __init__(
+        self,
+        type,
+        context=_MISSING,
+        children_specs=_MISSING,
+        *,
+        _context=_MISSING,
+        _children=_MISSING,
+    ):
         # The old keywords win: dataclasses.replace(spec, children_specs=...) passes both the
         # new children and the old ``_children`` field value.
         if context is _MISSING:

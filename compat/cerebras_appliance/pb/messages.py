@@ -20,8 +20,10 @@ class Message:
 
     def _check(self, name):
         if name not in type(self).FIELDS:
-            raise AttributeError(f"{type(self).__name__} has no field {name!r}; its fields are "
-                                 f"{sorted(type(self).FIELDS)}.")
+            raise AttributeError(
+                f"{type(self).__name__} has no field {name!r}; its fields are "
+                f"{sorted(type(self).FIELDS)}."
+            )
 
     def __getattr__(self, name):
         if name.startswith("__"):
@@ -42,8 +44,9 @@ class Message:
 
     def CopyFrom(self, other: "Message") -> None:
         if type(other) is not type(self):
-            raise TypeError(f"CopyFrom expects a {type(self).__name__}, got "
-                            f"{type(other).__name__}.")
+            raise TypeError(
+                f"CopyFrom expects a {type(self).__name__}, got {type(other).__name__}."
+            )
         self.__dict__.clear()
         self.__dict__.update(copy.deepcopy(other.__dict__))
 
@@ -70,8 +73,7 @@ class Enum:
     @classmethod
     def Value(cls, name) -> int:
         if name not in cls.VALUES:
-            raise ValueError(f"{cls.__name__} has no name {name!r}; known: "
-                             f"{sorted(cls.VALUES)}.")
+            raise ValueError(f"{cls.__name__} has no name {name!r}; known: {sorted(cls.VALUES)}.")
         return cls.VALUES[name]
 
     @classmethod

@@ -18,7 +18,6 @@ It is this package rather than cstorch.amp itself because cstorch's GradScaler m
 
 from __future__ import annotations
 
-
 import cstorch.amp as _amp
 from cstorch.amp import *  # noqa: F403
 
@@ -26,27 +25,47 @@ _init_params: dict = {}
 
 
 class GradScaler(_amp.GradScaler):
-    def __init__(self, loss_scale=None, init_scale=None, steps_per_increase=None,
-                 min_loss_scale=None, max_loss_scale=None, overflow_tolerance=0.0,
-                 max_gradient_norm=None, *, initial_loss_scale=None, mixed_precision=None):
+    def __init__(
+        self,
+        loss_scale=None,
+        init_scale=None,
+        steps_per_increase=None,
+        min_loss_scale=None,
+        max_loss_scale=None,
+        overflow_tolerance=0.0,
+        max_gradient_norm=None,
+        *,
+        initial_loss_scale=None,
+        mixed_precision=None,
+    ):
         if initial_loss_scale is not None:
             if init_scale is not None and init_scale != initial_loss_scale:
-                raise ValueError("Pass one of init_scale and initial_loss_scale (the 1.x "
-                                 "name), not both with different values.")
+                raise ValueError(
+                    "Pass one of init_scale and initial_loss_scale (the 1.x "
+                    "name), not both with different values."
+                )
             init_scale = initial_loss_scale
         if mixed_precision is False:
             loss_scale = 1.0  # 1.x: no loss scaling outside mixed precision
         _init_params.clear()
-        _init_params.update(loss_scale=loss_scale, initial_loss_scale=init_scale,
-                            steps_per_increase=steps_per_increase,
-                            min_loss_scale=min_loss_scale, max_loss_scale=max_loss_scale,
-                            max_gradient_norm=max_gradient_norm,
-                            mixed_precision=mixed_precision)
-        super().__init__(loss_scale=loss_scale, init_scale=init_scale,
-                         steps_per_increase=steps_per_increase, min_loss_scale=min_loss_scale,
-                         max_loss_scale=max_loss_scale, overflow_tolerance=overflow_tolerance,
-                         max_gradient_norm=max_gradient_norm)
-
+        _init_params.update(
+            loss_scale=loss_scale,
+            initial_loss_scale=init_scale,
+            steps_per_increase=steps_per_increase,
+            min_loss_scale=min_loss_scale,
+            max_loss_scale=max_loss_scale,
+            max_gradient_norm=max_gradient_norm,
+            mixed_precision=mixed_precision,
+        )
+        super().__init__(
+            loss_scale=loss_scale,
+            init_scale=init_scale,
+            steps_per_increase=steps_per_increase,
+            min_loss_scale=min_loss_scale,
+            max_loss_scale=max_loss_scale,
+            overflow_tolerance=overflow_tolerance,
+            max_gradient_norm=max_gradient_norm,
+        )
 
     def __call__(self, loss):
         return self.scale(loss)
@@ -76,5 +95,3 @@ def load_state_dict(state: dict) -> None:
 
 def __getattr__(name):
     return getattr(_amp, name)
-
-

@@ -31,24 +31,37 @@ cstorch 2.10's ``experimental`` names (``Compression``, ``listener``, ...) are o
 
 import cstorch as _cstorch
 import cstorch.experimental as _experimental_2x
-
-from cstorch import load as load
-from cerebras_pytorch.experimental._backend19 import backend as backend, save as save  # (1.9)
-from cstorch.core.compile import trace as compile_step
-from cstorch.utils.step_closures import checkpoint_closure as checkpoint_closure, step_closure as step_closure
-
 from cerebras_pytorch.experimental import amp, metrics, optim, utils
+from cerebras_pytorch.experimental._backend19 import backend as backend, save as save  # (1.9)
 from cerebras_pytorch.experimental._configure import compile, configure
 from cerebras_pytorch.experimental.summaries import (
     save_summaries,
     scalar_summary,
     summarize_scalar,
 )
+from cstorch import load as load
+from cstorch.core.compile import trace as compile_step
+from cstorch.utils.step_closures import (
+    checkpoint_closure as checkpoint_closure,
+    step_closure as step_closure,
+)
 
 __all__ = [
-    "amp", "backend", "checkpoint_closure", "compile", "compile_step", "configure", "load",
-    "metrics", "optim", "save", "save_summaries", "scalar_summary", "step_closure",
-    "summarize_scalar", "utils",
+    "amp",
+    "backend",
+    "checkpoint_closure",
+    "compile",
+    "compile_step",
+    "configure",
+    "load",
+    "metrics",
+    "optim",
+    "save",
+    "save_summaries",
+    "scalar_summary",
+    "step_closure",
+    "summarize_scalar",
+    "utils",
 ]
 
 

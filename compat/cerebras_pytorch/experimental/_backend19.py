@@ -32,10 +32,13 @@ def backend(backend_type=None, *args, max_checkpoints=None, drop_data=False, **k
     if backend_type is None:  # cstorch.backend(): the current one
         return cstorch.backend()
     if drop_data:
-        raise ValueError("drop_data=True is not modeled: the modeled wafer computes on the "
-                         "data it is sent. Leave runconfig.drop_data unset.")
-    if max_checkpoints is not None and (not isinstance(max_checkpoints, int)
-                                        or max_checkpoints < 1):
+        raise ValueError(
+            "drop_data=True is not modeled: the modeled wafer computes on the "
+            "data it is sent. Leave runconfig.drop_data unset."
+        )
+    if max_checkpoints is not None and (
+        not isinstance(max_checkpoints, int) or max_checkpoints < 1
+    ):
         raise ValueError(f"max_checkpoints must be a positive int, got {max_checkpoints!r}.")
     created = cstorch.backend(backend_type, *args, **kwargs)
     _max_checkpoints = max_checkpoints

@@ -17,15 +17,40 @@ from cstorch.backend import get_or_create
 
 # configure()'s keywords in 1.8/1.9 (the Model Zoo's run_cstorch_flow passes all of them).
 CONFIGURE_KEYS = (
-    "model_dir", "compile_dir", "compile_only", "validate_only", "checkpoint_steps", "seed",
-    "num_csx", "max_wgt_servers", "mgmt_address", "mgmt_namespace", "credentials_path",
-    "debug_args", "mount_dirs", "python_paths", "transfer_processes", "num_workers_per_csx",
-    "execution_strategy", "job_labels", "max_act_per_csx", "job_time_sec",
-    "disable_version_check", "service_workdir", "use_cs_grad_accum", "precision_opt_level",
+    "model_dir",
+    "compile_dir",
+    "compile_only",
+    "validate_only",
+    "checkpoint_steps",
+    "seed",
+    "num_csx",
+    "max_wgt_servers",
+    "mgmt_address",
+    "mgmt_namespace",
+    "credentials_path",
+    "debug_args",
+    "mount_dirs",
+    "python_paths",
+    "transfer_processes",
+    "num_workers_per_csx",
+    "execution_strategy",
+    "job_labels",
+    "max_act_per_csx",
+    "job_time_sec",
+    "disable_version_check",
+    "service_workdir",
+    "use_cs_grad_accum",
+    "precision_opt_level",
 )
 
-_BACKENDS = {"WSE_WS": "CSX", "WSE": "CSX", "WSE_PIPELINE": "CSX", "CSX": "CSX",
-             "CPU": "CPU", "GPU": "GPU"}
+_BACKENDS = {
+    "WSE_WS": "CSX",
+    "WSE": "CSX",
+    "WSE_PIPELINE": "CSX",
+    "CSX": "CSX",
+    "CPU": "CPU",
+    "GPU": "GPU",
+}
 
 _settings: dict | None = None
 
@@ -44,12 +69,15 @@ def configure(**kwargs) -> None:
     settings (``num_csx``, ``max_wgt_servers``, ...)."""
     global _settings
     if _settings is not None:
-        raise RuntimeError("cstorch.configure() was already called in this process; the run "
-                           "can only be configured once. Pass every setting in one call.")
+        raise RuntimeError(
+            "cstorch.configure() was already called in this process; the run "
+            "can only be configured once. Pass every setting in one call."
+        )
     unknown = sorted(set(kwargs) - set(CONFIGURE_KEYS))
     if unknown:
-        raise TypeError(f"configure() got unknown settings {unknown}; valid ones are "
-                        f"{sorted(CONFIGURE_KEYS)}.")
+        raise TypeError(
+            f"configure() got unknown settings {unknown}; valid ones are {sorted(CONFIGURE_KEYS)}."
+        )
     if kwargs.get("compile_only") and kwargs.get("validate_only"):
         raise ValueError("Set only one of compile_only and validate_only.")
     steps = kwargs.get("checkpoint_steps")
@@ -91,8 +119,10 @@ class LegacyBackendInfo:
 def _backend_type(name) -> str:
     key = str(name).upper()
     if key not in _BACKENDS:
-        raise ValueError(f"Unknown backend {name!r}; expected one of {sorted(_BACKENDS)} "
-                         "(case-insensitive). The WSE names run on the modeled wafer.")
+        raise ValueError(
+            f"Unknown backend {name!r}; expected one of {sorted(_BACKENDS)} "
+            "(case-insensitive). The WSE names run on the modeled wafer."
+        )
     return _BACKENDS[key]
 
 
@@ -101,7 +131,8 @@ def get_backend(name):
     wanted = _backend_type(name)
     mismatch = lambda existing: RuntimeError(  # noqa: E731
         f"A {existing.backend_type.name} backend already exists in this process; cannot "
-        f"also run on {name!r}. Use one backend per process.")
+        f"also run on {name!r}. Use one backend per process."
+    )
     if cstorch.backend() is not None:
         return get_or_create(wanted, mismatch=mismatch)
     opts = settings()
@@ -110,19 +141,29 @@ def get_backend(name):
     if wanted == "CSX":
         from cstorch.distributed import ClusterConfig
 
-        cluster = {k: opts[v] for k, v in (("num_csx", "num_csx"),
-                                           ("max_wgt_servers", "max_wgt_servers"),
-                                           ("max_act_per_csx", "max_act_per_csx"))
-                   if opts.get(v) is not None}
+        cluster = {
+            k: opts[v]
+            for k, v in (
+                ("num_csx", "num_csx"),
+                ("max_wgt_servers", "max_wgt_servers"),
+                ("max_act_per_csx", "max_act_per_csx"),
+            )
+            if opts.get(v) is not None
+        }
         return get_or_create(
-            "CSX", mismatch=mismatch, artifact_dir=artifact_dir,
+            "CSX",
+            mismatch=mismatch,
+            artifact_dir=artifact_dir,
             compile_dir=opts.get("compile_dir") or "cached_compile",
             compile_only=bool(opts.get("compile_only")),
             validate_only=bool(opts.get("validate_only")),
-            cluster_config=ClusterConfig(**cluster))
+            cluster_config=ClusterConfig(**cluster),
+        )
     if opts.get("compile_only") or opts.get("validate_only"):
-        raise ValueError("compile_only/validate_only need a WSE backend (the modeled wafer); "
-                         f"got backend {name!r}.")
+        raise ValueError(
+            "compile_only/validate_only need a WSE backend (the modeled wafer); "
+            f"got backend {name!r}."
+        )
     return get_or_create(wanted, mismatch=mismatch, artifact_dir=artifact_dir)
 
 

@@ -20,10 +20,16 @@ def _legacy(cls):
         self.compute_on_system = bool(compute_on_system)
         cls.__init__(self, name, *args, **kwargs)
 
-    legacy = type(cls.__name__, (cls,), {
-        "__init__": __init__, "__module__": __name__,
-        "__doc__": f"{cls.__doc__}\n\n1.x signature: ``{cls.__name__}(name, ..., "
-                   "compute_on_system=True)``."})
+    legacy = type(
+        cls.__name__,
+        (cls,),
+        {
+            "__init__": __init__,
+            "__module__": __name__,
+            "__doc__": f"{cls.__doc__}\n\n1.x signature: ``{cls.__name__}(name, ..., "
+            "compute_on_system=True)``.",
+        },
+    )
     return legacy
 
 

@@ -14,16 +14,26 @@ import copy
 import inspect
 
 from cstorch.optim import *  # noqa: F403 - the 1.8 namespace is cstorch.optim's
-from cstorch.optim import Optimizer, lr_scheduler  # noqa: F401
-from cstorch.optim import config as _config
+from cstorch.optim import Optimizer, config as _config, lr_scheduler  # noqa: F401
 
 # Keys of a 1.x ``optimizer:`` section that the runner reads; never optimizer arguments.
-RUNNER_KEYS = frozenset({
-    "optimizer_type", "loss_scaling_factor", "initial_loss_scale", "steps_per_increase",
-    "min_loss_scale", "max_loss_scale", "max_gradient_norm", "max_gradient_value",
-    "grad_accum_steps", "log_summaries", "disable_lr_steps_reset", "adjust_learning_rate",
-    "loss_scale",
-})
+RUNNER_KEYS = frozenset(
+    {
+        "optimizer_type",
+        "loss_scaling_factor",
+        "initial_loss_scale",
+        "steps_per_increase",
+        "min_loss_scale",
+        "max_loss_scale",
+        "max_gradient_norm",
+        "max_gradient_value",
+        "grad_accum_steps",
+        "log_summaries",
+        "disable_lr_steps_reset",
+        "adjust_learning_rate",
+        "loss_scale",
+    }
+)
 
 
 def translate_optimizer_params(optimizer_type: str, params: dict) -> dict:
@@ -39,8 +49,11 @@ def translate_optimizer_params(optimizer_type: str, params: dict) -> dict:
         beta1, beta2 = out.pop("beta1", 0.9), out.pop("beta2", 0.999)
         if "betas" in accepted:
             out.setdefault("betas", (beta1, beta2))
-    for pair, new in ((("eps1", "eps2"), "eps"), (("eta1", "eta2"), "etas"),
-                      (("step_size_min", "step_size_max"), "step_sizes")):
+    for pair, new in (
+        (("eps1", "eps2"), "eps"),
+        (("eta1", "eta2"), "etas"),
+        (("step_size_min", "step_size_max"), "step_sizes"),
+    ):
         if any(k in out for k in pair):
             values = tuple(out.pop(k) for k in pair if k in out)
             if new in accepted and len(values) == 2:
@@ -77,8 +90,9 @@ def translate_scheduler_config(config: dict) -> dict:
 
 def configure_optimizer(optimizer_type: str, params, **kwargs):
     """Builds a cstorch optimizer from a 1.x ``optimizer:`` config (1.x names accepted)."""
-    return _config.configure_optimizer(optimizer_type, params,
-                                       **translate_optimizer_params(optimizer_type, kwargs))
+    return _config.configure_optimizer(
+        optimizer_type, params, **translate_optimizer_params(optimizer_type, kwargs)
+    )
 
 
 def configure_lr_scheduler(optimizer, learning_rate, adjust_learning_rate=None):
@@ -87,6 +101,7 @@ def configure_lr_scheduler(optimizer, learning_rate, adjust_learning_rate=None):
     if isinstance(learning_rate, dict):
         learning_rate = translate_scheduler_config(learning_rate)
     elif isinstance(learning_rate, (list, tuple)):
-        learning_rate = [translate_scheduler_config(c) if isinstance(c, dict) else c
-                         for c in learning_rate]
+        learning_rate = [
+            translate_scheduler_config(c) if isinstance(c, dict) else c for c in learning_rate
+        ]
     return _config.configure_lr_scheduler(optimizer, learning_rate, adjust_learning_rate)

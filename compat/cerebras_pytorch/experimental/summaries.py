@@ -19,15 +19,18 @@ cstorch_config.config.on_reset(_pending.clear)  # cstorch.config.reset()
 
 @step_closure
 def _record(name, value):
-    _pending[name] = float(value.float().mean()) if isinstance(value, torch.Tensor) \
-        else float(value)
+    _pending[name] = (
+        float(value.float().mean()) if isinstance(value, torch.Tensor) else float(value)
+    )
 
 
 def scalar_summary(name: str, value) -> None:
     """1.8: records a scalar (a 0-dim tensor or number) to write with ``save_summaries``."""
     if isinstance(value, torch.Tensor) and value.numel() != 1:
-        raise ValueError(f"scalar_summary({name!r}) needs a single-element tensor, got shape "
-                         f"{tuple(value.shape)}.")
+        raise ValueError(
+            f"scalar_summary({name!r}) needs a single-element tensor, got shape "
+            f"{tuple(value.shape)}."
+        )
     _record(name, value)
 
 
@@ -54,6 +57,8 @@ def _write_to_executor(name, value):
 def summarize_scalar(name: str, value) -> None:
     """1.9: a scalar summary written to the executor's writer at the current step."""
     if isinstance(value, torch.Tensor) and value.numel() != 1:
-        raise ValueError(f"summarize_scalar({name!r}) needs a single-element tensor, got "
-                         f"shape {tuple(value.shape)}.")
+        raise ValueError(
+            f"summarize_scalar({name!r}) needs a single-element tensor, got "
+            f"shape {tuple(value.shape)}."
+        )
     _write_to_executor(name, value)

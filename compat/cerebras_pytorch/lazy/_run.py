@@ -12,18 +12,18 @@ import dataclasses
 
 @dataclasses.dataclass
 class Run:
-    appliance: bool = False               # initialize(appliance=True): the modeled wafer
+    appliance: bool = False  # initialize(appliance=True): the modeled wafer
     settings: dict = dataclasses.field(default_factory=dict)
     weight_streaming: bool = True
     modules: list = dataclasses.field(default_factory=list)
     optimizers: list = dataclasses.field(default_factory=list)
     closures: list = dataclasses.field(default_factory=list)  # (fn, args, kwargs)
-    run_step: int = 0                     # steps the appliance ran (cm.get_run_step)
+    run_step: int = 0  # steps the appliance ran (cm.get_run_step)
     state_names: dict = dataclasses.field(default_factory=dict)
-    appliance_mode: object = None         # the ApplianceMode of the run, once created
-    dataloader: object = None             # the cbtorch.dataloader being iterated
-    in_execution_loop: bool = False       # while that loader hands out batches
-    run_state: object = None              # cbtorch.state(), once asked for
+    appliance_mode: object = None  # the ApplianceMode of the run, once created
+    dataloader: object = None  # the cbtorch.dataloader being iterated
+    in_execution_loop: bool = False  # while that loader hands out batches
+    run_state: object = None  # cbtorch.state(), once asked for
 
 
 _current = Run()

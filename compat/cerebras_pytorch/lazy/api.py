@@ -12,13 +12,22 @@ from __future__ import annotations
 import torch
 
 import cstorch
-from cstorch.backend import get_or_create
-
 from cerebras_pytorch.lazy import _run
 from cerebras_pytorch.lazy.outputs import extract_loss
+from cstorch.backend import get_or_create
 
-__all__ = ["initialize", "module", "optimizer", "dataloader", "state", "env", "Session",
-           "data", "enable_debug_name_scope", "extract_loss"]  # noqa: F822 (data: __getattr__)
+__all__ = [
+    "initialize",
+    "module",
+    "optimizer",
+    "dataloader",
+    "state",
+    "env",
+    "Session",
+    "data",  # noqa: F822 (data: module __getattr__)
+    "enable_debug_name_scope",
+    "extract_loss",
+]
 
 
 class _Env:
@@ -42,9 +51,11 @@ class _Env:
     @weight_streaming_mode.setter
     def weight_streaming_mode(self, value: bool) -> None:
         if not value:
-            raise ValueError("The pipeline execution strategy is not modeled: this engine "
-                             "runs weight streaming only. Leave execution_strategy unset or "
-                             "set it to weight_streaming.")
+            raise ValueError(
+                "The pipeline execution strategy is not modeled: this engine "
+                "runs weight streaming only. Leave execution_strategy unset or "
+                "set it to weight_streaming."
+            )
         _run.current().weight_streaming = True
 
 
@@ -55,28 +66,44 @@ def env() -> _Env:
     return _env
 
 
-def initialize(service_workdir=".", compile_dir=None, compile_only=False, appliance=False,
-               use_appliance_data=True, use_cbfloat16=False, log_initialization=True,
-               **kwargs):
+def initialize(
+    service_workdir=".",
+    compile_dir=None,
+    compile_only=False,
+    appliance=False,
+    use_appliance_data=True,
+    use_cbfloat16=False,
+    log_initialization=True,
+    **kwargs,
+):
     """Starts the 1.x run. ``appliance=True`` (the zoo's CSX path) runs on the modeled
     wafer; the engine needs no service or compile directory (they are recorded)."""
     if not appliance:
-        raise ValueError("cbtorch.initialize: only appliance=True (the weight-streaming "
-                         "appliance flow) is modeled; a CPU run does not call initialize.")
+        raise ValueError(
+            "cbtorch.initialize: only appliance=True (the weight-streaming "
+            "appliance flow) is modeled; a CPU run does not call initialize."
+        )
     if compile_only:
-        raise ValueError("compile_only/validate_only are not offered by the 1.x appliance "
-                         "flow here; use the cstorch API (runconfig.experimental_api) for a "
-                         "compile-only run.")
+        raise ValueError(
+            "compile_only/validate_only are not offered by the 1.x appliance "
+            "flow here; use the cstorch API (runconfig.experimental_api) for a "
+            "compile-only run."
+        )
     if use_cbfloat16:
-        raise ValueError("use_cbfloat16 is not modeled in the 1.x flow; leave it off (the "
-                         "modeled wafer computes in float16 mixed precision).")
+        raise ValueError(
+            "use_cbfloat16 is not modeled in the 1.x flow; leave it off (the "
+            "modeled wafer computes in float16 mixed precision)."
+        )
     run = _run.current()
     run.appliance = True
     run.settings.update(service_workdir=service_workdir, compile_dir=compile_dir, **kwargs)
     _env.service_workdir = service_workdir
     _env.compile_dir = compile_dir
-    get_or_create("CSX", artifact_dir=f"{service_workdir}/cerebras_logs",
-                  compile_dir=compile_dir or "cached_compile")
+    get_or_create(
+        "CSX",
+        artifact_dir=f"{service_workdir}/cerebras_logs",
+        compile_dir=compile_dir or "cached_compile",
+    )
     # 1.6's zoo imports two pieces of PyTorch/XLA on a CS system: importable from now on,
     # until the run is reset (see xla_pieces: never visible outside a 1.x appliance run)
     from cerebras_pytorch.lazy import xla_pieces
@@ -120,9 +147,11 @@ class Session:
     """1.x ``cbtorch.Session``: a context for a pipeline-mode run, which is not modeled."""
 
     def __init__(self, *args, **kwargs):
-        raise ValueError("cbtorch.Session is the pipeline-mode (non-appliance) session; this "
-                         "engine runs the appliance flow only (execution_strategy "
-                         "weight_streaming).")
+        raise ValueError(
+            "cbtorch.Session is the pipeline-mode (non-appliance) session; this "
+            "engine runs the appliance flow only (execution_strategy "
+            "weight_streaming)."
+        )
 
 
 def enable_debug_name_scope(*args, **kwargs) -> None:
@@ -137,8 +166,9 @@ def is_ltc_mlir_mode_enabled() -> bool:
 
 def _require_appliance(what: str) -> None:
     if not _run.current().appliance:
-        raise RuntimeError(f"{what} needs an appliance run: call "
-                           "cbtorch.initialize(appliance=True, ...) first.")
+        raise RuntimeError(
+            f"{what} needs an appliance run: call cbtorch.initialize(appliance=True, ...) first."
+        )
 
 
 def __getattr__(name):

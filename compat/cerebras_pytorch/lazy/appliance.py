@@ -39,13 +39,17 @@ import sys
 import torch
 
 import cstorch
-from cstorch.utils.nest import map_torch_tensors, visit_torch_tensors
-
 from cerebras_pytorch.lazy import _run
 from cerebras_pytorch.lazy.run_state import Tracker, run_state
+from cstorch.utils.nest import map_torch_tensors, visit_torch_tensors
 
-_STEP_METHODS = ("optimizer_zero_grad", "train_forward", "backward", "optimizer_step",
-                 "eval_forward")  # and lr_scheduler_step from 1.7 on
+_STEP_METHODS = (
+    "optimizer_zero_grad",
+    "train_forward",
+    "backward",
+    "optimizer_step",
+    "eval_forward",
+)  # and lr_scheduler_step from 1.7 on
 
 
 def _in_torch_memory(state):
@@ -53,11 +57,17 @@ def _in_torch_memory(state):
     such memory) copied into torch's own. The optimizer keeps loaded tensors themselves, and the
     engine cannot tell such memory from a numpy array's (``torch.from_numpy``), so it would
     write every step's state through to them; the loaded dict is dropped after the restore."""
+
     def own(_, value):
-        if (type(value) is torch.Tensor and value.device.type == "cpu"
-                and value.layout == torch.strided and not value.untyped_storage().resizable()):
+        if (
+            type(value) is torch.Tensor
+            and value.device.type == "cpu"
+            and value.layout == torch.strided
+            and not value.untyped_storage().resizable()
+        ):
             return value.clone()
         return value
+
     return map_torch_tensors(own, state)
 
 
@@ -82,15 +92,17 @@ class _LearningRates:
         if callable(getattr(self.scheduler, "lr_function", None)):  # the zoo's schedulers
             self.functions = [self.scheduler.lr_function] * len(groups)
         elif isinstance(self.scheduler, torch.optim.lr_scheduler.LambdaLR):
-            self.functions = [lambda step, f=f, base=base: base * f(step)
-                              for f, base in zip(self.scheduler.lr_lambdas,
-                                                 self.scheduler.base_lrs)]
+            self.functions = [
+                lambda step, f=f, base=base: base * f(step)
+                for f, base in zip(self.scheduler.lr_lambdas, self.scheduler.base_lrs)
+            ]
         else:
             raise NotImplementedError(
                 f"The learning-rate scheduler {type(self.scheduler).__name__} is not one the "
                 "1.x lazy appliance flow can follow (the Model Zoo's schedulers, with their "
                 "lr_function, or a torch LambdaLR). Use one of those, or the cstorch flow "
-                "(runconfig.experimental_api: True in releases 1.8/1.9).")
+                "(runconfig.experimental_api: True in releases 1.8/1.9)."
+            )
         self.start = 0
 
     def begin(self) -> None:
@@ -117,8 +129,7 @@ class _LearningRates:
         return before
 
     def restore(self, before) -> None:
-        for group, value in zip(self.scheduler.optimizer.param_groups if before else [],
-                                before):
+        for group, value in zip(self.scheduler.optimizer.param_groups if before else [], before):
             group["lr"] = value
 
 
@@ -131,8 +142,7 @@ def _scratch_tensor_attributes():
     to what they were (or removed) once the step is traced; parameters, buffers and
     attributes that are not tensors are left alone."""
     modules = [m for model in _run.current().modules for m in model.modules()]
-    before = [{k: v for k, v in vars(m).items() if isinstance(v, torch.Tensor)}
-              for m in modules]
+    before = [{k: v for k, v in vars(m).items() if isinstance(v, torch.Tensor)} for m in modules]
     try:
         yield
     finally:
@@ -157,6 +167,7 @@ def _hyperparameters_as_constants() -> None:
     tensor allowed at a cost and a traced step here cannot. Every hyperparameter is
     constant over a run in this flow but the learning rate, which the step takes as an input
     where it is scheduled (``_LearningRates``), so they go back to Python numbers."""
+
     def as_number(value):
         if isinstance(value, torch.Tensor) and value.dim() == 0:
             return value.item()
@@ -188,10 +199,10 @@ class ApplianceMode:
             raise RuntimeError(
                 "ApplianceMode must be created by a Model Zoo 1.x appliance runner (its "
                 "per-batch methods are the step this engine compiles); create it from the "
-                "runner's __init__ as PyTorchCSAppliance does.")
+                "runner's __init__ as PyTorchCSAppliance does."
+            )
         if not _run.current().appliance:
-            raise RuntimeError("ApplianceMode needs cbtorch.initialize(appliance=True, ...) "
-                               "first.")
+            raise RuntimeError("ApplianceMode needs cbtorch.initialize(appliance=True, ...) first.")
         from cerebras_appliance.CSConfig import CSConfig
 
         cs_config = kwargs.get("cs_config")
@@ -245,12 +256,14 @@ class ApplianceMode:
 
                 return self._traced(iteration)
         else:
+
             @cstorch.trace
             @torch.no_grad()
             def step(batch, rates=None):
                 from cerebras_pytorch.lazy.outputs import extract_loss
 
                 return self._traced(lambda: extract_loss(runner.eval_forward(batch)))
+
         self._step = step
 
     def _traced(self, iteration):
@@ -270,17 +283,19 @@ class ApplianceMode:
         with _scratch_tensor_attributes():
             loss = iteration()
         new = run.closures[queued:]
-        self._metric_closures = [c for c in new
-                                 if c[1] and any(c[1][0] is m for m in state.metrics)]
-        run.closures[queued:] = [c for c in new
-                                 if not any(c is m for m in self._metric_closures)]
+        self._metric_closures = [
+            c for c in new if c[1] and any(c[1][0] is m for m in state.metrics)
+        ]
+        run.closures[queued:] = [c for c in new if not any(c is m for m in self._metric_closures)]
         named = []
         for metric in state.metrics:
             for _, args, kwargs in self._metric_closures:
                 if args[0] is metric:
                     tensors = [t for _, t in visit_torch_tensors((args[1:], kwargs))]
-                    named += [(metric.name if len(tensors) == 1 else f"{metric.name}_{i}", t)
-                              for i, t in enumerate(tensors)]
+                    named += [
+                        (metric.name if len(tensors) == 1 else f"{metric.name}_{i}", t)
+                        for i, t in enumerate(tensors)
+                    ]
         self._named_outputs = named
         self.output_names = ["loss"] + [name for name, _ in named]
         self._output_tensors = list(state.device_outputs) + [t for _, t in named]
@@ -302,15 +317,17 @@ class ApplianceMode:
             raise RuntimeError("execute() before compile().")
         if initial_checkpoint_file is None:
             initial_checkpoint_file = next(
-                (a for a in reversed(args) if isinstance(a, str) and os.path.isfile(a)), None)
+                (a for a in reversed(args) if isinstance(a, str) and os.path.isfile(a)), None
+            )
         if initial_checkpoint_file is not None:
             state = cstorch.load(initial_checkpoint_file)
         elif self._load_initial_state is not None:  # 1.6
             state = self._load_initial_state()
             state.pop("metrics", None)
         else:
-            raise ValueError("execute() needs the initial state file the runner saved "
-                             "(initial_checkpoint_file).")
+            raise ValueError(
+                "execute() needs the initial state file the runner saved (initial_checkpoint_file)."
+            )
         self._runner._model.set_state(_in_torch_memory(state))
         run_state().restore_metric_state()
         _hyperparameters_as_constants()
@@ -325,8 +342,10 @@ class ApplianceMode:
         while self._steps_run <= step_index:
             loader = _run.current().dataloader
             if loader is None or loader.current_batch is None:
-                raise RuntimeError("receive_activations: no batch was handed out by a "
-                                   "cbtorch.dataloader in this run.")
+                raise RuntimeError(
+                    "receive_activations: no batch was handed out by a "
+                    "cbtorch.dataloader in this run."
+                )
             rates = self._rates.at(self._steps_run) if self._rates is not None else None
             loss, outputs = self._step(loader.current_batch, rates)
             self.last_batch_size = _batch_size(loader.current_batch)
@@ -340,21 +359,27 @@ class ApplianceMode:
                 callback()
             for fn, args, kwargs in self._metric_closures:  # 1.6's, at the next step mark
                 run_args, run_kwargs = map_torch_tensors(
-                    lambda _, t: self.activation(t), (args, kwargs))
+                    lambda _, t: self.activation(t), (args, kwargs)
+                )
                 _run.current().closures.append((fn, run_args, run_kwargs))
-        return {"loss": self.last_loss,
-                **{name: self.activation(t) for name, t in self._named_outputs}}
+        return {
+            "loss": self.last_loss,
+            **{name: self.activation(t) for name, t in self._named_outputs},
+        }
 
     def receive_weights(self, state_dict, iteration=None, *args, **kwargs) -> dict:
         """1.6: the current value of every tensor of ``state_dict`` by its dotted name below
         the top level (what the runner looks up through ``weight_names``)."""
         self._runner._model.get_state()  # materializes the engine's state
-        return {".".join(map(str, scope[1:])): tensor.detach().cpu()
-                for scope, tensor in visit_torch_tensors(state_dict)}
+        return {
+            ".".join(map(str, scope[1:])): tensor.detach().cpu()
+            for scope, tensor in visit_torch_tensors(state_dict)
+        }
 
     # --------------------------------------------------------------------- checkpoints
-    def save_weights(self, state, file_name, iteration=None, duplicate_params_map=None,
-                     *args, **kwargs) -> None:
+    def save_weights(
+        self, state, file_name, iteration=None, duplicate_params_map=None, *args, **kwargs
+    ) -> None:
         """Writes the current values of ``state`` (a state dict, or ``(key, value)`` pairs of
         a flattened one) into ``file_name``, whose spec the runner saved."""
         from cerebras_pytorch.saver.pt_h5_saver import PyTorchH5Saver

@@ -20,10 +20,9 @@ import time
 import torch
 
 import cstorch
+from cerebras_pytorch.lazy import _run
 from cstorch.utils.constant import make_constant  # noqa: F401
 from cstorch.utils.nest import visit_torch_tensors
-
-from cerebras_pytorch.lazy import _run
 
 METRIC_NAME_PREFIX = "cerebras_metrics"  # where the saver keeps on-device metric state
 
@@ -112,8 +111,9 @@ def to_device(tensor, device):
 # ------------------------------------------------------------------ run configuration
 def set_run_config(total_steps, checkpoint_steps, fetch_steps, **kwargs) -> None:
     run = _run.current()
-    run.settings.update(total_steps=total_steps, checkpoint_steps=checkpoint_steps,
-                        fetch_steps=fetch_steps)
+    run.settings.update(
+        total_steps=total_steps, checkpoint_steps=checkpoint_steps, fetch_steps=fetch_steps
+    )
 
 
 def get_run_step() -> int:
@@ -175,8 +175,10 @@ def mark_step() -> None:
 def print_update(device, step, loss, mode, summary_writer=None, **kwargs) -> None:
     if _run.current().appliance:  # the device is the host's; the run is the wafer's
         device = "CSX"
-    logging.info(f"| {mode.capitalize()} Device={device}, Step={step}, Loss={loss:.5f}, "
-                 f"Time={time.strftime('%H:%M:%S')}")
+    logging.info(
+        f"| {mode.capitalize()} Device={device}, Step={step}, Loss={loss:.5f}, "
+        f"Time={time.strftime('%H:%M:%S')}"
+    )
     if summary_writer is not None:
         summary_writer.add_scalar("loss", loss, step)
 

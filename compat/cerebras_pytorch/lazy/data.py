@@ -19,8 +19,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from cerebras_pytorch.lazy import _run
-from cerebras_pytorch.lazy import cb_model as _cm
+from cerebras_pytorch.lazy import _run, cb_model as _cm
 
 
 class DataLoader:
@@ -67,8 +66,8 @@ def int32_targets():
     def widening(loss):
         @functools.wraps(loss)
         def with_int32_target(input, target, *args, **kwargs):
-            return loss(input, target.long() if _is_int32(target) else target, *args,
-                        **kwargs)
+            return loss(input, target.long() if _is_int32(target) else target, *args, **kwargs)
+
         return with_int32_target
 
     for name, loss in originals.items():

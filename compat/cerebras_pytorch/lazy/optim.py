@@ -26,8 +26,10 @@ from cstorch.optim import Optimizer as _CstorchOptimizer
 class LazyOptimizer(_CstorchOptimizer):
     def __init__(self, optimizer: torch.optim.Optimizer):
         if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"cbtorch.optimizer expects a torch.optim.Optimizer, got "
-                            f"{type(optimizer).__name__}.")
+            raise TypeError(
+                f"cbtorch.optimizer expects a torch.optim.Optimizer, got "
+                f"{type(optimizer).__name__}."
+            )
         self.__dict__["_optimizer"] = optimizer
         self.backend = cstorch.backend()._impl
         self._schedulers_registry = {}
@@ -47,7 +49,8 @@ class LazyOptimizer(_CstorchOptimizer):
 
     def zero_grad(self, set_to_none: bool = True):
         self.backend.gradients_reset(  # the step zeroes its gradients (see cstorch.trace)
-            [p for group in self.param_groups for p in group["params"]], set_to_none)
+            [p for group in self.param_groups for p in group["params"]], set_to_none
+        )
         return self._optimizer.zero_grad(set_to_none)
 
     def state_dict(self, *args, **kwargs):
@@ -84,12 +87,26 @@ class _Schedule1x:
 
 
 # Every cbtorch.optim.lr_scheduler name the 1.6-1.9 zoo builds on a Cerebras system.
-V1_SCHEDULERS = {name: type(name, (_Schedule1x,), {"__doc__": f"1.x ``{name}`` (recorded)."})
-                 for name in ("Constant", "Polynomial", "Step", "MultiStep", "Lambda",
-                              "Exponential", "InverseExponentialTimeDecay",
-                              "InverseSquareRootDecay", "CosineDecay", "CosineAnnealing",
-                              "CosineAnnealingWarmRestarts", "Multiplicative", "OneCycleLR",
-                              "CyclicLR", "ScalePerParamLR")}
+V1_SCHEDULERS = {
+    name: type(name, (_Schedule1x,), {"__doc__": f"1.x ``{name}`` (recorded)."})
+    for name in (
+        "Constant",
+        "Polynomial",
+        "Step",
+        "MultiStep",
+        "Lambda",
+        "Exponential",
+        "InverseExponentialTimeDecay",
+        "InverseSquareRootDecay",
+        "CosineDecay",
+        "CosineAnnealing",
+        "CosineAnnealingWarmRestarts",
+        "Multiplicative",
+        "OneCycleLR",
+        "CyclicLR",
+        "ScalePerParamLR",
+    )
+}
 
 
 class _View(types.ModuleType):

@@ -14,6 +14,8 @@ def extract_loss(outputs):
         return outputs["loss"]
     if isinstance(outputs, (list, tuple)) and outputs:
         return outputs[0]
-    raise TypeError(f"Could not find the loss in the model's outputs "
-                    f"({type(outputs).__name__}): return a tensor, a dict with a 'loss' entry, "
-                    "or a tuple whose first element is the loss.")
+    raise TypeError(
+        f"Could not find the loss in the model's outputs "
+        f"({type(outputs).__name__}): return a tensor, a dict with a 'loss' entry, "
+        "or a tuple whose first element is the loss."
+    )

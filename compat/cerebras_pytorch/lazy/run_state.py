@@ -11,7 +11,6 @@ import time
 import torch
 
 import cstorch
-
 from cerebras_appliance.pb.stack.full_pb2 import FullConfig
 from cerebras_pytorch.lazy import _run
 
@@ -76,8 +75,9 @@ class RunState:
 
     def set_num_csx(self, num_csx) -> None:
         if num_csx not in (None, 1):
-            raise ValueError(f"num_csx={num_csx}: this engine models one CS system; set "
-                             "num_csx to 1.")
+            raise ValueError(
+                f"num_csx={num_csx}: this engine models one CS system; set num_csx to 1."
+            )
 
     def track_object(self, obj, force: bool = False) -> None:
         """The runner and the metrics name the outputs the host will fetch. The step's loss
@@ -126,8 +126,9 @@ class RunState:
     def get_activation_for_output(self, tensor):
         mode = _run.current().appliance_mode
         if mode is None or mode.last_loss is None:
-            raise RuntimeError("No step has run on the appliance yet: call "
-                               "receive_activations(step) first.")
+            raise RuntimeError(
+                "No step has run on the appliance yet: call receive_activations(step) first."
+            )
         return mode.activation(tensor)
 
 

@@ -62,8 +62,10 @@ def _xla_set_parameter_name(tensor, name):
         raise TypeError(f"_xla_set_parameter_name: expected a str name, got {type(name).__name__}")
 
 
-_DOC = ("Pieces of PyTorch/XLA the 1.6 Model Zoo imports, provided by "
-        "cerebras_pytorch.lazy.xla_pieces during a 1.x appliance run (not PyTorch/XLA).")
+_DOC = (
+    "Pieces of PyTorch/XLA the 1.6 Model Zoo imports, provided by "
+    "cerebras_pytorch.lazy.xla_pieces during a 1.x appliance run (not PyTorch/XLA)."
+)
 
 # module name -> its attributes (a name with children is a package)
 MODULES = {
@@ -81,8 +83,7 @@ class XlaPiecesFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         if fullname not in MODULES:
             return None
         package = any(name.startswith(fullname + ".") for name in MODULES)
-        return importlib.util.spec_from_loader(fullname, self, origin=__name__,
-                                               is_package=package)
+        return importlib.util.spec_from_loader(fullname, self, origin=__name__, is_package=package)
 
     def create_module(self, spec):
         return None  # the default module

@@ -36,8 +36,10 @@ def _flatten(tree, prefix=""):
         out = {}
         for key, value in tree.items():
             if not isinstance(key, (str, int)):
-                raise TypeError(f"Checkpoint keys must be str or int, got {key!r} "
-                                f"({type(key).__name__}) under {prefix or 'the root'!r}.")
+                raise TypeError(
+                    f"Checkpoint keys must be str or int, got {key!r} "
+                    f"({type(key).__name__}) under {prefix or 'the root'!r}."
+                )
             out.update(_flatten(value, f"{prefix}{key}{_SEP}"))
         return out
     if isinstance(tree, (list, tuple)):
@@ -84,8 +86,9 @@ def _host(value):
 class PyTorchH5Saver(_PyTorchH5Saver2x):
     _pending: dict = {}  # path -> (spec, {key: value}) of a checkpoint being written
 
-    def __init__(self, loaded_checkpoint: str | None = None,
-                 is_pretrained_checkpoint: bool = False):
+    def __init__(
+        self, loaded_checkpoint: str | None = None, is_pretrained_checkpoint: bool = False
+    ):
         self.loaded_checkpoint = loaded_checkpoint
         self.is_pretrained_checkpoint = bool(is_pretrained_checkpoint)
 
@@ -94,11 +97,18 @@ class PyTorchH5Saver(_PyTorchH5Saver2x):
         flat = {k: _host(v) for k, v in _flatten(state_dict).items()}
         if self.loaded_checkpoint:
             if not self.is_valid_checkpoint(self.loaded_checkpoint):
-                raise ValueError(f"loaded_checkpoint {self.loaded_checkpoint!r} is not a "
-                                 "complete H5 checkpoint.")
+                raise ValueError(
+                    f"loaded_checkpoint {self.loaded_checkpoint!r} is not a complete H5 checkpoint."
+                )
             loaded = _flatten(cstorch.load(self.loaded_checkpoint))
-            flat.update({k: loaded[k] for k in flat if k in loaded and (
-                not self.is_pretrained_checkpoint or k.startswith("model" + _SEP))})
+            flat.update(
+                {
+                    k: loaded[k]
+                    for k in flat
+                    if k in loaded
+                    and (not self.is_pretrained_checkpoint or k.startswith("model" + _SEP))
+                }
+            )
         cstorch.save(_unflatten(_spec(state_dict), flat), path)
 
     def flatten_state_dict(self, state_dict: dict):
@@ -121,7 +131,8 @@ class PyTorchH5Saver(_PyTorchH5Saver2x):
                 f"save_tensor({path!r}, {key!r}): tensors cannot be added to an existing "
                 "checkpoint (the format is written whole and published atomically). For a new "
                 "file, call save_spec with flatten_state_dict's spec first; otherwise build "
-                "the state dict and call cstorch.save.")
+                "the state dict and call cstorch.save."
+            )
         spec, values = PyTorchH5Saver._pending[where]
         keys = _leaf_keys(spec)
         if key not in keys:
@@ -135,7 +146,6 @@ class PyTorchH5Saver(_PyTorchH5Saver2x):
     @staticmethod
     def tensor_names(path: str) -> list:
         return list(_flatten(cstorch.load(path)))
-
 
 
 class CerebrasStateDict(dict):

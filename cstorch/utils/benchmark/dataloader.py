@@ -24,8 +24,9 @@ class TensorSpec:
     @staticmethod
     def from_tensor(tensor) -> "TensorSpec":
         if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"The dataloader returned a non-tensor of type "
-                            f"{type(tensor).__name__}: {tensor!r}")
+            raise TypeError(
+                f"The dataloader returned a non-tensor of type {type(tensor).__name__}: {tensor!r}"
+            )
         return TensorSpec(tuple(tensor.shape), tensor.dtype)
 
 
@@ -111,11 +112,14 @@ def _profile(activities) -> Dict[str, float]:
     return values
 
 
-def benchmark_dataloader(input_fn: Callable[..., Iterable], num_epochs: Optional[int] = None,
-                         steps_per_epoch: Optional[int] = None,
-                         sampling_frequency: Optional[int] = None,
-                         profile_activities: Optional[List[str]] = None,
-                         print_metrics: bool = True) -> Metrics:
+def benchmark_dataloader(
+    input_fn: Callable[..., Iterable],
+    num_epochs: Optional[int] = None,
+    steps_per_epoch: Optional[int] = None,
+    sampling_frequency: Optional[int] = None,
+    profile_activities: Optional[List[str]] = None,
+    print_metrics: bool = True,
+) -> Metrics:
     """Iterates ``input_fn()``'s dataloader and measures it.
 
     Args:
@@ -127,16 +131,21 @@ def benchmark_dataloader(input_fn: Callable[..., Iterable], num_epochs: Optional
         profile_activities: extra measurements per sampled batch, from ``PROFILE_ACTIVITIES``.
         print_metrics: print a summary at the end.
     """
-    for name, value in (("num_epochs", num_epochs), ("steps_per_epoch", steps_per_epoch),
-                        ("sampling_frequency", sampling_frequency)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                                  or value <= 0):
+    for name, value in (
+        ("num_epochs", num_epochs),
+        ("steps_per_epoch", steps_per_epoch),
+        ("sampling_frequency", sampling_frequency),
+    ):
+        if value is not None and (
+            not isinstance(value, int) or isinstance(value, bool) or value <= 0
+        ):
             raise ValueError(f"`{name}` must be a positive integer or None, got {value!r}.")
     activities = list(profile_activities or [])
     unknown = [a for a in activities if a not in PROFILE_ACTIVITIES]
     if unknown:
-        raise ValueError(f"Unknown profile activities {unknown}; valid ones are "
-                         f"{list(PROFILE_ACTIVITIES)}.")
+        raise ValueError(
+            f"Unknown profile activities {unknown}; valid ones are {list(PROFILE_ACTIVITIES)}."
+        )
     num_epochs = num_epochs or 1
     sampling_frequency = sampling_frequency or 100
 
@@ -167,11 +176,15 @@ def benchmark_dataloader(input_fn: Callable[..., Iterable], num_epochs: Optional
                 else:
                     seen.count += 1
                 if step == 0 or global_step % sampling_frequency == 0:
-                    epoch_metrics.batch_metrics.append(BatchMetrics(
-                        epoch_step=step, global_step=global_step,
-                        local_rate=1.0 / max(now - last, 1e-12),
-                        global_rate=global_step / max(now - run_start, 1e-12),
-                        profile_activities=_profile(activities)))
+                    epoch_metrics.batch_metrics.append(
+                        BatchMetrics(
+                            epoch_step=step,
+                            global_step=global_step,
+                            local_rate=1.0 / max(now - last, 1e-12),
+                            global_rate=global_step / max(now - run_start, 1e-12),
+                            profile_activities=_profile(activities),
+                        )
+                    )
                 last = now
             epoch_metrics.iteration_time = time.perf_counter() - t0
         metrics.is_partial = False
@@ -184,14 +197,18 @@ def benchmark_dataloader(input_fn: Callable[..., Iterable], num_epochs: Optional
 
 
 def _print(metrics: Metrics) -> None:
-    lines = [f"Dataloader benchmark{' (partial)' if metrics.is_partial else ''}:",
-             f"  build time: {metrics.dataloader_build_time:.4f} s",
-             f"  steps: {metrics.total_steps} in {metrics.total_time:.4f} s "
-             f"({metrics.global_rate:.2f} steps/s)"]
+    lines = [
+        f"Dataloader benchmark{' (partial)' if metrics.is_partial else ''}:",
+        f"  build time: {metrics.dataloader_build_time:.4f} s",
+        f"  steps: {metrics.total_steps} in {metrics.total_time:.4f} s "
+        f"({metrics.global_rate:.2f} steps/s)",
+    ]
     if metrics.global_sample_rate is not None:
         lines.append(f"  samples/s: {metrics.global_sample_rate:.2f}")
     for i, epoch in enumerate(metrics.epoch_metrics):
-        lines.append(f"  epoch {i}: {epoch.total_steps} steps, iterator creation "
-                     f"{epoch.iterator_creation:.4f} s, iteration {epoch.iteration_time:.4f} s")
+        lines.append(
+            f"  epoch {i}: {epoch.total_steps} steps, iterator creation "
+            f"{epoch.iterator_creation:.4f} s, iteration {epoch.iteration_time:.4f} s"
+        )
     lines.append(f"  unique batch specs: {len(metrics.batch_specs)}")
     print("\n".join(lines))

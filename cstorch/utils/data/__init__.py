@@ -12,6 +12,9 @@ from cstorch.utils.data.sampler import DistributedSampler
 from cstorch.utils.data.utils import Schedule as Schedule, compute_num_steps as compute_num_steps
 
 __all__ = [
-    "DataExecutor", "DataLoader", "DistributedSampler", "RestartableDataLoader",
+    "DataExecutor",
+    "DataLoader",
+    "DistributedSampler",
+    "RestartableDataLoader",
     "SyntheticDataset",
 ]

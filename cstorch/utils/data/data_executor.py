@@ -24,7 +24,6 @@ from cstorch.utils.data.dataloader import DataLoader
 from cstorch.utils.data.utils import checkpoint_schedule, infer_batch_size
 from cstorch.utils.profiler import Profiler
 
-
 # What ``cstorch.backends.csx.performance.micro_batch_size`` accepts (a type hint).
 MbsSetting = Union[None, int, Literal["explore", "auto"], Dict[str, Dict[str, int]]]
 
@@ -37,8 +36,12 @@ class RunContext:
             raise TypeError(
                 f"Expected a cstorch.utils.data.DataLoader, got {type(dataloader).__name__}. "
                 "Wrap your input function: cstorch.utils.data.DataLoader(input_fn, ...)"
-                + (", or a loader you already made: cstorch.utils.data.DataLoader(lambda: "
-                   "loader)." if hasattr(dataloader, "__iter__") else "."))
+                + (
+                    ", or a loader you already made: cstorch.utils.data.DataLoader(lambda: loader)."
+                    if hasattr(dataloader, "__iter__")
+                    else "."
+                )
+            )
         self.dataloader = dataloader
         self.num_steps = num_steps
         self.checkpoint_schedule = checkpoint_schedule_
@@ -84,7 +87,8 @@ def _old_keywords(listeners, micro_batch_size) -> None:
         raise ValueError(
             f"DataExecutor(listeners=...) got {len(listeners)} listener(s): tensor listeners "
             "of cerebras-pytorch 2.2 are not supported here; register a traced-tensor hook "
-            "with cstorch.experimental.listener.register_traced_tensor_hook instead.")
+            "with cstorch.experimental.listener.register_traced_tensor_hook instead."
+        )
     if micro_batch_size is not None:
         from cstorch.backends import backends
 
@@ -112,28 +116,46 @@ class DataExecutor:
     ``<backend.artifact_dir>/executors/<NNNNNN>/``.
     """
 
-    def __init__(self, dataloader, num_steps=None, checkpoint_steps=None, activation_steps=None,
-                 profiler_activities=None, *, cs_config=None, writer=None, listeners=None,
-                 micro_batch_size=None):
+    def __init__(
+        self,
+        dataloader,
+        num_steps=None,
+        checkpoint_steps=None,
+        activation_steps=None,
+        profiler_activities=None,
+        *,
+        cs_config=None,
+        writer=None,
+        listeners=None,
+        micro_batch_size=None,
+    ):
         impl = current_backend_impl()
         _old_keywords(listeners, micro_batch_size)
         if cs_config is not None:  # the 2.0/2.1 spelling: the cluster belongs to the backend
             warnings.warn(
                 "DataExecutor(cs_config=...) is deprecated (cerebras_pytorch 2.0/2.1) and has no "
                 "effect here: pass cluster_config=cstorch.distributed.ClusterConfig(...) to "
-                "cstorch.backend(\"CSX\", ...) instead.", DeprecationWarning, stacklevel=2)
+                'cstorch.backend("CSX", ...) instead.',
+                DeprecationWarning,
+                stacklevel=2,
+            )
         if writer is not None:
             warnings.warn(
                 "DataExecutor(writer=...) is deprecated (cerebras_pytorch 2.0/2.1): write to "
                 "your SummaryWriter inside a step closure instead; this executor logs its "
                 "rates to it (avg_samples_per_sec) at the end of the run.",
-                DeprecationWarning, stacklevel=2)
+                DeprecationWarning,
+                stacklevel=2,
+            )
         self._writer = writer
         self._cs_config = _old_cs_config(cs_config)
         if not impl.is_e2e_execution:
             if num_steps is not None and num_steps > 1:
-                warnings.warn("Compile-only/validate-only runs execute a single step; "
-                              f"ignoring num_steps={num_steps}.", stacklevel=2)
+                warnings.warn(
+                    "Compile-only/validate-only runs execute a single step; "
+                    f"ignoring num_steps={num_steps}.",
+                    stacklevel=2,
+                )
             num_steps = 1
         if num_steps is None:
             try:
@@ -141,25 +163,31 @@ class DataExecutor:
             except TypeError:
                 raise RuntimeError(
                     "Could not infer the number of steps from the dataloader (it has no "
-                    "length). Pass num_steps to DataExecutor.") from None
+                    "length). Pass num_steps to DataExecutor."
+                ) from None
         if not isinstance(num_steps, int) or num_steps < 1:
             raise RuntimeError(f"Expected num_steps to be a positive integer, got {num_steps!r}.")
         if activation_steps is None:
             activation_steps = 1
         elif not isinstance(activation_steps, int) or isinstance(activation_steps, bool):
-            raise TypeError(f"Expected activation_steps to be an int, got "
-                            f"{type(activation_steps).__name__}.")
+            raise TypeError(
+                f"Expected activation_steps to be an int, got {type(activation_steps).__name__}."
+            )
         elif activation_steps < 1:
-            raise RuntimeError(f"Expected activation_steps to be at least 1, got "
-                               f"{activation_steps}.")
+            raise RuntimeError(
+                f"Expected activation_steps to be at least 1, got {activation_steps}."
+            )
         activation_steps = min(activation_steps, num_steps)
         schedule = checkpoint_schedule(checkpoint_steps, num_steps)
         gcd = activation_steps
         for step in schedule.range():
             gcd = math.gcd(gcd, step + 1)
         if gcd != activation_steps:
-            warnings.warn(f"Lowering activation_steps from {activation_steps} to {gcd} so that "
-                          "activations are available on every checkpoint step.", stacklevel=2)
+            warnings.warn(
+                f"Lowering activation_steps from {activation_steps} to {gcd} so that "
+                "activations are available on every checkpoint step.",
+                stacklevel=2,
+            )
             activation_steps = gcd
         self.run_context = RunContext(dataloader, num_steps, schedule, activation_steps)
         self.dataloader = dataloader
@@ -214,8 +242,9 @@ class DataExecutor:
     @property
     def artifact_dir(self) -> pathlib.Path:
         if self._artifact_dir is None:
-            raise RuntimeError("The executor's artifact directory exists only once iteration "
-                               "has started.")
+            raise RuntimeError(
+                "The executor's artifact directory exists only once iteration has started."
+            )
         return self._artifact_dir
 
     def _make_artifact_dir(self, impl) -> pathlib.Path:
@@ -250,7 +279,8 @@ class DataExecutor:
                     f"The dataloader ran out after {produced} batches, before num_steps="
                     f"{self.num_steps}, and calling its input function again gave no batches. "
                     "Return a re-iterable (a list, a torch DataLoader) or a generator that "
-                    "yields at least num_steps batches, or lower num_steps.")
+                    "yields at least num_steps batches, or lower num_steps."
+                )
             self.dataloader.restart()
             restarted = True
 
@@ -293,16 +323,21 @@ class DataExecutor:
         impl.on_run_end()
         if self._writer is not None:
             tracker = self.profiler.rate_tracker
-            self._writer.add_scalar("avg_samples_per_sec", tracker.global_rate,
-                                    self.run_context.user_iteration)
+            self._writer.add_scalar(
+                "avg_samples_per_sec", tracker.global_rate, self.run_context.user_iteration
+            )
         impl.appliance_tracker.flush(self._artifact_dir / "track.json")
 
 
 # The 2.0/2.1 keywords cs_config and writer are accepted (deprecated) but are not part of
 # the documented 2.10 signature, which is what introspection reports.
 DataExecutor.__init__.__signature__ = inspect.signature(DataExecutor.__init__).replace(
-    parameters=[p for p in inspect.signature(DataExecutor.__init__).parameters.values()
-                if p.name not in ("cs_config", "writer")])
+    parameters=[
+        p
+        for p in inspect.signature(DataExecutor.__init__).parameters.values()
+        if p.name not in ("cs_config", "writer")
+    ]
+)
 
 
 def current_executor() -> DataExecutor:

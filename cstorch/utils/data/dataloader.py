@@ -80,12 +80,16 @@ class DataLoader:
 
     def __init__(self, input_fn, *args, **kwargs):
         if not callable(input_fn):
-            hint = (" To use a loader or dataset you already made, pass a function that returns "
-                    f"it: cstorch.utils.data.DataLoader(lambda: {_argument_name(input_fn)})."
-                    if hasattr(input_fn, "__iter__") else "")
-            raise TypeError(f"Expected input_fn to be callable (a function that builds the "
-                            f"loader or iterable of batches), got {type(input_fn).__name__}."
-                            + hint)
+            hint = (
+                " To use a loader or dataset you already made, pass a function that returns "
+                f"it: cstorch.utils.data.DataLoader(lambda: {_argument_name(input_fn)})."
+                if hasattr(input_fn, "__iter__")
+                else ""
+            )
+            raise TypeError(
+                f"Expected input_fn to be callable (a function that builds the "
+                f"loader or iterable of batches), got {type(input_fn).__name__}." + hint
+            )
         self.id = next(_ids)
         self.input_fn = input_fn
         self.input_fn_params = (copy.deepcopy(args), copy.deepcopy(kwargs))
@@ -103,11 +107,13 @@ class DataLoader:
             if workers > 0:
                 # Worker processes forked from a process running JAX (multithreaded) can
                 # deadlock; the reference also feeds batches from the main process on CPU.
-                warn(f"The torch DataLoader returned by "
-                     f"{getattr(self.input_fn, '__name__', 'input_fn')} asks for "
-                     f"num_workers={workers}; cstorch loads its batches in the main process "
-                     "(num_workers=0), as cerebras-pytorch does off the wafer. Make batches "
-                     "cheap to produce, or prepare them ahead of time.")
+                warn(
+                    f"The torch DataLoader returned by "
+                    f"{getattr(self.input_fn, '__name__', 'input_fn')} asks for "
+                    f"num_workers={workers}; cstorch loads its batches in the main process "
+                    "(num_workers=0), as cerebras-pytorch does off the wafer. Make batches "
+                    "cheap to produce, or prepare them ahead of time."
+                )
                 if loader.worker_init_fn is not None:
                     loader.worker_init_fn(0)
         return loader
@@ -128,10 +134,18 @@ class DataLoader:
         from cstorch.distributed.worker_state import WorkerState
 
         samples = step * self.batch_size if step > 0 and self.batch_size else 0
-        WorkerState.configure(DataLoaderCheckpoint(
-            local_worker_id=0, num_workers_per_csx=1, num_csx=1, wse_id=0,
-            appliance_step=step, worker_step=step, samples_streamed=samples,
-            user_state_dict=None))
+        WorkerState.configure(
+            DataLoaderCheckpoint(
+                local_worker_id=0,
+                num_workers_per_csx=1,
+                num_csx=1,
+                wse_id=0,
+                appliance_step=step,
+                worker_step=step,
+                samples_streamed=samples,
+                user_state_dict=None,
+            )
+        )
 
     def __iter__(self):
         from cstorch.backend import use_cs
@@ -144,8 +158,10 @@ class DataLoader:
             if self.batch_size is None:
                 self.batch_size = size
             elif size != self.batch_size:
-                message = (f"Batch size changed from {self.batch_size} to {size}. A static "
-                           "graph compiles one program per batch shape; use drop_last=True.")
+                message = (
+                    f"Batch size changed from {self.batch_size} to {size}. A static "
+                    "graph compiles one program per batch shape; use drop_last=True."
+                )
                 if use_cs():
                     raise RuntimeError(message)
                 warnings.warn(message, stacklevel=2)
@@ -158,7 +174,8 @@ class DataLoader:
                 f"The dataloader returned by {getattr(self.input_fn, '__name__', 'input_fn')} "
                 "is not restartable: implement the cstorch.utils.data.RestartableDataLoader "
                 "protocol (state_dict, load_state_dict, aggregate_state_dict, "
-                "deaggregate_state_dict).")
+                "deaggregate_state_dict)."
+            )
 
     def state_dict(self) -> dict:
         self._require_restartable()
@@ -167,12 +184,14 @@ class DataLoader:
         context = current_backend_impl().run_context
         if context is None and self.interrupted_run is not None:
             context = self.interrupted_run  # stopped by Ctrl-C after its last whole step
-        elif context is None or not (context.is_checkpoint_step or context.is_pre_initial_step
-                                     or context.is_final_step):
+        elif context is None or not (
+            context.is_checkpoint_step or context.is_pre_initial_step or context.is_final_step
+        ):
             raise RuntimeError(
                 "DataLoader state can only be requested at a checkpoint step (inside a "
                 "checkpoint closure), before the first step, at the final step, or after "
-                "Ctrl-C stopped the run (in its `except KeyboardInterrupt`).")
+                "Ctrl-C stopped the run (in its `except KeyboardInterrupt`)."
+            )
         loader = self.dataloader
         self._configure_worker_state(context.user_iteration)
         state = copy.deepcopy(loader.aggregate_state_dict([loader.state_dict()]))
@@ -187,12 +206,15 @@ class DataLoader:
         if context is not None and not context.is_pre_initial_step:
             raise RuntimeError("DataLoader state can only be loaded before the run starts.")
         loader = self.dataloader
-        takes_strict = [_accepts_strict(loader.load_state_dict),
-                        _accepts_strict(loader.deaggregate_state_dict)]
+        takes_strict = [
+            _accepts_strict(loader.load_state_dict),
+            _accepts_strict(loader.deaggregate_state_dict),
+        ]
         if takes_strict[0] != takes_strict[1]:
             raise TypeError(
                 "Either both or neither of load_state_dict and deaggregate_state_dict of the "
-                "dataloader must accept a `strict` argument.")
+                "dataloader must accept a `strict` argument."
+            )
         kwargs = {"strict": strict} if takes_strict[0] else {}
         self._configure_worker_state(0)
         loader.load_state_dict(loader.deaggregate_state_dict(state_dict, **kwargs), **kwargs)

@@ -24,18 +24,23 @@ class SyntheticDataset(IterDataPipe):
         super().__init__()
         self._leaves, self._spec = tree_flatten(sample_spec)
         if not self._leaves:
-            raise ValueError("`sample_spec` must be a non-empty pytree of torch.Tensor or "
-                             "callables.")
+            raise ValueError(
+                "`sample_spec` must be a non-empty pytree of torch.Tensor or callables."
+            )
         for leaf in self._leaves:
             if not isinstance(leaf, torch.Tensor) and not callable(leaf):
                 raise ValueError(
                     f"`sample_spec` leaves must be torch.Tensor or callables f(index) -> tensor, "
                     f"got a leaf of type {type(leaf).__name__}. Containers may be lists, "
-                    "tuples, dicts and namedtuples.")
-        if isinstance(num_samples, bool) or not (num_samples is None
-                                                 or isinstance(num_samples, int)):
-            raise TypeError(f"`num_samples` must be a positive integer or None, but got a value "
-                            f"of type {type(num_samples).__name__}.")
+                    "tuples, dicts and namedtuples."
+                )
+        if isinstance(num_samples, bool) or not (
+            num_samples is None or isinstance(num_samples, int)
+        ):
+            raise TypeError(
+                f"`num_samples` must be a positive integer or None, but got a value "
+                f"of type {type(num_samples).__name__}."
+            )
         if num_samples is not None and num_samples <= 0:
             raise ValueError(f"`num_samples` must be a positive integer, but got {num_samples}.")
         self._num_samples = num_samples
@@ -43,13 +48,17 @@ class SyntheticDataset(IterDataPipe):
     def __iter__(self) -> Iterator:
         index = 0
         while self._num_samples is None or index < self._num_samples:
-            leaves = [leaf.clone() if isinstance(leaf, torch.Tensor) else leaf(index)
-                      for leaf in self._leaves]
+            leaves = [
+                leaf.clone() if isinstance(leaf, torch.Tensor) else leaf(index)
+                for leaf in self._leaves
+            ]
             yield tree_unflatten(leaves, self._spec)
             index += 1
 
     def __len__(self) -> int:
         if self._num_samples is None:
-            raise TypeError(f"{type(self).__name__} has no length because `num_samples` was not "
-                            "given (it yields samples forever).")
+            raise TypeError(
+                f"{type(self).__name__} has no length because `num_samples` was not "
+                "given (it yields samples forever)."
+            )
         return self._num_samples

@@ -32,8 +32,10 @@ def _note_interrupt(signum, frame):
         _Pending.interrupted = False
         raise KeyboardInterrupt
     _Pending.interrupted = True
-    sys.stderr.write("\nKeyboardInterrupt: the run stops after the current step, once its "
-                     "state is whole (press Ctrl-C again to stop at once).\n")
+    sys.stderr.write(
+        "\nKeyboardInterrupt: the run stops after the current step, once its "
+        "state is whole (press Ctrl-C again to stop at once).\n"
+    )
     sys.stderr.flush()
 
 
@@ -42,8 +44,10 @@ def deferred_to_step_boundaries():
     """Around an executor's run: a Ctrl-C is held for ``take_held`` (module docstring). Where
     the handler was already ours (a nested executor) or is not Python's default, nothing
     changes. A Ctrl-C still held when the outermost run ends is raised then."""
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
         yield
         return
     _Pending.interrupted = False

@@ -37,25 +37,47 @@ class DistributedSampler(torch.utils.data.Sampler):
         pad_last: with ``drop_last=False``, pad the last batch with ``pad_index``.
     """
 
-    def __init__(self, data_source, shuffle: bool = True, seed: Optional[int] = None,
-                 start_index: int = 0, shard: bool = True, batch_size: Optional[int] = None,
-                 drop_last: bool = True, num_samples: Optional[int] = None,
-                 pad_last: bool = False):
+    def __init__(
+        self,
+        data_source,
+        shuffle: bool = True,
+        seed: Optional[int] = None,
+        start_index: int = 0,
+        shard: bool = True,
+        batch_size: Optional[int] = None,
+        drop_last: bool = True,
+        num_samples: Optional[int] = None,
+        pad_last: bool = False,
+    ):
         if use_cs() and not drop_last and not pad_last:
             raise ValueError(
                 "Running on CSX requires all batches to have the same size; drop_last=False "
                 "with pad_last=False may yield a smaller last batch. Set drop_last=True or "
-                "pad_last=True.")
+                "pad_last=True."
+            )
         if use_cs() and batch_size is None and shard:
-            raise ValueError("Running on CSX with shard=True needs batch_size (the global batch "
-                             "size).")
+            raise ValueError(
+                "Running on CSX with shard=True needs batch_size (the global batch size)."
+            )
         if seed is None and shuffle:
             seed = int(torch.randint(0, 2**31 - 1, ()).item())
-        self.kwargs = dict(data_source=data_source, shuffle=shuffle, seed=seed, shard=shard,
-                           batch_size=batch_size, drop_last=drop_last, num_samples=num_samples,
-                           pad_last=pad_last)
-        self.sampler = ShuffleSampler(data_source, num_samples=num_samples, shuffle=shuffle,
-                                      seed=seed, start_index=start_index)
+        self.kwargs = dict(
+            data_source=data_source,
+            shuffle=shuffle,
+            seed=seed,
+            shard=shard,
+            batch_size=batch_size,
+            drop_last=drop_last,
+            num_samples=num_samples,
+            pad_last=pad_last,
+        )
+        self.sampler = ShuffleSampler(
+            data_source,
+            num_samples=num_samples,
+            shuffle=shuffle,
+            seed=seed,
+            start_index=start_index,
+        )
         if batch_size is not None:
             self.sampler = BatchSampler(self.sampler, batch_size, drop_last, pad_last)
         if shard:
@@ -75,13 +97,21 @@ class DistributedSampler(torch.utils.data.Sampler):
 class ShuffleSampler(torch.utils.data.Sampler):
     """Indices of one logical epoch at a time, shuffled or in order, starting mid-epoch."""
 
-    def __init__(self, data_source, num_samples: Optional[int] = None, shuffle: bool = True,
-                 seed: Optional[int] = None, start_index: int = 0):
+    def __init__(
+        self,
+        data_source,
+        num_samples: Optional[int] = None,
+        shuffle: bool = True,
+        seed: Optional[int] = None,
+        start_index: int = 0,
+    ):
         self._data_source = data_source
         self._num_samples = num_samples
         if not isinstance(self.num_samples, int) or self.num_samples <= 0:
-            raise ValueError(f"num_samples should be a positive integer value, but got "
-                             f"num_samples={self.num_samples}.")
+            raise ValueError(
+                f"num_samples should be a positive integer value, but got "
+                f"num_samples={self.num_samples}."
+            )
         self._frozen_num_samples = self.num_samples
         self.shuffle = shuffle
         self.seed = seed
@@ -97,18 +127,21 @@ class ShuffleSampler(torch.utils.data.Sampler):
         generator = torch.Generator()
         generator.manual_seed(self.seed + self.epoch)
         if self.num_samples <= size:
-            return torch.randperm(size, generator=generator)[:self.num_samples]
+            return torch.randperm(size, generator=generator)[: self.num_samples]
         repeats = math.ceil(self.num_samples / size)
-        pool = torch.cat([torch.arange(size)] * (repeats - 1)
-                         + [torch.randperm(size, generator=generator)])[:self.num_samples]
+        pool = torch.cat(
+            [torch.arange(size)] * (repeats - 1) + [torch.randperm(size, generator=generator)]
+        )[: self.num_samples]
         return pool[torch.randperm(self.num_samples, generator=generator)]
 
     def __iter__(self):
         if self.num_samples != self._frozen_num_samples:
-            raise RuntimeError(f"The data source must keep its length every epoch: it was "
-                               f"{self._frozen_num_samples}, now {self.num_samples}.")
+            raise RuntimeError(
+                f"The data source must keep its length every epoch: it was "
+                f"{self._frozen_num_samples}, now {self.num_samples}."
+            )
         if self.shuffle:
-            yield from self._permutation()[self.start_index:].tolist()
+            yield from self._permutation()[self.start_index :].tolist()
         else:
             size = len(self._data_source)
             yield from (i % size for i in range(self.start_index, self.num_samples))
@@ -125,11 +158,13 @@ class BatchSampler(torch.utils.data.Sampler):
 
     def __init__(self, sampler: Iterable, batch_size: int, drop_last: bool, pad_last: bool):
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
-            raise ValueError(f"batch_size should be a positive integer value, but got "
-                             f"batch_size={batch_size!r}.")
+            raise ValueError(
+                f"batch_size should be a positive integer value, but got batch_size={batch_size!r}."
+            )
         if not isinstance(drop_last, bool):
-            raise ValueError(f"drop_last should be a boolean value, but got "
-                             f"drop_last={drop_last!r}.")
+            raise ValueError(
+                f"drop_last should be a boolean value, but got drop_last={drop_last!r}."
+            )
         self.sampler = sampler
         self.batch_size = batch_size
         self.drop_last = drop_last
@@ -188,7 +223,7 @@ class ShardedSampler(torch.utils.data.Sampler):
                 yield batch
             else:
                 bounds = [len(batch) * k // self._num_csx for k in range(self._num_csx + 1)]
-                yield batch[bounds[self._wse]:bounds[self._wse + 1]]
+                yield batch[bounds[self._wse] : bounds[self._wse + 1]]
 
     def __len__(self):
         total = len(self._data_source)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-
 from typing import List, Optional
 
 import numpy as np
@@ -38,8 +37,9 @@ class Schedule:
             if not isinstance(self.start, int) or self.start < 0:
                 raise ValueError(f"Range start must be a non-negative int, got {self.start!r}.")
             if not isinstance(self.end, int) or self.end <= self.start:
-                raise ValueError(f"Range end must be an int greater than start ({self.start}), "
-                                 f"got {self.end!r}.")
+                raise ValueError(
+                    f"Range end must be an int greater than start ({self.start}), got {self.end!r}."
+                )
             if not isinstance(self.step, int) or self.step < 1:
                 raise ValueError(f"Range step must be a positive int, got {self.step!r}.")
             if not isinstance(self.include_last, bool):
@@ -49,7 +49,8 @@ class Schedule:
             if not self.start <= index < self.end:
                 return False
             return (index - self.start) % self.step == 0 or (
-                self.include_last and index == self.end - 1)
+                self.include_last and index == self.end - 1
+            )
 
         def range(self) -> range:
             """The regular steps (without the ``include_last`` extra)."""
@@ -74,8 +75,9 @@ class Schedule:
         def next_immediate_step(self, target: int) -> int:
             """The first step at or after ``target`` (ValueError past the last step)."""
             if target > self.final_step:
-                raise ValueError(f"Target {target} is past the last step {self.final_step} of "
-                                 f"{self}.")
+                raise ValueError(
+                    f"Target {target} is past the last step {self.final_step} of {self}."
+                )
             if target <= self.start:
                 return self.start
             regular = self.start + -(-(target - self.start) // self.step) * self.step
@@ -86,8 +88,10 @@ class Schedule:
     def __post_init__(self):
         for interval in self.intervals:
             if not isinstance(interval, Schedule.Range):
-                raise ValueError(f"Schedule intervals must be Schedule.Range objects, got "
-                                 f"{type(interval).__name__}.")
+                raise ValueError(
+                    f"Schedule intervals must be Schedule.Range objects, got "
+                    f"{type(interval).__name__}."
+                )
         ordered = sorted(self.intervals, key=lambda r: r.start)
         for a, b in zip(ordered, ordered[1:]):
             if b.start < a.end:
@@ -124,49 +128,79 @@ def checkpoint_schedule(checkpoint_steps, num_steps: int) -> Schedule:
         return Schedule([])
     if isinstance(checkpoint_steps, Schedule):
         return copy.deepcopy(checkpoint_steps)
-    if isinstance(checkpoint_steps, int) and not isinstance(checkpoint_steps, bool) and (
-            checkpoint_steps > 0):
-        return Schedule([Schedule.Range(start=min(checkpoint_steps - 1, num_steps - 1),
-                                        end=num_steps, step=checkpoint_steps,
-                                        include_last=True)])
+    if (
+        isinstance(checkpoint_steps, int)
+        and not isinstance(checkpoint_steps, bool)
+        and (checkpoint_steps > 0)
+    ):
+        return Schedule(
+            [
+                Schedule.Range(
+                    start=min(checkpoint_steps - 1, num_steps - 1),
+                    end=num_steps,
+                    step=checkpoint_steps,
+                    include_last=True,
+                )
+            ]
+        )
     raise ValueError(
         f"checkpoint_steps must be None, a non-negative int or a cstorch.utils.data.Schedule, "
-        f"got {checkpoint_steps!r}.")
+        f"got {checkpoint_steps!r}."
+    )
 
 
 def _check_count(name, value, allow_zero=False):
     if value is None:
         return
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0 or (
-            value == 0 and not allow_zero):
-        raise ValueError(f"{name} must be a {'non-negative' if allow_zero else 'positive'} "
-                         f"integer, got {value!r}.")
+    if (
+        not isinstance(value, int)
+        or isinstance(value, bool)
+        or value < 0
+        or (value == 0 and not allow_zero)
+    ):
+        raise ValueError(
+            f"{name} must be a {'non-negative' if allow_zero else 'positive'} "
+            f"integer, got {value!r}."
+        )
 
 
-def compute_num_steps(dataloader, initial_step: int = 0, num_steps=None, max_steps=None,
-                      num_epochs=None, steps_per_epoch=None, grad_accum_steps: int = 1) -> int:
+def compute_num_steps(
+    dataloader,
+    initial_step: int = 0,
+    num_steps=None,
+    max_steps=None,
+    num_epochs=None,
+    steps_per_epoch=None,
+    grad_accum_steps: int = 1,
+) -> int:
     """How many steps a run takes, from the combination of limits the reference accepts."""
     if num_epochs is not None and num_steps is not None:
         raise ValueError("Only one of num_epochs and num_steps may be set.")
     _check_count("initial_step", initial_step, allow_zero=True)
-    for name, value in [("num_steps", num_steps), ("max_steps", max_steps),
-                        ("num_epochs", num_epochs), ("steps_per_epoch", steps_per_epoch),
-                        ("grad_accum_steps", grad_accum_steps)]:
+    for name, value in [
+        ("num_steps", num_steps),
+        ("max_steps", max_steps),
+        ("num_epochs", num_epochs),
+        ("steps_per_epoch", steps_per_epoch),
+        ("grad_accum_steps", grad_accum_steps),
+    ]:
         _check_count(name, value)
     try:
         length = len(dataloader)
     except TypeError:
         length = None
     if num_epochs is not None and length is None and steps_per_epoch is None:
-        raise ValueError("num_epochs needs a dataloader with a known length (or "
-                         "steps_per_epoch).")
+        raise ValueError("num_epochs needs a dataloader with a known length (or steps_per_epoch).")
     if steps_per_epoch is not None and length is not None and steps_per_epoch > length:
-        raise ValueError(f"steps_per_epoch ({steps_per_epoch}) is larger than the dataloader "
-                         f"length ({length}).")
+        raise ValueError(
+            f"steps_per_epoch ({steps_per_epoch}) is larger than the dataloader length ({length})."
+        )
     per_epoch = steps_per_epoch or length
     if per_epoch is not None and grad_accum_steps > per_epoch:
-        raise ValueError(f"grad_accum_steps ({grad_accum_steps}) is larger than the number of "
-                         f"steps per epoch ({per_epoch}).")
+        raise ValueError(
+            f"grad_accum_steps ({grad_accum_steps}) is larger than the number of "
+            f"steps per epoch ({per_epoch})."
+        )
     limits = []
     if num_epochs is not None:
         limits.append(num_epochs * (per_epoch // grad_accum_steps))
@@ -178,8 +212,10 @@ def compute_num_steps(dataloader, initial_step: int = 0, num_steps=None, max_ste
         raise ValueError("One of num_epochs, num_steps or max_steps must be given.")
     result = min(limits)
     if result <= 0:
-        raise RuntimeError(f"No steps left to run (initial_step={initial_step}, "
-                           f"max_steps={max_steps}); nothing to do.")
+        raise RuntimeError(
+            f"No steps left to run (initial_step={initial_step}, "
+            f"max_steps={max_steps}); nothing to do."
+        )
     return result
 
 
@@ -216,5 +252,3 @@ def to_numpy(tensor):
     from jax_backend.dtypes import tensor_to_numpy
 
     return tensor_to_numpy(tensor)
-
-

@@ -71,7 +71,8 @@ class SummaryWriter(_torch_tensorboard.SummaryWriter):
         self.base_step = base_step
         events_file = Path(self._get_file_writer().event_writer._file_name)
         self.cs_events_dir = events_file.parent / events_file.name.replace(
-            "events.out.tfevents.", "events.out.csevents.", 1)
+            "events.out.tfevents.", "events.out.csevents.", 1
+        )
         self.cs_events_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir = str(self.cs_events_dir.parent)
         metadata = self.cs_events_dir / _METADATA
@@ -84,8 +85,9 @@ class SummaryWriter(_torch_tensorboard.SummaryWriter):
         directory.mkdir(parents=True, exist_ok=True)
         now = time.time_ns()
         stamp = datetime.fromtimestamp(now / 1e9).strftime("%Y-%m-%dT%H:%M:%S.%f")
-        descriptor = TensorDescriptor(step=int(step), ns_since_epoch=now,
-                                      tensor=torch.as_tensor(tensor).detach().clone())
+        descriptor = TensorDescriptor(
+            step=int(step), ns_since_epoch=now, tensor=torch.as_tensor(tensor).detach().clone()
+        )
         torch.save(descriptor.to_dict(), str(directory / f"{step}.{stamp}.pt"))
 
 
@@ -112,9 +114,12 @@ class SummaryReader:
         if not isinstance(log_dirs, (list, tuple, set)):
             log_dirs = [log_dirs]
         roots = [Path(d) for d in log_dirs]
-        files = [f for root in roots
-                 for f in (root.rglob("events.out.tfevents.*") if root.is_dir() else [root])
-                 if f.is_file()]
+        files = [
+            f
+            for root in roots
+            for f in (root.rglob("events.out.tfevents.*") if root.is_dir() else [root])
+            if f.is_file()
+        ]
         if not files:
             raise RuntimeError(f"No event files found under {list(map(str, log_dirs))}.")
         directories = sorted({f.parent.resolve() for f in files})
@@ -122,19 +127,28 @@ class SummaryReader:
         self.event_file_dirs = {str(d.relative_to(common)): str(d) for d in directories}
         self.summary_dirs = []
         for root in roots:
-            candidates = ([root] if fnmatch.fnmatch(root.name, "events.out.csevents.*")
-                          else root.rglob("events.out.csevents.*") if root.is_dir() else [])
+            candidates = (
+                [root]
+                if fnmatch.fnmatch(root.name, "events.out.csevents.*")
+                else root.rglob("events.out.csevents.*")
+                if root.is_dir()
+                else []
+            )
             for directory in candidates:
                 if not directory.is_dir():
                     continue
                 metadata = directory / _METADATA
                 if not metadata.exists():
-                    raise FileNotFoundError(f"Could not detect the version of the Cerebras "
-                                            f"summaries in {directory} (no {_METADATA} file).")
+                    raise FileNotFoundError(
+                        f"Could not detect the version of the Cerebras "
+                        f"summaries in {directory} (no {_METADATA} file)."
+                    )
                 version = json.loads(metadata.read_text()).get(_VERSION_KEY)
                 if version != _VERSION:
-                    warnings.warn(f"Skipping Cerebras summaries of unknown version {version} "
-                                  f"in {directory}.", stacklevel=2)
+                    warnings.warn(
+                        f"Skipping Cerebras summaries of unknown version {version} in {directory}.",
+                        stacklevel=2,
+                    )
                     continue
                 if (directory / "tensors").exists():
                     self.summary_dirs.append(directory / "tensors")
@@ -151,11 +165,17 @@ class SummaryReader:
                     for value in event.summary.value:
                         scalar = _scalar(value)
                         if value.HasField("tensor") and value.tag.endswith(_TEXT_SUFFIX):
-                            texts[value.tag].append((event.wall_time, event.step,
-                                                     [s.decode() for s in value.tensor.string_val]))
+                            texts[value.tag].append(
+                                (
+                                    event.wall_time,
+                                    event.step,
+                                    [s.decode() for s in value.tensor.string_val],
+                                )
+                            )
                         elif scalar is not None:
                             scalars[value.tag].append(
-                                ScalarEvent(event.wall_time, event.step, scalar))
+                                ScalarEvent(event.wall_time, event.step, scalar)
+                            )
             runs[run] = {"scalars": dict(scalars), "text": dict(texts)}
         self._runs = runs
 
@@ -169,22 +189,32 @@ class SummaryReader:
 
     def _matching(self, kind: str, name: str) -> dict:
         pattern = self._pattern(name)
-        return {run: [tag for tag in data[kind] if fnmatch.fnmatch(tag, pattern)]
-                for run, data in self._loaded().items()}
+        return {
+            run: [tag for tag in data[kind] if fnmatch.fnmatch(tag, pattern)]
+            for run, data in self._loaded().items()
+        }
 
     def Tags(self) -> dict:
         """Run -> {"scalars": [...], "tensors": [...]} (text summaries are tensors)."""
-        return {run: {"scalars": sorted(data["scalars"]), "tensors": sorted(data["text"])}
-                for run, data in self._loaded().items()}
+        return {
+            run: {"scalars": sorted(data["scalars"]), "tensors": sorted(data["text"])}
+            for run, data in self._loaded().items()
+        }
 
     def read_scalar(self, name: str, step: Optional[int] = None):
         """All ``ScalarEvent``s of ``name``, or the one at ``step`` (KeyError if absent)."""
         matches = self._matching("scalars", name)
         if not any(matches.values()):
-            raise RuntimeError(f"Could not find scalar {name!r}. Valid scalar names:\n"
-                               f"{sorted(self.scalar_names())}")
-        events = [event for run, tags in matches.items() for tag in tags
-                  for event in self._runs[run]["scalars"][tag]]
+            raise RuntimeError(
+                f"Could not find scalar {name!r}. Valid scalar names:\n"
+                f"{sorted(self.scalar_names())}"
+            )
+        events = [
+            event
+            for run, tags in matches.items()
+            for tag in tags
+            for event in self._runs[run]["scalars"][tag]
+        ]
         if step is None:
             return events
         for event in events:
@@ -203,18 +233,27 @@ class SummaryReader:
         return {name.partition("/")[0] for name in self.scalar_names()}
 
     def text_summary_names(self) -> set:
-        return {tag[:-len(_TEXT_SUFFIX)]
-                for tags in self._matching("text", "*" + _TEXT_SUFFIX).values() for tag in tags}
+        return {
+            tag[: -len(_TEXT_SUFFIX)]
+            for tags in self._matching("text", "*" + _TEXT_SUFFIX).values()
+            for tag in tags
+        }
 
     def read_text_summary(self, name: str, step: Optional[int] = None):
         """The texts of text summary ``name``: a list of ``(wall_time, step, [str])``, or the
         strings at ``step``."""
         matches = self._matching("text", name + _TEXT_SUFFIX)
-        entries = [entry for run, tags in matches.items() for tag in tags
-                   for entry in self._runs[run]["text"][tag]]
+        entries = [
+            entry
+            for run, tags in matches.items()
+            for tag in tags
+            for entry in self._runs[run]["text"][tag]
+        ]
         if not entries:
-            raise RuntimeError(f"Could not find text summary {name!r}. Valid names:\n"
-                               f"{sorted(self.text_summary_names())}")
+            raise RuntimeError(
+                f"Could not find text summary {name!r}. Valid names:\n"
+                f"{sorted(self.text_summary_names())}"
+            )
         if step is None:
             return entries
         for _, entry_step, strings in entries:
@@ -225,12 +264,16 @@ class SummaryReader:
     # ------------------------------------------------------------------ tensors
     def tensor_names(self) -> set:
         pattern = f"{self.filter}*/**" if self.filter else "**"
-        return {str(sub.relative_to(directory)) for directory in self.summary_dirs
-                for sub in directory.glob(pattern)
-                if sub.is_dir() and not any(child.is_dir() for child in sub.iterdir())}
+        return {
+            str(sub.relative_to(directory))
+            for directory in self.summary_dirs
+            for sub in directory.glob(pattern)
+            if sub.is_dir() and not any(child.is_dir() for child in sub.iterdir())
+        }
 
-    def read_tensor(self, name: str, step: Optional[int] = None, latest_only: bool = True
-                    ) -> Union[TensorDescriptor, List[TensorDescriptor], Dict, None]:
+    def read_tensor(
+        self, name: str, step: Optional[int] = None, latest_only: bool = True
+    ) -> Union[TensorDescriptor, List[TensorDescriptor], Dict, None]:
         """Tensor summaries of ``name``: at ``step`` (the latest, or all sorted by time if not
         ``latest_only``), or a dict step -> those for every step. None (with a warning) if
         there are none."""
@@ -241,8 +284,12 @@ class SummaryReader:
                 descriptor = TensorDescriptor.from_dict(torch.load(str(path), weights_only=True))
                 found[descriptor.step].append(descriptor)
         if not found:
-            warnings.warn(f"No tensor named {name!r} has been summarized"
-                          + (f" at step {step}" if step is not None else "") + ".", stacklevel=2)
+            warnings.warn(
+                f"No tensor named {name!r} has been summarized"
+                + (f" at step {step}" if step is not None else "")
+                + ".",
+                stacklevel=2,
+            )
             return None
 
         def pick(descriptors):

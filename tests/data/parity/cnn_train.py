@@ -22,7 +22,8 @@ def inject_wrong_relu():
 
     aten = torch.ops.aten
     registry._LOWERINGS[aten.relu.default] = registry.Lowering(
-        lambda x: jnp.where(x > 0, x, x * 1e-3), False)
+        lambda x: jnp.where(x > 0, x, x * 1e-3), False
+    )
 
 
 def main():
@@ -36,9 +37,16 @@ def main():
     if args.wrong_lowering and backend.engine == "jax":
         inject_wrong_relu()
     model = torch.nn.Sequential(
-        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
-        torch.nn.Conv2d(8, 8, 3, stride=2, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
-        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 4))
+        torch.nn.Conv2d(3, 8, 3, padding=1),
+        torch.nn.BatchNorm2d(8),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 8, 3, stride=2, padding=1),
+        torch.nn.BatchNorm2d(8),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(8, 4),
+    )
     compiled = cstorch.compile(model, backend)
     optimizer = cstorch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
 
@@ -55,10 +63,13 @@ def main():
         print(f"loss {loss.item():.6f}")
 
     g = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(8, 3, 10, 10, generator=g), torch.randint(0, 4, (8,), generator=g))
-               for _ in range(args.steps)]
-    executor = cstorch.utils.data.DataExecutor(cstorch.utils.data.DataLoader(lambda: batches),
-                                               num_steps=args.steps)
+    batches = [
+        (torch.randn(8, 3, 10, 10, generator=g), torch.randint(0, 4, (8,), generator=g))
+        for _ in range(args.steps)
+    ]
+    executor = cstorch.utils.data.DataExecutor(
+        cstorch.utils.data.DataLoader(lambda: batches), num_steps=args.steps
+    )
     for inputs, targets in executor:
         log(training_step(inputs, targets))
 

@@ -31,9 +31,12 @@ def main():
     if args.precision != "float32":
         cstorch.amp.set_half_dtype(args.precision)
     backend = cstorch.backend("CPU")
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
-                                torch.nn.Dropout(args.dropout) if args.dropout else
-                                torch.nn.Identity(), torch.nn.Linear(16, 4))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 16),
+        torch.nn.Tanh(),
+        torch.nn.Dropout(args.dropout) if args.dropout else torch.nn.Identity(),
+        torch.nn.Linear(16, 4),
+    )
     compiled = cstorch.compile(model, backend)
     if args.torch_optimizer:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
@@ -41,7 +44,8 @@ def main():
     else:
         optimizer = cstorch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
         scheduler = cstorch.optim.lr_scheduler.LinearLR(
-            optimizer, initial_learning_rate=1e-3, end_learning_rate=1e-2, total_iters=4)
+            optimizer, initial_learning_rate=1e-3, end_learning_rate=1e-2, total_iters=4
+        )
 
     @cstorch.trace
     def training_step(inputs, targets):
@@ -63,11 +67,14 @@ def main():
         cstorch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
 
     g = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(16, 8, generator=g), torch.randint(0, 4, (16,), generator=g))
-               for _ in range(args.steps)]
+    batches = [
+        (torch.randn(16, 8, generator=g), torch.randint(0, 4, (16,), generator=g))
+        for _ in range(args.steps)
+    ]
     dataloader = cstorch.utils.data.DataLoader(lambda: batches)
-    executor = cstorch.utils.data.DataExecutor(dataloader, num_steps=args.steps,
-                                               checkpoint_steps=1 if args.save else None)
+    executor = cstorch.utils.data.DataExecutor(
+        dataloader, num_steps=args.steps, checkpoint_steps=1 if args.save else None
+    )
     for step, (inputs, targets) in enumerate(executor, start=1):
         if args.perturb_step and step >= args.perturb_step and backend.engine == "jax":
             inputs = inputs * 1.01

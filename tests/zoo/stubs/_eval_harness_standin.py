@@ -8,15 +8,17 @@ attribute, usable as a decorator: ``@register_model("x")`` returns the class unc
 anything else created or called raises, so no evaluation silently runs without the harness.
 """
 
-import typing
 import importlib.abc
 import importlib.machinery
 import sys
+import typing
 
 
 def _why(qualname):
-    return (f"{qualname} is not available: this is the zoo check's stand-in for the "
-            "evaluation harness (install lm-eval / bigcode-evaluation-harness to evaluate).")
+    return (
+        f"{qualname} is not available: this is the zoo check's stand-in for the "
+        "evaluation harness (install lm-eval / bigcode-evaluation-harness to evaluate)."
+    )
 
 
 # The metaclass of typing.Protocol (an ABCMeta): the zoo mixes these with ABCs and protocols.
@@ -27,9 +29,17 @@ class _Missing(type(typing.Protocol)):
         return placeholder(f"{cls.__qualname__}.{name}")
 
     def __call__(cls, *args, **kwargs):
-        if len(args) == 1 and not kwargs and isinstance(args[0], type) or (
-                len(args) == 1 and not kwargs and callable(args[0])
-                and not isinstance(args[0], _Missing)):
+        if (
+            len(args) == 1
+            and not kwargs
+            and isinstance(args[0], type)
+            or (
+                len(args) == 1
+                and not kwargs
+                and callable(args[0])
+                and not isinstance(args[0], _Missing)
+            )
+        ):
             return args[0]  # used as a decorator
         if args and all(isinstance(a, str) for a in args) and not kwargs:
             return placeholder(f"{cls.__qualname__}(...)")  # a decorator factory
@@ -45,6 +55,7 @@ def _module_getattr(module):
         if name.startswith("__"):
             raise AttributeError(name)
         return placeholder(f"{module}.{name}")
+
     return __getattr__
 
 

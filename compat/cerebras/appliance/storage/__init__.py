@@ -5,5 +5,14 @@ from .base_storage import StorageDeleter, StorageReader, StorageWriter
 from .h5_storage import H5Deleter, H5Reader, H5Writer
 from .s3_storage import S3Deleter, S3Reader, S3Writer
 
-__all__ = ["H5Deleter", "H5Reader", "H5Writer", "S3Deleter", "S3Reader", "S3Writer",
-           "StorageDeleter", "StorageReader", "StorageWriter"]
+__all__ = [
+    "H5Deleter",
+    "H5Reader",
+    "H5Writer",
+    "S3Deleter",
+    "S3Reader",
+    "S3Writer",
+    "StorageDeleter",
+    "StorageReader",
+    "StorageWriter",
+]

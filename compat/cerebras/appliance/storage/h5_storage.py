@@ -39,8 +39,9 @@ class H5Reader(StorageReader):
 
     def keys(self) -> list:
         keys = []
-        self._reader._file.visititems(lambda name, obj: keys.append(name)
-                                      if hasattr(obj, "shape") else None)
+        self._reader._file.visititems(
+            lambda name, obj: keys.append(name) if hasattr(obj, "shape") else None
+        )
         return keys
 
     def read_numpy(self, key: str):

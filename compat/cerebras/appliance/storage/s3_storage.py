@@ -15,7 +15,8 @@ def _is_s3(path) -> bool:
 def _unavailable(path):
     raise NotImplementedError(
         f"Cannot access {path!r}: S3 checkpoint storage is not available in this "
-        "implementation. Save to a local path (or a mounted bucket) instead.")
+        "implementation. Save to a local path (or a mounted bucket) instead."
+    )
 
 
 class S3Reader(StorageReader):

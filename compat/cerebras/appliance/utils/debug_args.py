@@ -33,7 +33,8 @@ def get_debug_args(value: Union[DebugArgs, str, None]) -> DebugArgs:
             raise ValueError(
                 f"Cannot read debug args from {value!r}: this implementation reads the JSON "
                 "files that write_debug_args writes, not protobuf text format. Rewrite the "
-                "settings as a JSON object.") from None
+                "settings as a JSON object."
+            ) from None
         if not isinstance(loaded, dict):
             raise ValueError(f"Debug args file {value!r} must hold a JSON object.")
         debug_args.MergeFrom(loaded)

@@ -10,8 +10,9 @@ _SUPPORTED = (bool, int, float, str)
 def _check(kwargs: dict) -> dict:
     for name, value in kwargs.items():
         if not isinstance(value, _SUPPORTED):
-            raise TypeError(f"INI {name!r} must be a bool, int, float or str, got "
-                            f"{type(value).__name__}.")
+            raise TypeError(
+                f"INI {name!r} must be a bool, int, float or str, got {type(value).__name__}."
+            )
     return kwargs
 
 

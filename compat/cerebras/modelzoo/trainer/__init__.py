@@ -15,8 +15,10 @@ def summarize_scalar(name, value):
 
     trainer = running_trainer()
     if trainer is None:
-        raise RuntimeError("summarize_scalar needs a running Trainer (call it from the model "
-                           "or a callback during fit/validate).")
+        raise RuntimeError(
+            "summarize_scalar needs a running Trainer (call it from the model "
+            "or a callback during fit/validate)."
+        )
     trainer.log_metrics(**{name: value})
 
 

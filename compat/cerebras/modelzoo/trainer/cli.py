@@ -13,9 +13,11 @@ import importlib
 import os
 import sys
 
-from cerebras.modelzoo.trainer.legacy import (
-    convert_legacy_params_to_trainer_params, is_legacy_params)
 from cerebras.modelzoo.trainer.config import TrainerConfigError
+from cerebras.modelzoo.trainer.legacy import (
+    convert_legacy_params_to_trainer_params,
+    is_legacy_params,
+)
 from cerebras.modelzoo.trainer.registry import allow_imports
 from cerebras.modelzoo.trainer.utils import MODES, load_params, run_trainer
 
@@ -36,15 +38,26 @@ def _override(params, device, model_dir):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="cszoo", description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=sorted(MODES))
-    parser.add_argument("params", help="a YAML file with a `trainer` section (or legacy "
-                                       "runconfig/train_input/... sections)")
-    parser.add_argument("--device", choices=["CPU", "GPU", "CSX", "cpu", "gpu", "csx"],
-                        help="overrides init.device / init.backend.backend_type")
+    parser.add_argument(
+        "params",
+        help="a YAML file with a `trainer` section (or legacy runconfig/train_input/... sections)",
+    )
+    parser.add_argument(
+        "--device",
+        choices=["CPU", "GPU", "CSX", "cpu", "gpu", "csx"],
+        help="overrides init.device / init.backend.backend_type",
+    )
     parser.add_argument("--model_dir", help="overrides init.model_dir")
-    parser.add_argument("--import", dest="imports", action="append", default=[],
-                        metavar="MODULE", help="import MODULE first (it may register models "
-                                               "and data processors) and let the config's "
-                                               "import paths name it; repeatable")
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE first (it may register models "
+        "and data processors) and let the config's "
+        "import paths name it; repeatable",
+    )
     args = parser.parse_args(argv)
     # Import paths in the YAML (``examples.trainer_mnist:Model``) resolve from the working
     # directory, as under ``python -m``; a console script's sys.path lacks it.

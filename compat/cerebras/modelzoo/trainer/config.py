@@ -22,21 +22,34 @@ except ImportError as error:
         "Validating a `trainer:` YAML config needs the pydantic package (>= 2), which is not "
         "installed: `pip install 'pydantic>=2'`. The Trainer's Python API "
         "(`from cerebras.modelzoo.trainer import Trainer`) works without it.",
-        name="pydantic") from error
-from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator,
-                      model_validator)
+        name="pydantic",
+    ) from error
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
 
-from cstorch.errors import CstorchError, quoted
-from cstorch.sparse.configure import check_config
-from cstorch.optim.config import (  # the old parameter names, which have their own errors
-    _OPTIMIZER_ALIASES as OPTIMIZER_ALIASES, _SCHEDULER_ALIASES as SCHEDULER_ALIASES)
-
-from cerebras.modelzoo.trainer import callbacks as _callbacks
-from cerebras.modelzoo.trainer import loggers as _loggers
+from cerebras.modelzoo.trainer import callbacks as _callbacks, loggers as _loggers
 from cerebras.modelzoo.trainer.callbacks.checkpoint import checkpoint_name_parts
 from cerebras.modelzoo.trainer.callbacks.reproducibility import check_seed
 from cerebras.modelzoo.trainer.registry import (
-    check_arguments, get_data_processor, get_model, import_object, shown)
+    check_arguments,
+    get_data_processor,
+    get_model,
+    import_object,
+    shown,
+)
+from cstorch.errors import CstorchError, quoted
+from cstorch.optim.config import (  # the old parameter names, which have their own errors
+    _OPTIMIZER_ALIASES as OPTIMIZER_ALIASES,
+    _SCHEDULER_ALIASES as SCHEDULER_ALIASES,
+)
+from cstorch.sparse.configure import check_config
 
 
 class TrainerConfigError(CstorchError, ValueError):
@@ -144,38 +157,55 @@ def _display_name(target, name: str) -> str:
 
 def _single_key(entry, what):
     if not isinstance(entry, dict) or len(entry) != 1:
-        raise ValueError(f"each {what} must be a dict with exactly one key (its class name), "
-                         f"e.g. {{SGD: {{lr: 0.1}}}}; got {quoted(entry)}")
-    (name, kwargs), = entry.items()
+        raise ValueError(
+            f"each {what} must be a dict with exactly one key (its class name), "
+            f"e.g. {{SGD: {{lr: 0.1}}}}; got {quoted(entry)}"
+        )
+    ((name, kwargs),) = entry.items()
     if kwargs is not None and not isinstance(kwargs, dict):
-        raise ValueError(f"the arguments of {what} {quoted(name)} must be a mapping, got "
-                         f"{quoted(kwargs)}")
+        raise ValueError(
+            f"the arguments of {what} {quoted(name)} must be a mapping, got {quoted(kwargs)}"
+        )
     return name, kwargs or {}
 
 
 def _user_callback_classes(module, base) -> dict:
-    return {name: obj for name, obj in vars(module).items()
-            if isinstance(obj, type) and issubclass(obj, base) and obj is not base
-            and not inspect.isabstract(obj) and not issubclass(obj, _callbacks.CoreCallback)}
+    return {
+        name: obj
+        for name, obj in vars(module).items()
+        if isinstance(obj, type)
+        and issubclass(obj, base)
+        and obj is not base
+        and not inspect.isabstract(obj)
+        and not issubclass(obj, _callbacks.CoreCallback)
+    }
 
 
 def callback_class(name: str):
     """A callback or logger class by its name in the trainer's modules, or an import path."""
-    known = {**_user_callback_classes(_callbacks, _callbacks.Callback),
-             **_user_callback_classes(_loggers, _loggers.Logger)}
+    known = {
+        **_user_callback_classes(_callbacks, _callbacks.Callback),
+        **_user_callback_classes(_loggers, _loggers.Logger),
+    }
     if name in known:
         return known[name]
     if hasattr(_callbacks, name) and issubclass(getattr(_callbacks, name), _callbacks.CoreCallback):
-        raise ValueError(f"{name} is a core callback; configure it in its own init section "
-                         "(loop, checkpoint, logging, precision) instead of callbacks")
+        raise ValueError(
+            f"{name} is a core callback; configure it in its own init section "
+            "(loop, checkpoint, logging, precision) instead of callbacks"
+        )
     if ":" in name or "." in name:
         obj = import_object(name)  # (checked before anything is called)
         if isinstance(obj, type) and issubclass(obj, _callbacks.Callback):
             return obj
-        raise ValueError(f"{quoted(name)} is not a Callback class; a config may only name "
-                         "Callback or Logger classes here")
-    raise ValueError(f"unknown callback or logger {quoted(name)}; known: {', '.join(sorted(known))} "
-                     "(or give an import path, package.module:MyCallback)")
+        raise ValueError(
+            f"{quoted(name)} is not a Callback class; a config may only name "
+            "Callback or Logger classes here"
+        )
+    raise ValueError(
+        f"unknown callback or logger {quoted(name)}; known: {', '.join(sorted(known))} "
+        "(or give an import path, package.module:MyCallback)"
+    )
 
 
 def _check_callback_entries(entries, what):
@@ -209,8 +239,9 @@ def _check_numbers(cls, kwargs: dict, label: str) -> None:
             hint = " (YAML reads a number without a dot, such as 1e-3, as a string: write 1.0e-3)"
         except ValueError:
             hint = ""
-        raise ValueError(f"{shown(label)}.{key} must be a number, got the string "
-                         f"{quoted(value)}{hint}")
+        raise ValueError(
+            f"{shown(label)}.{key} must be a number, got the string {quoted(value)}{hint}"
+        )
 
 
 def _check_optimizer_arguments(name, kwargs: dict) -> None:
@@ -221,8 +252,10 @@ def _check_optimizer_arguments(name, kwargs: dict) -> None:
         try:
             float(learning_rate)
         except ValueError:
-            raise ValueError(f"{shown(name)}.learning_rate must be a number, got the string "
-                             f"{quoted(learning_rate)}") from None
+            raise ValueError(
+                f"{shown(name)}.learning_rate must be a number, got the string "
+                f"{quoted(learning_rate)}"
+            ) from None
     try:
         optimizer_cls, _ = cstorch.optim.configure_optimizer_params(name, {})
     except ValueError as error:
@@ -230,8 +263,15 @@ def _check_optimizer_arguments(name, kwargs: dict) -> None:
     # An unknown argument is an error here, not the warning configure_optimizer logs (a typo
     # such as lrr would train with the default learning rate). Old names are left to
     # configure_optimizer_params, which says what replaced them.
-    check_arguments(optimizer_cls, kwargs, name, passed=("params",), required=False,
-                    also=("learning_rate",), ignore=_old_names(OPTIMIZER_ALIASES))
+    check_arguments(
+        optimizer_cls,
+        kwargs,
+        name,
+        passed=("params",),
+        required=False,
+        also=("learning_rate",),
+        ignore=_old_names(OPTIMIZER_ALIASES),
+    )
     try:
         cstorch.optim.configure_optimizer_params(name, kwargs)
     except ValueError as error:
@@ -248,13 +288,15 @@ def _check_scheduler_arguments(name, kwargs: dict) -> None:
 
     scheduler_cls = _scheduler_class(name)
     if scheduler_cls is not None:  # (old names, lower-cased ones too, get their own message)
-        old = {*_old_names(SCHEDULER_ALIASES),
-               *(p.lower() for p in inspect.signature(scheduler_cls).parameters)}
-        check_arguments(scheduler_cls, kwargs, name, passed=("optimizer",), required=False,
-                        ignore=old)
+        old = {
+            *_old_names(SCHEDULER_ALIASES),
+            *(p.lower() for p in inspect.signature(scheduler_cls).parameters),
+        }
+        check_arguments(
+            scheduler_cls, kwargs, name, passed=("optimizer",), required=False, ignore=old
+        )
     try:
-        scheduler_cls, _ = cstorch.optim.configure_scheduler_params(
-            {"scheduler": name, **kwargs})
+        scheduler_cls, _ = cstorch.optim.configure_scheduler_params({"scheduler": name, **kwargs})
     except ValueError as error:
         raise ValueError(f"{shown(name)}: {error}") from None
     _check_numbers(scheduler_cls, kwargs, name)
@@ -378,14 +420,15 @@ def _describe(error: pydantic.ValidationError, prefix: str) -> str:
     reports both, under labels such as ``list[...]``)."""
     items = []
     for item in error.errors():
-        loc = [shown(str(part)) for part in item["loc"]
-               if "[" not in str(part)]  # (union labels; keys from the file, shown short)
+        loc = [
+            shown(str(part)) for part in item["loc"] if "[" not in str(part)
+        ]  # (union labels; keys from the file, shown short)
         items.append((".".join((prefix, *loc)), item))
     lines = []
     for where, item in items:
         if item["type"] in _SHAPE_ERRORS and any(
-                other is not item and (w == where or w.startswith(where + "."))
-                for w, other in items):
+            other is not item and (w == where or w.startswith(where + ".")) for w, other in items
+        ):
             continue
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
@@ -397,13 +440,16 @@ def _describe(error: pydantic.ValidationError, prefix: str) -> str:
 def validate_trainer_params(params) -> List[TrainerConfig]:
     """The validated phases of a ``{"trainer": ...}`` config (TrainerConfigError if invalid)."""
     if not isinstance(params, dict) or "trainer" not in params:
-        raise TrainerConfigError("A trainer config is a mapping with a top-level `trainer` key "
-                                 "(convert legacy params with "
-                                 "convert_legacy_params_to_trainer_params).")
+        raise TrainerConfigError(
+            "A trainer config is a mapping with a top-level `trainer` key "
+            "(convert legacy params with "
+            "convert_legacy_params_to_trainer_params)."
+        )
     extra = sorted(set(params) - {"trainer"})
     if extra:
-        raise TrainerConfigError(f"Unknown top-level keys {quoted(extra)}: everything goes under "
-                                 "`trainer`.")
+        raise TrainerConfigError(
+            f"Unknown top-level keys {quoted(extra)}: everything goes under `trainer`."
+        )
     phases = params["trainer"]
     single = isinstance(phases, dict)
     phases = [phases] if single else phases

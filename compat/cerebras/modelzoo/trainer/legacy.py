@@ -12,26 +12,59 @@ import copy
 
 from cstorch.errors import quoted
 
-_LOOP_KEYS = ("num_steps", "max_steps", "num_epochs", "steps_per_epoch", "eval_frequency",
-              "eval_steps")
-_CHECKPOINT_KEYS = {"checkpoint_steps": "steps",
-                    "disable_strict_checkpoint_loading": "disable_strict_checkpoint_loading",
-                    "autoload_last_checkpoint": "autoload_last_checkpoint",
-                    "save_initial_checkpoint": "save_initial_checkpoint"}
-_PRECISION_FROM_OPTIMIZER = ("loss_scaling_factor", "initial_loss_scale", "steps_per_increase",
-                             "min_loss_scale", "max_loss_scale", "max_gradient_norm",
-                             "max_gradient_value")
-_RUNCONFIG_IGNORED = ("mode", "compile_only", "validate_only", "experimental_api",
-                      "use_cstorch_optimizer_step", "save_losses", "enable_summaries",
-                      "num_workers_per_csx", "num_wgt_servers", "num_act_servers",
-                      "mgmt_address", "mount_dirs", "python_paths", "job_labels",
-                      "credentials_path", "transfer_processes", "execution_strategy",
-                      "use_cs_grad_accum", "save_summary_steps", "num_csx")
+_LOOP_KEYS = (
+    "num_steps",
+    "max_steps",
+    "num_epochs",
+    "steps_per_epoch",
+    "eval_frequency",
+    "eval_steps",
+)
+_CHECKPOINT_KEYS = {
+    "checkpoint_steps": "steps",
+    "disable_strict_checkpoint_loading": "disable_strict_checkpoint_loading",
+    "autoload_last_checkpoint": "autoload_last_checkpoint",
+    "save_initial_checkpoint": "save_initial_checkpoint",
+}
+_PRECISION_FROM_OPTIMIZER = (
+    "loss_scaling_factor",
+    "initial_loss_scale",
+    "steps_per_increase",
+    "min_loss_scale",
+    "max_loss_scale",
+    "max_gradient_norm",
+    "max_gradient_value",
+)
+_RUNCONFIG_IGNORED = (
+    "mode",
+    "compile_only",
+    "validate_only",
+    "experimental_api",
+    "use_cstorch_optimizer_step",
+    "save_losses",
+    "enable_summaries",
+    "num_workers_per_csx",
+    "num_wgt_servers",
+    "num_act_servers",
+    "mgmt_address",
+    "mount_dirs",
+    "python_paths",
+    "job_labels",
+    "credentials_path",
+    "transfer_processes",
+    "execution_strategy",
+    "use_cs_grad_accum",
+    "save_summary_steps",
+    "num_csx",
+)
 
 
 def is_legacy_params(params) -> bool:
-    return isinstance(params, dict) and "trainer" not in params and (
-        "runconfig" in params or "train_input" in params or "eval_input" in params)
+    return (
+        isinstance(params, dict)
+        and "trainer" not in params
+        and ("runconfig" in params or "train_input" in params or "eval_input" in params)
+    )
 
 
 def _scheduler_entries(learning_rate):
@@ -42,8 +75,9 @@ def _scheduler_entries(learning_rate):
     schedulers = []
     for entry in entries:
         if not isinstance(entry, dict) or "scheduler" not in entry:
-            raise ValueError(f"optimizer.learning_rate entries need a `scheduler` key, got "
-                             f"{quoted(entry)}.")
+            raise ValueError(
+                f"optimizer.learning_rate entries need a `scheduler` key, got {quoted(entry)}."
+            )
         entry = dict(entry)
         name = str(entry.pop("scheduler"))
         schedulers.append({name if name.endswith("LR") else f"{name}LR": entry})
@@ -60,8 +94,7 @@ def convert_legacy_params_to_trainer_params(params: dict) -> dict:
     eval_input = params.pop("eval_input", None)
     params.pop("sparsity", None)
     if params:
-        raise ValueError(f"Unknown top-level sections {quoted(sorted(params))} in legacy "
-                         "params.")
+        raise ValueError(f"Unknown top-level sections {quoted(sorted(params))} in legacy params.")
 
     init = {"model_dir": runconfig.pop("model_dir", "./model_dir")}
     if "seed" in runconfig:
@@ -70,8 +103,10 @@ def convert_legacy_params_to_trainer_params(params: dict) -> dict:
 
     name = model.pop("name", None) or runconfig.pop("model_name", None)
     if name is None:
-        raise ValueError("Legacy params do not name the model: add model.name (a registered "
-                         "model or an import path such as my_package.models:MyModel).")
+        raise ValueError(
+            "Legacy params do not name the model: add model.name (a registered "
+            "model or an import path such as my_package.models:MyModel)."
+        )
     precision = {}
     if "mixed_precision" in model:
         precision["enabled"] = bool(model.pop("mixed_precision"))
@@ -100,8 +135,9 @@ def convert_legacy_params_to_trainer_params(params: dict) -> dict:
         init["precision"] = precision
     if loop:
         init["loop"] = loop
-    checkpoint = {new: runconfig.pop(old) for old, new in _CHECKPOINT_KEYS.items()
-                  if old in runconfig}
+    checkpoint = {
+        new: runconfig.pop(old) for old, new in _CHECKPOINT_KEYS.items() if old in runconfig
+    }
     if checkpoint:
         init["checkpoint"] = checkpoint
     logging = {}
@@ -123,8 +159,10 @@ def convert_legacy_params_to_trainer_params(params: dict) -> dict:
     for key in _RUNCONFIG_IGNORED:
         runconfig.pop(key, None)
     if runconfig:
-        raise ValueError(f"Legacy runconfig keys {sorted(runconfig)} have no Trainer "
-                         "equivalent here; remove them or move them into the trainer config.")
+        raise ValueError(
+            f"Legacy runconfig keys {sorted(runconfig)} have no Trainer "
+            "equivalent here; remove them or move them into the trainer config."
+        )
 
     trainer = {"init": init}
     loader = lambda section: dict(section)  # noqa: E731  (data_processor + its fields)

@@ -67,9 +67,11 @@ def register_data_processor(name: str = None):
 
 
 # ------------------------------------------------------------------- which modules a config may import
-IMPORT_RULE = ("a config may name only modules already imported, modules given with --import "
-               "(or registry.allow_imports), or the run's own code (outside the standard "
-               "library and installed packages), never a __main__ module")
+IMPORT_RULE = (
+    "a config may name only modules already imported, modules given with --import "
+    "(or registry.allow_imports), or the run's own code (outside the standard "
+    "library and installed packages), never a __main__ module"
+)
 
 _ALLOWED_IMPORTS: set = set()  # module names (with their submodules) a config may import
 
@@ -94,8 +96,7 @@ def shown(name) -> str:
 
 
 def _allowed(name: str) -> bool:
-    return any(name == allowed or name.startswith(allowed + ".")
-               for allowed in _ALLOWED_IMPORTS)
+    return any(name == allowed or name.startswith(allowed + ".") for allowed in _ALLOWED_IMPORTS)
 
 
 def _installation() -> list:
@@ -105,8 +106,9 @@ def _installation() -> list:
     bases = {None: None, "base": {"base": sys.base_prefix, "platbase": sys.base_exec_prefix}}
     for variables in bases.values():
         paths = sysconfig.get_paths(vars=variables) if variables else sysconfig.get_paths()
-        roots.update(paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")
-                     if paths.get(key))
+        roots.update(
+            paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(key)
+        )
     roots.update(getattr(site, "getsitepackages", lambda: [])())
     roots.add(site.getusersitepackages())
     version = f"python{sys.version_info.major}{sys.version_info.minor}.zip"
@@ -142,13 +144,18 @@ def _refusal(path: str, name: str, spec) -> str | None:
         return f"{name!r} is a {spec.origin} module of Python, not imported"
     locations = list(spec.submodule_search_locations or [])
     if spec.origin is None or spec.origin == "namespace":
-        if locations or spec.loader is None or isinstance(
-                spec.loader, importlib.machinery.NamespaceLoader):
+        if (
+            locations
+            or spec.loader is None
+            or isinstance(spec.loader, importlib.machinery.NamespaceLoader)
+        ):
             return None  # a namespace package: no code of its own
         return f"{name!r} has no file to check (its loader is {type(spec.loader).__name__})"
     if _inside(spec.origin, _installation()):
-        return (f"{name!r} is part of the Python installation (the standard library or an "
-                "installed package), not imported")
+        return (
+            f"{name!r} is part of the Python installation (the standard library or an "
+            "installed package), not imported"
+        )
     return None
 
 
@@ -157,12 +164,14 @@ def check_importable(path: str, module_name: str) -> None:
     importing ``module_name`` is allowed (see the module docstring); imports nothing."""
     parts = module_name.split(".")
     if "__main__" in parts and module_name not in sys.modules:
-        main = ".".join(parts[:parts.index("__main__") + 1])
-        raise ValueError(f"{quoted(path)}: {main!r} is a command line (a __main__ module), "
-                         f"which importing would run; {IMPORT_RULE}.")
+        main = ".".join(parts[: parts.index("__main__") + 1])
+        raise ValueError(
+            f"{quoted(path)}: {main!r} is a command line (a __main__ module), "
+            f"which importing would run; {IMPORT_RULE}."
+        )
     search_path = None
     for index in range(len(parts)):
-        name = ".".join(parts[:index + 1])
+        name = ".".join(parts[: index + 1])
         module = sys.modules.get(name)
         if module is not None:
             search_path = getattr(module, "__path__", None)
@@ -175,14 +184,17 @@ def check_importable(path: str, module_name: str) -> None:
                 raise ValueError(
                     f"Cannot import module {quoted(module_name)} for {quoted(path)}: no module "
                     f"named {quoted(name)}. Check the name and that its directory is on "
-                    "PYTHONPATH (or is the working directory).")
+                    "PYTHONPATH (or is the working directory)."
+                )
             reason = _refusal(path, name, spec)
             if reason is not None:
                 raise ValueError(f"{quoted(path)}: {reason}; {IMPORT_RULE}.")
             search_path = spec.submodule_search_locations
         if index + 1 < len(parts) and search_path is None:
-            raise ValueError(f"Cannot import module {quoted(module_name)} for {quoted(path)}: "
-                             f"{name!r} is not a package.")
+            raise ValueError(
+                f"Cannot import module {quoted(module_name)} for {quoted(path)}: "
+                f"{name!r} is not a package."
+            )
 
 
 def import_object(path: str):
@@ -193,22 +205,28 @@ def import_object(path: str):
     module_name, sep, attribute = path.partition(":")
     if not sep:
         module_name, _, attribute = path.rpartition(".")
-    if (not attribute or not module_name
-            or not all(part.isidentifier() for part in module_name.split("."))):
-        raise ValueError(f"{quoted(path)} is not an import path; write it as "
-                         "package.module:Name.")
+    if (
+        not attribute
+        or not module_name
+        or not all(part.isidentifier() for part in module_name.split("."))
+    ):
+        raise ValueError(f"{quoted(path)} is not an import path; write it as package.module:Name.")
     check_importable(path, module_name)
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise ValueError(f"Cannot import module {quoted(module_name)} for {quoted(path)}: "
-                         f"{error}. Check the name and that its directory is on "
-                         "PYTHONPATH.") from error
+        raise ValueError(
+            f"Cannot import module {quoted(module_name)} for {quoted(path)}: "
+            f"{error}. Check the name and that its directory is on "
+            "PYTHONPATH."
+        ) from error
     obj = module
     for part in attribute.split("."):
         if not hasattr(obj, part):
-            raise ValueError(f"Module {quoted(module_name)} has no attribute "
-                             f"{quoted(attribute)} (from {quoted(path)}).")
+            raise ValueError(
+                f"Module {quoted(module_name)} has no attribute "
+                f"{quoted(attribute)} (from {quoted(path)})."
+            )
         obj = getattr(obj, part)
     return obj
 
@@ -235,7 +253,8 @@ def _is_model(obj) -> bool:
 def _builds_batches(cls) -> bool:
     return isinstance(cls, type) and (
         issubclass(cls, (torch.utils.data.DataLoader, torch.utils.data.IterableDataset))
-        or callable(getattr(cls, "create_dataloader", None)))
+        or callable(getattr(cls, "create_dataloader", None))
+    )
 
 
 def _is_data_processor(obj) -> bool:
@@ -245,25 +264,27 @@ def _is_data_processor(obj) -> bool:
     if _builds_batches(declared):
         return True
     origin = typing.get_origin(declared) or declared
-    return origin in (collections.abc.Iterable, collections.abc.Iterator,
-                      collections.abc.Generator)
+    return origin in (collections.abc.Iterable, collections.abc.Iterator, collections.abc.Generator)
 
 
 _KINDS = {
-    "model": (_is_model, "a torch.nn.Module subclass",
-              "a function declared to return one (`def build(...) -> MyModel`)"),
-    "data processor": (_is_data_processor,
-                       "a data processor (a class with create_dataloader(), or a DataLoader "
-                       "or IterableDataset subclass)",
-                       "a function declared to return one "
-                       "(`def data(...) -> torch.utils.data.DataLoader`)"),
+    "model": (
+        _is_model,
+        "a torch.nn.Module subclass",
+        "a function declared to return one (`def build(...) -> MyModel`)",
+    ),
+    "data processor": (
+        _is_data_processor,
+        "a data processor (a class with create_dataloader(), or a DataLoader "
+        "or IterableDataset subclass)",
+        "a function declared to return one (`def data(...) -> torch.utils.data.DataLoader`)",
+    ),
 }
 
 
 def _resolve(table, kind, name):
     if not isinstance(name, str) or not name:
-        raise ValueError(f"Expected the {kind} name to be a non-empty string, got "
-                         f"{quoted(name)}.")
+        raise ValueError(f"Expected the {kind} name to be a non-empty string, got {quoted(name)}.")
     if name in table:
         return table[name]
     if ":" in name or "." in name:
@@ -273,13 +294,15 @@ def _resolve(table, kind, name):
             raise ValueError(
                 f"{quoted(name)} is not {what}, nor {function}; a config may only name those, so "
                 f"that loading it cannot run other code. Name the right object, or register "
-                f"it with @register_{kind.replace(' ', '_')}.")
+                f"it with @register_{kind.replace(' ', '_')}."
+            )
         return obj
     known = ", ".join(sorted(table)) or "none registered"
     raise ValueError(
         f"Unknown {kind} {quoted(name)} (registered: {known}). Register it with "
         f"@register_{kind.replace(' ', '_')}({quoted(name)}) in a module the run imports, or give "
-        "an import path such as my_package.models:MyModel.")
+        "an import path such as my_package.models:MyModel."
+    )
 
 
 def get_model(name: str):
@@ -291,8 +314,9 @@ def get_data_processor(name: str):
 
 
 # ------------------------------------------------------------------ arguments by signature
-def check_arguments(target, kwargs: dict, label: str, *, passed=(), ignore=(), also=(),
-                    required: bool = True) -> None:
+def check_arguments(
+    target, kwargs: dict, label: str, *, passed=(), ignore=(), also=(), required: bool = True
+) -> None:
     """Raises ValueError (one line: ``label: unknown argument 'x'; accepted: ...``) unless
     ``target(*passed, **kwargs)`` fits ``target``'s signature. ``passed`` names the
     parameters the framework fills (``params``, ``optimizer``); ``ignore`` names keys that
@@ -310,13 +334,19 @@ def check_arguments(target, kwargs: dict, label: str, *, passed=(), ignore=(), a
         unknown = [key for key in kwargs if key not in accepted and key not in ignore]
         if unknown:
             plural = "s" if len(unknown) > 1 else ""
-            raise ValueError(f"{shown(label)}: unknown argument{plural} "
-                             f"{', '.join(map(quoted, unknown[:5]))}; accepted: "
-                             f"{', '.join(accepted) or 'none'}")
+            raise ValueError(
+                f"{shown(label)}: unknown argument{plural} "
+                f"{', '.join(map(quoted, unknown[:5]))}; accepted: "
+                f"{', '.join(accepted) or 'none'}"
+            )
     if required:
-        missing = [p.name for p in parameters if p.kind in named
-                   and p.default is inspect.Parameter.empty and p.name not in kwargs]
+        missing = [
+            p.name
+            for p in parameters
+            if p.kind in named and p.default is inspect.Parameter.empty and p.name not in kwargs
+        ]
         if missing:
             plural = "s" if len(missing) > 1 else ""
-            raise ValueError(f"{shown(label)}: missing argument{plural} "
-                             f"{', '.join(map(repr, missing))}")
+            raise ValueError(
+                f"{shown(label)}: missing argument{plural} {', '.join(map(repr, missing))}"
+            )

@@ -26,12 +26,15 @@ from pathlib import Path
 import torch
 
 import cerebras.pytorch as cstorch
-
 from cerebras.modelzoo.trainer.callbacks.artifact_dir import ArtifactDirCallback
 from cerebras.modelzoo.trainer.callbacks.autorestart import AutoRestart
 from cerebras.modelzoo.trainer.callbacks.backend import BackendCallback
 from cerebras.modelzoo.trainer.callbacks.callback import (
-    GLOBAL_CALLBACK_REGISTRY, Callback, CoreCallback, ValidationCallback)
+    GLOBAL_CALLBACK_REGISTRY,
+    Callback,
+    CoreCallback,
+    ValidationCallback,
+)
 from cerebras.modelzoo.trainer.callbacks.checkpoint import Checkpoint
 from cerebras.modelzoo.trainer.callbacks.dataloader import DataLoaderCallback
 from cerebras.modelzoo.trainer.callbacks.grad_accum import GradientAccumulationCallback
@@ -48,8 +51,8 @@ from cerebras.modelzoo.trainer.loggers.logger import Logger
 
 # Every hook name the Callback base class defines (a callback may omit none of these).
 STANDARD_HOOKS = frozenset(
-    name for name, value in vars(Callback).items()
-    if callable(value) and not name.startswith("_"))
+    name for name, value in vars(Callback).items() if callable(value) and not name.startswith("_")
+)
 
 _CONSTRUCTION_HOOKS = frozenset({"pre_setup", "setup", "post_setup"})
 
@@ -62,7 +65,8 @@ def convert_output_to_dict(output) -> dict:
         return {"loss": output}
     raise TypeError(
         f"The model returned {type(output).__name__}; the Trainer expects the loss tensor or a "
-        "dict with a 'loss' key (and any other outputs).")
+        "dict with a 'loss' key (and any other outputs)."
+    )
 
 
 class _ContinuingStream:
@@ -141,34 +145,56 @@ class Trainer:
     of the optimizer.
     """
 
-    def __init__(self, device=None, backend=None, model_dir=..., model=..., optimizer=None,
-                 schedulers=None, precision=None, sparsity=None, loop=None, checkpoint=None,
-                 logging=None, callbacks=None, loggers=None, seed=None, autorestart=None):
+    def __init__(
+        self,
+        device=None,
+        backend=None,
+        model_dir=...,
+        model=...,
+        optimizer=None,
+        schedulers=None,
+        precision=None,
+        sparsity=None,
+        loop=None,
+        checkpoint=None,
+        logging=None,
+        callbacks=None,
+        loggers=None,
+        seed=None,
+        autorestart=None,
+    ):
         if model_dir is Ellipsis:
             raise ValueError("model_dir is a required argument")
         if model is Ellipsis:
             raise ValueError("model is a required argument")
-        if not isinstance(model, torch.nn.Module) and isinstance(optimizer,
-                                                                 cstorch.optim.Optimizer):
+        if not isinstance(model, torch.nn.Module) and isinstance(
+            optimizer, cstorch.optim.Optimizer
+        ):
             raise ValueError(
                 "model is a factory, so the model does not exist yet and an already built "
                 "optimizer cannot hold its parameters: pass optimizer as a function that takes "
                 "the model and returns a cstorch.optim.Optimizer (e.g. lambda model: "
-                "cstorch.optim.SGD(model.parameters(), lr=0.1)).")
+                "cstorch.optim.SGD(model.parameters(), lr=0.1))."
+            )
         if precision is not None and not isinstance(precision, Precision):
-            raise TypeError(f"Expected precision to be a Precision callback (e.g. "
-                            f"MixedPrecision(...)), got {type(precision).__name__}.")
+            raise TypeError(
+                f"Expected precision to be a Precision callback (e.g. "
+                f"MixedPrecision(...)), got {type(precision).__name__}."
+            )
         loop = TrainingLoop(num_epochs=1) if loop is None else loop
         checkpoint = Checkpoint() if checkpoint is None else checkpoint
         logging = Logging(log_steps=1, log_level="INFO") if logging is None else logging
         autorestart = AutoRestart() if autorestart is None else autorestart
-        for name, value, kind in (("loop", loop, LoopCallback),
-                                  ("checkpoint", checkpoint, Checkpoint),
-                                  ("logging", logging, Logging),
-                                  ("autorestart", autorestart, AutoRestart)):
+        for name, value, kind in (
+            ("loop", loop, LoopCallback),
+            ("checkpoint", checkpoint, Checkpoint),
+            ("logging", logging, Logging),
+            ("autorestart", autorestart, AutoRestart),
+        ):
             if not isinstance(value, kind):
-                raise TypeError(f"Expected {name} to be a {kind.__name__}, got "
-                                f"{type(value).__name__}.")
+                raise TypeError(
+                    f"Expected {name} to be a {kind.__name__}, got {type(value).__name__}."
+                )
 
         self.model_dir = Path(model_dir)
         self.artifact_dir: Path = None
@@ -187,42 +213,51 @@ class Trainer:
         self._validation_steps: dict = {}  # validation-loop hook name -> traced step
         self.training_step = cstorch.trace(self._training_step)
 
-        self.callbacks: "OrderedDict[str, Callback]" = OrderedDict([
-            ("autorestart", autorestart),
-            ("artifact_dir", ArtifactDirCallback()),
-            ("reproducibility", Reproducibility(seed)),
-            ("backend", BackendCallback(backend, device)),
-            ("model", ModelCallback(model)),
-            ("dataloader", DataLoaderCallback()),
-            ("optimizer", OptimizerCallback(optimizer)),
-            ("schedulers", SchedulersCallback(schedulers)),
-            ("precision", precision),
-            ("sparsity", SparsityCallback(sparsity)),
-            ("loop", loop),
-            ("logging", logging),
-            ("loss_accum", LossAccumulationCallback()),
-            ("grad_accum", GradientAccumulationCallback()),
-            ("checkpoint", checkpoint),
-        ])
+        self.callbacks: "OrderedDict[str, Callback]" = OrderedDict(
+            [
+                ("autorestart", autorestart),
+                ("artifact_dir", ArtifactDirCallback()),
+                ("reproducibility", Reproducibility(seed)),
+                ("backend", BackendCallback(backend, device)),
+                ("model", ModelCallback(model)),
+                ("dataloader", DataLoaderCallback()),
+                ("optimizer", OptimizerCallback(optimizer)),
+                ("schedulers", SchedulersCallback(schedulers)),
+                ("precision", precision),
+                ("sparsity", SparsityCallback(sparsity)),
+                ("loop", loop),
+                ("logging", logging),
+                ("loss_accum", LossAccumulationCallback()),
+                ("grad_accum", GradientAccumulationCallback()),
+                ("checkpoint", checkpoint),
+            ]
+        )
         user_callbacks = list(callbacks) if callbacks is not None else _default_callbacks()
         self.loggers = list(loggers or [])
         for logger in self.loggers:
             if not isinstance(logger, Logger):
-                raise TypeError(f"logger must be an instance of Logger. Got: "
-                                f"{type(logger).__name__}. Pass plain callbacks as callbacks=.")
+                raise TypeError(
+                    f"logger must be an instance of Logger. Got: "
+                    f"{type(logger).__name__}. Pass plain callbacks as callbacks=."
+                )
         for callback in user_callbacks:
             if isinstance(callback, CoreCallback):
                 raise ValueError(
                     f"Callback {type(callback).__name__} is a core callback and cannot be "
                     "overridden: pass it through its own Trainer argument (loop=, "
-                    "checkpoint=, logging=, precision=, ...).")
+                    "checkpoint=, logging=, precision=, ...)."
+                )
             if not isinstance(callback, Callback):
-                raise TypeError(f"Expected each callback to be a Callback, got "
-                                f"{type(callback).__name__}.")
+                raise TypeError(
+                    f"Expected each callback to be a Callback, got {type(callback).__name__}."
+                )
             if isinstance(callback, Logger):
-                warnings.warn(f"{type(callback).__name__} was passed as a callback, so "
-                              "trainer.log_metrics() will not write to it; pass it in "
-                              "loggers= instead.", stacklevel=2)
+                warnings.warn(
+                    f"{type(callback).__name__} was passed as a callback, so "
+                    "trainer.log_metrics() will not write to it; pass it in "
+                    "loggers= instead.",
+                    stacklevel=2,
+                )
         self._logger_destinations = {logger.name for logger in self.loggers}
         counts = Counter()
         for callback in user_callbacks + self.loggers:
@@ -259,8 +294,9 @@ class Trainer:
             if hook is None:
                 if hook_name in self.non_standard_hooks_whitelist:
                     continue
-                raise AttributeError(f"Callback {type(callback).__name__} does not implement "
-                                     f"{hook_name}")
+                raise AttributeError(
+                    f"Callback {type(callback).__name__} does not implement {hook_name}"
+                )
             try:
                 hook(self, *args, **kwargs)
             except Exception as error:
@@ -272,8 +308,10 @@ class Trainer:
                     raise
                 # (the cause's first line too: the last line of a traceback names the problem)
                 summary = str(error).strip().splitlines()[:1]
-                raise RuntimeError(f"Encountered error when calling {where}: "
-                                   f"{type(error).__name__}: {''.join(summary)}") from error
+                raise RuntimeError(
+                    f"Encountered error when calling {where}: "
+                    f"{type(error).__name__}: {''.join(summary)}"
+                ) from error
 
     @contextlib.contextmanager
     def on_exception(self, kind: str):
@@ -395,8 +433,11 @@ class Trainer:
             dest = {dest}
         else:
             dest = set(dest)
-        prefix = "" if any(getattr(logger, "legacy_event_dirs", False)
-                           for logger in self.loggers) else self.name_scope_path
+        prefix = (
+            ""
+            if any(getattr(logger, "legacy_event_dirs", False) for logger in self.loggers)
+            else self.name_scope_path
+        )
         step = self.global_step if step is None else step
         named = {f"{prefix}{key}": value for key, value in metrics.items()}
         matched = False
@@ -405,8 +446,9 @@ class Trainer:
                 matched = True
                 logger.log_metrics(named, step)
         if not matched:
-            warnings.warn(f"None of the loggers matched the destinations {sorted(dest)}.",
-                          stacklevel=2)
+            warnings.warn(
+                f"None of the loggers matched the destinations {sorted(dest)}.", stacklevel=2
+            )
 
     # -------------------------------------------------------------------------------- steps
     def _training_step(self, batch):
@@ -424,6 +466,7 @@ class Trainer:
     def _validation_step_for(self, loop: ValidationLoop):
         """One traced validation step per hook name (the hooks are part of the graph)."""
         if loop.hook not in self._validation_steps:
+
             def validation_step(batch):
                 self.call(loop.on_step_start_hook, self.model, batch)
                 outputs = self.forward(batch)
@@ -435,8 +478,11 @@ class Trainer:
         return self._validation_steps[loop.hook]
 
     def forward(self, batch) -> dict:
-        context = self.precision.autocast_context_manager() if self.precision else (
-            contextlib.nullcontext())
+        context = (
+            self.precision.autocast_context_manager()
+            if self.precision
+            else (contextlib.nullcontext())
+        )
         with context:
             args, kwargs = [batch], {}
             self.call("on_before_forward", self.model, batch, args, kwargs)
@@ -481,8 +527,9 @@ class Trainer:
         """
         loop = self.loop
         if not isinstance(loop, TrainingLoop):
-            raise TypeError(f"fit needs the Trainer's loop to be a TrainingLoop, got "
-                            f"{type(loop).__name__}.")
+            raise TypeError(
+                f"fit needs the Trainer's loop to be a TrainingLoop, got {type(loop).__name__}."
+            )
         with contextlib.ExitStack() as stack:
             stack.enter_context(_running(self))
             self.call("on_enter_fit", stack, train_dataloader, val_dataloader, loop)
@@ -494,8 +541,14 @@ class Trainer:
                 self._run_train(train_dataloader, stream, loop, loop_idx)
                 if loop.eval_frequency:
                     is_last = loop_idx == loop.num_trains - 1
-                    self._validate_all(val_dataloader, None, None, functools.partial(
-                        self.call, "run_validation", loop_idx=loop_idx, is_last=is_last))
+                    self._validate_all(
+                        val_dataloader,
+                        None,
+                        None,
+                        functools.partial(
+                            self.call, "run_validation", loop_idx=loop_idx, is_last=is_last
+                        ),
+                    )
             self.call("on_fit_end", loop)
 
     def _run_train(self, train_dataloader, stream, loop, loop_idx):
@@ -503,9 +556,12 @@ class Trainer:
             self.call("on_enter_train", stack, train_dataloader, loop, loop_idx)
             self.call("on_train_start", self.model, train_dataloader, loop, loop_idx)
             self.executor = cstorch.utils.data.DataExecutor(
-                stream, num_steps=loop.train_steps[loop_idx],
+                stream,
+                num_steps=loop.train_steps[loop_idx],
                 checkpoint_steps=loop.checkpoint_steps(self.checkpoint.steps, loop_idx),
-                activation_steps=self.activation_steps, profiler_activities=[])
+                activation_steps=self.activation_steps,
+                profiler_activities=[],
+            )
             self.executor.show_progress = False  # the ProgressLogger shows the whole fit
             try:
                 for batch_idx, batch in enumerate(self.executor):
@@ -521,8 +577,10 @@ class Trainer:
         """One validation loop over ``val_dataloader`` (``loop`` default: the training loop's
         ``val_loop``)."""
         if not isinstance(val_dataloader, cstorch.utils.data.DataLoader):
-            raise TypeError(f"val_dataloader must be a cstorch.utils.data.DataLoader, got "
-                            f"{type(val_dataloader).__name__}.")
+            raise TypeError(
+                f"val_dataloader must be a cstorch.utils.data.DataLoader, got "
+                f"{type(val_dataloader).__name__}."
+            )
         if loop is None:
             loop = self.loop.val_loop if isinstance(self.loop, TrainingLoop) else self.loop
         if not isinstance(loop, ValidationLoop):
@@ -538,7 +596,8 @@ class Trainer:
             self.call(loop.on_start_hook, self.model, val_dataloader, loop)
             step = self._validation_step_for(loop)
             self.executor = cstorch.utils.data.DataExecutor(
-                val_dataloader, num_steps=eval_steps, profiler_activities=[])
+                val_dataloader, num_steps=eval_steps, profiler_activities=[]
+            )
             self.executor.show_progress = False
             try:
                 for batch_idx, batch in enumerate(self.executor):
@@ -552,8 +611,12 @@ class Trainer:
     def validate_all(self, val_dataloaders=None, ckpt_paths=..., loop=None):
         """For each checkpoint (paths or glob patterns): validate on every dataloader, then
         run the downstream ValidationCallbacks."""
-        self._validate_all(val_dataloaders, ckpt_paths, loop, functools.partial(
-            self.call, "run_validation", loop_idx=None, is_last=True))
+        self._validate_all(
+            val_dataloaders,
+            ckpt_paths,
+            loop,
+            functools.partial(self.call, "run_validation", loop_idx=None, is_last=True),
+        )
 
     def _validate_all(self, val_dataloaders, ckpt_paths, loop, run_validation):
         if val_dataloaders is None:
@@ -562,8 +625,10 @@ class Trainer:
             val_dataloaders = [val_dataloaders]
         for i, loader in enumerate(val_dataloaders):
             if not isinstance(loader, cstorch.utils.data.DataLoader):
-                raise TypeError(f"Expected val_dataloader {i} to be a "
-                                f"cstorch.utils.data.DataLoader, got {type(loader).__name__}.")
+                raise TypeError(
+                    f"Expected val_dataloader {i} to be a "
+                    f"cstorch.utils.data.DataLoader, got {type(loader).__name__}."
+                )
         if ckpt_paths is Ellipsis or ckpt_paths is None:
             ckpt_paths = [ckpt_paths]
         else:
@@ -572,8 +637,9 @@ class Trainer:
             files = []
             for pattern in ckpt_paths:
                 if not isinstance(pattern, (str, os.PathLike)):
-                    raise ValueError(f"Expected a checkpoint path or glob pattern, got "
-                                     f"{pattern!r}.")
+                    raise ValueError(
+                        f"Expected a checkpoint path or glob pattern, got {pattern!r}."
+                    )
                 matches = sorted(glob.glob(str(pattern)), key=_natural_order)
                 if not matches:
                     raise FileNotFoundError(f"Checkpoint file(s) not found at: {pattern}")
@@ -608,8 +674,11 @@ class Trainer:
             return
         autoloaded = ckpt_path is Ellipsis
         if autoloaded:
-            ckpt_path = (self.checkpoint.get_latest_checkpoint(self)
-                         if self.checkpoint.autoload_last_checkpoint else None)
+            ckpt_path = (
+                self.checkpoint.get_latest_checkpoint(self)
+                if self.checkpoint.autoload_last_checkpoint
+                else None
+            )
         if not ckpt_path:
             self.call("on_before_load_checkpoint", None)
             return
@@ -633,7 +702,8 @@ class Trainer:
                 f"different model. Either use a new model_dir for this model, or start from "
                 f"its initial weights with autoload_last_checkpoint: false (in the YAML's "
                 f"init.checkpoint; Checkpoint(autoload_last_checkpoint=False) in Python). "
-                f"Loading it failed with:\n{type(cause).__name__}: {cause}") from cause
+                f"Loading it failed with:\n{type(cause).__name__}: {cause}"
+            ) from cause
 
 
 def _natural_order(path: str):

@@ -16,24 +16,41 @@ from typing import List
 import torch
 
 import cerebras.pytorch as cstorch
-from cstorch.backend import get_or_create
-
 from cerebras.modelzoo.trainer import callbacks as cb
 from cerebras.modelzoo.trainer.config import (
-    TrainerConfig, TrainerConfigError, callback_class, validate_trainer_params)
+    TrainerConfig,
+    TrainerConfigError,
+    callback_class,
+    validate_trainer_params,
+)
 from cerebras.modelzoo.trainer.legacy import (
-    convert_legacy_params_to_trainer_params, is_legacy_params)
+    convert_legacy_params_to_trainer_params,
+    is_legacy_params,
+)
 from cerebras.modelzoo.trainer.registry import get_data_processor, get_model
+from cerebras.modelzoo.trainer.trainer import Trainer
+from cstorch.backend import get_or_create
 from cstorch.errors import quoted
 from cstorch.utils.yaml_files import YAMLFileError, load_yaml
-from cerebras.modelzoo.trainer.trainer import Trainer
 
-DEFAULT_CALLBACKS = {"CheckLoss": {}, "LogOptimizerParamGroup": {"keys": "lr"},
-                     "ComputeNorm": {}, "ModelEvalMetrics": {}, "RateProfiler": {}}
+DEFAULT_CALLBACKS = {
+    "CheckLoss": {},
+    "LogOptimizerParamGroup": {"keys": "lr"},
+    "ComputeNorm": {},
+    "ModelEvalMetrics": {},
+    "RateProfiler": {},
+}
 DEFAULT_LOGGERS = {"ProgressLogger": {}, "TensorBoardLogger": {}}
 
-MODES = {"fit": "fit", "train": "fit", "train_and_eval": "fit", "validate": "validate",
-         "eval": "validate", "validate_all": "validate_all", "eval_all": "validate_all"}
+MODES = {
+    "fit": "fit",
+    "train": "fit",
+    "train_and_eval": "fit",
+    "validate": "validate",
+    "eval": "validate",
+    "validate_all": "validate_all",
+    "eval_all": "validate_all",
+}
 
 
 # ------------------------------------------------------------------------------------ data
@@ -47,9 +64,11 @@ def _build_input(data_processor: str, fields: dict):
         return produced.create_dataloader()
     if hasattr(produced, "__iter__"):
         return produced
-    raise TypeError(f"Data processor {data_processor!r} returned {type(produced).__name__}; it "
-                    "must return a torch DataLoader, an iterable of batches, or an object with "
-                    "create_dataloader().")
+    raise TypeError(
+        f"Data processor {data_processor!r} returned {type(produced).__name__}; it "
+        "must return a torch DataLoader, an iterable of batches, or an object with "
+        "create_dataloader()."
+    )
 
 
 def create_dataloader(config) -> cstorch.utils.data.DataLoader:
@@ -76,13 +95,16 @@ def _backend(init):
         kwargs = dict(init.backend.model_extra)
         backend_type = init.backend.backend_type.upper()
         if init.device is not None and init.device.upper() != backend_type:
-            raise TrainerConfigError(f"init.device ({init.device}) and "
-                                     f"init.backend.backend_type ({backend_type}) disagree.")
+            raise TrainerConfigError(
+                f"init.device ({init.device}) and "
+                f"init.backend.backend_type ({backend_type}) disagree."
+            )
         if init.backend.cluster_config is not None:
             if backend_type != "CSX":
                 raise TrainerConfigError("init.backend.cluster_config is only for CSX.")
             kwargs["cluster_config"] = cstorch.distributed.ClusterConfig(
-                **init.backend.cluster_config)
+                **init.backend.cluster_config
+            )
     elif init.device is not None:
         backend_type, kwargs = init.device.upper(), {}
     else:
@@ -90,11 +112,18 @@ def _backend(init):
     allowed = set(cstorch.backend.get_backend_args(backend_type)) - {"self", "backend_type"}
     unknown = sorted(set(kwargs) - allowed)
     if unknown:
-        raise TrainerConfigError(f"Unknown init.backend keys {quoted(unknown)} for {backend_type}; "
-                                 f"accepted: {sorted(allowed)}.")
-    return get_or_create(backend_type, mismatch=lambda existing: TrainerConfigError(
-        f"This process already runs a {existing.backend_type.name} backend; all trainer "
-        f"phases must use one device type (got {backend_type})."), **kwargs)
+        raise TrainerConfigError(
+            f"Unknown init.backend keys {quoted(unknown)} for {backend_type}; "
+            f"accepted: {sorted(allowed)}."
+        )
+    return get_or_create(
+        backend_type,
+        mismatch=lambda existing: TrainerConfigError(
+            f"This process already runs a {existing.backend_type.name} backend; all trainer "
+            f"phases must use one device type (got {backend_type})."
+        ),
+        **kwargs,
+    )
 
 
 # ------------------------------------------------------------------------ init arguments
@@ -114,7 +143,7 @@ def _model_factory(config):
 def _optimizer_factory(config):
     if config is None:
         return None
-    (name, kwargs), = config.items()
+    ((name, kwargs),) = config.items()
     kwargs = dict(kwargs or {})
     cstorch.optim.configure_optimizer_params(name, kwargs)  # unknown names fail now
 
@@ -127,11 +156,13 @@ def _optimizer_factory(config):
 def _scheduler_factories(configs):
     factories = []
     for entry in configs or []:
-        (name, kwargs), = entry.items()
+        ((name, kwargs),) = entry.items()
         cls, cls_kwargs = cstorch.optim.configure_scheduler_params(
-            {"scheduler": name, **(kwargs or {})})
-        factories.append(lambda optimizer, cls=cls, cls_kwargs=cls_kwargs:
-                         cls(optimizer, **cls_kwargs))
+            {"scheduler": name, **(kwargs or {})}
+        )
+        factories.append(
+            lambda optimizer, cls=cls, cls_kwargs=cls_kwargs: cls(optimizer, **cls_kwargs)
+        )
     return factories
 
 
@@ -142,7 +173,7 @@ def _instances(entries, defaults):
         if isinstance(entry, str):
             requested[entry] = {}
         else:
-            (name, kwargs), = entry.items()
+            ((name, kwargs),) = entry.items()
             requested[name] = kwargs  # None removes a default
     merged = {name: kwargs for name, kwargs in defaults.items() if name not in requested}
     merged.update(requested)
@@ -154,8 +185,9 @@ def _instances(entries, defaults):
         try:
             objects.append(cls(**(kwargs or {})))
         except TypeError as error:
-            raise TrainerConfigError(f"Cannot build {name} from {quoted(kwargs)}: "
-                                     f"{str(error)[:300]}") from error
+            raise TrainerConfigError(
+                f"Cannot build {name} from {quoted(kwargs)}: {str(error)[:300]}"
+            ) from error
     return objects
 
 
@@ -193,20 +225,24 @@ def _mode_section(phase, index: int, mode: str):
     """The section of ``phase`` that ``mode`` runs; TrainerConfigError (before any phase is
     built) when it is missing, or when a fit has no optimizer to train with."""
     action = MODES[mode]
-    section = {"fit": phase.fit, "validate": phase.validate_,
-               "validate_all": phase.validate_all}[action]
+    section = {"fit": phase.fit, "validate": phase.validate_, "validate_all": phase.validate_all}[
+        action
+    ]
     if section is None:
-        example = {"fit": "fit:\n  train_dataloader: {data_processor: ...}",
-                   "validate": "validate:\n  val_dataloader: {data_processor: ...}",
-                   "validate_all": "validate_all:\n  val_dataloaders: "
-                                   "{data_processor: ...}"}[action]
+        example = {
+            "fit": "fit:\n  train_dataloader: {data_processor: ...}",
+            "validate": "validate:\n  val_dataloader: {data_processor: ...}",
+            "validate_all": "validate_all:\n  val_dataloaders: {data_processor: ...}",
+        }[action]
         raise TrainerConfigError(
             f"Mode {mode!r} needs a `{action}` section in trainer phase {index}, next to "
-            f"`init`, e.g.\n{example}")
+            f"`init`, e.g.\n{example}"
+        )
     if action == "fit" and phase.init.optimizer is None:
         raise TrainerConfigError(
             f"trainer.init.optimizer: mode {mode!r} trains, and trainer phase {index} names no "
-            "optimizer; add one, e.g. `optimizer: {SGD: {lr: 0.01}}`.")
+            "optimizer; add one, e.g. `optimizer: {SGD: {lr: 0.01}}`."
+        )
     return section
 
 
@@ -228,8 +264,11 @@ def run_trainer(mode: str, params: dict) -> List[Trainer]:
             val = _dataloaders(section.val_dataloader)
             if mode == "train":  # train only: no validation during fit
                 trainer.loop.eval_frequency, val = None, None
-            trainer.fit(create_dataloader(section.train_dataloader), val,
-                        ckpt_path=_ckpt_path(section.ckpt_path))
+            trainer.fit(
+                create_dataloader(section.train_dataloader),
+                val,
+                ckpt_path=_ckpt_path(section.ckpt_path),
+            )
         elif action == "validate":
             loaders = _dataloaders(section.val_dataloader)
             for loader in loaders if isinstance(loaders, list) else [loaders]:
@@ -239,8 +278,10 @@ def run_trainer(mode: str, params: dict) -> List[Trainer]:
             if paths is None:
                 paths = [str(p) for p in trainer.checkpoint.get_all_checkpoints()]
                 if not paths:
-                    raise FileNotFoundError(f"validate_all found no checkpoints in "
-                                            f"{trainer.checkpoint.checkpoint_root}.")
+                    raise FileNotFoundError(
+                        f"validate_all found no checkpoints in "
+                        f"{trainer.checkpoint.checkpoint_root}."
+                    )
             trainer.validate_all(_dataloaders(section.val_dataloaders), ckpt_paths=paths)
         trainers.append(trainer)
     return trainers
@@ -256,6 +297,7 @@ def load_params(path) -> dict:
         except YAMLFileError as error:
             raise TrainerConfigError(str(error)) from None
     if not isinstance(params, dict):
-        raise TrainerConfigError(f"{path} must hold a mapping (with a `trainer` key), got "
-                                 f"{type(params).__name__}.")
+        raise TrainerConfigError(
+            f"{path} must hold a mapping (with a `trainer` key), got {type(params).__name__}."
+        )
     return params

@@ -8,8 +8,11 @@ from cerebras_appliance.pb.messages import Message
 
 
 class KernelMatchingConfig(Message):
-    FIELDS = {"inc_pwt_estimate": False, "enable_pipelined_mlm_loss": False,
-              "no_dcache_spill_splits": False}
+    FIELDS = {
+        "inc_pwt_estimate": False,
+        "enable_pipelined_mlm_loss": False,
+        "no_dcache_spill_splits": False,
+    }
 
 
 class MatchingConfig(Message):

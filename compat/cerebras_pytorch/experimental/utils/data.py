@@ -27,30 +27,58 @@ from __future__ import annotations
 import math
 
 from cstorch.utils.data import *  # noqa: F403
-from cstorch.utils.data import DataExecutor as DataExecutor
-from cstorch.utils.data import compute_num_steps as _compute_num_steps_2x
-from cstorch.utils.data import DataLoader as _DataLoader
+from cstorch.utils.data import (
+    DataExecutor as DataExecutor,
+    DataLoader as _DataLoader,
+    compute_num_steps as _compute_num_steps_2x,
+)
 
-def compute_num_steps(dataloader, initial_step: int = 0, num_steps=None, max_steps=None,
-                      num_epochs=None, steps_per_epoch=None, grad_accum_steps: int = 1) -> int:
-    common = dict(initial_step=initial_step, max_steps=max_steps,
-                  steps_per_epoch=steps_per_epoch, grad_accum_steps=grad_accum_steps)
+
+def compute_num_steps(
+    dataloader,
+    initial_step: int = 0,
+    num_steps=None,
+    max_steps=None,
+    num_epochs=None,
+    steps_per_epoch=None,
+    grad_accum_steps: int = 1,
+) -> int:
+    common = dict(
+        initial_step=initial_step,
+        max_steps=max_steps,
+        steps_per_epoch=steps_per_epoch,
+        grad_accum_steps=grad_accum_steps,
+    )
     if num_steps is not None and num_epochs is not None:
-        return min(_compute_num_steps_2x(dataloader, num_steps=num_steps, **common),
-                   _compute_num_steps_2x(dataloader, num_epochs=num_epochs, **common))
-    return _compute_num_steps_2x(dataloader, num_steps=num_steps, num_epochs=num_epochs,
-                                 **common)
+        return min(
+            _compute_num_steps_2x(dataloader, num_steps=num_steps, **common),
+            _compute_num_steps_2x(dataloader, num_epochs=num_epochs, **common),
+        )
+    return _compute_num_steps_2x(dataloader, num_steps=num_steps, num_epochs=num_epochs, **common)
 
 
 _STEP_KEYS = ("num_steps", "num_epochs", "steps_per_epoch", "max_steps")
 
 
 class DataLoader(_DataLoader):
-    def __init__(self, input_fn, *args, num_steps=None, num_epochs=None, steps_per_epoch=None,
-                 max_steps=None, initial_step: int = 0, **kwargs):
+    def __init__(
+        self,
+        input_fn,
+        *args,
+        num_steps=None,
+        num_epochs=None,
+        steps_per_epoch=None,
+        max_steps=None,
+        initial_step: int = 0,
+        **kwargs,
+    ):
         super().__init__(input_fn, *args, **kwargs)
-        self._limits = dict(num_steps=num_steps, num_epochs=num_epochs,
-                            steps_per_epoch=steps_per_epoch, max_steps=max_steps)
+        self._limits = dict(
+            num_steps=num_steps,
+            num_epochs=num_epochs,
+            steps_per_epoch=steps_per_epoch,
+            max_steps=max_steps,
+        )
         self.initial_step = initial_step
         self.drives_steps = any(v is not None for v in self._limits.values())
         self._epochs_done = 0
@@ -60,8 +88,7 @@ class DataLoader(_DataLoader):
     @property
     def total_steps(self) -> int:
         if self._total is None:
-            self._total = compute_num_steps(self, initial_step=self.initial_step,
-                                            **self._limits)
+            self._total = compute_num_steps(self, initial_step=self.initial_step, **self._limits)
         return self._total
 
     @property
@@ -92,10 +119,13 @@ class DataLoader(_DataLoader):
         done = self._epochs_done * self.steps_per_epoch
         steps = min(self.steps_per_epoch, self.total_steps - done)
         if steps <= 0:
-            raise RuntimeError(f"The DataLoader already ran its {self.total_steps} steps "
-                               f"({self.num_epochs} epochs); iterate it num_epochs times.")
-        executor = DataExecutor(self, num_steps=steps,
-                                checkpoint_steps=settings().get("checkpoint_steps") or None)
+            raise RuntimeError(
+                f"The DataLoader already ran its {self.total_steps} steps "
+                f"({self.num_epochs} epochs); iterate it num_epochs times."
+            )
+        executor = DataExecutor(
+            self, num_steps=steps, checkpoint_steps=settings().get("checkpoint_steps") or None
+        )
         self._in_executor = True
         try:
             for batch in executor:

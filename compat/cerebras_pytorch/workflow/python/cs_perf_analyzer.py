@@ -12,5 +12,6 @@ def locate_csperf_log(model_dir: str):
 
 class AssessBottlenecks:
     def __init__(self, perf_file):
-        raise FileNotFoundError(f"No CS performance log to assess ({perf_file!r}): the "
-                                "modeled wafer writes none.")
+        raise FileNotFoundError(
+            f"No CS performance log to assess ({perf_file!r}): the modeled wafer writes none."
+        )

@@ -34,11 +34,15 @@ class GradientClipper:
         self.max_gradient_norm = max_gradient_norm or 0.0
         self.max_gradient_value = max_gradient_value or 0.0
         if self.max_gradient_norm < 0 or self.max_gradient_value < 0:
-            raise ValueError(f"max_gradient_norm and max_gradient_value must be non-negative, "
-                             f"got {max_gradient_norm} and {max_gradient_value}.")
+            raise ValueError(
+                f"max_gradient_norm and max_gradient_value must be non-negative, "
+                f"got {max_gradient_norm} and {max_gradient_value}."
+            )
         if self.max_gradient_norm and self.max_gradient_value:
-            raise ValueError("Gradients can be clipped by norm or by value, but not both: set "
-                             "only one of max_gradient_norm and max_gradient_value.")
+            raise ValueError(
+                "Gradients can be clipped by norm or by value, but not both: set "
+                "only one of max_gradient_norm and max_gradient_value."
+            )
 
     def __call__(self, params):
         params = list(params)
@@ -51,22 +55,30 @@ class GradientClipper:
 class PyTorchBaseModel:
     """A model, its optimizer, LR scheduler and loss scaler, configured from the params."""
 
-    def __init__(self, params: dict, model_fn=None, device: torch.device = None, *,
-                 model: torch.nn.Module = None):
+    def __init__(
+        self,
+        params: dict,
+        model_fn=None,
+        device: torch.device = None,
+        *,
+        model: torch.nn.Module = None,
+    ):
         if isinstance(model_fn, torch.nn.Module):  # 1.6/1.7: (params, model, device)
             model, model_fn = model_fn, None
         if model is None:
             if model_fn is None:
-                raise TypeError("PyTorchBaseModel needs model_fn (a callable returning an "
-                                "nn.Module) or model.")
+                raise TypeError(
+                    "PyTorchBaseModel needs model_fn (a callable returning an nn.Module) or model."
+                )
             model = model_fn(params)
         if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"model_fn must return a torch.nn.Module, got "
-                            f"{type(model).__name__}.")
+            raise TypeError(f"model_fn must return a torch.nn.Module, got {type(model).__name__}.")
         model_params = params.get("model") or {}
         if "mixed_precision" not in model_params:
-            raise ValueError("The params' model section needs `mixed_precision: true|false` "
-                             "(the 1.x runners require it).")
+            raise ValueError(
+                "The params' model section needs `mixed_precision: true|false` "
+                "(the 1.x runners require it)."
+            )
         half_dtype_instance.use_bfloat16 = bool(model_params.get("use_bfloat16", False))
 
         self.torch_model = model
@@ -74,8 +86,7 @@ class PyTorchBaseModel:
         self.device = device
         self.mode = params["runconfig"]["mode"]
         self.mixed_precision = model_params["mixed_precision"]
-        self.is_pretrained_checkpoint = params["runconfig"].get("is_pretrained_checkpoint",
-                                                                False)
+        self.is_pretrained_checkpoint = params["runconfig"].get("is_pretrained_checkpoint", False)
         self.compiled_model = cstorch.compile(model, cstorch.backend())
 
         oparams = dict(params.get("optimizer") or {})
@@ -84,19 +95,25 @@ class PyTorchBaseModel:
         self.grad_scaler = None
         if self.mode in (modes.TRAIN, modes.TRAIN_AND_EVAL):
             if "optimizer_type" not in oparams:
-                raise ValueError("Training needs an `optimizer:` section with `optimizer_type` "
-                                 "(e.g. SGD, Adam, AdamW) and `learning_rate`.")
+                raise ValueError(
+                    "Training needs an `optimizer:` section with `optimizer_type` "
+                    "(e.g. SGD, Adam, AdamW) and `learning_rate`."
+                )
             learning_rate = oparams.get("learning_rate")
-            if not isinstance(learning_rate, (float, int, str, dict, list)) or \
-                    isinstance(learning_rate, bool):
-                raise ValueError(f"optimizer.learning_rate must be a float, a dict, or a list "
-                                 f"of dicts. Got {learning_rate!r}.")
+            if not isinstance(learning_rate, (float, int, str, dict, list)) or isinstance(
+                learning_rate, bool
+            ):
+                raise ValueError(
+                    f"optimizer.learning_rate must be a float, a dict, or a list "
+                    f"of dicts. Got {learning_rate!r}."
+                )
             self.optimizer = self._configure_optimizer(oparams)
             self.lr_scheduler = legacy_optim.configure_lr_scheduler(
-                self.optimizer, learning_rate if isinstance(learning_rate, (dict, list))
-                else None)
+                self.optimizer, learning_rate if isinstance(learning_rate, (dict, list)) else None
+            )
             self.optimizer.gradient_clipper = GradientClipper(
-                oparams.get("max_gradient_norm"), oparams.get("max_gradient_value"))
+                oparams.get("max_gradient_norm"), oparams.get("max_gradient_value")
+            )
             self.grad_scaler = self._configure_grad_scaler(oparams)
 
     def _configure_optimizer(self, oparams: dict):
@@ -122,10 +139,12 @@ class PyTorchBaseModel:
             logging.info("No need for dynamic loss scaling with bfloat16; not scaling the loss.")
             return None
         return cstorch.amp.GradScaler(
-            loss_scale=scale, init_scale=oparams.get("initial_loss_scale"),
+            loss_scale=scale,
+            init_scale=oparams.get("initial_loss_scale"),
             steps_per_increase=oparams.get("steps_per_increase"),
             min_loss_scale=oparams.get("min_loss_scale"),
-            max_loss_scale=oparams.get("max_loss_scale"))
+            max_loss_scale=oparams.get("max_loss_scale"),
+        )
 
     # ------------------------------------------------------------------ queries
     def train(self):
@@ -147,8 +166,9 @@ class PyTorchBaseModel:
         return self.supported_modes
 
     def supports_mode(self, mode) -> bool:
-        return mode in (self.supported_cs_modes if cstorch.use_cs()
-                        else self.supported_non_cs_modes)
+        return mode in (
+            self.supported_cs_modes if cstorch.use_cs() else self.supported_non_cs_modes
+        )
 
     def trainable_named_parameters(self):
         return trainable_named_parameters(self.model)
@@ -176,8 +196,10 @@ class PyTorchBaseModel:
         (non-strictly outside eval); 0.1-format checkpoints of a model with a ``.model``
         submodule load into it, as 1.x did."""
         if "model" not in state:
-            raise KeyError(f"The checkpoint has no 'model' entry (found {sorted(state)}); it "
-                           "was not written by a 1.x runner or PyTorchBaseModel.get_state().")
+            raise KeyError(
+                f"The checkpoint has no 'model' entry (found {sorted(state)}); it "
+                "was not written by a 1.x runner or PyTorchBaseModel.get_state()."
+            )
         if self.is_pretrained_checkpoint and self.mode != modes.EVAL:
             strict = False
         model = self.torch_model

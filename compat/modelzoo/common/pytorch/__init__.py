@@ -14,8 +14,11 @@ this, while a user's own ``modelzoo/<model>/pytorch/`` tree (without the zoo's
 import contextlib
 
 import cerebras_pytorch as cbtorch  # noqa: F401  (1.x: cbtorch.load / cbtorch.save)
-from modelzoo.common.pytorch import cb_model as cb_model, modes as modes
-from modelzoo.common.pytorch import runner_factory  # noqa: F401  (PyTorchBaseRunner.create)
+from modelzoo.common.pytorch import (
+    cb_model as cb_model,
+    modes as modes,
+    runner_factory,  # noqa: F401  (PyTorchBaseRunner.create)
+)
 
 
 @contextlib.contextmanager

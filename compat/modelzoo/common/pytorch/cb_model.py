@@ -12,8 +12,7 @@ from __future__ import annotations
 import torch
 
 import cstorch
-from cstorch.utils.constant import make_constant  # noqa: F401
-from cstorch.utils.step_closures import step_closure  # noqa: F401
+
 # One process is master, streamer and receiver at once: the 1.x lazy API's answers.
 from cerebras_pytorch.lazy.cb_model import (  # noqa: F401
     get_ordinal,
@@ -25,6 +24,8 @@ from cerebras_pytorch.lazy.cb_model import (  # noqa: F401
     num_streamers,
     num_tasks,
 )
+from cstorch.utils.constant import make_constant  # noqa: F401
+from cstorch.utils.step_closures import step_closure  # noqa: F401
 
 
 def _on_wafer() -> bool:

@@ -21,7 +21,7 @@ _cb_metrics: Dict[str, "CBMetric"] = {}
 
 
 def _default_name(cls) -> str:
-    stem = cls.__name__[:-len("Metric")] if cls.__name__.endswith("Metric") else cls.__name__
+    stem = cls.__name__[: -len("Metric")] if cls.__name__.endswith("Metric") else cls.__name__
     return re.sub(r"(?<!^)(?=[A-Z])", "_", stem).lower()
 
 
@@ -29,8 +29,9 @@ def _legacy(cls):
     def __init__(self, name: str = None, *args, **kwargs):
         cls.__init__(self, name or _default_name(cls), *args, **kwargs)
 
-    return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": __name__,
-                                       "__doc__": cls.__doc__})
+    return type(
+        cls.__name__, (cls,), {"__init__": __init__, "__module__": __name__, "__doc__": cls.__doc__}
+    )
 
 
 AccuracyMetric = _legacy(_metrics.AccuracyMetric)
@@ -70,22 +71,21 @@ class CBMetric(abc.ABC):
         self.init_state()
 
     @abc.abstractmethod
-    def update_on_device(self, *args, **kwargs) -> DeviceOutputs:
-        ...
+    def update_on_device(self, *args, **kwargs) -> DeviceOutputs: ...
 
     @abc.abstractmethod
-    def update_on_host(self, *args, **kwargs) -> None:
-        ...
+    def update_on_host(self, *args, **kwargs) -> None: ...
 
     @abc.abstractmethod
-    def compute(self) -> Any:
-        ...
+    def compute(self) -> Any: ...
 
     def __call__(self, *args, **kwargs) -> None:
         outputs = self.update_on_device(*args, **kwargs)
         if not isinstance(outputs, DeviceOutputs):
-            raise TypeError(f"{type(self).__name__}.update_on_device must return DeviceOutputs, "
-                            f"got {type(outputs).__name__}.")
+            raise TypeError(
+                f"{type(self).__name__}.update_on_device must return DeviceOutputs, "
+                f"got {type(outputs).__name__}."
+            )
         step_closure(self.update_on_host)(*outputs.args, **outputs.kwargs)
 
 

@@ -37,8 +37,10 @@ class PyTorchBaseCSRunner(PyTorchBaseRunner):
     def __init__(self, model, params):
         super().__init__(model, params)
         if self._grad_accum_steps > 1 and not self._runconfig.get("use_cs_grad_accum", True):
-            raise ValueError("Gradient accumulation was disabled for CS runs "
-                             "(use_cs_grad_accum: false) but grad_accum_steps > 1.")
+            raise ValueError(
+                "Gradient accumulation was disabled for CS runs "
+                "(use_cs_grad_accum: false) but grad_accum_steps > 1."
+            )
 
     def on_train_batch_start(self, data):
         return _widen_int32(data)
@@ -51,14 +53,17 @@ class PyTorchBaseCSRunner(PyTorchBaseRunner):
             "train_and_eval is not supported on a Cerebras system (CSX): the compiled program "
             "cannot switch between the training and the evaluation graph within a run. Run "
             "`--mode train`, then `--mode eval_all` (or `--mode eval`) over the checkpoints in "
-            "model_dir; or use CPU/GPU, which allow train_and_eval.")
+            "model_dir; or use CPU/GPU, which allow train_and_eval."
+        )
 
     def _increment_global_step(self):
         self._global_step += 1
 
     def _write_log(self, loss, step):
-        logging.info(f"| {self._active_mode.title()} Device=CSX, Step={step}, "
-                     f"Loss={float(loss):.5f}, Time={datetime.now().strftime('%H:%M:%S')}")
+        logging.info(
+            f"| {self._active_mode.title()} Device=CSX, Step={step}, "
+            f"Loss={float(loss):.5f}, Time={datetime.now().strftime('%H:%M:%S')}"
+        )
 
     def _save_checkpoint(self, step):
         return self._write_checkpoint(step)

@@ -40,11 +40,11 @@ from typing import Optional, Tuple
 import torch
 
 import cstorch
+from cerebras_pytorch.lazy.outputs import extract_loss
 from modelzoo.common.pytorch import modes
 from modelzoo.common.pytorch.metrics import compute_all_metrics, reset_all_metrics
 from modelzoo.common.pytorch.PyTorchBaseModel import PyTorchBaseModel
 from modelzoo.common.pytorch.utils import get_checkpoints, visit_structure
-from cerebras_pytorch.lazy.outputs import extract_loss
 
 
 class _MicroBatchGroups:
@@ -97,14 +97,21 @@ class PyTorchBaseRunner(metaclass=abc.ABCMeta):
         self._is_pretrained_checkpoint = self._runconfig.get("is_pretrained_checkpoint", False)
         self._save_initial_checkpoint = self._runconfig.get("save_initial_checkpoint", False)
 
-        unsupported = [name for name, on in (
-            ("optimizer.log_summaries", self._log_summaries),
-            ("runconfig.enable_summaries", self._runconfig.get("enable_summaries")),
-            ("runconfig.save_stream_size", self._runconfig.get("save_stream_size")),
-            ("runconfig.show_debug_metrics", self._show_debug_metrics)) if on]
+        unsupported = [
+            name
+            for name, on in (
+                ("optimizer.log_summaries", self._log_summaries),
+                ("runconfig.enable_summaries", self._runconfig.get("enable_summaries")),
+                ("runconfig.save_stream_size", self._runconfig.get("save_stream_size")),
+                ("runconfig.show_debug_metrics", self._show_debug_metrics),
+            )
+            if on
+        ]
         if unsupported:
-            warnings.warn(f"{', '.join(unsupported)}: these 1.x debugging summaries are not "
-                          "produced by this engine; the run goes on without them.")
+            warnings.warn(
+                f"{', '.join(unsupported)}: these 1.x debugging summaries are not "
+                "produced by this engine; the run goes on without them."
+            )
 
         self._writers = {}
         self.__cleanup_stack = None
@@ -153,17 +160,22 @@ class PyTorchBaseRunner(metaclass=abc.ABCMeta):
         if self._num_epochs is not None and self._num_steps is not None:
             raise ValueError("Please specify only one of `num_epochs` or `num_steps`.")
         if self._num_epochs is None and self._num_steps is None and self._max_steps is None:
-            raise ValueError("`max_steps` must be specified if neither `num_epochs` nor "
-                             "`num_steps` are specified.")
-        for name in ("num_epochs", "num_steps", "max_steps", "train_steps_per_epoch",
-                     "eval_steps_per_epoch"):
+            raise ValueError(
+                "`max_steps` must be specified if neither `num_epochs` nor "
+                "`num_steps` are specified."
+            )
+        for name in (
+            "num_epochs",
+            "num_steps",
+            "max_steps",
+            "train_steps_per_epoch",
+            "eval_steps_per_epoch",
+        ):
             value = getattr(self, f"_{name}")
             if value is not None and value <= 0:
-                raise ValueError(f"When provided, `{name}` must be greater than zero, got "
-                                 f"{value}.")
+                raise ValueError(f"When provided, `{name}` must be greater than zero, got {value}.")
         if self._grad_accum_steps < 1:
-            raise ValueError(f"grad_accum_steps must be at least 1, got "
-                             f"{self._grad_accum_steps}.")
+            raise ValueError(f"grad_accum_steps must be at least 1, got {self._grad_accum_steps}.")
         if self._checkpoint_steps < 0 or self._log_steps < 0:
             raise ValueError("checkpoint_steps and log_steps must be non-negative.")
 
@@ -198,11 +210,14 @@ class PyTorchBaseRunner(metaclass=abc.ABCMeta):
         self._eval_steps_per_epoch = self._runconfig.get("eval_steps")
         self._validate_config()
         if self._max_steps is not None and self._global_step >= self._max_steps:
-            raise RuntimeError(f"Global step {self._global_step} already reaches max_steps "
-                               f"{self._max_steps}: nothing to train. Raise max_steps, or "
-                               "start from another checkpoint.")
+            raise RuntimeError(
+                f"Global step {self._global_step} already reaches max_steps "
+                f"{self._max_steps}: nothing to train. Raise max_steps, or "
+                "start from another checkpoint."
+            )
         train_loader, eval_loader = {
-            modes.TRAIN: (dataloader, None), modes.EVAL: (None, dataloader),
+            modes.TRAIN: (dataloader, None),
+            modes.EVAL: (None, dataloader),
             modes.TRAIN_AND_EVAL: tuple(dataloader) if mode == modes.TRAIN_AND_EVAL else (),
         }[mode]
 
@@ -211,8 +226,10 @@ class PyTorchBaseRunner(metaclass=abc.ABCMeta):
                 per_epoch = len(train_loader)
             except TypeError:
                 if self._num_epochs is not None:
-                    raise ValueError("num_epochs needs a dataloader with a length; control "
-                                     "training with num_steps or max_steps instead.") from None
+                    raise ValueError(
+                        "num_epochs needs a dataloader with a length; control "
+                        "training with num_steps or max_steps instead."
+                    ) from None
                 per_epoch = None
             if per_epoch is not None:
                 if per_epoch <= 0:
@@ -221,12 +238,14 @@ class PyTorchBaseRunner(metaclass=abc.ABCMeta):
                     if self._train_steps_per_epoch > per_epoch:
                         raise ValueError(
                             f"steps_per_epoch={self._train_steps_per_epoch} exceeds the "
-                            f"{per_epoch} batches of an epoch.")
+                            f"{per_epoch} batches of an epoch."
+                        )
                     per_epoch = self._train_steps_per_epoch
                 if self._grad_accum_steps > per_epoch:
                     raise ValueError(
                         f"grad_accum_steps={self._grad_accum_steps} is greater than the "
-                        f"{per_epoch} batches per epoch: no optimizer step could be taken.")
+                        f"{per_epoch} batches per epoch: no optimizer step could be taken."
+                    )
                 per_epoch //= self._grad_accum_steps
             self._train_steps_per_epoch = per_epoch
         if eval_loader is not None:
@@ -235,13 +254,16 @@ class PyTorchBaseRunner(metaclass=abc.ABCMeta):
                 if eval_len <= 0:
                     raise ValueError("The eval dataloader does not generate any batches.")
                 if self._eval_steps_per_epoch is not None and self._eval_steps_per_epoch > eval_len:
-                    raise ValueError(f"eval_steps={self._eval_steps_per_epoch} exceeds the "
-                                     f"{eval_len} batches of the eval dataloader.")
+                    raise ValueError(
+                        f"eval_steps={self._eval_steps_per_epoch} exceeds the "
+                        f"{eval_len} batches of the eval dataloader."
+                    )
                 self._eval_steps_per_epoch = self._eval_steps_per_epoch or eval_len
             except TypeError:
                 if self._eval_steps_per_epoch is None:
-                    raise ValueError("`eval_steps` must be specified for datasets with "
-                                     "unknown length.") from None
+                    raise ValueError(
+                        "`eval_steps` must be specified for datasets with unknown length."
+                    ) from None
 
         if mode in (modes.TRAIN, modes.TRAIN_AND_EVAL):
             total = math.inf
@@ -263,16 +285,18 @@ class PyTorchBaseRunner(metaclass=abc.ABCMeta):
 
     def _is_fetch_step_helper(self, step, step_offset: int = 0) -> bool:
         step = step + step_offset
-        return step == self._total_steps or (self._fetch_steps > 0
-                                             and step % self._fetch_steps == 0)
+        return step == self._total_steps or (
+            self._fetch_steps > 0 and step % self._fetch_steps == 0
+        )
 
     def _is_fetch_step(self, step_offset: int = 0) -> bool:
         return self._is_fetch_step_helper(self._run_step, step_offset)
 
     def _is_checkpoint_step(self, step_offset: int = 0) -> bool:
         step = self._run_step + step_offset
-        return self._checkpoint_steps > 0 and (step == self._total_steps
-                                               or step % self._checkpoint_steps == 0)
+        return self._checkpoint_steps > 0 and (
+            step == self._total_steps or step % self._checkpoint_steps == 0
+        )
 
     @contextlib.contextmanager
     def _configure_run(self, mode: str, dataloader):
@@ -280,19 +304,23 @@ class PyTorchBaseRunner(metaclass=abc.ABCMeta):
         from cstorch.utils.tensorboard import SummaryWriter
 
         if not self._model.supports_mode(mode):
-            raise ValueError(f"{mode} not supported for model. Supported modes include: "
-                             f"{self._model.supported_modes}.")
+            raise ValueError(
+                f"{mode} not supported for model. Supported modes include: "
+                f"{self._model.supported_modes}."
+            )
         self._maybe_load_checkpoint(self._checkpoint_path, mode)
         if self._save_initial_checkpoint and mode != modes.EVAL:
             self._save_checkpoint(self._global_step)
         self._writers = {}
         if mode in (modes.EVAL, modes.TRAIN_AND_EVAL):
             self._writers[modes.EVAL] = SummaryWriter(
-                log_dir=os.path.join(self._model_dir, modes.EVAL))
+                log_dir=os.path.join(self._model_dir, modes.EVAL)
+            )
             self._active_mode = modes.EVAL
         if mode in (modes.TRAIN, modes.TRAIN_AND_EVAL):
             self._writers[modes.TRAIN] = SummaryWriter(
-                log_dir=os.path.join(self._model_dir, modes.TRAIN))
+                log_dir=os.path.join(self._model_dir, modes.TRAIN)
+            )
             self._active_mode = modes.TRAIN
         self._configure_run_steps(dataloader, mode)
         with ExitStack() as self.__cleanup_stack:
@@ -398,6 +426,7 @@ class PyTorchBaseRunner(metaclass=abc.ABCMeta):
     def _get_train_step(self):
         """The traced training step (built once; compiled on its first call)."""
         if self._traced_train_step is None:
+
             @cstorch.trace
             def train_step(batches):
                 self.optimizer_zero_grad()
@@ -416,6 +445,7 @@ class PyTorchBaseRunner(metaclass=abc.ABCMeta):
     def _get_eval_step(self):
         """The traced eval step (built once; compiled on its first call)."""
         if self._traced_eval_step is None:
+
             @cstorch.trace
             @torch.no_grad()
             def eval_step(batch):
@@ -529,7 +559,8 @@ class PyTorchBaseRunner(metaclass=abc.ABCMeta):
         if eval_metrics:
             if self._writer:
                 for scope, value in visit_structure(
-                        eval_metrics, lambda v: isinstance(v, (int, float)), strict=True):
+                    eval_metrics, lambda v: isinstance(v, (int, float)), strict=True
+                ):
                     self._writer.add_scalar("/".join(scope), value, step)
             logging.info(f"Avg eval_metrics = {eval_metrics}")
         losses = [float(loss) for loss in self._eval_losses]
@@ -558,12 +589,15 @@ class PyTorchBaseRunner(metaclass=abc.ABCMeta):
         from modelzoo.common.pytorch.utils import get_checkpoints
 
         if self._runconfig.get("checkpoint_path"):
-            raise ValueError("eval_all evaluates every checkpoint in model_dir; do not pass "
-                             "--checkpoint_path with it (use --mode eval for one checkpoint).")
+            raise ValueError(
+                "eval_all evaluates every checkpoint in model_dir; do not pass "
+                "--checkpoint_path with it (use --mode eval for one checkpoint)."
+            )
         checkpoints = get_checkpoints(self._model_dir)
         if not checkpoints:
-            raise ValueError(f"No checkpoints (checkpoint_<step>.mdl) found in "
-                             f"{self._model_dir} to evaluate.")
+            raise ValueError(
+                f"No checkpoints (checkpoint_<step>.mdl) found in {self._model_dir} to evaluate."
+            )
         results = {}
         for path in checkpoints:
             self._checkpoint_path = path
@@ -605,8 +639,10 @@ class PyTorchBaseRunner(metaclass=abc.ABCMeta):
     def _check_loss_value(self, loss: torch.Tensor):
         value = float(loss)
         if math.isnan(value):
-            raise ValueError("NaN loss detected. Please try different hyperparameters such as "
-                             "the learning rate, batch size, etc.")
+            raise ValueError(
+                "NaN loss detected. Please try different hyperparameters such as "
+                "the learning rate, batch size, etc."
+            )
         if math.isinf(value):
             raise ValueError("inf loss detected.")
 
@@ -618,14 +654,17 @@ class PyTorchBaseRunner(metaclass=abc.ABCMeta):
         state_dict = None
         if checkpoint_path:
             if not os.path.exists(checkpoint_path):
-                raise FileNotFoundError(f"Checkpoint {checkpoint_path} does not exist. Check "
-                                        "--checkpoint_path (or runconfig.checkpoint_path).")
+                raise FileNotFoundError(
+                    f"Checkpoint {checkpoint_path} does not exist. Check "
+                    "--checkpoint_path (or runconfig.checkpoint_path)."
+                )
             logging.info(f"Loading weights from checkpoint {checkpoint_path}")
             state_dict = cstorch.load(checkpoint_path)
             self._model.set_state(state_dict)
         else:
-            logging.info("No checkpoint was provided, model parameters will be initialized "
-                         "randomly")
+            logging.info(
+                "No checkpoint was provided, model parameters will be initialized randomly"
+            )
         if state_dict and not self._is_pretrained_checkpoint:
             self._global_step = int(state_dict.get("global_step", 0))
         else:
@@ -638,8 +677,10 @@ class PyTorchBaseRunner(metaclass=abc.ABCMeta):
         checkpoints = get_checkpoints(self._model_dir)
         if not checkpoints:
             return None
-        logging.info(f"Found latest checkpoint at {checkpoints[-1]}. This checkpoint will be "
-                     "used for loading model state.")
+        logging.info(
+            f"Found latest checkpoint at {checkpoints[-1]}. This checkpoint will be "
+            "used for loading model state."
+        )
         return checkpoints[-1]
 
     def _checkpoint_state(self, step: int) -> dict:

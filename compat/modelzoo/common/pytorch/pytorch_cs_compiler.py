@@ -25,7 +25,8 @@ class PyTorchCSCompiler(PyTorchBaseCSRunner):
         runconfig = self._runconfig
         self._validate_only = bool(runconfig.get("validate_only"))
         self._compile_dir = runconfig.get("compile_dir") or os.path.join(
-            self._model_dir, "cerebras_compile")
+            self._model_dir, "cerebras_compile"
+        )
 
     def _save_checkpoint(self, step):
         raise RuntimeError("A compile-only/validate-only run does not produce checkpoints.")
@@ -43,8 +44,10 @@ class PyTorchCSCompiler(PyTorchBaseCSRunner):
         self._global_step = self._initial_step = 0
         if mode == modes.TRAIN:
             self._set_training(True)
-            group = [self.on_train_batch_start(data)
-                     for data, _ in zip(dataloader, range(self._grad_accum_steps))]
+            group = [
+                self.on_train_batch_start(data)
+                for data, _ in zip(dataloader, range(self._grad_accum_steps))
+            ]
             traced = self._get_train_step()
             traced.compile_only(group)  # captured and compiled, not run
         else:
@@ -67,8 +70,9 @@ class PyTorchCSCompiler(PyTorchBaseCSRunner):
             if isinstance(cost, (list, tuple)):
                 cost = cost[0] if cost else {}
             with open(f"{stem}.cost_analysis.json", "w") as f:
-                json.dump({k: float(v) for k, v in dict(cost or {}).items()}, f, indent=1,
-                          sort_keys=True)
+                json.dump(
+                    {k: float(v) for k, v in dict(cost or {}).items()}, f, indent=1, sort_keys=True
+                )
             written += [f"{stem}.stablehlo.mlir", f"{stem}.cost_analysis.json"]
         self.compile_artifacts = written
         what = "Validation" if self._validate_only else "Compile"

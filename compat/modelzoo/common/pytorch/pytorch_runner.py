@@ -23,8 +23,9 @@ class PyTorchRunner(PyTorchBaseRunner):
     def __init__(self, device, model, params):
         self._device = torch.device(device) if device is not None else torch.device("cpu")
         if params["model"]["mixed_precision"] and self._device.type != "cuda":
-            warnings.warn("Mixed-Precision training is only supported on GPU... Autocast has "
-                          "no effect!")
+            warnings.warn(
+                "Mixed-Precision training is only supported on GPU... Autocast has no effect!"
+            )
         self.use_bfloat16 = params["model"].get("use_bfloat16", False)
         super().__init__(model=model, params=params)
 
@@ -47,8 +48,10 @@ class PyTorchRunner(PyTorchBaseRunner):
         self._global_step += 1
 
     def _write_log(self, loss, step):
-        logging.info(f"| {self._active_mode.title()} Device={self._device.type}, Step={step}, "
-                     f"Loss={float(loss):.5f}, Time={datetime.now().strftime('%H:%M:%S')}")
+        logging.info(
+            f"| {self._active_mode.title()} Device={self._device.type}, Step={step}, "
+            f"Loss={float(loss):.5f}, Time={datetime.now().strftime('%H:%M:%S')}"
+        )
 
     def _save_checkpoint(self, step):
         return self._write_checkpoint(step)
@@ -57,10 +60,13 @@ class PyTorchRunner(PyTorchBaseRunner):
         if isinstance(data, torch.Tensor):
             return data.to(self._device)
         if isinstance(data, dict):
-            return {k: v.to(self._device) if isinstance(v, torch.Tensor) else v
-                    for k, v in data.items()}
+            return {
+                k: v.to(self._device) if isinstance(v, torch.Tensor) else v for k, v in data.items()
+            }
         if isinstance(data, (list, tuple)):
-            return type(data)(t.to(self._device) if isinstance(t, torch.Tensor) else t
-                              for t in data)
-        raise RuntimeError(f"Data should be either a List or Dict of tensors. It was "
-                           f"{type(data)} instead.")
+            return type(data)(
+                t.to(self._device) if isinstance(t, torch.Tensor) else t for t in data
+            )
+        raise RuntimeError(
+            f"Data should be either a List or Dict of tensors. It was {type(data)} instead."
+        )

@@ -35,17 +35,26 @@ def run_cstorch_flow(params, model_fn, train_data_fn, eval_data_fn):
     RunConfigParamsValidator().validate(runconfig)
     mode = runconfig["mode"]
     if mode not in ("train", "eval"):
-        raise ValueError(f"The experimental_api flow runs mode train or eval, got {mode!r}; "
-                         "drop experimental_api to use the runner classes.")
+        raise ValueError(
+            f"The experimental_api flow runs mode train or eval, got {mode!r}; "
+            "drop experimental_api to use the runner classes."
+        )
     cstorch.configure(
-        model_dir=runconfig["model_dir"], compile_dir=runconfig.get("compile_dir"),
+        model_dir=runconfig["model_dir"],
+        compile_dir=runconfig.get("compile_dir"),
         compile_only=bool(runconfig.get("compile_only")),
         validate_only=bool(runconfig.get("validate_only")),
-        checkpoint_steps=runconfig.get("checkpoint_steps") or 0, seed=runconfig.get("seed"),
-        num_csx=runconfig.get("num_csx"), max_wgt_servers=runconfig.get("num_wgt_servers"))
+        checkpoint_steps=runconfig.get("checkpoint_steps") or 0,
+        seed=runconfig.get("seed"),
+        num_csx=runconfig.get("num_csx"),
+        max_wgt_servers=runconfig.get("num_wgt_servers"),
+    )
     setup_logging(runconfig.get("logging"), logging_dir=runconfig["model_dir"])
-    backend = "WSE_WS" if runconfig.get("target_device") == DeviceType.CSX else (
-        runconfig.get("target_device") or "CPU")
+    backend = (
+        "WSE_WS"
+        if runconfig.get("target_device") == DeviceType.CSX
+        else (runconfig.get("target_device") or "CPU")
+    )
     if mode == "train":
         return _train(cstorch, params, model_fn, train_data_fn, backend)
     return _evaluate(cstorch, params, model_fn, eval_data_fn, backend)
@@ -53,8 +62,10 @@ def run_cstorch_flow(params, model_fn, train_data_fn, eval_data_fn):
 
 def _check_loss(value: float):
     if math.isnan(value):
-        raise ValueError("NaN loss detected. Please try different hyperparameters such as the "
-                         "learning rate, batch size, etc.")
+        raise ValueError(
+            "NaN loss detected. Please try different hyperparameters such as the "
+            "learning rate, batch size, etc."
+        )
     if math.isinf(value):
         raise ValueError("inf loss detected.")
 
@@ -72,22 +83,31 @@ def _train(cstorch, params, model_fn, input_fn, backend):
     compiled_model = cstorch.compile(model, backend=backend)
     compiled_model.train()
     no_decay, named = trainable_named_parameters(model)
-    groups = [g for g in group_optimizer_params(named, no_decay,
-                                                oparams.get("weight_decay_rate", 0.0))
-              if g["params"]]
+    groups = [
+        g
+        for g in group_optimizer_params(named, no_decay, oparams.get("weight_decay_rate", 0.0))
+        if g["params"]
+    ]
     optimizer_type = oparams.pop("optimizer_type")
     learning_rate = oparams.get("learning_rate")
     if isinstance(learning_rate, (dict, list)):
         oparams["learning_rate"] = 0.1  # the scheduler sets it
     optimizer = cstorch.optim.configure_optimizer(optimizer_type, groups, **oparams)
     lr_scheduler = cstorch.optim.configure_lr_scheduler(
-        optimizer, learning_rate if isinstance(learning_rate, (dict, list)) else None)
+        optimizer, learning_rate if isinstance(learning_rate, (dict, list)) else None
+    )
     scale = oparams.get("loss_scaling_factor", 1.0)
-    grad_scaler = None if scale in (1.0, None) else cstorch.amp.GradScaler(
-        loss_scale=scale, init_scale=oparams.get("initial_loss_scale"),
-        steps_per_increase=oparams.get("steps_per_increase"),
-        min_loss_scale=oparams.get("min_loss_scale"),
-        max_loss_scale=oparams.get("max_loss_scale"))
+    grad_scaler = (
+        None
+        if scale in (1.0, None)
+        else cstorch.amp.GradScaler(
+            loss_scale=scale,
+            init_scale=oparams.get("initial_loss_scale"),
+            steps_per_increase=oparams.get("steps_per_increase"),
+            min_loss_scale=oparams.get("min_loss_scale"),
+            max_loss_scale=oparams.get("max_loss_scale"),
+        )
+    )
     max_norm, max_value = oparams.get("max_gradient_norm"), oparams.get("max_gradient_value")
 
     global_step = 0
@@ -105,8 +125,11 @@ def _train(cstorch, params, model_fn, input_fn, backend):
     @cstorch.step_closure
     def save_checkpoint(step):
         path = os.path.join(model_dir, f"checkpoint_{step}.mdl")
-        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                 "global_step": step}
+        state = {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "global_step": step,
+        }
         if lr_scheduler is not None:
             state["lr_scheduler"] = lr_scheduler.state_dict()
         if grad_scaler is not None:
@@ -127,9 +150,13 @@ def _train(cstorch, params, model_fn, input_fn, backend):
                 torch.nn.utils.clip_grad_value_(params_, max_value)
             optimizer.step()
         else:
-            cstorch.amp.optimizer_step(loss, optimizer, grad_scaler,
-                                       max_gradient_norm=max_norm,
-                                       max_gradient_value=max_value)
+            cstorch.amp.optimizer_step(
+                loss,
+                optimizer,
+                grad_scaler,
+                max_gradient_norm=max_norm,
+                max_gradient_value=max_value,
+            )
         if lr_scheduler is not None:
             lr_scheduler.step()
         return loss
@@ -143,15 +170,19 @@ def _train(cstorch, params, model_fn, input_fn, backend):
         losses.append(value)
         _check_loss(value)
         if step % log_steps == 0:
-            logging.info(f"| Train: {compiled_model.backend.name} Step={step}, "
-                         f"Loss={value:.5f}")
+            logging.info(f"| Train: {compiled_model.backend.name} Step={step}, Loss={value:.5f}")
         writer.add_scalar("loss", value, step)
         cstorch.save_summaries(writer, step)
 
     dataloader = cstorch.utils.data.DataLoader(
-        input_fn, params, initial_step=global_step, num_steps=runconfig.get("num_steps"),
-        max_steps=runconfig.get("max_steps"), num_epochs=runconfig.get("num_epochs"),
-        steps_per_epoch=runconfig.get("steps_per_epoch"))
+        input_fn,
+        params,
+        initial_step=global_step,
+        num_steps=runconfig.get("num_steps"),
+        max_steps=runconfig.get("max_steps"),
+        num_epochs=runconfig.get("num_epochs"),
+        steps_per_epoch=runconfig.get("steps_per_epoch"),
+    )
     if runconfig.get("save_initial_checkpoint", False):
         save_checkpoint(global_step)
     for _epoch in range(dataloader.num_epochs):
@@ -190,8 +221,9 @@ def _evaluate(cstorch, params, model_fn, input_fn, backend):
         _check_loss(value)
         losses.append(value)
 
-    dataloader = cstorch.utils.data.DataLoader(input_fn, params, num_epochs=1,
-                                               steps_per_epoch=runconfig.get("eval_steps"))
+    dataloader = cstorch.utils.data.DataLoader(
+        input_fn, params, num_epochs=1, steps_per_epoch=runconfig.get("eval_steps")
+    )
     for batch in dataloader:
         post_eval_step(eval_step(batch))
     metrics = dict(cstorch.metrics.compute_all_metrics())

@@ -36,16 +36,22 @@ from modelzoo.common.run_utils.utils import DeviceType  # 1.x re-export
 DATA_FN_TYPE = Callable[[dict], torch.utils.data.DataLoader]
 
 
-def run(model_fn: Callable, train_data_fn: Optional[DATA_FN_TYPE] = None,
-        eval_data_fn: Optional[DATA_FN_TYPE] = None,
-        default_params_fn: Optional[Callable[[dict], dict]] = None,
-        extra_args_parser_fn: Optional[Callable[[], List[argparse.ArgumentParser]]] = None,
-        *, runner_cls=None, argv: Optional[List[str]] = None):
+def run(
+    model_fn: Callable,
+    train_data_fn: Optional[DATA_FN_TYPE] = None,
+    eval_data_fn: Optional[DATA_FN_TYPE] = None,
+    default_params_fn: Optional[Callable[[dict], dict]] = None,
+    extra_args_parser_fn: Optional[Callable[[], List[argparse.ArgumentParser]]] = None,
+    *,
+    runner_cls=None,
+    argv: Optional[List[str]] = None,
+):
     """Runs a model from the command line (``argv`` defaults to ``sys.argv[1:]``)."""
     caller = inspect.currentframe().f_back.f_code.co_filename
     run_dir = os.path.dirname(os.path.abspath(caller))
-    params = get_params_from_args(run_dir, sys.argv[1:] if argv is None else argv,
-                                  extra_args_parser_fn)
+    params = get_params_from_args(
+        run_dir, sys.argv[1:] if argv is None else argv, extra_args_parser_fn
+    )
     if default_params_fn:
         params = default_params_fn(params) or params
     try:  # a mistake in the params file is a command-line error: one line, exit status 2
@@ -53,21 +59,24 @@ def run(model_fn: Callable, train_data_fn: Optional[DATA_FN_TYPE] = None,
     except ValueError as error:
         print(f"{os.path.basename(caller)}: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
-    return run_with_params(params, model_fn, train_data_fn, eval_data_fn,
-                           runner_cls=runner_cls)
+    return run_with_params(params, model_fn, train_data_fn, eval_data_fn, runner_cls=runner_cls)
 
 
-def run_with_params(params: Dict[str, Any], model_fn: Callable,
-                    train_data_fn: Optional[DATA_FN_TYPE] = None,
-                    eval_data_fn: Optional[DATA_FN_TYPE] = None, *, runner_cls=None):
+def run_with_params(
+    params: Dict[str, Any],
+    model_fn: Callable,
+    train_data_fn: Optional[DATA_FN_TYPE] = None,
+    eval_data_fn: Optional[DATA_FN_TYPE] = None,
+    *,
+    runner_cls=None,
+):
     """Runs the mode of ``params["runconfig"]`` (the part of ``run`` after parsing)."""
     runconfig = params["runconfig"]
     if runconfig.get("experimental_api", False):
         from modelzoo.common.pytorch.run_cstorch_flow import run_cstorch_flow
 
         return run_cstorch_flow(params, model_fn, train_data_fn, eval_data_fn)
-    return run_base_model_flow(params, model_fn, train_data_fn, eval_data_fn,
-                               runner_cls=runner_cls)
+    return run_base_model_flow(params, model_fn, train_data_fn, eval_data_fn, runner_cls=runner_cls)
 
 
 def _loader(data_fn, params, what):
@@ -82,12 +91,16 @@ def run_base_model_flow(params, model_fn, train_data_fn, eval_data_fn, *, runner
     RunConfigParamsValidator().validate(runconfig)
     mode = runconfig["mode"]
     if not modes.is_valid(mode):
-        raise ValueError(f"Mode {mode!r} is not supported; use one of train, eval, "
-                         "train_and_eval, eval_all.")
+        raise ValueError(
+            f"Mode {mode!r} is not supported; use one of train, eval, train_and_eval, eval_all."
+        )
     if "seed" in runconfig:
         torch.manual_seed(runconfig["seed"])
-    setup_logging(runconfig.get("logging"), runconfig.get("streamer_logging"),
-                  logging_dir=runconfig.get("model_dir"))
+    setup_logging(
+        runconfig.get("logging"),
+        runconfig.get("streamer_logging"),
+        logging_dir=runconfig.get("model_dir"),
+    )
     # The documented way to use a custom runner is to replace ``create(model_fn, params)``:
     # call it with exactly those two arguments unless run(..., runner_cls=) was used.
     if runner_cls is None:
@@ -103,10 +116,16 @@ def run_base_model_flow(params, model_fn, train_data_fn, eval_data_fn, *, runner
     from modelzoo.common.pytorch.pytorch_dist_runner import PyTorchDistRunner
 
     takes_functions = isinstance(runner, PyTorchDistRunner)  # 1.x: it takes data functions
-    train = (lambda: train_data_fn) if takes_functions else (
-        lambda: _loader(train_data_fn, params, "Train"))
-    evaluation = (lambda: eval_data_fn) if takes_functions else (
-        lambda: _loader(eval_data_fn, params, "Eval"))
+    train = (
+        (lambda: train_data_fn)
+        if takes_functions
+        else (lambda: _loader(train_data_fn, params, "Train"))
+    )
+    evaluation = (
+        (lambda: eval_data_fn)
+        if takes_functions
+        else (lambda: _loader(eval_data_fn, params, "Eval"))
+    )
     if mode == modes.TRAIN:
         return runner.train(train())
     if mode == modes.EVAL:
@@ -118,5 +137,4 @@ def run_base_model_flow(params, model_fn, train_data_fn, eval_data_fn, *, runner
     raise ValueError(f"Mode {mode} is not supported.")
 
 
-__all__ = ["run", "run_with_params", "run_base_model_flow", "half_dtype_instance",
-           "DeviceType"]
+__all__ = ["run", "run_with_params", "run_base_model_flow", "half_dtype_instance", "DeviceType"]

@@ -16,12 +16,12 @@ import torch
 import cstorch
 from cstorch.backend import get_or_create
 from modelzoo.common.pytorch import pytorch_base_runner
-from modelzoo.common.pytorch.PyTorchBaseModel import PyTorchBaseModel
+from modelzoo.common.pytorch.half_dtype import half_dtype_instance
 from modelzoo.common.pytorch.pytorch_cs_appliance import PyTorchCSAppliance
 from modelzoo.common.pytorch.pytorch_cs_compiler import PyTorchCSCompiler
 from modelzoo.common.pytorch.pytorch_dist_runner import PyTorchDistRunner
 from modelzoo.common.pytorch.pytorch_runner import PyTorchRunner
-from modelzoo.common.pytorch.half_dtype import half_dtype_instance
+from modelzoo.common.pytorch.PyTorchBaseModel import PyTorchBaseModel
 from modelzoo.common.pytorch.utils import RunConfigParamsValidator
 from modelzoo.common.run_utils.utils import DeviceType
 
@@ -41,8 +41,10 @@ def _check_runner_cls(runner_cls, default):
     if runner_cls is None:
         return default
     if not (inspect.isclass(runner_cls) and issubclass(runner_cls, default)):
-        raise TypeError(f"runner_cls must be a subclass of {default.__name__} for this run "
-                        f"(the runner create() picks for the params), got {runner_cls!r}.")
+        raise TypeError(
+            f"runner_cls must be a subclass of {default.__name__} for this run "
+            f"(the runner create() picks for the params), got {runner_cls!r}."
+        )
     return runner_cls
 
 
@@ -58,23 +60,32 @@ def create_runner(model_fn, params: dict, runner_cls=None):
 
     target = runconfig.get("target_device")
     if target == DeviceType.CSX or compile_only or validate_only:
-        if runconfig.get("num_csx", 1) > 1 and runconfig.get(
-                "execution_strategy") == "pipeline":
-            raise ValueError("Using multiple CS-X systems is only supported with the "
-                             "weight_streaming execution strategy.")
+        if runconfig.get("num_csx", 1) > 1 and runconfig.get("execution_strategy") == "pipeline":
+            raise ValueError(
+                "Using multiple CS-X systems is only supported with the "
+                "weight_streaming execution strategy."
+            )
         from cstorch.distributed import ClusterConfig
 
-        _backend("CSX", runconfig, compile_only=compile_only, validate_only=validate_only,
-                 compile_dir=runconfig.get("compile_dir") or os.path.join(
-                     runconfig.get("model_dir", "./"), "cerebras_compile"),
-                 cluster_config=ClusterConfig(num_csx=runconfig.get("num_csx") or 1))
+        _backend(
+            "CSX",
+            runconfig,
+            compile_only=compile_only,
+            validate_only=validate_only,
+            compile_dir=runconfig.get("compile_dir")
+            or os.path.join(runconfig.get("model_dir", "./"), "cerebras_compile"),
+            cluster_config=ClusterConfig(num_csx=runconfig.get("num_csx") or 1),
+        )
         cstorch.amp.set_half_dtype("bfloat16" if use_bfloat16 else "float16")
         model = _build_model(model_fn, params)
         default = PyTorchCSCompiler if (compile_only or validate_only) else PyTorchCSAppliance
         return _check_runner_cls(runner_cls, default)(model, params)
 
-    if target == DeviceType.GPU and cstorch.backend() is None or (
-            cstorch.backend() is not None and cstorch.backend().is_gpu):
+    if (
+        target == DeviceType.GPU
+        and cstorch.backend() is None
+        or (cstorch.backend() is not None and cstorch.backend().is_gpu)
+    ):
         try:  # the GPU backend runs where JAX sees a GPU
             _backend("GPU", runconfig)
         except RuntimeError as error:

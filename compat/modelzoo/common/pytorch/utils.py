@@ -30,15 +30,20 @@ def get_input_dtype(to_float16: bool) -> torch.dtype:
     from modelzoo.common.pytorch.half_dtype import half_dtype_instance
 
     if to_float16 and not cm.use_cs() and not torch.cuda.is_available():
-        print("to_float16 == True for input dtype is not supported with vanilla PyTorch CPU "
-              "workflow. Setting to_float16 to False.")
+        print(
+            "to_float16 == True for input dtype is not supported with vanilla PyTorch CPU "
+            "workflow. Setting to_float16 to False."
+        )
         to_float16 = False
     return half_dtype_instance.half_dtype if to_float16 else torch.float32
 
 
-def visit_structure(data_structure, select_fn: Callable[[Any], bool], strict: bool = False,
-                    scope: Optional[List[str]] = None
-                    ) -> Generator[Tuple[List[str], Any], None, None]:
+def visit_structure(
+    data_structure,
+    select_fn: Callable[[Any], bool],
+    strict: bool = False,
+    scope: Optional[List[str]] = None,
+) -> Generator[Tuple[List[str], Any], None, None]:
     """Yields ``(scope, item)`` for each item of a nested list/tuple/dict that ``select_fn``
     accepts; with ``strict``, any other leaf is a ValueError."""
     scope = scope or []
@@ -60,27 +65,33 @@ def to_cpu(tensor):
     return cb_model.to_cpu(tensor)
 
 
-_NORM_MODULES = (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.modules.batchnorm._BatchNorm,
-                 torch.nn.modules.instancenorm._InstanceNorm)
+_NORM_MODULES = (
+    torch.nn.LayerNorm,
+    torch.nn.GroupNorm,
+    torch.nn.modules.batchnorm._BatchNorm,
+    torch.nn.modules.instancenorm._InstanceNorm,
+)
 
 
 def trainable_named_parameters(model: torch.nn.Module):
     """``(no_decay_layers, named_parameters)``: normalization layers and biases get no
     weight decay."""
-    no_decay = [name for name, module in model.named_modules()
-                if isinstance(module, _NORM_MODULES)]
+    no_decay = [name for name, module in model.named_modules() if isinstance(module, _NORM_MODULES)]
     no_decay.append("bias")
     return no_decay, list(model.named_parameters())
 
 
 def group_optimizer_params(trainable_params, no_decay_layers, weight_decay_rate):
     """Two parameter groups: with ``weight_decay_rate``, and without weight decay."""
+
     def decays(name):
         return not any(layer in name for layer in no_decay_layers)
 
     return [
-        {"params": [p for n, p in trainable_params if decays(n)],
-         "weight_decay": weight_decay_rate},
+        {
+            "params": [p for n, p in trainable_params if decays(n)],
+            "weight_decay": weight_decay_rate,
+        },
         {"params": [p for n, p in trainable_params if not decays(n)], "weight_decay": 0.0},
     ]
 
@@ -124,17 +135,21 @@ def get_checkpoints(model_dir: str) -> List[str]:
     return [str(path) for path in find_checkpoints(model_dir, CHECKPOINT_NAME)]
 
 
-def setup_logging(chief_logging_level: str = None, streamer_logging_level: str = None,
-                  logging_dir: str = None) -> None:
+def setup_logging(
+    chief_logging_level: str = None, streamer_logging_level: str = None, logging_dir: str = None
+) -> None:
     """Logs at ``chief_logging_level`` (default INFO) to stdout, and to
     ``<logging_dir>/run.log`` when a directory is given."""
     level = (chief_logging_level or "INFO").upper()
     if level not in logging.getLevelNamesMapping():
-        raise ValueError(f"Invalid logging level {chief_logging_level!r}; use one of "
-                         "DEBUG, INFO, WARNING, ERROR, CRITICAL.")
+        raise ValueError(
+            f"Invalid logging level {chief_logging_level!r}; use one of "
+            "DEBUG, INFO, WARNING, ERROR, CRITICAL."
+        )
     handlers = [logging.StreamHandler(sys.stdout)]
     if logging_dir:
         os.makedirs(logging_dir, exist_ok=True)
         handlers.append(logging.FileHandler(os.path.join(logging_dir, "run.log")))
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s:  %(message)s",
-                        handlers=handlers, force=True)
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(levelname)s:  %(message)s", handlers=handlers, force=True
+    )

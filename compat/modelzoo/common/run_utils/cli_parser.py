@@ -34,28 +34,40 @@ MODES = ["train", "eval", "train_and_eval", "eval_all"]
 _LIST_ARGS = ("mount_dirs", "python_paths")
 
 # Settings that only one kind of device takes, with their defaults when unset.
-_CSX_DEFAULTS = {"compile_only": False, "validate_only": False, "num_workers_per_csx": 0,
-                 "compile_dir": None, "job_labels": None, "debug_args_path": None,
-                 "mount_dirs": None, "python_paths": None, "credentials_path": None,
-                 "mgmt_address": None, "job_time_sec": None, "disable_version_check": False}
+_CSX_DEFAULTS = {
+    "compile_only": False,
+    "validate_only": False,
+    "num_workers_per_csx": 0,
+    "compile_dir": None,
+    "job_labels": None,
+    "debug_args_path": None,
+    "mount_dirs": None,
+    "python_paths": None,
+    "credentials_path": None,
+    "mgmt_address": None,
+    "job_time_sec": None,
+    "disable_version_check": False,
+}
 _WS_DEFAULTS = {"num_csx": 1, "num_wgt_servers": None, "num_act_servers": 1}
 _PIPELINE_DEFAULTS = {"multireplica": None}
-_GPU_DEFAULTS = {"dist_addr": "localhost:8888", "dist_backend": "nccl",
-                 "init_method": "env://"}
+_GPU_DEFAULTS = {"dist_addr": "localhost:8888", "dist_backend": "nccl", "init_method": "env://"}
 
 
 def read_params_file(params_file: str) -> dict:
     if not params_file or not os.path.isfile(params_file):
-        raise FileNotFoundError(f"Params file {params_file!r} not found; pass the YAML with "
-                                "-p/--params.")
+        raise FileNotFoundError(
+            f"Params file {params_file!r} not found; pass the YAML with -p/--params."
+        )
     with open(params_file) as stream:
         try:
             params = load_yaml(stream, params_file)
         except YAMLFileError as error:  # a tag (!!python/...) or not YAML: said in one line
             raise YAMLFileError(f"Params file {params_file}: {error}") from None
     if not isinstance(params, dict):
-        raise ValueError(f"{params_file} must hold a mapping of sections (train_input, model, "
-                         f"optimizer, runconfig, ...), got {type(params).__name__}.")
+        raise ValueError(
+            f"{params_file} must hold a mapping of sections (train_input, model, "
+            f"optimizer, runconfig, ...), got {type(params).__name__}."
+        )
     params.setdefault("runconfig", {})
     if params["runconfig"] is None:
         params["runconfig"] = {}
@@ -82,26 +94,41 @@ def _extra_parsers(extra_args_parser_fn) -> dict:
     if isinstance(extra, list):
         extra = {DeviceType.ANY: extra}
     if not isinstance(extra, dict):
-        raise TypeError("extra_args_parser_fn must return an ArgumentParser, a list of them, "
-                        "or a dict of device name -> list of them.")
+        raise TypeError(
+            "extra_args_parser_fn must return an ArgumentParser, a list of them, "
+            "or a dict of device name -> list of them."
+        )
     from modelzoo.common.pytorch.schema import register_runconfig_keys
 
-    register_runconfig_keys(action.dest for parsers in extra.values() for parser in parsers
-                            for action in parser._actions if action.dest != "help")
+    register_runconfig_keys(
+        action.dest
+        for parsers in extra.values()
+        for parser in parsers
+        for action in parser._actions
+        if action.dest != "help"
+    )
     return extra
 
 
 def _general_arguments(parser, default_model_dir):
-    parser.add_argument("-p", "--params", required=True,
-                        help="Path to .yaml file with model parameters")
-    parser.add_argument("-m", "--mode", required=True, choices=MODES,
-                        help="Select mode of execution for the run.")
-    parser.add_argument("-o", "--model_dir", default=None,
-                        help=f"Model directory (default {default_model_dir}).")
-    parser.add_argument("--checkpoint_path", default=None,
-                        help="Checkpoint to initialize weights from.")
-    parser.add_argument("--is_pretrained_checkpoint", action="store_true", default=None,
-                        help="Load only the weights of --checkpoint_path and start at step 0.")
+    parser.add_argument(
+        "-p", "--params", required=True, help="Path to .yaml file with model parameters"
+    )
+    parser.add_argument(
+        "-m", "--mode", required=True, choices=MODES, help="Select mode of execution for the run."
+    )
+    parser.add_argument(
+        "-o", "--model_dir", default=None, help=f"Model directory (default {default_model_dir})."
+    )
+    parser.add_argument(
+        "--checkpoint_path", default=None, help="Checkpoint to initialize weights from."
+    )
+    parser.add_argument(
+        "--is_pretrained_checkpoint",
+        action="store_true",
+        default=None,
+        help="Load only the weights of --checkpoint_path and start at step 0.",
+    )
     parser.add_argument("--logging", default=None, help="Logging level (default INFO).")
     parser.add_argument("--max_steps", type=int, default=None)
     parser.add_argument("--eval_steps", type=int, default=None)
@@ -127,13 +154,13 @@ def _csx_arguments(parser):
 
 def _gpu_arguments(parser):
     parser.add_argument("-dist_addr", "--dist_addr", default=None)
-    parser.add_argument("-dist_backend", "--dist_backend", choices=["nccl", "mpi", "gloo"],
-                        default=None)
+    parser.add_argument(
+        "-dist_backend", "--dist_backend", choices=["nccl", "mpi", "gloo"], default=None
+    )
     parser.add_argument("-init_method", "--init_method", default=None)
 
 
-def get_parser(run_dir: Optional[str] = None, extra_args_parser_fn=None
-               ) -> argparse.ArgumentParser:
+def get_parser(run_dir: Optional[str] = None, extra_args_parser_fn=None) -> argparse.ArgumentParser:
     """The 1.8/1.9 parser: ``{CPU,GPU} ...`` or ``CSX {pipeline,weight_streaming} ...``."""
     default_model_dir = os.path.join(run_dir or ".", "model_dir")
     extra = _extra_parsers(extra_args_parser_fn)
@@ -141,26 +168,31 @@ def get_parser(run_dir: Optional[str] = None, extra_args_parser_fn=None
     _general_arguments(common, default_model_dir)
     parser = argparse.ArgumentParser(
         epilog="Examples:\n    python run.py CPU --params params.yaml --mode train\n"
-               "    python run.py CSX weight_streaming --params params.yaml --mode eval",
-        formatter_class=argparse.RawTextHelpFormatter)
+        "    python run.py CSX weight_streaming --params params.yaml --mode eval",
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
     devices = parser.add_subparsers(title="Target Device", dest="target_device")
     devices.required = True
-    devices.add_parser(DeviceType.CPU, parents=[common] + extra.get(DeviceType.CPU, []),
-                       help="Run on CPU")
-    _gpu_arguments(devices.add_parser(
-        DeviceType.GPU, parents=[common] + extra.get(DeviceType.GPU, []), help="Run on GPU"))
-    csx = devices.add_parser(DeviceType.CSX, help="Run on a Cerebras system (the modeled "
-                                                  "wafer)")
+    devices.add_parser(
+        DeviceType.CPU, parents=[common] + extra.get(DeviceType.CPU, []), help="Run on CPU"
+    )
+    _gpu_arguments(
+        devices.add_parser(
+            DeviceType.GPU, parents=[common] + extra.get(DeviceType.GPU, []), help="Run on GPU"
+        )
+    )
+    csx = devices.add_parser(DeviceType.CSX, help="Run on a Cerebras system (the modeled wafer)")
     strategies = csx.add_subparsers(title="Execution Strategy", dest="execution_strategy")
     strategies.required = True
     pipeline = strategies.add_parser(
-        ExecutionStrategy.pipeline,
-        parents=[common] + extra.get(ExecutionStrategy.pipeline, []))
+        ExecutionStrategy.pipeline, parents=[common] + extra.get(ExecutionStrategy.pipeline, [])
+    )
     _csx_arguments(pipeline)
     pipeline.add_argument("--multireplica", action="store_true", default=None)
     ws = strategies.add_parser(
         ExecutionStrategy.weight_streaming,
-        parents=[common] + extra.get(ExecutionStrategy.weight_streaming, []))
+        parents=[common] + extra.get(ExecutionStrategy.weight_streaming, []),
+    )
     _csx_arguments(ws)
     ws.add_argument("--num_csx", type=int, default=None)
     ws.add_argument("--num_wgt_servers", type=int, default=None)
@@ -168,21 +200,25 @@ def get_parser(run_dir: Optional[str] = None, extra_args_parser_fn=None
     return parser
 
 
-def get_legacy_parser(run_dir: Optional[str] = None, extra_args_parser_fn=None
-                      ) -> argparse.ArgumentParser:
+def get_legacy_parser(
+    run_dir: Optional[str] = None, extra_args_parser_fn=None
+) -> argparse.ArgumentParser:
     """The 1.6/1.7 parser (``modelzoo/common/pytorch/utils.py:get_parser`` in those
     releases): flags only, no device subcommand."""
     default_model_dir = os.path.join(run_dir or ".", "model_dir")
     extra = _extra_parsers(extra_args_parser_fn)
     parents = [p for parsers in extra.values() for p in parsers]
     parser = argparse.ArgumentParser(parents=parents)
-    parser.add_argument("-p", "--params", required=True,
-                        help="Path to .yaml file with model parameters")
+    parser.add_argument(
+        "-p", "--params", required=True, help="Path to .yaml file with model parameters"
+    )
     parser.add_argument("--config", default=None, help="Section of the params file to use")
-    parser.add_argument("-m", "--mode", required=True,
-                        choices=["train", "eval", "train_and_eval", "eval_all"])
-    parser.add_argument("-o", "--model_dir", default=None,
-                        help=f"Model directory (default {default_model_dir}).")
+    parser.add_argument(
+        "-m", "--mode", required=True, choices=["train", "eval", "train_and_eval", "eval_all"]
+    )
+    parser.add_argument(
+        "-o", "--model_dir", default=None, help=f"Model directory (default {default_model_dir})."
+    )
     parser.add_argument("-c", "--compile_dir", default=None)
     parser.add_argument("--checkpoint_path", default=None)
     parser.add_argument("--is_pretrained_checkpoint", action="store_true", default=None)
@@ -192,8 +228,9 @@ def get_legacy_parser(run_dir: Optional[str] = None, extra_args_parser_fn=None
     parser.add_argument("--compile_only", action="store_true", default=None)
     parser.add_argument("--validate_only", action="store_true", default=None)
     parser.add_argument("--appliance", action="store_true", default=None)
-    parser.add_argument("--execution_strategy", choices=ExecutionStrategy.strategies(),
-                        default=None)
+    parser.add_argument(
+        "--execution_strategy", choices=ExecutionStrategy.strategies(), default=None
+    )
     parser.add_argument("--multireplica", action="store_true", default=None)
     parser.add_argument("--fabric_config_file", default=None)
     parser.add_argument("--credentials_path", default=None)
@@ -257,8 +294,11 @@ def is_legacy_command_line(argv: List[str]) -> bool:
     return not argv or argv[0] not in DeviceType.devices() + ["-h", "--help"]
 
 
-def get_params_from_args(run_dir: Optional[str] = None, argv: Optional[List[str]] = None,
-                         extra_args_parser_fn: Optional[Callable] = None) -> dict:
+def get_params_from_args(
+    run_dir: Optional[str] = None,
+    argv: Optional[List[str]] = None,
+    extra_args_parser_fn: Optional[Callable] = None,
+) -> dict:
     """The params of a 1.x ``run.py`` invocation (either command line), with ``runconfig``
     completed from the command line."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -271,26 +311,33 @@ def get_params_from_args(run_dir: Optional[str] = None, argv: Optional[List[str]
         parser.error(str(error))
     runconfig = params["runconfig"]
     sysadmin_file = cstorch_config.cluster_defaults.value
-    sysadmin = (read_params_file(sysadmin_file).get("runconfig") or {}) if sysadmin_file \
-        else {}
+    sysadmin = (read_params_file(sysadmin_file).get("runconfig") or {}) if sysadmin_file else {}
     _merge(runconfig, args, sysadmin)
 
     if legacy:
         runconfig["target_device"] = _legacy_target(runconfig)
     target, strategy = runconfig["target_device"], runconfig.get("execution_strategy")
     own = _device_defaults(target, strategy)
-    other = set().union(*(_device_defaults(d, s) for d, s in (
-        (DeviceType.CSX, ExecutionStrategy.pipeline),
-        (DeviceType.CSX, ExecutionStrategy.weight_streaming),
-        (DeviceType.GPU, None)))) - set(own)
+    other = set().union(
+        *(
+            _device_defaults(d, s)
+            for d, s in (
+                (DeviceType.CSX, ExecutionStrategy.pipeline),
+                (DeviceType.CSX, ExecutionStrategy.weight_streaming),
+                (DeviceType.GPU, None),
+            )
+        )
+    ) - set(own)
     if not legacy:
         dropped = sorted(k for k in other if runconfig.get(k) not in (None, False))
         for key in dropped:
             runconfig.pop(key)
         if dropped:
-            logging.info(f"User specified a {target} run, but the following non-{target} "
-                         f"configurations were found in params file: {dropped}. Ignoring "
-                         "these arguments and continuing.")
+            logging.info(
+                f"User specified a {target} run, but the following non-{target} "
+                f"configurations were found in params file: {dropped}. Ignoring "
+                "these arguments and continuing."
+            )
     for key, value in own.items():
         if runconfig.get(key) is None:
             runconfig[key] = value
@@ -303,11 +350,11 @@ def get_params_from_args(run_dir: Optional[str] = None, argv: Optional[List[str]
     if not runconfig.get("model_dir"):
         runconfig["model_dir"] = os.path.join(run_dir or ".", "model_dir")
     if runconfig.get("mode") not in MODES:
-        raise ValueError(f"runconfig.mode must be one of {MODES}, got "
-                         f"{runconfig.get('mode')!r}.")
+        raise ValueError(f"runconfig.mode must be one of {MODES}, got {runconfig.get('mode')!r}.")
     if runconfig.get("is_pretrained_checkpoint") and not runconfig.get("checkpoint_path"):
-        raise RuntimeError("'--is_pretrained_checkpoint' can only be used if a "
-                           "'--checkpoint_path' is provided.")
+        raise RuntimeError(
+            "'--is_pretrained_checkpoint' can only be used if a '--checkpoint_path' is provided."
+        )
     if runconfig.get("compile_only") and runconfig.get("validate_only"):
         raise ValueError("Please set only one of compile_only and validate_only.")
     os.makedirs(runconfig["model_dir"], exist_ok=True)

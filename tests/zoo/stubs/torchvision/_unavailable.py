@@ -2,9 +2,11 @@
 attribute (``transforms.InterpolationMode.BILINEAR``), so the zoo's modules import; creating or
 calling one raises, so nothing silently runs without torchvision."""
 
-_WHY = ("is not available: this is the zoo check's stand-in for torchvision (no CPU torchvision "
-        "wheel exists for torch 2.13 on PyPI). Run the zoo with its fake data "
-        "(use_fake_data: true).")
+_WHY = (
+    "is not available: this is the zoo check's stand-in for torchvision (no CPU torchvision "
+    "wheel exists for torch 2.13 on PyPI). Run the zoo with its fake data "
+    "(use_fake_data: true)."
+)
 
 
 class _Missing(type):

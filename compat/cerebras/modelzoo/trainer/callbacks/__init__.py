@@ -1,5 +1,8 @@
 """Trainer callbacks: the core ones every Trainer has, and optional ones users add."""
 
+from cerebras.modelzoo.trainer.callbacks.artifact_dir import ArtifactDirCallback
+from cerebras.modelzoo.trainer.callbacks.autorestart import AutoRestart
+from cerebras.modelzoo.trainer.callbacks.backend import BackendCallback
 from cerebras.modelzoo.trainer.callbacks.callback import (
     GLOBAL_CALLBACK_REGISTRY,
     Callback,
@@ -7,9 +10,6 @@ from cerebras.modelzoo.trainer.callbacks.callback import (
     ValidationCallback,
     register_global_callback,
 )
-from cerebras.modelzoo.trainer.callbacks.artifact_dir import ArtifactDirCallback
-from cerebras.modelzoo.trainer.callbacks.autorestart import AutoRestart
-from cerebras.modelzoo.trainer.callbacks.backend import BackendCallback
 from cerebras.modelzoo.trainer.callbacks.checkpoint import (
     Checkpoint,
     KeepNCheckpoints,
@@ -38,13 +38,41 @@ from cerebras.modelzoo.trainer.callbacks.selective_grad import SelectiveGrad
 from cerebras.modelzoo.trainer.callbacks.sparsity import LogSparsity, SparsityCallback
 
 __all__ = [
-    "ArtifactDirCallback", "AutoRestart", "BackendCallback", "Callback", "CheckLoss",
-    "Checkpoint", "ComputeNorm", "CoreCallback", "CountParams", "DataLoaderCallback",
-    "GLOBAL_CALLBACK_REGISTRY", "GlobalFlags", "GradientAccumulationCallback",
-    "KeepNCheckpoints", "LoadCheckpointStates", "LogInputSummaries", "LogOptimizerParamGroup",
-    "LogSparsity", "Logging", "LoopCallback", "LossAccumulationCallback", "MixedPrecision",
-    "ModelCallback", "ModelEvalMetrics", "OptimizerCallback", "Precision", "RateProfiler",
-    "Reproducibility", "SchedulersCallback", "ScopedTrainFlags", "ScopedValidateFlags",
-    "SelectiveGrad", "SparsityCallback", "TrainingLoop", "ValidationCallback", "ValidationLoop",
+    "ArtifactDirCallback",
+    "AutoRestart",
+    "BackendCallback",
+    "Callback",
+    "CheckLoss",
+    "Checkpoint",
+    "ComputeNorm",
+    "CoreCallback",
+    "CountParams",
+    "DataLoaderCallback",
+    "GLOBAL_CALLBACK_REGISTRY",
+    "GlobalFlags",
+    "GradientAccumulationCallback",
+    "KeepNCheckpoints",
+    "LoadCheckpointStates",
+    "LogInputSummaries",
+    "LogOptimizerParamGroup",
+    "LogSparsity",
+    "Logging",
+    "LoopCallback",
+    "LossAccumulationCallback",
+    "MixedPrecision",
+    "ModelCallback",
+    "ModelEvalMetrics",
+    "OptimizerCallback",
+    "Precision",
+    "RateProfiler",
+    "Reproducibility",
+    "SchedulersCallback",
+    "ScopedTrainFlags",
+    "ScopedValidateFlags",
+    "SelectiveGrad",
+    "SparsityCallback",
+    "TrainingLoop",
+    "ValidationCallback",
+    "ValidationLoop",
     "register_global_callback",
 ]

@@ -13,10 +13,15 @@ class AutoRestart(CoreCallback):
     non-zero ``max_num_restarts`` warns and runs once."""
 
     def __init__(self, max_num_restarts=None, min_steps_since_last_ckpt=None):
-        if max_num_restarts is not None and (isinstance(max_num_restarts, bool) or not isinstance(
-                max_num_restarts, int) or max_num_restarts < 0):
-            raise ValueError(f"max_num_restarts must be a non-negative integer or None, got "
-                             f"{max_num_restarts!r}.")
+        if max_num_restarts is not None and (
+            isinstance(max_num_restarts, bool)
+            or not isinstance(max_num_restarts, int)
+            or max_num_restarts < 0
+        ):
+            raise ValueError(
+                f"max_num_restarts must be a non-negative integer or None, got "
+                f"{max_num_restarts!r}."
+            )
         self.max_num_restarts = max_num_restarts
         self.min_steps_since_last_ckpt = min_steps_since_last_ckpt
 
@@ -26,5 +31,8 @@ class AutoRestart(CoreCallback):
 
     def pre_setup(self, trainer):
         if self.max_num_restarts:
-            warnings.warn("Autorestart is not implemented on this engine; the run will not be "
-                          "restarted if it fails.", stacklevel=2)
+            warnings.warn(
+                "Autorestart is not implemented on this engine; the run will not be "
+                "restarted if it fails.",
+                stacklevel=2,
+            )

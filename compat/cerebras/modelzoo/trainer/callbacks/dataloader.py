@@ -27,13 +27,13 @@ class DataLoaderCallback(CoreCallback):
         if "dataloader" in state_dict:
             self.dataloader.load_state_dict(
                 state_dict["dataloader"],
-                strict=not trainer.checkpoint.disable_strict_checkpoint_loading)
+                strict=not trainer.checkpoint.disable_strict_checkpoint_loading,
+            )
             trainer.logger.info("Dataloader state found in checkpoint and loaded successfully.")
         else:
-            trainer.logger.info("The checkpoint has no dataloader state; the dataloader starts "
-                                "from the beginning.")
-
-
+            trainer.logger.info(
+                "The checkpoint has no dataloader state; the dataloader starts from the beginning."
+            )
 
 
 def _named_tensors(value, name):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 
 import cerebras.pytorch as cstorch
-
 from cerebras.modelzoo.trainer.callbacks.callback import Callback
 
 
@@ -17,11 +16,14 @@ def _owner_and_name(path: str):
         try:
             owner = getattr(owner, scope)
         except AttributeError:
-            raise ValueError(f"Unknown flag {path!r}: cstorch.backends has no scope "
-                             f"{scope!r}.") from None
+            raise ValueError(
+                f"Unknown flag {path!r}: cstorch.backends has no scope {scope!r}."
+            ) from None
     if not hasattr(owner, name):
-        raise ValueError(f"Unknown flag {path!r}: flags are paths under cstorch.backends, "
-                         "e.g. \"csx.precision.optimization_level\".")
+        raise ValueError(
+            f"Unknown flag {path!r}: flags are paths under cstorch.backends, "
+            'e.g. "csx.precision.optimization_level".'
+        )
     return owner, name
 
 

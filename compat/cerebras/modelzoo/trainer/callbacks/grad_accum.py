@@ -26,13 +26,17 @@ class GradientAccumulationCallback(CoreCallback):
         steps = loop.grad_accum_steps if isinstance(loop, TrainingLoop) else 1
         if steps > 1:
             if trainer.backend.is_csx:
-                warnings.warn("grad_accum_steps is ignored on CSX: the system accumulates "
-                              "gradients itself through micro-batching.", stacklevel=2)
+                warnings.warn(
+                    "grad_accum_steps is ignored on CSX: the system accumulates "
+                    "gradients itself through micro-batching.",
+                    stacklevel=2,
+                )
                 steps = 1
             else:
                 raise NotImplementedError(
                     f"grad_accum_steps={steps} is not supported on the "
                     f"{trainer.backend.backend_type.name} backend of this engine: each "
                     "training step is one compiled program and gradients do not persist "
-                    f"between steps. Use a batch {steps}x larger instead.")
+                    f"between steps. Use a batch {steps}x larger instead."
+                )
         self.grad_accum_steps = steps

@@ -19,15 +19,18 @@ class Logging(CoreCallback):
     step (and the last step of a fit or validation); ``enable_act_frequency`` also fetches step
     outputs only on those steps. ``log_steps=0`` logs nothing."""
 
-    def __init__(self, log_steps=1, log_level="INFO", wsc_log_level=None,
-                 enable_act_frequency=False):
-        if log_steps is not None and (isinstance(log_steps, bool) or not isinstance(log_steps, int)
-                                      or log_steps < 0):
+    def __init__(
+        self, log_steps=1, log_level="INFO", wsc_log_level=None, enable_act_frequency=False
+    ):
+        if log_steps is not None and (
+            isinstance(log_steps, bool) or not isinstance(log_steps, int) or log_steps < 0
+        ):
             raise ValueError(f"log_steps must be a non-negative integer, got {log_steps!r}.")
         if isinstance(log_level, str):
             if log_level.upper() not in _LEVELS:
-                raise ValueError(f"log_level must be one of {', '.join(_LEVELS)}, got "
-                                 f"{log_level!r}.")
+                raise ValueError(
+                    f"log_level must be one of {', '.join(_LEVELS)}, got {log_level!r}."
+                )
             log_level = getattr(_logging, log_level.upper())
         elif not isinstance(log_level, int):
             raise ValueError(f"log_level must be a level name or number, got {log_level!r}.")

@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 
-import cerebras.pytorch as cstorch
 from cerebras.pytorch.utils.data import Schedule
 
+import cerebras.pytorch as cstorch
 from cerebras.modelzoo.trainer.callbacks.callback import CoreCallback
 
 MAX_CSX_STEPS = (1 << 31) - 1
@@ -72,8 +72,14 @@ class ValidationLoop(LoopCallback):
 
     @property
     def hooks(self) -> set:
-        return {self.on_start_hook, self.on_end_hook, self.on_step_start_hook,
-                self.on_step_end_hook, self.on_batch_start_hook, self.on_batch_end_hook}
+        return {
+            self.on_start_hook,
+            self.on_end_hook,
+            self.on_step_start_hook,
+            self.on_step_end_hook,
+            self.on_batch_start_hook,
+            self.on_batch_end_hook,
+        }
 
     def setup(self, trainer):
         """A validation loop does not own the global step."""
@@ -107,8 +113,10 @@ class ValidationLoop(LoopCallback):
             self._eval_steps = 1
         else:
             self._eval_steps = cstorch.utils.data.compute_num_steps(
-                val_dataloader, num_steps=self._max_eval_steps,
-                num_epochs=1 if self._max_eval_steps is None else None)
+                val_dataloader,
+                num_steps=self._max_eval_steps,
+                num_epochs=1 if self._max_eval_steps is None else None,
+            )
         return self._eval_steps
 
 
@@ -121,22 +129,38 @@ class TrainingLoop(LoopCallback):
     validation during fit.
     """
 
-    def __init__(self, num_steps=None, max_steps=None, num_epochs=None, steps_per_epoch=None,
-                 eval_frequency=1.0, eval_steps=None, grad_accum_steps=1):
-        for name, value in (("num_steps", num_steps), ("max_steps", max_steps),
-                            ("num_epochs", num_epochs), ("steps_per_epoch", steps_per_epoch),
-                            ("grad_accum_steps", grad_accum_steps)):
+    def __init__(
+        self,
+        num_steps=None,
+        max_steps=None,
+        num_epochs=None,
+        steps_per_epoch=None,
+        eval_frequency=1.0,
+        eval_steps=None,
+        grad_accum_steps=1,
+    ):
+        for name, value in (
+            ("num_steps", num_steps),
+            ("max_steps", max_steps),
+            ("num_epochs", num_epochs),
+            ("steps_per_epoch", steps_per_epoch),
+            ("grad_accum_steps", grad_accum_steps),
+        ):
             _check_steps(name, value)
         if num_steps is not None and num_epochs is not None:
-            raise ValueError("num_steps and num_epochs are mutually exclusive in the loop "
-                             "config; set only one.")
+            raise ValueError(
+                "num_steps and num_epochs are mutually exclusive in the loop config; set only one."
+            )
         if eval_frequency is not None and (
-                isinstance(eval_frequency, bool) or not isinstance(eval_frequency, (int, float))
-                or eval_frequency < 0
-                or (isinstance(eval_frequency, float) and eval_frequency > 1.0)):
+            isinstance(eval_frequency, bool)
+            or not isinstance(eval_frequency, (int, float))
+            or eval_frequency < 0
+            or (isinstance(eval_frequency, float) and eval_frequency > 1.0)
+        ):
             raise ValueError(
                 f"eval_frequency must be a positive step count, a fraction in [0.0, 1.0], or "
-                f"None, got {eval_frequency!r}.")
+                f"None, got {eval_frequency!r}."
+            )
         self.num_steps = num_steps
         self.max_steps = max_steps
         self.num_epochs = num_epochs
@@ -169,14 +193,20 @@ class TrainingLoop(LoopCallback):
         if not isinstance(train_dataloader, cstorch.utils.data.DataLoader):
             raise TypeError(
                 f"train_dataloader must be a cstorch.utils.data.DataLoader, got "
-                f"{type(train_dataloader).__name__}.")
+                f"{type(train_dataloader).__name__}."
+            )
         if not trainer.backend.is_e2e_execution:
             self.total_steps = 1
         else:
             self.total_steps = cstorch.utils.data.compute_num_steps(
-                train_dataloader, initial_step=trainer.global_step, num_steps=self.num_steps,
-                max_steps=self.max_steps, num_epochs=self.num_epochs,
-                steps_per_epoch=self.steps_per_epoch, grad_accum_steps=self.grad_accum_steps)
+                train_dataloader,
+                initial_step=trainer.global_step,
+                num_steps=self.num_steps,
+                max_steps=self.max_steps,
+                num_epochs=self.num_epochs,
+                steps_per_epoch=self.steps_per_epoch,
+                grad_accum_steps=self.grad_accum_steps,
+            )
         self.train_steps = _split(self.total_steps, self.eval_frequency)
 
     def on_enter_train(self, trainer, stack, train_dataloader, loop, loop_idx):
@@ -192,11 +222,13 @@ class TrainingLoop(LoopCallback):
         is_final = loop_idx == len(self.train_steps) - 1
         start = every - offset % every - 1
         if start < length:
-            return Schedule([Schedule.Range(start=start, end=length, step=every,
-                                            include_last=is_final)])
+            return Schedule(
+                [Schedule.Range(start=start, end=length, step=every, include_last=is_final)]
+            )
         if is_final:
-            return Schedule([Schedule.Range(start=length - 1, end=length, step=1,
-                                            include_last=True)])
+            return Schedule(
+                [Schedule.Range(start=length - 1, end=length, step=1, include_last=True)]
+            )
         return None
 
 

@@ -7,7 +7,6 @@ import math
 import torch
 
 import cerebras.pytorch as cstorch
-
 from cerebras.modelzoo.trainer.callbacks.callback import Callback, CoreCallback
 
 
@@ -59,11 +58,13 @@ class CheckLoss(Callback):
             return
         loss = outputs["loss"]
         if not isinstance(loss, torch.Tensor):
-            raise TypeError(f"Expected the loss to be a scalar torch.Tensor, got "
-                            f"{type(loss).__name__}.")
+            raise TypeError(
+                f"Expected the loss to be a scalar torch.Tensor, got {type(loss).__name__}."
+            )
         if loss.numel() != 1:
-            raise TypeError(f"Expected the loss to be a scalar torch.Tensor, got shape "
-                            f"{tuple(loss.shape)}.")
+            raise TypeError(
+                f"Expected the loss to be a scalar torch.Tensor, got shape {tuple(loss.shape)}."
+            )
 
     def on_train_batch_end(self, trainer, model, outputs, batch, batch_idx):
         if "loss" in outputs:
@@ -76,4 +77,5 @@ class CheckLoss(Callback):
             raise ValueError(
                 f"The loss is {value} at global step {trainer.global_step}. Training is "
                 "diverging: lower the learning rate, enable gradient clipping "
-                "(MixedPrecision(max_gradient_norm=...)) or check the inputs.")
+                "(MixedPrecision(max_gradient_norm=...)) or check the inputs."
+            )

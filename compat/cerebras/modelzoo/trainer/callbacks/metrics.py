@@ -18,8 +18,10 @@ class ModelEvalMetrics(Callback):
             if not isinstance(metric, Metric):
                 continue
             if metric.num_updates == 0:
-                trainer.logger.warning(f"Metric {metric.name!r} was never updated; not logging "
-                                       "it. Update it every step or remove it from the model.")
+                trainer.logger.warning(
+                    f"Metric {metric.name!r} was never updated; not logging "
+                    "it. Update it every step or remove it from the model."
+                )
                 continue
             values[metric.name] = float(metric)
             metric.reset()

@@ -7,7 +7,6 @@ import warnings
 import torch
 
 import cerebras.pytorch as cstorch
-
 from cerebras.modelzoo.trainer.callbacks.callback import CoreCallback
 
 
@@ -27,11 +26,13 @@ class ModelCallback(CoreCallback):
             if not isinstance(model, torch.nn.Module):
                 raise TypeError(
                     f"The model factory returned {type(model).__name__}; it must return a "
-                    "torch.nn.Module.")
+                    "torch.nn.Module."
+                )
         else:
             raise ValueError(
                 f"Expected model to be a torch.nn.Module or a callable that returns one, got "
-                f"{type(self.model).__name__}.")
+                f"{type(self.model).__name__}."
+            )
         trainer.model = model
         trainer.compiled_model = cstorch.compile(model, trainer.backend)
 
@@ -46,15 +47,17 @@ class ModelCallback(CoreCallback):
         if "loss" not in outputs:
             raise ValueError(
                 f"Expected the forward call of {type(model).__name__} to return the loss (a "
-                f"tensor, or a dict with a 'loss' key). Got keys: {sorted(outputs)}.")
+                f"tensor, or a dict with a 'loss' key). Got keys: {sorted(outputs)}."
+            )
 
     def on_save_checkpoint(self, trainer, state_dict):
         state_dict["model"] = trainer.model.state_dict()
 
     def on_load_checkpoint(self, trainer, state_dict):
         if "model" not in state_dict:
-            warnings.warn("The checkpoint has no model state; the model was not loaded.",
-                          stacklevel=2)
+            warnings.warn(
+                "The checkpoint has no model state; the model was not loaded.", stacklevel=2
+            )
             return
         strict = not trainer.checkpoint.disable_strict_checkpoint_loading
         weights = state_dict["model"]

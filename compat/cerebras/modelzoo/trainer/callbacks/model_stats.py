@@ -24,9 +24,11 @@ class CountParams(Callback):
         for name, module in model.named_modules():
             depth = 0 if not name else name.count(".") + 1
             if 0 < depth <= self.search_depth:
-                self.table.append((name, type(module).__name__,
-                                   sum(p.numel() for p in module.parameters())))
-        trainer.logger.info(f"Model has {self.total_params:,} parameters "
-                            f"({self.trainable_params:,} trainable).")
+                self.table.append(
+                    (name, type(module).__name__, sum(p.numel() for p in module.parameters()))
+                )
+        trainer.logger.info(
+            f"Model has {self.total_params:,} parameters ({self.trainable_params:,} trainable)."
+        )
         for name, kind, count in self.table:
             trainer.logger.info(f"  {name} ({kind}): {count:,}")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 import cerebras.pytorch as cstorch
-
 from cerebras.modelzoo.trainer.callbacks.callback import Callback, CoreCallback
 
 
@@ -23,18 +22,22 @@ class OptimizerCallback(CoreCallback):
         if not callable(self.optimizer):
             raise TypeError(
                 f"Expected optimizer to be a cstorch.optim.Optimizer or a function taking the "
-                f"model and returning one, got {type(self.optimizer).__name__}.")
+                f"model and returning one, got {type(self.optimizer).__name__}."
+            )
         optimizer = self.optimizer(trainer.model)
         if not isinstance(optimizer, cstorch.optim.Optimizer):
             raise TypeError(
                 f"The optimizer factory returned {type(optimizer).__name__}; it must return a "
-                "cstorch.optim.Optimizer.")
+                "cstorch.optim.Optimizer."
+            )
         trainer.optimizer = optimizer
 
     def on_fit_start(self, trainer, train_dataloader, val_dataloader, loop):
         if trainer.optimizer is None:
-            raise RuntimeError("fit needs an optimizer: pass optimizer= to the Trainer "
-                               "(a cstorch.optim.Optimizer or a function of the model).")
+            raise RuntimeError(
+                "fit needs an optimizer: pass optimizer= to the Trainer "
+                "(a cstorch.optim.Optimizer or a function of the model)."
+            )
 
     def on_save_checkpoint(self, trainer, state_dict):
         if trainer.optimizer is not None:
@@ -47,8 +50,9 @@ class OptimizerCallback(CoreCallback):
             trainer.optimizer.load_state_dict(state_dict["optimizer"])
             trainer.logger.info("Optimizer state found in checkpoint and loaded successfully.")
         else:
-            trainer.logger.info("The checkpoint has no optimizer state; the optimizer keeps "
-                                "its initial state.")
+            trainer.logger.info(
+                "The checkpoint has no optimizer state; the optimizer keeps its initial state."
+            )
 
 
 class LogOptimizerParamGroup(Callback):
@@ -69,8 +73,10 @@ class LogOptimizerParamGroup(Callback):
         for key in self.keys:
             for group in trainer.optimizer.param_groups:
                 if key not in group:
-                    raise ValueError(f"Key {key!r} not found in the optimizer's param_groups "
-                                     f"(they have {sorted(k for k in group if k != 'params')}).")
+                    raise ValueError(
+                        f"Key {key!r} not found in the optimizer's param_groups "
+                        f"(they have {sorted(k for k in group if k != 'params')})."
+                    )
 
     def on_after_optimizer_step(self, trainer, model, optimizer):
         # Trace-time: log_metrics defers to a step closure, which reads each step's values.
@@ -80,6 +86,7 @@ class LogOptimizerParamGroup(Callback):
         for key in self.keys:
             for index, group in enumerate(optimizer.param_groups):
                 value = group[key]
-                metrics[f"{key}/{index}"] = (value.clone() if isinstance(value, torch.Tensor)
-                                             else value)
+                metrics[f"{key}/{index}"] = (
+                    value.clone() if isinstance(value, torch.Tensor) else value
+                )
         trainer.log_metrics(**metrics)

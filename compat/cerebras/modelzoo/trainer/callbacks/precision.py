@@ -9,7 +9,6 @@ from abc import ABC, abstractmethod
 import torch
 
 import cerebras.pytorch as cstorch
-
 from cerebras.modelzoo.trainer.callbacks.callback import CoreCallback
 
 HALF_TYPES = ("float16", "bfloat16", "cbfloat16")
@@ -36,8 +35,9 @@ class Precision(CoreCallback, ABC):
 
 
 def _positive_or_none(name, value):
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                              or value <= 0):
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0
+    ):
         raise ValueError(f"{name} must be a positive number, got {value!r}.")
 
 
@@ -49,27 +49,45 @@ class MixedPrecision(Precision):
     bfloat16 with a warning); off CSX ``cbfloat16`` becomes bfloat16.
     """
 
-    def __init__(self, enabled=True, fp16_type="bfloat16", precision_opt_level=None,
-                 loss_scaling_factor=1.0, initial_loss_scale=None, steps_per_increase=2000,
-                 min_loss_scale=None, max_loss_scale=None, max_gradient_norm=None,
-                 max_gradient_value=None, log_loss_scale=None):
+    def __init__(
+        self,
+        enabled=True,
+        fp16_type="bfloat16",
+        precision_opt_level=None,
+        loss_scaling_factor=1.0,
+        initial_loss_scale=None,
+        steps_per_increase=2000,
+        min_loss_scale=None,
+        max_loss_scale=None,
+        max_gradient_norm=None,
+        max_gradient_value=None,
+        log_loss_scale=None,
+    ):
         if fp16_type not in HALF_TYPES:
-            raise ValueError(f"fp16_type must be one of {', '.join(HALF_TYPES)}, got "
-                             f"{fp16_type!r}.")
+            raise ValueError(
+                f"fp16_type must be one of {', '.join(HALF_TYPES)}, got {fp16_type!r}."
+            )
         if precision_opt_level is not None and precision_opt_level not in (0, 1, 2):
-            raise ValueError(f"precision_opt_level must be 0, 1 or 2, got "
-                             f"{precision_opt_level!r}.")
-        if not (loss_scaling_factor == "dynamic" or (
+            raise ValueError(f"precision_opt_level must be 0, 1 or 2, got {precision_opt_level!r}.")
+        if not (
+            loss_scaling_factor == "dynamic"
+            or (
                 isinstance(loss_scaling_factor, (int, float))
-                and not isinstance(loss_scaling_factor, bool) and loss_scaling_factor > 0)):
-            raise ValueError(f"loss_scaling_factor must be a positive number or \"dynamic\", "
-                             f"got {loss_scaling_factor!r}.")
+                and not isinstance(loss_scaling_factor, bool)
+                and loss_scaling_factor > 0
+            )
+        ):
+            raise ValueError(
+                f'loss_scaling_factor must be a positive number or "dynamic", '
+                f"got {loss_scaling_factor!r}."
+            )
         _positive_or_none("max_gradient_norm", max_gradient_norm)
         _positive_or_none("max_gradient_value", max_gradient_value)
         if max_gradient_norm is not None and max_gradient_value is not None:
             raise ValueError(
                 "Gradients can be clipped by norm or by value, not both: set only one of "
-                "max_gradient_norm and max_gradient_value.")
+                "max_gradient_norm and max_gradient_value."
+            )
         self.enabled = bool(enabled)
         self.fp16_type = fp16_type
         self.precision_opt_level = precision_opt_level
@@ -96,8 +114,11 @@ class MixedPrecision(Precision):
             warnings.warn("cbfloat16 exists only on CSX; using bfloat16 instead.", stacklevel=2)
             half = "bfloat16"
         if trainer.backend.is_cpu and half != "bfloat16":
-            warnings.warn(f"The CPU backend supports only bfloat16 mixed precision; using "
-                          f"bfloat16 instead of {half}.", stacklevel=2)
+            warnings.warn(
+                f"The CPU backend supports only bfloat16 mixed precision; using "
+                f"bfloat16 instead of {half}.",
+                stacklevel=2,
+            )
             half = "bfloat16"
         self.fp16_type = half
         cstorch.amp.set_half_dtype(half)
@@ -105,9 +126,12 @@ class MixedPrecision(Precision):
             cstorch.backends.csx.precision.optimization_level = self.precision_opt_level
         if half != "bfloat16":
             self.grad_scaler = cstorch.amp.GradScaler(
-                loss_scale=self.loss_scaling_factor, init_scale=self.initial_loss_scale,
-                steps_per_increase=self.steps_per_increase, min_loss_scale=self.min_loss_scale,
-                max_loss_scale=self.max_loss_scale)
+                loss_scale=self.loss_scaling_factor,
+                init_scale=self.initial_loss_scale,
+                steps_per_increase=self.steps_per_increase,
+                min_loss_scale=self.min_loss_scale,
+                max_loss_scale=self.max_loss_scale,
+            )
 
     def autocast_context_manager(self):
         if self.enabled and not self._backend.is_csx:

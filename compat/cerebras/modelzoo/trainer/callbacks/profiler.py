@@ -7,7 +7,6 @@ import time
 import torch
 
 import cerebras.pytorch as cstorch
-
 from cerebras.modelzoo.trainer.callbacks.callback import Callback
 
 

@@ -6,9 +6,8 @@ import torch
 
 from cerebras.modelzoo.trainer.callbacks.callback import CoreCallback
 
-
 # torch.manual_seed takes a signed or an unsigned 64-bit integer.
-SEED_RANGE = (-2 ** 63, 2 ** 64 - 1)
+SEED_RANGE = (-(2**63), 2**64 - 1)
 
 
 def check_seed(seed, label: str = "seed") -> None:
@@ -16,10 +15,15 @@ def check_seed(seed, label: str = "seed") -> None:
     otherwise (torch itself says only "Overflow when unpacking long long")."""
     if seed is None:
         return
-    if not isinstance(seed, int) or isinstance(seed, bool) or not (
-            SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
-        raise ValueError(f"{label}: must be an integer from -2**63 to 2**64 - 1 (the range of "
-                         f"torch.manual_seed), got {seed!r}")
+    if (
+        not isinstance(seed, int)
+        or isinstance(seed, bool)
+        or not (SEED_RANGE[0] <= seed <= SEED_RANGE[1])
+    ):
+        raise ValueError(
+            f"{label}: must be an integer from -2**63 to 2**64 - 1 (the range of "
+            f"torch.manual_seed), got {seed!r}"
+        )
 
 
 class Reproducibility(CoreCallback):

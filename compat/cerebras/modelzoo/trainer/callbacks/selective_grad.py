@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import cerebras.pytorch as cstorch
-
 from cerebras.modelzoo.trainer.callbacks.callback import Callback
 
 
@@ -15,14 +14,17 @@ class SelectiveGrad(Callback):
         if isinstance(selective_grads, dict):
             selective_grads = [selective_grads]
         if not isinstance(selective_grads, (list, tuple)) or not all(
-                isinstance(item, dict) for item in selective_grads):
+            isinstance(item, dict) for item in selective_grads
+        ):
             raise ValueError("Expected `selective_grads` to be a dict or a list of dicts.")
         self.selective_grads = []
         for item in selective_grads:
             unknown = set(item) - {"param_filter", "init_method"}
             if unknown:
-                raise ValueError(f"Unknown SelectiveGrad keys {sorted(unknown)}; expected "
-                                 "param_filter and init_method.")
+                raise ValueError(
+                    f"Unknown SelectiveGrad keys {sorted(unknown)}; expected "
+                    "param_filter and init_method."
+                )
             args = [item.get("param_filter", _default_filter)]
             if "init_method" in item:
                 args.append(item["init_method"])

@@ -6,9 +6,8 @@ from __future__ import annotations
 import torch
 
 import cerebras.pytorch as cstorch
-from cstorch.sparse.configure import check_config
-
 from cerebras.modelzoo.trainer.callbacks.callback import Callback, CoreCallback
+from cstorch.sparse.configure import check_config
 
 
 def _resolve(sparsity):
@@ -21,11 +20,15 @@ def _resolve(sparsity):
     if callable(sparsity):
         algorithm = sparsity()
         if algorithm is not None and not isinstance(algorithm, cstorch.sparse.SparsityAlgorithm):
-            raise TypeError(f"The sparsity factory returned {type(algorithm).__name__}; it must "
-                            "return a cstorch.sparse.SparsityAlgorithm.")
+            raise TypeError(
+                f"The sparsity factory returned {type(algorithm).__name__}; it must "
+                "return a cstorch.sparse.SparsityAlgorithm."
+            )
         return algorithm
-    raise TypeError(f"Expected sparsity to be a cstorch.sparse.SparsityAlgorithm, a function "
-                    f"returning one, or a sparsity config, got {type(sparsity).__name__}.")
+    raise TypeError(
+        f"Expected sparsity to be a cstorch.sparse.SparsityAlgorithm, a function "
+        f"returning one, or a sparsity config, got {type(sparsity).__name__}."
+    )
 
 
 class SparsityCallback(CoreCallback):
@@ -63,4 +66,4 @@ class LogSparsity(Callback):
         for name, mask in model.named_buffers():
             if name.endswith("_mask") and mask.dtype == torch.bool:
                 pruned = 1.0 - mask.float().mean()
-                trainer.log_metrics(**{f"sparsity/{name[:-len('_mask')]}": pruned})
+                trainer.log_metrics(**{f"sparsity/{name[: -len('_mask')]}": pruned})

@@ -30,10 +30,9 @@ import weakref
 import torch
 
 import cerebras.pytorch as cstorch
-from cstorch.utils import progress as _progress
-
 from cerebras.modelzoo.trainer.callbacks.logging import progress_log
 from cerebras.modelzoo.trainer.loggers.logger import Logger
+from cstorch.utils import progress as _progress
 
 
 def _number(value):
@@ -110,8 +109,13 @@ class ProgressLogger(Logger):
             return
         handlers = []
         for logger in (logging.getLogger(), logging.getLogger("cerebras.modelzoo.trainer")):
-            handlers += [h for h in logger.handlers if isinstance(h, logging.StreamHandler)
-                         and not isinstance(h, logging.FileHandler) and h not in handlers]
+            handlers += [
+                h
+                for h in logger.handlers
+                if isinstance(h, logging.StreamHandler)
+                and not isinstance(h, logging.FileHandler)
+                and h not in handlers
+            ]
         patched = []
         for handler in handlers:
             emit = handler.emit
@@ -204,8 +208,9 @@ class ProgressLogger(Logger):
             display = self._display
             if kind == "validate" and display == "lines":
                 display = "off"  # off a terminal a validation shows its result line only
-            progress = _progress.RunProgress(total, label=kind, stream=self._out,
-                                             display=display, first=first)
+            progress = _progress.RunProgress(
+                total, label=kind, stream=self._out, display=display, first=first
+            )
             progress.compiles = compiles
             self._progress[kind] = progress
         self._compiling = compiles
@@ -255,8 +260,7 @@ class ProgressLogger(Logger):
         shown = progress.due(done) or self._compiling
         loss = outputs.get("loss") if isinstance(outputs, dict) else None
         fetch = shown or trainer.is_log_step
-        self._tick(trainer, progress, done, shown, _batch_size(batch),
-                   loss if fetch else None)
+        self._tick(trainer, progress, done, shown, _batch_size(batch), loss if fetch else None)
 
     @cstorch.step_closure
     def _tick(self, trainer, progress, done, shown, count, loss):
@@ -266,8 +270,7 @@ class ProgressLogger(Logger):
         was_compiling = self._compiling
         if was_compiling:
             progress.clear()  # the "compiling" status
-        progress.step(done, count, loss=number if progress.label == "train" else None,
-                      shown=False)
+        progress.step(done, count, loss=number if progress.label == "train" else None, shown=False)
         if was_compiling:
             self._compiling = False
             self._compile_seconds[progress.label] = progress.first_step_seconds
@@ -291,8 +294,11 @@ class ProgressLogger(Logger):
         return executor.user_iteration, executor.num_steps
 
     def _header(self, trainer, batch) -> str:
-        parameters = sum(p.numel() for p in trainer.model.parameters()) \
-            if trainer.model is not None else None
+        parameters = (
+            sum(p.numel() for p in trainer.model.parameters())
+            if trainer.model is not None
+            else None
+        )
         steps = self._fit[1] if self._fit is not None else None
         return _progress.run_header(trainer.backend._impl, parameters, steps, batch)
 
@@ -311,8 +317,10 @@ class ProgressLogger(Logger):
     # ------------------------------------------------------------------------ summary
     def _summary(self, trainer, what: str) -> None:
         seconds = time.perf_counter() - self._run_start if self._run_start else 0.0
-        parts = [f"{what} done at global step {trainer.global_step} in "
-                 f"{_progress.format_duration(seconds)}"]
+        parts = [
+            f"{what} done at global step {trainer.global_step} in "
+            f"{_progress.format_duration(seconds)}"
+        ]
         compiled = sum(self._compile_seconds.values())
         if compiled:
             parts.append(f"compiling {compiled:.1f} s")

@@ -60,7 +60,8 @@ class TensorBoardLogger(Logger):
             else:
                 raise TypeError(
                     f"TensorBoardLogger cannot log {name}={type(value).__name__}: log numbers, "
-                    "tensors or strings.")
+                    "tensors or strings."
+                )
 
     def flush(self):
         for writer in self._writers.values():

@@ -25,8 +25,16 @@ class DebugIni(Message):
 
 
 class DebugArgs(Message):
-    FIELDS = {"debug_ini": DebugIni, "debug_mgr": "", "debug_crd": "", "debug_usr": "",
-              "debug_wrk": "", "debug_act": "", "debug_cmd": "", "debug_wgt": ""}
+    FIELDS = {
+        "debug_ini": DebugIni,
+        "debug_mgr": "",
+        "debug_crd": "",
+        "debug_usr": "",
+        "debug_wrk": "",
+        "debug_act": "",
+        "debug_cmd": "",
+        "debug_wgt": "",
+    }
 
 
 class ClusterDetails(Message):
