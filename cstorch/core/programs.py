@@ -14,7 +14,7 @@ call gives birth to state), selected alike.
 The persistent graph cache (``cstorch.core.capture_cache``) keys its entries by
 ``persistent_signature``, a rendering of every field of the same signature as plain data,
 so that what selects a program in memory and what selects a graph on disk cannot drift
-apart (``tests/cstorch/test_programs.py`` fails for a field without a rendering).
+apart (``tests/cstorch/core/test_programs.py`` fails for a field without a rendering).
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import torch
 
 import cerebras.pytorch as cstorch
 from tests.models import TinyGPT, lm_loss
+from tests.paths import DATA, REPO
 from tests.training import linear_mse_batch, sgd_linear_mse_step
 
 pytestmark = pytest.mark.core
@@ -411,9 +412,7 @@ def test_loader_checks_artifact_and_inputs(tmp_path):
 
 
 # ------------------------------------------------------------------- what made a step
-OLD_ARTIFACT = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "export_jax_0_7_0"
-)  # written by tests/data/make_old_export.py
+OLD_ARTIFACT = os.path.join(DATA, "export_jax_0_7_0")  # written by tests/data/make_old_export.py
 
 
 def test_the_manifest_says_what_made_the_step(tmp_path):
@@ -425,8 +424,7 @@ def test_the_manifest_says_what_made_the_step(tmp_path):
     _, training_step = sgd_linear_mse_step()
     path = cstorch.export(training_step, linear_mse_batch(0), str(tmp_path / "step"))
     made_by = json.loads((tmp_path / "step" / "manifest.json").read_text())["made_by"]
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
         project = tomllib.load(f)["project"]["version"]
     assert made_by["jax"] == jax.__version__
     assert made_by["jaxlib"] == importlib.metadata.version("jaxlib")

@@ -12,10 +12,11 @@ import pytest
 import torch
 
 import cerebras.pytorch as cstorch
+from tests.paths import EXAMPLES
 
 pytestmark = pytest.mark.slow  # trains the example end to end
 
-EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "gigagpt_style.py")
+EXAMPLE = os.path.join(EXAMPLES, "gigagpt_style.py")
 
 
 @pytest.fixture(scope="module")

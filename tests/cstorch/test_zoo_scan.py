@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests import paths
+
+ROOT = Path(paths.REPO)
 
 SOURCE = """
 import torch.distributed as tdist

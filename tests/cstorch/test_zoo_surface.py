@@ -20,8 +20,9 @@ from torch.optim.optimizer import ParamsT as TorchParamsT
 
 import cerebras.pytorch as cstorch
 from cstorch.utils.data import DataExecutor, DataLoader, Schedule
+from tests import paths
 
-DATA = pathlib.Path(__file__).resolve().parents[1] / "data"
+DATA = pathlib.Path(paths.DATA)
 
 
 # ------------------------------------------------------------------------ names
@@ -510,7 +511,7 @@ def test_appliance_portion_is_a_namespace_package():
     import cerebras.appliance
 
     assert getattr(cerebras.appliance, "__file__", None) is None  # a real install shadows it
-    compat = pathlib.Path(__file__).resolve().parents[2] / "compat" / "cerebras" / "appliance"
+    compat = pathlib.Path(paths.REPO) / "compat" / "cerebras" / "appliance"
     assert not (compat / "__init__.py").exists()
 
 

@@ -1,6 +1,6 @@
 """Writes ``tests/data/export_jax_0_7_0/``: a step exported by JAX 0.7.0, whose ``jax.export``
 serialization (version 2) JAX 0.12 no longer reads without a flag (it is past JAX's six-month
-compatibility window). ``tests/cstorch/test_export_versions.py`` loads it.
+compatibility window). ``tests/cstorch/test_export.py`` loads it.
 
 Run once, from the project root, in a venv with JAX 0.7.0 (any torch of the supported range)::
 

@@ -1,6 +1,6 @@
 """cstorch.utils.data beyond the executor: restartable dataloaders across checkpoints,
 SyntheticDataset, DistributedSampler, Schedule, compute_num_steps and the rate tracker
-(the progress display: tests/cstorch/test_progress.py)."""
+(the progress display: tests/cstorch/utils/test_progress.py)."""
 
 from __future__ import annotations
 

@@ -18,10 +18,9 @@ import cerebras.pytorch as cstorch
 from cstorch.utils import nest
 from cstorch.utils.data import DataExecutor, DataLoader
 from cstorch.utils.tensorboard.event_file import read_events, read_records
+from tests.paths import EXAMPLES
 
 pytestmark = pytest.mark.core
-
-EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
 
 
 # ------------------------------------------------------------------------ tensorboard

@@ -24,6 +24,7 @@ import cerebras.pytorch as cstorch
 from cstorch.core.compile import GradientAccumulationWarning, RecompilationWarning
 from jax_backend.errors import CaptureError
 from tests.lanes import marked_cases
+from tests.paths import REPO
 
 XS = [torch.randn(8, 4, generator=torch.Generator().manual_seed(i)) for i in range(6)]
 YS = [torch.randn(8, 2, generator=torch.Generator().manual_seed(100 + i)) for i in range(6)]
@@ -424,14 +425,13 @@ def test_torch_optimizers_on_several_csx_devices_match_eager():
     import subprocess
     import sys
 
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    path = os.pathsep.join([root, os.path.join(root, "compat"), os.environ.get("PYTHONPATH", "")])
+    path = os.pathsep.join([REPO, os.path.join(REPO, "compat"), os.environ.get("PYTHONPATH", "")])
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", PYTHONPATH=path)
     out = subprocess.run(
-        [sys.executable, "-m", "tests.cstorch.test_torch_optimizers"],
+        [sys.executable, "-m", "tests.cstorch.core.test_torch_optimizers"],
         capture_output=True,
         text=True,
-        cwd=root,
+        cwd=REPO,
         env=env,
         timeout=600,
     )

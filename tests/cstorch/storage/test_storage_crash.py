@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import cstorch.storage as storage
+from tests.paths import REPO
 
 pytestmark = pytest.mark.slow  # writers killed in subprocesses
 
@@ -27,8 +28,7 @@ WRITER = textwrap.dedent("""
 
 
 def _start_writer(target):
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen(
         [sys.executable, "-c", WRITER, str(target)], stdout=subprocess.PIPE, text=True, env=env
     )

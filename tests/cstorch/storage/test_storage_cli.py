@@ -9,8 +9,7 @@ import torch
 
 import cstorch.storage as storage
 from cstorch.storage import cli, safetensors_format
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.paths import REPO
 
 
 @pytest.fixture

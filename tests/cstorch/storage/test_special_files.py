@@ -20,9 +20,10 @@ import textwrap
 
 import pytest
 
+from tests.paths import REPO
+
 pytestmark = pytest.mark.slow  # every test reads the results of one subprocess (module fixture)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KINDS = ("fifo", "directory", "device", "socket")
 WORDS = {"fifo": "FIFO", "directory": "directory", "device": "device", "socket": "socket"}
 
@@ -152,7 +153,7 @@ def results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("special")
     script = tmp / "probe.py"
     script.write_text(PROBE)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "compat")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "compat")]))
     (tmp / "work").mkdir()
     out = subprocess.run(
         [sys.executable, str(script), str(tmp / "work")],

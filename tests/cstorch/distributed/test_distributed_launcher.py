@@ -19,10 +19,10 @@ import time
 import pytest
 
 from cstorch.distributed import runtime
+from tests.paths import REPO
 
 pytestmark = pytest.mark.core
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PYTHON = sys.executable
 
 # A worker that records its PID, then waits (ignoring SIGTERM and SIGHUP when asked to).
@@ -42,7 +42,7 @@ WORKER = textwrap.dedent("""
 def _env(**extra):
     env = dict(
         os.environ,
-        PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "compat")]),
+        PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "compat")]),
         PYTHONUNBUFFERED="1",
     )
     for name in list(env):
@@ -156,7 +156,7 @@ def test_workers_die_with_a_killed_launcher(tmp_path):
         _finish(launcher, workers)
 
 
-TRAINING = os.path.join(ROOT, "tests", "cstorch", "launched_training.py")
+TRAINING = os.path.join(os.path.dirname(__file__), "launched_training.py")
 
 
 def _progress(directory):
@@ -268,7 +268,7 @@ def test_the_runtime_watch_ends_a_worker_whose_launcher_died(tmp_path):
         f"env = dict(os.environ, {runtime.ENV_LAUNCHER_PID}=str(os.getpid())); "
         f"subprocess.Popen([sys.executable, '-c', {child!r}], env=env); time.sleep(300)"
     )
-    process = subprocess.Popen([PYTHON, "-c", parent], cwd=ROOT, env=_env())
+    process = subprocess.Popen([PYTHON, "-c", parent], cwd=REPO, env=_env())
     worker = None
     try:
         assert _wait(lambda: pid_file.exists() and pid_file.read_text(), 120)
@@ -296,7 +296,7 @@ def busy_port():
 @pytest.mark.slow
 def test_a_busy_coordinator_port_is_a_clear_error_not_a_crash(tmp_path, busy_port):
     assert "cannot listen on port" in runtime.coordinator_port_in_use(f"127.0.0.1:{busy_port}")
-    driver = os.path.join(ROOT, "tests", "cstorch", "distributed_run.py")
+    driver = os.path.join(os.path.dirname(__file__), "distributed_run.py")
     start = time.monotonic()
     out = subprocess.run(
         [PYTHON, driver, json.dumps({"num_csx": 4, "steps": 1})],

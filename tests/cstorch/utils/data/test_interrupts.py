@@ -18,19 +18,19 @@ import pytest
 import torch
 
 import cerebras.pytorch as cstorch
-from tests.cstorch import interrupted_training
+from tests.cstorch.utils.data import interrupted_training
+from tests.paths import REPO
 
 pytestmark = pytest.mark.core
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(ROOT, "tests", "cstorch", "interrupted_training.py")
+SCRIPT = os.path.join(os.path.dirname(__file__), "interrupted_training.py")
 STEPS = 8
 
 
 def _env():
     return dict(
         os.environ,
-        PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "compat")]),
+        PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "compat")]),
         CSTORCH_PROGRESS="off",
     )
 
@@ -257,7 +257,7 @@ def test_a_users_own_sigint_handler_is_left_alone(cpu_backend):
 
 
 def test_loader_state_after_an_interrupt_and_not_after_a_plain_end(cpu_backend):
-    from tests.cstorch.test_data_utils import CountingLoader
+    from tests.cstorch.utils.data.test_data_utils import CountingLoader
 
     step = _step(cpu_backend)
     loader = cstorch.utils.data.DataLoader(CountingLoader, 3)

@@ -16,20 +16,20 @@ import numpy as np
 import pytest
 
 from cstorch.distributed import launch
+from tests.paths import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.core]  # multi-process jobs
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PYTHON = sys.executable
-DRIVER = os.path.join(ROOT, "tests", "cstorch", "distributed_run.py")
-EXAMPLE = os.path.join(ROOT, "examples", "gpt_adamw.py")
+DRIVER = os.path.join(os.path.dirname(__file__), "distributed_run.py")
+EXAMPLE = os.path.join(REPO, "examples", "gpt_adamw.py")
 TIMEOUT = 300
 
 
 def _env(devices=1, **extra):
     env = dict(
         os.environ,
-        PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "compat")]),
+        PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "compat")]),
         XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
         PYTHONUNBUFFERED="1",
     )

@@ -26,10 +26,11 @@ from cstorch.parity.compare import (
     within,
 )
 from tests import eager_reference as ref
+from tests.paths import DATA, REPO
 
 pytestmark = pytest.mark.core
 
-FIXTURE = os.path.join(os.path.dirname(__file__), "..", "data", "parity", "tiny_train.py")
+FIXTURE = os.path.join(DATA, "parity", "tiny_train.py")
 
 
 def _train(engine, steps=5, lr=1e-2):
@@ -543,12 +544,11 @@ def test_gradient_accumulation_warning_only_without_any_zero_grad(cpu_backend):
 
 
 # ------------------------------------------------------------- rounding noise (issue 31)
-CNN = os.path.join(os.path.dirname(__file__), "..", "data", "parity", "cnn_train.py")
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CNN = os.path.join(DATA, "parity", "cnn_train.py")
 
 
 def _parity_of_the_cnn(capsys, monkeypatch, *args):
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([ROOT, os.path.join(ROOT, "compat")]))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([REPO, os.path.join(REPO, "compat")]))
     return _command(capsys, ["--engines", "eager,jax-cpu", CNN, *args])
 
 

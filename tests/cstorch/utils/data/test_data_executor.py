@@ -9,6 +9,7 @@ import torch
 
 import cerebras.pytorch as cstorch
 from cstorch.utils.data import DataExecutor, DataLoader, Schedule
+from tests.paths import REPO
 
 
 def _batches(n, size=4):
@@ -316,7 +317,7 @@ def test_a_checkpoint_closure_called_before_the_loop_saves_at_once(tmp_path):
     import subprocess
     import sys
 
-    root = pathlib.Path(__file__).resolve().parents[2]
+    root = pathlib.Path(REPO)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "compat")]))
     result = subprocess.run(
         [sys.executable, str(script)],

@@ -1,4 +1,4 @@
-"""Run by test_sparse.py in a subprocess with XLA_FLAGS forcing several CPU devices.
+"""Run by test_multidevice.py in a subprocess with XLA_FLAGS forcing several CPU devices.
 
 Trains a RigL-sparse MLP on CSX with different cluster configs (data-parallel replicas,
 weight servers) and prints, as JSON, each run's losses, final mask and trace count."""

@@ -579,7 +579,7 @@ def test_hdf5_features_that_read_other_files_are_refused(tmp_path, secret, kind)
 
 @pytest.mark.slow
 def test_links_to_files_outside_the_checkpoint_directory_are_refused(tmp_path, secret):
-    from tests.cstorch.test_storage_fixtures import write_csx_style
+    from tests.cstorch.storage.test_storage_fixtures import write_csx_style
 
     elsewhere = secret[0].parent / "other.mdl"
     if not elsewhere.exists():

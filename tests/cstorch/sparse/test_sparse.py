@@ -19,6 +19,7 @@ import torch
 
 import cstorch
 from cstorch import sparse
+from tests.paths import DATA
 from tests.reference_data import REFERENCE
 
 FIXTURE = json.loads((REFERENCE / "sparsity_trajectories.json").read_text())["cases"]
@@ -498,11 +499,7 @@ def test_gmp_regrowth_on_a_falling_schedule_matches_the_reference():
     ``tests/data/make_gmp_regrowth_reference.py``)."""
     from pathlib import Path
 
-    want = json.loads(
-        (
-            Path(__file__).resolve().parents[1] / "data" / "gmp_cosine_regrowth_reference.json"
-        ).read_text()
-    )
+    want = json.loads((Path(DATA) / "gmp_cosine_regrowth_reference.json").read_text())
     config = want["sparsity"]
     steps = len(want["losses"])
     record, _, step = _train(

@@ -19,10 +19,10 @@ import torch
 import cerebras.pytorch as cstorch
 from cstorch.core.compile import RecompilationWarning
 from jax_backend.errors import CaptureError, RecompilationError, ValueReadInTraceError
-from tests.cstorch.test_torch_optimizers import OPTIMIZERS, XS, YS, _backend, _loss, _model
+from tests.cstorch.core.test_torch_optimizers import OPTIMIZERS, XS, YS, _backend, _loss, _model
 from tests.lanes import marked_cases
 
-# As tests/cstorch/test_torch_optimizers.py: torch's capturable path (a compiled step's)
+# As tests/cstorch/core/test_torch_optimizers.py: torch's capturable path (a compiled step's)
 # computes Adam's bias corrections in float32 where eager torch uses Python floats.
 TOL = dict(rtol=1e-5, atol=1e-5)
 STEPS = 6

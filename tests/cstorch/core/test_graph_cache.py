@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from tests.graph_cache_entries import first_node, rewrite_entry
+from tests.paths import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.core]  # fresh Python processes
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 PRELUDE = """
 import collections, json, sys
@@ -152,7 +152,7 @@ def _run(
         os.environ,
         **(env or {}),
         PYTHONPATH=os.pathsep.join(
-            [str(tmp_path), ROOT, os.path.join(ROOT, "compat"), os.environ.get("PYTHONPATH", "")]
+            [str(tmp_path), REPO, os.path.join(REPO, "compat"), os.environ.get("PYTHONPATH", "")]
         ),
     )
     if cache is None:

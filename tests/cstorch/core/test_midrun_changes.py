@@ -20,7 +20,7 @@ import torch
 import cerebras.pytorch as cstorch
 from cstorch.core.compile import RecompilationWarning
 from jax_backend.errors import RecompilationError
-from tests.cstorch.test_aliases import XS, YS, build
+from tests.cstorch.core.test_aliases import XS, YS, build
 from tests.training import compiled_sgd_step
 
 pytestmark = pytest.mark.core
