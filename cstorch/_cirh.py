@@ -7,6 +7,8 @@ no implementation: calling one raises NotImplementedError saying what to use ins
 
 import torch
 
+from jax_backend.errors import CstorchNotImplementedError
+
 _lib = torch.library.Library("cirh", "DEF")
 _lib.define("FusedTopK(Tensor input, int k, int dimension) -> Tensor")
 _lib.define("FusedTopP(Tensor fused_topk, Tensor p, Tensor u, Tensor k) -> Tensor")
@@ -14,7 +16,7 @@ _lib.define("FusedTopP(Tensor fused_topk, Tensor p, Tensor u, Tensor k) -> Tenso
 
 def _unavailable(name):
     def op(*args, **kwargs):
-        raise NotImplementedError(
+        raise CstorchNotImplementedError(
             f"cstorch.cirh.{name} is a Cerebras wafer-compiler intrinsic with no implementation "
             "here. Sample with torch.topk / torch.softmax / torch.multinomial instead."
         )

@@ -23,6 +23,7 @@ from cstorch import config
 from cstorch.utils import _flags as _flags_module
 from cstorch.utils._flags import DEFAULT, _flags, flag
 from jax_backend.config import positive_int
+from jax_backend.errors import CstorchRuntimeError, CstorchTypeError, CstorchValueError
 
 MAX_TRANSFER_BYTES = 256 * 1024 * 1024
 MAX_MESSAGE_LENGTH = 2 * 1024 * 1024 * 1024 - 1024
@@ -46,7 +47,7 @@ class DebugArgs(dict):
 
     def MergeFrom(self, other) -> None:  # the protobuf method name
         if not isinstance(other, dict):
-            raise TypeError(
+            raise CstorchTypeError(
                 f"DebugArgs.MergeFrom expects DebugArgs or a dict, got {type(other).__name__}."
             )
         _merge_into(self, other)
@@ -89,7 +90,7 @@ def _merge_into(target: dict, source: dict) -> None:
 
 def _optimization_level(name, value):
     if value not in (0, 1, 2):
-        raise ValueError(f"{name} must be an integer in range [0, 3). Got {value!r}.")
+        raise CstorchValueError(f"{name} must be an integer in range [0, 3). Got {value!r}.")
     return value
 
 
@@ -112,25 +113,29 @@ def _micro_batch_size(name, value):
             isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in bounds.values()
         ):
             return value
-    raise ValueError(f'Invalid value {value!r} for "{name}". {_MICRO_BATCH_HELP}')
+    raise CstorchValueError(f'Invalid value {value!r} for "{name}". {_MICRO_BATCH_HELP}')
 
 
 def _positive_int(name, value):
     try:
         return positive_int(value)
     except ValueError as error:
-        raise ValueError(f"{name} {error}, got {value!r}.") from None
+        raise CstorchValueError(f"{name} {error}, got {value!r}.") from None
 
 
 def _transfer_bytes(name, value):
     if not 0 <= value <= MAX_MESSAGE_LENGTH:
-        raise ValueError(f"{name} must be an integer in [0, {MAX_MESSAGE_LENGTH}], got {value!r}.")
+        raise CstorchValueError(
+            f"{name} must be an integer in [0, {MAX_MESSAGE_LENGTH}], got {value!r}."
+        )
     return value
 
 
 def _non_negative_or_none(name, value):
     if value is not None and value < 0:
-        raise ValueError(f"{name} must be a non-negative number of GiB or None, got {value!r}.")
+        raise CstorchValueError(
+            f"{name} must be a non-negative number of GiB or None, got {value!r}."
+        )
     return value
 
 
@@ -244,7 +249,7 @@ def _refuse_changes_during_csx_run(group, name) -> None:
         return
     impl = backend_module.current_backend_impl(raise_exception=False)
     if impl is not None and impl.is_csx and impl.data_executor_stack:
-        raise RuntimeError(
+        raise CstorchRuntimeError(
             f"Cannot change the backends flag `{name}` of {type(group).__name__.lstrip('_')} "
             "while a run is in progress on the CSX backend: flags are compiled into the run. "
             "Set flags before iterating the DataExecutor."

@@ -29,6 +29,7 @@ from jax_backend.config import (
     positive_int,
     text,
 )
+from jax_backend.errors import CstorchValueError
 
 config = Config("cstorch")
 
@@ -43,7 +44,7 @@ def named_check(check):
         try:
             return check(value)
         except (TypeError, ValueError) as error:
-            raise ValueError(f"{name} {error}, got {value!r}.") from None
+            raise CstorchValueError(f"{name} {error}, got {value!r}.") from None
 
     return validate
 
@@ -53,7 +54,7 @@ def _integer(text: str) -> int | None:
     if not text.strip():
         return None
     if not text.strip().lstrip("+-").isdigit():
-        raise ValueError("must be an integer")
+        raise CstorchValueError("must be an integer")
     return int(text)
 
 

@@ -2,6 +2,10 @@
 
 from jax_backend.errors import (
     CstorchError,
+    CstorchNotImplementedError,
+    CstorchRuntimeError,
+    CstorchTypeError,
+    CstorchValueError,
     LoweringNotFoundError,
     RecompilationError,
     ValueReadInTraceError,
@@ -19,6 +23,10 @@ class NoBackendError(CstorchError, RuntimeError):
 
 __all__ = [
     "CstorchError",
+    "CstorchNotImplementedError",
+    "CstorchRuntimeError",
+    "CstorchTypeError",
+    "CstorchValueError",
     "LoweringNotFoundError",
     "MultipleBackendsError",
     "NoBackendError",

@@ -28,6 +28,7 @@ from cstorch.backend import current_backend_impl
 from cstorch.core.state_names import state_name
 from cstorch.core.step_call import StepCall
 from cstorch.core.torch_optimizers import read_scalar
+from jax_backend.errors import CstorchRuntimeError, CstorchTypeError, CstorchValueError
 from jax_backend.export import export_program
 
 
@@ -49,25 +50,25 @@ def export(step, example_batch, path: str, *, vjp_order: int = 0, platforms=None
     from cstorch.core.compile import TracedStep
 
     if not isinstance(step, TracedStep):
-        raise TypeError(
+        raise CstorchTypeError(
             f"cstorch.export expects a @cstorch.trace step function, got {type(step).__name__}."
         )
     impl = current_backend_impl()
     if impl.engine != "jax":
-        raise RuntimeError(
+        raise CstorchRuntimeError(
             f"cstorch.export needs the compiled program of the JAX engine, but the backend "
             f'runs the {impl.engine!r} engine. Create the backend with engine="jax" (and '
             "unset CSTORCH_ENGINE)."
         )
     args = tuple(example_batch) if isinstance(example_batch, (tuple, list)) else (example_batch,)
     if not any(isinstance(x, torch.Tensor) for x in pytree.tree_leaves(args)):
-        raise TypeError(
+        raise CstorchTypeError(
             "cstorch.export needs an example batch of tensors (a tensor, or a "
             "tuple/list of the step's positional arguments)."
         )
     entry, call = step.program_for(StepCall.of(impl, args, {}))
     if entry is None:  # its first step creates state (e.g. a torch optimizer's): not exportable
-        raise RuntimeError(
+        raise CstorchRuntimeError(
             f"{step.__name__!r} creates state in its first step (e.g. a torch.optim "
             "optimizer's exp_avg or momentum buffer, or a buffer registered in forward), "
             "which has no value yet. Run the step once, then export it."
@@ -122,7 +123,7 @@ def torch_state_dict(state: dict, model=0) -> dict:
     left out. For ``model.load_state_dict(...)`` (which checks names and shapes) and
     ``cstorch.save``."""
     if not isinstance(state, dict):
-        raise TypeError(
+        raise CstorchTypeError(
             f"torch_state_dict expects a dict of arrays by state name, got {type(state).__name__}."
         )
     if isinstance(model, torch.nn.Module):
@@ -130,7 +131,7 @@ def torch_state_dict(state: dict, model=0) -> dict:
         models = list(getattr(impl, "models", []))
         index = next((i for i, m in enumerate(models) if m is model), None)
         if index is None:
-            raise ValueError(
+            raise CstorchValueError(
                 "torch_state_dict: this module was not compiled with "
                 "cstorch.compile in this process; pass the index N of the "
                 "exported names modelN. instead."
@@ -151,7 +152,7 @@ def torch_state_dict(state: dict, model=0) -> dict:
                 if m
             }
         )
-        raise ValueError(
+        raise CstorchValueError(
             f"no state of model {model} (names starting with {prefix!r}) among "
             f"{len(state)} arrays"
             + (
@@ -171,7 +172,7 @@ def _tensor(name: str, array) -> torch.Tensor:
     if host.dtype.name == "bfloat16":
         return torch.from_numpy(host.astype(np.float32)).to(torch.bfloat16)
     if host.dtype.kind not in "biufc":
-        raise TypeError(f"{name}: cannot make a tensor of an array of dtype {host.dtype}.")
+        raise CstorchTypeError(f"{name}: cannot make a tensor of an array of dtype {host.dtype}.")
     return torch.from_numpy(np.array(host))  # a copy: the tensor owns writable memory
 
 

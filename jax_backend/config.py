@@ -33,7 +33,7 @@ import os
 import weakref
 from typing import Any, Callable
 
-from jax_backend.errors import CstorchError, quoted
+from jax_backend.errors import CstorchError, CstorchTypeError, CstorchValueError, quoted
 
 _OFF = {"", "0", "off", "false", "no"}
 _ON = {"1", "on", "true", "yes"}
@@ -48,7 +48,7 @@ class SettingError(CstorchError, ValueError):
 # with what the value must be; ``Setting`` turns that into a SettingError naming the setting.
 def boolean(value) -> bool:
     if not isinstance(value, bool):
-        raise TypeError("must be True or False")
+        raise CstorchTypeError("must be True or False")
     return value
 
 
@@ -58,13 +58,13 @@ def _not_a_string(value) -> str:
 
 def positive_int(value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"must be a positive integer{_not_a_string(value)}")
+        raise CstorchValueError(f"must be a positive integer{_not_a_string(value)}")
     return value
 
 
 def non_negative_int(value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"must be an integer >= 0{_not_a_string(value)}")
+        raise CstorchValueError(f"must be an integer >= 0{_not_a_string(value)}")
     return value
 
 
@@ -75,19 +75,19 @@ def non_negative_number(value) -> float:
         or math.isnan(value)
         or value < 0
     ):
-        raise ValueError(f"must be a number >= 0{_not_a_string(value)}")
+        raise CstorchValueError(f"must be a number >= 0{_not_a_string(value)}")
     return value
 
 
 def text(value) -> str:
     if not isinstance(value, str):
-        raise TypeError("must be a string")
+        raise CstorchTypeError("must be a string")
     return value
 
 
 def path(value) -> str:
     if not isinstance(value, (str, os.PathLike)):
-        raise TypeError("must be a path (a str or os.PathLike)")
+        raise CstorchTypeError("must be a path (a str or os.PathLike)")
     return os.path.expanduser(os.fspath(value))
 
 
@@ -99,7 +99,7 @@ def cache_location(value) -> str | None:
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
     if not isinstance(value, str):
-        raise TypeError('must be a directory, "default" (on) or None (off)')
+        raise CstorchTypeError('must be a directory, "default" (on) or None (off)')
     return parse_directory(value)
 
 
@@ -162,7 +162,7 @@ class Setting:
             if self.choices is not None and value is not None:
                 word = value.strip().lower() if isinstance(value, str) else value
                 if word not in self.choices:
-                    raise ValueError(f"must be one of {', '.join(map(str, self.choices))}")
+                    raise CstorchValueError(f"must be one of {', '.join(map(str, self.choices))}")
                 value = word
             return value if self.check is None else self.check(value)
         except (TypeError, ValueError) as error:
@@ -222,7 +222,7 @@ class Config:
         include_in_graph_key: bool = False,
     ) -> Setting:
         if name in self._settings:
-            raise ValueError(f"{self.layer} setting {name!r} is declared twice.")
+            raise CstorchValueError(f"{self.layer} setting {name!r} is declared twice.")
         setting = Setting(
             name, default, help, env_var, parse, check, choices, include_in_graph_key, self
         )
@@ -267,7 +267,7 @@ class Config:
         fingerprint can describe) is the part ``name`` of the graph cache's key, read each
         time a key is taken. Declaring the same ``read`` again under its name is a no-op."""
         if self._graph_key_reads.get(name, read) is not read:
-            raise ValueError(f"{self.layer}: {name!r} is declared twice for the graph key.")
+            raise CstorchValueError(f"{self.layer}: {name!r} is declared twice for the graph key.")
         self._graph_key_reads[name] = read
         return read
 

@@ -20,7 +20,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from jax_backend.errors import CstorchError
+from jax_backend.errors import CstorchError, CstorchTypeError
 from jax_backend.jax_settings import in_engine_scope
 from jax_backend.mesh import host_value
 from jax_backend.shared_memory import note_own_memory
@@ -221,7 +221,7 @@ def _result_type(kinds: tuple) -> torch.dtype:
             wrapped_result = _promote(wrapped_result, dtype)
     result = _combine_categories(dim_result, _combine_categories(zero_result, wrapped_result))
     if result is None:
-        raise TypeError("result_type needs at least one operand")
+        raise CstorchTypeError("result_type needs at least one operand")
     return result
 
 

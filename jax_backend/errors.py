@@ -13,6 +13,26 @@ class CstorchError(Exception):
     """
 
 
+# The project's own errors of each built-in kind: a raise site the project owns uses one of
+# these (tests/test_code_rules.py), so ``except CstorchError`` sees every refusal of ours; the
+# built-ins stay for Python's protocols (a missing key or attribute, an abstract method) and
+# the operating system's conditions (a missing file).
+class CstorchValueError(CstorchError, ValueError):
+    """A value the project refuses: an argument, a setting, the content of a file."""
+
+
+class CstorchTypeError(CstorchError, TypeError):
+    """An argument of a type the project does not take."""
+
+
+class CstorchRuntimeError(CstorchError, RuntimeError):
+    """A call the project cannot carry out in the state it finds."""
+
+
+class CstorchNotImplementedError(CstorchError, NotImplementedError):
+    """Something the reference API offers that this engine does not (yet) model."""
+
+
 class JaxBackendError(CstorchError, RuntimeError):
     """Base class of the backend's errors."""
 

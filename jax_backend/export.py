@@ -22,6 +22,7 @@ from jax import export as jax_export  # a submodule `import jax` loads only from
 
 from jax_backend import exported
 from jax_backend.atomic_files import staged_directory
+from jax_backend.errors import CstorchNotImplementedError
 from jax_backend.jax_settings import in_engine_scope
 from jax_backend.program import Program
 
@@ -115,7 +116,7 @@ def export_program(
     ``[{"name", "index"}]`` of outputs passed to closures.
     """
     if program.layout is not None:
-        raise NotImplementedError(
+        raise CstorchNotImplementedError(
             "Exporting a step that runs over several devices (a CSX cluster layout) is not "
             "supported; export it from a CPU or GPU backend."
         )
@@ -142,7 +143,7 @@ def export_program(
     except (NotImplementedError, ValueError) as error:
         if "callback" not in str(error):
             raise
-        raise NotImplementedError(
+        raise CstorchNotImplementedError(
             "This step cannot be exported: it calls back into Python on the host, which "
             "jax.export cannot serialize. On the CPU backend, top-k weight-sparsity masks "
             "(e.g. GMP's updates) run torch.topk on the host to keep the same weights as "

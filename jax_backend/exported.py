@@ -32,6 +32,8 @@ import zipfile
 
 import numpy as np
 
+from jax_backend.errors import CstorchTypeError, CstorchValueError
+
 try:  # in the project, every error derives from the one root
     from jax_backend.errors import CstorchError, quoted
 except ImportError:  # this file is also the standalone loader, exported_step.py: JAX and numpy only
@@ -458,7 +460,7 @@ class ExportedStep:
     def _check_inputs(self, inputs) -> list:
         specs = self.manifest["inputs"]
         if len(inputs) != len(specs):
-            raise TypeError(
+            raise CstorchTypeError(
                 f"the exported step takes {len(specs)} input arrays, got {len(inputs)}."
             )
         arrays = []
@@ -471,13 +473,15 @@ class ExportedStep:
                     f"the manifest of {self.path!r} has a malformed input entry {quoted(spec)}."
                 ) from None
             if list(array.shape) != shape:
-                raise ValueError(
+                raise CstorchValueError(
                     f"input {i} has shape {array.shape}; the step was exported "
                     f"for {quoted(tuple(shape))}. Export it again for this shape."
                 )
             if array.dtype != dtype:
                 if not np.can_cast(array.dtype, dtype, "same_kind"):
-                    raise TypeError(f"input {i} has dtype {array.dtype}; the step takes {dtype}.")
+                    raise CstorchTypeError(
+                        f"input {i} has dtype {array.dtype}; the step takes {dtype}."
+                    )
                 array = array.astype(dtype)
             arrays.append(array)
         return arrays

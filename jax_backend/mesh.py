@@ -24,7 +24,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jax_backend.errors import CstorchError
+from jax_backend.errors import CstorchError, CstorchRuntimeError, CstorchValueError
 from jax_backend.jax_settings import engine_scope, in_engine_scope
 
 DATA_AXIS = "csx"  # data parallelism: the systems of the cluster
@@ -64,14 +64,14 @@ class Layout:
         (in a multi-process job: all of them, so that every process takes part)."""
         needed = num_csx * devices_per_csx
         if needed > len(available):
-            raise RuntimeError(
+            raise CstorchRuntimeError(
                 f"num_csx={num_csx} systems of {devices_per_csx} device(s) each need {needed} "
                 f"JAX devices but only {len(available)} exist. On CPU, model more devices "
                 f"with XLA_FLAGS=--xla_force_host_platform_device_count={needed} (set before "
                 "JAX starts)."
             )
         if is_multi_process() and needed != len(available):
-            raise ValueError(
+            raise CstorchValueError(
                 f"A multi-process job must use every device of every process: num_csx="
                 f"{num_csx} × {devices_per_csx} device(s) per system = {needed}, but the job "
                 f"has {len(available)} devices ({jax.process_count()} processes). Choose "
@@ -116,7 +116,7 @@ class Layout:
         if sharding is not None:
             return sharding
         if is_multi_process() and len(shape):
-            raise ValueError(
+            raise CstorchValueError(
                 f"A batch input of global shape {tuple(shape)} cannot be split over the "
                 f"{self.size} devices of the job: its first dimension must be a multiple of "
                 f"{self.size}. Each of the {jax.process_count()} processes feeds "

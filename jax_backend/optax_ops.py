@@ -16,6 +16,7 @@ import jax
 import torch
 
 from jax_backend.dtypes import array_to_tensor, tensor_to_array
+from jax_backend.errors import CstorchValueError
 from jax_backend.jax_settings import engine_scope
 from jax_backend.registry import lowers
 
@@ -41,7 +42,7 @@ def _update_jax(key, params, grads, state):
         new_params = optax.apply_updates(list(params), updates)
     new_leaves = jax.tree_util.tree_leaves(new_state)
     if len(new_leaves) != len(state):
-        raise ValueError(
+        raise CstorchValueError(
             f"The optax transformation changed the number of its state leaves from "
             f"{len(state)} to {len(new_leaves)}; cstorch keeps optimizer state of a fixed "
             "structure."

@@ -48,6 +48,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jax_backend.errors import CstorchValueError
+
 _F32 = jnp.float32
 
 
@@ -102,7 +104,7 @@ def _stack(state, rows):
 def _check_lengths(grads, state):
     for f, v in zip(state._fields, state):
         if v is not None and len(v) != len(grads):
-            raise ValueError(
+            raise CstorchValueError(
                 f"optimizer state field {f!r} has {len(v)} entries for "
                 f"{len(grads)} parameters; call init with the same parameters first"
             )
@@ -113,7 +115,7 @@ def _per_param(rule):
 
     def update(grads, state, params):
         if params is None:
-            raise ValueError("these cstorch optimizers need `params` in update")
+            raise CstorchValueError("these cstorch optimizers need `params` in update")
         grads, params = list(grads), list(params)
         _check_lengths(grads, state)
         updates, rows = [], []
@@ -144,11 +146,11 @@ def _transformation(init, rule) -> optax.GradientTransformation:
 
     def update_tree(grads, state, params=None):
         if params is None:
-            raise ValueError("these cstorch optimizers need `params` in update")
+            raise CstorchValueError("these cstorch optimizers need `params` in update")
         leaves, treedef = jax.tree.flatten(grads)
         param_leaves = jax.tree.leaves(params)
         if len(param_leaves) != len(leaves):
-            raise ValueError(
+            raise CstorchValueError(
                 f"grads has {len(leaves)} arrays but params has "
                 f"{len(param_leaves)}; pass pytrees of the same structure"
             )
@@ -369,7 +371,9 @@ def adafactor(
     ``relative_step`` (and so ``warmup_init``) is rejected, as in cstorch 2.10.
     """
     if relative_step:
-        raise ValueError(f"Adafactor relative_step=True is not supported, got {relative_step=}")
+        raise CstorchValueError(
+            f"Adafactor relative_step=True is not supported, got {relative_step=}"
+        )
     eps1, eps2 = eps[0], eps[1]
     use_first_moment = beta1 is not None
     del warmup_init  # only meaningful with relative_step
@@ -621,7 +625,7 @@ def newton_schulz5(G, steps=5):
     ``(a, b, c) = (3.4445, -4.7750, 2.0315)``.
     """
     if G.ndim < 2:
-        raise ValueError(f"G has {G.ndim} dimensions. Requires G has 2 or more dimensions")
+        raise CstorchValueError(f"G has {G.ndim} dimensions. Requires G has 2 or more dimensions")
     a, b, c = _NS_COEFFS
     bf16 = jnp.bfloat16
 
@@ -681,7 +685,7 @@ def muon(
 
     def rule(g, p, s):
         if p.ndim < 2:
-            raise ValueError(
+            raise CstorchValueError(
                 f"Muon needs parameters with 2 or more dimensions, got shape {p.shape}; "
                 "optimize 0-d/1-d parameters with another optimizer"
             )
@@ -909,7 +913,9 @@ def build(name: str, hyperparams: dict) -> optax.GradientTransformation:
     try:
         factory = OPTIMIZERS[name]
     except KeyError:
-        raise ValueError(f"unknown optimizer {name!r}; known: {sorted(OPTIMIZERS)}") from None
+        raise CstorchValueError(
+            f"unknown optimizer {name!r}; known: {sorted(OPTIMIZERS)}"
+        ) from None
     return factory(**hyperparams)
 
 

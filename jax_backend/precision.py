@@ -25,6 +25,7 @@ import dataclasses
 
 import torch
 
+from jax_backend.errors import CstorchValueError
 from jax_backend.target import FLOAT32_MATMUL
 
 HALF_DTYPES = ("float16", "bfloat16", "cbfloat16")
@@ -41,11 +42,11 @@ class Policy:
 
     def __post_init__(self):
         if self.compute_dtype not in (None,) + HALF_DTYPES:
-            raise ValueError(
+            raise CstorchValueError(
                 f"compute_dtype must be None or one of {HALF_DTYPES}, got {self.compute_dtype!r}."
             )
         if self.float32_matmul not in FLOAT32_MATMUL:
-            raise ValueError(
+            raise CstorchValueError(
                 f"float32_matmul must be one of {FLOAT32_MATMUL}, got {self.float32_matmul!r}."
             )
 

@@ -18,7 +18,7 @@ import fcntl
 import os
 import stat
 
-from jax_backend.errors import CstorchError
+from jax_backend.errors import CstorchError, CstorchValueError
 
 
 class NotARegularFileError(CstorchError, OSError):
@@ -89,7 +89,7 @@ def _refuse_unopenable(path: str, what: str, follow_symlinks: bool, error: OSErr
 def open_regular_file(path, what: str = "file", mode: str = "rb", **kwargs):
     """``open_regular`` as a Python file object (``mode`` "rb" or "r")."""
     if mode not in ("r", "rb"):
-        raise ValueError(f"open_regular_file reads only; got mode {mode!r}")
+        raise CstorchValueError(f"open_regular_file reads only; got mode {mode!r}")
     return os.fdopen(open_regular(path, what), mode, **kwargs)
 
 

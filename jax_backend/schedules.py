@@ -59,6 +59,8 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
+from jax_backend.errors import CstorchTypeError, CstorchValueError
+
 Schedule = Callable[[object], jnp.ndarray]
 _F32 = jnp.float32
 
@@ -109,13 +111,13 @@ def _ceil_div(count, divisor):
 
 def _check_positive(name, value, kind):
     if not isinstance(value, numbers.Real) or isinstance(value, bool) or not value > 0:
-        raise ValueError(f"{kind} needs {name} > 0, got {name}={value!r}")
+        raise CstorchValueError(f"{kind} needs {name} > 0, got {name}={value!r}")
 
 
 def _check_int_list(name, values, kind):
     values = list(values)
     if any(isinstance(v, bool) or not isinstance(v, numbers.Integral) for v in values):
-        raise TypeError(f"{kind} expects {name} to be a list of integers, got {values!r}")
+        raise CstorchTypeError(f"{kind} expects {name} to be a list of integers, got {values!r}")
     return [int(v) for v in values]
 
 
@@ -284,7 +286,9 @@ def cosine_annealing_warm_restarts(
     """
     _check_positive("T_0", T_0, "cosine_annealing_warm_restarts")
     if T_mult != 1:
-        raise ValueError(f"cosine_annealing_warm_restarts only supports T_mult=1, got {T_mult=}")
+        raise CstorchValueError(
+            f"cosine_annealing_warm_restarts only supports T_mult=1, got {T_mult=}"
+        )
     diff = initial - eta_min
 
     def schedule(count):
@@ -328,7 +332,7 @@ LAMBDAS: dict[str, Callable[[object], object]] = {
 def register_lambda(name: str, fn: Callable[[object], object]) -> None:
     """Makes ``fn`` (``count -> factor``, jittable) usable as ``{"kind": "lambda", "fn": name}``."""
     if not callable(fn):
-        raise ValueError(f"register_lambda needs a callable, got {fn!r}")
+        raise CstorchValueError(f"register_lambda needs a callable, got {fn!r}")
     LAMBDAS[name] = fn
 
 
@@ -340,13 +344,13 @@ def _resolve_lambdas(fn):
     for f in fns:
         if isinstance(f, str):
             if f not in LAMBDAS:
-                raise ValueError(f"unknown lambda {f!r}; known: {sorted(LAMBDAS)}")
+                raise CstorchValueError(f"unknown lambda {f!r}; known: {sorted(LAMBDAS)}")
             f = LAMBDAS[f]
         if not callable(f):
-            raise ValueError(f"lambda schedule needs callables or names, got {f!r}")
+            raise CstorchValueError(f"lambda schedule needs callables or names, got {f!r}")
         out.append(f)
     if not out:
-        raise ValueError(f"lambda schedule needs at least one function, got {fn!r}")
+        raise CstorchValueError(f"lambda schedule needs at least one function, got {fn!r}")
     return out
 
 
@@ -381,7 +385,7 @@ def sequential(schedules: Sequence[Schedule], milestones: Sequence[int]) -> Sche
     ``milestones[k-1] <= t < milestones[k]`` (each child's count restarts at 0)."""
     milestones = _check_int_list("milestones", milestones, "sequential")
     if len(milestones) != len(schedules) - 1:
-        raise ValueError(
+        raise CstorchValueError(
             f"sequential needs one milestone fewer than schedules, got {len(schedules)} "
             f"schedules and {len(milestones)} milestones"
         )
@@ -404,7 +408,7 @@ def piecewise_constant(values: Sequence[float], milestones: Sequence[int]) -> Sc
     milestones = _check_int_list("milestones", milestones, "piecewise_constant")
     values = list(values)
     if len(values) not in (len(milestones), len(milestones) + 1) or not values:
-        raise ValueError(
+        raise CstorchValueError(
             f"piecewise_constant needs len(milestones)+1 values, got {values=} for {milestones=}"
         )
     values = values[: len(milestones)] + [values[-1]]
@@ -419,15 +423,17 @@ def chained(schedules: Sequence[Schedule], initials: Sequence[float]) -> Schedul
     """
     schedules, initials = list(schedules), list(initials)
     if not schedules:
-        raise ValueError("chained needs at least one schedule, got []")
+        raise CstorchValueError("chained needs at least one schedule, got []")
     if len(initials) != len(schedules) - 1:
-        raise ValueError(
+        raise CstorchValueError(
             f"chained needs the initial value of every schedule after the first, "
             f"got {initials=} for {len(schedules)} schedules"
         )
     for initial in initials:
         if initial == 0:
-            raise ValueError(f"chained divides by the children's initial values, got {initials=}")
+            raise CstorchValueError(
+                f"chained divides by the children's initial values, got {initials=}"
+            )
 
     def schedule(count):
         t = _t(count)
@@ -522,7 +528,7 @@ def one_cycle(
         starts_v, ends_v = [initial, max_value], [max_value, min_value]
     bounds = [0] + ends
     if any(not b1 > b0 for b0, b1 in zip(bounds, bounds[1:])):
-        raise ValueError(
+        raise CstorchValueError(
             f"one_cycle phases must have positive lengths, got phase ends {ends} "
             f"for {total_steps=}, {pct_start=}, {three_phase=}"
         )
@@ -577,7 +583,7 @@ KINDS = tuple(sorted(list(_FACTORIES) + list(_COMPOSITES)))
 def _children(config, kind):
     children = config.pop("schedules", None)
     if not isinstance(children, (list, tuple)) or not children:
-        raise ValueError(
+        raise CstorchValueError(
             f"{kind} config needs a non-empty list of child configs under "
             f"'schedules', got {children!r}"
         )
@@ -599,18 +605,18 @@ def from_config(config: dict) -> Schedule:
             initials = []
             for c in children[1:]:
                 if "initial" not in c:
-                    raise ValueError(f"a chained child needs an 'initial' value, got {c!r}")
+                    raise CstorchValueError(f"a chained child needs an 'initial' value, got {c!r}")
                 initials.append(c["initial"])
         if config:
-            raise ValueError(f"unexpected chained arguments {sorted(config)}")
+            raise CstorchValueError(f"unexpected chained arguments {sorted(config)}")
         return chained([from_config(c) for c in children], initials)
     if kind == "scaled":
         children = _children(config, kind)
         if len(children) != 1:
-            raise ValueError(f"scaled wraps exactly one schedule, got {len(children)}")
+            raise CstorchValueError(f"scaled wraps exactly one schedule, got {len(children)}")
         return scaled(from_config(children[0]), **config)
     try:
         factory = _FACTORIES[kind]
     except (KeyError, TypeError):
-        raise ValueError(f"unknown schedule kind {kind!r}; known: {list(KINDS)}") from None
+        raise CstorchValueError(f"unknown schedule kind {kind!r}; known: {list(KINDS)}") from None
     return factory(**config)

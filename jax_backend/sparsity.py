@@ -35,6 +35,8 @@ import numpy as np
 import torch
 from jax import lax
 
+from jax_backend.errors import CstorchValueError
+
 Shaper = Optional[Tuple[str, int]]  # None, ("out", groups) or ("in", groups)
 
 _F32 = jnp.float32
@@ -46,12 +48,16 @@ def check_shaper(shaper: Shaper, shape) -> None:
         return
     kind, groups = shaper
     if kind not in ("out", "in"):
-        raise ValueError(f"A score shaper is ('out', groups) or ('in', groups), got {shaper!r}.")
+        raise CstorchValueError(
+            f"A score shaper is ('out', groups) or ('in', groups), got {shaper!r}."
+        )
     if kind == "in" and len(shape) != 2:
-        raise ValueError(f"Input-balanced groups need a 2-D weight, got shape {tuple(shape)}.")
+        raise CstorchValueError(
+            f"Input-balanced groups need a 2-D weight, got shape {tuple(shape)}."
+        )
     dim = shape[0] if kind == "out" else shape[1]
     if int(groups) <= 0 or dim % int(groups):
-        raise ValueError(
+        raise CstorchValueError(
             f"Cannot balance {kind}put groups of size {groups} over a weight of shape "
             f"{tuple(shape)}: its {kind}put dimension ({dim}) is not a multiple of {groups}."
         )
@@ -139,7 +145,7 @@ def mask_topk_sparsity(score, sparsity, shaper: Shaper = None, ties: str = "lowe
     """Keeps the top ``(1 - sparsity)`` fraction of ``score`` (per group); ``ties`` picks
     among equal scores (module docstring)."""
     if ties not in TIES:
-        raise ValueError(f"ties must be one of {TIES}, got {ties!r}.")
+        raise CstorchValueError(f"ties must be one of {TIES}, got {ties!r}.")
     shaped, unshape = shape_scores(score, shaper)
     k = num_dense(1.0 - jnp.asarray(sparsity, _F32), shaped.shape[-1])
     rows = topk_rows_like_torch_cpu if ties == "torch_cpu" else topk_rows

@@ -25,6 +25,7 @@ import dataclasses
 import torch
 
 from jax_backend import config
+from jax_backend.errors import CstorchValueError
 
 FLOAT32_MATMUL = ("highest", "high", "medium")
 ATTENTION = config.attention.choices  # ("auto", "xla", "cudnn"), declared with the setting
@@ -39,11 +40,11 @@ class Target:
 
     def __post_init__(self):
         if self.float32_matmul not in FLOAT32_MATMUL:
-            raise ValueError(
+            raise CstorchValueError(
                 f"float32_matmul must be one of {FLOAT32_MATMUL}, got {self.float32_matmul!r}."
             )
         if self.attention not in ATTENTION:
-            raise ValueError(
+            raise CstorchValueError(
                 f"attention must be one of {ATTENTION}, got {self.attention!r} "
                 "(check CSTORCH_ATTENTION)."
             )

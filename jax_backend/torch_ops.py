@@ -28,6 +28,7 @@ import torch
 
 from jax_backend import optimizers, schedules
 from jax_backend.dtypes import array_to_tensor, initial_tensor, tensor_to_array, to_jax_dtype
+from jax_backend.errors import CstorchValueError
 from jax_backend.jax_settings import engine_scope, in_engine_scope
 from jax_backend.registry import lowers
 
@@ -78,7 +79,9 @@ def optimizer_spec(config: str) -> OptimizerSpec:
         and isinstance(spec["dynamic"], list)
         and all(isinstance(d, str) for d in spec["dynamic"])
     ):
-        raise ValueError(f"not an optimizer spec made by optimizer_config(): {config!r:.200}")
+        raise CstorchValueError(
+            f"not an optimizer spec made by optimizer_config(): {config!r:.200}"
+        )
     return OptimizerSpec(
         spec["rule"], json.dumps(spec["static"], sort_keys=True), tuple(spec["dynamic"])
     )

@@ -16,6 +16,12 @@
 - No reference to a document that is not in the repository (the design and spec documents the
   project was first written against, a ``.md`` file, a folder beside the repository, a
   Markdown link that leads nowhere).
+- The engine and the API raise their own classes (``jax_backend.errors``: ``CstorchValueError``
+  and its kin, each a ``CstorchError`` beside its built-in base), never a bare ``ValueError``,
+  ``TypeError``, ``RuntimeError`` or ``NotImplementedError("...")``: ``except CstorchError``
+  then sees every refusal of the project. Python's protocols (``KeyError``, ``AttributeError``,
+  a bare ``raise NotImplementedError`` of an abstract method) and the operating system's
+  conditions (``FileNotFoundError``) keep their built-ins.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import os
 import pathlib
 import re
 
-from tests.test_import_graph import ROOT, module_files, resolve_base
+from tests.test_import_graph import PACKAGES, ROOT, module_files, resolve_base
 
 # The alias machinery: "module reads other.module._name" -> why. Old names are aliases of new
 # ones through tables and properties kept private so that they are not API of their own.
@@ -436,6 +442,65 @@ def test_no_reference_to_a_document_outside_the_repository():
     )
     stale = sorted(set(ALLOWED_OUTSIDE_REFERENCES) - set(found))
     assert not stale, f"allow-listed references that no longer exist (remove them): {stale}"
+
+
+_PROJECT_KINDS = ("ValueError", "TypeError", "RuntimeError", "NotImplementedError")
+
+
+def bare_builtin_raises() -> list:
+    """``"module:line Kind"`` for each raise of one of ``_PROJECT_KINDS`` by its built-in name,
+    called with arguments, in the engine and the API (not compat: it raises what the release
+    it imitates raised)."""
+    found = []
+    for name, path in module_files().items():
+        if name.split(".")[0] not in PACKAGES:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            exc = node.exc if isinstance(node, ast.Raise) else None
+            if (
+                isinstance(exc, ast.Call)
+                and isinstance(exc.func, ast.Name)
+                and exc.func.id in _PROJECT_KINDS
+                and (exc.args or exc.keywords)
+            ):
+                found.append((name, node.lineno, exc.func.id))
+    return [f"{name}:{line} {kind}" for name, line, kind in sorted(found)]
+
+
+def test_the_raise_rule_sees_each_kind_and_leaves_protocols(tmp_path, monkeypatch):
+    (tmp_path / "cstorch").mkdir()
+    (tmp_path / "cstorch" / "__init__.py").write_text("")
+    (tmp_path / "cstorch" / "a.py").write_text(
+        "def f(x):\n"
+        "    if x:\n        raise ValueError('bad x')\n"
+        "    raise TypeError(f'{x}')\n"
+        "def g():\n    raise RuntimeError('late')\n"
+        "def h():\n    raise NotImplementedError('not modeled')\n"
+        "def abstract():\n    raise NotImplementedError\n"
+        "def protocol(name):\n    raise AttributeError(name)\n"
+        "def ours():\n    raise CstorchValueError('bad')\n"
+        "def missing():\n    raise FileNotFoundError(2, 'gone', 'x')\n"
+    )
+    import tests.test_import_graph as graph
+
+    monkeypatch.setattr(graph, "ROOT", tmp_path)
+    monkeypatch.setattr(graph, "COMPAT_PACKAGES", ())
+    monkeypatch.setattr(graph, "PACKAGES", ("cstorch",))
+    assert bare_builtin_raises() == [
+        "cstorch.a:3 ValueError",
+        "cstorch.a:4 TypeError",
+        "cstorch.a:6 RuntimeError",
+        "cstorch.a:8 NotImplementedError",
+    ]
+
+
+def test_the_engine_and_the_api_raise_their_own_error_classes():
+    found = bare_builtin_raises()
+    assert not found, (
+        "raise sites with a bare built-in (raise jax_backend.errors.CstorchValueError, "
+        "CstorchTypeError, CstorchRuntimeError or CstorchNotImplementedError instead; each "
+        "keeps its built-in base):\n  " + "\n  ".join(found)
+    )
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ import functools
 
 import torch
 
+from jax_backend.errors import CstorchValueError
+
 
 def init(enabled=True, enable_caching=True, verbose=False, allow_banned=False):
     """Accepted for compatibility; mixed precision is configured with set_half_dtype."""
@@ -30,7 +32,7 @@ half_function = float_function = promote_function = _identity_decorator
 
 def _register(module, name):
     if not hasattr(module, name):
-        raise ValueError(f"No function named {name} in module {module}.")
+        raise CstorchValueError(f"No function named {name} in module {module}.")
 
 
 register_half_function = register_float_function = register_promote_function = _register

@@ -7,6 +7,7 @@ import contextlib
 import torch
 
 from cstorch.backend import current_backend_impl, precision
+from jax_backend.errors import CstorchValueError
 
 
 @contextlib.contextmanager
@@ -19,7 +20,7 @@ def autocast(dtype: torch.dtype = None):
         return
     dtype = dtype or precision.get_half_dtype()
     if impl.backend_type.is_cpu and dtype != torch.bfloat16:
-        raise ValueError(
+        raise CstorchValueError(
             f"autocast on the CPU backend supports torch.bfloat16 only, got {dtype}. Use "
             'cstorch.amp.autocast(torch.bfloat16), or cstorch.amp.set_half_dtype("float16") '
             "to train the whole step in float16."

@@ -23,6 +23,7 @@ import torch
 
 from cstorch.backend import current_backend_impl, precision
 from jax_backend import Slot
+from jax_backend.errors import CstorchRuntimeError, CstorchValueError
 
 
 class OptState(enum.Enum):
@@ -69,9 +70,11 @@ class GradScaler:
         self.dynamic = loss_scale == "dynamic"
         if self.dynamic:
             if min_loss_scale < 2.0**-14:
-                raise ValueError(f"min_loss_scale too small: {min_loss_scale} < 2**-14.")
+                raise CstorchValueError(f"min_loss_scale too small: {min_loss_scale} < 2**-14.")
             if overflow_tolerance < 0:
-                raise ValueError(f"overflow_tolerance must be >= 0, got {overflow_tolerance}.")
+                raise CstorchValueError(
+                    f"overflow_tolerance must be >= 0, got {overflow_tolerance}."
+                )
             if max_gradient_norm:
                 warnings.warn(
                     "Using global gradient clipping built into GradScaler is "
@@ -84,7 +87,9 @@ class GradScaler:
             self._num_skipped_steps = torch.tensor(0, dtype=torch.int64)
         else:
             if not isinstance(loss_scale, (int, float)) or isinstance(loss_scale, bool):
-                raise ValueError(f'loss_scale must be a number or "dynamic", got {loss_scale!r}.')
+                raise CstorchValueError(
+                    f'loss_scale must be a number or "dynamic", got {loss_scale!r}.'
+                )
             self._loss_scale = float(loss_scale)
             max_gradient_norm = None
         self._overflow_tolerance = overflow_tolerance
@@ -172,7 +177,7 @@ class GradScaler:
             if optimizer._amp_stash.state == OptState.READY:
                 optimizer._amp_stash.state = OptState.SCALED
             elif optimizer._amp_stash.state != OptState.SCALED:
-                raise RuntimeError(
+                raise CstorchRuntimeError(
                     "Optimizer parameter gradients already scaled; call "
                     "update() after step() before scaling the next loss."
                 )
@@ -186,7 +191,7 @@ class GradScaler:
         if state == OptState.UNSCALED:
             return
         if state == OptState.STEPPED:
-            raise RuntimeError("unscale_() is being called after step().")
+            raise CstorchRuntimeError("unscale_() is being called after step().")
         if not self.dynamic and self._loss_scale == 1.0:
             optimizer._amp_stash.state = OptState.UNSCALED
             return
@@ -224,7 +229,7 @@ class GradScaler:
         setup_optimizer(optimizer)
         self._seen_optimizers.add(optimizer)
         if optimizer._amp_stash.state == OptState.STEPPED:
-            raise RuntimeError("step() has already been called since the last update().")
+            raise CstorchRuntimeError("step() has already been called since the last update().")
         for other in self._optimizers():
             if other._amp_stash.state in (OptState.READY, OptState.SCALED):
                 self.unscale_(other)
@@ -257,7 +262,9 @@ class GradScaler:
     def update(self, new_scale=None):
         """Adjusts a dynamic scale after all optimizers have stepped (cerebras DLS rule)."""
         if new_scale:
-            raise ValueError("cstorch.amp.GradScaler does not support providing a `new_scale`")
+            raise CstorchValueError(
+                "cstorch.amp.GradScaler does not support providing a `new_scale`"
+            )
         if self.dynamic:
             self.update_scale(self._optimizers())
         self._squared_norms = []

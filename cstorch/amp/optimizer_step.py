@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from cstorch.amp.grad_scaler import GradScaler
+from jax_backend.errors import CstorchTypeError, CstorchValueError
 
 
 def _is_optimizer(obj) -> bool:
@@ -31,35 +32,35 @@ def optimizer_step(
     message), and with a list of optimizers clipping covers all their parameters (the
     reference reads ``param_groups`` of the list itself)."""
     if not isinstance(loss, torch.Tensor):
-        raise ValueError(f"Expected the loss to be a single tensor. Got: {type(loss)}")
+        raise CstorchValueError(f"Expected the loss to be a single tensor. Got: {type(loss)}")
     if _is_optimizer(optimizer):
         optimizers = [optimizer]
     elif isinstance(optimizer, (list, tuple)):
         optimizers = list(optimizer)
         for i, item in enumerate(optimizers):
             if not _is_optimizer(item):
-                raise TypeError(
+                raise CstorchTypeError(
                     f"Expected optimizer {i} to be a `cstorch.optim.Optimizer`. Got: `{type(item)}`"
                 )
     else:
-        raise TypeError(
+        raise CstorchTypeError(
             f"Expected optimizer to be a `cstorch.optim.Optimizer` or a list of "
             f"them. Got: `{type(optimizer)}`"
         )
     if not isinstance(grad_scaler, GradScaler):
-        raise TypeError(
+        raise CstorchTypeError(
             f"Expected grad_scaler to be a `cstorch.amp.GradScaler`. Got: `{type(grad_scaler)}`"
         )
     if max_gradient_norm is not None and max_gradient_norm < 0.0:
-        raise ValueError(
+        raise CstorchValueError(
             f"max_gradient_norm has to be a non-negative float. Got {max_gradient_norm}"
         )
     if max_gradient_value is not None and max_gradient_value < 0.0:
-        raise ValueError(
+        raise CstorchValueError(
             f"max_gradient_value has to be a non-negative float. Got {max_gradient_value}"
         )
     if max_gradient_norm is not None and max_gradient_value is not None:
-        raise ValueError(
+        raise CstorchValueError(
             f"Gradients can be clipped by norm(={max_gradient_norm}) or by "
             f"value(={max_gradient_value}), but not both. Do not set both "
             "`max_gradient_norm` and `max_gradient_value`."

@@ -17,6 +17,7 @@ from cstorch import config
 from cstorch.backend import old_keywords
 from cstorch.backend.backend_type import BackendType
 from cstorch.errors import MultipleBackendsError, NoBackendError
+from jax_backend.errors import CstorchRuntimeError, CstorchTypeError
 
 _current = None  # the one Backend of this process
 
@@ -70,7 +71,7 @@ def _adopt(backend_type, args, kwargs) -> "Backend":
             .arguments
         )
     except TypeError as error:
-        raise TypeError(f"cstorch.backend({backend_type.name!r}, ...): {error}") from None
+        raise CstorchTypeError(f"cstorch.backend({backend_type.name!r}, ...): {error}") from None
     settings = {k: v for k, v in settings.items() if k not in ("self", "backend_type")}
     refused = sorted(k for k in settings if k not in _ADOPTABLE)
     if "engine" in settings and resolve_engine(settings["engine"]) != _current._impl.engine:
@@ -106,7 +107,7 @@ def _serving(backend_type: BackendType, args, kwargs):
             .arguments
         )
     except TypeError as error:
-        raise TypeError(f"cstorch.backend({backend_type.name!r}, ...): {error}") from None
+        raise CstorchTypeError(f"cstorch.backend({backend_type.name!r}, ...): {error}") from None
     return served, (), {k: v for k, v in settings.items() if k == "artifact_dir"}
 
 
@@ -204,7 +205,7 @@ def backend(backend_type=None, *args, **kwargs):
     """Creates the backend (``backend("cpu", artifact_dir=...)``) or returns the current one."""
     if backend_type is None:
         if args or kwargs:
-            raise TypeError(
+            raise CstorchTypeError(
                 "cstorch.backend() got arguments but no backend type. Pass the type first, "
                 'e.g. cstorch.backend("CPU", artifact_dir=...).'
             )
@@ -212,7 +213,7 @@ def backend(backend_type=None, *args, **kwargs):
     if isinstance(backend_type, str):
         backend_type = BackendType.from_str(backend_type)
     elif not isinstance(backend_type, BackendType):
-        raise TypeError(
+        raise CstorchTypeError(
             f"Expected backend_type to be a string or a BackendType, got "
             f"{type(backend_type).__name__}."
         )
@@ -286,7 +287,7 @@ def get_or_create(backend_type, *args, mismatch=None, **kwargs) -> Backend:
     if _current.backend_type != served_type(backend_type):
         if mismatch is not None:
             raise mismatch(_current)
-        raise RuntimeError(
+        raise CstorchRuntimeError(
             f"A {_current.backend_type.name} backend already exists in this process; a "
             f"{backend_type.name} backend needs its own process."
         )

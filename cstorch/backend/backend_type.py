@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 
+from jax_backend.errors import CstorchValueError
+
 
 class BackendType(enum.Enum):
     CPU = "CPU"
@@ -27,7 +29,7 @@ class BackendType(enum.Enum):
         try:
             return BackendType[backend_type.upper()]
         except KeyError:
-            raise ValueError(
+            raise CstorchValueError(
                 f"Invalid backend type: {backend_type!r}. Valid backend types are: "
                 f"{', '.join(t.name for t in BackendType)}."
             ) from None

@@ -40,6 +40,7 @@ from cstorch.backend.registry import Registry
 from cstorch.backend.state_view import StateView
 from cstorch.backend.trace_scope import TraceScope
 from jax_backend import DeviceState, LazyTensor, materialize, shared_memory
+from jax_backend.errors import CstorchTypeError
 from jax_backend.user_frames import warn
 
 
@@ -51,7 +52,7 @@ def warn_cluster_config_ignored(backend_name: str, cluster_config) -> None:
     from cstorch.distributed.cluster_config import ClusterConfig
 
     if not isinstance(cluster_config, ClusterConfig):
-        raise TypeError(
+        raise CstorchTypeError(
             f"cluster_config must be a cstorch.distributed.ClusterConfig, got "
             f"{type(cluster_config).__name__}."
         )

@@ -19,6 +19,7 @@ import torch
 from cstorch.backend import run_hooks
 from cstorch.distributed import runtime
 from jax_backend import LazyTensor
+from jax_backend.errors import CstorchRuntimeError
 
 
 @dataclasses.dataclass
@@ -108,7 +109,7 @@ class ClosureQueue:
                 context = backend.executors.run_context
                 if context is None:
                     name = getattr(closure.fn, "__name__", "the checkpoint closure")
-                    raise RuntimeError(
+                    raise CstorchRuntimeError(
                         f"Cannot fetch a checkpoint outside of an execution context: "
                         f"checkpoint closure {name!r} was called from a step that runs "
                         "outside a cstorch DataExecutor, so there are no checkpoint steps to "

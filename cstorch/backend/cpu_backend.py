@@ -11,6 +11,7 @@ from cstorch.backend.base_backend import BaseBackend, warn_cluster_config_ignore
 from cstorch.core.device import CPUDevice
 from cstorch.core.engine import resolve_engine
 from jax_backend import mesh
+from jax_backend.errors import CstorchValueError
 from jax_backend.user_frames import warn
 
 
@@ -33,7 +34,7 @@ class CpuBackendImpl(BaseBackend):
         cluster_config=UNSPECIFIED,
     ):
         if mixed_precision is not UNSPECIFIED and not isinstance(mixed_precision, bool):
-            raise ValueError(
+            raise CstorchValueError(
                 "The CPU backend does not take a `mixed_precision` argument. To train in mixed "
                 'precision, call cstorch.amp.set_half_dtype("bfloat16") (or use '
                 "cstorch.amp.autocast()) instead."
@@ -69,7 +70,7 @@ class CpuBackendImpl(BaseBackend):
             return super().forward(model, *args, **kwargs)
         half = precision.get_half_dtype()
         if half != torch.bfloat16:  # as cstorch.amp.autocast() on CPU
-            raise ValueError(
+            raise CstorchValueError(
                 f"mixed_precision=True on the CPU backend autocasts to the half dtype, which "
                 f"must be torch.bfloat16 on CPU, got {half}. Call "
                 "cstorch.amp.set_half_dtype(torch.bfloat16) first."

@@ -12,6 +12,7 @@ progress display's loss) are the executors' too.
 from __future__ import annotations
 
 from cstorch.utils.stage_tracker import StageTracker
+from jax_backend.errors import CstorchRuntimeError
 
 
 class ExecutorLifecycle:
@@ -28,7 +29,7 @@ class ExecutorLifecycle:
     @property
     def current(self):
         if not self.stack:
-            raise RuntimeError(
+            raise CstorchRuntimeError(
                 "Detected that a data executor was not used. Iterate over a "
                 "cstorch.utils.data.DataExecutor to run steps."
             )

@@ -13,6 +13,7 @@ from cstorch.backend.cpu_backend import UNSPECIFIED
 from cstorch.core.device import GPUDevice
 from cstorch.distributed import runtime
 from jax_backend import mesh
+from jax_backend.errors import CstorchRuntimeError
 
 
 class GpuBackendImpl(BaseBackend):
@@ -37,14 +38,14 @@ class GpuBackendImpl(BaseBackend):
             elif "LOCAL_RANK" in os.environ:
                 multi_process = runtime.join(runtime.DistributedConfig.from_torchrun_env())
             else:
-                raise RuntimeError(
+                raise CstorchRuntimeError(
                     "enable_distributed=True needs the process to be launched by a "
                     "multi-process launcher: torchrun (LOCAL_RANK) or `python -m "
                     "cstorch.distributed.launch`."
                 )
         devices = mesh.devices("gpu")
         if not devices:
-            raise RuntimeError(
+            raise CstorchRuntimeError(
                 "The GPU backend was requested but JAX finds no GPU on this machine "
                 f"(platforms: {mesh.platforms()}). Install a "
                 'GPU-enabled jaxlib, or use cstorch.backend("CPU").'

@@ -38,6 +38,7 @@ from cstorch.backend.base_backend import BaseBackend
 from cstorch.core.device import LazyDevice
 from cstorch.distributed import runtime
 from jax_backend import LazyTensor, mesh
+from jax_backend.errors import CstorchRuntimeError, CstorchTypeError, CstorchValueError
 
 
 def _devices_per_csx(num_devices, num_csx, weight_servers, multi_process) -> int:
@@ -66,12 +67,12 @@ class PyTorchLtcBackendImpl(BaseBackend):
         if cluster_config is None:
             cluster_config = ClusterConfig()
         if not isinstance(cluster_config, ClusterConfig):
-            raise TypeError(
+            raise CstorchTypeError(
                 f"cluster_config must be a cstorch.distributed.ClusterConfig, got "
                 f"{type(cluster_config).__name__}."
             )
         if cluster_config.num_csx is not None and cluster_config.num_csx <= 0:
-            raise ValueError(
+            raise CstorchValueError(
                 f"cluster_config.num_csx must be a positive number of systems, got "
                 f"{cluster_config.num_csx}."
             )
@@ -175,7 +176,7 @@ class ClusterManager:
         from cstorch.distributed.cluster_config import ClusterConfig
 
         if not isinstance(value, ClusterConfig):
-            raise TypeError(f"Expected a ClusterConfig, got {type(value).__name__}.")
+            raise CstorchTypeError(f"Expected a ClusterConfig, got {type(value).__name__}.")
         running = getattr(self, "_config", None)
         if running is not None and running.workflow_id is not None:
             value.workflow_id = running.workflow_id  # a running workflow survives the change
@@ -210,5 +211,5 @@ class ClusterManager:
 
     def active_resources(self):
         if self.workflow_id is None:
-            raise RuntimeError("No workflow has been started: call start_workflow() first.")
+            raise CstorchRuntimeError("No workflow has been started: call start_workflow() first.")
         return self.config.num_csx

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 
+from jax_backend.errors import CstorchTypeError, CstorchValueError
 from jax_backend.user_frames import warn
 
 _CSX_ONLY = ("micro_batch_size", "use_cs_grad_accum", "retrace_every_iteration", "drop_data")
@@ -32,7 +33,7 @@ def apply(backend_type, kwargs: dict) -> tuple[dict, int | None]:
         or isinstance(max_checkpoints, bool)
         or max_checkpoints < 1
     ):
-        raise ValueError(
+        raise CstorchValueError(
             f"max_checkpoints must be a positive integer or None, got {max_checkpoints!r}."
         )
     if backend_type.is_csx:
@@ -48,7 +49,7 @@ def apply(backend_type, kwargs: dict) -> tuple[dict, int | None]:
     else:
         for name in _CSX_ONLY:
             if name in kwargs:
-                raise TypeError(
+                raise CstorchTypeError(
                     f"The {backend_type.name} backend does not take {name!r} "
                     "(a CSX backend setting)."
                 )

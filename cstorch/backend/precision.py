@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from cstorch import config
+from jax_backend.errors import CstorchValueError
 from jax_backend.precision import Policy
 from jax_backend.target import torch_float32_matmul
 
@@ -62,7 +63,7 @@ def set_backend_default(mixed: bool) -> None:
 
 def enable_mixed_precision(enable: bool = True) -> bool:
     if not isinstance(enable, bool):
-        raise ValueError(f"enable_mixed_precision expects a bool, got {enable!r}.")
+        raise CstorchValueError(f"enable_mixed_precision expects a bool, got {enable!r}.")
     _AmpState.mixed_precision = enable
     return enable
 
@@ -73,13 +74,13 @@ def set_half_dtype(value) -> torch.dtype:
     if isinstance(value, torch.dtype):
         names = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
         if value not in names:
-            raise ValueError(
+            raise CstorchValueError(
                 f"Invalid half dtype {value}; expected torch.float16, "
                 "torch.bfloat16, 'float16', 'bfloat16' or 'cbfloat16'."
             )
         value = names[value]
     if value not in _HALF_DTYPES:
-        raise ValueError(
+        raise CstorchValueError(
             f"Invalid half dtype {value!r}; expected one of "
             f"{sorted(_HALF_DTYPES)} or torch.float16/torch.bfloat16."
         )
@@ -93,7 +94,7 @@ def use_bfloat16(use: bool) -> torch.dtype:
     Unlike ``set_half_dtype`` it leaves mixed precision on or off as it was (or to the
     backend's default, when no choice was made)."""
     if not isinstance(use, bool):
-        raise ValueError(f"use_bfloat16 expects a bool, got {use!r}.")
+        raise CstorchValueError(f"use_bfloat16 expects a bool, got {use!r}.")
     was_mixed = _AmpState.mixed_precision
     dtype = set_half_dtype("bfloat16" if use else "float16")
     _AmpState.mixed_precision = was_mixed

@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 from typing import Callable
 
+from jax_backend.errors import CstorchRuntimeError
+
 
 class TraceScope:
     """Whether a step is being traced, and what holds only while it is."""
@@ -32,7 +34,7 @@ class TraceScope:
         the way out, also when the trace fails (grad scalers', and those of
         ``at_trace_exit`` callbacks)."""
         if self._recorder is not None:
-            raise RuntimeError("A traced step cannot trace another step inside it.")
+            raise CstorchRuntimeError("A traced step cannot trace another step inside it.")
         self._recorder = recorder
         self._models_used = []
         try:
@@ -49,7 +51,7 @@ class TraceScope:
     def at_trace_exit(self, callback: Callable[[], None]) -> None:
         """Calls ``callback()`` when the step body being traced returns or raises."""
         if self._recorder is None:
-            raise RuntimeError("at_trace_exit is only available while a step is traced.")
+            raise CstorchRuntimeError("at_trace_exit is only available while a step is traced.")
         self._at_exit.append(callback)
 
     def record(self, closure) -> bool:
@@ -64,7 +66,7 @@ class TraceScope:
         if self._models_used is None:
             return
         if self._models_used and self._models_used[0] is not model:
-            raise RuntimeError(
+            raise CstorchRuntimeError(
                 "Detected that more than one compiled model was used in a step function. "
                 "Only one compiled model may be used per traced step; combine the models "
                 "into one torch.nn.Module and compile that."

@@ -18,6 +18,7 @@ import functools
 from typing import Any, Callable, Optional
 
 from cstorch import config as cstorch_config
+from jax_backend.errors import CstorchTypeError
 from jax_backend.user_frames import warn
 
 _active: dict = {}  # annotation kind -> stack of values in effect
@@ -108,7 +109,7 @@ class AnnotationMode(abc.ABC):
 
     def __init__(self, config: "AnnotationMode.Config"):
         if not isinstance(config, AnnotationMode.Config):
-            raise TypeError(
+            raise CstorchTypeError(
                 f"{type(self).__name__} takes an AnnotationMode.Config instance, "
                 f"got {type(config).__name__}."
             )
@@ -158,7 +159,7 @@ def annotate(annotation_mode: AnnotationMode) -> Callable:
     from cstorch.backend import current_backend_impl
 
     if not isinstance(annotation_mode, AnnotationMode):
-        raise TypeError(
+        raise CstorchTypeError(
             f"annotate takes an AnnotationMode instance, got {type(annotation_mode).__name__}."
         )
     impl = current_backend_impl()
@@ -181,7 +182,7 @@ def annotate(annotation_mode: AnnotationMode) -> Callable:
 
 def _checked_attribute(attribute, source: str) -> "AnnotationMode.Attribute":
     if not isinstance(attribute, AnnotationMode.Attribute):
-        raise TypeError(
+        raise CstorchTypeError(
             f"{source} must return an AnnotationMode.Attribute, got {type(attribute).__name__}."
         )
     return attribute
@@ -198,7 +199,7 @@ def create_annotation(annotation_config: type, get_attribute_fn: Callable, **kwa
     if not (
         isinstance(annotation_config, type) and issubclass(annotation_config, AnnotationMode.Config)
     ):
-        raise TypeError(
+        raise CstorchTypeError(
             f"annotation_config must be a subclass of AnnotationMode.Config, got "
             f"{annotation_config!r}."
         )

@@ -48,6 +48,7 @@ from cstorch.experimental import listener
 from cstorch.metrics.metric import step_closures as metric_step_closures
 from cstorch.utils import step_closures
 from jax_backend import graph_cache
+from jax_backend.errors import CstorchValueError
 from jax_backend.graph_cache import fingerprint
 from jax_backend.graph_cache.fingerprint import Fingerprinter, NotCacheable
 
@@ -297,7 +298,7 @@ class CaptureCache:
         for kind_found, name_found, value in _reachable(self.step_fn):
             if (kind_found, name_found) == (where, name):
                 return value
-        raise ValueError(f"no {where} {name!r}")
+        raise CstorchValueError(f"no {where} {name!r}")
 
     def _resolve_generator(self, path):
         where, name = path
@@ -306,13 +307,13 @@ class CaptureCache:
             not isinstance(generator, types.GeneratorType)
             or id(generator) not in self._before.generators
         ):
-            raise ValueError(f"{name!r} is not an unstarted generator")
+            raise CstorchValueError(f"{name!r} is not an unstarted generator")
         return generator
 
     def _resolve_closure(self, record):
         kind = record["kind"]
         if kind not in ("step", "checkpoint"):
-            raise ValueError(f"closure kind {kind!r}")
+            raise CstorchValueError(f"closure kind {kind!r}")
         if "metric" in record:
             return kind, metric_step_closures(self.impl.metrics[record["metric"]])[
                 record["closure"]
@@ -321,18 +322,18 @@ class CaptureCache:
         fn = self._find(where, name)
         fn = fn.__wrapped__ if unwrap else fn
         if fingerprint.code_digest(_function(fn).__code__) != record["code"]:
-            raise ValueError(f"{name!r} has other code")
+            raise CstorchValueError(f"{name!r} has other code")
         return kind, step_closures.named(fn) if record["named"] else fn
 
     def _resolve_traced(self, record) -> dict:
         """``prepare``'s ``traced`` from its description (``_describe_traced``)."""
         stepped = record["stepped"]
         if not all(type(i) is int and 0 <= i < len(self.impl.optimizer_registry) for i in stepped):
-            raise ValueError("a malformed optimizer index")
+            raise CstorchValueError("a malformed optimizer index")
         calls = []
         for phase, path, args in record["host_calls"]:
             if phase not in ("before", "after") or not isinstance(args, list):
-                raise ValueError("a malformed scheduler step")
+                raise CstorchValueError("a malformed scheduler step")
             calls.append((phase, self._find(*path), tuple(args), {}))
         constants = [
             tuple(tuple(p) if isinstance(p, list) else p for p in path)
@@ -340,11 +341,11 @@ class CaptureCache:
         ]
         held, stored = record["gradients_held"], record["stored"]
         if not all(type(h) is bool for h in held):
-            raise ValueError("malformed gradient flags")
+            raise CstorchValueError("malformed gradient flags")
         for m, name, attribute in stored:  # each must name a module of a registered model
             self.impl.models[m].get_submodule(name)
             if not isinstance(attribute, str):
-                raise ValueError("a malformed attribute name")
+                raise CstorchValueError("a malformed attribute name")
         return {
             "stepped": stepped,
             "host_calls": calls,
@@ -375,7 +376,7 @@ class CaptureCache:
             registry
         ]
         if type(index) is not int or type(increment) is not int or increment < 0:
-            raise ValueError("a malformed counter")
+            raise CstorchValueError("a malformed counter")
         return objects[index], increment
 
     # ------------------------------------------------------------------------------- miss

@@ -51,7 +51,12 @@ from cstorch.core.step_capture import (
 )
 from cstorch.core.step_introspection import PureState as PureState
 from cstorch.errors import MultipleBackendsError
-from jax_backend.errors import raise_interrupt_behind
+from jax_backend.errors import (
+    CstorchRuntimeError,
+    CstorchTypeError,
+    CstorchValueError,
+    raise_interrupt_behind,
+)
 from jax_backend.jax_settings import thread_settings_kept
 from jax_backend.user_frames import warn
 
@@ -80,20 +85,20 @@ def compile(model: torch.nn.Module, backend=None):  # the public name
     elif isinstance(backend, Backend):
         current = current_backend_impl(raise_exception=False)
         if backend._impl is not current:
-            raise RuntimeError(
+            raise CstorchRuntimeError(
                 "Compile got a different backend than the current backend. Pass the backend "
                 "returned by cstorch.backend() (or nothing) to cstorch.compile."
             )
         impl = backend._impl
     else:
-        raise TypeError(
+        raise CstorchTypeError(
             f"Expected backend to be a backend type string, a BackendType or a Backend, "
             f"got {type(backend).__name__}."
         )
 
     device = getattr(model, "cerebras_device", None)
     if device is not None and str(device) != str(impl.device):
-        raise RuntimeError(
+        raise CstorchRuntimeError(
             f"The model was created for device {device} but the backend's device is "
             f"{impl.device}. Create the model under the current backend's device."
         )
@@ -126,7 +131,7 @@ def _refuse_uninitialized_lazy_modules(model: torch.nn.Module) -> None:
         and module.has_uninitialized_params()
     ]
     if lazy:
-        raise ValueError(
+        raise CstorchValueError(
             f"cstorch.compile got a model with uninitialized lazy modules: {', '.join(lazy)}. "
             "Their parameters are created by the first forward pass, which a compiled step "
             "cannot do. Run one forward pass eagerly before compiling "
@@ -164,7 +169,7 @@ def _apply(module: torch.nn.Module, fn):
         return torch.nn.Module.apply(module, fn)
     if hasattr(fn, "apply"):
         return fn.apply(module)
-    raise TypeError(
+    raise CstorchTypeError(
         f"Expected a callable as the argument to apply, got {type(fn).__name__}. Pass a "
         "function of one module, or an object with an `apply(module)` method."
     )

@@ -25,6 +25,7 @@ import contextlib
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from cstorch import config
+from jax_backend.errors import CstorchValueError
 
 ENGINES = ("jax", "eager")
 ENGINE_VARIABLE = config.engine.env_var
@@ -37,7 +38,7 @@ def resolve_engine(engine: str | None = "auto") -> str:
     if engine is None or engine == "auto":
         engine, source = config.engine.value or "jax", f"${ENGINE_VARIABLE}"
     if not isinstance(engine, str) or engine.lower() not in ENGINES:
-        raise ValueError(
+        raise CstorchValueError(
             f"Unknown engine {engine!r} (from {source}). Use one of {', '.join(ENGINES)}: "
             '"jax" compiles the step once, "eager" runs it as eager torch every step.'
         )

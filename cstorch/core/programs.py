@@ -33,6 +33,7 @@ from cstorch.core import torch_optimizers
 from cstorch.core.state_names import state_name
 from cstorch.core.step_call import StepCall
 from jax_backend import Program, scalars
+from jax_backend.errors import CstorchRuntimeError, CstorchTypeError
 from jax_backend.graph_cache.fingerprint import handle_ranks
 from jax_backend.user_frames import warn
 
@@ -117,7 +118,7 @@ def persistent_signature(signature: ProgramSignature) -> dict:
     """Every field of ``signature`` as plain data (JSON), for the graph cache's key."""
     missing = [field for field in ProgramSignature._fields if field not in _RENDERINGS]
     if missing:
-        raise TypeError(
+        raise CstorchTypeError(
             f"ProgramSignature fields without a persistent rendering: {missing}; "
             "add one to cstorch.core.programs._RENDERINGS."
         )
@@ -492,7 +493,7 @@ class ProgramTable:
     def latest(self) -> ProgramEntry:
         """The program that served the last call (for introspection)."""
         if not self._entries:
-            raise RuntimeError(
+            raise CstorchRuntimeError(
                 f"{self.step_fn.__name__!r} has not been compiled yet; call it once first."
             )
         return self._entries[self.last_signature][-1].next_program()

@@ -12,6 +12,7 @@ from cstorch.backend import current_backend_impl
 from cstorch.core.programs import ProgramEntry
 from cstorch.core.state_names import state_name
 from cstorch.core.torch_optimizers import read_scalar
+from jax_backend.errors import CstorchRuntimeError, CstorchValueError
 from jax_backend.jax_settings import in_engine_scope
 
 
@@ -22,7 +23,7 @@ def example_arguments(entry: ProgramEntry) -> tuple:
     view = impl.state_view()
     positions = entry.resolve(view)
     if positions is None:
-        raise RuntimeError("The state this program was compiled for no longer exists.")
+        raise CstorchRuntimeError("The state this program was compiled for no longer exists.")
     used = impl.device_state.arrays([view.tensors[i] for i in positions[0]])
     return used, entry.program.input_specs(), 0
 
@@ -63,7 +64,7 @@ def pure_state(entry: ProgramEntry) -> "PureState":
     view = impl.state_view()
     positions = entry.resolve(view)
     if positions is None:
-        raise RuntimeError(
+        raise CstorchRuntimeError(
             "The state this program was compiled for no longer exists; call the step once more."
         )
     used_index, written_index = positions
@@ -99,7 +100,7 @@ class PureState(NamedTuple):
     def advance(self, new_state) -> "PureState":
         """The state for the next step, given the ``new_state`` the pure function returned."""
         if len(new_state) != len(self.written_names):
-            raise ValueError(
+            raise CstorchValueError(
                 f"new_state has {len(new_state)} arrays; the step writes {len(self.written_names)}."
             )
         written = dict(zip(self.written_names, new_state))

@@ -12,6 +12,8 @@ import weakref
 
 import torch
 
+from jax_backend.errors import CstorchRuntimeError
+
 _registries: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
@@ -53,7 +55,7 @@ def tensor(*args, **kwargs) -> torch.Tensor:
         )
         return args[0] if single else torch.tensor(*args, **kwargs)
     if impl.is_tracing:
-        raise RuntimeError(
+        raise CstorchRuntimeError(
             "Cannot construct a stateful tensor while tracing a step. Construct stateful "
             "tensors during initialization, before the first call of the traced step."
         )

@@ -14,6 +14,8 @@ from typing import Callable, Union
 import torch
 from torch._decomp import _add_op_to_registry
 
+from jax_backend.errors import CstorchRuntimeError, CstorchValueError
+
 aten = torch.ops.aten
 
 DEVICES = ("CSX", "CPU")
@@ -30,7 +32,7 @@ def _overloads(op) -> list:
 
 def _check_device(device: str) -> str:
     if not isinstance(device, str) or device.upper() not in DEVICES:
-        raise ValueError(
+        raise CstorchValueError(
             f"Registering decompositions for device {device!r} is not supported. "
             f"Supported devices are: {list(DEVICES)}."
         )
@@ -47,10 +49,10 @@ def register_decomposition(
     def decorator(fn: Callable) -> Callable:
         for overload in _overloads(op):
             if overload in _DENY or overload.overloadpacket in _DENY:
-                raise RuntimeError(f"Decomposition for {overload} is not supported.")
+                raise CstorchRuntimeError(f"Decomposition for {overload} is not supported.")
             key = (overload, device)
             if key in _decompositions:
-                raise RuntimeError(
+                raise CstorchRuntimeError(
                     f"A decomposition for {overload} has already been registered on {device}; "
                     f"the first registration was at:\n{_decompositions[key][1]}"
                 )
@@ -65,7 +67,9 @@ def remove_decomposition(op, device: str = "CSX") -> None:
     device = _check_device(device)
     for overload in _overloads(op):
         if _decompositions.pop((overload, device), None) is None:
-            raise RuntimeError(f"Decomposition for {overload} on {device} has not been registered.")
+            raise CstorchRuntimeError(
+                f"Decomposition for {overload} on {device} has not been registered."
+            )
 
 
 def decompositions_for(device: str) -> dict:

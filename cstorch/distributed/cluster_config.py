@@ -19,6 +19,7 @@ import time
 from typing import List, Optional, Union
 
 from cstorch.distributed.runtime import DistributedConfig
+from jax_backend.errors import CstorchTypeError, CstorchValueError
 
 
 class _DefaultSentinel:
@@ -59,19 +60,21 @@ def _is_int(value) -> bool:
 
 def _optional_str(name, value):
     if value is not None and not isinstance(value, str):
-        raise TypeError(f"ClusterConfig.{name} must be a string or None, got {value!r}.")
+        raise CstorchTypeError(f"ClusterConfig.{name} must be a string or None, got {value!r}.")
     return value
 
 
 def _bool(name, value):
     if not isinstance(value, bool):
-        raise TypeError(f"ClusterConfig.{name} must be a bool, got {value!r}.")
+        raise CstorchTypeError(f"ClusterConfig.{name} must be a bool, got {value!r}.")
     return value
 
 
 def _non_negative_int(name, value):
     if not _is_int(value) or value < 0:
-        raise ValueError(f"ClusterConfig.{name} must be a non-negative integer, got {value!r}.")
+        raise CstorchValueError(
+            f"ClusterConfig.{name} must be a non-negative integer, got {value!r}."
+        )
     return value
 
 
@@ -81,7 +84,7 @@ def _num_csx(name, value):
 
 def _mgmt_address(name, value):
     if value is not None and (not isinstance(value, str) or not _ADDRESS.match(value)):
-        raise ValueError(
+        raise CstorchValueError(
             f"ClusterConfig.mgmt_address must look like '<name>:<port>', got {value!r}."
         )
     return value
@@ -89,13 +92,13 @@ def _mgmt_address(name, value):
 
 def _job_labels(name, value):
     if not isinstance(value, (list, tuple)):
-        raise ValueError(
+        raise CstorchValueError(
             f"ClusterConfig.job_labels must be a list of 'key=value' strings, got {value!r}."
         )
     for label in value:
         parts = label.split("=") if isinstance(label, str) else []
         if len(parts) != 2 or not all(_LABEL_PART.match(p) for p in parts):
-            raise ValueError(
+            raise CstorchValueError(
                 f"Invalid job label {label!r}: expected 'key=value' where key and value are "
                 "at most 63 characters of letters, digits, '-', '_' and '.', starting and "
                 "ending with a letter or digit."
@@ -105,7 +108,7 @@ def _job_labels(name, value):
 
 def _job_priority(name, value):
     if value not in _PRIORITIES:
-        raise ValueError(
+        raise CstorchValueError(
             f"ClusterConfig.job_priority must be one of {list(_PRIORITIES)}, got {value!r}."
         )
     return value
@@ -113,7 +116,7 @@ def _job_priority(name, value):
 
 def _job_time_sec(name, value):
     if value is not None and (not _is_int(value) or value <= 0):
-        raise ValueError(
+        raise CstorchValueError(
             f"ClusterConfig.job_time_sec must be a positive integer or None, got {value!r}."
         )
     return value
@@ -121,7 +124,7 @@ def _job_time_sec(name, value):
 
 def _existing_path(name, path):
     if not os.path.exists(path):
-        raise ValueError(f"ClusterConfig.{name}: path {path!r} does not exist.")
+        raise CstorchValueError(f"ClusterConfig.{name}: path {path!r} does not exist.")
 
 
 def _mount_dirs(name, value):
@@ -129,7 +132,7 @@ def _mount_dirs(name, value):
     for entry in value:
         mount = MountDir(entry) if isinstance(entry, str) else entry
         if not isinstance(mount, MountDir):
-            raise ValueError(
+            raise CstorchValueError(
                 f"ClusterConfig.mount_dirs entries must be paths or MountDir, got {entry!r}."
             )
         _existing_path(name, mount.path)
@@ -141,7 +144,9 @@ def _python_paths(name, value):
     result = []
     for path in value:
         if not isinstance(path, str):
-            raise ValueError(f"ClusterConfig.python_paths entries must be paths, got {path!r}.")
+            raise CstorchValueError(
+                f"ClusterConfig.python_paths entries must be paths, got {path!r}."
+            )
         _existing_path(name, path)
         result.append(os.path.realpath(path))
     return result
@@ -152,7 +157,7 @@ def _notifications(name, value):
     for entry in value:
         target = NotificationTarget(**entry) if isinstance(entry, dict) else entry
         if not isinstance(target, NotificationTarget):
-            raise ValueError(
+            raise CstorchValueError(
                 f"ClusterConfig.notifications entries must be NotificationTarget "
                 f"or dict, got {entry!r}."
             )
@@ -164,7 +169,7 @@ def _distributed(name, value):
     if isinstance(value, dict):
         value = DistributedConfig(**value)
     if not isinstance(value, DistributedConfig):
-        raise TypeError(
+        raise CstorchTypeError(
             f"ClusterConfig.distributed must be a "
             f"cstorch.distributed.DistributedConfig or a dict of its fields, got "
             f"{value!r}."

@@ -11,6 +11,8 @@ import dataclasses
 import enum
 from typing import List, Optional
 
+from jax_backend.errors import CstorchValueError
+
 
 class TaskRole(enum.Enum):
     MASTER = "master"
@@ -31,9 +33,11 @@ class TaskSpec:
         for name in ("rank", "local_rank", "wse_id"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
-                raise ValueError(f"TaskSpec.{name} must be a non-negative int, got {value!r}.")
+                raise CstorchValueError(
+                    f"TaskSpec.{name} must be a non-negative int, got {value!r}."
+                )
         if not self.node_name:
-            raise ValueError("TaskSpec.node_name must not be empty.")
+            raise CstorchValueError("TaskSpec.node_name must not be empty.")
 
 
 @dataclasses.dataclass
@@ -47,16 +51,18 @@ class ClusterSpec:
 
     def __post_init__(self):
         if not self.tasks:
-            raise ValueError("A ClusterSpec needs at least one task.")
+            raise CstorchValueError("A ClusterSpec needs at least one task.")
         if not 0 <= self.rank < len(self.tasks):
-            raise ValueError(
+            raise CstorchValueError(
                 f"ClusterSpec.rank {self.rank} is not among the {len(self.tasks)} tasks."
             )
         ranks = [t.rank for t in self.tasks]
         if ranks != list(range(len(self.tasks))):
-            raise ValueError(f"Task ranks must be 0..{len(self.tasks) - 1} in order, got {ranks}.")
+            raise CstorchValueError(
+                f"Task ranks must be 0..{len(self.tasks) - 1} in order, got {ranks}."
+            )
         if self.num_workers_per_csx < 0:
-            raise ValueError("ClusterSpec.num_workers_per_csx must be non-negative.")
+            raise CstorchValueError("ClusterSpec.num_workers_per_csx must be non-negative.")
 
     def num_tasks(self) -> int:
         return len(self.tasks)
@@ -65,7 +71,9 @@ class ClusterSpec:
         """The task of ``rank`` (the current task when None)."""
         rank = self.rank if rank is None else rank
         if not 0 <= rank < len(self.tasks):
-            raise ValueError(f"Invalid task rank {rank}: ranks are 0..{len(self.tasks) - 1}.")
+            raise CstorchValueError(
+                f"Invalid task rank {rank}: ranks are 0..{len(self.tasks) - 1}."
+            )
         return self.tasks[rank]
 
     def filter_tasks_by_role(self, role: TaskRole) -> List[TaskSpec]:

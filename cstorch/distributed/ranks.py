@@ -10,6 +10,7 @@ from typing import Optional
 
 from cstorch.distributed.service_resolver import TaskRole, local_service_resolver
 from cstorch.distributed.worker_state import WorkerState
+from jax_backend.errors import CstorchRuntimeError, CstorchTypeError, CstorchValueError
 
 WORKER_CACHE_ROOT = "/n0/cache"
 SSD_LIMIT = 0.8  # fraction of the worker cache that may be filled
@@ -68,7 +69,7 @@ def get_streaming_rank() -> int:
     streamers = sorted(service_resolver().streamer_ordinals())
     ordinal = get_ordinal()
     if ordinal not in streamers:
-        raise RuntimeError(f"Task {ordinal} is not a streamer.")
+        raise CstorchRuntimeError(f"Task {ordinal} is not a streamer.")
     return streamers.index(ordinal)
 
 
@@ -77,13 +78,13 @@ def get_streaming_batch_size(effective_batch_size: int, global_rank: Optional[in
     batch divided evenly among the streamers -- the whole batch in a single-process run (the
     modeled wafer splits it across its systems inside the compiled step)."""
     if not isinstance(effective_batch_size, int) or isinstance(effective_batch_size, bool):
-        raise TypeError(
+        raise CstorchTypeError(
             f"Expected effective batch size to be an integer, but got type "
             f"{type(effective_batch_size).__name__} with value "
             f"{effective_batch_size!r}."
         )
     if effective_batch_size <= 0:
-        raise ValueError(
+        raise CstorchValueError(
             f"Expected effective batch size to be a positive integer, but got "
             f"{effective_batch_size}."
         )
@@ -91,7 +92,7 @@ def get_streaming_batch_size(effective_batch_size: int, global_rank: Optional[in
         service_resolver().cluster_spec.task(global_rank)  # validates the rank
     streamers = num_streamers()
     if effective_batch_size % streamers:
-        raise ValueError(
+        raise CstorchValueError(
             f"The effective batch size {effective_batch_size} cannot be split evenly among "
             f"the {streamers} processes that stream input; use a multiple of {streamers}."
         )

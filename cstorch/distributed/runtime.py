@@ -51,7 +51,7 @@ from typing import Optional
 
 from cstorch import config
 from jax_backend.config import non_negative_int, positive_int
-from jax_backend.errors import CstorchError
+from jax_backend.errors import CstorchError, CstorchValueError
 from jax_backend.user_frames import warn
 
 ENV_COORDINATOR = config.coordinator_address.env_var
@@ -86,7 +86,7 @@ class DistributedConfig:
             not isinstance(self.coordinator_address, str)
             or not _ADDRESS.match(self.coordinator_address)
         ):
-            raise ValueError(
+            raise CstorchValueError(
                 f"coordinator_address must look like 'host:port', got {self.coordinator_address!r}."
             )
         checked = {"initialization_timeout": _POSITIVE, "heartbeat_timeout": _POSITIVE}
@@ -116,7 +116,9 @@ class DistributedConfig:
         try:
             return cls(**kwargs)
         except ValueError as error:
-            raise ValueError(f"Invalid distributed settings in the environment: {error}") from None
+            raise CstorchValueError(
+                f"Invalid distributed settings in the environment: {error}"
+            ) from None
 
     @classmethod
     def from_torchrun_env(cls, environ=None) -> "DistributedConfig":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from jax_backend.errors import CstorchRuntimeError
+
 
 class WorkerState:
     """Holds the ``DataLoaderCheckpoint`` of the current worker until it is fetched once."""
@@ -19,7 +21,7 @@ class WorkerState:
         """Returns the configured state and clears it (a second call raises RuntimeError)."""
         state, cls._state = cls._state, None
         if state is None:
-            raise RuntimeError(
+            raise CstorchRuntimeError(
                 "Unable to fetch the worker state: `cstorch.distributed.get_worker_state()` must "
                 "be called only once, inside your dataloader's implementation of `state_dict` "
                 "(or `load_state_dict`)."

@@ -16,6 +16,8 @@ from typing import List, Literal, Optional, Union
 
 import torch
 
+from jax_backend.errors import CstorchTypeError, CstorchValueError
+
 FormatLiteral = Literal["mx8", "mx8-e3m4", "mx8-e4m3", "mx9", "mx10", "mx10-e2m7"]
 _FORMATS = typing.get_args(FormatLiteral)
 
@@ -37,9 +39,9 @@ class Compression:
 
     def __init__(self, format: FormatLiteral, param_filter: Union[str, List[str]]):
         if not isinstance(format, str):
-            raise TypeError(f"Expected format to be a string, but got type {type(format)}.")
+            raise CstorchTypeError(f"Expected format to be a string, but got type {type(format)}.")
         if format not in _FORMATS:
-            raise ValueError(f"Expected format to be one of {_FORMATS}, but got {format!r}.")
+            raise CstorchValueError(f"Expected format to be one of {_FORMATS}, but got {format!r}.")
         self.format = format
         patterns = [param_filter] if isinstance(param_filter, str) else list(param_filter)
         self.param_filter = [re.compile(fnmatch.translate(p)) for p in patterns]
@@ -49,7 +51,7 @@ class Compression:
         """Selects the matching tensors of ``module`` and annotates them before every
         forward."""
         if not isinstance(module, torch.nn.Module):
-            raise TypeError(f"Expected torch.nn.Module but got {type(module).__name__}.")
+            raise CstorchTypeError(f"Expected torch.nn.Module but got {type(module).__name__}.")
         for name, tensor in itertools.chain(module.named_parameters(), module.named_buffers()):
             if any(p.fullmatch(name) for p in self.param_filter):
                 self.compress_tensors[tensor] = name

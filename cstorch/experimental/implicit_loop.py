@@ -14,6 +14,8 @@ from typing import List, Optional, Union
 
 import torch
 
+from jax_backend.errors import CstorchNotImplementedError, CstorchTypeError, CstorchValueError
+
 _UNSUPPORTED = (
     "Implicit loops run on the Cerebras runtime's device-side control flow, which {where} "
     "does not provide. Run the generation loop in Python instead (call the traced step once "
@@ -30,7 +32,7 @@ def _where() -> str:
 
 def _check_int32(name: str, tensor) -> None:
     if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.int32:
-        raise TypeError(
+        raise CstorchTypeError(
             f"Expected `{name}` to be an int32 tensor, got "
             f"{getattr(tensor, 'dtype', type(tensor).__name__)}."
         )
@@ -40,8 +42,10 @@ def start_implicit_loop(input_tensor: torch.IntTensor, loop_dim: int) -> torch.I
     """The index tensor of an implicit loop over ``input_tensor`` along ``loop_dim``."""
     _check_int32("input_tensor", input_tensor)
     if not isinstance(loop_dim, int) or not 0 <= loop_dim < input_tensor.dim():
-        raise ValueError(f"loop_dim must be an int in [0, {input_tensor.dim()}), got {loop_dim!r}.")
-    raise NotImplementedError(_UNSUPPORTED.format(where=_where()))
+        raise CstorchValueError(
+            f"loop_dim must be an int in [0, {input_tensor.dim()}), got {loop_dim!r}."
+        )
+    raise CstorchNotImplementedError(_UNSUPPORTED.format(where=_where()))
 
 
 def get_loop_iteration_slice(
@@ -76,9 +80,9 @@ def update_implicit_loop(
     if not tokens or not all(
         isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens
     ):
-        raise ValueError(
+        raise CstorchValueError(
             f"start_token must be a non-negative int or a list of them, got {start_token!r}."
         )
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens <= 0):
-        raise ValueError(f"max_tokens must be a positive int or None, got {max_tokens!r}.")
-    raise NotImplementedError(_UNSUPPORTED.format(where=_where()))
+        raise CstorchValueError(f"max_tokens must be a positive int or None, got {max_tokens!r}.")
+    raise CstorchNotImplementedError(_UNSUPPORTED.format(where=_where()))

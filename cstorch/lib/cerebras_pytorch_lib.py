@@ -15,13 +15,14 @@ from __future__ import annotations
 from torch.utils.weak import WeakIdKeyDictionary
 
 from cstorch.core import annotation as _annotation
+from jax_backend.errors import CstorchTypeError
 
 _attributes = WeakIdKeyDictionary()  # tensor -> {attribute: value}, by identity
 
 
 def set_attribute(tensor, attribute: str, value) -> None:
     if not isinstance(attribute, str):
-        raise TypeError(f"attribute must be a str, got {type(attribute).__name__}.")
+        raise CstorchTypeError(f"attribute must be a str, got {type(attribute).__name__}.")
     _attributes.setdefault(tensor, {})[attribute] = value
 
 

@@ -7,6 +7,7 @@ from typing import Optional, Sequence
 import torch
 
 from cstorch.metrics.metric import is_tracing
+from jax_backend.errors import CstorchValueError
 
 
 def divide_no_nan(num: torch.Tensor, denom: torch.Tensor) -> torch.Tensor:
@@ -27,12 +28,12 @@ def class_mask(num_classes: int, ignore_classes: Optional[Sequence[int]] = None)
 
 def check_same_shape(labels, predictions, weights=None) -> None:
     if labels.shape != predictions.shape:
-        raise ValueError(
+        raise CstorchValueError(
             f"`labels` and `predictions` have mismatched shapes {tuple(labels.shape)} and "
             f"{tuple(predictions.shape)}; pass one prediction per label."
         )
     if weights is not None and weights.shape != labels.shape:
-        raise ValueError(
+        raise CstorchValueError(
             f"`labels` and `weights` have mismatched shapes {tuple(labels.shape)} and "
             f"{tuple(weights.shape)}; pass one weight per label (0 masks a label out)."
         )
@@ -41,7 +42,9 @@ def check_same_shape(labels, predictions, weights=None) -> None:
 def check_non_negative(name: str, tensor: torch.Tensor) -> None:
     """Raises ValueError for negative entries; skipped inside a trace (no values there)."""
     if not is_tracing() and tensor.numel() and bool(tensor.min() < 0):
-        raise ValueError(f"Negative values in `{name}` are not allowed (class ids start at 0).")
+        raise CstorchValueError(
+            f"Negative values in `{name}` are not allowed (class ids start at 0)."
+        )
 
 
 def confusion_matrix(labels, predictions, num_classes: int, weights=None) -> torch.Tensor:

@@ -9,6 +9,7 @@ import torch
 
 from cstorch.backend import use_cs
 from cstorch.metrics.metric import Metric, host_float
+from jax_backend.errors import CstorchNotImplementedError, CstorchValueError
 
 
 def _hits_per_row(labels, predictions, k):
@@ -19,7 +20,7 @@ def _hits_per_row(labels, predictions, k):
 
 def _check_weights(labels, weights):
     if weights is not None and weights.dim() != 0 and weights.numel() != labels.shape[0]:
-        raise ValueError(
+        raise CstorchValueError(
             f"`labels` has shape {tuple(labels.shape)} and `weights` {tuple(weights.shape)}: "
             f"`weights` must be a scalar or a vector of size {labels.shape[0]} (one per sample)."
         )
@@ -30,7 +31,7 @@ class _AtKMetric(Metric):
 
     def __init__(self, k, name: Optional[str] = None):
         if use_cs():
-            raise NotImplementedError(f"{type(self).__name__} is not supported on CSX yet.")
+            raise CstorchNotImplementedError(f"{type(self).__name__} is not supported on CSX yet.")
         self.k = k
         super().__init__(name=name)
 

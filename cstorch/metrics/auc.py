@@ -10,6 +10,7 @@ import torch
 from cstorch.backend import use_cs
 from cstorch.metrics._ops import check_same_shape, divide_no_nan
 from cstorch.metrics.metric import Metric, host_float, is_tracing
+from jax_backend.errors import CstorchNotImplementedError, CstorchValueError
 
 _CURVES = ("ROC", "PR")
 _SUMMATIONS = ("interpolation", "minoring", "majoring")
@@ -40,11 +41,11 @@ class AUCMetric(Metric):
         thresholds=None,
     ):
         if use_cs():
-            raise NotImplementedError("AUCMetric is not supported on CSX yet.")
+            raise CstorchNotImplementedError("AUCMetric is not supported on CSX yet.")
         if curve not in _CURVES:
-            raise ValueError(f"Curve must be either ROC or PR. Curve {curve!r} is unknown.")
+            raise CstorchValueError(f"Curve must be either ROC or PR. Curve {curve!r} is unknown.")
         if summation_method not in _SUMMATIONS:
-            raise ValueError(
+            raise CstorchValueError(
                 f"Invalid AUC summation method value: {summation_method!r}. Expected one of "
                 f"{list(_SUMMATIONS)}."
             )
@@ -52,7 +53,7 @@ class AUCMetric(Metric):
             inner = sorted(float(t) for t in thresholds)
         else:
             if num_thresholds <= 1:
-                raise ValueError(f"num_thresholds must be > 1, got {num_thresholds}.")
+                raise CstorchValueError(f"num_thresholds must be > 1, got {num_thresholds}.")
             inner = [(i + 1) / (num_thresholds - 1) for i in range(num_thresholds - 2)]
         self.curve = curve
         self.summation_method = summation_method
@@ -73,9 +74,9 @@ class AUCMetric(Metric):
         labels, predictions = labels.reshape(-1), predictions.reshape(-1)
         if not is_tracing() and labels.numel():
             if bool(labels.min() < 0):
-                raise ValueError("Negative values in `labels` are not allowed.")
+                raise CstorchValueError("Negative values in `labels` are not allowed.")
             if bool(predictions.min() < 0) or bool(predictions.max() > 1):
-                raise ValueError("Values in `predictions` must lie in [0, 1].")
+                raise CstorchValueError("Values in `predictions` must lie in [0, 1].")
         pred_pos = predictions.unsqueeze(0) > self.thresholds  # (thresholds, samples)
         label_pos = (labels > 0).unsqueeze(0)
         w = None if weights is None else weights.reshape(-1).to(torch.float32)

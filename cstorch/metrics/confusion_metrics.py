@@ -15,6 +15,7 @@ from cstorch.metrics._ops import (
     divide_no_nan,
 )
 from cstorch.metrics.metric import Metric
+from jax_backend.errors import CstorchValueError
 
 
 def _mean_over_valid(per_class_num, denominator):
@@ -101,11 +102,11 @@ class FBetaScoreMetric(_ConfusionMatrixMetric):
         name: Optional[str] = None,
     ):
         if num_classes <= 1:
-            raise ValueError(f"'num_classes' should be at least 2, got {num_classes}.")
+            raise CstorchValueError(f"'num_classes' should be at least 2, got {num_classes}.")
         if beta <= 0:
-            raise ValueError(f"'beta' should be a positive number, got {beta}.")
+            raise CstorchValueError(f"'beta' should be a positive number, got {beta}.")
         if average_type not in ("micro", "macro"):
-            raise ValueError(
+            raise CstorchValueError(
                 f"The average_type has to be one of ['micro', 'macro'], got {average_type!r}."
             )
         self.beta = beta

@@ -34,6 +34,7 @@ import torch
 
 from cstorch import config
 from cstorch.backend import current_backend_impl, use_cs
+from jax_backend.errors import CstorchRuntimeError
 
 _NOT_STATE_MESSAGE = (
     "Metric {name!r} was updated inside a traced step, but its state is not backend state: "
@@ -192,7 +193,7 @@ class Metric(torch.nn.Module, abc.ABC):
             impl, tracing = _tracing_impl()
             if impl is not None:
                 if tracing and not self._is_backend_state(impl):
-                    raise RuntimeError(_NOT_STATE_MESSAGE.format(name=self.name))
+                    raise CstorchRuntimeError(_NOT_STATE_MESSAGE.format(name=self.name))
                 if not tracing:
                     if self._attached_impl() is not impl:
                         self._attach(impl)
@@ -212,7 +213,7 @@ class Metric(torch.nn.Module, abc.ABC):
         def wrapped_compute():
             impl, tracing = _tracing_impl()
             if use_cs() and self._num_updates + self._traced_updates == 0:
-                raise RuntimeError(
+                raise CstorchRuntimeError(
                     f"Trying to compute metric {self.name!r}, but the metric has not been "
                     "updated. This is not supported when running on CSX; call the metric (or "
                     "its update) before computing it."

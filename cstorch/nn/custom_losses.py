@@ -8,6 +8,7 @@ import torch
 
 from cstorch.nn import functional as F
 from cstorch.nn.losses import accepts_use_autogen
+from jax_backend.errors import CstorchValueError
 
 
 def _reduce(loss: torch.Tensor, reduction: str) -> torch.Tensor:
@@ -67,7 +68,7 @@ class GaussianNLLLoss(torch.nn.Module):
             if input.shape[:-1] == var.shape:
                 var = var.unsqueeze(-1)
             elif not (input.shape[:-1] == var.shape[:-1] and var.shape[-1] == 1):
-                raise ValueError(f"`var` is of incorrect size: {tuple(var.shape)}.")
+                raise CstorchValueError(f"`var` is of incorrect size: {tuple(var.shape)}.")
         # Clamped in value only: the gradient flows as if unclamped (as the reference's
         # in-place clamp under no_grad, and torch's GaussianNLLLoss).
         var = var + (torch.clamp(var, min=self.eps) - var).detach()

@@ -11,6 +11,8 @@ from typing import Optional, Tuple
 
 import torch
 
+from jax_backend.errors import CstorchNotImplementedError, CstorchValueError
+
 BEGIN_FORWARD = "BEGIN_FORWARD"
 BEGIN_BACKWARD = "BEGIN_BACKWARD"
 END_FORWARD = "END_FORWARD"
@@ -21,7 +23,7 @@ _BOUNDARIES = (BEGIN_FORWARD, BEGIN_BACKWARD, END_FORWARD, END_BACKWARD)
 def one_hot(array: torch.Tensor, num_classes: int) -> torch.Tensor:
     """``array`` with a trailing one-hot axis of ``num_classes`` (int32)."""
     if num_classes < 1:
-        raise ValueError(f"one_hot needs a positive num_classes, got {num_classes}.")
+        raise CstorchValueError(f"one_hot needs a positive num_classes, got {num_classes}.")
     zeros = torch.zeros(array.shape + (num_classes,), dtype=torch.int32, device=array.device)
     return zeros.scatter(-1, array.unsqueeze(-1).to(torch.int64), 1)
 
@@ -30,7 +32,9 @@ def scope_boundary(input: torch.Tensor, boundary_type: str, scope_name: str) -> 
     """Marks a scope boundary after ``input`` (``boundary_type`` is one of BEGIN_FORWARD,
     BEGIN_BACKWARD, END_FORWARD, END_BACKWARD); returns ``input``."""
     if boundary_type not in _BOUNDARIES:
-        raise ValueError(f"boundary_type must be one of {_BOUNDARIES}, got {boundary_type!r}.")
+        raise CstorchValueError(
+            f"boundary_type must be one of {_BOUNDARIES}, got {boundary_type!r}."
+        )
     return input
 
 
@@ -76,7 +80,7 @@ def sparse_matmul(
     output (..., M, b, K).
     """
     if weight.size(1) >= 2**16:
-        raise NotImplementedError("sparse_matmul requires `input_indices` to fit in uint16.")
+        raise CstorchNotImplementedError("sparse_matmul requires `input_indices` to fit in uint16.")
     dense_shape = (*input_values.shape[:-2], weight.shape[-2], input_values.shape[-1])
     index = input_indices.unsqueeze(-1).to(torch.int64)
     dense = torch.zeros(dense_shape, dtype=input_values.dtype, device=input_values.device)

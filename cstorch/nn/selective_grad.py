@@ -21,6 +21,7 @@ from torch.optim.optimizer import (
 )
 
 from cstorch.utils.utils import FilterCallable, make_param_filter  # noqa: F401
+from jax_backend.errors import CstorchTypeError, CstorchValueError
 
 
 def outlier(param: torch.Tensor, upper: float = 2.25) -> torch.Tensor:
@@ -37,14 +38,14 @@ def make_init_method(init_method) -> Callable[[torch.Tensor], torch.Tensor]:
     """The mask function for ``init_method`` (a built-in name or a callable(param))."""
     if isinstance(init_method, str):
         if init_method not in _INIT_METHODS:
-            raise ValueError(
+            raise CstorchValueError(
                 f"Unknown `init_method` {init_method!r}; valid options are "
                 f"{list(_INIT_METHODS)} or a function param -> bool tensor."
             )
         return _INIT_METHODS[init_method]
     if callable(init_method):
         return init_method
-    raise ValueError(
+    raise CstorchValueError(
         f"`init_method` must be one of {list(_INIT_METHODS)} or a callable, got {init_method!r}."
     )
 
@@ -84,7 +85,7 @@ class SelectiveGrad:
     def apply(self, obj):
         """Selects the matching parameters of module ``obj`` (and hooks the optimizers)."""
         if not isinstance(obj, torch.nn.Module):
-            raise TypeError(f"Expected a torch.nn.Module, got {type(obj).__name__}.")
+            raise CstorchTypeError(f"Expected a torch.nn.Module, got {type(obj).__name__}.")
         for module_name, module in obj.named_modules():
             for name, param in list(module._parameters.items()):
                 full_name = f"{module_name}.{name}" if module_name else name

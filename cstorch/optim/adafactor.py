@@ -5,6 +5,7 @@ from typing import Optional, Tuple
 from torch.optim.optimizer import ParamsT
 
 from cstorch.optim.optimizer import BuiltinOptimizer
+from jax_backend.errors import CstorchValueError
 
 
 class Adafactor(BuiltinOptimizer):
@@ -45,26 +46,30 @@ class Adafactor(BuiltinOptimizer):
         warmup_init: bool = False,
     ):
         if lr is not None and relative_step:
-            raise ValueError(
+            raise CstorchValueError(
                 "Cannot combine a manual `lr` with `relative_step=True`; pass one of them."
             )
         if warmup_init and not relative_step:
-            raise ValueError(
+            raise CstorchValueError(
                 "`warmup_init=True` needs `relative_step=True`, which is not "
                 "supported; leave warmup_init=False."
             )
         if clip_threshold != 1.0:
-            raise ValueError(f"Only `clip_threshold=1.0` is supported, got {clip_threshold!r}.")
+            raise CstorchValueError(
+                f"Only `clip_threshold=1.0` is supported, got {clip_threshold!r}."
+            )
         if beta1 is not None:
-            raise ValueError(f"Only `beta1=None` is supported, got {beta1!r}.")
+            raise CstorchValueError(f"Only `beta1=None` is supported, got {beta1!r}.")
         if relative_step:
-            raise ValueError("`relative_step=True` is not supported; pass an explicit `lr`.")
+            raise CstorchValueError("`relative_step=True` is not supported; pass an explicit `lr`.")
         if (
             not isinstance(eps, (tuple, list))
             or len(eps) != 2
             or not all(isinstance(x, float) for x in eps)
         ):
-            raise ValueError(f"Expected `eps` to be a tuple/list of two floats, got {eps!r}.")
+            raise CstorchValueError(
+                f"Expected `eps` to be a tuple/list of two floats, got {eps!r}."
+            )
         defaults = dict(
             lr=lr,
             eps=eps,
@@ -80,7 +85,7 @@ class Adafactor(BuiltinOptimizer):
 
     def _check_group(self, group, params):
         if group["lr"] is None:
-            raise ValueError(
+            raise CstorchValueError(
                 "Adafactor: the learning rate of a param group is None. Pass `lr` to the "
                 "constructor or attach a learning-rate scheduler to set it."
             )

@@ -11,6 +11,7 @@ import torch
 from torch.optim.optimizer import ParamsT
 
 from cstorch.optim.optimizer import BuiltinOptimizer
+from jax_backend.errors import CstorchValueError
 
 
 def _shallow_copy(state_dict):
@@ -46,12 +47,12 @@ class AdamBase(BuiltinOptimizer):
         amsgrad: bool = False,
     ):
         if lr < 0.0:
-            raise ValueError(f"Invalid learning rate: {lr} - should be >= 0.0")
+            raise CstorchValueError(f"Invalid learning rate: {lr} - should be >= 0.0")
         for beta in betas:
             if not 0.0 <= beta < 1.0:
-                raise ValueError(f"Invalid beta parameter: {beta} - should be in [0.0, 1.0)")
+                raise CstorchValueError(f"Invalid beta parameter: {beta} - should be in [0.0, 1.0)")
         if eps < 0.0:
-            raise ValueError(f"Invalid epsilon value: {eps} - should be >= 0.0")
+            raise CstorchValueError(f"Invalid epsilon value: {eps} - should be >= 0.0")
         defaults = dict(
             lr=lr,
             betas=betas,

@@ -24,6 +24,7 @@ from itertools import accumulate
 from cstorch.errors import quoted
 from cstorch.optim import lr_scheduler, scheduler
 from cstorch.optim.optimizer import BuiltinOptimizer, Optimizer
+from jax_backend.errors import CstorchRuntimeError, CstorchValueError
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ def configure_optimizer_params(optimizer_type: str, kwargs: dict):
     """
     classes = _optimizer_classes()
     if not isinstance(optimizer_type, str) or optimizer_type.lower() not in classes:
-        raise ValueError(
+        raise CstorchValueError(
             f"Invalid optimizer type. Expected one of {sorted(classes)}. Got: "
             f"{quoted(optimizer_type)}"
         )
@@ -114,7 +115,7 @@ def configure_optimizer_params(optimizer_type: str, kwargs: dict):
     signature = inspect.signature(cls.__init__)
     names = list(signature.parameters)
     if len(names) < 2 or names[1] != "params":
-        raise ValueError(
+        raise CstorchValueError(
             f'To use "cstorch.optim.configure_optimizer()", the optimizer class must accept '
             f'"params" as its first argument, but its signature is {cls.__name__}{signature}'
         )
@@ -154,7 +155,9 @@ def configure_optimizer(optimizer_type: str, params, **kwargs):
     try:
         return cls(params, **cls_kwargs)
     except TypeError as error:
-        raise RuntimeError(f"Failed to configure {cls.__name__} optimizer: {error}") from error
+        raise CstorchRuntimeError(
+            f"Failed to configure {cls.__name__} optimizer: {error}"
+        ) from error
 
 
 def configure_scheduler_params(learning_rate: dict):
@@ -168,24 +171,24 @@ def configure_scheduler_params(learning_rate: dict):
     ``milestones``) raise ``ValueError`` naming the parameter to use.
     """
     if not isinstance(learning_rate, dict):
-        raise ValueError(f"A scheduler config must be a dict, got {quoted(learning_rate)}")
+        raise CstorchValueError(f"A scheduler config must be a dict, got {quoted(learning_rate)}")
     params = dict(learning_rate)
     classes = {c.__name__.lower(): c for c in _subclasses(lr_scheduler.LRScheduler)}
     if "scheduler" not in params:
-        raise ValueError(
+        raise CstorchValueError(
             f"A learning-rate scheduler config needs a 'scheduler' key naming one "
             f"of {sorted(classes)}; got keys {quoted(sorted(params))}"
         )
     name = str(params.pop("scheduler")).lower()
     cls = classes.get(name) or classes.get(f"{name}lr")
     if cls is None:
-        raise ValueError(
+        raise CstorchValueError(
             f"Invalid lr_scheduler type. Expected one of {sorted(classes)}. Got: {quoted(name)}"
         )
     signature = inspect.signature(cls.__init__)
     names = list(signature.parameters)
     if len(names) < 2 or names[1] != "optimizer":
-        raise ValueError(
+        raise CstorchValueError(
             f'To use "cstorch.optim.configure_lr_scheduler()", the scheduler class must accept '
             f'"optimizer" as its first argument, but its signature is {cls.__name__}{signature}'
         )
@@ -206,7 +209,7 @@ def configure_scheduler_params(learning_rate: dict):
     if deprecated:
         raise _deprecation_error(cls, deprecated)
     if params and not any_kwargs:
-        raise ValueError(
+        raise CstorchValueError(
             f"{cls.__name__} got {len(params)} unexpected parameters: "
             f"{quoted(sorted(params))}.\n"
             f"Please ensure that you specified the correct parameters:\n"
@@ -220,13 +223,15 @@ def _build_lr_scheduler(optimizer, config: dict):
     try:
         return cls(optimizer, **cls_kwargs)
     except TypeError as error:
-        raise RuntimeError(f"Failed to configure {cls.__name__} scheduler: {error}") from error
+        raise CstorchRuntimeError(
+            f"Failed to configure {cls.__name__} scheduler: {error}"
+        ) from error
 
 
 def _cumulative_milestones(schedulers) -> list:
     for child in schedulers[:-1]:
         if child.total_iters is None:
-            raise ValueError(
+            raise CstorchValueError(
                 f"To run schedulers one after another, every scheduler but the last needs "
                 f"`total_iters` (it places the milestones), but {type(child).__name__} has "
                 "none. Give it total_iters, or build a SequentialLR with explicit milestones."
@@ -254,7 +259,7 @@ def configure_lr_scheduler(optimizer, learning_rate, adjust_learning_rate=None):
     elif isinstance(learning_rate, (list, tuple)):
         configs = list(learning_rate)
     else:
-        raise ValueError(
+        raise CstorchValueError(
             f"Unsupported LR scheduler type. Expected one of "
             f"float/str/dict/list/tuple. Got: {quoted(learning_rate)}"
         )
@@ -265,7 +270,7 @@ def configure_lr_scheduler(optimizer, learning_rate, adjust_learning_rate=None):
     entries, main = [], set()
     for config in configs:
         if not isinstance(config, dict):
-            raise ValueError(
+            raise CstorchValueError(
                 f"Each entry of a learning-rate schedule list must be a dict, got {quoted(config)}"
             )
         config = dict(config)
@@ -274,14 +279,14 @@ def configure_lr_scheduler(optimizer, learning_rate, adjust_learning_rate=None):
             main.add(chosen)
         entries.append((config, configure_scheduler_params(config)))
     if len(main) > 1:
-        raise ValueError(
+        raise CstorchValueError(
             f"Got conflicting `main_scheduler` values: {main}. Please make sure "
             "to specify the same main scheduler."
         )
     main = next(iter(main), None)
     chained = main is not None and main.lower() in ("chained", "chainedlr")
     if chained and adjust_learning_rate:
-        raise ValueError(
+        raise CstorchValueError(
             f"{main} is not supported with lr scaling. Either use a non-chained scheduler "
             "or don't use lr scaling (don't pass `adjust_learning_rate`)."
         )
@@ -324,14 +329,14 @@ def configure_scheduler(optimizer, schedulers_params: dict):
         built = []
         for config in configs:
             if not isinstance(config, dict) or len(config) != 1:
-                raise ValueError(
+                raise CstorchValueError(
                     f"A {name} sub-scheduler must be a dict with exactly one "
                     f"key, the scheduler class name, got {config!r}"
                 )
             child_name, child_kwargs = next(iter(config.items()))
             child_kwargs = dict(child_kwargs or {})
             if "param_group_tags" in child_kwargs:
-                raise ValueError(
+                raise CstorchValueError(
                     f"Parameter `param_group_tags` found in a non-main scheduler {child_name}. "
                     f"A {name} main-scheduler expects all sub-schedulers to have no "
                     "`param_group_tags`: set it on the main scheduler only."
@@ -354,7 +359,7 @@ def configure_scheduler(optimizer, schedulers_params: dict):
     if issubclass(cls, scheduler.ScalePerParamScheduler):
         subs = children(_required(kwargs, "scheduler", name))
         if len(subs) != 1:
-            raise ValueError(f"{name} must contain exactly 1 scheduler, got {len(subs)}.")
+            raise CstorchValueError(f"{name} must contain exactly 1 scheduler, got {len(subs)}.")
         return cls(optimizer, subs[0], **kwargs)
     return cls(optimizer, **kwargs)
 
@@ -363,14 +368,14 @@ def _check_scheduler_names(config, classes, parent="configure_scheduler") -> Non
     """Raises ``ValueError`` for a malformed entry or unknown class name anywhere in a
     ``configure_scheduler`` config (children included)."""
     if not isinstance(config, dict) or len(config) != 1:
-        raise ValueError(
+        raise CstorchValueError(
             f"{parent} expects a dict with exactly one key, the scheduler class "
             f"name, got {config!r}"
         )
     name, kwargs = next(iter(config.items()))
     cls = classes.get(name)
     if cls is None:
-        raise ValueError(
+        raise CstorchValueError(
             f"Invalid scheduler type. Expected one of {sorted(classes)}. Got: ({name})"
         )
     if not isinstance(kwargs, dict):
@@ -388,7 +393,7 @@ def _check_scheduler_names(config, classes, parent="configure_scheduler") -> Non
 
 def _required(kwargs, key, name):
     if key not in kwargs:
-        raise ValueError(f"{name} needs {key!r} in its config, got keys {sorted(kwargs)}")
+        raise CstorchValueError(f"{name} needs {key!r} in its config, got keys {sorted(kwargs)}")
     return kwargs.pop(key)
 
 

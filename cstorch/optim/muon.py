@@ -4,6 +4,7 @@ from torch.optim.optimizer import ParamsT
 
 from cstorch.optim import _checks
 from cstorch.optim.optimizer import BuiltinOptimizer
+from jax_backend.errors import CstorchValueError
 
 
 class Muon(BuiltinOptimizer):
@@ -41,7 +42,7 @@ class Muon(BuiltinOptimizer):
         _checks.in_unit_interval("weight decay parameter", weight_decay)
         _checks.in_unit_interval("momentum parameter", momentum)
         if ns_steps < 0:
-            raise ValueError(f"Invalid number of steps: {ns_steps!r} - should be >= 0")
+            raise CstorchValueError(f"Invalid number of steps: {ns_steps!r} - should be >= 0")
         defaults = dict(
             lr=lr,
             weight_decay=weight_decay,
@@ -54,7 +55,7 @@ class Muon(BuiltinOptimizer):
     def _check_group(self, group, params):
         for p in params:
             if p.ndim < 2:
-                raise ValueError(
+                raise CstorchValueError(
                     f"Muon needs parameters with 2 or more dimensions, got one of shape "
                     f"{tuple(p.shape)}; optimize 0-d/1-d parameters with another optimizer "
                     "(e.g. AdamW in a separate optimizer)."

@@ -21,6 +21,7 @@ import torch
 from cstorch.optim.optimizer import Optimizer
 from jax_backend import optax_ops
 from jax_backend.dtypes import array_to_tensor, tensor_to_array
+from jax_backend.errors import CstorchTypeError, CstorchValueError
 from jax_backend.jax_settings import in_engine_scope
 
 
@@ -32,13 +33,13 @@ class OptaxOptimizer(Optimizer):
             callable(getattr(transformation, "init", None))
             and callable(getattr(transformation, "update", None))
         ):
-            raise TypeError(
+            raise CstorchTypeError(
                 f"from_optax expects an optax.GradientTransformation (with init and update), "
                 f"got {type(transformation).__name__}."
             )
         params = list(params)
         if not params or not all(isinstance(p, torch.Tensor) for p in params):
-            raise TypeError(
+            raise CstorchTypeError(
                 "from_optax expects a non-empty iterable of parameters (e.g. "
                 "model.parameters()); param groups do not apply: optax transforms the whole "
                 "parameter list with its own hyperparameters."
@@ -64,7 +65,7 @@ class OptaxOptimizer(Optimizer):
             ):
                 owner, key = params[last.idx], "optax" + jax.tree_util.keystr(path[:-1])
             if key in self.state[owner]:
-                raise ValueError(
+                raise CstorchValueError(
                     f"optax state leaves collide at {key!r}; this transformation "
                     "cannot be stored per parameter."
                 )

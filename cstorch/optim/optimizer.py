@@ -29,6 +29,7 @@ from torch.optim.optimizer import ParamsT  # the params type hint, as in the ref
 from torch.utils.hooks import RemovableHandle
 
 from cstorch.backend import current_backend_impl
+from jax_backend.errors import CstorchRuntimeError, CstorchTypeError, CstorchValueError
 from jax_backend.torch_ops import init_optimizer_state, optimizer_config, optimizer_state_layout
 
 
@@ -107,7 +108,7 @@ class Optimizer(torch.optim.Optimizer, ABC):
         """Adds 1 to ``state[p]["step"]`` in place and returns that float32 tensor."""
         state = self.state[p]
         if "step" not in state:
-            raise RuntimeError(
+            raise CstorchRuntimeError(
                 f"{type(self).__name__} has no global step in the state of this parameter; "
                 "construct the optimizer with enable_global_step=True to create it."
             )
@@ -159,7 +160,7 @@ class Optimizer(torch.optim.Optimizer, ABC):
                         )
         if mismatches:
             shown = "; ".join(mismatches[:3]) + ("; ..." if len(mismatches) > 3 else "")
-            raise ValueError(
+            raise CstorchValueError(
                 f"Cannot load this {type(self).__name__} state: it is from a model with other "
                 f"parameter shapes ({len(mismatches)} state tensor(s) differ: {shown}). Load "
                 "the optimizer state saved together with this model's weights. Nothing was "
@@ -203,7 +204,7 @@ class Optimizer(torch.optim.Optimizer, ABC):
             result = hook(self, args, kwargs)
             if result is not None:
                 if not (isinstance(result, tuple) and len(result) == 2):
-                    raise RuntimeError(
+                    raise CstorchRuntimeError(
                         f"The zero_grad pre hook {hook!r} must return None or a tuple "
                         f"(new_args, new_kwargs), but returned {result!r}."
                     )
@@ -230,7 +231,7 @@ class Optimizer(torch.optim.Optimizer, ABC):
         method = getattr(f, "apply", None)
         if callable(method):
             return method(self)
-        raise TypeError(
+        raise CstorchTypeError(
             f"Optimizer.apply expects a callable or an object with an `apply` method, got "
             f"{type(f).__name__}."
         )
@@ -354,7 +355,7 @@ class BuiltinOptimizer(Optimizer):
                     continue
                 state = self.state[p]
                 if field not in state:
-                    raise RuntimeError(
+                    raise CstorchRuntimeError(
                         f"{type(self).__name__}: the state of parameter {index} (shape "
                         f"{tuple(p.shape)}) has no {field!r} entry (it has {sorted(state)}), "
                         f"but its update needs {list(keys)}. Optimizer state must come from "
@@ -373,7 +374,9 @@ class BuiltinOptimizer(Optimizer):
                 continue
             for p in params:
                 if p.grad.is_sparse:
-                    raise RuntimeError(f"{type(self).__name__} does not support sparse gradients.")
+                    raise CstorchRuntimeError(
+                        f"{type(self).__name__} does not support sparse gradients."
+                    )
             self._check_group(group, params)
             static, dynamic = self._rule_arguments(group)
             config = optimizer_config(self.rule, static, list(dynamic))

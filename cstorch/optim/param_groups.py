@@ -22,6 +22,8 @@ import fnmatch
 
 import torch
 
+from jax_backend.errors import CstorchTypeError, CstorchValueError
+
 _NORMS = (torch.nn.modules.batchnorm._NormBase, torch.nn.LayerNorm, torch.nn.GroupNorm)
 if hasattr(torch.nn, "RMSNorm"):
     _NORMS += (torch.nn.RMSNorm,)
@@ -45,7 +47,7 @@ def _lr_scale(name: str, adjust: dict, layer_globs: dict) -> float:
     for layer_type, scale in adjust.items():
         globs = layer_globs.get(layer_type)
         if globs is None:
-            raise ValueError(
+            raise CstorchValueError(
                 f"adjust_learning_rate names layer type {layer_type!r}, which the model does "
                 f"not define; known: {sorted(layer_globs)}."
             )
@@ -60,13 +62,13 @@ def configure_param_groups(model: torch.nn.Module, optimizer_params: dict) -> li
     """The parameter groups (list of dicts with ``params``, ``weight_decay`` and, where
     ``adjust_learning_rate`` is configured, ``adjust_learning_rate``) for ``model``."""
     if not isinstance(model, torch.nn.Module):
-        raise TypeError(
+        raise CstorchTypeError(
             f"configure_param_groups expects a torch.nn.Module, got {type(model).__name__}."
         )
     weight_decay = optimizer_params.get("weight_decay", 0.0) or 0.0
     adjust = optimizer_params.get("adjust_learning_rate") or {}
     if not isinstance(adjust, dict):
-        raise ValueError(
+        raise CstorchValueError(
             f"adjust_learning_rate must be a mapping of layer type to factor, got {adjust!r}."
         )
     layer_globs = getattr(model, "lr_adjustment_groups", DEFAULT_LR_ADJUSTMENT_GROUPS)

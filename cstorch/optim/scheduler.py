@@ -30,6 +30,12 @@ import jax_backend
 from cstorch.backend import current_backend_impl
 from cstorch.optim.optimizer import plain_copies
 from jax_backend import Slot
+from jax_backend.errors import (
+    CstorchNotImplementedError,
+    CstorchRuntimeError,
+    CstorchTypeError,
+    CstorchValueError,
+)
 from jax_backend.torch_ops import schedule_config
 
 Tags = Optional[Union[str, List[Optional[str]]]]
@@ -97,13 +103,13 @@ class Scheduler(ABC):
         elif isinstance(param_group_tags, (list, tuple, set)):
             self.param_group_tags = set(param_group_tags)
             if len(self.param_group_tags) != len(param_group_tags):
-                raise ValueError(
+                raise CstorchValueError(
                     f"`param_group_tags` contains duplicate values. Tag list: {param_group_tags}."
                 )
         else:
             self.param_group_tags = {param_group_tags}
         if not isinstance(optimizer, Optimizer):
-            raise TypeError(
+            raise CstorchTypeError(
                 f"{type(optimizer).__name__} is not a cstorch.optim.Optimizer; schedulers "
                 "drive cstorch optimizers only (e.g. cstorch.optim.SGD, not torch.optim.SGD)."
             )
@@ -140,7 +146,7 @@ class Scheduler(ABC):
             if self._should_apply_to_param_group(group):
                 return
             available.update(group.get("tags") or ())
-        raise ValueError(
+        raise CstorchValueError(
             f"Scheduler {type(self).__name__} was created with `param_group_tags` "
             f"{self.param_group_tags} but none of them were applied to any params groups in "
             f"the optimizer. Please check the correctness of the param group tags. Available "
@@ -179,7 +185,7 @@ class Scheduler(ABC):
         """This schedule as a pure JAX function ``count -> value`` (optax-compatible)."""
         config = self._pure_config()
         if config is None:
-            raise NotImplementedError(
+            raise CstorchNotImplementedError(
                 f"{type(self).__name__} is defined by torch ops only (its _get_closed_form) "
                 "and has no JAX form."
             )
@@ -192,7 +198,7 @@ class Scheduler(ABC):
             return self._get_closed_form_lr()
         config = self._schedule_config()
         if config is None:
-            raise NotImplementedError(
+            raise CstorchNotImplementedError(
                 f"{type(self).__name__} must implement _get_closed_form() returning a 0-dim "
                 "tensor computed from self.last_epoch."
             )
@@ -301,7 +307,7 @@ def _write_group_value(group, key, value):
         return
     impl = current_backend_impl(raise_exception=False)
     if impl is not None and impl.is_tracing:
-        raise RuntimeError(
+        raise CstorchRuntimeError(
             f"A scheduler tried to write param group {key!r} inside a traced step, but the "
             f"group holds {current!r} instead of a float32 0-dim tensor, so the value could "
             "not persist between steps. Construct the scheduler (or call its "
@@ -507,30 +513,30 @@ class SequentialScheduler(_ComposedScheduler):
         if isinstance(milestones, numpy.ndarray):
             milestones = milestones.tolist()
         if not isinstance(milestones, (list, tuple)):
-            raise TypeError(
+            raise CstorchTypeError(
                 f"Expected milestones to be a list of integers. Got: {type(milestones)}"
             )
         if any(not isinstance(m, int) or isinstance(m, bool) for m in milestones):
-            raise TypeError(
+            raise CstorchTypeError(
                 f"Expected milestones to be a list of integers. Got: "
                 f"{list(milestones)!r} (types {[type(m) for m in milestones]})"
             )
         schedulers = list(schedulers)
         for index, scheduler in enumerate(schedulers):
             if scheduler.optimizer is not optimizer:
-                raise ValueError(
+                raise CstorchValueError(
                     f"Sequential Schedulers expects all schedulers to belong to the same "
                     f"optimizer, but got schedulers at index {index} to be different than the "
                     f"optimizer passed in."
                 )
             if scheduler.param_group_key != self.param_group_key:
-                raise ValueError(
+                raise CstorchValueError(
                     f"Sequential Schedulers expects all schedulers to have the same "
                     f"`param_group_key`, but got {scheduler.param_group_key!r} at index "
                     f"{index} instead of {self.param_group_key!r}."
                 )
         if len(milestones) != len(schedulers) - 1:
-            raise ValueError(
+            raise CstorchValueError(
                 f"Sequential Schedulers expects number of schedulers provided to be one more "
                 f"than the number of milestone points, but got number of schedulers "
                 f"{len(schedulers)} and the number of milestones to be equal to "
@@ -547,7 +553,7 @@ class SequentialScheduler(_ComposedScheduler):
     def _post_init(self):
         for index, scheduler in enumerate(self._schedulers):
             if scheduler.param_group_tags != self.param_group_tags:
-                raise ValueError(
+                raise CstorchValueError(
                     f"Sequential Schedulers expects all schedulers to have the same "
                     f"`param_group_tags`, but found {scheduler.param_group_tags} at index "
                     f"{index} instead of {self.param_group_tags}."
@@ -602,7 +608,7 @@ class PiecewiseConstantScheduler(SequentialScheduler):
         if isinstance(milestones, numpy.ndarray):
             milestones = milestones.tolist()
         if len(vals) > len(milestones) + 1 or not vals:
-            raise ValueError(
+            raise CstorchValueError(
                 f"{type(self).__name__} needs len(milestones) + 1 values, got "
                 f"{len(vals)} values {vals} for milestones {list(milestones)}."
             )
@@ -719,7 +725,7 @@ class LambdaScheduler(Scheduler):
         value = torch.tensor(self.initial_val, dtype=torch.float32)
         for fn in self._lambdas():
             if isinstance(fn, str):
-                raise TypeError(
+                raise CstorchTypeError(
                     f"{type(self).__name__}.set_value_lambda mixes names and functions "
                     f"({self._lambdas()!r}); return only names or only torch functions."
                 )
@@ -748,7 +754,7 @@ class CosineAnnealingWarmRestartsScheduler(Scheduler):
         param_group_tags: Tags = None,
     ):
         if T_mult != 1.0:
-            raise ValueError(
+            raise CstorchValueError(
                 f"Unsupported value of Parameters 'T_mult' for LR scheduler type "
                 f"CosineAnnealingWarmRestarts: got T_mult={T_mult!r}, only T_mult=1 is "
                 "supported."
@@ -805,10 +811,10 @@ class ChainedScheduler(_ComposedScheduler):
     def __init__(self, schedulers: List[Scheduler], param_group_tags: Tags = None):
         self._schedulers = list(schedulers)
         if not self._schedulers:
-            raise ValueError("ChainedScheduler needs at least one scheduler, got none.")
+            raise CstorchValueError("ChainedScheduler needs at least one scheduler, got none.")
         for index, scheduler in enumerate(self._schedulers[1:], start=1):
             if not hasattr(scheduler, "initial_val"):
-                raise TypeError(
+                raise CstorchTypeError(
                     f"ChainedScheduler divides by the initial value of every scheduler after "
                     f"the first, but {type(scheduler).__name__} at index {index} has no "
                     "`initial_val`; put it first in the chain or use another scheduler."
@@ -820,12 +826,12 @@ class ChainedScheduler(_ComposedScheduler):
     def _post_init(self):
         for index, scheduler in enumerate(self._schedulers):
             if scheduler.optimizer is not self.optimizer:
-                raise ValueError(
+                raise CstorchValueError(
                     f"ChainedScheduler expects all schedulers to belong to the same optimizer, "
                     f"but got schedulers at index 0 and {index} to be different"
                 )
             if scheduler.param_group_tags != self.param_group_tags:
-                raise ValueError(
+                raise CstorchValueError(
                     f"Chained Scheduler expects all schedulers to have the same "
                     f"`param_group_tags`, but found {scheduler.param_group_tags} at index "
                     f"{index} instead of {self.param_group_tags}."
@@ -938,7 +944,7 @@ class ScalePerParamScheduler(Scheduler):
 
     def _post_init(self):
         if self._scheduler_nested.param_group_tags != self.param_group_tags:
-            raise ValueError(
+            raise CstorchValueError(
                 f"ScalePerParamScheduler expects the wrapped scheduler to have the same "
                 f"`param_group_tags`, but found {self._scheduler_nested.param_group_tags} "
                 f"instead of {self.param_group_tags}."

@@ -4,6 +4,7 @@ from torch.optim.optimizer import ParamsT
 
 from cstorch.optim import _checks
 from cstorch.optim.optimizer import BuiltinOptimizer
+from jax_backend.errors import CstorchValueError
 
 
 class SGD(BuiltinOptimizer):
@@ -37,7 +38,7 @@ class SGD(BuiltinOptimizer):
         _checks.non_negative("momentum value", momentum)
         _checks.non_negative("weight_decay value", weight_decay)
         if nesterov and (momentum <= 0 or dampening != 0):
-            raise ValueError(
+            raise CstorchValueError(
                 "Nesterov momentum requires a `momentum` and zero `dampening`. `momentum` was "
                 f"{momentum} and `dampening` was {dampening}."
             )

@@ -16,6 +16,8 @@ import socket
 import time
 from typing import Any, Callable, List, Optional
 
+from jax_backend.errors import CstorchRuntimeError, CstorchValueError
+
 
 class ProfilerRegistry:
     """Holds the one active ``profile``."""
@@ -25,7 +27,7 @@ class ProfilerRegistry:
     @classmethod
     def set_profiler(cls, profiler) -> None:
         if cls._profiler is not None:
-            raise RuntimeError(
+            raise CstorchRuntimeError(
                 "A profiler has already been set. Only one profiler instance is "
                 "allowed at a time; exit the active `profile` block first."
             )
@@ -43,7 +45,7 @@ class ProfilerRegistry:
 def schedule(*, start_step: int, end_step: int) -> Callable[[], List[int]]:
     """The steps to profile, ``start_step..end_step`` inclusive (-1 start disables)."""
     if start_step > end_step:
-        raise ValueError(
+        raise CstorchValueError(
             f"The start step ({start_step}) must be less than or equal to the end "
             f"step ({end_step})."
         )
@@ -120,16 +122,16 @@ class profile:
             return None
         if not is_csx:
             if start >= 0:
-                raise RuntimeError("Only CSX backend can be profiled.")
+                raise CstorchRuntimeError("Only CSX backend can be profiled.")
             return None
         if not num_steps >= end >= start >= 1:
-            raise ValueError(
+            raise CstorchValueError(
                 f"The profiling step range must lie within [1, {num_steps}], got {start}:{end}."
             )
         for host in self.host_activities or []:
             match = _HOST.match(host)
             if match is None or match.group(1) not in ("ACT", "WGT", "CSX"):
-                raise ValueError(
+                raise CstorchValueError(
                     f"Invalid host activity {host!r}: use <ACT|WGT|CSX>-<number or "
                     "*>, e.g. ACT-0, WGT-*, CSX-1."
                 )

@@ -13,6 +13,8 @@ import dataclasses
 import os
 from typing import Any
 
+from jax_backend.errors import CstorchNotImplementedError
+
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointVersion:
@@ -66,7 +68,7 @@ class PyTorchH5Saver:
         return dict(zip(flattened.keys, flattened.leaves)), flattened.spec
 
     def _whole_file_only(self, name):
-        raise NotImplementedError(
+        raise CstorchNotImplementedError(
             f"PyTorchH5Saver.{name}: this checkpoint format is written whole (cstorch.save) "
             "and published atomically; tensors cannot be added to an existing file. Build the "
             "state dict and call cstorch.save."

@@ -36,6 +36,7 @@ from torch.utils.hooks import RemovableHandle
 from cstorch.backend import current_backend_impl
 from cstorch.sparse.init import InitMethodType, make_init_method
 from cstorch.sparse.utils import HyperParameterSchedule, make_hyperparam_schedule
+from jax_backend.errors import CstorchRuntimeError, CstorchTypeError, CstorchValueError
 
 
 class _ScheduleMap:
@@ -134,7 +135,7 @@ class SparsityAlgorithm(ABC):
         elif isinstance(obj, torch.optim.Optimizer):
             params = (p for group in obj.param_groups for p in group["params"])
         else:
-            raise TypeError(
+            raise CstorchTypeError(
                 f"Expected torch.nn.Module or torch.optim.Optimizer, but got {type(obj)}"
             )
         return (sp for p in params if (sp := self._sparse_param_of(p)) is not None)
@@ -154,7 +155,7 @@ class SparsityAlgorithm(ABC):
         if not hasattr(self, "_sparsity"):
 
             def missing():
-                raise ValueError(
+                raise CstorchValueError(
                     f"{self.__class__.__name__} sparsity algorithm expected `sparsity` to be "
                     "specified, but got none."
                 )
@@ -190,7 +191,7 @@ class SparsityAlgorithm(ABC):
         elif isinstance(obj, Optimizer):
             self.sparsify_optimizer(obj)
         else:
-            raise TypeError(
+            raise CstorchTypeError(
                 f"Expected torch.nn.Module or cstorch.optim.Optimizer, but got {type(obj)}"
             )
 
@@ -257,7 +258,7 @@ class SparsityAlgorithm(ABC):
         self.sparse_optimizers[optimizer] = True
         optimizer.is_sparse = True
         if len(self.sparse_optimizers) > 1:
-            raise RuntimeError(
+            raise CstorchRuntimeError(
                 "Sparsifying multiple optimizers using the same sparsity algorithm is not "
                 "supported."
             )
@@ -265,7 +266,7 @@ class SparsityAlgorithm(ABC):
         def prune_optimizer_states(optimizer, args, kwargs):
             params = list(self.get_sparse_params(optimizer))
             if not params:
-                raise RuntimeError(
+                raise CstorchRuntimeError(
                     "Detected that optimizer.apply(sparsity) was called but "
                     "model.apply(sparsity) was not.\nPlease call model.apply(sparsity)."
                 )
@@ -365,7 +366,7 @@ class SparseParameter:
     def module(self) -> torch.nn.Module:
         module = self._module_ref()
         if module is None:
-            raise ValueError("Attempting to access mask after module deleted")
+            raise CstorchValueError("Attempting to access mask after module deleted")
         return module
 
     @property
@@ -392,9 +393,9 @@ class SparseParameter:
         with torch.no_grad():
             mask = self.init_method(self.param.detach())
         if not isinstance(mask, torch.Tensor):
-            raise TypeError(f"Expected init_method to return a Tensor, but got {type(mask)}")
+            raise CstorchTypeError(f"Expected init_method to return a Tensor, but got {type(mask)}")
         if tuple(mask.shape) != tuple(self.param.shape):
-            raise ValueError(
+            raise CstorchValueError(
                 f"The init_method returned a mask of shape {tuple(mask.shape)} for parameter "
                 f"{self.name} of shape {tuple(self.param.shape)}."
             )
@@ -405,7 +406,7 @@ class SparseParameter:
 
     def annotate(self, name, value) -> None:
         if self._pruned_tensors:
-            raise RuntimeError(
+            raise CstorchRuntimeError(
                 "Detected that annotations are being set after pruning tensors: "
                 f"{sorted(n for _, n in self._pruned_tensors)}"
             )
@@ -426,9 +427,11 @@ class SparseParameter:
     def update(self, new_mask) -> None:
         """Writes a new mask and re-prunes every tensor pruned with the old one."""
         if not self._initialized:
-            raise RuntimeError("Detected that mask is being updated before it was initialized")
+            raise CstorchRuntimeError(
+                "Detected that mask is being updated before it was initialized"
+            )
         if not self._pruned_tensors:
-            raise RuntimeError("Detected that mask is being updated before it was used")
+            raise CstorchRuntimeError("Detected that mask is being updated before it was used")
         with torch.no_grad():
             self.mask.copy_(new_mask)
         self.prune()

@@ -17,6 +17,7 @@ import torch
 from cstorch.errors import quoted
 from cstorch.sparse.base import SparsityAlgorithm
 from cstorch.sparse.group import Group
+from jax_backend.errors import CstorchTypeError, CstorchValueError
 
 SparseParamFilterType = Callable[[str, torch.nn.Parameter], bool]
 ParamNamePatternsType = Union[str, List[str], Dict[str, dict]]
@@ -69,7 +70,7 @@ def map_sparsity_algorithm(algorithm: str):
     cls = known.get(str(algorithm).lower())
     if cls is None:
         name = algorithm if len(str(algorithm)) <= 60 else quoted(str(algorithm))
-        raise ValueError(
+        raise CstorchValueError(
             f"Unsupported sparsity algorithm: {name}. Supported types: {sorted(known)}"
         )
     return cls
@@ -100,7 +101,7 @@ def check_config(config: Union[float, dict, List[dict]]) -> None:
     ``sparsity:`` section is checked before anything of the run exists."""
     config = flatten_sparsity_params(config)
     if isinstance(config, bool):
-        raise TypeError(f"A sparsity config cannot be a bool, got {config!r}.")
+        raise CstorchTypeError(f"A sparsity config cannot be a bool, got {config!r}.")
     if isinstance(config, (int, float)):
         return check_config({"sparsity": config})
     if isinstance(config, (list, tuple)):
@@ -108,7 +109,7 @@ def check_config(config: Union[float, dict, List[dict]]) -> None:
             check_config(item)
         return None
     if not isinstance(config, dict):
-        raise TypeError(
+        raise CstorchTypeError(
             f"A sparsity config is a float, a dict or a list of dicts, got {type(config)}."
         )
     config = dict(config)
@@ -123,16 +124,20 @@ def check_config(config: Union[float, dict, List[dict]]) -> None:
             and all(isinstance(p, str) for p in param_filter)
         )
     ):
-        raise TypeError(f"filter must be a string or list of strings, got {type(param_filter)}")
+        raise CstorchTypeError(
+            f"filter must be a string or list of strings, got {type(param_filter)}"
+        )
     if "schedule" in config:
         if "sparsity" in config:
-            raise ValueError("Cannot specify both 'sparsity' and 'schedule' in the same config")
+            raise CstorchValueError(
+                "Cannot specify both 'sparsity' and 'schedule' in the same config"
+            )
         config["sparsity"] = config.pop("schedule")
     if config.get("sparsity") is None:
         return None
     unknown = sorted(set(config) - _accepted_arguments(sparsity_cls))
     if unknown:
-        raise ValueError(
+        raise CstorchValueError(
             f"Invalid sparsity config for {sparsity_cls.__name__}: unknown "
             f"argument{'s' if len(unknown) > 1 else ''} "
             f"{', '.join(quoted(k) for k in unknown[:5])}; accepted: "
@@ -141,7 +146,7 @@ def check_config(config: Union[float, dict, List[dict]]) -> None:
     try:
         sparsity_cls.check_arguments(**config)
     except (TypeError, ValueError) as err:
-        raise ValueError(
+        raise CstorchValueError(
             f"Invalid sparsity config for {sparsity_cls.__name__}: {str(err)[:300]}"
         ) from None
     return None
@@ -163,7 +168,7 @@ def configure(config: Union[float, dict, List[dict]]) -> Group:
     check_config(config)
     config = flatten_sparsity_params(config)
     if isinstance(config, bool):
-        raise TypeError(f"A sparsity config cannot be a bool, got {config!r}.")
+        raise CstorchTypeError(f"A sparsity config cannot be a bool, got {config!r}.")
     if isinstance(config, (int, float)):
         return configure({"sparsity": config})
     if isinstance(config, (list, tuple)):
@@ -174,7 +179,7 @@ def configure(config: Union[float, dict, List[dict]]) -> Group:
                 sparsity.extend(configured)
         return sparsity
     if not isinstance(config, dict):
-        raise TypeError(
+        raise CstorchTypeError(
             f"A sparsity config is a float, a dict or a list of dicts, got {type(config)}."
         )
     config = deepcopy(config)
@@ -185,19 +190,25 @@ def configure(config: Union[float, dict, List[dict]]) -> Group:
     param_filter = config.pop("param_filter", None)
     if "schedule" in config:
         if "sparsity" in config:
-            raise ValueError("Cannot specify both 'sparsity' and 'schedule' in the same config")
+            raise CstorchValueError(
+                "Cannot specify both 'sparsity' and 'schedule' in the same config"
+            )
         config["sparsity"] = config.pop("schedule")
     if config.get("sparsity") is None:
         return None
     try:
         sparsity = sparsity_cls(**config)
     except TypeError as err:
-        raise ValueError(f"Invalid sparsity config for {sparsity_cls.__name__}: {err}") from None
+        raise CstorchValueError(
+            f"Invalid sparsity config for {sparsity_cls.__name__}: {err}"
+        ) from None
     group = Group()
     if param_filter is None:
         group.add(default_sparse_param_filter, sparsity)
     elif isinstance(param_filter, (list, tuple, str)):
         group.add(param_filter, sparsity)
     else:
-        raise TypeError(f"filter must be a string or list of strings, got {type(param_filter)}")
+        raise CstorchTypeError(
+            f"filter must be a string or list of strings, got {type(param_filter)}"
+        )
     return group

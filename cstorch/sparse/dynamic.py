@@ -19,6 +19,7 @@ import torch
 
 from cstorch.sparse.base import SparseParameter, SparsityAlgorithm
 from cstorch.sparse.utils import UpdateScheduleType, make_hyperparam_schedule, make_update_schedule
+from jax_backend.errors import CstorchTypeError
 
 
 class DynamicSparsityAlgorithm(SparsityAlgorithm):
@@ -88,7 +89,7 @@ class DynamicSparsityAlgorithm(SparsityAlgorithm):
         from cstorch.optim import Optimizer
 
         if optimizer is not None and not isinstance(optimizer, Optimizer):
-            raise TypeError(f"Expected a Cerebras Optimizer. Got: {type(optimizer)}")
+            raise CstorchTypeError(f"Expected a Cerebras Optimizer. Got: {type(optimizer)}")
         increment = amp._compat.finite_increment(optimizer) if optimizer is not None else 1
         self.step += increment
         is_update_step = torch.as_tensor(self.update_schedule(self.step), dtype=torch.bool)

@@ -6,6 +6,7 @@ import torch
 
 from cstorch.sparse.dynamic import DynamicSparsityAlgorithm
 from cstorch.sparse.utils import Constant, make_mask_topk_sparsity
+from jax_backend.errors import CstorchValueError
 
 
 class GMP(DynamicSparsityAlgorithm):
@@ -20,7 +21,7 @@ class GMP(DynamicSparsityAlgorithm):
 
     @staticmethod
     def _refuse_constant(value):
-        raise ValueError(
+        raise CstorchValueError(
             f"Configured with constant sparsity {value}. This is not valid, because the "
             "sparsity pattern would not change during training. For a static sparsity "
             'pattern, use `algorithm="static".`'

@@ -12,6 +12,12 @@ from typing import Callable, Dict, Union
 import torch
 
 from cstorch.sparse.base import SparsityAlgorithm
+from jax_backend.errors import (
+    CstorchNotImplementedError,
+    CstorchRuntimeError,
+    CstorchTypeError,
+    CstorchValueError,
+)
 
 
 class Group(SparsityAlgorithm):
@@ -46,7 +52,7 @@ class Group(SparsityAlgorithm):
 
     @property
     def sparsity(self):
-        raise NotImplementedError(
+        raise CstorchNotImplementedError(
             "Group sparsity algorithm does not have a sparsity level. You can access the "
             "sparsity of nested sparsity algorithms by indexing the Group object, i.e. "
             "group[0].sparsity"
@@ -61,11 +67,11 @@ class Group(SparsityAlgorithm):
     def add(self, filter: Union[str, list, Callable], algorithm: SparsityAlgorithm) -> None:
         """Adds ``algorithm`` for the parameters ``filter`` matches."""
         if not isinstance(algorithm, SparsityAlgorithm):
-            raise TypeError(
+            raise CstorchTypeError(
                 f"algorithm must be an instance of SparsityAlgorithm, got {type(algorithm)}"
             )
         if isinstance(algorithm, Group):
-            raise TypeError(
+            raise CstorchTypeError(
                 "algorithm must be not be Group sparsity algorithm. If you want to "
                 "merge groups, use the extend method."
             )
@@ -73,13 +79,13 @@ class Group(SparsityAlgorithm):
             filter = [filter]
         if isinstance(filter, (list, tuple)):
             if not all(isinstance(f, str) for f in filter):
-                raise TypeError(f"filter patterns must be strings, got {filter!r}")
+                raise CstorchTypeError(f"filter patterns must be strings, got {filter!r}")
             patterns = [re.compile(fnmatch.translate(f)) for f in filter]
             matcher = lambda name, _: any(p.match(name) for p in patterns)  # noqa: E731
         elif callable(filter):
             matcher = filter
         else:
-            raise TypeError(f"filter must be a string or callable, got {type(filter)}")
+            raise CstorchTypeError(f"filter must be a string or callable, got {type(filter)}")
         self._groups.append(Group.Filter(matcher, algorithm))
         self._collect(algorithm)
 
@@ -90,7 +96,7 @@ class Group(SparsityAlgorithm):
     def extend(self, group: "Group") -> None:
         """Adds the filters and algorithms of another ``Group``."""
         if not isinstance(group, Group):
-            raise TypeError(f"group must be an instance of Group, got {type(group)}")
+            raise CstorchTypeError(f"group must be an instance of Group, got {type(group)}")
         for g in group._groups:
             self.add(g.filter, g.algorithm)
 
@@ -108,7 +114,7 @@ class Group(SparsityAlgorithm):
 
     def sparsify_module(self, module) -> None:
         if not self._groups:
-            raise RuntimeError("No groups were added to the Group sparsity algorithm")
+            raise CstorchRuntimeError("No groups were added to the Group sparsity algorithm")
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             super().sparsify_module(module)
@@ -156,7 +162,7 @@ class Group(SparsityAlgorithm):
             state_dict = [state_dict]
         if not isinstance(state_dict, list) or len(state_dict) != len(self._groups):
             count = len(state_dict) if isinstance(state_dict, list) else type(state_dict)
-            raise ValueError(
+            raise CstorchValueError(
                 f"Expected a list of {len(self._groups)} state_dicts for the Group sparsity "
                 f"algorithm but got {count}."
             )

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from cstorch.sparse.utils import ScoreShaper, make_mask_topk_sparsity
+from jax_backend.errors import CstorchValueError
 
 InitMethodCallable = Callable[..., torch.Tensor]
 InitMethodType = Union[str, InitMethodCallable]
@@ -91,14 +92,14 @@ def make_init_method(init_method: InitMethodType) -> InitMethodCallable:
     )
     if isinstance(init_method, str):
         if init_method not in _INIT_METHODS:
-            raise ValueError(error)
+            raise CstorchValueError(error)
         return _INIT_METHODS[init_method]
     if callable(init_method):
         try:
             inspect.signature(init_method).bind(None, None, score_shaper=None, device=None)
         except TypeError:
-            raise ValueError(error) from None
+            raise CstorchValueError(error) from None
         except ValueError:  # builtins without a signature: trust them
             pass
         return init_method
-    raise ValueError(error)
+    raise CstorchValueError(error)

@@ -16,6 +16,7 @@ from cstorch.sparse.utils import (
     make_mask_drop_minimum,
     make_mask_grow_maximum,
 )
+from jax_backend.errors import CstorchRuntimeError, CstorchValueError
 
 
 class RigL(DynamicSparsityAlgorithm):
@@ -45,7 +46,7 @@ class RigL(DynamicSparsityAlgorithm):
     def sparsify_parameter(self, module, name, param) -> None:
         if param is not None:
             if self.balance_in_groups and self.balance_out_groups:
-                raise ValueError(
+                raise CstorchValueError(
                     "Only one of `balance_in_groups` and `balance_out_groups` can be "
                     "specified at a time."
                 )
@@ -67,13 +68,13 @@ class RigL(DynamicSparsityAlgorithm):
             ("balance_in_groups", self.balance_in_groups),
         ):
             if groups and not any(dim % groups == 0 for dim in param.shape):
-                raise ValueError(
+                raise CstorchValueError(
                     f"Sparsity group configured with `{key}`={groups} but parameter {name} "
                     f"does not have a dimension with a multiple of {groups}: "
                     f"{tuple(param.shape)}"
                 )
         if self.balance_in_groups and param.dim() != 2:
-            raise ValueError(
+            raise CstorchValueError(
                 f"`balance_in_groups` needs 2-D weights, but parameter {name} has shape "
                 f"{tuple(param.shape)}. Leave it out with a param_filter (e.g. a Group for "
                 "the weights only)."
@@ -99,7 +100,7 @@ class RigL(DynamicSparsityAlgorithm):
     def update_mask(self, p, mask, sparsity):
         dense_grad = self._dense_grads.get(id(p))
         if dense_grad is None:
-            raise RuntimeError(
+            raise CstorchRuntimeError(
                 "RigL requires dense gradients: run the model's forward and loss.backward() "
                 "before optimizer.step() in the same step."
             )

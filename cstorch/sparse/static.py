@@ -7,6 +7,7 @@ from typing import Optional
 import torch
 
 from cstorch.sparse.base import SparseParameter, SparsityAlgorithm
+from jax_backend.errors import CstorchValueError
 
 
 class Static(SparsityAlgorithm):
@@ -17,9 +18,11 @@ class Static(SparsityAlgorithm):
         sparsity = kwargs.get("sparsity")
         if sparsity is not None:
             if not isinstance(sparsity, float):
-                raise ValueError("Static sparsity algorithm only supports constant sparsity")
+                raise CstorchValueError("Static sparsity algorithm only supports constant sparsity")
             if not 0.0 <= sparsity < 1.0:
-                raise ValueError(f"Invalid sparsity level {sparsity}. Must be 0.0 <= s < 1.0")
+                raise CstorchValueError(
+                    f"Invalid sparsity level {sparsity}. Must be 0.0 <= s < 1.0"
+                )
         super().check_arguments(**kwargs)
 
     def __init__(self, sparsity: Optional[float] = None, **kwargs):

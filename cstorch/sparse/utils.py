@@ -26,6 +26,7 @@ from typing import Callable, Dict, List, Tuple, Union
 import torch
 
 import jax_backend.sparse_ops  # noqa: F401  (registers the cstorch::sparse_* ops)
+from jax_backend.errors import CstorchValueError
 
 
 def _step_tensor(step) -> torch.Tensor:
@@ -159,7 +160,7 @@ class Cycling(HyperParameterSchedule):
     def __init__(self, values: List[float]):
         super().__init__()
         if not values:
-            raise ValueError("Cycling needs at least one value to cycle through.")
+            raise CstorchValueError("Cycling needs at least one value to cycle through.")
         self.values = list(values)
         self._state = {"index": torch.tensor(0, dtype=torch.int64)}
         _register_state(self)
@@ -239,7 +240,7 @@ def make_hyperparam_schedule(schedule):
     if isinstance(schedule, HyperParameterSchedule):
         return schedule
     if isinstance(schedule, bool):
-        raise ValueError(f"A sparsity hyperparameter cannot be a bool, got {schedule!r}.")
+        raise CstorchValueError(f"A sparsity hyperparameter cannot be a bool, got {schedule!r}.")
     if isinstance(schedule, (int, float)):
         return Constant(schedule)
     if isinstance(schedule, (list, tuple)):
@@ -248,22 +249,22 @@ def make_hyperparam_schedule(schedule):
         arguments = dict(schedule)
         name = arguments.pop("type", None)
         if not name:
-            raise ValueError(
+            raise CstorchValueError(
                 f"A schedule dict must name its `type` (one of {sorted(_SCHEDULES)}), got "
                 f"{schedule!r}."
             )
         cls = _SCHEDULES.get(str(name).lower())
         if cls is None:
-            raise ValueError(
+            raise CstorchValueError(
                 f"Unknown schedule type {name!r}; valid types are {sorted(_SCHEDULES)}."
             )
         try:
             return cls(**arguments)
         except TypeError as err:
-            raise ValueError(f"Invalid arguments for a {name!r} schedule: {err}") from None
+            raise CstorchValueError(f"Invalid arguments for a {name!r} schedule: {err}") from None
     if callable(schedule) and _takes_one_argument(schedule):
         return Lambda(schedule)
-    raise ValueError(
+    raise CstorchValueError(
         f"Unhandled schedule {schedule!r}. Options are: a number (constant), a list of numbers "
         f"(cycling), a function of the step tensor (lambda), a HyperParameterSchedule, or a "
         f'dict {{"type": ...}} with type one of {sorted(_SCHEDULES)}.'
@@ -296,7 +297,7 @@ class FreqSchedule(UpdateSchedule):
     def __init__(self, freq=1, start=0, stop=None):
         super().__init__()
         if not isinstance(freq, int) or isinstance(freq, bool) or freq <= 0:
-            raise ValueError(f"The update `freq` must be a positive int, got {freq!r}.")
+            raise CstorchValueError(f"The update `freq` must be a positive int, got {freq!r}.")
         self.start = start
         self.freq = freq
         self.stop = stop
@@ -319,7 +320,7 @@ class ListSchedule(UpdateSchedule):
         super().__init__()
         steps = tuple(int(s) for s in steps)
         if not steps:
-            raise ValueError("ListSchedule needs at least one update step.")
+            raise CstorchValueError("ListSchedule needs at least one update step.")
         self.steps = steps
         self.start = min(steps)
         self.stop = max(steps)
@@ -351,7 +352,7 @@ def make_update_schedule(update):
             return ListSchedule(update["steps"])
     elif callable(update) and _takes_one_argument(update):
         return update
-    raise ValueError(
+    raise CstorchValueError(
         f"Invalid `update`: {update!r}. Valid options are: None (update every step), "
         '{"freq": freq, "start": start, "stop": stop}, {"steps": [step, ...]}, or a function '
         "of the step tensor returning a bool tensor."

@@ -6,7 +6,7 @@ Every string here is read or written verbatim by cerebras-pytorch 2.10, so none 
 import numpy as np
 import torch
 
-from jax_backend.errors import quoted
+from jax_backend.errors import CstorchValueError, quoted
 
 # Root attributes.
 __SPEC__ = "__spec__"
@@ -94,5 +94,5 @@ def torch_dtype_from_name(name: str) -> torch.dtype:
     module, _, attr = str(name).partition(".")
     dtype = getattr(torch, attr, None) if module == "torch" else None
     if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown torch dtype name {quoted(name)} in checkpoint metadata")
+        raise CstorchValueError(f"unknown torch dtype name {quoted(name)} in checkpoint metadata")
     return dtype

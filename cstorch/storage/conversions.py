@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from cstorch.storage import constants as C
+from jax_backend.errors import CstorchValueError
 
 _NUMPY_TO_TORCH = {
     np_dtype: dtype for dtype, np_dtype in C.TORCH_TO_NUMPY.items() if dtype is not torch.bfloat16
@@ -67,7 +68,7 @@ def tensor_to_array(tensor: torch.Tensor, key: str) -> tuple[np.ndarray, torch.d
     if dtype not in C.RTFX_CODES:
         raise unsupported_dtype_error(key, dtype)
     if tensor.layout != torch.strided:
-        raise ValueError(
+        raise CstorchValueError(
             f"Cannot save tensor {key!r} with layout {tensor.layout}; call .to_dense() on it first."
         )
     plain = tensor.detach()
@@ -81,7 +82,7 @@ def tensor_to_array(tensor: torch.Tensor, key: str) -> tuple[np.ndarray, torch.d
     try:
         return numpy_view(plain), dtype
     except (RuntimeError, TypeError) as e:
-        raise ValueError(
+        raise CstorchValueError(
             f"Cannot read the data of tensor {key!r} ({type(tensor).__name__}): {e}"
         ) from e
 
@@ -110,7 +111,7 @@ def rtfx_bytes_to_array(data: bytes, shape, rtfx_code: int) -> np.ndarray:
     """Raw RtFx bytes (``__RTFX__`` entries written on the wafer) as a numpy array."""
     dtype = C.RTFX_TO_TORCH.get(int(rtfx_code))
     if dtype is None:
-        raise ValueError(f"unknown RtFx dtype code {rtfx_code}")
+        raise CstorchValueError(f"unknown RtFx dtype code {rtfx_code}")
     if dtype is torch.bool:
         return np.frombuffer(data, dtype=np.int16).reshape(shape or []).astype(bool)  # I1 is 16-bit
     return np.frombuffer(data, dtype=C.TORCH_TO_NUMPY[dtype]).reshape(shape or [])

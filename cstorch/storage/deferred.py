@@ -38,7 +38,7 @@ from torch.utils._pytree import tree_map
 from torch.utils.hooks import RemovableHandle
 
 from cstorch.storage import conversions
-from jax_backend.errors import quoted
+from jax_backend.errors import CstorchRuntimeError, CstorchValueError, quoted
 
 
 class BooleanContext:
@@ -122,7 +122,7 @@ class DeferredTensor(torch.Tensor):
     ) -> RemovableHandle:
         """``hook(tensor) -> tensor | None`` runs on every materialization."""
         if not callable(hook):
-            raise ValueError("Hook must be callable.")
+            raise CstorchValueError("Hook must be callable.")
         handle = RemovableHandle(self._post_materialize_hooks)
         self._post_materialize_hooks[handle.id] = hook
         return handle
@@ -392,7 +392,7 @@ class DeferredGraphTensor(DeferredTensor):
         args = [a._materialize() if isinstance(a, DeferredTensor) else a for a in self.args]
         value = function(*args)
         if tuple(value.shape) != tuple(self.shape):
-            raise RuntimeError(
+            raise CstorchRuntimeError(
                 f"The graph of a DeferredGraphTensor produced shape "
                 f"{tuple(value.shape)}, expected {tuple(self.shape)}."
             )
@@ -409,7 +409,7 @@ def _file_stamp(path):
 
 def _check_stamp(path, stamp, what):
     if check_deferred_backing_storage and _file_stamp(path) != stamp:
-        raise RuntimeError(_FILE_CHANGED.format(action=f"{what} from '{path}'"))
+        raise CstorchRuntimeError(_FILE_CHANGED.format(action=f"{what} from '{path}'"))
 
 
 class DeferredObject:
@@ -432,7 +432,7 @@ class DeferredObject:
 
     def check_unchanged(self, action: str) -> None:
         if check_deferred_backing_storage and self.reader.changed_since_open():
-            raise RuntimeError(_FILE_CHANGED.format(action=f"{action} from '{self.path}'"))
+            raise CstorchRuntimeError(_FILE_CHANGED.format(action=f"{action} from '{self.path}'"))
 
     def read_array(self) -> np.ndarray:
         return self.reader.read_array(self.key)
@@ -440,7 +440,7 @@ class DeferredObject:
     def read_bytes(self) -> bytes:
         data = self.reader.read_bytes(self.key)
         if data is None:
-            raise RuntimeError(
+            raise CstorchRuntimeError(
                 f"Key {self.key!r} of checkpoint '{self.path}' has no __BYTES__ "
                 "payload: the file is corrupt or incomplete."
             )
@@ -465,7 +465,7 @@ def _checked_read(deferred: DeferredObject, shape, dtype) -> torch.Tensor:
     deferred.check_unchanged(f"materialize deferred tensor with key {quoted(deferred.key)}")
     value = deferred.read_tensor(dtype)
     if tuple(value.shape) != tuple(shape):
-        raise RuntimeError(
+        raise CstorchRuntimeError(
             f"Key {quoted(deferred.key)} of checkpoint '{deferred.path}' holds shape "
             f"{tuple(value.shape)} but its metadata says {tuple(shape)}: corrupt file."
         )

@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from cstorch.storage import constants as C
+from jax_backend.errors import CstorchValueError
 from jax_backend.user_frames import warn
 
 try:
@@ -277,7 +278,9 @@ class H5Writer:
         try:
             return self._file.create_dataset(key, **options)
         except (ValueError, TypeError, OSError) as e:
-            raise ValueError(f"Cannot write checkpoint key {key!r} to '{self.path}': {e}") from e
+            raise CstorchValueError(
+                f"Cannot write checkpoint key {key!r} to '{self.path}': {e}"
+            ) from e
 
     @staticmethod
     def _set_attributes(dset, metadata: dict) -> None:

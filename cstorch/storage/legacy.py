@@ -49,7 +49,12 @@ from cstorch.storage.h5_format import (
     linked_file_allowed,
     python_value,
 )
-from jax_backend.errors import quoted
+from jax_backend.errors import (
+    CstorchNotImplementedError,
+    CstorchRuntimeError,
+    CstorchTypeError,
+    quoted,
+)
 from jax_backend.user_frames import warn
 
 
@@ -57,7 +62,7 @@ def load(reader: H5Reader, attributes: dict, map_location, *, unsafe_allow_pickl
     """Loads a format < 0.5 checkpoint opened by ``reader``."""
     path = reader.path
     if map_location is not None and not isinstance(map_location, (str, torch.device)):
-        raise TypeError(
+        raise CstorchTypeError(
             "Unsupported `map_location` provided for loading HDF5 checkpoint. Expected `None` "
             f"or a torch device, but got `{map_location!r}`"
         )
@@ -68,7 +73,7 @@ def load(reader: H5Reader, attributes: dict, map_location, *, unsafe_allow_pickl
 
     raw = attributes.get(C.__SPEC__)
     if not raw:
-        raise RuntimeError(
+        raise CstorchRuntimeError(
             f"Checkpoint `{path}` is an HDF5 file but does not conform to the Cerebras HDF5 "
             "checkpoint specification (no __spec__). Please ensure that the checkpoint was "
             "saved using `cstorch.save()`."
@@ -193,13 +198,13 @@ def _load_value(reader: H5Reader, name: str, version: float, unsafe_allow_pickle
     if kind in ("FullTensorH5Type", "DeferredFullTensor"):
         return _full(reader, name)
     if kind is not None:
-        raise NotImplementedError(
+        raise CstorchNotImplementedError(
             f"Key {quoted(name)} of legacy checkpoint '{reader.path}' has type {quoted(kind)}, which needs "
             "the Cerebras runtime or external files; load and re-save it with cerebras-pytorch."
         )
     # Releases <= 1.8 wrote no __H5_TYPE__.
     if attrs.get("filepath") is not None:
-        raise NotImplementedError(
+        raise CstorchNotImplementedError(
             f"Key {quoted(name)} of legacy checkpoint '{reader.path}' lives in an external file "
             f"({quoted(python_value(attrs['filepath']))}); this reader does not follow it."
         )

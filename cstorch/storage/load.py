@@ -41,7 +41,7 @@ from cstorch.storage.h5_format import (
 )
 from cstorch.storage.serializers import LinkedObject, LoadOptions, Stored
 from jax_backend.atomic_files import is_temp_name
-from jax_backend.errors import quoted
+from jax_backend.errors import CstorchRuntimeError, CstorchTypeError, quoted
 from jax_backend.regular_files import check_regular
 
 
@@ -81,7 +81,7 @@ def load(ckpt_path, map_location=None, *, unsafe_allow_pickle: bool = False, **k
     # A FIFO, socket or device: refused before any reader opens it (it could block forever).
     check_regular(path, "checkpoint")
     if is_temp_name(path) and not _is_complete_h5(path):
-        raise RuntimeError(
+        raise CstorchRuntimeError(
             f"Cannot load '{path}': it is the temporary file of a cstorch.save that did not "
             "finish (the process was stopped while saving), so it is incomplete. Load the "
             "checkpoint it was meant to become, or an earlier one; the next save to that "
@@ -98,7 +98,7 @@ def load(ckpt_path, map_location=None, *, unsafe_allow_pickle: bool = False, **k
             reader, attributes, map_location, unsafe_allow_pickle=unsafe_allow_pickle
         )
     if not attributes.get(C.__SUCCESS__, False):
-        raise RuntimeError(
+        raise CstorchRuntimeError(
             f"Cannot load partially written checkpoint at '{path}'. The save that wrote it did "
             "not finish (its __SUCCESS__ flag is missing), so some values may be missing; "
             "use an earlier checkpoint or save again."
@@ -224,7 +224,7 @@ def _target_device(map_location):
     if isinstance(map_location, (str, torch.device)):
         device = torch.device(map_location)
         return None if device.type == "cpu" and device.index is None else device
-    raise TypeError(
+    raise CstorchTypeError(
         f"Unsupported map_location {map_location!r} for an H5 checkpoint: use None, 'cpu', "
         "'cache', a device string, a torch.device, or a dict mapping 'cpu' to one."
     )
@@ -265,7 +265,7 @@ def _torch_load(source, map_location, unsafe_allow_pickle: bool, **kwargs):
             "you trust, pass unsafe_allow_pickle=True."
         )
         name = os.fspath(source) if isinstance(source, (str, os.PathLike)) else repr(source)
-        raise RuntimeError(
+        raise CstorchRuntimeError(
             f"Failed to load checkpoint file '{name}': it is not a cerebras H5 checkpoint or a "
             f"safetensors file, and torch.load failed with {type(e).__name__}: {e}.{hint}"
         ) from e

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from cstorch.storage.conversions import numpy_view
-from jax_backend.errors import CstorchError, quoted
+from jax_backend.errors import CstorchError, CstorchValueError, quoted
 from jax_backend.regular_files import open_regular_file
 
 _DTYPES = {
@@ -124,7 +124,7 @@ def write(
     arrays, offset = [], 0
     for name, tensor in tensors.items():
         if tensor.dtype not in _DTYPES:
-            raise ValueError(f"safetensors cannot store {name!r} of dtype {tensor.dtype}")
+            raise CstorchValueError(f"safetensors cannot store {name!r} of dtype {tensor.dtype}")
         plain = tensor.detach().cpu().contiguous()
         if plain.dtype is torch.bfloat16:
             plain = plain.view(torch.int16)

@@ -30,6 +30,7 @@ import torch
 from cstorch.distributed import runtime
 from cstorch.storage import constants as C, conversions, serializers, treespec
 from cstorch.storage.h5_format import COMPACT_ATTRIBUTE_LIMIT, H5Writer
+from jax_backend.errors import CstorchValueError
 
 
 def save(state_dict, ckpt_path: str | os.PathLike, *, exist_ok: bool = True) -> None:
@@ -64,7 +65,7 @@ def save(state_dict, ckpt_path: str | os.PathLike, *, exist_ok: bool = True) -> 
     flat = treespec.flatten(state_dict)
     for key in flat.keys:
         if not key:
-            raise ValueError(
+            raise CstorchValueError(
                 "cstorch.save expects a container (e.g. a dict) at the top of the state dict: "
                 f"a bare {type(flat.leaves[0]).__name__} or an empty-string key has no name in "
                 "the checkpoint. Wrap it, e.g. cstorch.save({'value': x}, path)."

@@ -52,7 +52,7 @@ from cstorch.storage.deferred import (  # public re-exports
     use_external_link,
 )
 from cstorch.storage.treespec import NestedObject
-from jax_backend.errors import quoted
+from jax_backend.errors import CstorchNotImplementedError, CstorchTypeError, quoted
 
 __all__ = [
     "BooleanContext",
@@ -129,7 +129,7 @@ def encode(value: Any, key: str) -> Encoded:
     try:
         payload = safe_pickle.dumps(value)
     except Exception as e:  # pickling can raise anything a __reduce__ raises
-        raise TypeError(
+        raise CstorchTypeError(
             f"Cannot save {key!r}: a {type(value).__qualname__} is neither a tensor, "
             f"array, scalar or string, and pickling it failed: {e}"
         ) from e
@@ -216,7 +216,7 @@ def _decode_inline(kind: str, key: str, metadata: dict, options: LoadOptions) ->
     if kind == "DeferredObject" or metadata.get("deferred_object_cls"):
         return _external_link(key, metadata, options)
     if kind in ("DeferredSafeTensor", "DeferredFileTensor"):
-        raise NotImplementedError(
+        raise CstorchNotImplementedError(
             f"Key {quoted(key)} of checkpoint '{options.path}' refers to a tensor in another file "
             f"({kind}, {quoted(metadata.get('path') or metadata.get('filepath'))}); this reader "
             "does not "
@@ -250,7 +250,7 @@ def _decode_nested(inner: Any, metadata: dict, options: LoadOptions) -> Any:
     if kind in (C.TORCH_TENSOR, "DeferredTorchTensor"):
         return inner if isinstance(inner, torch.Tensor) else _as_tensor(inner, metadata, options)
     if kind == "DeferredGraphTensor":
-        raise NotImplementedError(
+        raise CstorchNotImplementedError(
             f"Checkpoint '{options.path}' holds a DeferredGraphTensor (a tensor defined by a "
             "Cerebras JIT graph, written on CSX with external links). Computing it needs the "
             "Cerebras runtime; re-save the checkpoint with the reference and "

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import warnings
 
+from jax_backend.errors import CstorchTypeError
+
 # 2.0-2.2 settings that ClusterConfig has no field for: the engine has no use for them
 # (``fabric_type_blacklist``, 2.2: fabric types the cluster must not schedule the job on).
 _NO_EQUIVALENT = (
@@ -34,7 +36,7 @@ def CSConfig(**kwargs):  # the historical class name
     dropped = {k: v for k, v in kwargs.items() if k in _NO_EQUIVALENT}
     unknown = sorted(k for k in kwargs if k not in fields and k not in _NO_EQUIVALENT)
     if unknown:
-        raise TypeError(
+        raise CstorchTypeError(
             f"CSConfig got unknown settings {unknown}; valid ones are "
             f"{sorted(fields | set(_NO_EQUIVALENT))}."
         )

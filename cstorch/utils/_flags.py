@@ -14,6 +14,8 @@ import dataclasses
 import typing
 from typing import Any, Callable, Optional
 
+from jax_backend.errors import CstorchTypeError, CstorchValueError
+
 
 class _DefaultSentinel:
     def __repr__(self):
@@ -103,7 +105,7 @@ class _flags:
             value = _default_of(field)
         elif not _is_group_field(field):
             if not check_type(value, field.type):
-                raise TypeError(
+                raise CstorchTypeError(
                     f"Expected {_type_name(field.type)} for `{name}`. Got "
                     f"{type(value).__name__}: {value!r}"
                 )
@@ -128,10 +130,12 @@ class _flags:
         """Sets flags (recursively) from a dict or a flags object of the same class."""
         if isinstance(data, _flags):
             if not isinstance(data, type(self)):
-                raise ValueError(f"Expected a {type(self).__name__}, got {type(data).__name__}.")
+                raise CstorchValueError(
+                    f"Expected a {type(self).__name__}, got {type(data).__name__}."
+                )
             data = data.asdict()
         if not isinstance(data, dict):
-            raise ValueError(f"Expected a dictionary of flags, got {type(data).__name__}.")
+            raise CstorchValueError(f"Expected a dictionary of flags, got {type(data).__name__}.")
         for key, value in data.items():
             current = getattr(self, key, None)
             if isinstance(current, _flags):

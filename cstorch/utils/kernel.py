@@ -7,6 +7,7 @@ from typing import Optional
 
 from cstorch.backend import use_cs
 from cstorch.core.annotation import AnnotationMode, create_annotation
+from jax_backend.errors import CstorchTypeError
 
 
 @dataclasses.dataclass
@@ -17,7 +18,9 @@ class KernelConfig(AnnotationMode.Config):
 
     def __post_init__(self):
         if not isinstance(self.kernel, (str, type(None))):
-            raise TypeError(f"kernel must be a str or None, got {type(self.kernel).__name__}.")
+            raise CstorchTypeError(
+                f"kernel must be a str or None, got {type(self.kernel).__name__}."
+            )
 
 
 def get_attribute(config: KernelConfig, is_backward: bool) -> AnnotationMode.Attribute:

@@ -14,6 +14,7 @@ from typing import Any, Callable, Generator, List, Optional, Tuple
 import torch
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
+from jax_backend.errors import CstorchTypeError, CstorchValueError
 from jax_backend.torch_versions import treespec_children
 
 Scope = List[str]
@@ -25,7 +26,7 @@ def register_visit_fn(*types):
     to walk instances of ``types``."""
     for t in types:
         if not inspect.isclass(t):
-            raise TypeError(f"Expected a type, got {t!r}.")
+            raise CstorchTypeError(f"Expected a type, got {t!r}.")
 
     def decorator(fn):
         key = tuple(types)
@@ -74,13 +75,15 @@ def visit_structure(
     if visit is not None:
         for pair in visit(data_structure):
             if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-                raise TypeError(f"A visit function must yield (scope, value) pairs, got {pair!r}.")
+                raise CstorchTypeError(
+                    f"A visit function must yield (scope, value) pairs, got {pair!r}."
+                )
             keys, value = pair
             yield from visit_structure(value, select_fn, strict, scope + list(keys))
     elif select_fn(data_structure):
         yield scope, data_structure
     elif strict:
-        raise ValueError(f"Unknown data structure: {data_structure!r}")
+        raise CstorchValueError(f"Unknown data structure: {data_structure!r}")
 
 
 def visit_torch_tensors(data_structure, strict: bool = False, scope: Optional[Scope] = None):

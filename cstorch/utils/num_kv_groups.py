@@ -8,6 +8,7 @@ from typing import Optional
 
 from cstorch.backend import use_cs
 from cstorch.core.annotation import AnnotationMode, create_annotation
+from jax_backend.errors import CstorchTypeError
 
 
 @dataclasses.dataclass
@@ -18,7 +19,7 @@ class GroupsConfig(AnnotationMode.Config):
 
     def __post_init__(self):
         if not isinstance(self.num_kv_groups, (int, type(None))):
-            raise TypeError(
+            raise CstorchTypeError(
                 f"num_kv_groups must be an int or None, got {type(self.num_kv_groups).__name__}."
             )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 from cstorch.core.annotation import annotation, current_annotation
+from jax_backend.errors import CstorchValueError
 
 
 def pol(
@@ -19,7 +20,7 @@ def pol(
     """
     for name, value in (("forward", level), ("backward", bwd_level)):
         if value is not None and value not in (0, 1, 2):
-            raise ValueError(
+            raise CstorchValueError(
                 f"POL must be None or an integer in range [0, 3) but got {name} level {value!r}."
             )
     return annotation("pol", level, enable_fwd=enable_fwd, enable_bwd=enable_bwd)

@@ -17,6 +17,7 @@ import time
 from cstorch import config
 from cstorch.utils import progress as _progress
 from cstorch.utils.tracker import RateTracker
+from jax_backend.errors import CstorchRuntimeError, CstorchTypeError, CstorchValueError
 from jax_backend.user_frames import warn
 
 PROGRESS_BAR_MIN_STEPS = config.progress_bar_min_steps.default
@@ -84,7 +85,7 @@ class RateTrackerActivity(Activity):
     @staticmethod
     def _require(value, what):
         if value is None:
-            raise RuntimeError(
+            raise CstorchRuntimeError(
                 f"The rate tracker has not computed the {what} yet: it is "
                 "computed at the end of each step, before step closures run."
             )
@@ -133,12 +134,12 @@ class Profiler:
         self.activities = {}
         for activity in [RateTrackerActivity] + list(activities or []):
             if not (isinstance(activity, type) and issubclass(activity, Activity)):
-                raise TypeError(
+                raise CstorchTypeError(
                     f"Profiler activities must be Activity subclasses, got {activity!r}."
                 )
             name = activity.name()
             if name in self.activities:
-                raise ValueError(f"Two profiler activities are named {name!r}.")
+                raise CstorchValueError(f"Two profiler activities are named {name!r}.")
             self.activities[name] = activity()
         self._entered = False
         self._executor = None
@@ -205,7 +206,7 @@ class Profiler:
 
     def step(self, batch_size):
         if not self._entered:
-            raise RuntimeError("Profiler.step() was called before the profiler was started.")
+            raise CstorchRuntimeError("Profiler.step() was called before the profiler was started.")
         for activity in self.activities.values():
             activity.step(batch_size)
         now = time.time_ns()

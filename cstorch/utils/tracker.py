@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import time
 
+from jax_backend.errors import CstorchValueError
+
 
 class RateTracker:
     """Tracks how fast samples are processed (see the module docstring)."""
@@ -18,7 +20,7 @@ class RateTracker:
     def __init__(self, smooth_factor: float | None = None):
         smooth_factor = 0.4 if smooth_factor is None else smooth_factor
         if not 0.0 <= smooth_factor < 1.0:
-            raise ValueError(f"smooth_factor must be in [0, 1), got {smooth_factor}.")
+            raise CstorchValueError(f"smooth_factor must be in [0, 1), got {smooth_factor}.")
         self._smooth_factor = smooth_factor
         self.reset()
 

@@ -9,13 +9,15 @@ from typing import Callable, List, Union
 
 import torch.nn as nn
 
+from jax_backend.errors import CstorchTypeError, CstorchValueError
+
 FilterCallable = Callable[[str, nn.Parameter], bool]
 
 
 def convert_glob_to_regex(f: str) -> re.Pattern:
     """A compiled regex matching the same names as the glob ``f`` (use ``.fullmatch``)."""
     if not isinstance(f, str):
-        raise TypeError(
+        raise CstorchTypeError(
             f"A parameter filter must be a glob string or a list of them, got "
             f"{type(f).__name__}: {f!r}."
         )
@@ -28,14 +30,14 @@ def make_param_filter(param_filter: Union[str, List[str], FilterCallable]) -> Fi
         try:
             inspect.signature(param_filter).bind(None, None)
         except TypeError:
-            raise ValueError(
+            raise CstorchValueError(
                 f"Unknown param_filter {param_filter!r}: expected a glob string, a list of glob "
                 f"strings, or a callable taking (name: str, param: nn.Parameter) -> bool."
             ) from None
         return param_filter
     patterns = [param_filter] if isinstance(param_filter, str) else param_filter
     if not isinstance(patterns, (list, tuple)):
-        raise TypeError(
+        raise CstorchTypeError(
             f"A parameter filter must be a glob string or a list of them, got "
             f"{type(param_filter).__name__}."
         )

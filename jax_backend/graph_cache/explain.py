@@ -28,6 +28,7 @@ import os
 
 from jax_backend.atomic_files import write_file
 from jax_backend.config import graph_cache_explain
+from jax_backend.errors import CstorchValueError
 from jax_backend.graph_cache.key import StepKey
 from jax_backend.regular_files import open_regular
 
@@ -83,7 +84,7 @@ def recorded(directory: str, secret: bytes, step: str) -> list:
         fd = open_regular(path, "graph cache step record", follow_symlinks=False)
         with os.fdopen(fd, "rb") as f:
             if os.fstat(f.fileno()).st_uid != os.geteuid():
-                raise ValueError("owned by another user")
+                raise CstorchValueError("owned by another user")
             data = f.read(MAX_BYTES + 1)
         head = len(MAGIC) + hashlib.sha256().digest_size
         payload = data[head:]
@@ -92,7 +93,7 @@ def recorded(directory: str, secret: bytes, step: str) -> list:
             or data[: len(MAGIC)] != MAGIC
             or not hmac.compare_digest(data[len(MAGIC) : head], _mac(secret, step, payload))
         ):
-            raise ValueError("not a step record of this cache")
+            raise CstorchValueError("not a step record of this cache")
         doc = json.loads(payload)
         if not (
             isinstance(doc, dict)
@@ -100,7 +101,7 @@ def recorded(directory: str, secret: bytes, step: str) -> list:
             and isinstance(doc.get("entries"), list)
             and all(map(_is_record, doc["entries"]))
         ):
-            raise ValueError("malformed")
+            raise CstorchValueError("malformed")
         return doc["entries"]
     except FileNotFoundError:
         return []

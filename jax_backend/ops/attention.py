@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import torch
 
 from jax_backend import target as target_module
+from jax_backend.errors import CstorchNotImplementedError
 from jax_backend.interpreter import run_scratch
 from jax_backend.ops._common import dot_precision, dot_result_dtype
 from jax_backend.registry import lowers
@@ -233,7 +234,7 @@ def backward(grad_out, q, k, v, out, attn_mask=None, is_causal=False, scale=None
 @lowers(aten._scaled_dot_product_flash_attention_for_cpu.default)
 def aten_sdpa_flash_cpu(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
     if dropout_p:
-        raise NotImplementedError("flash attention with dropout_p > 0 is not lowered.")
+        raise CstorchNotImplementedError("flash attention with dropout_p > 0 is not lowered.")
     return (
         forward(q, k, v, attn_mask, is_causal, scale),
         logsumexp(q, k, attn_mask, is_causal, scale),
@@ -245,7 +246,7 @@ def aten_sdpa_flash_cpu_backward(
     grad_out, q, k, v, out, logsumexp_, dropout_p, is_causal, *, attn_mask=None, scale=None
 ):
     if dropout_p:
-        raise NotImplementedError(
+        raise CstorchNotImplementedError(
             "the CPU flash-attention backward with dropout_p > 0 cannot replay torch's dropout "
             "mask; use dropout_p=0 in scaled_dot_product_attention or a separate nn.Dropout."
         )

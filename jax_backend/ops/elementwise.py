@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from jax_backend.errors import CstorchValueError
 from jax_backend.ops._common import as_float, promote, promote_to_float
 from jax_backend.registry import lowers
 
@@ -277,7 +278,7 @@ def _divide(x, other, rounding_mode):
         return jnp.trunc(x / other)
     if rounding_mode == "floor":
         return _floor_divide(x, other)
-    raise ValueError(
+    raise CstorchValueError(
         f"div expected rounding_mode to be one of None, 'trunc', or 'floor', got {rounding_mode!r}"
     )
 

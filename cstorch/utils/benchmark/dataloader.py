@@ -10,6 +10,8 @@ from typing import Callable, Dict, Iterable, List, Optional
 import torch
 from torch.utils._pytree import tree_flatten
 
+from jax_backend.errors import CstorchTypeError, CstorchValueError
+
 PROFILE_ACTIVITIES = ("max_rss",)
 """Extra measurements ``profile_activities`` may ask for at each sampled batch."""
 
@@ -24,7 +26,7 @@ class TensorSpec:
     @staticmethod
     def from_tensor(tensor) -> "TensorSpec":
         if not isinstance(tensor, torch.Tensor):
-            raise TypeError(
+            raise CstorchTypeError(
                 f"The dataloader returned a non-tensor of type {type(tensor).__name__}: {tensor!r}"
             )
         return TensorSpec(tuple(tensor.shape), tensor.dtype)
@@ -139,11 +141,11 @@ def benchmark_dataloader(
         if value is not None and (
             not isinstance(value, int) or isinstance(value, bool) or value <= 0
         ):
-            raise ValueError(f"`{name}` must be a positive integer or None, got {value!r}.")
+            raise CstorchValueError(f"`{name}` must be a positive integer or None, got {value!r}.")
     activities = list(profile_activities or [])
     unknown = [a for a in activities if a not in PROFILE_ACTIVITIES]
     if unknown:
-        raise ValueError(
+        raise CstorchValueError(
             f"Unknown profile activities {unknown}; valid ones are {list(PROFILE_ACTIVITIES)}."
         )
     num_epochs = num_epochs or 1

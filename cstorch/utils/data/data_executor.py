@@ -23,6 +23,7 @@ from cstorch.utils.data import interrupts
 from cstorch.utils.data.dataloader import DataLoader
 from cstorch.utils.data.utils import checkpoint_schedule, infer_batch_size
 from cstorch.utils.profiler import Profiler
+from jax_backend.errors import CstorchRuntimeError, CstorchTypeError, CstorchValueError
 
 # What ``cstorch.backends.csx.performance.micro_batch_size`` accepts (a type hint).
 MbsSetting = Union[None, int, Literal["explore", "auto"], Dict[str, Dict[str, int]]]
@@ -33,7 +34,7 @@ class RunContext:
 
     def __init__(self, dataloader, num_steps, checkpoint_schedule_, activation_steps):
         if not isinstance(dataloader, DataLoader):
-            raise TypeError(
+            raise CstorchTypeError(
                 f"Expected a cstorch.utils.data.DataLoader, got {type(dataloader).__name__}. "
                 "Wrap your input function: cstorch.utils.data.DataLoader(input_fn, ...)"
                 + (
@@ -84,7 +85,7 @@ def _old_keywords(listeners, micro_batch_size) -> None:
     its config names none) and ``micro_batch_size`` (now the flag
     ``cstorch.backends.csx.performance.micro_batch_size``, which a given value sets)."""
     if listeners:
-        raise ValueError(
+        raise CstorchValueError(
             f"DataExecutor(listeners=...) got {len(listeners)} listener(s): tensor listeners "
             "of cerebras-pytorch 2.2 are not supported here; register a traced-tensor hook "
             "with cstorch.experimental.listener.register_traced_tensor_hook instead."
@@ -161,20 +162,22 @@ class DataExecutor:
             try:
                 num_steps = len(dataloader)
             except TypeError:
-                raise RuntimeError(
+                raise CstorchRuntimeError(
                     "Could not infer the number of steps from the dataloader (it has no "
                     "length). Pass num_steps to DataExecutor."
                 ) from None
         if not isinstance(num_steps, int) or num_steps < 1:
-            raise RuntimeError(f"Expected num_steps to be a positive integer, got {num_steps!r}.")
+            raise CstorchRuntimeError(
+                f"Expected num_steps to be a positive integer, got {num_steps!r}."
+            )
         if activation_steps is None:
             activation_steps = 1
         elif not isinstance(activation_steps, int) or isinstance(activation_steps, bool):
-            raise TypeError(
+            raise CstorchTypeError(
                 f"Expected activation_steps to be an int, got {type(activation_steps).__name__}."
             )
         elif activation_steps < 1:
-            raise RuntimeError(
+            raise CstorchRuntimeError(
                 f"Expected activation_steps to be at least 1, got {activation_steps}."
             )
         activation_steps = min(activation_steps, num_steps)
@@ -242,7 +245,7 @@ class DataExecutor:
     @property
     def artifact_dir(self) -> pathlib.Path:
         if self._artifact_dir is None:
-            raise RuntimeError(
+            raise CstorchRuntimeError(
                 "The executor's artifact directory exists only once iteration has started."
             )
         return self._artifact_dir
@@ -267,7 +270,7 @@ class DataExecutor:
                 yield batch
             produced += count
             if not produced:
-                raise RuntimeError("The dataloader yielded no batches.")
+                raise CstorchRuntimeError("The dataloader yielded no batches.")
             if count:
                 restarted = False
                 continue
@@ -275,7 +278,7 @@ class DataExecutor:
             # iterator (e.g. a generator). Cycle by calling it again, as for a re-iterable
             # loader; if that yields nothing either, say so instead of spinning forever.
             if restarted:
-                raise RuntimeError(
+                raise CstorchRuntimeError(
                     f"The dataloader ran out after {produced} batches, before num_steps="
                     f"{self.num_steps}, and calling its input function again gave no batches. "
                     "Return a re-iterable (a list, a torch DataLoader) or a generator that "

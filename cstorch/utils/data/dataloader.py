@@ -13,6 +13,7 @@ from typing import Any, Dict, Protocol, runtime_checkable
 import torch
 
 from cstorch.utils.data.utils import infer_batch_size
+from jax_backend.errors import CstorchRuntimeError, CstorchTypeError
 from jax_backend.user_frames import warn
 
 _ids = itertools.count(1)
@@ -86,7 +87,7 @@ class DataLoader:
                 if hasattr(input_fn, "__iter__")
                 else ""
             )
-            raise TypeError(
+            raise CstorchTypeError(
                 f"Expected input_fn to be callable (a function that builds the "
                 f"loader or iterable of batches), got {type(input_fn).__name__}." + hint
             )
@@ -154,7 +155,9 @@ class DataLoader:
         for batch in self.dataloader:
             size = infer_batch_size(batch)
             if not any(isinstance(t, torch.Tensor) for t in torch.utils._pytree.tree_leaves(batch)):
-                raise RuntimeError("The dataloader yielded a batch that contains no tensors.")
+                raise CstorchRuntimeError(
+                    "The dataloader yielded a batch that contains no tensors."
+                )
             if self.batch_size is None:
                 self.batch_size = size
             elif size != self.batch_size:
@@ -163,14 +166,14 @@ class DataLoader:
                     "graph compiles one program per batch shape; use drop_last=True."
                 )
                 if use_cs():
-                    raise RuntimeError(message)
+                    raise CstorchRuntimeError(message)
                 warnings.warn(message, stacklevel=2)
             yield batch
 
     # ------------------------------------------------------------------ restartability
     def _require_restartable(self):
         if not self.is_restartable:
-            raise RuntimeError(
+            raise CstorchRuntimeError(
                 f"The dataloader returned by {getattr(self.input_fn, '__name__', 'input_fn')} "
                 "is not restartable: implement the cstorch.utils.data.RestartableDataLoader "
                 "protocol (state_dict, load_state_dict, aggregate_state_dict, "
@@ -187,7 +190,7 @@ class DataLoader:
         elif context is None or not (
             context.is_checkpoint_step or context.is_pre_initial_step or context.is_final_step
         ):
-            raise RuntimeError(
+            raise CstorchRuntimeError(
                 "DataLoader state can only be requested at a checkpoint step (inside a "
                 "checkpoint closure), before the first step, at the final step, or after "
                 "Ctrl-C stopped the run (in its `except KeyboardInterrupt`)."
@@ -204,14 +207,14 @@ class DataLoader:
 
         context = current_backend_impl().run_context
         if context is not None and not context.is_pre_initial_step:
-            raise RuntimeError("DataLoader state can only be loaded before the run starts.")
+            raise CstorchRuntimeError("DataLoader state can only be loaded before the run starts.")
         loader = self.dataloader
         takes_strict = [
             _accepts_strict(loader.load_state_dict),
             _accepts_strict(loader.deaggregate_state_dict),
         ]
         if takes_strict[0] != takes_strict[1]:
-            raise TypeError(
+            raise CstorchTypeError(
                 "Either both or neither of load_state_dict and deaggregate_state_dict of the "
                 "dataloader must accept a `strict` argument."
             )

@@ -9,6 +9,8 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.data import IterDataPipe
 
+from jax_backend.errors import CstorchTypeError, CstorchValueError
+
 
 class SyntheticDataset(IterDataPipe):
     """Yields samples shaped like ``sample_spec``.
@@ -24,12 +26,12 @@ class SyntheticDataset(IterDataPipe):
         super().__init__()
         self._leaves, self._spec = tree_flatten(sample_spec)
         if not self._leaves:
-            raise ValueError(
+            raise CstorchValueError(
                 "`sample_spec` must be a non-empty pytree of torch.Tensor or callables."
             )
         for leaf in self._leaves:
             if not isinstance(leaf, torch.Tensor) and not callable(leaf):
-                raise ValueError(
+                raise CstorchValueError(
                     f"`sample_spec` leaves must be torch.Tensor or callables f(index) -> tensor, "
                     f"got a leaf of type {type(leaf).__name__}. Containers may be lists, "
                     "tuples, dicts and namedtuples."
@@ -37,12 +39,14 @@ class SyntheticDataset(IterDataPipe):
         if isinstance(num_samples, bool) or not (
             num_samples is None or isinstance(num_samples, int)
         ):
-            raise TypeError(
+            raise CstorchTypeError(
                 f"`num_samples` must be a positive integer or None, but got a value "
                 f"of type {type(num_samples).__name__}."
             )
         if num_samples is not None and num_samples <= 0:
-            raise ValueError(f"`num_samples` must be a positive integer, but got {num_samples}.")
+            raise CstorchValueError(
+                f"`num_samples` must be a positive integer, but got {num_samples}."
+            )
         self._num_samples = num_samples
 
     def __iter__(self) -> Iterator:
@@ -57,7 +61,7 @@ class SyntheticDataset(IterDataPipe):
 
     def __len__(self) -> int:
         if self._num_samples is None:
-            raise TypeError(
+            raise CstorchTypeError(
                 f"{type(self).__name__} has no length because `num_samples` was not "
                 "given (it yields samples forever)."
             )

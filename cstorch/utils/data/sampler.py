@@ -14,6 +14,7 @@ from typing import Iterable, Optional
 import torch
 
 from cstorch.backend import use_cs
+from jax_backend.errors import CstorchRuntimeError, CstorchValueError
 
 pad_index = object()
 """Placeholder index filling the last batch when ``pad_last=True``."""
@@ -50,13 +51,13 @@ class DistributedSampler(torch.utils.data.Sampler):
         pad_last: bool = False,
     ):
         if use_cs() and not drop_last and not pad_last:
-            raise ValueError(
+            raise CstorchValueError(
                 "Running on CSX requires all batches to have the same size; drop_last=False "
                 "with pad_last=False may yield a smaller last batch. Set drop_last=True or "
                 "pad_last=True."
             )
         if use_cs() and batch_size is None and shard:
-            raise ValueError(
+            raise CstorchValueError(
                 "Running on CSX with shard=True needs batch_size (the global batch size)."
             )
         if seed is None and shuffle:
@@ -108,7 +109,7 @@ class ShuffleSampler(torch.utils.data.Sampler):
         self._data_source = data_source
         self._num_samples = num_samples
         if not isinstance(self.num_samples, int) or self.num_samples <= 0:
-            raise ValueError(
+            raise CstorchValueError(
                 f"num_samples should be a positive integer value, but got "
                 f"num_samples={self.num_samples}."
             )
@@ -136,7 +137,7 @@ class ShuffleSampler(torch.utils.data.Sampler):
 
     def __iter__(self):
         if self.num_samples != self._frozen_num_samples:
-            raise RuntimeError(
+            raise CstorchRuntimeError(
                 f"The data source must keep its length every epoch: it was "
                 f"{self._frozen_num_samples}, now {self.num_samples}."
             )
@@ -158,11 +159,11 @@ class BatchSampler(torch.utils.data.Sampler):
 
     def __init__(self, sampler: Iterable, batch_size: int, drop_last: bool, pad_last: bool):
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
-            raise ValueError(
+            raise CstorchValueError(
                 f"batch_size should be a positive integer value, but got batch_size={batch_size!r}."
             )
         if not isinstance(drop_last, bool):
-            raise ValueError(
+            raise CstorchValueError(
                 f"drop_last should be a boolean value, but got drop_last={drop_last!r}."
             )
         self.sampler = sampler

@@ -10,6 +10,8 @@ import numpy as np
 import torch
 from torch.utils._pytree import tree_leaves
 
+from jax_backend.errors import CstorchRuntimeError, CstorchValueError
+
 
 @dataclasses.dataclass
 class Schedule:
@@ -35,15 +37,19 @@ class Schedule:
 
         def __post_init__(self):
             if not isinstance(self.start, int) or self.start < 0:
-                raise ValueError(f"Range start must be a non-negative int, got {self.start!r}.")
+                raise CstorchValueError(
+                    f"Range start must be a non-negative int, got {self.start!r}."
+                )
             if not isinstance(self.end, int) or self.end <= self.start:
-                raise ValueError(
+                raise CstorchValueError(
                     f"Range end must be an int greater than start ({self.start}), got {self.end!r}."
                 )
             if not isinstance(self.step, int) or self.step < 1:
-                raise ValueError(f"Range step must be a positive int, got {self.step!r}.")
+                raise CstorchValueError(f"Range step must be a positive int, got {self.step!r}.")
             if not isinstance(self.include_last, bool):
-                raise ValueError(f"Range include_last must be a bool, got {self.include_last!r}.")
+                raise CstorchValueError(
+                    f"Range include_last must be a bool, got {self.include_last!r}."
+                )
 
         def match(self, index: int) -> bool:
             if not self.start <= index < self.end:
@@ -75,7 +81,7 @@ class Schedule:
         def next_immediate_step(self, target: int) -> int:
             """The first step at or after ``target`` (ValueError past the last step)."""
             if target > self.final_step:
-                raise ValueError(
+                raise CstorchValueError(
                     f"Target {target} is past the last step {self.final_step} of {self}."
                 )
             if target <= self.start:
@@ -88,14 +94,14 @@ class Schedule:
     def __post_init__(self):
         for interval in self.intervals:
             if not isinstance(interval, Schedule.Range):
-                raise ValueError(
+                raise CstorchValueError(
                     f"Schedule intervals must be Schedule.Range objects, got "
                     f"{type(interval).__name__}."
                 )
         ordered = sorted(self.intervals, key=lambda r: r.start)
         for a, b in zip(ordered, ordered[1:]):
             if b.start < a.end:
-                raise ValueError(f"Schedule intervals must not overlap: {a} and {b}.")
+                raise CstorchValueError(f"Schedule intervals must not overlap: {a} and {b}.")
         self.intervals = ordered
 
     def match(self, index: int) -> bool:
@@ -143,7 +149,7 @@ def checkpoint_schedule(checkpoint_steps, num_steps: int) -> Schedule:
                 )
             ]
         )
-    raise ValueError(
+    raise CstorchValueError(
         f"checkpoint_steps must be None, a non-negative int or a cstorch.utils.data.Schedule, "
         f"got {checkpoint_steps!r}."
     )
@@ -158,7 +164,7 @@ def _check_count(name, value, allow_zero=False):
         or value < 0
         or (value == 0 and not allow_zero)
     ):
-        raise ValueError(
+        raise CstorchValueError(
             f"{name} must be a {'non-negative' if allow_zero else 'positive'} "
             f"integer, got {value!r}."
         )
@@ -175,7 +181,7 @@ def compute_num_steps(
 ) -> int:
     """How many steps a run takes, from the combination of limits the reference accepts."""
     if num_epochs is not None and num_steps is not None:
-        raise ValueError("Only one of num_epochs and num_steps may be set.")
+        raise CstorchValueError("Only one of num_epochs and num_steps may be set.")
     _check_count("initial_step", initial_step, allow_zero=True)
     for name, value in [
         ("num_steps", num_steps),
@@ -190,14 +196,16 @@ def compute_num_steps(
     except TypeError:
         length = None
     if num_epochs is not None and length is None and steps_per_epoch is None:
-        raise ValueError("num_epochs needs a dataloader with a known length (or steps_per_epoch).")
+        raise CstorchValueError(
+            "num_epochs needs a dataloader with a known length (or steps_per_epoch)."
+        )
     if steps_per_epoch is not None and length is not None and steps_per_epoch > length:
-        raise ValueError(
+        raise CstorchValueError(
             f"steps_per_epoch ({steps_per_epoch}) is larger than the dataloader length ({length})."
         )
     per_epoch = steps_per_epoch or length
     if per_epoch is not None and grad_accum_steps > per_epoch:
-        raise ValueError(
+        raise CstorchValueError(
             f"grad_accum_steps ({grad_accum_steps}) is larger than the number of "
             f"steps per epoch ({per_epoch})."
         )
@@ -209,10 +217,10 @@ def compute_num_steps(
     if max_steps is not None:
         limits.append(max_steps - initial_step)
     if not limits:
-        raise ValueError("One of num_epochs, num_steps or max_steps must be given.")
+        raise CstorchValueError("One of num_epochs, num_steps or max_steps must be given.")
     result = min(limits)
     if result <= 0:
-        raise RuntimeError(
+        raise CstorchRuntimeError(
             f"No steps left to run (initial_step={initial_step}, "
             f"max_steps={max_steps}); nothing to do."
         )

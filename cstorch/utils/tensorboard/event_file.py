@@ -20,6 +20,7 @@ from google.protobuf.message import DecodeError
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
+from jax_backend.errors import CstorchValueError
 from jax_backend.regular_files import open_regular_file
 
 
@@ -35,7 +36,7 @@ def read_records(path: str) -> Iterator[bytes]:
             (length,) = struct.unpack("<Q", header[:8])
             (header_crc,) = struct.unpack("<I", header[8:])
             if header_crc != masked_crc32c(header[:8]):
-                raise ValueError(f"Corrupt record header in event file {path}.")
+                raise CstorchValueError(f"Corrupt record header in event file {path}.")
             if length > os.fstat(f.fileno()).st_size - f.tell():
                 return
             data = f.read(length)
@@ -43,7 +44,7 @@ def read_records(path: str) -> Iterator[bytes]:
             if len(data) < length or len(footer) < 4:
                 return
             if struct.unpack("<I", footer)[0] != masked_crc32c(data):
-                raise ValueError(f"Corrupt record data in event file {path}.")
+                raise CstorchValueError(f"Corrupt record data in event file {path}.")
             yield data
 
 
@@ -54,4 +55,4 @@ def read_events(path: str) -> Iterator[Event]:
         try:
             yield Event.FromString(record)
         except DecodeError as error:
-            raise ValueError(f"Corrupt event in event file {path}: {error}") from None
+            raise CstorchValueError(f"Corrupt event in event file {path}: {error}") from None

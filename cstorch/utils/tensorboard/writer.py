@@ -27,6 +27,7 @@ import torch
 from torch.utils import tensorboard as _torch_tensorboard
 
 from cstorch.utils.tensorboard.event_file import read_events
+from jax_backend.errors import CstorchRuntimeError
 
 _METADATA = "__metadata__"
 _VERSION_KEY = "__version__"
@@ -121,7 +122,7 @@ class SummaryReader:
             if f.is_file()
         ]
         if not files:
-            raise RuntimeError(f"No event files found under {list(map(str, log_dirs))}.")
+            raise CstorchRuntimeError(f"No event files found under {list(map(str, log_dirs))}.")
         directories = sorted({f.parent.resolve() for f in files})
         common = Path(os.path.commonpath([str(d) for d in directories]))
         self.event_file_dirs = {str(d.relative_to(common)): str(d) for d in directories}
@@ -205,7 +206,7 @@ class SummaryReader:
         """All ``ScalarEvent``s of ``name``, or the one at ``step`` (KeyError if absent)."""
         matches = self._matching("scalars", name)
         if not any(matches.values()):
-            raise RuntimeError(
+            raise CstorchRuntimeError(
                 f"Could not find scalar {name!r}. Valid scalar names:\n"
                 f"{sorted(self.scalar_names())}"
             )
@@ -250,7 +251,7 @@ class SummaryReader:
             for entry in self._runs[run]["text"][tag]
         ]
         if not entries:
-            raise RuntimeError(
+            raise CstorchRuntimeError(
                 f"Could not find text summary {name!r}. Valid names:\n"
                 f"{sorted(self.text_summary_names())}"
             )
