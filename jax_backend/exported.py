@@ -32,14 +32,18 @@ import zipfile
 
 import numpy as np
 
-from jax_backend.errors import CstorchTypeError, CstorchValueError
-
 try:  # in the project, every error derives from the one root
-    from jax_backend.errors import CstorchError, quoted
+    from jax_backend.errors import CstorchError, CstorchTypeError, CstorchValueError, quoted
 except ImportError:  # this file is also the standalone loader, exported_step.py: JAX and numpy only
 
     class CstorchError(Exception):  # type: ignore[no-redef]
         """The standalone loader's stand-in for the project's root error."""
+
+    class CstorchTypeError(CstorchError, TypeError):  # type: ignore[no-redef]
+        """The standalone loader's stand-in for the project's ``CstorchTypeError``."""
+
+    class CstorchValueError(CstorchError, ValueError):  # type: ignore[no-redef]
+        """The standalone loader's stand-in for the project's ``CstorchValueError``."""
 
     def quoted(value, limit: int = 60) -> str:
         """A short quote of a manifest's value (a copy of ``jax_backend.errors.quoted``, for
