@@ -35,13 +35,22 @@ lint: .venv
 	$(PY) -m mypy
 
 # The suites run in parallel processes (pytest-xdist): one per core, at most four (each test
-# starts its own JAX; more workers than cores only interleave). 2 cores: about 9 minutes for
-# everything where one process takes 17. Tests share nothing between them (tmp_path, the one
-# reset fixture in tests/conftest.py), so any order and any split gives the same results.
-PYTEST_WORKERS := -n auto --maxprocesses=4
+# starts its own JAX; more workers than cores only interleave), a worker that runs dry taking
+# tests queued for another (worksteal: the slowest tests take over a minute, and would leave
+# one core idle at the end). Tests share nothing between them (tmp_path, the one reset fixture
+# in tests/conftest.py), so any order and any split gives the same results.
+PYTEST_WORKERS := -n auto --maxprocesses=4 --dist worksteal
+
+# About 235 of the tests start a Python process of their own (a script run as a user runs it,
+# an engine of the parity tool, a distributed worker), each importing torch and JAX anew.
+# Where PYTHONDONTWRITEBYTECODE is set (as on this machine), each would also compile the
+# project's modules from source again, half a second a process: they are compiled once, here,
+# for the interpreter that runs the suite.
+PRECOMPILE = -m compileall -q -j 0 cstorch jax_backend compat tests tools examples benchmarks
 
 # Everything (CI runs this), with the 25 slowest tests listed at the end.
 test: .venv
+	$(PY) $(PRECOMPILE) > /dev/null
 	$(PY) -m pytest -q tests $(PYTEST_WORKERS) --durations=25
 
 # The inner loop: everything but the tests marked `slow` where they are written (about a minute
@@ -96,6 +105,7 @@ test-compat: $(COMPAT_VENV)/.installed
 	$(COMPAT_PY) -c "import sys, torch, jax, numpy; print('compat stack: Python', \
 		sys.version.split()[0], 'torch', torch.__version__, 'JAX', jax.__version__, \
 		'numpy', numpy.__version__)"
+	$(COMPAT_PY) $(PRECOMPILE) > /dev/null
 	$(COMPAT_PY) -m pytest -q $(CORE_TESTS) $(PYTEST_WORKERS)
 
 # The newest end of the supported range, in its own venv: Python 3.13 where one runs (else 3.12,
@@ -129,6 +139,7 @@ test-newest: $(NEWEST_VENV)/.installed
 		'numpy', numpy.__version__)"
 	$(NEWEST_PY) tools/jax_names.py
 	$(NEWEST_PY) examples/mnist_mlp.py
+	$(NEWEST_PY) $(PRECOMPILE) > /dev/null
 	CSTORCH_TEST_DEPRECATIONS=error $(NEWEST_PY) -m pytest -q $(NEWEST_CORE_TESTS) $(PYTEST_WORKERS)
 
 # Parity of the examples (eager vs JAX on the GPU, or on the CPU without one) and the GPU

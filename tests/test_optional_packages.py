@@ -7,6 +7,7 @@ h5py's view of the file."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -191,8 +192,10 @@ BENCH_STUB = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_gpu_check_in_its_smallest_setting(gpu_like_env, tmp_path):
-    """``tools/gpu_check.py --quick`` on this CPU, without the optional packages: every parity
-    case passes (JAX on the CPU, said so), the benchmark's JSON is kept, all in one file."""
+    """``tools/gpu_check.py --quick`` on this CPU, without the optional packages, on MNIST and
+    the bfloat16 GPT (the float32 GPT goes through the parity tool in the README's test):
+    each case passes (JAX on the CPU, said so), the benchmark's JSON is kept, all in one
+    file."""
     stub = tmp_path / "bench_stub.py"
     stub.write_text(BENCH_STUB)
     out = subprocess.run(
@@ -202,6 +205,8 @@ def test_gpu_check_in_its_smallest_setting(gpu_like_env, tmp_path):
             "--out",
             str(tmp_path / "out"),
             "--quick",
+            "--cases",
+            "mnist_mlp,gpt_adamw_bf16",
             "--bench",
             str(stub),
         ],
@@ -216,18 +221,31 @@ def test_gpu_check_in_its_smallest_setting(gpu_like_env, tmp_path):
         result = json.load(f)
     assert result["ok"] and result["platform"]["hdf5plugin"] is None
     assert result["engines"] == ["eager", "jax-cpu"] and "no GPU" in result["note"]
-    assert [p["case"] for p in result["parity"]] == [
-        "mnist_mlp",
-        "gpt_adamw_fp32",
-        "gpt_adamw_bf16",
-    ]
+    assert [p["case"] for p in result["parity"]] == ["mnist_mlp", "gpt_adamw_bf16"]
     for case in result["parity"]:
         report = case["report"]
         assert case["verdict"] == "ok" and report["ok"]
         losses = [r for r in report["rows"] if r["value"].endswith("loss")]
         assert losses and all(r["ok"] == [True] for r in losses)
-        # fp32: the JAX program's losses equal eager torch's to float32 rounding.
-        if case["case"] != "gpt_adamw_bf16":
-            assert report["engines_vs_reference"][0]["largest_rel_diff"] < 1e-5
+    # fp32: the JAX program's losses equal eager torch's to float32 rounding.
+    assert result["parity"][0]["report"]["engines_vs_reference"][0]["largest_rel_diff"] < 1e-5
     assert result["bench"]["results"] == {"stub": True}
     assert "step" in out.stdout and "rel diff" in out.stdout  # the per-step tables
+
+
+def test_gpu_check_runs_every_example_by_default_and_refuses_an_unknown_case(tmp_path):
+    spec = importlib.util.spec_from_file_location(
+        "gpu_check", os.path.join(ROOT, "tools", "gpu_check.py")
+    )
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    cases = gpu_check.cases(True, str(tmp_path))
+    assert [name for name, _, _ in cases] == ["mnist_mlp", "gpt_adamw_fp32", "gpt_adamw_bf16"]
+    assert all(os.path.exists(script) for _, script, _ in cases)
+    assert [args[args.index("--precision") + 1] for _, _, args in cases[1:]] == [
+        "float32",
+        "bfloat16",
+    ]
+    with pytest.raises(SystemExit) as info:
+        gpu_check.main(["--out", str(tmp_path / "out"), "--cases", "gpt_adamw_fp64"])
+    assert info.value.code == 2 and not (tmp_path / "out").exists()  # refused before any run

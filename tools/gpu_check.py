@@ -15,7 +15,7 @@ are optional). It
    broke, else 0.
 
 ``--quick`` uses a few steps of tiny models, so the whole check runs on a CPU in a few minutes
-(the test suite runs it that way).
+(the test suite runs it that way); ``--cases gpt_adamw_bf16`` runs only the cases named.
 """
 
 from __future__ import annotations
@@ -72,6 +72,9 @@ def cases(quick: bool, artifacts: str) -> list:
             gpt + ["--precision", "bfloat16", "--artifact-dir", os.path.join(artifacts, "gpt16")],
         ),
     ]
+
+
+CASE_NAMES = tuple(name for name, _, _ in cases(True, ""))
 
 
 def source_tree_env() -> dict:
@@ -223,6 +226,12 @@ def main(argv=None) -> int:
         help="run this benchmark even without a GPU (default: "
         "benchmarks/bench_gpu.py, when it exists and JAX sees a GPU)",
     )
+    parser.add_argument(
+        "--cases",
+        default=None,
+        metavar="NAME[,NAME...]",
+        help="run only these parity cases (default: all: " + ", ".join(CASE_NAMES) + ")",
+    )
     parser.add_argument("--bench-args", default="", help="more arguments for the benchmark")
     parser.add_argument("--no-bench", action="store_true", help="skip the benchmark")
     parser.add_argument(
@@ -232,6 +241,10 @@ def main(argv=None) -> int:
         help="seconds per parity case or benchmark run (default 1200)",
     )
     options = parser.parse_args(argv)
+    chosen = options.cases.split(",") if options.cases else list(CASE_NAMES)
+    unknown = [name for name in chosen if name not in CASE_NAMES]
+    if unknown:
+        parser.error(f"unknown case(s) {', '.join(unknown)}; the cases: {', '.join(CASE_NAMES)}")
 
     out_dir = os.path.abspath(options.out)
     os.makedirs(out_dir, exist_ok=True)
@@ -258,6 +271,8 @@ def main(argv=None) -> int:
 
     artifacts = os.path.join(out_dir, "artifacts")
     for name, script, args in cases(options.quick, artifacts):
+        if name not in chosen:
+            continue
         document["parity"].append(
             run_parity(name, script, args, engines, out_dir, env, options.timeout)
         )
