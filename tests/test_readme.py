@@ -197,6 +197,8 @@ def run_command(command, scratch):
                 extra = extra[2:]
             if extra[:3] == ["-n", "auto", "--maxprocesses=4"]:  # parallel processes
                 extra = extra[3:]
+                if extra[:2] == ["--dist", "worksteal"]:  # how they share the tests
+                    extra = extra[2:]
             assert all(a.startswith("--durations") for a in extra), target
             return None
         return _run(
