@@ -13,8 +13,11 @@ small or quick to compile, without changing the thresholds of the user's program
 
 A scope undoes its setting on the way out, but a Ctrl-C that lands inside that way out (in the
 Python code of a context manager's exit) can cut it short and leave the thread in 64-bit
-mode; so a step's entry point also wraps its whole call in ``thread_settings_kept()``, which
-puts the thread's setting back as the call found it whatever stopped the call.
+mode; ``torch.no_grad()``'s exit, around the engine's writes into torch tensors, likewise
+leaves grad mode off. So every scope, a step's call and a read of the state wrap their work
+in ``thread_settings_kept()``, which puts both thread settings back as the work found them
+whatever stopped it (one Ctrl-C is one interrupt: when it cut a scope's exit short, it is
+already on its way out as the keeper puts the settings back).
 
 Arrays made in the scope keep their dtypes outside it; what must be in it is JAX *making*
 an array or a program from values (``device_put``, ``jnp.asarray``, tracing, a ``jit``
@@ -28,6 +31,7 @@ import functools
 from typing import Any
 
 import jax
+import torch
 
 if hasattr(jax, "enable_x64"):  # JAX >= 0.8: a thread-local context manager
 
@@ -65,7 +69,7 @@ def set_cache_thresholds(on: bool) -> None:
 def engine_scope():
     """64-bit types (and, with the engine's cache on, its cache thresholds) for the block,
     on this thread only."""
-    with _x64():
+    with thread_settings_kept(), _x64():
         if not (_cache_thresholds_on and _CACHE_THRESHOLDS):
             yield
             return
@@ -90,16 +94,17 @@ def no_cache_writes():
 
 @contextlib.contextmanager
 def thread_settings_kept():
-    """This thread's JAX 64-bit setting, after the block, as it was before it, even where an
-    interrupt cut an engine scope's exit short inside the block (see the module's text)."""
-    if _X64 is None:
-        yield
-        return
-    before = _X64.get_local()
+    """This thread's JAX 64-bit setting and torch grad mode, after the block, as they were
+    before it, even where an interrupt cut short the exit of an engine scope or of
+    ``torch.no_grad()`` inside the block (see the module's text)."""
+    grad = torch.is_grad_enabled()
+    before = _X64.get_local() if _X64 is not None else None
     try:
         yield
     finally:
-        if _X64.get_local() is not before:
+        if torch.is_grad_enabled() is not grad:
+            torch._C._set_grad_enabled(grad)  # C: torch.set_grad_enabled's exit is Python
+        if _X64 is not None and _X64.get_local() is not before:
             _X64.set_local(before)
             hook = getattr(_X64, "_update_thread_local_hook", None)
             if hook is not None:  # as JAX's own context manager does on its way out

@@ -54,6 +54,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from jax_backend import config, host_memory, shared_memory
 from jax_backend.dtypes import array_to_numpy, copy_into, state_to_host, tensor_to_array
 from jax_backend.errors import CstorchError, StepFailedError, raise_interrupt_behind
+from jax_backend.jax_settings import thread_settings_kept
 from jax_backend.state_guard import guard, guarded_by, no_guard, unguard
 from jax_backend.user_frames import warn
 
@@ -460,7 +461,7 @@ class DeviceState:
         # fills the tensor from the array, never the other way round.
         entry.transition("release")
         self._pending = True
-        with torch.no_grad():
+        with thread_settings_kept(), torch.no_grad():
             if not tensor.untyped_storage().resizable():
                 # Exported to numpy once (uploads do that), which pins its size for good: a
                 # fresh storage takes its place (never written, so it costs no memory).
@@ -487,7 +488,7 @@ class DeviceState:
         it gets its storage back filled with NaN (0 for integer and bool tensors), so it stays
         readable and the loss shows, and it leaves this state."""
         tensor = entry.tensor
-        with torch.no_grad(), no_guard():
+        with thread_settings_kept(), torch.no_grad(), no_guard():
             self._allocate(tensor)
             tensor.fill_(math.nan if tensor.is_floating_point() or tensor.is_complex() else 0)
         entry.transition("lose")
@@ -642,7 +643,7 @@ class DeviceState:
                 unguard(entry.tensor)
                 self._entries.pop(id(entry.tensor), None)
             return error, lost
-        with torch.no_grad(), no_guard():
+        with thread_settings_kept(), torch.no_grad(), no_guard():
             if entry.released:
                 self._allocate(entry.tensor)
             copy_into(entry.tensor, value)

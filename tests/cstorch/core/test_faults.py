@@ -240,6 +240,9 @@ def _interrupted_at_call(step, x, k) -> tuple:
         outcome = "unraisable"
     if jax.config.jax_enable_x64:  # an engine scope's exit cut short: the user's JAX changed
         outcome = "x64 left on"
+    if not torch.is_grad_enabled():  # a torch.no_grad() exit of the engine's cut short
+        torch.set_grad_enabled(True)
+        outcome = "grad mode left off"
     return outcome, calls[0]
 
 
@@ -278,6 +281,45 @@ def test_ctrl_c_at_every_call_of_a_step_reaches_the_handler_and_the_state_stays_
             step(XS[3])
 
     reference = _run(clean, steps_after=1)
+    for key in state:
+        torch.testing.assert_close(state[key], reference[0][key], rtol=0, atol=0)
+
+
+@pytest.mark.slow  # (a few seconds of CPU: hundreds of state reads and steps)
+def test_ctrl_c_at_every_call_of_a_state_read_leaves_the_users_settings_as_they_were():
+    """Ctrl-C at each Python call of ``state_dict()`` after a step, which fetches the
+    released state from the device in engine scopes and writes it into torch tensors under
+    ``torch.no_grad()``: the thread's JAX 64-bit mode and torch grad mode stay as the user had
+    them (an interrupt landing in ``no_grad``'s exit used to leave grad mode off, and the next
+    step recompiled for it), and the state torch then reads is the steps'."""
+    outcomes = {}
+
+    def interrupt_everywhere(model, optimizer, step):
+        def read(_):
+            return {key: value.clone() for key, value in model.state_dict().items()}
+
+        gc.disable()  # no finalizer runs inside a read: each call index is the same point
+        try:
+            step(XS[3])  # the state is on the device again
+            _, calls = _interrupted_at_call(read, None, 0)  # how many calls a read makes
+            for k in range(1, calls + 1):
+                step(XS[3])
+                outcomes[k] = _interrupted_at_call(read, None, k)[0]
+        finally:
+            gc.enable()
+
+    state, _, _ = _run(interrupt_everywhere, steps_after=0)
+    assert len(outcomes) > 100  # (a read makes hundreds of calls: the sweep did run)
+    # "none": the read made fewer calls than the first one (nothing left to fetch), so the
+    # interrupt never came
+    wrong = {k: v for k, v in outcomes.items() if v not in ("interrupt", "unraisable", "none")}
+    assert not wrong, f"Ctrl-C at these calls of a state read: {wrong}"
+
+    def clean(model, optimizer, step):
+        for _ in range(len(outcomes) + 1):
+            step(XS[3])
+
+    reference = _run(clean, steps_after=0)
     for key in state:
         torch.testing.assert_close(state[key], reference[0][key], rtol=0, atol=0)
 
