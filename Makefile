@@ -41,8 +41,9 @@ lint: .venv
 # in tests/conftest.py), so any order and any split gives the same results.
 PYTEST_WORKERS := -n auto --maxprocesses=4 --dist worksteal
 
-# About 235 of the tests start a Python process of their own (a script run as a user runs it,
-# an engine of the parity tool, a distributed worker), each importing torch and JAX anew.
+# About a hundred tests start Python processes of their own (235 in all: a script run as a
+# user runs it, an engine of the parity tool, a distributed worker), each importing torch and
+# JAX anew (about 3 s here; three quarters of the suite's time is spent in these tests).
 # Where PYTHONDONTWRITEBYTECODE is set (as on this machine), each would also compile the
 # project's modules from source again, half a second a process: they are compiled once, here,
 # for the interpreter that runs the suite.
