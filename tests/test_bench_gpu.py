@@ -11,10 +11,11 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.paths import REPO as ROOT
+
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
-import bench_gpu  # noqa: E402
+import bench_gpu
 
 
 @pytest.mark.slow

@@ -11,9 +11,10 @@ import textwrap
 
 import pytest
 
+from tests.paths import REPO as ROOT
+
 pytestmark = pytest.mark.slow  # fresh Python processes
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Run in a fresh interpreter: this test process has imported everything already.
 IMPORTS = textwrap.dedent("""

@@ -16,9 +16,11 @@ import pathlib
 
 import pytest
 
+from tests import paths
+
 pytestmark = pytest.mark.core
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(paths.REPO)
 PACKAGES = ("cstorch", "jax_backend")
 COMPAT_PACKAGES = ("cerebras", "cerebras_pytorch", "modelzoo")  # under compat/
 

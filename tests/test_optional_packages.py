@@ -21,8 +21,8 @@ import pytest
 import torch
 
 import cerebras.pytorch as cstorch
+from tests.paths import REPO as ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLOCKED = ("hdf5plugin", "pydantic")
 
 SITECUSTOMIZE = textwrap.dedent(f"""

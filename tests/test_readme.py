@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests import paths
+
+ROOT = Path(paths.REPO)
 README = ROOT / "README.md"
 
 #: Extra arguments that keep a long command short (appended to the README's command).

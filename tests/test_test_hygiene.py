@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests import conftest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.paths import REPO as ROOT
 
 
 @pytest.mark.slow

@@ -18,10 +18,10 @@ from torch.utils import _pytree as pytree
 from cstorch.distributed import runtime
 from cstorch.utils import nest
 from jax_backend import torch_versions
+from tests.paths import REPO as ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
-import ensure_torch  # noqa: E402
+import ensure_torch
 
 pytestmark = pytest.mark.core
 

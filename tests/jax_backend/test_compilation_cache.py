@@ -10,9 +10,10 @@ import textwrap
 
 import pytest
 
+from tests.paths import REPO as ROOT
+
 pytestmark = pytest.mark.slow  # fresh Python processes
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SCRIPT = textwrap.dedent("""
     import json, sys

@@ -28,6 +28,7 @@ from jax_backend import Program, Slot, capture_step, dtypes, graph_cache, torch_
 from jax_backend.graph_cache import codec, explain, fingerprint, sources, storage
 from jax_backend.graph_cache.fingerprint import Fingerprinter, NotCacheable
 from tests.graph_cache_entries import first_node as _first, rewrite_entry, rewrite_payload
+from tests.paths import REPO
 from tests.training import descending
 
 KEY = "ab" * 32
@@ -554,7 +555,7 @@ print("refused")
 def test_a_fifo_in_place_of_an_entry_is_refused_without_blocking(tmp_path):
     directory = tmp_path / "cache"
     directory.mkdir(mode=0o700)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = REPO
     out = subprocess.run(
         [sys.executable, "-c", FIFO_PROBE.replace("KEY", KEY), str(directory)],
         capture_output=True,

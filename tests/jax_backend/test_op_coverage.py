@@ -19,8 +19,8 @@ import torch
 
 from jax_backend import capture_step, registry
 from jax_backend.errors import LoweringNotFoundError
+from tests.paths import REPO as ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BASELINE = os.path.join(os.path.dirname(__file__), "data", "op_coverage_baseline.json")
 
 

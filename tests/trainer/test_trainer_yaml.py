@@ -16,6 +16,7 @@ from cerebras.modelzoo.trainer.legacy import convert_legacy_params_to_trainer_pa
 from cerebras.modelzoo.trainer.loggers import TensorBoardLogger
 from cerebras.modelzoo.trainer.registry import register_data_processor, register_model
 from cerebras.modelzoo.trainer.utils import run_trainer
+from tests.paths import REPO
 from tests.trainer.common import ClassifierMLP, batches, eager_reference, torch_loader
 
 SEED = 7
@@ -416,7 +417,7 @@ def test_the_console_script_resolves_import_paths_from_the_working_directory(tmp
     }
     del config["trainer"]["validate"]
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(config))
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    repo = REPO
     env = dict(os.environ, PYTHONPATH=repo)  # the tests package, not the working directory
     result = subprocess.run(
         [script, "fit", "params.yaml"],

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests import paths
+
+ROOT = Path(paths.REPO)
 ZOO_SRC = os.environ.get("MODELZOO_SRC")
 PYTHON = os.environ.get("ZOO_PYTHON", sys.executable)
 REFERENCE = json.loads((ROOT / "tests" / "data" / "zoo_fc_mnist_reference.json").read_text())

@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 import torch
 
+from tests import paths
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+sys.path.insert(0, str(Path(paths.REPO) / "tools"))
 import synthetic_data as sd
 import zoo_sweep
 

@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests import paths
+
+ROOT = Path(paths.REPO)
 ZOO_SRC = os.environ.get("MODELZOO_SRC")
 PYTHON = os.environ.get("ZOO_PYTHON", sys.executable)
 TAGS = ("R_1.6.0", "R_1.6.1")

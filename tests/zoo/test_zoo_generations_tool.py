@@ -10,7 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests import paths
+
+ROOT = Path(paths.REPO)
 
 
 def _tool():
