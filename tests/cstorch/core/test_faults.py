@@ -246,6 +246,22 @@ def _interrupted_at_call(step, x, k) -> tuple:
     return outcome, calls[0]
 
 
+def _interrupted_at_every_call(call, argument, before_each) -> dict:
+    """``{k: outcome}`` of ``_interrupted_at_call`` for every call index ``k`` that
+    ``call(argument)`` makes, ``before_each()`` run before each (and before the count)."""
+    outcomes = {}
+    gc.disable()  # no finalizer runs inside the call: each call index is the same point
+    try:
+        before_each()
+        _, calls = _interrupted_at_call(call, argument, 0)  # how many calls it makes
+        for k in range(1, calls + 1):
+            before_each()
+            outcomes[k] = _interrupted_at_call(call, argument, k)[0]
+    finally:
+        gc.enable()
+    return outcomes
+
+
 @pytest.mark.slow  # (about 5 s of CPU: hundreds of traced steps and two compilations)
 def test_ctrl_c_at_every_call_of_a_step_reaches_the_handler_and_the_state_stays_whole():
     """Ctrl-C at each Python call of a step that uploads state (issue 49, item 7): the
@@ -255,17 +271,11 @@ def test_ctrl_c_at_every_call_of_a_step_reaches_the_handler_and_the_state_stays_
     outcomes = {}
 
     def interrupt_everywhere(model, optimizer, step):
-        gc.disable()  # no finalizer runs inside a step: each call index is the same point
-        try:
+        def edit():
             with torch.no_grad():
                 model.weight.add_(0.0)  # edited on the torch side: uploaded by the step
-            _, calls = _interrupted_at_call(step, XS[3], 0)  # how many calls a step makes
-            for k in range(1, calls + 1):
-                with torch.no_grad():
-                    model.weight.add_(0.0)
-                outcomes[k] = _interrupted_at_call(step, XS[3], k)[0]
-        finally:
-            gc.enable()
+
+        outcomes.update(_interrupted_at_every_call(step, XS[3], before_each=edit))
 
     state, optimizer_state, _ = _run(interrupt_everywhere, steps_after=1)
     assert len(outcomes) > 100  # (a step makes hundreds of calls: the sweep did run)
@@ -298,15 +308,8 @@ def test_ctrl_c_at_every_call_of_a_state_read_leaves_the_users_settings_as_they_
         def read(_):
             return {key: value.clone() for key, value in model.state_dict().items()}
 
-        gc.disable()  # no finalizer runs inside a read: each call index is the same point
-        try:
-            step(XS[3])  # the state is on the device again
-            _, calls = _interrupted_at_call(read, None, 0)  # how many calls a read makes
-            for k in range(1, calls + 1):
-                step(XS[3])
-                outcomes[k] = _interrupted_at_call(read, None, k)[0]
-        finally:
-            gc.enable()
+        # before each read, a step: the state is on the device again
+        outcomes.update(_interrupted_at_every_call(read, None, before_each=lambda: step(XS[3])))
 
     state, _, _ = _run(interrupt_everywhere, steps_after=0)
     assert len(outcomes) > 100  # (a read makes hundreds of calls: the sweep did run)
