@@ -504,37 +504,56 @@ def _run_dependencies(tmp_path, cache, **changes):
         cache,
         script=DEPENDENCIES,
         args=[values["argv"]],
-        env={"STEP_SCALE": values["env"]},
+        env={"STEP_SCALE": values["env"], "CSTORCH_GRAPH_CACHE_EXPLAIN": "1"},
     )
     np.testing.assert_allclose(result["losses"], result["eager"], rtol=1e-6, atol=1e-6)
+    return _with_misses(result)
+
+
+def _with_misses(result):
+    """``result`` with ``misses``: the reasons of the graph cache's miss lines on stderr."""
+    result["misses"] = [
+        line.split(": ", 1)[1]
+        for line in result["stderr"].splitlines()
+        if line.startswith("graph cache miss ")
+    ]
     return result
 
 
 @pytest.mark.heavy
 def test_every_value_the_step_reads_from_outside_its_objects_is_in_the_key(tmp_path):
     """The stale-cache runs: with the cache on, change one value the step reads and run
-    again in a new process; each run captures again and matches eager torch."""
+    again in a new process; each run captures again, matches eager torch, and its miss
+    (CSTORCH_GRAPH_CACHE_EXPLAIN) names the part of the key the change is in, so no run
+    misses for another reason than the one it tests."""
     cache = tmp_path / "graphs"
     cold = _run_dependencies(tmp_path, cache)
     assert cold["traces"] == 1 and cold["events"] == {"miss": 1, "store": 1}
+    assert cold["misses"] == ["no entry of this step is stored"]
     warm = _run_dependencies(tmp_path, cache)
-    assert warm["traces"] == 0 and warm["events"] == {"hit": 1}
+    assert warm["traces"] == 0 and warm["events"] == {"hit": 1} and warm["misses"] == []
     assert warm["losses"] == cold["losses"]
     # First the changes whose run would find the cold run's entry if the key missed them (a
     # changed file read by the trace is a miss by the entry's file list, and its run's entry
-    # replaces the cold one under the same key).
-    for change in (
-        {"grad_hook": "halve"},
-        {"env": "2.0"},
-        {"argv": "3.0"},
-        {"file": "0.5"},
-        {"scale": 4.0},
-        {"pol": 2},
-        {"patch_gelu": True},
+    # replaces the cold one under the same key). The parts a miss names: the value itself,
+    # and the function that reads it where that function's fingerprint holds what it read.
+    for change, parts in (
+        ({"grad_hook": "halve"}, "parameter hooks"),
+        ({"env": "2.0"}, "step function's global factor, environment variable STEP_SCALE"),
+        ({"argv": "3.0"}, "step function's global factor, command line"),
+        ({"file": "0.5"}, None),
+        ({"scale": 4.0}, "step function's global factor"),
+        ({"pol": 2}, "cstorch.backends"),
+        ({"patch_gelu": True}, "library attributes replaced by user code"),
     ):
         result = _run_dependencies(tmp_path, cache, **change)
         assert result["traces"] == 1 and "hit" not in result["events"], change
         assert result["losses"] != cold["losses"], change  # the change matters
+        (miss,) = result["misses"]
+        if parts is None:
+            assert miss == f"{tmp_path / 'weight.txt'} changed", miss
+        else:
+            assert miss.endswith(f" part{'s' if ',' in parts else ''}: {parts}"), miss
 
 
 @pytest.mark.heavy
@@ -658,12 +677,7 @@ def _explained(tmp_path, cache, *, scale="1.0", variable="1", edit="", explain="
         args=[],
         env={"CSTORCH_TEST_UNREAD": variable, "CSTORCH_GRAPH_CACHE_EXPLAIN": explain},
     )
-    result["misses"] = [
-        line.split(": ", 1)[1]
-        for line in result["stderr"].splitlines()
-        if line.startswith("graph cache miss ")
-    ]
-    return result
+    return _with_misses(result)
 
 
 @pytest.mark.heavy
