@@ -147,9 +147,9 @@ def _warmup_cosine_lrs(engine, steps=20):
 
 def test_a_schedule_gives_both_engines_the_same_learning_rates_bit_for_bit():
     """The eager engine evaluates a cstorch schedule outside any compiled step, the JAX
-    engine inside its step program: both are one XLA program of the same schedule, so the
-    rates agree to the bit (evaluated op by op, the eager engine's rates were 1-2 units in
-    the last place off at some warmup and decay steps)."""
+    engine inside its step program: both compile the schedule as XLA programs, and the rates
+    agree to the bit (evaluated op by op, the eager engine's rates were 1-2 units in the last
+    place off at some warmup and decay steps)."""
     eager = _warmup_cosine_lrs("eager")
     cstorch.backend._reset_for_tests()
     jax_rates = _warmup_cosine_lrs("jax")
