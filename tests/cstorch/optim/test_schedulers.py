@@ -550,3 +550,40 @@ def test_eager_steps_after_traced_steps_start_from_the_newest_state(cpu_backend)
     traced(x)
     assert scheduler.get_last_lr()[0].item() == 0.5**5
     assert scheduler.last_epoch.item() == 5
+
+
+def test_a_schedule_changed_between_eager_steps_gives_its_new_values():
+    """The eager engine evaluates a schedule outside any compiled step, one jitted program
+    per schedule description: an argument changed between steps gives the new schedule's
+    value at once, and changed back, the first's again (no program of another description
+    serves it)."""
+    backend = cstorch.backend("CPU", engine="eager")
+    model = torch.nn.Linear(2, 1)
+    compiled = cstorch.compile(model, backend)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=1.0)
+    scheduler = L.LinearLR(
+        optimizer, initial_learning_rate=1.0, end_learning_rate=0.0, total_iters=10
+    )
+    seen = []
+
+    @cstorch.step_closure
+    def record(lr):
+        seen.append(float(lr))
+
+    @cstorch.trace
+    def training_step(x):
+        loss = compiled(x).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        record(optimizer.param_groups[0]["lr"])
+        return loss
+
+    expected = []
+    for end_val in (0.0, 0.5, 0.0, 0.5):
+        scheduler.end_learning_rate = end_val
+        training_step(torch.ones(1, 2))
+        k = len(seen)  # the count after this step
+        expected.append(1.0 + (end_val - 1.0) * k / 10)
+    np.testing.assert_allclose(seen, expected, rtol=1e-6)  # 0.9, 0.9, 0.7, 0.8
