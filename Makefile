@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo lint test test-fast test-compat test-newest docs gpu-check bench bench-remat bench-gpu coverage zoo-check zoo-generations clean
+.PHONY: demo native lint test test-fast test-compat test-newest docs gpu-check bench bench-remat bench-gpu coverage zoo-check zoo-generations clean
 
 # torch first: one already in the venv inside pyproject's range is kept; with none, this CPU
 # build (lying on this machine's disk; a range would pull gigabytes of CUDA libraries).
@@ -21,7 +21,18 @@ $(VENV)/.installed: pyproject.toml
 	@echo "== $(VENV) is ready"
 	touch $@
 
-.venv: $(VENV)/.installed
+.venv: $(VENV)/.installed native
+
+# The engine's one native helper: the pool behind cpu_step_memory=pool (jax_backend/
+# step_pool.py), plain C with no Python headers, so one build serves every venv. Without a C
+# compiler the set-up goes on; that setting then says what is missing.
+CC ?= cc
+NATIVE_POOL := jax_backend/native/_step_pool.so
+$(NATIVE_POOL): jax_backend/native/step_pool.c
+	$(CC) -O2 -Wall -Wextra -shared -fPIC -o $@ $< -ldl -lpthread \
+		|| echo "== no C compiler: cpu_step_memory=pool is unavailable"
+
+native: $(NATIVE_POOL)
 
 demo: .venv
 	$(PY) examples/mnist_mlp.py
@@ -102,7 +113,7 @@ $(COMPAT_VENV)/.installed: pyproject.toml Makefile
 	$(COMPAT_PY) -m pip install -q -c $(COMPAT_VENV)/constraints.txt -e '.[test]'
 	touch $@
 
-test-compat: $(COMPAT_VENV)/.installed
+test-compat: $(COMPAT_VENV)/.installed native
 	$(COMPAT_PY) -c "import sys, torch, jax, numpy; print('compat stack: Python', \
 		sys.version.split()[0], 'torch', torch.__version__, 'JAX', jax.__version__, \
 		'numpy', numpy.__version__)"
@@ -134,7 +145,7 @@ $(NEWEST_VENV)/.installed: pyproject.toml Makefile
 	PIP_CONSTRAINT=$(NEWEST_VENV)/constraints.txt $(NEWEST_PY) -m pip install -q -U -e '.[test]'
 	touch $@
 
-test-newest: $(NEWEST_VENV)/.installed
+test-newest: $(NEWEST_VENV)/.installed native
 	$(NEWEST_PY) -c "import sys, torch, jax, numpy; print('newest stack: Python', \
 		sys.version.split()[0], 'torch', torch.__version__, 'JAX', jax.__version__, \
 		'numpy', numpy.__version__)"
@@ -155,7 +166,7 @@ gpu-check:
 BENCH_ROUNDS ?= 3
 bench: .venv
 	mkdir -p artifacts
-	$(PY) benchmarks/bench_engine.py --rounds $(BENCH_ROUNDS) --precision fp32,bf16 --step-memory xla,reuse --executor-runs --depth-sweep --interference --json artifacts/bench_engine.json
+	$(PY) benchmarks/bench_engine.py --rounds $(BENCH_ROUNDS) --precision fp32,bf16 --step-memory xla,reuse,pool --executor-runs --depth-sweep --interference --json artifacts/bench_engine.json
 
 # Activation checkpointing's memory (issue 44): eager torch vs cstorch, each block plain or in
 # torch.utils.checkpoint, each in its own process (about 10 minutes on 2 cores; not in `bench`).

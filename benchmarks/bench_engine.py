@@ -110,7 +110,9 @@ def _optimizer(module, kind, model):
         import torch
 
         module = torch.optim
-    return module.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    # eps given: cstorch's AdamW defaults to 1e-6 (the reference's), torch's to 1e-8, and the
+    # loss-gap column compares the same maths.
+    return module.AdamW(model.parameters(), lr=1e-3, eps=1e-8, weight_decay=0.01)
 
 
 def training_step(forward, loss_fn, optimizer):
@@ -546,14 +548,15 @@ def _variants(args) -> dict:
 
 
 def _runner_env(label, args=None) -> dict:
-    """What a runner adds to a cold start's environment: "cstorch-jax xla" and "cstorch-jax
-    reuse" are fp32 with the engine's cpu_step_memory setting at that choice (the plain fp32
-    row has the default, lean: cpu_results.md); a ``--variant`` row its variables."""
+    """What a runner adds to a cold start's environment: "cstorch-jax xla", "cstorch-jax
+    reuse" and "cstorch-jax pool" are fp32 with the engine's cpu_step_memory setting at that
+    choice (the plain fp32 row has the default, lean: cpu_results.md); a ``--variant`` row its
+    variables."""
     choice = label.split()[-1]
     variants = _variants(args) if args is not None else {}
     if label.startswith("cstorch-jax ") and choice in variants:
         return variants[choice]
-    if label.startswith("cstorch-jax ") and choice in ("lean", "xla", "reuse"):
+    if label.startswith("cstorch-jax ") and choice in ("lean", "xla", "reuse", "pool"):
         return {"CSTORCH_CPU_STEP_MEMORY": choice}
     return {}
 
@@ -647,7 +650,11 @@ def print_table(results, peak_gflops=None):
     (user + system, all threads) per step, which a busy machine disturbs less than the wall
     time. Each ratio is to the runner's eager reference (eager torch; for a bf16 row, eager
     torch under autocast bf16), and ``loss gap`` is the largest relative difference between
-    its losses and the reference's, step by step. RSS: the process's peak, and the workload's
+    its losses and the reference's, step by step. It measures parity where both engines run
+    the same maths: the MLP (SGD), the CNN (Adadelta, whose lr 1.0 amplifies rounding after a
+    dozen steps) and the gpt (torch's AdamW in both). The transformer and GPT-2 small run
+    cstorch's AdamW, the reference's formula (eps added before the bias correction: an
+    effective eps 30x torch's at the first step), so their gap is that formula's (~1e-4). RSS: the process's peak, and the workload's
     own part (peak less the RSS after imports: JAX's runtime alone adds ~170 MiB that no
     model-sized change can remove). The floor is the step's FLOPs (XLA's count) at this
     machine's measured fp32 matmul rate (``run_matmul_peak``): no engine steps faster."""
@@ -786,7 +793,7 @@ def main():
         "--step-memory",
         default="",
         help="also cstorch fp32 with these CSTORCH_CPU_STEP_MEMORY choices, "
-        "e.g. xla,reuse (the fp32 row has the default, lean)",
+        "e.g. xla,reuse,pool (the fp32 row has the default, lean)",
     )
     parser.add_argument(
         "--variant",

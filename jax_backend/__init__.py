@@ -19,6 +19,8 @@ This package knows nothing of the cstorch API. Its public surface:
 * ``target``: what a step is lowered for (platform, float32 matmul precision, attention).
 * ``compilation_cache``: JAX's persistent compilation cache for the engine's programs
   (``acquire``/``release``, see its docstring).
+* ``step_pool``: a pool that keeps CPU steps' working memory between runs (the setting
+  ``cpu_step_memory="pool"``; its native helper is native/step_pool.c).
 * ``graph_cache``: a persistent cache of captured steps, stored as authenticated data and
   keyed by what the capture depends on (its ``fingerprint``) (off unless
   ``CSTORCH_GRAPH_CACHE`` asks for it, see its docstring).
@@ -50,6 +52,7 @@ from jax_backend import (  # sparsity mask ops
     schedules,
     sparse_ops,
     sparsity,
+    step_pool,
     target,
     torch_ops,  # registers the cstorch:: custom ops
 )
@@ -98,6 +101,7 @@ __all__ = [
     "schedules",
     "sparse_ops",
     "sparsity",
+    "step_pool",
     "target",
     "torch_ops",
 ]

@@ -355,10 +355,12 @@ cpu_step_memory = config.define(
     "12-14% less working memory than XLA's own default at the same speed here), xla (XLA's "
     "default), or reuse (heaps malloc keeps between runs: on 2 cores, bench_engine's "
     "transformer steps 8% faster and GPT-2 small's 1.5%, for a third to a half more of the "
-    "workload's own memory, more with more cores). Read when a program is built.",
+    "workload's own memory, more with more cores), or pool (lean, with the working memory kept "
+    "between runs by the engine's own pool, jax_backend/step_pool.py: Linux and glibc, built "
+    "by make; off by default). Read when a program is built.",
     env_var="CSTORCH_CPU_STEP_MEMORY",
     parse=lambda text: text.strip().lower(),
-    choices=("lean", "xla", "reuse"),
+    choices=("lean", "xla", "reuse", "pool"),
 )
 cpu_convolutions = config.define(
     "cpu_convolutions",

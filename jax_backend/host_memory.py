@@ -23,7 +23,9 @@ which malloc keeps for the next run, but in the arena of the thread that freed t
 runs steps on more than one thread: up to a copy per thread stays resident, so it is not the
 default (``benchmarks/cpu_results.md``). XLA cannot serialize an executable with more than one
 temp heap, so a ``reuse`` step is never written to the persistent compilation cache
-(``cacheable``): JAX would warn on every compile that the write failed.
+(``cacheable``): JAX would warn on every compile that the write failed. ``pool`` is ``lean``
+with the step's working memory kept between runs by the engine's own pool (``step_pool``:
+one process-wide copy, not one per thread), for the price of keeping it mapped.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ import functools
 import jax
 import numpy as np
 
-from jax_backend import config
+from jax_backend import config, step_pool
+from jax_backend.errors import CstorchRuntimeError
 
 # Under glibc's largest mmap threshold (32 MiB on 64-bit), with room for its chunk header and
 # XLA's alignment: a heap this size is kept by malloc when freed, not unmapped.
@@ -51,6 +54,7 @@ STEP_MEMORY: dict[str, dict] = {
     "lean": dict([_MEMORY_SCHEDULE]),
     "xla": {},
     "reuse": {_HEAPS_OPTION: STEP_HEAP_BYTES},
+    "pool": dict([_MEMORY_SCHEDULE]),  # and step_pool (pooled)
 }
 
 # A trim takes ~10-60 ms on a GPT-2-small run; smaller frees are not worth it.
@@ -88,9 +92,25 @@ def step_compiler_options(platform: str) -> dict:
     choice = config.cpu_step_memory.value  # (one of STEP_MEMORY: checked where declared)
     if choice == "reuse" and _malloc_trim() is None:
         return {}
-    if choice == "lean" and not _xla_has_option(*_MEMORY_SCHEDULE):
+    if choice == "pool" and (why := step_pool.unavailable()) is not None:
+        raise CstorchRuntimeError(f"cpu_step_memory='pool' cannot run here: {why}; use 'lean'")
+    if choice in ("lean", "pool") and not _xla_has_option(*_MEMORY_SCHEDULE):
         return dict([_MEMORY_SCHEDULE_BEFORE])
     return dict(STEP_MEMORY[choice])
+
+
+def pooled(platform: str) -> bool:
+    """Whether a step compiled now for ``platform`` keeps its working memory in the engine's
+    pool (``cpu_step_memory="pool"``, CPU only): see ``keep_step_memory``."""
+    return platform == "cpu" and config.cpu_step_memory.value == "pool"
+
+
+def keep_step_memory(compiled) -> None:
+    """Registers a compiled CPU step's working-memory size with the pool, which keeps such
+    blocks between runs (``step_pool``)."""
+    analysis = compiled.memory_analysis()
+    temp = getattr(analysis, "temp_size_in_bytes", 0) if analysis is not None else 0
+    step_pool.keep(int(temp))
 
 
 def cacheable(options: dict) -> bool:

@@ -119,6 +119,7 @@ class Program:
         self._compiled_ahead = False  # see _call_jitted
         # How a CPU step's working memory is laid out (cpu_step_memory); nothing elsewhere.
         options = host_memory.step_compiler_options(self.target.platform)
+        self._pooled = host_memory.pooled(self.target.platform)
         self._cache_writes = (
             contextlib.nullcontext
             if host_memory.cacheable(options)
@@ -201,8 +202,10 @@ class Program:
         ``bench_engine``'s transformer."""
         if not self._compiled_ahead:
             with self._cache_writes():
-                self._jitted.lower(*args).compile()
+                compiled = self._jitted.lower(*args).compile()
             host_memory.trim()
+            if self._pooled:
+                host_memory.keep_step_memory(compiled)
             self._compiled_ahead = True
         return self._jitted(*args)
 

@@ -265,6 +265,7 @@ class BaseBackend:
         if self._holds_compilation_cache:
             self._holds_compilation_cache = False
             jax_backend.compilation_cache.release()
+        jax_backend.step_pool.release()  # cpu_step_memory="pool": its kept blocks, its hooks
 
     def hold_compilation_cache(self) -> str | None:
         """Turns the persistent compilation cache on while this backend lives (``Backend``

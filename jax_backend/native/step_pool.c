@@ -1,0 +1,295 @@
+/* A pool for the large working-memory blocks of the engine's CPU steps (jax_backend/step_pool.py).
+ *
+ * XLA's CPU runtime allocates a step's temporaries as one block per run (posix_memalign) and
+ * frees it after the run. glibc serves a block over 32 MiB with a fresh mmap and unmaps it on
+ * free, so every run zero-fills and faults its whole working set in again (benchmarks/
+ * cpu_results.md, "Page faults"). This library keeps such blocks instead: the calls XLA's
+ * library makes to posix_memalign and free (its GOT entries) are pointed here, and a block of
+ * a size the engine registered (a compiled step's temp size) is cached when freed and handed
+ * back to the next request of that size and alignment. Every other call goes straight to the
+ * allocator that was there before. Blocks are real allocations of that allocator, so one freed
+ * elsewhere is still valid; the pool only delays their release, at most `keep` per size.
+ *
+ * Entry points (ctypes): pool_install(path), pool_uninstall(), pool_register(size, keep),
+ * pool_clear(), pool_stats(out[4]).
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <elf.h>
+#include <link.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define MAX_SIZES 16
+#define MAX_BLOCKS 64
+#define MAX_SLOTS 64
+
+typedef int (*memalign_fn)(void **, size_t, size_t);
+typedef void (*free_fn)(void *);
+
+static memalign_fn real_memalign;
+static free_fn real_free;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+struct pooled { size_t size; int keep; };
+static struct pooled sizes[MAX_SIZES];
+static _Atomic int n_sizes;          /* read without the lock on every posix_memalign */
+
+struct block { void *p; size_t size, align; int cached; };
+static struct block blocks[MAX_BLOCKS];
+static int n_blocks;
+static _Atomic int n_tracked;        /* read without the lock on every free */
+static long hits, misses, released, untracked;
+
+/* The patched GOT slots, and what they held. */
+struct slot { void **where; void *old; };
+static struct slot slots[MAX_SLOTS];
+static int n_slots;
+
+static int pooled_keep(size_t size) {
+    int n = atomic_load(&n_sizes);
+    for (int i = 0; i < n; i++)
+        if (sizes[i].size == size) return sizes[i].keep;
+    return 0;
+}
+
+static int pool_memalign(void **out, size_t align, size_t size) {
+    if (size == 0 || !pooled_keep(size)) return real_memalign(out, align, size);
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < n_blocks; i++) {
+        if (blocks[i].cached && blocks[i].size == size && blocks[i].align == align) {
+            blocks[i].cached = 0;
+            hits++;
+            *out = blocks[i].p;
+            pthread_mutex_unlock(&lock);
+            return 0;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    int status = real_memalign(out, align, size);
+    if (status != 0) return status;
+    pthread_mutex_lock(&lock);
+    misses++;
+    if (n_blocks < MAX_BLOCKS) {
+        blocks[n_blocks++] = (struct block){*out, size, align, 0};
+        atomic_fetch_add(&n_tracked, 1);
+    } else {
+        untracked++;
+    }
+    pthread_mutex_unlock(&lock);
+    return 0;
+}
+
+static void forget(int i) {  /* with the lock held */
+    blocks[i] = blocks[--n_blocks];
+    atomic_fetch_sub(&n_tracked, 1);
+}
+
+static void pool_free(void *p) {
+    if (p == NULL || atomic_load(&n_tracked) == 0) {
+        real_free(p);
+        return;
+    }
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < n_blocks; i++) {
+        if (blocks[i].p != p || blocks[i].cached) continue;
+        int keep = pooled_keep(blocks[i].size), cached = 0;
+        for (int j = 0; j < n_blocks; j++)
+            cached += blocks[j].cached && blocks[j].size == blocks[i].size;
+        /* A block the allocator says is smaller than recorded is not the one handed out
+         * (freed elsewhere, its address reused): forgotten, never handed out again. */
+        if (cached < keep && malloc_usable_size(p) >= blocks[i].size) {
+            blocks[i].cached = 1;
+            pthread_mutex_unlock(&lock);
+            return;
+        }
+        forget(i);
+        released++;
+        break;
+    }
+    pthread_mutex_unlock(&lock);
+    real_free(p);
+}
+
+/* ------------------------------------------------------------------ the GOT of one library */
+struct target { const char *path; uintptr_t base; const ElfW(Phdr) *phdr; int phnum; int found; };
+static struct target installed;  /* the library patched, for uninstall's re-protection */
+
+static int find_library(struct dl_phdr_info *info, size_t size, void *data) {
+    (void)size;
+    struct target *t = data;
+    const char *name = info->dlpi_name;
+    size_t n = name ? strlen(name) : 0, m = strlen(t->path);
+    /* `path` is a file name: the library loaded under any directory with that name. */
+    if (n > m && name[n - m - 1] == '/' && strcmp(name + n - m, t->path) == 0) {
+        t->base = info->dlpi_addr;
+        t->phdr = info->dlpi_phdr;
+        t->phnum = info->dlpi_phnum;
+        t->found = 1;
+        return 1;
+    }
+    return 0;
+}
+
+static uintptr_t absolute(uintptr_t base, uintptr_t value) {
+    /* glibc relocates most d_ptr entries in place; other loaders leave them relative. */
+    return value < base ? base + value : value;
+}
+
+static int write_slot(void **where, void *value) {
+    long page = sysconf(_SC_PAGESIZE);
+    uintptr_t start = (uintptr_t)where & ~(uintptr_t)(page - 1);
+    /* The GOT may sit in the RELRO segment, read-only after loading: opened for the write;
+     * reprotect() closes the RELRO pages again (other pages were writable already). */
+    if (mprotect((void *)start, (size_t)page, PROT_READ | PROT_WRITE) != 0) return -1;
+    *where = value;
+    return 0;
+}
+
+static void reprotect(const struct target *t) {
+    long page = sysconf(_SC_PAGESIZE);
+    for (int i = 0; i < t->phnum; i++) {
+        if (t->phdr[i].p_type != PT_GNU_RELRO) continue;
+        uintptr_t start = (t->base + t->phdr[i].p_vaddr) & ~(uintptr_t)(page - 1);
+        uintptr_t end = t->base + t->phdr[i].p_vaddr + t->phdr[i].p_memsz;
+        end &= ~(uintptr_t)(page - 1); /* as the loader does: the last partial page stays RW */
+        if (end > start) mprotect((void *)start, end - start, PROT_READ);
+    }
+}
+
+static void patch_relocations(const struct target *t, const ElfW(Rela) *rela, size_t bytes,
+                              const ElfW(Sym) *symtab, const char *strtab) {
+    for (size_t k = 0; k < bytes / sizeof(ElfW(Rela)); k++) {
+        size_t sym = ELF64_R_SYM(rela[k].r_info);
+        if (sym == 0) continue;
+        const char *name = strtab + symtab[sym].st_name;
+        void *hook = strcmp(name, "posix_memalign") == 0 ? (void *)pool_memalign
+                   : strcmp(name, "free") == 0          ? (void *)pool_free
+                                                        : NULL;
+        if (hook == NULL || n_slots >= MAX_SLOTS) continue;
+        void **where = (void **)(t->base + rela[k].r_offset);
+        void *old = *where;
+        if (old == hook) continue;
+        if (write_slot(where, hook) == 0) slots[n_slots++] = (struct slot){where, old};
+    }
+}
+
+/* A fork while another thread holds the lock would leave it held in the child for good. */
+static void before_fork(void) { pthread_mutex_lock(&lock); }
+static void after_fork(void) { pthread_mutex_unlock(&lock); }
+
+/* Points the posix_memalign and free of the loaded library named `path` (a file name, e.g.
+ * libjax_common.so) at the pool; returns the number of GOT entries patched (0: none found,
+ * nothing changed; -1: no such library loaded). */
+int pool_install(const char *path) {
+    if (n_slots) return n_slots;
+    static int fork_handlers;
+    if (!fork_handlers++) pthread_atfork(before_fork, after_fork, after_fork);
+    real_memalign = (memalign_fn)dlsym(RTLD_DEFAULT, "posix_memalign");
+    real_free = (free_fn)dlsym(RTLD_DEFAULT, "free");
+    if (!real_memalign || !real_free) return 0;
+    struct target t = {path, 0, NULL, 0, 0};
+    dl_iterate_phdr(find_library, &t);
+    if (!t.found) return -1;
+    const ElfW(Dyn) *dyn = NULL;
+    for (int i = 0; i < t.phnum; i++)
+        if (t.phdr[i].p_type == PT_DYNAMIC) dyn = (const ElfW(Dyn) *)(t.base + t.phdr[i].p_vaddr);
+    if (dyn == NULL) return 0;
+    const ElfW(Sym) *symtab = NULL;
+    const char *strtab = NULL;
+    const ElfW(Rela) *jmprel = NULL, *rela = NULL;
+    size_t jmprel_bytes = 0, rela_bytes = 0;
+    int rela_plt = 0;
+    for (; dyn->d_tag != DT_NULL; dyn++) {
+        switch (dyn->d_tag) {
+        case DT_SYMTAB: symtab = (const ElfW(Sym) *)absolute(t.base, dyn->d_un.d_ptr); break;
+        case DT_STRTAB: strtab = (const char *)absolute(t.base, dyn->d_un.d_ptr); break;
+        case DT_JMPREL: jmprel = (const ElfW(Rela) *)absolute(t.base, dyn->d_un.d_ptr); break;
+        case DT_PLTRELSZ: jmprel_bytes = dyn->d_un.d_val; break;
+        case DT_PLTREL: rela_plt = dyn->d_un.d_val == DT_RELA; break;
+        case DT_RELA: rela = (const ElfW(Rela) *)absolute(t.base, dyn->d_un.d_ptr); break;
+        case DT_RELASZ: rela_bytes = dyn->d_un.d_val; break;
+        }
+    }
+    if (!symtab || !strtab) return 0;
+    pthread_mutex_lock(&lock);
+    if (jmprel && rela_plt) patch_relocations(&t, jmprel, jmprel_bytes, symtab, strtab);
+    if (rela) patch_relocations(&t, rela, rela_bytes, symtab, strtab);
+    int hooked_memalign = 0, hooked_free = 0;
+    for (int i = 0; i < n_slots; i++) {
+        hooked_memalign |= *slots[i].where == (void *)pool_memalign;
+        hooked_free |= *slots[i].where == (void *)pool_free;
+    }
+    if (!(hooked_memalign && hooked_free)) { /* both or nothing */
+        for (int i = 0; i < n_slots; i++) *slots[i].where = slots[i].old;
+        n_slots = 0;
+    }
+    reprotect(&t);
+    installed = t;
+    pthread_mutex_unlock(&lock);
+    return n_slots;
+}
+
+static void release_cached(void) {  /* with the lock held */
+    for (int i = n_blocks - 1; i >= 0; i--) {
+        if (!blocks[i].cached) continue;
+        void *p = blocks[i].p;
+        forget(i);
+        real_free(p);
+        released++;
+    }
+}
+
+/* Caches blocks of `size` bytes, at most `keep` of them (keep 0: no longer). */
+int pool_register(size_t size, int keep) {
+    pthread_mutex_lock(&lock);
+    int n = atomic_load(&n_sizes), status = 0;
+    int i = 0;
+    while (i < n && sizes[i].size != size) i++;
+    if (i == n) {
+        if (n == MAX_SIZES) status = -1;
+        else {
+            sizes[n] = (struct pooled){size, keep};
+            atomic_store(&n_sizes, n + 1);
+        }
+    } else {
+        sizes[i].keep = keep;
+    }
+    pthread_mutex_unlock(&lock);
+    return status;
+}
+
+/* Frees every cached block and forgets every size (blocks in use are freed as usual). */
+void pool_clear(void) {
+    pthread_mutex_lock(&lock);
+    atomic_store(&n_sizes, 0);
+    release_cached();
+    pthread_mutex_unlock(&lock);
+}
+
+/* Restores the GOT entries install patched, after clearing the pool. */
+void pool_uninstall(void) {
+    pool_clear();
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < n_slots; i++) write_slot(slots[i].where, slots[i].old);
+    if (n_slots) reprotect(&installed);
+    n_slots = 0;
+    pthread_mutex_unlock(&lock);
+}
+
+/* hits, misses, blocks released, cached blocks now. */
+void pool_stats(long out[4]) {
+    pthread_mutex_lock(&lock);
+    long cached = 0;
+    for (int i = 0; i < n_blocks; i++) cached += blocks[i].cached;
+    out[0] = hits;
+    out[1] = misses;
+    out[2] = released;
+    out[3] = cached;
+    pthread_mutex_unlock(&lock);
+}

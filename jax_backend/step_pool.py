@@ -1,0 +1,103 @@
+"""A pool for the working memory of the engine's CPU steps (``cpu_step_memory="pool"``).
+
+XLA's CPU runtime allocates a step's temporaries as one block per run and frees it after the
+run; glibc maps a block over 32 MiB afresh each time, so every run zero-fills and faults its
+whole working set in again (``host_memory``; ``benchmarks/cpu_results.md``, "Page faults").
+The pool keeps those blocks: a small C library (``native/step_pool.c``, built by ``make``)
+points the ``posix_memalign`` and ``free`` calls of jaxlib's ``libjax_common.so`` (its GOT
+entries) at itself, caches a freed block whose size a compiled step registered (its
+``temp_size_in_bytes``) and hands it to the next request of that size. Every other allocation
+goes straight through. At most ``KEEP`` blocks per size are kept: XLA may start a step's next
+run on another thread before the last run has freed its block, so two are in use at times.
+
+What it changes: none of the step's numbers (where the temporaries live, not what they hold);
+the process keeps up to ``KEEP`` working-memory blocks mapped between steps (the peak already
+held them). It is off unless chosen; ``release`` (a backend's shutdown) frees the kept blocks
+and puts jaxlib's allocator calls back as they were.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import sys
+import threading
+
+from jax_backend.errors import CstorchRuntimeError
+
+#: The native helper, built from native/step_pool.c by ``make`` (the venv's set-up).
+NATIVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native", "_step_pool.so")
+#: The jaxlib library whose allocations hold XLA's CPU temporaries (jaxlib 0.7 to 0.12).
+XLA_LIBRARY = "libjax_common.so"
+#: Blocks kept per registered size (see the module docstring).
+KEEP = 2
+
+_lock = threading.Lock()
+_installed = False
+
+
+@functools.lru_cache(maxsize=1)
+def _native():
+    library = ctypes.CDLL(NATIVE)
+    library.pool_install.argtypes = [ctypes.c_char_p]
+    library.pool_register.argtypes = [ctypes.c_size_t, ctypes.c_int]
+    library.pool_stats.argtypes = [ctypes.c_long * 4]
+    return library
+
+
+def unavailable() -> str | None:
+    """Why the pool cannot run in this process (None: it can)."""
+    if not sys.platform.startswith("linux"):
+        return "it patches an ELF library's allocator calls: Linux only"
+    if not hasattr(ctypes.CDLL(None), "gnu_get_libc_version"):
+        return "it relies on glibc's allocator"
+    if not os.path.exists(NATIVE):
+        return f"its native helper {NATIVE} is not built (run `make native`: a C compiler)"
+    return None
+
+
+def keep(temp_bytes: int) -> None:
+    """Keeps freed working-memory blocks of ``temp_bytes`` (a compiled CPU step's temp size)
+    for the next run, installing the pool on first use. Raises ``CstorchRuntimeError`` (a ``RuntimeError``) naming why
+    where it cannot run."""
+    global _installed
+    if temp_bytes <= 0:
+        return
+    library = _native()  # (host_memory checked unavailable() when the program was built)
+    with _lock:
+        if not _installed:
+            patched = library.pool_install(XLA_LIBRARY.encode())
+            if patched <= 0:
+                raise CstorchRuntimeError(
+                    f"cpu_step_memory='pool' cannot run here: jaxlib's {XLA_LIBRARY} "
+                    + ("is not loaded" if patched < 0 else "makes no posix_memalign/free calls")
+                    + "; use 'lean'"
+                )
+            _installed = True
+        if library.pool_register(temp_bytes, KEEP) != 0:
+            return  # a table of sizes full (16 distinct steps): this one runs unpooled
+
+
+def stats() -> dict:
+    """Counts since the pool was installed: requests served from the pool (``hits``) and by
+    the allocator (``misses``), blocks given back (``released``) and kept now (``cached``)."""
+    if not _installed:
+        return {"hits": 0, "misses": 0, "released": 0, "cached": 0}
+    out = (ctypes.c_long * 4)()
+    _native().pool_stats(out)
+    return dict(zip(("hits", "misses", "released", "cached"), out))
+
+
+def installed() -> bool:
+    return _installed
+
+
+def release() -> None:
+    """Frees the kept blocks and restores jaxlib's allocator calls (nothing if not installed).
+    Blocks in use are freed by their runs as usual."""
+    global _installed
+    with _lock:
+        if _installed:
+            _native().pool_uninstall()
+            _installed = False

@@ -1,0 +1,115 @@
+"""``cpu_step_memory="pool"``: a CPU step's working memory kept between runs by the engine's
+own pool (``jax_backend/step_pool.py``, native/step_pool.c), instead of being mapped afresh by
+glibc each run. It may change where the temporaries live, never what they hold: the numbers
+are bit for bit those of ``lean`` (the same program), and equal eager torch's. Its speed is
+measured by ``benchmarks/bench_engine.py --step-memory pool`` (``benchmarks/cpu_results.md``)."""
+
+import ctypes
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+import cerebras.pytorch as cstorch
+from jax_backend import config, host_memory, step_pool
+from tests.cstorch.backend.test_cpu_step_memory import _eager_losses, _lean_option, _run
+
+# core: the pool patches jaxlib's library, whose build differs between JAX versions
+pytestmark = [
+    pytest.mark.core,
+    pytest.mark.skipif(
+        step_pool.unavailable() is not None,
+        reason=f"the pool cannot run here: {step_pool.unavailable()}",
+    ),
+]
+
+
+@pytest.fixture(autouse=True)
+def _released():
+    yield
+    step_pool.release()
+
+
+def _native_stats() -> list:
+    """The native counters (kept across installs, unlike ``stats``)."""
+    out = (ctypes.c_long * 4)()
+    step_pool._native().pool_stats(out)
+    return list(out)
+
+
+def test_a_pooled_step_reuses_its_working_memory_and_changes_no_number():
+    backend = cstorch.backend("CPU")
+    config.config.update("cpu_step_memory", "lean")
+    lean_losses, lean_params, _ = _run(backend, steps=6)
+    assert not step_pool.installed()  # only the choice installs it
+
+    config.config.update("cpu_step_memory", "pool")
+    assert host_memory.step_compiler_options("cpu") == _lean_option()  # the same program
+    losses, params, program = _run(backend, steps=6)
+    assert step_pool.installed()
+    stats = step_pool.stats()
+    # Six runs of one program: the first allocations come from glibc, every later run's
+    # working memory from the pool (two blocks at most: a run may start before the last frees)
+    assert stats["misses"] <= 2 and stats["hits"] >= 4 and stats["cached"] <= step_pool.KEEP
+
+    assert losses == lean_losses  # bit for bit
+    for p, q in zip(params, lean_params):
+        assert torch.equal(p, q)
+    assert losses == pytest.approx(_eager_losses(steps=6), rel=1e-6)
+
+
+def test_release_frees_the_kept_blocks_and_puts_the_allocator_back():
+    backend = cstorch.backend("CPU")
+    config.config.update("cpu_step_memory", "pool")
+    _run(backend, steps=4)
+    assert step_pool.installed() and step_pool.stats()["cached"] >= 1
+
+    backend._impl.shutdown()  # a backend's end (cstorch.config.reset) releases the pool
+    assert not step_pool.installed()
+    hits, misses, released, cached = _native_stats()
+    assert cached == 0 and released >= 1
+
+    # jaxlib's allocations no longer pass through the pool: a program whose working memory is
+    # of a size the pool registered before runs without changing its counters.
+    step_pool._native().pool_register(1 << 20, 2)
+    f = jax.jit(lambda x: jnp.sort(x * 2.0)[::-1] + 1.0)
+    x = np.arange(1 << 18, dtype=np.float32)
+    for _ in range(3):
+        out = np.asarray(f(x))
+    assert _native_stats()[:2] == [hits, misses]
+    np.testing.assert_array_equal(out, np.sort(x * 2.0)[::-1] + 1.0)
+    step_pool._native().pool_clear()
+
+
+def test_the_pool_serves_only_the_sizes_registered():
+    """A jitted program of the user's, run while the pool is installed, is served by glibc
+    unless its working memory has a registered size; with it registered, its runs reuse one
+    block and give the same result."""
+    f = jax.jit(lambda x: jnp.cumsum(jnp.tanh(x) * x, axis=0) - x.sum())
+    x = np.random.default_rng(0).standard_normal((1024, 512), dtype=np.float32)
+    expected = np.asarray(f(x))
+    temp = f.lower(x).compile().memory_analysis().temp_size_in_bytes
+    assert temp > 0
+
+    step_pool.keep(temp + 64)  # installs it; a size no program here allocates
+    before = step_pool.stats()
+    for _ in range(3):
+        np.testing.assert_array_equal(np.asarray(f(x)), expected)
+    assert step_pool.stats()["hits"] == before["hits"]
+
+    step_pool.keep(temp)
+    for _ in range(4):
+        np.testing.assert_array_equal(np.asarray(f(x)), expected)
+    after = step_pool.stats()
+    assert after["hits"] - before["hits"] >= 2 and after["cached"] <= step_pool.KEEP
+
+
+def test_where_the_pool_cannot_run_the_setting_says_why_before_any_step(monkeypatch, tmp_path):
+    config.config.update("cpu_step_memory", "pool")
+    monkeypatch.setattr(step_pool, "NATIVE", str(tmp_path / "missing.so"))
+    with pytest.raises(RuntimeError, match=r"pool.*not built.*make native.*use 'lean'"):
+        host_memory.step_compiler_options("cpu")
+    assert host_memory.step_compiler_options("cuda") == {}  # off the CPU: nothing asked
+    assert not host_memory.pooled("cuda")
