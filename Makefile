@@ -29,8 +29,9 @@ $(VENV)/.installed: pyproject.toml
 CC ?= cc
 NATIVE_POOL := jax_backend/native/_step_pool.so
 $(NATIVE_POOL): jax_backend/native/step_pool.c
-	$(CC) -O2 -Wall -Wextra -shared -fPIC -o $@ $< -ldl -lpthread \
-		|| echo "== no C compiler: cpu_step_memory=pool is unavailable"
+	@command -v $(CC) > /dev/null || { echo "== no C compiler ($(CC)): cpu_step_memory=pool is unavailable"; exit 0; }; \
+	echo "$(CC) -O2 -Wall -Wextra -Werror -shared -fPIC -o $@ $< -ldl -lpthread"; \
+	$(CC) -O2 -Wall -Wextra -Werror -shared -fPIC -o $@ $< -ldl -lpthread
 
 native: $(NATIVE_POOL)
 

@@ -11,9 +11,11 @@ goes straight through. At most ``KEEP`` blocks per size are kept: XLA may start 
 run on another thread before the last run has freed its block, so two are in use at times.
 
 What it changes: none of the step's numbers (where the temporaries live, not what they hold);
-the process keeps up to ``KEEP`` working-memory blocks mapped between steps (the peak already
-held them). It is off unless chosen; ``release`` (a backend's shutdown) frees the kept blocks
-and puts jaxlib's allocator calls back as they were.
+the process keeps up to ``KEEP`` working-memory blocks per registered size mapped between
+steps, one more than glibc would leave resident at the peak (a pooled block is resident when a
+run takes it; a fresh mapping fills as the run goes), and a program no longer run keeps its
+blocks until the backend is shut down. It is off unless chosen; ``release`` (a backend's
+shutdown) frees the kept blocks and puts jaxlib's allocator calls back as they were.
 """
 
 from __future__ import annotations

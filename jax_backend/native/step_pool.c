@@ -25,6 +25,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#if __SIZEOF_POINTER__ == 8
+#define RELOCATED_SYMBOL(info) ELF64_R_SYM(info)
+#else
+#define RELOCATED_SYMBOL(info) ELF32_R_SYM(info)
+#endif
+
 #define MAX_SIZES 16
 #define MAX_BLOCKS 64
 #define MAX_SLOTS 64
@@ -165,7 +171,7 @@ static void reprotect(const struct target *t) {
 static void patch_relocations(const struct target *t, const ElfW(Rela) *rela, size_t bytes,
                               const ElfW(Sym) *symtab, const char *strtab) {
     for (size_t k = 0; k < bytes / sizeof(ElfW(Rela)); k++) {
-        size_t sym = ELF64_R_SYM(rela[k].r_info);
+        size_t sym = RELOCATED_SYMBOL(rela[k].r_info);
         if (sym == 0) continue;
         const char *name = strtab + symtab[sym].st_name;
         void *hook = strcmp(name, "posix_memalign") == 0 ? (void *)pool_memalign
