@@ -654,9 +654,9 @@ def print_table(results, peak_gflops=None):
     the same maths: the MLP (SGD), the CNN (Adadelta, whose lr 1.0 amplifies rounding after a
     dozen steps) and the gpt (torch's AdamW in both). The transformer and GPT-2 small run
     cstorch's AdamW, the reference's formula (eps added before the bias correction: an
-    effective eps 30x torch's at the first step), so their gap is that formula's (~1e-4). RSS: the process's peak, and the workload's
-    own part (peak less the RSS after imports: JAX's runtime alone adds ~170 MiB that no
-    model-sized change can remove). The floor is the step's FLOPs (XLA's count) at this
+    effective eps 30x torch's at the first step), so their gap is that formula's (~1e-4).
+    RSS: the process's peak, and the workload's own part (peak less the RSS after imports:
+    JAX's runtime alone adds ~170 MiB that no model-sized change can remove). The floor is the step's FLOPs (XLA's count) at this
     machine's measured fp32 matmul rate (``run_matmul_peak``): no engine steps faster."""
     header = (
         f"{'workload':12s} {'runner':19s} {'median step ms (min-max)':>26s} {'vs eager':>8s} "
