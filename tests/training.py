@@ -68,6 +68,26 @@ def sgd_linear_mse_step():
     return model, training_step
 
 
+def lr_recording_step(compiled, optimizer, scheduler):
+    """(a traced step(x) training ``compiled`` on its output's sum with ``optimizer`` and
+    stepping ``scheduler``, the list a step closure appends the learning rate to after each
+    step): the rates a schedule gives, as a script's closure sees them."""
+    seen = []
+
+    @cstorch.step_closure
+    def record(lr):
+        seen.append(float(lr))
+
+    @cstorch.trace
+    def training_step(x):
+        loss = minimizing(lambda x: compiled(x).sum(), optimizer)(x)
+        scheduler.step()
+        record(optimizer.param_groups[0]["lr"])
+        return loss
+
+    return training_step, seen
+
+
 def linear_mse_batch(i):
     """Batch ``i`` (inputs (4, 3), targets (4, 2)) of ``sgd_linear_mse_step``'s data, seeded."""
     g = torch.Generator().manual_seed(i)

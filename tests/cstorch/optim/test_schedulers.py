@@ -21,6 +21,7 @@ import cstorch
 from cstorch.optim import lr_scheduler as L, scheduler as S, weight_decay_scheduler as WD
 from tests.jit_cache import xla_compilations
 from tests.reference_data import REFERENCE
+from tests.training import lr_recording_step
 
 FIXTURES = REFERENCE
 VALUES = json.loads((FIXTURES / "scheduler_values.json").read_text())["values"]
@@ -564,22 +565,7 @@ def test_a_schedule_changed_between_eager_steps_gives_its_new_values():
     scheduler = L.LinearLR(
         optimizer, initial_learning_rate=1.0, end_learning_rate=0.0, total_iters=10
     )
-    seen = []
-
-    @cstorch.step_closure
-    def record(lr):
-        seen.append(float(lr))
-
-    @cstorch.trace
-    def training_step(x):
-        loss = compiled(x).sum()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
-        record(optimizer.param_groups[0]["lr"])
-        return loss
-
+    training_step, seen = lr_recording_step(compiled, optimizer, scheduler)
     expected = []
     for end_val in (0.0, 0.5, 0.0, 0.5):
         scheduler.end_learning_rate = end_val

@@ -27,6 +27,7 @@ from cstorch.parity.compare import (
 )
 from tests import eager_reference as ref
 from tests.paths import DATA, REPO
+from tests.training import lr_recording_step
 
 pytestmark = pytest.mark.core
 
@@ -124,22 +125,7 @@ def _warmup_cosine_lrs(engine, steps=20):
         ],
         milestones=[7],
     )
-    seen = []
-
-    @cstorch.step_closure
-    def record(lr):
-        seen.append(float(lr))
-
-    @cstorch.trace
-    def training_step(x):
-        loss = compiled(x).sum()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
-        record(optimizer.param_groups[0]["lr"])
-        return loss
-
+    training_step, seen = lr_recording_step(compiled, optimizer, scheduler)
     for _ in range(steps):
         training_step(torch.ones(2, 4))
     return seen
