@@ -92,11 +92,18 @@ def step_compiler_options(platform: str) -> dict:
     choice = config.cpu_step_memory.value  # (one of STEP_MEMORY: checked where declared)
     if choice == "reuse" and _malloc_trim() is None:
         return {}
-    if choice == "pool" and (why := step_pool.unavailable()) is not None:
+    if choice == "pool" and (why := pool_unavailable()) is not None:
         raise CstorchRuntimeError(f"cpu_step_memory='pool' cannot run here: {why}; use 'lean'")
     if choice in ("lean", "pool") and not _xla_has_option(*_MEMORY_SCHEDULE):
         return dict([_MEMORY_SCHEDULE_BEFORE])
     return dict(STEP_MEMORY[choice])
+
+
+def pool_unavailable() -> str | None:
+    """Why ``cpu_step_memory="pool"`` cannot run in this process (None: it can)."""
+    if _malloc_trim() is None:  # not glibc, whose allocator the pool's helper calls
+        return "it relies on glibc's allocator"
+    return step_pool.unavailable()
 
 
 def pooled(platform: str) -> bool:

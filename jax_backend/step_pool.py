@@ -49,11 +49,10 @@ def _native():
 
 
 def unavailable() -> str | None:
-    """Why the pool cannot run in this process (None: it can)."""
+    """Why the pool cannot run in this process (None: it can), glibc aside: that is
+    ``host_memory``'s check, ``pool_unavailable``."""
     if not sys.platform.startswith("linux"):
         return "it patches an ELF library's allocator calls: Linux only"
-    if not hasattr(ctypes.CDLL(None), "gnu_get_libc_version"):
-        return "it relies on glibc's allocator"
     if not os.path.exists(NATIVE):
         return f"its native helper {NATIVE} is not built (run `make native`: a C compiler)"
     return None

@@ -20,8 +20,8 @@ from tests.cstorch.backend.test_cpu_step_memory import _eager_losses, _lean_opti
 pytestmark = [
     pytest.mark.core,
     pytest.mark.skipif(
-        step_pool.unavailable() is not None,
-        reason=f"the pool cannot run here: {step_pool.unavailable()}",
+        host_memory.pool_unavailable() is not None,
+        reason=f"the pool cannot run here: {host_memory.pool_unavailable()}",
     ),
 ]
 
