@@ -50,7 +50,7 @@ struct block { void *p; size_t size, align; int cached; };
 static struct block blocks[MAX_BLOCKS];
 static int n_blocks;
 static _Atomic int n_tracked;        /* read without the lock on every free */
-static long hits, misses, released, untracked;
+static long hits, misses, released;
 
 /* The patched GOT slots, and what they held. */
 struct slot { void **where; void *old; };
@@ -81,11 +81,9 @@ static int pool_memalign(void **out, size_t align, size_t size) {
     if (status != 0) return status;
     pthread_mutex_lock(&lock);
     misses++;
-    if (n_blocks < MAX_BLOCKS) {
+    if (n_blocks < MAX_BLOCKS) {  /* else: the table is full, this block is glibc's alone */
         blocks[n_blocks++] = (struct block){*out, size, align, 0};
         atomic_fetch_add(&n_tracked, 1);
-    } else {
-        untracked++;
     }
     pthread_mutex_unlock(&lock);
     return 0;
