@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import paths
+from tests import fork_server, paths
 
 ROOT = Path(paths.REPO)
 README = ROOT / "README.md"
@@ -114,7 +114,7 @@ def _environment(directory) -> dict:
 
 
 def _run(argv, cwd, env=None, timeout=900):
-    result = subprocess.run(
+    result = fork_server.run(
         argv,
         cwd=cwd,
         env={**_environment(cwd), **(env or {})},

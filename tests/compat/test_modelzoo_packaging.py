@@ -3,13 +3,13 @@ user's own runs unchanged with ``python run.py ...``; a real Model Zoo checkout 
 ``modelzoo`` package) shadows this one entirely."""
 
 import os
-import subprocess
 import sys
 import textwrap
 
 import pytest
 
 import cstorch
+from tests import fork_server
 
 COMPAT = os.path.join(os.path.dirname(__file__), "..", "..", "compat")
 
@@ -106,7 +106,7 @@ def _user_tree(root):
 def _python(args, cwd, extra_path=()):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(list(extra_path) + [env.get("PYTHONPATH", "")])
-    return subprocess.run(
+    return fork_server.run(
         [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
     )
 

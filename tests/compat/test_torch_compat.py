@@ -4,11 +4,12 @@ torch ``TreeSpec`` works where the zoo runs, and nothing changes at ``import cst
 Each case runs in a fresh interpreter: whether the tolerance is installed is process state.
 The zoo's own code path (its ``TrainerConfig`` serializer) is exercised by tests/zoo."""
 
-import subprocess
 import sys
 import textwrap
 
 import pytest
+
+from tests import fork_server
 
 # The call of the zoo's trainer/validate.py (TrainerConfig.replace_tuple_with_list), written
 # out here: rebuild every spec with tuples turned into lists.
@@ -37,7 +38,7 @@ ZOO_CALL = textwrap.dedent("""
 def _run(prelude: str) -> dict:
     import json
 
-    proc = subprocess.run(
+    proc = fork_server.run(
         [sys.executable, "-W", "ignore", "-c", prelude + ZOO_CALL],
         capture_output=True,
         text=True,
@@ -92,7 +93,7 @@ def test_treespec_keeps_its_own_constructor_and_equality():
         assert keyed == tree_flatten({"x": 5})[1]
         print("ok")
     """)
-    proc = subprocess.run(
+    proc = fork_server.run(
         [sys.executable, "-W", "ignore", "-c", script], capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]

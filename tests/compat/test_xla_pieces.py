@@ -4,7 +4,6 @@ visible to ``find_spec("torch_xla")`` otherwise (transformers, accelerate and to
 behaviour when they find one)."""
 
 import importlib.util
-import subprocess
 import sys
 import textwrap
 
@@ -12,6 +11,7 @@ import pytest
 import torch
 
 import cstorch
+from tests import fork_server
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("torch_xla") is not None,
@@ -140,7 +140,7 @@ def test_a_plain_process_finds_no_torch_xla(tmp_path):
         except ModuleNotFoundError:
             print("no torch_xla")
     """)
-    proc = subprocess.run(
+    proc = fork_server.run(
         [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

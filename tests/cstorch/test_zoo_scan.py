@@ -2,13 +2,12 @@
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests import paths
+from tests import fork_server, paths
 
 ROOT = Path(paths.REPO)
 
@@ -40,7 +39,7 @@ def test_zoo_scan_counts_and_resolves_uses(tmp_path):
     package.mkdir(parents=True)
     (package / "mini.py").write_text(SOURCE)
     out = tmp_path / "scan.json"
-    proc = subprocess.run(
+    proc = fork_server.run(
         [sys.executable, str(ROOT / "tools" / "zoo_scan.py"), str(tmp_path), "--json", str(out)],
         capture_output=True,
         text=True,
@@ -67,7 +66,7 @@ def test_zoo_scan_counts_and_resolves_uses(tmp_path):
 
 
 def test_zoo_scan_refuses_a_folder_without_the_zoo(tmp_path):
-    proc = subprocess.run(
+    proc = fork_server.run(
         [sys.executable, str(ROOT / "tools" / "zoo_scan.py"), str(tmp_path)],
         capture_output=True,
         text=True,

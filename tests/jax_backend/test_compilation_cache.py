@@ -4,12 +4,12 @@ program ever runs: the losses are checked against eager torch every time)."""
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
 import pytest
 
+from tests import fork_server
 from tests.paths import REPO as ROOT
 
 pytestmark = pytest.mark.slow  # fresh Python processes
@@ -70,7 +70,7 @@ def _run(cache_dir, tmp_path, width, batch, scale, **env_vars):
     )
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
-    out = subprocess.run(
+    out = fork_server.run(
         [sys.executable, str(script), str(width), str(batch), str(scale)],
         env=env,
         capture_output=True,

@@ -16,6 +16,7 @@ from cerebras.modelzoo.trainer.legacy import convert_legacy_params_to_trainer_pa
 from cerebras.modelzoo.trainer.loggers import TensorBoardLogger
 from cerebras.modelzoo.trainer.registry import register_data_processor, register_model
 from cerebras.modelzoo.trainer.utils import run_trainer
+from tests import fork_server
 from tests.paths import REPO
 from tests.trainer.common import ClassifierMLP, batches, eager_reference, torch_loader
 
@@ -77,7 +78,7 @@ def run_cli(tmp_path, config, *args):
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(config))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    return subprocess.run(
+    return fork_server.run(
         [sys.executable, "-m", "cerebras.modelzoo.trainer", "fit", str(path), *args],
         capture_output=True,
         text=True,

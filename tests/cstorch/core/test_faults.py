@@ -27,6 +27,7 @@ import torch
 import cerebras.pytorch as cstorch
 from jax_backend import Program
 from jax_backend.errors import StepFailedError
+from tests import fork_server
 from tests.lanes import marked_cases
 
 pytestmark = pytest.mark.core
@@ -488,7 +489,7 @@ def test_stress_interrupts_then_save_in_the_except_handler(tmp_path):
     """Ctrl-C at random moments of a fast training loop, 32 times; every time the except
     handler saves model and optimizer, and every checkpoint is complete and consistent."""
     rounds = 32
-    result = subprocess.run(
+    result = fork_server.run(
         [sys.executable, "-c", _STRESS, str(tmp_path), str(rounds)],
         capture_output=True,
         text=True,
@@ -671,7 +672,7 @@ _DISK_FULL = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_disk_full_during_save_raises_one_clear_oserror(tmp_path):
-    result = subprocess.run(
+    result = fork_server.run(
         [sys.executable, "-c", _DISK_FULL, str(tmp_path)],
         capture_output=True,
         text=True,

@@ -1,7 +1,8 @@
 """The graph cache across runs: a second run of an unchanged script reuses the captured graph
 (no capture at all: the script counts calls of ``capture_step``) and computes bitwise the
 same losses; any change the graph depends on captures again, and every run's losses match
-eager torch, so no stale graph ever ran. Each run is a fresh Python process, as a user's is.
+eager torch, so no stale graph ever ran. Each run is a new Python process, as a user's is
+(tests/fork_server.py: forked from one that has imported torch and JAX, nothing of cstorch).
 The cache is off unless ``CSTORCH_GRAPH_CACHE`` names a directory (or ``on``).
 """
 
@@ -9,13 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
 import numpy as np
 import pytest
 
+from tests import fork_server
 from tests.graph_cache_entries import first_node, rewrite_entry
 from tests.paths import REPO
 
@@ -161,7 +162,7 @@ def _run(
     else:
         env["CSTORCH_GRAPH_CACHE"] = str(cache)
     argv = args if args is not None else [str(width), str(batch), str(lr), precision, closure]
-    out = subprocess.run(
+    out = fork_server.run(
         [sys.executable, "train.py", *argv],
         env=env,
         capture_output=True,

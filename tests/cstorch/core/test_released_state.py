@@ -27,6 +27,7 @@ import jax_backend
 from jax_backend import DeviceState, Program
 from jax_backend.errors import StepFailedError
 from jax_backend.state import SharedStateWarning
+from tests import fork_server
 from tests.models import TinyGPT, lm_loss
 from tests.training import compiled_sgd_step, minimizing
 
@@ -312,7 +313,7 @@ def test_eager_graph_across_a_step_raises_like_eager_torch_instead_of_reading_fr
         except RuntimeError as error:
             print("refused:", "modified by an inplace operation" in str(error))
     """)
-    result = subprocess.run(
+    result = fork_server.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stderr[-3000:]

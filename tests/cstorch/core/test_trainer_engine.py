@@ -2,7 +2,6 @@
 step's program (no recompilation; CSX does not refuse), and the namespace packaging."""
 
 import os
-import subprocess
 import sys
 import warnings
 
@@ -11,6 +10,7 @@ import torch
 
 import cstorch
 from cstorch.core.compile import RecompilationWarning
+from tests import fork_server
 
 
 @pytest.mark.parametrize("device", ["CPU", "CSX"])
@@ -66,7 +66,7 @@ def test_a_train_step_called_in_the_other_mode_still_recompiles():
 
 def _run(code, *paths):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([*paths, *sys.path]))
-    return subprocess.run(
+    return fork_server.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
     )
 

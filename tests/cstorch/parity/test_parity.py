@@ -25,13 +25,19 @@ from cstorch.parity.compare import (
     relative_difference,
     within,
 )
-from tests import eager_reference as ref
+from tests import eager_reference as ref, fork_server
 from tests.paths import DATA, REPO
 from tests.training import lr_recording_step
 
 pytestmark = pytest.mark.core
 
 FIXTURE = os.path.join(DATA, "parity", "tiny_train.py")
+
+
+@pytest.fixture(autouse=True)
+def _engines_forked(monkeypatch):
+    """The parity tool's engines start as children of the tests' fork server."""
+    monkeypatch.setattr(runner, "subprocess", fork_server.subprocess_module())
 
 
 def _train(engine, steps=5, lr=1e-2):
@@ -457,12 +463,12 @@ def test_a_script_saving_to_a_fixed_path_runs_twice_and_under_parity(tmp_path):
     # (the second engine must not find, resume from or collide with the first one's files).
     run = [sys.executable, os.path.abspath(FIXTURE), "--steps", "2", "--save"]
     for _ in range(2):
-        result = subprocess.run(run, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        result = fork_server.run(run, capture_output=True, text=True, timeout=600, cwd=tmp_path)
         assert result.returncode == 0, result.stderr
     saved = cstorch.load(str(tmp_path / "checkpoint.mdl"))
     assert set(saved) == {"model", "optimizer"}
     before = (tmp_path / "checkpoint.mdl").stat().st_mtime_ns
-    result = subprocess.run(
+    result = fork_server.run(
         [
             sys.executable,
             "-m",

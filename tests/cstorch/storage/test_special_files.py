@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
 import pytest
 
+from tests import fork_server
 from tests.paths import REPO
 
 pytestmark = pytest.mark.slow  # every test reads the results of one subprocess (module fixture)
@@ -155,7 +155,7 @@ def results(tmp_path_factory):
     script.write_text(PROBE)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "compat")]))
     (tmp / "work").mkdir()
-    out = subprocess.run(
+    out = fork_server.run(
         [sys.executable, str(script), str(tmp / "work")],
         capture_output=True,
         text=True,

@@ -1,7 +1,6 @@
 """``python -m cstorch.storage info|convert``."""
 
 import os
-import subprocess
 import sys
 
 import pytest
@@ -9,6 +8,7 @@ import torch
 
 import cstorch.storage as storage
 from cstorch.storage import cli, safetensors_format
+from tests import fork_server
 from tests.paths import REPO
 
 
@@ -73,7 +73,7 @@ def test_convert_to_torch_pickle_keeps_ties(checkpoint, tmp_path):
 def test_module_entry_point(checkpoint):
     path, _ = checkpoint
     env = dict(os.environ, PYTHONPATH=REPO)
-    result = subprocess.run(
+    result = fork_server.run(
         [sys.executable, "-m", "cstorch.storage", "info", str(path)],
         capture_output=True,
         text=True,
@@ -82,7 +82,7 @@ def test_module_entry_point(checkpoint):
     )
     assert result.returncode == 0, result.stderr
     assert "fc.weight" in result.stdout
-    missing = subprocess.run(
+    missing = fork_server.run(
         [sys.executable, "-m", "cstorch.storage", "info", str(path) + ".nope"],
         capture_output=True,
         text=True,

@@ -9,6 +9,7 @@ import torch
 
 import cerebras.pytorch as cstorch
 from cstorch.utils.data import DataExecutor, DataLoader, Schedule
+from tests import fork_server
 from tests.paths import REPO
 
 
@@ -314,12 +315,11 @@ def test_a_checkpoint_closure_called_before_the_loop_saves_at_once(tmp_path):
         "save_ckpt()\n"
         "print('after the call')\n"
     )
-    import subprocess
     import sys
 
     root = pathlib.Path(REPO)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "compat")]))
-    result = subprocess.run(
+    result = fork_server.run(
         [sys.executable, str(script)],
         capture_output=True,
         text=True,

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import cerebras.pytorch as cstorch
+from tests import fork_server
 from tests.cstorch.utils.data import interrupted_training
 from tests.paths import REPO
 
@@ -38,7 +39,7 @@ def _env():
 def _run(directory, *args):
     directory.mkdir(exist_ok=True)
     out = directory / "run.json"
-    result = subprocess.run(
+    result = fork_server.run(
         [sys.executable, SCRIPT, str(out), "--steps", str(STEPS), *args],
         capture_output=True,
         text=True,
