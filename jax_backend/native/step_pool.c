@@ -222,6 +222,7 @@ int pool_install(const char *path) {
     }
     if (!symtab || !strtab) return 0;
     pthread_mutex_lock(&lock);
+    hits = misses = released = 0;  /* pool_stats counts since this install */
     if (jmprel && rela_plt) patch_relocations(&t, jmprel, jmprel_bytes, symtab, strtab);
     if (rela) patch_relocations(&t, rela, rela_bytes, symtab, strtab);
     int hooked_memalign = 0, hooked_free = 0;
@@ -276,13 +277,17 @@ void pool_clear(void) {
     pthread_mutex_unlock(&lock);
 }
 
-/* Restores the GOT entries install patched, after clearing the pool. */
+/* Restores the GOT entries install patched, after clearing the pool. Blocks still in use
+ * are forgotten too: their frees no longer pass through the pool, so their entries would only
+ * go stale (an address glibc hands out again after a later install). */
 void pool_uninstall(void) {
     pool_clear();
     pthread_mutex_lock(&lock);
     for (int i = 0; i < n_slots; i++) write_slot(slots[i].where, slots[i].old);
     if (n_slots) reprotect(&installed);
     n_slots = 0;
+    n_blocks = 0;
+    atomic_store(&n_tracked, 0);
     pthread_mutex_unlock(&lock);
 }
 

@@ -33,7 +33,7 @@ def _released():
 
 
 def _native_stats() -> list:
-    """The native counters (kept across installs, unlike ``stats``)."""
+    """The native counters (still readable once released, unlike ``stats``)."""
     out = (ctypes.c_long * 4)()
     step_pool._native().pool_stats(out)
     return list(out)
@@ -65,6 +65,7 @@ def test_release_frees_the_kept_blocks_and_puts_the_allocator_back():
     config.config.update("cpu_step_memory", "pool")
     _run(backend, steps=4)
     assert step_pool.installed() and step_pool.stats()["cached"] >= 1
+    first = step_pool.stats()
 
     backend._impl.shutdown()  # a backend's end (cstorch.config.reset) releases the pool
     assert not step_pool.installed()
@@ -81,6 +82,16 @@ def test_release_frees_the_kept_blocks_and_puts_the_allocator_back():
     assert _native_stats()[:2] == [hits, misses]
     np.testing.assert_array_equal(out, np.sort(x * 2.0)[::-1] + 1.0)
     step_pool._native().pool_clear()
+
+    # A later backend installs it afresh: its counts start from zero (the same runs, the same
+    # number of requests), and nothing of the first install's blocks is handed out.
+    cstorch.config.reset()
+    backend = cstorch.backend("CPU")
+    config.config.update("cpu_step_memory", "pool")
+    _run(backend, steps=4)
+    again = step_pool.stats()
+    assert again["hits"] + again["misses"] == first["hits"] + first["misses"]
+    assert again["released"] <= first["released"]
 
 
 def test_the_pool_serves_only_the_sizes_registered():
