@@ -25,7 +25,10 @@ default (``benchmarks/cpu_results.md``). XLA cannot serialize an executable with
 temp heap, so a ``reuse`` step is never written to the persistent compilation cache
 (``cacheable``): JAX would warn on every compile that the write failed. ``pool`` is ``lean``
 with the step's working memory kept between runs by the engine's own pool (``step_pool``:
-one process-wide copy, not one per thread), for the price of keeping it mapped.
+one process-wide copy, not one per thread), for the price of keeping it mapped. ``auto``, the
+default, is ``pool`` where it can run (Linux, glibc, the helper built by ``make``) for steps
+whose kept blocks stay within ``AUTO_POOL_BYTES`` in all, and ``lean`` otherwise (a larger
+step, another C library, or a helper that cannot install: nothing is raised).
 """
 
 from __future__ import annotations
@@ -55,7 +58,12 @@ STEP_MEMORY: dict[str, dict] = {
     "xla": {},
     "reuse": {_HEAPS_OPTION: STEP_HEAP_BYTES},
     "pool": dict([_MEMORY_SCHEDULE]),  # and step_pool (pooled)
+    "auto": dict([_MEMORY_SCHEDULE]),  # pool where it can run, else lean (the same program)
 }
+
+#: ``auto`` pools a step while the pool may keep at most this much between runs in all
+#: (``step_pool.KEEP`` blocks of every pooled step's working memory): one step up to 512 MiB.
+AUTO_POOL_BYTES = 1 << 30
 
 # A trim takes ~10-60 ms on a GPT-2-small run; smaller frees are not worth it.
 TRIM_MIN_BYTES = 16 << 20
@@ -94,7 +102,7 @@ def step_compiler_options(platform: str) -> dict:
         return {}
     if choice == "pool" and (why := pool_unavailable()) is not None:
         raise CstorchRuntimeError(f"cpu_step_memory='pool' cannot run here: {why}; use 'lean'")
-    if choice in ("lean", "pool") and not _xla_has_option(*_MEMORY_SCHEDULE):
+    if choice in ("lean", "pool", "auto") and not _xla_has_option(*_MEMORY_SCHEDULE):
         return dict([_MEMORY_SCHEDULE_BEFORE])
     return dict(STEP_MEMORY[choice])
 
@@ -107,17 +115,29 @@ def pool_unavailable() -> str | None:
 
 
 def pooled(platform: str) -> bool:
-    """Whether a step compiled now for ``platform`` keeps its working memory in the engine's
-    pool (``cpu_step_memory="pool"``, CPU only): see ``keep_step_memory``."""
-    return platform == "cpu" and config.cpu_step_memory.value == "pool"
+    """Whether a step compiled now for ``platform`` may keep its working memory in the
+    engine's pool (``cpu_step_memory`` ``pool``, or ``auto`` where the pool can run; CPU only):
+    see ``keep_step_memory``."""
+    if platform != "cpu":
+        return False
+    choice = config.cpu_step_memory.value
+    return choice == "pool" or (choice == "auto" and pool_unavailable() is None)
 
 
 def keep_step_memory(compiled) -> None:
     """Registers a compiled CPU step's working-memory size with the pool, which keeps such
     blocks between runs (``step_pool``)."""
     analysis = compiled.memory_analysis()
-    temp = getattr(analysis, "temp_size_in_bytes", 0) if analysis is not None else 0
-    step_pool.keep(int(temp))
+    temp = int(getattr(analysis, "temp_size_in_bytes", 0) if analysis is not None else 0)
+    if config.cpu_step_memory.value != "auto":
+        step_pool.keep(temp)
+        return
+    if step_pool.kept_bytes(adding=temp) > AUTO_POOL_BYTES:
+        return  # auto: a step this large runs as lean
+    try:
+        step_pool.keep(temp)
+    except CstorchRuntimeError:
+        pass  # auto: where the pool cannot install (another jaxlib build), steps run as lean
 
 
 def cacheable(options: dict) -> bool:

@@ -14,8 +14,9 @@ What it changes: none of the step's numbers (where the temporaries live, not wha
 the process keeps up to ``KEEP`` working-memory blocks per registered size mapped between
 steps, one more than glibc would leave resident at the peak (a pooled block is resident when a
 run takes it; a fresh mapping fills as the run goes), and a program no longer run keeps its
-blocks until the backend is shut down. It is off unless chosen; ``release`` (a backend's
-shutdown) frees the kept blocks and puts jaxlib's allocator calls back as they were.
+blocks until the backend is shut down. ``cpu_step_memory="auto"`` (the default) uses it for
+steps whose blocks fit ``host_memory.AUTO_POOL_BYTES``; ``release`` (a backend's shutdown)
+frees the kept blocks and puts jaxlib's allocator calls back as they were.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ KEEP = 2
 
 _lock = threading.Lock()
 _installed = False
+_sizes: set = set()  # the sizes registered since the install
 
 
 @functools.lru_cache(maxsize=1)
@@ -78,6 +80,14 @@ def keep(temp_bytes: int) -> None:
             _installed = True
         if library.pool_register(temp_bytes, KEEP) != 0:
             return  # a table of sizes full (16 distinct steps): this one runs unpooled
+        _sizes.add(temp_bytes)
+
+
+def kept_bytes(adding: int = 0) -> int:
+    """The most memory the pool may keep between runs (``KEEP`` blocks of every registered
+    size), with a step of ``adding`` bytes registered too."""
+    with _lock:
+        return KEEP * sum(_sizes | {adding})
 
 
 def stats() -> dict:
@@ -102,3 +112,4 @@ def release() -> None:
         if _installed:
             _native().pool_uninstall()
             _installed = False
+        _sizes.clear()

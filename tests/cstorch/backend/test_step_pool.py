@@ -124,3 +124,40 @@ def test_where_the_pool_cannot_run_the_setting_says_why_before_any_step(monkeypa
         host_memory.step_compiler_options("cpu")
     assert host_memory.step_compiler_options("cuda") == {}  # off the CPU: nothing asked
     assert not host_memory.pooled("cuda")
+
+
+def test_auto_the_default_pools_a_step_and_changes_no_number():
+    assert config.cpu_step_memory.value == "auto"
+    backend = cstorch.backend("CPU")
+    losses, params, _ = _run(backend, steps=6)
+    stats = step_pool.stats()
+    assert step_pool.installed() and stats["hits"] >= 4
+    assert step_pool.kept_bytes() <= host_memory.AUTO_POOL_BYTES
+
+    cstorch.config.reset()  # releases the pool
+    backend = cstorch.backend("CPU")
+    config.config.update("cpu_step_memory", "lean")
+    lean_losses, lean_params, _ = _run(backend, steps=6)
+    assert not step_pool.installed()
+    assert losses == lean_losses  # bit for bit
+    for p, q in zip(params, lean_params):
+        assert torch.equal(p, q)
+
+
+def test_auto_runs_a_step_over_its_limit_or_without_the_helper_as_lean(monkeypatch, tmp_path):
+    backend = cstorch.backend("CPU")
+    lean_losses, _, _ = _run(backend, steps=3)  # (auto, pooled)
+    cstorch.config.reset()
+
+    monkeypatch.setattr(host_memory, "AUTO_POOL_BYTES", 1024)  # smaller than any step here
+    backend = cstorch.backend("CPU")
+    assert _run(backend, steps=3)[0] == lean_losses
+    assert not step_pool.installed()
+    cstorch.config.reset()
+
+    monkeypatch.setattr(host_memory, "AUTO_POOL_BYTES", 1 << 30)
+    monkeypatch.setattr(step_pool, "NATIVE", str(tmp_path / "missing.so"))
+    assert host_memory.step_compiler_options("cpu") == _lean_option()  # nothing raised
+    backend = cstorch.backend("CPU")
+    assert _run(backend, steps=3)[0] == lean_losses
+    assert not step_pool.installed()
