@@ -20,7 +20,8 @@ This package knows nothing of the cstorch API. Its public surface:
 * ``compilation_cache``: JAX's persistent compilation cache for the engine's programs
   (``acquire``/``release``, see its docstring).
 * ``step_pool``: a pool that keeps CPU steps' working memory between runs (the setting
-  ``cpu_step_memory="pool"``; its native helper is native/step_pool.c).
+  ``cpu_step_memory``, ``pool`` and the default ``auto``; its native helper is
+  native/step_pool.c).
 * ``graph_cache``: a persistent cache of captured steps, stored as authenticated data and
   keyed by what the capture depends on (its ``fingerprint``) (off unless
   ``CSTORCH_GRAPH_CACHE`` asks for it, see its docstring).
