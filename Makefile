@@ -169,7 +169,7 @@ gpu-check:
 BENCH_ROUNDS ?= 3
 bench: .venv
 	mkdir -p artifacts
-	$(PY) benchmarks/bench_engine.py --rounds $(BENCH_ROUNDS) --precision fp32,bf16 --step-memory xla,reuse,pool --executor-runs --depth-sweep --interference --json artifacts/bench_engine.json
+	$(PY) benchmarks/bench_engine.py --rounds $(BENCH_ROUNDS) --precision fp32,bf16 --step-memory lean,xla,reuse --executor-runs --depth-sweep --interference --json artifacts/bench_engine.json
 
 # Activation checkpointing's memory (issue 44): eager torch vs cstorch, each block plain or in
 # torch.utils.checkpoint, each in its own process (about 10 minutes on 2 cores; not in `bench`).

@@ -548,10 +548,10 @@ def _variants(args) -> dict:
 
 
 def _runner_env(label, args=None) -> dict:
-    """What a runner adds to a cold start's environment: "cstorch-jax xla", "cstorch-jax
-    reuse" and "cstorch-jax pool" are fp32 with the engine's cpu_step_memory setting at that
-    choice (the plain fp32 row has the default, lean: cpu_results.md); a ``--variant`` row its
-    variables."""
+    """What a runner adds to a cold start's environment: "cstorch-jax lean", "cstorch-jax
+    xla", "cstorch-jax reuse" and "cstorch-jax pool" are fp32 with the engine's
+    cpu_step_memory setting at that choice (the plain fp32 row has the default, auto:
+    cpu_results.md); a ``--variant`` row its variables."""
     choice = label.split()[-1]
     variants = _variants(args) if args is not None else {}
     if label.startswith("cstorch-jax ") and choice in variants:
@@ -793,7 +793,7 @@ def main():
         "--step-memory",
         default="",
         help="also cstorch fp32 with these CSTORCH_CPU_STEP_MEMORY choices, "
-        "e.g. xla,reuse,pool (the fp32 row has the default, lean)",
+        "e.g. lean,xla,reuse (the fp32 row has the default, auto: the pool where it runs)",
     )
     parser.add_argument(
         "--variant",
