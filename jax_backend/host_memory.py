@@ -132,10 +132,8 @@ def keep_step_memory(compiled) -> None:
     if config.cpu_step_memory.value != "auto":
         step_pool.keep(temp)
         return
-    if step_pool.kept_bytes(adding=temp) > AUTO_POOL_BYTES:
-        return  # auto: a step this large runs as lean
-    try:
-        step_pool.keep(temp)
+    try:  # auto: a step over the budget runs as lean
+        step_pool.keep(temp, budget=AUTO_POOL_BYTES)
     except CstorchRuntimeError:
         pass  # auto: where the pool cannot install (another jaxlib build), steps run as lean
 

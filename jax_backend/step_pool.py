@@ -60,15 +60,18 @@ def unavailable() -> str | None:
     return None
 
 
-def keep(temp_bytes: int) -> None:
+def keep(temp_bytes: int, budget: int | None = None) -> None:
     """Keeps freed working-memory blocks of ``temp_bytes`` (a compiled CPU step's temp size)
-    for the next run, installing the pool on first use. Raises ``CstorchRuntimeError`` (a ``RuntimeError``) naming why
-    where it cannot run."""
+    for the next run, installing the pool on first use; with a ``budget``, only while the
+    blocks it may keep (``kept_bytes``, this size included) stay within it. Raises
+    ``CstorchRuntimeError`` (a ``RuntimeError``) naming why where it cannot run."""
     global _installed
     if temp_bytes <= 0:
         return
     library = _native()  # (host_memory checked unavailable() when the program was built)
     with _lock:
+        if budget is not None and KEEP * sum(_sizes | {temp_bytes}) > budget:
+            return  # over the budget: this step runs unpooled
         if not _installed:
             patched = library.pool_install(XLA_LIBRARY.encode())
             if patched <= 0:
@@ -83,11 +86,11 @@ def keep(temp_bytes: int) -> None:
         _sizes.add(temp_bytes)
 
 
-def kept_bytes(adding: int = 0) -> int:
-    """The most memory the pool may keep between runs (``KEEP`` blocks of every registered
-    size), with a step of ``adding`` bytes registered too."""
+def kept_bytes() -> int:
+    """The most memory the pool may keep between runs: ``KEEP`` blocks of every registered
+    size."""
     with _lock:
-        return KEEP * sum(_sizes | {adding})
+        return KEEP * sum(_sizes)
 
 
 def stats() -> dict:
