@@ -124,18 +124,21 @@ def pooled(platform: str) -> bool:
     return choice == "pool" or (choice == "auto" and pool_unavailable() is None)
 
 
-def keep_step_memory(compiled) -> None:
+def keep_step_memory(compiled, torch_kernels: bool = False) -> None:
     """Registers a compiled CPU step's working-memory size with the pool, which keeps such
-    blocks between runs (``step_pool``)."""
+    blocks between runs (``step_pool``), and, for a step that calls torch's CPU kernels
+    (``torch_kernels``), the blocks those allocate (``step_pool.keep_torch_blocks``)."""
     analysis = compiled.memory_analysis()
     temp = int(getattr(analysis, "temp_size_in_bytes", 0) if analysis is not None else 0)
-    if config.cpu_step_memory.value != "auto":
-        step_pool.keep(temp)
-        return
-    try:  # auto: a step over the budget runs as lean
-        step_pool.keep(temp, budget=AUTO_POOL_BYTES)
+    auto = config.cpu_step_memory.value == "auto"
+    try:
+        step_pool.keep(temp, budget=AUTO_POOL_BYTES if auto else None)  # auto: over it, lean
+        if torch_kernels:
+            step_pool.keep_torch_blocks()
     except CstorchRuntimeError:
-        pass  # auto: where the pool cannot install (another jaxlib build), steps run as lean
+        if not auto:
+            raise
+        # auto: where the pool cannot install (another jaxlib or torch build), steps run as lean
 
 
 def cacheable(options: dict) -> bool:

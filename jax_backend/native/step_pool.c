@@ -10,8 +10,15 @@
  * allocator that was there before. Blocks are real allocations of that allocator, so one freed
  * elsewhere is still valid; the pool only delays their release, at most `keep` per size.
  *
- * Entry points (ctypes): pool_install(path), pool_uninstall(), pool_register(size, keep),
- * pool_clear(), pool_stats(out[4]).
+ * torch's CPU kernels run inside a step (ops/torch_kernels.py) allocate their outputs and
+ * oneDNN's buffers through libc10.so, a few MiB each, in sizes that repeat every run; glibc
+ * hands those back to the system as its heaps shrink and faults them in again the next run.
+ * pool_keep_range(library, min, budget, keep) pools them too: for that library (installed
+ * first), any block of at least `min` bytes is cached by its exact size, at most `keep` per
+ * size and `budget` bytes in all.
+ *
+ * Entry points (ctypes): pool_install(path), pool_keep_range(path, min, budget, keep),
+ * pool_uninstall(), pool_register(size, keep), pool_clear(), pool_stats(out[4]).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -32,8 +39,9 @@
 #endif
 
 #define MAX_SIZES 16
-#define MAX_BLOCKS 64
+#define MAX_BLOCKS 256
 #define MAX_SLOTS 64
+#define MAX_TARGETS 4
 
 typedef int (*memalign_fn)(void **, size_t, size_t);
 typedef void (*free_fn)(void *);
@@ -46,7 +54,11 @@ struct pooled { size_t size; int keep; };
 static struct pooled sizes[MAX_SIZES];
 static _Atomic int n_sizes;          /* read without the lock on every posix_memalign */
 
-struct block { void *p; size_t size, align; int cached; };
+/* A range rule for the blocks of the libraries installed with one (range_hooks). */
+static size_t range_min, range_budget, range_cached_bytes;
+static int range_keep;
+
+struct block { void *p; size_t size, align; int cached, by_range; };
 static struct block blocks[MAX_BLOCKS];
 static int n_blocks;
 static _Atomic int n_tracked;        /* read without the lock on every free */
@@ -57,19 +69,35 @@ struct slot { void **where; void *old; };
 static struct slot slots[MAX_SLOTS];
 static int n_slots;
 
-static int pooled_keep(size_t size) {
+/* The smallest size a tracked block can have: a free of anything smaller skips the lock. */
+static _Atomic size_t min_tracked = SIZE_MAX;
+
+static void lower_min_tracked(size_t size) {  /* with the lock held */
+    if (size < atomic_load(&min_tracked)) atomic_store(&min_tracked, size);
+}
+
+static int registered_keep(size_t size) {
     int n = atomic_load(&n_sizes);
     for (int i = 0; i < n; i++)
         if (sizes[i].size == size) return sizes[i].keep;
     return 0;
 }
 
-static int pool_memalign(void **out, size_t align, size_t size) {
-    if (size == 0 || !pooled_keep(size)) return real_memalign(out, align, size);
+/* How many blocks of `size` to keep: a registered size's count; else, for a request from a
+ * library with a range rule, the rule's for a size in it. */
+static int pooled_keep(size_t size, int by_range) {
+    int keep = registered_keep(size);
+    if (keep == 0 && by_range && range_keep && size >= range_min) return range_keep;
+    return keep;
+}
+
+static int memalign_hook(void **out, size_t align, size_t size, int by_range) {
+    if (size == 0 || !pooled_keep(size, by_range)) return real_memalign(out, align, size);
     pthread_mutex_lock(&lock);
     for (int i = 0; i < n_blocks; i++) {
         if (blocks[i].cached && blocks[i].size == size && blocks[i].align == align) {
             blocks[i].cached = 0;
+            if (blocks[i].by_range) range_cached_bytes -= size;
             hits++;
             *out = blocks[i].p;
             pthread_mutex_unlock(&lock);
@@ -81,34 +109,51 @@ static int pool_memalign(void **out, size_t align, size_t size) {
     if (status != 0) return status;
     pthread_mutex_lock(&lock);
     misses++;
+    /* An entry still naming this address was freed past the pool (its address is reused
+     * now): forgotten, so that one address is never in the table twice. */
+    for (int i = 0; i < n_blocks; i++)
+        if (blocks[i].p == *out) {
+            if (blocks[i].cached && blocks[i].by_range) range_cached_bytes -= blocks[i].size;
+            blocks[i] = blocks[--n_blocks];
+            atomic_fetch_sub(&n_tracked, 1);
+            break;
+        }
     if (n_blocks < MAX_BLOCKS) {  /* else: the table is full, this block is glibc's alone */
-        blocks[n_blocks++] = (struct block){*out, size, align, 0};
+        int by = by_range && !registered_keep(size);
+        blocks[n_blocks++] = (struct block){*out, size, align, 0, by};
         atomic_fetch_add(&n_tracked, 1);
+        lower_min_tracked(size);
     }
     pthread_mutex_unlock(&lock);
     return 0;
 }
 
 static void forget(int i) {  /* with the lock held */
+    if (blocks[i].cached && blocks[i].by_range) range_cached_bytes -= blocks[i].size;
     blocks[i] = blocks[--n_blocks];
     atomic_fetch_sub(&n_tracked, 1);
 }
 
-static void pool_free(void *p) {
-    if (p == NULL || atomic_load(&n_tracked) == 0) {
+static void free_hook(void *p) {
+    /* Untracked for sure (nothing tracked, or smaller than any tracked block): no lock. */
+    if (p == NULL || atomic_load(&n_tracked) == 0 ||
+        malloc_usable_size(p) < atomic_load(&min_tracked)) {
         real_free(p);
         return;
     }
     pthread_mutex_lock(&lock);
     for (int i = 0; i < n_blocks; i++) {
         if (blocks[i].p != p || blocks[i].cached) continue;
-        int keep = pooled_keep(blocks[i].size), cached = 0;
+        size_t size = blocks[i].size;
+        int keep = pooled_keep(size, blocks[i].by_range), cached = 0;
         for (int j = 0; j < n_blocks; j++)
-            cached += blocks[j].cached && blocks[j].size == blocks[i].size;
+            cached += blocks[j].cached && blocks[j].size == size;
+        int fits = !blocks[i].by_range || range_cached_bytes + size <= range_budget;
         /* A block the allocator says is smaller than recorded is not the one handed out
          * (freed elsewhere, its address reused): forgotten, never handed out again. */
-        if (cached < keep && malloc_usable_size(p) >= blocks[i].size) {
+        if (cached < keep && fits && malloc_usable_size(p) >= size) {
             blocks[i].cached = 1;
+            if (blocks[i].by_range) range_cached_bytes += size;
             pthread_mutex_unlock(&lock);
             return;
         }
@@ -120,9 +165,23 @@ static void pool_free(void *p) {
     real_free(p);
 }
 
+/* The hooks a library's GOT points at: registered sizes only, or with the range rule. */
+static int pool_memalign(void **out, size_t align, size_t size) {
+    return memalign_hook(out, align, size, 0);
+}
+static int range_memalign(void **out, size_t align, size_t size) {
+    return memalign_hook(out, align, size, 1);
+}
+static void pool_free(void *p) { free_hook(p); }
+static void range_free(void *p) { free_hook(p); }
+
 /* ------------------------------------------------------------------ the GOT of one library */
 struct target { const char *path; uintptr_t base; const ElfW(Phdr) *phdr; int phnum; int found; };
-static struct target installed;  /* the library patched, for uninstall's re-protection */
+/* The libraries patched (for uninstall's re-protection) and their names. */
+static struct target installed[MAX_TARGETS];
+static char installed_names[MAX_TARGETS][64];
+static int installed_slots[MAX_TARGETS], installed_range[MAX_TARGETS];
+static int n_installed;
 
 static int find_library(struct dl_phdr_info *info, size_t size, void *data) {
     (void)size;
@@ -167,18 +226,23 @@ static void reprotect(const struct target *t) {
 }
 
 static void patch_relocations(const struct target *t, const ElfW(Rela) *rela, size_t bytes,
-                              const ElfW(Sym) *symtab, const char *strtab) {
+                              const ElfW(Sym) *symtab, const char *strtab, void *memalign_to,
+                              void *free_to) {
     for (size_t k = 0; k < bytes / sizeof(ElfW(Rela)); k++) {
         size_t sym = RELOCATED_SYMBOL(rela[k].r_info);
         if (sym == 0) continue;
         const char *name = strtab + symtab[sym].st_name;
-        void *hook = strcmp(name, "posix_memalign") == 0 ? (void *)pool_memalign
-                   : strcmp(name, "free") == 0          ? (void *)pool_free
+        void *hook = strcmp(name, "posix_memalign") == 0 ? memalign_to
+                   : strcmp(name, "free") == 0          ? free_to
                                                         : NULL;
         if (hook == NULL || n_slots >= MAX_SLOTS) continue;
         void **where = (void **)(t->base + rela[k].r_offset);
         void *old = *where;
-        if (old == hook) continue;
+        if (old == pool_memalign || old == pool_free || old == range_memalign ||
+            old == range_free) {  /* patched before (its original is in `slots`) */
+            if (old != hook) write_slot(where, hook);
+            continue;
+        }
         if (write_slot(where, hook) == 0) slots[n_slots++] = (struct slot){where, old};
     }
 }
@@ -187,11 +251,33 @@ static void patch_relocations(const struct target *t, const ElfW(Rela) *rela, si
 static void before_fork(void) { pthread_mutex_lock(&lock); }
 static void after_fork(void) { pthread_mutex_unlock(&lock); }
 
+static int install(const char *path, int by_range);
+
 /* Points the posix_memalign and free of the loaded library named `path` (a file name, e.g.
  * libjax_common.so) at the pool; returns the number of GOT entries patched (0: none found,
- * nothing changed; -1: no such library loaded). */
-int pool_install(const char *path) {
-    if (n_slots) return n_slots;
+ * nothing changed; -1: no such library loaded; -2: too many libraries). A library already
+ * installed is left as it is (its count of entries returned). */
+int pool_install(const char *path) { return install(path, 0); }
+
+/* The same, with the range rule for that library's requests: blocks of at least `min` bytes
+ * are cached by size, `keep` per size, `budget` bytes in all (for every such library). */
+int pool_keep_range(const char *path, size_t min, size_t budget, int keep) {
+    pthread_mutex_lock(&lock);
+    range_min = min;
+    range_budget = budget;
+    range_keep = keep;
+    lower_min_tracked(min);
+    pthread_mutex_unlock(&lock);
+    return install(path, 1);
+}
+
+static int install(const char *path, int by_range) {
+    int index = -1;  /* a library installed before: left as it is, or given the range hooks */
+    for (int i = 0; i < n_installed; i++)
+        if (strcmp(installed_names[i], path) == 0) index = i;
+    if (index >= 0 && (installed_range[index] || !by_range)) return installed_slots[index];
+    if (index < 0 && (n_installed == MAX_TARGETS || strlen(path) >= sizeof installed_names[0]))
+        return -2;
     static int fork_handlers;
     if (!fork_handlers++) pthread_atfork(before_fork, after_fork, after_fork);
     real_memalign = (memalign_fn)dlsym(RTLD_DEFAULT, "posix_memalign");
@@ -221,23 +307,41 @@ int pool_install(const char *path) {
         }
     }
     if (!symtab || !strtab) return 0;
+    void *memalign_to = by_range ? (void *)range_memalign : (void *)pool_memalign;
+    void *free_to = by_range ? (void *)range_free : (void *)pool_free;
     pthread_mutex_lock(&lock);
-    hits = misses = released = 0;  /* pool_stats counts since this install */
-    if (jmprel && rela_plt) patch_relocations(&t, jmprel, jmprel_bytes, symtab, strtab);
-    if (rela) patch_relocations(&t, rela, rela_bytes, symtab, strtab);
+    if (n_installed == 0) hits = misses = released = 0;  /* counts since the first install */
+    int first = n_slots;
+    if (jmprel && rela_plt)
+        patch_relocations(&t, jmprel, jmprel_bytes, symtab, strtab, memalign_to, free_to);
+    if (rela) patch_relocations(&t, rela, rela_bytes, symtab, strtab, memalign_to, free_to);
+    if (index >= 0) {  /* its entries already pointed at the pool: now at the range hooks */
+        installed_range[index] = 1;
+        reprotect(&t);
+        pthread_mutex_unlock(&lock);
+        return installed_slots[index];
+    }
     int hooked_memalign = 0, hooked_free = 0;
-    for (int i = 0; i < n_slots; i++) {
-        hooked_memalign |= *slots[i].where == (void *)pool_memalign;
-        hooked_free |= *slots[i].where == (void *)pool_free;
+    for (int i = first; i < n_slots; i++) {
+        hooked_memalign |= *slots[i].where == memalign_to;
+        hooked_free |= *slots[i].where == free_to;
     }
     if (!(hooked_memalign && hooked_free)) { /* both or nothing */
-        for (int i = 0; i < n_slots; i++) *slots[i].where = slots[i].old;
-        n_slots = 0;
+        for (int i = first; i < n_slots; i++) *slots[i].where = slots[i].old;
+        n_slots = first;
     }
     reprotect(&t);
-    installed = t;
+    int patched = n_slots - first;
+    if (patched) {
+        installed[n_installed] = t;
+        strcpy(installed_names[n_installed], path);
+        installed[n_installed].path = installed_names[n_installed];
+        installed_slots[n_installed] = patched;
+        installed_range[n_installed] = by_range;
+        n_installed++;
+    }
     pthread_mutex_unlock(&lock);
-    return n_slots;
+    return patched;
 }
 
 static void release_cached(void) {  /* with the lock held */
@@ -269,10 +373,12 @@ int pool_register(size_t size, int keep) {
     return status;
 }
 
-/* Frees every cached block and forgets every size (blocks in use are freed as usual). */
+/* Frees every cached block and forgets every size and range rule (blocks in use are freed as
+ * usual). */
 void pool_clear(void) {
     pthread_mutex_lock(&lock);
     atomic_store(&n_sizes, 0);
+    range_keep = 0;
     release_cached();
     pthread_mutex_unlock(&lock);
 }
@@ -284,10 +390,13 @@ void pool_uninstall(void) {
     pool_clear();
     pthread_mutex_lock(&lock);
     for (int i = 0; i < n_slots; i++) write_slot(slots[i].where, slots[i].old);
-    if (n_slots) reprotect(&installed);
+    for (int i = 0; i < n_installed; i++) reprotect(&installed[i]);
     n_slots = 0;
+    n_installed = 0;
     n_blocks = 0;
+    range_cached_bytes = 0;
     atomic_store(&n_tracked, 0);
+    atomic_store(&min_tracked, SIZE_MAX);
     pthread_mutex_unlock(&lock);
 }
 

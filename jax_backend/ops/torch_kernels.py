@@ -27,6 +27,9 @@ keep the XLA lowering.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -42,6 +45,29 @@ _COMPUTED_IN = {
     jnp.dtype(jnp.bfloat16): jnp.float32,
     jnp.dtype(jnp.float16): jnp.float32,
 }
+
+
+# The count of ops lowered to torch's kernels in the current ``counting()`` block.
+_lowered = contextvars.ContextVar("torch_kernel_ops_lowered", default=None)
+
+
+@contextlib.contextmanager
+def counting():
+    """Counts the ops lowered to torch's kernels in the block (a program's trace): yields a
+    one-element list whose item is that count after the block. The engine's pool keeps such a
+    step's torch allocations only where there are some (``host_memory.keep_step_memory``)."""
+    count = [0]
+    token = _lowered.set(count)
+    try:
+        yield count
+    finally:
+        _lowered.reset(token)
+
+
+def _lowering_one() -> None:
+    count = _lowered.get()
+    if count is not None:
+        count[0] += 1
 
 
 def wanted(platform: str, layout) -> bool:
@@ -101,6 +127,7 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
         bias_ = _to_torch(bias_[0]) if bias_ else None
         return _to_host(aten.convolution(_to_torch(x_), _to_torch(weight_), bias_, *params))
 
+    _lowering_one()
     return jax.pure_callback(on_host, jax.ShapeDtypeStruct(tuple(shape), computed), *operands)
 
 
@@ -138,6 +165,7 @@ def convolution_backward(
         )
         return tuple(_to_host(g) for g, m in zip(grads, mask) if m)
 
+    _lowering_one()
     computed_grads = iter(
         jax.pure_callback(
             on_host, tuple(results), *(a.astype(computed) for a in (grad_output, x, weight))

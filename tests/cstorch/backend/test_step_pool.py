@@ -133,6 +133,7 @@ def test_auto_the_default_pools_a_step_and_changes_no_number():
     stats = step_pool.stats()
     assert step_pool.installed() and stats["hits"] >= 4
     assert step_pool.kept_bytes() <= host_memory.AUTO_POOL_BYTES
+    assert not step_pool.installed(step_pool.TORCH_LIBRARY)  # no torch kernels in this step
 
     cstorch.config.reset()  # releases the pool
     backend = cstorch.backend("CPU")
@@ -161,3 +162,96 @@ def test_auto_runs_a_step_over_its_limit_or_without_the_helper_as_lean(monkeypat
     backend = cstorch.backend("CPU")
     assert _run(backend, steps=3)[0] == lean_losses
     assert not step_pool.installed()
+
+
+class _ConvNet(torch.nn.Module):
+    """Two convolutions whose outputs and gradients are 2-4 MiB at batch 16: blocks the range
+    rule pools (``step_pool.TORCH_BLOCK_BYTES``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 32, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(32, 32, 3, padding=1)
+        self.head = torch.nn.Linear(32, 10)
+
+    def forward(self, x):
+        x = torch.relu(self.conv2(torch.relu(self.conv1(x))))
+        return self.head(x.mean(dim=(2, 3)))
+
+
+def _conv_run(backend, steps):
+    """(losses, parameters after) of a traced SGD run of ``_ConvNet``; eager torch's where
+    ``backend`` is None."""
+    torch.manual_seed(0)
+    model = _ConvNet()
+    runner = model if backend is None else cstorch.compile(model, backend)
+    optimizer = (torch.optim if backend is None else cstorch.optim).SGD(
+        model.parameters(), lr=0.05, momentum=0.9
+    )
+
+    def step(x, y):
+        loss = torch.nn.functional.cross_entropy(runner(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    if backend is not None:
+        step = cstorch.trace(step)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(16, 3, 32, 32, generator=g), torch.randint(0, 10, (16,), generator=g)
+    losses = [step(x, y).item() for _ in range(steps)]
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+def test_a_step_with_torchs_kernels_pools_their_blocks_and_changes_no_number():
+    """The convolutions run on torch's kernels (cpu_convolutions="torch"), whose outputs and
+    buffers torch allocates afresh each run: under ``auto`` the pool keeps those too (torch's
+    and jaxlib's blocks of 1 MiB or more), serving most of each later run's, with the numbers
+    of ``lean`` bit for bit."""
+    assert config.cpu_convolutions.value == "torch"
+    backend = cstorch.backend("CPU")
+    config.config.update("cpu_step_memory", "lean")
+    lean_losses, lean_params = _conv_run(backend, steps=6)
+    assert not step_pool.installed(step_pool.TORCH_LIBRARY)
+    cstorch.config.reset()
+
+    backend = cstorch.backend("CPU")  # auto, the default
+    losses, params = _conv_run(backend, steps=6)
+    assert step_pool.installed(step_pool.TORCH_LIBRARY) and step_pool.installed()
+    stats = step_pool.stats()
+    # 2 forward outputs, 2 gradients and oneDNN's buffers per run, pooled from the second
+    assert stats["hits"] >= 5 * 4, stats
+    assert step_pool.kept_bytes() <= host_memory.AUTO_POOL_BYTES + step_pool.TORCH_BLOCKS_BUDGET
+
+    assert losses == lean_losses  # bit for bit
+    for p, q in zip(params, lean_params):
+        assert torch.equal(p, q)
+    assert losses == pytest.approx(_conv_run(None, steps=6)[0], rel=1e-5)
+
+
+def test_the_range_rule_keeps_torchs_large_blocks_within_its_budget():
+    """Installed for torch's library: a freed block of 1 MiB or more is kept for the next
+    request of its size, at most ``keep`` per size and the budget in all; smaller blocks go
+    straight through; a kept block handed out again is a working tensor."""
+    library = step_pool._native()
+    mib = 1 << 20
+    assert library.pool_keep_range(step_pool.TORCH_LIBRARY.encode(), mib, 5 * mib, 4) > 0
+    step_pool._installed.add(step_pool.TORCH_LIBRARY)  # (release() in the fixture restores it)
+    start = _native_stats()
+
+    small = [torch.ones(1000) for _ in range(10)]  # 4 kB each: never tracked
+    del small
+    assert _native_stats()[:2] == start[:2]
+
+    floats = (2 * mib) // 4
+    blocks = [torch.full((floats,), float(i)) for i in range(3)]  # three 2 MiB blocks
+    del blocks  # up to 4 of a size, but two fit the budget of 5 MiB: the third is released
+    hits, misses, released, cached = _native_stats()
+    assert misses - start[1] == 3 and cached == 2 and released - start[2] == 1
+
+    again = [torch.full((floats,), 7.0) for _ in range(3)]  # two from the pool, one new
+    hits, misses, _, cached = _native_stats()
+    assert hits - start[0] == 2 and misses - start[1] == 4 and cached == 0
+    for t in again:
+        assert torch.equal(t, torch.full((floats,), 7.0))
