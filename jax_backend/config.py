@@ -359,7 +359,8 @@ cpu_step_memory = config.define(
     "workload's own memory, more with more cores), or pool (lean, with the working memory kept "
     "between runs by the engine's own pool, jax_backend/step_pool.py: Linux and glibc, built "
     "by make; bench_engine's transformer step 1.56x -> 1.15x eager, its CNN 1.52x -> 1.06x, "
-    "for one more working-memory block at the peak). Read when a program is built.",
+    "for one more working-memory block at the peak; a step calling torch's convolution kernels "
+    "also has the blocks those allocate kept, 256 MiB at most). Read when a program is built.",
     env_var="CSTORCH_CPU_STEP_MEMORY",
     parse=lambda text: text.strip().lower(),
     choices=("lean", "xla", "reuse", "pool", "auto"),

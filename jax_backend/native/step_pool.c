@@ -54,9 +54,11 @@ struct pooled { size_t size; int keep; };
 static struct pooled sizes[MAX_SIZES];
 static _Atomic int n_sizes;          /* read without the lock on every posix_memalign */
 
-/* A range rule for the blocks of the libraries installed with one (range_hooks). */
-static size_t range_min, range_budget, range_cached_bytes;
-static int range_keep;
+/* The range rule for requests through the range hooks (pool_keep_range); the rule is read
+ * without the lock on every such posix_memalign, the bytes cached under it with the lock. */
+static _Atomic size_t range_min;
+static _Atomic int range_keep;
+static size_t range_budget, range_cached_bytes;
 
 struct block { void *p; size_t size, align; int cached, by_range; };
 static struct block blocks[MAX_BLOCKS];
@@ -87,7 +89,8 @@ static int registered_keep(size_t size) {
  * library with a range rule, the rule's for a size in it. */
 static int pooled_keep(size_t size, int by_range) {
     int keep = registered_keep(size);
-    if (keep == 0 && by_range && range_keep && size >= range_min) return range_keep;
+    int range = atomic_load(&range_keep);
+    if (keep == 0 && by_range && range && size >= atomic_load(&range_min)) return range;
     return keep;
 }
 
@@ -263,9 +266,9 @@ int pool_install(const char *path) { return install(path, 0); }
  * are cached by size, `keep` per size, `budget` bytes in all (for every such library). */
 int pool_keep_range(const char *path, size_t min, size_t budget, int keep) {
     pthread_mutex_lock(&lock);
-    range_min = min;
+    atomic_store(&range_min, min);
     range_budget = budget;
-    range_keep = keep;
+    atomic_store(&range_keep, keep);
     lower_min_tracked(min);
     pthread_mutex_unlock(&lock);
     return install(path, 1);
@@ -378,7 +381,7 @@ int pool_register(size_t size, int keep) {
 void pool_clear(void) {
     pthread_mutex_lock(&lock);
     atomic_store(&n_sizes, 0);
-    range_keep = 0;
+    atomic_store(&range_keep, 0);
     release_cached();
     pthread_mutex_unlock(&lock);
 }
