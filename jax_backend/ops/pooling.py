@@ -85,7 +85,19 @@ def _max_pool_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode,
     return values, flat
 
 
+def _windowed_max_pool_backward(
+    grad_output, x, indices, nd, kernel_size, stride, padding, dilation
+):
+    """max_pool's input gradient: without a scatter where the windows tile the input."""
+    kernel, stride, padding, dilation = _pool_args(x, kernel_size, stride, padding, dilation, nd)
+    if stride == kernel and not any(padding) and all(d == 1 for d in dilation):
+        return _tiled_max_pool_backward(grad_output, x, indices, kernel)
+    return _max_pool_backward(grad_output, x, indices, nd)
+
+
 def _max_pool_backward(grad_output, x, indices, nd):
+    """The input's gradient: each output's gradient added at the input its index names
+    (torch's ``grad_input[index] += grad_output``)."""
     lead = x.shape[:-nd]
     plane = int(np.prod(x.shape[-nd:]))
     grad = jnp.zeros(lead + (plane,), grad_output.dtype)
@@ -93,6 +105,34 @@ def _max_pool_backward(grad_output, x, indices, nd):
     idx = indices.reshape(lead + (-1,))
     lead_index = tuple(lax.broadcasted_iota(jnp.int64, idx.shape, d) for d in range(len(lead)))
     return grad.at[lead_index + (idx,)].add(g).reshape(x.shape)
+
+
+def _tiled_max_pool_backward(grad_output, x, indices, kernel):
+    """``_max_pool_backward`` where the windows tile the input (stride = kernel, no padding or
+    dilation: each input in one window at most, a remainder in none), without a scatter: each
+    output's gradient goes to the window position its index names, zero elsewhere. The same
+    numbers as the scatter-add onto zeros, -0.0 gradients included (stored as +0.0, as
+    ``0.0 + -0.0`` gives); on pytorch/examples' MNIST network the scatter and its index
+    arrays took ~5 ms of an ~80 ms CPU step."""
+    nd = len(kernel)
+    spatial, outs = x.shape[-nd:], grad_output.shape[-nd:]
+    lead = grad_output.shape[:-nd]
+    # The tiled shape interleaves each output axis with its kernel axis: (*lead, o1, k1, ...).
+    tiled = lead + tuple(n for pair in zip(outs, kernel) for n in pair)
+    expanded = lead + tuple(n for o in outs for n in (o, 1))
+    remaining = indices
+    chosen = (grad_output != 0).reshape(expanded)  # a zero (either sign) lands as +0.0
+    for axis in reversed(range(nd)):  # the flat index's coordinate along each spatial axis
+        coordinate, remaining = remaining % spatial[axis], remaining // spatial[axis]
+        start = lax.broadcasted_iota(indices.dtype, indices.shape, len(lead) + axis)
+        local = (coordinate - start * kernel[axis]).reshape(expanded)
+        position = lax.broadcasted_iota(indices.dtype, tiled, len(lead) + 2 * axis + 1)
+        chosen = chosen & (local == position)
+    zero = jnp.zeros((), grad_output.dtype)
+    grad = jnp.where(chosen, grad_output.reshape(expanded), zero)
+    grad = grad.reshape(lead + tuple(o * k for o, k in zip(outs, kernel)))
+    remainder = [(0, s - o * k, 0) for s, o, k in zip(spatial, outs, kernel)]
+    return lax.pad(grad, zero, [(0, 0, 0)] * len(lead) + remainder)
 
 
 @lowers(aten.max_pool2d_with_indices.default)
@@ -109,14 +149,18 @@ def aten_max_pool3d_with_indices(x, kernel_size, stride=(), padding=0, dilation=
 def aten_max_pool2d_backward(
     grad_output, x, kernel_size, stride, padding, dilation, ceil_mode, indices
 ):
-    return _max_pool_backward(grad_output, x, indices, 2)
+    return _windowed_max_pool_backward(
+        grad_output, x, indices, 2, kernel_size, stride, padding, dilation
+    )
 
 
 @lowers(aten.max_pool3d_with_indices_backward.default)
 def aten_max_pool3d_backward(
     grad_output, x, kernel_size, stride, padding, dilation, ceil_mode, indices
 ):
-    return _max_pool_backward(grad_output, x, indices, 3)
+    return _windowed_max_pool_backward(
+        grad_output, x, indices, 3, kernel_size, stride, padding, dilation
+    )
 
 
 def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, nd):

@@ -1,0 +1,84 @@
+"""max_pool's backward lowering where the windows tile the input (stride = kernel, no padding
+or dilation: ``ops.pooling._tiled_max_pool_backward``, no scatter) against torch's own CPU
+kernel: ties, NaN inputs, gradients of -0.0 and NaN, a remainder that no window covers,
+ceil_mode's partial windows, 2-d and 3-d, bfloat16; and the scatter path for overlapping
+windows beside it."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from jax_backend.jax_settings import engine_scope
+from jax_backend.ops import pooling
+
+aten = torch.ops.aten
+
+
+def _case(shape, kernel, stride, ceil_mode, dtype):
+    """(x, grad_output, indices, torch's input gradient) of one max_pool."""
+    nd = len(kernel)
+    g = torch.Generator().manual_seed(sum(shape) + sum(kernel))
+    x = torch.randint(-3, 4, shape, generator=g).to(dtype)  # small integers: many ties
+    x.view(-1)[::17] = float("nan")
+    forward = aten.max_pool2d_with_indices if nd == 2 else aten.max_pool3d_with_indices
+    backward = (
+        aten.max_pool2d_with_indices_backward if nd == 2 else aten.max_pool3d_with_indices_backward
+    )
+    geometry = (list(kernel), list(stride), [0] * nd, [1] * nd, ceil_mode)
+    out, indices = forward(x, *geometry)
+    grad = torch.randn(out.shape, generator=g).to(dtype)
+    grad.view(-1)[::5] = -0.0
+    grad.view(-1)[3::11] = float("nan")
+    return x, grad, indices, backward(grad, x, *geometry, indices)
+
+
+def _lowered(x, grad, indices, kernel, stride, ceil_mode):
+    nd = len(kernel)
+    lowering = pooling.aten_max_pool2d_backward if nd == 2 else pooling.aten_max_pool3d_backward
+    dtype = jnp.bfloat16 if x.dtype == torch.bfloat16 else jnp.float32
+
+    def run(g, a, i):
+        geometry = (kernel, stride, [0] * nd, [1] * nd, ceil_mode)
+        return lowering(g.astype(dtype), a.astype(dtype), *geometry[:4], ceil_mode, i)
+
+    with engine_scope():
+        jitted = jax.jit(run)
+        args = (grad.float().numpy(), x.float().numpy(), indices.numpy())
+        result = jitted(*args)
+        program = jitted.lower(*args).as_text()
+    return torch.from_numpy(np.array(result.astype(jnp.float32))).to(x.dtype), program
+
+
+CASES = [  # (shape, kernel, stride, ceil_mode)
+    ((2, 3, 8, 8), (2, 2), (2, 2), False),
+    ((2, 3, 9, 7), (2, 2), (2, 2), False),  # a row and a column in no window
+    ((1, 2, 9, 7), (3, 2), (3, 2), True),  # ceil_mode: partial windows at the edges
+    ((4, 5, 6), (3, 3), (3, 3), False),  # no batch dimension
+    ((1, 2, 4, 6, 6), (2, 3, 2), (2, 3, 2), False),  # 3-d
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape,kernel,stride,ceil_mode", CASES)
+def test_tiled_windows_give_torchs_gradient_without_a_scatter(
+    shape, kernel, stride, ceil_mode, dtype
+):
+    x, grad, indices, expected = _case(shape, kernel, stride, ceil_mode, dtype)
+    got, program = _lowered(x, grad, indices, kernel, stride, ceil_mode)
+    assert "scatter" not in program
+    assert got.shape == expected.shape
+    # Equal values (NaN where torch has NaN), and the sign of every zero as torch's sum left it.
+    np.testing.assert_array_equal(got.float().numpy(), expected.float().numpy())
+    numbers = ~expected.isnan()
+    assert torch.equal(torch.signbit(got) & numbers, torch.signbit(expected) & numbers)
+    assert torch.signbit(grad[grad == 0]).any()  # the case has -0.0 gradients to place
+
+
+def test_overlapping_windows_keep_the_scatter_and_agree_with_torch():
+    shape, kernel, stride = (2, 3, 8, 8), (3, 3), (2, 2)
+    x, grad, indices, expected = _case(shape, kernel, stride, False, torch.float32)
+    got, program = _lowered(x, grad, indices, kernel, stride, False)
+    assert "scatter" in program
+    np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-6, atol=1e-6)
