@@ -14,7 +14,9 @@ What it changes: none of the step's numbers (where the temporaries live, not wha
 the process keeps up to ``KEEP`` working-memory blocks per registered size mapped between
 steps, one more than glibc would leave resident at the peak (a pooled block is resident when a
 run takes it; a fresh mapping fills as the run goes), and a program no longer run keeps its
-blocks until the backend is shut down.
+blocks until the backend is shut down. ``cpu_step_memory="auto"`` (the default) uses it for
+steps whose blocks fit ``host_memory.AUTO_POOL_BYTES``; ``release`` (a backend's shutdown)
+frees the kept blocks and puts the libraries' allocator calls back as they were.
 
 A step that calls torch's CPU kernels (``ops/torch_kernels.py``: the convolutions) has a second
 kind of working memory: the outputs and oneDNN buffers those kernels allocate through torch's
@@ -25,9 +27,7 @@ pools them too: for those two libraries, any block of at least ``TORCH_BLOCK_BYT
 by its exact size, ``KEEP`` per size and ``TORCH_BLOCKS_BUDGET`` in all. Every allocation
 torch and jaxlib make in the process passes the same hooks then, eager torch's and the user's
 own JAX's too: smaller blocks go straight through (a size check, no lock). Steps without
-torch's kernels do not install it (on ``bench_engine``'s transformer it gained nothing). ``cpu_step_memory="auto"`` (the default) uses it for
-steps whose blocks fit ``host_memory.AUTO_POOL_BYTES``; ``release`` (a backend's shutdown)
-frees the kept blocks and puts jaxlib's allocator calls back as they were.
+torch's kernels do not install it (on ``bench_engine``'s transformer it gained nothing).
 """
 
 from __future__ import annotations
@@ -97,8 +97,8 @@ def keep(temp_bytes: int, budget: int | None = None) -> None:
 
 def keep_torch_blocks() -> None:
     """Keeps the blocks torch's CPU kernels, and jaxlib around them, allocate in a step
-    (module docstring), installing the pool for both libraries on first use. Raises ``CstorchRuntimeError`` naming why
-    where it cannot run."""
+    (module docstring), installing the pool for both libraries on first use. Raises
+    ``CstorchRuntimeError`` naming why where it cannot run."""
     library = _native()
     with _lock:
         for name, owner in ((TORCH_LIBRARY, "torch's"), (XLA_LIBRARY, "jaxlib's")):
@@ -145,8 +145,8 @@ def installed(library: str = XLA_LIBRARY) -> bool:
 
 
 def release() -> None:
-    """Frees the kept blocks and restores jaxlib's allocator calls (nothing if not installed).
-    Blocks in use are freed by their runs as usual."""
+    """Frees the kept blocks and restores the patched libraries' allocator calls (nothing if
+    not installed). Blocks in use are freed by their runs as usual."""
     with _lock:
         if _installed:
             _native().pool_uninstall()

@@ -13,9 +13,10 @@
  * torch's CPU kernels run inside a step (ops/torch_kernels.py) allocate their outputs and
  * oneDNN's buffers through libc10.so, a few MiB each, in sizes that repeat every run; glibc
  * hands those back to the system as its heaps shrink and faults them in again the next run.
- * pool_keep_range(library, min, budget, keep) pools them too: for that library (installed
- * first), any block of at least `min` bytes is cached by its exact size, at most `keep` per
- * size and `budget` bytes in all.
+ * pool_keep_range(library, min, budget, keep) pools them too: it installs the pool for that
+ * library (or moves an installed one's entries to the range hooks), and any block of at least
+ * `min` bytes it requests is then cached by its exact size, at most `keep` per size and
+ * `budget` bytes in all (one budget for every library with the rule).
  *
  * Entry points (ctypes): pool_install(path), pool_keep_range(path, min, budget, keep),
  * pool_uninstall(), pool_register(size, keep), pool_clear(), pool_stats(out[4]).
