@@ -110,10 +110,11 @@ def _max_pool_backward(grad_output, x, indices, nd):
 def _tiled_max_pool_backward(grad_output, x, indices, kernel):
     """``_max_pool_backward`` where the windows tile the input (stride = kernel, no padding or
     dilation: each input in one window at most, a remainder in none), without a scatter: each
-    output's gradient goes to the window position its index names, zero elsewhere. The same
-    numbers as the scatter-add onto zeros, -0.0 gradients included (stored as +0.0, as
-    ``0.0 + -0.0`` gives); on pytorch/examples' MNIST network the scatter and its index
-    arrays took ~5 ms of an ~80 ms CPU step."""
+    output's gradient goes to the window position its index names (max_pool's indices, each
+    inside its own window), zero elsewhere; ceil_mode's partial windows are cropped to the
+    input. The same numbers as the scatter-add onto zeros, -0.0 gradients included (stored
+    as +0.0, as ``0.0 + -0.0`` gives). On pytorch/examples' MNIST network the scatter and its
+    index arrays took ~5 ms of a ~100 ms profiled CPU step."""
     nd = len(kernel)
     spatial, outs = x.shape[-nd:], grad_output.shape[-nd:]
     lead = grad_output.shape[:-nd]
@@ -131,7 +132,7 @@ def _tiled_max_pool_backward(grad_output, x, indices, kernel):
     zero = jnp.zeros((), grad_output.dtype)
     grad = jnp.where(chosen, grad_output.reshape(expanded), zero)
     grad = grad.reshape(lead + tuple(o * k for o, k in zip(outs, kernel)))
-    remainder = [(0, s - o * k, 0) for s, o, k in zip(spatial, outs, kernel)]
+    remainder = [(0, s - o * k, 0) for s, o, k in zip(spatial, outs, kernel)]  # < 0: crops
     return lax.pad(grad, zero, [(0, 0, 0)] * len(lead) + remainder)
 
 
