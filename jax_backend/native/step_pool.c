@@ -95,6 +95,12 @@ static int pooled_keep(size_t size, int by_range) {
     return keep;
 }
 
+static void forget(int i) {  /* with the lock held */
+    if (blocks[i].cached && blocks[i].by_range) range_cached_bytes -= blocks[i].size;
+    blocks[i] = blocks[--n_blocks];
+    atomic_fetch_sub(&n_tracked, 1);
+}
+
 static int memalign_hook(void **out, size_t align, size_t size, int by_range) {
     if (size == 0 || !pooled_keep(size, by_range)) return real_memalign(out, align, size);
     pthread_mutex_lock(&lock);
@@ -117,9 +123,7 @@ static int memalign_hook(void **out, size_t align, size_t size, int by_range) {
      * now): forgotten, so that one address is never in the table twice. */
     for (int i = 0; i < n_blocks; i++)
         if (blocks[i].p == *out) {
-            if (blocks[i].cached && blocks[i].by_range) range_cached_bytes -= blocks[i].size;
-            blocks[i] = blocks[--n_blocks];
-            atomic_fetch_sub(&n_tracked, 1);
+            forget(i);
             break;
         }
     if (n_blocks < MAX_BLOCKS) {  /* else: the table is full, this block is glibc's alone */
@@ -132,13 +136,8 @@ static int memalign_hook(void **out, size_t align, size_t size, int by_range) {
     return 0;
 }
 
-static void forget(int i) {  /* with the lock held */
-    if (blocks[i].cached && blocks[i].by_range) range_cached_bytes -= blocks[i].size;
-    blocks[i] = blocks[--n_blocks];
-    atomic_fetch_sub(&n_tracked, 1);
-}
-
-static void free_hook(void *p) {
+/* One free for both kinds of hook: a block records whether the range rule pooled it. */
+static void pool_free(void *p) {
     /* Untracked for sure (nothing tracked, or smaller than any tracked block): no lock. */
     if (p == NULL || atomic_load(&n_tracked) == 0 ||
         malloc_usable_size(p) < atomic_load(&min_tracked)) {
@@ -169,15 +168,14 @@ static void free_hook(void *p) {
     real_free(p);
 }
 
-/* The hooks a library's GOT points at: registered sizes only, or with the range rule. */
+/* The posix_memalign a library's GOT points at: registered sizes only, or with the range
+ * rule. */
 static int pool_memalign(void **out, size_t align, size_t size) {
     return memalign_hook(out, align, size, 0);
 }
 static int range_memalign(void **out, size_t align, size_t size) {
     return memalign_hook(out, align, size, 1);
 }
-static void pool_free(void *p) { free_hook(p); }
-static void range_free(void *p) { free_hook(p); }
 
 /* ------------------------------------------------------------------ the GOT of one library */
 struct target { const char *path; uintptr_t base; const ElfW(Phdr) *phdr; int phnum; int found; };
@@ -230,20 +228,19 @@ static void reprotect(const struct target *t) {
 }
 
 static void patch_relocations(const struct target *t, const ElfW(Rela) *rela, size_t bytes,
-                              const ElfW(Sym) *symtab, const char *strtab, void *memalign_to,
-                              void *free_to) {
+                              const ElfW(Sym) *symtab, const char *strtab, void *memalign_to) {
     for (size_t k = 0; k < bytes / sizeof(ElfW(Rela)); k++) {
         size_t sym = RELOCATED_SYMBOL(rela[k].r_info);
         if (sym == 0) continue;
         const char *name = strtab + symtab[sym].st_name;
         void *hook = strcmp(name, "posix_memalign") == 0 ? memalign_to
-                   : strcmp(name, "free") == 0          ? free_to
+                   : strcmp(name, "free") == 0          ? (void *)pool_free
                                                         : NULL;
         if (hook == NULL || n_slots >= MAX_SLOTS) continue;
         void **where = (void **)(t->base + rela[k].r_offset);
         void *old = *where;
-        if (old == pool_memalign || old == pool_free || old == range_memalign ||
-            old == range_free) {  /* patched before (its original is in `slots`) */
+        if (old == pool_memalign || old == range_memalign || old == pool_free) {
+            /* patched before (its original is in `slots`) */
             if (old != hook) write_slot(where, hook);
             continue;
         }
@@ -312,13 +309,12 @@ static int install(const char *path, int by_range) {
     }
     if (!symtab || !strtab) return 0;
     void *memalign_to = by_range ? (void *)range_memalign : (void *)pool_memalign;
-    void *free_to = by_range ? (void *)range_free : (void *)pool_free;
     pthread_mutex_lock(&lock);
     if (n_installed == 0) hits = misses = released = 0;  /* counts since the first install */
     int first = n_slots;
     if (jmprel && rela_plt)
-        patch_relocations(&t, jmprel, jmprel_bytes, symtab, strtab, memalign_to, free_to);
-    if (rela) patch_relocations(&t, rela, rela_bytes, symtab, strtab, memalign_to, free_to);
+        patch_relocations(&t, jmprel, jmprel_bytes, symtab, strtab, memalign_to);
+    if (rela) patch_relocations(&t, rela, rela_bytes, symtab, strtab, memalign_to);
     if (index >= 0) {  /* its entries already pointed at the pool: now at the range hooks */
         installed_range[index] = 1;
         reprotect(&t);
@@ -328,7 +324,7 @@ static int install(const char *path, int by_range) {
     int hooked_memalign = 0, hooked_free = 0;
     for (int i = first; i < n_slots; i++) {
         hooked_memalign |= *slots[i].where == memalign_to;
-        hooked_free |= *slots[i].where == free_to;
+        hooked_free |= *slots[i].where == (void *)pool_free;
     }
     if (!(hooked_memalign && hooked_free)) { /* both or nothing */
         for (int i = first; i < n_slots; i++) *slots[i].where = slots[i].old;

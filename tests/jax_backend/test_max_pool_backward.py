@@ -41,7 +41,7 @@ def _lowered(x, grad, indices, kernel, stride, ceil_mode):
 
     def run(g, a, i):
         geometry = (kernel, stride, [0] * nd, [1] * nd, ceil_mode)
-        return lowering(g.astype(dtype), a.astype(dtype), *geometry[:4], ceil_mode, i)
+        return lowering(g.astype(dtype), a.astype(dtype), *geometry, i)
 
     with engine_scope():
         jitted = jax.jit(run)
