@@ -7,8 +7,9 @@ Python; where it can, it has a server process (one per test process, started at 
 call) fork a child that becomes that command: the child takes the command's working directory,
 environment, ``sys.argv``, ``sys.path`` and standard streams, and runs the script, ``-c``
 code or ``-m`` module as ``__main__`` until its own interpreter exits, as a fresh process would.
-The server imported torch, JAX, numpy, optax and h5py, nothing of this project, and no engine
-is started in it (no backend, no thread but OpenBLAS's, which handles ``fork``).
+The server imported torch (with torch._dynamo), JAX, numpy, optax and h5py, nothing of this
+project, and no engine is started in it (no backend, no thread but OpenBLAS's, which handles
+``fork``).
 
 What a fresh interpreter reads before those imports could differ, so each server is started
 with the command's own start-up environment (the variables Python and those libraries read:
@@ -62,7 +63,9 @@ ENV_PREFIXES = (
     "TEMP",
 )
 
-PRELOAD = ("numpy", "torch", "jax", "jax.numpy", "optax", "h5py")
+#: torch._dynamo too: a fresh process imports it at its first optimizer (torch.optim's
+#: ``Optimizer`` methods are wrapped to disable it), 1.2-1.7 s of nearly every child's run.
+PRELOAD = ("numpy", "torch", "torch._dynamo", "jax", "jax.numpy", "optax", "h5py")
 
 
 # -- the client (a test's process) ------------------------------------------------------------
