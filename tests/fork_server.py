@@ -324,17 +324,23 @@ _BASE_PATH: list = []
 
 if __name__ == "__main__":
     _BASE_PATH[:] = sys.path[1:]  # started without PYTHONPATH: the interpreter's own entries
+    import gc
     import importlib
+    import importlib.util
     import warnings
 
-    for name in PRELOAD:
-        importlib.import_module(name)
     # The preloaded modules' objects live as long as any child: the collector leaves them
-    # alone, so a child's collections (and its exit) do not copy the server's pages.
-    import gc
-
+    # alone, so a child's collections (and its exit) do not copy the server's pages. Not
+    # triton's (torch's CUDA builds, through torch._dynamo): its bindings report every object
+    # still alive at exit as a leak, on stderr; modules that import it come after the freeze.
+    with_triton = importlib.util.find_spec("triton") is not None
+    frozen = [n for n in PRELOAD if not (with_triton and n == "torch._dynamo")]
+    for name in frozen:
+        importlib.import_module(name)
     gc.collect()
     gc.freeze()
+    for name in PRELOAD:
+        importlib.import_module(name)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # fork with OpenBLAS's thread
         child = _serve(sys.argv[1])
