@@ -333,13 +333,13 @@ if __name__ == "__main__":
     # alone, so a child's collections (and its exit) do not copy the server's pages. Not
     # triton's (torch's CUDA builds, through torch._dynamo): its bindings report every object
     # still alive at exit as a leak, on stderr; modules that import it come after the freeze.
-    with_triton = importlib.util.find_spec("triton") is not None
-    frozen = [n for n in PRELOAD if not (with_triton and n == "torch._dynamo")]
-    for name in frozen:
-        importlib.import_module(name)
+    after_freeze = ("torch._dynamo",) if importlib.util.find_spec("triton") else ()
+    for name in PRELOAD:
+        if name not in after_freeze:
+            importlib.import_module(name)
     gc.collect()
     gc.freeze()
-    for name in PRELOAD:
+    for name in after_freeze:
         importlib.import_module(name)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # fork with OpenBLAS's thread
