@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextvars
 import operator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +22,9 @@ import torch.fx
 
 from jax_backend import dtypes
 from jax_backend.errors import JaxBackendError, LoweringError
-from jax_backend.registry import lookup
+from jax_backend.registry import TransposedOperand, lookup
+
+aten = torch.ops.aten
 
 _run_scratch = contextvars.ContextVar("graph_run_scratch", default=None)
 
@@ -49,6 +52,36 @@ def _map_args(value, env):
     if isinstance(value, torch.Tensor):  # tensors baked into node arguments
         return jnp.asarray(dtypes.tensor_to_numpy(value))
     return value
+
+
+def _swaps_last_two(node) -> bool:
+    """Whether ``node`` is a transpose of its input's last two dims (``t``, ``transpose``,
+    or a ``permute`` that moves nothing else)."""
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function":
+        return False
+    val = node.meta.get("val")
+    ndim = val.dim() if isinstance(val, torch.Tensor) else 0
+    args: Any = node.args  # (FX types arguments as any argument)
+    if ndim < 2 or not isinstance(args[0], torch.fx.Node):
+        return False
+    if node.target is aten.t.default:
+        return True
+    if node.target is aten.transpose.int:
+        return {d % ndim for d in args[1:3]} == {ndim - 2, ndim - 1}
+    if node.target is aten.permute.default:
+        return [d % ndim for d in args[1]] == [*range(ndim - 2), ndim - 1, ndim - 2]
+    return False
+
+
+def _operand(node, value, env):
+    """A matrix product's operand: its ``value``, or a ``TransposedOperand`` where a chain
+    of last-two-dims transposes produced it."""
+    if not _swaps_last_two(node):
+        return value
+    source, flipped = node, False
+    while _swaps_last_two(source):
+        source, flipped = source.args[0], not flipped
+    return TransposedOperand(value, env[source], flipped)
 
 
 def _conform(node, result, expected, strict, emulation=None):
@@ -153,6 +186,11 @@ class GraphInterpreter:
                 env[node] = args[0][args[1]]
                 continue
             lowering = lookup(node.target)
+            if lowering.transposed_operands and emulation is None:
+                args = tuple(
+                    _operand(a, v, env) if i in lowering.transposed_operands else v
+                    for i, (a, v) in enumerate(zip(node.args, args))
+                )
             if lowering.random:
                 if key is None:
                     raise JaxBackendError(f"{node.target} needs a PRNG key but none was given")

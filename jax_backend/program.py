@@ -109,8 +109,9 @@ class Program:
         """``jax.jit`` of the step for the current target. The function is new each time: jit
         keys its trace cache by the function, and bound methods of one program compare equal,
         so after a change of target (the cuDNN fallback) JAX 0.7 reused the old trace."""
-        # torch's CPU kernels for the convolutions (cpu_convolutions), in this program only:
-        # never in an export or pure_function (ops/torch_kernels.py).
+        # torch's CPU kernels for the convolutions and bfloat16 weight-gradient dots
+        # (cpu_convolutions, cpu_half_dots), in this program only: never in an export or
+        # pure_function (ops/torch_kernels.py).
         kernels = torch_kernels.wanted(self.target.platform, self.layout)
 
         def pure_step(donated, kept, inputs, seed):  # jit names the program after it
@@ -156,10 +157,11 @@ class Program:
         )
         return {"in_shardings": in_shardings, "out_shardings": (written, None)}
 
-    def pure_step(self, donated, kept, inputs, seed, *, platform=None, torch_kernels=False):
+    def pure_step(self, donated, kept, inputs, seed, *, platform=None, torch_kernels=frozenset()):
         """The step as a pure JAX function (not jitted); ``platform`` overrides the one it is
-        lowered for (an export for several platforms passes "any"); ``torch_kernels``: its
-        CPU convolutions may call torch's kernels on the host (the engine's own program)."""
+        lowered for (an export for several platforms passes "any"); ``torch_kernels``: the
+        kinds of op whose CPU lowering calls torch's kernels on the host (the engine's own
+        program; ``ops.torch_kernels.wanted``)."""
         used = [None] * (len(donated) + len(kept))
         for j, a in zip(self.donated_positions, donated):
             used[j] = a

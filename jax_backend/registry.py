@@ -4,6 +4,9 @@ Lowerings are registered per explicit overload with ``@lowers(aten.add.Tensor, .
 family modules under ``jax_backend/ops``. A lowering takes the node's arguments with tensors
 replaced by JAX arrays and returns JAX arrays (a tuple for multi-output ops). Random ops are
 registered with ``random=True`` and receive a fresh PRNG key as the keyword ``key``.
+Matrix products registered with ``transposed_operands=(i, j)`` receive an operand at those
+argument positions that a transpose of its last two dims produced as a ``TransposedOperand``
+(see there).
 """
 
 from __future__ import annotations
@@ -18,12 +21,27 @@ from jax_backend.errors import DuplicateLoweringError, LoweringNotFoundError
 class Lowering:
     fn: Callable
     random: bool = False
+    transposed_operands: tuple = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class TransposedOperand:
+    """An operand whose graph node swaps the last two dims of ``source`` (``flipped``; an even
+    chain of such transposes gives ``source`` itself, not flipped); ``value`` is that node's
+    own result. A matrix product may use ``source`` with its dimension numbers adjusted
+    instead of ``value``: XLA's CPU compiler sees a transposed operand as a column-major
+    array and computes a half-precision dot on it in float32, at half the speed
+    (``ops.linalg``). Either gives the same numbers."""
+
+    value: object
+    source: object
+    flipped: bool
 
 
 _LOWERINGS: dict = {}
 
 
-def lowers(*overloads, random: bool = False):
+def lowers(*overloads, random: bool = False, transposed_operands: tuple = ()):
     """Registers the decorated function as the lowering of each given ATen overload."""
 
     def register(fn):
@@ -33,7 +51,7 @@ def lowers(*overloads, random: bool = False):
                     f"{op} already lowered by {_LOWERINGS[op].fn.__module__}."
                     f"{_LOWERINGS[op].fn.__name__}; remove one of the registrations."
                 )
-            _LOWERINGS[op] = Lowering(fn, random)
+            _LOWERINGS[op] = Lowering(fn, random, transposed_operands)
         return fn
 
     return register

@@ -12,8 +12,9 @@ for several platforms gets). ``float32_matmul``: torch's ``get_float32_matmul_pr
 ``attention``: "auto" (the platform's fastest implementation that supports the call),
 "xla" (never cuDNN), or "cudnn" (cuDNN wherever it supports the call, else XLA with a
 warning); the process default comes from ``CSTORCH_ATTENTION``. ``torch_kernels``: the
-lowering may call torch's own CPU kernels on the host (``ops.torch_kernels``); only the
-engine's own CPU program sets it (``Program``), never an export or the default target.
+kinds of op (``ops.torch_kernels.KINDS``) whose lowering calls torch's own CPU kernels on the
+host; only the engine's own CPU program sets it (``Program``), never an export or the default
+target.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class Target:
     platform: str = "any"
     float32_matmul: str = "highest"
     attention: str = "auto"
-    torch_kernels: bool = False
+    torch_kernels: frozenset = frozenset()
 
     def __post_init__(self):
         if self.float32_matmul not in FLOAT32_MATMUL:

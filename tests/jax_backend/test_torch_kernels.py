@@ -56,7 +56,7 @@ VARIANTS = {
     ),
     "conv_transpose2d": ((4, 8, 6, 7), (8, 6, 3, 3), [2, 2], [1, 1], [1, 1], True, [1, 1], 2),
 }
-TORCH_KERNELS = Target("cpu", torch_kernels=True)
+TORCH_KERNELS = Target("cpu", torch_kernels=frozenset({"convolution"}))
 MASKS = ([True, True, True], [False, True, True], [True, False, False])
 
 
@@ -189,9 +189,13 @@ def test_wanted_only_for_one_cpu_device_and_the_setting(monkeypatch):
     from jax_backend import config
 
     assert config.cpu_convolutions.default == "torch"
+    assert config.cpu_half_dots.default == "torch"
     monkeypatch.setenv("CSTORCH_CPU_CONVOLUTIONS", "torch")
-    assert torch_kernels.wanted("cpu", None)
-    assert not torch_kernels.wanted("cuda", None)
-    assert not torch_kernels.wanted("cpu", object())  # a mesh of devices
+    monkeypatch.setenv("CSTORCH_CPU_HALF_DOTS", "torch")
+    assert torch_kernels.wanted("cpu", None) == {"convolution", "half_dot"}
+    assert torch_kernels.wanted("cuda", None) == frozenset()
+    assert torch_kernels.wanted("cpu", object()) == frozenset()  # a mesh of devices
     monkeypatch.setenv("CSTORCH_CPU_CONVOLUTIONS", "xla")
-    assert not torch_kernels.wanted("cpu", None)
+    assert torch_kernels.wanted("cpu", None) == {"half_dot"}
+    monkeypatch.setenv("CSTORCH_CPU_HALF_DOTS", "xla")
+    assert torch_kernels.wanted("cpu", None) == frozenset()
