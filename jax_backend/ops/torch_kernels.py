@@ -21,10 +21,13 @@ cache (the callback belongs to the process), so such a step compiles again in ev
 its XLA compile is shorter, without the convolutions. Each operand reaches torch without a
 copy (DLPack); each result is copied once into XLA's buffer.
 
-Dtypes: float32 operands go to torch as they are. Half operands (autocast's bfloat16 and
-float16) are widened to float32 (exactly) and the result is rounded once, as the XLA lowering
-does on a CPU (``ops._common.dot_result_dtype``); float64, complex and integer convolutions
-keep the XLA lowering.
+Dtypes: float32 and bfloat16 operands go to torch as they are: for bfloat16 (autocast's) its
+oneDNN kernels accumulate in float32 and round the result once, eager autocast's own numbers,
+at up to twice float32's speed where the CPU has bfloat16 instructions (an MNIST-shaped CNN's
+bf16 step: 61 -> 39 ms on 2 Zen 4 cores). float16 operands are widened to float32 (exactly)
+and the result rounded once, as the XLA lowering does on a CPU
+(``ops._common.dot_result_dtype``); float64, complex and integer convolutions keep the XLA
+lowering.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ aten = torch.ops.aten
 # Operand dtypes torch's kernels serve here, and the dtype they are computed in.
 _COMPUTED_IN = {
     jnp.dtype(jnp.float32): jnp.float32,
-    jnp.dtype(jnp.bfloat16): jnp.float32,
+    jnp.dtype(jnp.bfloat16): jnp.bfloat16,
     jnp.dtype(jnp.float16): jnp.float32,
 }
 
@@ -129,7 +132,7 @@ def _meta(shape, dtype=torch.float32) -> torch.Tensor:
 
 def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     """``aten.convolution`` by torch's kernel on the host, for batched operands of one dtype
-    ``applies`` accepts; the result in the dtype it was computed in (float32), before any
+    ``applies`` accepts; the result in the dtype it was computed in (bfloat16 or float32), before any
     rounding to a half dtype."""
     params = _conv_params(stride, padding, dilation, transposed, output_padding, groups)
     computed = _COMPUTED_IN[jnp.dtype(x.dtype)]
@@ -160,7 +163,7 @@ def convolution_backward(
     output_mask,
 ):
     """``aten.convolution_backward`` by torch's kernel on the host: ``(grad_x, grad_weight,
-    grad_bias)``, None where ``output_mask`` says so, in the dtype computed in (float32)."""
+    grad_bias)``, None where ``output_mask`` says so, in the dtype computed in (bfloat16 or float32)."""
     params = _conv_params(stride, padding, dilation, transposed, output_padding, groups)
     mask = [bool(m) for m in output_mask]
     computed = _COMPUTED_IN[jnp.dtype(x.dtype)]

@@ -124,22 +124,37 @@ def test_xla_convolutions_agree_with_torchs_kernels(variant):
 
 
 @pytest.mark.parametrize("variant", ["conv2d_stride_padding", "conv_transpose2d"])
-def test_half_operands_are_widened_and_rounded_once(variant):
-    """bf16 operands (autocast's): torch's float32 kernel on the exactly widened values, the
-    result rounded once to bf16, forward and gradients."""
+def test_bf16_operands_run_torchs_bf16_kernels(variant):
+    """bf16 operands (autocast's): torch's bf16 kernel, forward and gradients, bit for bit
+    what eager autocast computes."""
     x, w, bias, grad, args = _operands(variant, torch.bfloat16)
-    wide = [t.float() for t in (x, w, bias, grad)]
-    expected = aten.convolution(*wide[:3], *args).bfloat16()
-    expected_grads = [
-        g.bfloat16()
-        for g in aten.convolution_backward(wide[3], *wide[:2], [bias.shape[0]], *args, [True] * 3)
-    ]
+    expected = aten.convolution(x, w, bias, *args)
+    expected_grads = aten.convolution_backward(grad, x, w, [bias.shape[0]], *args, [True] * 3)
     ours, grads = _lowered(TORCH_KERNELS, x, w, bias, grad, args, [True] * 3)
     assert ours.dtype == jnp.bfloat16
     assert torch.equal(_torch(ours).bfloat16(), expected)
     for mine, theirs in zip(grads, expected_grads):
         assert mine.dtype == jnp.bfloat16
         assert torch.equal(_torch(mine).bfloat16(), theirs)
+
+
+@pytest.mark.parametrize("variant", ["conv2d_stride_padding", "conv_transpose2d"])
+def test_fp16_operands_are_widened_and_rounded_once(variant):
+    """fp16 operands: torch's float32 kernel on the exactly widened values, the result
+    rounded once to fp16, forward and gradients."""
+    x, w, bias, grad, args = _operands(variant, torch.float16)
+    wide = [t.float() for t in (x, w, bias, grad)]
+    expected = aten.convolution(*wide[:3], *args).half()
+    expected_grads = [
+        g.half()
+        for g in aten.convolution_backward(wide[3], *wide[:2], [bias.shape[0]], *args, [True] * 3)
+    ]
+    ours, grads = _lowered(TORCH_KERNELS, x, w, bias, grad, args, [True] * 3)
+    assert ours.dtype == jnp.float16
+    assert torch.equal(_torch(ours).half(), expected)
+    for mine, theirs in zip(grads, expected_grads):
+        assert mine.dtype == jnp.float16
+        assert torch.equal(_torch(mine).half(), theirs)
 
 
 def test_unbatched_input():
