@@ -31,7 +31,7 @@ class TransposedOperand:
     own result. A matrix product may use ``source`` with its dimension numbers adjusted
     instead of ``value``: XLA's CPU compiler sees a transposed operand as a column-major
     array and computes a half-precision dot on it in float32, at half the speed
-    (``ops.linalg``). Either gives the same numbers."""
+    (``ops.linalg``). Either way the same products, accumulated in float32."""
 
     value: object
     source: object

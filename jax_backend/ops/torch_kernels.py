@@ -132,8 +132,8 @@ def _meta(shape, dtype=torch.float32) -> torch.Tensor:
 
 def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     """``aten.convolution`` by torch's kernel on the host, for batched operands of one dtype
-    ``applies`` accepts; the result in the dtype it was computed in (bfloat16 or float32), before any
-    rounding to a half dtype."""
+    ``applies`` accepts; the result in the dtype it was computed in (bfloat16 or float32),
+    before any rounding to a half dtype."""
     params = _conv_params(stride, padding, dilation, transposed, output_padding, groups)
     computed = _COMPUTED_IN[jnp.dtype(x.dtype)]
     operands = [a.astype(computed) for a in (x, weight, bias) if a is not None]
@@ -163,7 +163,8 @@ def convolution_backward(
     output_mask,
 ):
     """``aten.convolution_backward`` by torch's kernel on the host: ``(grad_x, grad_weight,
-    grad_bias)``, None where ``output_mask`` says so, in the dtype computed in (bfloat16 or float32)."""
+    grad_bias)``, None where ``output_mask`` says so, in the dtype computed in (bfloat16 or
+    float32)."""
     params = _conv_params(stride, padding, dilation, transposed, output_padding, groups)
     mask = [bool(m) for m in output_mask]
     computed = _COMPUTED_IN[jnp.dtype(x.dtype)]
