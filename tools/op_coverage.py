@@ -114,8 +114,10 @@ TOLERANCES = {
     "nn.functional.conv_transpose3d": (1e-4, 2e-5, _ACCUM),
     "nn.functional.scaled_dot_product_attention": (
         1e-5,
-        1e-5,
-        _ACCUM + " (flash vs math attention)",
+        2e-5,
+        _ACCUM + " (flash vs math attention); with AVX-512 (Zen 4) torch's own float32 backward "
+        "is 1.2e-5 from float64 on sample 0, whose exact gradient has zeros (cancellation), "
+        "the engine 1.6e-5",
     ),
     "nn.functional.layer_norm": (
         1e-5,
