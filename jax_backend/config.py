@@ -117,6 +117,11 @@ def parse_bool(text: str) -> bool:
     return text.strip().lower() not in _OFF
 
 
+def parse_word(text: str) -> str:
+    """One of a setting's ``choices``, as written in any case, spaces around it dropped."""
+    return text.strip().lower()
+
+
 def parse_directory(text: str) -> str | None:
     """A directory (``~`` expanded), ``"default"`` for ``on`` (also ``1``, ``true``, ``yes``),
     or None for ``off`` (also ``0``, ``false``, ``no``, empty)."""
@@ -362,7 +367,7 @@ cpu_step_memory = config.define(
     "for one more working-memory block at the peak; a step calling torch's convolution kernels "
     "also has the blocks those allocate kept, 256 MiB at most). Read when a program is built.",
     env_var="CSTORCH_CPU_STEP_MEMORY",
-    parse=lambda text: text.strip().lower(),
+    parse=parse_word,
     choices=("lean", "xla", "reuse", "pool", "auto"),
 )
 cpu_convolutions = config.define(
@@ -375,7 +380,7 @@ cpu_convolutions = config.define(
     "persistent compilation cache) or xla (XLA's convolutions). One CPU device only; exports "
     "and other platforms always use XLA's. Read when a program is built.",
     env_var="CSTORCH_CPU_CONVOLUTIONS",
-    parse=lambda text: text.strip().lower(),
+    parse=parse_word,
     choices=("torch", "xla"),
 )
 cpu_half_dots = config.define(
@@ -389,7 +394,7 @@ cpu_half_dots = config.define(
     "written to the persistent compilation cache) or xla. One CPU device only; exports and "
     "other platforms always use XLA's. Read when a program is built.",
     env_var="CSTORCH_CPU_HALF_DOTS",
-    parse=lambda text: text.strip().lower(),
+    parse=parse_word,
     choices=("torch", "xla"),
 )
 debug_state = config.define(

@@ -76,12 +76,10 @@ def _swaps_last_two(node) -> bool:
 def _operand(node, value, env):
     """A matrix product's operand: its ``value``, or a ``TransposedOperand`` where a chain
     of last-two-dims transposes produced it."""
-    if not _swaps_last_two(node):
-        return value
     source, flipped = node, False
     while _swaps_last_two(source):
         source, flipped = source.args[0], not flipped
-    return TransposedOperand(value, env[source], flipped)
+    return value if source is node else TransposedOperand(value, env[source], flipped)
 
 
 def _conform(node, result, expected, strict, emulation=None):
