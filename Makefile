@@ -23,7 +23,7 @@ $(VENV)/.installed: pyproject.toml
 
 .venv: $(VENV)/.installed native
 
-# The engine's one native helper: the pool behind cpu_step_memory=pool (jax_backend/
+# The engine's native helpers. The pool behind cpu_step_memory=pool (jax_backend/
 # step_pool.py), plain C with no Python headers, so one build serves every venv. Without a C
 # compiler the set-up goes on; that setting then says what is missing.
 CC ?= cc
@@ -33,7 +33,12 @@ $(NATIVE_POOL): jax_backend/native/step_pool.c
 	echo "$(CC) -O2 -Wall -Wextra -Werror -shared -fPIC -o $@ $< -ldl -lpthread"; \
 	$(CC) -O2 -Wall -Wextra -Werror -shared -fPIC -o $@ $< -ldl -lpthread
 
-native: $(NATIVE_POOL)
+# And the layout copy behind cpu_half_dots=native (jax_backend/ops/layout_copy.py): a JAX FFI
+# custom call in C++, whose ABI is the jaxlib headers it is built against, so each venv builds
+# its own (tools/build_native.py; up to date, it does nothing). Without a C++ compiler the
+# set-up goes on and that setting falls back to torch's kernels.
+native: $(NATIVE_POOL) $(VENV)/.installed
+	$(PY) tools/build_native.py
 
 demo: .venv
 	$(PY) examples/mnist_mlp.py
@@ -116,7 +121,8 @@ $(COMPAT_VENV)/.installed: pyproject.toml Makefile
 	$(COMPAT_PY) -m pip install -q -c $(COMPAT_VENV)/constraints.txt -e '.[test]'
 	touch $@
 
-test-compat: $(COMPAT_VENV)/.installed native
+test-compat: $(COMPAT_VENV)/.installed $(NATIVE_POOL)
+	$(COMPAT_PY) tools/build_native.py
 	$(COMPAT_PY) -c "import sys, torch, jax, numpy; print('compat stack: Python', \
 		sys.version.split()[0], 'torch', torch.__version__, 'JAX', jax.__version__, \
 		'numpy', numpy.__version__)"
@@ -148,7 +154,8 @@ $(NEWEST_VENV)/.installed: pyproject.toml Makefile
 	PIP_CONSTRAINT=$(NEWEST_VENV)/constraints.txt $(NEWEST_PY) -m pip install -q -U -e '.[test]'
 	touch $@
 
-test-newest: $(NEWEST_VENV)/.installed native
+test-newest: $(NEWEST_VENV)/.installed $(NATIVE_POOL)
+	$(NEWEST_PY) tools/build_native.py
 	$(NEWEST_PY) -c "import sys, torch, jax, numpy; print('newest stack: Python', \
 		sys.version.split()[0], 'torch', torch.__version__, 'JAX', jax.__version__, \
 		'numpy', numpy.__version__)"

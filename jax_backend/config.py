@@ -385,17 +385,20 @@ cpu_convolutions = config.define(
 )
 cpu_half_dots = config.define(
     "cpu_half_dots",
-    "torch",
-    "Which kernels the bfloat16 matrix products of a CPU step that contract the leading "
-    "dimension of both operands (the weight gradients of every linear layer, x^T.dy) run on "
-    "(jax_backend/ops/torch_kernels.py): torch (default: torch's own bfloat16 GEMM, called "
-    "from the compiled step on the host, the kernel eager autocast runs; XLA computes this "
-    "form in float32 through Eigen, 2.3x the time on 2 Zen 4 cores; such a step is never "
-    "written to the persistent compilation cache) or xla. One CPU device only; exports and "
-    "other platforms always use XLA's. Read when a program is built.",
+    "native",
+    "How a CPU step runs the bfloat16 matrix products XLA's fast kernels refuse, those that "
+    "contract the leading dimension of their left operand (the weight gradients of every "
+    "linear layer, x^T.dy, and the attention's backward products): native (default: the "
+    "engine's own layout copy, jax_backend/ops/layout_copy.py, gives XLA's bfloat16 kernels "
+    "the operand transposed; where its library is not built for this jaxlib, as torch), "
+    "torch (the weight gradients on torch's own bfloat16 GEMM, called from the compiled step "
+    "on the host, the kernel eager autocast runs; such a step is never written to the "
+    "persistent compilation cache) or xla (XLA widens them to float32: about twice the "
+    "time). One CPU device only; exports and other platforms always use XLA's. Read when a "
+    "program is built.",
     env_var="CSTORCH_CPU_HALF_DOTS",
     parse=parse_word,
-    choices=("torch", "xla"),
+    choices=("native", "torch", "xla"),
 )
 debug_state = config.define(
     "debug_state",

@@ -32,7 +32,7 @@ from jax_backend.errors import LoweringError, StepFailedError, raise_interrupt_b
 from jax_backend.interpreter import GraphInterpreter
 from jax_backend.jax_settings import in_engine_scope
 from jax_backend.mesh import Layout
-from jax_backend.ops import attention, torch_kernels
+from jax_backend.ops import attention, layout_copy, torch_kernels
 from jax_backend.precision import Policy
 from jax_backend.registry import lookup
 from jax_backend.scalars import ScalarMeta
@@ -113,9 +113,13 @@ class Program:
         # (cpu_convolutions, cpu_half_dots), in this program only: never in an export or
         # pure_function (ops/torch_kernels.py).
         kernels = torch_kernels.wanted(self.target.platform, self.layout)
+        # The engine's native layout copy for its CPU half dots (cpu_half_dots), likewise.
+        copies = layout_copy.wanted(self.target.platform, self.layout)
 
         def pure_step(donated, kept, inputs, seed):  # jit names the program after it
-            return self.pure_step(donated, kept, inputs, seed, torch_kernels=kernels)
+            return self.pure_step(
+                donated, kept, inputs, seed, torch_kernels=kernels, layout_copies=copies
+            )
 
         self._compiled_ahead = False  # see _call_jitted
         # How a CPU step's working memory is laid out (cpu_step_memory); nothing elsewhere.
@@ -157,11 +161,22 @@ class Program:
         )
         return {"in_shardings": in_shardings, "out_shardings": (written, None)}
 
-    def pure_step(self, donated, kept, inputs, seed, *, platform=None, torch_kernels=frozenset()):
+    def pure_step(
+        self,
+        donated,
+        kept,
+        inputs,
+        seed,
+        *,
+        platform=None,
+        torch_kernels=frozenset(),
+        layout_copies=False,
+    ):
         """The step as a pure JAX function (not jitted); ``platform`` overrides the one it is
         lowered for (an export for several platforms passes "any"); ``torch_kernels``: the
-        kinds of op whose CPU lowering calls torch's kernels on the host (the engine's own
-        program; ``ops.torch_kernels.wanted``)."""
+        kinds of op whose CPU lowering calls torch's kernels on the host, ``layout_copies``:
+        whether half dots may use the native layout copy (the engine's own program;
+        ``ops.torch_kernels.wanted``, ``ops.layout_copy.wanted``)."""
         used = [None] * (len(donated) + len(kept))
         for j, a in zip(self.donated_positions, donated):
             used[j] = a
@@ -169,7 +184,10 @@ class Program:
             used[j] = a
         key = jax.random.key(seed) if self.uses_rng else None
         lowering = dataclasses.replace(
-            self.target, platform=platform or self.target.platform, torch_kernels=torch_kernels
+            self.target,
+            platform=platform or self.target.platform,
+            torch_kernels=torch_kernels,
+            layout_copies=layout_copies,
         )
         with target.lowering_for(lowering):
             flat = self._interpreter.run(list(used) + list(inputs), key)

@@ -41,6 +41,7 @@ import torch
 from jax_backend import target as target_module
 from jax_backend.errors import CstorchNotImplementedError
 from jax_backend.interpreter import run_scratch
+from jax_backend.ops import linalg
 from jax_backend.ops._common import dot_precision, dot_result_dtype
 from jax_backend.registry import lowers
 from jax_backend.user_frames import warn
@@ -193,9 +194,48 @@ def _implementation(q, k, v, attn_mask, is_causal):
     return cudnn_attention if name == "cudnn" else xla_attention
 
 
+def _written_out(q, k, v) -> bool:
+    """Whether ``_cpu_half_vjp`` computes this call: half inputs whose products accumulate in
+    float32 (the CPU), one key/value head per query head, no broadcast batch dims."""
+    return (
+        q.dtype in _HALF
+        and q.dtype == k.dtype == v.dtype
+        and dot_result_dtype(q.dtype) is not None
+        and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]
+    )
+
+
+def _cpu_half_vjp(q, k, v, attn_mask, is_causal, scale):
+    """(output, VJP function) of ``xla_attention`` for half inputs on the CPU, the backward
+    written out instead of JAX's: its products take bfloat16 operands, as torch's CPU flash
+    attention's backward does (the score gradient rounded to the input dtype before the two
+    products that read it), in the forms XLA's bfloat16 kernels run (``linalg.dot``: the
+    transposed products through the engine's layout copy where the program has it). JAX's
+    VJP widens all four products to float32 (the cotangent arrives in float32)."""
+    p = jax.nn.softmax(scores(q, k, attn_mask, is_causal, scale), axis=-1)
+    probs = p.astype(v.dtype)
+    n = q.ndim
+    batch = (tuple(range(n - 2)),) * 2
+    out = linalg.dot(probs, v, ((n - 1,), (n - 2,)), batch)
+
+    def vjp(grad_out):
+        grad_out = grad_out.astype(v.dtype)
+        grad_p = linalg.dot(grad_out, v, ((n - 1,), (n - 1,)), batch, rounded=False)
+        grad_v = linalg.dot(probs, grad_out, ((n - 2,), (n - 2,)), batch)
+        grad_s = p * (grad_p - jnp.sum(grad_p * p, axis=-1, keepdims=True))
+        grad_s = (grad_s * default_scale(q, scale)).astype(q.dtype)
+        grad_q = linalg.dot(grad_s, k, ((n - 1,), (n - 2,)), batch)
+        grad_k = linalg.dot(grad_s, q, ((n - 2,), (n - 2,)), batch)
+        return grad_q, grad_k, grad_v
+
+    return out, vjp
+
+
 def _vjp(q, k, v, attn_mask, is_causal, scale):
     """(output, VJP function) of the chosen implementation."""
     implementation = _implementation(q, k, v, attn_mask, is_causal)
+    if implementation is xla_attention and _written_out(q, k, v):
+        return _cpu_half_vjp(q, k, v, attn_mask, is_causal, scale)
     try:
         return jax.vjp(
             lambda q_, k_, v_: implementation(q_, k_, v_, attn_mask, is_causal, scale), q, k, v

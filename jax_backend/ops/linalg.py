@@ -18,7 +18,7 @@ import torch
 from jax import lax
 
 from jax_backend.errors import OpInputError
-from jax_backend.ops import torch_kernels
+from jax_backend.ops import layout_copy, torch_kernels
 from jax_backend.ops._common import dot_precision, dot_result_dtype, promote
 from jax_backend.registry import TransposedOperand, lowers
 
@@ -39,7 +39,7 @@ def _operand(x, dims, fold):
     return x.source, tuple(tuple(swap.get(d, d) for d in part) for part in dims)
 
 
-def _dot(a, b, contracting, batch=((), ()), rounded=True):
+def dot(a, b, contracting, batch=((), ()), rounded=True):
     """``a·b`` in torch's result dtype; ``rounded=False`` leaves the accumulator's dtype
     (fp32 for half operands on the CPU), for a bias to join before the one rounding."""
     value = a.value if isinstance(a, TransposedOperand) else a
@@ -47,6 +47,13 @@ def _dot(a, b, contracting, batch=((), ()), rounded=True):
     a, (lhs_contracting, lhs_batch) = _operand(a, (contracting[0], batch[0]), fold)
     b, (rhs_contracting, rhs_batch) = _operand(b, (contracting[1], batch[1]), fold)
     contracting, batch = (lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch)
+    # (float16 too is widened by XLA's CPU dots, whatever the layout: no copy pays there.)
+    if (
+        a.dtype == jnp.bfloat16
+        and layout_copy.applies()
+        and _left_contracts_rows(a, lhs_contracting, lhs_batch)
+    ):
+        return _dot_through_layout_copy(a, b, rhs_contracting, rhs_batch, rounded)
     if rounded and contracting == ((0,), (0,)) and torch_kernels.leading_contraction_applies(a, b):
         return torch_kernels.leading_contraction(a, b)
     if a.dtype != b.dtype:  # torch's matrix products never promote (autocast casts first)
@@ -66,12 +73,38 @@ def _dot(a, b, contracting, batch=((), ()), rounded=True):
     return out.astype(a.dtype) if rounded else out
 
 
+def _left_contracts_rows(a, contracting, batch) -> bool:
+    """Whether ``a``, batched over its leading dims, is contracted over its rows (its second
+    last dim): ``aᵀ·b``, the form XLA's CPU library dots refuse for half operands."""
+    return tuple(contracting) == (a.ndim - 2,) and tuple(batch) == tuple(range(a.ndim - 2))
+
+
+def _dot_through_layout_copy(a, b, rhs_contracting, rhs_batch, rounded):
+    """``aᵀ·b`` (``a`` contracted over its rows) with one operand copied transposed by the
+    engine's layout copy, so that XLA's half-precision kernels take the product
+    (``ops/layout_copy.py``). The smaller operand is copied: ``a`` itself, or, where ``b`` is
+    batched like ``a`` and contracted over its rows too, ``b``, computing ``(bᵀ·a)ᵀ``."""
+    rows = a.ndim - 2
+    b_like_a = tuple(rhs_contracting) == (rows,) and tuple(rhs_batch) == tuple(range(rows))
+    batch = tuple(range(rows))
+    if b_like_a and b.shape[-1] < a.shape[-1]:
+        out = dot(layout_copy.swap_last_two(b), a, ((rows + 1,), (rows,)), (batch, batch), rounded)
+        return jnp.swapaxes(out, -1, -2)
+    return dot(
+        layout_copy.swap_last_two(a),
+        b,
+        ((rows + 1,), tuple(rhs_contracting)),
+        (batch, tuple(rhs_batch)),
+        rounded,
+    )
+
+
 def matmul_2d(a, b):
-    return _dot(a, b, ((1,), (0,)))
+    return dot(a, b, ((1,), (0,)))
 
 
 def matmul_batched(a, b):
-    return _dot(a, b, ((2,), (1,)), ((0,), (0,)))
+    return dot(a, b, ((2,), (1,)), ((0,), (0,)))
 
 
 def _scale_add(result, bias, beta, alpha, dtype=None):
@@ -99,12 +132,12 @@ def aten_bmm(a, b):
 
 @lowers(aten.addmm.default, transposed_operands=(1, 2))
 def aten_addmm(bias, a, b, *, beta=1, alpha=1):
-    return _scale_add(_dot(a, b, ((1,), (0,)), rounded=False), bias, beta, alpha, a.dtype)
+    return _scale_add(dot(a, b, ((1,), (0,)), rounded=False), bias, beta, alpha, a.dtype)
 
 
 @lowers(aten.baddbmm.default, transposed_operands=(1, 2))
 def aten_baddbmm(bias, a, b, *, beta=1, alpha=1):
-    product = _dot(a, b, ((2,), (1,)), ((0,), (0,)), rounded=False)
+    product = dot(a, b, ((2,), (1,)), ((0,), (0,)), rounded=False)
     return _scale_add(product, bias, beta, alpha, a.dtype)
 
 
@@ -115,17 +148,17 @@ def aten_addbmm(bias, a, b, *, beta=1, alpha=1):
 
 @lowers(aten.mv.default)
 def aten_mv(a, v):
-    return _dot(a, v, ((1,), (0,)))
+    return dot(a, v, ((1,), (0,)))
 
 
 @lowers(aten.addmv.default)
 def aten_addmv(bias, a, v, *, beta=1, alpha=1):
-    return _scale_add(_dot(a, v, ((1,), (0,)), rounded=False), bias, beta, alpha, a.dtype)
+    return _scale_add(dot(a, v, ((1,), (0,)), rounded=False), bias, beta, alpha, a.dtype)
 
 
 @lowers(aten.dot.default, aten.vdot.default)
 def aten_dot(a, b):
-    return _dot(a, b, ((0,), (0,)))
+    return dot(a, b, ((0,), (0,)))
 
 
 @lowers(aten.outer.default)

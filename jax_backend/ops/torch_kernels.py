@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from jax_backend import config, target
+from jax_backend.ops import layout_copy
 
 aten = torch.ops.aten
 
@@ -81,10 +82,18 @@ KINDS = {"convolution": config.cpu_convolutions, "half_dot": config.cpu_half_dot
 
 def wanted(platform: str, layout) -> frozenset:
     """The kinds of op a program for ``platform`` (on one device when ``layout`` is None) runs
-    on torch's kernels: those whose setting says ``torch``, on a CPU with one device."""
+    on torch's kernels: those whose setting says ``torch``, on a CPU with one device; and the
+    half dots where ``cpu_half_dots`` says ``native`` but the engine's layout copy is not built
+    for this jaxlib (``layout_copy.unavailable``)."""
     if platform != "cpu" or layout is not None:
         return frozenset()
-    return frozenset(kind for kind, setting in KINDS.items() if setting.value == "torch")
+
+    def on_torch(kind, setting):
+        if kind == "half_dot" and setting.value == "native":
+            return layout_copy.unavailable() is not None
+        return setting.value == "torch"
+
+    return frozenset(kind for kind, setting in KINDS.items() if on_torch(kind, setting))
 
 
 def applies(*arrays, kind: str = "convolution") -> bool:

@@ -2,9 +2,11 @@
 ``interpreter``): every ``nn.Linear`` multiplies by ``w.t()``, and its weight gradient by
 ``dy.t()``. A transposed operand is folded into the dot's dimension numbers (XLA's CPU library
 dots refuse the column-major view a transpose becomes, and widened such bf16 dots to float32);
-the leading-dims form of a weight gradient runs on torch's bf16 kernel where the program may
-call torch's kernels (``cpu_half_dots``). The numbers are eager torch's: equal but for a rare
-last-bit difference from the order of the sums, and bit for bit where torch's kernel runs."""
+the leading-dims form of a weight gradient takes an operand through the engine's layout copy
+(``cpu_half_dots="native"``; ``test_layout_copy.py``), or runs on torch's bf16 kernel where the
+program may call torch's kernels (``"torch"``). The numbers are eager torch's: equal but for a
+rare last-bit difference from the order of the sums, and bit for bit where torch's kernel
+runs."""
 
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ CASES = {
 }
 CPU = Target("cpu")
 HALF_DOT_KERNELS = Target("cpu", torch_kernels=frozenset({"half_dot"}))
+LAYOUT_COPIES = Target("cpu", layout_copies=True)
 
 
 def _inputs(case, dtype=torch.bfloat16):
@@ -70,7 +73,11 @@ def _dot_operands_from_transposes(case, inputs, target) -> int:
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("target", [CPU, HALF_DOT_KERNELS], ids=["xla", "torch_half_dots"])
+@pytest.mark.parametrize(
+    "target",
+    [CPU, HALF_DOT_KERNELS, LAYOUT_COPIES],
+    ids=["xla", "torch_half_dots", "layout_copies"],
+)
 def test_bf16_products_of_transposes_give_eagers_numbers(case, target):
     inputs = _inputs(case)
     eager = CASES[case][0](*inputs).float()

@@ -204,7 +204,7 @@ def test_wanted_only_for_one_cpu_device_and_the_setting(monkeypatch):
     from jax_backend import config
 
     assert config.cpu_convolutions.default == "torch"
-    assert config.cpu_half_dots.default == "torch"
+    assert config.cpu_half_dots.default == "native"  # (test_layout_copy.py)
     monkeypatch.setenv("CSTORCH_CPU_CONVOLUTIONS", "torch")
     monkeypatch.setenv("CSTORCH_CPU_HALF_DOTS", "torch")
     assert torch_kernels.wanted("cpu", None) == {"convolution", "half_dot"}

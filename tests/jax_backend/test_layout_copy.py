@@ -1,0 +1,226 @@
+"""The engine's layout copy (``ops/layout_copy.py``, ``native/layout_copy.cc``): the native
+transpose that hands XLA's CPU bfloat16 dots the operand form they take. Its values against
+numpy's transpose; the products that use it (``linalg.dot``'s ``aᵀ·b``, the attention's
+backward) against float64 and eager torch, with no bfloat16 dot left that XLA widens; and
+where it is used: only where the target says so, and only with the library built for the
+running jaxlib (``make native``)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import jaxlib
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from jax_backend import dtypes
+from jax_backend.ops import attention, layout_copy, linalg, torch_kernels
+from jax_backend.target import Target, lowering_for
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+COPIES = Target("cpu", layout_copies=True)
+CPU = Target("cpu")
+
+
+def test_the_library_is_built_for_this_jaxlib():
+    """`make native` builds it where the tests run (no skip: a broken build fails here), at
+    the path the loader reads."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    try:
+        import build_native
+    finally:
+        sys.path.pop(0)
+    assert build_native.library_path(jaxlib.__version__) == layout_copy.library_path()
+    assert layout_copy.library_unavailable() is None
+
+
+def _assert_no_widened_dot(text):
+    """No bfloat16 dot widened, where this jaxlib's XLA keeps any in bfloat16 (0.10 does);
+    where it widens them all (0.7, the compatibility leg) the engine does not copy."""
+    if layout_copy.xla_keeps_bf16_dots():
+        assert _widened_dots(text) == 0, text
+    else:
+        assert "widens every bfloat16 dot" in layout_copy.unavailable()
+        assert not layout_copy.wanted("cpu", None)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [(2048, 256), (256, 2048), (64, 128, 128), (3, 13, 21), (9, 7), (1, 1), (2, 3, 8, 16)],
+)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32, jnp.int32])
+def test_swap_last_two_is_numpys_transpose(shape, dtype):
+    # Every element distinct (bit patterns), the tiles' edges included.
+    x = np.arange(np.prod(shape), dtype=np.int64).reshape(shape) % 30011
+    x = jnp.asarray(x).astype(dtype)
+    out = jax.jit(layout_copy.swap_last_two)(x)
+    assert out.dtype == x.dtype
+    assert np.array_equal(np.asarray(out), np.swapaxes(np.asarray(x), -1, -2))
+
+
+def test_swap_last_two_refuses_other_element_sizes():
+    with pytest.raises(Exception, match="2- or 4-byte"):
+        jax.jit(layout_copy.swap_last_two)(jnp.ones((4, 3), jnp.float64)).block_until_ready()
+
+
+# (lhs shape, rhs shape, contracting, batch): aᵀ·b forms, each operand the smaller once.
+LEFT_ROW_CONTRACTIONS = {
+    "weight_gradient_copy_lhs": ((96, 24), (96, 40), ((0,), (0,)), ((), ())),
+    "weight_gradient_copy_rhs": ((96, 40), (96, 24), ((0,), (0,)), ((), ())),
+    "batched": ((2, 3, 33, 17), (2, 3, 33, 20), ((2,), (2,)), ((0, 1), (0, 1))),
+    "batched_rhs_transposed": ((3, 33, 17), (3, 20, 33), ((1,), (2,)), ((0,), (0,))),
+}
+
+
+def _product(case, target, dtype=jnp.bfloat16):
+    a_shape, b_shape, contracting, batch = LEFT_ROW_CONTRACTIONS[case]
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(a_shape).astype(np.float32)
+    b = rng.standard_normal(b_shape).astype(np.float32)
+
+    def f(x, y):
+        with lowering_for(target):
+            return linalg.dot(x, y, contracting, batch)
+
+    args = (jnp.asarray(a).astype(dtype), jnp.asarray(b).astype(dtype))
+    return f, args
+
+
+def _copies(f, args) -> int:
+    """The layout copies in the traced ``f``."""
+    return sum(e.primitive.name == "ffi_call" for e in jax.make_jaxpr(f)(*args).jaxpr.eqns)
+
+
+def _widened_dots(compiled_text: str) -> int:
+    """Dots XLA's CPU compiler left outside its library fusions: those it widened to float32
+    (their operands converted), which run through Eigen."""
+    return sum(1 for line in compiled_text.splitlines() if " dot(" in line and "convert" in line)
+
+
+@pytest.mark.parametrize("case", sorted(LEFT_ROW_CONTRACTIONS))
+def test_left_row_contractions_through_the_copy(case):
+    f, args = _product(case, COPIES)
+    ours = np.asarray(jax.jit(f)(*args), dtype=np.float64)
+    a, b = (np.asarray(x, dtype=np.float64) for x in args)
+    _, _, contracting, batch = LEFT_ROW_CONTRACTIONS[case]
+    exact = np.asarray(
+        jax.lax.dot_general(
+            jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32), (contracting, batch)
+        )
+    )
+    # Rounded once to bfloat16 from a float32 sum: within one bf16 step of the exact product.
+    step = float(jnp.finfo(jnp.bfloat16).eps) * np.maximum(np.abs(exact), 1e-3)
+    assert ours.shape == exact.shape
+    assert (np.abs(ours - exact) <= step).all()
+    assert _copies(f, args) == 1
+    _assert_no_widened_dot(jax.jit(f).lower(*args).compile().as_text())
+    # Without the target, the same product is XLA's widened dot, and no copy.
+    g, _ = _product(case, CPU)
+    assert _copies(g, args) == 0
+    assert _widened_dots(jax.jit(g).lower(*args).compile().as_text()) == 1
+
+
+def test_float32_and_float16_products_take_no_copy():
+    for dtype in (jnp.float32, jnp.float16):
+        f, args = _product("weight_gradient_copy_lhs", COPIES, dtype)
+        assert _copies(f, args) == 0
+
+
+# ------------------------------------------------------------------ the attention's backward
+def _attention_case(dtype=torch.bfloat16, heads=4, causal=True):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, heads, 48, 32).to(dtype).requires_grad_() for _ in range(3))
+    grad = torch.randn(2, heads, 48, 32).to(dtype)
+    return q, k, v, grad, causal
+
+
+def _ours(q, k, v, grad, causal, target):
+    arrays = [dtypes.tensor_to_array(t.detach()) for t in (q, k, v, grad)]
+
+    def f(q_, k_, v_, g_):
+        with lowering_for(target):
+            out = attention.forward(q_, k_, v_, None, causal, None)
+            return (out, *attention.backward(g_, q_, k_, v_, out, None, causal, None))
+
+    jitted = jax.jit(f)
+    results = [np.asarray(r, dtype=np.float64) for r in jitted(*arrays)]
+    return results, jitted.lower(*arrays).compile().as_text()
+
+
+def _float64_reference(q, k, v, grad, causal):
+    q, k, v, grad = (t.detach().double().requires_grad_() for t in (q, k, v, grad))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    out.backward(grad.detach())
+    return [t.detach().numpy() for t in (out, q.grad, k.grad, v.grad)]
+
+
+@pytest.mark.parametrize("target", [CPU, COPIES], ids=["xla", "layout_copies"])
+def test_bf16_attention_backward_against_float64_and_eager(target):
+    case = _attention_case()
+    ours, _ = _ours(*case, target)
+    exact = _float64_reference(*case)
+    q, k, v, grad, causal = case
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    out.backward(grad)
+    eager = [t.detach().double().numpy() for t in (out, q.grad, k.grad, v.grad)]
+    for name, o, x, e in zip(("out", "dq", "dk", "dv"), ours, exact, eager):
+        scale = np.abs(x).max()
+        # bf16 inputs and results: a few bf16 steps of the largest value at most, and no
+        # further from the exact gradient on average than eager torch's own kernel.
+        assert np.abs(o - x).max() <= 4 * 2**-8 * scale, name
+        assert np.abs(o - x).mean() <= 1.25 * np.abs(e - x).mean() + 1e-6, name
+
+
+def test_bf16_attention_backward_leaves_no_widened_dot_with_the_copy():
+    case = _attention_case()
+    _, with_copies = _ours(*case, COPIES)
+    _, without = _ours(*case, CPU)
+    _assert_no_widened_dot(with_copies)
+    assert _widened_dots(without) >= 2  # pᵀ·dO and dsᵀ·q (and every other one on jaxlib 0.7)
+
+
+def test_float32_and_grouped_query_attention_keep_jaxs_vjp():
+    """Written out only for half inputs with one key/value head per query head; float32
+    attention is JAX's VJP as before (and matches float64 closely)."""
+    case = _attention_case(torch.float32)
+    ours, text = _ours(*case, COPIES)
+    exact = _float64_reference(*case)
+    for o, x in zip(ours, exact):
+        np.testing.assert_allclose(o, x, rtol=0, atol=2e-5 * np.abs(x).max())
+    assert "cstorch_swap_last_two" not in text
+    q = jnp.zeros((2, 4, 8, 16), jnp.bfloat16)
+    kv = jnp.zeros((2, 2, 8, 16), jnp.bfloat16)
+    with lowering_for(COPIES):
+        assert attention._written_out(q, q, q)
+        assert not attention._written_out(q, kv, kv)
+
+
+# ------------------------------------------------------------------ where it is used
+def test_wanted_only_for_the_engines_cpu_program(monkeypatch):
+    from jax_backend import config
+
+    assert config.cpu_half_dots.default == "native"
+    monkeypatch.delenv("CSTORCH_CPU_HALF_DOTS", raising=False)
+    keeps = layout_copy.xla_keeps_bf16_dots()  # (jaxlib 0.10 and later; not 0.7)
+    assert layout_copy.wanted("cpu", None) == keeps
+    assert ("half_dot" in torch_kernels.wanted("cpu", None)) == (not keeps)
+    assert not layout_copy.wanted("cuda", None)
+    assert not layout_copy.wanted("cpu", object())  # a mesh of devices
+    for other in ("torch", "xla"):
+        monkeypatch.setenv("CSTORCH_CPU_HALF_DOTS", other)
+        assert not layout_copy.wanted("cpu", None)
+    assert not Target().layout_copies  # exports, pure_function, direct lowerings
+
+
+def test_without_the_library_native_falls_back_to_torchs_kernel(monkeypatch):
+    monkeypatch.delenv("CSTORCH_CPU_HALF_DOTS", raising=False)
+    monkeypatch.setattr(layout_copy, "library_unavailable", lambda: "not built (a test)")
+    assert not layout_copy.wanted("cpu", None)
+    assert "half_dot" in torch_kernels.wanted("cpu", None)
+    with pytest.raises(RuntimeError, match="not built"):
+        layout_copy.swap_last_two(jnp.ones((2, 2), jnp.bfloat16))
