@@ -82,3 +82,40 @@ def test_overlapping_windows_keep_the_scatter_and_agree_with_torch():
     got, program = _lowered(x, grad, indices, kernel, stride, False)
     assert "scatter" in program
     np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-6, atol=1e-6)
+
+
+FORWARD_CASES = CASES + [  # (shape, kernel, stride, ceil_mode), and padding / dilation below
+    ((2, 3, 8, 8), (3, 3), (2, 2), False),  # overlapping windows
+    ((2, 3, 9, 9), (3, 3), (2, 2), True),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape,kernel,stride,ceil_mode", FORWARD_CASES)
+@pytest.mark.parametrize("padding,dilation", [(0, 1), (1, 1), (1, 2)])
+def test_forward_gives_torchs_values_and_indices(
+    shape, kernel, stride, ceil_mode, dtype, padding, dilation
+):
+    """The forward scans the kernel's offsets in order (``_max_pool_with_indices``): the
+    first maximum among ties and the NaN torch's kernel picks, its value and flat index."""
+    nd = len(kernel)
+    if padding and min(kernel) < 2 * padding:
+        padding = 0  # torch: padding at most half the kernel
+    geometry = (list(kernel), list(stride), [padding] * nd, [dilation] * nd, ceil_mode)
+    x, *_ = _case(shape, kernel, stride, ceil_mode, dtype)
+    x.view(-1)[5::23] = float("-inf")
+    x.view(-1)[7::29] = -0.0
+    forward = aten.max_pool2d_with_indices if nd == 2 else aten.max_pool3d_with_indices
+    lowering = (
+        pooling.aten_max_pool2d_with_indices if nd == 2 else pooling.aten_max_pool3d_with_indices
+    )
+    expected, expected_indices = forward(x, *geometry)
+    jax_dtype = jnp.bfloat16 if dtype == torch.bfloat16 else jnp.float32
+    with engine_scope():
+        values, indices = jax.jit(lambda a: lowering(a.astype(jax_dtype), *geometry))(
+            x.float().numpy()
+        )
+    got = torch.from_numpy(np.array(values.astype(jnp.float32)))
+    np.testing.assert_array_equal(got.numpy(), expected.float().numpy())
+    assert torch.equal(torch.signbit(got), torch.signbit(expected.float()))
+    np.testing.assert_array_equal(np.asarray(indices), expected_indices.numpy())
