@@ -72,8 +72,13 @@ def xla_keeps_bf16_dots() -> bool:
     cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
     x = jax.ShapeDtypeStruct((16, 16), jax.numpy.bfloat16, sharding=cpu)
     product = jax.jit(lambda a, b: jax.lax.dot(a, b, preferred_element_type=jax.numpy.float32))
-    text = product.lower(x, x).compile().as_text() or ""
-    return not any(" dot(" in line and "convert" in line for line in text.splitlines())
+    return widened_dots(product.lower(x, x).compile().as_text() or "") == 0
+
+
+def widened_dots(compiled_text: str) -> int:
+    """The dots of a compiled CPU program (its optimized HLO text) that XLA widened: those
+    left outside its library fusions with converted operands, which run through Eigen."""
+    return sum(" dot(" in line and "convert" in line for line in compiled_text.splitlines())
 
 
 def unavailable() -> str | None:

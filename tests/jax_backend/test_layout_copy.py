@@ -43,7 +43,7 @@ def _assert_no_widened_dot(text):
     """No bfloat16 dot widened, where this jaxlib's XLA keeps any in bfloat16 (0.10 does);
     where it widens them all (0.7, the compatibility leg) the engine does not copy."""
     if layout_copy.xla_keeps_bf16_dots():
-        assert _widened_dots(text) == 0, text
+        assert layout_copy.widened_dots(text) == 0, text
     else:
         assert "widens every bfloat16 dot" in layout_copy.unavailable()
         assert not layout_copy.wanted("cpu", None)
@@ -96,12 +96,6 @@ def _copies(f, args) -> int:
     return sum(e.primitive.name == "ffi_call" for e in jax.make_jaxpr(f)(*args).jaxpr.eqns)
 
 
-def _widened_dots(compiled_text: str) -> int:
-    """Dots XLA's CPU compiler left outside its library fusions: those it widened to float32
-    (their operands converted), which run through Eigen."""
-    return sum(1 for line in compiled_text.splitlines() if " dot(" in line and "convert" in line)
-
-
 @pytest.mark.parametrize("case", sorted(LEFT_ROW_CONTRACTIONS))
 def test_left_row_contractions_through_the_copy(case):
     f, args = _product(case, COPIES)
@@ -122,7 +116,7 @@ def test_left_row_contractions_through_the_copy(case):
     # Without the target, the same product is XLA's widened dot, and no copy.
     g, _ = _product(case, CPU)
     assert _copies(g, args) == 0
-    assert _widened_dots(jax.jit(g).lower(*args).compile().as_text()) == 1
+    assert layout_copy.widened_dots(jax.jit(g).lower(*args).compile().as_text()) == 1
 
 
 def test_float32_and_float16_products_take_no_copy():
@@ -181,7 +175,9 @@ def test_bf16_attention_backward_leaves_no_widened_dot_with_the_copy():
     _, with_copies = _ours(*case, COPIES)
     _, without = _ours(*case, CPU)
     _assert_no_widened_dot(with_copies)
-    assert _widened_dots(without) >= 2  # pᵀ·dO and dsᵀ·q (and every other one on jaxlib 0.7)
+    assert (
+        layout_copy.widened_dots(without) >= 2
+    )  # pᵀ·dO and dsᵀ·q (and every other one on jaxlib 0.7)
 
 
 def test_float32_and_grouped_query_attention_keep_jaxs_vjp():
