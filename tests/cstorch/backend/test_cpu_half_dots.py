@@ -15,6 +15,7 @@ import cerebras.pytorch as cstorch
 from jax_backend import exported
 from jax_backend.ops import layout_copy
 from tests.models import TinyGPT, lm_loss
+from tests.training import minimizing
 
 pytestmark = pytest.mark.slow
 STEPS = 4
@@ -52,16 +53,7 @@ def _traced(tmp_path):
     model = _model()
     compiled = cstorch.compile(model, cstorch.backend("CPU", artifact_dir=str(tmp_path)))
     optimizer = cstorch.optim.SGD(model.parameters(), lr=0.5)
-
-    @cstorch.trace
-    def step(x, y):
-        loss = lm_loss(compiled(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    return step
+    return cstorch.trace(minimizing(lambda x, y: lm_loss(compiled(x), y), optimizer))
 
 
 @pytest.mark.parametrize("setting", ["native", "torch", "xla"])
