@@ -58,8 +58,66 @@ SCRIPT = textwrap.dedent("""
     print("RESULT " + json.dumps({**counts, "loss": loss, "eager": eager_loss.item()}))
 """)
 
+# The same counts for a bfloat16 step trained three steps, its losses against eager
+# torch.autocast's; "copies": whether the program calls the engine's layout copy.
+HALF_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import jax.monitoring
+    counts = {"hits": 0, "misses": 0}
+    def on_event(event, **_):
+        if event == "/jax/compilation_cache/cache_hits":
+            counts["hits"] += 1
+        elif event == "/jax/compilation_cache/cache_misses":
+            counts["misses"] += 1
+    jax.monitoring.register_event_listener(on_event)
 
-def _run(cache_dir, tmp_path, width, batch, scale, **env_vars):
+    import torch
+    import cerebras.pytorch as cstorch
+
+    width, batch, scale = (int(a) for a in sys.argv[1:4])
+    STEPS = 3
+
+    def build():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(),
+                                   torch.nn.Linear(width, 3))
+
+    def objective(out, y):
+        return torch.nn.functional.cross_entropy(out, y) * scale
+
+    x = torch.randn(batch, 8, generator=torch.Generator().manual_seed(1))
+    y = torch.randint(0, 3, (batch,), generator=torch.Generator().manual_seed(2))
+
+    reference = build()
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.5)
+    for _ in range(STEPS):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            eager_loss = objective(reference(x), y)
+        reference_optimizer.zero_grad()
+        eager_loss.backward()
+        reference_optimizer.step()
+
+    cstorch.amp.set_half_dtype("bfloat16")
+    model = build()
+    compiled = cstorch.compile(model, cstorch.backend("CPU"))
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.5)
+
+    @cstorch.trace
+    def step(x, y):
+        loss = objective(compiled(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    loss = [step(x, y).item() for _ in range(STEPS)][-1]
+    copies = "cstorch_swap_last_two" in step.stablehlo()
+    print("RESULT " + json.dumps(
+        {**counts, "loss": loss, "eager": eager_loss.item(), "copies": copies}))
+""")
+
+
+def _run(cache_dir, tmp_path, width, batch, scale, script=SCRIPT, **env_vars):
     env = dict(
         os.environ,
         CSTORCH_COMPILATION_CACHE=str(cache_dir),
@@ -68,10 +126,10 @@ def _run(cache_dir, tmp_path, width, batch, scale, **env_vars):
             [ROOT, os.path.join(ROOT, "compat"), os.environ.get("PYTHONPATH", "")]
         ),
     )
-    script = tmp_path / "script.py"
-    script.write_text(SCRIPT)
+    path = tmp_path / "script.py"
+    path.write_text(script)
     out = fork_server.run(
-        [sys.executable, str(script), str(width), str(batch), str(scale)],
+        [sys.executable, str(path), str(width), str(batch), str(scale)],
         env=env,
         capture_output=True,
         text=True,
@@ -121,6 +179,28 @@ def test_a_changed_cpu_step_memory_compiles_afresh(tmp_path):
         assert other["loss"] == lean["loss"]
     assert others["xla"]["misses"] >= 1  # written (JAX counts a write as a miss)
     assert others["reuse"]["misses"] == 0  # reuse steps are never written (test below)
+
+
+def test_a_bf16_step_with_the_layout_copy_is_cached_and_a_changed_setting_compiles_afresh(
+    tmp_path,
+):
+    """The engine's layout copy (``cpu_half_dots="native"``) is an FFI custom call, which JAX
+    keeps in the persistent cache (a host callback it never writes): a second process loads
+    the bf16 step and trains as the first did, as eager autocast does; a process with
+    CSTORCH_CPU_HALF_DOTS=xla compiles its own step (the setting changes the program, so the
+    key) and never runs the cached one."""
+    cache = tmp_path / "cache"
+    cold = _run(cache, tmp_path, 16, 32, 1, script=HALF_SCRIPT)
+    if not cold["copies"]:
+        pytest.skip("this jaxlib's XLA widens every bf16 dot: native runs as torch (callbacks)")
+    assert cold["misses"] >= 1 and cold["hits"] == 0
+    warm = _run(cache, tmp_path, 16, 32, 1, script=HALF_SCRIPT)
+    assert warm["misses"] == 0 and warm["hits"] >= 1
+    assert warm["copies"] and warm["loss"] == cold["loss"]
+    widened = _run(cache, tmp_path, 16, 32, 1, script=HALF_SCRIPT, CSTORCH_CPU_HALF_DOTS="xla")
+    assert not widened["copies"]
+    assert widened["hits"] == warm["hits"] - 1  # every program but the step from the cache
+    assert widened["misses"] >= 1
 
 
 @pytest.mark.heavy
