@@ -8,7 +8,10 @@ compiler gives a transpose the layout of a column-major view, and its library do
 half the speed (a 2048x256 by 256x1024 product: 5.3 against 2.7 ms on 2 Zen 4 cores). The
 form ``lhs·rhsᵀ`` with row-major operands is one it takes. The same products of the same
 values, accumulated in float32 and rounded once either way; only the order of the sums can
-differ (a last-bit difference on a rare element, as between torch's kernels and XLA's)."""
+differ (a last-bit difference on a rare element, as between torch's kernels and XLA's).
+The one bf16 form those dots refuse whatever the layout, a left operand contracted over its
+rows (``aᵀ·b``: weight gradients, the attention's backward), gets its smaller operand copied
+transposed by the engine's layout copy where the program has it (``ops/layout_copy.py``)."""
 
 from __future__ import annotations
 
