@@ -33,10 +33,11 @@ $(NATIVE_POOL): jax_backend/native/step_pool.c
 	echo "$(CC) -O2 -Wall -Wextra -Werror -shared -fPIC -o $@ $< -ldl -lpthread"; \
 	$(CC) -O2 -Wall -Wextra -Werror -shared -fPIC -o $@ $< -ldl -lpthread
 
-# And the layout copy behind cpu_half_dots=native (jax_backend/ops/layout_copy.py): a JAX FFI
-# custom call in C++, whose ABI is the jaxlib headers it is built against, so each venv builds
-# its own (tools/build_native.py; up to date, it does nothing). Without a C++ compiler the
-# set-up goes on and that setting falls back to torch's kernels.
+# And the JAX FFI custom calls in C++ (jax_backend/ffi_libraries.py): the layout copy behind
+# cpu_half_dots=native and torch's convolution kernels behind cpu_convolutions=native. Their
+# ABI is the jaxlib (and torch) they are built against, so each venv builds its own
+# (tools/build_native.py; up to date, it does nothing). Without a C++ compiler the set-up goes
+# on and those settings fall back to torch's kernels through host callbacks.
 native: $(NATIVE_POOL) $(VENV)/.installed
 	$(PY) tools/build_native.py
 

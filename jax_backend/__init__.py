@@ -22,6 +22,8 @@ This package knows nothing of the cstorch API. Its public surface:
 * ``step_pool``: a pool that keeps CPU steps' working memory between runs (the setting
   ``cpu_step_memory``, ``pool`` and the default ``auto``; its native helper is
   native/step_pool.c).
+* ``ffi_libraries``: the engine's JAX FFI custom calls in C++ (native/*.cc: the layout copy,
+  torch's convolution kernels), built per jaxlib (and torch) by ``tools/build_native.py``.
 * ``graph_cache``: a persistent cache of captured steps, stored as authenticated data and
   keyed by what the capture depends on (its ``fingerprint``) (off unless
   ``CSTORCH_GRAPH_CACHE`` asks for it, see its docstring).

@@ -372,16 +372,19 @@ cpu_step_memory = config.define(
 )
 cpu_convolutions = config.define(
     "cpu_convolutions",
-    "torch",
+    "native",
     "Which kernels the convolutions of a CPU step run on "
-    "(jax_backend/ops/torch_kernels.py): torch (default: torch's own CPU kernels, called from "
-    "the compiled step on the host: eager torch's numbers, and on pytorch/examples' MNIST "
-    "network a step several times faster than XLA's; such a step is never written to the "
-    "persistent compilation cache) or xla (XLA's convolutions). One CPU device only; exports "
-    "and other platforms always use XLA's. Read when a program is built.",
+    "(jax_backend/ops/torch_kernels.py): native (default: torch's own CPU kernels, called "
+    "from the compiled step through the engine's FFI library, jax_backend/native/"
+    "torch_convolutions.cc: eager torch's numbers, and on pytorch/examples' MNIST network a "
+    "step several times faster than XLA's; where the library is not built for this jaxlib "
+    "and torch, as torch), torch (the same kernels through host callbacks, ~2 ms more a call; "
+    "such a step is never written to the persistent compilation cache) or xla (XLA's "
+    "convolutions). One CPU device only; exports and other platforms always use XLA's. Read "
+    "when a program is built.",
     env_var="CSTORCH_CPU_CONVOLUTIONS",
     parse=parse_word,
-    choices=("torch", "xla"),
+    choices=("native", "torch", "xla"),
 )
 cpu_half_dots = config.define(
     "cpu_half_dots",

@@ -113,12 +113,19 @@ class Program:
         # (cpu_convolutions, cpu_half_dots), in this program only: never in an export or
         # pure_function (ops/torch_kernels.py).
         kernels = torch_kernels.wanted(self.target.platform, self.layout)
+        native = torch_kernels.called_natively(kernels)  # without a host callback
         # The engine's native layout copy for its CPU half dots (cpu_half_dots), likewise.
         copies = layout_copy.wanted(self.target.platform, self.layout)
 
         def pure_step(donated, kept, inputs, seed):  # jit names the program after it
             return self.pure_step(
-                donated, kept, inputs, seed, torch_kernels=kernels, layout_copies=copies
+                donated,
+                kept,
+                inputs,
+                seed,
+                torch_kernels=kernels,
+                native_kernels=native,
+                layout_copies=copies,
             )
 
         self._compiled_ahead = False  # see _call_jitted
@@ -170,13 +177,15 @@ class Program:
         *,
         platform=None,
         torch_kernels=frozenset(),
+        native_kernels=frozenset(),
         layout_copies=False,
     ):
         """The step as a pure JAX function (not jitted); ``platform`` overrides the one it is
         lowered for (an export for several platforms passes "any"); ``torch_kernels``: the
-        kinds of op whose CPU lowering calls torch's kernels on the host, ``layout_copies``:
-        whether half dots may use the native layout copy (the engine's own program;
-        ``ops.torch_kernels.wanted``, ``ops.layout_copy.wanted``)."""
+        kinds of op whose CPU lowering calls torch's kernels, ``native_kernels``: those of
+        them called through the engine's FFI library instead of a host callback,
+        ``layout_copies``: whether half dots may use the native layout copy (the engine's own
+        program; ``ops.torch_kernels.wanted``/``called_natively``, ``ops.layout_copy.wanted``)."""
         used = [None] * (len(donated) + len(kept))
         for j, a in zip(self.donated_positions, donated):
             used[j] = a
@@ -187,6 +196,7 @@ class Program:
             self.target,
             platform=platform or self.target.platform,
             torch_kernels=torch_kernels,
+            native_kernels=native_kernels,
             layout_copies=layout_copies,
         )
         with target.lowering_for(lowering):

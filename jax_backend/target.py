@@ -13,9 +13,10 @@ for several platforms gets). ``float32_matmul``: torch's ``get_float32_matmul_pr
 "xla" (never cuDNN), or "cudnn" (cuDNN wherever it supports the call, else XLA with a
 warning); the process default comes from ``CSTORCH_ATTENTION``. ``torch_kernels``: the
 kinds of op (``ops.torch_kernels.KINDS``) whose lowering calls torch's own CPU kernels on the
-host; ``layout_copies``: whether half-precision dots may take an operand through the engine's
-native layout copy (``ops.layout_copy``). Only the engine's own CPU program sets these two
-(``Program``), never an export or the default target.
+host, and ``native_kernels`` those of them called through the engine's FFI library rather
+than a host callback; ``layout_copies``: whether half-precision dots may take an operand
+through the engine's native layout copy (``ops.layout_copy``). Only the engine's own CPU
+program sets these (``Program``), never an export or the default target.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class Target:
     float32_matmul: str = "highest"
     attention: str = "auto"
     torch_kernels: frozenset = frozenset()
+    native_kernels: frozenset = frozenset()
     layout_copies: bool = False
 
     def __post_init__(self):

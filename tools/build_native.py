@@ -1,11 +1,13 @@
-"""Builds the engine's layout copy (jax_backend/native/layout_copy.cc, a JAX FFI custom call)
-for the jaxlib of the Python that runs this script: `make native` runs it with each venv's.
+"""Builds the engine's JAX FFI libraries (`jax_backend/ffi_libraries.py`: the layout copy and
+torch's convolution kernels, `jax_backend/native/<name>.cc`) for the jaxlib and torch of the
+Python that runs this script: `make native` runs it with each venv's.
 
-The library's ABI is the FFI headers of the jaxlib it is compiled against, so each jaxlib gets
-its own file, `jax_backend/native/_layout_copy-jaxlib<version>.so`, the one
-`jax_backend.ops.layout_copy.library_path()` loads. A library newer than its source is kept.
-Without a C++ compiler (`$CXX`, else `c++`) it says so and exits 0: `cpu_half_dots="native"`
-then falls back to torch's kernels.
+A library's ABI is the FFI headers of the jaxlib it is compiled against (and, for the one that
+links torch, torch's C++ headers and libraries), so each gets its own file,
+`jax_backend/native/_<name>-jaxlib<version>[-torch<version>].so`, the one
+`FfiLibrary.path()` names. A library newer than its source is kept. Without a C++ compiler
+(`$CXX`, else `c++`) it says so and exits 0: the settings that use them then fall back
+(`cpu_half_dots` and `cpu_convolutions` "native" run as "torch").
 
     python tools/build_native.py [--force]
 """
@@ -18,34 +20,41 @@ import shutil
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NATIVE = os.path.join(ROOT, "jax_backend", "native")
-SOURCE = os.path.join(NATIVE, "layout_copy.cc")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from jax_backend.ffi_libraries import LIBRARIES, FfiLibrary
 
 
-def library_path(jaxlib_version: str) -> str:
-    return os.path.join(NATIVE, f"_layout_copy-jaxlib{jaxlib_version}.so")
+def _torch_flags() -> list:
+    """Compile and link flags for a library that calls torch's C++ API: its headers, its C++
+    ABI, and its libraries (found at run time where torch's own are, by the rpath)."""
+    import torch
+
+    root = os.path.dirname(torch.__file__)
+    lib = os.path.join(root, "lib")
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    return [
+        "-isystem",
+        os.path.join(root, "include"),
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        f"-L{lib}",
+        "-ltorch_cpu",
+        "-lc10",
+        f"-Wl,-rpath,{lib}",
+    ]
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--force", action="store_true", help="build even if up to date")
-    args = parser.parse_args(argv)
-
+def build(library: FfiLibrary, compiler: str, force: bool) -> None:
     import jax.ffi
-    import jaxlib
 
-    out = library_path(jaxlib.__version__)
-    if not args.force and os.path.exists(out) and os.path.getmtime(out) >= os.path.getmtime(SOURCE):
-        return 0
-    compiler = os.environ.get("CXX") or "c++"
-    if shutil.which(compiler) is None:
-        print(
-            f"== no C++ compiler ({compiler}): the layout copy is unavailable; "
-            "cpu_half_dots='native' runs as 'torch'"
-        )
-        return 0
-    # -isystem: warnings in jaxlib's headers are theirs; ours are errors.
+    out = library.path()
+    if (
+        not force
+        and os.path.exists(out)
+        and os.path.getmtime(out) >= os.path.getmtime(library.source)
+    ):
+        return
+    # -isystem: warnings in jaxlib's and torch's headers are theirs; ours are errors.
     command = [
         compiler,
         "-O3",
@@ -59,11 +68,28 @@ def main(argv=None) -> int:
         jax.ffi.include_dir(),
         "-o",
         out + ".tmp",
-        SOURCE,
+        library.source,
     ]
+    if library.links_torch:
+        command += _torch_flags()
     print(" ".join(command))
     subprocess.run(command, check=True)
     os.replace(out + ".tmp", out)  # never a half-written library under the loaded name
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--force", action="store_true", help="build even if up to date")
+    args = parser.parse_args(argv)
+    compiler = os.environ.get("CXX") or "c++"
+    if shutil.which(compiler) is None:
+        print(
+            f"== no C++ compiler ({compiler}): the engine's FFI libraries are unavailable; "
+            "cpu_half_dots and cpu_convolutions 'native' run as 'torch'"
+        )
+        return 0
+    for library in LIBRARIES:
+        build(library, compiler, args.force)
     return 0
 
 

@@ -26,42 +26,22 @@ nothing of the process, so the persistent compilation cache keeps it.
 
 from __future__ import annotations
 
-import ctypes
 import functools
-import os
 
 import jax
 import jaxlib
 
-from jax_backend import config, target
+from jax_backend import config, ffi_libraries, target
 from jax_backend.errors import CstorchRuntimeError
 
+LIBRARY = ffi_libraries.LAYOUT_COPY
 #: The FFI target name the programs call.
-TARGET = "cstorch_swap_last_two"
-#: Where ``tools/build_native.py`` writes the library for each jaxlib.
-NATIVE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "native")
-SOURCE = os.path.join(NATIVE_DIR, "layout_copy.cc")
+TARGET = LIBRARY.targets[0][0]
 
 
-def library_path(jaxlib_version: str | None = None) -> str:
-    """The built library for ``jaxlib_version`` (default: the running jaxlib's)."""
-    return os.path.join(NATIVE_DIR, f"_layout_copy-jaxlib{jaxlib_version or jaxlib.__version__}.so")
-
-
-@functools.lru_cache(maxsize=1)
 def library_unavailable() -> str | None:
     """Why the custom call cannot run in this process (None: it can; it is then registered)."""
-    path = library_path()
-    if not os.path.exists(path):
-        return f"{path} is not built for jaxlib {jaxlib.__version__} (run `make native`)"
-    try:
-        library = ctypes.CDLL(path)
-        jax.ffi.register_ffi_target(
-            TARGET, jax.ffi.pycapsule(library.CstorchSwapLastTwo), platform="cpu"
-        )
-    except (OSError, AttributeError, RuntimeError, ValueError) as error:
-        return f"{path} cannot be loaded: {error}"
-    return None
+    return LIBRARY.unavailable()
 
 
 @functools.lru_cache(maxsize=1)

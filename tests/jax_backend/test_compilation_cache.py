@@ -116,6 +116,64 @@ HALF_SCRIPT = textwrap.dedent("""
         {**counts, "loss": loss, "eager": eager_loss.item(), "copies": copies}))
 """)
 
+# The same counts for a small CNN trained three steps (``width`` channels), its losses
+# against eager torch's; "native": whether the program calls torch's convolution kernels
+# through the engine's FFI library.
+CONV_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import jax.monitoring
+    counts = {"hits": 0, "misses": 0}
+    def on_event(event, **_):
+        if event == "/jax/compilation_cache/cache_hits":
+            counts["hits"] += 1
+        elif event == "/jax/compilation_cache/cache_misses":
+            counts["misses"] += 1
+    jax.monitoring.register_event_listener(on_event)
+
+    import torch
+    import cerebras.pytorch as cstorch
+
+    width, batch, scale = (int(a) for a in sys.argv[1:4])
+    STEPS = 3
+
+    def build():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(
+            torch.nn.Conv2d(2, width, 3), torch.nn.ReLU(), torch.nn.Conv2d(width, 4, 3),
+            torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 3))
+
+    def objective(out, y):
+        return torch.nn.functional.cross_entropy(out, y) * scale
+
+    x = torch.randn(batch, 2, 10, 10, generator=torch.Generator().manual_seed(1))
+    y = torch.randint(0, 3, (batch,), generator=torch.Generator().manual_seed(2))
+
+    reference = build()
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for _ in range(STEPS):
+        eager_loss = objective(reference(x), y)
+        reference_optimizer.zero_grad()
+        eager_loss.backward()
+        reference_optimizer.step()
+
+    model = build()
+    compiled = cstorch.compile(model, cstorch.backend("CPU"))
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+
+    @cstorch.trace
+    def step(x, y):
+        loss = objective(compiled(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    loss = [step(x, y).item() for _ in range(STEPS)][-1]
+    native = "cstorch_torch_convolution" in step.stablehlo()
+    print("RESULT " + json.dumps(
+        {**counts, "loss": loss, "eager": eager_loss.item(), "native": native}))
+""")
+
 
 def _run(cache_dir, tmp_path, width, batch, scale, script=SCRIPT, **env_vars):
     env = dict(
@@ -201,6 +259,30 @@ def test_a_bf16_step_with_the_layout_copy_is_cached_and_a_changed_setting_compil
     assert not widened["copies"]
     assert widened["hits"] == warm["hits"] - 1  # every program but the step from the cache
     assert widened["misses"] >= 1
+
+
+def test_a_step_with_native_convolutions_is_cached_and_a_changed_setting_compiles_afresh(
+    tmp_path,
+):
+    """torch's convolution kernels through the engine's FFI library (``cpu_convolutions=
+    "native"``) make a program JAX keeps in the persistent cache (the host callbacks of
+    ``"torch"`` it never writes): a second process loads the CNN's step, registers the custom
+    calls it names and trains as the first did, as eager torch does; a process with another
+    setting compiles its own step and never runs the cached one."""
+    cache = tmp_path / "cache"
+    cold = _run(cache, tmp_path, 8, 4, 1, script=CONV_SCRIPT)
+    assert cold["native"]
+    assert cold["misses"] >= 1 and cold["hits"] == 0
+    warm = _run(cache, tmp_path, 8, 4, 1, script=CONV_SCRIPT)
+    assert warm["misses"] == 0 and warm["hits"] >= 1
+    assert warm["native"] and warm["loss"] == cold["loss"]
+    for other in ("torch", "xla"):
+        run = _run(cache, tmp_path, 8, 4, 1, script=CONV_SCRIPT, CSTORCH_CPU_CONVOLUTIONS=other)
+        assert not run["native"], other
+        assert run["hits"] == warm["hits"] - 1, other  # every program but the step
+    # the callbacks' step is never written, XLA's is: a second "xla" process loads it
+    again = _run(cache, tmp_path, 8, 4, 1, script=CONV_SCRIPT, CSTORCH_CPU_CONVOLUTIONS="xla")
+    assert again["misses"] == 0
 
 
 @pytest.mark.heavy

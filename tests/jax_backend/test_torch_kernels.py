@@ -6,6 +6,7 @@ every other target, and float64, keep XLA's convolutions."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import jax
@@ -57,6 +58,11 @@ VARIANTS = {
     "conv_transpose2d": ((4, 8, 6, 7), (8, 6, 3, 3), [2, 2], [1, 1], [1, 1], True, [1, 1], 2),
 }
 TORCH_KERNELS = Target("cpu", torch_kernels=frozenset({"convolution"}))
+# The same kernels through the engine's FFI library (cpu_convolutions="native", the default).
+NATIVE = Target(
+    "cpu", torch_kernels=frozenset({"convolution"}), native_kernels=frozenset({"convolution"})
+)
+ROUTES = {"callback": TORCH_KERNELS, "native": NATIVE}
 MASKS = ([True, True, True], [False, True, True], [True, False, False])
 
 
@@ -98,12 +104,14 @@ def _lowered(target, x, w, bias, grad, args, mask):
     return ours, grads
 
 
-@pytest.mark.parametrize("variant, mask", list(itertools.product(sorted(VARIANTS), MASKS)))
-def test_float32_convolution_and_its_gradients_are_torchs_bit_for_bit(variant, mask):
+@pytest.mark.parametrize(
+    "route, variant, mask", list(itertools.product(ROUTES, sorted(VARIANTS), MASKS))
+)
+def test_float32_convolution_and_its_gradients_are_torchs_bit_for_bit(route, variant, mask):
     x, w, bias, grad, args = _operands(variant)
     expected = aten.convolution(x, w, bias, *args)
     expected_grads = aten.convolution_backward(grad, x, w, [bias.shape[0]], *args, mask)
-    ours, grads = _lowered(TORCH_KERNELS, x, w, bias, grad, args, mask)
+    ours, grads = _lowered(ROUTES[route], x, w, bias, grad, args, mask)
     assert ours.dtype == jnp.float32
     np.testing.assert_array_equal(np.asarray(ours), expected.numpy())
     for name, mine, theirs, wanted in zip(("input", "weight", "bias"), grads, expected_grads, mask):
@@ -115,22 +123,24 @@ def test_float32_convolution_and_its_gradients_are_torchs_bit_for_bit(variant, m
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_xla_convolutions_agree_with_torchs_kernels(variant):
-    """The two routes compute the same convolutions (to float32 rounding of the sums)."""
+    """XLA and torch compute the same convolutions (to float32 rounding of the sums)."""
     x, w, bias, grad, args = _operands(variant)
-    ours, grads = _lowered(TORCH_KERNELS, x, w, bias, grad, args, [True] * 3)
+    ours, grads = _lowered(NATIVE, x, w, bias, grad, args, [True] * 3)
     xla, xla_grads = _lowered(Target("cpu"), x, w, bias, grad, args, [True] * 3)
     for mine, theirs in zip((ours, *grads), (xla, *xla_grads)):
         np.testing.assert_allclose(np.asarray(mine), np.asarray(theirs), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("variant", ["conv2d_stride_padding", "conv_transpose2d"])
-def test_bf16_operands_run_torchs_bf16_kernels(variant):
+@pytest.mark.parametrize(
+    "route, variant", list(itertools.product(ROUTES, ["conv2d_stride_padding", "conv_transpose2d"]))
+)
+def test_bf16_operands_run_torchs_bf16_kernels(route, variant):
     """bf16 operands (autocast's): torch's bf16 kernel, forward and gradients, bit for bit
     what eager autocast computes."""
     x, w, bias, grad, args = _operands(variant, torch.bfloat16)
     expected = aten.convolution(x, w, bias, *args)
     expected_grads = aten.convolution_backward(grad, x, w, [bias.shape[0]], *args, [True] * 3)
-    ours, grads = _lowered(TORCH_KERNELS, x, w, bias, grad, args, [True] * 3)
+    ours, grads = _lowered(ROUTES[route], x, w, bias, grad, args, [True] * 3)
     assert ours.dtype == jnp.bfloat16
     assert torch.equal(_torch(ours).bfloat16(), expected)
     for mine, theirs in zip(grads, expected_grads):
@@ -138,8 +148,10 @@ def test_bf16_operands_run_torchs_bf16_kernels(variant):
         assert torch.equal(_torch(mine).bfloat16(), theirs)
 
 
-@pytest.mark.parametrize("variant", ["conv2d_stride_padding", "conv_transpose2d"])
-def test_fp16_operands_are_widened_and_rounded_once(variant):
+@pytest.mark.parametrize(
+    "route, variant", list(itertools.product(ROUTES, ["conv2d_stride_padding", "conv_transpose2d"]))
+)
+def test_fp16_operands_are_widened_and_rounded_once(route, variant):
     """fp16 operands: torch's float32 kernel on the exactly widened values, the result
     rounded once to fp16, forward and gradients."""
     x, w, bias, grad, args = _operands(variant, torch.float16)
@@ -149,7 +161,7 @@ def test_fp16_operands_are_widened_and_rounded_once(variant):
         g.half()
         for g in aten.convolution_backward(wide[3], *wide[:2], [bias.shape[0]], *args, [True] * 3)
     ]
-    ours, grads = _lowered(TORCH_KERNELS, x, w, bias, grad, args, [True] * 3)
+    ours, grads = _lowered(ROUTES[route], x, w, bias, grad, args, [True] * 3)
     assert ours.dtype == jnp.float16
     assert torch.equal(_torch(ours).half(), expected)
     for mine, theirs in zip(grads, expected_grads):
@@ -157,11 +169,12 @@ def test_fp16_operands_are_widened_and_rounded_once(variant):
         assert torch.equal(_torch(mine).half(), theirs)
 
 
-def test_unbatched_input():
+@pytest.mark.parametrize("route", ROUTES)
+def test_unbatched_input(route):
     g = torch.Generator().manual_seed(0)
     x, w, b = (torch.randn(*s, generator=g) for s in ((3, 9, 9), (5, 3, 3, 3), (5,)))
     args = ([1, 1], [1, 1], [1, 1], False, [0, 0], 1)
-    with lowering_for(TORCH_KERNELS):
+    with lowering_for(ROUTES[route]):
         ours = jax.jit(lambda x, w, b: aten_convolution(x, w, b, *args))(_jax(x), _jax(w), _jax(b))
     np.testing.assert_array_equal(np.asarray(ours), aten.convolution(x[None], w, b, *args)[0])
 
@@ -191,20 +204,23 @@ def test_every_other_target_keeps_xlas_convolutions(target, dtype):
     and for float64 operands, the lowering is XLA's."""
     primitives = _primitives(target, dtype)
     assert "conv_general_dilated" in primitives
-    assert "pure_callback" not in primitives
+    assert not primitives & {"pure_callback", "ffi_call"}
 
 
-def test_torch_kernels_replace_every_convolution():
-    primitives = _primitives(TORCH_KERNELS, jnp.float32)
-    assert "pure_callback" in primitives
-    assert "conv_general_dilated" not in primitives
+@pytest.mark.parametrize("route, call", [("callback", "pure_callback"), ("native", "ffi_call")])
+def test_torch_kernels_replace_every_convolution(route, call):
+    primitives = _primitives(ROUTES[route], jnp.float32)
+    assert call in primitives
+    assert not primitives & {"conv_general_dilated", "pure_callback", "ffi_call"} - {call}
 
 
 def test_wanted_only_for_one_cpu_device_and_the_setting(monkeypatch):
     from jax_backend import config
 
-    assert config.cpu_convolutions.default == "torch"
+    assert config.cpu_convolutions.default == "native"
     assert config.cpu_half_dots.default == "native"  # (test_layout_copy.py)
+    monkeypatch.delenv("CSTORCH_CPU_CONVOLUTIONS", raising=False)
+    assert "convolution" in torch_kernels.wanted("cpu", None)
     monkeypatch.setenv("CSTORCH_CPU_CONVOLUTIONS", "torch")
     monkeypatch.setenv("CSTORCH_CPU_HALF_DOTS", "torch")
     assert torch_kernels.wanted("cpu", None) == {"convolution", "half_dot"}
@@ -214,3 +230,24 @@ def test_wanted_only_for_one_cpu_device_and_the_setting(monkeypatch):
     assert torch_kernels.wanted("cpu", None) == {"half_dot"}
     monkeypatch.setenv("CSTORCH_CPU_HALF_DOTS", "xla")
     assert torch_kernels.wanted("cpu", None) == frozenset()
+
+
+def test_native_convolutions_where_the_library_is_built(monkeypatch):
+    """``native`` calls torch's kernels through the engine's FFI library, built by `make
+    native` for the running jaxlib and torch (no skip: a broken build fails here); ``torch``
+    through host callbacks; without the library ``native`` runs as ``torch``."""
+    assert torch_kernels.LIBRARY.unavailable() is None
+    kinds = frozenset({"convolution"})
+    monkeypatch.setenv("CSTORCH_CPU_CONVOLUTIONS", "native")
+    assert torch_kernels.called_natively(kinds) == kinds
+    assert torch_kernels.called_natively(frozenset()) == frozenset()
+    monkeypatch.setenv("CSTORCH_CPU_CONVOLUTIONS", "torch")
+    assert torch_kernels.called_natively(kinds) == frozenset()
+
+    monkeypatch.setenv("CSTORCH_CPU_CONVOLUTIONS", "native")
+    missing = dataclasses.replace(torch_kernels.LIBRARY, name="not_built")
+    monkeypatch.setattr(torch_kernels, "LIBRARY", missing)
+    assert "convolution" in torch_kernels.wanted("cpu", None)
+    assert torch_kernels.called_natively(kinds) == frozenset()
+    with pytest.raises(RuntimeError, match="not built"):  # a target that asks anyway
+        _primitives(NATIVE, jnp.float32)

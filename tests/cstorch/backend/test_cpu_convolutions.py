@@ -1,8 +1,9 @@
 """A CPU step's convolutions run on torch's own kernels (``cpu_convolutions``, default
-``torch``; ``jax_backend/ops/torch_kernels.py``): a CNN in pytorch/examples' MNIST shape
-(smaller) trains as eager torch does, its program calls torch on the host, and the setting
-``xla`` gives XLA's convolutions back; an export and ``pure_function`` keep XLA's
-convolutions (no host callback), and the exported step trains alike."""
+``native``; ``jax_backend/ops/torch_kernels.py``): a CNN in pytorch/examples' MNIST shape
+(smaller) trains as eager torch does, its program calls torch through the engine's FFI
+library (``native``) or host callbacks (``torch``), and the setting ``xla`` gives XLA's
+convolutions back; an export and ``pure_function`` keep XLA's convolutions (no custom call
+or host callback), and the exported step trains alike."""
 
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ def _traced(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kernels", ["torch", "xla"])
+@pytest.mark.parametrize("kernels", ["native", "torch", "xla"])
 def test_mnist_shaped_cnn_trains_as_eager_torch(kernels, monkeypatch, tmp_path):
     monkeypatch.setenv("CSTORCH_CPU_CONVOLUTIONS", kernels)
     batches = _batches()
@@ -80,6 +81,7 @@ def test_mnist_shaped_cnn_trains_as_eager_torch(kernels, monkeypatch, tmp_path):
     assert np.linalg.norm(weights - expected_weights) <= 1e-6 * np.linalg.norm(expected_weights)
     program = step.stablehlo()
     assert ("callback" in program) == (kernels == "torch")
+    assert ("cstorch_torch_convolution" in program) == (kernels == "native")
 
 
 @pytest.mark.slow
@@ -87,7 +89,7 @@ def test_export_and_pure_function_keep_xlas_convolutions(tmp_path):
     batches = _batches(STEPS + 2)
     model, step = _traced(tmp_path)
     losses = [float(step(x, y)) for x, y in batches[:STEPS]]
-    assert "callback" in step.stablehlo()
+    assert "cstorch_torch_convolution" in step.stablehlo()
     assert "conv_general_dilated" in str(
         jax.make_jaxpr(step.pure_function())(
             *step.pure_state()[:2], [t.numpy() for t in batches[0]], 0
@@ -95,7 +97,8 @@ def test_export_and_pure_function_keep_xlas_convolutions(tmp_path):
     )
     artifact = cstorch.export(step, batches[STEPS], str(tmp_path / "cnn"))
     exported_step = exported.load(artifact)
-    assert "callback" not in str(exported_step.exported.mlir_module())
+    module = str(exported_step.exported.mlir_module())
+    assert "callback" not in module and "cstorch_" not in module
     theirs = [float(exported_step(*(t.numpy() for t in batch))) for batch in batches[STEPS:]]
     ours = [float(step(x, y)) for x, y in batches[STEPS:]]
     assert losses  # the run before the export used torch's kernels

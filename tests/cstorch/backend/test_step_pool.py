@@ -204,12 +204,13 @@ def _conv_run(backend, steps):
     return losses, [p.detach().clone() for p in model.parameters()]
 
 
-def test_a_step_with_torchs_kernels_pools_their_blocks_and_changes_no_number():
-    """The convolutions run on torch's kernels (cpu_convolutions="torch"), whose outputs and
-    buffers torch allocates afresh each run: under ``auto`` the pool keeps those too (torch's
-    and jaxlib's blocks of 1 MiB or more), serving most of each later run's, with the numbers
-    of ``lean`` bit for bit."""
-    assert config.cpu_convolutions.value == "torch"
+@pytest.mark.parametrize("route", ["native", "torch"])
+def test_a_step_with_torchs_kernels_pools_their_blocks_and_changes_no_number(route, monkeypatch):
+    """The convolutions run on torch's kernels (cpu_convolutions "native", the default, or
+    "torch"), whose outputs and buffers torch allocates afresh each run: under ``auto`` the
+    pool keeps those too (torch's and jaxlib's blocks of 1 MiB or more), serving most of each
+    later run's, with the numbers of ``lean`` bit for bit."""
+    monkeypatch.setenv("CSTORCH_CPU_CONVOLUTIONS", route)
     backend = cstorch.backend("CPU")
     config.config.update("cpu_step_memory", "lean")
     lean_losses, lean_params = _conv_run(backend, steps=6)

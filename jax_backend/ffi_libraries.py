@@ -1,0 +1,89 @@
+"""The engine's JAX FFI libraries: custom calls written in C++ (``native/<name>.cc``), built by
+``tools/build_native.py`` (run by ``make native``) and loaded, their targets registered with
+JAX, on first use.
+
+* ``LAYOUT_COPY``: the row-major transpose XLA's bfloat16 dots need (``ops.layout_copy``).
+* ``TORCH_CONVOLUTIONS``: torch's own CPU convolution kernels called from the compiled step
+  (``ops.torch_kernels``), without a host callback.
+
+A library's ABI is the FFI headers of the jaxlib it was compiled against, and for one that
+links torch also torch's C++ ABI, so each (jaxlib, torch) gets its own file, named by their
+versions; where none is built for the running versions, its ``unavailable()`` says why and
+the lowering that would call it falls back (to the host callback, or XLA). A library is only
+ever the project's own build under ``native/``: nothing here loads a path from elsewhere.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import functools
+import os
+
+import jax
+import jaxlib
+
+#: Where the sources live and ``tools/build_native.py`` writes the libraries.
+NATIVE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native")
+
+
+@dataclasses.dataclass(frozen=True)
+class FfiLibrary:
+    """One native library: ``native/<name>.cc``, exporting ``targets`` (FFI target name ->
+    the handler symbol) for the CPU; ``links_torch``: built against torch's C++ library."""
+
+    name: str
+    targets: tuple  # ((target name, symbol), ...)
+    links_torch: bool = False
+
+    @property
+    def source(self) -> str:
+        return os.path.join(NATIVE_DIR, f"{self.name}.cc")
+
+    def abi(self) -> str:
+        """The versions the library is built for: the running jaxlib's (and torch's)."""
+        tag = f"jaxlib{jaxlib.__version__}"
+        if self.links_torch:
+            import torch
+
+            tag += f"-torch{torch.__version__}"
+        return tag
+
+    def path(self) -> str:
+        """The library built for the running versions."""
+        return os.path.join(NATIVE_DIR, f"_{self.name}-{self.abi()}.so")
+
+    def unavailable(self) -> str | None:
+        """Why the library's custom calls cannot run in this process (None: they can, and
+        are registered). Loads it once per process."""
+        return _load(self)
+
+
+@functools.lru_cache(maxsize=None)
+def _load(library: FfiLibrary) -> str | None:
+    path = library.path()
+    if not os.path.exists(path):
+        return f"{path} is not built for {library.abi()} (run `make native`)"
+    try:
+        if library.links_torch:
+            import torch  # noqa: F401  (its libraries first: the handlers call into them)
+        handle = ctypes.CDLL(path)
+        for target, symbol in library.targets:
+            jax.ffi.register_ffi_target(
+                target, jax.ffi.pycapsule(getattr(handle, symbol)), platform="cpu"
+            )
+    except (OSError, AttributeError, RuntimeError, ValueError) as error:
+        return f"{path} cannot be loaded: {error}"
+    return None
+
+
+LAYOUT_COPY = FfiLibrary("layout_copy", (("cstorch_swap_last_two", "CstorchSwapLastTwo"),))
+TORCH_CONVOLUTIONS = FfiLibrary(
+    "torch_convolutions",
+    (
+        ("cstorch_torch_convolution", "CstorchTorchConvolution"),
+        ("cstorch_torch_convolution_backward", "CstorchTorchConvolutionBackward"),
+    ),
+    links_torch=True,
+)
+LIBRARIES = (LAYOUT_COPY, TORCH_CONVOLUTIONS)
