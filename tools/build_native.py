@@ -6,8 +6,8 @@ A library's ABI is the FFI headers of the jaxlib it is compiled against (and, fo
 links torch, torch's C++ headers and libraries), so each gets its own file,
 `jax_backend/native/_<name>-jaxlib<version>[-torch<version>].so`, the one
 `FfiLibrary.path()` names. A library newer than its source is kept. Without a C++ compiler
-(`$CXX`, else `c++`) it says so and exits 0: the settings that use them then fall back
-(`cpu_half_dots` and `cpu_convolutions` "native" run as "torch").
+(`$CXX`, else `c++`), or where a build fails, it says so and exits 0: the settings that use
+them then fall back (`cpu_half_dots` and `cpu_convolutions` "native" run as "torch").
 
     python tools/build_native.py [--force]
 """
@@ -34,6 +34,7 @@ def _torch_flags() -> list:
     lib = os.path.join(root, "lib")
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     return [
+        "-std=c++20",  # torch 2.14's headers need it (a later -std wins)
         "-isystem",
         os.path.join(root, "include"),
         f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
@@ -73,7 +74,11 @@ def build(library: FfiLibrary, compiler: str, force: bool) -> None:
     if library.links_torch:
         command += _torch_flags()
     print(" ".join(command))
-    subprocess.run(command, check=True)
+    if subprocess.run(command).returncode != 0:
+        # The set-up goes on: the settings that use the library fall back, and the tests that
+        # ask for it (test_layout_copy, test_torch_kernels) fail, naming it.
+        print(f"== building {os.path.basename(out)} failed (above): {library.name} is unavailable")
+        return
     os.replace(out + ".tmp", out)  # never a half-written library under the loaded name
 
 
