@@ -76,31 +76,53 @@ def _max_pool_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode,
     lowest = -jnp.inf if inexact else jnp.iinfo(x.dtype).min
     windows, offsets, outs = _pool_windows(x, kernel, stride, padding, dilation, ceil_mode, lowest)
     spatial = x.shape[-nd:]
+    # The scan keeps each window's chosen offset as its flat distance in the input's plane,
+    # in int32 where the plane allows: the index is then that plus the window's start, with
+    # no integer division (XLA's CPU code divides int64 element by element).
+    index_dtype = _index_dtype(spatial)
+    strides = _plane_strides(spatial)
     # Where each offset falls inside the input, per output position (None: everywhere).
     inside = [_inside(offset, outs, spatial, stride, padding) for offset in offsets]
-    values, choice, found = windows[0], jnp.zeros(windows[0].shape, jnp.int32), inside[0]
-    for k, window in enumerate(windows[1:], start=1):
+
+    def distance(offset):
+        return index_dtype(sum(o * s for o, s in zip(offset, strides)))
+
+    values, found = windows[0], inside[0]
+    choice = jnp.full(values.shape, distance(offsets[0]), index_dtype)
+    for window, offset, inside_k in zip(windows[1:], offsets[1:], inside[1:]):
         take = window > values
         if inexact:
             take = take | jnp.isnan(window)
         if found is not None:  # torch starts from the window's first position in the input
             take = take | ~found
-        if inside[k] is None:  # this offset is inside everywhere: every window has begun
+        if inside_k is None:  # this offset is inside everywhere: every window has begun
             found = None
         else:
-            take = take & inside[k]
-            found = None if found is None else found | inside[k]
+            take = take & inside_k
+            found = None if found is None else found | inside_k
         values = jnp.where(take, window, values)
-        choice = jnp.where(take, jnp.int32(k), choice)
-    # Flat index into the unpadded spatial plane of the chosen element; offset k is the k-th
-    # of np.ndindex(*kernel), row-major.
-    flat = jnp.zeros(choice.shape, jnp.int64)
-    for axis in range(nd):
-        position = lax.broadcasted_iota(jnp.int64, choice.shape, choice.ndim - nd + axis)
-        inner = int(np.prod(kernel[axis + 1 :]))
-        offset = (choice // inner % kernel[axis]).astype(jnp.int64) * dilation[axis]
-        flat = flat * spatial[axis] + position * stride[axis] - padding[axis] + offset
-    return values, flat
+        choice = jnp.where(take, distance(offset), choice)
+    # Flat index into the unpadded spatial plane: the window's first (padded) position plus
+    # the chosen offset's distance.
+    start = sum(
+        (
+            lax.broadcasted_iota(index_dtype, choice.shape, choice.ndim - nd + axis) * stride[axis]
+            - padding[axis]
+        )
+        * strides[axis]
+        for axis in range(nd)
+    )
+    return values, (start + choice).astype(jnp.int64)
+
+
+def _index_dtype(spatial):
+    """int32 for flat indices into a plane that int32 can number, else int64."""
+    return jnp.int32 if int(np.prod(spatial)) < 2**31 else jnp.int64
+
+
+def _plane_strides(spatial):
+    """Each spatial axis's step in a flat index of the plane (row-major)."""
+    return [int(np.prod(spatial[axis + 1 :])) for axis in range(len(spatial))]
 
 
 def _inside(offset, outs, spatial, stride, padding):
@@ -154,14 +176,22 @@ def _tiled_max_pool_backward(grad_output, x, indices, kernel):
     # The tiled shape interleaves each output axis with its kernel axis: (*lead, o1, k1, ...).
     tiled = lead + tuple(n for pair in zip(outs, kernel) for n in pair)
     expanded = lead + tuple(n for o in outs for n in (o, 1))
-    remaining = indices
+    # Each index less its window's first position is the chosen element's flat distance
+    # within the window; compared with each window position's, with no integer division.
+    index_dtype = _index_dtype(spatial)
+    strides = _plane_strides(spatial)
+    start = sum(
+        lax.broadcasted_iota(index_dtype, indices.shape, len(lead) + axis)
+        * (kernel[axis] * strides[axis])
+        for axis in range(nd)
+    )
+    chosen_distance = (indices.astype(index_dtype) - start).reshape(expanded)
+    distance = sum(
+        lax.broadcasted_iota(index_dtype, tiled, len(lead) + 2 * axis + 1) * strides[axis]
+        for axis in range(nd)
+    )
     chosen = (grad_output != 0).reshape(expanded)  # a zero (either sign) lands as +0.0
-    for axis in reversed(range(nd)):  # the flat index's coordinate along each spatial axis
-        coordinate, remaining = remaining % spatial[axis], remaining // spatial[axis]
-        start = lax.broadcasted_iota(indices.dtype, indices.shape, len(lead) + axis)
-        local = (coordinate - start * kernel[axis]).reshape(expanded)
-        position = lax.broadcasted_iota(indices.dtype, tiled, len(lead) + 2 * axis + 1)
-        chosen = chosen & (local == position)
+    chosen = chosen & (chosen_distance == distance)
     zero = jnp.zeros((), grad_output.dtype)
     grad = jnp.where(chosen, grad_output.reshape(expanded), zero)
     grad = grad.reshape(lead + tuple(o * k for o, k in zip(outs, kernel)))

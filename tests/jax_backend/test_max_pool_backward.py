@@ -55,6 +55,7 @@ CASES = [  # (shape, kernel, stride, ceil_mode)
     ((2, 3, 8, 8), (2, 2), (2, 2), False),
     ((2, 3, 9, 7), (2, 2), (2, 2), False),  # a row and a column in no window
     ((1, 2, 9, 7), (3, 2), (3, 2), True),  # ceil_mode: partial windows at the edges
+    ((1, 2, 5, 3), (2, 4), (2, 4), True),  # a window wider than the input (ceil_mode)
     ((4, 5, 6), (3, 3), (3, 3), False),  # no batch dimension
     ((1, 2, 4, 6, 6), (2, 3, 2), (2, 3, 2), False),  # 3-d
 ]
