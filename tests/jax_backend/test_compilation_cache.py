@@ -15,7 +15,9 @@ from tests.paths import REPO as ROOT
 pytestmark = pytest.mark.slow  # fresh Python processes
 
 
-SCRIPT = textwrap.dedent("""
+# Every script counts the persistent cache's hits and misses in its process, and reads the
+# model's width, the batch and a loss scale from its arguments.
+COUNTING = textwrap.dedent("""
     import json, sys
     import jax.monitoring
     counts = {"hits": 0, "misses": 0}
@@ -30,7 +32,9 @@ SCRIPT = textwrap.dedent("""
     import cerebras.pytorch as cstorch
 
     width, batch, scale = (int(a) for a in sys.argv[1:4])
+""")
 
+SCRIPT = COUNTING + textwrap.dedent("""
     def build():
         torch.manual_seed(0)
         return torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(),
@@ -58,49 +62,32 @@ SCRIPT = textwrap.dedent("""
     print("RESULT " + json.dumps({**counts, "loss": loss, "eager": eager_loss.item()}))
 """)
 
-# The same counts for a bfloat16 step trained three steps, its losses against eager
-# torch.autocast's; "copies": whether the program calls the engine's layout copy.
-HALF_SCRIPT = textwrap.dedent("""
-    import json, sys
-    import jax.monitoring
-    counts = {"hits": 0, "misses": 0}
-    def on_event(event, **_):
-        if event == "/jax/compilation_cache/cache_hits":
-            counts["hits"] += 1
-        elif event == "/jax/compilation_cache/cache_misses":
-            counts["misses"] += 1
-    jax.monitoring.register_event_listener(on_event)
-
-    import torch
-    import cerebras.pytorch as cstorch
-
-    width, batch, scale = (int(a) for a in sys.argv[1:4])
+# A model (``build``, of ``width``) trained three SGD steps at ``lr``, its last loss against
+# eager torch's (under torch.autocast in bfloat16 where ``half``, and then cstorch's bfloat16
+# policy); "marked": whether the step's program names ``marker``.
+THREE_STEPS = textwrap.dedent("""
     STEPS = 3
-
-    def build():
-        torch.manual_seed(0)
-        return torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(),
-                                   torch.nn.Linear(width, 3))
 
     def objective(out, y):
         return torch.nn.functional.cross_entropy(out, y) * scale
 
-    x = torch.randn(batch, 8, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(batch, {features}, generator=torch.Generator().manual_seed(1))
     y = torch.randint(0, 3, (batch,), generator=torch.Generator().manual_seed(2))
 
     reference = build()
-    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.5)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr={lr})
     for _ in range(STEPS):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled={half}):
             eager_loss = objective(reference(x), y)
         reference_optimizer.zero_grad()
         eager_loss.backward()
         reference_optimizer.step()
 
-    cstorch.amp.set_half_dtype("bfloat16")
+    if {half}:
+        cstorch.amp.set_half_dtype("bfloat16")
     model = build()
     compiled = cstorch.compile(model, cstorch.backend("CPU"))
-    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.5)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr={lr})
 
     @cstorch.trace
     def step(x, y):
@@ -111,68 +98,38 @@ HALF_SCRIPT = textwrap.dedent("""
         return loss
 
     loss = [step(x, y).item() for _ in range(STEPS)][-1]
-    copies = "cstorch_swap_last_two" in step.stablehlo()
+    marked = "{marker}" in step.stablehlo()
     print("RESULT " + json.dumps(
-        {**counts, "loss": loss, "eager": eager_loss.item(), "copies": copies}))
+        {{**counts, "loss": loss, "eager": eager_loss.item(), "marked": marked}}))
 """)
 
-# The same counts for a small CNN trained three steps (``width`` channels), its losses
-# against eager torch's; "native": whether the program calls torch's convolution kernels
-# through the engine's FFI library.
-CONV_SCRIPT = textwrap.dedent("""
-    import json, sys
-    import jax.monitoring
-    counts = {"hits": 0, "misses": 0}
-    def on_event(event, **_):
-        if event == "/jax/compilation_cache/cache_hits":
-            counts["hits"] += 1
-        elif event == "/jax/compilation_cache/cache_misses":
-            counts["misses"] += 1
-    jax.monitoring.register_event_listener(on_event)
+# A bfloat16 MLP: "marked" says its program calls the engine's layout copy.
+HALF_SCRIPT = (
+    COUNTING
+    + textwrap.dedent("""
+        def build():
+            torch.manual_seed(0)
+            return torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(),
+                                       torch.nn.Linear(width, 3))
+    """)
+    + THREE_STEPS.format(features="8", lr=0.5, half=True, marker="cstorch_swap_last_two")
+)
 
-    import torch
-    import cerebras.pytorch as cstorch
-
-    width, batch, scale = (int(a) for a in sys.argv[1:4])
-    STEPS = 3
-
-    def build():
-        torch.manual_seed(0)
-        return torch.nn.Sequential(
-            torch.nn.Conv2d(2, width, 3), torch.nn.ReLU(), torch.nn.Conv2d(width, 4, 3),
-            torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 3))
-
-    def objective(out, y):
-        return torch.nn.functional.cross_entropy(out, y) * scale
-
-    x = torch.randn(batch, 2, 10, 10, generator=torch.Generator().manual_seed(1))
-    y = torch.randint(0, 3, (batch,), generator=torch.Generator().manual_seed(2))
-
-    reference = build()
-    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
-    for _ in range(STEPS):
-        eager_loss = objective(reference(x), y)
-        reference_optimizer.zero_grad()
-        eager_loss.backward()
-        reference_optimizer.step()
-
-    model = build()
-    compiled = cstorch.compile(model, cstorch.backend("CPU"))
-    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
-
-    @cstorch.trace
-    def step(x, y):
-        loss = objective(compiled(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    loss = [step(x, y).item() for _ in range(STEPS)][-1]
-    native = "cstorch_torch_convolution" in step.stablehlo()
-    print("RESULT " + json.dumps(
-        {**counts, "loss": loss, "eager": eager_loss.item(), "native": native}))
-""")
+# A small float32 CNN (``width`` channels): "marked" says its program calls torch's
+# convolution kernels through the engine's FFI library.
+CONV_SCRIPT = (
+    COUNTING
+    + textwrap.dedent("""
+        def build():
+            torch.manual_seed(0)
+            return torch.nn.Sequential(
+                torch.nn.Conv2d(2, width, 3), torch.nn.ReLU(), torch.nn.Conv2d(width, 4, 3),
+                torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 3))
+    """)
+    + THREE_STEPS.format(
+        features="2, 10, 10", lr=0.1, half=False, marker="cstorch_torch_convolution"
+    )
+)
 
 
 def _run(cache_dir, tmp_path, width, batch, scale, script=SCRIPT, **env_vars):
@@ -249,14 +206,14 @@ def test_a_bf16_step_with_the_layout_copy_is_cached_and_a_changed_setting_compil
     key) and never runs the cached one."""
     cache = tmp_path / "cache"
     cold = _run(cache, tmp_path, 16, 32, 1, script=HALF_SCRIPT)
-    if not cold["copies"]:
+    if not cold["marked"]:
         pytest.skip("this jaxlib's XLA widens every bf16 dot: native runs as torch (callbacks)")
     assert cold["misses"] >= 1 and cold["hits"] == 0
     warm = _run(cache, tmp_path, 16, 32, 1, script=HALF_SCRIPT)
     assert warm["misses"] == 0 and warm["hits"] >= 1
-    assert warm["copies"] and warm["loss"] == cold["loss"]
+    assert warm["marked"] and warm["loss"] == cold["loss"]
     widened = _run(cache, tmp_path, 16, 32, 1, script=HALF_SCRIPT, CSTORCH_CPU_HALF_DOTS="xla")
-    assert not widened["copies"]
+    assert not widened["marked"]
     assert widened["hits"] == warm["hits"] - 1  # every program but the step from the cache
     assert widened["misses"] >= 1
 
@@ -271,14 +228,14 @@ def test_a_step_with_native_convolutions_is_cached_and_a_changed_setting_compile
     setting compiles its own step and never runs the cached one."""
     cache = tmp_path / "cache"
     cold = _run(cache, tmp_path, 8, 4, 1, script=CONV_SCRIPT)
-    assert cold["native"]
+    assert cold["marked"]
     assert cold["misses"] >= 1 and cold["hits"] == 0
     warm = _run(cache, tmp_path, 8, 4, 1, script=CONV_SCRIPT)
     assert warm["misses"] == 0 and warm["hits"] >= 1
-    assert warm["native"] and warm["loss"] == cold["loss"]
+    assert warm["marked"] and warm["loss"] == cold["loss"]
     for other in ("torch", "xla"):
         run = _run(cache, tmp_path, 8, 4, 1, script=CONV_SCRIPT, CSTORCH_CPU_CONVOLUTIONS=other)
-        assert not run["native"], other
+        assert not run["marked"], other
         assert run["hits"] == warm["hits"] - 1, other  # every program but the step
     # the callbacks' step is never written, XLA's is: a second "xla" process loads it
     again = _run(cache, tmp_path, 8, 4, 1, script=CONV_SCRIPT, CSTORCH_CPU_CONVOLUTIONS="xla")
