@@ -17,6 +17,7 @@
 #include <ATen/ops/convolution_backward.h>
 #include <ATen/ops/from_blob.h>
 #include <c10/core/InferenceMode.h>
+#include <c10/util/Exception.h>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -52,6 +53,14 @@ at::Tensor Wrap(const ffi::AnyBuffer& buffer) {
 
 std::vector<int64_t> Vector(Ints values) { return {values.begin(), values.end()}; }
 
+// torch's message for an error (its own without the C++ backtrace), as an FFI error.
+ffi::Error Failed(const char* op, const std::exception& error) {
+  const auto* torch_error = dynamic_cast<const c10::Error*>(&error);
+  return ffi::Error::Internal(std::string("torch's ") + op + ": " +
+                              (torch_error ? torch_error->what_without_backtrace()
+                                           : error.what()));
+}
+
 ffi::Error Convolution(ffi::AnyBuffer x, ffi::AnyBuffer weight, ffi::RemainingArgs bias,
                        ffi::Result<ffi::AnyBuffer> out, Ints stride, Ints padding,
                        Ints dilation, bool transposed, Ints output_padding, int64_t groups) {
@@ -71,7 +80,7 @@ ffi::Error Convolution(ffi::AnyBuffer x, ffi::AnyBuffer weight, ffi::RemainingAr
                         groups);
     return ffi::Error::Success();
   } catch (const std::exception& error) {
-    return ffi::Error::Internal(std::string("torch's convolution: ") + error.what());
+    return Failed("convolution", error);
   }
 }
 
@@ -102,7 +111,7 @@ ffi::Error ConvolutionBackward(ffi::AnyBuffer grad_output, ffi::AnyBuffer x,
     }
     return ffi::Error::Success();
   } catch (const std::exception& error) {
-    return ffi::Error::Internal(std::string("torch's convolution_backward: ") + error.what());
+    return Failed("convolution_backward", error);
   }
 }
 

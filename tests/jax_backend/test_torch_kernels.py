@@ -251,3 +251,26 @@ def test_native_convolutions_where_the_library_is_built(monkeypatch):
     assert torch_kernels.called_natively(kinds) == frozenset()
     with pytest.raises(RuntimeError, match="not built"):  # a target that asks anyway
         _primitives(NATIVE, jnp.float32)
+
+
+def test_an_error_in_torchs_kernel_is_a_python_exception_with_torchs_message():
+    """The custom call returns torch's error to XLA, which raises it in Python: torch's own
+    message, without its C++ backtrace; and a buffer of a dtype the library does not take
+    (the lowering never passes one) is refused the same way."""
+    assert torch_kernels.LIBRARY.unavailable() is None
+    x, w = jnp.ones((2, 4, 8, 8), jnp.float32), jnp.ones((6, 4, 3, 3), jnp.float32)
+    attributes = torch_kernels._attributes([1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+
+    def call(shape, *operands, **changed):
+        result = jax.ShapeDtypeStruct(shape, operands[0].dtype)
+        run = jax.ffi.ffi_call(torch_kernels._CONVOLUTION, result)
+        return np.asarray(run(*operands, **{**attributes, **changed}))
+
+    with pytest.raises(Exception, match="torch's convolution: .*groups") as error:
+        call((2, 6, 6, 6), x, w, groups=np.int64(3))  # 4 input channels in 3 groups
+    assert "frame #" not in str(error.value)
+    with pytest.raises(Exception, match="not resizable"):  # a result of the wrong shape
+        call((2, 6, 5, 5), x, w)
+    with pytest.raises(Exception, match="only float32 and bfloat16"):
+        call((2, 6, 6, 6), x.astype(jnp.float16), w.astype(jnp.float16))
+    np.testing.assert_array_equal(call((2, 6, 6, 6), x, w), np.full((2, 6, 6, 6), 36.0))
