@@ -1,6 +1,6 @@
 // torch's own CPU convolution kernels as JAX FFI custom calls (jax_backend/ops/torch_kernels.py,
-// cpu_convolutions="native"): aten::convolution and aten::convolution_backward on the operands
-// in place (at::from_blob over XLA's buffers), each result written into XLA's result buffer.
+// cpu_convolutions="native"): aten::convolution and aten::convolution_backward read XLA's
+// operand buffers without a copy (at::from_blob), and each result is written into XLA's.
 // The same kernels as eager torch (oneDNN where torch uses it), hence eager torch's numbers,
 // called without the host callback's Python, GIL and array conversions (~2 ms a call on an
 // MNIST-sized convolution). Built per jaxlib and torch by tools/build_native.py.
