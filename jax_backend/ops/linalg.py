@@ -50,11 +50,13 @@ def dot(a, b, contracting, batch=((), ()), rounded=True):
     a, (lhs_contracting, lhs_batch) = _operand(a, (contracting[0], batch[0]), fold)
     b, (rhs_contracting, rhs_batch) = _operand(b, (contracting[1], batch[1]), fold)
     contracting, batch = (lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch)
-    # (float16 too is widened by XLA's CPU dots, whatever the layout: no copy pays there.)
+    # (float16 too is widened by XLA's CPU dots, whatever the layout, and so is a product
+    # with a vector, mv's: no copy pays there.)
     if (
         a.dtype == jnp.bfloat16
         and layout_copy.applies()
         and _left_contracts_rows(a, lhs_contracting, lhs_batch)
+        and b.ndim == len(rhs_batch) + 2
     ):
         return _dot_through_layout_copy(a, b, rhs_contracting, rhs_batch, rounded)
     if rounded and contracting == ((0,), (0,)) and torch_kernels.leading_contraction_applies(a, b):
@@ -88,9 +90,8 @@ def _dot_through_layout_copy(a, b, rhs_contracting, rhs_batch, rounded):
     (``ops/layout_copy.py``). The smaller operand is copied: ``a`` itself, or, where ``b`` is
     batched like ``a`` and contracted over its rows too, ``b``, computing ``(bᵀ·a)ᵀ``."""
     rows = a.ndim - 2
-    b_like_a = tuple(rhs_contracting) == (rows,) and tuple(rhs_batch) == tuple(range(rows))
     batch = tuple(range(rows))
-    if b_like_a and b.shape[-1] < a.shape[-1]:
+    if _left_contracts_rows(b, rhs_contracting, rhs_batch) and b.shape[-1] < a.shape[-1]:
         out = dot(layout_copy.swap_last_two(b), a, ((rows + 1,), (rows,)), (batch, batch), rounded)
         return jnp.swapaxes(out, -1, -2)
     return dot(

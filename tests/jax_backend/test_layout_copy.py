@@ -71,10 +71,17 @@ LEFT_ROW_CONTRACTIONS = {
     "batched": ((2, 3, 33, 17), (2, 3, 33, 20), ((2,), (2,)), ((0, 1), (0, 1))),
     "batched_rhs_transposed": ((3, 33, 17), (3, 20, 33), ((1,), (2,)), ((0,), (0,))),
 }
+# aᵀ·v with a vector (mv's input gradient, Aᵀ·g), shorter than a's rows: XLA widens a
+# product with a vector whatever the layout, so none is copied.
+LEFT_ROW_CONTRACTIONS_WITH_A_VECTOR = {
+    "matrix_vector": ((40, 96), (40,), ((0,), (0,)), ((), ())),
+    "batched_matrix_vector": ((3, 33, 40), (3, 33), ((1,), (1,)), ((0,), (0,))),
+}
 
 
 def _product(case, target, dtype=jnp.bfloat16):
-    a_shape, b_shape, contracting, batch = LEFT_ROW_CONTRACTIONS[case]
+    forms = {**LEFT_ROW_CONTRACTIONS, **LEFT_ROW_CONTRACTIONS_WITH_A_VECTOR}
+    a_shape, b_shape, contracting, batch = forms[case]
     rng = np.random.default_rng(0)
     a = rng.standard_normal(a_shape).astype(np.float32)
     b = rng.standard_normal(b_shape).astype(np.float32)
@@ -92,27 +99,40 @@ def _copies(f, args) -> int:
     return sum(e.primitive.name == "ffi_call" for e in jax.make_jaxpr(f)(*args).jaxpr.eqns)
 
 
-@pytest.mark.parametrize("case", sorted(LEFT_ROW_CONTRACTIONS))
-def test_left_row_contractions_through_the_copy(case):
-    f, args = _product(case, COPIES)
+def _assert_rounded_once(f, args, contracting, batch):
+    """``f(*args)`` is the product rounded once to bfloat16 from a float32 sum: within one
+    bf16 step of the exact product."""
     ours = np.asarray(jax.jit(f)(*args), dtype=np.float64)
     a, b = (np.asarray(x, dtype=np.float64) for x in args)
-    _, _, contracting, batch = LEFT_ROW_CONTRACTIONS[case]
     exact = np.asarray(
         jax.lax.dot_general(
             jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32), (contracting, batch)
         )
     )
-    # Rounded once to bfloat16 from a float32 sum: within one bf16 step of the exact product.
     step = float(jnp.finfo(jnp.bfloat16).eps) * np.maximum(np.abs(exact), 1e-3)
     assert ours.shape == exact.shape
     assert (np.abs(ours - exact) <= step).all()
+
+
+@pytest.mark.parametrize("case", sorted(LEFT_ROW_CONTRACTIONS))
+def test_left_row_contractions_through_the_copy(case):
+    f, args = _product(case, COPIES)
+    _assert_rounded_once(f, args, *LEFT_ROW_CONTRACTIONS[case][2:])
     assert _copies(f, args) == 1
     _assert_no_widened_dot(jax.jit(f).lower(*args).compile().as_text())
     # Without the target, the same product is XLA's widened dot, and no copy.
     g, _ = _product(case, CPU)
     assert _copies(g, args) == 0
     assert layout_copy.widened_dots(jax.jit(g).lower(*args).compile().as_text()) == 1
+
+
+@pytest.mark.parametrize("case", sorted(LEFT_ROW_CONTRACTIONS_WITH_A_VECTOR))
+def test_products_with_a_vector_take_no_copy(case):
+    """The vector shorter than the matrix's rows was once taken for the operand to copy,
+    and the lowering failed (an IndexError from a 1-d transpose)."""
+    f, args = _product(case, COPIES)
+    _assert_rounded_once(f, args, *LEFT_ROW_CONTRACTIONS_WITH_A_VECTOR[case][2:])
+    assert _copies(f, args) == 0
 
 
 def test_float32_and_float16_products_take_no_copy():
