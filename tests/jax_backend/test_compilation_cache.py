@@ -30,6 +30,7 @@ COUNTING = textwrap.dedent("""
 
     import torch
     import cerebras.pytorch as cstorch
+    from tests.training import minimizing
 
     width, batch, scale = (int(a) for a in sys.argv[1:4])
 """)
@@ -50,13 +51,9 @@ SCRIPT = COUNTING + textwrap.dedent("""
     compiled = cstorch.compile(model, cstorch.backend("CPU"))
     optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
 
-    @cstorch.trace
-    def step(x, y):
-        loss = torch.nn.functional.cross_entropy(compiled(x), y) * scale
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss
+    step = cstorch.trace(
+        minimizing(lambda x, y: torch.nn.functional.cross_entropy(compiled(x), y) * scale,
+                   optimizer))
 
     loss = step(x, y).item()
     print("RESULT " + json.dumps({**counts, "loss": loss, "eager": eager_loss.item()}))
@@ -76,12 +73,14 @@ THREE_STEPS = textwrap.dedent("""
 
     reference = build()
     reference_optimizer = torch.optim.SGD(reference.parameters(), lr={lr})
-    for _ in range(STEPS):
+
+    def eager_objective(x, y):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled={half}):
-            eager_loss = objective(reference(x), y)
-        reference_optimizer.zero_grad()
-        eager_loss.backward()
-        reference_optimizer.step()
+            return objective(reference(x), y)
+
+    eager_step = minimizing(eager_objective, reference_optimizer)
+    for _ in range(STEPS):
+        eager_loss = eager_step(x, y)
 
     if {half}:
         cstorch.amp.set_half_dtype("bfloat16")
@@ -89,13 +88,7 @@ THREE_STEPS = textwrap.dedent("""
     compiled = cstorch.compile(model, cstorch.backend("CPU"))
     optimizer = cstorch.optim.SGD(model.parameters(), lr={lr})
 
-    @cstorch.trace
-    def step(x, y):
-        loss = objective(compiled(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss
+    step = cstorch.trace(minimizing(lambda x, y: objective(compiled(x), y), optimizer))
 
     loss = [step(x, y).item() for _ in range(STEPS)][-1]
     marked = "{marker}" in step.stablehlo()

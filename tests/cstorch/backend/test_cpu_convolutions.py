@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import cerebras.pytorch as cstorch
-from jax_backend import exported
+from tests.exports import exported_beside
 from tests.models import MnistNet
 
 STEPS = 4
@@ -95,11 +95,7 @@ def test_export_and_pure_function_keep_xlas_convolutions(tmp_path):
             *step.pure_state()[:2], [t.numpy() for t in batches[0]], 0
         )
     )
-    artifact = cstorch.export(step, batches[STEPS], str(tmp_path / "cnn"))
-    exported_step = exported.load(artifact)
-    module = str(exported_step.exported.mlir_module())
+    module, theirs, ours = exported_beside(step, batches[STEPS:], tmp_path / "cnn")
     assert "callback" not in module and "cstorch_" not in module
-    theirs = [float(exported_step(*(t.numpy() for t in batch))) for batch in batches[STEPS:]]
-    ours = [float(step(x, y)) for x, y in batches[STEPS:]]
     assert losses  # the run before the export used torch's kernels
     np.testing.assert_allclose(theirs, ours, rtol=1e-6)

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import cerebras.pytorch as cstorch
-from jax_backend import exported
 from jax_backend.ops import layout_copy
+from tests.exports import exported_beside
 from tests.models import TinyGPT, lm_loss
 from tests.training import minimizing
 
@@ -92,11 +92,7 @@ def test_export_keeps_xlas_products(tmp_path):
     step = _traced(tmp_path)
     losses = [float(step(x, y)) for x, y in batches[:STEPS]]
     assert ("cstorch_swap_last_two" in step.stablehlo()) == layout_copy.xla_keeps_bf16_dots()
-    artifact = cstorch.export(step, batches[STEPS], str(tmp_path / "gpt"))
-    exported_step = exported.load(artifact)
-    module = str(exported_step.exported.mlir_module())
+    module, theirs, ours = exported_beside(step, batches[STEPS:], tmp_path / "gpt")
     assert "cstorch_swap_last_two" not in module and "callback" not in module
-    theirs = [float(exported_step(*(t.numpy() for t in batch))) for batch in batches[STEPS:]]
-    ours = [float(step(x, y)) for x, y in batches[STEPS:]]
     assert losses
     np.testing.assert_allclose(theirs, ours, rtol=2e-3)
