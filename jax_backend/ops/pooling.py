@@ -79,7 +79,13 @@ def _max_pool_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode,
     # The scan keeps each window's chosen offset as its flat distance in the input's plane,
     # in int32 where the plane allows: the index is then that plus the window's start, with
     # no integer division (XLA's CPU code divides int64 element by element).
-    index_dtype = _index_dtype(spatial)
+    # (int32 must hold every window's start and offsets, padding and ceil_mode's beyond.)
+    index_dtype = _index_dtype(
+        [
+            n + 2 * p + d * (k - 1) + st
+            for n, p, d, k, st in zip(spatial, padding, dilation, kernel, stride)
+        ]
+    )
     strides = _plane_strides(spatial)
     # Where each offset falls inside the input, per output position (None: everywhere).
     inside = [_inside(offset, outs, spatial, stride, padding) for offset in offsets]
@@ -104,20 +110,24 @@ def _max_pool_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode,
         choice = jnp.where(take, distance(offset), choice)
     # Flat index into the unpadded spatial plane: the window's first (padded) position plus
     # the chosen offset's distance.
-    start = sum(
-        (
-            lax.broadcasted_iota(index_dtype, choice.shape, choice.ndim - nd + axis) * stride[axis]
-            - padding[axis]
-        )
-        * strides[axis]
-        for axis in range(nd)
-    )
+    start = _window_starts(choice.shape, stride, padding, strides, index_dtype)
     return values, (start + choice).astype(jnp.int64)
 
 
-def _index_dtype(spatial):
-    """int32 for flat indices into a plane that int32 can number, else int64."""
-    return jnp.int32 if int(np.prod(spatial)) < 2**31 else jnp.int64
+def _index_dtype(extents):
+    """int32 for flat indices into a plane of ``extents`` that int32 can number, else int64."""
+    return jnp.int32 if int(np.prod(extents)) < 2**31 else jnp.int64
+
+
+def _window_starts(shape, stride, padding, strides, dtype):
+    """The flat index in the input's plane (row-major ``strides``) of each window's first
+    position, padding counted (negative inside it): an array of ``shape``, (..., *outs)."""
+    nd = len(stride)
+    return sum(
+        (lax.broadcasted_iota(dtype, shape, len(shape) - nd + axis) * stride[axis] - padding[axis])
+        * strides[axis]
+        for axis in range(nd)
+    )
 
 
 def _plane_strides(spatial):
@@ -178,13 +188,9 @@ def _tiled_max_pool_backward(grad_output, x, indices, kernel):
     expanded = lead + tuple(n for o in outs for n in (o, 1))
     # Each index less its window's first position is the chosen element's flat distance
     # within the window; compared with each window position's, with no integer division.
-    index_dtype = _index_dtype(spatial)
+    index_dtype = _index_dtype([n + k for n, k in zip(spatial, kernel)])  # partial windows too
     strides = _plane_strides(spatial)
-    start = sum(
-        lax.broadcasted_iota(index_dtype, indices.shape, len(lead) + axis)
-        * (kernel[axis] * strides[axis])
-        for axis in range(nd)
-    )
+    start = _window_starts(indices.shape, kernel, (0,) * nd, strides, index_dtype)
     chosen_distance = (indices.astype(index_dtype) - start).reshape(expanded)
     distance = sum(
         lax.broadcasted_iota(index_dtype, tiled, len(lead) + 2 * axis + 1) * strides[axis]

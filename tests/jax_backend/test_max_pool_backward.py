@@ -120,3 +120,32 @@ def test_forward_gives_torchs_values_and_indices(
     np.testing.assert_array_equal(got.numpy(), expected.float().numpy())
     assert torch.equal(torch.signbit(got), torch.signbit(expected.float()))
     np.testing.assert_array_equal(np.asarray(indices), expected_indices.numpy())
+
+
+def test_a_plane_int32_cannot_number_keeps_int64_indices():
+    """The indices are computed in int32 where every window's start and offsets fit, else in
+    int64 (traced on abstract arrays: nothing is allocated)."""
+
+    def index_dtypes(side, kernel):
+        x = jax.ShapeDtypeStruct((1, 1, side, side), jnp.bfloat16)
+        forward = jax.make_jaxpr(lambda x: pooling.aten_max_pool2d_with_indices(x, kernel, kernel))(
+            x
+        )
+        grad = jax.ShapeDtypeStruct(forward.out_avals[0].shape, jnp.bfloat16)
+        index = jax.ShapeDtypeStruct(forward.out_avals[1].shape, jnp.int64)
+        backward = jax.make_jaxpr(
+            lambda g, x, i: pooling.aten_max_pool2d_backward(
+                g, x, kernel, kernel, [0, 0], [1, 1], False, i
+            )
+        )(grad, x, index)
+        return {
+            str(v.aval.dtype)
+            for jaxpr in (forward, backward)
+            for e in jaxpr.eqns
+            for v in e.outvars
+            if jnp.issubdtype(v.aval.dtype, jnp.integer)
+        }
+
+    with engine_scope():
+        assert "int32" in index_dtypes(64, [2, 2])
+        assert "int32" not in index_dtypes(46_341, [2, 2])  # 46 341² > 2³¹
