@@ -39,11 +39,6 @@ LIBRARY = ffi_libraries.LAYOUT_COPY
 TARGET = LIBRARY.targets[0][0]
 
 
-def library_unavailable() -> str | None:
-    """Why the custom call cannot run in this process (None: it can; it is then registered)."""
-    return LIBRARY.unavailable()
-
-
 @functools.lru_cache(maxsize=1)
 def xla_keeps_bf16_dots() -> bool:
     """Whether this jaxlib's CPU compiler runs a row-major bfloat16 dot in bfloat16 (its
@@ -63,7 +58,7 @@ def widened_dots(compiled_text: str) -> int:
 
 def unavailable() -> str | None:
     """Why ``cpu_half_dots="native"`` cannot copy operands in this process (None: it can)."""
-    why = library_unavailable()
+    why = LIBRARY.unavailable()
     if why is None and not xla_keeps_bf16_dots():
         why = (
             f"jaxlib {jaxlib.__version__}'s CPU compiler widens every bfloat16 dot to float32, "
@@ -92,7 +87,7 @@ def applies() -> bool:
 def swap_last_two(x):
     """``x`` with its last two dims swapped, as a row-major copy XLA cannot fold into a
     layout (2- or 4-byte elements). Registers the custom call on first use."""
-    why = library_unavailable()
+    why = LIBRARY.unavailable()
     if why is not None:
         raise CstorchRuntimeError(f"the engine's layout copy cannot run: {why}")
     shape = tuple(x.shape[:-2]) + (x.shape[-1], x.shape[-2])

@@ -7,6 +7,7 @@ running jaxlib (``make native``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import jax
@@ -32,7 +33,7 @@ def test_the_library_is_built_for_this_jaxlib():
         os.path.basename(layout_copy.LIBRARY.path())
         == f"_layout_copy-jaxlib{jaxlib.__version__}.so"
     )
-    assert layout_copy.library_unavailable() is None
+    assert layout_copy.LIBRARY.unavailable() is None
 
 
 def _assert_no_widened_dot(text):
@@ -231,7 +232,8 @@ def test_wanted_only_for_the_engines_cpu_program(monkeypatch):
 
 def test_without_the_library_native_falls_back_to_torchs_kernel(monkeypatch):
     monkeypatch.delenv("CSTORCH_CPU_HALF_DOTS", raising=False)
-    monkeypatch.setattr(layout_copy, "library_unavailable", lambda: "not built (a test)")
+    missing = dataclasses.replace(layout_copy.LIBRARY, name="not_built")
+    monkeypatch.setattr(layout_copy, "LIBRARY", missing)
     assert not layout_copy.wanted("cpu", None)
     assert "half_dot" in torch_kernels.wanted("cpu", None)
     with pytest.raises(RuntimeError, match="not built"):
