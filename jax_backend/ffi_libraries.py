@@ -2,7 +2,7 @@
 ``tools/build_native.py`` (run by ``make native``) and loaded, their targets registered with
 JAX, on first use.
 
-* ``LAYOUT_COPY``: the row-major transpose XLA's bfloat16 dots need (``ops.layout_copy``).
+* ``LAYOUT_COPY``: the row-major operands XLA's bfloat16 dots need (``ops.layout_copy``).
 * ``TORCH_CONVOLUTIONS``: torch's own CPU convolution kernels called from the compiled step
   (``ops.torch_kernels``), without a host callback.
 
@@ -77,7 +77,13 @@ def _load(library: FfiLibrary) -> str | None:
     return None
 
 
-LAYOUT_COPY = FfiLibrary("layout_copy", (("cstorch_swap_last_two", "CstorchSwapLastTwo"),))
+LAYOUT_COPY = FfiLibrary(
+    "layout_copy",
+    (
+        ("cstorch_swap_last_two", "CstorchSwapLastTwo"),
+        ("cstorch_row_major_copy", "CstorchRowMajorCopy"),
+    ),
+)
 TORCH_CONVOLUTIONS = FfiLibrary(
     "torch_convolutions",
     (

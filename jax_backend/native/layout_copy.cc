@@ -3,9 +3,12 @@
 // its row-major result. XLA's CPU compiler turns its own transposes into layouts of their
 // source, and its library dots refuse a half-precision left operand that is not row-major and
 // contracted over its last dim (it widens such a dot to float32, at half the speed); a custom
-// call's result is row-major and opaque to it. Built per jaxlib by tools/build_native.py.
+// call's result is row-major and opaque to it. The same holds for a batched half dot whose
+// operand is a transpose of its batch dims (attention's heads): cstorch_row_major_copy gives
+// such an operand row-major. Built per jaxlib by tools/build_native.py.
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -148,7 +151,19 @@ ffi::Error SwapLastTwo(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y) {
   }
 }
 
+// x itself, as a row-major copy: XLA lays out a custom call's operand row-major (copying it
+// there if it was a transpose's layout), and cannot see through the result.
+ffi::Error RowMajorCopy(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y) {
+  if (y->size_bytes() != x.size_bytes()) {
+    return ffi::Error::InvalidArgument("cstorch_row_major_copy: a result of the operand's size");
+  }
+  std::memcpy(y->untyped_data(), x.untyped_data(), x.size_bytes());
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(CstorchSwapLastTwo, SwapLastTwo,
+                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CstorchRowMajorCopy, RowMajorCopy,
                               ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());

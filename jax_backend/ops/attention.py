@@ -41,7 +41,7 @@ import torch
 from jax_backend import target as target_module
 from jax_backend.errors import CstorchNotImplementedError
 from jax_backend.interpreter import run_scratch
-from jax_backend.ops import linalg
+from jax_backend.ops import layout_copy, linalg
 from jax_backend.ops._common import dot_precision, dot_result_dtype
 from jax_backend.registry import lowers
 from jax_backend.user_frames import warn
@@ -211,7 +211,14 @@ def _cpu_half_vjp(q, k, v, attn_mask, is_causal, scale):
     attention's backward does (the score gradient rounded to the input dtype before the two
     products that read it), in the forms XLA's bfloat16 kernels run (``linalg.dot``: the
     transposed products through the engine's layout copy where the program has it). JAX's
-    VJP widens all four products to float32 (the cotangent arrives in float32)."""
+    VJP widens all four products to float32 (the cotangent arrives in float32). For bfloat16
+    in a program with the layout copy, the query, key, value and output gradient are first
+    made row-major (``layout_copy.row_major``): split into heads by a transpose, they would
+    have XLA widen the forward's two products and two of the backward's (float16 products
+    are widened whatever the layout)."""
+    copied = layout_copy.applies() and q.dtype == jnp.bfloat16
+    if copied:
+        q, k, v = layout_copy.row_major(q), layout_copy.row_major(k), layout_copy.row_major(v)
     p = jax.nn.softmax(scores(q, k, attn_mask, is_causal, scale), axis=-1)
     probs = p.astype(v.dtype)
     n = q.ndim
@@ -220,6 +227,8 @@ def _cpu_half_vjp(q, k, v, attn_mask, is_causal, scale):
 
     def vjp(grad_out):
         grad_out = grad_out.astype(v.dtype)
+        if copied:
+            grad_out = layout_copy.row_major(grad_out)
         grad_p = linalg.dot(grad_out, v, ((n - 1,), (n - 1,)), batch, rounded=False)
         grad_v = linalg.dot(probs, grad_out, ((n - 2,), (n - 2,)), batch)
         grad_s = p * (grad_p - jnp.sum(grad_p * p, axis=-1, keepdims=True))

@@ -35,8 +35,8 @@ from jax_backend import config, ffi_libraries, target
 from jax_backend.errors import CstorchRuntimeError
 
 LIBRARY = ffi_libraries.LAYOUT_COPY
-#: The FFI target name the programs call.
-TARGET = LIBRARY.targets[0][0]
+#: The FFI target names the programs call: the transpose, and the plain row-major copy.
+TARGET, ROW_MAJOR_TARGET = (name for name, _ in LIBRARY.targets)
 
 
 @functools.lru_cache(maxsize=1)
@@ -92,3 +92,14 @@ def swap_last_two(x):
         raise CstorchRuntimeError(f"the engine's layout copy cannot run: {why}")
     shape = tuple(x.shape[:-2]) + (x.shape[-1], x.shape[-2])
     return jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(shape, x.dtype))(x)
+
+
+def row_major(x):
+    """``x`` as a row-major copy XLA cannot fold into a layout: what a batched half dot needs
+    of an operand that is a transpose of its batch dims (attention's query, key and value,
+    split into heads), which XLA otherwise widens to float32. Registers the custom call on
+    first use."""
+    why = LIBRARY.unavailable()
+    if why is not None:
+        raise CstorchRuntimeError(f"the engine's layout copy cannot run: {why}")
+    return jax.ffi.ffi_call(ROW_MAJOR_TARGET, jax.ShapeDtypeStruct(x.shape, x.dtype))(x)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -211,6 +212,61 @@ def test_float32_and_grouped_query_attention_keep_jaxs_vjp():
     with lowering_for(COPIES):
         assert attention._written_out(q, q, q)
         assert not attention._written_out(q, kv, kv)
+
+
+def _float32_dots(compiled_text: str) -> int:
+    """The dots of a compiled program whose operands are float32 (in a bfloat16 program:
+    those XLA widened, inside its library fusions or not)."""
+    types = dict(re.findall(r"(%[\w.\-]+) = (\w+)\[", compiled_text))
+    count = 0
+    for operands in re.findall(r" dot\((%[\w.\-]+), (%[\w.\-]+)\)", compiled_text):
+        count += all(types.get(name) == "f32" for name in operands)
+    return count
+
+
+def test_bf16_attention_of_heads_split_by_a_transpose_runs_in_bf16():
+    """Query, key and value split into heads by a transpose, as every transformer does: XLA
+    widened the forward's two products and two of the backward's to float32; each operand
+    made row-major first (``layout_copy.row_major``), all six run in bfloat16, with the
+    numbers of the row-major case."""
+    torch.manual_seed(0)
+    q, k, v, grad = (torch.randn(2, 48, 4, 32).to(torch.bfloat16) for _ in range(4))
+    arrays = [dtypes.tensor_to_array(t) for t in (q, k, v, grad)]
+
+    def f(q_, k_, v_, g_):
+        q_, k_, v_, g_ = (jnp.swapaxes(t, 1, 2) for t in (q_, k_, v_, g_))
+        out = attention.forward(q_, k_, v_, None, True, None)
+        return (out, *attention.backward(g_, q_, k_, v_, out, None, True, None))
+
+    def compiled(target):
+        def program(*args):
+            with lowering_for(target):
+                return f(*args)
+
+        return jax.jit(program).lower(*arrays).compile().as_text()
+
+    with_copies, without = compiled(COPIES), compiled(CPU)
+    assert with_copies.count("cstorch_row_major_copy") == 4  # q, k, v, the output gradient
+    assert "cstorch_row_major_copy" not in without
+    assert _float32_dots(without) >= 4
+    if layout_copy.xla_keeps_bf16_dots():
+        assert _float32_dots(with_copies) == 0
+    split = jax.jit(lambda *args: [jnp.asarray(r, jnp.float64) for r in f(*args)])
+    with lowering_for(COPIES):
+        ours = [np.asarray(r) for r in split(*arrays)]
+    exact = _float64_reference(
+        *(t.transpose(1, 2).requires_grad_() for t in (q, k, v)), grad.transpose(1, 2), True
+    )
+    for name, o, x in zip(("out", "dq", "dk", "dv"), ours, exact):
+        assert np.abs(o - x).max() <= 4 * 2**-8 * np.abs(x).max(), name
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32, jnp.int32])
+def test_row_major_copy_is_the_array(dtype):
+    x = jnp.asarray(np.arange(2 * 5 * 3 * 7).reshape(2, 5, 3, 7) % 251).astype(dtype)
+    out = jax.jit(lambda t: layout_copy.row_major(jnp.swapaxes(t, 1, 2)))(x)
+    assert out.dtype == x.dtype
+    assert np.array_equal(np.asarray(out), np.swapaxes(np.asarray(x), 1, 2))
 
 
 # ------------------------------------------------------------------ where it is used
