@@ -87,11 +87,7 @@ def applies() -> bool:
 def swap_last_two(x):
     """``x`` with its last two dims swapped, as a row-major copy XLA cannot fold into a
     layout (2- or 4-byte elements). Registers the custom call on first use."""
-    why = LIBRARY.unavailable()
-    if why is not None:
-        raise CstorchRuntimeError(f"the engine's layout copy cannot run: {why}")
-    shape = tuple(x.shape[:-2]) + (x.shape[-1], x.shape[-2])
-    return jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(shape, x.dtype))(x)
+    return _copy(TARGET, tuple(x.shape[:-2]) + (x.shape[-1], x.shape[-2]), x)
 
 
 def row_major(x):
@@ -99,7 +95,13 @@ def row_major(x):
     of an operand that is a transpose of its batch dims (attention's query, key and value,
     split into heads), which XLA otherwise widens to float32. Registers the custom call on
     first use."""
+    return _copy(ROW_MAJOR_TARGET, x.shape, x)
+
+
+def _copy(target_name: str, shape, x):
+    """The custom call ``target_name`` on ``x``, giving ``shape`` in ``x``'s dtype (the library
+    loaded and its targets registered first)."""
     why = LIBRARY.unavailable()
     if why is not None:
         raise CstorchRuntimeError(f"the engine's layout copy cannot run: {why}")
-    return jax.ffi.ffi_call(ROW_MAJOR_TARGET, jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+    return jax.ffi.ffi_call(target_name, jax.ShapeDtypeStruct(shape, x.dtype))(x)
