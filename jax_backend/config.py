@@ -391,9 +391,10 @@ cpu_half_dots = config.define(
     "native",
     "How a CPU step runs the bfloat16 matrix products XLA's fast kernels refuse, those that "
     "contract the leading dimension of their left operand (the weight gradients of every "
-    "linear layer, x^T.dy, and the attention's backward products): native (default: the "
-    "engine's own layout copy, jax_backend/ops/layout_copy.py, gives XLA's bfloat16 kernels "
-    "the operand transposed; where its library is not built for this jaxlib, as torch), "
+    "linear layer, x^T.dy, and the attention's products): native (default: the engine's own "
+    "layout copy, jax_backend/ops/layout_copy.py, gives XLA's bfloat16 kernels the operand "
+    "transposed, and attention's query, key and value row-major; where its library is not "
+    "built for this jaxlib, as torch), "
     "torch (the weight gradients on torch's own bfloat16 GEMM, called from the compiled step "
     "on the host, the kernel eager autocast runs; such a step is never written to the "
     "persistent compilation cache) or xla (XLA widens them to float32: about twice the "
