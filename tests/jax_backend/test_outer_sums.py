@@ -50,7 +50,10 @@ def test_sum_over_leading_axes_equals_torch(shape, dims, keepdim, as_product):
     for target in (CPU, Target()):
         out, text = _lowered(lambda t: t.sum(dims, keepdim=keepdim), [x], target)
         assert out.shape == tuple(expected.shape)
-        np.testing.assert_allclose(np.asarray(out), expected.numpy(), rtol=1e-5, atol=1e-5)
+        # float32 sums of the same terms in another order: within a few units of rounding
+        # of the sum of the terms' magnitudes (XLA's own order differs between its versions)
+        bound = 1e-6 * x.abs().sum(dims, keepdim=keepdim).numpy()
+        assert (np.abs(np.asarray(out) - expected.numpy()) <= bound).all(), target
         product = "dot_general" in text
         assert product == (as_product and target == CPU), (target, text[-600:])
 
