@@ -6,12 +6,11 @@ in the last bit of a value near zero (XLA's erf and torch's differ there)."""
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 import pytest
 import torch
 
-from jax_backend import GraphInterpreter, capture_step, dtypes
+from tests.lowered import lowered
 
 F = torch.nn.functional
 ACTIVATIONS = {
@@ -22,8 +21,8 @@ ACTIVATIONS = {
 
 
 def _lowered(fn, x):
-    interpreter = GraphInterpreter(capture_step(fn, [], [x]).graph)
-    (out,) = jax.jit(lambda args: interpreter.run(args))([dtypes.tensor_to_array(x)])
+    program, args = lowered(fn, [x])
+    (out,) = program(args)
     return np.asarray(out.astype(np.float32))
 
 

@@ -19,6 +19,7 @@ import torch
 from jax_backend import GraphInterpreter, capture_step, dtypes
 from jax_backend.ops import torch_kernels
 from jax_backend.target import Target, lowering_for
+from tests.lowered import lowered
 
 # name: (function, input shapes)
 CASES = {
@@ -54,10 +55,8 @@ def _graph(case, inputs):
 
 
 def _run(case, inputs, target):
-    interpreter = GraphInterpreter(_graph(case, inputs))
-    arrays = [dtypes.tensor_to_array(x) for x in inputs]
-    with lowering_for(target):
-        (out,) = jax.jit(lambda args: interpreter.run(args))(arrays)
+    program, args = lowered(CASES[case][0], inputs, target)
+    (out,) = program(args)
     return dtypes.array_to_tensor(np.asarray(out))
 
 

@@ -6,14 +6,13 @@ targets and other sums keep XLA's reduction."""
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 import pytest
 import torch
 
-from jax_backend import GraphInterpreter, capture_step, dtypes
 from jax_backend.ops import reduction
-from jax_backend.target import Target, lowering_for
+from jax_backend.target import Target
+from tests.lowered import lowered
 
 CPU = Target("cpu")
 
@@ -29,17 +28,9 @@ CASES = [
 
 
 def _lowered(fn, inputs, target):
-    """(the jitted program's result, its StableHLO text) of ``fn`` captured and lowered
-    for ``target``."""
-    interpreter = GraphInterpreter(capture_step(fn, [], list(inputs)).graph)
-    arrays = [dtypes.tensor_to_array(x) for x in inputs]
-
-    def program(args):
-        with lowering_for(target):
-            return interpreter.run(args)
-
-    jitted = jax.jit(program)
-    return jitted(arrays)[0], jitted.lower(arrays).as_text()
+    """(the program's result, its StableHLO text) of ``fn`` lowered for ``target``."""
+    program, args = lowered(fn, inputs, target)
+    return program(args)[0], program.lower(args).as_text()
 
 
 @pytest.mark.parametrize("shape, dims, keepdim, as_product", CASES)
