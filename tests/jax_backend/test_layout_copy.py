@@ -37,6 +37,18 @@ def test_the_library_is_built_for_this_jaxlib():
     assert layout_copy.LIBRARY.unavailable() is None
 
 
+def test_a_library_built_before_a_target_was_added_is_unavailable():
+    """A checkout updated without `make native` keeps a library that lacks a newer target
+    (``cstorch_row_major_copy`` was added after ``cstorch_swap_last_two``): it is reported
+    unavailable, naming the missing symbol, rather than half-registered and used."""
+    newer = dataclasses.replace(
+        layout_copy.LIBRARY,
+        targets=layout_copy.LIBRARY.targets + (("cstorch_not_built", "CstorchNotBuilt"),),
+    )
+    why = newer.unavailable()
+    assert why is not None and "CstorchNotBuilt" in why and "cannot be loaded" in why
+
+
 def _assert_no_widened_dot(text):
     """No bfloat16 dot widened, where this jaxlib's XLA keeps any in bfloat16 (0.10 does);
     where it widens them all (0.7, the compatibility leg) the engine does not copy."""
