@@ -5,6 +5,8 @@ JAX, on first use.
 * ``LAYOUT_COPY``: the row-major operands XLA's bfloat16 dots need (``ops.layout_copy``).
 * ``TORCH_CONVOLUTIONS``: torch's own CPU convolution kernels called from the compiled step
   (``ops.torch_kernels``), without a host callback.
+* ``FUSED_OPTIMIZER``: the Adam family's update of a whole param group in one call
+  (``native_optimizer``).
 
 A library's ABI is the FFI headers of the jaxlib it was compiled against, and for one that
 links torch also torch's C++ ABI, so each (jaxlib, torch) gets its own file, named by their
@@ -30,11 +32,13 @@ NATIVE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native")
 @dataclasses.dataclass(frozen=True)
 class FfiLibrary:
     """One native library: ``native/<name>.cc``, exporting ``targets`` (FFI target name ->
-    the handler symbol) for the CPU; ``links_torch``: built against torch's C++ library."""
+    the handler symbol) for the CPU; ``links_torch``: built against torch's C++ library;
+    ``flags``: compiler flags of its own."""
 
     name: str
     targets: tuple  # ((target name, symbol), ...)
     links_torch: bool = False
+    flags: tuple = ()
 
     @property
     def source(self) -> str:
@@ -92,4 +96,11 @@ TORCH_CONVOLUTIONS = FfiLibrary(
     ),
     links_torch=True,
 )
-LIBRARIES = (LAYOUT_COPY, TORCH_CONVOLUTIONS)
+FUSED_OPTIMIZER = FfiLibrary(
+    "fused_optimizer",
+    (("cstorch_adam_update", "CstorchAdamUpdate"),),
+    # Each float operation rounded on its own, as XLA's program of the same rule; sqrt as
+    # an instruction (C's errno is never read).
+    flags=("-ffp-contract=off", "-fno-math-errno"),
+)
+LIBRARIES = (LAYOUT_COPY, TORCH_CONVOLUTIONS, FUSED_OPTIMIZER)

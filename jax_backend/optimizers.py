@@ -266,8 +266,7 @@ def adam_base(
         )
 
     def rule(g, p, s):
-        # The reference tests `rate > 0.0` on a float; a traced rate is always added.
-        if not _is_python_number(l2_regularization_rate) or l2_regularization_rate > 0.0:
+        if adds_l2(l2_regularization_rate):
             g = g + p * l2_regularization_rate
         m = _ema(s["exp_avg"], g, beta1)
         v = _ema(s["exp_avg_sq"], g * g, beta2)
@@ -285,6 +284,12 @@ def adam_base(
         return -(u * learning_rate), new
 
     return _transformation(init, rule)
+
+
+def adds_l2(rate) -> bool:
+    """Whether ``adam_base`` adds the coupled L2 term for ``l2_regularization_rate=rate``: the
+    reference tests ``rate > 0.0`` on a float; a traced rate is always added."""
+    return not _is_python_number(rate) or rate > 0.0
 
 
 def adam(learning_rate=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, amsgrad=False):

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_backend import cbfloat16, config, host_memory, jax_settings, target
+from jax_backend import cbfloat16, config, host_memory, jax_settings, native_optimizer, target
 from jax_backend.capture import CapturedStep
 from jax_backend.dtypes import to_jax_dtype
 from jax_backend.errors import LoweringError, StepFailedError, raise_interrupt_behind
@@ -116,6 +116,8 @@ class Program:
         native = torch_kernels.called_natively(kernels)  # without a host callback
         # The engine's native layout copy for its CPU half dots (cpu_half_dots), likewise.
         copies = layout_copy.wanted(self.target.platform, self.layout)
+        # The Adam family's update as one native call (cpu_optimizer), likewise.
+        fused_update = native_optimizer.wanted(self.target.platform, self.layout)
 
         def pure_step(donated, kept, inputs, seed):  # jit names the program after it
             return self.pure_step(
@@ -126,6 +128,7 @@ class Program:
                 torch_kernels=kernels,
                 native_kernels=native,
                 layout_copies=copies,
+                native_update=fused_update,
             )
 
         self._compiled_ahead = False  # see _call_jitted
@@ -179,13 +182,16 @@ class Program:
         torch_kernels=frozenset(),
         native_kernels=frozenset(),
         layout_copies=False,
+        native_update=False,
     ):
         """The step as a pure JAX function (not jitted); ``platform`` overrides the one it is
         lowered for (an export for several platforms passes "any"); ``torch_kernels``: the
         kinds of op whose CPU lowering calls torch's kernels, ``native_kernels``: those of
         them called through the engine's FFI library instead of a host callback,
-        ``layout_copies``: whether half dots may use the native layout copy (the engine's own
-        program; ``ops.torch_kernels.wanted``/``called_natively``, ``ops.layout_copy.wanted``)."""
+        ``layout_copies``: whether half dots may use the native layout copy, ``native_update``:
+        whether the Adam family's update may run natively (the engine's own program;
+        ``ops.torch_kernels.wanted``/``called_natively``, ``ops.layout_copy.wanted``,
+        ``native_optimizer.wanted``)."""
         used = [None] * (len(donated) + len(kept))
         for j, a in zip(self.donated_positions, donated):
             used[j] = a
@@ -198,6 +204,7 @@ class Program:
             torch_kernels=torch_kernels,
             native_kernels=native_kernels,
             layout_copies=layout_copies,
+            native_optimizer=native_update,
         )
         with target.lowering_for(lowering):
             flat = self._interpreter.run(list(used) + list(inputs), key)

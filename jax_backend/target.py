@@ -15,8 +15,9 @@ warning); the process default comes from ``CSTORCH_ATTENTION``. ``torch_kernels`
 kinds of op (``ops.torch_kernels.KINDS``) whose lowering calls torch's own CPU kernels on the
 host, and ``native_kernels`` those of them called through the engine's FFI library rather
 than a host callback; ``layout_copies``: whether half-precision dots may take an operand
-through the engine's native layout copy (``ops.layout_copy``). Only the engine's own CPU
-program sets these (``Program``), never an export or the default target.
+through the engine's native layout copy (``ops.layout_copy``); ``native_optimizer``: whether
+the Adam family's update may run as the engine's fused FFI call (``native_optimizer``). Only
+the engine's own CPU program sets these (``Program``), never an export or the default target.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class Target:
     torch_kernels: frozenset = frozenset()
     native_kernels: frozenset = frozenset()
     layout_copies: bool = False
+    native_optimizer: bool = False
 
     def __post_init__(self):
         if self.float32_matmul not in FLOAT32_MATMUL:

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from jax_backend import optimizers, schedules
+from jax_backend import native_optimizer, optimizers, schedules
 from jax_backend.dtypes import array_to_tensor, initial_tensor, tensor_to_array, to_jax_dtype
 from jax_backend.errors import CstorchValueError
 from jax_backend.jax_settings import engine_scope, in_engine_scope
@@ -150,7 +150,10 @@ def _optimizer_step_jax(config, params, grads, state, dynamic_values):
     spec = optimizer_spec(config)
     hyper = spec.hyperparameters([jnp.asarray(v) for v in dynamic_values])
     treedef = state_layout(config, _shapes(params)).treedef
-    new_params, new_state = optimizers.apply(
+    fused = None
+    if native_optimizer.applies():  # the engine's CPU program: one native call
+        fused = native_optimizer.update(spec.name, hyper, params, grads, state, treedef)
+    new_params, new_state = fused or optimizers.apply(
         spec.name, hyper, params, grads, state, treedef=treedef
     )
     return list(new_params) + list(new_state)

@@ -1,6 +1,7 @@
-"""Builds the engine's JAX FFI libraries (`jax_backend/ffi_libraries.py`: the layout copy and
-torch's convolution kernels, `jax_backend/native/<name>.cc`) for the jaxlib and torch of the
-Python that runs this script: `make native` runs it with each venv's.
+"""Builds the engine's JAX FFI libraries (`jax_backend/ffi_libraries.py`: the layout copy,
+torch's convolution kernels and the fused optimizer update, `jax_backend/native/<name>.cc`)
+for the jaxlib and torch of the Python that runs this script: `make native` runs it with each
+venv's.
 
 A library's ABI is the FFI headers of the jaxlib it is compiled against (and, for the one that
 links torch, torch's C++ headers and libraries), so each gets its own file,
@@ -71,6 +72,7 @@ def build(library: FfiLibrary, compiler: str, force: bool) -> None:
         out + ".tmp",
         library.source,
     ]
+    command += list(library.flags)
     if library.links_torch:
         command += _torch_flags()
     print(" ".join(command))

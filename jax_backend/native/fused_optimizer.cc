@@ -1,0 +1,182 @@
+// The engine's fused CPU optimizer update (jax_backend/native_optimizer.py): cstorch's Adam
+// family (AdamBase: Adam, AdamW) over every parameter of a param group in one JAX FFI custom
+// call, each parameter's moments and value read once and written in place. XLA's CPU
+// compiler emits three kernels per distinct parameter shape for this update (it fuses no
+// kernel with several outputs) and two more per parameter for the bias-correction powers, and
+// compiles each distinct kernel separately: ~30 of a small transformer's ~80 distinct kernels.
+//
+// The maths is optimizers.adam_base's, operation by operation in float32, each operation
+// rounded on its own (built with -ffp-contract=off, so no multiply-add is fused); the
+// hyperparameters come in as float32 operands computed by the caller exactly as the JAX
+// rule computes them. Built per jaxlib by tools/build_native.py.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+// The float32 hyperparameters operand, in this order (native_optimizer.HYPERPARAMETERS).
+enum Hyper { kBeta1, kOneMinusBeta1, kBeta2, kOneMinusBeta2, kEps, kWeightDecay, kL2, kLr, kCount };
+
+// One parameter's buffers: operands (read) and results (written; the same memory when XLA
+// honours the call's aliases, so each element is read before it is written).
+struct Param {
+  const float *p, *g, *m, *v, *vmax;
+  float *p_out, *m_out, *v_out, *vmax_out;
+  float bias;  // sqrt(1 - beta2^t) / (1 - beta1^t), or 1 without bias correction
+};
+
+struct Options {
+  bool amsgrad, correct_bias, l2;
+};
+
+// optimizers.adam_base's rule on elements [begin, end) of one parameter. (Without bias
+// correction ``bias`` is 1, and u * 1 is u exactly.) Templated on the options so that each
+// loop is branch-free and vectorized.
+template <bool kAddL2, bool kAmsgrad>
+void Update(const Param& t, const float* h, int64_t begin, int64_t end) {
+  const float b1 = h[kBeta1], c1 = h[kOneMinusBeta1], b2 = h[kBeta2], c2 = h[kOneMinusBeta2];
+  const float eps = h[kEps], wd = h[kWeightDecay], l2 = h[kL2], lr = h[kLr], bias = t.bias;
+  const float *pp = t.p, *gp = t.g, *mp = t.m, *vp = t.v, *xp = t.vmax;
+  float *po = t.p_out, *mo = t.m_out, *vo = t.v_out, *xo = t.vmax_out;
+  // Each element is read, then written, at its own index only (in place when aliased).
+#pragma GCC ivdep
+  for (int64_t i = begin; i < end; ++i) {
+    const float p = pp[i];
+    float g = gp[i];
+    if (kAddL2) g = g + p * l2;
+    const float m = mp[i] * b1 + g * c1;
+    const float v = vp[i] * b2 + (g * g) * c2;
+    float vhat = v;
+    if (kAmsgrad) {
+      const float a = xp[i];
+      vhat = (a != a || a > v) ? a : v;  // jnp.maximum: NaN if either is
+      xo[i] = vhat;
+    }
+    const float u = (m / (std::sqrt(vhat) + eps)) * bias + p * wd;
+    mo[i] = m;
+    vo[i] = v;
+    po[i] = p + -(u * lr);
+  }
+}
+
+void Update(const Param& t, const float* h, const Options& o, int64_t begin, int64_t end) {
+  if (o.l2) {
+    o.amsgrad ? Update<true, true>(t, h, begin, end) : Update<true, false>(t, h, begin, end);
+  } else {
+    o.amsgrad ? Update<false, true>(t, h, begin, end) : Update<false, false>(t, h, begin, end);
+  }
+}
+
+constexpr int64_t kChunk = 1 << 15;  // elements: ~128 KiB of each of the four streams
+
+// The chunks of all parameters, shared by the calling thread and the helpers it schedules
+// on XLA's pool. A helper that starts after the last chunk was taken touches nothing; the
+// caller returns only once every taken chunk is done, so no helper outlives the buffers.
+struct Job {
+  std::vector<Param> params;
+  std::vector<int64_t> param_of, begin, end;
+  const float* hyper;
+  Options options;
+  std::atomic<size_t> next{0}, done{0};
+
+  void Work() {
+    for (size_t c; (c = next.fetch_add(1)) < param_of.size();) {
+      Update(params[param_of[c]], hyper, options, begin[c], end[c]);
+      done.fetch_add(1, std::memory_order_release);
+    }
+  }
+};
+
+ffi::Error AdamUpdate(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                      int64_t count, bool amsgrad, bool correct_bias, bool l2) {
+  // Operands: p, g, m, v[, vmax][, beta1^t, beta2^t] per parameter, field by field, then the
+  // hyperparameters. Results: p, m, v[, vmax][, beta1^t, beta2^t].
+  const int64_t fields = 4 + (amsgrad ? 1 : 0) + (correct_bias ? 2 : 0);
+  if (count < 0 || static_cast<int64_t>(args.size()) != fields * count + 1 ||
+      static_cast<int64_t>(rets.size()) != (fields - 1) * count) {
+    return ffi::Error::InvalidArgument("cstorch_adam_update: operands and results miscounted");
+  }
+  auto arg = [&](int64_t field, int64_t i) { return args.get<ffi::AnyBuffer>(field * count + i); };
+  auto ret = [&](int64_t field, int64_t i) { return rets.get<ffi::AnyBuffer>(field * count + i); };
+  auto hyper = args.get<ffi::AnyBuffer>(fields * count);
+  if (!hyper.has_value() || hyper->element_type() != ffi::F32 || hyper->element_count() != kCount) {
+    return ffi::Error::InvalidArgument("cstorch_adam_update: float32 hyperparameters");
+  }
+  auto job = std::make_shared<Job>();
+  job->hyper = static_cast<const float*>(hyper->untyped_data());
+  job->options = {amsgrad, correct_bias, l2};
+  const int64_t power = 4 + (amsgrad ? 1 : 0);  // the field of beta1^t
+  for (int64_t i = 0; i < count; ++i) {
+    Param t{};
+    int64_t n = -1;
+    for (int64_t f = 0; f < fields; ++f) {
+      auto a = arg(f, i);
+      if (!a.has_value() || a->element_type() != ffi::F32) {
+        return ffi::Error::InvalidArgument("cstorch_adam_update: float32 operands only");
+      }
+      const int64_t size = static_cast<int64_t>(a->element_count());
+      if (f < power && n >= 0 && size != n) {
+        return ffi::Error::InvalidArgument("cstorch_adam_update: a parameter's buffers differ");
+      }
+      if (f < power) n = size;
+      if (f >= power && size != 1) {
+        return ffi::Error::InvalidArgument("cstorch_adam_update: scalar powers only");
+      }
+    }
+    for (int64_t f = 0; f + 1 < fields; ++f) {
+      auto r = ret(f, i);
+      const int64_t expected = f < power - 1 ? n : 1;
+      if (!r.has_value() || (*r)->element_type() != ffi::F32 ||
+          static_cast<int64_t>((*r)->element_count()) != expected) {
+        return ffi::Error::InvalidArgument("cstorch_adam_update: results unlike the operands");
+      }
+    }
+    auto in = [&](int64_t f) { return static_cast<const float*>(arg(f, i)->untyped_data()); };
+    auto out = [&](int64_t f) { return static_cast<float*>((*ret(f, i))->untyped_data()); };
+    t.p = in(0), t.g = in(1), t.m = in(2), t.v = in(3);
+    t.p_out = out(0), t.m_out = out(1), t.v_out = out(2);
+    if (amsgrad) t.vmax = in(4), t.vmax_out = out(3);
+    t.bias = 1.0f;
+    if (correct_bias) {
+      const float b1p = in(power)[0], b2p = in(power + 1)[0];  // read before written
+      t.bias = std::sqrt(1.0f - b2p) / (1.0f - b1p);
+      out(power - 1)[0] = b1p * job->hyper[kBeta1];
+      out(power)[0] = b2p * job->hyper[kBeta2];
+    }
+    job->params.push_back(t);
+    for (int64_t b = 0; b < n; b += kChunk) {
+      job->param_of.push_back(i);
+      job->begin.push_back(b);
+      job->end.push_back(b + kChunk < n ? b + kChunk : n);
+    }
+  }
+  const size_t chunks = job->param_of.size();
+  const int64_t threads = pool.num_threads();
+  const size_t helpers = chunks < 2 ? 0 : std::min<size_t>(chunks - 1, threads > 1 ? threads - 1 : 0);
+  for (size_t h = 0; h < helpers; ++h) pool.Schedule([job] { job->Work(); });
+  job->Work();
+  while (job->done.load(std::memory_order_acquire) < chunks) std::this_thread::yield();
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CstorchAdamUpdate, AdamUpdate,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .RemainingArgs()
+                                  .RemainingRets()
+                                  .Attr<int64_t>("count")
+                                  .Attr<bool>("amsgrad")
+                                  .Attr<bool>("correct_bias")
+                                  .Attr<bool>("l2"));

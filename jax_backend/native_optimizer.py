@@ -1,0 +1,152 @@
+"""The engine's fused CPU optimizer update: the built-in Adam family's (``optimizers.adam_base``:
+Adam, AdamW) update of a whole param group as one JAX FFI custom call
+(``native/fused_optimizer.cc``), each parameter's value and moments read once and written in
+place (``cpu_optimizer="native"``, the default).
+
+Why: XLA's CPU compiler fuses no kernel with several results, so the rule's three new arrays
+per parameter are three kernels, each reading the gradient again, and the bias-correction
+powers two tiny kernels per parameter; each distinct kernel is compiled on the step's first
+run (~8-10 ms of CPU each). On ``bench_engine``'s transformer that is 26 of ~80 distinct
+kernels, 0.15-0.2 s of its first step, and three passes over the state a step instead of one.
+
+The numbers: the rule's own operations in float32, in its order, each rounded on its own
+(the library is built with ``-ffp-contract=off``); the hyperparameters are float32 operands
+computed here as the JAX rule computes them (a Python float's ``1 - β`` in double, then
+rounded; a traced one's in float32). XLA may fuse a multiply and an add into one rounding
+where this does not, so the two differ in the last bit of some elements
+(``tests/jax_backend/test_native_optimizer.py`` bounds it).
+
+Where: only in the engine's own program for one CPU device (``Target.native_optimizer``,
+which ``Program`` sets), for float32 parameters and state; an export, ``pure_function``, other
+platforms and anything else keep ``optimizers``' JAX rule, so a torch-free artifact never
+names the custom call. Where the library is not built for the running jaxlib, XLA's kernels
+run (the setting's ``native`` falls back without a word, as the layout copy's does).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_backend import config, ffi_libraries, optimizers, target
+
+LIBRARY = ffi_libraries.FUSED_OPTIMIZER
+TARGET = LIBRARY.targets[0][0]
+
+#: The float32 hyperparameters operand, in the library's order (``Hyper`` there).
+HYPERPARAMETERS = ("beta1", "1-beta1", "beta2", "1-beta2", "eps", "weight_decay", "l2", "lr")
+
+#: The rules the library runs, as ``adam_base``'s arguments.
+_ADAM_FAMILY = {"adam_base", "adam", "adamw"}
+
+
+def wanted(platform: str, layout) -> bool:
+    """Whether a program for ``platform`` (on one device when ``layout`` is None) runs the
+    Adam family's update natively: a CPU with one device, ``cpu_optimizer`` "native" and the
+    library built for this jaxlib."""
+    return (
+        platform == "cpu"
+        and layout is None
+        and config.cpu_optimizer.value == "native"
+        and LIBRARY.unavailable() is None
+    )
+
+
+def applies() -> bool:
+    """Whether the current lowering may run the fused update (``Target.native_optimizer``)."""
+    return target.current().native_optimizer
+
+
+def adam_base_arguments(name: str, hyperparams: dict) -> dict | None:
+    """``adam_base``'s arguments for the rule ``name`` with ``hyperparams`` (None: not the
+    Adam family, or hyperparameters its factory would refuse)."""
+    if name not in _ADAM_FAMILY:
+        return None
+    try:
+        bound = inspect.signature(optimizers.OPTIMIZERS[name]).bind(**hyperparams)
+    except TypeError:
+        return None
+    bound.apply_defaults()
+    args = dict(bound.arguments)
+    if name == "adam":  # Adam's weight decay is coupled L2; bias correction always on
+        args["l2_regularization_rate"], args["weight_decay"] = args["weight_decay"], 0.0
+        args["correct_bias"] = True
+    elif name == "adamw":
+        args["l2_regularization_rate"] = 0.0
+    return args
+
+
+def update(name: str, hyperparams: dict, params, grads, state_leaves, treedef):
+    """The fused update of the rule ``name``: ``(new_params, new_state_leaves)`` as
+    ``optimizers.apply`` returns them, or None where the library does not run this update
+    (another rule, a dtype other than float32), which then goes to ``optimizers.apply``."""
+    args = adam_base_arguments(name, hyperparams)
+    if args is None or not params or LIBRARY.unavailable() is not None:  # (loads it once)
+        return None
+    state = jax.tree.unflatten(treedef, list(state_leaves))
+    if not isinstance(state, optimizers.AdamState):
+        return None
+    amsgrad = state.max_exp_avg_sq is not None
+    correct_bias = state.beta1_power is not None
+    fields = [params, grads, state.exp_avg, state.exp_avg_sq]
+    if amsgrad:
+        fields.append(state.max_exp_avg_sq)
+    if correct_bias:
+        fields += [state.beta1_power, state.beta2_power]
+    if any(jnp.result_type(a) != jnp.float32 for field in fields for a in field):
+        return None
+    rate = args["l2_regularization_rate"]
+    beta1, beta2 = args["betas"][0], args["betas"][1]
+    hyper = jnp.stack(
+        [
+            _float32(value)
+            for value in (
+                beta1,
+                1.0 - beta1,
+                beta2,
+                1.0 - beta2,
+                args["eps"],
+                args["weight_decay"],
+                rate,
+                args["learning_rate"],
+            )
+        ]
+    )
+    count = len(params)
+    results = [
+        jax.ShapeDtypeStruct(a.shape, a.dtype) for field in fields[:1] + fields[2:] for a in field
+    ]
+    operands = [a for field in fields for a in field] + [hyper]
+    # Result field f (params, then the state) is operand field f + 1 but for the params
+    # (operand field 0): each written in place of what it replaces.
+    aliases = {
+        (0 if f == 0 else f + 1) * count + i: f * count + i
+        for f in range(len(fields) - 1)
+        for i in range(count)
+    }
+    call = jax.ffi.ffi_call(TARGET, results, input_output_aliases=aliases)
+    out = call(
+        *operands,
+        count=np.int64(count),
+        amsgrad=amsgrad,
+        correct_bias=correct_bias,
+        l2=optimizers.adds_l2(rate),
+    )
+    new_params, rest = list(out[:count]), list(out[count:])
+    new_fields = [rest[k * count : (k + 1) * count] for k in range(len(fields) - 2)]
+    new_state = state._replace(
+        exp_avg=new_fields[0],
+        exp_avg_sq=new_fields[1],
+        **({"max_exp_avg_sq": new_fields[2]} if amsgrad else {}),
+        **({"beta1_power": new_fields[-2], "beta2_power": new_fields[-1]} if correct_bias else {}),
+    )
+    return new_params, jax.tree.leaves(new_state)
+
+
+def _float32(value):
+    """A hyperparameter as the rule's float32 arithmetic sees it: a Python number (computed
+    in double, as ``1.0 - beta`` is) rounded once; a traced one cast."""
+    return jnp.asarray(value, dtype=jnp.float32)
