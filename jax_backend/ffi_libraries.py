@@ -5,7 +5,7 @@ JAX, on first use.
 * ``LAYOUT_COPY``: the row-major operands XLA's bfloat16 dots need (``ops.layout_copy``).
 * ``TORCH_CONVOLUTIONS``: torch's own CPU convolution kernels called from the compiled step
   (``ops.torch_kernels``), without a host callback.
-* ``FUSED_OPTIMIZER``: the Adam family's update of a whole param group in one call
+* ``FUSED_OPTIMIZER``: the Adam family's and SGD's update of a whole param group in one call
   (``native_optimizer``).
 
 A library's ABI is the FFI headers of the jaxlib it was compiled against, and for one that
@@ -98,7 +98,7 @@ TORCH_CONVOLUTIONS = FfiLibrary(
 )
 FUSED_OPTIMIZER = FfiLibrary(
     "fused_optimizer",
-    (("cstorch_adam_update", "CstorchAdamUpdate"),),
+    (("cstorch_adam_update", "CstorchAdamUpdate"), ("cstorch_sgd_update", "CstorchSgdUpdate")),
     # Each float operation rounded on its own, as XLA's program of the same rule; sqrt as
     # an instruction (C's errno is never read).
     flags=("-ffp-contract=off", "-fno-math-errno"),

@@ -1,17 +1,17 @@
-"""The engine's fused CPU optimizer update: the built-in Adam family's (``optimizers.adam_base``:
-Adam, AdamW) update of a whole param group as one JAX FFI custom call
-(``native/fused_optimizer.cc``), each parameter's value and moments read once and written in
+"""The engine's fused CPU optimizer updates: the built-in Adam family's (``optimizers.adam_base``:
+Adam, AdamW) and SGD's update of a whole param group as one JAX FFI custom call
+(``native/fused_optimizer.cc``), each parameter's value and state read once and written in
 place (``cpu_optimizer="native"``, the default).
 
-Why: XLA's CPU compiler fuses no kernel with several results, so the rule's three new arrays
-per parameter are three kernels, each reading the gradient again, and the bias-correction
-powers two tiny kernels per parameter; each distinct kernel is compiled on the step's first
+Why: XLA's CPU compiler fuses no kernel with several results, so Adam's three new arrays per
+parameter are three kernels (SGD with momentum's two), each reading the gradient again, and
+Adam's bias-correction powers two tiny kernels per parameter; each distinct kernel is compiled on the step's first
 run (~8-10 ms of CPU each). On ``bench_engine``'s transformer that is 26 of ~80 distinct
 kernels, 0.15-0.2 s of its first step, and three passes over the state a step instead of one.
 
 The numbers: the rule's own operations in float32, in its order, each rounded on its own
 (the library is built with ``-ffp-contract=off``); the hyperparameters are float32 operands
-computed here as the JAX rule computes them (a Python float's ``1 - β`` in double, then
+computed here as the JAX rules compute them (a Python float's ``1 - β`` in double, then
 rounded; a traced one's in float32). XLA may fuse a multiply and an add into one rounding
 where this does not, so the two differ in the last bit of some elements
 (``tests/jax_backend/test_native_optimizer.py`` bounds it).
@@ -34,12 +34,13 @@ import numpy as np
 from jax_backend import config, ffi_libraries, optimizers, target
 
 LIBRARY = ffi_libraries.FUSED_OPTIMIZER
-TARGET = LIBRARY.targets[0][0]
+ADAM_TARGET, SGD_TARGET = (name for name, _ in LIBRARY.targets)
 
-#: The float32 hyperparameters operand, in the library's order (``Hyper`` there).
-HYPERPARAMETERS = ("beta1", "1-beta1", "beta2", "1-beta2", "eps", "weight_decay", "l2", "lr")
+#: The float32 hyperparameters operands, in the library's order (``Hyper``, ``SgdHyper``).
+ADAM_HYPERPARAMETERS = ("beta1", "1-beta1", "beta2", "1-beta2", "eps", "weight_decay", "l2", "lr")
+SGD_HYPERPARAMETERS = ("momentum", "1-dampening", "weight_decay", "lr")
 
-#: The rules the library runs, as ``adam_base``'s arguments.
+#: The rules the library runs as ``adam_base``.
 _ADAM_FAMILY = {"adam_base", "adam", "adamw"}
 
 
@@ -83,12 +84,18 @@ def update(name: str, hyperparams: dict, params, grads, state_leaves, treedef):
     """The fused update of the rule ``name``: ``(new_params, new_state_leaves)`` as
     ``optimizers.apply`` returns them, or None where the library does not run this update
     (another rule, a dtype other than float32), which then goes to ``optimizers.apply``."""
-    args = adam_base_arguments(name, hyperparams)
-    if args is None or not params or LIBRARY.unavailable() is not None:  # (loads it once)
+    if not params or LIBRARY.unavailable() is not None:  # (loads the library once)
         return None
     state = jax.tree.unflatten(treedef, list(state_leaves))
-    if not isinstance(state, optimizers.AdamState):
-        return None
+    if name == "sgd" and isinstance(state, optimizers.SGDState):
+        return _sgd(hyperparams, params, grads, state)
+    args = adam_base_arguments(name, hyperparams)
+    if args is not None and isinstance(state, optimizers.AdamState):
+        return _adam(args, params, grads, state)
+    return None
+
+
+def _adam(args: dict, params, grads, state):
     amsgrad = state.max_exp_avg_sq is not None
     correct_bias = state.beta1_power is not None
     fields = [params, grads, state.exp_avg, state.exp_avg_sq]
@@ -96,54 +103,75 @@ def update(name: str, hyperparams: dict, params, grads, state_leaves, treedef):
         fields.append(state.max_exp_avg_sq)
     if correct_bias:
         fields += [state.beta1_power, state.beta2_power]
-    if any(jnp.result_type(a) != jnp.float32 for field in fields for a in field):
-        return None
-    rate = args["l2_regularization_rate"]
     beta1, beta2 = args["betas"][0], args["betas"][1]
-    hyper = jnp.stack(
-        [
-            _float32(value)
-            for value in (
-                beta1,
-                1.0 - beta1,
-                beta2,
-                1.0 - beta2,
-                args["eps"],
-                args["weight_decay"],
-                rate,
-                args["learning_rate"],
-            )
-        ]
-    )
-    count = len(params)
-    results = [
-        jax.ShapeDtypeStruct(a.shape, a.dtype) for field in fields[:1] + fields[2:] for a in field
-    ]
-    operands = [a for field in fields for a in field] + [hyper]
-    # Result field f (params, then the state) is operand field f + 1 but for the params
-    # (operand field 0): each written in place of what it replaces.
-    aliases = {
-        (0 if f == 0 else f + 1) * count + i: f * count + i
-        for f in range(len(fields) - 1)
-        for i in range(count)
-    }
-    call = jax.ffi.ffi_call(TARGET, results, input_output_aliases=aliases)
-    out = call(
-        *operands,
-        count=np.int64(count),
+    rate = args["l2_regularization_rate"]
+    hyper = (beta1, 1.0 - beta1, beta2, 1.0 - beta2, args["eps"], args["weight_decay"], rate)
+    out = _call(
+        ADAM_TARGET,
+        fields,
+        hyper + (args["learning_rate"],),
         amsgrad=amsgrad,
         correct_bias=correct_bias,
         l2=optimizers.adds_l2(rate),
     )
-    new_params, rest = list(out[:count]), list(out[count:])
-    new_fields = [rest[k * count : (k + 1) * count] for k in range(len(fields) - 2)]
+    if out is None:
+        return None
+    new_params, new = out
     new_state = state._replace(
-        exp_avg=new_fields[0],
-        exp_avg_sq=new_fields[1],
-        **({"max_exp_avg_sq": new_fields[2]} if amsgrad else {}),
-        **({"beta1_power": new_fields[-2], "beta2_power": new_fields[-1]} if correct_bias else {}),
+        exp_avg=new[0],
+        exp_avg_sq=new[1],
+        **({"max_exp_avg_sq": new[2]} if amsgrad else {}),
+        **({"beta1_power": new[-2], "beta2_power": new[-1]} if correct_bias else {}),
     )
     return new_params, jax.tree.leaves(new_state)
+
+
+def _sgd(hyperparams: dict, params, grads, state):
+    try:
+        bound = inspect.signature(optimizers.sgd).bind(**hyperparams)
+    except TypeError:
+        return None
+    bound.apply_defaults()
+    args = bound.arguments
+    momentum = state.momentum_buffer is not None
+    fields = [params, grads] + ([state.momentum_buffer] if momentum else [])
+    hyper = (args["momentum"], 1.0 - args["dampening"], args["weight_decay"])
+    out = _call(
+        SGD_TARGET,
+        fields,
+        hyper + (args["learning_rate"],),
+        momentum=momentum,
+        nesterov=bool(momentum and args["nesterov"]),
+        maximize=bool(args["maximize"]),
+    )
+    if out is None:
+        return None
+    new_params, new = out
+    new_state = state._replace(momentum_buffer=new[0]) if momentum else state
+    return new_params, jax.tree.leaves(new_state)
+
+
+def _call(target_name: str, fields, hyper, **attributes):
+    """The custom call ``target_name`` on ``fields`` (lists of one array per parameter:
+    the parameters, their gradients, then the state fields) and the float32 ``hyper``:
+    ``(new parameters, [new state field, ...])``, each written in place of the array it
+    replaces. None where an array is not float32."""
+    if any(jnp.result_type(a) != jnp.float32 for field in fields for a in field):
+        return None
+    count = len(fields[0])
+    written = fields[:1] + fields[2:]  # all but the gradients
+    results = [jax.ShapeDtypeStruct(a.shape, a.dtype) for field in written for a in field]
+    operands = [a for field in fields for a in field] + [jnp.stack([_float32(h) for h in hyper])]
+    # Result field f is operand field f + 1 but for the parameters (operand field 0).
+    aliases = {
+        (0 if f == 0 else f + 1) * count + i: f * count + i
+        for f in range(len(written))
+        for i in range(count)
+    }
+    call = jax.ffi.ffi_call(target_name, results, input_output_aliases=aliases)
+    out = list(call(*operands, count=np.int64(count), **attributes))
+    new = [out[k * count : (k + 1) * count] for k in range(len(written))]
+    return new[0], new[1:]
 
 
 def _float32(value):

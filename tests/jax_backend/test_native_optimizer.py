@@ -1,5 +1,6 @@
-"""The engine's fused CPU optimizer update (``native_optimizer.py``,
-``native/fused_optimizer.cc``): the Adam family's update of a param group in one native call.
+"""The engine's fused CPU optimizer updates (``native_optimizer.py``,
+``native/fused_optimizer.cc``): the Adam family's and SGD's update of a param group in one
+native call.
 Its numbers against numpy evaluating the rule in float32 one operation at a time (bit for bit)
 and against the JAX rule XLA compiles (equal up to the roundings XLA's fused multiply-adds
 change); where it is used: only in the engine's CPU program, for float32, with the library built
@@ -156,6 +157,8 @@ def test_other_rules_and_dtypes_are_left_to_xla():
     leaves, treedef = jax.tree.flatten(state)
     hyper = {"learning_rate": 1e-3}
     with lowering_for(NATIVE):
+        # another rule (its state is not Adam's), or Adam's state under another rule's name
+        assert native_optimizer.update("lion", hyper, params, grads, leaves, treedef) is None
         assert native_optimizer.update("sgd", hyper, params, grads, leaves, treedef) is None
         halves = [p.astype(jax.numpy.bfloat16) for p in params]
         assert native_optimizer.update("adamw", hyper, halves, grads, leaves, treedef) is None
@@ -163,6 +166,78 @@ def test_other_rules_and_dtypes_are_left_to_xla():
             native_optimizer.update("adamw", {"nonsense": 1}, params, grads, leaves, treedef)
             is None
         )
+
+
+# ------------------------------------------------------------------ SGD
+def _numpy_sgd(p, g, buf, lr, momentum, dampening, wd, nesterov, maximize):
+    """optimizers.sgd's rule in float32, every operation rounded on its own."""
+    f = np.float32
+    g = (-g if maximize else g) + p * f(wd)
+    if buf is not None:
+        buf = buf * f(momentum) + g * f(1.0 - dampening)
+        g = g + buf * f(momentum) if nesterov else buf
+    return p + (-lr) * g, buf
+
+
+SGD_CASES = {
+    "plain": dict(momentum=0.0),
+    "momentum, weight decay": dict(momentum=0.9, weight_decay=1e-2),
+    "nesterov, maximize": dict(momentum=0.8, nesterov=True, maximize=True, weight_decay=1e-3),
+    "dampening": dict(momentum=0.9, dampening=0.3),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SGD_CASES))
+def test_sgd_is_the_rule_one_rounding_per_operation(case):
+    hyper = SGD_CASES[case]
+    rng = np.random.default_rng(4)
+    params = [rng.standard_normal(s).astype(np.float32) for s in SHAPES]
+    grads = [(rng.standard_normal(s) * 0.1).astype(np.float32) for s in SHAPES]
+    state = optimizers.sgd(1.0, **hyper).init(params)
+    if state.momentum_buffer is not None:
+        state = state._replace(
+            momentum_buffer=[(rng.standard_normal(s) * 0.1).astype(np.float32) for s in SHAPES]
+        )
+    leaves, treedef = jax.tree.flatten(state)
+    lr = np.float32(0.05)
+
+    def native(p, g, s, lr):
+        with lowering_for(NATIVE):
+            out = native_optimizer.update("sgd", {**hyper, "learning_rate": lr}, p, g, s, treedef)
+        assert out is not None
+        return out
+
+    def xla(p, g, s, lr):
+        return optimizers.apply("sgd", {**hyper, "learning_rate": lr}, p, g, s, treedef=treedef)
+
+    new_params, new_leaves = jax.jit(native)(params, grads, leaves, lr)
+    xla_params, xla_leaves = jax.jit(xla)(params, grads, leaves, lr)
+    new_state = jax.tree.unflatten(treedef, new_leaves)
+    for i, p in enumerate(params):
+        buf = None if state.momentum_buffer is None else state.momentum_buffer[i]
+        want_p, want_buf = _numpy_sgd(
+            p,
+            grads[i],
+            buf,
+            lr,
+            hyper.get("momentum", 0.0),
+            hyper.get("dampening", 0.0),
+            hyper.get("weight_decay", 0.0),
+            hyper.get("nesterov", False),
+            hyper.get("maximize", False),
+        )
+        assert np.array_equal(np.asarray(new_params[i]), want_p), (case, SHAPES[i])
+        if buf is not None:
+            assert np.array_equal(np.asarray(new_state.momentum_buffer[i]), want_buf)
+        # XLA's program: equal up to its fused multiply-adds, bounded by the terms' sizes.
+        g = np.abs(grads[i]) + np.abs(p) * hyper.get("weight_decay", 0.0)
+        if buf is not None:
+            g = g + np.abs(buf) * hyper.get("momentum", 0.0) * 2
+        magnitude = np.abs(p) + float(lr) * g
+        assert np.all(
+            np.abs(np.asarray(new_params[i]) - np.asarray(xla_params[i])) <= 1e-6 * magnitude
+        )
+    assert len(new_leaves) == len(xla_leaves)
 
 
 # ------------------------------------------------------------------ where it is used
