@@ -77,7 +77,8 @@ def _load(library: FfiLibrary) -> str | None:
                 target, jax.ffi.pycapsule(getattr(handle, symbol)), platform="cpu"
             )
     except (OSError, AttributeError, RuntimeError, ValueError) as error:
-        return f"{path} cannot be loaded: {error}"
+        # (a library built before a target was added: a checkout updated without a rebuild)
+        return f"{path} cannot be loaded: {error} (rebuild it: `make native`)"
     return None
 
 

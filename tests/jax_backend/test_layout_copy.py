@@ -47,6 +47,7 @@ def test_a_library_built_before_a_target_was_added_is_unavailable():
     )
     why = newer.unavailable()
     assert why is not None and "CstorchNotBuilt" in why and "cannot be loaded" in why
+    assert "make native" in why  # what to do about it
 
 
 def _assert_no_widened_dot(text):
