@@ -407,14 +407,14 @@ cpu_half_dots = config.define(
 cpu_optimizer = config.define(
     "cpu_optimizer",
     "native",
-    "How a CPU step runs the built-in Adam family's update (Adam, AdamW; "
-    "jax_backend/native_optimizer.py): native (default: a param group's whole update in one "
+    "How a CPU step runs the update of cstorch's Adam, AdamW and SGD "
+    "(jax_backend/native_optimizer.py): native (default: a param group's whole update in one "
     "call of the engine's FFI library, jax_backend/native/fused_optimizer.cc, each float "
-    "operation rounded as XLA's program of the same rule rounds it; where the library is not "
-    "built for this jaxlib, as xla) or xla (XLA's kernels: three per distinct parameter shape, "
-    "each compiled on the step's first run). float32 parameters and state only, one CPU device "
-    "only; exports, pure_function and other platforms always use XLA's. Read when a program "
-    "is built.",
+    "operation rounded on its own, where XLA's kernels fuse some multiply-adds; where the "
+    "library is not built for this jaxlib, as xla) or xla (XLA's kernels: one per new array "
+    "per distinct parameter shape, each compiled on the step's first run). float32 parameters "
+    "and state only, one CPU device only; exports, pure_function and other platforms always "
+    "use XLA's. Read when a program is built.",
     env_var="CSTORCH_CPU_OPTIMIZER",
     parse=parse_word,
     choices=("native", "xla"),

@@ -5,15 +5,16 @@ place (``cpu_optimizer="native"``, the default).
 
 Why: XLA's CPU compiler fuses no kernel with several results, so Adam's three new arrays per
 parameter are three kernels (SGD with momentum's two), each reading the gradient again, and
-Adam's bias-correction powers two tiny kernels per parameter; each distinct kernel is compiled on the step's first
-run (~8-10 ms of CPU each). On ``bench_engine``'s transformer that is 26 of ~80 distinct
-kernels, 0.15-0.2 s of its first step, and three passes over the state a step instead of one.
+Adam's bias-correction powers two or three tiny kernels per parameter; each distinct kernel is
+compiled on the step's first run (~13 ms of CPU each). On ``bench_engine``'s transformer
+that was 26 of ~80 distinct kernels: its first step went from 2.23 to 1.95 s
+(``benchmarks/cpu_results.md``, ninth session); the steady step is unchanged.
 
 The numbers: the rule's own operations in float32, in its order, each rounded on its own
 (the library is built with ``-ffp-contract=off``); the hyperparameters are float32 operands
 computed here as the JAX rules compute them (a Python float's ``1 - β`` in double, then
 rounded; a traced one's in float32). XLA may fuse a multiply and an add into one rounding
-where this does not, so the two differ in the last bit of some elements
+where this does not, so the two differ in some elements by a few units of rounding
 (``tests/jax_backend/test_native_optimizer.py`` bounds it).
 
 Where: only in the engine's own program for one CPU device (``Target.native_optimizer``,
@@ -46,7 +47,7 @@ _ADAM_FAMILY = {"adam_base", "adam", "adamw"}
 
 def wanted(platform: str, layout) -> bool:
     """Whether a program for ``platform`` (on one device when ``layout`` is None) runs the
-    Adam family's update natively: a CPU with one device, ``cpu_optimizer`` "native" and the
+    Adam family's and SGD's updates natively: a CPU with one device, ``cpu_optimizer`` "native" and the
     library built for this jaxlib."""
     return (
         platform == "cpu"
