@@ -116,7 +116,7 @@ class Program:
         native = torch_kernels.called_natively(kernels)  # without a host callback
         # The engine's native layout copy for its CPU half dots (cpu_half_dots), likewise.
         copies = layout_copy.wanted(self.target.platform, self.layout)
-        # The Adam family's update as one native call (cpu_optimizer), likewise.
+        # The Adam family's and SGD's updates as one native call (cpu_optimizer), likewise.
         fused_update = native_optimizer.wanted(self.target.platform, self.layout)
 
         def pure_step(donated, kept, inputs, seed):  # jit names the program after it
@@ -189,7 +189,7 @@ class Program:
         kinds of op whose CPU lowering calls torch's kernels, ``native_kernels``: those of
         them called through the engine's FFI library instead of a host callback,
         ``layout_copies``: whether half dots may use the native layout copy, ``native_update``:
-        whether the Adam family's update may run natively (the engine's own program;
+        whether the Adam family's and SGD's updates may run natively (the engine's own program;
         ``ops.torch_kernels.wanted``/``called_natively``, ``ops.layout_copy.wanted``,
         ``native_optimizer.wanted``)."""
         used = [None] * (len(donated) + len(kept))

@@ -16,8 +16,9 @@ kinds of op (``ops.torch_kernels.KINDS``) whose lowering calls torch's own CPU k
 host, and ``native_kernels`` those of them called through the engine's FFI library rather
 than a host callback; ``layout_copies``: whether half-precision dots may take an operand
 through the engine's native layout copy (``ops.layout_copy``); ``native_optimizer``: whether
-the Adam family's update may run as the engine's fused FFI call (``native_optimizer``). Only
-the engine's own CPU program sets these (``Program``), never an export or the default target.
+the Adam family's and SGD's updates may run as the engine's fused FFI call
+(``native_optimizer``). Only the engine's own CPU program sets these (``Program``), never an
+export or the default target.
 """
 
 from __future__ import annotations

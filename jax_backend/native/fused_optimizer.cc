@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
@@ -146,6 +147,7 @@ ffi::Error AdamUpdate(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::Remain
   job->hyper = static_cast<const float*>(hyper->untyped_data());
   job->options = {amsgrad, correct_bias, l2};
   const int64_t power = 4 + (amsgrad ? 1 : 0);  // the field of beta1^t
+  std::vector<std::tuple<const float*, const float*, float*, float*>> powers;
   for (int64_t i = 0; i < count; ++i) {
     Param t{};
     int64_t n = -1;
@@ -178,12 +180,17 @@ ffi::Error AdamUpdate(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::Remain
     if (amsgrad) t.vmax = in(4), t.vmax_out = out(3);
     t.bias = 1.0f;
     if (correct_bias) {
-      const float b1p = in(power)[0], b2p = in(power + 1)[0];  // read before written
+      powers.push_back({in(power), in(power + 1), out(power - 1), out(power)});
+      const float b1p = in(power)[0], b2p = in(power + 1)[0];
       t.bias = std::sqrt(1.0f - b2p) / (1.0f - b1p);
-      out(power - 1)[0] = b1p * job->hyper[kBeta1];
-      out(power)[0] = b2p * job->hyper[kBeta2];
     }
     job->Add(t, n);
+  }
+  // Everything checked: only now is anything written (the results alias the operands).
+  for (const auto& [b1p, b2p, b1p_out, b2p_out] : powers) {
+    const float b1 = b1p[0], b2 = b2p[0];  // read before written
+    b1p_out[0] = b1 * job->hyper[kBeta1];
+    b2p_out[0] = b2 * job->hyper[kBeta2];
   }
   Job<Param, Options>::Run(job, pool);
   return ffi::Error::Success();

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 import cstorch
+from tests.training import minimizing
 
 
 def _model():
@@ -41,14 +42,9 @@ def _traced(setting, monkeypatch, tmp_path, steps=5):
     compiled = cstorch.compile(model, backend)
     optimizer = cstorch.optim.AdamW(model.parameters(), **HYPER)
 
-    @cstorch.trace
-    def step(x, y):
-        loss = torch.nn.functional.cross_entropy(compiled(x), y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        return loss
-
+    step = cstorch.trace(
+        minimizing(lambda x, y: torch.nn.functional.cross_entropy(compiled(x), y), optimizer)
+    )
     losses = [float(step(x, y)) for x, y in _batches(steps)]
     entry = step._latest()
     text = entry.program.lower(*step_introspection.example_arguments(entry)).as_text()
