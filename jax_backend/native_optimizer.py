@@ -156,8 +156,11 @@ def _call(target_name: str, fields, hyper, **attributes):
     """The custom call ``target_name`` on ``fields`` (lists of one array per parameter:
     the parameters, their gradients, then the state fields) and the float32 ``hyper``:
     ``(new parameters, [new state field, ...])``, each written in place of the array it
-    replaces. None where an array is not float32."""
+    replaces. None where an array is not float32, or a hyperparameter is an array or numpy
+    scalar of another dtype (the JAX rule would then compute in that dtype)."""
     if any(jnp.result_type(a) != jnp.float32 for field in fields for a in field):
+        return None
+    if any(getattr(h, "dtype", jnp.float32) != jnp.float32 for h in hyper):
         return None
     count = len(fields[0])
     written = fields[:1] + fields[2:]  # all but the gradients

@@ -157,6 +157,9 @@ def test_other_rules_and_dtypes_are_left_to_xla():
     leaves, treedef = jax.tree.flatten(state)
     hyper = {"learning_rate": 1e-3}
     with lowering_for(NATIVE):
+        # a float64 learning rate: the JAX rule computes its update in float64
+        wide = {"learning_rate": np.float64(1e-3)}
+        assert native_optimizer.update("adamw", wide, params, grads, leaves, treedef) is None
         # another rule (its state is not Adam's), or Adam's state under another rule's name
         assert native_optimizer.update("lion", hyper, params, grads, leaves, treedef) is None
         assert native_optimizer.update("sgd", hyper, params, grads, leaves, treedef) is None
