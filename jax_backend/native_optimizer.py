@@ -106,11 +106,20 @@ def _adam(args: dict, params, grads, state):
         fields += [state.beta1_power, state.beta2_power]
     beta1, beta2 = args["betas"][0], args["betas"][1]
     rate = args["l2_regularization_rate"]
-    hyper = (beta1, 1.0 - beta1, beta2, 1.0 - beta2, args["eps"], args["weight_decay"], rate)
+    hyper = {
+        "beta1": beta1,
+        "1-beta1": 1.0 - beta1,
+        "beta2": beta2,
+        "1-beta2": 1.0 - beta2,
+        "eps": args["eps"],
+        "weight_decay": args["weight_decay"],
+        "l2": rate,
+        "lr": args["learning_rate"],
+    }
     out = _call(
         ADAM_TARGET,
         fields,
-        hyper + (args["learning_rate"],),
+        [hyper[name] for name in ADAM_HYPERPARAMETERS],
         amsgrad=amsgrad,
         correct_bias=correct_bias,
         l2=optimizers.adds_l2(rate),
@@ -136,11 +145,16 @@ def _sgd(hyperparams: dict, params, grads, state):
     args = bound.arguments
     momentum = state.momentum_buffer is not None
     fields = [params, grads] + ([state.momentum_buffer] if momentum else [])
-    hyper = (args["momentum"], 1.0 - args["dampening"], args["weight_decay"])
+    hyper = {
+        "momentum": args["momentum"],
+        "1-dampening": 1.0 - args["dampening"],
+        "weight_decay": args["weight_decay"],
+        "lr": args["learning_rate"],
+    }
     out = _call(
         SGD_TARGET,
         fields,
-        hyper + (args["learning_rate"],),
+        [hyper[name] for name in SGD_HYPERPARAMETERS],
         momentum=momentum,
         nesterov=bool(momentum and args["nesterov"]),
         maximize=bool(args["maximize"]),
