@@ -65,14 +65,9 @@ def applies() -> bool:
 def adam_base_arguments(name: str, hyperparams: dict) -> dict | None:
     """``adam_base``'s arguments for the rule ``name`` with ``hyperparams`` (None: not the
     Adam family, or hyperparameters its factory would refuse)."""
-    if name not in _ADAM_FAMILY:
+    args = _arguments(name, hyperparams) if name in _ADAM_FAMILY else None
+    if args is None:
         return None
-    try:
-        bound = inspect.signature(optimizers.OPTIMIZERS[name]).bind(**hyperparams)
-    except TypeError:
-        return None
-    bound.apply_defaults()
-    args = dict(bound.arguments)
     if name == "adam":  # Adam's weight decay is coupled L2; bias correction always on
         args["l2_regularization_rate"], args["weight_decay"] = args["weight_decay"], 0.0
         args["correct_bias"] = True
@@ -94,6 +89,17 @@ def update(name: str, hyperparams: dict, params, grads, state_leaves, treedef):
     if args is not None and isinstance(state, optimizers.AdamState):
         return _adam(args, params, grads, state)
     return None
+
+
+def _arguments(name: str, hyperparams: dict) -> dict | None:
+    """The rule ``name``'s factory arguments, defaults filled in (None: hyperparameters the
+    factory would refuse)."""
+    try:
+        bound = inspect.signature(optimizers.OPTIMIZERS[name]).bind(**hyperparams)
+    except TypeError:
+        return None
+    bound.apply_defaults()
+    return dict(bound.arguments)
 
 
 def _adam(args: dict, params, grads, state):
@@ -137,12 +143,9 @@ def _adam(args: dict, params, grads, state):
 
 
 def _sgd(hyperparams: dict, params, grads, state):
-    try:
-        bound = inspect.signature(optimizers.sgd).bind(**hyperparams)
-    except TypeError:
+    args = _arguments("sgd", hyperparams)
+    if args is None:
         return None
-    bound.apply_defaults()
-    args = bound.arguments
     momentum = state.momentum_buffer is not None
     fields = [params, grads] + ([state.momentum_buffer] if momentum else [])
     hyper = {

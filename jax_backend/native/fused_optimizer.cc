@@ -128,6 +128,16 @@ std::optional<ffi::AnyBuffer> Float32(ffi::RemainingArgs& args, int64_t index) {
   return *a;
 }
 
+// The data of a float32 result of `size` elements (nullopt: missing, another dtype or size).
+std::optional<float*> Float32Result(ffi::RemainingRets& rets, int64_t index, int64_t size) {
+  auto r = rets.get<ffi::AnyBuffer>(index);
+  if (!r.has_value() || (*r)->element_type() != ffi::F32 ||
+      static_cast<int64_t>((*r)->element_count()) != size) {
+    return std::nullopt;
+  }
+  return static_cast<float*>((*r)->untyped_data());
+}
+
 ffi::Error AdamUpdate(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::RemainingRets rets,
                       int64_t count, bool amsgrad, bool correct_bias, bool l2) {
   // Operands: p, g, m, v[, vmax][, beta1^t, beta2^t] per parameter, field by field, then the
@@ -137,10 +147,8 @@ ffi::Error AdamUpdate(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::Remain
       static_cast<int64_t>(rets.size()) != (fields - 1) * count) {
     return ffi::Error::InvalidArgument("cstorch_adam_update: operands and results miscounted");
   }
-  auto arg = [&](int64_t field, int64_t i) { return args.get<ffi::AnyBuffer>(field * count + i); };
-  auto ret = [&](int64_t field, int64_t i) { return rets.get<ffi::AnyBuffer>(field * count + i); };
-  auto hyper = args.get<ffi::AnyBuffer>(fields * count);
-  if (!hyper.has_value() || hyper->element_type() != ffi::F32 || hyper->element_count() != kCount) {
+  auto hyper = Float32(args, fields * count);
+  if (!hyper.has_value() || hyper->element_count() != kCount) {
     return ffi::Error::InvalidArgument("cstorch_adam_update: float32 hyperparameters");
   }
   auto job = std::make_shared<Job<Param, Options>>();
@@ -149,11 +157,12 @@ ffi::Error AdamUpdate(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::Remain
   const int64_t power = 4 + (amsgrad ? 1 : 0);  // the field of beta1^t
   std::vector<std::tuple<const float*, const float*, float*, float*>> powers;
   for (int64_t i = 0; i < count; ++i) {
-    Param t{};
+    const float* in[7] = {};
+    float* out[6] = {};
     int64_t n = -1;
     for (int64_t f = 0; f < fields; ++f) {
-      auto a = arg(f, i);
-      if (!a.has_value() || a->element_type() != ffi::F32) {
+      auto a = Float32(args, f * count + i);
+      if (!a.has_value()) {
         return ffi::Error::InvalidArgument("cstorch_adam_update: float32 operands only");
       }
       const int64_t size = static_cast<int64_t>(a->element_count());
@@ -164,25 +173,23 @@ ffi::Error AdamUpdate(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::Remain
       if (f >= power && size != 1) {
         return ffi::Error::InvalidArgument("cstorch_adam_update: scalar powers only");
       }
+      in[f] = static_cast<const float*>(a->untyped_data());
     }
     for (int64_t f = 0; f + 1 < fields; ++f) {
-      auto r = ret(f, i);
-      const int64_t expected = f < power - 1 ? n : 1;
-      if (!r.has_value() || (*r)->element_type() != ffi::F32 ||
-          static_cast<int64_t>((*r)->element_count()) != expected) {
+      auto r = Float32Result(rets, f * count + i, f < power - 1 ? n : 1);
+      if (!r.has_value()) {
         return ffi::Error::InvalidArgument("cstorch_adam_update: results unlike the operands");
       }
+      out[f] = *r;
     }
-    auto in = [&](int64_t f) { return static_cast<const float*>(arg(f, i)->untyped_data()); };
-    auto out = [&](int64_t f) { return static_cast<float*>((*ret(f, i))->untyped_data()); };
-    t.p = in(0), t.g = in(1), t.m = in(2), t.v = in(3);
-    t.p_out = out(0), t.m_out = out(1), t.v_out = out(2);
-    if (amsgrad) t.vmax = in(4), t.vmax_out = out(3);
+    Param t{};
+    t.p = in[0], t.g = in[1], t.m = in[2], t.v = in[3];
+    t.p_out = out[0], t.m_out = out[1], t.v_out = out[2];
+    if (amsgrad) t.vmax = in[4], t.vmax_out = out[3];
     t.bias = 1.0f;
     if (correct_bias) {
-      powers.push_back({in(power), in(power + 1), out(power - 1), out(power)});
-      const float b1p = in(power)[0], b2p = in(power + 1)[0];
-      t.bias = std::sqrt(1.0f - b2p) / (1.0f - b1p);
+      powers.push_back({in[power], in[power + 1], out[power - 1], out[power]});
+      t.bias = std::sqrt(1.0f - in[power + 1][0]) / (1.0f - in[power][0]);
     }
     job->Add(t, n);
   }
@@ -272,12 +279,11 @@ ffi::Error SgdUpdateCall(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::Rem
       in[f] = static_cast<const float*>(a->untyped_data());
     }
     for (int64_t f = 0; f + 1 < fields; ++f) {
-      auto r = rets.get<ffi::AnyBuffer>(f * count + i);
-      if (!r.has_value() || (*r)->element_type() != ffi::F32 ||
-          static_cast<int64_t>((*r)->element_count()) != n) {
+      auto r = Float32Result(rets, f * count + i, n);
+      if (!r.has_value()) {
         return ffi::Error::InvalidArgument("cstorch_sgd_update: results unlike the operands");
       }
-      out[f] = static_cast<float*>((*r)->untyped_data());
+      out[f] = *r;
     }
     job->Add(SgdParam{in[0], in[1], in[2], out[0], out[1]}, n);
   }
