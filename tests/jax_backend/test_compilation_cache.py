@@ -124,6 +124,19 @@ CONV_SCRIPT = (
     )
 )
 
+# The float32 MLP again (``THREE_STEPS``'s cstorch SGD): "marked" says its program runs the
+# update through the engine's fused optimizer library.
+OPTIMIZER_SCRIPT = (
+    COUNTING
+    + textwrap.dedent("""
+        def build():
+            torch.manual_seed(0)
+            return torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(),
+                                       torch.nn.Linear(width, 3))
+    """)
+    + THREE_STEPS.format(features="8", lr=0.1, half=False, marker="cstorch_sgd_update")
+)
+
 
 def _run(cache_dir, tmp_path, width, batch, scale, script=SCRIPT, **env_vars):
     env = dict(
@@ -233,6 +246,26 @@ def test_a_step_with_native_convolutions_is_cached_and_a_changed_setting_compile
     # the callbacks' step is never written, XLA's is: a second "xla" process loads it
     again = _run(cache, tmp_path, 8, 4, 1, script=CONV_SCRIPT, CSTORCH_CPU_CONVOLUTIONS="xla")
     assert again["misses"] == 0
+
+
+def test_a_step_with_the_fused_optimizer_is_cached_and_a_changed_setting_compiles_afresh(
+    tmp_path,
+):
+    """The fused optimizer update (``cpu_optimizer="native"``) is an FFI custom call JAX keeps
+    in the persistent cache: a second process loads the step, registers the library's targets
+    and trains as the first did (as eager torch does); a process with
+    CSTORCH_CPU_OPTIMIZER=xla compiles its own step and never runs the cached one."""
+    cache = tmp_path / "cache"
+    cold = _run(cache, tmp_path, 16, 8, 1, script=OPTIMIZER_SCRIPT)
+    assert cold["marked"]
+    assert cold["misses"] >= 1 and cold["hits"] == 0
+    warm = _run(cache, tmp_path, 16, 8, 1, script=OPTIMIZER_SCRIPT)
+    assert warm["misses"] == 0 and warm["hits"] >= 1
+    assert warm["marked"] and warm["loss"] == cold["loss"]
+    xla = _run(cache, tmp_path, 16, 8, 1, script=OPTIMIZER_SCRIPT, CSTORCH_CPU_OPTIMIZER="xla")
+    assert not xla["marked"]
+    assert xla["hits"] == warm["hits"] - 1  # every program but the step
+    assert xla["misses"] >= 1
 
 
 @pytest.mark.heavy

@@ -152,6 +152,29 @@ def test_update_is_the_rule_one_rounding_per_operation(case):
                 assert np.asarray(g) == o * np.float32(beta)
 
 
+def test_operands_not_donated_keep_their_values():
+    """The call writes its results in place of its operands; where the caller did not donate
+    them (a state array someone still holds), XLA must copy first: the inputs keep their
+    values, and the same call on them gives the same result twice."""
+    params, grads, state = _problem(5)
+    params, grads = jax.device_put(params), jax.device_put(grads)
+    leaves, treedef = jax.tree.flatten(jax.device_put(state))
+    before = [np.asarray(a).copy() for a in params + leaves]
+
+    @jax.jit
+    def native(p, g, s):
+        with lowering_for(NATIVE):
+            return native_optimizer.update("adamw", {"learning_rate": 0.1}, p, g, s, treedef)
+
+    first = native(params, grads, leaves)
+    second = native(params, grads, leaves)
+    for held, value in zip(params + leaves, before):
+        assert np.array_equal(np.asarray(held), value)
+    for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(second)):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+    assert not np.array_equal(np.asarray(first[0][1]), before[1])  # it did update
+
+
 def test_other_rules_and_dtypes_are_left_to_xla():
     params, grads, state = _problem(2)
     leaves, treedef = jax.tree.flatten(state)
@@ -254,6 +277,10 @@ def test_wanted_only_for_the_engines_cpu_program(monkeypatch):
     assert not native_optimizer.wanted("cpu", object())  # a mesh of devices
     monkeypatch.setenv("CSTORCH_CPU_OPTIMIZER", "xla")
     assert not native_optimizer.wanted("cpu", None)
+    monkeypatch.setenv("CSTORCH_CPU_OPTIMIZER", "../native.so")  # only its two words
+    with pytest.raises(config.SettingError, match="must be one of native, xla"):
+        native_optimizer.wanted("cpu", None)
+    monkeypatch.setenv("CSTORCH_CPU_OPTIMIZER", "xla")
     assert not Target().native_optimizer  # exports, pure_function, direct lowerings
     with lowering_for(Target("cpu")):
         assert not native_optimizer.applies()
