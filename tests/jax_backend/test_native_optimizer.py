@@ -277,7 +277,7 @@ def test_wanted_only_for_the_engines_cpu_program(monkeypatch):
     assert not native_optimizer.wanted("cpu", object())  # a mesh of devices
     monkeypatch.setenv("CSTORCH_CPU_OPTIMIZER", "xla")
     assert not native_optimizer.wanted("cpu", None)
-    monkeypatch.setenv("CSTORCH_CPU_OPTIMIZER", "../native.so")  # only its two words
+    monkeypatch.setenv("CSTORCH_CPU_OPTIMIZER", "fused")  # only its two words
     with pytest.raises(config.SettingError, match="must be one of native, xla"):
         native_optimizer.wanted("cpu", None)
     monkeypatch.setenv("CSTORCH_CPU_OPTIMIZER", "xla")
