@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from jax_backend import dtypes
 from jax_backend.errors import CstorchValueError
 from jax_backend.ops._common import as_float, compute_dtype, promote, promote_to_float
 from jax_backend.registry import lowers
@@ -540,6 +541,33 @@ def aten_gelu(x, approximate="none"):
         inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)
         return 0.5 * x * (1.0 + jnp.tanh(inner))
     return x * 0.5 * (1.0 + jax.scipy.special.erf(x * (1.0 / math.sqrt(2.0))))
+
+
+# The C library's M_SQRT2, M_SQRT1_2 and M_2_SQRTPI, which torch's GELU kernels use.
+_SQRT2, _SQRT1_2, _2_SQRTPI = 1.41421356237309504880, 0.70710678118654752440, 1.12837916709551257390
+
+
+# - func: gelu_backward(Tensor grad_output, Tensor self, *, str approximate='none') -> Tensor
+@lowers(aten.gelu_backward.default)
+def aten_gelu_backward(grad, x, *, approximate="none"):
+    """torch's formula (its CPU kernel's and its decomposition's), in float32 for half
+    operands and rounded once."""
+    dtype = dtypes.result_jax_dtype(grad, x)
+    opmath = compute_dtype(jnp.zeros((), dtype))
+    g, x = grad.astype(opmath), x.astype(opmath)
+    if approximate == "tanh":
+        beta = _SQRT2 * _2_SQRTPI * 0.5
+        kappa = 0.044715
+        x_sq = x * x
+        inner = beta * (x + kappa * (x_sq * x))
+        tanh_inner = jnp.tanh(inner)
+        left_derivative = 0.5 * (1 + tanh_inner)
+        inner_derivative = beta * (1 + 3 * kappa * x_sq)
+        right_derivative = (0.5 * x) * (1 - tanh_inner * tanh_inner) * inner_derivative
+        return (g * (left_derivative + right_derivative)).astype(dtype)
+    cdf = 0.5 * (1 + jax.scipy.special.erf(x * _SQRT1_2))
+    pdf = _2_SQRTPI * _SQRT1_2 * 0.5 * jnp.exp(x * x * -0.5)
+    return (g * (cdf + x * pdf)).astype(dtype)
 
 
 @lowers(aten.elu.default)

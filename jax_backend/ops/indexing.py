@@ -7,7 +7,7 @@ import torch
 from jax import lax
 
 from jax_backend.errors import CstorchError
-from jax_backend.ops._common import canon_dim
+from jax_backend.ops._common import canon_dim, compute_dtype
 from jax_backend.registry import lowers
 
 aten = torch.ops.aten
@@ -210,14 +210,28 @@ def aten_take(x, index):
 def aten_embedding_dense_backward(
     grad_output, indices, num_weights, padding_idx, scale_grad_by_freq
 ):
+    """Summed in float32 for half gradients, then rounded (as torch's decomposition; its CPU
+    kernel sums in the half type); an index outside [0, num_weights) adds nothing."""
     flat = indices.reshape(-1)
     grad = grad_output.reshape(flat.shape + grad_output.shape[indices.ndim :])
-    keep = (flat != padding_idx)[:, None]
+    grad = grad.astype(compute_dtype(grad))
+    valid = (flat >= 0) & (flat < num_weights)
+    flat = jnp.where(valid, flat, 0)
+    keep = (valid & (flat != padding_idx))[:, None]
     grad = jnp.where(keep, grad, jnp.zeros((), grad.dtype))
     if scale_grad_by_freq:
-        counts = jnp.zeros((num_weights,), grad.dtype).at[flat].add(1)
-        grad = grad / counts[flat][:, None]
-    return jnp.zeros((num_weights,) + grad.shape[1:], grad.dtype).at[flat].add(grad)
+        counts = (
+            jnp.zeros((num_weights,), grad.dtype)
+            .at[flat]
+            .add(valid.astype(grad.dtype), mode="promise_in_bounds")
+        )
+        grad = grad / jnp.maximum(counts[flat], 1)[:, None]
+    summed = (
+        jnp.zeros((num_weights,) + grad.shape[1:], grad.dtype)
+        .at[flat]
+        .add(grad, mode="promise_in_bounds")
+    )
+    return summed.astype(grad_output.dtype)
 
 
 _BAG_SUM, _BAG_MEAN, _BAG_MAX = 0, 1, 2

@@ -27,6 +27,7 @@ from jax_backend.ops._common import (
     ntuple,
     promote,
 )
+from jax_backend.ops.reduction import aten_sum
 from jax_backend.registry import lowers
 
 aten = torch.ops.aten
@@ -626,6 +627,65 @@ def aten_dist(x, other, p=2):
     if p == 2:
         return jnp.sqrt(jnp.sum(diff * diff))
     return jnp.sum(diff**p) ** (1.0 / p)
+
+
+# ----------------------------------------------------------------------- negative log-likelihood
+# Lowered whole, forward and backward (capture keeps them from its decomposition table): the
+# decompositions' gather and scatter cost the capture ~20 ms and XLA a dozen kernels for what
+# is one pick per row. reduction: 0 none, 1 mean, 2 sum.
+_MEAN = 1
+
+
+def _nll_rows(x, target, weight, ignore_index):
+    """(``x`` as [N, C] rows, the class each row picks (0 where it picks none), whether the
+    row counts, whether it counts with a class out of range, the picked class's weight or
+    None). torch stops on such a class ("Target ... is out of bounds"); a compiled step
+    cannot, so those rows give NaN."""
+    rows = x.reshape(-1, x.shape[-1])
+    classes = target.reshape(-1)[: rows.shape[0]]  # an unbatched input uses target[0]
+    counted = classes != ignore_index
+    bad = counted & ((classes < 0) | (classes >= rows.shape[1]))
+    picked = jnp.where(counted & ~bad, classes, 0)
+    class_weight = None if weight is None else jnp.take(weight, picked, mode="clip")
+    return rows, picked, counted, bad, class_weight
+
+
+# - func: nll_loss_forward(Tensor self, Tensor target, Tensor? weight, int reduction,
+#   SymInt ignore_index) -> (Tensor output, Tensor total_weight)
+@lowers(aten.nll_loss_forward.default)
+def aten_nll_loss_forward(x, target, weight, reduction, ignore_index):
+    rows, picked, counted, bad, class_weight = _nll_rows(x, target, weight, ignore_index)
+    value = jnp.take_along_axis(rows, picked[:, None], axis=1, mode="promise_in_bounds")[:, 0]
+    if class_weight is not None:
+        value = value * class_weight
+    loss = jnp.where(counted, -value, jnp.zeros((), x.dtype))
+    loss = jnp.where(bad, jnp.full((), jnp.nan, x.dtype), loss)
+    if reduction == 0 and x.ndim > 1:
+        return loss, jnp.zeros((), x.dtype)
+    if class_weight is None:
+        total_weight = aten_sum(counted).astype(x.dtype)
+    else:
+        total_weight = aten_sum(jnp.where(counted, class_weight, jnp.zeros((), x.dtype)))
+    if reduction == 0:
+        return loss.reshape(()), total_weight
+    loss = aten_sum(loss)
+    return (loss / total_weight if reduction == _MEAN else loss), total_weight
+
+
+# - func: nll_loss_backward(Tensor grad_output, Tensor self, Tensor target, Tensor? weight,
+#   int reduction, SymInt ignore_index, Tensor total_weight) -> Tensor
+@lowers(aten.nll_loss_backward.default)
+def aten_nll_loss_backward(grad_output, x, target, weight, reduction, ignore_index, total_weight):
+    rows, picked, counted, bad, class_weight = _nll_rows(x, target, weight, ignore_index)
+    g = grad_output / total_weight if reduction == _MEAN else grad_output
+    g = jnp.broadcast_to(g.reshape(-1), picked.shape)  # a scalar, or one per row (none)
+    if class_weight is not None:
+        g = g * class_weight
+    value = jnp.where(counted, -g, jnp.zeros((), g.dtype))
+    value = jnp.where(bad, jnp.full((), jnp.nan, g.dtype), value)
+    hit = (jnp.arange(rows.shape[1], dtype=picked.dtype)[None, :] == picked[:, None]) | bad[:, None]
+    grad = jnp.where(hit, value[:, None], jnp.zeros((), g.dtype))
+    return grad.reshape(x.shape).astype(x.dtype)
 
 
 # ----------------------------------------------------------------------- loss backward ops

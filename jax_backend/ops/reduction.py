@@ -11,7 +11,14 @@ from jax import lax
 
 from jax_backend import target
 from jax_backend.dtypes import promote
-from jax_backend.ops._common import as_float, canon_dim, canon_dims, jax_dtype, sum_dtype
+from jax_backend.ops._common import (
+    as_float,
+    canon_dim,
+    canon_dims,
+    compute_dtype,
+    jax_dtype,
+    sum_dtype,
+)
 from jax_backend.registry import lowers
 
 aten = torch.ops.aten
@@ -312,7 +319,10 @@ def aten_softmax_backward(grad, output, dim, input_dtype):
 
 @lowers(aten._log_softmax_backward_data.default)
 def aten_log_softmax_backward(grad, output, dim, input_dtype):
+    """In float32 for half operands, rounded once (as torch's kernel and decomposition)."""
     axis = canon_dim(dim, output.ndim)
+    opmath = compute_dtype(output)
+    grad, output = grad.astype(opmath), output.astype(opmath)
     result = grad - jnp.exp(output) * jnp.sum(grad, axis=axis, keepdims=True)
     return result.astype(jax_dtype(input_dtype))
 
