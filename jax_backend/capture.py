@@ -205,11 +205,12 @@ def _foreach_decomposition(name: str, scalars_tensor: bool = False):
 def foreach_decompositions() -> dict:
     """Every ``aten._foreach_*`` overload (but ``_out`` ones and ``_foreach_mm``) mapped to
     its per-tensor decomposition (``_foreach_decomposition``)."""
+    # (the dispatcher's op names: a third of the time of listing every schema, ~3 vs 10 ms)
     names = sorted(
         {
-            s.name.split("::")[1]
-            for s in torch._C._jit_get_all_schemas()
-            if s.name.startswith("aten::_foreach_")
+            name.split("::")[1].split(".")[0]
+            for name in torch._C._dispatch_get_all_op_names()
+            if name.startswith("aten::_foreach_")
         }
     )
     table = {}
@@ -636,8 +637,7 @@ def _functionalize_writes(
         for tensor in placeholders:
             if tensor in newest:
                 g.call_function(aten.copy_.default, (tensor, newest[tensor]))
-    graph.recompile()
-    return graph
+    return graph  # (not recompiled: _finalize edits it further and then does, ~15 ms each)
 
 
 def _op_locator(fn, slots, inputs, table) -> Callable:
