@@ -73,18 +73,30 @@ def _core_aten_table() -> dict:
     return dict(post_autograd() if post_autograd is not None else core_aten_decompositions())
 
 
-#: Ops the capture keeps whole though torch's table decomposes them: the backward ops of a
-#: transformer's layers and loss, which have lowerings of their own (tested against eager
-#: torch in ``tests/jax_backend/test_ops.py``). Their decompositions were ~0.1 s of a small
-#: transformer's ~0.5 s capture (layer norm's backward alone 8 ms a layer) and gave XLA more
-#: kernels to compile for the same math: a gather and a scatter per loss.
-WHOLE_BACKWARD_OPS = (
+#: Ops the capture keeps whole though torch's table decomposes them; each has a lowering of its
+#: own, tested against eager torch (``tests/jax_backend/test_whole_ops.py``):
+#: - the backward ops of a transformer's layers and loss: their decompositions were ~0.1 s of a
+#:   small transformer's ~0.5 s capture (layer norm's backward alone 8 ms a layer) and gave XLA
+#:   more kernels for the same math (a gather and a scatter per loss);
+#: - lerp, addcmul and addcdiv, which torch's multi-tensor optimizers apply to every parameter:
+#:   a decomposed lerp is 11 nodes, ~9 ms of tracing (0.45 s an AdamW step of 52 tensors).
+WHOLE_OPS = (
     aten.native_layer_norm_backward.default,
     aten.embedding_dense_backward.default,
     aten.gelu_backward.default,
     aten._log_softmax_backward_data.default,
     aten.nll_loss_forward.default,
     aten.nll_loss_backward.default,
+    aten.lerp.Scalar,
+    aten.lerp.Tensor,
+    aten.addcmul.default,
+    aten.addcdiv.default,
+    # and their in-place forms, whose decompositions call torch's reference functions directly
+    # (not the ops above); captured whole, functionalization makes them the ops above
+    aten.lerp_.Scalar,
+    aten.lerp_.Tensor,
+    aten.addcmul_.default,
+    aten.addcdiv_.default,
 )
 
 
@@ -112,7 +124,7 @@ def core_decompositions() -> Mapping:
     # Lowered whole (as its backward is): its decomposition is the slowest of a transformer's
     # trace, ~35 ms per attention layer, for the same math the lowering emits.
     table.pop(aten._scaled_dot_product_flash_attention_for_cpu.default, None)
-    for op in WHOLE_BACKWARD_OPS:
+    for op in WHOLE_OPS:
         table.pop(op, None)
     table.update(foreach_decompositions())
     return types.MappingProxyType(table)  # shared: callers extend a copy

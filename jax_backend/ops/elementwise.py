@@ -636,11 +636,46 @@ def aten_threshold_backward(grad, x, threshold):
     return jnp.where(x > threshold, grad, jnp.zeros((), grad.dtype))
 
 
+# lerp, addcmul and addcdiv are kept whole by the capture (capture.WHOLE_OPS): torch's
+# multi-tensor optimizers apply them to every parameter, and their decompositions cost ~2-9 ms
+# of tracing each. Each is torch's formula in its order of operations (that of its CPU kernel
+# and its decomposition), computed in float32 for half operands and rounded once, as both do.
+def _opmath(dtype):
+    return jnp.float32 if dtype in (jnp.float16, jnp.bfloat16) else dtype
+
+
+def _in(dtype, *operands):
+    """``operands`` in ``dtype``; a Python number stays one (a weak scalar of that dtype)."""
+    return [a.astype(dtype) if isinstance(a, jax.Array) else a for a in operands]
+
+
 @lowers(aten.lerp.Scalar, aten.lerp.Tensor)
 def aten_lerp(x, end, weight):
-    x, end, weight = promote(x, end, weight)
-    # torch's formula: for |w| < 0.5 start from x, otherwise from end (better accuracy).
-    return jnp.where(jnp.abs(weight) < 0.5, x + weight * (end - x), end - (end - x) * (1 - weight))
+    dtype = dtypes.result_jax_dtype(x, end, weight)
+    x, end, weight = _in(_opmath(dtype), x, end, weight)
+    # For |w| < 0.5 it starts from x, otherwise from end (better accuracy); a Python weight
+    # (an optimizer's 1 - beta) picks its side here, leaving XLA one formula.
+    if not isinstance(weight, jax.Array):
+        side = x + weight * (end - x) if abs(weight) < 0.5 else end - (end - x) * (1 - weight)
+        return side.astype(dtype)
+    result = jnp.where(
+        jnp.abs(weight) < 0.5, x + weight * (end - x), end - (end - x) * (1 - weight)
+    )
+    return result.astype(dtype)
+
+
+@lowers(aten.addcmul.default)
+def aten_addcmul(x, tensor1, tensor2, *, value=1):
+    dtype = dtypes.result_jax_dtype(x, tensor1, tensor2)
+    x, tensor1, tensor2 = _in(_opmath(dtype), x, tensor1, tensor2)
+    return (x + value * tensor1 * tensor2).astype(dtype)
+
+
+@lowers(aten.addcdiv.default)
+def aten_addcdiv(x, tensor1, tensor2, *, value=1):
+    dtype = dtypes.float_dtype_for(dtypes.result_jax_dtype(x, tensor1, tensor2))
+    x, tensor1, tensor2 = _in(_opmath(dtype), x, tensor1, tensor2)
+    return (x + value * tensor1 / tensor2).astype(dtype)
 
 
 @lowers(aten.complex.default)

@@ -127,7 +127,7 @@ def aten_batch_norm_no_training(x, weight, bias, running_mean, running_var, mome
 
 
 # ------------------------------------------------------------------- normalisation backward
-# Layer norm's is kept whole by the capture (capture.WHOLE_BACKWARD_OPS); group norm's is
+# Layer norm's is kept whole by the capture (capture.WHOLE_OPS); group norm's is
 # decomposed by core_aten_decompositions, lowered too so graphs captured without it still run.
 @lowers(aten.native_layer_norm_backward.default)
 def aten_native_layer_norm_backward(

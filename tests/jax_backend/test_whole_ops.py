@@ -1,11 +1,13 @@
-"""The backward ops the capture keeps whole (``capture.WHOLE_BACKWARD_OPS``): layer norm's,
-the embedding's, GELU's, log-softmax's, and the negative log-likelihood forward and backward.
+"""The ops the capture keeps whole (``capture.WHOLE_OPS``): the backward ops of layer norm,
+the embedding, GELU and log-softmax, the negative log-likelihood forward and backward, and
+the optimizers' lerp, addcmul and addcdiv.
 
 torch's table would decompose them; the capture keeps them as one node each and their own
 lowerings run. Each is compared here with eager torch, forward and gradients, over the
 options that change its maths (weights, ignored and repeated classes, padding and frequency
-scaling, the two GELUs, unbatched inputs, bfloat16 GELU and cross-entropy), and the capture is checked to keep
-them whole, so that these comparisons exercise the lowerings and not torch's decompositions.
+scaling, the two GELUs, both branches of lerp, unbatched inputs, bfloat16), and the capture
+is checked to keep them whole, so that these comparisons exercise the lowerings and not
+torch's decompositions.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from jax_backend import capture_step
-from jax_backend.capture import WHOLE_BACKWARD_OPS
+from jax_backend.capture import WHOLE_OPS
 from tests.jax_backend.test_ops import Case, _float, _inputs, check, run_engine
 
 aten = torch.ops.aten
@@ -155,6 +157,67 @@ CASES = [
         _inputs(_float(5, 3, grad=True), lambda: torch.tensor([4, 1, 4, 0])),
         grad=True,
     ),
+    # ---------------------------------------------------------- the optimizers' ternary ops
+    Case(  # weights on both sides of 0.5 (the formula switches there), negative and above 1
+        "lerp_tensor_weight",
+        lambda x, e, w: torch.lerp(x, e, w),
+        _inputs(
+            _float(6, 5, grad=True),
+            _float(6, 5, grad=True),
+            lambda: (
+                torch.tensor([-0.5, 0.0, 0.1, 0.49, 0.5, 0.9, 1.0, 1.7]).repeat(4)[:30].view(6, 5)
+            ),
+        ),
+        grad=True,
+    ),
+    *[
+        Case(
+            f"lerp_scalar_{weight}",
+            lambda x, e, weight=weight: torch.lerp(x, e, weight),
+            _inputs(_float(4, 7, grad=True), _float(4, 7, grad=True)),
+            grad=True,
+        )
+        for weight in (0.1, 0.999, -0.3)
+    ],
+    Case(
+        "lerp_bf16",
+        lambda x, e: torch.lerp(x, e, 0.1),
+        _inputs(_float(64, dtype=torch.bfloat16), _float(64, dtype=torch.bfloat16)),
+        rtol=0,
+        atol=0,
+    ),
+    Case(
+        "addcmul_value_broadcast",
+        lambda x, a, b: torch.addcmul(x, a, b, value=-0.25),
+        _inputs(_float(3, 4, grad=True), _float(4, grad=True), _float(3, 1, grad=True)),
+        grad=True,
+    ),
+    Case(
+        "addcmul_int",
+        lambda x, a, b: torch.addcmul(x, a, b, value=3),
+        _inputs(
+            lambda: torch.randint(-9, 9, (5,)),
+            lambda: torch.randint(-9, 9, (5,)),
+            lambda: torch.randint(-9, 9, (5,)),
+        ),
+    ),
+    Case(
+        "addcdiv_value",
+        lambda x, a, b: torch.addcdiv(x, a, b, value=0.01),
+        _inputs(_float(3, 4, grad=True), _float(3, 4, grad=True), _float(3, 4, low=0.5, grad=True)),
+        grad=True,
+    ),
+    Case(
+        "addcmul_addcdiv_bf16",
+        lambda x, a, b: (torch.addcmul(x, a, b, value=0.5), torch.addcdiv(x, a, b, value=2.0)),
+        _inputs(
+            _float(64, dtype=torch.bfloat16),
+            _float(64, dtype=torch.bfloat16),
+            _float(64, low=0.5, dtype=torch.bfloat16),
+        ),
+        rtol=0,
+        atol=0,
+    ),
     # ------------------------------------------------------------------------- log-softmax
     Case(
         "log_softmax_middle_axis",
@@ -175,7 +238,15 @@ def _step(x, t, w, i, ln_w, ln_b):
     h = F.gelu(F.layer_norm(h, (4,), ln_w, ln_b))
     logits = h.sum(-1).reshape(2, 3)
     loss = F.cross_entropy(logits, t) + F.nll_loss(F.log_softmax(x, -1), t, reduction="sum")
-    return torch.autograd.grad(loss, [x, w, ln_w])
+    grads = torch.autograd.grad(loss, [x, w, ln_w])
+    w2 = torch.lerp(w, grads[1], 0.1).lerp_(w, torch.full_like(w, 0.3))
+    w2 = torch.addcdiv(torch.addcmul(w2, w, grads[1]), w, w.abs() + 1)
+    return *grads, w2
+
+
+def _functional(op):
+    name = op._schema.name.split("::")[-1]
+    return getattr(getattr(aten, name.rstrip("_")), op._overloadname) if name.endswith("_") else op
 
 
 def test_capture_keeps_them_whole():
@@ -190,7 +261,9 @@ def test_capture_keeps_them_whole():
     ]
     graph = capture_step(_step, [], inputs).graph.graph
     targets = {node.target for node in graph.nodes if node.op == "call_function"}
-    assert set(WHOLE_BACKWARD_OPS) <= targets, set(WHOLE_BACKWARD_OPS) - targets
+    functional = {_functional(op) for op in WHOLE_OPS}  # (in-place forms are functionalized)
+    assert functional <= targets, functional - targets
+    assert aten.where.self not in targets  # (what a decomposed lerp is made of)
     assert aten.scatter.value not in targets and aten.gather.default not in targets
 
 
