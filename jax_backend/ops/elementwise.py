@@ -519,6 +519,16 @@ lowers(aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar)(
 
 
 # ------------------------------------------------------------------------------- activations
+def _opmath(dtype):
+    """The dtype torch's kernels compute ``dtype`` in: float32 for half types."""
+    return jnp.float32 if dtype in (jnp.float16, jnp.bfloat16) else dtype
+
+
+def _in(dtype, *operands):
+    """``operands`` in ``dtype``; a Python number stays one (a weak scalar of that dtype)."""
+    return [a.astype(dtype) if isinstance(a, jax.Array) else a for a in operands]
+
+
 def _in_opmath(activation):
     """An activation of half-precision ``x`` computed in float32 and rounded once, as torch's
     kernels compute it (their "opmath" type): a formula of several steps in bfloat16 would
@@ -553,8 +563,7 @@ def aten_gelu_backward(grad, x, *, approximate="none"):
     """torch's formula (its CPU kernel's and its decomposition's), in float32 for half
     operands and rounded once."""
     dtype = dtypes.result_jax_dtype(grad, x)
-    opmath = compute_dtype(jnp.zeros((), dtype))
-    g, x = grad.astype(opmath), x.astype(opmath)
+    g, x = _in(_opmath(dtype), grad, x)
     if approximate == "tanh":
         beta = _SQRT2 * _2_SQRTPI * 0.5
         kappa = 0.044715
@@ -640,15 +649,6 @@ def aten_threshold_backward(grad, x, threshold):
 # multi-tensor optimizers apply them to every parameter, and their decompositions cost ~2-9 ms
 # of tracing each. Each is torch's formula in its order of operations (that of its CPU kernel
 # and its decomposition), computed in float32 for half operands and rounded once, as both do.
-def _opmath(dtype):
-    return jnp.float32 if dtype in (jnp.float16, jnp.bfloat16) else dtype
-
-
-def _in(dtype, *operands):
-    """``operands`` in ``dtype``; a Python number stays one (a weak scalar of that dtype)."""
-    return [a.astype(dtype) if isinstance(a, jax.Array) else a for a in operands]
-
-
 @lowers(aten.lerp.Scalar, aten.lerp.Tensor)
 def aten_lerp(x, end, weight):
     dtype = dtypes.result_jax_dtype(x, end, weight)
