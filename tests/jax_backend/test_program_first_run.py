@@ -33,7 +33,11 @@ def events(monkeypatch):
     monkeypatch.setattr(jax_compiler, "compile_or_get_cached", compiling)
     monkeypatch.setattr(host_memory, "trim", lambda: log.append("trim"))
     monkeypatch.setattr(DeviceState, "update", ran)
-    return log
+    yield log
+    # The engine's tests get no fresh cstorch state (tests/conftest.py): the backend made here
+    # is torn down, or its global module hooks stay for the next test (the graph cache's key
+    # would walk them).
+    cstorch.config.reset()
 
 
 def _model():
