@@ -528,7 +528,15 @@ _IDENTITY_VIEWS = {aten.alias.default, aten.detach.default}
 
 
 def _is_fresh(node) -> bool:
-    """A tensor an ATen op made, that aliases nothing (so writing it writes nothing else)."""
+    """A tensor an ATen op made, that aliases nothing (so writing it writes nothing else): its
+    result, or one result of an op with several (layer norm's backward: the weight's and the
+    bias's gradients, which gradient clipping then scales in place)."""
+    if (
+        node.op == "call_function"
+        and node.target is operator.getitem
+        and isinstance(node.args[0], torch.fx.Node)
+    ):
+        node = node.args[0]
     return (
         node.op == "call_function"
         and hasattr(node.target, "_schema")

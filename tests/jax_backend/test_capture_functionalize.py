@@ -231,3 +231,30 @@ def test_other_mutations_take_the_general_pass(write, monkeypatch):
         return step
 
     _check(fn, {"a": torch.arange(4.0)}, [torch.full((4,), 3.0)], False, monkeypatch)
+
+
+def test_gradients_of_a_several_result_op_clipped_in_place_skip_the_pass(monkeypatch):
+    """Layer norm's backward is one op with three results (kept whole by the capture): its
+    weight's and bias's gradients are fresh tensors, so gradient clipping's in-place scaling
+    of them (nanoGPT's `clip_grad_norm_` before AdamW) keeps the fast path."""
+
+    def fn(state):
+        def step(x):
+            w, b = state["w"], state["b"]
+            loss = (torch.nn.functional.layer_norm(x, (5,), w, b) ** 2).mean()
+            grads = torch.autograd.grad(loss, [w, b])
+            with torch.no_grad():  # clip_grad_norm_'s arithmetic, on the gradients themselves
+                norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))
+                torch._foreach_mul_(list(grads), torch.clamp(0.01 / (norm + 1e-6), max=1.0))
+                w.sub_(grads[0])
+                b.sub_(grads[1])
+            return loss
+
+        return step
+
+    g = torch.Generator().manual_seed(2)
+    state = {
+        "w": torch.randn(5, generator=g).requires_grad_(),
+        "b": torch.randn(5, generator=g).requires_grad_(),
+    }
+    _check(fn, state, [torch.randn(4, 5, generator=g) * 3], True, monkeypatch)
