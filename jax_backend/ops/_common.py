@@ -38,7 +38,13 @@ def ntuple(value, n: int) -> tuple:
 
 def compute_dtype(x):
     """The dtype statistics and resampling of ``x`` are computed in: float32 for half inputs."""
-    return jnp.float32 if x.dtype in (jnp.float16, jnp.bfloat16) else x.dtype
+    return opmath_dtype(x.dtype)
+
+
+def opmath_dtype(dtype):
+    """The dtype torch's kernels compute ``dtype`` in (their "opmath" type): float32 for the
+    half types, else ``dtype`` itself."""
+    return jnp.float32 if dtype in (jnp.float16, jnp.bfloat16) else dtype
 
 
 def promote(*operands):

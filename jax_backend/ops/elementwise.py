@@ -17,7 +17,13 @@ from jax import lax
 
 from jax_backend import dtypes
 from jax_backend.errors import CstorchValueError
-from jax_backend.ops._common import as_float, compute_dtype, promote, promote_to_float
+from jax_backend.ops._common import (
+    as_float,
+    compute_dtype,
+    opmath_dtype,
+    promote,
+    promote_to_float,
+)
 from jax_backend.registry import lowers
 
 aten = torch.ops.aten
@@ -519,11 +525,6 @@ lowers(aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar)(
 
 
 # ------------------------------------------------------------------------------- activations
-def _opmath(dtype):
-    """The dtype torch's kernels compute ``dtype`` in: float32 for half types."""
-    return jnp.float32 if dtype in (jnp.float16, jnp.bfloat16) else dtype
-
-
 def _in(dtype, *operands):
     """``operands`` in ``dtype``; a Python number stays one (a weak scalar of that dtype)."""
     return [a.astype(dtype) if isinstance(a, jax.Array) else a for a in operands]
@@ -563,7 +564,7 @@ def aten_gelu_backward(grad, x, *, approximate="none"):
     """torch's formula (its CPU kernel's and its decomposition's), in float32 for half
     operands and rounded once."""
     dtype = dtypes.result_jax_dtype(grad, x)
-    g, x = _in(_opmath(dtype), grad, x)
+    g, x = _in(opmath_dtype(dtype), grad, x)
     if approximate == "tanh":
         beta = _SQRT2 * _2_SQRTPI * 0.5
         kappa = 0.044715
@@ -652,29 +653,34 @@ def aten_threshold_backward(grad, x, threshold):
 @lowers(aten.lerp.Scalar, aten.lerp.Tensor)
 def aten_lerp(x, end, weight):
     dtype = dtypes.result_jax_dtype(x, end, weight)
-    x, end, weight = _in(_opmath(dtype), x, end, weight)
+    x, end, weight = _in(opmath_dtype(dtype), x, end, weight)
+
     # For |w| < 0.5 it starts from x, otherwise from end (better accuracy); a Python weight
     # (an optimizer's 1 - beta) picks its side here, leaving XLA one formula.
+    def from_x():
+        return x + weight * (end - x)
+
+    def from_end():
+        return end - (end - x) * (1 - weight)
+
     if not isinstance(weight, jax.Array):
-        side = x + weight * (end - x) if abs(weight) < 0.5 else end - (end - x) * (1 - weight)
-        return side.astype(dtype)
-    result = jnp.where(
-        jnp.abs(weight) < 0.5, x + weight * (end - x), end - (end - x) * (1 - weight)
-    )
+        result = from_x() if abs(weight) < 0.5 else from_end()
+    else:
+        result = jnp.where(jnp.abs(weight) < 0.5, from_x(), from_end())
     return result.astype(dtype)
 
 
 @lowers(aten.addcmul.default)
 def aten_addcmul(x, tensor1, tensor2, *, value=1):
     dtype = dtypes.result_jax_dtype(x, tensor1, tensor2)
-    x, tensor1, tensor2 = _in(_opmath(dtype), x, tensor1, tensor2)
+    x, tensor1, tensor2 = _in(opmath_dtype(dtype), x, tensor1, tensor2)
     return (x + value * tensor1 * tensor2).astype(dtype)
 
 
 @lowers(aten.addcdiv.default)
 def aten_addcdiv(x, tensor1, tensor2, *, value=1):
     dtype = dtypes.float_dtype_for(dtypes.result_jax_dtype(x, tensor1, tensor2))
-    x, tensor1, tensor2 = _in(_opmath(dtype), x, tensor1, tensor2)
+    x, tensor1, tensor2 = _in(opmath_dtype(dtype), x, tensor1, tensor2)
     return (x + value * tensor1 / tensor2).astype(dtype)
 
 
