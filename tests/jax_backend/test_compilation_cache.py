@@ -96,15 +96,18 @@ THREE_STEPS = textwrap.dedent("""
         {{**counts, "loss": loss, "eager": eager_loss.item(), "marked": marked}}))
 """)
 
+# The MLP of the HALF and OPTIMIZER scripts (``width`` hidden units).
+MLP = textwrap.dedent("""
+    def build():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(),
+                                   torch.nn.Linear(width, 3))
+""")
+
 # A bfloat16 MLP: "marked" says its program calls the engine's layout copy.
 HALF_SCRIPT = (
     COUNTING
-    + textwrap.dedent("""
-        def build():
-            torch.manual_seed(0)
-            return torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(),
-                                       torch.nn.Linear(width, 3))
-    """)
+    + MLP
     + THREE_STEPS.format(features="8", lr=0.5, half=True, marker="cstorch_swap_last_two")
 )
 
@@ -128,12 +131,7 @@ CONV_SCRIPT = (
 # update through the engine's fused optimizer library.
 OPTIMIZER_SCRIPT = (
     COUNTING
-    + textwrap.dedent("""
-        def build():
-            torch.manual_seed(0)
-            return torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(),
-                                       torch.nn.Linear(width, 3))
-    """)
+    + MLP
     + THREE_STEPS.format(features="8", lr=0.1, half=False, marker="cstorch_sgd_update")
 )
 
