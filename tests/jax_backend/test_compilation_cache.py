@@ -164,6 +164,17 @@ def _run(cache_dir, tmp_path, width, batch, scale, script=SCRIPT, **env_vars):
 
 
 @pytest.mark.heavy
+def _warm_run(cache, tmp_path, cold, *args, **kwargs):
+    """``_run(cache, tmp_path, *args, **kwargs)`` again after ``cold``, whose run compiled and
+    filled ``cache``: checked to compile nothing, load the step (still calling the engine's
+    native code: "marked") and train as the first did."""
+    assert cold["misses"] >= 1 and cold["hits"] == 0
+    warm = _run(cache, tmp_path, *args, **kwargs)
+    assert warm["misses"] == 0 and warm["hits"] >= 1
+    assert warm["marked"] and warm["loss"] == cold["loss"]
+    return warm
+
+
 def test_second_run_compiles_nothing_and_changes_miss(tmp_path):
     cache = tmp_path / "cache"
     cold = _run(cache, tmp_path, width=16, batch=4, scale=1)
@@ -212,10 +223,7 @@ def test_a_bf16_step_with_the_layout_copy_is_cached_and_a_changed_setting_compil
     cold = _run(cache, tmp_path, 16, 32, 1, script=HALF_SCRIPT)
     if not cold["marked"]:
         pytest.skip("this jaxlib's XLA widens every bf16 dot: native runs as torch (callbacks)")
-    assert cold["misses"] >= 1 and cold["hits"] == 0
-    warm = _run(cache, tmp_path, 16, 32, 1, script=HALF_SCRIPT)
-    assert warm["misses"] == 0 and warm["hits"] >= 1
-    assert warm["marked"] and warm["loss"] == cold["loss"]
+    warm = _warm_run(cache, tmp_path, cold, 16, 32, 1, script=HALF_SCRIPT)
     widened = _run(cache, tmp_path, 16, 32, 1, script=HALF_SCRIPT, CSTORCH_CPU_HALF_DOTS="xla")
     assert not widened["marked"]
     assert widened["hits"] == warm["hits"] - 1  # every program but the step from the cache
@@ -233,10 +241,7 @@ def test_a_step_with_native_convolutions_is_cached_and_a_changed_setting_compile
     cache = tmp_path / "cache"
     cold = _run(cache, tmp_path, 8, 4, 1, script=CONV_SCRIPT)
     assert cold["marked"]
-    assert cold["misses"] >= 1 and cold["hits"] == 0
-    warm = _run(cache, tmp_path, 8, 4, 1, script=CONV_SCRIPT)
-    assert warm["misses"] == 0 and warm["hits"] >= 1
-    assert warm["marked"] and warm["loss"] == cold["loss"]
+    warm = _warm_run(cache, tmp_path, cold, 8, 4, 1, script=CONV_SCRIPT)
     for other in ("torch", "xla"):
         run = _run(cache, tmp_path, 8, 4, 1, script=CONV_SCRIPT, CSTORCH_CPU_CONVOLUTIONS=other)
         assert not run["marked"], other
@@ -256,10 +261,7 @@ def test_a_step_with_the_fused_optimizer_is_cached_and_a_changed_setting_compile
     cache = tmp_path / "cache"
     cold = _run(cache, tmp_path, 16, 8, 1, script=OPTIMIZER_SCRIPT)
     assert cold["marked"]
-    assert cold["misses"] >= 1 and cold["hits"] == 0
-    warm = _run(cache, tmp_path, 16, 8, 1, script=OPTIMIZER_SCRIPT)
-    assert warm["misses"] == 0 and warm["hits"] >= 1
-    assert warm["marked"] and warm["loss"] == cold["loss"]
+    warm = _warm_run(cache, tmp_path, cold, 16, 8, 1, script=OPTIMIZER_SCRIPT)
     xla = _run(cache, tmp_path, 16, 8, 1, script=OPTIMIZER_SCRIPT, CSTORCH_CPU_OPTIMIZER="xla")
     assert not xla["marked"]
     assert xla["hits"] == warm["hits"] - 1  # every program but the step
