@@ -163,7 +163,6 @@ def _run(cache_dir, tmp_path, width, batch, scale, script=SCRIPT, **env_vars):
     return result
 
 
-@pytest.mark.heavy
 def _warm_run(cache, tmp_path, cold, *args, **kwargs):
     """``_run(cache, tmp_path, *args, **kwargs)`` again after ``cold``, whose run compiled and
     filled ``cache``: checked to compile nothing, load the step (still calling the engine's
@@ -175,6 +174,7 @@ def _warm_run(cache, tmp_path, cold, *args, **kwargs):
     return warm
 
 
+@pytest.mark.heavy
 def test_second_run_compiles_nothing_and_changes_miss(tmp_path):
     cache = tmp_path / "cache"
     cold = _run(cache, tmp_path, width=16, batch=4, scale=1)
