@@ -39,6 +39,8 @@ class TransposedOperand:
 
 
 _LOWERINGS: dict = {}
+#: Ops that write lists of tensors in place: ``{op: (functional op, written list positions)}``.
+_LIST_WRITES: dict = {}
 
 
 def lowers(*overloads, random: bool = False, transposed_operands: tuple = ()):
@@ -55,6 +57,21 @@ def lowers(*overloads, random: bool = False, transposed_operands: tuple = ()):
         return fn
 
     return register
+
+
+def writes_lists(op, functional, positions: tuple) -> None:
+    """Registers ``op`` as writing, in place, the tensors of its list arguments at
+    ``positions``: the values that ``functional`` (a lowered op of the same arguments)
+    returns, in that order. The capture records such an op as one node and turns it into
+    ``functional`` and a ``copy_`` per written tensor, which is what tracing those copies one
+    by one would have recorded, without their tracing cost."""
+    _LIST_WRITES[op] = (functional, tuple(positions))
+
+
+def list_writes(op):
+    """``(functional op, written list positions)`` of an op registered by ``writes_lists``,
+    else None."""
+    return _LIST_WRITES.get(op)
 
 
 def lookup(op) -> Lowering:

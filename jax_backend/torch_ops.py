@@ -2,7 +2,8 @@
 
 ``cstorch::optimizer_step`` and ``cstorch::schedule`` let torch-facing code (cstorch's
 optimizers and schedulers) put an optimizer update or a schedule into a traced step as one
-graph node. Their lowering calls ``jax_backend.optimizers`` / ``jax_backend.schedules``
+graph node (an optimizer traces ``cstorch::optimizer_update``, the same update written in
+place, which the capture turns into ``optimizer_step`` and the writes). Their lowering calls ``jax_backend.optimizers`` / ``jax_backend.schedules``
 directly, and their eager implementation (used outside a traced step) runs the very same JAX
 code on copies of the tensors, so there is a single definition of the maths.
 
@@ -30,7 +31,7 @@ from jax_backend import native_optimizer, optimizers, schedules
 from jax_backend.dtypes import array_to_tensor, initial_tensor, tensor_to_array, to_jax_dtype
 from jax_backend.errors import CstorchValueError
 from jax_backend.jax_settings import engine_scope, in_engine_scope
-from jax_backend.registry import lowers
+from jax_backend.registry import lowers, writes_lists
 
 
 class OptimizerSpec(NamedTuple):
@@ -183,6 +184,35 @@ def _optimizer_step_fake(config, params, grads, state, dynamic_values):
 
 
 lowers(torch.ops.cstorch.optimizer_step.default)(_optimizer_step_jax)
+
+
+@torch.library.custom_op("cstorch::optimizer_update", mutates_args=("params", "state"))
+def optimizer_update(
+    config: str,
+    params: List[torch.Tensor],
+    grads: List[torch.Tensor],
+    state: List[torch.Tensor],
+    dynamic_values: List[torch.Tensor],
+) -> None:
+    """``optimizer_step`` written into ``params`` and ``state`` in place. A step traces this
+    one node where the functional op and a ``copy_`` per tensor cost a quarter of a
+    transformer's capture; the capture turns it back into those (``registry.writes_lists``)."""
+    outputs = optimizer_step(config, params, grads, state, dynamic_values)
+    with torch.no_grad():
+        for target, value in zip(list(params) + list(state), outputs):
+            target.copy_(value)
+
+
+@optimizer_update.register_fake
+def _optimizer_update_fake(config, params, grads, state, dynamic_values):
+    return None
+
+
+writes_lists(
+    torch.ops.cstorch.optimizer_update.default,
+    torch.ops.cstorch.optimizer_step.default,
+    positions=(1, 3),
+)
 
 
 def _schedule_jax(config, step):

@@ -4,8 +4,8 @@ All state is created up front in ``preinitialize()`` (so the whole step, optimiz
 can be compiled before the first step) and ``step()`` only updates existing state.
 
 Built-in optimizers (``BuiltinOptimizer`` subclasses) hold hyperparameters only: their
-``step()`` emits one ``cstorch::optimizer_step`` op per param group, whose meaning is the pure
-JAX update rule in ``jax_backend.optimizers``. User subclasses write ``step()`` in torch ops
+``step()`` emits one ``cstorch::optimizer_update`` op per param group (``optimizer_step``
+written in place), whose meaning is the pure JAX update rule in ``jax_backend.optimizers``. User subclasses write ``step()`` in torch ops
 and are captured like any other torch code.
 
 Differences from cerebras-pytorch 2.10 (on purpose):
@@ -381,9 +381,7 @@ class BuiltinOptimizer(Optimizer):
             static, dynamic = self._rule_arguments(group)
             config = optimizer_config(self.rule, static, list(dynamic))
             state = self._state_leaves(params, config)
-            outputs = torch.ops.cstorch.optimizer_step(
+            torch.ops.cstorch.optimizer_update(
                 config, params, [p.grad for p in params], state, list(dynamic.values())
             )
-            for target, value in zip(params + state, outputs):
-                target.copy_(value)
         return loss

@@ -13,6 +13,7 @@ import torch
 
 import jax_backend.capture as capture_module
 from jax_backend import Program, Slot, capture_step, dtypes
+from jax_backend.torch_ops import optimizer_config
 
 
 def _run_captured(fn, state: dict, inputs):
@@ -258,3 +259,74 @@ def test_gradients_of_a_several_result_op_clipped_in_place_skip_the_pass(monkeyp
         "b": torch.randn(5, generator=g).requires_grad_(),
     }
     _check(fn, state, [torch.randn(4, 5, generator=g) * 3], True, monkeypatch)
+
+
+def _optimizer_update_step(state, written_out, view_read_after=False):
+    """A linear model's backward and SGD with momentum, as the project's optimizers write it
+    (one ``cstorch::optimizer_update`` node writing the parameters and buffers in place, which
+    the capture expands into ``optimizer_step`` and a copy per tensor), or written out in torch
+    ops (the reference). ``view_read_after``: a view of a parameter, taken before the update,
+    is read after it, which only the general functionalization pass handles."""
+
+    def step(x, y):
+        w, b = state["w"], state["b"]
+        flat = w.view(-1)
+        loss = torch.nn.functional.mse_loss(x @ w.t() + b, y)
+        gw, gb = torch.autograd.grad(loss, [w, b])
+        params, grads, buffers = [w, b], [gw, gb], [state["mw"], state["mb"]]
+        with torch.no_grad():
+            if written_out:  # buf = 0.9·buf + g; p = p - 0.1·buf
+                for p, g, buf in zip(params, grads, buffers):
+                    buf.copy_(buf * 0.9 + g)
+                    p.copy_(p - 0.1 * buf)
+            else:
+                config = optimizer_config("sgd", {"learning_rate": 0.1, "momentum": 0.9}, [])
+                torch.ops.cstorch.optimizer_update(config, params, grads, buffers, [])
+        return (loss, flat * 1) if view_read_after else loss
+
+    return step
+
+
+@pytest.mark.parametrize("view_read_after", [False, True], ids=["fast pass", "general pass"])
+def test_an_optimizer_writing_lists_in_place(view_read_after, monkeypatch):
+    """The capture expands an op registered with ``registry.writes_lists`` into its functional
+    op and the writes, on both passes; the step gives torch's numbers, as does the op run
+    eagerly."""
+    g = torch.Generator().manual_seed(3)
+    state = {
+        "w": torch.randn(3, 5, generator=g).requires_grad_(),
+        "b": torch.randn(3, generator=g).requires_grad_(),
+        "mw": torch.randn(3, 5, generator=g),
+        "mb": torch.randn(3, generator=g),
+    }
+    inputs = [torch.randn(8, 5, generator=g), torch.randn(8, 3, generator=g)]
+    expanded = []
+    real = capture_module._expand_list_writes
+    monkeypatch.setattr(
+        capture_module,
+        "_expand_list_writes",
+        lambda graph: expanded.append(real(graph)) or expanded[-1],
+    )
+    want = copy.deepcopy(state)
+    want_out = _optimizer_update_step(want, True, view_read_after)(*inputs)
+    want_out = want_out if isinstance(want_out, tuple) else (want_out,)
+    eager = copy.deepcopy(state)  # the op run eagerly (its own implementation) writes the same
+    _optimizer_update_step(eager, False, view_read_after)(*inputs)
+    for name, value in want.items():
+        torch.testing.assert_close(eager[name], value, rtol=1e-6, atol=1e-7)
+    taken = []
+    real_simple = capture_module._simple_writes
+    monkeypatch.setattr(
+        capture_module,
+        "_simple_writes",
+        lambda *args: taken.append(real_simple(*args)) or taken[-1],
+    )
+    got, got_out = _run_captured(
+        lambda s: _optimizer_update_step(s, False, view_read_after), state, inputs
+    )
+    assert expanded == [True]
+    assert [writes is not None for writes in taken] == [not view_read_after]
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value.detach().numpy(), rtol=1e-6, atol=1e-7)
+    for out, value in zip(got_out, want_out):
+        np.testing.assert_allclose(out, value.detach().numpy(), rtol=1e-6, atol=1e-7)
