@@ -25,6 +25,7 @@ from jax_backend.ops._common import (
     dot_precision,
     dot_result_dtype,
     ntuple,
+    opmath_dtype,
     promote,
 )
 from jax_backend.ops.reduction import aten_sum
@@ -662,14 +663,18 @@ def aten_nll_loss_forward(x, target, weight, reduction, ignore_index):
     loss = jnp.where(bad, jnp.full((), jnp.nan, x.dtype), loss)
     if reduction == 0 and x.ndim > 1:
         return loss, jnp.zeros((), x.dtype)
-    if class_weight is None:
-        total_weight = aten_sum(counted).astype(x.dtype)
-    else:
-        total_weight = aten_sum(jnp.where(counted, class_weight, jnp.zeros((), x.dtype)))
+    zero = jnp.zeros((), x.dtype)
+    weights = (
+        counted.astype(x.dtype) if class_weight is None else jnp.where(counted, class_weight, zero)
+    )
     if reduction == 0:
-        return loss.reshape(()), total_weight
-    loss = aten_sum(loss)
-    return (loss / total_weight if reduction == _MEAN else loss), total_weight
+        return loss.reshape(()), aten_sum(weights)
+    # The losses and the weights summed as rows of one [2, N] array, in float32 for half types
+    # (as torch's kernel): XLA's CPU compiler splits a lone vector's sum under 4096 elements
+    # into three kernels, so two sums were six kernels to compile and the pair is one.
+    loss, total_weight = jnp.sum(jnp.stack([loss, weights]).astype(opmath_dtype(x.dtype)), axis=1)
+    loss = loss / total_weight if reduction == _MEAN else loss
+    return loss.astype(x.dtype), total_weight.astype(x.dtype)
 
 
 # - func: nll_loss_backward(Tensor grad_output, Tensor self, Tensor target, Tensor? weight,
