@@ -3,9 +3,10 @@
 ``cstorch::optimizer_step`` and ``cstorch::schedule`` let torch-facing code (cstorch's
 optimizers and schedulers) put an optimizer update or a schedule into a traced step as one
 graph node (an optimizer traces ``cstorch::optimizer_update``, the same update written in
-place, which the capture turns into ``optimizer_step`` and the writes). Their lowering calls ``jax_backend.optimizers`` / ``jax_backend.schedules``
-directly, and their eager implementation (used outside a traced step) runs the very same JAX
-code on copies of the tensors, so there is a single definition of the maths.
+place, which the capture turns into ``optimizer_step`` and the writes). Their lowering calls
+``jax_backend.optimizers`` / ``jax_backend.schedules`` directly, and their eager
+implementation (used outside a traced step) runs the very same JAX code on copies of the
+tensors, so there is a single definition of the maths.
 
 Each op carries its own description in the graph, as a canonical JSON string: the schedule
 op its config (``schedule_config``), the optimizer op its spec (``optimizer_config``: the

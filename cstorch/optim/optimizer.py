@@ -5,8 +5,8 @@ can be compiled before the first step) and ``step()`` only updates existing stat
 
 Built-in optimizers (``BuiltinOptimizer`` subclasses) hold hyperparameters only: their
 ``step()`` emits one ``cstorch::optimizer_update`` op per param group (``optimizer_step``
-written in place), whose meaning is the pure JAX update rule in ``jax_backend.optimizers``. User subclasses write ``step()`` in torch ops
-and are captured like any other torch code.
+written in place), whose meaning is the pure JAX update rule in ``jax_backend.optimizers``.
+User subclasses write ``step()`` in torch ops and are captured like any other torch code.
 
 Differences from cerebras-pytorch 2.10 (on purpose):
 
