@@ -195,27 +195,33 @@ def _implementation(q, k, v, attn_mask, is_causal):
 
 
 def _written_out(q, k, v) -> bool:
-    """Whether ``_cpu_half_vjp`` computes this call: half inputs whose products accumulate in
-    float32 (the CPU), one key/value head per query head, no broadcast batch dims."""
+    """Whether ``_cpu_vjp`` computes this call: half inputs whose products accumulate in
+    float32 (the CPU) or float32 inputs on the CPU, one key/value head per query head, no
+    broadcast batch dims."""
     return (
-        q.dtype in _HALF
-        and q.dtype == k.dtype == v.dtype
-        and dot_result_dtype(q.dtype) is not None
+        q.dtype == k.dtype == v.dtype
+        and (
+            (q.dtype in _HALF and dot_result_dtype(q.dtype) is not None)
+            or (q.dtype == jnp.float32 and target_module.current().platform == "cpu")
+        )
         and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]
     )
 
 
-def _cpu_half_vjp(q, k, v, attn_mask, is_causal, scale):
-    """(output, VJP function) of ``xla_attention`` for half inputs on the CPU, the backward
-    written out instead of JAX's: its products take bfloat16 operands, as torch's CPU flash
-    attention's backward does (the score gradient rounded to the input dtype before the two
-    products that read it), in the forms XLA's bfloat16 kernels run (``linalg.dot``: the
-    transposed products through the engine's layout copy where the program has it). JAX's
-    VJP widens all four products to float32 (the cotangent arrives in float32). For bfloat16
-    in a program with the layout copy, the query, key, value and output gradient are first
-    made row-major (``layout_copy.row_major``): split into heads by a transpose, they would
-    have XLA widen the forward's two products and two of the backward's (float16 products
-    are widened whatever the layout)."""
+def _cpu_vjp(q, k, v, attn_mask, is_causal, scale):
+    """(output, VJP function) of ``xla_attention`` on the CPU, the backward written out
+    instead of JAX's. For float32 it is JAX's formula (softmax's ``p·(g − Σ g·p)``) without
+    ``jax.vjp``'s linearization, which was a quarter of a transformer's lowering, and of which
+    XLA made five more distinct kernels (the same losses). For half inputs its products take
+    the input dtype's operands, as torch's CPU flash attention's backward does (the score
+    gradient rounded to the input dtype before the two products that read it), in the forms
+    XLA's bfloat16 kernels run (``linalg.dot``: the transposed products through the engine's
+    layout copy where the program has it); JAX's VJP widens all four products to float32
+    (the cotangent arrives in float32). For bfloat16 in a program with the layout copy, the
+    query, key, value and output gradient are first made row-major
+    (``layout_copy.row_major``): split into heads by a transpose, they would have XLA widen
+    the forward's two products and two of the backward's (float16 products are widened
+    whatever the layout)."""
     copied = layout_copy.applies() and q.dtype == jnp.bfloat16
     if copied:
         q, k, v = layout_copy.row_major(q), layout_copy.row_major(k), layout_copy.row_major(v)
@@ -244,7 +250,7 @@ def _vjp(q, k, v, attn_mask, is_causal, scale):
     """(output, VJP function) of the chosen implementation."""
     implementation = _implementation(q, k, v, attn_mask, is_causal)
     if implementation is xla_attention and _written_out(q, k, v):
-        return _cpu_half_vjp(q, k, v, attn_mask, is_causal, scale)
+        return _cpu_vjp(q, k, v, attn_mask, is_causal, scale)
     try:
         return jax.vjp(
             lambda q_, k_, v_: implementation(q_, k_, v_, attn_mask, is_causal, scale), q, k, v

@@ -211,20 +211,33 @@ def test_bf16_attention_backward_leaves_no_widened_dot_with_the_copy():
     )  # pᵀ·dO and dsᵀ·q (and every other one on jaxlib 0.7)
 
 
-def test_float32_and_grouped_query_attention_keep_jaxs_vjp():
-    """Written out only for half inputs with one key/value head per query head; float32
-    attention is JAX's VJP as before (and matches float64 closely)."""
+def test_float32_attention_on_the_cpu_is_written_out_as_jaxs_vjp():
+    """Float32 attention on the CPU takes the written-out backward too (JAX's formula without
+    its linearization): JAX's own VJP's numbers to float32 rounding, and close to float64.
+    On a GPU, and with fewer key/value heads than query heads, JAX's VJP stays."""
     case = _attention_case(torch.float32)
     ours, text = _ours(*case, COPIES)
     exact = _float64_reference(*case)
     for o, x in zip(ours, exact):
         np.testing.assert_allclose(o, x, rtol=0, atol=2e-5 * np.abs(x).max())
+    q, k, v, grad = (jnp.asarray(t.detach().numpy()) for t in case[:4])
+    with lowering_for(CPU):
+        out, vjp = jax.vjp(
+            lambda a, b, c: attention.xla_attention(a, b, c, None, case[4], None), q, k, v
+        )
+        jaxs = [out, *vjp(grad)]
+        assert attention._written_out(q, k, v)
+    for o, j in zip(ours, jaxs):
+        np.testing.assert_allclose(o, j, rtol=0, atol=2e-6 * np.abs(o).max())
     assert "cstorch_swap_last_two" not in text
-    q = jnp.zeros((2, 4, 8, 16), jnp.bfloat16)
-    kv = jnp.zeros((2, 2, 8, 16), jnp.bfloat16)
-    with lowering_for(COPIES):
-        assert attention._written_out(q, q, q)
-        assert not attention._written_out(q, kv, kv)
+    with lowering_for(Target("gpu")):
+        assert not attention._written_out(q, k, v)
+    for dtype in (jnp.bfloat16, jnp.float32):
+        q = jnp.zeros((2, 4, 8, 16), dtype)
+        kv = jnp.zeros((2, 2, 8, 16), dtype)
+        with lowering_for(COPIES):
+            assert attention._written_out(q, q, q)
+            assert not attention._written_out(q, kv, kv)
 
 
 def _float32_dots(compiled_text: str) -> int:
