@@ -19,7 +19,6 @@ from jax_backend import dtypes
 from jax_backend.errors import CstorchValueError
 from jax_backend.ops._common import (
     as_float,
-    compute_dtype,
     opmath_dtype,
     promote,
     promote_to_float,
@@ -530,23 +529,34 @@ def _in(dtype, *operands):
     return [a.astype(dtype) if isinstance(a, jax.Array) else a for a in operands]
 
 
-def _in_opmath(activation):
-    """An activation of half-precision ``x`` computed in float32 and rounded once, as torch's
-    kernels compute it (their "opmath" type): a formula of several steps in bfloat16 would
-    round after each, giving other numbers than torch's, and XLA's CPU code converts at every
-    one (a bf16 GELU over 2048x1024 took 1.4 ms that way). The result is cast back to ``x``'s
-    dtype here, so the activations need not."""
+def _float_of_first(x, *_):
+    return dtypes.float_dtype_for(x.dtype)
 
-    @functools.wraps(activation)
-    def lowering(x, *args, **kwargs):
-        x = as_float(x)
-        return activation(x.astype(compute_dtype(x)), *args, **kwargs).astype(x.dtype)
 
-    return lowering
+def _in_opmath(result=dtypes.result_jax_dtype):
+    """A lowering computed as torch's kernels compute half precision (their "opmath" type):
+    its array operands (positional) in float32 for a half ``result(*operands)`` dtype, the
+    result rounded once to that dtype, so the lowering need not. A formula of several steps in
+    bfloat16 would round after each, giving other numbers than torch's, and XLA's CPU code
+    converts at every one (a bf16 GELU over 2048x1024 took 1.4 ms that way)."""
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def lowering(*operands, **kwargs):
+            dtype = result(*operands)
+            return fn(*_in(opmath_dtype(dtype), *operands), **kwargs).astype(dtype)
+
+        return lowering
+
+    return decorate
+
+
+#: Activations: ``x``'s dtype, a float one for integer ``x``.
+_activation_in_opmath = _in_opmath(_float_of_first)
 
 
 @lowers(aten.gelu.default)
-@_in_opmath
+@_activation_in_opmath
 def aten_gelu(x, approximate="none"):
     if approximate == "tanh":
         inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)
@@ -560,11 +570,9 @@ _SQRT2, _SQRT1_2, _2_SQRTPI = 1.41421356237309504880, 0.70710678118654752440, 1.
 
 # - func: gelu_backward(Tensor grad_output, Tensor self, *, str approximate='none') -> Tensor
 @lowers(aten.gelu_backward.default)
-def aten_gelu_backward(grad, x, *, approximate="none"):
-    """torch's formula (its CPU kernel's and its decomposition's), in float32 for half
-    operands and rounded once."""
-    dtype = dtypes.result_jax_dtype(grad, x)
-    g, x = _in(opmath_dtype(dtype), grad, x)
+@_in_opmath()
+def aten_gelu_backward(g, x, *, approximate="none"):
+    """torch's formula (its CPU kernel's and its decomposition's)."""
     if approximate == "tanh":
         beta = _SQRT2 * _2_SQRTPI * 0.5
         kappa = 0.044715
@@ -574,14 +582,14 @@ def aten_gelu_backward(grad, x, *, approximate="none"):
         left_derivative = 0.5 * (1 + tanh_inner)
         inner_derivative = beta * (1 + 3 * kappa * x_sq)
         right_derivative = (0.5 * x) * (1 - tanh_inner * tanh_inner) * inner_derivative
-        return (g * (left_derivative + right_derivative)).astype(dtype)
+        return g * (left_derivative + right_derivative)
     cdf = 0.5 * (1 + jax.scipy.special.erf(x * _SQRT1_2))
     pdf = _2_SQRTPI * _SQRT1_2 * 0.5 * jnp.exp(x * x * -0.5)
-    return (g * (cdf + x * pdf)).astype(dtype)
+    return g * (cdf + x * pdf)
 
 
 @lowers(aten.elu.default)
-@_in_opmath
+@_activation_in_opmath
 def aten_elu(x, alpha=1.0, scale=1.0, input_scale=1.0):
     negative = scale * alpha * jnp.expm1(x * input_scale)
     return jnp.where(x > 0, x * scale, negative)
@@ -598,7 +606,7 @@ def aten_hardtanh(x, min_val=-1.0, max_val=1.0):
 
 
 @lowers(aten.softplus.default)
-@_in_opmath
+@_activation_in_opmath
 def aten_softplus(x, beta=1.0, threshold=20.0):
     scaled = x * beta
     soft = jnp.log1p(jnp.exp(jnp.minimum(scaled, threshold))) / beta
@@ -613,25 +621,25 @@ def aten_prelu(x, weight):
 
 
 @lowers(aten.mish.default)
-@_in_opmath
+@_activation_in_opmath
 def aten_mish(x):
     return x * jnp.tanh(jax.nn.softplus(x))
 
 
 @lowers(aten.silu.default)
-@_in_opmath
+@_activation_in_opmath
 def aten_silu(x):
     return x * jax.nn.sigmoid(x)
 
 
 @lowers(aten.hardsigmoid.default)
-@_in_opmath
+@_activation_in_opmath
 def aten_hardsigmoid(x):
     return jnp.clip(x + 3.0, 0.0, 6.0) / 6.0
 
 
 @lowers(aten.hardswish.default)
-@_in_opmath
+@_activation_in_opmath
 def aten_hardswish(x):
     return x * jnp.clip(x + 3.0, 0.0, 6.0) / 6.0
 
@@ -651,10 +659,8 @@ def aten_threshold_backward(grad, x, threshold):
 # of tracing each. Each is torch's formula in its order of operations (that of its CPU kernel
 # and its decomposition), computed in float32 for half operands and rounded once, as both do.
 @lowers(aten.lerp.Scalar, aten.lerp.Tensor)
+@_in_opmath()
 def aten_lerp(x, end, weight):
-    dtype = dtypes.result_jax_dtype(x, end, weight)
-    x, end, weight = _in(opmath_dtype(dtype), x, end, weight)
-
     # For |w| < 0.5 it starts from x, otherwise from end (better accuracy); a Python weight
     # (an optimizer's 1 - beta) picks its side here, leaving XLA one formula.
     def from_x():
@@ -664,24 +670,20 @@ def aten_lerp(x, end, weight):
         return end - (end - x) * (1 - weight)
 
     if not isinstance(weight, jax.Array):
-        result = from_x() if abs(weight) < 0.5 else from_end()
-    else:
-        result = jnp.where(jnp.abs(weight) < 0.5, from_x(), from_end())
-    return result.astype(dtype)
+        return from_x() if abs(weight) < 0.5 else from_end()
+    return jnp.where(jnp.abs(weight) < 0.5, from_x(), from_end())
 
 
 @lowers(aten.addcmul.default)
+@_in_opmath()
 def aten_addcmul(x, tensor1, tensor2, *, value=1):
-    dtype = dtypes.result_jax_dtype(x, tensor1, tensor2)
-    x, tensor1, tensor2 = _in(opmath_dtype(dtype), x, tensor1, tensor2)
-    return (x + value * tensor1 * tensor2).astype(dtype)
+    return x + value * tensor1 * tensor2
 
 
 @lowers(aten.addcdiv.default)
+@_in_opmath(lambda *operands: dtypes.float_dtype_for(dtypes.result_jax_dtype(*operands)))
 def aten_addcdiv(x, tensor1, tensor2, *, value=1):
-    dtype = dtypes.float_dtype_for(dtypes.result_jax_dtype(x, tensor1, tensor2))
-    x, tensor1, tensor2 = _in(opmath_dtype(dtype), x, tensor1, tensor2)
-    return (x + value * tensor1 / tensor2).astype(dtype)
+    return x + value * tensor1 / tensor2
 
 
 @lowers(aten.complex.default)
