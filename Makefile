@@ -34,7 +34,8 @@ $(NATIVE_POOL): jax_backend/native/step_pool.c
 	$(CC) -O2 -Wall -Wextra -Werror -shared -fPIC -o $@ $< -ldl -lpthread
 
 # And the JAX FFI custom calls in C++ (jax_backend/ffi_libraries.py): the layout copy behind
-# cpu_half_dots=native and torch's convolution kernels behind cpu_convolutions=native. Their
+# cpu_half_dots=native, torch's convolution kernels behind cpu_convolutions=native, the fused
+# optimizer update (cpu_optimizer) and the layer norm (cpu_layer_norm). Their
 # ABI is the jaxlib (and torch) they are built against, so each venv builds its own
 # (tools/build_native.py; up to date, it does nothing). Without a C++ compiler the set-up goes
 # on and those settings fall back to torch's kernels through host callbacks.

@@ -419,6 +419,48 @@ cpu_optimizer = config.define(
     parse=parse_word,
     choices=("native", "xla"),
 )
+cpu_layer_norm = config.define(
+    "cpu_layer_norm",
+    "native",
+    "How a CPU step runs float32 layer norms and their backward "
+    "(jax_backend/native_layer_norm.py): native (default: each as one call of the engine's FFI "
+    "library, jax_backend/native/layer_norm.cc, a row's statistics and results in one pass; "
+    "where the library is not built for this jaxlib, as xla) or xla (XLA's kernels: a "
+    "reduction per statistic and a kernel per result, each compiled on the step's first run). "
+    "One CPU device only; exports, pure_function, half-precision inputs and other platforms "
+    "always use XLA's. Read when a program is built.",
+    env_var="CSTORCH_CPU_LAYER_NORM",
+    parse=parse_word,
+    choices=("native", "xla"),
+)
+cpu_embedding = config.define(
+    "cpu_embedding",
+    "native",
+    "How a CPU step runs the gather of a float32 embedding and its gradient's scatter-add "
+    "(jax_backend/native_embedding.py): native (default: each as one call of the engine's FFI "
+    "library, jax_backend/native/embedding.cc; where the library is not built for this "
+    "jaxlib, as xla) or xla (XLA's gather and scatter with their bounds checks: several "
+    "kernels, each compiled on the step's first run). One CPU device only; exports, "
+    "pure_function, other dtypes and other platforms always use XLA's. Read when a program "
+    "is built.",
+    env_var="CSTORCH_CPU_EMBEDDING",
+    parse=parse_word,
+    choices=("native", "xla"),
+)
+cpu_loss = config.define(
+    "cpu_loss",
+    "native",
+    "How a CPU step runs float32 log-softmax over the last dim and the negative "
+    "log-likelihood with a mean or sum, forward and backward: cross_entropy's parts "
+    "(jax_backend/native_loss.py): native (default: each as one call of the engine's FFI "
+    "library, jax_backend/native/loss.cc, a row at a time; where the library is not built for "
+    "this jaxlib, as xla) or xla (XLA's kernels: about ten, each compiled on the step's first "
+    "run). One CPU device only; exports, pure_function, other dims, dtypes and reductions and "
+    "other platforms always use XLA's. Read when a program is built.",
+    env_var="CSTORCH_CPU_LOSS",
+    parse=parse_word,
+    choices=("native", "xla"),
+)
 debug_state = config.define(
     "debug_state",
     False,

@@ -7,6 +7,9 @@ JAX, on first use.
   (``ops.torch_kernels``), without a host callback.
 * ``FUSED_OPTIMIZER``: the Adam family's and SGD's update of a whole param group in one call
   (``native_optimizer``).
+* ``LAYER_NORM``: layer norm's forward and backward, row by row (``native_layer_norm``).
+* ``EMBEDDING``: the embedding's gather and its gradient's scatter-add (``native_embedding``).
+* ``LOSS``: log-softmax and the NLL, forward and backward (``native_loss``).
 
 A library's ABI is the FFI headers of the jaxlib it was compiled against, and for one that
 links torch also torch's C++ ABI, so each (jaxlib, torch) gets its own file, named by their
@@ -104,4 +107,32 @@ FUSED_OPTIMIZER = FfiLibrary(
     # an instruction (C's errno is never read).
     flags=("-ffp-contract=off", "-fno-math-errno"),
 )
-LIBRARIES = (LAYOUT_COPY, TORCH_CONVOLUTIONS, FUSED_OPTIMIZER)
+LAYER_NORM = FfiLibrary(
+    "layer_norm",
+    (
+        ("cstorch_layer_norm", "CstorchLayerNorm"),
+        ("cstorch_layer_norm_backward", "CstorchLayerNormBackward"),
+    ),
+    # Each float operation rounded on its own, as XLA's program of the same maths; sqrt as an
+    # instruction (C's errno is never read).
+    flags=("-ffp-contract=off", "-fno-math-errno"),
+)
+EMBEDDING = FfiLibrary(
+    "embedding",
+    (
+        ("cstorch_embedding", "CstorchEmbedding"),
+        ("cstorch_embedding_backward", "CstorchEmbeddingBackward"),
+    ),
+    flags=("-ffp-contract=off",),
+)
+LOSS = FfiLibrary(
+    "loss",
+    (
+        ("cstorch_log_softmax", "CstorchLogSoftmax"),
+        ("cstorch_log_softmax_backward", "CstorchLogSoftmaxBackward"),
+        ("cstorch_nll_loss", "CstorchNllLoss"),
+        ("cstorch_nll_loss_backward", "CstorchNllLossBackward"),
+    ),
+    flags=("-ffp-contract=off", "-fno-math-errno"),
+)
+LIBRARIES = (LAYOUT_COPY, TORCH_CONVOLUTIONS, FUSED_OPTIMIZER, LAYER_NORM, EMBEDDING, LOSS)

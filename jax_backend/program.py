@@ -25,7 +25,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_backend import cbfloat16, config, host_memory, jax_settings, native_optimizer, target
+from jax_backend import (
+    cbfloat16,
+    config,
+    host_memory,
+    jax_settings,
+    native_embedding,
+    native_layer_norm,
+    native_loss,
+    native_optimizer,
+    target,
+)
 from jax_backend.capture import CapturedStep
 from jax_backend.dtypes import to_jax_dtype
 from jax_backend.errors import LoweringError, StepFailedError, raise_interrupt_behind
@@ -36,6 +46,11 @@ from jax_backend.ops import attention, layout_copy, torch_kernels
 from jax_backend.precision import Policy
 from jax_backend.registry import lookup
 from jax_backend.scalars import ScalarMeta
+
+#: The ops with native float32 CPU lowerings of the engine's own (``Target.native_ops``), by
+#: the name the target lists them under: each module's ``wanted`` says whether a program uses
+#: it (its setting, the platform, the library).
+NATIVE_OPS = {"layer_norm": native_layer_norm, "embedding": native_embedding, "loss": native_loss}
 
 
 @contextlib.contextmanager
@@ -118,6 +133,13 @@ class Program:
         copies = layout_copy.wanted(self.target.platform, self.layout)
         # The Adam family's and SGD's updates as one native call (cpu_optimizer), likewise.
         fused_update = native_optimizer.wanted(self.target.platform, self.layout)
+        # Float32 layer norms, embeddings and losses as native calls (cpu_layer_norm,
+        # cpu_embedding, cpu_loss), likewise.
+        native_ops = frozenset(
+            name
+            for name, module in NATIVE_OPS.items()
+            if module.wanted(self.target.platform, self.layout)
+        )
 
         def pure_step(donated, kept, inputs, seed):  # jit names the program after it
             return self.pure_step(
@@ -129,6 +151,7 @@ class Program:
                 native_kernels=native,
                 layout_copies=copies,
                 native_update=fused_update,
+                native_ops=native_ops,
             )
 
         self._compiled_ahead = False  # see _call_jitted
@@ -183,15 +206,17 @@ class Program:
         native_kernels=frozenset(),
         layout_copies=False,
         native_update=False,
+        native_ops=frozenset(),
     ):
         """The step as a pure JAX function (not jitted); ``platform`` overrides the one it is
         lowered for (an export for several platforms passes "any"); ``torch_kernels``: the
         kinds of op whose CPU lowering calls torch's kernels, ``native_kernels``: those of
         them called through the engine's FFI library instead of a host callback,
         ``layout_copies``: whether half dots may use the native layout copy, ``native_update``:
-        whether the Adam family's and SGD's updates may run natively (the engine's own program;
+        whether the Adam family's and SGD's updates may run natively, ``native_ops``: the ops
+        whose float32 lowerings may call the engine's own kernels (the engine's own program;
         ``ops.torch_kernels.wanted``/``called_natively``, ``ops.layout_copy.wanted``,
-        ``native_optimizer.wanted``)."""
+        ``native_optimizer.wanted``, ``NATIVE_OPS``)."""
         used = [None] * (len(donated) + len(kept))
         for j, a in zip(self.donated_positions, donated):
             used[j] = a
@@ -205,6 +230,7 @@ class Program:
             native_kernels=native_kernels,
             layout_copies=layout_copies,
             native_optimizer=native_update,
+            native_ops=native_ops,
         )
         with target.lowering_for(lowering):
             flat = self._interpreter.run(list(used) + list(inputs), key)

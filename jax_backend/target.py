@@ -17,7 +17,9 @@ host, and ``native_kernels`` those of them called through the engine's FFI libra
 than a host callback; ``layout_copies``: whether half-precision dots may take an operand
 through the engine's native layout copy (``ops.layout_copy``); ``native_optimizer``: whether
 the Adam family's and SGD's updates may run as the engine's fused FFI call
-(``native_optimizer``). Only the engine's own CPU program sets these (``Program``), never an
+(``native_optimizer``); ``native_ops``: the ops whose float32 lowerings may call the engine's
+own FFI kernels (``program.NATIVE_OPS``: "layer_norm", "embedding", "loss"). Only the
+engine's own CPU program sets these (``Program``), never an
 export or the default target.
 """
 
@@ -45,6 +47,7 @@ class Target:
     native_kernels: frozenset = frozenset()
     layout_copies: bool = False
     native_optimizer: bool = False
+    native_ops: frozenset = frozenset()
 
     def __post_init__(self):
         if self.float32_matmul not in FLOAT32_MATMUL:

@@ -16,6 +16,7 @@ them then fall back (`cpu_half_dots` and `cpu_convolutions` "native" run as "tor
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import shutil
 import subprocess
@@ -50,10 +51,12 @@ def build(library: FfiLibrary, compiler: str, force: bool) -> None:
     import jax.ffi
 
     out = library.path()
+    # its source and the headers beside it (any library may include them)
+    inputs = [library.source] + glob.glob(os.path.join(os.path.dirname(library.source), "*.h"))
     if (
         not force
         and os.path.exists(out)
-        and os.path.getmtime(out) >= os.path.getmtime(library.source)
+        and os.path.getmtime(out) >= max(os.path.getmtime(path) for path in inputs)
     ):
         return
     # -isystem: warnings in jaxlib's and torch's headers are theirs; ours are errors.

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from jax_backend import native_embedding
 from jax_backend.errors import CstorchError
 from jax_backend.ops._common import canon_dim, compute_dtype
 from jax_backend.registry import lowers
@@ -69,6 +70,8 @@ def aten_index_select(x, dim, index):
 
 @lowers(aten.embedding.default)
 def aten_embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    if weight.ndim >= 1 and native_embedding.applies(weight, indices):  # the engine's CPU program
+        return native_embedding.forward(weight, indices)
     return jnp.take(weight, indices, axis=0)
 
 
@@ -212,6 +215,8 @@ def aten_embedding_dense_backward(
 ):
     """Summed in float32 for half gradients, then rounded (as torch's decomposition; its CPU
     kernel sums in the half type); an index outside [0, num_weights) adds nothing."""
+    if not scale_grad_by_freq and native_embedding.applies(grad_output, indices):
+        return native_embedding.backward(grad_output, indices, num_weights, padding_idx)
     flat = indices.reshape(-1)
     grad = grad_output.reshape(flat.shape + grad_output.shape[indices.ndim :])
     grad = grad.astype(compute_dtype(grad))

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from jax import lax
 
+from jax_backend import native_loss
 from jax_backend.ops import torch_kernels
 from jax_backend.ops._common import (
     compute_dtype,
@@ -655,6 +656,8 @@ def _nll_rows(x, target, weight, ignore_index):
 #   SymInt ignore_index) -> (Tensor output, Tensor total_weight)
 @lowers(aten.nll_loss_forward.default)
 def aten_nll_loss_forward(x, target, weight, reduction, ignore_index):
+    if native_loss.nll_applies(x, target, weight, reduction):  # the engine's CPU program
+        return native_loss.nll_loss(x, target, weight, reduction, ignore_index)
     rows, picked, counted, bad, class_weight = _nll_rows(x, target, weight, ignore_index)
     value = jnp.take_along_axis(rows, picked[:, None], axis=1, mode="promise_in_bounds")[:, 0]
     if class_weight is not None:
@@ -681,6 +684,10 @@ def aten_nll_loss_forward(x, target, weight, reduction, ignore_index):
 #   int reduction, SymInt ignore_index, Tensor total_weight) -> Tensor
 @lowers(aten.nll_loss_backward.default)
 def aten_nll_loss_backward(grad_output, x, target, weight, reduction, ignore_index, total_weight):
+    if grad_output.dtype == jnp.float32 and native_loss.nll_applies(x, target, weight, reduction):
+        return native_loss.nll_loss_backward(
+            grad_output, x, target, weight, reduction, ignore_index, total_weight
+        )
     rows, picked, counted, bad, class_weight = _nll_rows(x, target, weight, ignore_index)
     g = grad_output / total_weight if reduction == _MEAN else grad_output
     g = jnp.broadcast_to(g.reshape(-1), picked.shape)  # a scalar, or one per row (none)

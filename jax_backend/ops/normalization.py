@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from jax_backend import native_layer_norm
 from jax_backend.ops._common import compute_dtype
 from jax_backend.registry import lowers
 
@@ -22,6 +23,8 @@ aten = torch.ops.aten
 # ----------------------------------------------------------------------------- normalisation
 @lowers(aten.native_layer_norm.default)
 def aten_native_layer_norm(x, normalized_shape, weight, bias, eps):
+    if native_layer_norm.applies(x, weight, bias):  # the engine's CPU program
+        return native_layer_norm.forward(x, normalized_shape, weight, bias, eps)
     axis = x.ndim - len(normalized_shape)
     axes = tuple(range(axis, x.ndim))
     xc = x.astype(compute_dtype(x))
@@ -133,6 +136,12 @@ def aten_batch_norm_no_training(x, weight, bias, running_mean, running_var, mome
 def aten_native_layer_norm_backward(
     grad_out, x, normalized_shape, mean, rstd, weight, bias, output_mask
 ):
+    if native_layer_norm.applies(grad_out, x, mean, rstd, weight, bias):
+        grads = native_layer_norm.backward(grad_out, x, normalized_shape, mean, rstd, weight)
+        present = (True, weight is not None, bias is not None)
+        return tuple(
+            g if (want and ok) else None for g, want, ok in zip(grads, output_mask, present)
+        )
     axis = x.ndim - len(normalized_shape)
     axes = tuple(range(axis, x.ndim))
     xc = x.astype(compute_dtype(x))

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from jax_backend import target
+from jax_backend import native_loss, target
 from jax_backend.dtypes import promote
 from jax_backend.ops._common import (
     as_float,
@@ -307,7 +307,10 @@ def aten_softmax(x, dim, half_to_float=False):
 def aten_log_softmax(x, dim, half_to_float=False):
     if half_to_float:
         x = x.astype(jnp.float32)
-    return jax.nn.log_softmax(x, axis=canon_dim(dim, x.ndim))
+    axis = canon_dim(dim, x.ndim)
+    if native_loss.log_softmax_applies(x, axis):  # the engine's CPU program
+        return native_loss.log_softmax(x)
+    return jax.nn.log_softmax(x, axis=axis)
 
 
 @lowers(aten._softmax_backward_data.default)
@@ -321,6 +324,12 @@ def aten_softmax_backward(grad, output, dim, input_dtype):
 def aten_log_softmax_backward(grad, output, dim, input_dtype):
     """In float32 for half operands, rounded once (as torch's kernel and decomposition)."""
     axis = canon_dim(dim, output.ndim)
+    if (
+        grad.dtype == jnp.float32
+        and jax_dtype(input_dtype) == jnp.float32
+        and native_loss.log_softmax_applies(output, axis)
+    ):
+        return native_loss.log_softmax_backward(grad, output)
     opmath = compute_dtype(output)
     grad, output = grad.astype(opmath), output.astype(opmath)
     result = grad - jnp.exp(output) * jnp.sum(grad, axis=axis, keepdims=True)

@@ -135,6 +135,19 @@ OPTIMIZER_SCRIPT = (
     + THREE_STEPS.format(features="8", lr=0.1, half=False, marker="cstorch_sgd_update")
 )
 
+# A float32 MLP with a layer norm: "marked" says its program runs the layer norm through the
+# engine's native library.
+LAYER_NORM_SCRIPT = (
+    COUNTING
+    + textwrap.dedent("""
+        def build():
+            torch.manual_seed(0)
+            return torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.LayerNorm(width),
+                                       torch.nn.ReLU(), torch.nn.Linear(width, 3))
+    """)
+    + THREE_STEPS.format(features="8", lr=0.1, half=False, marker="cstorch_layer_norm")
+)
+
 
 def _run(cache_dir, tmp_path, width, batch, scale, script=SCRIPT, **env_vars):
     env = dict(
@@ -263,6 +276,23 @@ def test_a_step_with_the_fused_optimizer_is_cached_and_a_changed_setting_compile
     assert cold["marked"]
     warm = _warm_run(cache, tmp_path, cold, 16, 8, 1, script=OPTIMIZER_SCRIPT)
     xla = _run(cache, tmp_path, 16, 8, 1, script=OPTIMIZER_SCRIPT, CSTORCH_CPU_OPTIMIZER="xla")
+    assert not xla["marked"]
+    assert xla["hits"] == warm["hits"] - 1  # every program but the step
+    assert xla["misses"] >= 1
+
+
+def test_a_step_with_the_native_layer_norm_is_cached_and_a_changed_setting_compiles_afresh(
+    tmp_path,
+):
+    """The native layer norm (``cpu_layer_norm="native"``) is an FFI custom call JAX keeps in
+    the persistent cache: a second process loads the step, registers the library's targets and
+    trains as the first did; CSTORCH_CPU_LAYER_NORM=xla compiles its own step."""
+    cache = tmp_path / "cache"
+    cold = _run(cache, tmp_path, 16, 8, 1, script=LAYER_NORM_SCRIPT)
+    assert cold["marked"]
+    assert abs(cold["loss"] - cold["eager"]) <= 1e-5 * abs(cold["eager"])
+    warm = _warm_run(cache, tmp_path, cold, 16, 8, 1, script=LAYER_NORM_SCRIPT)
+    xla = _run(cache, tmp_path, 16, 8, 1, script=LAYER_NORM_SCRIPT, CSTORCH_CPU_LAYER_NORM="xla")
     assert not xla["marked"]
     assert xla["hits"] == warm["hits"] - 1  # every program but the step
     assert xla["misses"] >= 1

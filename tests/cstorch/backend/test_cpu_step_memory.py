@@ -148,6 +148,10 @@ def test_every_choice_reaches_xla_and_changes_no_number(step_options):
 
 
 def test_lean_needs_less_working_memory_than_xlas_default():
+    # XLA's schedule of XLA's own kernels: the engine's native layer norm, embedding and loss
+    # (one buffer per result) leave it fewer temporaries to place (3.30 against 3.45 MB).
+    for setting in ("cpu_layer_norm", "cpu_embedding", "cpu_loss"):
+        config.config.update(setting, "xla")
     backend = cstorch.backend("CPU")
     config.config.update("cpu_step_memory", "xla")
     default = _gpt_step_temp_bytes(backend)
