@@ -9,10 +9,11 @@
 // The maths is ops/reduction.py's and ops/nn.py's lowerings, operation by operation in float32
 // (built with -ffp-contract=off): log_softmax(x) = (x - max) - log(sum(exp(x - max))); its
 // backward g - exp(out) * sum(g); the NLL's rows as _nll_rows picks them (an ignored row adds
-// nothing, a class outside [0, C) makes its row's loss and gradient NaN). A row's sums and the
-// sums over rows are 16 partial sums added in a fixed tree, the rows in fixed blocks: the same
-// bits on every run whatever the threads. exp is a polynomial (as XLA's own): within 2 units
-// in the last place of the exact value. Built per jaxlib by tools/build_native.py.
+// nothing, a class outside [0, C) makes its row's loss and gradient NaN). Sums are in the order
+// of torch's CPU kernels (a row's as ATen's 16-lane vector sum, the NLL's over rows as its
+// cascade), each row on one thread: the same bits on every run whatever the threads, and the
+// numbers eager torch shows where the terms agree. exp is a polynomial (as XLA's own): within
+// 2 units in the last place of the exact value. Built per jaxlib by tools/build_native.py.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -59,6 +60,25 @@ inline float Exp(float x) {
   return x == x ? result : x;
 }
 
+// The sum of a row in the order of torch's vectorized CPU kernels (ATen's map_reduce_all with
+// 16 float lanes): a row shorter than the lanes in order; a longer one in 16 lane sums, the
+// last partial vector added to the first lanes, then the lanes in a fixed tree (Fold).
+inline float RowSum(const float* a, int64_t n) {
+  if (n < kLanes) {
+    float sum = n > 0 ? a[0] : 0.0f;
+    for (int64_t j = 1; j < n; ++j) sum = sum + a[j];
+    return sum;
+  }
+  const int64_t whole = n - n % kLanes;
+  float lanes[kLanes];
+  for (int k = 0; k < kLanes; ++k) lanes[k] = a[k];
+  for (int64_t j = kLanes; j < whole; j += kLanes) {
+    for (int k = 0; k < kLanes; ++k) lanes[k] = lanes[k] + a[j + k];
+  }
+  for (int64_t j = whole; j < n; ++j) lanes[j - whole] = lanes[j - whole] + a[j];
+  return Fold(lanes);
+}
+
 // Rows [begin, end) of log_softmax over rows of c elements. Each pass is a plain loop over the
 // row (in the cache): the maximum, the exponentials into the result, their sum, the result.
 // A NaN anywhere in a row makes its sum, so the whole row, NaN (as XLA's max does).
@@ -77,12 +97,7 @@ void LogSoftmaxRows(const float* x, int64_t c, int64_t begin, int64_t end, float
     float top = tops[0];
     for (int k = 1; k < kLanes; ++k) top = std::max(top, tops[k]);
     for (int64_t j = 0; j < c; ++j) o[j] = Exp(row[j] - top);
-    float lanes[kLanes] = {};
-    for (int64_t j = 0; j < whole; j += kLanes) {
-      for (int k = 0; k < kLanes; ++k) lanes[k] = lanes[k] + o[j + k];
-    }
-    for (int64_t j = whole; j < c; ++j) lanes[j - whole] = lanes[j - whole] + o[j];
-    const float log_sum = std::log(Fold(lanes));
+    const float log_sum = std::log(RowSum(o, c));
     for (int64_t j = 0; j < c; ++j) o[j] = (row[j] - top) - log_sum;
   }
 }
@@ -91,15 +106,9 @@ void LogSoftmaxRows(const float* x, int64_t c, int64_t begin, int64_t end, float
 CSTORCH_VECTOR_CLONES
 void LogSoftmaxBackwardRows(const float* g, const float* out, int64_t c, int64_t begin,
                             int64_t end, float* dx) {
-  const int64_t whole = c - c % kLanes;
   for (int64_t r = begin; r < end; ++r) {
     const float *grow = g + r * c, *orow = out + r * c;
-    float lanes[kLanes] = {};
-    for (int64_t j = 0; j < whole; j += kLanes) {
-      for (int k = 0; k < kLanes; ++k) lanes[k] = lanes[k] + grow[j + k];
-    }
-    for (int64_t j = whole; j < c; ++j) lanes[j - whole] = lanes[j - whole] + grow[j];
-    const float sum = Fold(lanes);
+    const float sum = RowSum(grow, c);
     float* d = dx + r * c;
     for (int64_t j = 0; j < c; ++j) d[j] = grow[j] - Exp(orow[j]) * sum;
   }
@@ -204,17 +213,32 @@ ffi::Error NllLoss(ffi::Buffer<ffi::F32> x, ffi::AnyBuffer target, ffi::Buffer<f
       (reduction != 1 && reduction != 2)) {
     return ffi::Error::InvalidArgument("cstorch_nll_loss: a mean or a sum");
   }
+  // Summed as torch's CPU kernel sums them (a cascade of 8 partial sums, each level flushed
+  // into the next every 2^level rows), so a loss reads as eager torch's does.
+  constexpr int kLevels = 8;
+  int64_t ceil_log2 = 0;
+  while ((int64_t{1} << ceil_log2) < in.rows) ++ceil_log2;
+  const int64_t level = std::max<int64_t>(4, ceil_log2 / kLevels);
+  const int64_t mask = (int64_t{1} << level) - 1;
+  float losses[kLevels] = {}, weights[kLevels] = {};
   const float* xp = x.typed_data();
-  float losses[kLanes] = {}, weights[kLanes] = {};
   for (int64_t i = 0; i < in.rows; ++i) {
     const Row row = RowOf(in.classes, i, in.c, ignore_index, in.weights);
+    if (!row.counted) continue;
     const float value = xp[i * in.c + row.picked] * row.weight;
-    float term = row.counted ? -value : 0.0f;
-    if (row.bad) term = std::numeric_limits<float>::quiet_NaN();
-    losses[i % kLanes] = losses[i % kLanes] + term;
-    weights[i % kLanes] = weights[i % kLanes] + (row.counted ? row.weight : 0.0f);
+    losses[0] = losses[0] + (row.bad ? std::numeric_limits<float>::quiet_NaN() : -value);
+    weights[0] = weights[0] + row.weight;
+    for (int j = 0; j + 1 < kLevels && (i & (mask << (j * level))) == 0; ++j) {
+      losses[j + 1] = losses[j + 1] + losses[j];
+      weights[j + 1] = weights[j + 1] + weights[j];
+      losses[j] = weights[j] = 0.0f;
+    }
   }
-  const float sum = Fold(losses), total = Fold(weights);
+  float sum = 0.0f, total = 0.0f;
+  for (int j = 0; j < kLevels; ++j) {
+    sum = sum + losses[j];
+    total = total + weights[j];
+  }
   loss->typed_data()[0] = reduction == 1 ? sum / total : sum;
   total_weight->typed_data()[0] = total;
   return ffi::Error::Success();

@@ -128,6 +128,15 @@ def test_nll_matches_eager_torch(reduction, weighted, dtype):
     xla_loss, xla_total, xla_grad, xla_text = _nll(x, classes, weight, reduction, ignore, XLA)
     assert "cstorch_nll_loss" in text and "cstorch_nll_loss" not in xla_text
     np.testing.assert_allclose(loss, expected.item(), rtol=2e-6)
+    # summed over the rows in the order of torch's CPU kernel: eager's float32 loss exactly
+    eager32 = torch.nn.functional.nll_loss(
+        torch.from_numpy(x),
+        tt,
+        None if weight is None else torch.from_numpy(weight),
+        ignore_index=ignore,
+        reduction=("mean", "sum")[reduction - 1],
+    )
+    assert loss == eager32.item()
     np.testing.assert_allclose(loss, xla_loss, rtol=2e-6)
     np.testing.assert_allclose(total, xla_total, rtol=1e-6)
     np.testing.assert_allclose(grad, xt.grad.numpy(), rtol=1e-6, atol=0)
