@@ -28,6 +28,9 @@ import os
 import jax
 import jaxlib
 
+from jax_backend import config
+from jax_backend.errors import CstorchRuntimeError
+
 #: Where the sources live and ``tools/build_native.py`` writes the libraries.
 NATIVE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native")
 
@@ -64,6 +67,25 @@ class FfiLibrary:
         """Why the library's custom calls cannot run in this process (None: they can, and
         are registered). Loads it once per process."""
         return _load(self)
+
+    def wanted(self, platform: str, layout, setting: config.Setting) -> bool:
+        """Whether a program for ``platform`` (on one device when ``layout`` is None) calls
+        the library: a CPU with one device, ``setting`` (a process-wide choice of ``native``
+        or ``xla``) "native", and the library built for the running versions."""
+        return (
+            platform == "cpu"
+            and layout is None
+            and setting.value == "native"
+            and self.unavailable() is None
+        )
+
+    def call(self, target: str, results, **options):
+        """``jax.ffi.ffi_call`` of the library's ``target`` (loaded and registered first);
+        raises naming the library where it cannot run."""
+        why = self.unavailable()
+        if why is not None:
+            raise CstorchRuntimeError(f"the engine's {self.name} library cannot run: {why}")
+        return jax.ffi.ffi_call(target, results, **options)
 
 
 @functools.lru_cache(maxsize=None)

@@ -28,7 +28,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_backend import config, ffi_libraries, target
-from jax_backend.errors import CstorchRuntimeError
 
 LIBRARY = ffi_libraries.EMBEDDING
 FORWARD_TARGET, BACKWARD_TARGET = (name for name, _ in LIBRARY.targets)
@@ -39,12 +38,7 @@ def wanted(platform: str, layout) -> bool:
     """Whether a program for ``platform`` (on one device when ``layout`` is None) runs its
     float32 embeddings natively: a CPU with one device, ``cpu_embedding`` "native" and the
     library built for this jaxlib."""
-    return (
-        platform == "cpu"
-        and layout is None
-        and config.cpu_embedding.value == "native"
-        and LIBRARY.unavailable() is None
-    )
+    return LIBRARY.wanted(platform, layout, config.cpu_embedding)
 
 
 def applies(table, indices) -> bool:
@@ -57,11 +51,8 @@ def applies(table, indices) -> bool:
     )
 
 
-def _call(name: str, result, *operands, **attributes):
-    why = LIBRARY.unavailable()  # loads the library and registers its targets
-    if why is not None:
-        raise CstorchRuntimeError(f"the engine's embedding cannot run: {why}")
-    return jax.ffi.ffi_call(name, result)(*operands, **attributes)
+def _call(name: str, results, *operands, **attributes):
+    return LIBRARY.call(name, results)(*operands, **attributes)
 
 
 def forward(table, indices):

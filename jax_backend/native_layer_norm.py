@@ -31,7 +31,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_backend import config, ffi_libraries, target
-from jax_backend.errors import CstorchRuntimeError
 
 LIBRARY = ffi_libraries.LAYER_NORM
 FORWARD_TARGET, BACKWARD_TARGET = (name for name, _ in LIBRARY.targets)
@@ -41,12 +40,7 @@ def wanted(platform: str, layout) -> bool:
     """Whether a program for ``platform`` (on one device when ``layout`` is None) runs its
     float32 layer norms natively: a CPU with one device, ``cpu_layer_norm`` "native" and the
     library built for this jaxlib."""
-    return (
-        platform == "cpu"
-        and layout is None
-        and config.cpu_layer_norm.value == "native"
-        and LIBRARY.unavailable() is None
-    )
+    return LIBRARY.wanted(platform, layout, config.cpu_layer_norm)
 
 
 def applies(*arrays) -> bool:
@@ -55,15 +49,6 @@ def applies(*arrays) -> bool:
     return "layer_norm" in target.current().native_ops and all(
         a is None or a.dtype == jnp.float32 for a in arrays
     )
-
-
-def _call(name: str, results):
-    """The custom call ``name`` giving ``results`` (the library loaded and its targets
-    registered first)."""
-    why = LIBRARY.unavailable()
-    if why is not None:
-        raise CstorchRuntimeError(f"the engine's layer norm cannot run: {why}")
-    return jax.ffi.ffi_call(name, results)
 
 
 def _affine(weight, bias, shape):
@@ -79,7 +64,7 @@ def forward(x, normalized_shape, weight, bias, eps):
     axis = x.ndim - len(normalized_shape)
     stats = jax.ShapeDtypeStruct(x.shape[:axis] + (1,) * len(normalized_shape), jnp.float32)
     w, b = _affine(weight, bias, x.shape[axis:])
-    call = _call(FORWARD_TARGET, (jax.ShapeDtypeStruct(x.shape, jnp.float32), stats, stats))
+    call = LIBRARY.call(FORWARD_TARGET, (jax.ShapeDtypeStruct(x.shape, jnp.float32), stats, stats))
     return tuple(call(x, w, b, eps=np.float32(eps)))
 
 
@@ -89,7 +74,7 @@ def backward(grad_out, x, normalized_shape, mean, rstd, weight):
     axis = x.ndim - len(normalized_shape)
     w, _ = _affine(weight, None, x.shape[axis:])
     flat = jax.ShapeDtypeStruct((w.shape[0],), jnp.float32)
-    call = _call(BACKWARD_TARGET, (jax.ShapeDtypeStruct(x.shape, jnp.float32), flat, flat))
+    call = LIBRARY.call(BACKWARD_TARGET, (jax.ShapeDtypeStruct(x.shape, jnp.float32), flat, flat))
     grad_x, grad_w, grad_b = call(grad_out, x, mean, rstd, w)
     shape = x.shape[axis:]
     return grad_x, grad_w.reshape(shape), grad_b.reshape(shape)

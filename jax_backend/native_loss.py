@@ -34,7 +34,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_backend import config, ffi_libraries, target
-from jax_backend.errors import CstorchRuntimeError
 
 LIBRARY = ffi_libraries.LOSS
 (
@@ -52,12 +51,7 @@ def wanted(platform: str, layout) -> bool:
     """Whether a program for ``platform`` (on one device when ``layout`` is None) runs its
     float32 log-softmax and NLL natively: a CPU with one device, ``cpu_loss`` "native" and the
     library built for this jaxlib."""
-    return (
-        platform == "cpu"
-        and layout is None
-        and config.cpu_loss.value == "native"
-        and LIBRARY.unavailable() is None
-    )
+    return LIBRARY.wanted(platform, layout, config.cpu_loss)
 
 
 def _on() -> bool:
@@ -83,10 +77,7 @@ def nll_applies(x, target_classes, weight, reduction: int) -> bool:
 
 
 def _call(name: str, results, *operands, **attributes):
-    why = LIBRARY.unavailable()  # loads the library and registers its targets
-    if why is not None:
-        raise CstorchRuntimeError(f"the engine's loss cannot run: {why}")
-    return jax.ffi.ffi_call(name, results)(*operands, **attributes)
+    return LIBRARY.call(name, results)(*operands, **attributes)
 
 
 def log_softmax(x):

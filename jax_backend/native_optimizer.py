@@ -49,12 +49,7 @@ def wanted(platform: str, layout) -> bool:
     """Whether a program for ``platform`` (on one device when ``layout`` is None) runs the
     Adam family's and SGD's updates natively: a CPU with one device, ``cpu_optimizer`` "native" and the
     library built for this jaxlib."""
-    return (
-        platform == "cpu"
-        and layout is None
-        and config.cpu_optimizer.value == "native"
-        and LIBRARY.unavailable() is None
-    )
+    return LIBRARY.wanted(platform, layout, config.cpu_optimizer)
 
 
 def applies() -> bool:
@@ -189,7 +184,7 @@ def _call(target_name: str, fields, hyper, **attributes):
         for f in range(len(written))
         for i in range(count)
     }
-    call = jax.ffi.ffi_call(target_name, results, input_output_aliases=aliases)
+    call = LIBRARY.call(target_name, results, input_output_aliases=aliases)
     out = list(call(*operands, count=np.int64(count), **attributes))
     new = [out[k * count : (k + 1) * count] for k in range(len(written))]
     return new[0], new[1:]
