@@ -51,24 +51,15 @@ def applies(table, indices) -> bool:
     )
 
 
-def _call(name: str, results, *operands, **attributes):
-    return LIBRARY.call(name, results)(*operands, **attributes)
-
-
 def forward(table, indices):
     """``embedding(table, indices)``: the rows of float32 ``table`` at ``indices``."""
     shape = tuple(indices.shape) + tuple(table.shape[1:])
-    return _call(FORWARD_TARGET, jax.ShapeDtypeStruct(shape, jnp.float32), table, indices)
+    return LIBRARY.call(FORWARD_TARGET, jax.ShapeDtypeStruct(shape, jnp.float32))(table, indices)
 
 
 def backward(grad_output, indices, num_weights: int, padding_idx: int):
     """``embedding_dense_backward`` without ``scale_grad_by_freq``: float32 ``grad_output``
     summed into a table of ``num_weights`` rows."""
     row = tuple(grad_output.shape[indices.ndim :])
-    return _call(
-        BACKWARD_TARGET,
-        jax.ShapeDtypeStruct((num_weights,) + row, jnp.float32),
-        grad_output,
-        indices,
-        padding_idx=np.int64(padding_idx),
-    )
+    call = LIBRARY.call(BACKWARD_TARGET, jax.ShapeDtypeStruct((num_weights,) + row, jnp.float32))
+    return call(grad_output, indices, padding_idx=np.int64(padding_idx))

@@ -76,48 +76,37 @@ def nll_applies(x, target_classes, weight, reduction: int) -> bool:
     )
 
 
-def _call(name: str, results, *operands, **attributes):
-    return LIBRARY.call(name, results)(*operands, **attributes)
-
-
 def log_softmax(x):
-    return _call(LOG_SOFTMAX_TARGET, jax.ShapeDtypeStruct(x.shape, jnp.float32), x)
+    return LIBRARY.call(LOG_SOFTMAX_TARGET, jax.ShapeDtypeStruct(x.shape, jnp.float32))(x)
 
 
 def log_softmax_backward(grad, output):
-    return _call(
-        LOG_SOFTMAX_BACKWARD_TARGET, jax.ShapeDtypeStruct(output.shape, jnp.float32), grad, output
-    )
+    result = jax.ShapeDtypeStruct(output.shape, jnp.float32)
+    return LIBRARY.call(LOG_SOFTMAX_BACKWARD_TARGET, result)(grad, output)
 
 
-def _weights(weight):
-    return jnp.zeros((0,), jnp.float32) if weight is None else weight
+def _nll_operands(x, target_classes, weight, reduction: int, ignore_index: int):
+    """What the forward and the backward share: the rows' classes (``_nll_rows``' choice: the
+    first N of the flattened target), the weights (none: an empty array) and the attributes."""
+    classes = target_classes.reshape(-1)[: x.shape[0]]
+    weights = jnp.zeros((0,), jnp.float32) if weight is None else weight
+    attributes = dict(reduction=np.int64(reduction), ignore_index=np.int64(ignore_index))
+    return classes, weights, attributes
 
 
 def nll_loss(x, target_classes, weight, reduction: int, ignore_index: int):
     """``(loss, total_weight)``, both float32 scalars."""
+    classes, weights, attributes = _nll_operands(x, target_classes, weight, reduction, ignore_index)
     scalar = jax.ShapeDtypeStruct((), jnp.float32)
-    loss, total_weight = _call(
-        NLL_TARGET,
-        (scalar, scalar),
-        x,
-        target_classes.reshape(-1)[: x.shape[0]],
-        _weights(weight),
-        reduction=np.int64(reduction),
-        ignore_index=np.int64(ignore_index),
+    loss, total_weight = LIBRARY.call(NLL_TARGET, (scalar, scalar))(
+        x, classes, weights, **attributes
     )
     return loss, total_weight
 
 
 def nll_loss_backward(grad_output, x, target_classes, weight, reduction, ignore_index, total):
-    return _call(
-        NLL_BACKWARD_TARGET,
-        jax.ShapeDtypeStruct(x.shape, jnp.float32),
-        grad_output.reshape(()).astype(jnp.float32),
-        x,
-        target_classes.reshape(-1)[: x.shape[0]],
-        _weights(weight),
-        total.reshape(()).astype(jnp.float32),
-        reduction=np.int64(reduction),
-        ignore_index=np.int64(ignore_index),
-    )
+    """The NLL's gradient for a float32 ``grad_output`` (a scalar)."""
+    classes, weights, attributes = _nll_operands(x, target_classes, weight, reduction, ignore_index)
+    call = LIBRARY.call(NLL_BACKWARD_TARGET, jax.ShapeDtypeStruct(x.shape, jnp.float32))
+    total = total.reshape(()).astype(jnp.float32)
+    return call(grad_output.reshape(()), x, classes, weights, total, **attributes)
