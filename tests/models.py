@@ -111,3 +111,17 @@ class TinyGPT(nn.Module):
 
 def lm_loss(logits, targets):
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def small_gpt(vocab=64, seq=16):
+    """A seeded two-block TinyGPT (d 32, 2 heads): the same initial weights on every call."""
+    torch.manual_seed(0)
+    return TinyGPT(vocab=vocab, d=32, heads=2, layers=2, seq=seq)
+
+
+def repeated_token_batches(n, vocab=64, seq=16):
+    """One batch of 4 random token sequences, repeated ``n`` times: the model learns it, so the
+    loss falls."""
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, vocab, (4, seq + 1), generator=g)
+    return [(tokens[:, :-1], tokens[:, 1:])] * n

@@ -12,23 +12,18 @@ import torch
 
 import cerebras.pytorch as cstorch
 from tests.exports import exported_beside
-from tests.models import TinyGPT, lm_loss
+from tests.models import lm_loss, repeated_token_batches, small_gpt
 from tests.training import minimizing
 
 STEPS = 4
-VOCAB, SEQ = 64, 16
 
 
 def _batches(n=STEPS):
-    """One batch of random tokens, repeated: the model learns it, so the loss falls."""
-    g = torch.Generator().manual_seed(1)
-    tokens = torch.randint(0, VOCAB, (4, SEQ + 1), generator=g)
-    return [(tokens[:, :-1], tokens[:, 1:])] * n
+    return repeated_token_batches(n)
 
 
 def _model():
-    torch.manual_seed(0)
-    return TinyGPT(vocab=VOCAB, d=32, heads=2, layers=2, seq=SEQ)
+    return small_gpt()
 
 
 def _eager(batches):
